@@ -1,0 +1,61 @@
+//! Typed errors of the library. Each names the file, tensor, node or option at fault, so the
+//! CLI can print one clear line.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: not a valid ONNX model: {msg}", path.display())]
+    Model { path: PathBuf, msg: String },
+    #[error(
+        "node '{node}': op '{op}' (domain '{domain}', opset {opset}) is not supported by mixprec"
+    )]
+    UnsupportedOp {
+        node: String,
+        op: String,
+        domain: String,
+        opset: i64,
+    },
+    #[error("node '{node}' ({op}): {msg}")]
+    Op {
+        node: String,
+        op: String,
+        msg: String,
+    },
+    #[error("input '{name}': {msg}")]
+    Input { name: String, msg: String },
+    #[error("{}: {msg}", path.display())]
+    Data { path: PathBuf, msg: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub fn data(path: impl Into<PathBuf>, msg: impl Into<String>) -> Error {
+        Error::Data {
+            path: path.into(),
+            msg: msg.into(),
+        }
+    }
+
+    pub fn input(name: impl Into<String>, msg: impl Into<String>) -> Error {
+        Error::Input {
+            name: name.into(),
+            msg: msg.into(),
+        }
+    }
+}

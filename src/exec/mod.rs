@@ -1,0 +1,303 @@
+//! The interpreter: runs a graph's nodes in topological order on concrete inputs.
+//!
+//! Values live in slots indexed by name; a slot is freed after its last reader unless the
+//! caller asks to keep every intermediate (layer-wise comparison needs them all).
+
+use crate::error::{Error, Result};
+use crate::graph::{Dim, Graph};
+use crate::ops::{Kernel, OpCtx, Registry};
+use crate::tensor::{fmt_shape, Tensor};
+use std::collections::{BTreeMap, HashMap};
+
+/// Inputs by name. A BTreeMap so iteration order (and so every derived result) is stable.
+pub type Feeds = BTreeMap<String, Tensor>;
+
+/// What a run should keep besides the graph outputs.
+#[derive(Clone, Debug, Default)]
+pub struct RunOptions {
+    /// Keep every node output (for `--mark-all`); otherwise values are freed after last use.
+    pub keep_intermediates: bool,
+}
+
+/// Outputs of one run.
+#[derive(Clone, Debug, Default)]
+pub struct RunResult {
+    /// Graph outputs in the model's declared order.
+    pub outputs: Vec<(String, Tensor)>,
+    /// Every node output, when `keep_intermediates` was set.
+    pub intermediates: HashMap<String, Tensor>,
+}
+
+impl RunResult {
+    pub fn output(&self, name: &str) -> Option<&Tensor> {
+        self.outputs.iter().find(|(n, _)| n == name).map(|(_, t)| t)
+    }
+}
+
+enum Source {
+    Initializer(String),
+    Slot(usize),
+    Absent,
+}
+
+struct Step {
+    kernel: Kernel,
+    opset: i64,
+    inputs: Vec<Source>,
+    outputs: Vec<Option<usize>>,
+    /// Slots whose last reader is this step.
+    frees: Vec<usize>,
+}
+
+/// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
+pub struct Interpreter<'g> {
+    graph: &'g Graph,
+    steps: Vec<Step>,
+    slot_names: Vec<String>,
+    input_slots: Vec<(String, usize)>,
+    output_slots: Vec<(String, Option<usize>)>,
+}
+
+impl<'g> Interpreter<'g> {
+    /// Resolves every node's kernel; fails on the first op mixprec does not support.
+    pub fn new(graph: &'g Graph) -> Result<Interpreter<'g>> {
+        let registry = Registry::global();
+        let mut slots: HashMap<String, usize> = HashMap::new();
+        let mut slot_names = Vec::new();
+        let mut slot_of = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
+            if let Some(&s) = slots.get(name) {
+                return s;
+            }
+            let s = slot_names.len();
+            slot_names.push(name.to_string());
+            slots.insert(name.to_string(), s);
+            s
+        };
+        let input_slots: Vec<(String, usize)> = graph
+            .inputs
+            .iter()
+            .map(|v| (v.name.clone(), slot_of(&v.name, &mut slots)))
+            .collect();
+        let mut steps = Vec::with_capacity(graph.nodes.len());
+        for node in &graph.nodes {
+            let opset = graph.opset_of(&node.domain);
+            let kernel =
+                registry
+                    .get(&node.domain, &node.op_type)
+                    .ok_or_else(|| Error::UnsupportedOp {
+                        node: node.name.clone(),
+                        op: node.op_type.clone(),
+                        domain: if node.domain.is_empty() {
+                            "ai.onnx".into()
+                        } else {
+                            node.domain.clone()
+                        },
+                        opset,
+                    })?;
+            if let Some((k, _)) = node
+                .attrs
+                .iter()
+                .find(|(_, a)| matches!(a, crate::graph::Attribute::Unsupported("graph")))
+            {
+                return Err(Error::Op {
+                    node: node.name.clone(),
+                    op: node.op_type.clone(),
+                    msg: format!("subgraph attribute '{k}' (control flow) is not supported"),
+                });
+            }
+            let inputs = node
+                .inputs
+                .iter()
+                .map(|name| {
+                    if name.is_empty() {
+                        Source::Absent
+                    } else if let Some(&s) = slots.get(name) {
+                        Source::Slot(s)
+                    } else if graph.initializers.contains_key(name) {
+                        Source::Initializer(name.clone())
+                    } else {
+                        // Topological sort guarantees producers come first.
+                        Source::Absent
+                    }
+                })
+                .collect();
+            let outputs = node
+                .outputs
+                .iter()
+                .map(|name| (!name.is_empty()).then(|| slot_of(name, &mut slots)))
+                .collect();
+            steps.push(Step {
+                kernel,
+                opset,
+                inputs,
+                outputs,
+                frees: Vec::new(),
+            });
+        }
+        let output_slots: Vec<(String, Option<usize>)> = graph
+            .outputs
+            .iter()
+            .map(|v| (v.name.clone(), slots.get(&v.name).copied()))
+            .collect();
+        // Lifetimes: a slot dies after its last reader, unless it is a graph output.
+        let mut last_reader: HashMap<usize, usize> = HashMap::new();
+        for (i, step) in steps.iter().enumerate() {
+            for src in &step.inputs {
+                if let Source::Slot(s) = src {
+                    last_reader.insert(*s, i);
+                }
+            }
+        }
+        for (_, s) in &output_slots {
+            if let Some(s) = s {
+                last_reader.remove(s);
+            }
+        }
+        for (s, i) in last_reader {
+            steps[i].frees.push(s);
+        }
+        Ok(Interpreter {
+            graph,
+            steps,
+            slot_names,
+            input_slots,
+            output_slots,
+        })
+    }
+
+    pub fn graph(&self) -> &Graph {
+        self.graph
+    }
+
+    /// Runs the graph and returns its outputs.
+    pub fn run(&self, feeds: &Feeds) -> Result<RunResult> {
+        self.run_with(feeds, &RunOptions::default())
+    }
+
+    pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
+        self.check_feeds(feeds)?;
+        let mut values: Vec<Option<Tensor>> = vec![None; self.slot_names.len()];
+        for (name, slot) in &self.input_slots {
+            values[*slot] = Some(feeds[name].clone());
+        }
+        for (node, step) in self.graph.nodes.iter().zip(&self.steps) {
+            let outs = {
+                let args: Vec<Option<&Tensor>> = step
+                    .inputs
+                    .iter()
+                    .map(|src| match src {
+                        Source::Initializer(n) => self.graph.initializers.get(n),
+                        Source::Slot(s) => values[*s].as_ref(),
+                        Source::Absent => None,
+                    })
+                    .collect();
+                let ctx = OpCtx {
+                    node,
+                    opset: step.opset,
+                };
+                (step.kernel)(&ctx, &args).map_err(|e| Error::Op {
+                    node: node.name.clone(),
+                    op: node.op_type.clone(),
+                    msg: e.0,
+                })?
+            };
+            if outs.len() < step.outputs.iter().filter(|o| o.is_some()).count() {
+                return Err(Error::Op {
+                    node: node.name.clone(),
+                    op: node.op_type.clone(),
+                    msg: format!(
+                        "kernel produced {} outputs, the node declares {}",
+                        outs.len(),
+                        step.outputs.len()
+                    ),
+                });
+            }
+            for (slot, t) in step.outputs.iter().zip(outs) {
+                if let Some(s) = slot {
+                    values[*s] = Some(t);
+                }
+            }
+            if !opts.keep_intermediates {
+                for &s in &step.frees {
+                    values[s] = None;
+                }
+            }
+        }
+        let mut outputs = Vec::with_capacity(self.output_slots.len());
+        for (name, slot) in &self.output_slots {
+            let t = match slot {
+                Some(s) => values[*s].clone(),
+                None => self.graph.initializers.get(name).cloned(),
+            };
+            let t = t.ok_or_else(|| {
+                Error::Invalid(format!("graph output '{name}' is not produced by any node"))
+            })?;
+            outputs.push((name.clone(), t));
+        }
+        let mut intermediates = HashMap::new();
+        if opts.keep_intermediates {
+            for (i, v) in values.into_iter().enumerate() {
+                if let Some(t) = v {
+                    intermediates.insert(self.slot_names[i].clone(), t);
+                }
+            }
+        }
+        Ok(RunResult {
+            outputs,
+            intermediates,
+        })
+    }
+
+    /// Every graph input present with the declared dtype, rank and fixed dims; no extras.
+    pub fn check_feeds(&self, feeds: &Feeds) -> Result<()> {
+        for name in feeds.keys() {
+            if self.graph.input(name).is_none() {
+                let known: Vec<&str> = self.graph.inputs.iter().map(|v| v.name.as_str()).collect();
+                return Err(Error::input(
+                    name,
+                    format!(
+                        "the model has no such input (its inputs: {})",
+                        known.join(", ")
+                    ),
+                ));
+            }
+        }
+        for vi in &self.graph.inputs {
+            let t = feeds
+                .get(&vi.name)
+                .ok_or_else(|| Error::input(&vi.name, "no data was given for this model input"))?;
+            check_against(vi, t)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a tensor against a declared value: dtype, rank and every fixed dimension.
+pub fn check_against(vi: &crate::graph::ValueInfo, t: &Tensor) -> Result<()> {
+    if let Some(dt) = vi.dtype {
+        if dt != t.dtype() {
+            return Err(Error::input(
+                &vi.name,
+                format!("expected dtype {dt}, got {}", t.dtype()),
+            ));
+        }
+    }
+    if let Some(dims) = &vi.shape {
+        let bad = dims.len() != t.rank()
+            || dims
+                .iter()
+                .zip(t.shape())
+                .any(|(d, &s)| matches!(d, Dim::Fixed(f) if *f != s));
+        if bad {
+            return Err(Error::input(
+                &vi.name,
+                format!(
+                    "expected shape {}, got {}",
+                    vi.shape_string(),
+                    fmt_shape(t.shape())
+                ),
+            ));
+        }
+    }
+    Ok(())
+}

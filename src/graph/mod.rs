@@ -1,0 +1,354 @@
+//! The graph IR: nodes in topological order, initializers, graph inputs and outputs.
+//!
+//! It is independent of protobuf: `onnx/` builds it from a file, and everything downstream
+//! (interpreter, search, export) works on it.
+
+use crate::error::{Error, Result};
+use crate::tensor::{DType, Tensor};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A node attribute (subgraphs are kept only by kind: mixprec does not run If/Loop/Scan).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Attribute {
+    Float(f32),
+    Int(i64),
+    String(String),
+    Tensor(Tensor),
+    Floats(Vec<f32>),
+    Ints(Vec<i64>),
+    Strings(Vec<String>),
+    /// A graph, sparse tensor or type attribute: present but not interpreted.
+    Unsupported(&'static str),
+}
+
+/// One layer: an ONNX node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    pub name: String,
+    pub op_type: String,
+    pub domain: String,
+    /// Input value names; an empty string is an omitted optional input.
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub attrs: BTreeMap<String, Attribute>,
+}
+
+impl Node {
+    pub fn attr(&self, name: &str) -> Option<&Attribute> {
+        self.attrs.get(name)
+    }
+
+    pub fn attr_int(&self, name: &str) -> Option<i64> {
+        match self.attrs.get(name) {
+            Some(Attribute::Int(i)) => Some(*i),
+            _ => None,
+        }
+    }
+
+    pub fn attr_int_or(&self, name: &str, default: i64) -> i64 {
+        self.attr_int(name).unwrap_or(default)
+    }
+
+    pub fn attr_float(&self, name: &str) -> Option<f32> {
+        match self.attrs.get(name) {
+            Some(Attribute::Float(f)) => Some(*f),
+            _ => None,
+        }
+    }
+
+    pub fn attr_float_or(&self, name: &str, default: f32) -> f32 {
+        self.attr_float(name).unwrap_or(default)
+    }
+
+    pub fn attr_ints(&self, name: &str) -> Option<&[i64]> {
+        match self.attrs.get(name) {
+            Some(Attribute::Ints(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn attr_floats(&self, name: &str) -> Option<&[f32]> {
+        match self.attrs.get(name) {
+            Some(Attribute::Floats(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn attr_str(&self, name: &str) -> Option<&str> {
+        match self.attrs.get(name) {
+            Some(Attribute::String(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn attr_strings(&self, name: &str) -> Option<&[String]> {
+        match self.attrs.get(name) {
+            Some(Attribute::Strings(v)) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn attr_tensor(&self, name: &str) -> Option<&Tensor> {
+        match self.attrs.get(name) {
+            Some(Attribute::Tensor(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    /// The name used in messages and reports: the node name, or `op_type#index` when unnamed.
+    pub fn display_name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// One dimension of a declared shape.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Dim {
+    Fixed(usize),
+    /// A named dynamic dimension (`batch`).
+    Param(String),
+    /// Unknown (`-1` or no value).
+    Unknown,
+}
+
+impl std::fmt::Display for Dim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Dim::Fixed(d) => write!(f, "{d}"),
+            Dim::Param(p) => write!(f, "{p}"),
+            Dim::Unknown => write!(f, "?"),
+        }
+    }
+}
+
+/// Declared type and shape of a graph input, output or intermediate value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueInfo {
+    pub name: String,
+    pub dtype: Option<DType>,
+    /// None when the model declares no shape at all.
+    pub shape: Option<Vec<Dim>>,
+}
+
+impl ValueInfo {
+    /// The declared shape as text: `[batch, 3, 224, 224]`.
+    pub fn shape_string(&self) -> String {
+        match &self.shape {
+            None => "unknown".to_string(),
+            Some(dims) => format!(
+                "[{}]",
+                dims.iter()
+                    .map(|d| d.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+}
+
+/// A model's main graph.
+#[derive(Clone, Debug, Default)]
+pub struct Graph {
+    pub name: String,
+    /// Nodes in topological order.
+    pub nodes: Vec<Node>,
+    pub initializers: HashMap<String, Tensor>,
+    /// Inputs the user feeds (graph inputs that have no initializer).
+    pub inputs: Vec<ValueInfo>,
+    pub outputs: Vec<ValueInfo>,
+    pub value_info: HashMap<String, ValueInfo>,
+    /// Opset version per domain ("" is the default ONNX domain).
+    pub opsets: BTreeMap<String, i64>,
+    pub ir_version: i64,
+}
+
+impl Graph {
+    /// Opset of the default ONNX domain.
+    pub fn opset(&self) -> i64 {
+        self.opset_of("")
+    }
+
+    pub fn opset_of(&self, domain: &str) -> i64 {
+        let d = if domain == "ai.onnx" { "" } else { domain };
+        self.opsets.get(d).copied().unwrap_or(0)
+    }
+
+    pub fn input(&self, name: &str) -> Option<&ValueInfo> {
+        self.inputs.iter().find(|v| v.name == name)
+    }
+
+    /// Puts the nodes in topological order, keeping the file's order wherever it is already
+    /// valid (so layer indices match what Netron and Polygraphy show for sorted files).
+    pub fn sort_topologically(&mut self) -> Result<()> {
+        let mut available: HashSet<&str> = self.initializers.keys().map(|s| s.as_str()).collect();
+        for i in &self.inputs {
+            available.insert(&i.name);
+        }
+        available.insert("");
+        // Producer of each value.
+        let mut producer: HashMap<&str, usize> = HashMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for o in &n.outputs {
+                if !o.is_empty() {
+                    producer.insert(o, i);
+                }
+            }
+        }
+        let n = self.nodes.len();
+        let mut indeg = vec![0usize; n];
+        let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (i, node) in self.nodes.iter().enumerate() {
+            let mut seen = HashSet::new();
+            for inp in &node.inputs {
+                if available.contains(inp.as_str()) {
+                    continue;
+                }
+                match producer.get(inp.as_str()) {
+                    Some(&p) => {
+                        if seen.insert(p) {
+                            indeg[i] += 1;
+                            users[p].push(i);
+                        }
+                    }
+                    None => {
+                        return Err(Error::Invalid(format!(
+                            "node '{}' ({}) reads '{}', which no node, initializer or graph input produces",
+                            node.name, node.op_type, inp
+                        )))
+                    }
+                }
+            }
+        }
+        // Kahn's algorithm with a min-heap on the original index: stable and deterministic.
+        let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<usize>> = (0..n)
+            .filter(|&i| indeg[i] == 0)
+            .map(std::cmp::Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(n);
+        while let Some(std::cmp::Reverse(i)) = ready.pop() {
+            order.push(i);
+            for &u in &users[i] {
+                indeg[u] -= 1;
+                if indeg[u] == 0 {
+                    ready.push(std::cmp::Reverse(u));
+                }
+            }
+        }
+        if order.len() != n {
+            let stuck: Vec<&str> = (0..n)
+                .filter(|&i| indeg[i] > 0)
+                .take(5)
+                .map(|i| self.nodes[i].name.as_str())
+                .collect();
+            return Err(Error::Invalid(format!(
+                "the graph has a cycle (involving nodes {stuck:?})"
+            )));
+        }
+        let mut old: Vec<Option<Node>> = std::mem::take(&mut self.nodes)
+            .into_iter()
+            .map(Some)
+            .collect();
+        self.nodes = order
+            .into_iter()
+            .map(|i| old[i].take().expect("each index once"))
+            .collect();
+        Ok(())
+    }
+
+    /// Gives every unnamed node a unique name (`Conv_3`) so reports and `--layer-precisions`
+    /// can always address it.
+    pub fn name_unnamed_nodes(&mut self) {
+        let mut used: HashSet<String> = self.nodes.iter().map(|n| n.name.clone()).collect();
+        for (i, node) in self.nodes.iter_mut().enumerate() {
+            if node.name.is_empty() {
+                let mut name = format!("{}_{}", node.op_type, i);
+                let mut k = 0;
+                while used.contains(&name) {
+                    k += 1;
+                    name = format!("{}_{}_{}", node.op_type, i, k);
+                }
+                used.insert(name.clone());
+                node.name = name;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, inputs: &[&str], outputs: &[&str]) -> Node {
+        Node {
+            name: name.into(),
+            op_type: "Relu".into(),
+            domain: String::new(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attrs: BTreeMap::new(),
+        }
+    }
+
+    fn graph(nodes: Vec<Node>) -> Graph {
+        Graph {
+            nodes,
+            inputs: vec![ValueInfo {
+                name: "x".into(),
+                dtype: Some(DType::F32),
+                shape: None,
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sorts_unsorted_nodes() {
+        let mut g = graph(vec![
+            node("b", &["a_out"], &["b_out"]),
+            node("a", &["x"], &["a_out"]),
+        ]);
+        g.sort_topologically().unwrap();
+        let names: Vec<_> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn keeps_sorted_order() {
+        let mut g = graph(vec![
+            node("a", &["x"], &["a_out"]),
+            node("c", &["x"], &["c_out"]),
+            node("b", &["a_out", "c_out"], &["b_out"]),
+        ]);
+        g.sort_topologically().unwrap();
+        let names: Vec<_> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "c", "b"]);
+    }
+
+    #[test]
+    fn reports_cycles_and_dangling_inputs() {
+        let mut g = graph(vec![
+            node("a", &["b_out"], &["a_out"]),
+            node("b", &["a_out"], &["b_out"]),
+        ]);
+        assert!(g
+            .sort_topologically()
+            .unwrap_err()
+            .to_string()
+            .contains("cycle"));
+        let mut g = graph(vec![node("a", &["nope"], &["a_out"])]);
+        let e = g.sort_topologically().unwrap_err().to_string();
+        assert!(e.contains("'nope'"), "{e}");
+    }
+
+    #[test]
+    fn names_unnamed_nodes_uniquely() {
+        let mut g = graph(vec![
+            node("", &["x"], &["a"]),
+            node("Relu_1", &["a"], &["b"]),
+            node("", &["b"], &["c"]),
+        ]);
+        g.name_unnamed_nodes();
+        assert_eq!(g.nodes[0].name, "Relu_0");
+        assert_eq!(g.nodes[2].name, "Relu_2");
+    }
+}

@@ -1,0 +1,17 @@
+//! mixprec: find which layers of an ONNX network must stay in higher precision.
+//!
+//! Data flows one way: `onnx` (protobuf ⇄ IR) → `graph` → `exec` (interpreter over `ops`
+//! kernels) → comparison, search and export. The CLI in `main.rs` only parses and prints.
+
+pub mod error;
+pub mod exec;
+pub mod graph;
+pub mod onnx;
+pub mod ops;
+pub mod tensor;
+
+pub use error::{Error, Result};
+pub use exec::{Feeds, Interpreter, RunOptions, RunResult};
+pub use graph::{Graph, Node};
+pub use onnx::{load_model, Model};
+pub use tensor::{DType, Tensor, TensorData};

@@ -1,0 +1,3 @@
+fn main() {
+    println!("mixprec {}", env!("CARGO_PKG_VERSION"));
+}

@@ -1,0 +1,616 @@
+//! ONNX protobuf ⇄ graph IR: model loading (with external data), tensor conversion.
+
+pub mod proto;
+
+use crate::error::{Error, Result};
+use crate::graph::{Attribute, Dim, Graph, Node, ValueInfo};
+use crate::tensor::{DType, Tensor, TensorData};
+use half::{bf16, f16};
+use prost::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+
+/// A loaded model: its main graph plus the facts `inspect` shows.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub path: PathBuf,
+    pub graph: Graph,
+    pub producer: String,
+}
+
+/// Reads and parses an ONNX file, resolving external data relative to the file's folder,
+/// sorting nodes topologically and naming unnamed ones.
+pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
+    let path = path.as_ref();
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let proto = decode_model(&bytes, path)?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    model_from_proto(proto, path, &base)
+}
+
+/// Decodes the protobuf bytes of a model.
+pub fn decode_model(bytes: &[u8], path: &Path) -> Result<proto::ModelProto> {
+    let bad = |msg: String| Error::Model {
+        path: path.to_path_buf(),
+        msg,
+    };
+    if bytes.is_empty() {
+        return Err(bad("the file is empty".into()));
+    }
+    let model = proto::ModelProto::decode(bytes).map_err(|e| {
+        bad(format!(
+            "protobuf decoding failed ({e}); is the file truncated or not ONNX?"
+        ))
+    })?;
+    if model.graph.is_none() {
+        return Err(bad("the model has no graph".into()));
+    }
+    if model.ir_version.unwrap_or(0) <= 0 && model.opset_import.is_empty() {
+        return Err(bad(
+            "no ir_version and no opset_import: not an ONNX model".into()
+        ));
+    }
+    Ok(model)
+}
+
+/// Converts a decoded model into the IR.
+pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) -> Result<Model> {
+    let bad = |msg: String| Error::Model {
+        path: path.to_path_buf(),
+        msg,
+    };
+    let mut opsets = BTreeMap::new();
+    for o in &model.opset_import {
+        let domain = o.domain.clone().unwrap_or_default();
+        let domain = if domain == "ai.onnx" {
+            String::new()
+        } else {
+            domain
+        };
+        opsets.insert(domain, o.version.unwrap_or(1));
+    }
+    if model.opset_import.is_empty() {
+        // IR version 2 and older models carry no opset_import; they are opset 1.
+        opsets.insert(String::new(), 1);
+    }
+    let g = model.graph.expect("checked in decode_model");
+    let mut ext = ExternalData::new(base_dir);
+
+    let mut initializers = HashMap::new();
+    for t in &g.initializer {
+        let name = t.name.clone().unwrap_or_default();
+        let tensor = tensor_from_proto(t, Some(&mut ext))
+            .map_err(|e| bad(format!("initializer '{name}': {e}")))?;
+        initializers.insert(name, tensor);
+    }
+    for st in &g.sparse_initializer {
+        let name = st
+            .values
+            .as_ref()
+            .and_then(|v| v.name.clone())
+            .unwrap_or_default();
+        let tensor = sparse_from_proto(st, &mut ext)
+            .map_err(|e| bad(format!("sparse initializer '{name}': {e}")))?;
+        initializers.insert(name, tensor);
+    }
+
+    let inputs = g
+        .input
+        .iter()
+        .filter(|v| !initializers.contains_key(v.name.as_deref().unwrap_or("")))
+        .map(value_info_from_proto)
+        .collect();
+    let outputs = g.output.iter().map(value_info_from_proto).collect();
+    let value_info = g
+        .value_info
+        .iter()
+        .map(|v| {
+            let vi = value_info_from_proto(v);
+            (vi.name.clone(), vi)
+        })
+        .collect();
+
+    let mut nodes = Vec::with_capacity(g.node.len());
+    for (i, n) in g.node.iter().enumerate() {
+        let name = n.name.clone().unwrap_or_default();
+        let op_type = n.op_type.clone().unwrap_or_default();
+        let mut attrs = BTreeMap::new();
+        for a in &n.attribute {
+            let aname = a.name.clone().unwrap_or_default();
+            let value = attribute_from_proto(a, &mut ext).map_err(|e| {
+                bad(format!(
+                    "node #{i} '{name}' ({op_type}), attribute '{aname}': {e}"
+                ))
+            })?;
+            attrs.insert(aname, value);
+        }
+        nodes.push(Node {
+            name,
+            op_type,
+            domain: n.domain.clone().unwrap_or_default(),
+            inputs: n.input.clone(),
+            outputs: n.output.clone(),
+            attrs,
+        });
+    }
+
+    let mut graph = Graph {
+        name: g.name.clone().unwrap_or_default(),
+        nodes,
+        initializers,
+        inputs,
+        outputs,
+        value_info,
+        opsets,
+        ir_version: model.ir_version.unwrap_or(0),
+    };
+    graph.sort_topologically().map_err(|e| bad(e.to_string()))?;
+    graph.name_unnamed_nodes();
+    Ok(Model {
+        path: path.to_path_buf(),
+        graph,
+        producer: format!(
+            "{} {}",
+            model.producer_name.unwrap_or_default(),
+            model.producer_version.unwrap_or_default()
+        )
+        .trim()
+        .to_string(),
+    })
+}
+
+fn value_info_from_proto(v: &proto::ValueInfoProto) -> ValueInfo {
+    let name = v.name.clone().unwrap_or_default();
+    let mut dtype = None;
+    let mut shape = None;
+    if let Some(proto::type_proto::Value::TensorType(t)) =
+        v.r#type.as_ref().and_then(|t| t.value.as_ref())
+    {
+        dtype = t.elem_type.and_then(DType::from_onnx);
+        shape = t.shape.as_ref().map(|s| {
+            s.dim
+                .iter()
+                .map(|d| match &d.value {
+                    Some(proto::tensor_shape_proto::dimension::Value::DimValue(v)) if *v >= 0 => {
+                        Dim::Fixed(*v as usize)
+                    }
+                    Some(proto::tensor_shape_proto::dimension::Value::DimParam(p))
+                        if !p.is_empty() =>
+                    {
+                        Dim::Param(p.clone())
+                    }
+                    _ => Dim::Unknown,
+                })
+                .collect()
+        });
+    }
+    ValueInfo { name, dtype, shape }
+}
+
+fn attribute_from_proto(
+    a: &proto::AttributeProto,
+    ext: &mut ExternalData,
+) -> Result<Attribute, String> {
+    use proto::attribute_proto::AttributeType as T;
+    let ty = a
+        .r#type
+        .and_then(|t| T::try_from(t).ok())
+        .unwrap_or(T::Undefined);
+    let ty = if ty == T::Undefined {
+        // Old files may omit the type: infer it from the field that is set.
+        if a.f.is_some() {
+            T::Float
+        } else if a.i.is_some() {
+            T::Int
+        } else if a.s.is_some() {
+            T::String
+        } else if a.t.is_some() {
+            T::Tensor
+        } else if a.g.is_some() {
+            T::Graph
+        } else if !a.floats.is_empty() {
+            T::Floats
+        } else if !a.ints.is_empty() {
+            T::Ints
+        } else if !a.strings.is_empty() {
+            T::Strings
+        } else {
+            T::Ints
+        }
+    } else {
+        ty
+    };
+    if a.ref_attr_name.is_some() {
+        return Err("attribute references (functions) are not supported".into());
+    }
+    Ok(match ty {
+        T::Float => Attribute::Float(a.f.unwrap_or(0.0)),
+        T::Int => Attribute::Int(a.i.unwrap_or(0)),
+        T::String => {
+            Attribute::String(String::from_utf8_lossy(a.s.as_deref().unwrap_or(&[])).into_owned())
+        }
+        T::Tensor => Attribute::Tensor(tensor_from_proto(
+            a.t.as_ref().ok_or("tensor attribute without a tensor")?,
+            Some(ext),
+        )?),
+        T::SparseTensor => match &a.sparse_tensor {
+            Some(st) => Attribute::Tensor(sparse_from_proto(st, ext)?),
+            None => return Err("sparse tensor attribute without a tensor".into()),
+        },
+        T::Floats => Attribute::Floats(a.floats.clone()),
+        T::Ints => Attribute::Ints(a.ints.clone()),
+        T::Strings => Attribute::Strings(
+            a.strings
+                .iter()
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect(),
+        ),
+        T::Graph | T::Graphs => Attribute::Unsupported("graph"),
+        T::Tensors | T::SparseTensors => Attribute::Unsupported("tensors"),
+        T::TypeProto | T::TypeProtos => Attribute::Unsupported("type"),
+        T::Undefined => Attribute::Unsupported("undefined"),
+    })
+}
+
+/// Reads external tensor data, keeping each data file open once.
+pub struct ExternalData {
+    base: PathBuf,
+    files: HashMap<String, std::fs::File>,
+}
+
+impl ExternalData {
+    pub fn new(base: &Path) -> ExternalData {
+        ExternalData {
+            base: base.to_path_buf(),
+            files: HashMap::new(),
+        }
+    }
+
+    fn read(
+        &mut self,
+        location: &str,
+        offset: u64,
+        length: Option<u64>,
+    ) -> Result<Vec<u8>, String> {
+        if Path::new(location).is_absolute() || location.split(['/', '\\']).any(|c| c == "..") {
+            return Err(format!(
+                "external data location '{location}' must be a relative path inside the model's folder"
+            ));
+        }
+        let path = self.base.join(location);
+        if !self.files.contains_key(location) {
+            let f = std::fs::File::open(&path)
+                .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
+            self.files.insert(location.to_string(), f);
+        }
+        let f = self.files.get_mut(location).expect("inserted above");
+        let size = f
+            .metadata()
+            .map_err(|e| format!("external data file '{}': {e}", path.display()))?
+            .len();
+        let len = match length {
+            Some(l) => l,
+            None => size.saturating_sub(offset),
+        };
+        if offset + len > size {
+            return Err(format!(
+                "external data file '{}' has {size} bytes, tensor needs bytes {offset}..{}",
+                path.display(),
+                offset + len
+            ));
+        }
+        f.seek(SeekFrom::Start(offset))
+            .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
+        let mut buf = vec![0u8; len as usize];
+        f.read_exact(&mut buf)
+            .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
+        Ok(buf)
+    }
+}
+
+fn sparse_from_proto(
+    st: &proto::SparseTensorProto,
+    ext: &mut ExternalData,
+) -> Result<Tensor, String> {
+    let values = tensor_from_proto(
+        st.values.as_ref().ok_or("sparse tensor without values")?,
+        Some(ext),
+    )?;
+    let indices = tensor_from_proto(
+        st.indices.as_ref().ok_or("sparse tensor without indices")?,
+        Some(ext),
+    )?;
+    let shape: Vec<usize> = st.dims.iter().map(|&d| d.max(0) as usize).collect();
+    let n: usize = shape.iter().product();
+    let idx = indices
+        .to_i64_vec()
+        .ok_or("sparse indices must be integers")?;
+    let nnz = values.len();
+    let vals = values.to_f64_vec().ok_or("sparse values must be numeric")?;
+    let mut dense = vec![0f64; n];
+    let strides = crate::tensor::strides_of(&shape);
+    for k in 0..nnz {
+        let flat = if indices.rank() == 1 {
+            idx[k]
+        } else {
+            (0..shape.len())
+                .map(|d| idx[k * shape.len() + d] * strides[d] as i64)
+                .sum()
+        };
+        if flat < 0 || flat as usize >= n {
+            return Err(format!(
+                "sparse index {flat} out of range for shape {shape:?}"
+            ));
+        }
+        dense[flat as usize] = vals[k];
+    }
+    let t = Tensor::from_f64(shape, dense);
+    Ok(crate::ops::cast::cast_tensor(&t, values.dtype()))
+}
+
+/// Converts a `TensorProto` into a tensor. `ext` resolves external data (None: refuse it).
+pub fn tensor_from_proto(
+    t: &proto::TensorProto,
+    ext: Option<&mut ExternalData>,
+) -> Result<Tensor, String> {
+    let code = t.data_type.unwrap_or(0);
+    let dtype = DType::from_onnx(code).ok_or_else(|| match code {
+        0 => "tensor has no data type".to_string(),
+        14 | 15 => "complex tensors are not supported".to_string(),
+        17..=20 => "float8 tensors in model files are not supported".to_string(),
+        21 | 22 | 25 | 26 => "4-bit tensors are not supported".to_string(),
+        _ => format!("unknown tensor data type {code}"),
+    })?;
+    if t.dims.iter().any(|&d| d < 0) {
+        return Err(format!("negative dimension in {:?}", t.dims));
+    }
+    let shape: Vec<usize> = t.dims.iter().map(|&d| d as usize).collect();
+    let n: usize = shape.iter().product();
+
+    let external = t.data_location == Some(proto::tensor_proto::DataLocation::External as i32);
+    let raw: Option<Vec<u8>> = if external {
+        let ext = ext.ok_or("external data is not allowed here")?;
+        let mut location = None;
+        let mut offset = 0u64;
+        let mut length = None;
+        for kv in &t.external_data {
+            let v = kv.value.as_deref().unwrap_or("");
+            match kv.key.as_deref().unwrap_or("") {
+                "location" => location = Some(v.to_string()),
+                "offset" => {
+                    offset = v
+                        .parse()
+                        .map_err(|_| format!("bad external data offset '{v}'"))?
+                }
+                "length" => {
+                    length = Some(
+                        v.parse()
+                            .map_err(|_| format!("bad external data length '{v}'"))?,
+                    )
+                }
+                _ => {}
+            }
+        }
+        let location = location.ok_or("external data without a location")?;
+        Some(ext.read(&location, offset, length)?)
+    } else {
+        t.raw_data.clone()
+    };
+
+    let data = if let Some(raw) = raw {
+        decode_raw(dtype, &raw, n)?
+    } else {
+        decode_typed(dtype, t, n)?
+    };
+    Tensor::new(shape, data).map_err(|e| e.to_string())
+}
+
+fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> Result<TensorData, String> {
+    if dtype == DType::Str {
+        return Err("string tensors cannot use raw_data".into());
+    }
+    let need = n * dtype.size();
+    if raw.len() != need {
+        return Err(format!(
+            "raw_data has {} bytes, {n} elements of {dtype} need {need}",
+            raw.len()
+        ));
+    }
+    macro_rules! le {
+        ($t:ty, $w:expr) => {
+            raw.chunks_exact($w)
+                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk width")))
+                .collect()
+        };
+    }
+    Ok(match dtype {
+        DType::F32 => TensorData::F32(le!(f32, 4)),
+        DType::F64 => TensorData::F64(le!(f64, 8)),
+        DType::F16 => TensorData::F16(
+            raw.chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        DType::BF16 => TensorData::BF16(
+            raw.chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
+                .collect(),
+        ),
+        DType::I8 => TensorData::I8(raw.iter().map(|&b| b as i8).collect()),
+        DType::U8 => TensorData::U8(raw.to_vec()),
+        DType::I16 => TensorData::I16(le!(i16, 2)),
+        DType::U16 => TensorData::U16(le!(u16, 2)),
+        DType::I32 => TensorData::I32(le!(i32, 4)),
+        DType::U32 => TensorData::U32(le!(u32, 4)),
+        DType::I64 => TensorData::I64(le!(i64, 8)),
+        DType::U64 => TensorData::U64(le!(u64, 8)),
+        DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
+        DType::Str => unreachable!("rejected above"),
+    })
+}
+
+fn decode_typed(dtype: DType, t: &proto::TensorProto, n: usize) -> Result<TensorData, String> {
+    let check = |len: usize, field: &str| {
+        if len == n {
+            Ok(())
+        } else {
+            Err(format!("{field} has {len} values, shape needs {n}"))
+        }
+    };
+    let i32d = &t.int32_data;
+    Ok(match dtype {
+        DType::F32 => {
+            check(t.float_data.len(), "float_data")?;
+            TensorData::F32(t.float_data.clone())
+        }
+        DType::F64 => {
+            check(t.double_data.len(), "double_data")?;
+            TensorData::F64(t.double_data.clone())
+        }
+        DType::I64 => {
+            check(t.int64_data.len(), "int64_data")?;
+            TensorData::I64(t.int64_data.clone())
+        }
+        DType::U32 | DType::U64 => {
+            check(t.uint64_data.len(), "uint64_data")?;
+            if dtype == DType::U32 {
+                TensorData::U32(t.uint64_data.iter().map(|&x| x as u32).collect())
+            } else {
+                TensorData::U64(t.uint64_data.clone())
+            }
+        }
+        DType::Str => {
+            check(t.string_data.len(), "string_data")?;
+            TensorData::Str(
+                t.string_data
+                    .iter()
+                    .map(|s| String::from_utf8_lossy(s).into_owned())
+                    .collect(),
+            )
+        }
+        _ => {
+            check(i32d.len(), "int32_data")?;
+            match dtype {
+                DType::I32 => TensorData::I32(i32d.clone()),
+                DType::I16 => TensorData::I16(i32d.iter().map(|&x| x as i16).collect()),
+                DType::U16 => TensorData::U16(i32d.iter().map(|&x| x as u16).collect()),
+                DType::I8 => TensorData::I8(i32d.iter().map(|&x| x as i8).collect()),
+                DType::U8 => TensorData::U8(i32d.iter().map(|&x| x as u8).collect()),
+                DType::Bool => TensorData::Bool(i32d.iter().map(|&x| x != 0).collect()),
+                DType::F16 => {
+                    TensorData::F16(i32d.iter().map(|&x| f16::from_bits(x as u16)).collect())
+                }
+                DType::BF16 => {
+                    TensorData::BF16(i32d.iter().map(|&x| bf16::from_bits(x as u16)).collect())
+                }
+                _ => unreachable!("handled above"),
+            }
+        }
+    })
+}
+
+/// Converts a tensor into a `TensorProto` (raw little-endian data; strings in string_data).
+pub fn tensor_to_proto(name: &str, t: &Tensor) -> proto::TensorProto {
+    let mut p = proto::TensorProto {
+        dims: t.shape().iter().map(|&d| d as i64).collect(),
+        data_type: Some(t.dtype().onnx_code()),
+        name: Some(name.to_string()),
+        ..Default::default()
+    };
+    if let TensorData::Str(v) = t.data() {
+        p.string_data = v.iter().map(|s| s.as_bytes().to_vec()).collect();
+    } else {
+        p.raw_data = Some(raw_bytes(t.data()));
+    }
+    p
+}
+
+/// The little-endian bytes of a numeric buffer (as `.npy` and `raw_data` store it).
+pub fn raw_bytes(data: &TensorData) -> Vec<u8> {
+    macro_rules! le {
+        ($v:expr) => {
+            $v.iter().flat_map(|x| x.to_le_bytes()).collect()
+        };
+    }
+    match data {
+        TensorData::F32(v) => le!(v),
+        TensorData::F64(v) => le!(v),
+        TensorData::F16(v) => le!(v),
+        TensorData::BF16(v) => le!(v),
+        TensorData::I8(v) => le!(v),
+        TensorData::U8(v) => v.clone(),
+        TensorData::I16(v) => le!(v),
+        TensorData::U16(v) => le!(v),
+        TensorData::I32(v) => le!(v),
+        TensorData::U32(v) => le!(v),
+        TensorData::I64(v) => le!(v),
+        TensorData::U64(v) => le!(v),
+        TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
+        TensorData::Str(_) => Vec::new(),
+    }
+}
+
+/// Reads a serialized `TensorProto` file (the conformance data's `input_0.pb`).
+pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let p = proto::TensorProto::decode(bytes.as_slice())
+        .map_err(|e| Error::data(path, format!("not a TensorProto: {e}")))?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut ext = ExternalData::new(&base);
+    let t = tensor_from_proto(&p, Some(&mut ext)).map_err(|e| Error::data(path, e))?;
+    Ok((p.name.unwrap_or_default(), t))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tensor_proto_round_trip() {
+        let t = Tensor::from_f32(vec![2, 2], vec![1.0, -2.0, 3.5, 0.0]);
+        let p = tensor_to_proto("w", &t);
+        assert_eq!(tensor_from_proto(&p, None).unwrap(), t);
+        let t = Tensor::from_i64(vec![3], vec![1, -2, 1 << 40]);
+        assert_eq!(
+            tensor_from_proto(&tensor_to_proto("i", &t), None).unwrap(),
+            t
+        );
+    }
+
+    #[test]
+    fn typed_fields_decode() {
+        let p = proto::TensorProto {
+            dims: vec![2],
+            data_type: Some(10),
+            int32_data: vec![0x3c00, 0xc000],
+            ..Default::default()
+        };
+        let t = tensor_from_proto(&p, None).unwrap();
+        assert_eq!(t.to_f32_vec().unwrap(), vec![1.0, -2.0]);
+    }
+
+    #[test]
+    fn wrong_raw_length_is_an_error() {
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(1),
+            raw_data: Some(vec![0; 8]),
+            ..Default::default()
+        };
+        let e = tensor_from_proto(&p, None).unwrap_err();
+        assert!(e.contains("8 bytes"), "{e}");
+    }
+
+    #[test]
+    fn garbage_is_not_a_model() {
+        let e =
+            decode_model(b"this is not a protobuf file at all", Path::new("x.onnx")).unwrap_err();
+        assert!(
+            e.to_string().starts_with("x.onnx: not a valid ONNX model"),
+            "{e}"
+        );
+        let e = decode_model(b"", Path::new("x.onnx")).unwrap_err();
+        assert!(e.to_string().contains("empty"), "{e}");
+    }
+}

@@ -1,0 +1,132 @@
+//! Cast and CastLike: dtype conversion with ONNX semantics (floats to ints truncate toward
+//! zero and saturate, to bool is `x != 0`, float narrowing rounds to nearest even).
+
+use super::util::input;
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor, TensorData};
+use half::{bf16, f16};
+
+pub fn register(r: &mut Registry) {
+    r.add("Cast", cast_op);
+    r.add("CastLike", cast_like_op);
+}
+
+fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let to = ctx
+        .node
+        .attr_int("to")
+        .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
+    let dtype = DType::from_onnx(to as i32)
+        .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
+    Ok(vec![checked_cast(x, dtype)?])
+}
+
+fn cast_like_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let like = input(inputs, 1)?;
+    Ok(vec![checked_cast(x, like.dtype())?])
+}
+
+fn checked_cast(x: &Tensor, to: DType) -> Result<Tensor, OpError> {
+    if (x.dtype() == DType::Str) != (to == DType::Str) {
+        return Err(OpError(format!(
+            "cast between {} and {to} is not supported",
+            x.dtype()
+        )));
+    }
+    Ok(cast_tensor(x, to))
+}
+
+/// Converts a tensor to `to`. Numeric only (strings cast to strings unchanged).
+pub fn cast_tensor(x: &Tensor, to: DType) -> Tensor {
+    if x.dtype() == to {
+        return x.clone();
+    }
+    let shape = x.shape().to_vec();
+    let d = x.data();
+    // Integer sources go through i64 (exact), float sources through f64 (exact for all).
+    let data = match to {
+        DType::F32 => TensorData::F32(match d {
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            _ => num(d).into_iter().map(|x| x as f32).collect(),
+        }),
+        DType::F64 => TensorData::F64(num(d)),
+        DType::F16 => TensorData::F16(match d {
+            TensorData::F32(v) => v.iter().map(|&x| f16::from_f32(x)).collect(),
+            _ => num(d).into_iter().map(f16::from_f64).collect(),
+        }),
+        DType::BF16 => TensorData::BF16(match d {
+            TensorData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
+            _ => num(d).into_iter().map(bf16::from_f64).collect(),
+        }),
+        DType::Bool => TensorData::Bool(num(d).into_iter().map(|x| x != 0.0).collect()),
+        DType::I8 => TensorData::I8(ints(d).into_iter().map(|x| x as i8).collect()),
+        DType::U8 => TensorData::U8(ints(d).into_iter().map(|x| x as u8).collect()),
+        DType::I16 => TensorData::I16(ints(d).into_iter().map(|x| x as i16).collect()),
+        DType::U16 => TensorData::U16(ints(d).into_iter().map(|x| x as u16).collect()),
+        DType::I32 => TensorData::I32(ints(d).into_iter().map(|x| x as i32).collect()),
+        DType::U32 => TensorData::U32(ints(d).into_iter().map(|x| x as u32).collect()),
+        DType::I64 => TensorData::I64(ints(d).into_iter().map(|x| x as i64).collect()),
+        DType::U64 => TensorData::U64(match d {
+            TensorData::U64(v) => v.clone(),
+            _ => ints(d).into_iter().map(|x| x as u64).collect(),
+        }),
+        DType::Str => d.clone(),
+    };
+    Tensor::from_parts(shape, data)
+}
+
+fn num(d: &TensorData) -> Vec<f64> {
+    d.to_f64_vec().unwrap_or_default()
+}
+
+/// Integer view for int targets: ints exactly (as i128 so u64 survives), floats truncated.
+fn ints(d: &TensorData) -> Vec<i128> {
+    match d {
+        TensorData::U64(v) => v.iter().map(|&x| x as i128).collect(),
+        TensorData::F32(_) | TensorData::F64(_) | TensorData::F16(_) | TensorData::BF16(_) => {
+            num(d)
+                .into_iter()
+                .map(|x| if x.is_nan() { 0 } else { x.trunc() as i128 })
+                .collect()
+        }
+        _ => d
+            .to_i64_vec()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|x| x as i128)
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_to_int_truncates() {
+        let t = Tensor::from_f32(vec![3], vec![1.7, -1.7, 300.0]);
+        let c = cast_tensor(&t, DType::I64);
+        assert_eq!(c.as_i64().unwrap(), &[1, -1, 300]);
+    }
+
+    #[test]
+    fn float_to_f16_rounds_to_nearest_even() {
+        let t = Tensor::from_f32(vec![2], vec![65504.0 + 1.5, 65520.0]);
+        let c = cast_tensor(&t, DType::F16);
+        let v = c.to_f32_vec().unwrap();
+        assert_eq!(v[0], 65504.0);
+        assert!(v[1].is_infinite());
+    }
+
+    #[test]
+    fn to_bool_is_nonzero() {
+        let t = Tensor::from_f32(vec![3], vec![0.0, -0.5, 2.0]);
+        assert_eq!(
+            cast_tensor(&t, DType::Bool).as_bool().unwrap(),
+            &[false, true, true]
+        );
+    }
+}

@@ -1,0 +1,5 @@
+//! (to be filled) movement kernels.
+
+use super::Registry;
+
+pub fn register(_r: &mut Registry) {}

@@ -1,0 +1,286 @@
+//! Helpers every kernel family uses: input access, axis normalisation, NumPy broadcasting.
+
+use super::OpError;
+use crate::tensor::{strides_of, Tensor};
+
+/// The required input `i`, or an error naming it.
+pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
+    match inputs.get(i) {
+        Some(Some(t)) => Ok(t),
+        _ => Err(OpError(format!("required input #{i} is missing"))),
+    }
+}
+
+/// The optional input `i` (None when omitted or past the end).
+pub fn opt_input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Option<&'a Tensor> {
+    inputs.get(i).copied().flatten()
+}
+
+/// The f32 buffer of input `i`, or an error naming the dtype found.
+pub fn input_f32<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a [f32], OpError> {
+    let t = input(inputs, i)?;
+    t.as_f32().ok_or_else(|| {
+        OpError(format!(
+            "input #{i} has dtype {}, expected float32",
+            t.dtype()
+        ))
+    })
+}
+
+/// Input `i` read as a list of integers (shape, axes, indices, pads...).
+pub fn input_i64s(inputs: &[Option<&Tensor>], i: usize) -> Result<Vec<i64>, OpError> {
+    let t = input(inputs, i)?;
+    if !t.dtype().is_int() {
+        return Err(OpError(format!(
+            "input #{i} has dtype {}, expected an integer tensor",
+            t.dtype()
+        )));
+    }
+    Ok(t.to_i64_vec().expect("integer tensor"))
+}
+
+/// Normalises a possibly negative axis into `0..rank`.
+pub fn norm_axis(axis: i64, rank: usize) -> Result<usize, OpError> {
+    let r = rank as i64;
+    let a = if axis < 0 { axis + r } else { axis };
+    if a < 0 || a >= r {
+        return Err(OpError(format!(
+            "axis {axis} is out of range for rank {rank}"
+        )));
+    }
+    Ok(a as usize)
+}
+
+/// Normalises a list of axes, rejecting duplicates.
+pub fn norm_axes(axes: &[i64], rank: usize) -> Result<Vec<usize>, OpError> {
+    let mut out = Vec::with_capacity(axes.len());
+    for &a in axes {
+        let n = norm_axis(a, rank)?;
+        if out.contains(&n) {
+            return Err(OpError(format!("axis {a} appears twice in {axes:?}")));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// The NumPy-broadcast shape of several shapes.
+pub fn broadcast_shapes(shapes: &[&[usize]]) -> Result<Vec<usize>, OpError> {
+    let rank = shapes.iter().map(|s| s.len()).max().unwrap_or(0);
+    let mut out = vec![1usize; rank];
+    for s in shapes {
+        let off = rank - s.len();
+        for (i, &d) in s.iter().enumerate() {
+            let o = &mut out[off + i];
+            if *o == 1 {
+                *o = d;
+            } else if d != 1 && d != *o {
+                return Err(OpError(format!(
+                    "shapes {:?} cannot be broadcast together",
+                    shapes
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Strides for reading a tensor of `shape` as if it had `out_shape` (0 on broadcast dims).
+pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
+    let st = strides_of(shape);
+    let off = out_shape.len() - shape.len();
+    (0..out_shape.len())
+        .map(|i| {
+            if i < off || shape[i - off] == 1 {
+                0
+            } else {
+                st[i - off]
+            }
+        })
+        .collect()
+}
+
+/// Calls `f(out_index_base, offsets)` over the output in rows of the last dimension: for each
+/// row it passes the starting offset into every input and the inner length. Inputs' inner
+/// strides are returned once so callers can specialise contiguous (1) and broadcast (0) rows.
+fn for_each_row(
+    out_shape: &[usize],
+    in_strides: &[Vec<usize>],
+    mut f: impl FnMut(usize, &[usize]),
+) {
+    let rank = out_shape.len();
+    let n: usize = out_shape.iter().product();
+    if n == 0 {
+        return;
+    }
+    if rank == 0 {
+        f(0, &vec![0; in_strides.len()]);
+        return;
+    }
+    let inner = out_shape[rank - 1];
+    let mut idx = vec![0usize; rank - 1];
+    let mut offs = vec![0usize; in_strides.len()];
+    let mut out_off = 0;
+    loop {
+        f(out_off, &offs);
+        out_off += inner;
+        // Odometer over the outer dims.
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            idx[d] += 1;
+            for (k, s) in in_strides.iter().enumerate() {
+                offs[k] += s[d];
+            }
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            for (k, s) in in_strides.iter().enumerate() {
+                offs[k] -= s[d] * out_shape[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/// Elementwise binary op with NumPy broadcasting.
+pub fn broadcast_binary<A: Copy, B: Copy, O>(
+    a: &[A],
+    a_shape: &[usize],
+    b: &[B],
+    b_shape: &[usize],
+    f: impl Fn(A, B) -> O,
+) -> Result<(Vec<usize>, Vec<O>), OpError> {
+    if a_shape == b_shape {
+        return Ok((
+            a_shape.to_vec(),
+            a.iter().zip(b).map(|(&x, &y)| f(x, y)).collect(),
+        ));
+    }
+    if b.len() == 1 && b_shape.len() <= a_shape.len() {
+        let y = b[0];
+        return Ok((a_shape.to_vec(), a.iter().map(|&x| f(x, y)).collect()));
+    }
+    if a.len() == 1 && a_shape.len() <= b_shape.len() {
+        let x = a[0];
+        return Ok((b_shape.to_vec(), b.iter().map(|&y| f(x, y)).collect()));
+    }
+    let out_shape = broadcast_shapes(&[a_shape, b_shape])?;
+    let n: usize = out_shape.iter().product();
+    let sa = broadcast_strides(a_shape, &out_shape);
+    let sb = broadcast_strides(b_shape, &out_shape);
+    let (ia, ib) = (
+        sa.last().copied().unwrap_or(0),
+        sb.last().copied().unwrap_or(0),
+    );
+    let inner = out_shape.last().copied().unwrap_or(1);
+    let mut out = Vec::with_capacity(n);
+    for_each_row(&out_shape, &[sa, sb], |_, offs| {
+        let (oa, ob) = (offs[0], offs[1]);
+        for k in 0..inner {
+            out.push(f(a[oa + k * ia], b[ob + k * ib]));
+        }
+    });
+    Ok((out_shape, out))
+}
+
+/// Elementwise ternary op with broadcasting (Where, Clip with tensor bounds).
+pub fn broadcast_ternary<A: Copy, B: Copy, C: Copy, O>(
+    a: (&[A], &[usize]),
+    b: (&[B], &[usize]),
+    c: (&[C], &[usize]),
+    f: impl Fn(A, B, C) -> O,
+) -> Result<(Vec<usize>, Vec<O>), OpError> {
+    let out_shape = broadcast_shapes(&[a.1, b.1, c.1])?;
+    let n: usize = out_shape.iter().product();
+    let strides = vec![
+        broadcast_strides(a.1, &out_shape),
+        broadcast_strides(b.1, &out_shape),
+        broadcast_strides(c.1, &out_shape),
+    ];
+    let inner_st: Vec<usize> = strides
+        .iter()
+        .map(|s| s.last().copied().unwrap_or(0))
+        .collect();
+    let inner = out_shape.last().copied().unwrap_or(1);
+    let mut out = Vec::with_capacity(n);
+    for_each_row(&out_shape, &strides, |_, offs| {
+        for k in 0..inner {
+            out.push(f(
+                a.0[offs[0] + k * inner_st[0]],
+                b.0[offs[1] + k * inner_st[1]],
+                c.0[offs[2] + k * inner_st[2]],
+            ));
+        }
+    });
+    Ok((out_shape, out))
+}
+
+/// Materialises `data` (of `shape`) broadcast to `out_shape`.
+pub fn broadcast_to<T: Clone>(data: &[T], shape: &[usize], out_shape: &[usize]) -> Vec<T> {
+    let n: usize = out_shape.iter().product();
+    if shape == out_shape {
+        return data.to_vec();
+    }
+    let st = broadcast_strides(shape, out_shape);
+    let inner_st = st.last().copied().unwrap_or(0);
+    let inner = out_shape.last().copied().unwrap_or(1);
+    let mut out = Vec::with_capacity(n);
+    for_each_row(out_shape, &[st], |_, offs| {
+        for k in 0..inner {
+            out.push(data[offs[0] + k * inner_st].clone());
+        }
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_matches_numpy() {
+        // (2,1,3) + (4,1) -> (2,4,3)
+        let a: Vec<f32> = (0..6).map(|x| x as f32).collect();
+        let b: Vec<f32> = (0..4).map(|x| 10.0 * x as f32).collect();
+        let (s, v) = broadcast_binary(&a, &[2, 1, 3], &b, &[4, 1], |x, y| x + y).unwrap();
+        assert_eq!(s, vec![2, 4, 3]);
+        assert_eq!(v[0..6], [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]);
+        assert_eq!(v[12..15], [3.0, 4.0, 5.0]);
+        assert_eq!(v[23], 35.0);
+        assert!(broadcast_binary(&a, &[2, 3], &b, &[4], |x, y| x + y).is_err());
+    }
+
+    #[test]
+    fn broadcast_to_expands() {
+        assert_eq!(
+            broadcast_to(&[1, 2], &[2, 1], &[2, 3]),
+            vec![1, 1, 1, 2, 2, 2]
+        );
+        assert_eq!(broadcast_to(&[7], &[], &[2]), vec![7, 7]);
+    }
+
+    #[test]
+    fn ternary_with_scalar() {
+        let (s, v) = broadcast_ternary(
+            (&[true, false][..], &[2][..]),
+            (&[1.0f32][..], &[][..]),
+            (&[5.0f32, 6.0][..], &[2][..]),
+            |c, x, y| if c { x } else { y },
+        )
+        .unwrap();
+        assert_eq!(s, vec![2]);
+        assert_eq!(v, vec![1.0, 6.0]);
+    }
+
+    #[test]
+    fn axes_normalise() {
+        assert_eq!(norm_axis(-1, 4).unwrap(), 3);
+        assert!(norm_axis(4, 4).is_err());
+        assert_eq!(norm_axes(&[1, -2], 4).unwrap(), vec![1, 2]);
+        assert!(norm_axes(&[1, -3], 4).is_err());
+    }
+}

@@ -1,0 +1,543 @@
+//! Dense tensors: a shape and a typed, row-major buffer.
+//!
+//! Every ONNX numeric element type that the interpreter can meet in a real model or in the
+//! conformance data has its own variant, so values are never silently widened or narrowed.
+//! Float kernels compute in `f32` (the product's reference precision); `f64` tensors keep
+//! their own storage and are computed in `f64` where an op supports it.
+
+use half::{bf16, f16};
+use std::fmt;
+
+/// Element type of a tensor, named as ONNX / NumPy name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F64,
+    F16,
+    BF16,
+    I8,
+    U8,
+    I16,
+    U16,
+    I32,
+    U32,
+    I64,
+    U64,
+    Bool,
+    Str,
+}
+
+impl DType {
+    /// From `TensorProto.DataType`.
+    pub fn from_onnx(code: i32) -> Option<DType> {
+        Some(match code {
+            1 => DType::F32,
+            2 => DType::U8,
+            3 => DType::I8,
+            4 => DType::U16,
+            5 => DType::I16,
+            6 => DType::I32,
+            7 => DType::I64,
+            8 => DType::Str,
+            9 => DType::Bool,
+            10 => DType::F16,
+            11 => DType::F64,
+            12 => DType::U32,
+            13 => DType::U64,
+            16 => DType::BF16,
+            _ => return None,
+        })
+    }
+
+    /// To `TensorProto.DataType`.
+    pub fn onnx_code(self) -> i32 {
+        match self {
+            DType::F32 => 1,
+            DType::U8 => 2,
+            DType::I8 => 3,
+            DType::U16 => 4,
+            DType::I16 => 5,
+            DType::I32 => 6,
+            DType::I64 => 7,
+            DType::Str => 8,
+            DType::Bool => 9,
+            DType::F16 => 10,
+            DType::F64 => 11,
+            DType::U32 => 12,
+            DType::U64 => 13,
+            DType::BF16 => 16,
+        }
+    }
+
+    /// NumPy's name (`float32`, `int64`, `bool`, ...), as Polygraphy prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "float32",
+            DType::F64 => "float64",
+            DType::F16 => "float16",
+            DType::BF16 => "bfloat16",
+            DType::I8 => "int8",
+            DType::U8 => "uint8",
+            DType::I16 => "int16",
+            DType::U16 => "uint16",
+            DType::I32 => "int32",
+            DType::U32 => "uint32",
+            DType::I64 => "int64",
+            DType::U64 => "uint64",
+            DType::Bool => "bool",
+            DType::Str => "str",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<DType> {
+        Some(match name {
+            "float32" | "float" => DType::F32,
+            "float64" | "double" => DType::F64,
+            "float16" | "half" => DType::F16,
+            "bfloat16" => DType::BF16,
+            "int8" => DType::I8,
+            "uint8" => DType::U8,
+            "int16" => DType::I16,
+            "uint16" => DType::U16,
+            "int32" => DType::I32,
+            "uint32" => DType::U32,
+            "int64" => DType::I64,
+            "uint64" => DType::U64,
+            "bool" => DType::Bool,
+            "str" | "string" => DType::Str,
+            _ => return None,
+        })
+    }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::F64 | DType::F16 | DType::BF16)
+    }
+
+    pub fn is_int(self) -> bool {
+        matches!(
+            self,
+            DType::I8
+                | DType::U8
+                | DType::I16
+                | DType::U16
+                | DType::I32
+                | DType::U32
+                | DType::I64
+                | DType::U64
+        )
+    }
+
+    pub fn is_signed_int(self) -> bool {
+        matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
+    }
+
+    /// Size of one element in bytes (strings: 0, they have no fixed size).
+    pub fn size(self) -> usize {
+        match self {
+            DType::F64 | DType::I64 | DType::U64 => 8,
+            DType::F32 | DType::I32 | DType::U32 => 4,
+            DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
+            DType::I8 | DType::U8 | DType::Bool => 1,
+            DType::Str => 0,
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The typed buffer of a tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub enum TensorData {
+    F32(Vec<f32>),
+    F64(Vec<f64>),
+    F16(Vec<f16>),
+    BF16(Vec<bf16>),
+    I8(Vec<i8>),
+    U8(Vec<u8>),
+    I16(Vec<i16>),
+    U16(Vec<u16>),
+    I32(Vec<i32>),
+    U32(Vec<u32>),
+    I64(Vec<i64>),
+    U64(Vec<u64>),
+    Bool(Vec<bool>),
+    Str(Vec<String>),
+}
+
+/// Runs `$body` with `$v` bound to the inner `Vec` of any variant and wraps the result in the
+/// same variant. `$body` must be generic over the element type (only `Clone` is guaranteed);
+/// this is how data-movement ops (Transpose, Gather, Slice, ...) serve every dtype at once.
+#[macro_export]
+macro_rules! map_data {
+    ($data:expr, $v:ident => $body:expr) => {{
+        use $crate::tensor::TensorData as TD;
+        match $data {
+            TD::F32($v) => TD::F32($body),
+            TD::F64($v) => TD::F64($body),
+            TD::F16($v) => TD::F16($body),
+            TD::BF16($v) => TD::BF16($body),
+            TD::I8($v) => TD::I8($body),
+            TD::U8($v) => TD::U8($body),
+            TD::I16($v) => TD::I16($body),
+            TD::U16($v) => TD::U16($body),
+            TD::I32($v) => TD::I32($body),
+            TD::U32($v) => TD::U32($body),
+            TD::I64($v) => TD::I64($body),
+            TD::U64($v) => TD::U64($body),
+            TD::Bool($v) => TD::Bool($body),
+            TD::Str($v) => TD::Str($body),
+        }
+    }};
+}
+
+/// Like [`map_data!`] but for bodies that return something other than a Vec (e.g. a length).
+#[macro_export]
+macro_rules! with_data {
+    ($data:expr, $v:ident => $body:expr) => {{
+        use $crate::tensor::TensorData as TD;
+        match $data {
+            TD::F32($v) => $body,
+            TD::F64($v) => $body,
+            TD::F16($v) => $body,
+            TD::BF16($v) => $body,
+            TD::I8($v) => $body,
+            TD::U8($v) => $body,
+            TD::I16($v) => $body,
+            TD::U16($v) => $body,
+            TD::I32($v) => $body,
+            TD::U32($v) => $body,
+            TD::I64($v) => $body,
+            TD::U64($v) => $body,
+            TD::Bool($v) => $body,
+            TD::Str($v) => $body,
+        }
+    }};
+}
+
+impl TensorData {
+    pub fn dtype(&self) -> DType {
+        match self {
+            TensorData::F32(_) => DType::F32,
+            TensorData::F64(_) => DType::F64,
+            TensorData::F16(_) => DType::F16,
+            TensorData::BF16(_) => DType::BF16,
+            TensorData::I8(_) => DType::I8,
+            TensorData::U8(_) => DType::U8,
+            TensorData::I16(_) => DType::I16,
+            TensorData::U16(_) => DType::U16,
+            TensorData::I32(_) => DType::I32,
+            TensorData::U32(_) => DType::U32,
+            TensorData::I64(_) => DType::I64,
+            TensorData::U64(_) => DType::U64,
+            TensorData::Bool(_) => DType::Bool,
+            TensorData::Str(_) => DType::Str,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        with_data!(self, v => v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// An all-zero (false, empty string) buffer of `n` elements.
+    pub fn zeros(dtype: DType, n: usize) -> TensorData {
+        match dtype {
+            DType::F32 => TensorData::F32(vec![0.0; n]),
+            DType::F64 => TensorData::F64(vec![0.0; n]),
+            DType::F16 => TensorData::F16(vec![f16::ZERO; n]),
+            DType::BF16 => TensorData::BF16(vec![bf16::ZERO; n]),
+            DType::I8 => TensorData::I8(vec![0; n]),
+            DType::U8 => TensorData::U8(vec![0; n]),
+            DType::I16 => TensorData::I16(vec![0; n]),
+            DType::U16 => TensorData::U16(vec![0; n]),
+            DType::I32 => TensorData::I32(vec![0; n]),
+            DType::U32 => TensorData::U32(vec![0; n]),
+            DType::I64 => TensorData::I64(vec![0; n]),
+            DType::U64 => TensorData::U64(vec![0; n]),
+            DType::Bool => TensorData::Bool(vec![false; n]),
+            DType::Str => TensorData::Str(vec![String::new(); n]),
+        }
+    }
+
+    /// Every element as f64 (bool as 0/1). Strings have no numeric value.
+    pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
+        Some(match self {
+            TensorData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::F64(v) => v.clone(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::U64(v) => v.iter().map(|&x| x as f64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
+            TensorData::Str(_) => return None,
+        })
+    }
+
+    /// Every element as f32 (bool as 0/1; f64 rounded to nearest).
+    pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
+        Some(match self {
+            TensorData::F32(v) => v.clone(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F64(v) => v.iter().map(|&x| x as f32).collect(),
+            other => other.to_f64_vec()?.into_iter().map(|x| x as f32).collect(),
+        })
+    }
+
+    /// Every element as i64. Floats truncate toward zero (as C casts and ONNX Cast do).
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        Some(match self {
+            TensorData::I64(v) => v.clone(),
+            TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::U64(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::Bool(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::F32(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::F64(v) => v.iter().map(|&x| x as i64).collect(),
+            TensorData::F16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::Str(_) => return None,
+        })
+    }
+}
+
+/// An n-dimensional array. A scalar has an empty shape and one element.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: TensorData,
+}
+
+/// A tensor whose buffer length does not match its shape.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("buffer of {len} elements does not fit shape {shape:?} ({expected} elements)")]
+pub struct ShapeMismatch {
+    pub shape: Vec<usize>,
+    pub len: usize,
+    pub expected: usize,
+}
+
+impl Tensor {
+    /// Builds a tensor, checking that the buffer holds exactly `prod(shape)` elements.
+    pub fn new(shape: Vec<usize>, data: TensorData) -> Result<Tensor, ShapeMismatch> {
+        let expected: usize = shape.iter().product();
+        if data.len() != expected {
+            return Err(ShapeMismatch {
+                shape,
+                len: data.len(),
+                expected,
+            });
+        }
+        Ok(Tensor { shape, data })
+    }
+
+    /// Builds a tensor whose length the caller has already made right (kernels use this).
+    /// A wrong length is a bug in the kernel, so it panics in debug builds only.
+    pub fn from_parts(shape: Vec<usize>, data: TensorData) -> Tensor {
+        debug_assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "kernel built a tensor of the wrong length for shape {shape:?}"
+        );
+        Tensor { shape, data }
+    }
+
+    pub fn from_f32(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::F32(v))
+    }
+
+    pub fn from_f64(shape: Vec<usize>, v: Vec<f64>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::F64(v))
+    }
+
+    pub fn from_i64(shape: Vec<usize>, v: Vec<i64>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::I64(v))
+    }
+
+    pub fn from_bool(shape: Vec<usize>, v: Vec<bool>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::Bool(v))
+    }
+
+    pub fn scalar_f32(x: f32) -> Tensor {
+        Tensor::from_f32(vec![], vec![x])
+    }
+
+    pub fn scalar_i64(x: i64) -> Tensor {
+        Tensor::from_i64(vec![], vec![x])
+    }
+
+    pub fn zeros(dtype: DType, shape: Vec<usize>) -> Tensor {
+        let n = shape.iter().product();
+        Tensor::from_parts(shape, TensorData::zeros(dtype, n))
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shape.len()
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.data.dtype()
+    }
+
+    pub fn data(&self) -> &TensorData {
+        &self.data
+    }
+
+    pub fn data_mut(&mut self) -> &mut TensorData {
+        &mut self.data
+    }
+
+    pub fn into_data(self) -> TensorData {
+        self.data
+    }
+
+    pub fn into_parts(self) -> (Vec<usize>, TensorData) {
+        (self.shape, self.data)
+    }
+
+    /// Same buffer, new shape (caller guarantees the element count is unchanged).
+    pub fn reshaped(self, shape: Vec<usize>) -> Result<Tensor, ShapeMismatch> {
+        Tensor::new(shape, self.data)
+    }
+
+    /// The f32 buffer, if this is an f32 tensor.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            TensorData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_f32_mut(&mut self) -> Option<&mut Vec<f32>> {
+        match &mut self.data {
+            TensorData::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_i64(&self) -> Option<&[i64]> {
+        match &self.data {
+            TensorData::I64(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<&[bool]> {
+        match &self.data {
+            TensorData::Bool(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Elements widened/narrowed to f32 (None for strings).
+    pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
+        self.data.to_f32_vec()
+    }
+
+    pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
+        self.data.to_f64_vec()
+    }
+
+    /// Elements as i64: what shape, axes and index inputs are read as, whatever their int type.
+    pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
+        self.data.to_i64_vec()
+    }
+
+    /// Row-major strides in elements.
+    pub fn strides(&self) -> Vec<usize> {
+        strides_of(&self.shape)
+    }
+}
+
+/// Row-major strides (in elements) of a shape.
+pub fn strides_of(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1usize; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// Formats a shape as `(1, 3, 224, 224)`, the way NumPy and Polygraphy print it.
+pub fn fmt_shape(shape: &[usize]) -> String {
+    match shape.len() {
+        1 => format!("({},)", shape[0]),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_checks_length() {
+        assert!(Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 6])).is_ok());
+        let err = Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 5])).unwrap_err();
+        assert_eq!(err.expected, 6);
+    }
+
+    #[test]
+    fn strides_are_row_major() {
+        assert_eq!(strides_of(&[2, 3, 4]), vec![12, 4, 1]);
+        assert_eq!(strides_of(&[]), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn dtype_codes_round_trip() {
+        for code in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16] {
+            assert_eq!(DType::from_onnx(code).unwrap().onnx_code(), code);
+        }
+        assert!(DType::from_onnx(17).is_none());
+    }
+
+    #[test]
+    fn map_data_keeps_variant() {
+        let d = TensorData::I64(vec![1, 2, 3]);
+        let r = map_data!(&d, v => v.iter().rev().cloned().collect());
+        assert_eq!(r, TensorData::I64(vec![3, 2, 1]));
+    }
+
+    #[test]
+    fn shapes_print_like_numpy() {
+        assert_eq!(fmt_shape(&[1, 3]), "(1, 3)");
+        assert_eq!(fmt_shape(&[5]), "(5,)");
+        assert_eq!(fmt_shape(&[]), "()");
+    }
+}

@@ -1,0 +1,188 @@
+//! Runs the ONNX backend node tests shipped in the onnx==1.22.0 wheel and checks every test
+//! whose ops mixprec supports. `CONFORMANCE_FILTER=substr` narrows the run while developing.
+//! Deliberate exclusions live in tests/conformance_exclusions.txt, each with its reason.
+
+use crate::common::{onnx_node_dir, repo_root};
+use mixprec::exec::Feeds;
+use mixprec::onnx::{load_model, read_tensor_file};
+use mixprec::ops::Registry;
+use mixprec::{Interpreter, Tensor, TensorData};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+enum Outcome {
+    Pass,
+    Fail(String),
+    Unsupported(String),
+}
+
+fn exclusions() -> BTreeMap<String, String> {
+    let text = std::fs::read_to_string(repo_root().join("tests/conformance_exclusions.txt"))
+        .unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (name, why) = l.split_once('#').unwrap_or((l, ""));
+            (name.trim().to_string(), why.trim().to_string())
+        })
+        .collect()
+}
+
+fn run_case(dir: &Path) -> Outcome {
+    let model = match load_model(dir.join("model.onnx")) {
+        Ok(m) => m,
+        Err(e) => return Outcome::Unsupported(format!("load: {e}")),
+    };
+    let registry = Registry::global();
+    if let Some(n) = model
+        .graph
+        .nodes
+        .iter()
+        .find(|n| registry.get(&n.domain, &n.op_type).is_none())
+    {
+        return Outcome::Unsupported(format!("op {} ({})", n.op_type, n.domain));
+    }
+    let interp = match Interpreter::new(&model.graph) {
+        Ok(i) => i,
+        Err(e) => return Outcome::Unsupported(e.to_string()),
+    };
+    let mut sets: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    sets.sort();
+    for set in sets {
+        let mut feeds = Feeds::new();
+        for (i, vi) in model.graph.inputs.iter().enumerate() {
+            let p = set.join(format!("input_{i}.pb"));
+            match read_tensor_file(&p) {
+                Ok((_, t)) => {
+                    feeds.insert(vi.name.clone(), t);
+                }
+                Err(e) => return Outcome::Unsupported(format!("input data: {e}")),
+            }
+        }
+        let mut expected = Vec::new();
+        for i in 0..model.graph.outputs.len() {
+            match read_tensor_file(&set.join(format!("output_{i}.pb"))) {
+                Ok((_, t)) => expected.push(t),
+                Err(e) => return Outcome::Unsupported(format!("output data: {e}")),
+            }
+        }
+        let result = match interp.run(&feeds) {
+            Ok(r) => r,
+            Err(e) => return Outcome::Fail(e.to_string()),
+        };
+        for ((name, got), want) in result.outputs.iter().zip(&expected) {
+            if let Err(msg) = compare(got, want) {
+                return Outcome::Fail(format!("output '{name}': {msg}"));
+            }
+        }
+    }
+    Outcome::Pass
+}
+
+/// ONNX's backend runner: `assert_allclose(rtol=1e-3, atol=1e-7)`, NaN equal to NaN.
+fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
+    if got.dtype() != want.dtype() {
+        return Err(format!(
+            "dtype {} != expected {}",
+            got.dtype(),
+            want.dtype()
+        ));
+    }
+    if got.shape() != want.shape() {
+        return Err(format!(
+            "shape {:?} != expected {:?}",
+            got.shape(),
+            want.shape()
+        ));
+    }
+    if let (TensorData::Str(a), TensorData::Str(b)) = (got.data(), want.data()) {
+        return if a == b {
+            Ok(())
+        } else {
+            Err("strings differ".into())
+        };
+    }
+    let a = got.to_f64_vec().unwrap();
+    let b = want.to_f64_vec().unwrap();
+    let (rtol, atol) = match got.dtype() {
+        mixprec::DType::F16 | mixprec::DType::BF16 => (4e-3, 1e-3),
+        _ => (1e-3, 1e-7),
+    };
+    for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
+        let ok = (x.is_nan() && y.is_nan()) || x == y || (x - y).abs() <= atol + rtol * y.abs();
+        if !ok {
+            return Err(format!("element {i}: got {x}, expected {y}"));
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn onnx_node_conformance() {
+    let root = onnx_node_dir();
+    let filter = std::env::var("CONFORMANCE_FILTER").unwrap_or_default();
+    let excluded = exclusions();
+    let mut cases: Vec<_> = std::fs::read_dir(&root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("model.onnx").exists())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .contains(filter.as_str())
+        })
+        .collect();
+    cases.sort();
+    let (mut passed, mut failed, mut unsupported, mut excl) = (0, 0, 0, 0);
+    let mut failures = Vec::new();
+    let verbose = std::env::var("CONFORMANCE_VERBOSE").is_ok();
+    for case in &cases {
+        let name = case.file_name().unwrap().to_string_lossy().to_string();
+        let outcome = std::panic::catch_unwind(|| run_case(case))
+            .unwrap_or_else(|_| Outcome::Fail("PANIC".into()));
+        match outcome {
+            Outcome::Pass => {
+                passed += 1;
+                if excluded.contains_key(&name) {
+                    failures.push(format!(
+                        "{name}: passes but is listed in conformance_exclusions.txt: remove it"
+                    ));
+                }
+            }
+            Outcome::Unsupported(why) => {
+                unsupported += 1;
+                if verbose {
+                    eprintln!("unsupported {name}: {why}");
+                }
+            }
+            Outcome::Fail(msg) => {
+                if excluded.contains_key(&name) {
+                    excl += 1;
+                } else {
+                    failed += 1;
+                    failures.push(format!("{name}: {msg}"));
+                }
+            }
+        }
+    }
+    for f in &failures {
+        eprintln!("FAILED {f}");
+    }
+    println!(
+        "onnx conformance ({} node tests): {passed} passed, {failed} failed, {unsupported} unsupported, {excl} excluded",
+        cases.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{} conformance problems (see above)",
+        failures.len()
+    );
+}

@@ -1,0 +1,5 @@
+//! The integration target: ONNX conformance, whole-model checks against ONNX Runtime,
+//! Polygraphy file interop and CLI end-to-end tests. One target so it links once.
+
+mod common;
+mod conformance;
