@@ -3,9 +3,12 @@
 //! Data flows one way: `onnx` (protobuf ⇄ IR) → `graph` → `exec` (interpreter over `ops`
 //! kernels) → comparison, search and export. The CLI in `main.rs` only parses and prints.
 
+// pub mod cli; (wired once data/ lands)
+pub mod compare;
 pub mod error;
 pub mod exec;
 pub mod graph;
+pub mod inspect;
 pub mod onnx;
 pub mod ops;
 pub mod tensor;

@@ -48,6 +48,45 @@ macro_rules! op_bail {
     };
 }
 
+/// Ops that only move, select or reshape data, or compute shapes: they never change a value, so
+/// they carry their input's precision and are never candidates in a precision search.
+pub fn is_data_movement(op_type: &str) -> bool {
+    matches!(
+        op_type,
+        "Reshape"
+            | "Transpose"
+            | "Shape"
+            | "Size"
+            | "Gather"
+            | "GatherElements"
+            | "GatherND"
+            | "Concat"
+            | "Split"
+            | "Slice"
+            | "Squeeze"
+            | "Unsqueeze"
+            | "Flatten"
+            | "Identity"
+            | "Constant"
+            | "ConstantOfShape"
+            | "Expand"
+            | "Tile"
+            | "Dropout"
+            | "Range"
+            | "DepthToSpace"
+            | "SpaceToDepth"
+            | "NonZero"
+            | "Cast"
+            | "CastLike"
+            | "Pad"
+            | "ScatterND"
+            | "ScatterElements"
+            | "OneHot"
+            | "EyeLike"
+            | "Trilu"
+    )
+}
+
 /// Maps op types of the default ONNX domain to kernels.
 #[derive(Default)]
 pub struct Registry {

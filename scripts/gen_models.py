@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Generates the realistic test and benchmark models, with ONNX Runtime reference outputs.
+
+For each model NAME it writes, under --out:
+  NAME.onnx                          the model
+  NAME/input_K.pb, NAME/output_K.pb  one input set and ONNX Runtime's CPU outputs (TensorProto)
+
+Models (all weights from a fixed NumPy seed, so the files are identical on every machine):
+  cnn               ResNet-like CNN: conv/BN/ReLU stem, max pool, 4 residual stages, GAP, Gemm
+  transformer       2-layer transformer encoder: LayerNorm, multi-head attention, Softmax, GELU
+  mlp               Gemm/ReLU/Tanh/Softmax classifier with a dynamic batch dimension
+  needs_constraints Polygraphy's FP16 overflow example: MatMul (flip), Add FP16_MAX, Sub FP16_MAX, MatMul
+
+Usage: gen_models.py --out DIR [--size test|bench] [--only NAME[,NAME]] [--no-ort]
+"""
+import argparse
+import os
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 17
+
+
+class Builder:
+    """Small graph builder: names every node and value after its op, in creation order."""
+
+    def __init__(self, seed):
+        self.rng = np.random.RandomState(seed)
+        self.nodes, self.inits, self.counts = [], [], {}
+
+    def name(self, op):
+        k = self.counts.get(op, 0)
+        self.counts[op] = k + 1
+        return f"/{op}_{k}" if k else f"/{op}"
+
+    def const(self, arr, hint="w"):
+        n = self.name(hint)[1:] + "_const"
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), n))
+        return n
+
+    def op(self, op, inputs, n_out=1, **attrs):
+        name = self.name(op)
+        outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
+        return outs if n_out > 1 else outs[0]
+
+    def weight(self, *shape, fan_in=None, scale=1.0):
+        fan_in = fan_in or int(np.prod(shape[1:]))
+        return (self.rng.randn(*shape) * scale * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    def model(self, inputs, outputs, opset=OPSET):
+        g = helper.make_graph(self.nodes, "mixprec_test", inputs, outputs, self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)], producer_name="mixprec-gen")
+        m.ir_version = 8
+        onnx.checker.check_model(m)
+        return m
+
+
+def conv_bn_relu(b, x, cin, cout, k, stride, relu=True):
+    w = b.const(b.weight(cout, cin, k, k), "conv_w")
+    y = b.op("Conv", [x, w], kernel_shape=[k, k], strides=[stride, stride], pads=[k // 2] * 4)
+    scale = b.const((1.0 + 0.1 * b.rng.randn(cout)).astype(np.float32), "bn_scale")
+    bias = b.const((0.1 * b.rng.randn(cout)).astype(np.float32), "bn_bias")
+    mean = b.const((0.1 * b.rng.randn(cout)).astype(np.float32), "bn_mean")
+    var = b.const((1.0 + 0.1 * np.abs(b.rng.randn(cout))).astype(np.float32), "bn_var")
+    y = b.op("BatchNormalization", [y, scale, bias, mean, var], epsilon=1e-5)
+    return b.op("Relu", [y]) if relu else y
+
+
+def cnn(size):
+    hw = 224 if size == "bench" else 64
+    widths = [32, 64, 128, 256]
+    b = Builder(1)
+    x = conv_bn_relu(b, "input", 3, widths[0], 7, 2)
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    cin = widths[0]
+    for i, c in enumerate(widths):
+        stride = 1 if i == 0 else 2
+        y = conv_bn_relu(b, x, cin, c, 3, stride)
+        y = conv_bn_relu(b, y, c, c, 3, 1, relu=False)
+        short = x if (stride == 1 and cin == c) else conv_bn_relu(b, x, cin, c, 1, stride, relu=False)
+        x = b.op("Relu", [b.op("Add", [y, short])])
+        cin = c
+    x = b.op("GlobalAveragePool", [x])
+    x = b.op("Flatten", [x], axis=1)
+    w = b.const(b.weight(10, cin), "fc_w")
+    bias = b.const(np.zeros(10, np.float32), "fc_b")
+    x = b.op("Gemm", [x, w, bias], transB=1)
+    b.nodes[-1].output[0] = "logits"
+    return b.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, hw, hw])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 10])],
+    )
+
+
+def transformer(size):
+    seq, d, heads, ff, layers = (128, 256, 4, 1024, 2) if size == "bench" else (32, 64, 4, 128, 2)
+    dh = d // heads
+    b = Builder(2)
+
+    def layer_norm(x):
+        g = b.const((1.0 + 0.1 * b.rng.randn(d)).astype(np.float32), "ln_g")
+        beta = b.const((0.1 * b.rng.randn(d)).astype(np.float32), "ln_b")
+        return b.op("LayerNormalization", [x, g, beta], axis=-1, epsilon=1e-5)
+
+    def linear(x, din, dout):
+        w = b.const(b.weight(din, dout, fan_in=din, scale=0.7), "lin_w")
+        bias = b.const((0.02 * b.rng.randn(dout)).astype(np.float32), "lin_b")
+        return b.op("Add", [b.op("MatMul", [x, w]), bias])
+
+    split_shape = b.const(np.array([1, seq, heads, dh], np.int64), "shape")
+    merge_shape = b.const(np.array([1, seq, d], np.int64), "shape")
+    scale = b.const(np.array(np.sqrt(dh), np.float32), "scale")
+    half = b.const(np.array(0.5, np.float32), "half")
+    one = b.const(np.array(1.0, np.float32), "one")
+    sqrt2 = b.const(np.array(np.sqrt(2.0), np.float32), "sqrt2")
+
+    x = "tokens"
+    for _ in range(layers):
+        h = layer_norm(x)
+        q, k, v = (b.op("Transpose", [b.op("Reshape", [linear(h, d, d), split_shape])], perm=[0, 2, 1, 3]) for _ in range(3))
+        kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
+        att = b.op("Softmax", [b.op("Div", [b.op("MatMul", [q, kt]), scale])], axis=-1)
+        ctx = b.op("Transpose", [b.op("MatMul", [att, v])], perm=[0, 2, 1, 3])
+        x = b.op("Add", [x, linear(b.op("Reshape", [ctx, merge_shape]), d, d)])
+        h = linear(layer_norm(x), d, ff)
+        # GELU as its exact Erf form (what exporters emit before opset 20).
+        gelu = b.op("Mul", [b.op("Mul", [h, half]), b.op("Add", [b.op("Erf", [b.op("Div", [h, sqrt2])]), one])])
+        x = b.op("Add", [x, linear(gelu, ff, d)])
+    x = layer_norm(x)
+    b.nodes[-1].output[0] = "hidden"
+    return b.model(
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, d])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, [1, seq, d])],
+    )
+
+
+def mlp(size):
+    b = Builder(3)
+    w1, b1 = b.const(b.weight(64, 128, fan_in=64)), b.const(np.full(128, 0.01, np.float32))
+    w2, b2 = b.const(b.weight(128, 64, fan_in=128)), b.const(np.zeros(64, np.float32))
+    w3, b3 = b.const(b.weight(64, 10, fan_in=64)), b.const(np.zeros(10, np.float32))
+    x = b.op("Relu", [b.op("Gemm", ["x", w1, b1])])
+    x = b.op("Tanh", [b.op("Gemm", [x, w2, b2])])
+    x = b.op("Softmax", [b.op("Gemm", [x, w3, b3])], axis=-1)
+    b.nodes[-1].output[0] = "probs"
+    return b.model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["batch", 10])],
+    )
+
+
+def needs_constraints(size):
+    """Polygraphy's examples/cli/run/08_adding_precision_constraints model, rebuilt."""
+    n = 256
+    flip = np.flip(np.identity(n, dtype=np.float32), axis=1).copy()
+    fp16_max = np.array(np.finfo(np.float16).max, np.float32)
+    inits = [
+        numpy_helper.from_array(flip, "flip"),
+        numpy_helper.from_array(fp16_max, "fp16_max"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "flip"], ["matmul_out"], name="MatMul"),
+        helper.make_node("Add", ["matmul_out", "fp16_max"], ["add_out"], name="Add"),
+        helper.make_node("Sub", ["add_out", "fp16_max"], ["sub_out"], name="Sub"),
+        helper.make_node("MatMul", ["sub_out", "flip"], ["output"], name="MatMul_1"),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "needs_constraints",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, n, n])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, n, n])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], producer_name="mixprec-gen")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
+MODELS = {"cnn": cnn, "transformer": transformer, "mlp": mlp, "needs_constraints": needs_constraints}
+INPUT_RANGES = {"cnn": (-1.0, 1.0), "transformer": (-1.0, 1.0), "mlp": (-2.0, 2.0), "needs_constraints": (1.0, 2.0)}
+
+
+def reference(model_path, name, out_dir):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model_path, opts, providers=["CPUExecutionProvider"])
+    rng = np.random.RandomState(123)
+    lo, hi = INPUT_RANGES[name]
+    feeds = {}
+    for i in sess.get_inputs():
+        shape = [d if isinstance(d, int) else 4 for d in i.shape]
+        feeds[i.name] = rng.uniform(lo, hi, size=shape).astype(np.float32)
+    outs = sess.run(None, feeds)
+    os.makedirs(out_dir, exist_ok=True)
+    for k, (n, v) in enumerate(feeds.items()):
+        with open(os.path.join(out_dir, f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(v, n).SerializeToString())
+    for k, (o, v) in enumerate(zip(sess.get_outputs(), outs)):
+        with open(os.path.join(out_dir, f"output_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(v, o.name).SerializeToString())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", choices=["test", "bench"], default="test")
+    ap.add_argument("--only", default="")
+    ap.add_argument("--no-ort", action="store_true", help="write models only, no reference data")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    names = [n for n in args.only.split(",") if n] or list(MODELS)
+    for name in names:
+        path = os.path.join(args.out, f"{name}.onnx")
+        tmp = path + ".tmp"
+        onnx.save(MODELS[name](args.size), tmp)
+        os.replace(tmp, path)
+        if not args.no_ort:
+            reference(path, name, os.path.join(args.out, name))
+        print(path)
+        if name == "mlp":
+            # The same model with its weights in an external data file, to test that path.
+            ext = os.path.join(args.out, "mlp_external.onnx")
+            onnx.save(onnx.load(path), ext, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location="mlp_external.weights", size_threshold=0)
+            print(ext)
+
+
+if __name__ == "__main__":
+    main()
