@@ -11,6 +11,7 @@ pub mod graph;
 pub mod inspect;
 pub mod onnx;
 pub mod ops;
+pub mod precision;
 pub mod tensor;
 
 pub use error::{Error, Result};

@@ -1,0 +1,189 @@
+//! Precisions a layer can run in, and faithful rounding of f32 values into each float type.
+//!
+//! This is the rounding primitive of the numerics model (docs/numerics.md): round to nearest
+//! even, overflow to ±inf where the type has infinities (float16, bfloat16, fp8e5m2), NaN
+//! propagated. fp8e4m3 has no infinity: values beyond ±448 saturate, as TensorRT's and ONNX's
+//! saturating FP8 conversion does; callers scale into range before converting (fp8 layers are
+//! scaled like int8).
+
+use crate::error::{Error, Result};
+use half::{bf16, f16};
+use serde::Serialize;
+
+/// The precision of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Float32,
+    Float16,
+    BFloat16,
+    Fp8E4M3,
+    Fp8E5M2,
+    Int8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 6] = [
+        Precision::Float32,
+        Precision::Float16,
+        Precision::BFloat16,
+        Precision::Fp8E4M3,
+        Precision::Fp8E5M2,
+        Precision::Int8,
+    ];
+
+    /// Parses the names Polygraphy and TensorRT users write (`float32`, `fp16`, `half`, `int8`...).
+    pub fn parse(s: &str) -> Result<Precision> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "float32" | "fp32" | "float" => Precision::Float32,
+            "float16" | "fp16" | "half" => Precision::Float16,
+            "bfloat16" | "bf16" => Precision::BFloat16,
+            "fp8e4m3" | "fp8" | "float8e4m3" | "float8e4m3fn" | "e4m3" => Precision::Fp8E4M3,
+            "fp8e5m2" | "float8e5m2" | "e5m2" => Precision::Fp8E5M2,
+            "int8" => Precision::Int8,
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "unknown precision '{s}': valid are float32, float16, bfloat16, fp8e4m3, fp8e5m2, int8"
+                )))
+            }
+        })
+    }
+
+    /// The canonical name (Polygraphy's `--layer-precisions` spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Float32 => "float32",
+            Precision::Float16 => "float16",
+            Precision::BFloat16 => "bfloat16",
+            Precision::Fp8E4M3 => "fp8e4m3",
+            Precision::Fp8E5M2 => "fp8e5m2",
+            Precision::Int8 => "int8",
+        }
+    }
+
+    /// Largest finite value (for the scaled types: the quantization range).
+    pub fn max_finite(self) -> f32 {
+        match self {
+            Precision::Float32 => f32::MAX,
+            Precision::Float16 => 65504.0,
+            Precision::BFloat16 => bf16::MAX.to_f32(),
+            Precision::Fp8E4M3 => 448.0,
+            Precision::Fp8E5M2 => 57344.0,
+            Precision::Int8 => 127.0,
+        }
+    }
+
+    /// True for types that use a calibrated scale (int8 and both fp8 types).
+    pub fn is_scaled(self) -> bool {
+        matches!(
+            self,
+            Precision::Int8 | Precision::Fp8E4M3 | Precision::Fp8E5M2
+        )
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Rounds one f32 to the nearest value representable in `p` (int8: to the integer grid,
+/// clamped to [-128, 127], no scaling: callers divide by the scale first).
+#[inline]
+pub fn round_value(p: Precision, x: f32) -> f32 {
+    match p {
+        Precision::Float32 => x,
+        Precision::Float16 => f16::from_f32(x).to_f32(),
+        Precision::BFloat16 => bf16::from_f32(x).to_f32(),
+        Precision::Fp8E4M3 => float8::F8E4M3::from_f32(x).to_f32(),
+        Precision::Fp8E5M2 => {
+            // float8's conversion saturates; e5m2 has infinities, so overflow goes to ±inf
+            // (the non-saturating behaviour native e5m2 arithmetic has).
+            if x.is_finite() && x.abs() >= 61440.0 {
+                f32::INFINITY.copysign(x)
+            } else {
+                float8::F8E5M2::from_f32(x).to_f32()
+            }
+        }
+        Precision::Int8 => {
+            if x.is_nan() {
+                0.0
+            } else {
+                round_half_even(x).clamp(-128.0, 127.0)
+            }
+        }
+    }
+}
+
+/// Rounds every value of a buffer in place.
+pub fn round_slice(p: Precision, v: &mut [f32]) {
+    match p {
+        Precision::Float32 => {}
+        Precision::Float16 => v.iter_mut().for_each(|x| *x = f16::from_f32(*x).to_f32()),
+        Precision::BFloat16 => v.iter_mut().for_each(|x| *x = bf16::from_f32(*x).to_f32()),
+        _ => v.iter_mut().for_each(|x| *x = round_value(p, *x)),
+    }
+}
+
+/// Round half to even (banker's rounding), as `QuantizeLinear` and TensorRT use.
+#[inline]
+pub fn round_half_even(x: f32) -> f32 {
+    let r = x.round();
+    if (x - x.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
+        r - x.signum()
+    } else {
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp16_rounding_and_overflow() {
+        assert_eq!(round_value(Precision::Float16, 65504.0 + 1.5), 65504.0);
+        // 65520 is the midpoint between 65504 and the next (unrepresentable) step: rounds to inf.
+        assert!(round_value(Precision::Float16, 65520.0).is_infinite());
+        assert_eq!(round_value(Precision::Float16, 65519.0), 65504.0);
+        // 1 + 2^-11 is a tie between 1 and 1 + 2^-10: even mantissa wins (1).
+        assert_eq!(round_value(Precision::Float16, 1.0 + 2f32.powi(-11)), 1.0);
+        assert!(round_value(Precision::Float16, f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn bf16_rounding() {
+        // bf16 has 7 mantissa bits: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> 1 (even).
+        assert_eq!(round_value(Precision::BFloat16, 1.0 + 2f32.powi(-8)), 1.0);
+        assert_eq!(
+            round_value(Precision::BFloat16, 1.0 + 3.0 * 2f32.powi(-8)),
+            1.0 + 2.0 * 2f32.powi(-7)
+        );
+    }
+
+    #[test]
+    fn fp8_ranges() {
+        assert_eq!(round_value(Precision::Fp8E4M3, 1000.0), 448.0);
+        assert_eq!(round_value(Precision::Fp8E4M3, 1.0625), 1.0); // 3 mantissa bits: tie -> even
+        assert_eq!(round_value(Precision::Fp8E5M2, 57344.0), 57344.0);
+        assert!(round_value(Precision::Fp8E5M2, 70000.0).is_infinite());
+    }
+
+    #[test]
+    fn int8_grid() {
+        assert_eq!(round_value(Precision::Int8, 2.5), 2.0);
+        assert_eq!(round_value(Precision::Int8, 3.5), 4.0);
+        assert_eq!(round_value(Precision::Int8, -2.5), -2.0);
+        assert_eq!(round_value(Precision::Int8, 300.0), 127.0);
+        assert_eq!(round_value(Precision::Int8, -300.0), -128.0);
+    }
+
+    #[test]
+    fn names_parse() {
+        for p in Precision::ALL {
+            assert_eq!(Precision::parse(p.name()).unwrap(), p);
+        }
+        assert!(Precision::parse("float64").is_err());
+    }
+}
