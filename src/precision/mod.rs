@@ -6,6 +6,8 @@
 //! saturating FP8 conversion does; callers scale into range before converting (fp8 layers are
 //! scaled like int8).
 
+pub mod plan;
+
 use crate::error::{Error, Result};
 use half::{bf16, f16};
 use serde::Serialize;
