@@ -1,5 +1,537 @@
-//! (to be filled) conv kernels.
+//! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad) via im2col / col2im
+//! and the shared [`sgemm`](super::matmul::sgemm).
 
-use super::Registry;
+use super::matmul::sgemm;
+use super::util::{input, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::Node;
+use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("Conv", conv_op);
+    r.add("ConvTranspose", conv_transpose_op);
+}
+
+/// Spatial geometry of a sliding-window op (Conv, pools).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Window {
+    pub kernel: Vec<usize>,
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    /// Padding at the start and end of each spatial axis.
+    pub pad_begin: Vec<usize>,
+    pub pad_end: Vec<usize>,
+    pub out: Vec<usize>,
+}
+
+/// Resolves strides, dilations, pads and auto_pad into output sizes (ONNX Conv/Pool rules).
+pub fn window(
+    node: &Node,
+    input_sp: &[usize],
+    kernel: &[usize],
+    ceil_mode: bool,
+) -> Result<Window, OpError> {
+    let r = input_sp.len();
+    let ints = |name: &str, default: usize| -> Result<Vec<usize>, OpError> {
+        match node.attr_ints(name) {
+            Some(v) if v.len() == r => v
+                .iter()
+                .map(|&x| {
+                    if x >= 1 {
+                        Ok(x as usize)
+                    } else {
+                        Err(OpError(format!("{name} must be >= 1, got {v:?}")))
+                    }
+                })
+                .collect(),
+            Some(v) => Err(OpError(format!("{name} {v:?} must have {r} values"))),
+            None => Ok(vec![default; r]),
+        }
+    };
+    let strides = ints("strides", 1)?;
+    let dilations = ints("dilations", 1)?;
+    let auto_pad = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let mut pad_begin = vec![0; r];
+    let mut pad_end = vec![0; r];
+    let mut out = vec![0; r];
+    for i in 0..r {
+        let eff_k = (kernel[i] - 1) * dilations[i] + 1;
+        match auto_pad {
+            "SAME_UPPER" | "SAME_LOWER" => {
+                let o = input_sp[i].div_ceil(strides[i]);
+                let total = ((o - 1) * strides[i] + eff_k).saturating_sub(input_sp[i]);
+                let small = total / 2;
+                if auto_pad == "SAME_UPPER" {
+                    pad_begin[i] = small;
+                    pad_end[i] = total - small;
+                } else {
+                    pad_begin[i] = total - small;
+                    pad_end[i] = small;
+                }
+                out[i] = o;
+            }
+            "VALID" | "NOTSET" | "" => {
+                if auto_pad == "NOTSET" || auto_pad.is_empty() {
+                    if let Some(p) = node.attr_ints("pads") {
+                        if p.len() != 2 * r || p.iter().any(|&x| x < 0) {
+                            return Err(OpError(format!(
+                                "pads {p:?} must be {} non-negative values",
+                                2 * r
+                            )));
+                        }
+                        pad_begin[i] = p[i] as usize;
+                        pad_end[i] = p[i + r] as usize;
+                    }
+                }
+                let padded = input_sp[i] + pad_begin[i] + pad_end[i];
+                if padded < eff_k {
+                    return Err(OpError(format!(
+                        "kernel {} (dilated {eff_k}) is larger than the padded input {padded} on spatial axis {i}",
+                        kernel[i]
+                    )));
+                }
+                let span = padded - eff_k;
+                out[i] = if ceil_mode {
+                    let mut o = span.div_ceil(strides[i]) + 1;
+                    // The last window must start inside the input or its begin padding.
+                    if (o - 1) * strides[i] >= input_sp[i] + pad_begin[i] {
+                        o -= 1;
+                    }
+                    o
+                } else {
+                    span / strides[i] + 1
+                };
+            }
+            other => return Err(OpError(format!("unknown auto_pad '{other}'"))),
+        }
+    }
+    Ok(Window {
+        kernel: kernel.to_vec(),
+        strides,
+        dilations,
+        pad_begin,
+        pad_end,
+        out,
+    })
+}
+
+fn f32_input<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [f32]>, OpError> {
+    match t.as_f32() {
+        Some(v) => Ok(std::borrow::Cow::Borrowed(v)),
+        None if t.dtype().is_float() => Ok(std::borrow::Cow::Owned(t.to_f32_vec().expect("float"))),
+        None => Err(OpError(format!(
+            "{what} has dtype {}, expected a float type",
+            t.dtype()
+        ))),
+    }
+}
+
+fn restore_dtype(t: Tensor, dtype: DType) -> Tensor {
+    if dtype == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, dtype)
+    }
+}
+
+/// Fills `col` ([C·prod(k)] rows × prod(out) columns) from one image `x` ([C, *in]).
+fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
+    let k_sz: usize = w.kernel.iter().product();
+    let o_sz: usize = w.out.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let r = in_sp.len();
+    col.par_chunks_mut(o_sz * k_sz)
+        .enumerate()
+        .for_each(|(ci, rows)| {
+            let img = &x[ci * in_sz..(ci + 1) * in_sz];
+            for ki in 0..k_sz {
+                let row = &mut rows[ki * o_sz..(ki + 1) * o_sz];
+                if r == 2 {
+                    let (kh, kw) = (ki / w.kernel[1], ki % w.kernel[1]);
+                    let (ih_n, iw_n) = (in_sp[0] as isize, in_sp[1] as isize);
+                    let (oh_n, ow_n) = (w.out[0], w.out[1]);
+                    for oh in 0..oh_n {
+                        let ih = (oh * w.strides[0] + kh * w.dilations[0]) as isize
+                            - w.pad_begin[0] as isize;
+                        let dst = &mut row[oh * ow_n..(oh + 1) * ow_n];
+                        if ih < 0 || ih >= ih_n {
+                            dst.fill(0.0);
+                            continue;
+                        }
+                        let src = &img[ih as usize * iw_n as usize..];
+                        let off = (kw * w.dilations[1]) as isize - w.pad_begin[1] as isize;
+                        if w.strides[1] == 1 && off >= 0 && off + ow_n as isize <= iw_n {
+                            dst.copy_from_slice(&src[off as usize..off as usize + ow_n]);
+                        } else {
+                            for (ow, d) in dst.iter_mut().enumerate() {
+                                let iw = (ow * w.strides[1]) as isize + off;
+                                *d = if iw < 0 || iw >= iw_n {
+                                    0.0
+                                } else {
+                                    src[iw as usize]
+                                };
+                            }
+                        }
+                    }
+                } else {
+                    // Any spatial rank: decompose kernel and output indices.
+                    let mut kidx = vec![0usize; r];
+                    let mut rem = ki;
+                    for d in (0..r).rev() {
+                        kidx[d] = rem % w.kernel[d];
+                        rem /= w.kernel[d];
+                    }
+                    for (oi, dst) in row.iter_mut().enumerate() {
+                        let mut rem = oi;
+                        let mut off = 0usize;
+                        let mut inside = true;
+                        let mut mul = 1usize;
+                        for d in (0..r).rev() {
+                            let o = rem % w.out[d];
+                            rem /= w.out[d];
+                            let i = (o * w.strides[d] + kidx[d] * w.dilations[d]) as isize
+                                - w.pad_begin[d] as isize;
+                            if i < 0 || i >= in_sp[d] as isize {
+                                inside = false;
+                                break;
+                            }
+                            off += i as usize * mul;
+                            mul *= in_sp[d];
+                        }
+                        *dst = if inside { img[off] } else { 0.0 };
+                    }
+                }
+            }
+        });
+}
+
+fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let wt = input(inputs, 1)?;
+    let bias = opt_input(inputs, 2);
+    let node = ctx.node;
+    if x.rank() < 3 || wt.rank() != x.rank() {
+        return Err(OpError(format!(
+            "X {:?} and W {:?} must have the same rank >= 3",
+            x.shape(),
+            wt.shape()
+        )));
+    }
+    let group = node.attr_int_or("group", 1);
+    if group < 1 {
+        return Err(OpError(format!("group must be >= 1, got {group}")));
+    }
+    let group = group as usize;
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let in_sp = &x.shape()[2..];
+    let m = wt.shape()[0];
+    let cg = wt.shape()[1];
+    let kernel: Vec<usize> = match node.attr_ints("kernel_shape") {
+        Some(k) => k.iter().map(|&v| v.max(0) as usize).collect(),
+        None => wt.shape()[2..].to_vec(),
+    };
+    if kernel.as_slice() != &wt.shape()[2..] {
+        return Err(OpError(format!(
+            "kernel_shape {kernel:?} does not match W {:?}",
+            wt.shape()
+        )));
+    }
+    if c != cg * group || m % group != 0 {
+        return Err(OpError(format!(
+            "channels do not fit groups: X has {c} channels, W {:?}, group {group}",
+            wt.shape()
+        )));
+    }
+    let w = window(node, in_sp, &kernel, false)?;
+    let xv = f32_input(x, "X")?;
+    let wv = f32_input(wt, "W")?;
+    let bv = match bias {
+        Some(b) if b.len() == m => Some(f32_input(b, "B")?),
+        Some(b) => {
+            return Err(OpError(format!(
+                "bias has {} values, expected {m}",
+                b.len()
+            )))
+        }
+        None => None,
+    };
+    let k_sz: usize = kernel.iter().product();
+    let o_sz: usize = w.out.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let mg = m / group;
+    let rows = cg * k_sz;
+    let mut out = vec![0f32; n * m * o_sz];
+    let pointwise = k_sz == 1
+        && w.strides.iter().all(|&s| s == 1)
+        && w.pad_begin.iter().chain(&w.pad_end).all(|&p| p == 0);
+    let mut col = if pointwise {
+        Vec::new()
+    } else {
+        vec![0f32; rows * o_sz]
+    };
+    for b in 0..n {
+        for g in 0..group {
+            let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
+            let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
+            let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
+            if pointwise {
+                sgemm(mg, o_sz, rows, wg, false, xg, false, dst, false);
+            } else {
+                im2col(xg, in_sp, &w, &mut col);
+                sgemm(mg, o_sz, rows, wg, false, &col, false, dst, false);
+            }
+        }
+    }
+    if let Some(bv) = bv {
+        out.par_chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
+            let bias = bv[i % m];
+            ch.iter_mut().for_each(|v| *v += bias);
+        });
+    }
+    let mut shape = vec![n, m];
+    shape.extend(&w.out);
+    Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())])
+}
+
+fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let wt = input(inputs, 1)?;
+    let bias = opt_input(inputs, 2);
+    let node = ctx.node;
+    if x.rank() < 3 || wt.rank() != x.rank() {
+        return Err(OpError(format!(
+            "X {:?} and W {:?} must have the same rank >= 3",
+            x.shape(),
+            wt.shape()
+        )));
+    }
+    let r = x.rank() - 2;
+    let group = node.attr_int_or("group", 1).max(1) as usize;
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let in_sp = x.shape()[2..].to_vec();
+    if wt.shape()[0] != c || c % group != 0 {
+        return Err(OpError(format!(
+            "W {:?} does not fit X {:?} with group {group}",
+            wt.shape(),
+            x.shape()
+        )));
+    }
+    let mg = wt.shape()[1];
+    let m = mg * group;
+    let cg = c / group;
+    let kernel: Vec<usize> = wt.shape()[2..].to_vec();
+    let get = |name: &str, default: usize| -> Vec<usize> {
+        node.attr_ints(name)
+            .filter(|v| v.len() == r)
+            .map(|v| v.iter().map(|&x| x.max(0) as usize).collect())
+            .unwrap_or_else(|| vec![default; r])
+    };
+    let strides = get("strides", 1);
+    let dilations = get("dilations", 1);
+    let out_pad = get("output_padding", 0);
+    let auto_pad = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let mut pb = vec![0usize; r];
+    let mut pe = vec![0usize; r];
+    if let Some(p) = node.attr_ints("pads") {
+        if p.len() != 2 * r {
+            return Err(OpError(format!("pads {p:?} must have {} values", 2 * r)));
+        }
+        for i in 0..r {
+            pb[i] = p[i].max(0) as usize;
+            pe[i] = p[i + r].max(0) as usize;
+        }
+    }
+    let full =
+        |i: usize| strides[i] * (in_sp[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1;
+    let mut out_sp = vec![0usize; r];
+    let output_shape = node
+        .attr_ints("output_shape")
+        .map(|v| v[v.len().saturating_sub(r)..].to_vec());
+    for i in 0..r {
+        if let Some(os) = &output_shape {
+            let target = os[i].max(0) as usize;
+            let total = full(i) as isize - target as isize;
+            let total = total.max(0) as usize;
+            if auto_pad == "SAME_UPPER" {
+                pb[i] = total / 2;
+                pe[i] = total - total / 2;
+            } else {
+                pb[i] = total - total / 2;
+                pe[i] = total / 2;
+            }
+            out_sp[i] = target;
+        } else if auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" {
+            let target = in_sp[i] * strides[i];
+            let total = full(i).saturating_sub(target);
+            if auto_pad == "SAME_UPPER" {
+                pb[i] = total / 2;
+                pe[i] = total - total / 2;
+            } else {
+                pb[i] = total - total / 2;
+                pe[i] = total / 2;
+            }
+            out_sp[i] = target;
+        } else {
+            if auto_pad == "VALID" {
+                pb[i] = 0;
+                pe[i] = 0;
+            }
+            out_sp[i] = full(i)
+                .checked_sub(pb[i] + pe[i])
+                .ok_or_else(|| OpError("pads exceed the output size".into()))?;
+        }
+    }
+    let xv = f32_input(x, "X")?;
+    let wv = f32_input(wt, "W")?;
+    let k_sz: usize = kernel.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let o_sz: usize = out_sp.iter().product();
+    let rows = mg * k_sz;
+    let mut out = vec![0f32; n * m * o_sz];
+    let mut col = vec![0f32; rows * in_sz];
+    for b in 0..n {
+        for g in 0..group {
+            let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
+            let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
+            // col[mg·k, in] = Wg^T [mg·k, cg] × Xg [cg, in]
+            sgemm(rows, in_sz, cg, wg, true, xg, false, &mut col, false);
+            let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
+            // col2im: scatter-add every column entry to its output position.
+            dst.par_chunks_mut(o_sz)
+                .enumerate()
+                .for_each(|(oc, plane)| {
+                    let mut kidx = vec![0usize; r];
+                    let mut iidx = vec![0usize; r];
+                    for ki in 0..k_sz {
+                        let mut rem = ki;
+                        for d in (0..r).rev() {
+                            kidx[d] = rem % kernel[d];
+                            rem /= kernel[d];
+                        }
+                        let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
+                        for (ii, &v) in src.iter().enumerate() {
+                            let mut rem = ii;
+                            for d in (0..r).rev() {
+                                iidx[d] = rem % in_sp[d];
+                                rem /= in_sp[d];
+                            }
+                            let mut off = 0usize;
+                            let mut inside = true;
+                            for d in 0..r {
+                                let o = (iidx[d] * strides[d] + kidx[d] * dilations[d]) as isize
+                                    - pb[d] as isize;
+                                if o < 0 || o >= out_sp[d] as isize {
+                                    inside = false;
+                                    break;
+                                }
+                                off = off * out_sp[d] + o as usize;
+                            }
+                            if inside {
+                                plane[off] += v;
+                            }
+                        }
+                    }
+                });
+        }
+    }
+    if let Some(bt) = bias {
+        let bv = f32_input(bt, "B")?;
+        if bv.len() != m {
+            return Err(OpError(format!(
+                "bias has {} values, expected {m}",
+                bv.len()
+            )));
+        }
+        out.chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
+            let bias = bv[i % m];
+            ch.iter_mut().for_each(|v| *v += bias);
+        });
+    }
+    let mut shape = vec![n, m];
+    shape.extend(&out_sp);
+    Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Attribute;
+    use std::collections::BTreeMap;
+
+    fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec![],
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    fn run(op: &str, attrs: &[(&str, Attribute)], x: Tensor, w: Tensor) -> Tensor {
+        let n = node(op, attrs);
+        let ctx = OpCtx {
+            node: &n,
+            opset: 17,
+        };
+        let k = if op == "Conv" {
+            conv_op
+        } else {
+            conv_transpose_op
+        };
+        k(&ctx, &[Some(&x), Some(&w)]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn conv_3x3_same_padding() {
+        let x = Tensor::from_f32(vec![1, 1, 3, 3], (1..=9).map(|v| v as f32).collect());
+        let w = Tensor::from_f32(vec![1, 1, 3, 3], vec![1.0; 9]);
+        let y = run(
+            "Conv",
+            &[("pads", Attribute::Ints(vec![1, 1, 1, 1]))],
+            x.clone(),
+            w.clone(),
+        );
+        assert_eq!(y.shape(), &[1, 1, 3, 3]);
+        assert_eq!(
+            y.as_f32().unwrap(),
+            &[12., 21., 16., 27., 45., 33., 24., 39., 28.]
+        );
+        let y = run(
+            "Conv",
+            &[("auto_pad", Attribute::String("SAME_UPPER".into()))],
+            x.clone(),
+            w.clone(),
+        );
+        assert_eq!(y.as_f32().unwrap()[4], 45.0);
+        let y = run("Conv", &[("strides", Attribute::Ints(vec![2, 2]))], x, w);
+        assert_eq!(y.shape(), &[1, 1, 1, 1]);
+    }
+
+    #[test]
+    fn grouped_conv_is_per_channel() {
+        let x = Tensor::from_f32(vec![1, 2, 1, 2], vec![1., 2., 3., 4.]);
+        let w = Tensor::from_f32(vec![2, 1, 1, 1], vec![10., 100.]);
+        let y = run("Conv", &[("group", Attribute::Int(2))], x, w);
+        assert_eq!(y.as_f32().unwrap(), &[10., 20., 300., 400.]);
+    }
+
+    #[test]
+    fn conv_transpose_upsamples() {
+        let x = Tensor::from_f32(vec![1, 1, 2], vec![1., 2.]);
+        let w = Tensor::from_f32(vec![1, 1, 2], vec![1., 1.]);
+        let y = run(
+            "ConvTranspose",
+            &[("strides", Attribute::Ints(vec![2]))],
+            x,
+            w,
+        );
+        assert_eq!(y.shape(), &[1, 1, 4]);
+        assert_eq!(y.as_f32().unwrap(), &[1., 1., 2., 2.]);
+    }
+}

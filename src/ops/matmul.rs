@@ -1,5 +1,713 @@
-//! (to be filled) matmul kernels.
+//! MatMul, Gemm and Einsum, on the `gemm` crate.
+//!
+//! All f32 products go through [`sgemm`]: it is the one place where accumulation happens
+//! (f32, inside the gemm micro-kernels), so reduced-precision accumulation can be modelled there.
 
-use super::Registry;
+use super::util::{broadcast_shapes, input, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{strides_of, DType, Tensor};
+use gemm::Parallelism;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("MatMul", matmul_op);
+    r.add("Gemm", gemm_op);
+    r.add("Einsum", einsum_op);
+}
+
+/// Work (m·n·k) above which a product is split over threads.
+const PARALLEL_WORK: usize = 1 << 18;
+
+fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
+    if m * n * k >= PARALLEL_WORK && rayon::current_num_threads() > 1 {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    }
+}
+
+/// Row-major `C[m×n] = beta·C + A·B` with optional transposes (`A` is `m×k`, or `k×m` when
+/// `trans_a`; `B` is `k×n`, or `n×k` when `trans_b`). `accumulate` false overwrites C.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            c[..m * n].fill(0.0);
+        }
+        return;
+    }
+    let (a_rs, a_cs) = if trans_a {
+        (1, m as isize)
+    } else {
+        (k as isize, 1)
+    };
+    let (b_rs, b_cs) = if trans_b {
+        (1, k as isize)
+    } else {
+        (n as isize, 1)
+    };
+    // SAFETY: the asserts above bound every index the strides can reach; the slices do not alias.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr(),
+            a_cs,
+            a_rs,
+            b.as_ptr(),
+            b_cs,
+            b_rs,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism(m, n, k),
+        );
+    }
+}
+
+fn f32_or_convert(t: &Tensor) -> Result<std::borrow::Cow<'_, [f32]>, OpError> {
+    match t.as_f32() {
+        Some(v) => Ok(std::borrow::Cow::Borrowed(v)),
+        None if t.dtype().is_float() || t.dtype().is_int() => {
+            Ok(std::borrow::Cow::Owned(t.to_f32_vec().expect("numeric")))
+        }
+        None => Err(OpError(format!("dtype {} is not supported", t.dtype()))),
+    }
+}
+
+/// Converts an f32 result back to the inputs' dtype (integer and f64/f16 matmuls compute in f32/f64).
+fn to_dtype(shape: Vec<usize>, v: Vec<f32>, dtype: DType) -> Tensor {
+    let t = Tensor::from_f32(shape, v);
+    if dtype == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, dtype)
+    }
+}
+
+/// NumPy matmul semantics: 1-D operands are promoted and the added dim removed afterwards;
+/// batch dims broadcast.
+pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    if a.rank() == 0 || b.rank() == 0 {
+        return Err(OpError("MatMul operands must have rank >= 1".into()));
+    }
+    if a.dtype() == DType::F64
+        || b.dtype() == DType::F64
+        || (a.dtype().is_int() && a.dtype() != DType::I8 && a.dtype() != DType::U8)
+    {
+        return matmul_exact(a, b);
+    }
+    let mut ash = a.shape().to_vec();
+    let mut bsh = b.shape().to_vec();
+    let a1 = ash.len() == 1;
+    let b1 = bsh.len() == 1;
+    if a1 {
+        ash.insert(0, 1);
+    }
+    if b1 {
+        bsh.push(1);
+    }
+    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+    if k != k2 {
+        return Err(OpError(format!(
+            "inner dimensions differ: {:?} x {:?}",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let batch_a = &ash[..ash.len() - 2];
+    let batch_b = &bsh[..bsh.len() - 2];
+    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let nb: usize = batch.iter().product();
+    let av = f32_or_convert(a)?;
+    let bv = f32_or_convert(b)?;
+    let mut out = vec![0f32; nb * m * n];
+    let sa = super::util::broadcast_strides(batch_a, &batch);
+    let sb = super::util::broadcast_strides(batch_b, &batch);
+    let bst = strides_of(&batch);
+    // A batch whose B is shared and A contiguous is one big product (m·batch rows).
+    if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
+        sgemm(nb * m, n, k, &av, false, &bv, false, &mut out, false);
+    } else {
+        let run = |i: usize, dst: &mut [f32]| {
+            let (mut oa, mut ob) = (0, 0);
+            let mut rem = i;
+            for d in 0..batch.len() {
+                let idx = rem / bst[d];
+                rem %= bst[d];
+                oa += idx * sa[d];
+                ob += idx * sb[d];
+            }
+            sgemm(
+                m,
+                n,
+                k,
+                &av[oa * m * k..],
+                false,
+                &bv[ob * k * n..],
+                false,
+                dst,
+                false,
+            );
+        };
+        if nb > 1 && m * n * k < PARALLEL_WORK && nb * m * n * k >= PARALLEL_WORK {
+            use rayon::prelude::*;
+            out.par_chunks_mut(m * n)
+                .enumerate()
+                .for_each(|(i, dst)| run(i, dst));
+        } else {
+            for (i, dst) in out.chunks_mut(m * n).enumerate() {
+                run(i, dst);
+            }
+        }
+    }
+    let mut shape = batch;
+    if !a1 {
+        shape.push(m);
+    }
+    if !b1 {
+        shape.push(n);
+    }
+    Ok(to_dtype(shape, out, a.dtype()))
+}
+
+/// f64 and wide-integer matmul, computed exactly in their own type via f64/i64 (small sizes only
+/// appear in practice: shape arithmetic and conformance tests).
+fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    let is_int = a.dtype().is_int();
+    let mut ash = a.shape().to_vec();
+    let mut bsh = b.shape().to_vec();
+    let (a1, b1) = (ash.len() == 1, bsh.len() == 1);
+    if a1 {
+        ash.insert(0, 1);
+    }
+    if b1 {
+        bsh.push(1);
+    }
+    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+    if k != k2 {
+        return Err(OpError(format!(
+            "inner dimensions differ: {:?} x {:?}",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let batch_a = &ash[..ash.len() - 2];
+    let batch_b = &bsh[..bsh.len() - 2];
+    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let nb: usize = batch.iter().product();
+    let sa = super::util::broadcast_strides(batch_a, &batch);
+    let sb = super::util::broadcast_strides(batch_b, &batch);
+    let bst = strides_of(&batch);
+    let mut shape = batch.clone();
+    if !a1 {
+        shape.push(m);
+    }
+    if !b1 {
+        shape.push(n);
+    }
+    macro_rules! compute {
+        ($av:expr, $bv:expr, $zero:expr) => {{
+            let (av, bv) = ($av, $bv);
+            let mut out = vec![$zero; nb * m * n];
+            for i in 0..nb {
+                let (mut oa, mut ob, mut rem) = (0, 0, i);
+                for d in 0..batch.len() {
+                    let idx = rem / bst[d];
+                    rem %= bst[d];
+                    oa += idx * sa[d];
+                    ob += idx * sb[d];
+                }
+                for r in 0..m {
+                    for c in 0..n {
+                        let mut acc = $zero;
+                        for p in 0..k {
+                            acc += av[oa * m * k + r * k + p] * bv[ob * k * n + p * n + c];
+                        }
+                        out[i * m * n + r * n + c] = acc;
+                    }
+                }
+            }
+            out
+        }};
+    }
+    if is_int {
+        let av = a
+            .to_i64_vec()
+            .ok_or_else(|| OpError("non-numeric input".into()))?;
+        let bv = b
+            .to_i64_vec()
+            .ok_or_else(|| OpError("non-numeric input".into()))?;
+        let out: Vec<i64> = compute!(av, bv, 0i64);
+        let t = Tensor::from_i64(shape, out);
+        Ok(super::cast::cast_tensor(&t, a.dtype()))
+    } else {
+        let av = a
+            .to_f64_vec()
+            .ok_or_else(|| OpError("non-numeric input".into()))?;
+        let bv = b
+            .to_f64_vec()
+            .ok_or_else(|| OpError("non-numeric input".into()))?;
+        let out: Vec<f64> = compute!(av, bv, 0f64);
+        Ok(super::cast::cast_tensor(
+            &Tensor::from_f64(shape, out),
+            a.dtype(),
+        ))
+    }
+}
+
+fn matmul_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    Ok(vec![matmul(input(inputs, 0)?, input(inputs, 1)?)?])
+}
+
+fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = input(inputs, 0)?;
+    let b = input(inputs, 1)?;
+    let c = opt_input(inputs, 2);
+    let node = ctx.node;
+    let ta = node.attr_int_or("transA", 0) != 0;
+    let tb = node.attr_int_or("transB", 0) != 0;
+    let alpha = node.attr_float_or("alpha", 1.0);
+    let beta = node.attr_float_or("beta", 1.0);
+    if a.rank() != 2 || b.rank() != 2 {
+        return Err(OpError(format!(
+            "Gemm needs 2-D A and B, got {:?} and {:?}",
+            a.shape(),
+            b.shape()
+        )));
+    }
+    let (m, k) = if ta {
+        (a.shape()[1], a.shape()[0])
+    } else {
+        (a.shape()[0], a.shape()[1])
+    };
+    let (k2, n) = if tb {
+        (b.shape()[1], b.shape()[0])
+    } else {
+        (b.shape()[0], b.shape()[1])
+    };
+    if k != k2 {
+        return Err(OpError(format!(
+            "inner dimensions differ: A {:?} (transA={}) x B {:?} (transB={})",
+            a.shape(),
+            ta as u8,
+            b.shape(),
+            tb as u8
+        )));
+    }
+    let av = f32_or_convert(a)?;
+    let bv = f32_or_convert(b)?;
+    let mut out = vec![0f32; m * n];
+    sgemm(m, n, k, &av, ta, &bv, tb, &mut out, false);
+    if alpha != 1.0 {
+        out.iter_mut().for_each(|x| *x *= alpha);
+    }
+    if let Some(c) = c {
+        if beta != 0.0 {
+            let cv = f32_or_convert(c)?;
+            if broadcast_shapes(&[c.shape(), &[m, n]])? != vec![m, n] {
+                return Err(OpError(format!(
+                    "C of shape {:?} does not broadcast to [{m}, {n}]",
+                    c.shape()
+                )));
+            }
+            let full = super::util::broadcast_to(&cv, c.shape(), &[m, n]);
+            out.iter_mut().zip(full).for_each(|(o, c)| *o += beta * c);
+        }
+    }
+    Ok(vec![to_dtype(vec![m, n], out, a.dtype())])
+}
+
+/// Einsum via transposes and a batched matmul: every operand is permuted to
+/// (batch, free, contracted) order, summed over letters that appear in it alone, multiplied,
+/// and the result permuted to the output order.
+fn einsum_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let eq: String = ctx
+        .node
+        .attr_str("equation")
+        .ok_or_else(|| OpError("attribute 'equation' is required".into()))?
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let ops: Vec<&Tensor> = (0..inputs.len())
+        .map(|i| input(inputs, i))
+        .collect::<Result<_, _>>()?;
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l.to_string(), Some(r.to_string())),
+        None => (eq.clone(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != ops.len() {
+        return Err(OpError(format!(
+            "equation '{eq}' has {} operands, node has {}",
+            terms.len(),
+            ops.len()
+        )));
+    }
+    // Expand ellipses into fresh upper-case letters.
+    let max_ell = terms
+        .iter()
+        .zip(&ops)
+        .map(|(t, x)| {
+            if t.contains("...") {
+                x.rank() + 3 - t.len()
+            } else {
+                0
+            }
+        })
+        .max()
+        .unwrap_or(0);
+    let ell: String = (0..max_ell).map(|i| (b'A' + i as u8) as char).collect();
+    let mut subs: Vec<Vec<char>> = Vec::new();
+    for (t, x) in terms.iter().zip(&ops) {
+        let s: Vec<char> = if t.contains("...") {
+            let n = x.rank() + 3 - t.len();
+            t.replace("...", &ell[max_ell - n..]).chars().collect()
+        } else {
+            t.chars().collect()
+        };
+        if s.len() != x.rank() {
+            return Err(OpError(format!(
+                "term '{t}' does not match an operand of rank {}",
+                x.rank()
+            )));
+        }
+        subs.push(s);
+    }
+    let out_subs: Vec<char> = match rhs {
+        Some(r) => r.replace("...", &ell).chars().collect(),
+        None => {
+            // Implicit output: ellipsis dims, then letters seen once, alphabetically.
+            let mut counts = std::collections::BTreeMap::new();
+            for s in &subs {
+                for &c in s {
+                    if c.is_ascii_lowercase() {
+                        *counts.entry(c).or_insert(0) += 1;
+                    }
+                }
+            }
+            ell.chars()
+                .chain(counts.into_iter().filter(|(_, n)| *n == 1).map(|(c, _)| c))
+                .collect()
+        }
+    };
+    let mut sizes = std::collections::HashMap::new();
+    for (s, x) in subs.iter().zip(&ops) {
+        for (&c, &d) in s.iter().zip(x.shape()) {
+            let e = sizes.entry(c).or_insert(d);
+            if *e == 1 {
+                *e = d;
+            } else if d != 1 && *e != d {
+                return Err(OpError(format!("letter '{c}' has sizes {e} and {d}")));
+            }
+        }
+    }
+    // Start from the first operand (diagonals removed), fold in the rest pairwise.
+    let dtype = ops[0].dtype();
+    let mut acc_subs = subs[0].clone();
+    let mut acc = take_diagonals(&mut acc_subs, &to_f32_tensor(ops[0])?)?;
+    for (i, x) in ops.iter().enumerate().skip(1) {
+        let mut s = subs[i].clone();
+        let t = take_diagonals(&mut s, &to_f32_tensor(x)?)?;
+        let later: Vec<char> = subs[i + 1..]
+            .iter()
+            .flatten()
+            .copied()
+            .chain(out_subs.iter().copied())
+            .collect();
+        let (r, rs) = contract_pair(&acc, &acc_subs, &t, &s, &later, &sizes)?;
+        acc = r;
+        acc_subs = rs;
+    }
+    // Sum letters not in the output, then permute to the output order.
+    let keep: Vec<char> = acc_subs
+        .iter()
+        .copied()
+        .filter(|c| out_subs.contains(c))
+        .collect();
+    let acc = sum_out(&acc, &acc_subs, &keep);
+    let perm: Vec<usize> = out_subs
+        .iter()
+        .map(|c| {
+            keep.iter()
+                .position(|k| k == c)
+                .ok_or_else(|| OpError(format!("output letter '{c}' is not in any input")))
+        })
+        .collect::<Result<_, _>>()?;
+    let out = permute(&acc, &perm);
+    Ok(vec![if dtype == DType::F32 {
+        out
+    } else {
+        super::cast::cast_tensor(&out, dtype)
+    }])
+}
+
+fn to_f32_tensor(t: &Tensor) -> Result<Tensor, OpError> {
+    Ok(Tensor::from_f32(
+        t.shape().to_vec(),
+        f32_or_convert(t)?.into_owned(),
+    ))
+}
+
+/// Removes repeated letters within one operand by taking the diagonal.
+fn take_diagonals(subs: &mut Vec<char>, t: &Tensor) -> Result<Tensor, OpError> {
+    let mut t = t.clone();
+    loop {
+        let dup = (0..subs.len()).find_map(|i| {
+            ((i + 1)..subs.len())
+                .find(|&j| subs[j] == subs[i])
+                .map(|j| (i, j))
+        });
+        let Some((i, j)) = dup else { return Ok(t) };
+        let shape = t.shape().to_vec();
+        let st = strides_of(&shape);
+        let mut new_shape = shape.clone();
+        new_shape.remove(j);
+        let v = t.as_f32().expect("f32");
+        let nst = strides_of(&new_shape);
+        let n: usize = new_shape.iter().product();
+        let mut out = Vec::with_capacity(n);
+        for flat in 0..n {
+            let mut rem = flat;
+            let mut off = 0;
+            for (d, &s) in nst.iter().enumerate() {
+                let idx = rem / s;
+                rem %= s;
+                let od = if d >= j { d + 1 } else { d };
+                off += idx * st[od];
+                if od == i {
+                    off += idx * st[j];
+                }
+            }
+            out.push(v[off]);
+        }
+        subs.remove(j);
+        t = Tensor::from_f32(new_shape, out);
+    }
+}
+
+/// Sums over the axes whose letters are not in `keep` (keeps the order of the rest).
+fn sum_out(t: &Tensor, subs: &[char], keep: &[char]) -> Tensor {
+    let axes: Vec<usize> = (0..subs.len())
+        .filter(|&i| !keep.contains(&subs[i]))
+        .collect();
+    if axes.is_empty() {
+        return t.clone();
+    }
+    let shape = t.shape();
+    let out_shape: Vec<usize> = (0..shape.len())
+        .filter(|i| !axes.contains(i))
+        .map(|i| shape[i])
+        .collect();
+    let ost = strides_of(&out_shape);
+    let st = strides_of(shape);
+    let v = t.as_f32().expect("f32");
+    let mut out = vec![0f32; out_shape.iter().product()];
+    let kept: Vec<usize> = (0..shape.len()).filter(|i| !axes.contains(i)).collect();
+    for (flat, &x) in v.iter().enumerate() {
+        let mut o = 0;
+        for (k, &d) in kept.iter().enumerate() {
+            o += (flat / st[d]) % shape[d] * ost[k];
+        }
+        out[o] += x;
+    }
+    Tensor::from_f32(out_shape, out)
+}
+
+/// Transposes an f32 tensor: output axis i is input axis perm[i].
+pub fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
+    let shape = t.shape();
+    if perm.iter().enumerate().all(|(i, &p)| i == p) {
+        return t.clone();
+    }
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let st = strides_of(shape);
+    let src_st: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let v = t.as_f32().expect("f32");
+    let n = v.len();
+    let mut out = Vec::with_capacity(n);
+    let mut idx = vec![0usize; out_shape.len()];
+    let mut off = 0usize;
+    for _ in 0..n {
+        out.push(v[off]);
+        for d in (0..out_shape.len()).rev() {
+            idx[d] += 1;
+            off += src_st[d];
+            if idx[d] < out_shape[d] {
+                break;
+            }
+            off -= src_st[d] * out_shape[d];
+            idx[d] = 0;
+        }
+    }
+    Tensor::from_f32(out_shape, out)
+}
+
+/// Contracts two operands: letters in both and needed later are batch, letters in both and not
+/// needed later are contracted, the rest are free (letters only in one operand and not needed
+/// later are summed out first).
+fn contract_pair(
+    a: &Tensor,
+    asub: &[char],
+    b: &Tensor,
+    bsub: &[char],
+    later: &[char],
+    sizes: &std::collections::HashMap<char, usize>,
+) -> Result<(Tensor, Vec<char>), OpError> {
+    let a_keep: Vec<char> = asub
+        .iter()
+        .copied()
+        .filter(|c| bsub.contains(c) || later.contains(c))
+        .collect();
+    let b_keep: Vec<char> = bsub
+        .iter()
+        .copied()
+        .filter(|c| asub.contains(c) || later.contains(c))
+        .collect();
+    let a = sum_out(a, asub, &a_keep);
+    let b = sum_out(b, bsub, &b_keep);
+    let batch: Vec<char> = a_keep
+        .iter()
+        .copied()
+        .filter(|c| b_keep.contains(c) && later.contains(c))
+        .collect();
+    let contr: Vec<char> = a_keep
+        .iter()
+        .copied()
+        .filter(|c| b_keep.contains(c) && !later.contains(c))
+        .collect();
+    let a_free: Vec<char> = a_keep
+        .iter()
+        .copied()
+        .filter(|c| !b_keep.contains(c))
+        .collect();
+    let b_free: Vec<char> = b_keep
+        .iter()
+        .copied()
+        .filter(|c| !a_keep.contains(c))
+        .collect();
+    let pos = |subs: &[char], c: char| subs.iter().position(|&x| x == c).expect("letter present");
+    let a_perm: Vec<usize> = batch
+        .iter()
+        .chain(&a_free)
+        .chain(&contr)
+        .map(|&c| pos(&a_keep, c))
+        .collect();
+    let b_perm: Vec<usize> = batch
+        .iter()
+        .chain(&contr)
+        .chain(&b_free)
+        .map(|&c| pos(&b_keep, c))
+        .collect();
+    // Broadcast size-1 dims of batch/contracted letters to the full size.
+    let expand = |t: Tensor, subs: &[char]| -> Tensor {
+        let target: Vec<usize> = subs.iter().map(|c| sizes[c]).collect();
+        if t.shape() == target.as_slice() {
+            t
+        } else {
+            let full = super::util::broadcast_to(t.as_f32().expect("f32"), t.shape(), &target);
+            Tensor::from_f32(target, full)
+        }
+    };
+    let a = expand(a, &a_keep);
+    let b = expand(b, &b_keep);
+    let at = permute(&a, &a_perm);
+    let bt = permute(&b, &b_perm);
+    let prod = |cs: &[char]| cs.iter().map(|c| sizes[c]).product::<usize>();
+    let (nb, m, k, n) = (prod(&batch), prod(&a_free), prod(&contr), prod(&b_free));
+    let av = at.as_f32().expect("f32");
+    let bv = bt.as_f32().expect("f32");
+    let mut out = vec![0f32; nb * m * n];
+    for i in 0..nb {
+        sgemm(
+            m,
+            n,
+            k,
+            &av[i * m * k..],
+            false,
+            &bv[i * k * n..],
+            false,
+            &mut out[i * m * n..],
+            false,
+        );
+    }
+    let subs: Vec<char> = batch
+        .iter()
+        .chain(&a_free)
+        .chain(&b_free)
+        .copied()
+        .collect();
+    let shape: Vec<usize> = subs.iter().map(|c| sizes[c]).collect();
+    Ok((Tensor::from_f32(shape, out), subs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: &[f32]) -> Tensor {
+        Tensor::from_f32(shape.to_vec(), v.to_vec())
+    }
+
+    #[test]
+    fn matmul_2d_and_1d() {
+        let a = t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
+        let b = t(&[3, 2], &[1., 0., 0., 1., 1., 1.]);
+        let c = matmul(&a, &b).unwrap();
+        assert_eq!(c.shape(), &[2, 2]);
+        assert_eq!(c.as_f32().unwrap(), &[4., 5., 10., 11.]);
+        let v = t(&[3], &[1., 1., 1.]);
+        let c = matmul(&a, &v).unwrap();
+        assert_eq!(c.shape(), &[2]);
+        assert_eq!(c.as_f32().unwrap(), &[6., 15.]);
+    }
+
+    #[test]
+    fn matmul_broadcasts_batches() {
+        let a = t(&[2, 1, 1, 2], &[1., 2., 3., 4.]);
+        let b = t(&[3, 2, 1], &[1., 1., 2., 2., 3., 3.]);
+        let c = matmul(&a, &b).unwrap();
+        assert_eq!(c.shape(), &[2, 3, 1, 1]);
+        assert_eq!(c.as_f32().unwrap(), &[3., 6., 9., 7., 14., 21.]);
+    }
+
+    #[test]
+    fn transposed_sgemm() {
+        // A^T with A = [[1,2],[3,4]] (k×m), B^T with B = [[1,0],[0,1]] -> A^T.
+        let mut c = vec![0.0; 4];
+        sgemm(
+            2,
+            2,
+            2,
+            &[1., 2., 3., 4.],
+            true,
+            &[1., 0., 0., 1.],
+            true,
+            &mut c,
+            false,
+        );
+        assert_eq!(c, vec![1., 3., 2., 4.]);
+    }
+}

@@ -1,5 +1,323 @@
-//! (to be filled) norm kernels.
+//! BatchNormalization (inference), LayerNormalization, InstanceNormalization,
+//! GroupNormalization and LpNormalization.
+//!
+//! Means and variances are accumulated in f64 (two passes), so the reference stays accurate on
+//! long rows; results are rounded to f32.
 
-use super::Registry;
+use super::util::{input, norm_axis, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("BatchNormalization", batch_norm);
+    r.add("LayerNormalization", layer_norm);
+    r.add("InstanceNormalization", instance_norm);
+    r.add("GroupNormalization", group_norm);
+    r.add("LpNormalization", lp_norm);
+}
+
+fn floats(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
+    if t.dtype().is_float() {
+        Ok(t.to_f32_vec().expect("float"))
+    } else {
+        Err(OpError(format!(
+            "{what} has dtype {}, expected a float type",
+            t.dtype()
+        )))
+    }
+}
+
+fn back(t: Tensor, dtype: DType) -> Tensor {
+    if dtype == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, dtype)
+    }
+}
+
+fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if ctx.node.attr_int_or("training_mode", 0) != 0 {
+        return Err(OpError(
+            "training_mode=1 is not supported (inference only)".into(),
+        ));
+    }
+    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    if x.rank() < 2 {
+        return Err(OpError(format!(
+            "input must have rank >= 2, got {:?}",
+            x.shape()
+        )));
+    }
+    let c = x.shape()[1];
+    let get = |i: usize, what: &str| -> Result<Vec<f32>, OpError> {
+        let t = input(inputs, i)?;
+        if t.len() != c {
+            return Err(OpError(format!(
+                "{what} has {} values, expected {c}",
+                t.len()
+            )));
+        }
+        floats(t, what)
+    };
+    let (scale, bias, mean, var) = (
+        get(1, "scale")?,
+        get(2, "B")?,
+        get(3, "mean")?,
+        get(4, "var")?,
+    );
+    // y = (x - mean) / sqrt(var + eps) * scale + bias, folded per channel into y = a·x + b.
+    let a: Vec<f32> = (0..c)
+        .map(|i| (scale[i] as f64 / (var[i] as f64 + eps).sqrt()) as f32)
+        .collect();
+    let b: Vec<f32> = (0..c)
+        .map(|i| (bias[i] as f64 - mean[i] as f64 * a[i] as f64) as f32)
+        .collect();
+    let sp: usize = x.shape()[2..].iter().product();
+    let mut v = floats(x, "X")?;
+    if sp > 0 {
+        v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
+            let (ai, bi) = (a[i % c], b[i % c]);
+            plane.iter_mut().for_each(|p| *p = *p * ai + bi);
+        });
+    }
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), v),
+        x.dtype(),
+    )])
+}
+
+/// Normalizes each row of `width` values: (x - mean) / sqrt(var + eps); returns mean and
+/// inverse std-dev per row.
+fn normalize_rows(v: &mut [f32], width: usize, eps: f64) -> (Vec<f32>, Vec<f32>) {
+    if width == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    let stats: Vec<(f32, f32)> = v
+        .par_chunks_mut(width)
+        .map(|row| {
+            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / width as f64;
+            let var = row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / width as f64;
+            let inv = 1.0 / (var + eps).sqrt();
+            row.iter_mut()
+                .for_each(|x| *x = ((*x as f64 - mean) * inv) as f32);
+            (mean as f32, inv as f32)
+        })
+        .collect();
+    stats.into_iter().unzip()
+}
+
+fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let scale = input(inputs, 1)?;
+    let bias = opt_input(inputs, 2);
+    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
+    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let width: usize = x.shape()[axis..].iter().product();
+    let inner = &x.shape()[axis..];
+    let mut v = floats(x, "X")?;
+    let (mean, inv) = normalize_rows(&mut v, width, eps);
+    let bcast = |t: &Tensor, what: &str| -> Result<Vec<f32>, OpError> {
+        let tv = floats(t, what)?;
+        let shape = super::util::broadcast_shapes(&[t.shape(), inner])?;
+        if shape != inner {
+            return Err(OpError(format!(
+                "{what} {:?} does not broadcast to {inner:?}",
+                t.shape()
+            )));
+        }
+        Ok(super::util::broadcast_to(&tv, t.shape(), inner))
+    };
+    let s = bcast(scale, "Scale")?;
+    let b = match bias {
+        Some(b) => Some(bcast(b, "B")?),
+        None => None,
+    };
+    if width > 0 {
+        v.par_chunks_mut(width).for_each(|row| {
+            for (i, x) in row.iter_mut().enumerate() {
+                *x = *x * s[i] + b.as_ref().map_or(0.0, |b| b[i]);
+            }
+        });
+    }
+    let mut stat_shape = x.shape().to_vec();
+    for d in stat_shape.iter_mut().skip(axis) {
+        *d = 1;
+    }
+    let mut outs = vec![back(Tensor::from_f32(x.shape().to_vec(), v), x.dtype())];
+    if ctx.node.outputs.len() > 1 {
+        outs.push(Tensor::from_f32(stat_shape.clone(), mean));
+    }
+    if ctx.node.outputs.len() > 2 {
+        outs.push(Tensor::from_f32(stat_shape, inv));
+    }
+    Ok(outs)
+}
+
+fn instance_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 3 {
+        return Err(OpError(format!(
+            "input must have rank >= 3, got {:?}",
+            x.shape()
+        )));
+    }
+    let c = x.shape()[1];
+    let scale = floats(input(inputs, 1)?, "scale")?;
+    let bias = floats(input(inputs, 2)?, "B")?;
+    if scale.len() != c || bias.len() != c {
+        return Err(OpError(format!("scale and B must have {c} values")));
+    }
+    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let sp: usize = x.shape()[2..].iter().product();
+    let mut v = floats(x, "X")?;
+    normalize_rows(&mut v, sp, eps);
+    if sp > 0 {
+        v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
+            let (s, b) = (scale[i % c], bias[i % c]);
+            plane.iter_mut().for_each(|p| *p = *p * s + b);
+        });
+    }
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), v),
+        x.dtype(),
+    )])
+}
+
+fn group_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 3 {
+        return Err(OpError(format!(
+            "input must have rank >= 3, got {:?}",
+            x.shape()
+        )));
+    }
+    let groups = ctx
+        .node
+        .attr_int("num_groups")
+        .ok_or_else(|| OpError("attribute 'num_groups' is required".into()))?;
+    let c = x.shape()[1];
+    if groups < 1 || c % groups as usize != 0 {
+        return Err(OpError(format!("{c} channels cannot form {groups} groups")));
+    }
+    let groups = groups as usize;
+    let scale = floats(input(inputs, 1)?, "scale")?;
+    let bias = floats(input(inputs, 2)?, "bias")?;
+    // Opset 18 has per-group scale/bias; opset 21 per-channel.
+    let per_channel = scale.len() == c;
+    if !(per_channel || scale.len() == groups) || bias.len() != scale.len() {
+        return Err(OpError(format!(
+            "scale/bias must have {c} (or {groups}) values"
+        )));
+    }
+    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let sp: usize = x.shape()[2..].iter().product();
+    let cpg = c / groups;
+    let mut v = floats(x, "X")?;
+    normalize_rows(&mut v, cpg * sp, eps);
+    if sp > 0 {
+        v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
+            let ch = i % c;
+            let k = if per_channel { ch } else { ch / cpg };
+            plane.iter_mut().for_each(|p| *p = *p * scale[k] + bias[k]);
+        });
+    }
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), v),
+        x.dtype(),
+    )])
+}
+
+fn lp_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
+    let p = ctx.node.attr_int_or("p", 2);
+    if p != 1 && p != 2 {
+        return Err(OpError(format!("p must be 1 or 2, got {p}")));
+    }
+    let shape = x.shape();
+    let outer: usize = shape[..axis].iter().product();
+    let len = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut v = floats(x, "X")?;
+    for o in 0..outer {
+        for i in 0..inner {
+            let idx = |k: usize| (o * len + k) * inner + i;
+            let norm: f64 = if p == 1 {
+                (0..len).map(|k| (v[idx(k)] as f64).abs()).sum()
+            } else {
+                (0..len)
+                    .map(|k| (v[idx(k)] as f64).powi(2))
+                    .sum::<f64>()
+                    .sqrt()
+            };
+            if norm > 0.0 {
+                for k in 0..len {
+                    v[idx(k)] = (v[idx(k)] as f64 / norm) as f32;
+                }
+            }
+        }
+    }
+    Ok(vec![back(Tensor::from_f32(shape.to_vec(), v), x.dtype())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Node;
+
+    fn node(op: &str) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+        }
+    }
+
+    #[test]
+    fn layer_norm_rows() {
+        let x = Tensor::from_f32(vec![2, 2], vec![1., 3., 10., 10.]);
+        let s = Tensor::from_f32(vec![2], vec![1., 2.]);
+        let b = Tensor::from_f32(vec![2], vec![0., 1.]);
+        let n = node("LayerNormalization");
+        let y = layer_norm(
+            &OpCtx {
+                node: &n,
+                opset: 17,
+            },
+            &[Some(&x), Some(&s), Some(&b)],
+        )
+        .unwrap()
+        .remove(0);
+        let v = y.as_f32().unwrap();
+        assert!(
+            (v[0] + 1.0).abs() < 1e-4 && (v[1] - 3.0).abs() < 1e-4,
+            "{v:?}"
+        );
+        assert_eq!(&v[2..], &[0.0, 1.0]);
+    }
+
+    #[test]
+    fn batch_norm_folds() {
+        let x = Tensor::from_f32(vec![1, 2, 1], vec![2., 2.]);
+        let one = |v: [f32; 2]| Tensor::from_f32(vec![2], v.to_vec());
+        let n = node("BatchNormalization");
+        let (s, b, m, var) = (one([1., 2.]), one([0., 1.]), one([1., 0.]), one([1., 4.]));
+        let y = batch_norm(
+            &OpCtx {
+                node: &n,
+                opset: 15,
+            },
+            &[Some(&x), Some(&s), Some(&b), Some(&m), Some(&var)],
+        )
+        .unwrap()
+        .remove(0);
+        let v = y.as_f32().unwrap();
+        assert!((v[0] - 1.0 / (1.0f32 + 1e-5).sqrt()).abs() < 1e-6);
+        assert!((v[1] - (2.0 * 2.0 / (4.0f32 + 1e-5).sqrt() + 1.0)).abs() < 1e-5);
+    }
+}

@@ -1,5 +1,315 @@
-//! (to be filled) pool kernels.
+//! MaxPool, AveragePool, LpPool and the global pools.
 
-use super::Registry;
+use super::conv::window;
+use super::util::input;
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("MaxPool", max_pool);
+    r.add("AveragePool", avg_pool);
+    r.add("LpPool", lp_pool);
+    r.add("GlobalAveragePool", global_avg_pool);
+    r.add("GlobalMaxPool", global_max_pool);
+    r.add("GlobalLpPool", global_lp_pool);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    Max,
+    Avg { count_pad: bool },
+    Lp(f32),
+}
+
+fn as_f32(t: &Tensor) -> Result<Vec<f32>, OpError> {
+    if t.dtype().is_float() {
+        Ok(t.to_f32_vec().expect("float"))
+    } else if t.dtype().is_int() {
+        Ok(t.to_f32_vec().expect("int"))
+    } else {
+        Err(OpError(format!("dtype {} is not supported", t.dtype())))
+    }
+}
+
+fn back(t: Tensor, dtype: DType) -> Tensor {
+    if dtype == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, dtype)
+    }
+}
+
+fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 3 {
+        return Err(OpError(format!(
+            "input must have rank >= 3, got {:?}",
+            x.shape()
+        )));
+    }
+    let node = ctx.node;
+    let kernel: Vec<usize> = node
+        .attr_ints("kernel_shape")
+        .ok_or_else(|| OpError("attribute 'kernel_shape' is required".into()))?
+        .iter()
+        .map(|&k| k.max(1) as usize)
+        .collect();
+    let in_sp = &x.shape()[2..];
+    if kernel.len() != in_sp.len() {
+        return Err(OpError(format!(
+            "kernel_shape {kernel:?} does not match input {:?}",
+            x.shape()
+        )));
+    }
+    let ceil = node.attr_int_or("ceil_mode", 0) != 0;
+    let w = window(node, in_sp, &kernel, ceil)?;
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let xv = as_f32(x)?;
+    let in_sz: usize = in_sp.iter().product();
+    let o_sz: usize = w.out.iter().product();
+    let r = in_sp.len();
+    let k_sz: usize = kernel.iter().product();
+    let want_indices = kind == Kind::Max && node.outputs.len() > 1 && !node.outputs[1].is_empty();
+    let storage_col_major = node.attr_int_or("storage_order", 0) == 1;
+    let mut out = vec![0f32; n * c * o_sz];
+    let mut idx_out = vec![0i64; if want_indices { n * c * o_sz } else { 0 }];
+    let compute_plane = |p: usize, plane: &mut [f32], idx_plane: Option<&mut [i64]>| {
+        let img = &xv[p * in_sz..(p + 1) * in_sz];
+        let mut idx_plane = idx_plane;
+        let mut oidx = vec![0usize; r];
+        let mut kidx = vec![0usize; r];
+        for (oi, dst) in plane.iter_mut().enumerate() {
+            let mut rem = oi;
+            for d in (0..r).rev() {
+                oidx[d] = rem % w.out[d];
+                rem /= w.out[d];
+            }
+            let mut acc = match kind {
+                Kind::Max => f32::NEG_INFINITY,
+                _ => 0.0,
+            };
+            let mut best = 0usize;
+            let mut count = 0usize;
+            let mut count_pad = 0usize;
+            for ki in 0..k_sz {
+                let mut rem = ki;
+                for d in (0..r).rev() {
+                    kidx[d] = rem % kernel[d];
+                    rem /= kernel[d];
+                }
+                let mut off = 0usize;
+                let mut inside = true;
+                let mut in_padded = true;
+                for d in 0..r {
+                    let i = (oidx[d] * w.strides[d] + kidx[d] * w.dilations[d]) as isize
+                        - w.pad_begin[d] as isize;
+                    if i < 0 || i >= in_sp[d] as isize {
+                        inside = false;
+                        // Positions in the explicit padding count for count_include_pad;
+                        // positions beyond it (ceil_mode overhang) never do.
+                        if i < -(w.pad_begin[d] as isize) || i >= (in_sp[d] + w.pad_end[d]) as isize
+                        {
+                            in_padded = false;
+                        }
+                    } else {
+                        off = off * in_sp[d] + i as usize;
+                    }
+                }
+                if in_padded {
+                    count_pad += 1;
+                }
+                if !inside {
+                    continue;
+                }
+                let v = img[off];
+                count += 1;
+                match kind {
+                    Kind::Max => {
+                        if v > acc || v.is_nan() {
+                            acc = v;
+                            best = off;
+                        }
+                    }
+                    Kind::Avg { .. } => acc += v,
+                    Kind::Lp(pw) => acc += v.abs().powf(pw),
+                }
+            }
+            *dst = match kind {
+                Kind::Max => acc,
+                Kind::Avg { count_pad: true } => acc / count_pad.max(1) as f32,
+                Kind::Avg { count_pad: false } => acc / count.max(1) as f32,
+                Kind::Lp(pw) => acc.powf(1.0 / pw),
+            };
+            if let Some(ip) = idx_plane.as_deref_mut() {
+                let local = if storage_col_major {
+                    // Column-major index within the spatial plane.
+                    let mut rem = best;
+                    let mut coords = vec![0usize; r];
+                    for d in (0..r).rev() {
+                        coords[d] = rem % in_sp[d];
+                        rem /= in_sp[d];
+                    }
+                    let mut o = 0usize;
+                    for d in (0..r).rev() {
+                        o = o * in_sp[d] + coords[d];
+                    }
+                    o
+                } else {
+                    best
+                };
+                ip[oi] = (p * in_sz + local) as i64;
+            }
+        }
+    };
+    if want_indices {
+        out.par_chunks_mut(o_sz.max(1))
+            .zip(idx_out.par_chunks_mut(o_sz.max(1)))
+            .enumerate()
+            .for_each(|(p, (pl, ip))| compute_plane(p, pl, Some(ip)));
+    } else {
+        out.par_chunks_mut(o_sz.max(1))
+            .enumerate()
+            .for_each(|(p, pl)| compute_plane(p, pl, None));
+    }
+    let mut shape = vec![n, c];
+    shape.extend(&w.out);
+    let mut res = vec![back(Tensor::from_f32(shape.clone(), out), x.dtype())];
+    if want_indices {
+        res.push(Tensor::from_i64(shape, idx_out));
+    }
+    Ok(res)
+}
+
+fn max_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    pool(ctx, inputs, Kind::Max)
+}
+
+fn avg_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let count_pad = ctx.node.attr_int_or("count_include_pad", 0) != 0;
+    pool(ctx, inputs, Kind::Avg { count_pad })
+}
+
+fn lp_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let p = ctx.node.attr_int_or("p", 2) as f32;
+    pool(ctx, inputs, Kind::Lp(p))
+}
+
+fn global(inputs: &[Option<&Tensor>], f: impl Fn(&[f32]) -> f32 + Sync) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 2 {
+        return Err(OpError(format!(
+            "input must have rank >= 2, got {:?}",
+            x.shape()
+        )));
+    }
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let sp: usize = x.shape()[2..].iter().product();
+    let xv = as_f32(x)?;
+    let out: Vec<f32> = if sp == 0 {
+        vec![0.0; n * c]
+    } else {
+        xv.par_chunks(sp).map(&f).collect()
+    };
+    let mut shape = vec![n, c];
+    shape.extend(std::iter::repeat_n(1, x.rank() - 2));
+    Ok(vec![back(Tensor::from_f32(shape, out), x.dtype())])
+}
+
+fn global_avg_pool(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    global(inputs, |v| v.iter().sum::<f32>() / v.len() as f32)
+}
+
+fn global_max_pool(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    global(inputs, |v| {
+        v.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    })
+}
+
+fn global_lp_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let p = ctx.node.attr_int_or("p", 2) as f32;
+    global(inputs, move |v| {
+        v.iter().map(|x| x.abs().powf(p)).sum::<f32>().powf(1.0 / p)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Attribute, Node};
+
+    fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn max_and_avg_pool_with_padding() {
+        let x = Tensor::from_f32(vec![1, 1, 2, 2], vec![1., 2., 3., 4.]);
+        let attrs = [
+            ("kernel_shape", Attribute::Ints(vec![2, 2])),
+            ("pads", Attribute::Ints(vec![1, 1, 0, 0])),
+        ];
+        let n = node("MaxPool", &attrs);
+        let y = max_pool(
+            &OpCtx {
+                node: &n,
+                opset: 12,
+            },
+            &[Some(&x)],
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(y.as_f32().unwrap(), &[1., 2., 3., 4.]);
+        let n = node("AveragePool", &attrs);
+        let y = avg_pool(
+            &OpCtx {
+                node: &n,
+                opset: 12,
+            },
+            &[Some(&x)],
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(y.as_f32().unwrap(), &[1., 1.5, 2., 2.5]);
+        let mut a = attrs.to_vec();
+        a.push(("count_include_pad", Attribute::Int(1)));
+        let n = node("AveragePool", &a);
+        let y = avg_pool(
+            &OpCtx {
+                node: &n,
+                opset: 12,
+            },
+            &[Some(&x)],
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(y.as_f32().unwrap(), &[0.25, 0.75, 1.0, 2.5]);
+    }
+
+    #[test]
+    fn global_average() {
+        let x = Tensor::from_f32(vec![1, 2, 2], vec![1., 3., 10., 20.]);
+        let n = node("GlobalAveragePool", &[]);
+        let y = global_avg_pool(
+            &OpCtx {
+                node: &n,
+                opset: 12,
+            },
+            &[Some(&x)],
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(y.shape(), &[1, 2, 1]);
+        assert_eq!(y.as_f32().unwrap(), &[2., 15.]);
+    }
+}
