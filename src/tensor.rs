@@ -266,6 +266,37 @@ impl TensorData {
         }
     }
 
+    /// Joins buffers of one dtype end to end (None if the dtypes differ or `parts` is empty).
+    pub fn concat(parts: &[&TensorData]) -> Option<TensorData> {
+        let first = parts.first()?;
+        if parts.iter().any(|p| p.dtype() != first.dtype()) {
+            return None;
+        }
+        macro_rules! join {
+            ($($v:ident),*) => {
+                match first {
+                    $(TensorData::$v(_) => TensorData::$v(
+                        parts
+                            .iter()
+                            .flat_map(|p| match p {
+                                TensorData::$v(x) => x.iter().cloned(),
+                                _ => unreachable!("dtypes checked above"),
+                            })
+                            .collect(),
+                    ),)*
+                }
+            };
+        }
+        Some(join!(
+            F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str
+        ))
+    }
+
+    /// Picks elements by index (indices must be in range: kernels check before calling).
+    pub fn gather(&self, indices: &[usize]) -> TensorData {
+        map_data!(self, v => indices.iter().map(|&i| v[i].clone()).collect())
+    }
+
     /// Every element as f64 (bool as 0/1). Strings have no numeric value.
     pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
         Some(match self {
@@ -532,6 +563,16 @@ mod tests {
         let d = TensorData::I64(vec![1, 2, 3]);
         let r = map_data!(&d, v => v.iter().rev().cloned().collect());
         assert_eq!(r, TensorData::I64(vec![3, 2, 1]));
+    }
+
+    #[test]
+    fn concat_and_gather() {
+        let a = TensorData::I64(vec![1, 2]);
+        let b = TensorData::I64(vec![3]);
+        let c = TensorData::concat(&[&a, &b]).unwrap();
+        assert_eq!(c, TensorData::I64(vec![1, 2, 3]));
+        assert_eq!(c.gather(&[2, 0]), TensorData::I64(vec![3, 1]));
+        assert!(TensorData::concat(&[&a, &TensorData::F32(vec![])]).is_none());
     }
 
     #[test]

@@ -28,9 +28,11 @@ impl ErrorStat {
             "max" => ErrorStat::Max,
             "mean" => ErrorStat::Mean,
             "median" => ErrorStat::Median,
-            _ => return Err(Error::Invalid(format!(
+            _ => {
+                return Err(Error::Invalid(format!(
                 "invalid --check-error-stat '{s}': valid choices are elemwise, max, mean, median"
-            ))),
+            )))
+            }
         })
     }
 

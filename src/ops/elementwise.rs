@@ -1,5 +1,746 @@
-//! (to be filled) elementwise kernels.
+//! Elementwise ops: unary math and activations, binary arithmetic with NumPy broadcasting,
+//! comparisons, logic, Where and Clip.
+//!
+//! Floats: f32 computes in f32, f64 in f64, f16/bf16 in f32 rounded back. Integers compute in
+//! i64 (wrapping) and are narrowed back to their type, so int64 shape arithmetic is exact.
 
-use super::Registry;
+use super::cast::cast_tensor;
+use super::util::{broadcast_binary, broadcast_ternary, input, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor, TensorData};
+use num_traits::Float;
+use rayon::prelude::*;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    // Unary math.
+    r.add("Abs", |_, i| {
+        unary_int(i, |x: f64| x.abs(), |x| x.abs(), |x: i64| x.wrapping_abs())
+    });
+    r.add("Neg", |_, i| {
+        unary_int(i, |x: f64| -x, |x: f32| -x, |x: i64| x.wrapping_neg())
+    });
+    r.add("Sign", |_, i| unary_int(i, sign, sign, |x: i64| x.signum()));
+    r.add("Reciprocal", |_, i| {
+        unary(i, |x: f64| 1.0 / x, |x: f32| 1.0 / x)
+    });
+    r.add("Sqrt", |_, i| unary(i, f64::sqrt, f32::sqrt));
+    r.add("Exp", |_, i| unary(i, f64::exp, f32::exp));
+    r.add("Log", |_, i| unary(i, f64::ln, f32::ln));
+    r.add("Floor", |_, i| unary(i, f64::floor, f32::floor));
+    r.add("Ceil", |_, i| unary(i, f64::ceil, f32::ceil));
+    r.add("Round", |_, i| {
+        unary(i, f64::round_ties_even, f32::round_ties_even)
+    });
+    r.add("Sin", |_, i| unary(i, f64::sin, f32::sin));
+    r.add("Cos", |_, i| unary(i, f64::cos, f32::cos));
+    r.add("Tan", |_, i| unary(i, f64::tan, f32::tan));
+    r.add("Asin", |_, i| unary(i, f64::asin, f32::asin));
+    r.add("Acos", |_, i| unary(i, f64::acos, f32::acos));
+    r.add("Atan", |_, i| unary(i, f64::atan, f32::atan));
+    r.add("Sinh", |_, i| unary(i, f64::sinh, f32::sinh));
+    r.add("Cosh", |_, i| unary(i, f64::cosh, f32::cosh));
+    r.add("Asinh", |_, i| unary(i, f64::asinh, f32::asinh));
+    r.add("Acosh", |_, i| unary(i, f64::acosh, f32::acosh));
+    r.add("Atanh", |_, i| unary(i, f64::atanh, f32::atanh));
+    r.add("Erf", |_, i| unary(i, libm::erf, libm::erff));
+    r.add("IsNaN", |_, i| predicate(i, |x| x.is_nan()));
+    r.add("IsInf", is_inf);
+    // Activations.
+    r.add("Relu", |_, i| unary_int(i, relu, relu, |x: i64| x.max(0)));
+    r.add("Tanh", |_, i| unary(i, f64::tanh, f32::tanh));
+    r.add("Sigmoid", |_, i| unary(i, sigmoid, sigmoid));
+    r.add("Softplus", |_, i| unary(i, softplus, softplus));
+    r.add("Softsign", |_, i| {
+        unary(
+            i,
+            |x: f64| x / (1.0 + x.abs()),
+            |x: f32| x / (1.0 + x.abs()),
+        )
+    });
+    r.add("Mish", |_, i| {
+        unary(
+            i,
+            |x: f64| x * softplus(x).tanh(),
+            |x: f32| x * softplus(x).tanh(),
+        )
+    });
+    r.add("HardSwish", |_, i| {
+        unary(
+            i,
+            |x: f64| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+            |x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+        )
+    });
+    r.add("LeakyRelu", leaky_relu);
+    r.add("PRelu", prelu);
+    r.add("Elu", elu);
+    r.add("Celu", celu);
+    r.add("Selu", selu);
+    r.add("HardSigmoid", hard_sigmoid);
+    r.add("ThresholdedRelu", thresholded_relu);
+    r.add("Gelu", gelu);
+    // Binary arithmetic.
+    r.add("Add", |_, i| {
+        arith(i, |a, b| a + b, |a, b| a + b, |a, b| Ok(a.wrapping_add(b)))
+    });
+    r.add("Sub", |_, i| {
+        arith(i, |a, b| a - b, |a, b| a - b, |a, b| Ok(a.wrapping_sub(b)))
+    });
+    r.add("Mul", |_, i| {
+        arith(i, |a, b| a * b, |a, b| a * b, |a, b| Ok(a.wrapping_mul(b)))
+    });
+    r.add("Div", |_, i| {
+        arith(
+            i,
+            |a, b| a / b,
+            |a, b| a / b,
+            |a, b| {
+                if b == 0 {
+                    Err(OpError("integer division by zero".into()))
+                } else {
+                    Ok(a.wrapping_div(b))
+                }
+            },
+        )
+    });
+    r.add("Pow", pow);
+    r.add("Mod", mod_op);
+    r.add("BitShift", bit_shift);
+    r.add("Max", |_, i| {
+        variadic(i, f64::max, f32::max, |a: i64, b| Ok(a.max(b)), None)
+    });
+    r.add("Min", |_, i| {
+        variadic(i, f64::min, f32::min, |a: i64, b| Ok(a.min(b)), None)
+    });
+    r.add("Sum", |_, i| {
+        variadic(
+            i,
+            |a, b| a + b,
+            |a, b| a + b,
+            |a: i64, b| Ok(a.wrapping_add(b)),
+            None,
+        )
+    });
+    r.add("Mean", |_, i| {
+        let n = i.len();
+        variadic(
+            i,
+            |a, b| a + b,
+            |a, b| a + b,
+            |a: i64, b| Ok(a + b),
+            Some(n),
+        )
+    });
+    // Comparisons and logic.
+    r.add("Equal", |_, i| compare(i, |a, b| a == b));
+    r.add("Less", |_, i| compare(i, |a, b| a < b));
+    r.add("Greater", |_, i| compare(i, |a, b| a > b));
+    r.add("LessOrEqual", |_, i| compare(i, |a, b| a <= b));
+    r.add("GreaterOrEqual", |_, i| compare(i, |a, b| a >= b));
+    r.add("Not", not);
+    r.add("And", |_, i| logic(i, |a, b| a && b));
+    r.add("Or", |_, i| logic(i, |a, b| a || b));
+    r.add("Xor", |_, i| logic(i, |a, b| a ^ b));
+    r.add("Where", where_op);
+    r.add("Clip", clip);
+}
+
+fn sign<T: Float>(x: T) -> T {
+    if x > T::zero() {
+        T::one()
+    } else if x < T::zero() {
+        -T::one()
+    } else {
+        x
+    }
+}
+
+fn relu<T: Float>(x: T) -> T {
+    if x > T::zero() {
+        x
+    } else {
+        T::zero()
+    }
+}
+
+fn sigmoid<T: Float>(x: T) -> T {
+    // Stable for large |x|: never exponentiates a large positive number.
+    if x >= T::zero() {
+        T::one() / (T::one() + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (T::one() + e)
+    }
+}
+
+fn softplus<T: Float>(x: T) -> T {
+    // log(1 + e^x) without overflow.
+    x.max(T::zero()) + (-x.abs()).exp().ln_1p()
+}
+
+/// Parallel map for big f32 buffers (the hot path of CNN and transformer activations).
+fn map_f32(v: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
+    if v.len() >= 1 << 16 {
+        v.par_iter().map(|&x| f(x)).collect()
+    } else {
+        v.iter().map(|&x| f(x)).collect()
+    }
+}
+
+/// Applies a float function, keeping the dtype.
+fn map_float(
+    t: &Tensor,
+    f64f: impl Fn(f64) -> f64,
+    f32f: impl Fn(f32) -> f32 + Sync,
+) -> Result<Tensor, OpError> {
+    let shape = t.shape().to_vec();
+    Ok(match t.data() {
+        TensorData::F32(v) => Tensor::from_f32(shape, map_f32(v, f32f)),
+        TensorData::F64(v) => Tensor::from_f64(shape, v.iter().map(|&x| f64f(x)).collect()),
+        TensorData::F16(_) | TensorData::BF16(_) => {
+            let v = t.to_f32_vec().expect("float");
+            cast_tensor(&Tensor::from_f32(shape, map_f32(&v, f32f)), t.dtype())
+        }
+        _ => {
+            return Err(OpError(format!(
+                "dtype {} is not supported (float types only)",
+                t.dtype()
+            )))
+        }
+    })
+}
+
+fn unary(
+    inputs: &[Option<&Tensor>],
+    f64f: impl Fn(f64) -> f64,
+    f32f: impl Fn(f32) -> f32 + Sync,
+) -> OpResult {
+    Ok(vec![map_float(input(inputs, 0)?, f64f, f32f)?])
+}
+
+/// Unary op that also accepts integer tensors.
+fn unary_int(
+    inputs: &[Option<&Tensor>],
+    f64f: impl Fn(f64) -> f64,
+    f32f: impl Fn(f32) -> f32 + Sync,
+    intf: impl Fn(i64) -> i64,
+) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.dtype().is_int() {
+        let v: Vec<i64> = x.to_i64_vec().expect("int").into_iter().map(intf).collect();
+        return Ok(vec![cast_tensor(
+            &Tensor::from_i64(x.shape().to_vec(), v),
+            x.dtype(),
+        )]);
+    }
+    Ok(vec![map_float(x, f64f, f32f)?])
+}
+
+fn predicate(inputs: &[Option<&Tensor>], f: impl Fn(f64) -> bool) -> OpResult {
+    let x = input(inputs, 0)?;
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
+    Ok(vec![Tensor::from_bool(
+        x.shape().to_vec(),
+        v.into_iter().map(f).collect(),
+    )])
+}
+
+fn is_inf(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let pos = ctx.node.attr_int_or("detect_positive", 1) != 0;
+    let neg = ctx.node.attr_int_or("detect_negative", 1) != 0;
+    predicate(inputs, |x| {
+        (pos && x == f64::INFINITY) || (neg && x == f64::NEG_INFINITY)
+    })
+}
+
+fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 0.01);
+    unary(
+        inputs,
+        |x| if x >= 0.0 { x } else { a as f64 * x },
+        |x| if x >= 0.0 { x } else { a * x },
+    )
+}
+
+fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 1.0);
+    unary(
+        inputs,
+        |x| if x >= 0.0 { x } else { a as f64 * x.exp_m1() },
+        |x| if x >= 0.0 { x } else { a * x.exp_m1() },
+    )
+}
+
+fn celu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 1.0);
+    unary(
+        inputs,
+        |x| x.max(0.0) + (a as f64 * (x / a as f64).exp_m1()).min(0.0),
+        |x| x.max(0.0) + (a * (x / a).exp_m1()).min(0.0),
+    )
+}
+
+fn selu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 1.673_263_2);
+    let g = ctx.node.attr_float_or("gamma", 1.050_701);
+    unary(
+        inputs,
+        |x| g as f64 * if x > 0.0 { x } else { a as f64 * x.exp_m1() },
+        |x| g * if x > 0.0 { x } else { a * x.exp_m1() },
+    )
+}
+
+fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 0.2);
+    let b = ctx.node.attr_float_or("beta", 0.5);
+    unary(
+        inputs,
+        |x| (a as f64 * x + b as f64).clamp(0.0, 1.0),
+        |x| (a * x + b).clamp(0.0, 1.0),
+    )
+}
+
+fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 1.0);
+    unary(
+        inputs,
+        |x| if x > a as f64 { x } else { 0.0 },
+        |x| if x > a { x } else { 0.0 },
+    )
+}
+
+fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    match ctx.node.attr_str("approximate").unwrap_or("none") {
+        "none" => unary(
+            inputs,
+            |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
+            |x| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
+        ),
+        "tanh" => {
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            unary(
+                inputs,
+                move |x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()),
+                move |x| 0.5 * x * (1.0 + (c as f32 * (x + 0.044715 * x * x * x)).tanh()),
+            )
+        }
+        other => Err(OpError(format!("unknown approximate '{other}'"))),
+    }
+}
+
+fn prelu(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    arith(
+        inputs,
+        |x, s| if x < 0.0 { x * s } else { x },
+        |x, s| if x < 0.0 { x * s } else { x },
+        |x, s| Ok(if x < 0 { x.wrapping_mul(s) } else { x }),
+    )
+}
+
+fn same_dtype(a: &Tensor, b: &Tensor) -> Result<(), OpError> {
+    if a.dtype() != b.dtype() {
+        return Err(OpError(format!(
+            "inputs have different dtypes ({} and {})",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    Ok(())
+}
+
+/// Binary op on two tensors of one dtype, with broadcasting.
+fn binary(
+    a: &Tensor,
+    b: &Tensor,
+    f64f: &dyn Fn(f64, f64) -> f64,
+    f32f: &(dyn Fn(f32, f32) -> f32 + Sync),
+    intf: &dyn Fn(i64, i64) -> Result<i64, OpError>,
+) -> Result<Tensor, OpError> {
+    same_dtype(a, b)?;
+    let dtype = a.dtype();
+    match (a.data(), b.data()) {
+        (TensorData::F32(x), TensorData::F32(y)) => {
+            if a.shape() == b.shape() && x.len() >= 1 << 16 {
+                let v: Vec<f32> = x
+                    .par_iter()
+                    .zip(y.par_iter())
+                    .map(|(&p, &q)| f32f(p, q))
+                    .collect();
+                return Ok(Tensor::from_f32(a.shape().to_vec(), v));
+            }
+            let (s, v) = broadcast_binary(x, a.shape(), y, b.shape(), f32f)?;
+            Ok(Tensor::from_f32(s, v))
+        }
+        (TensorData::F64(x), TensorData::F64(y)) => {
+            let (s, v) = broadcast_binary(x, a.shape(), y, b.shape(), f64f)?;
+            Ok(Tensor::from_f64(s, v))
+        }
+        _ if dtype == DType::F16 || dtype == DType::BF16 => {
+            let (x, y) = (
+                a.to_f32_vec().expect("float"),
+                b.to_f32_vec().expect("float"),
+            );
+            let (s, v) = broadcast_binary(&x, a.shape(), &y, b.shape(), f32f)?;
+            Ok(cast_tensor(&Tensor::from_f32(s, v), dtype))
+        }
+        _ if dtype.is_int() => {
+            let (x, y) = (a.to_i64_vec().expect("int"), b.to_i64_vec().expect("int"));
+            let (s, v) = broadcast_binary(&x, a.shape(), &y, b.shape(), intf)?;
+            let v: Vec<i64> = v.into_iter().collect::<Result<_, _>>()?;
+            Ok(cast_tensor(&Tensor::from_i64(s, v), dtype))
+        }
+        _ => Err(OpError(format!("dtype {dtype} is not supported"))),
+    }
+}
+
+fn arith(
+    inputs: &[Option<&Tensor>],
+    f64f: impl Fn(f64, f64) -> f64,
+    f32f: impl Fn(f32, f32) -> f32 + Sync,
+    intf: impl Fn(i64, i64) -> Result<i64, OpError>,
+) -> OpResult {
+    Ok(vec![binary(
+        input(inputs, 0)?,
+        input(inputs, 1)?,
+        &f64f,
+        &f32f,
+        &intf,
+    )?])
+}
+
+/// Max/Min/Sum/Mean over any number of inputs (Mean divides by `mean_of` at the end).
+fn variadic(
+    inputs: &[Option<&Tensor>],
+    f64f: impl Fn(f64, f64) -> f64,
+    f32f: impl Fn(f32, f32) -> f32 + Sync,
+    intf: impl Fn(i64, i64) -> Result<i64, OpError>,
+    mean_of: Option<usize>,
+) -> OpResult {
+    let mut acc = input(inputs, 0)?.clone();
+    for i in 1..inputs.len() {
+        acc = binary(&acc, input(inputs, i)?, &f64f, &f32f, &intf)?;
+    }
+    if let Some(n) = mean_of {
+        let n = n as f64;
+        acc = map_float(&acc, |x| x / n, |x| x / n as f32)?;
+    }
+    Ok(vec![acc])
+}
+
+fn pow(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = input(inputs, 0)?;
+    let b = input(inputs, 1)?;
+    if a.dtype() == DType::F32 && b.dtype() == DType::F32 {
+        return arith(inputs, f64::powf, pow_f32, |x, y| Ok(int_pow(x, y)));
+    }
+    // Mixed dtypes (e.g. float base, int exponent): compute in f64, keep the base's dtype.
+    let x = a
+        .to_f64_vec()
+        .ok_or_else(|| OpError("non-numeric base".into()))?;
+    let y = b
+        .to_f64_vec()
+        .ok_or_else(|| OpError("non-numeric exponent".into()))?;
+    let (s, v) = if a.dtype().is_int() {
+        let (xi, yi) = (
+            a.to_i64_vec().expect("int"),
+            b.to_i64_vec().expect("numeric"),
+        );
+        let (s, v) = broadcast_binary(&xi, a.shape(), &yi, b.shape(), int_pow)?;
+        return Ok(vec![cast_tensor(&Tensor::from_i64(s, v), a.dtype())]);
+    } else {
+        broadcast_binary(&x, a.shape(), &y, b.shape(), f64::powf)?
+    };
+    Ok(vec![cast_tensor(&Tensor::from_f64(s, v), a.dtype())])
+}
+
+fn pow_f32(x: f32, y: f32) -> f32 {
+    // x² and x³ are common (GELU tanh form, variance): exact multiplications are faster and
+    // as accurate.
+    if y == 2.0 {
+        x * x
+    } else if y == 3.0 {
+        x * x * x
+    } else {
+        x.powf(y)
+    }
+}
+
+fn int_pow(x: i64, y: i64) -> i64 {
+    if y < 0 {
+        return if x == 1 { 1 } else { 0 };
+    }
+    x.wrapping_pow(y.min(u32::MAX as i64) as u32)
+}
+
+fn mod_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let fmod = ctx.node.attr_int_or("fmod", 0) != 0;
+    let a = input(inputs, 0)?;
+    if a.dtype().is_float() && !fmod {
+        return Err(OpError("Mod on floats requires fmod=1".into()));
+    }
+    arith(
+        inputs,
+        |x, y| x % y,
+        |x, y| x % y,
+        move |x, y| {
+            if y == 0 {
+                return Err(OpError("integer modulo by zero".into()));
+            }
+            let r = x.wrapping_rem(y);
+            // Python-style: the result takes the divisor's sign unless fmod.
+            Ok(if !fmod && r != 0 && ((r < 0) != (y < 0)) {
+                r + y
+            } else {
+                r
+            })
+        },
+    )
+}
+
+fn bit_shift(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let left = match ctx.node.attr_str("direction") {
+        Some("LEFT") => true,
+        Some("RIGHT") => false,
+        other => {
+            return Err(OpError(format!(
+                "direction must be LEFT or RIGHT, got {other:?}"
+            )))
+        }
+    };
+    let a = input(inputs, 0)?;
+    let b = input(inputs, 1)?;
+    same_dtype(a, b)?;
+    if !matches!(a.dtype(), DType::U8 | DType::U16 | DType::U32 | DType::U64) {
+        return Err(OpError(format!(
+            "BitShift needs unsigned integers, got {}",
+            a.dtype()
+        )));
+    }
+    let bits = a.dtype().size() as u32 * 8;
+    let (x, y) = (a.to_i64_vec().expect("int"), b.to_i64_vec().expect("int"));
+    let (s, v) = broadcast_binary(&x, a.shape(), &y, b.shape(), |p, q| {
+        let (p, q) = (p as u64, q as u64);
+        if q >= bits as u64 {
+            0
+        } else if left {
+            (p << q) as i64
+        } else {
+            (p >> q) as i64
+        }
+    })?;
+    Ok(vec![cast_tensor(&Tensor::from_i64(s, v), a.dtype())])
+}
+
+fn compare(inputs: &[Option<&Tensor>], f: impl Fn(f64, f64) -> bool) -> OpResult {
+    let a = input(inputs, 0)?;
+    let b = input(inputs, 1)?;
+    same_dtype(a, b)?;
+    if let (TensorData::I64(x), TensorData::I64(y)) = (a.data(), b.data()) {
+        // Exact for all int64 values (f64 is exact only up to 2^53).
+        let (s, v) = broadcast_binary(x, a.shape(), y, b.shape(), |p: i64, q: i64| {
+            f(p.cmp(&q) as i8 as f64, 0.0)
+        })?;
+        return Ok(vec![Tensor::from_bool(s, v)]);
+    }
+    if let (TensorData::Str(x), TensorData::Str(y)) = (a.data(), b.data()) {
+        let idx: Vec<usize> = (0..x.len()).collect();
+        let jdx: Vec<usize> = (0..y.len()).collect();
+        let (s, v) = broadcast_binary(&idx, a.shape(), &jdx, b.shape(), |i, j| {
+            f(x[i].cmp(&y[j]) as i8 as f64, 0.0)
+        })?;
+        return Ok(vec![Tensor::from_bool(s, v)]);
+    }
+    let x = a
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", a.dtype())))?;
+    let y = b.to_f64_vec().expect("same dtype");
+    let (s, v) = broadcast_binary(&x, a.shape(), &y, b.shape(), f)?;
+    Ok(vec![Tensor::from_bool(s, v)])
+}
+
+fn bools<'a>(t: &'a Tensor) -> Result<&'a [bool], OpError> {
+    t.as_bool()
+        .ok_or_else(|| OpError(format!("expected a bool tensor, got {}", t.dtype())))
+}
+
+fn not(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    Ok(vec![Tensor::from_bool(
+        x.shape().to_vec(),
+        bools(x)?.iter().map(|b| !b).collect(),
+    )])
+}
+
+fn logic(inputs: &[Option<&Tensor>], f: impl Fn(bool, bool) -> bool) -> OpResult {
+    let a = input(inputs, 0)?;
+    let b = input(inputs, 1)?;
+    let (s, v) = broadcast_binary(bools(a)?, a.shape(), bools(b)?, b.shape(), f)?;
+    Ok(vec![Tensor::from_bool(s, v)])
+}
+
+fn where_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let c = input(inputs, 0)?;
+    let x = input(inputs, 1)?;
+    let y = input(inputs, 2)?;
+    same_dtype(x, y)?;
+    let cond = bools(c)?;
+    let ci: Vec<usize> = (0..x.len()).collect();
+    let cj: Vec<usize> = (0..y.len()).collect();
+    // Select indices, then gather from whichever buffer: one generic path for every dtype.
+    let (s, picks) = broadcast_ternary(
+        (cond, c.shape()),
+        (&ci, x.shape()),
+        (&cj, y.shape()),
+        |k, i, j| {
+            if k {
+                (true, i)
+            } else {
+                (false, j)
+            }
+        },
+    )?;
+    let data = match (x.data(), y.data()) {
+        (TensorData::F32(a), TensorData::F32(b)) => TensorData::F32(
+            picks
+                .iter()
+                .map(|&(t, i)| if t { a[i] } else { b[i] })
+                .collect(),
+        ),
+        (xd, yd) => {
+            // Any dtype: index into x's buffer followed by y's.
+            let both = TensorData::concat(&[xd, yd]).expect("same dtype checked");
+            let n = x.len();
+            let idx: Vec<usize> = picks
+                .iter()
+                .map(|&(t, i)| if t { i } else { n + i })
+                .collect();
+            both.gather(&idx)
+        }
+    };
+    Ok(vec![Tensor::from_parts(s, data)])
+}
+
+fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    // Opset < 11: min/max attributes; from 11: optional scalar inputs.
+    let (lo, hi) = if ctx.opset < 11 {
+        (
+            ctx.node.attr_float("min").map(|v| v as f64),
+            ctx.node.attr_float("max").map(|v| v as f64),
+        )
+    } else {
+        let scalar = |i: usize| -> Result<Option<f64>, OpError> {
+            match opt_input(inputs, i) {
+                None => Ok(None),
+                Some(t) if t.len() == 1 => Ok(t.to_f64_vec().map(|v| v[0])),
+                Some(t) => Err(OpError(format!(
+                    "bound #{i} must be a scalar, got shape {:?}",
+                    t.shape()
+                ))),
+            }
+        };
+        (scalar(1)?, scalar(2)?)
+    };
+    let lo = lo.unwrap_or(f64::NEG_INFINITY);
+    let hi = hi.unwrap_or(f64::INFINITY);
+    if x.dtype().is_int() {
+        let v: Vec<i64> = x
+            .to_i64_vec()
+            .expect("int")
+            .into_iter()
+            .map(|v| (v as f64).max(lo).min(hi) as i64)
+            .collect();
+        return Ok(vec![cast_tensor(
+            &Tensor::from_i64(x.shape().to_vec(), v),
+            x.dtype(),
+        )]);
+    }
+    let (lo32, hi32) = (lo as f32, hi as f32);
+    Ok(vec![map_float(
+        x,
+        |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
+        |v| if v.is_nan() { v } else { v.max(lo32).min(hi32) },
+    )?])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Node;
+
+    fn ctx_node(op: &str) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+        }
+    }
+
+    fn run(op: &str, inputs: &[&Tensor]) -> Tensor {
+        let node = ctx_node(op);
+        let k = Registry::global().get("", op).unwrap();
+        let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        k(
+            &OpCtx {
+                node: &node,
+                opset: 17,
+            },
+            &args,
+        )
+        .unwrap()
+        .remove(0)
+    }
+
+    #[test]
+    fn int64_division_truncates_and_broadcasts() {
+        let a = Tensor::from_i64(vec![3], vec![7, -7, 9]);
+        let b = Tensor::from_i64(vec![], vec![2]);
+        assert_eq!(run("Div", &[&a, &b]).as_i64().unwrap(), &[3, -3, 4]);
+        assert_eq!(run("Mod", &[&a, &b]).as_i64().unwrap(), &[1, 1, 1]);
+    }
+
+    #[test]
+    fn where_mixes_by_condition() {
+        let c = Tensor::from_bool(vec![2], vec![true, false]);
+        let x = Tensor::from_i64(vec![2], vec![1, 2]);
+        let y = Tensor::from_i64(vec![], vec![9]);
+        assert_eq!(run("Where", &[&c, &x, &y]).as_i64().unwrap(), &[1, 9]);
+    }
+
+    #[test]
+    fn erf_and_gelu_are_accurate() {
+        let x = Tensor::from_f32(vec![3], vec![0.5, -1.0, 2.0]);
+        let y = run("Erf", &[&x]);
+        let want = [0.520_499_9, -0.842_700_8, 0.995_322_3];
+        for (a, b) in y.as_f32().unwrap().iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        }
+        let g = run("Gelu", &[&x]);
+        assert!((g.as_f32().unwrap()[0] - 0.345_731_1).abs() < 1e-6);
+    }
+
+    #[test]
+    fn comparisons_give_bools() {
+        let a = Tensor::from_f32(vec![3], vec![1., 2., 3.]);
+        let b = Tensor::from_f32(vec![], vec![2.]);
+        assert_eq!(
+            run("Less", &[&a, &b]).as_bool().unwrap(),
+            &[true, false, false]
+        );
+        assert_eq!(
+            run("Equal", &[&a, &b]).as_bool().unwrap(),
+            &[false, true, false]
+        );
+    }
+
+    #[test]
+    fn sigmoid_is_stable() {
+        let x = Tensor::from_f32(vec![2], vec![-1000.0, 1000.0]);
+        assert_eq!(run("Sigmoid", &[&x]).as_f32().unwrap(), &[0.0, 1.0]);
+    }
+}
