@@ -293,6 +293,7 @@ impl TensorData {
     }
 
     /// Picks elements by index (indices must be in range: kernels check before calling).
+    #[allow(clippy::clone_on_copy)] // one generic body serves Copy and String buffers
     pub fn gather(&self, indices: &[usize]) -> TensorData {
         map_data!(self, v => indices.iter().map(|&i| v[i].clone()).collect())
     }

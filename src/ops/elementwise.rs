@@ -560,7 +560,7 @@ fn compare(inputs: &[Option<&Tensor>], f: impl Fn(f64, f64) -> bool) -> OpResult
     Ok(vec![Tensor::from_bool(s, v)])
 }
 
-fn bools<'a>(t: &'a Tensor) -> Result<&'a [bool], OpError> {
+fn bools(t: &Tensor) -> Result<&[bool], OpError> {
     t.as_bool()
         .ok_or_else(|| OpError(format!("expected a bool tensor, got {}", t.dtype())))
 }

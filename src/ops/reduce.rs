@@ -1,5 +1,351 @@
-//! (to be filled) reduce kernels.
+//! Reductions (ReduceMean, ReduceSum, ... ReduceLogSumExp), ArgMax/ArgMin and TopK.
+//!
+//! Float reductions accumulate in f64; integer ones in i64. Axes come from the attribute
+//! before opset 18 (13 for ReduceSum) and from the optional second input after.
 
-use super::Registry;
+use super::cast::cast_tensor;
+use super::util::{input, norm_axes, norm_axis, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{strides_of, Tensor};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("ReduceSum", |c, i| reduce(c, i, Red::Sum, 13));
+    r.add("ReduceMean", |c, i| reduce(c, i, Red::Mean, 18));
+    r.add("ReduceMax", |c, i| reduce(c, i, Red::Max, 18));
+    r.add("ReduceMin", |c, i| reduce(c, i, Red::Min, 18));
+    r.add("ReduceProd", |c, i| reduce(c, i, Red::Prod, 18));
+    r.add("ReduceL1", |c, i| reduce(c, i, Red::L1, 18));
+    r.add("ReduceL2", |c, i| reduce(c, i, Red::L2, 18));
+    r.add("ReduceSumSquare", |c, i| reduce(c, i, Red::SumSquare, 18));
+    r.add("ReduceLogSum", |c, i| reduce(c, i, Red::LogSum, 18));
+    r.add("ReduceLogSumExp", |c, i| reduce(c, i, Red::LogSumExp, 18));
+    r.add("ArgMax", |c, i| arg_extreme(c, i, true));
+    r.add("ArgMin", |c, i| arg_extreme(c, i, false));
+    r.add("TopK", top_k);
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Red {
+    Sum,
+    Mean,
+    Max,
+    Min,
+    Prod,
+    L1,
+    L2,
+    SumSquare,
+    LogSum,
+    LogSumExp,
+}
+
+/// The input split as (outer, reduced, inner) index groups for every output element.
+struct Plan {
+    out_shape: Vec<usize>,
+    /// For each output element (in keepdims order), the input offsets of its reduced group are
+    /// `base + r_offsets[k]`.
+    bases: Vec<usize>,
+    r_offsets: Vec<usize>,
+}
+
+fn plan(shape: &[usize], axes: &[usize], keepdims: bool) -> Plan {
+    let st = strides_of(shape);
+    let out_shape: Vec<usize> = if keepdims {
+        (0..shape.len())
+            .map(|d| if axes.contains(&d) { 1 } else { shape[d] })
+            .collect()
+    } else {
+        (0..shape.len())
+            .filter(|d| !axes.contains(d))
+            .map(|d| shape[d])
+            .collect()
+    };
+    let offsets = |dims: &[usize], sizes: &[usize]| -> Vec<usize> {
+        let n: usize = dims.iter().map(|&d| sizes[d]).product();
+        let mut out = Vec::with_capacity(n);
+        let mut idx = vec![0usize; dims.len()];
+        for _ in 0..n {
+            out.push(dims.iter().zip(&idx).map(|(&d, &i)| i * st[d]).sum());
+            for k in (0..dims.len()).rev() {
+                idx[k] += 1;
+                if idx[k] < sizes[dims[k]] {
+                    break;
+                }
+                idx[k] = 0;
+            }
+        }
+        out
+    };
+    let kept: Vec<usize> = (0..shape.len()).filter(|d| !axes.contains(d)).collect();
+    Plan {
+        bases: offsets(&kept, shape),
+        r_offsets: offsets(axes, shape),
+        out_shape,
+    }
+}
+
+fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i64) -> OpResult {
+    let x = input(inputs, 0)?;
+    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
+    let noop = ctx.node.attr_int_or("noop_with_empty_axes", 0) != 0;
+    let axes: Vec<i64> = if ctx.opset >= axes_input_from {
+        match opt_input(inputs, 1) {
+            Some(t) => t
+                .to_i64_vec()
+                .ok_or_else(|| OpError("axes must be integers".into()))?,
+            None => Vec::new(),
+        }
+    } else {
+        ctx.node
+            .attr_ints("axes")
+            .map(|a| a.to_vec())
+            .unwrap_or_default()
+    };
+    if axes.is_empty() && noop {
+        return Ok(vec![x.clone()]);
+    }
+    let axes: Vec<usize> = if axes.is_empty() {
+        (0..x.rank()).collect()
+    } else {
+        norm_axes(&axes, x.rank())?
+    };
+    let p = plan(x.shape(), &axes, keepdims);
+    let n = p.r_offsets.len();
+    let dtype = x.dtype();
+    if dtype.is_int()
+        && matches!(
+            red,
+            Red::Sum | Red::Max | Red::Min | Red::Prod | Red::SumSquare | Red::L1
+        )
+    {
+        let v = x.to_i64_vec().expect("int");
+        let out: Vec<i64> = p
+            .bases
+            .iter()
+            .map(|&b| {
+                let it = p.r_offsets.iter().map(|&o| v[b + o]);
+                match red {
+                    Red::Sum => it.fold(0i64, |a, x| a.wrapping_add(x)),
+                    Red::Max => it.max().unwrap_or(i64::MIN),
+                    Red::Min => it.min().unwrap_or(i64::MAX),
+                    Red::Prod => it.fold(1i64, |a, x| a.wrapping_mul(x)),
+                    Red::SumSquare => it.fold(0i64, |a, x| a.wrapping_add(x.wrapping_mul(x))),
+                    _ => it.fold(0i64, |a, x| a.wrapping_add(x.wrapping_abs())),
+                }
+            })
+            .collect();
+        return Ok(vec![cast_tensor(
+            &Tensor::from_i64(p.out_shape, out),
+            dtype,
+        )]);
+    }
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {dtype} is not supported")))?;
+    let out: Vec<f64> = p
+        .bases
+        .iter()
+        .map(|&b| {
+            let it = p.r_offsets.iter().map(|&o| v[b + o]);
+            match red {
+                Red::Sum => it.sum(),
+                Red::Mean => it.sum::<f64>() / n as f64,
+                Red::Max => it.fold(f64::NEG_INFINITY, |a, x| {
+                    if x.is_nan() || a.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.max(x)
+                    }
+                }),
+                Red::Min => it.fold(f64::INFINITY, |a, x| {
+                    if x.is_nan() || a.is_nan() {
+                        f64::NAN
+                    } else {
+                        a.min(x)
+                    }
+                }),
+                Red::Prod => it.product(),
+                Red::L1 => it.map(f64::abs).sum(),
+                Red::L2 => it.map(|x| x * x).sum::<f64>().sqrt(),
+                Red::SumSquare => it.map(|x| x * x).sum(),
+                Red::LogSum => it.sum::<f64>().ln(),
+                Red::LogSumExp => {
+                    let vals: Vec<f64> = it.collect();
+                    let m = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    if m.is_infinite() {
+                        m
+                    } else {
+                        m + vals.iter().map(|x| (x - m).exp()).sum::<f64>().ln()
+                    }
+                }
+            }
+        })
+        .collect();
+    Ok(vec![cast_tensor(
+        &Tensor::from_f64(p.out_shape, out),
+        dtype,
+    )])
+}
+
+fn arg_extreme(ctx: &OpCtx, inputs: &[Option<&Tensor>], max: bool) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
+    let last = ctx.node.attr_int_or("select_last_index", 0) != 0;
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
+    let p = plan(x.shape(), &[axis], keepdims);
+    let out: Vec<i64> = p
+        .bases
+        .iter()
+        .map(|&b| {
+            let mut best = 0usize;
+            for (k, &o) in p.r_offsets.iter().enumerate() {
+                let (cur, top) = (v[b + o], v[b + p.r_offsets[best]]);
+                let better = if max { cur > top } else { cur < top };
+                if better || (last && cur == top) {
+                    best = k;
+                }
+            }
+            best as i64
+        })
+        .collect();
+    Ok(vec![Tensor::from_i64(p.out_shape, out)])
+}
+
+fn top_k(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let k = if ctx.opset < 10 {
+        ctx.node
+            .attr_int("k")
+            .ok_or_else(|| OpError("attribute 'k' is required".into()))?
+    } else {
+        let kt = input(inputs, 1)?;
+        let kv = kt
+            .to_i64_vec()
+            .ok_or_else(|| OpError("K must be an integer tensor".into()))?;
+        *kv.first().ok_or_else(|| OpError("K is empty".into()))?
+    };
+    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
+    let largest = ctx.node.attr_int_or("largest", 1) != 0;
+    let len = x.shape()[axis];
+    if k < 0 || k as usize > len {
+        return Err(OpError(format!(
+            "K={k} is out of range for axis of size {len}"
+        )));
+    }
+    let k = k as usize;
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
+    let p = plan(x.shape(), &[axis], true);
+    let mut out_shape = x.shape().to_vec();
+    out_shape[axis] = k;
+    let ost = strides_of(&out_shape);
+    let n_out: usize = out_shape.iter().product();
+    let mut vals = vec![0f64; n_out];
+    let mut idxs = vec![0i64; n_out];
+    let ist = strides_of(x.shape());
+    for &b in &p.bases {
+        let mut order: Vec<usize> = (0..len).collect();
+        // Stable sort: among equal values the lower index comes first, as ONNX requires.
+        order.sort_by(|&i, &j| {
+            let (a, c) = (v[b + i * ist[axis]], v[b + j * ist[axis]]);
+            if largest {
+                c.total_cmp(&a)
+            } else {
+                a.total_cmp(&c)
+            }
+        });
+        // Output base: same coordinates with the axis index 0.
+        let mut rem = b;
+        let mut ob = 0;
+        for d in 0..x.rank() {
+            let i = rem / ist[d];
+            rem %= ist[d];
+            if d != axis {
+                ob += i * ost[d];
+            }
+        }
+        for (r, &i) in order.iter().take(k).enumerate() {
+            vals[ob + r * ost[axis]] = v[b + i * ist[axis]];
+            idxs[ob + r * ost[axis]] = i as i64;
+        }
+    }
+    let values = cast_tensor(&Tensor::from_f64(out_shape.clone(), vals), x.dtype());
+    Ok(vec![values, Tensor::from_i64(out_shape, idxs)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Attribute, Node};
+
+    fn run(op: &str, opset: i64, attrs: &[(&str, Attribute)], inputs: &[&Tensor]) -> Vec<Tensor> {
+        let node = Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        };
+        let k = Registry::global().get("", op).unwrap();
+        let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        k(&OpCtx { node: &node, opset }, &args).unwrap()
+    }
+
+    #[test]
+    fn reduce_mean_axes_attr_and_input() {
+        let x = Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]);
+        let y = run(
+            "ReduceMean",
+            13,
+            &[("axes", Attribute::Ints(vec![1]))],
+            &[&x],
+        );
+        assert_eq!(y[0].shape(), &[2, 1]);
+        assert_eq!(y[0].as_f32().unwrap(), &[2., 5.]);
+        let axes = Tensor::from_i64(vec![1], vec![0]);
+        let y = run(
+            "ReduceMean",
+            18,
+            &[("keepdims", Attribute::Int(0))],
+            &[&x, &axes],
+        );
+        assert_eq!(y[0].shape(), &[3]);
+        assert_eq!(y[0].as_f32().unwrap(), &[2.5, 3.5, 4.5]);
+        let y = run(
+            "ReduceSum",
+            13,
+            &[("noop_with_empty_axes", Attribute::Int(1))],
+            &[&x],
+        );
+        assert_eq!(y[0], x);
+    }
+
+    #[test]
+    fn top_k_ties_prefer_lower_index() {
+        let x = Tensor::from_f32(vec![4], vec![1., 3., 3., 2.]);
+        let k = Tensor::from_i64(vec![1], vec![2]);
+        let y = run("TopK", 11, &[], &[&x, &k]);
+        assert_eq!(y[0].as_f32().unwrap(), &[3., 3.]);
+        assert_eq!(y[1].as_i64().unwrap(), &[1, 2]);
+    }
+
+    #[test]
+    fn argmax_last_index() {
+        let x = Tensor::from_f32(vec![3], vec![5., 1., 5.]);
+        assert_eq!(run("ArgMax", 13, &[], &[&x])[0].as_i64().unwrap(), &[0]);
+        let y = run(
+            "ArgMax",
+            13,
+            &[("select_last_index", Attribute::Int(1))],
+            &[&x],
+        );
+        assert_eq!(y[0].as_i64().unwrap(), &[2]);
+    }
+}

@@ -1,5 +1,142 @@
-//! (to be filled) softmax kernels.
+//! Softmax, LogSoftmax and Hardmax.
+//!
+//! Opset < 13 coerces the input to 2-D at `axis` (default 1) and normalizes each row of the
+//! flattened inner dims; opset >= 13 normalizes along the single `axis` (default -1).
+//! Sums accumulate in f64 after subtracting the max, so large logits stay exact.
 
-use super::Registry;
+use super::util::{input, norm_axis};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("Softmax", |c, i| softmax_like(c, i, Kind::Softmax));
+    r.add("LogSoftmax", |c, i| softmax_like(c, i, Kind::LogSoftmax));
+    r.add("Hardmax", |c, i| softmax_like(c, i, Kind::Hardmax));
+}
+
+#[derive(Clone, Copy)]
+enum Kind {
+    Softmax,
+    LogSoftmax,
+    Hardmax,
+}
+
+/// Normalizes one strided lane of `len` values.
+fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
+    let at = |k: usize| base + k * stride;
+    let max = (0..len).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
+    match kind {
+        Kind::Hardmax => {
+            let first = (0..len).find(|&k| v[at(k)] == max).unwrap_or(0);
+            for k in 0..len {
+                v[at(k)] = if k == first { 1.0 } else { 0.0 };
+            }
+        }
+        Kind::Softmax => {
+            let mut sum = 0f64;
+            for k in 0..len {
+                let e = (v[at(k)] - max).exp();
+                v[at(k)] = e;
+                sum += e as f64;
+            }
+            let inv = (1.0 / sum) as f32;
+            for k in 0..len {
+                v[at(k)] *= inv;
+            }
+        }
+        Kind::LogSoftmax => {
+            let sum: f64 = (0..len).map(|k| ((v[at(k)] - max) as f64).exp()).sum();
+            let lse = max as f64 + sum.ln();
+            for k in 0..len {
+                v[at(k)] = (v[at(k)] as f64 - lse) as f32;
+            }
+        }
+    }
+}
+
+fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
+    let x = input(inputs, 0)?;
+    if !x.dtype().is_float() {
+        return Err(OpError(format!("dtype {} is not supported", x.dtype())));
+    }
+    let shape = x.shape().to_vec();
+    let rank = shape.len().max(1);
+    let legacy = ctx.opset < 13;
+    let axis = norm_axis(
+        ctx.node.attr_int_or("axis", if legacy { 1 } else { -1 }),
+        rank,
+    )?;
+    let dims = if shape.is_empty() {
+        vec![1]
+    } else {
+        shape.clone()
+    };
+    let (outer, len, inner) = if legacy {
+        (
+            dims[..axis].iter().product::<usize>(),
+            dims[axis..].iter().product::<usize>(),
+            1,
+        )
+    } else {
+        (
+            dims[..axis].iter().product::<usize>(),
+            dims[axis],
+            dims[axis + 1..].iter().product::<usize>(),
+        )
+    };
+    let mut v = x.to_f32_vec().expect("float");
+    if len > 0 && outer * inner > 0 {
+        let block = len * inner;
+        v.par_chunks_mut(block).for_each(|b| {
+            for i in 0..inner {
+                lane(b, i, len, inner, kind);
+            }
+        });
+    }
+    let t = Tensor::from_f32(shape, v);
+    Ok(vec![if x.dtype() == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, x.dtype())
+    }])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Node;
+
+    fn run(op: &str, opset: i64, x: &Tensor) -> Vec<f32> {
+        let node = Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+        };
+        let k = Registry::global().get("", op).unwrap();
+        k(&OpCtx { node: &node, opset }, &[Some(x)]).unwrap()[0]
+            .to_f32_vec()
+            .unwrap()
+    }
+
+    #[test]
+    fn softmax_last_axis_and_legacy_coercion() {
+        let x = Tensor::from_f32(vec![1, 2, 2], vec![0., 0., 1000., 1000.]);
+        assert_eq!(run("Softmax", 13, &x), vec![0.5, 0.5, 0.5, 0.5]);
+        // Opset 11, axis 1: one row of 4 values.
+        let v = run("Softmax", 11, &x);
+        assert!(v[0] == 0.0 && (v[2] - 0.5).abs() < 1e-6, "{v:?}");
+    }
+
+    #[test]
+    fn log_softmax_and_hardmax() {
+        let x = Tensor::from_f32(vec![3], vec![1., 3., 3.]);
+        let l = run("LogSoftmax", 13, &x);
+        let s: f32 = l.iter().map(|v| v.exp()).sum();
+        assert!((s - 1.0).abs() < 1e-6);
+        assert_eq!(run("Hardmax", 13, &x), vec![0., 1., 0.]);
+    }
+}
