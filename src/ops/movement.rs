@@ -1,5 +1,984 @@
-//! (to be filled) movement kernels.
+//! Data movement and shape ops. Every op here serves every dtype: values are moved, never
+//! computed, by building a list of source indices and gathering them (`TensorData::gather`).
 
-use super::Registry;
+use super::util::{
+    broadcast_shapes, broadcast_to, input, input_i64s, norm_axes, norm_axis, opt_input,
+};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::Attribute;
+use crate::tensor::{strides_of, DType, Tensor, TensorData};
 
-pub fn register(_r: &mut Registry) {}
+pub fn register(r: &mut Registry) {
+    r.add("Reshape", reshape);
+    r.add("Transpose", transpose);
+    r.add("Flatten", flatten);
+    r.add("Squeeze", squeeze);
+    r.add("Unsqueeze", unsqueeze);
+    r.add("Concat", concat);
+    r.add("Split", split);
+    r.add("Slice", slice);
+    r.add("Gather", gather);
+    r.add("GatherElements", gather_elements);
+    r.add("Shape", shape_op);
+    r.add("Size", |_, i| {
+        Ok(vec![Tensor::scalar_i64(input(i, 0)?.len() as i64)])
+    });
+    r.add("Constant", constant);
+    r.add("ConstantOfShape", constant_of_shape);
+    r.add("Expand", expand);
+    r.add("Tile", tile);
+    r.add("Identity", |_, i| Ok(vec![input(i, 0)?.clone()]));
+    r.add("Dropout", dropout);
+    r.add("Range", range);
+    r.add("Pad", pad);
+    r.add("DepthToSpace", depth_to_space);
+    r.add("SpaceToDepth", space_to_depth);
+    r.add("Trilu", trilu);
+    r.add("NonZero", non_zero);
+    r.add("CumSum", cum_sum);
+}
+
+fn err<T>(msg: impl Into<String>) -> Result<T, OpError> {
+    Err(OpError(msg.into()))
+}
+
+/// A tensor whose element at each output position is `x`'s element at `idx[position]`.
+fn gathered(x: &Tensor, shape: Vec<usize>, idx: &[usize]) -> Tensor {
+    Tensor::from_parts(shape, x.data().gather(idx))
+}
+
+fn reshape(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let spec: Vec<i64> = if ctx.opset < 5 {
+        ctx.node
+            .attr_ints("shape")
+            .map(<[i64]>::to_vec)
+            .unwrap_or_default()
+    } else {
+        input_i64s(inputs, 1)?
+    };
+    let allowzero = ctx.node.attr_int_or("allowzero", 0) != 0;
+    let mut shape = Vec::with_capacity(spec.len());
+    let mut infer = None;
+    for (i, &d) in spec.iter().enumerate() {
+        match d {
+            -1 if infer.is_none() => {
+                infer = Some(i);
+                shape.push(1);
+            }
+            -1 => return err(format!("shape {spec:?} has more than one -1")),
+            0 if !allowzero => match x.shape().get(i) {
+                Some(&s) => shape.push(s),
+                None => {
+                    return err(format!(
+                        "shape {spec:?} copies dim {i}, but the input has rank {}",
+                        x.rank()
+                    ))
+                }
+            },
+            d if d < 0 => return err(format!("invalid dimension {d} in shape {spec:?}")),
+            d => shape.push(d as usize),
+        }
+    }
+    if let Some(i) = infer {
+        let known: usize = shape.iter().product();
+        if known == 0 || x.len() % known != 0 {
+            return err(format!(
+                "cannot reshape {:?} ({} elements) to {spec:?}",
+                x.shape(),
+                x.len()
+            ));
+        }
+        shape[i] = x.len() / known;
+    }
+    if shape.iter().product::<usize>() != x.len() {
+        return err(format!(
+            "cannot reshape {:?} ({} elements) to {spec:?}",
+            x.shape(),
+            x.len()
+        ));
+    }
+    Ok(vec![Tensor::from_parts(shape, x.data().clone())])
+}
+
+/// Source offsets for a transpose: output axis `i` is input axis `perm[i]`.
+pub fn transpose_indices(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<usize>) {
+    let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
+    let st = strides_of(shape);
+    let src_st: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
+    let n: usize = shape.iter().product();
+    let mut idx = Vec::with_capacity(n);
+    let r = out_shape.len();
+    if r == 0 {
+        return (out_shape, (0..n).collect());
+    }
+    let mut pos = vec![0usize; r];
+    let mut off = 0usize;
+    let inner = out_shape[r - 1];
+    let inner_st = src_st[r - 1];
+    if n == 0 {
+        return (out_shape, idx);
+    }
+    loop {
+        for k in 0..inner {
+            idx.push(off + k * inner_st);
+        }
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return (out_shape, idx);
+            }
+            d -= 1;
+            pos[d] += 1;
+            off += src_st[d];
+            if pos[d] < out_shape[d] {
+                break;
+            }
+            off -= src_st[d] * out_shape[d];
+            pos[d] = 0;
+        }
+    }
+}
+
+fn transpose(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let perm: Vec<usize> = match ctx.node.attr_ints("perm") {
+        Some(p) => {
+            let p = norm_axes(p, r)?;
+            if p.len() != r {
+                return err(format!("perm {p:?} must list all {r} axes"));
+            }
+            p
+        }
+        None => (0..r).rev().collect(),
+    };
+    if let TensorData::F32(_) = x.data() {
+        return Ok(vec![super::matmul::permute(x, &perm)]);
+    }
+    let (shape, idx) = transpose_indices(x.shape(), &perm);
+    Ok(vec![gathered(x, shape, &idx)])
+}
+
+fn flatten(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let r = x.rank() as i64;
+    let mut axis = ctx.node.attr_int_or("axis", 1);
+    if axis < 0 {
+        axis += r;
+    }
+    if axis < 0 || axis > r {
+        return err(format!("axis {axis} is out of range for rank {r}"));
+    }
+    let a = axis as usize;
+    let outer: usize = x.shape()[..a].iter().product();
+    let inner: usize = x.shape()[a..].iter().product();
+    Ok(vec![Tensor::from_parts(
+        vec![outer, inner],
+        x.data().clone(),
+    )])
+}
+
+fn axes_from(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    input_from: i64,
+) -> Result<Option<Vec<i64>>, OpError> {
+    if ctx.opset >= input_from {
+        match opt_input(inputs, 1) {
+            Some(t) => Ok(Some(
+                t.to_i64_vec()
+                    .ok_or_else(|| OpError("axes must be integers".into()))?,
+            )),
+            None => Ok(None),
+        }
+    } else {
+        Ok(ctx.node.attr_ints("axes").map(<[i64]>::to_vec))
+    }
+}
+
+fn squeeze(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let shape: Vec<usize> = match axes_from(ctx, inputs, 13)? {
+        Some(axes) => {
+            let axes = norm_axes(&axes, x.rank())?;
+            for &a in &axes {
+                if x.shape()[a] != 1 {
+                    return err(format!("cannot squeeze axis {a} of size {}", x.shape()[a]));
+                }
+            }
+            (0..x.rank())
+                .filter(|d| !axes.contains(d))
+                .map(|d| x.shape()[d])
+                .collect()
+        }
+        None => x.shape().iter().copied().filter(|&d| d != 1).collect(),
+    };
+    Ok(vec![Tensor::from_parts(shape, x.data().clone())])
+}
+
+fn unsqueeze(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axes = axes_from(ctx, inputs, 13)?.ok_or_else(|| OpError("axes are required".into()))?;
+    let out_rank = x.rank() + axes.len();
+    let axes = norm_axes(&axes, out_rank)?;
+    let mut shape = Vec::with_capacity(out_rank);
+    let mut it = x.shape().iter();
+    for d in 0..out_rank {
+        if axes.contains(&d) {
+            shape.push(1);
+        } else {
+            shape.push(
+                *it.next()
+                    .ok_or_else(|| OpError("axes do not fit the input rank".into()))?,
+            );
+        }
+    }
+    Ok(vec![Tensor::from_parts(shape, x.data().clone())])
+}
+
+fn concat(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let parts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
+    let first = *parts.first().ok_or_else(|| OpError("no inputs".into()))?;
+    let axis = norm_axis(
+        ctx.node
+            .attr_int("axis")
+            .ok_or_else(|| OpError("attribute 'axis' is required".into()))?,
+        first.rank(),
+    )?;
+    let mut out_shape = first.shape().to_vec();
+    out_shape[axis] = 0;
+    for p in &parts {
+        if p.rank() != first.rank()
+            || p.dtype() != first.dtype()
+            || (0..p.rank()).any(|d| d != axis && p.shape()[d] != first.shape()[d])
+        {
+            return err(format!(
+                "inputs {:?} ({}) and {:?} ({}) cannot be concatenated on axis {axis}",
+                first.shape(),
+                first.dtype(),
+                p.shape(),
+                p.dtype()
+            ));
+        }
+        out_shape[axis] += p.shape()[axis];
+    }
+    let outer: usize = first.shape()[..axis].iter().product();
+    let inner: usize = first.shape()[axis + 1..].iter().product();
+    let all = TensorData::concat(&parts.iter().map(|p| p.data()).collect::<Vec<_>>())
+        .expect("same dtype");
+    let mut bases = Vec::with_capacity(parts.len());
+    let mut acc = 0;
+    for p in &parts {
+        bases.push(acc);
+        acc += p.len();
+    }
+    let mut idx = Vec::with_capacity(acc);
+    for o in 0..outer {
+        for (p, &base) in parts.iter().zip(&bases) {
+            let block = p.shape()[axis] * inner;
+            idx.extend(base + o * block..base + (o + 1) * block);
+        }
+    }
+    Ok(vec![Tensor::from_parts(out_shape, all.gather(&idx))])
+}
+
+/// Copies the sub-range `[start, start+len)` of `axis`.
+fn take_range(x: &Tensor, axis: usize, start: usize, len: usize) -> Tensor {
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let dim = x.shape()[axis];
+    let mut idx = Vec::with_capacity(outer * len * inner);
+    for o in 0..outer {
+        let base = (o * dim + start) * inner;
+        idx.extend(base..base + len * inner);
+    }
+    let mut shape = x.shape().to_vec();
+    shape[axis] = len;
+    gathered(x, shape, &idx)
+}
+
+fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let dim = x.shape()[axis];
+    let n_out = ctx.node.outputs.len();
+    let sizes: Vec<usize> = {
+        let given = if ctx.opset >= 13 {
+            match opt_input(inputs, 1) {
+                Some(t) => Some(
+                    t.to_i64_vec()
+                        .ok_or_else(|| OpError("split must be integers".into()))?,
+                ),
+                None => None,
+            }
+        } else {
+            ctx.node.attr_ints("split").map(<[i64]>::to_vec)
+        };
+        match given {
+            Some(s) => {
+                if s.iter().any(|&v| v < 0) || s.iter().sum::<i64>() as usize != dim {
+                    return err(format!("split {s:?} does not add up to dimension {dim}"));
+                }
+                s.into_iter().map(|v| v as usize).collect()
+            }
+            None => {
+                let parts = ctx
+                    .node
+                    .attr_int("num_outputs")
+                    .map(|v| v as usize)
+                    .unwrap_or(n_out)
+                    .max(1);
+                let chunk = dim.div_ceil(parts);
+                let mut v = Vec::new();
+                let mut left = dim;
+                for _ in 0..parts {
+                    let c = chunk.min(left);
+                    v.push(c);
+                    left -= c;
+                }
+                v
+            }
+        }
+    };
+    let mut start = 0;
+    let mut outs = Vec::with_capacity(sizes.len());
+    for s in sizes {
+        outs.push(take_range(x, axis, start, s));
+        start += s;
+    }
+    Ok(outs)
+}
+
+fn slice(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let (starts, ends, axes, steps) = if ctx.opset < 10 {
+        let n = ctx.node;
+        let starts = n
+            .attr_ints("starts")
+            .ok_or_else(|| OpError("starts is required".into()))?
+            .to_vec();
+        let ends = n
+            .attr_ints("ends")
+            .ok_or_else(|| OpError("ends is required".into()))?
+            .to_vec();
+        let axes = n.attr_ints("axes").map(<[i64]>::to_vec);
+        (starts, ends, axes, None)
+    } else {
+        let opt = |i: usize| -> Result<Option<Vec<i64>>, OpError> {
+            match opt_input(inputs, i) {
+                Some(t) => {
+                    Ok(Some(t.to_i64_vec().ok_or_else(|| {
+                        OpError(format!("input #{i} must be integers"))
+                    })?))
+                }
+                None => Ok(None),
+            }
+        };
+        (
+            input_i64s(inputs, 1)?,
+            input_i64s(inputs, 2)?,
+            opt(3)?,
+            opt(4)?,
+        )
+    };
+    let axes = match axes {
+        Some(a) => norm_axes(&a, r)?,
+        None => (0..starts.len()).collect(),
+    };
+    let steps = steps.unwrap_or_else(|| vec![1; starts.len()]);
+    if ends.len() != starts.len() || axes.len() != starts.len() || steps.len() != starts.len() {
+        return err("starts, ends, axes and steps must have the same length");
+    }
+    let mut begin = vec![0i64; r];
+    let mut step = vec![1i64; r];
+    let mut count = x.shape().to_vec();
+    for k in 0..starts.len() {
+        let a = axes[k];
+        let dim = x.shape()[a] as i64;
+        let s = steps[k];
+        if s == 0 {
+            return err("slice step cannot be 0");
+        }
+        let clampi = |v: i64, lo: i64, hi: i64| v.max(lo).min(hi);
+        let mut st = if starts[k] < 0 {
+            starts[k] + dim
+        } else {
+            starts[k]
+        };
+        let mut en = if ends[k] < 0 { ends[k] + dim } else { ends[k] };
+        if s > 0 {
+            st = clampi(st, 0, dim);
+            en = clampi(en, 0, dim);
+        } else {
+            st = clampi(st, 0, dim - 1);
+            en = clampi(en, -1, dim - 1);
+        }
+        let n = if s > 0 {
+            (en - st + s - 1) / s
+        } else {
+            (st - en + (-s) - 1) / (-s)
+        };
+        begin[a] = st;
+        step[a] = s;
+        count[a] = n.max(0) as usize;
+    }
+    let st = strides_of(x.shape());
+    let total: usize = count.iter().product();
+    let mut idx = Vec::with_capacity(total);
+    let mut pos = vec![0usize; r];
+    for _ in 0..total {
+        let off: i64 = (0..r)
+            .map(|d| (begin[d] + pos[d] as i64 * step[d]) * st[d] as i64)
+            .sum();
+        idx.push(off as usize);
+        for d in (0..r).rev() {
+            pos[d] += 1;
+            if pos[d] < count[d] {
+                break;
+            }
+            pos[d] = 0;
+        }
+    }
+    Ok(vec![gathered(x, count, &idx)])
+}
+
+fn gather(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let ind = input(inputs, 1)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let iv = ind
+        .to_i64_vec()
+        .ok_or_else(|| OpError("indices must be integers".into()))?;
+    let dim = x.shape()[axis] as i64;
+    let outer: usize = x.shape()[..axis].iter().product();
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let mut idx = Vec::with_capacity(outer * iv.len() * inner);
+    for o in 0..outer {
+        for &i in &iv {
+            let j = if i < 0 { i + dim } else { i };
+            if j < 0 || j >= dim {
+                return err(format!(
+                    "index {i} is out of bounds for axis {axis} of size {dim}"
+                ));
+            }
+            let base = (o * dim as usize + j as usize) * inner;
+            idx.extend(base..base + inner);
+        }
+    }
+    let mut shape = x.shape()[..axis].to_vec();
+    shape.extend(ind.shape());
+    shape.extend(&x.shape()[axis + 1..]);
+    Ok(vec![gathered(x, shape, &idx)])
+}
+
+fn gather_elements(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let ind = input(inputs, 1)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    if ind.rank() != x.rank() {
+        return err("indices must have the same rank as data");
+    }
+    let iv = ind
+        .to_i64_vec()
+        .ok_or_else(|| OpError("indices must be integers".into()))?;
+    let xst = strides_of(x.shape());
+    let ist = strides_of(ind.shape());
+    let dim = x.shape()[axis] as i64;
+    let mut idx = Vec::with_capacity(iv.len());
+    for (flat, &i) in iv.iter().enumerate() {
+        let j = if i < 0 { i + dim } else { i };
+        if j < 0 || j >= dim {
+            return err(format!(
+                "index {i} is out of bounds for axis {axis} of size {dim}"
+            ));
+        }
+        let mut off = 0;
+        let mut rem = flat;
+        for d in 0..x.rank() {
+            let c = rem / ist[d];
+            rem %= ist[d];
+            off += if d == axis { j as usize } else { c } * xst[d];
+        }
+        idx.push(off);
+    }
+    Ok(vec![gathered(x, ind.shape().to_vec(), &idx)])
+}
+
+fn shape_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let r = x.rank() as i64;
+    let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
+    let start = clampi(ctx.node.attr_int_or("start", 0));
+    let end = clampi(ctx.node.attr_int_or("end", r));
+    let dims: Vec<i64> = x.shape()[start..end.max(start)]
+        .iter()
+        .map(|&d| d as i64)
+        .collect();
+    Ok(vec![Tensor::from_i64(vec![dims.len()], dims)])
+}
+
+fn constant(ctx: &OpCtx, _inputs: &[Option<&Tensor>]) -> OpResult {
+    let n = ctx.node;
+    let t = if let Some(t) = n.attr_tensor("value") {
+        t.clone()
+    } else if let Some(f) = n.attr_float("value_float") {
+        Tensor::scalar_f32(f)
+    } else if let Some(v) = n.attr_floats("value_floats") {
+        Tensor::from_f32(vec![v.len()], v.to_vec())
+    } else if let Some(i) = n.attr_int("value_int") {
+        Tensor::scalar_i64(i)
+    } else if let Some(v) = n.attr_ints("value_ints") {
+        Tensor::from_i64(vec![v.len()], v.to_vec())
+    } else if let Some(Attribute::String(s)) = n.attr("value_string") {
+        Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()]))
+    } else if let Some(v) = n.attr_strings("value_strings") {
+        Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec()))
+    } else {
+        return err("Constant has no value attribute");
+    };
+    Ok(vec![t])
+}
+
+fn constant_of_shape(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let dims = input_i64s(inputs, 0)?;
+    if dims.iter().any(|&d| d < 0) {
+        return err(format!("negative dimension in {dims:?}"));
+    }
+    let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+    let n: usize = shape.iter().product();
+    let value = ctx
+        .node
+        .attr_tensor("value")
+        .cloned()
+        .unwrap_or_else(|| Tensor::from_f32(vec![1], vec![0.0]));
+    if value.len() != 1 {
+        return err("value must hold exactly one element");
+    }
+    Ok(vec![Tensor::from_parts(
+        shape,
+        value.data().gather(&vec![0; n]),
+    )])
+}
+
+fn expand(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let dims = input_i64s(inputs, 1)?;
+    let target: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
+    let shape = broadcast_shapes(&[x.shape(), &target])?;
+    let src: Vec<usize> = (0..x.len()).collect();
+    let idx = broadcast_to(&src, x.shape(), &shape);
+    Ok(vec![gathered(x, shape, &idx)])
+}
+
+fn tile(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let reps = input_i64s(inputs, 1)?;
+    if reps.len() != x.rank() || reps.iter().any(|&r| r < 0) {
+        return err(format!(
+            "repeats {reps:?} must be {} non-negative values",
+            x.rank()
+        ));
+    }
+    let shape: Vec<usize> = x
+        .shape()
+        .iter()
+        .zip(&reps)
+        .map(|(&d, &r)| d * r as usize)
+        .collect();
+    let st = strides_of(x.shape());
+    let n: usize = shape.iter().product();
+    let ost = strides_of(&shape);
+    let idx: Vec<usize> = (0..n)
+        .map(|flat| {
+            (0..shape.len())
+                .map(|d| (flat / ost[d] % shape[d]) % x.shape()[d] * st[d])
+                .sum()
+        })
+        .collect();
+    Ok(vec![gathered(x, shape, &idx)])
+}
+
+fn dropout(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if let Some(t) = opt_input(inputs, 2) {
+        if t.to_i64_vec().is_some_and(|v| v.first() == Some(&1)) {
+            return err("training_mode=true is not supported (inference only)");
+        }
+    }
+    let mut outs = vec![x.clone()];
+    if ctx.node.outputs.len() > 1 {
+        outs.push(Tensor::from_bool(x.shape().to_vec(), vec![true; x.len()]));
+    }
+    Ok(outs)
+}
+
+fn range(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let s = input(inputs, 0)?;
+    let l = input(inputs, 1)?;
+    let d = input(inputs, 2)?;
+    let dtype = s.dtype();
+    if dtype.is_int() {
+        let (s, l, d) = (
+            s.to_i64_vec().unwrap()[0],
+            l.to_i64_vec().unwrap()[0],
+            d.to_i64_vec().unwrap()[0],
+        );
+        if d == 0 {
+            return err("delta cannot be 0");
+        }
+        let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as usize;
+        let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
+        return Ok(vec![super::cast::cast_tensor(
+            &Tensor::from_i64(vec![n], v),
+            dtype,
+        )]);
+    }
+    let (s, l, d) = (
+        s.to_f64_vec()
+            .ok_or_else(|| OpError("non-numeric start".into()))?[0],
+        l.to_f64_vec()
+            .ok_or_else(|| OpError("non-numeric limit".into()))?[0],
+        d.to_f64_vec()
+            .ok_or_else(|| OpError("non-numeric delta".into()))?[0],
+    );
+    if d == 0.0 {
+        return err("delta cannot be 0");
+    }
+    let n = ((l - s) / d).ceil().max(0.0) as usize;
+    if dtype == DType::F32 {
+        let (s, d) = (s as f32, d as f32);
+        return Ok(vec![Tensor::from_f32(
+            vec![n],
+            (0..n).map(|i| s + i as f32 * d).collect(),
+        )]);
+    }
+    let v: Vec<f64> = (0..n).map(|i| s + i as f64 * d).collect();
+    Ok(vec![super::cast::cast_tensor(
+        &Tensor::from_f64(vec![n], v),
+        dtype,
+    )])
+}
+
+fn pad(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let r = x.rank();
+    let mode = ctx.node.attr_str("mode").unwrap_or("constant").to_string();
+    let (pads, value, axes): (Vec<i64>, Option<Tensor>, Option<Vec<usize>>) = if ctx.opset < 11 {
+        let p = ctx
+            .node
+            .attr_ints("pads")
+            .ok_or_else(|| OpError("pads is required".into()))?
+            .to_vec();
+        let v = ctx.node.attr_float_or("value", 0.0);
+        (
+            p,
+            Some(super::cast::cast_tensor(&Tensor::scalar_f32(v), x.dtype())),
+            None,
+        )
+    } else {
+        let axes = match opt_input(inputs, 3) {
+            Some(t) => Some(norm_axes(
+                &t.to_i64_vec()
+                    .ok_or_else(|| OpError("axes must be integers".into()))?,
+                r,
+            )?),
+            None => None,
+        };
+        (input_i64s(inputs, 1)?, opt_input(inputs, 2).cloned(), axes)
+    };
+    let axes = axes.unwrap_or_else(|| (0..r).collect());
+    if pads.len() != 2 * axes.len() {
+        return err(format!("pads {pads:?} must have {} values", 2 * axes.len()));
+    }
+    let mut before = vec![0i64; r];
+    let mut after = vec![0i64; r];
+    for (k, &a) in axes.iter().enumerate() {
+        before[a] = pads[k];
+        after[a] = pads[k + axes.len()];
+    }
+    let out_shape: Vec<usize> = (0..r)
+        .map(|d| (x.shape()[d] as i64 + before[d] + after[d]).max(0) as usize)
+        .collect();
+    let st = strides_of(x.shape());
+    let n: usize = out_shape.iter().product();
+    let ost = strides_of(&out_shape);
+    // Source index per output element; `usize::MAX` marks the constant fill.
+    let mut idx = Vec::with_capacity(n);
+    for flat in 0..n {
+        let mut off = 0usize;
+        let mut fill = false;
+        for d in 0..r {
+            let o = (flat / ost[d] % out_shape[d]) as i64 - before[d];
+            let dim = x.shape()[d] as i64;
+            let i = if (0..dim).contains(&o) {
+                o
+            } else {
+                match mode.as_str() {
+                    "constant" => {
+                        fill = true;
+                        0
+                    }
+                    "edge" => o.clamp(0, dim - 1),
+                    "reflect" => {
+                        if dim == 1 {
+                            0
+                        } else {
+                            let period = 2 * (dim - 1);
+                            let m = o.rem_euclid(period);
+                            if m < dim {
+                                m
+                            } else {
+                                period - m
+                            }
+                        }
+                    }
+                    "wrap" => o.rem_euclid(dim),
+                    other => return err(format!("unknown pad mode '{other}'")),
+                }
+            };
+            off += i.max(0) as usize * st[d];
+        }
+        idx.push(if fill { usize::MAX } else { off });
+    }
+    // Gather from x's buffer followed by the fill value.
+    let fill = match value {
+        Some(v) if v.len() >= 1 => v.data().gather(&[0]),
+        _ => TensorData::zeros(x.dtype(), 1),
+    };
+    if fill.dtype() != x.dtype() {
+        return err(format!(
+            "constant_value has dtype {}, data has {}",
+            fill.dtype(),
+            x.dtype()
+        ));
+    }
+    let both = TensorData::concat(&[x.data(), &fill]).expect("same dtype");
+    let end = x.len();
+    let idx: Vec<usize> = idx
+        .into_iter()
+        .map(|i| if i == usize::MAX { end } else { i })
+        .collect();
+    Ok(vec![Tensor::from_parts(out_shape, both.gather(&idx))])
+}
+
+fn depth_to_space(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let b = ctx
+        .node
+        .attr_int("blocksize")
+        .ok_or_else(|| OpError("blocksize is required".into()))?
+        .max(1) as usize;
+    if x.rank() != 4 || x.shape()[1] % (b * b) != 0 {
+        return err(format!("input {:?} does not fit blocksize {b}", x.shape()));
+    }
+    let (n, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let crd = ctx.node.attr_str("mode") == Some("CRD");
+    let c2 = c / (b * b);
+    // Reshape to 6-D, transpose, reshape back.
+    let (shape6, perm) = if crd {
+        (vec![n, c2, b, b, h, w], vec![0, 1, 4, 2, 5, 3])
+    } else {
+        (vec![n, b, b, c2, h, w], vec![0, 3, 4, 1, 5, 2])
+    };
+    let (_, idx) = transpose_indices(&shape6, &perm);
+    Ok(vec![gathered(x, vec![n, c2, h * b, w * b], &idx)])
+}
+
+fn space_to_depth(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let b = ctx
+        .node
+        .attr_int("blocksize")
+        .ok_or_else(|| OpError("blocksize is required".into()))?
+        .max(1) as usize;
+    if x.rank() != 4 || x.shape()[2] % b != 0 || x.shape()[3] % b != 0 {
+        return err(format!("input {:?} does not fit blocksize {b}", x.shape()));
+    }
+    let (n, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+    let shape6 = vec![n, c, h / b, b, w / b, b];
+    let (_, idx) = transpose_indices(&shape6, &[0, 3, 5, 1, 2, 4]);
+    Ok(vec![gathered(x, vec![n, c * b * b, h / b, w / b], &idx)])
+}
+
+fn trilu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if x.rank() < 2 {
+        return err("input must have rank >= 2");
+    }
+    let k = match opt_input(inputs, 1) {
+        Some(t) => t.to_i64_vec().and_then(|v| v.first().copied()).unwrap_or(0),
+        None => 0,
+    };
+    let upper = ctx.node.attr_int_or("upper", 1) != 0;
+    let (rows, cols) = (x.shape()[x.rank() - 2], x.shape()[x.rank() - 1]);
+    let end = x.len();
+    let idx: Vec<usize> = (0..x.len())
+        .map(|flat| {
+            let (i, j) = ((flat / cols % rows) as i64, (flat % cols) as i64);
+            let keep = if upper { j - i >= k } else { j - i <= k };
+            if keep {
+                flat
+            } else {
+                end
+            }
+        })
+        .collect();
+    let both =
+        TensorData::concat(&[x.data(), &TensorData::zeros(x.dtype(), 1)]).expect("same dtype");
+    Ok(vec![Tensor::from_parts(
+        x.shape().to_vec(),
+        both.gather(&idx),
+    )])
+}
+
+fn non_zero(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
+    let st = strides_of(x.shape());
+    let hits: Vec<usize> = (0..v.len()).filter(|&i| v[i] != 0.0).collect();
+    let r = x.rank().max(1);
+    let mut out = vec![0i64; r * hits.len()];
+    for (k, &flat) in hits.iter().enumerate() {
+        for d in 0..x.rank() {
+            out[d * hits.len() + k] = (flat / st[d] % x.shape()[d]) as i64;
+        }
+    }
+    Ok(vec![Tensor::from_i64(
+        vec![x.rank(), hits.len()],
+        if x.rank() == 0 { Vec::new() } else { out },
+    )])
+}
+
+fn cum_sum(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axis = input(inputs, 1)?
+        .to_i64_vec()
+        .and_then(|v| v.first().copied())
+        .ok_or_else(|| OpError("axis must be an integer".into()))?;
+    let axis = norm_axis(axis, x.rank())?;
+    let exclusive = ctx.node.attr_int_or("exclusive", 0) != 0;
+    let reverse = ctx.node.attr_int_or("reverse", 0) != 0;
+    let v = x
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
+    let outer: usize = x.shape()[..axis].iter().product();
+    let len = x.shape()[axis];
+    let inner: usize = x.shape()[axis + 1..].iter().product();
+    let mut out = vec![0f64; v.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let mut acc = 0f64;
+            for step in 0..len {
+                let k = if reverse { len - 1 - step } else { step };
+                let at = (o * len + k) * inner + i;
+                if exclusive {
+                    out[at] = acc;
+                    acc += v[at];
+                } else {
+                    acc += v[at];
+                    out[at] = acc;
+                }
+            }
+        }
+    }
+    let t = if x.dtype().is_int() {
+        Tensor::from_i64(x.shape().to_vec(), out.iter().map(|&f| f as i64).collect())
+    } else {
+        Tensor::from_f64(x.shape().to_vec(), out)
+    };
+    Ok(vec![super::cast::cast_tensor(&t, x.dtype())])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Node;
+
+    fn run(op: &str, opset: i64, attrs: &[(&str, Attribute)], inputs: &[&Tensor]) -> Vec<Tensor> {
+        let node = Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        };
+        let k = Registry::global().get("", op).unwrap();
+        let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
+        k(&OpCtx { node: &node, opset }, &args).unwrap()
+    }
+
+    fn i64s(v: &[i64]) -> Tensor {
+        Tensor::from_i64(vec![v.len()], v.to_vec())
+    }
+
+    #[test]
+    fn reshape_zero_and_minus_one() {
+        let x = Tensor::from_f32(vec![2, 3, 4], vec![0.0; 24]);
+        let y = run("Reshape", 14, &[], &[&x, &i64s(&[0, -1])]);
+        assert_eq!(y[0].shape(), &[2, 12]);
+    }
+
+    #[test]
+    fn slice_negative_steps_and_clamping() {
+        let x = Tensor::from_i64(vec![5], vec![0, 1, 2, 3, 4]);
+        let y = run(
+            "Slice",
+            13,
+            &[],
+            &[
+                &x,
+                &i64s(&[-1]),
+                &i64s(&[i64::MIN]),
+                &i64s(&[0]),
+                &i64s(&[-2]),
+            ],
+        );
+        assert_eq!(y[0].as_i64().unwrap(), &[4, 2, 0]);
+        let y = run("Slice", 13, &[], &[&x, &i64s(&[1]), &i64s(&[i64::MAX])]);
+        assert_eq!(y[0].as_i64().unwrap(), &[1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn pad_reflect_and_constant() {
+        let x = Tensor::from_f32(vec![3], vec![1., 2., 3.]);
+        let y = run(
+            "Pad",
+            13,
+            &[("mode", Attribute::String("reflect".into()))],
+            &[&x, &i64s(&[2, 2])],
+        );
+        assert_eq!(y[0].as_f32().unwrap(), &[3., 2., 1., 2., 3., 2., 1.]);
+        let c = Tensor::scalar_f32(9.0);
+        let y = run("Pad", 13, &[], &[&x, &i64s(&[1, 0]), &c]);
+        assert_eq!(y[0].as_f32().unwrap(), &[9., 1., 2., 3.]);
+    }
+
+    #[test]
+    fn transpose_gather_concat() {
+        let x = Tensor::from_i64(vec![2, 3], vec![1, 2, 3, 4, 5, 6]);
+        let y = run("Transpose", 13, &[], &[&x]);
+        assert_eq!(y[0].as_i64().unwrap(), &[1, 4, 2, 5, 3, 6]);
+        let y = run(
+            "Gather",
+            13,
+            &[("axis", Attribute::Int(1))],
+            &[&x, &i64s(&[-1, 0])],
+        );
+        assert_eq!(y[0].as_i64().unwrap(), &[3, 1, 6, 4]);
+        let y = run("Concat", 13, &[("axis", Attribute::Int(0))], &[&x, &x]);
+        assert_eq!(y[0].shape(), &[4, 3]);
+        let y = run("Concat", 13, &[("axis", Attribute::Int(1))], &[&x, &x]);
+        assert_eq!(
+            y[0].as_i64().unwrap(),
+            &[1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6]
+        );
+    }
+}
