@@ -3,8 +3,9 @@
 //! Data flows one way: `onnx` (protobuf ⇄ IR) → `graph` → `exec` (interpreter over `ops`
 //! kernels) → comparison, search and export. The CLI in `main.rs` only parses and prints.
 
-// pub mod cli; (wired once data/ lands)
+pub mod cli;
 pub mod compare;
+pub mod data;
 pub mod error;
 pub mod exec;
 pub mod graph;

@@ -1,3 +1,5 @@
-fn main() {
-    println!("mixprec {}", env!("CARGO_PKG_VERSION"));
+//! The `mixprec` binary: all work is in the library; see `mixprec::cli`.
+
+fn main() -> std::process::ExitCode {
+    mixprec::cli::main()
 }

@@ -337,3 +337,60 @@ mod tests {
         );
     }
 }
+
+/// Formats like Python's `f"{x:.{sig}g}"`, which is how Polygraphy prints every number
+/// (`1e-05`, `2.2899e-05`, `65504`, `0.28889`).
+pub fn fmt_g(x: f64, sig: usize) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let sig = sig.max(1);
+    // The exponent after rounding to `sig` significant digits decides the style.
+    let sci = format!("{:.*e}", sig - 1, x);
+    let (mantissa, exp) = sci.split_once('e').expect("{:e} has an exponent");
+    let exp: i32 = exp.parse().expect("integer exponent");
+    let strip = |s: &str| -> String {
+        if s.contains('.') {
+            s.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            s.to_string()
+        }
+    };
+    if exp < -4 || exp >= sig as i32 {
+        let sign = if exp < 0 { '-' } else { '+' };
+        format!("{}e{sign}{:02}", strip(mantissa), exp.abs())
+    } else {
+        let decimals = (sig as i32 - 1 - exp).max(0) as usize;
+        strip(&format!("{x:.decimals$}"))
+    }
+}
+
+#[cfg(test)]
+mod fmt_tests {
+    use super::fmt_g;
+
+    #[test]
+    fn matches_python_g_format() {
+        assert_eq!(fmt_g(1e-5, 5), "1e-05");
+        assert_eq!(fmt_g(2.2899e-5, 5), "2.2899e-05");
+        assert_eq!(fmt_g(65504.0, 5), "65504");
+        assert_eq!(fmt_g(65506.4, 5), "65506");
+        assert_eq!(fmt_g(0.288888, 5), "0.28889");
+        assert_eq!(fmt_g(1.5, 5), "1.5");
+        assert_eq!(fmt_g(123456.0, 5), "1.2346e+05");
+        assert_eq!(fmt_g(0.0001, 5), "0.0001");
+        assert_eq!(fmt_g(-3.0, 5), "-3");
+        assert_eq!(fmt_g(9.99999, 3), "10");
+        assert_eq!(fmt_g(0.0, 5), "0");
+    }
+}

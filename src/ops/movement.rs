@@ -744,7 +744,7 @@ fn pad(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
     // Gather from x's buffer followed by the fill value.
     let fill = match value {
-        Some(v) if v.len() >= 1 => v.data().gather(&[0]),
+        Some(v) if !v.is_empty() => v.data().gather(&[0]),
         _ => TensorData::zeros(x.dtype(), 1),
     };
     if fill.dtype() != x.dtype() {

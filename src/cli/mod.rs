@@ -1,0 +1,55 @@
+//! The command line: argument parsing and printing only; all work is done by the library.
+
+mod inspect;
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "mixprec",
+    version,
+    about = "Find which layers of an ONNX network must stay in higher precision.",
+    long_about = "mixprec runs ONNX models in a native FP32 reference interpreter (matching ONNX Runtime), \
+with Polygraphy-compatible inputs, golden outputs and comparisons."
+)]
+pub struct Cli {
+    /// Worker threads for kernels (default: all cores; RAYON_NUM_THREADS also works).
+    #[arg(long, global = true)]
+    threads: Option<usize>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Show a model's inputs, outputs, opset and layer table (op, output shapes, FLOPs, parameters).
+    Inspect(inspect::InspectArgs),
+    /// Run a model in FP32 on generated or loaded inputs; save or compare outputs (Polygraphy-style).
+    Run(run::RunArgs),
+}
+
+/// Runs the CLI and maps errors to one line on stderr and exit code 1.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Some(n) = cli.threads {
+        if let Err(e) = rayon::ThreadPoolBuilder::new()
+            .num_threads(n.max(1))
+            .build_global()
+        {
+            eprintln!("warning: --threads {n} not applied: {e}");
+        }
+    }
+    let result = match cli.command {
+        Command::Inspect(a) => inspect::run(a),
+        Command::Run(a) => run::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

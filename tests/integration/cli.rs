@@ -1,0 +1,459 @@
+//! End-to-end CLI tests: Polygraphy file interop in both directions, and bad input.
+
+use crate::common::{python, repo_root};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn mixprec(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mixprec"))
+        .args(args)
+        .output()
+        .expect("run mixprec")
+}
+
+fn polygraphy(args: &[&str]) -> Output {
+    let bin = python().parent().unwrap().join("polygraphy");
+    Command::new(bin)
+        .args(args)
+        .output()
+        .expect("run polygraphy")
+}
+
+fn example(name: &str) -> String {
+    repo_root()
+        .join("examples")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn p(dir: &Path, name: &str) -> (PathBuf, String) {
+    let path = dir.join(name);
+    let s = path.to_string_lossy().into_owned();
+    (path, s)
+}
+
+#[test]
+fn polygraphy_files_load_in_mixprec() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, inp) = p(tmp.path(), "poly_in.json");
+    let (_, out) = p(tmp.path(), "poly_out.json");
+    for (model, range) in [
+        ("needs_constraints.onnx", "x:[1,2]"),
+        ("transformer.onnx", "[-1,1]"),
+    ] {
+        let o = polygraphy(&[
+            "run",
+            &example(model),
+            "--onnxrt",
+            "--val-range",
+            range,
+            "--iterations",
+            "2",
+            "--save-inputs",
+            &inp,
+            "--save-outputs",
+            &out,
+        ]);
+        assert!(o.status.success(), "polygraphy: {}", text(&o));
+        let o = mixprec(&[
+            "run",
+            &example(model),
+            "--load-inputs",
+            &inp,
+            "--load-outputs",
+            &out,
+            "--check-error-stat",
+            "max",
+            "--atol",
+            "1e-4",
+            "--rtol",
+            "1e-4",
+        ]);
+        assert!(
+            o.status.success(),
+            "mixprec vs polygraphy/onnxrt on {model}: {}",
+            text(&o)
+        );
+        assert!(text(&o).contains("PASSED"), "{}", text(&o));
+    }
+}
+
+#[test]
+fn mixprec_files_load_in_polygraphy() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, inp) = p(tmp.path(), "mix_in.json");
+    let (_, out) = p(tmp.path(), "mix_out.json");
+    let o = mixprec(&[
+        "run",
+        &example("mlp.onnx"),
+        "--input-shapes",
+        "x:[3,64]",
+        "--val-range",
+        "[-2,2]",
+        "--iterations",
+        "2",
+        "--save-inputs",
+        &inp,
+        "--save-outputs",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = polygraphy(&[
+        "run",
+        &example("mlp.onnx"),
+        "--onnxrt",
+        "--load-inputs",
+        &inp,
+        "--load-outputs",
+        &out,
+        "--atol",
+        "1e-5",
+        "--rtol",
+        "1e-5",
+    ]);
+    assert!(
+        o.status.success(),
+        "polygraphy rejected mixprec's files: {}",
+        text(&o)
+    );
+}
+
+#[test]
+fn golden_mismatch_fails_with_nonzero_exit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, gold) = p(tmp.path(), "gold.json");
+    assert!(mixprec(&[
+        "run",
+        &example("mlp.onnx"),
+        "--input-shapes",
+        "x:[2,64]",
+        "--seed",
+        "1",
+        "--save-outputs",
+        &gold
+    ])
+    .status
+    .success());
+    // Other inputs (another seed): the comparison must fail.
+    let o = mixprec(&[
+        "run",
+        &example("mlp.onnx"),
+        "--input-shapes",
+        "x:[2,64]",
+        "--seed",
+        "2",
+        "--load-outputs",
+        &gold,
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("FAILED"), "{}", text(&o));
+}
+
+#[test]
+fn npz_inputs_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, npz) = p(tmp.path(), "in.npz");
+    let (_, gold) = p(tmp.path(), "gold.json");
+    let o = mixprec(&[
+        "run",
+        &example("needs_constraints.onnx"),
+        "--val-range",
+        "x:[1,2]",
+        "--save-inputs",
+        &npz,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = mixprec(&[
+        "run",
+        &example("needs_constraints.onnx"),
+        "--load-inputs",
+        &npz,
+        "--load-outputs",
+        &gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn inspect_prints_layer_table() {
+    let o = mixprec(&["inspect", &example("transformer.onnx")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("LayerNormalization") && t.contains("Softmax"),
+        "{t}"
+    );
+    assert!(t.contains("FLOPs") && t.contains("Totals"), "{t}");
+}
+
+/// Runs a failing command; checks exit code, one `error:` line naming `needle`, no output file.
+fn fails_cleanly(args: &[&str], needle: &str, out_file: &Path) {
+    let o = mixprec(args);
+    let t = text(&o);
+    assert!(!o.status.success(), "expected failure for {args:?}: {t}");
+    let err = String::from_utf8_lossy(&o.stderr);
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_else(|| panic!("no error line: {t}"));
+    assert!(
+        line.contains(needle),
+        "error line {line:?} should name {needle:?}"
+    );
+    assert!(!t.contains("panicked"), "{t}");
+    assert!(
+        !out_file.exists(),
+        "a failed run left {}",
+        out_file.display()
+    );
+}
+
+#[test]
+fn bad_input_gives_clear_errors_and_no_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let (out_path, out) = p(d, "out.json");
+    let model = example("needs_constraints.onnx");
+
+    // Truncated and non-ONNX files.
+    let bytes = std::fs::read(&model).unwrap();
+    let (_, trunc) = p(d, "trunc.onnx");
+    std::fs::write(&trunc, &bytes[..bytes.len() / 3]).unwrap();
+    fails_cleanly(
+        &["run", &trunc, "--save-outputs", &out],
+        "trunc.onnx",
+        &out_path,
+    );
+    let (_, text_file) = p(d, "notes.onnx");
+    std::fs::write(&text_file, "hello, I am not a model\n").unwrap();
+    fails_cleanly(
+        &["run", &text_file, "--save-outputs", &out],
+        "notes.onnx",
+        &out_path,
+    );
+    fails_cleanly(
+        &["run", &p(d, "missing.onnx").1, "--save-outputs", &out],
+        "missing.onnx",
+        &out_path,
+    );
+
+    // --val-range syntax errors and unknown input names.
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--val-range",
+            "x:[1,",
+            "--save-outputs",
+            &out,
+        ],
+        "x:[1,",
+        &out_path,
+    );
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--val-range",
+            "x:[a,b]",
+            "--save-outputs",
+            &out,
+        ],
+        "x:[a,b]",
+        &out_path,
+    );
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--val-range",
+            "nope:[1,2]",
+            "--save-outputs",
+            &out,
+        ],
+        "nope",
+        &out_path,
+    );
+
+    // Loaded inputs with a wrong name, rank or dtype.
+    let (_, inp) = p(d, "in.json");
+    assert!(mixprec(&[
+        "run",
+        &example("mlp.onnx"),
+        "--input-shapes",
+        "x:[2,64]",
+        "--save-inputs",
+        &inp
+    ])
+    .status
+    .success());
+    fails_cleanly(
+        &["run", &model, "--load-inputs", &inp, "--save-outputs", &out],
+        "'x'",
+        &out_path,
+    );
+    let (_, npz) = p(d, "in.npz");
+    assert!(mixprec(&["run", &model, "--save-inputs", &npz])
+        .status
+        .success());
+    fails_cleanly(
+        &[
+            "run",
+            &example("mlp.onnx"),
+            "--load-inputs",
+            &npz,
+            "--save-outputs",
+            &out,
+        ],
+        "'x'",
+        &out_path,
+    );
+
+    // JSON that is not Polygraphy's.
+    let (_, junk) = p(d, "junk.json");
+    std::fs::write(&junk, "{\"hello\": [1, 2, 3]}").unwrap();
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--load-outputs",
+            &junk,
+            "--save-outputs",
+            &out,
+        ],
+        "junk.json",
+        &out_path,
+    );
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--load-inputs",
+            &junk,
+            "--save-outputs",
+            &out,
+        ],
+        "junk.json",
+        &out_path,
+    );
+    let (_, broken) = p(d, "broken.json");
+    std::fs::write(&broken, "[{\"x\": ").unwrap();
+    fails_cleanly(
+        &[
+            "run",
+            &model,
+            "--load-inputs",
+            &broken,
+            "--save-outputs",
+            &out,
+        ],
+        "broken.json",
+        &out_path,
+    );
+
+    // An unsupported op names the op, the node and the opset.
+    let (_, odd) = p(d, "odd.onnx");
+    std::fs::write(&odd, unsupported_op_model()).unwrap();
+    fails_cleanly(&["run", &odd, "--save-outputs", &out], "FancyOp", &out_path);
+    let o = mixprec(&["run", &odd]);
+    assert!(
+        text(&o).contains("'my_node'") && text(&o).contains("opset 13"),
+        "{}",
+        text(&o)
+    );
+}
+
+fn unsupported_op_model() -> Vec<u8> {
+    use mixprec::onnx::proto::*;
+    use prost::Message;
+    let vi = |name: &str| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: vec![tensor_shape_proto::Dimension {
+                        value: Some(tensor_shape_proto::dimension::Value::DimValue(4)),
+                        ..Default::default()
+                    }],
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(13),
+        }],
+        graph: Some(GraphProto {
+            name: Some("g".into()),
+            node: vec![NodeProto {
+                name: Some("my_node".into()),
+                op_type: Some("FancyOp".into()),
+                input: vec!["x".into()],
+                output: vec!["y".into()],
+                ..Default::default()
+            }],
+            input: vec![vi("x")],
+            output: vec![vi("y")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    model.encode_to_vec()
+}
+
+/// `--seed`/`--val-range` reproduce Polygraphy's data loader bit for bit (NumPy's legacy
+/// MT19937), over several iterations and for float and integer inputs.
+#[test]
+fn generated_inputs_equal_polygraphys() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (model, args) in [
+        (
+            "needs_constraints.onnx",
+            vec!["--val-range", "x:[1,2]", "--iterations", "3"],
+        ),
+        (
+            "transformer.onnx",
+            vec!["--val-range", "[-3,3]", "--seed", "7"],
+        ),
+    ] {
+        let (_, poly) = p(tmp.path(), "poly.json");
+        let (_, mine) = p(tmp.path(), "mine.json");
+        let model_path = example(model);
+        let mut a = vec!["run", &model_path, "--onnxrt", "--save-inputs", &poly];
+        a.extend(&args);
+        let o = polygraphy(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        let mut a = vec!["run", &model_path, "--save-inputs", &mine];
+        a.extend(&args);
+        let o = mixprec(&a);
+        assert!(o.status.success(), "{}", text(&o));
+        let theirs = mixprec::data::polygraphy::load_inputs(Path::new(&poly)).unwrap();
+        let ours = mixprec::data::polygraphy::load_inputs(Path::new(&mine)).unwrap();
+        assert_eq!(theirs.len(), ours.len(), "{model}: iteration count");
+        for (t, m) in theirs.iter().zip(&ours) {
+            assert_eq!(t.keys().collect::<Vec<_>>(), m.keys().collect::<Vec<_>>());
+            for (name, tv) in t {
+                assert_eq!(
+                    tv, &m[name],
+                    "{model}: input '{name}' differs from Polygraphy's"
+                );
+            }
+        }
+    }
+}
