@@ -175,10 +175,33 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
+        self.run_impl(feeds, opts, None)
+    }
+
+    /// Runs the graph and shows `observer` every graph input and every value a node produces,
+    /// as it is produced (calibration collects ranges this way without keeping activations).
+    pub fn run_observed(
+        &self,
+        feeds: &Feeds,
+        opts: &RunOptions,
+        observer: &mut dyn FnMut(&str, &Tensor),
+    ) -> Result<RunResult> {
+        self.run_impl(feeds, opts, Some(observer))
+    }
+
+    fn run_impl(
+        &self,
+        feeds: &Feeds,
+        opts: &RunOptions,
+        mut observer: Option<&mut dyn FnMut(&str, &Tensor)>,
+    ) -> Result<RunResult> {
         self.check_feeds(feeds)?;
         let mut values: Vec<Option<Tensor>> = vec![None; self.slot_names.len()];
         for (name, slot) in &self.input_slots {
             values[*slot] = Some(feeds[name].clone());
+            if let Some(obs) = observer.as_mut() {
+                obs(name, &feeds[name]);
+            }
         }
         for (node, step) in self.graph.nodes.iter().zip(&self.steps) {
             let outs = {
@@ -214,6 +237,9 @@ impl<'g> Interpreter<'g> {
             }
             for (slot, t) in step.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
+                    if let Some(obs) = observer.as_mut() {
+                        obs(&self.slot_names[*s], &t);
+                    }
                     values[*s] = Some(t);
                 }
             }

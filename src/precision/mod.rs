@@ -7,6 +7,7 @@
 //! scaled like int8).
 
 pub mod plan;
+pub mod quant;
 
 use crate::error::{Error, Result};
 use half::{bf16, f16};
@@ -88,6 +89,44 @@ impl std::fmt::Display for Precision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.name())
     }
+}
+
+/// Accumulator type of matmul and conv kernels (`--accumulate`): f32 models the usual
+/// tensor-core kernels, f16 models fp16-accumulating kernels (HGEMM with an f16 accumulator).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accumulator {
+    #[default]
+    F32,
+    F16,
+}
+
+impl Accumulator {
+    pub fn parse(s: &str) -> Result<Accumulator> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "fp32" | "float32" => Ok(Accumulator::F32),
+            "f16" | "fp16" | "float16" => Ok(Accumulator::F16),
+            _ => Err(Error::Invalid(format!(
+                "--accumulate '{s}': valid choices are f32, f16"
+            ))),
+        }
+    }
+}
+
+/// Ops with integer (int8) and fp8 kernels: GPU inference engines quantize convolutions and
+/// matrix products; every other op falls back to a float precision.
+pub fn has_quantized_kernel(op_type: &str) -> bool {
+    matches!(op_type, "Conv" | "ConvTranspose" | "MatMul" | "Gemm")
+}
+
+/// Whether input `index` of an op carries the layer's data type, i.e. is converted to the
+/// layer's precision. Integer and bool inputs never are (callers check the dtype); these float
+/// inputs are parameters, not data, and keep their type (ONNX gives them their own type).
+pub fn input_follows_layer_precision(op_type: &str, index: usize) -> bool {
+    !matches!(
+        (op_type, index),
+        ("Resize", 1) | ("Resize", 2) | ("Upsample", 1) | ("Dropout", 1) | ("Dropout", 2)
+    )
 }
 
 /// Rounds one f32 to the nearest value representable in `p` (int8: to the integer grid,

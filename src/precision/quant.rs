@@ -1,0 +1,140 @@
+//! Symmetric quantization as int8 and fp8 layers use it (docs/numerics.md):
+//! activations per tensor with a calibrated scale `s = amax / qmax`, weights per output
+//! channel with `s[c] = max|w[c, ...]| / qmax`; `q = saturate(round(x / s))`, then `q · s`.
+//!
+//! The emulation (exec) and the export (QuantizeLinear/DequantizeLinear) share these functions,
+//! so an exported model computes exactly the values mixprec emulated.
+
+use super::{round_value, Precision};
+use crate::graph::Node;
+
+/// The largest quantized magnitude: 127 for int8, the largest finite value for fp8.
+pub fn qmax(p: Precision) -> f32 {
+    match p {
+        Precision::Int8 => 127.0,
+        Precision::Fp8E4M3 => 448.0,
+        Precision::Fp8E5M2 => 57344.0,
+        _ => f32::MAX,
+    }
+}
+
+/// The scale for a range. A range that is zero or not finite gets scale 1 (every value then
+/// quantizes to itself or saturates), so the scale is always usable as a divisor.
+pub fn scale_from_amax(amax: f32, p: Precision) -> f32 {
+    if amax > 0.0 && amax.is_finite() {
+        amax / qmax(p)
+    } else {
+        1.0
+    }
+}
+
+/// One quantized value (before dequantization): `saturate(round(x / s))` in the grid of `p`.
+/// NaN stays NaN for fp8 and becomes 0 for int8 (as QuantizeLinear to int8 does).
+#[inline]
+pub fn quantize(x: f32, scale: f32, p: Precision) -> f32 {
+    let v = x / scale;
+    match p {
+        Precision::Int8 => round_value(Precision::Int8, v),
+        // Saturating conversion (QuantizeLinear's default saturate=1 for fp8).
+        _ => {
+            let m = qmax(p);
+            round_value(p, if v.is_nan() { v } else { v.clamp(-m, m) })
+        }
+    }
+}
+
+/// Quantizes and dequantizes a buffer in place with one scale.
+pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
+    for x in v.iter_mut() {
+        *x = quantize(*x, scale, p) * scale;
+    }
+}
+
+/// The axis of a weight operand that indexes output channels, for an operand that is an
+/// initializer of a quantized layer: Conv `W[M, C/g, ...]` axis 0, ConvTranspose
+/// `W[C, M/g, ...]` axis 1, MatMul `B[..., K, N]` the last axis and `A[..., M, K]` the one
+/// before it, Gemm `A`/`B` by `transA`/`transB`. None for inputs that are not weights (bias).
+pub fn weight_channel_axis(node: &Node, index: usize, rank: usize) -> Option<usize> {
+    if rank == 0 {
+        return None;
+    }
+    match (node.op_type.as_str(), index) {
+        ("Conv", 1) => Some(0),
+        ("ConvTranspose", 1) if rank >= 2 => Some(1),
+        ("MatMul", 1) => Some(rank - 1),
+        ("MatMul", 0) if rank >= 2 => Some(rank - 2),
+        ("MatMul", 0) => Some(0),
+        ("Gemm", 0) => Some(if node.attr_int_or("transA", 0) != 0 { 1 } else { 0 }),
+        ("Gemm", 1) => Some(if node.attr_int_or("transB", 0) != 0 { 0 } else { 1 }),
+        _ => None,
+    }
+}
+
+/// Inputs of a quantized layer that are quantized at all (data operands; not biases).
+pub fn is_quantized_operand(op_type: &str, index: usize) -> bool {
+    matches!(
+        (op_type, index),
+        ("Conv", 0 | 1) | ("ConvTranspose", 0 | 1) | ("MatMul", 0 | 1) | ("Gemm", 0 | 1)
+    )
+}
+
+/// Per-channel scales of a weight along `axis`.
+pub fn channel_scales(w: &[f32], shape: &[usize], axis: usize, p: Precision) -> Vec<f32> {
+    let channels = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut amax = vec![0f32; channels];
+    for (i, &x) in w.iter().enumerate() {
+        let c = (i / inner) % channels;
+        if x.abs() > amax[c] {
+            amax[c] = x.abs();
+        }
+    }
+    amax.into_iter().map(|a| scale_from_amax(a, p)).collect()
+}
+
+/// Quantizes and dequantizes a weight in place with per-channel scales along `axis`.
+pub fn fake_quant_channels(w: &mut [f32], shape: &[usize], axis: usize, scales: &[f32], p: Precision) {
+    let channels = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    for (i, x) in w.iter_mut().enumerate() {
+        let s = scales[(i / inner) % channels];
+        *x = quantize(*x, s, p) * s;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_symmetric_quantization() {
+        let s = scale_from_amax(127.0, Precision::Int8);
+        assert_eq!(s, 1.0);
+        let mut v = vec![0.5, 1.5, -2.5, 200.0, -200.0, 3.2];
+        fake_quant(&mut v, s, Precision::Int8);
+        assert_eq!(v, vec![0.0, 2.0, -2.0, 127.0, -128.0, 3.0]);
+    }
+
+    #[test]
+    fn fp8_saturates_beyond_the_range() {
+        let s = scale_from_amax(448.0, Precision::Fp8E4M3);
+        assert_eq!(quantize(1000.0, s, Precision::Fp8E4M3), 448.0);
+        let s = scale_from_amax(57344.0, Precision::Fp8E5M2);
+        assert_eq!(quantize(1e6, s, Precision::Fp8E5M2), 57344.0);
+        assert!(quantize(f32::NAN, s, Precision::Fp8E5M2).is_nan());
+    }
+
+    #[test]
+    fn per_channel_scales_follow_the_axis() {
+        // Conv weight [2 out channels, 1, 1, 2].
+        let w = [1.0, -4.0, 0.5, 0.25];
+        let s = channel_scales(&w, &[2, 1, 1, 2], 0, Precision::Int8);
+        assert_eq!(s, vec![4.0 / 127.0, 0.5 / 127.0]);
+        // MatMul B [2, 2], channels on the last axis.
+        let s = channel_scales(&w, &[2, 2], 1, Precision::Int8);
+        assert_eq!(s, vec![1.0 / 127.0, 4.0 / 127.0]);
+        // An all-zero channel gets scale 1, not a division by zero.
+        let s = channel_scales(&[0.0, 0.0], &[2, 1], 0, Precision::Int8);
+        assert_eq!(s, vec![1.0, 1.0]);
+    }
+}
