@@ -1,6 +1,8 @@
 //! The command line: argument parsing and printing only; all work is done by the library.
 
 mod inspect;
+mod precision_args;
+mod ranges;
 mod run;
 
 use clap::{Parser, Subcommand};
@@ -27,7 +29,7 @@ enum Command {
     /// Show a model's inputs, outputs, opset and layer table (op, output shapes, FLOPs, parameters).
     Inspect(inspect::InspectArgs),
     /// Run a model in FP32 on generated or loaded inputs; save or compare outputs (Polygraphy-style).
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
 }
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
@@ -43,7 +45,7 @@ pub fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Run(a) => run::run(a),
+        Command::Run(a) => run::run(*a),
     };
     match result {
         Ok(code) => code,

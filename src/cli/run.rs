@@ -1,5 +1,6 @@
 //! `mixprec run`: FP32 inference with Polygraphy's data options, saving and comparing outputs.
 
+use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
 use crate::compare::{compare_output, fmt_g, Criterion, ErrorStat, PerOutput};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
@@ -94,9 +95,14 @@ pub struct RunArgs {
     /// Statistic checked against the tolerances: elemwise, max, mean, median (or `output:stat`).
     #[arg(long = "check-error-stat", num_args = 1.., value_name = "STAT")]
     check_error_stat: Vec<String>,
-    /// Name of the runner in saved RunResults.
-    #[arg(long = "runner-name", default_value = "mixprec-fp32-runner")]
-    runner_name: String,
+    /// Name of the runner in saved RunResults (default: mixprec-<precision>-runner).
+    #[arg(long = "runner-name")]
+    runner_name: Option<String>,
+    #[command(flatten)]
+    precision: PrecisionArgs,
+    /// Print the precision every layer ran in.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
@@ -116,25 +122,50 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         None => None,
     };
     let model = load_model(&args.model)?;
-    let feeds = args.data.feeds(&model.graph)?;
-    let interp = Interpreter::new(&model.graph)?;
+    let graph = &model.graph;
+    let feeds = args.data.feeds(graph)?;
+    let interp = Interpreter::new(graph)?;
+    let prepared = if args.precision.any() {
+        let plan = args.precision.plan(graph)?;
+        let amax = super::ranges::ranges_for_plan(&interp, &plan, &args.precision, &feeds)?;
+        println!("[I] {}", precision_counts_line(graph, &plan));
+        if args.verbose {
+            print!("{}", precision_table(graph, &plan));
+        }
+        Some(args.precision.prepare(graph, &plan, amax.as_ref())?)
+    } else {
+        None
+    };
+    let runner_name = args.runner_name.clone().unwrap_or_else(|| {
+        format!(
+            "mixprec-{}-runner",
+            if args.precision.any() {
+                args.precision.global().low_precision().name()
+            } else {
+                "fp32"
+            }
+        )
+    });
 
     let mut iterations = Vec::with_capacity(feeds.len());
     let mut total = 0.0;
     for f in &feeds {
         let start = Instant::now();
-        let result = interp.run(f)?;
+        let result = match &prepared {
+            Some(p) => interp.run_plan(f, &Default::default(), p)?,
+            None => interp.run(f)?,
+        };
         let secs = start.elapsed().as_secs_f64();
         total += secs;
         iterations.push(IterationResult {
             outputs: result.outputs,
             runtime: secs,
-            runner_name: args.runner_name.clone(),
+            runner_name: runner_name.clone(),
         });
     }
     println!(
         "[I] {} | Completed {} iteration(s) in {} ms | Average inference time: {} ms.",
-        args.runner_name,
+        runner_name,
         iterations.len(),
         fmt_g(total * 1e3, 4),
         fmt_g(total * 1e3 / iterations.len().max(1) as f64, 4)
@@ -169,7 +200,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         println!("[I] Saved inputs to {}", p.display());
     }
     let results = RunResults {
-        runners: vec![(args.runner_name.clone(), iterations)],
+        runners: vec![(runner_name.clone(), iterations)],
     };
     if let Some(p) = &args.save_outputs {
         polygraphy::save_run_results(p, &results)?;

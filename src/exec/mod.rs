@@ -3,11 +3,20 @@
 //! Values live in slots indexed by name; a slot is freed after its last reader unless the
 //! caller asks to keep every intermediate (layer-wise comparison needs them all).
 
+pub mod emulate;
+
+pub use emulate::{PlanOptions, PreparedPlan};
+
 use crate::error::{Error, Result};
 use crate::graph::{Dim, Graph};
 use crate::ops::{Kernel, OpCtx, Registry};
+use crate::precision::Precision;
 use crate::tensor::{fmt_shape, Tensor};
+use emulate::InputPrep;
 use std::collections::{BTreeMap, HashMap};
+
+/// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
+pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 
 /// Inputs by name. A BTreeMap so iteration order (and so every derived result) is stable.
 pub type Feeds = BTreeMap<String, Tensor>;
@@ -175,7 +184,17 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        self.run_impl(feeds, opts, None)
+        self.run_impl(feeds, opts, None, None)
+    }
+
+    /// Runs the graph under a prepared precision plan (see [`emulate`]).
+    pub fn run_plan(
+        &self,
+        feeds: &Feeds,
+        opts: &RunOptions,
+        plan: &PreparedPlan,
+    ) -> Result<RunResult> {
+        self.run_impl(feeds, opts, Some(plan), None)
     }
 
     /// Runs the graph and shows `observer` every graph input and every value a node produces,
@@ -186,26 +205,39 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, Some(observer))
+        self.run_impl(feeds, opts, None, Some(observer))
     }
 
     fn run_impl(
         &self,
         feeds: &Feeds,
         opts: &RunOptions,
-        mut observer: Option<&mut dyn FnMut(&str, &Tensor)>,
+        plan: Option<&PreparedPlan>,
+        mut observer: Option<Observer>,
     ) -> Result<RunResult> {
         self.check_feeds(feeds)?;
+        if let Some(p) = plan {
+            if p.layers.len() != self.steps.len() {
+                return Err(Error::Invalid(
+                    "the precision plan was prepared for another graph".into(),
+                ));
+            }
+        }
+        let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
         let mut values: Vec<Option<Tensor>> = vec![None; self.slot_names.len()];
+        // The float precision each value is already rounded to, so a consumer in the same
+        // precision does not round (and copy) it again.
+        let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
         for (name, slot) in &self.input_slots {
             values[*slot] = Some(feeds[name].clone());
             if let Some(obs) = observer.as_mut() {
                 obs(name, &feeds[name]);
             }
         }
-        for (node, step) in self.graph.nodes.iter().zip(&self.steps) {
-            let outs = {
-                let args: Vec<Option<&Tensor>> = step
+        for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
+            let layer = plan.map(|p| &p.layers[idx]);
+            let (mut outs, movement_mark) = {
+                let base: Vec<Option<&Tensor>> = step
                     .inputs
                     .iter()
                     .map(|src| match src {
@@ -214,15 +246,82 @@ impl<'g> Interpreter<'g> {
                         Source::Absent => None,
                     })
                     .collect();
+                // Converted copies of activations, where the layer's precision asks for them.
+                let owned: Vec<Option<Tensor>> = match layer {
+                    None => Vec::new(),
+                    Some(l) => base
+                        .iter()
+                        .zip(&l.inputs)
+                        .zip(&step.inputs)
+                        .map(|((t, prep), src)| {
+                            let already = match (prep, src) {
+                                (InputPrep::Round(p), Source::Slot(s)) => rounded[*s] == Some(*p),
+                                _ => false,
+                            };
+                            match t {
+                                Some(t) if !already => emulate::prepare_input(prep, t),
+                                _ => None,
+                            }
+                        })
+                        .collect(),
+                };
+                let args: Vec<Option<&Tensor>> = base
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        if let Some(Some(o)) = owned.get(i) {
+                            return Some(o);
+                        }
+                        if let Some(InputPrep::Converted(c)) = layer.and_then(|l| l.inputs.get(i)) {
+                            return Some(c);
+                        }
+                        *t
+                    })
+                    .collect();
+                // A data-movement layer's outputs are rounded to p when every f32 value it
+                // reads is.
+                let mut movement_mark = None;
+                if layer.is_some_and(|l| l.precision.is_none()) {
+                    let mut marks =
+                        step.inputs
+                            .iter()
+                            .zip(&base)
+                            .filter_map(|(src, t)| match (src, t) {
+                                (_, Some(t)) if t.dtype() != crate::tensor::DType::F32 => None,
+                                (Source::Slot(s), Some(_)) => Some(rounded[*s]),
+                                (_, Some(_)) => Some(None),
+                                _ => None,
+                            });
+                    if let Some(first) = marks.next() {
+                        if marks.all(|m| m == first) {
+                            movement_mark = first;
+                        }
+                    }
+                }
                 let ctx = OpCtx {
                     node,
                     opset: step.opset,
                 };
-                (step.kernel)(&ctx, &args).map_err(|e| Error::Op {
-                    node: node.name.clone(),
-                    op: node.op_type.clone(),
-                    msg: e.0,
-                })?
+                let outs =
+                    crate::ops::matmul::with_accumulator(accumulate, || (step.kernel)(&ctx, &args))
+                        .map_err(|e| Error::Op {
+                            node: node.name.clone(),
+                            op: node.op_type.clone(),
+                            msg: e.0,
+                        })?;
+                (outs, movement_mark)
+            };
+            // What the outputs are rounded to: the layer's float precision, or for data
+            // movement whatever its first input was.
+            let out_mark = match layer {
+                Some(l) => match l.precision {
+                    Some(p) => {
+                        emulate::round_outputs(p, &mut outs);
+                        (!p.is_scaled() && p != Precision::Float32).then_some(p)
+                    }
+                    None => movement_mark,
+                },
+                None => None,
             };
             if outs.len() < step.outputs.iter().filter(|o| o.is_some()).count() {
                 return Err(Error::Op {
@@ -241,6 +340,7 @@ impl<'g> Interpreter<'g> {
                         obs(&self.slot_names[*s], &t);
                     }
                     values[*s] = Some(t);
+                    rounded[*s] = out_mark;
                 }
             }
             if !opts.keep_intermediates {

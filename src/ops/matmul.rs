@@ -5,6 +5,7 @@
 
 use super::util::{broadcast_shapes, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::precision::Accumulator;
 use crate::tensor::{strides_of, DType, Tensor};
 use gemm::Parallelism;
 
@@ -25,8 +26,27 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
+thread_local! {
+    /// The accumulator type of products run on this thread (set per layer by the interpreter).
+    static ACCUMULATOR: std::cell::Cell<Accumulator> = const { std::cell::Cell::new(Accumulator::F32) };
+}
+
+/// Runs `f` with products accumulating in `acc` on this thread (restored afterwards).
+pub fn with_accumulator<R>(acc: Accumulator, f: impl FnOnce() -> R) -> R {
+    let prev = ACCUMULATOR.with(|c| c.replace(acc));
+    let r = f();
+    ACCUMULATOR.with(|c| c.set(prev));
+    r
+}
+
+/// The accumulator type products on this thread use.
+pub fn current_accumulator() -> Accumulator {
+    ACCUMULATOR.with(|c| c.get())
+}
+
 /// Row-major `C[m×n] = beta·C + A·B` with optional transposes (`A` is `m×k`, or `k×m` when
 /// `trans_a`; `B` is `k×n`, or `n×k` when `trans_b`). `accumulate` false overwrites C.
+/// Accumulates in the thread's [`current_accumulator`].
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
     m: usize,
@@ -39,7 +59,29 @@ pub fn sgemm(
     c: &mut [f32],
     accumulate: bool,
 ) {
+    let acc = current_accumulator();
+    sgemm_acc(acc, m, n, k, a, trans_a, b, trans_b, c, accumulate)
+}
+
+/// [`sgemm`] with an explicit accumulator (for callers that fan out over rayon workers, whose
+/// thread-local setting is the default).
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_acc(
+    acc: Accumulator,
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    c: &mut [f32],
+    accumulate: bool,
+) {
     assert!(a.len() >= m * k && b.len() >= k * n && c.len() >= m * n);
+    if acc == Accumulator::F16 {
+        return hgemm_f16_accumulate(m, n, k, a, trans_a, b, trans_b, c, accumulate);
+    }
     if m == 0 || n == 0 {
         return;
     }
@@ -83,6 +125,46 @@ pub fn sgemm(
             parallelism(m, n, k),
         );
     }
+}
+
+/// A product whose running sum is an f16 register: each step is one fused multiply-add rounded
+/// to f16 (the product of two f16 values is exact in f64, so the sum is rounded once per step),
+/// as fp16-accumulating GPU kernels compute. Scalar and slow; used only with `--accumulate f16`.
+#[allow(clippy::too_many_arguments)]
+fn hgemm_f16_accumulate(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    trans_a: bool,
+    b: &[f32],
+    trans_b: bool,
+    c: &mut [f32],
+    accumulate: bool,
+) {
+    use half::f16;
+    use rayon::prelude::*;
+    if m == 0 || n == 0 {
+        return;
+    }
+    c[..m * n]
+        .par_chunks_mut(n)
+        .enumerate()
+        .for_each(|(i, row)| {
+            for (j, out) in row.iter_mut().enumerate() {
+                let mut sum = if accumulate {
+                    f16::from_f32(*out)
+                } else {
+                    f16::ZERO
+                };
+                for p in 0..k {
+                    let av = if trans_a { a[p * m + i] } else { a[i * k + p] };
+                    let bv = if trans_b { b[j * k + p] } else { b[p * n + j] };
+                    sum = f16::from_f64(sum.to_f64() + av as f64 * bv as f64);
+                }
+                *out = sum.to_f32();
+            }
+        });
 }
 
 fn f32_or_convert(t: &Tensor) -> Result<std::borrow::Cow<'_, [f32]>, OpError> {
@@ -150,6 +232,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
         sgemm(nb * m, n, k, &av, false, &bv, false, &mut out, false);
     } else {
+        let acc = current_accumulator();
         let run = |i: usize, dst: &mut [f32]| {
             let (mut oa, mut ob) = (0, 0);
             let mut rem = i;
@@ -159,7 +242,8 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
                 oa += idx * sa[d];
                 ob += idx * sb[d];
             }
-            sgemm(
+            sgemm_acc(
+                acc,
                 m,
                 n,
                 k,

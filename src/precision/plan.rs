@@ -1,6 +1,6 @@
 //! `PrecisionPlan`: one precision per layer, built from global flags and `--layer-precisions`.
 
-use super::Precision;
+use super::{has_quantized_kernel, Precision};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::ops::is_data_movement;
@@ -80,6 +80,74 @@ pub fn parse_layer_precisions(items: &[String]) -> Result<Vec<(LayerPattern, Pre
         .collect()
 }
 
+/// The global precision flags (`--fp16 --bf16 --int8 --fp8`), combinable as in TensorRT.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GlobalPrecision {
+    pub fp16: bool,
+    pub bf16: bool,
+    pub int8: bool,
+    pub fp8: bool,
+}
+
+impl GlobalPrecision {
+    /// The precision of layers without a quantized kernel: float16 with `--fp16`, bfloat16 with
+    /// `--bf16` (fp16 wins when both are given: it is the faster kernel on GPUs that have
+    /// both), float32 otherwise.
+    pub fn float_precision(&self) -> Precision {
+        if self.fp16 {
+            Precision::Float16
+        } else if self.bf16 {
+            Precision::BFloat16
+        } else {
+            Precision::Float32
+        }
+    }
+
+    /// The precision of Conv/ConvTranspose/MatMul/Gemm layers when quantization is on.
+    pub fn quantized_precision(&self) -> Result<Option<Precision>> {
+        match (self.int8, self.fp8) {
+            (true, true) => Err(Error::Invalid(
+                "--int8 and --fp8 cannot be combined: choose one quantized precision".into(),
+            )),
+            (true, false) => Ok(Some(Precision::Int8)),
+            (false, true) => Ok(Some(Precision::Fp8E4M3)),
+            (false, false) => Ok(None),
+        }
+    }
+
+    /// The precision most layers run in (for messages): the quantized one if any.
+    pub fn low_precision(&self) -> Precision {
+        self.quantized_precision()
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| self.float_precision())
+    }
+}
+
+/// `--precision-constraints`, with Polygraphy's meaning: `obey` applies per-layer requests and
+/// fails when a layer has no kernel for its request, `prefer` falls back with a warning, `none`
+/// ignores per-layer requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrecisionConstraints {
+    Obey,
+    #[default]
+    Prefer,
+    None,
+}
+
+impl PrecisionConstraints {
+    pub fn parse(s: &str) -> Result<PrecisionConstraints> {
+        match s {
+            "obey" => Ok(PrecisionConstraints::Obey),
+            "prefer" => Ok(PrecisionConstraints::Prefer),
+            "none" => Ok(PrecisionConstraints::None),
+            _ => Err(Error::Invalid(format!(
+                "--precision-constraints '{s}': valid choices are obey, prefer, none"
+            ))),
+        }
+    }
+}
+
 /// The precision of every layer (node) of a graph, by node index.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PrecisionPlan {
@@ -115,6 +183,95 @@ impl PrecisionPlan {
             }
         }
         unmatched
+    }
+
+    /// Resolves global flags and `--layer-precisions` into the precision every layer runs in,
+    /// as TensorRT would: quantized precisions only where an integer/fp8 kernel exists, the
+    /// float precision of the global flags elsewhere. Returns the plan and warnings to show.
+    pub fn resolve(
+        graph: &Graph,
+        flags: &GlobalPrecision,
+        overrides: &[(LayerPattern, Precision)],
+        constraints: PrecisionConstraints,
+    ) -> Result<(PrecisionPlan, Vec<String>)> {
+        let float = flags.float_precision();
+        let quant = flags.quantized_precision()?;
+        let mut warnings = Vec::new();
+        let mut layers: Vec<Precision> = graph
+            .nodes
+            .iter()
+            .map(|n| match quant {
+                Some(q) if has_quantized_kernel(&n.op_type) => q,
+                _ => float,
+            })
+            .collect();
+        if constraints == PrecisionConstraints::None {
+            if !overrides.is_empty() {
+                warnings.push(
+                    "--precision-constraints none: --layer-precisions is ignored (use prefer or obey to apply it)"
+                        .into(),
+                );
+            }
+            return Ok((PrecisionPlan { layers }, warnings));
+        }
+        for (pat, p) in overrides {
+            let mut hit = false;
+            for (i, node) in graph.nodes.iter().enumerate() {
+                if !pat.matches(&node.name) {
+                    continue;
+                }
+                hit = true;
+                if is_data_movement(&node.op_type) {
+                    // Exact names only: a glob that sweeps over Reshapes is not worth a warning.
+                    if pat.text == node.name {
+                        warnings.push(format!(
+                            "--layer-precisions '{}': layer '{}' ({}) only moves data and carries its input's precision",
+                            pat.text, node.name, node.op_type
+                        ));
+                    }
+                    continue;
+                }
+                if p.is_scaled() && !has_quantized_kernel(&node.op_type) {
+                    let msg = format!(
+                        "layer '{}' ({}) has no {} kernel (only Conv, ConvTranspose, MatMul and Gemm do)",
+                        node.name, node.op_type, p
+                    );
+                    if constraints == PrecisionConstraints::Obey {
+                        return Err(Error::Invalid(format!(
+                            "{msg}; with --precision-constraints obey this is an error (use prefer to fall back)"
+                        )));
+                    }
+                    warnings.push(format!("{msg}: running it in {float}"));
+                    layers[i] = float;
+                    continue;
+                }
+                layers[i] = *p;
+            }
+            if !hit {
+                warnings.push(format!(
+                    "--layer-precisions: pattern '{}' matches no layer",
+                    pat.text
+                ));
+            }
+        }
+        Ok((PrecisionPlan { layers }, warnings))
+    }
+
+    /// How many compute layers run in each precision.
+    pub fn counts(&self, graph: &Graph) -> Vec<(Precision, usize)> {
+        Precision::ALL
+            .iter()
+            .map(|&p| {
+                let n = graph
+                    .nodes
+                    .iter()
+                    .zip(&self.layers)
+                    .filter(|(node, &q)| q == p && !is_data_movement(&node.op_type))
+                    .count();
+                (p, n)
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect()
     }
 
     /// Indices of the layers whose precision can matter (not pure data movement).
@@ -193,6 +350,46 @@ mod tests {
         assert_eq!(plan.layers[1], Precision::Float16);
         assert_eq!(unmatched, vec!["Nope".to_string()]);
         assert_eq!(PrecisionPlan::candidates(&g), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn resolve_follows_tensorrt_flag_rules() {
+        let g = graph(&[
+            ("conv", "Conv"),
+            ("relu", "Relu"),
+            ("reshape", "Reshape"),
+            ("mm", "MatMul"),
+        ]);
+        let flags = GlobalPrecision {
+            int8: true,
+            fp16: true,
+            ..Default::default()
+        };
+        let (plan, w) =
+            PrecisionPlan::resolve(&g, &flags, &[], PrecisionConstraints::Prefer).unwrap();
+        assert_eq!(plan.layers[0], Precision::Int8);
+        assert_eq!(plan.layers[1], Precision::Float16);
+        assert_eq!(plan.layers[3], Precision::Int8);
+        assert!(w.is_empty());
+        // int8 requested for a Relu: prefer falls back with a warning, obey is an error.
+        let o = parse_layer_precisions(&["relu:int8".into(), "mm:float32".into()]).unwrap();
+        let (plan, w) =
+            PrecisionPlan::resolve(&g, &flags, &o, PrecisionConstraints::Prefer).unwrap();
+        assert_eq!(plan.layers[1], Precision::Float16);
+        assert_eq!(plan.layers[3], Precision::Float32);
+        assert!(w[0].contains("'relu'"), "{w:?}");
+        let e = PrecisionPlan::resolve(&g, &flags, &o, PrecisionConstraints::Obey).unwrap_err();
+        assert!(e.to_string().contains("'relu'"), "{e}");
+        // none ignores per-layer requests.
+        let (plan, w) = PrecisionPlan::resolve(&g, &flags, &o, PrecisionConstraints::None).unwrap();
+        assert_eq!(plan.layers[3], Precision::Int8);
+        assert_eq!(w.len(), 1);
+        let both = GlobalPrecision {
+            int8: true,
+            fp8: true,
+            ..Default::default()
+        };
+        assert!(PrecisionPlan::resolve(&g, &both, &[], PrecisionConstraints::Prefer).is_err());
     }
 
     #[test]

@@ -64,8 +64,16 @@ pub fn weight_channel_axis(node: &Node, index: usize, rank: usize) -> Option<usi
         ("MatMul", 1) => Some(rank - 1),
         ("MatMul", 0) if rank >= 2 => Some(rank - 2),
         ("MatMul", 0) => Some(0),
-        ("Gemm", 0) => Some(if node.attr_int_or("transA", 0) != 0 { 1 } else { 0 }),
-        ("Gemm", 1) => Some(if node.attr_int_or("transB", 0) != 0 { 0 } else { 1 }),
+        ("Gemm", 0) => Some(if node.attr_int_or("transA", 0) != 0 {
+            1
+        } else {
+            0
+        }),
+        ("Gemm", 1) => Some(if node.attr_int_or("transB", 0) != 0 {
+            0
+        } else {
+            1
+        }),
         _ => None,
     }
 }
@@ -93,7 +101,13 @@ pub fn channel_scales(w: &[f32], shape: &[usize], axis: usize, p: Precision) -> 
 }
 
 /// Quantizes and dequantizes a weight in place with per-channel scales along `axis`.
-pub fn fake_quant_channels(w: &mut [f32], shape: &[usize], axis: usize, scales: &[f32], p: Precision) {
+pub fn fake_quant_channels(
+    w: &mut [f32],
+    shape: &[usize],
+    axis: usize,
+    scales: &[f32],
+    p: Precision,
+) {
     let channels = shape[axis];
     let inner: usize = shape[axis + 1..].iter().product();
     for (i, x) in w.iter_mut().enumerate() {

@@ -5,3 +5,4 @@ mod cli;
 mod common;
 mod conformance;
 mod models;
+mod precision;

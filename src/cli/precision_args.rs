@@ -1,0 +1,144 @@
+//! Precision options shared by `run`, `convert` and `debug precision`.
+
+use crate::exec::{PlanOptions, PreparedPlan};
+use crate::precision::plan::{
+    parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan,
+};
+use crate::precision::Accumulator;
+use crate::Graph;
+use anyhow::Result;
+use clap::Args;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct PrecisionArgs {
+    /// Run layers in float16 (layers without another request).
+    #[arg(long)]
+    pub fp16: bool,
+    /// Run layers in bfloat16 (--fp16 wins if both are given).
+    #[arg(long)]
+    pub bf16: bool,
+    /// Run Conv/ConvTranspose/MatMul/Gemm in int8; other layers fall back to float32, or to
+    /// float16/bfloat16 with --fp16/--bf16 (as TensorRT does).
+    #[arg(long)]
+    pub int8: bool,
+    /// Run Conv/ConvTranspose/MatMul/Gemm in fp8 (e4m3), with the same fallback as --int8.
+    #[arg(long)]
+    pub fp8: bool,
+    /// Per-layer precisions: NAME:dtype, NAME an exact layer name, a glob ('*Softmax*') or a
+    /// regex ('re:^Conv_[0-9]+$'); dtype one of float32, float16, bfloat16, fp8e4m3, fp8e5m2,
+    /// int8. Later items win.
+    #[arg(long = "layer-precisions", num_args = 1.., value_name = "NAME:DTYPE")]
+    pub layer_precisions: Vec<String>,
+    /// obey: per-layer requests are applied and a request without a kernel is an error;
+    /// prefer: such a request falls back with a warning; none: per-layer requests are ignored.
+    #[arg(
+        long = "precision-constraints",
+        default_value = "prefer",
+        value_name = "MODE"
+    )]
+    pub precision_constraints: String,
+    /// Accumulator of matmul/conv products in reduced-precision layers: f32 or f16.
+    #[arg(long, default_value = "f32", value_name = "TYPE")]
+    pub accumulate: String,
+    /// TensorRT calibration cache with activation scales for int8/fp8 layers.
+    #[arg(long = "calibration-cache", value_name = "FILE")]
+    pub calibration_cache: Option<PathBuf>,
+}
+
+impl PrecisionArgs {
+    pub fn global(&self) -> GlobalPrecision {
+        GlobalPrecision {
+            fp16: self.fp16,
+            bf16: self.bf16,
+            int8: self.int8,
+            fp8: self.fp8,
+        }
+    }
+
+    /// True when anything asks for a precision other than float32.
+    pub fn any(&self) -> bool {
+        self.fp16 || self.bf16 || self.int8 || self.fp8 || !self.layer_precisions.is_empty()
+    }
+
+    pub fn accumulator(&self) -> Result<Accumulator> {
+        Ok(Accumulator::parse(&self.accumulate)?)
+    }
+
+    /// The resolved plan; warnings go to stderr.
+    pub fn plan(&self, graph: &Graph) -> Result<PrecisionPlan> {
+        let overrides = parse_layer_precisions(&self.layer_precisions)?;
+        let constraints = PrecisionConstraints::parse(&self.precision_constraints)?;
+        let (plan, warnings) =
+            PrecisionPlan::resolve(graph, &self.global(), &overrides, constraints)?;
+        for w in warnings {
+            eprintln!("warning: {w}");
+        }
+        Ok(plan)
+    }
+
+    /// Whether the plan needs activation ranges.
+    pub fn needs_ranges(plan: &PrecisionPlan) -> bool {
+        plan.layers.iter().any(|p| p.is_scaled())
+    }
+
+    /// Prepares the plan with the given activation ranges.
+    pub fn prepare(
+        &self,
+        graph: &Graph,
+        plan: &PrecisionPlan,
+        amax: Option<&BTreeMap<String, f32>>,
+    ) -> Result<PreparedPlan> {
+        Ok(PreparedPlan::new(
+            graph,
+            plan,
+            &PlanOptions {
+                accumulate: self.accumulator()?,
+                amax,
+            },
+        )?)
+    }
+}
+
+/// One line: how many compute layers run in each precision.
+pub fn precision_counts_line(graph: &Graph, plan: &PrecisionPlan) -> String {
+    let counts = plan.counts(graph);
+    let total: usize = counts.iter().map(|(_, n)| n).sum();
+    let parts: Vec<String> = counts
+        .iter()
+        .map(|(p, n)| format!("{n} {}", p.name()))
+        .collect();
+    format!(
+        "Layer precisions: {} ({} compute layers; data-movement layers carry their input's precision)",
+        parts.join(", "),
+        total
+    )
+}
+
+/// A table of every layer and the precision it ran in.
+pub fn precision_table(graph: &Graph, plan: &PrecisionPlan) -> String {
+    let name_w = graph
+        .nodes
+        .iter()
+        .map(|n| n.name.len())
+        .max()
+        .unwrap_or(4)
+        .clamp(4, 60);
+    let mut s = format!(
+        "{:>5}  {:<name_w$}  {:<22}  precision\n",
+        "#", "layer", "op"
+    );
+    for (i, (node, p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
+        let prec = if crate::ops::is_data_movement(&node.op_type) {
+            "(carries its input's)".to_string()
+        } else {
+            p.name().to_string()
+        };
+        s.push_str(&format!(
+            "{i:>5}  {:<name_w$}  {:<22}  {prec}\n",
+            node.name, node.op_type
+        ));
+    }
+    s
+}

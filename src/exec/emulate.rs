@@ -1,0 +1,394 @@
+//! Reduced-precision emulation: how a layer runs under a [`PrecisionPlan`] (docs/numerics.md).
+//!
+//! A float16/bfloat16 layer sees its float inputs and weights rounded to its type, computes in
+//! f32 (the accumulator; `--accumulate f16` switches matmul/conv to an f16 running sum) and
+//! rounds its float outputs to its type. For + − × ÷ √ this is bit-identical to native
+//! arithmetic in the type, since f32 carries more than twice the bits of f16/bf16. An
+//! int8/fp8 layer quantizes its activation operands per tensor (calibrated scale) and its
+//! weights per output channel, and computes on the dequantized values. Data-movement layers
+//! run untouched: they carry whatever precision their input has.
+//!
+//! Weights are converted once, when the plan is prepared, not on every run.
+
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use crate::ops::is_data_movement;
+use crate::precision::quant::{
+    channel_scales, fake_quant, fake_quant_channels, is_quantized_operand, scale_from_amax,
+    weight_channel_axis,
+};
+use crate::precision::{
+    input_follows_layer_precision, plan::PrecisionPlan, round_slice, Accumulator, Precision,
+};
+use crate::tensor::{DType, Tensor};
+use std::collections::BTreeMap;
+
+/// What happens to one input of a layer before its kernel runs.
+#[derive(Clone, Debug)]
+pub(crate) enum InputPrep {
+    /// Passed as is.
+    Keep,
+    /// An f32 activation rounded to a float type.
+    Round(Precision),
+    /// An f32 activation quantized per tensor with this scale, then dequantized.
+    Quantize { scale: f32, precision: Precision },
+    /// A weight converted in advance.
+    Converted(Tensor),
+}
+
+/// One layer's treatment.
+#[derive(Clone, Debug)]
+pub(crate) struct LayerPrep {
+    /// None for data-movement layers, which run untouched.
+    pub precision: Option<Precision>,
+    pub inputs: Vec<InputPrep>,
+}
+
+/// Options of a plan that are not per layer.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions<'a> {
+    pub accumulate: Accumulator,
+    /// Activation ranges (absolute max per tensor name) for int8/fp8 layers.
+    pub amax: Option<&'a BTreeMap<String, f32>>,
+}
+
+/// A precision plan made ready to run on one graph.
+#[derive(Clone, Debug)]
+pub struct PreparedPlan {
+    pub(crate) layers: Vec<LayerPrep>,
+    pub(crate) accumulate: Accumulator,
+    pub plan: PrecisionPlan,
+}
+
+impl PreparedPlan {
+    /// Prepares `plan` for `graph`: converts weights, looks up activation scales. Fails when an
+    /// int8/fp8 layer has an activation operand without a calibrated range.
+    pub fn new(graph: &Graph, plan: &PrecisionPlan, opts: &PlanOptions) -> Result<PreparedPlan> {
+        if plan.layers.len() != graph.nodes.len() {
+            return Err(Error::Invalid(format!(
+                "the precision plan has {} layers, the graph {}",
+                plan.layers.len(),
+                graph.nodes.len()
+            )));
+        }
+        let mut layers = Vec::with_capacity(graph.nodes.len());
+        for (node, &p) in graph.nodes.iter().zip(&plan.layers) {
+            if is_data_movement(&node.op_type) || p == Precision::Float32 {
+                layers.push(LayerPrep {
+                    precision: (!is_data_movement(&node.op_type)).then_some(p),
+                    inputs: vec![InputPrep::Keep; node.inputs.len()],
+                });
+                continue;
+            }
+            let mut inputs = Vec::with_capacity(node.inputs.len());
+            for (idx, name) in node.inputs.iter().enumerate() {
+                let init = graph.initializers.get(name);
+                let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
+                {
+                    InputPrep::Keep
+                } else if p.is_scaled() {
+                    if !is_quantized_operand(&node.op_type, idx) {
+                        // Biases stay in f32, added after dequantization.
+                        InputPrep::Keep
+                    } else if let Some(w) = init.filter(|w| w.dtype() == DType::F32) {
+                        let axis =
+                            weight_channel_axis(node, idx, w.rank()).ok_or_else(|| Error::Op {
+                                node: node.name.clone(),
+                                op: node.op_type.clone(),
+                                msg: format!(
+                                    "weight '{name}' of rank {} cannot be quantized per channel",
+                                    w.rank()
+                                ),
+                            })?;
+                        let mut q = w.clone();
+                        let v = q.as_f32_mut().expect("f32 weight");
+                        let scales = channel_scales(v, w.shape(), axis, p);
+                        fake_quant_channels(v, w.shape(), axis, &scales, p);
+                        InputPrep::Converted(q)
+                    } else if init.is_some() {
+                        InputPrep::Keep
+                    } else {
+                        let amax = opts.amax.and_then(|m| m.get(name)).ok_or_else(|| Error::Op {
+                            node: node.name.clone(),
+                            op: node.op_type.clone(),
+                            msg: format!(
+                                "runs in {p} but tensor '{name}' has no calibrated range (pass --calibration-cache, or let mixprec calibrate)"
+                            ),
+                        })?;
+                        InputPrep::Quantize {
+                            scale: scale_from_amax(*amax, p),
+                            precision: p,
+                        }
+                    }
+                } else if let Some(w) = init {
+                    if w.dtype() == DType::F32 {
+                        let mut r = w.clone();
+                        round_slice(p, r.as_f32_mut().expect("f32 weight"));
+                        InputPrep::Converted(r)
+                    } else {
+                        InputPrep::Keep
+                    }
+                } else {
+                    InputPrep::Round(p)
+                };
+                inputs.push(prep);
+            }
+            layers.push(LayerPrep {
+                precision: Some(p),
+                inputs,
+            });
+        }
+        Ok(PreparedPlan {
+            layers,
+            accumulate: opts.accumulate,
+            plan: plan.clone(),
+        })
+    }
+
+    /// The precision layer `i` computes in (None: data movement, carries its input's).
+    pub fn layer_precision(&self, i: usize) -> Option<Precision> {
+        self.layers.get(i).and_then(|l| l.precision)
+    }
+}
+
+/// Applies an activation treatment; None means "use the original tensor" (also for
+/// `Converted`, which the caller takes from the plan by reference).
+pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
+    match prep {
+        InputPrep::Keep | InputPrep::Converted(_) => None,
+        InputPrep::Round(p) => {
+            let mut c = t.clone();
+            round_slice(*p, c.as_f32_mut()?);
+            Some(c)
+        }
+        InputPrep::Quantize { scale, precision } => {
+            let mut c = t.clone();
+            fake_quant(c.as_f32_mut()?, *scale, *precision);
+            Some(c)
+        }
+    }
+}
+
+/// Rounds a float layer's f32 outputs to its precision (quantized layers output f32).
+pub(crate) fn round_outputs(p: Precision, outs: &mut [Tensor]) {
+    if p == Precision::Float32 || p.is_scaled() {
+        return;
+    }
+    for t in outs {
+        if let Some(v) = t.as_f32_mut() {
+            round_slice(p, v);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::{Feeds, Interpreter, RunOptions};
+    use crate::graph::{Dim, Node, ValueInfo};
+    use half::{bf16, f16};
+    use std::collections::{BTreeMap, HashMap};
+
+    fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
+        Node {
+            name: name.into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attrs: BTreeMap::new(),
+        }
+    }
+
+    fn vi(name: &str, shape: &[usize]) -> ValueInfo {
+        ValueInfo {
+            name: name.into(),
+            dtype: Some(DType::F32),
+            shape: Some(shape.iter().map(|&d| Dim::Fixed(d)).collect()),
+        }
+    }
+
+    fn graph(
+        nodes: Vec<Node>,
+        inputs: Vec<ValueInfo>,
+        out: ValueInfo,
+        inits: Vec<(&str, Tensor)>,
+    ) -> Graph {
+        let mut opsets = BTreeMap::new();
+        opsets.insert(String::new(), 17);
+        Graph {
+            nodes,
+            inputs,
+            outputs: vec![out],
+            initializers: inits
+                .into_iter()
+                .map(|(n, t)| (n.to_string(), t))
+                .collect::<HashMap<_, _>>(),
+            opsets,
+            ..Default::default()
+        }
+    }
+
+    fn run(g: &Graph, plan: Vec<Precision>, opts: &PlanOptions, feeds: Feeds) -> Result<Vec<f32>> {
+        let plan = PreparedPlan::new(g, &PrecisionPlan { layers: plan }, opts)?;
+        let r = Interpreter::new(g)?.run_plan(&feeds, &RunOptions::default(), &plan)?;
+        Ok(r.outputs[0].1.as_f32().unwrap().to_vec())
+    }
+
+    /// Pseudo-random values spread over many binades (deterministic).
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut rng = crate::data::loader::Mt19937::new(seed);
+        (0..n)
+            .map(|_| {
+                let m = rng.random_sample() * 2.0 - 1.0;
+                let e = (rng.random_sample() * 16.0 - 8.0).floor();
+                (m * 2f64.powf(e)) as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn float16_and_bfloat16_arithmetic_is_bit_exact() {
+        // Reference: round(a op b) with a, b already in the type, computed exactly in f64.
+        let n = 4096;
+        let (a, b) = (values(n, 1), values(n, 2));
+        for (op, f) in [
+            ("Add", (|x, y| x + y) as fn(f64, f64) -> f64),
+            ("Sub", |x, y| x - y),
+            ("Mul", |x, y| x * y),
+            ("Div", |x, y| x / y),
+        ] {
+            let g = graph(
+                vec![node("op", op, &["a", "b"], &["y"])],
+                vec![vi("a", &[n]), vi("b", &[n])],
+                vi("y", &[n]),
+                vec![],
+            );
+            let mut feeds = Feeds::new();
+            feeds.insert("a".into(), Tensor::from_f32(vec![n], a.clone()));
+            feeds.insert("b".into(), Tensor::from_f32(vec![n], b.clone()));
+            let got16 = run(
+                &g,
+                vec![Precision::Float16],
+                &PlanOptions::default(),
+                feeds.clone(),
+            )
+            .unwrap();
+            let gotbf = run(
+                &g,
+                vec![Precision::BFloat16],
+                &PlanOptions::default(),
+                feeds,
+            )
+            .unwrap();
+            for i in 0..n {
+                let (x, y) = (f16::from_f32(a[i]).to_f64(), f16::from_f32(b[i]).to_f64());
+                let want = f16::from_f64(f(x, y)).to_f32();
+                assert!(
+                    want.to_bits() == got16[i].to_bits() || (want.is_nan() && got16[i].is_nan()),
+                    "{op} f16 {x} {y}: {want} vs {}",
+                    got16[i]
+                );
+                let (x, y) = (bf16::from_f32(a[i]).to_f64(), bf16::from_f32(b[i]).to_f64());
+                let want = bf16::from_f64(f(x, y)).to_f32();
+                assert!(
+                    want.to_bits() == gotbf[i].to_bits() || (want.is_nan() && gotbf[i].is_nan()),
+                    "{op} bf16 {x} {y}: {want} vs {}",
+                    gotbf[i]
+                );
+            }
+        }
+    }
+
+    fn ones_matmul(k: usize) -> Graph {
+        graph(
+            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+            vec![vi("x", &[1, k])],
+            vi("y", &[1, 1]),
+            vec![("w", Tensor::from_f32(vec![k, 1], vec![1.0; k]))],
+        )
+    }
+
+    #[test]
+    fn f16_accumulator_stagnates_where_f32_does_not() {
+        // 4096 ones: an f16 running sum stops at 2048 (2048 + 1 ties to even), f32 reaches 4096.
+        let k = 4096;
+        let g = ones_matmul(k);
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![1, k], vec![1.0; k]));
+        let f32acc = run(
+            &g,
+            vec![Precision::Float16],
+            &PlanOptions::default(),
+            feeds.clone(),
+        )
+        .unwrap();
+        assert_eq!(f32acc, vec![4096.0]);
+        let opts = PlanOptions {
+            accumulate: Accumulator::F16,
+            amax: None,
+        };
+        let f16acc = run(&g, vec![Precision::Float16], &opts, feeds).unwrap();
+        assert_eq!(f16acc, vec![2048.0]);
+    }
+
+    #[test]
+    fn int8_matmul_quantizes_activations_per_tensor_and_weights_per_channel() {
+        let w = Tensor::from_f32(vec![2, 2], vec![0.5, -1.0, 0.25, 2.0]);
+        let g = graph(
+            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+            vec![vi("x", &[1, 2])],
+            vi("y", &[1, 2]),
+            vec![("w", w)],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![1, 2], vec![0.3, -0.7]));
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 1.0f32);
+        let opts = PlanOptions {
+            accumulate: Accumulator::F32,
+            amax: Some(&amax),
+        };
+        let got = run(&g, vec![Precision::Int8], &opts, feeds.clone()).unwrap();
+        // By hand: s_x = 1/127; column scales 0.5/127 and 2/127.
+        let q = |v: f32, s: f32| crate::precision::round_half_even(v / s).clamp(-128.0, 127.0) * s;
+        let (sx, s0, s1) = (1.0 / 127.0, 0.5 / 127.0, 2.0 / 127.0);
+        let (x0, x1) = (q(0.3, sx), q(-0.7, sx));
+        let want = [
+            x0 * q(0.5, s0) + x1 * q(0.25, s0),
+            x0 * q(-1.0, s1) + x1 * q(2.0, s1),
+        ];
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-6, "{got:?} vs {want:?}");
+        }
+        // Without a range for x the plan cannot be prepared, and the error names the tensor.
+        let e = run(&g, vec![Precision::Int8], &PlanOptions::default(), feeds).unwrap_err();
+        assert!(e.to_string().contains("'x'"), "{e}");
+    }
+
+    #[test]
+    fn data_movement_carries_the_rounded_values() {
+        // Relu (fp16) -> Reshape -> Relu (fp32): the fp32 Relu sees fp16-rounded values.
+        let g = graph(
+            vec![
+                node("r1", "Relu", &["x"], &["a"]),
+                node("reshape", "Reshape", &["a", "shape"], &["b"]),
+                node("r2", "Relu", &["b"], &["y"]),
+            ],
+            vec![vi("x", &[2])],
+            vi("y", &[2, 1]),
+            vec![("shape", Tensor::from_i64(vec![2], vec![2, 1]))],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![2], vec![1.0001, 70000.0]));
+        let got = run(
+            &g,
+            vec![Precision::Float16, Precision::Float32, Precision::Float32],
+            &PlanOptions::default(),
+            feeds,
+        )
+        .unwrap();
+        assert_eq!(got[0], 1.0);
+        assert!(got[1].is_infinite(), "70000 overflows fp16 to inf");
+    }
+}

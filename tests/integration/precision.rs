@@ -1,0 +1,67 @@
+//! Reduced-precision emulation on whole models: the seed's FP16 overflow example
+//! (Polygraphy's `needs_constraints.onnx`) must reproduce the numbers of the seed log.
+
+use crate::common::repo_root;
+use mixprec::compare::median_of;
+use mixprec::data::loader::{generate, DataLoaderConfig};
+use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
+use mixprec::precision::plan::{
+    parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan,
+};
+use mixprec::{load_model, Interpreter};
+
+fn fp16_with(overrides: &[&str]) -> (Vec<f32>, Vec<f32>, f64) {
+    let model = load_model(repo_root().join("examples/needs_constraints.onnx")).unwrap();
+    let g = &model.graph;
+    let mut cfg = DataLoaderConfig::default();
+    cfg.val_ranges.per_input.insert("x".into(), (1.0, 2.0));
+    let (feeds, _) = generate(&g.inputs, &cfg).unwrap();
+    let interp = Interpreter::new(g).unwrap();
+    let keep = RunOptions {
+        keep_intermediates: true,
+    };
+    let golden = interp.run_with(&feeds[0], &keep).unwrap();
+    let items: Vec<String> = overrides.iter().map(|s| s.to_string()).collect();
+    let (plan, warnings) = PrecisionPlan::resolve(
+        g,
+        &GlobalPrecision {
+            fp16: true,
+            ..Default::default()
+        },
+        &parse_layer_precisions(&items).unwrap(),
+        PrecisionConstraints::Prefer,
+    )
+    .unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let prepared = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+    let low = interp.run_plan(&feeds[0], &keep, &prepared).unwrap();
+    let f = |r: &mixprec::RunResult, n: &str| r.intermediates[n].as_f32().unwrap().to_vec();
+    let out = f(&low, "output");
+    let gold = f(&golden, "output");
+    let abs: Vec<f64> = out
+        .iter()
+        .zip(&gold)
+        .map(|(a, b)| (a - b).abs() as f64)
+        .collect();
+    (f(&low, "add_out"), f(&low, "sub_out"), median_of(&abs))
+}
+
+#[test]
+fn seed_fp16_overflow_reproduces() {
+    // --fp16 --layer-precisions Add:float16 Sub:float32: x + 65504 rounds to 65504 in fp16,
+    // so the Sub (in fp32) returns 0 and the output loses x entirely (median |err| = 1.5).
+    let (add, sub, median) = fp16_with(&["Add:float16", "Sub:float32"]);
+    assert!(
+        add.iter().all(|&v| v == 65504.0),
+        "add_out must saturate at 65504"
+    );
+    assert!(sub.iter().all(|&v| v == 0.0), "sub_out must be 0");
+    assert!(
+        (median - 1.5).abs() < 1e-3,
+        "median abs error {median}, seed log says 1.5"
+    );
+    // Both in fp32: the error is fp16 rounding noise of x (< 2^-10 relative to values in [1, 2]).
+    let (_, sub, median) = fp16_with(&["Add:float32", "Sub:float32"]);
+    assert!(sub.iter().all(|&v| (1.0..=2.0).contains(&v)));
+    assert!(median < 2e-3, "median abs error {median}");
+}
