@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Latency of mixprec's FP32 interpreter vs ONNX Runtime (CPU) on the benchmark-size CNN
 # (1x3x224x224) and transformer encoder (2 layers, seq 128, d 256), same thread count,
-# after warm-up; prints the median latency of each and the ratio mixprec/ORT.
+# after warm-up; prints the median latency of each and the ratio mixprec/ORT, and the emulated
+# all-FP16 run of mixprec against its own FP32 run.
 # THREADS=N overrides the thread count (default 2, the CI machine's core count).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,7 +18,8 @@ import json, sys
 mix = {j["model"]: j for j in map(json.loads, """$mix""".strip().splitlines())}
 ort = {j["model"]: j for j in map(json.loads, """$ort""".strip().splitlines())}
 print(f"threads={sys.argv[1]}")
-print(f"{'model':<12} {'mixprec ms':>11} {'onnxruntime ms':>15} {'ratio':>7}")
+print(f"{'model':<12} {'mixprec ms':>11} {'onnxruntime ms':>15} {'mixprec/ORT':>12} {'mixprec fp16 ms':>16} {'fp16/fp32':>10}")
 for m in mix:
-    print(f"{m:<12} {mix[m]['median_ms']:>11.3f} {ort[m]['median_ms']:>15.3f} {mix[m]['median_ms']/ort[m]['median_ms']:>7.2f}")
+    a, o, h = mix[m]['median_ms'], ort[m]['median_ms'], mix[m]['fp16_median_ms']
+    print(f"{m:<12} {a:>11.3f} {o:>15.3f} {a/o:>12.2f} {h:>16.3f} {h/a:>10.2f}")
 PY

@@ -2,10 +2,13 @@
 //! Driven by bench/run.sh, which also times ONNX Runtime in the same run and prints ratios.
 //!
 //! Usage: cargo bench --bench latency -- DIR NAME [NAME...]   (reads DIR/NAME.onnx and DIR/NAME/input_K.pb)
-//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs"}.
+//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms"}:
+//! the FP32 reference run and the emulated all-FP16 run of the same inputs.
 
-use mixprec::exec::Feeds;
+use mixprec::exec::{Feeds, PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_tensor_file;
+use mixprec::precision::plan::PrecisionPlan;
+use mixprec::precision::Precision;
 use mixprec::{load_model, Interpreter};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -29,26 +32,40 @@ fn main() {
                 read_tensor_file(&dir.join(name).join(format!("input_{i}.pb"))).expect("input");
             feeds.insert(vi.name.clone(), t);
         }
-        for _ in 0..3 {
+        let fp32 = time(|| {
             interp.run(&feeds).expect("run");
-        }
-        // At least 20 runs and at least 2 seconds.
-        let mut times = Vec::new();
-        let start = Instant::now();
-        while times.len() < 20 || start.elapsed().as_secs_f64() < 2.0 {
-            let t = Instant::now();
-            interp.run(&feeds).expect("run");
-            times.push(t.elapsed().as_secs_f64() * 1e3);
-            if times.len() >= 500 {
-                break;
-            }
-        }
-        times.sort_by(|a, b| a.total_cmp(b));
+        });
+        let plan = PrecisionPlan::uniform(&model.graph, Precision::Float16);
+        let prepared =
+            PreparedPlan::new(&model.graph, &plan, &PlanOptions::default()).expect("plan");
+        let fp16 = time(|| {
+            interp
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .expect("run");
+        });
         println!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
-            times[times.len() / 2],
-            times[0],
-            times.len()
+            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}}}",
+            fp32.0, fp32.1, fp32.2, fp16.0
         );
     }
+}
+
+/// Median and minimum milliseconds and the number of runs: 3 warm-up runs, then at least 20
+/// runs and at least 2 seconds (at most 500 runs).
+fn time(mut f: impl FnMut()) -> (f64, f64, usize) {
+    for _ in 0..3 {
+        f();
+    }
+    let mut times = Vec::new();
+    let start = Instant::now();
+    while times.len() < 20 || start.elapsed().as_secs_f64() < 2.0 {
+        let t = Instant::now();
+        f();
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        if times.len() >= 500 {
+            break;
+        }
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    (times[times.len() / 2], times[0], times.len())
 }

@@ -333,6 +333,25 @@ mod tests {
     }
 
     #[test]
+    fn f16_accumulation_applies_to_reductions() {
+        let k = 4096;
+        let mut sum = node("sum", "ReduceSum", &["x"], &["y"]);
+        sum.attrs
+            .insert("keepdims".into(), crate::graph::Attribute::Int(0));
+        let g = graph(vec![sum], vec![vi("x", &[k])], vi("y", &[]), vec![]);
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![k], vec![1.0; k]));
+        let opts = PlanOptions {
+            accumulate: Accumulator::F16,
+            amax: None,
+        };
+        let got = run(&g, vec![Precision::Float16], &opts, feeds.clone()).unwrap();
+        assert_eq!(got, vec![2048.0]);
+        let got = run(&g, vec![Precision::Float16], &PlanOptions::default(), feeds).unwrap();
+        assert_eq!(got, vec![4096.0]);
+    }
+
+    #[test]
     fn int8_matmul_quantizes_activations_per_tensor_and_weights_per_channel() {
         let w = Tensor::from_f32(vec![2, 2], vec![0.5, -1.0, 0.25, 2.0]);
         let g = graph(

@@ -141,14 +141,24 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
     let v = x
         .to_f64_vec()
         .ok_or_else(|| OpError(format!("dtype {dtype} is not supported")))?;
+    // Sums accumulate in f64 (the reference), or in an f16 register when a reduced-precision
+    // layer asks for f16 accumulation (`--accumulate f16`): each addition rounded to f16.
+    let f16_acc = super::matmul::current_accumulator() == crate::precision::Accumulator::F16;
+    let total = |it: &mut dyn Iterator<Item = f64>| -> f64 {
+        if f16_acc {
+            it.fold(0.0, |a, x| half::f16::from_f64(a + x).to_f64())
+        } else {
+            it.sum()
+        }
+    };
     let out: Vec<f64> = p
         .bases
         .iter()
         .map(|&b| {
-            let it = p.r_offsets.iter().map(|&o| v[b + o]);
+            let mut it = p.r_offsets.iter().map(|&o| v[b + o]);
             match red {
-                Red::Sum => it.sum(),
-                Red::Mean => it.sum::<f64>() / n as f64,
+                Red::Sum => total(&mut it),
+                Red::Mean => total(&mut it) / n as f64,
                 Red::Max => it.fold(f64::NEG_INFINITY, |a, x| {
                     if x.is_nan() || a.is_nan() {
                         f64::NAN
@@ -164,10 +174,10 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
                     }
                 }),
                 Red::Prod => it.product(),
-                Red::L1 => it.map(f64::abs).sum(),
-                Red::L2 => it.map(|x| x * x).sum::<f64>().sqrt(),
-                Red::SumSquare => it.map(|x| x * x).sum(),
-                Red::LogSum => it.sum::<f64>().ln(),
+                Red::L1 => total(&mut it.map(f64::abs)),
+                Red::L2 => total(&mut it.map(|x| x * x)).sqrt(),
+                Red::SumSquare => total(&mut it.map(|x| x * x)),
+                Red::LogSum => total(&mut it).ln(),
                 Red::LogSumExp => {
                     let vals: Vec<f64> = it.collect();
                     let m = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
