@@ -65,3 +65,102 @@ fn seed_fp16_overflow_reproduces() {
     assert!(sub.iter().all(|&v| (1.0..=2.0).contains(&v)));
     assert!(median < 2e-3, "median abs error {median}");
 }
+
+fn mixprec(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mixprec"))
+        .args(args)
+        .output()
+        .expect("run mixprec")
+}
+
+fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn seed_commands_on_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = repo_root().join("examples/needs_constraints.onnx");
+    let model = model.to_str().unwrap();
+    let inp = tmp.path().join("in.json");
+    let gold = tmp.path().join("gold.json");
+    let (inp, gold) = (inp.to_str().unwrap(), gold.to_str().unwrap());
+    let o = mixprec(&[
+        "run",
+        model,
+        "--val-range",
+        "x:[1,2]",
+        "--save-inputs",
+        inp,
+        "--save-outputs",
+        gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = |extra: &[&str]| {
+        let mut a = vec![
+            "run",
+            model,
+            "--fp16",
+            "--load-inputs",
+            inp,
+            "--load-outputs",
+            gold,
+            "--check-error-stat",
+            "median",
+        ];
+        a.extend_from_slice(extra);
+        mixprec(&a)
+    };
+    let o = run(&[
+        "--layer-precisions",
+        "Add:float16",
+        "Sub:float32",
+        "--precision-constraints",
+        "prefer",
+        "--verbose",
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("Minimum Required Tolerance: median error | [abs=1.5] OR [rel=1]"),
+        "{t}"
+    );
+    assert!(t.contains("1 float32, 3 float16"), "{t}");
+    assert!(
+        t.lines()
+            .any(|l| l.contains(" Sub ") && l.trim_end().ends_with("float32")),
+        "{t}"
+    );
+    let o = run(&["--layer-precisions", "Add:float32", "Sub:float32"]);
+    assert!(o.status.success(), "{}", text(&o));
+    // Bad input: an unknown dtype is an error naming the item; a pattern that matches nothing
+    // is a warning naming the pattern.
+    let o = run(&["--layer-precisions", "Add:float64"]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("Add:float64"), "{}", text(&o));
+    let o = run(&[
+        "--layer-precisions",
+        "*Softmax*:float32",
+        "Add:float32",
+        "Sub:float32",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("warning: --layer-precisions: pattern '*Softmax*' matches no layer"),
+        "{}",
+        text(&o)
+    );
+    // int8 on an Add with obey is an error naming the layer.
+    let o = run(&[
+        "--layer-precisions",
+        "Add:int8",
+        "--precision-constraints",
+        "obey",
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("'Add'"), "{}", text(&o));
+}
