@@ -1,5 +1,6 @@
 //! The command line: argument parsing and printing only; all work is done by the library.
 
+mod calibrate;
 mod inspect;
 mod precision_args;
 mod ranges;
@@ -30,6 +31,8 @@ enum Command {
     Inspect(inspect::InspectArgs),
     /// Run a model in FP32 on generated or loaded inputs; save or compare outputs (Polygraphy-style).
     Run(Box<run::RunArgs>),
+    /// Calibrate int8/fp8 ranges over FP32 runs (minmax, entropy, percentile); write a TensorRT calibration cache.
+    Calibrate(calibrate::CalibrateArgs),
 }
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
@@ -46,6 +49,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => run::run(*a),
+        Command::Calibrate(a) => calibrate::run(a),
     };
     match result {
         Ok(code) => code,

@@ -1,0 +1,269 @@
+//! Per-tensor statistics of |x|: the running absolute maximum (pass 1) and a fixed-range
+//! histogram over `[0, amax]` (pass 2), plus the percentile threshold read off the histogram.
+//!
+//! Both passes see every value exactly once and keep only counters, so memory does not grow
+//! with the number of batches. Counts are integers, so the result does not depend on how the
+//! work is split across threads.
+
+use rayon::prelude::*;
+
+/// Bins of the |x| histogram (TensorRT's and pytorch-quantization's 2048).
+pub const NUM_BINS: usize = 2048;
+
+/// Elements above which a histogram is filled in parallel chunks.
+const PARALLEL_MIN: usize = 1 << 16;
+const CHUNK: usize = 1 << 15;
+
+/// Pass-1 statistics of one tensor: max |x| over the finite values, and what was not finite.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RangeStats {
+    /// Largest finite |x| seen (0 when nothing finite was seen).
+    pub max_abs: f32,
+    /// Finite values seen.
+    pub finite: u64,
+    /// ±inf values seen (left out of the statistics).
+    pub infinite: u64,
+    /// NaN values seen.
+    pub nan: u64,
+}
+
+impl RangeStats {
+    /// Adds the values of one tensor.
+    pub fn observe(&mut self, values: &[f32]) {
+        let mut max = self.max_abs;
+        let mut finite = 0u64;
+        let mut infinite = 0u64;
+        let mut nan = 0u64;
+        for &x in values {
+            let a = x.abs();
+            if a.is_finite() {
+                finite += 1;
+                if a > max {
+                    max = a;
+                }
+            } else if a.is_nan() {
+                nan += 1;
+            } else {
+                infinite += 1;
+            }
+        }
+        self.max_abs = max;
+        self.finite += finite;
+        self.infinite += infinite;
+        self.nan += nan;
+    }
+}
+
+/// A histogram of |x| with [`NUM_BINS`] equal bins over `[0, range]`; values above `range`
+/// land in the last bin. Bin `j` covers `[j·w, (j+1)·w)` with `w = range / NUM_BINS`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Histogram {
+    pub range: f32,
+    pub counts: Vec<u64>,
+}
+
+impl Histogram {
+    pub fn new(range: f32) -> Histogram {
+        Histogram {
+            range,
+            counts: vec![0; NUM_BINS],
+        }
+    }
+
+    /// Width of one bin.
+    pub fn bin_width(&self) -> f64 {
+        self.range as f64 / self.counts.len() as f64
+    }
+
+    /// The value at bin edge `i` (`0 ..= NUM_BINS`): `i · width`, exactly `range` for the last.
+    pub fn edge(&self, i: usize) -> f32 {
+        if i >= self.counts.len() {
+            self.range
+        } else {
+            (i as f64 * self.bin_width()) as f32
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Adds the finite values of one tensor (non-finite values are skipped).
+    pub fn observe(&mut self, values: &[f32]) {
+        if !(self.range > 0.0 && self.range.is_finite()) {
+            // A zero range: every finite value is 0 (pass 1 found no larger |x|).
+            self.counts[0] += values.iter().filter(|x| x.is_finite()).count() as u64;
+            return;
+        }
+        let n = self.counts.len();
+        let per_unit = n as f64 / self.range as f64;
+        if values.len() < PARALLEL_MIN {
+            fill(&mut self.counts, values, per_unit);
+            return;
+        }
+        let partial = values
+            .par_chunks(CHUNK)
+            .map(|chunk| {
+                let mut c = vec![0u64; n];
+                fill(&mut c, chunk, per_unit);
+                c
+            })
+            .reduce(
+                || vec![0u64; n],
+                |mut a, b| {
+                    for (x, y) in a.iter_mut().zip(b) {
+                        *x += y;
+                    }
+                    a
+                },
+            );
+        for (x, y) in self.counts.iter_mut().zip(partial) {
+            *x += y;
+        }
+    }
+
+    /// The smallest bin edge below which at least `percentile` % of the values lie (the upper
+    /// edge of the bin where the cumulative count reaches the percentile), so 100 gives the
+    /// maximum. `percentile` must be in (0, 100].
+    pub fn percentile_amax(&self, percentile: f64) -> f32 {
+        let total = self.total();
+        if total == 0 {
+            return 0.0;
+        }
+        let target = percentile / 100.0 * total as f64;
+        let mut cum = 0u64;
+        for (j, &c) in self.counts.iter().enumerate() {
+            cum += c;
+            if cum as f64 >= target {
+                return self.edge(j + 1);
+            }
+        }
+        self.range
+    }
+}
+
+/// Adds `values` to `counts`. Four interleaved sub-histograms keep runs of equal values (the
+/// zeros after a ReLU) from serialising on one counter.
+fn fill(counts: &mut [u64], values: &[f32], per_unit: f64) {
+    let n = counts.len();
+    let last = n - 1;
+    let bin = |x: f32| -> Option<usize> {
+        let a = x.abs();
+        // `as usize` saturates; a value past the range (never after pass 1) clamps.
+        a.is_finite()
+            .then(|| ((a as f64 * per_unit) as usize).min(last))
+    };
+    if values.len() < 4 * n {
+        // Small tensors: merging sub-histograms would cost more than it saves.
+        for &x in values {
+            if let Some(b) = bin(x) {
+                counts[b] += 1;
+            }
+        }
+        return;
+    }
+    let mut sub = vec![0u32; 4 * n];
+    let (c0, rest) = sub.split_at_mut(n);
+    let (c1, rest) = rest.split_at_mut(n);
+    let (c2, c3) = rest.split_at_mut(n);
+    // u32 sub-counts: flush before any could overflow.
+    for block in values.chunks(4 * (u32::MAX as usize / 4)) {
+        let quads = block.chunks_exact(4);
+        for &x in quads.remainder() {
+            if let Some(b) = bin(x) {
+                c0[b] += 1;
+            }
+        }
+        for q in quads {
+            if let Some(b) = bin(q[0]) {
+                c0[b] += 1;
+            }
+            if let Some(b) = bin(q[1]) {
+                c1[b] += 1;
+            }
+            if let Some(b) = bin(q[2]) {
+                c2[b] += 1;
+            }
+            if let Some(b) = bin(q[3]) {
+                c3[b] += 1;
+            }
+        }
+        for j in 0..n {
+            counts[j] += c0[j] as u64 + c1[j] as u64 + c2[j] as u64 + c3[j] as u64;
+            c0[j] = 0;
+            c1[j] = 0;
+            c2[j] = 0;
+            c3[j] = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_stats_skip_non_finite_values() {
+        let mut s = RangeStats::default();
+        s.observe(&[1.0, -3.0, f32::INFINITY, f32::NEG_INFINITY]);
+        s.observe(&[f32::NAN, 2.0]);
+        assert_eq!(s.max_abs, 3.0);
+        assert_eq!((s.finite, s.infinite, s.nan), (3, 2, 1));
+    }
+
+    #[test]
+    fn histogram_bins_and_edges() {
+        let mut h = Histogram::new(2048.0);
+        h.observe(&[0.0, 0.5, -1.0, 1.5, 2047.9, 2048.0, f32::INFINITY]);
+        assert_eq!(h.counts[0], 2);
+        assert_eq!(h.counts[1], 2);
+        assert_eq!(h.counts[2047], 2);
+        assert_eq!(h.total(), 6);
+        assert_eq!(h.edge(0), 0.0);
+        assert_eq!(h.edge(1), 1.0);
+        assert_eq!(h.edge(NUM_BINS), 2048.0);
+    }
+
+    #[test]
+    fn parallel_fill_matches_serial() {
+        let v: Vec<f32> = (0..200_000)
+            .map(|i| ((i as f32) * 0.37).sin() * 5.0)
+            .collect();
+        let mut a = Histogram::new(5.0);
+        a.observe(&v);
+        let mut b = Histogram::new(5.0);
+        for c in v.chunks(1000) {
+            b.observe(c);
+        }
+        assert_eq!(a, b);
+        assert_eq!(a.total(), 200_000);
+    }
+
+    #[test]
+    fn percentile_reads_the_cumulative_counts() {
+        // 10 000 values spread evenly over the 2048 bins of [0, 2048): value k lands in bin k.
+        let mut h = Histogram::new(2048.0);
+        let v: Vec<f32> = (0..2048).map(|k| k as f32 + 0.5).collect();
+        h.observe(&v);
+        assert_eq!(h.percentile_amax(100.0), 2048.0);
+        assert_eq!(h.percentile_amax(50.0), 1024.0);
+        // One value in a million beyond: 99.99 % ignores a far outlier.
+        let mut h = Histogram::new(1000.0);
+        h.observe(&vec![0.5; 1_000_000]);
+        h.observe(&[1000.0]);
+        assert!(
+            h.percentile_amax(99.99) <= 1.0,
+            "{}",
+            h.percentile_amax(99.99)
+        );
+        assert_eq!(h.percentile_amax(100.0), 1000.0);
+    }
+
+    #[test]
+    fn zero_range_counts_zeros() {
+        let mut h = Histogram::new(0.0);
+        h.observe(&[0.0, -0.0, f32::NAN]);
+        assert_eq!(h.total(), 2);
+        assert_eq!(h.percentile_amax(99.0), 0.0);
+    }
+}

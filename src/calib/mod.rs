@@ -1,0 +1,504 @@
+//! INT8/FP8 calibration: per-tensor activation ranges (amax) from FP32 runs over calibration
+//! data, with TensorRT's algorithms, written as a TensorRT calibration cache.
+//!
+//! * `minmax` (`IInt8MinMaxCalibrator`): amax = max |x| over all batches. One pass.
+//! * `entropy` (`IInt8EntropyCalibrator2`, TensorRT's default): the threshold that minimises
+//!   the KL divergence between the |x| histogram and its int8 quantization ([`entropy`]).
+//! * `percentile`: amax = the given percentile of |x| (99.99 by default), as
+//!   pytorch-quantization / ModelOpt calibrate.
+//!
+//! Histogram algorithms run the model twice: pass 1 finds max |x| per tensor, pass 2 fills a
+//! 2048-bin histogram of |x| over `[0, max]` per tensor. Values are observed as the interpreter
+//! produces them and never kept, so memory is bounded by the model, not by the data. Every
+//! float tensor is calibrated — graph inputs and all node outputs; integer and bool tensors
+//! (shapes, indices, masks) are not. Results are deterministic: integer counts, fixed bins.
+//!
+//! The cache stores the int8 scale `amax / 127`; fp8 layers use the same amax with their own
+//! range (`amax / 448` for e4m3), see [`crate::precision::quant`].
+
+pub mod cache;
+pub mod entropy;
+pub mod histogram;
+
+pub use cache::{CalibrationCache, TRT_VERSION_TAG};
+
+use crate::error::{Error, Result};
+use crate::exec::{Feeds, Interpreter, RunOptions};
+use crate::precision::{quant::scale_from_amax, Precision};
+use crate::tensor::{Tensor, TensorData};
+use histogram::{Histogram, RangeStats};
+use rayon::prelude::*;
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Pytorch-quantization's and ModelOpt's default percentile.
+pub const DEFAULT_PERCENTILE: f64 = 99.99;
+
+/// How a tensor's amax is chosen from its values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum CalibAlgo {
+    /// max |x| (TensorRT's `IInt8MinMaxCalibrator`).
+    MinMax,
+    /// KL-divergence threshold (TensorRT's `IInt8EntropyCalibrator2`).
+    Entropy,
+    /// The given percentile of |x|, in (0, 100].
+    Percentile(f64),
+}
+
+impl CalibAlgo {
+    /// Parses `minmax`, `entropy` or `percentile` (99.99), or `percentile:P`/`percentile=P`.
+    /// TensorRT's class names (`MinMaxCalibration`, `EntropyCalibration2`) are accepted too.
+    pub fn parse(s: &str) -> Result<CalibAlgo> {
+        let lower = s.trim().to_ascii_lowercase();
+        if let Some(p) = lower
+            .strip_prefix("percentile:")
+            .or_else(|| lower.strip_prefix("percentile="))
+        {
+            let v: f64 = p.trim().parse().map_err(|_| {
+                Error::Invalid(format!(
+                    "calibration algorithm '{s}': '{p}' is not a number"
+                ))
+            })?;
+            return CalibAlgo::percentile(v);
+        }
+        Ok(match lower.as_str() {
+            "minmax" | "max" | "min-max" | "minmaxcalibration" => CalibAlgo::MinMax,
+            "entropy" | "entropy2" | "entropycalibration2" | "kl" => CalibAlgo::Entropy,
+            "percentile" => CalibAlgo::Percentile(DEFAULT_PERCENTILE),
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "unknown calibration algorithm '{s}': valid are minmax, entropy, percentile"
+                )))
+            }
+        })
+    }
+
+    /// A percentile algorithm, checking `p` is in (0, 100].
+    pub fn percentile(p: f64) -> Result<CalibAlgo> {
+        if p > 0.0 && p <= 100.0 {
+            Ok(CalibAlgo::Percentile(p))
+        } else {
+            Err(Error::Invalid(format!(
+                "percentile {p} is out of range: it must be in (0, 100]"
+            )))
+        }
+    }
+
+    /// The algorithm's name in cache headers: TensorRT's names where TensorRT has the
+    /// algorithm (`EntropyCalibration2`, `MinMaxCalibration`); `PercentileCalibration` otherwise.
+    pub fn trt_name(self) -> &'static str {
+        match self {
+            CalibAlgo::MinMax => "MinMaxCalibration",
+            CalibAlgo::Entropy => "EntropyCalibration2",
+            CalibAlgo::Percentile(_) => "PercentileCalibration",
+        }
+    }
+
+    /// The cache header, e.g. `TRT-8601-EntropyCalibration2`.
+    pub fn cache_header(self) -> String {
+        format!("TRT-{TRT_VERSION_TAG}-{}", self.trt_name())
+    }
+
+    /// Model runs per batch: 1 for minmax, 2 for histogram algorithms.
+    pub fn passes(self) -> usize {
+        match self {
+            CalibAlgo::MinMax => 1,
+            _ => 2,
+        }
+    }
+}
+
+impl std::str::FromStr for CalibAlgo {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<CalibAlgo> {
+        CalibAlgo::parse(s)
+    }
+}
+
+impl std::fmt::Display for CalibAlgo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CalibAlgo::MinMax => f.write_str("minmax"),
+            CalibAlgo::Entropy => f.write_str("entropy"),
+            CalibAlgo::Percentile(p) => write!(f, "percentile({p})"),
+        }
+    }
+}
+
+/// What calibration found for one tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorCalibration {
+    pub name: String,
+    /// Largest finite |x| over all batches.
+    pub max_abs: f32,
+    /// The calibrated range (≤ `max_abs`).
+    pub amax: f32,
+    /// The int8 scale written to the cache (`amax / 127`; 1 when amax is 0).
+    pub scale: f32,
+    /// Finite values seen over all batches.
+    pub values: u64,
+    /// ±inf values seen; they are left out of the statistics.
+    pub infinite: u64,
+    /// Whether the tensor is in the cache (not when it never held a finite value).
+    pub in_cache: bool,
+}
+
+/// The result of a calibration with per-tensor detail (the CLI prints it).
+#[derive(Clone, Debug)]
+pub struct CalibrationReport {
+    pub cache: CalibrationCache,
+    /// Every float tensor observed, in the order the model produces them.
+    pub tensors: Vec<TensorCalibration>,
+    pub algo: CalibAlgo,
+    pub batches: usize,
+    /// Model runs over all batches (batches · passes).
+    pub runs: usize,
+}
+
+/// Calibrates every float tensor of the model over `batches` and returns the cache
+/// (header `TRT-8601-<algorithm>`). `progress` shows a bar on stderr, one tick per batch per pass.
+pub fn calibrate(
+    interp: &Interpreter,
+    batches: &[Feeds],
+    algo: CalibAlgo,
+    progress: bool,
+) -> Result<CalibrationCache> {
+    calibrate_report(interp, batches, algo, progress).map(|r| r.cache)
+}
+
+/// [`calibrate`] with per-tensor statistics.
+pub fn calibrate_report(
+    interp: &Interpreter,
+    batches: &[Feeds],
+    algo: CalibAlgo,
+    progress: bool,
+) -> Result<CalibrationReport> {
+    if let CalibAlgo::Percentile(p) = algo {
+        CalibAlgo::percentile(p)?;
+    }
+    if batches.is_empty() {
+        return Err(Error::Invalid(
+            "calibration needs at least one batch of input data".into(),
+        ));
+    }
+    // Check every batch before the first (possibly long) run.
+    for (i, feeds) in batches.iter().enumerate() {
+        interp
+            .check_feeds(feeds)
+            .map_err(|e| Error::Invalid(format!("calibration batch {i}: {e}")))?;
+    }
+    let passes = algo.passes();
+    let bar = progress_bar(progress, (batches.len() * passes) as u64);
+
+    // Pass 1: ranges. Tensors are kept in the order they are first produced.
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut ranges: Vec<RangeStats> = Vec::new();
+    if passes > 1 {
+        bar.set_message(format!("calibrating ({algo}) pass 1/{passes}: ranges"));
+    } else {
+        bar.set_message(format!("calibrating ({algo}): ranges"));
+    }
+    for (b, feeds) in batches.iter().enumerate() {
+        let mut failure: Option<Error> = None;
+        interp
+            .run_observed(feeds, &RunOptions::default(), &mut |name, t| {
+                if failure.is_some() {
+                    return;
+                }
+                let Some(values) = float_values(t) else {
+                    return;
+                };
+                let k = match index.get(name) {
+                    Some(&k) => k,
+                    None => {
+                        index.insert(name.to_string(), names.len());
+                        names.push(name.to_string());
+                        ranges.push(RangeStats::default());
+                        names.len() - 1
+                    }
+                };
+                let before = ranges[k].nan;
+                ranges[k].observe(&values);
+                if ranges[k].nan > before {
+                    failure = Some(Error::Invalid(format!(
+                        "tensor '{name}': {} NaN value(s) in calibration batch {b}; the FP32 \
+                         model produces NaN on this data, so no range can be calibrated",
+                        ranges[k].nan - before
+                    )));
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("calibration batch {b}: {e}")))?;
+        if let Some(e) = failure {
+            bar.abandon();
+            return Err(e);
+        }
+        bar.inc(1);
+    }
+
+    // Pass 2: histograms over [0, max|x|].
+    let mut hists: Vec<Histogram> = Vec::new();
+    if passes > 1 {
+        bar.set_message(format!("calibrating ({algo}) pass 2/{passes}: histograms"));
+        hists = ranges.iter().map(|r| Histogram::new(r.max_abs)).collect();
+        for (b, feeds) in batches.iter().enumerate() {
+            interp
+                .run_observed(feeds, &RunOptions::default(), &mut |name, t| {
+                    let Some(&k) = index.get(name) else {
+                        return;
+                    };
+                    if let Some(values) = float_values(t) {
+                        hists[k].observe(&values);
+                    }
+                })
+                .map_err(|e| Error::Invalid(format!("calibration batch {b}: {e}")))?;
+            bar.inc(1);
+        }
+    }
+    bar.finish_and_clear();
+
+    // Amax per tensor (independent per tensor: in parallel, collected in order).
+    let amaxes: Vec<f32> = (0..names.len())
+        .into_par_iter()
+        .map(|k| match algo {
+            CalibAlgo::MinMax => ranges[k].max_abs,
+            CalibAlgo::Entropy => {
+                let h = &hists[k];
+                match entropy::entropy_threshold_bin(&h.counts) {
+                    Some(i) => h.edge(i),
+                    None => h.range,
+                }
+            }
+            CalibAlgo::Percentile(p) => hists[k].percentile_amax(p),
+        })
+        .collect();
+
+    let mut cache = CalibrationCache::new(algo.cache_header());
+    let mut tensors = Vec::with_capacity(names.len());
+    for ((name, r), amax) in names.into_iter().zip(&ranges).zip(amaxes) {
+        let scale = scale_from_amax(amax, Precision::Int8);
+        let in_cache = r.finite > 0;
+        if in_cache {
+            cache.scales.push((name.clone(), scale));
+        }
+        tensors.push(TensorCalibration {
+            name,
+            max_abs: r.max_abs,
+            amax,
+            scale,
+            values: r.finite,
+            infinite: r.infinite,
+            in_cache,
+        });
+    }
+    Ok(CalibrationReport {
+        cache,
+        tensors,
+        algo,
+        batches: batches.len(),
+        runs: batches.len() * passes,
+    })
+}
+
+/// A float tensor's values as f32 (borrowed for f32); None for integer, bool, string tensors.
+fn float_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
+    match t.data() {
+        TensorData::F32(v) => Some(Cow::Borrowed(v.as_slice())),
+        TensorData::F64(v) => Some(Cow::Owned(v.iter().map(|&x| x as f32).collect())),
+        TensorData::F16(v) => Some(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
+        TensorData::BF16(v) => Some(Cow::Owned(v.iter().map(|x| x.to_f32()).collect())),
+        _ => None,
+    }
+}
+
+fn progress_bar(show: bool, len: u64) -> indicatif::ProgressBar {
+    if !show {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(len),
+        indicatif::ProgressDrawTarget::stderr(),
+    );
+    if let Ok(style) = indicatif::ProgressStyle::with_template(
+        "{msg} [{bar:30}] {pos}/{len} runs ({elapsed}, eta {eta})",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Graph, Node, ValueInfo};
+    use crate::tensor::DType;
+    use std::collections::BTreeMap;
+
+    fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
+        Node {
+            name: format!("{op}_{}", outputs[0]),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attrs: BTreeMap::new(),
+        }
+    }
+
+    fn vi(name: &str, shape: &[usize]) -> ValueInfo {
+        ValueInfo {
+            name: name.into(),
+            dtype: Some(DType::F32),
+            shape: Some(shape.iter().map(|&d| crate::graph::Dim::Fixed(d)).collect()),
+        }
+    }
+
+    /// x[n] -> y = x * 2 -> z = Relu(y); s = Shape(z) (int64, not calibrated).
+    fn tiny_graph(n: usize) -> Graph {
+        let mut g = Graph {
+            nodes: vec![
+                node("Mul", &["x", "two"], &["y"]),
+                node("Relu", &["y"], &["z"]),
+                node("Shape", &["z"], &["s"]),
+            ],
+            inputs: vec![vi("x", &[n])],
+            outputs: vec![vi("z", &[n])],
+            ..Default::default()
+        };
+        g.initializers
+            .insert("two".into(), Tensor::from_f32(vec![], vec![2.0]));
+        g.opsets.insert(String::new(), 17);
+        g
+    }
+
+    fn feeds(v: &[f32]) -> Feeds {
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![v.len()], v.to_vec()));
+        f
+    }
+
+    #[test]
+    fn algo_names_parse() {
+        assert_eq!(CalibAlgo::parse("minmax").unwrap(), CalibAlgo::MinMax);
+        assert_eq!(CalibAlgo::parse("Entropy").unwrap(), CalibAlgo::Entropy);
+        assert_eq!(
+            CalibAlgo::parse("percentile").unwrap(),
+            CalibAlgo::Percentile(99.99)
+        );
+        assert_eq!(
+            CalibAlgo::parse("percentile:99.9").unwrap(),
+            CalibAlgo::Percentile(99.9)
+        );
+        assert!(CalibAlgo::parse("percentile:120").is_err());
+        assert!(CalibAlgo::parse("mse")
+            .unwrap_err()
+            .to_string()
+            .contains("valid are minmax, entropy, percentile"));
+        assert_eq!(
+            CalibAlgo::Entropy.cache_header(),
+            "TRT-8601-EntropyCalibration2"
+        );
+        assert_eq!(
+            CalibAlgo::MinMax.cache_header(),
+            "TRT-8601-MinMaxCalibration"
+        );
+    }
+
+    #[test]
+    fn minmax_on_a_tiny_graph() {
+        let g = tiny_graph(4);
+        let interp = Interpreter::new(&g).unwrap();
+        let batches = vec![
+            feeds(&[1.0, -3.0, 0.5, 2.0]),
+            feeds(&[0.25, 2.5, -1.0, 0.0]),
+        ];
+        let report = calibrate_report(&interp, &batches, CalibAlgo::MinMax, false).unwrap();
+        let c = &report.cache;
+        assert_eq!(c.header, "TRT-8601-MinMaxCalibration");
+        let names: Vec<&str> = c.scales.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x", "y", "z"], "the int64 shape tensor is skipped");
+        assert_eq!(c.scale("x"), Some(3.0 / 127.0));
+        assert_eq!(c.scale("y"), Some(6.0 / 127.0));
+        assert_eq!(c.scale("z"), Some(5.0 / 127.0));
+        assert_eq!(c.amax("z"), Some(5.0));
+        assert_eq!(report.runs, 2);
+        // The same cache from the short form, and deterministic.
+        let again = calibrate(&interp, &batches, CalibAlgo::MinMax, false).unwrap();
+        assert_eq!(&again, c);
+    }
+
+    #[test]
+    fn histogram_algorithms_on_a_tiny_graph() {
+        let n = 4096;
+        let g = tiny_graph(n);
+        let interp = Interpreter::new(&g).unwrap();
+        // Standard normal data, 8 batches; one value of 50 (a far outlier) in the last batch.
+        let mut rng = entropy::tests::Rng(3);
+        let mut batches: Vec<Feeds> = (0..8)
+            .map(|_| feeds(&(0..n).map(|_| rng.normal() as f32).collect::<Vec<_>>()))
+            .collect();
+        if let Some(TensorData::F32(v)) = batches[7].get_mut("x").map(|t| t.data_mut()) {
+            v[100] = 50.0;
+        }
+        let r = calibrate_report(&interp, &batches, CalibAlgo::Percentile(99.9), false).unwrap();
+        assert_eq!(r.cache.header, "TRT-8601-PercentileCalibration");
+        assert_eq!(r.runs, 16);
+        let amax = r.cache.amax("x").unwrap();
+        // The 99.9th percentile of |N(0,1)| is 3.29.
+        assert!(amax > 3.0 && amax < 3.6, "percentile amax of x: {amax}");
+        let p100 = calibrate(&interp, &batches, CalibAlgo::Percentile(100.0), false).unwrap();
+        assert_eq!(p100.amax("x"), Some(50.0));
+        assert_eq!(p100.amax("y"), Some(100.0));
+
+        let e = calibrate(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        assert_eq!(e.header, "TRT-8601-EntropyCalibration2");
+        let amax = e.amax("x").unwrap();
+        assert!(
+            amax > 2.0 && amax < 10.0,
+            "entropy clips the outlier: amax {amax}"
+        );
+        let again = calibrate(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        assert_eq!(again, e, "deterministic");
+    }
+
+    #[test]
+    fn nan_names_the_tensor_and_bad_data_the_batch() {
+        let g = tiny_graph(4);
+        let interp = Interpreter::new(&g).unwrap();
+        let batches = vec![
+            feeds(&[1.0, 2.0, 3.0, 4.0]),
+            feeds(&[1.0, f32::NAN, 3.0, 4.0]),
+        ];
+        let e = calibrate(&interp, &batches, CalibAlgo::MinMax, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("tensor 'x'") && e.contains("NaN") && e.contains("batch 1"),
+            "{e}"
+        );
+
+        let bad = feeds(&[1.0; 3]);
+        let e = calibrate(&interp, &[feeds(&[0.0; 4]), bad], CalibAlgo::Entropy, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("batch 1") && e.contains("input 'x'"), "{e}");
+        let e = calibrate(&interp, &[], CalibAlgo::Entropy, false)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least one batch"), "{e}");
+    }
+
+    #[test]
+    fn infinities_are_left_out() {
+        let g = tiny_graph(4);
+        let interp = Interpreter::new(&g).unwrap();
+        let batches = vec![feeds(&[1.0, f32::NEG_INFINITY, 3.0, 4.0])];
+        let r = calibrate_report(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        let x = &r.tensors[0];
+        assert_eq!(
+            (x.name.as_str(), x.max_abs, x.infinite, x.values),
+            ("x", 4.0, 1, 3)
+        );
+        assert!(r.cache.amax("x").unwrap() <= 4.0);
+    }
+}
