@@ -5,10 +5,12 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: {source}", path.display())]
+    // The io error is part of the message, not a `source`: the CLI prints the whole chain,
+    // which would repeat it.
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{}: not a valid ONNX model: {msg}", path.display())]
     Model { path: PathBuf, msg: String },
@@ -41,7 +43,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
         Error::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 

@@ -1,21 +1,84 @@
-//! Activation ranges for int8/fp8 plans: from `--calibration-cache`, or calibrated on the fly.
+//! Activation ranges for int8/fp8 plans: from `--calibration-cache`, or calibrated on the fly
+//! over the run's own inputs (and saved to the cache path when one is given), as Polygraphy
+//! does with TensorRT.
 
 use super::precision_args::PrecisionArgs;
+use crate::calib::{calibrate, CalibAlgo, CalibrationCache};
+use crate::exec::emulate::required_ranges;
 use crate::exec::Feeds;
 use crate::precision::plan::PrecisionPlan;
 use crate::Interpreter;
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 
 /// None when the plan has no quantized layer.
 pub fn ranges_for_plan(
-    _interp: &Interpreter,
+    interp: &Interpreter,
     plan: &PrecisionPlan,
-    _args: &PrecisionArgs,
-    _feeds: &[Feeds],
+    args: &PrecisionArgs,
+    feeds: &[Feeds],
 ) -> Result<Option<BTreeMap<String, f32>>> {
     if !PrecisionArgs::needs_ranges(plan) {
         return Ok(None);
     }
-    bail!("int8/fp8 layers need calibration, which this build does not have yet")
+    let graph = interp.graph();
+    let needed = required_ranges(graph, plan);
+    let progress = std::io::stderr().is_terminal();
+    match &args.calibration_cache {
+        Some(path) if path.exists() => {
+            let cache = CalibrationCache::read(path)?;
+            let known: std::collections::HashSet<&str> = graph
+                .nodes
+                .iter()
+                .flat_map(|n| n.outputs.iter().map(String::as_str))
+                .chain(graph.inputs.iter().map(|v| v.name.as_str()))
+                .collect();
+            let foreign: Vec<&str> = cache
+                .scales
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .filter(|n| !known.contains(n))
+                .collect();
+            if !foreign.is_empty() {
+                let shown: Vec<&str> = foreign.iter().take(8).copied().collect();
+                eprintln!(
+                    "warning: {}: {} tensor(s) are not in this model ({}{}); is the cache from another model?",
+                    path.display(),
+                    foreign.len(),
+                    shown.join(", "),
+                    if foreign.len() > shown.len() { ", ..." } else { "" }
+                );
+            }
+            let amax = cache.amax_map();
+            let missing: Vec<&str> = needed
+                .iter()
+                .map(String::as_str)
+                .filter(|n| !amax.contains_key(*n))
+                .collect();
+            if !missing.is_empty() {
+                let shown: Vec<&str> = missing.iter().take(8).copied().collect();
+                bail!(
+                    "{}: no range for {} tensor(s) that int8/fp8 layers read ({}{}); recalibrate with `mixprec calibrate` or delete the cache to calibrate on the fly",
+                    path.display(),
+                    missing.len(),
+                    shown.join(", "),
+                    if missing.len() > shown.len() { ", ..." } else { "" }
+                );
+            }
+            Ok(Some(amax))
+        }
+        other => {
+            eprintln!(
+                "[I] Calibrating int8/fp8 ranges (entropy) over {} input set(s)...",
+                feeds.len()
+            );
+            let cache = calibrate(interp, feeds, CalibAlgo::Entropy, progress)?;
+            if let Some(path) = other {
+                cache.write(path)?;
+                eprintln!("[I] Saved calibration cache to {}", path.display());
+            }
+            Ok(Some(cache.amax_map()))
+        }
+    }
 }

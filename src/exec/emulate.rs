@@ -151,6 +151,27 @@ impl PreparedPlan {
     }
 }
 
+/// The activation tensors whose calibrated ranges a plan needs: non-initializer operands of
+/// its int8/fp8 layers, in graph order, each once.
+pub fn required_ranges(graph: &Graph, plan: &PrecisionPlan) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for (node, p) in graph.nodes.iter().zip(&plan.layers) {
+        if !p.is_scaled() || is_data_movement(&node.op_type) {
+            continue;
+        }
+        for (idx, name) in node.inputs.iter().enumerate() {
+            if !name.is_empty()
+                && is_quantized_operand(&node.op_type, idx)
+                && !graph.initializers.contains_key(name)
+                && !out.contains(name)
+            {
+                out.push(name.clone());
+            }
+        }
+    }
+    out
+}
+
 /// Applies an activation treatment; None means "use the original tensor" (also for
 /// `Converted`, which the caller takes from the plan by reference).
 pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
