@@ -9,6 +9,7 @@ pub mod compare;
 pub mod data;
 pub mod error;
 pub mod exec;
+pub mod export;
 pub mod graph;
 pub mod inspect;
 pub mod onnx;

@@ -5,5 +5,6 @@ mod calib;
 mod cli;
 mod common;
 mod conformance;
+mod export;
 mod models;
 mod precision;

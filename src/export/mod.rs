@@ -1,0 +1,1688 @@
+//! Export: writes a precision plan out as a deployable mixed-precision ONNX model
+//! (docs/export.md).
+//!
+//! - float16/bfloat16 layers get their float32 inputs converted to their type: initializers
+//!   used only in that type are converted in place (round to nearest even), every other tensor
+//!   through one shared `Cast` per (tensor, type). Their outputs are of that type; consumers
+//!   that need float32 get a `Cast` back.
+//! - int8/fp8 layers (Conv, ConvTranspose, MatMul, Gemm) get explicit quantization in the QDQ
+//!   format: `QuantizeLinear → DequantizeLinear` on each activation operand (per-tensor scale
+//!   from its calibrated range), weights stored quantized with per-channel
+//!   `DequantizeLinear`. The layer computes in float32 on the dequantized values; biases stay
+//!   float32.
+//! - Data-movement layers run in the type of their data input; when several data inputs
+//!   disagree they all run in float32 (exact: it adds no rounding the emulation does not have).
+//!
+//! Quantization uses `precision::quant`, the same functions as the emulation, so the exported
+//! model computes the values mixprec emulated.
+
+pub mod schema;
+mod schemas;
+pub mod types;
+
+use crate::error::{Error, Result};
+use crate::graph::{Graph, Node, ValueInfo};
+use crate::onnx::{decode_model, model_from_proto, proto, tensor_to_proto};
+use crate::ops::cast::cast_tensor;
+use crate::ops::is_data_movement;
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::quant::{
+    channel_scales, is_quantized_operand, quantize, scale_from_amax, weight_channel_axis,
+};
+use crate::precision::{has_quantized_kernel, input_follows_layer_precision, Precision};
+use crate::tensor::{DType, Tensor};
+use prost::Message;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+/// How to write the model.
+#[derive(Clone, Debug)]
+pub struct ExportOptions {
+    /// Graph inputs and outputs keep their original element types (default). When false, a
+    /// float32 input read only in one reduced type takes that type, and outputs keep the type
+    /// their producer computes in.
+    pub keep_io_types: bool,
+    /// A float16/bfloat16 layer whose op has no such type in the model's ONNX opset (e.g.
+    /// bfloat16 Conv before opset 22) stays float32, with a note, instead of failing.
+    pub fallback: bool,
+}
+
+impl Default for ExportOptions {
+    fn default() -> Self {
+        ExportOptions {
+            keep_io_types: true,
+            fallback: false,
+        }
+    }
+}
+
+/// An exported model and what the export did.
+#[derive(Clone, Debug)]
+pub struct Exported {
+    pub model: proto::ModelProto,
+    /// Things the user should know (fallbacks, opset changes), one line each.
+    pub notes: Vec<String>,
+    /// `Cast` nodes added.
+    pub casts: usize,
+    /// Activations given QuantizeLinear/DequantizeLinear.
+    pub quantized_activations: usize,
+    /// Weights stored quantized.
+    pub quantized_weights: usize,
+}
+
+/// Exports `plan` (indexed like the layers of `load_model(model_path)`) as an ONNX model.
+/// `amax`: activation ranges (absolute max per tensor name), required for int8/fp8 layers.
+pub fn export_model(
+    model_path: &Path,
+    plan: &PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    opts: &ExportOptions,
+) -> Result<proto::ModelProto> {
+    export(model_path, plan, amax, opts).map(|e| e.model)
+}
+
+/// [`export_model`] with the notes and counts of what was done.
+pub fn export(
+    model_path: &Path,
+    plan: &PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    opts: &ExportOptions,
+) -> Result<Exported> {
+    let bytes = std::fs::read(model_path).map_err(|e| Error::io(model_path, e))?;
+    let model = decode_model(&bytes, model_path)?;
+    let base = model_path
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    export_proto(model, model_path, &base, plan, amax, opts)
+}
+
+/// Exports a decoded model (`path` names it in messages; external data resolves in `base_dir`).
+pub fn export_proto(
+    model: proto::ModelProto,
+    path: &Path,
+    base_dir: &Path,
+    plan: &PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    opts: &ExportOptions,
+) -> Result<Exported> {
+    if model.graph.is_none() {
+        return Err(Error::Model {
+            path: path.to_path_buf(),
+            msg: "the model has no graph".into(),
+        });
+    }
+    let ir = model_from_proto(model.clone(), path, base_dir)?;
+    Exporter::new(model, &ir.graph, plan, amax, opts)?.run()
+}
+
+/// Writes a model atomically (a temporary file renamed into place).
+pub fn write_model(path: &Path, model: &proto::ModelProto) -> Result<()> {
+    let len = model.encoded_len();
+    if len > i32::MAX as usize {
+        return Err(Error::Invalid(format!(
+            "{}: the model is {len} bytes, over protobuf's 2 GiB limit (external data is not written by mixprec yet)",
+            path.display()
+        )));
+    }
+    crate::data::write_atomic(path, &model.encode_to_vec())
+}
+
+/// What a layer does in the exported graph.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Role {
+    /// Pure data movement (and Cast): runs in its data input's type.
+    Movement,
+    /// A float layer computing in this type (F32, F16 or BF16).
+    Float(DType),
+    /// An int8/fp8 layer: QDQ on its operands, computes in float32.
+    Quant(Precision),
+}
+
+fn float_dtype(p: Precision) -> Option<DType> {
+    match p {
+        Precision::Float32 => Some(DType::F32),
+        Precision::Float16 => Some(DType::F16),
+        Precision::BFloat16 => Some(DType::BF16),
+        _ => None,
+    }
+}
+
+fn suffix(t: DType) -> &'static str {
+    match t {
+        DType::F32 => "fp32",
+        DType::F16 => "fp16",
+        DType::BF16 => "bf16",
+        other => other.name(),
+    }
+}
+
+/// ONNX `TensorProto.DataType` of a quantized precision.
+fn quant_code(p: Precision) -> i32 {
+    match p {
+        Precision::Fp8E4M3 => proto::tensor_proto::DataType::Float8e4m3fn as i32,
+        Precision::Fp8E5M2 => proto::tensor_proto::DataType::Float8e5m2 as i32,
+        _ => DType::I8.onnx_code(),
+    }
+}
+
+/// The stored byte of one quantized value (already on the grid of `p`).
+fn quant_byte(p: Precision, q: f32) -> u8 {
+    match p {
+        Precision::Fp8E4M3 => float8::F8E4M3::from_f32(q).to_bits(),
+        Precision::Fp8E5M2 => float8::F8E5M2::from_f32(q).to_bits(),
+        _ => (q as i8) as u8,
+    }
+}
+
+fn quant_tensor(name: &str, p: Precision, dims: &[usize], q: &[f32]) -> proto::TensorProto {
+    proto::TensorProto {
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: Some(quant_code(p)),
+        name: Some(name.to_string()),
+        raw_data: Some(q.iter().map(|&x| quant_byte(p, x)).collect()),
+        ..Default::default()
+    }
+}
+
+fn is_default_domain(d: &str) -> bool {
+    d.is_empty() || d == "ai.onnx"
+}
+
+fn node_has_subgraph(n: &proto::NodeProto) -> bool {
+    n.attribute
+        .iter()
+        .any(|a| a.g.is_some() || !a.graphs.is_empty())
+}
+
+/// Every name read inside the subgraphs of a node list (outer-scope references included).
+fn subgraph_reads(nodes: &[proto::NodeProto], inside: bool, out: &mut HashSet<String>) {
+    for n in nodes {
+        if inside {
+            out.extend(n.input.iter().filter(|s| !s.is_empty()).cloned());
+        }
+        for a in &n.attribute {
+            if let Some(g) = &a.g {
+                subgraph_reads(&g.node, true, out);
+                out.extend(g.output.iter().filter_map(|v| v.name.clone()));
+            }
+            for g in &a.graphs {
+                subgraph_reads(&g.node, true, out);
+                out.extend(g.output.iter().filter_map(|v| v.name.clone()));
+            }
+        }
+    }
+}
+
+/// Every name defined anywhere (tensors and nodes, subgraphs included), for fresh names.
+fn collect_names(g: &proto::GraphProto, out: &mut HashSet<String>) {
+    for v in g.input.iter().chain(&g.output).chain(&g.value_info) {
+        out.extend(v.name.clone());
+    }
+    for t in &g.initializer {
+        out.extend(t.name.clone());
+    }
+    for st in &g.sparse_initializer {
+        out.extend(st.values.as_ref().and_then(|v| v.name.clone()));
+    }
+    for n in &g.node {
+        out.extend(n.name.clone());
+        out.extend(n.input.iter().cloned());
+        out.extend(n.output.iter().cloned());
+        for a in &n.attribute {
+            if let Some(sg) = &a.g {
+                collect_names(sg, out);
+            }
+            for sg in &a.graphs {
+                collect_names(sg, out);
+            }
+        }
+    }
+}
+
+/// The position in the proto's node list of each IR node: the IR sorts nodes topologically,
+/// so the same sort is replayed on a shadow graph whose node names are proto indices.
+fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
+    let mut initializers = HashMap::new();
+    for t in &g.initializer {
+        initializers.insert(
+            t.name.clone().unwrap_or_default(),
+            Tensor::zeros(DType::F32, vec![0]),
+        );
+    }
+    for st in &g.sparse_initializer {
+        let name = st
+            .values
+            .as_ref()
+            .and_then(|v| v.name.clone())
+            .unwrap_or_default();
+        initializers.insert(name, Tensor::zeros(DType::F32, vec![0]));
+    }
+    let inputs = g
+        .input
+        .iter()
+        .map(|v| v.name.clone().unwrap_or_default())
+        .filter(|n| !initializers.contains_key(n))
+        .map(|name| ValueInfo {
+            name,
+            dtype: None,
+            shape: None,
+        })
+        .collect();
+    let nodes = g
+        .node
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Node {
+            name: i.to_string(),
+            op_type: n.op_type.clone().unwrap_or_default(),
+            domain: n.domain.clone().unwrap_or_default(),
+            inputs: n.input.clone(),
+            outputs: n.output.clone(),
+            attrs: BTreeMap::new(),
+        })
+        .collect();
+    let mut shadow = Graph {
+        nodes,
+        initializers,
+        inputs,
+        ..Default::default()
+    };
+    shadow.sort_topologically()?;
+    shadow
+        .nodes
+        .iter()
+        .map(|n| {
+            n.name
+                .parse()
+                .map_err(|_| Error::Invalid("export: internal node order error".into()))
+        })
+        .collect()
+}
+
+/// Which inputs of a data-movement op carry the data (share the output's type).
+fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
+    match op {
+        "Cast" | "CastLike" | "Shape" | "Size" | "NonZero" | "Constant" | "ConstantOfShape" => {
+            vec![]
+        }
+        "Concat" | "Range" => (0..n).collect(),
+        "OneHot" => vec![2],
+        "Pad" | "ScatterND" | "ScatterElements" => vec![0, 2],
+        _ => vec![0],
+    }
+}
+
+struct Exporter<'a> {
+    model: proto::ModelProto,
+    graph: &'a Graph,
+    plan: &'a PrecisionPlan,
+    amax: Option<&'a BTreeMap<String, f32>>,
+    opts: &'a ExportOptions,
+    /// Position of IR node k in the proto's node list.
+    order: Vec<usize>,
+    /// Default-domain opset of the exported model.
+    opset: i64,
+    /// Element types in the original model (unknown types are absent).
+    orig: HashMap<String, DType>,
+    /// Element types in the exported model.
+    cur: HashMap<String, DType>,
+    /// Initializers the export may convert (not overridable graph inputs).
+    foldable: HashSet<String>,
+    names: HashSet<String>,
+    nodes: Vec<proto::NodeProto>,
+    inits: Vec<proto::TensorProto>,
+    /// (tensor, type) -> converted tensor (a Cast output or a converted initializer).
+    converted: HashMap<(String, DType), String>,
+    /// Original initializer -> its converted copies.
+    init_copies: HashMap<String, Vec<String>>,
+    /// Names of the Cast nodes the export added.
+    added_casts: HashSet<String>,
+    /// (tensor, precision, axis) -> dequantized tensor.
+    quantized: HashMap<(String, Precision, Option<usize>), String>,
+    notes: Vec<String>,
+    casts: usize,
+    quantized_activations: usize,
+    quantized_weights: usize,
+}
+
+impl<'a> Exporter<'a> {
+    fn new(
+        model: proto::ModelProto,
+        graph: &'a Graph,
+        plan: &'a PrecisionPlan,
+        amax: Option<&'a BTreeMap<String, f32>>,
+        opts: &'a ExportOptions,
+    ) -> Result<Exporter<'a>> {
+        if plan.layers.len() != graph.nodes.len() {
+            return Err(Error::Invalid(format!(
+                "the precision plan has {} layers, the model {}",
+                plan.layers.len(),
+                graph.nodes.len()
+            )));
+        }
+        let g = model
+            .graph
+            .as_ref()
+            .expect("decode_model checked the graph");
+        let order = proto_order(g)?;
+        for (k, &i) in order.iter().enumerate() {
+            if g.node.get(i).map(|n| &n.output) != Some(&graph.nodes[k].outputs) {
+                return Err(Error::Invalid(
+                    "export: the model's nodes do not match its loaded graph".into(),
+                ));
+            }
+        }
+        let mut names = HashSet::new();
+        collect_names(g, &mut names);
+        for n in &graph.nodes {
+            names.insert(n.name.clone());
+        }
+        let graph_inputs: HashSet<&str> =
+            g.input.iter().filter_map(|v| v.name.as_deref()).collect();
+        let foldable = graph
+            .initializers
+            .keys()
+            .filter(|k| !graph_inputs.contains(k.as_str()))
+            .cloned()
+            .collect();
+        let mut ex = Exporter {
+            opset: graph.opset(),
+            model,
+            graph,
+            plan,
+            amax,
+            opts,
+            order,
+            orig: HashMap::new(),
+            cur: HashMap::new(),
+            foldable,
+            names,
+            nodes: Vec::new(),
+            inits: Vec::new(),
+            converted: HashMap::new(),
+            init_copies: HashMap::new(),
+            added_casts: HashSet::new(),
+            quantized: HashMap::new(),
+            notes: Vec::new(),
+            casts: 0,
+            quantized_activations: 0,
+            quantized_weights: 0,
+        };
+        ex.type_original()?;
+        Ok(ex)
+    }
+
+    /// Element types of every tensor of the original model: declared ones (graph inputs,
+    /// outputs, value_info, initializers) first, else inferred from the op.
+    fn type_original(&mut self) -> Result<()> {
+        let g = self.graph;
+        let mut declared: HashMap<&str, DType> = HashMap::new();
+        for vi in g.value_info.values().chain(&g.outputs).chain(&g.inputs) {
+            if let Some(t) = vi.dtype {
+                declared.insert(&vi.name, t);
+            }
+        }
+        for (name, t) in &g.initializers {
+            self.orig.insert(name.clone(), t.dtype());
+        }
+        for vi in &g.inputs {
+            if let Some(t) = vi.dtype {
+                self.orig.insert(vi.name.clone(), t);
+            }
+        }
+        for node in &g.nodes {
+            let ins: Vec<Option<DType>> = node
+                .inputs
+                .iter()
+                .map(|s| self.orig.get(s).copied())
+                .collect();
+            let rule = types::infer_outputs(node, &ins);
+            for (j, o) in node.outputs.iter().enumerate() {
+                if o.is_empty() {
+                    continue;
+                }
+                let t = declared
+                    .get(o.as_str())
+                    .copied()
+                    .or_else(|| rule.as_ref().and_then(|r| r.get(j).copied().flatten()));
+                if let Some(t) = t {
+                    self.orig.insert(o.clone(), t);
+                }
+            }
+        }
+        self.cur = self.orig.clone();
+        Ok(())
+    }
+
+    fn fresh(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut k = 0;
+        while self.names.contains(&name) {
+            k += 1;
+            name = format!("{base}_{k}");
+        }
+        self.names.insert(name.clone());
+        name
+    }
+
+    fn op_err(node: &Node, msg: String) -> Error {
+        Error::Op {
+            node: node.name.clone(),
+            op: node.op_type.clone(),
+            msg,
+        }
+    }
+
+    /// The treatment of every layer, checked against the ONNX schemas at the target opset.
+    fn roles(&mut self) -> Result<Vec<Role>> {
+        let mut roles = Vec::with_capacity(self.graph.nodes.len());
+        if self.opset > schemas::MAX_OPSET {
+            self.notes.push(format!(
+                "the model's opset {} is newer than mixprec's ONNX schema table (opset {}): type support is taken from opset {}",
+                self.opset,
+                schemas::MAX_OPSET,
+                schemas::MAX_OPSET
+            ));
+        }
+        for (k, node) in self.graph.nodes.iter().enumerate() {
+            let pnode = &self.model.graph.as_ref().expect("graph").node[self.order[k]];
+            let op = node.op_type.as_str();
+            if is_data_movement(op) {
+                roles.push(Role::Movement);
+                continue;
+            }
+            let p = self.plan.layers[k];
+            if p != Precision::Float32 {
+                if !is_default_domain(&node.domain) {
+                    return Err(Self::op_err(
+                        node,
+                        format!(
+                            "cannot be exported in {p}: only ops of the default ONNX domain can change precision"
+                        ),
+                    ));
+                }
+                if node_has_subgraph(pnode) {
+                    return Err(Self::op_err(
+                        node,
+                        format!("cannot be exported in {p}: layers with subgraphs stay float32"),
+                    ));
+                }
+            }
+            let role = if p.is_scaled() {
+                if has_quantized_kernel(op) {
+                    Role::Quant(p)
+                } else {
+                    self.notes.push(format!(
+                        "layer '{}' ({op}) has no {p} kernel (only Conv, ConvTranspose, MatMul and Gemm do): exported in float32",
+                        node.name
+                    ));
+                    Role::Float(DType::F32)
+                }
+            } else {
+                let t = float_dtype(p).expect("float precision");
+                if t != DType::F32 {
+                    let bad = node.inputs.iter().enumerate().find(|(i, name)| {
+                        !name.is_empty()
+                            && self.orig.get(name.as_str()) == Some(&DType::F32)
+                            && input_follows_layer_precision(op, *i)
+                            && !schema::input_accepts(op, self.opset, *i, t)
+                    });
+                    if let Some((i, name)) = bad {
+                        let why = format!(
+                            "ONNX opset {} has no {} {op} (input {i} '{name}')",
+                            self.opset,
+                            t.name()
+                        );
+                        if !self.opts.fallback {
+                            return Err(Self::op_err(
+                                node,
+                                format!("cannot run in {p}: {why}; keep it in float32 (export fallback) or raise the model's opset"),
+                            ));
+                        }
+                        self.notes
+                            .push(format!("layer '{}' ({op}) stays float32: {why}", node.name));
+                        roles.push(Role::Float(DType::F32));
+                        continue;
+                    }
+                }
+                Role::Float(t)
+            };
+            roles.push(role);
+        }
+        Ok(roles)
+    }
+
+    fn cur_type(&self, t: &str, node: &Node) -> Result<DType> {
+        self.cur.get(t).copied().ok_or_else(|| {
+            Self::op_err(
+                node,
+                format!(
+                    "the element type of its input '{t}' is unknown; run ONNX shape inference on the model first"
+                ),
+            )
+        })
+    }
+
+    /// `t` as type `to`: itself, a converted initializer, or the output of a (shared) Cast.
+    fn get_as(&mut self, t: &str, to: DType, node: &Node) -> Result<String> {
+        if t.is_empty() || self.cur_type(t, node)? == to {
+            return Ok(t.to_string());
+        }
+        let key = (t.to_string(), to);
+        if let Some(n) = self.converted.get(&key) {
+            return Ok(n.clone());
+        }
+        let name = self.fresh(&format!("{t}_{}", suffix(to)));
+        if self.foldable.contains(t) {
+            let w = &self.graph.initializers[t];
+            let c = cast_tensor(w, to);
+            self.inits.push(tensor_to_proto(&name, &c));
+            self.init_copies
+                .entry(t.to_string())
+                .or_default()
+                .push(name.clone());
+        } else {
+            let node_name = self.fresh(&format!("{t}_Cast_{}", suffix(to)));
+            self.nodes.push(proto::NodeProto {
+                name: Some(node_name.clone()),
+                op_type: Some("Cast".into()),
+                input: vec![t.to_string()],
+                output: vec![name.clone()],
+                attribute: vec![schema::int_attr("to", to.onnx_code() as i64)],
+                ..Default::default()
+            });
+            self.added_casts.insert(node_name);
+            self.casts += 1;
+        }
+        self.cur.insert(name.clone(), to);
+        self.converted.insert(key, name.clone());
+        Ok(name)
+    }
+
+    /// Whether initializer `t` converts to `to` without changing any value.
+    fn exact_in(&self, t: &str, to: DType) -> bool {
+        let Some(w) = self.graph.initializers.get(t) else {
+            return false;
+        };
+        let Some(v) = w.to_f32_vec() else {
+            return false;
+        };
+        let c = cast_tensor(w, to).to_f32_vec().unwrap_or_default();
+        v.len() == c.len()
+            && v.iter()
+                .zip(&c)
+                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
+    }
+
+    /// Per-channel quantized weight: initializer + DequantizeLinear; returns the float32 output.
+    fn quant_weight(&mut self, node: &Node, index: usize, t: &str, p: Precision) -> Result<String> {
+        let w = &self.graph.initializers[t];
+        let axis = weight_channel_axis(node, index, w.rank()).ok_or_else(|| {
+            Self::op_err(
+                node,
+                format!(
+                    "weight '{t}' of rank {} cannot be quantized per channel",
+                    w.rank()
+                ),
+            )
+        })?;
+        if axis >= w.rank() {
+            return Err(Self::op_err(
+                node,
+                format!(
+                    "weight '{t}' of rank {} has no channel axis {axis}",
+                    w.rank()
+                ),
+            ));
+        }
+        let key = (t.to_string(), p, Some(axis));
+        if let Some(n) = self.quantized.get(&key) {
+            return Ok(n.clone());
+        }
+        let v = w
+            .as_f32()
+            .ok_or_else(|| Self::op_err(node, format!("weight '{t}' is not float32")))?;
+        let shape = w.shape();
+        let scales = channel_scales(v, shape, axis, p);
+        let channels = shape[axis];
+        let inner: usize = shape[axis + 1..].iter().product();
+        let q: Vec<f32> = v
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| quantize(x, scales[(i / inner.max(1)) % channels.max(1)], p))
+            .collect();
+        let qn = self.fresh(&format!("{t}_quantized"));
+        let sn = self.fresh(&format!("{t}_scale"));
+        let zn = self.fresh(&format!("{t}_zero_point"));
+        self.inits.push(quant_tensor(&qn, p, shape, &q));
+        self.inits.push(tensor_to_proto(
+            &sn,
+            &Tensor::from_f32(vec![channels], scales),
+        ));
+        self.inits
+            .push(quant_tensor(&zn, p, &[channels], &vec![0.0; channels]));
+        let out = self.fresh(&format!("{t}_dequantized"));
+        let dq = self.fresh(&format!("{t}_DequantizeLinear"));
+        self.nodes.push(proto::NodeProto {
+            name: Some(dq),
+            op_type: Some("DequantizeLinear".into()),
+            input: vec![qn, sn, zn],
+            output: vec![out.clone()],
+            attribute: vec![schema::int_attr("axis", axis as i64)],
+            ..Default::default()
+        });
+        self.cur.insert(out.clone(), DType::F32);
+        self.quantized.insert(key, out.clone());
+        self.quantized_weights += 1;
+        Ok(out)
+    }
+
+    /// Per-tensor QuantizeLinear -> DequantizeLinear on an activation; returns the float32 output.
+    fn quant_activation(&mut self, node: &Node, t: &str, p: Precision) -> Result<String> {
+        let key = (t.to_string(), p, None);
+        if let Some(n) = self.quantized.get(&key) {
+            return Ok(n.clone());
+        }
+        let amax = match self.amax {
+            None => {
+                return Err(Self::op_err(
+                    node,
+                    format!("runs in {p}, which needs activation ranges (amax), and none were given (tensor '{t}')"),
+                ))
+            }
+            Some(m) => *m.get(t).ok_or_else(|| {
+                Self::op_err(
+                    node,
+                    format!("runs in {p} but tensor '{t}' has no calibrated range (amax)"),
+                )
+            })?,
+        };
+        let x = self.get_as(t, DType::F32, node)?;
+        let scale = scale_from_amax(amax, p);
+        let sn = self.fresh(&format!("{t}_scale"));
+        let zn = self.fresh(&format!("{t}_zero_point"));
+        self.inits
+            .push(tensor_to_proto(&sn, &Tensor::scalar_f32(scale)));
+        self.inits.push(quant_tensor(&zn, p, &[], &[0.0]));
+        let qn = self.fresh(&format!("{t}_quantized"));
+        let out = self.fresh(&format!("{t}_dequantized"));
+        let qnode = self.fresh(&format!("{t}_QuantizeLinear"));
+        let dqnode = self.fresh(&format!("{t}_DequantizeLinear"));
+        self.nodes.push(proto::NodeProto {
+            name: Some(qnode),
+            op_type: Some("QuantizeLinear".into()),
+            input: vec![x, sn.clone(), zn.clone()],
+            output: vec![qn.clone()],
+            ..Default::default()
+        });
+        self.nodes.push(proto::NodeProto {
+            name: Some(dqnode),
+            op_type: Some("DequantizeLinear".into()),
+            input: vec![qn, sn, zn],
+            output: vec![out.clone()],
+            ..Default::default()
+        });
+        self.cur.insert(out.clone(), DType::F32);
+        self.quantized.insert(key, out.clone());
+        self.quantized_activations += 1;
+        Ok(out)
+    }
+
+    /// The inputs of a data-movement node: all data inputs in one type (see module docs).
+    fn movement_inputs(&mut self, node: &Node) -> Result<Vec<String>> {
+        let mut inputs = node.inputs.clone();
+        let op = node.op_type.as_str();
+        if op == "CastLike" {
+            // The output type follows input 1: keep it in its original type.
+            if let Some(like) = node.inputs.get(1).filter(|s| !s.is_empty()) {
+                if let Some(&o) = self.orig.get(like) {
+                    inputs[1] = self.get_as(like, o, node)?;
+                }
+            }
+            return Ok(inputs);
+        }
+        let data: Vec<usize> = movement_data_inputs(op, inputs.len())
+            .into_iter()
+            .filter(|&i| {
+                inputs.get(i).is_some_and(|s| !s.is_empty())
+                    && self.orig.get(&inputs[i]) == Some(&DType::F32)
+                    && input_follows_layer_precision(op, i)
+            })
+            .collect();
+        if data.is_empty() {
+            return Ok(inputs);
+        }
+        // Types of the inputs computed at run time (initializers can be converted).
+        let mut act_types = Vec::new();
+        for &i in &data {
+            let name = &inputs[i];
+            if !self.foldable.contains(name) {
+                let t = self.cur_type(name, node)?;
+                if !act_types.contains(&t) {
+                    act_types.push(t);
+                }
+            }
+        }
+        let mut to = match act_types.as_slice() {
+            [t] => *t,
+            _ => DType::F32,
+        };
+        if to != DType::F32 {
+            let ok = data.iter().all(|&i| {
+                schema::input_accepts(op, self.opset, i, to)
+                    && (!self.foldable.contains(&inputs[i]) || self.exact_in(&inputs[i], to))
+            });
+            if !ok {
+                to = DType::F32;
+            }
+        }
+        for &i in &data {
+            inputs[i] = self.get_as(&node.inputs[i], to, node)?;
+        }
+        Ok(inputs)
+    }
+
+    fn float_inputs(&mut self, node: &Node, to: DType) -> Result<Vec<String>> {
+        let mut inputs = node.inputs.clone();
+        for (i, name) in node.inputs.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            match self.orig.get(name).copied() {
+                Some(DType::F32) if input_follows_layer_precision(&node.op_type, i) => {
+                    inputs[i] = self.get_as(name, to, node)?;
+                }
+                Some(o) if o.is_float() => inputs[i] = self.get_as(name, o, node)?,
+                _ => {}
+            }
+        }
+        Ok(inputs)
+    }
+
+    fn quant_inputs(&mut self, node: &Node, p: Precision) -> Result<Vec<String>> {
+        let mut inputs = node.inputs.clone();
+        for (i, name) in node.inputs.iter().enumerate() {
+            if name.is_empty() {
+                continue;
+            }
+            let op = node.op_type.as_str();
+            match self.orig.get(name).copied() {
+                Some(DType::F32)
+                    if input_follows_layer_precision(op, i) && is_quantized_operand(op, i) =>
+                {
+                    inputs[i] = if self.graph.initializers.contains_key(name) {
+                        self.quant_weight(node, i, name, p)?
+                    } else {
+                        self.quant_activation(node, name, p)?
+                    };
+                }
+                Some(o) if o.is_float() => inputs[i] = self.get_as(name, o, node)?,
+                _ => {}
+            }
+        }
+        Ok(inputs)
+    }
+
+    /// Types of a node's outputs once its inputs are `inputs`.
+    fn output_types(&self, node: &Node, inputs: &[String]) -> Result<Vec<Option<DType>>> {
+        let orig_in: Vec<Option<DType>> = node
+            .inputs
+            .iter()
+            .map(|s| self.orig.get(s).copied())
+            .collect();
+        let new_in: Vec<Option<DType>> = inputs.iter().map(|s| self.cur.get(s).copied()).collect();
+        let orig_out: Vec<Option<DType>> = node
+            .outputs
+            .iter()
+            .map(|s| self.orig.get(s).copied())
+            .collect();
+        if orig_in == new_in {
+            return Ok(orig_out);
+        }
+        let unknown = || {
+            Self::op_err(
+                node,
+                "mixprec cannot tell the types of its outputs once its inputs change type".into(),
+            )
+        };
+        let rule_orig = types::infer_outputs(node, &orig_in).ok_or_else(unknown)?;
+        let rule_new = types::infer_outputs(node, &new_in).ok_or_else(unknown)?;
+        let mut out = Vec::with_capacity(orig_out.len());
+        for (j, o) in orig_out.iter().enumerate() {
+            let ro = rule_orig.get(j).copied().flatten();
+            let rn = rule_new.get(j).copied().flatten();
+            let t = if o.is_some() && ro == *o { rn } else { *o };
+            if let (Some(o), Some(t)) = (o, t) {
+                if o != &t && !(o.is_float() && t.is_float()) {
+                    return Err(unknown());
+                }
+            }
+            out.push(t);
+        }
+        Ok(out)
+    }
+
+    fn run(mut self) -> Result<Exported> {
+        // Target opset: per-axis DequantizeLinear needs 13, float8 types 19.
+        let mut target = self.opset;
+        for (k, node) in self.graph.nodes.iter().enumerate() {
+            if is_data_movement(&node.op_type) || !has_quantized_kernel(&node.op_type) {
+                continue;
+            }
+            match self.plan.layers[k] {
+                Precision::Int8 => target = target.max(13),
+                Precision::Fp8E4M3 | Precision::Fp8E5M2 => target = target.max(19),
+                _ => {}
+            }
+        }
+        let from = self.opset;
+        if target > from {
+            let g = self.model.graph.as_ref().expect("graph");
+            schema::check_upgrade(&g.node, from, target)?;
+            self.notes.push(format!(
+                "raised the model's ONNX opset from {from} to {target} for QuantizeLinear/DequantizeLinear"
+            ));
+        }
+        self.opset = target;
+        let roles = self.roles()?;
+
+        let pgraph = self.model.graph.clone().expect("graph");
+        for (k, node) in self.graph.nodes.iter().enumerate() {
+            let mut out = pgraph.node[self.order[k]].clone();
+            out.name = Some(node.name.clone());
+            let inputs = match roles[k] {
+                Role::Movement => self.movement_inputs(node)?,
+                Role::Float(t) => self.float_inputs(node, t)?,
+                Role::Quant(p) => self.quant_inputs(node, p)?,
+            };
+            let outs = self.output_types(node, &inputs)?;
+            for (o, t) in node.outputs.iter().zip(outs) {
+                if o.is_empty() {
+                    continue;
+                }
+                match t {
+                    Some(t) => self.cur.insert(o.clone(), t),
+                    None => self.cur.remove(o),
+                };
+            }
+            out.input = inputs;
+            self.nodes.push(out);
+        }
+        self.finish(pgraph, from)
+    }
+
+    fn rename(&mut self, from: &str, to: &str) {
+        for n in &mut self.nodes {
+            for s in n.input.iter_mut().chain(n.output.iter_mut()) {
+                if s == from {
+                    *s = to.to_string();
+                }
+            }
+        }
+    }
+
+    fn finish(mut self, pgraph: proto::GraphProto, from: i64) -> Result<Exported> {
+        let mut g = pgraph;
+        let mut sub_reads = HashSet::new();
+        subgraph_reads(&g.node, false, &mut sub_reads);
+
+        // Graph outputs.
+        let mut outputs = g.output.clone();
+        for vi in &mut outputs {
+            let o = vi.name.clone().unwrap_or_default();
+            let (Some(&orig), Some(&cur)) = (self.orig.get(&o), self.cur.get(&o)) else {
+                continue;
+            };
+            if orig == cur {
+                continue;
+            }
+            if !self.opts.keep_io_types {
+                set_elem_type(vi, cur);
+                continue;
+            }
+            if sub_reads.contains(&o) {
+                return Err(Error::Invalid(format!(
+                    "graph output '{o}' is also read inside a subgraph; mixprec cannot change its type"
+                )));
+            }
+            let internal = self.fresh(&format!("{o}_{}", suffix(cur)));
+            self.rename(&o, &internal);
+            let existing = self.converted.get(&(o.clone(), orig)).cloned();
+            match existing {
+                // A Cast back to the original type exists: it now produces the output itself.
+                Some(c) => self.rename(&c, &o),
+                None => {
+                    let node_name = self.fresh(&format!("{o}_Cast_{}", suffix(orig)));
+                    self.nodes.push(proto::NodeProto {
+                        name: Some(node_name.clone()),
+                        op_type: Some("Cast".into()),
+                        input: vec![internal.clone()],
+                        output: vec![o.clone()],
+                        attribute: vec![schema::int_attr("to", orig.onnx_code() as i64)],
+                        ..Default::default()
+                    });
+                    self.added_casts.insert(node_name);
+                    self.casts += 1;
+                }
+            }
+            self.cur.insert(internal, cur);
+            self.cur.insert(o.clone(), orig);
+        }
+        g.output = outputs;
+
+        // Graph inputs read only through one added Cast take that Cast's type.
+        if !self.opts.keep_io_types {
+            let out_names: HashSet<String> =
+                g.output.iter().filter_map(|v| v.name.clone()).collect();
+            for vi in &mut g.input {
+                let x = vi.name.clone().unwrap_or_default();
+                if self.foldable.contains(&x) || out_names.contains(&x) || sub_reads.contains(&x) {
+                    continue;
+                }
+                let readers: Vec<usize> = (0..self.nodes.len())
+                    .filter(|&i| self.nodes[i].input.contains(&x))
+                    .collect();
+                let [r] = readers.as_slice() else { continue };
+                let n = &self.nodes[*r];
+                if !self.added_casts.contains(n.name.as_deref().unwrap_or("")) {
+                    continue;
+                }
+                let cast_out = n.output[0].clone();
+                let Some(&t) = self.cur.get(&cast_out) else {
+                    continue;
+                };
+                self.nodes.remove(*r);
+                self.casts -= 1;
+                self.rename(&cast_out, &x);
+                set_elem_type(vi, t);
+                self.cur.insert(x, t);
+            }
+        }
+
+        // Subgraphs read outer tensors by name: their types must not change.
+        for name in &sub_reads {
+            if let (Some(o), Some(c)) = (self.orig.get(name), self.cur.get(name)) {
+                if o != c {
+                    return Err(Error::Invalid(format!(
+                        "tensor '{name}' is read inside a subgraph; exporting its producer in {} would change its type",
+                        c.name()
+                    )));
+                }
+            }
+        }
+
+        // Initializers: drop the ones nothing reads any more, convert in place where a single
+        // converted copy replaced the original, inline external data.
+        let mut read: HashSet<String> = sub_reads.clone();
+        for n in &self.nodes {
+            read.extend(n.input.iter().cloned());
+        }
+        read.extend(g.output.iter().filter_map(|v| v.name.clone()));
+        let graph_inputs: HashSet<String> = g.input.iter().filter_map(|v| v.name.clone()).collect();
+        let mut orig_read: HashSet<String> = HashSet::new();
+        for n in &g.node {
+            orig_read.extend(n.input.iter().cloned());
+        }
+        let dropped = |name: &str| {
+            orig_read.contains(name) && !read.contains(name) && !graph_inputs.contains(name)
+        };
+        let mut initializers = Vec::with_capacity(g.initializer.len() + self.inits.len());
+        let mut renames = Vec::new();
+        for t in std::mem::take(&mut g.initializer) {
+            let name = t.name.clone().unwrap_or_default();
+            if dropped(&name) {
+                if let Some([copy]) = self.init_copies.get(&name).map(Vec::as_slice) {
+                    renames.push((copy.clone(), name.clone()));
+                }
+                continue;
+            }
+            let external =
+                t.data_location == Some(proto::tensor_proto::DataLocation::External as i32);
+            match self.graph.initializers.get(&name) {
+                Some(w) if external => initializers.push(tensor_to_proto(&name, w)),
+                _ => initializers.push(t),
+            }
+        }
+        let mut sparse = Vec::new();
+        for st in std::mem::take(&mut g.sparse_initializer) {
+            let name = st
+                .values
+                .as_ref()
+                .and_then(|v| v.name.clone())
+                .unwrap_or_default();
+            if dropped(&name) {
+                continue;
+            }
+            let external = [st.values.as_ref(), st.indices.as_ref()].iter().any(|t| {
+                t.is_some_and(|t| {
+                    t.data_location == Some(proto::tensor_proto::DataLocation::External as i32)
+                })
+            });
+            match self.graph.initializers.get(&name) {
+                Some(w) if external => initializers.push(tensor_to_proto(&name, w)),
+                _ => sparse.push(st),
+            }
+        }
+        initializers.append(&mut self.inits);
+        let renames: HashMap<String, String> = renames.into_iter().collect();
+        if !renames.is_empty() {
+            for t in &mut initializers {
+                if let Some(to) = t.name.as_ref().and_then(|n| renames.get(n)) {
+                    t.name = Some(to.clone());
+                }
+            }
+            for n in &mut self.nodes {
+                for s in n.input.iter_mut() {
+                    if let Some(to) = renames.get(s.as_str()) {
+                        *s = to.clone();
+                    }
+                }
+            }
+            for (copy, name) in &renames {
+                if let Some(t) = self.cur.remove(copy) {
+                    self.cur.insert(name.clone(), t);
+                }
+            }
+        }
+        g.initializer = initializers;
+        g.sparse_initializer = sparse;
+
+        // value_info: keep entries of tensors that still exist, with their current type.
+        let produced: HashSet<String> = self
+            .nodes
+            .iter()
+            .flat_map(|n| n.output.iter().cloned())
+            .collect();
+        let mut value_info = Vec::new();
+        for mut vi in std::mem::take(&mut g.value_info) {
+            let name = vi.name.clone().unwrap_or_default();
+            if !produced.contains(&name) {
+                continue;
+            }
+            if let Some(&t) = self.cur.get(&name) {
+                set_elem_type(&mut vi, t);
+            }
+            value_info.push(vi);
+        }
+        g.value_info = value_info;
+
+        // Opset (and the rewrites an upgrade needs), IR version.
+        let to = self.opset;
+        let mut nodes = std::mem::take(&mut self.nodes);
+        if to > from {
+            let mut inits = Vec::new();
+            let mut fresh = |b: &str| self.fresh(b);
+            schema::upgrade_nodes(&mut nodes, from, to, &mut fresh, Some(&mut inits));
+            g.initializer.extend(inits);
+        }
+        g.node = nodes;
+        let mut model = self.model;
+        let mut found = false;
+        for o in &mut model.opset_import {
+            if is_default_domain(o.domain.as_deref().unwrap_or("")) {
+                o.version = Some(o.version.unwrap_or(1).max(to));
+                found = true;
+            }
+        }
+        if !found {
+            model.opset_import.push(proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(to),
+            });
+        }
+        let ir = model.ir_version.unwrap_or(0);
+        model.ir_version = Some(ir.max(schema::min_ir_version(to)));
+        model.graph = Some(g);
+        Ok(Exported {
+            model,
+            notes: self.notes,
+            casts: self.casts,
+            quantized_activations: self.quantized_activations,
+            quantized_weights: self.quantized_weights,
+        })
+    }
+}
+
+fn set_elem_type(vi: &mut proto::ValueInfoProto, t: DType) {
+    if let Some(proto::type_proto::Value::TensorType(tt)) =
+        vi.r#type.as_mut().and_then(|t| t.value.as_mut())
+    {
+        tt.elem_type = Some(t.onnx_code());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::onnx::tensor_from_proto;
+
+    fn vi(name: &str, elem: DType, dims: &[i64]) -> proto::ValueInfoProto {
+        proto::ValueInfoProto {
+            name: Some(name.into()),
+            r#type: Some(proto::TypeProto {
+                value: Some(proto::type_proto::Value::TensorType(
+                    proto::type_proto::Tensor {
+                        elem_type: Some(elem.onnx_code()),
+                        shape: Some(proto::TensorShapeProto {
+                            dim: dims
+                                .iter()
+                                .map(|&d| proto::tensor_shape_proto::Dimension {
+                                    value: Some(
+                                        proto::tensor_shape_proto::dimension::Value::DimValue(d),
+                                    ),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                        }),
+                    },
+                )),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn node(op: &str, name: &str, ins: &[&str], outs: &[&str]) -> proto::NodeProto {
+        proto::NodeProto {
+            name: Some(name.into()),
+            op_type: Some(op.into()),
+            input: ins.iter().map(|s| s.to_string()).collect(),
+            output: outs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    fn model(
+        nodes: Vec<proto::NodeProto>,
+        inits: Vec<(&str, Tensor)>,
+        outputs: &[&str],
+        opset: i64,
+    ) -> proto::ModelProto {
+        proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(opset),
+            }],
+            graph: Some(proto::GraphProto {
+                name: Some("g".into()),
+                node: nodes,
+                initializer: inits.iter().map(|(n, t)| tensor_to_proto(n, t)).collect(),
+                input: vec![vi("x", DType::F32, &[2, 2])],
+                output: outputs.iter().map(|o| vi(o, DType::F32, &[2, 2])).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn w() -> Tensor {
+        Tensor::from_f32(vec![2, 2], vec![1.0, -0.5, 0.1, 2.0])
+    }
+
+    /// x -> MatMul(W) -> Add(b) -> Relu -> y
+    fn mlp() -> proto::ModelProto {
+        model(
+            vec![
+                node("MatMul", "mm", &["x", "W"], &["h"]),
+                node("Add", "add", &["h", "b"], &["a"]),
+                node("Relu", "relu", &["a"], &["y"]),
+            ],
+            vec![("W", w()), ("b", Tensor::from_f32(vec![2], vec![0.1, 0.2]))],
+            &["y"],
+            17,
+        )
+    }
+
+    fn plan(ps: &[Precision]) -> PrecisionPlan {
+        PrecisionPlan {
+            layers: ps.to_vec(),
+        }
+    }
+
+    fn run(
+        m: proto::ModelProto,
+        ps: &[Precision],
+        amax: Option<&BTreeMap<String, f32>>,
+        opts: &ExportOptions,
+    ) -> Result<Exported> {
+        export_proto(
+            m,
+            Path::new("t.onnx"),
+            Path::new("."),
+            &plan(ps),
+            amax,
+            opts,
+        )
+    }
+
+    fn graph(e: &Exported) -> &proto::GraphProto {
+        e.model.graph.as_ref().unwrap()
+    }
+
+    fn find<'g>(g: &'g proto::GraphProto, name: &str) -> &'g proto::NodeProto {
+        g.node
+            .iter()
+            .find(|n| n.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    fn init<'g>(g: &'g proto::GraphProto, name: &str) -> &'g proto::TensorProto {
+        g.initializer
+            .iter()
+            .find(|t| t.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no initializer {name}"))
+    }
+
+    fn ops(g: &proto::GraphProto) -> Vec<&str> {
+        g.node
+            .iter()
+            .map(|n| n.op_type.as_deref().unwrap())
+            .collect()
+    }
+
+    use Precision::*;
+
+    #[test]
+    fn all_fp16_converts_weights_in_place_and_casts_at_the_edges() {
+        let e = run(mlp(), &[Float16; 3], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(ops(g), ["Cast", "MatMul", "Add", "Relu", "Cast"]);
+        // Weights converted in place: same names, float16, rounded.
+        let wp = init(g, "W");
+        assert_eq!(wp.data_type, Some(DType::F16.onnx_code()));
+        let wt = tensor_from_proto(wp, None).unwrap();
+        assert_eq!(
+            wt.to_f32_vec().unwrap(),
+            vec![1.0, -0.5, half::f16::from_f32(0.1).to_f32(), 2.0]
+        );
+        assert_eq!(init(g, "b").data_type, Some(DType::F16.onnx_code()));
+        assert_eq!(g.initializer.len(), 2);
+        // The input is cast once, the output cast back under its own name.
+        assert_eq!(find(g, "mm").input, ["x_fp16", "W"]);
+        let last = g.node.last().unwrap();
+        assert_eq!(last.output, ["y"]);
+        assert_eq!(last.attribute[0].i, Some(1));
+        assert_eq!(find(g, "relu").output, ["y_fp16"]);
+        assert_eq!(e.casts, 2);
+        assert_eq!(g.output[0].name.as_deref(), Some("y"));
+    }
+
+    #[test]
+    fn mixed_plan_casts_between_precisions_and_keeps_shared_weights() {
+        // MatMul fp16, Add fp32, Relu fp16; b read by the fp32 Add stays fp32.
+        let e = run(
+            mlp(),
+            &[Float16, Float32, Float16],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        assert_eq!(
+            ops(g),
+            ["Cast", "MatMul", "Cast", "Add", "Cast", "Relu", "Cast"]
+        );
+        assert_eq!(find(g, "add").input, ["h_fp32", "b"]);
+        assert_eq!(init(g, "b").data_type, Some(1));
+        assert_eq!(init(g, "W").data_type, Some(10));
+        assert_eq!(find(g, "relu").input, ["a_fp16"]);
+
+        // A weight read by an fp16 and an fp32 layer: the original stays, fp16 gets a copy.
+        let m = model(
+            vec![
+                node("MatMul", "mm", &["x", "W"], &["h"]),
+                node("MatMul", "mm2", &["h", "W"], &["y"]),
+            ],
+            vec![("W", w())],
+            &["y"],
+            17,
+        );
+        let e = run(m, &[Float16, Float32], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "mm").input, ["x_fp16", "W_fp16"]);
+        assert_eq!(find(g, "mm2").input, ["h_fp32", "W"]);
+        assert_eq!(init(g, "W").data_type, Some(1));
+        assert_eq!(init(g, "W_fp16").data_type, Some(10));
+    }
+
+    #[test]
+    fn keep_io_types_off_moves_the_casts_into_the_interface() {
+        let opts = ExportOptions {
+            keep_io_types: false,
+            ..Default::default()
+        };
+        let e = run(mlp(), &[Float16; 3], None, &opts).unwrap();
+        let g = graph(&e);
+        assert_eq!(ops(g), ["MatMul", "Add", "Relu"]);
+        let elem = |v: &proto::ValueInfoProto| match v.r#type.as_ref().unwrap().value.as_ref() {
+            Some(proto::type_proto::Value::TensorType(t)) => t.elem_type,
+            _ => None,
+        };
+        assert_eq!(elem(&g.input[0]), Some(10));
+        assert_eq!(elem(&g.output[0]), Some(10));
+        assert_eq!(find(g, "mm").input, ["x", "W"]);
+    }
+
+    #[test]
+    fn movement_runs_in_its_input_type_and_concat_agrees_on_one() {
+        // Transpose after an fp16 MatMul stays fp16; Concat of an fp16 and an fp32 tensor runs
+        // in fp32; the Identity of the fp32 branch carries fp32.
+        let mut concat = node("Concat", "cat", &["t", "r"], &["y"]);
+        concat.attribute.push(schema::int_attr("axis", 0));
+        let m = model(
+            vec![
+                node("MatMul", "mm", &["x", "W"], &["h"]),
+                node("Transpose", "tr", &["h"], &["t"]),
+                node("Relu", "relu", &["x"], &["r"]),
+                concat,
+            ],
+            vec![("W", w())],
+            &["y"],
+            17,
+        );
+        let e = run(
+            m,
+            &[Float16, Float16, Float32, Float16],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "tr").input, ["h"]);
+        assert_eq!(find(g, "cat").input, ["t_fp32", "r"]);
+        // Concat's output is fp32 already: no Cast at the graph output.
+        assert_eq!(g.node.last().unwrap().name.as_deref(), Some("cat"));
+    }
+
+    #[test]
+    fn original_casts_keep_their_target_type() {
+        // x -> Cast(to float32) -> Relu(fp16) -> y: the Cast still yields float32, the fp16
+        // Relu gets its own Cast.
+        let mut cast = node("Cast", "c", &["x"], &["xc"]);
+        cast.attribute.push(schema::int_attr("to", 1));
+        let m = model(
+            vec![cast, node("Relu", "relu", &["xc"], &["y"])],
+            vec![],
+            &["y"],
+            17,
+        );
+        let e = run(m, &[Float32, Float16], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "c").attribute[0].i, Some(1));
+        assert_eq!(find(g, "relu").input, ["xc_fp16"]);
+        assert_eq!(g.node.last().unwrap().output, ["y"]);
+    }
+
+    #[test]
+    fn int8_layers_get_qdq_with_the_emulation_scales() {
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 2.0f32);
+        let e = run(
+            mlp(),
+            &[Int8, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        assert_eq!(
+            ops(g),
+            [
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "DequantizeLinear",
+                "MatMul",
+                "Add",
+                "Relu"
+            ]
+        );
+        assert_eq!(find(g, "mm").input, ["x_dequantized", "W_dequantized"]);
+        // Activation: per-tensor scale amax/127, int8 zero point.
+        let s = tensor_from_proto(init(g, "x_scale"), None).unwrap();
+        assert_eq!(s.to_f32_vec().unwrap(), vec![2.0 / 127.0]);
+        assert_eq!(s.shape(), &[] as &[usize]);
+        assert_eq!(init(g, "x_zero_point").data_type, Some(3));
+        // Weight: MatMul B channels on the last axis, scale max|w[:, c]| / 127.
+        let dq = find(g, "W_DequantizeLinear");
+        assert_eq!(dq.attribute[0].i, Some(1));
+        let ws = tensor_from_proto(init(g, "W_scale"), None).unwrap();
+        assert_eq!(ws.to_f32_vec().unwrap(), vec![1.0 / 127.0, 2.0 / 127.0]);
+        let wq = tensor_from_proto(init(g, "W_quantized"), None).unwrap();
+        assert_eq!(wq.dtype(), DType::I8);
+        // 1.0 / (1/127) = 127; -0.5 / (2/127) = -31.75 -> -32; 0.1*127 = 12.7 -> 13; 2 -> 127.
+        assert_eq!(wq.to_f32_vec().unwrap(), vec![127.0, -32.0, 13.0, 127.0]);
+        // The float weight is gone; the bias stays float32.
+        assert!(g.initializer.iter().all(|t| t.name.as_deref() != Some("W")));
+        assert_eq!(init(g, "b").data_type, Some(1));
+        assert_eq!(e.model.opset_import[0].version, Some(17));
+        assert_eq!((e.quantized_activations, e.quantized_weights), (1, 1));
+    }
+
+    #[test]
+    fn fp8_raises_the_opset_to_19() {
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 448.0f32);
+        let m = mlp();
+        let mut m13 = m.clone();
+        m13.opset_import[0].version = Some(13);
+        let e = run(
+            m13,
+            &[Fp8E4M3, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(e.model.opset_import[0].version, Some(19));
+        assert_eq!(e.model.ir_version, Some(9));
+        let g = graph(&e);
+        assert_eq!(init(g, "x_zero_point").data_type, Some(17));
+        let wq = init(g, "W_quantized");
+        assert_eq!(wq.data_type, Some(17));
+        // 1.0 / (1/448) = 448 -> 0x7E in e4m3fn.
+        assert_eq!(wq.raw_data.as_ref().unwrap()[0], 0x7e);
+        assert!(
+            e.notes.iter().any(|n| n.contains("from 13 to 19")),
+            "{:?}",
+            e.notes
+        );
+        // e5m2 zero points have their own type code.
+        let e = run(
+            m,
+            &[Fp8E5M2, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(init(graph(&e), "x_zero_point").data_type, Some(19));
+    }
+
+    #[test]
+    fn missing_ranges_and_bad_plans_are_clear_errors() {
+        let e = run(
+            mlp(),
+            &[Int8, Float32, Float32],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("'mm'") && e.contains("'x'") && e.contains("amax"),
+            "{e}"
+        );
+        let amax = BTreeMap::from([("other".to_string(), 1.0f32)]);
+        let e = run(
+            mlp(),
+            &[Int8, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("'mm'") && e.contains("tensor 'x'"), "{e}");
+        let e = run(mlp(), &[Float16], None, &ExportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 layers") && e.contains("3"), "{e}");
+        // int8 below opset 13: refused with the way out.
+        let mut m = mlp();
+        m.opset_import[0].version = Some(11);
+        let amax = BTreeMap::from([("x".to_string(), 1.0f32)]);
+        let e = run(
+            m,
+            &[Int8, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("convert_version"), "{e}");
+    }
+
+    #[test]
+    fn int8_on_an_op_without_integer_kernel_exports_float32() {
+        let e = run(
+            mlp(),
+            &[Float32, Int8, Float32],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(ops(graph(&e)), ["MatMul", "Add", "Relu"]);
+        assert!(e.notes[0].contains("'add'"), "{:?}", e.notes);
+    }
+
+    #[test]
+    fn bfloat16_conv_needs_opset_22_or_falls_back() {
+        let mut conv = node("Conv", "conv", &["x4", "K"], &["c"]);
+        conv.attribute.push(proto::AttributeProto {
+            name: Some("kernel_shape".into()),
+            r#type: Some(proto::attribute_proto::AttributeType::Ints as i32),
+            ints: vec![1, 1],
+            ..Default::default()
+        });
+        let mut m = model(
+            vec![conv, node("Relu", "relu", &["c"], &["y"])],
+            vec![("K", Tensor::from_f32(vec![1, 1, 1, 1], vec![0.5]))],
+            &["y"],
+            17,
+        );
+        let g = m.graph.as_mut().unwrap();
+        g.input = vec![vi("x4", DType::F32, &[1, 1, 2, 2])];
+        g.output = vec![vi("y", DType::F32, &[1, 1, 2, 2])];
+        let e = run(m.clone(), &[BFloat16; 2], None, &ExportOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'conv'") && e.contains("opset 17") && e.contains("bfloat16"),
+            "{e}"
+        );
+        let opts = ExportOptions {
+            fallback: true,
+            ..Default::default()
+        };
+        let e = run(m, &[BFloat16; 2], None, &opts).unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "conv").input, ["x4", "K"]);
+        assert_eq!(find(g, "relu").input, ["c_bf16"]);
+        assert!(e.notes[0].contains("stays float32"), "{:?}", e.notes);
+    }
+
+    #[test]
+    fn value_info_follows_the_new_types() {
+        let mut m = mlp();
+        m.graph.as_mut().unwrap().value_info =
+            vec![vi("h", DType::F32, &[2, 2]), vi("a", DType::F32, &[2, 2])];
+        let e = run(
+            m,
+            &[Float16, Float32, Float32],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        let elem = |name: &str| {
+            g.value_info
+                .iter()
+                .find(|v| v.name.as_deref() == Some(name))
+                .and_then(|v| match v.r#type.as_ref()?.value.as_ref()? {
+                    proto::type_proto::Value::TensorType(t) => t.elem_type,
+                    _ => None,
+                })
+        };
+        assert_eq!(elem("h"), Some(10));
+        assert_eq!(elem("a"), Some(1));
+    }
+
+    #[test]
+    fn an_output_read_inside_the_graph_reuses_the_cast_back() {
+        // r is a graph output and read by an fp32 Add: the Cast back produces r itself.
+        let m = model(
+            vec![
+                node("Relu", "relu", &["x"], &["r"]),
+                node("Add", "add", &["r", "b"], &["y"]),
+            ],
+            vec![("b", Tensor::from_f32(vec![2], vec![0.5, 0.25]))],
+            &["r", "y"],
+            17,
+        );
+        let e = run(m, &[Float16, Float32], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(ops(g), ["Cast", "Relu", "Cast", "Add"]);
+        assert_eq!(find(g, "relu").output, ["r_fp16"]);
+        assert_eq!(g.node[2].input, ["r_fp16"]);
+        assert_eq!(g.node[2].output, ["r"]);
+        assert_eq!(find(g, "add").input, ["r", "b"]);
+        assert_eq!(e.casts, 2);
+    }
+
+    #[test]
+    fn constant_data_inputs_of_movement_convert_only_when_exact() {
+        // Pad(fp16 data, pads, constant 0.0): the constant converts exactly, Pad stays fp16.
+        // With a constant of 0.1 (not exact in fp16) Pad runs in fp32.
+        for (value, pad_in) in [(0.0f32, "c_fp16"), (0.1, "h_fp32")] {
+            let m = model(
+                vec![
+                    node("Relu", "relu", &["x"], &["h"]),
+                    node("Pad", "pad", &["h", "pads", "c"], &["p"]),
+                    node("Relu", "relu2", &["p"], &["y"]),
+                ],
+                vec![
+                    ("pads", Tensor::from_i64(vec![4], vec![0, 0, 0, 0])),
+                    ("c", Tensor::scalar_f32(value)),
+                ],
+                &["y"],
+                17,
+            );
+            let e = run(
+                m,
+                &[Float16, Float32, Float16],
+                None,
+                &ExportOptions::default(),
+            )
+            .unwrap();
+            let g = graph(&e);
+            let pad = find(g, "pad");
+            if value == 0.0 {
+                assert_eq!(pad.input, ["h", "pads", "c"]);
+                assert_eq!(init(g, "c").data_type, Some(10));
+            } else {
+                assert_eq!(pad.input[0], pad_in);
+                assert_eq!(pad.input[2], "c");
+            }
+        }
+    }
+
+    #[test]
+    fn written_models_load_back() {
+        let e = run(mlp(), &[Float16; 3], None, &ExportOptions::default()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.onnx");
+        write_model(&p, &e.model).unwrap();
+        let back = crate::onnx::load_model(&p).unwrap();
+        assert_eq!(back.graph.nodes.len(), 5);
+        assert_eq!(back.graph.initializers["W"].dtype(), DType::F16);
+    }
+}

@@ -1,0 +1,351 @@
+//! What the ONNX operator schemas allow: float16/bfloat16 inputs per op version (table
+//! generated from the `onnx` package, `schemas.rs`), and raising a model's opset (for
+//! QuantizeLinear/DequantizeLinear with per-axis scales or float8 types) where that is safe.
+
+use super::schemas::SCHEMAS;
+use crate::error::{Error, Result};
+use crate::onnx::proto;
+use crate::tensor::DType;
+
+/// One schema version of an operator.
+#[derive(Clone, Copy, Debug)]
+pub struct OpVersion {
+    pub since: i64,
+    /// Bit i: formal input i accepts tensor(float16).
+    pub f16: u32,
+    /// Bit i: formal input i accepts tensor(bfloat16).
+    pub bf16: u32,
+    /// Number of formal inputs.
+    pub inputs: u32,
+    /// The last formal input is variadic (repeats for every further input).
+    pub variadic: bool,
+}
+
+/// Constructor used by the generated table.
+pub const fn v(since: i64, f16: u32, bf16: u32, inputs: u32, variadic: bool) -> OpVersion {
+    OpVersion {
+        since,
+        f16,
+        bf16,
+        inputs,
+        variadic,
+    }
+}
+
+fn versions(op: &str) -> Option<&'static [OpVersion]> {
+    SCHEMAS
+        .binary_search_by(|(name, _)| (*name).cmp(op))
+        .ok()
+        .map(|i| SCHEMAS[i].1)
+}
+
+/// The schema of a default-domain op in effect at `opset` (None: unknown op, or the op did not
+/// exist yet).
+pub fn schema_at(op: &str, opset: i64) -> Option<OpVersion> {
+    versions(op)?
+        .iter()
+        .rev()
+        .find(|v| v.since <= opset)
+        .copied()
+}
+
+/// Whether input `index` of a default-domain op accepts `dtype` (float16 or bfloat16) at
+/// `opset`. float32 and every other type are not checked (they are what the model had).
+pub fn input_accepts(op: &str, opset: i64, index: usize, dtype: DType) -> bool {
+    let Some(s) = schema_at(op, opset) else {
+        return false;
+    };
+    let mask = match dtype {
+        DType::F16 => s.f16,
+        DType::BF16 => s.bf16,
+        _ => return true,
+    };
+    let formal = if s.variadic && s.inputs > 0 {
+        index.min(s.inputs as usize - 1)
+    } else {
+        index
+    };
+    formal < 32 && mask & (1 << formal) != 0
+}
+
+/// The smallest IR version a model of this default-domain opset needs.
+pub fn min_ir_version(opset: i64) -> i64 {
+    match opset {
+        ..=8 => 3,
+        9 => 4,
+        10 => 5,
+        11 => 6,
+        12..=14 => 7,
+        15..=18 => 8,
+        19..=20 => 9,
+        21..=22 => 10,
+        _ => 11,
+    }
+}
+
+/// Reduce ops whose `axes` attribute became an input in opset 18.
+const AXES_TO_INPUT_18: [&str; 9] = [
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceMax",
+    "ReduceMean",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceSumSquare",
+];
+
+/// The oldest opset the upgrade knows how to raise from: below 13 many ops changed meaning
+/// (Softmax, Split, Squeeze, Unsqueeze, ReduceSum, Dropout, ...).
+pub const MIN_UPGRADE_FROM: i64 = 13;
+
+/// Checks that every node of the default domain (subgraphs included) keeps its meaning when the
+/// model's opset goes from `from` to `to`, following the ONNX version converter's adapters
+/// (onnx/version_converter/convert.h): type-only changes are compatible, the few that are not
+/// are rewritten by [`upgrade_node`] or refused here.
+pub fn check_upgrade(nodes: &[proto::NodeProto], from: i64, to: i64) -> Result<()> {
+    if from >= to {
+        return Ok(());
+    }
+    if from < MIN_UPGRADE_FROM {
+        return Err(Error::Invalid(format!(
+            "the model uses ONNX opset {from}; its int8/fp8 layers need QuantizeLinear/DequantizeLinear of opset {to}, \
+             and mixprec raises opsets only from {MIN_UPGRADE_FROM} on (many ops changed meaning before). \
+             Upgrade the model first: onnx.version_converter.convert_version(model, {to})"
+        )));
+    }
+    let mut problems = Vec::new();
+    visit(nodes, &mut |n| {
+        let domain = n.domain.as_deref().unwrap_or("");
+        if !(domain.is_empty() || domain == "ai.onnx") {
+            return;
+        }
+        let op = n.op_type.as_deref().unwrap_or("");
+        let name = n.name.as_deref().unwrap_or("");
+        if schema_at(op, from).is_none() || schema_at(op, to).is_none() {
+            problems.push(format!(
+                "node '{name}': op '{op}' is unknown to ONNX at opset {from} or {to}"
+            ));
+            return;
+        }
+        let crosses = |v: i64| from < v && v <= to;
+        if op == "BatchNormalization" && crosses(14) && n.output.len() > 3 {
+            problems.push(format!(
+                "node '{name}': BatchNormalization with {} outputs has no opset-14 form",
+                n.output.len()
+            ));
+        }
+    });
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "cannot raise the model's opset from {from} to {to} (needed for int8/fp8 QuantizeLinear/DequantizeLinear): {}. \
+             Upgrade the model first with onnx.version_converter.convert_version(model, {to})",
+            problems.join("; ")
+        )))
+    }
+}
+
+fn visit(nodes: &[proto::NodeProto], f: &mut dyn FnMut(&proto::NodeProto)) {
+    for n in nodes {
+        f(n);
+        for a in &n.attribute {
+            if let Some(g) = &a.g {
+                visit(&g.node, f);
+            }
+            for g in &a.graphs {
+                visit(&g.node, f);
+            }
+        }
+    }
+}
+
+/// Rewrites one node (and its subgraphs) for an opset raised from `from` to `to`, as the ONNX
+/// version converter does: `axes` attributes of Reduce ops become an int64 input (opset 18),
+/// Split gets `num_outputs` when it has no `split` input (18), RoiAlign keeps its old
+/// coordinate mode (16). New constant inputs are returned as initializers to add (subgraph
+/// nodes get a Constant node instead, so the value stays in scope).
+pub fn upgrade_nodes(
+    nodes: &mut Vec<proto::NodeProto>,
+    from: i64,
+    to: i64,
+    fresh: &mut dyn FnMut(&str) -> String,
+    initializers: Option<&mut Vec<proto::TensorProto>>,
+) {
+    let crosses = |v: i64| from < v && v <= to;
+    let mut out = Vec::with_capacity(nodes.len());
+    let mut inits = initializers;
+    for mut n in std::mem::take(nodes) {
+        for a in &mut n.attribute {
+            if let Some(g) = a.g.as_mut() {
+                upgrade_nodes(&mut g.node, from, to, fresh, None);
+            }
+            for g in &mut a.graphs {
+                upgrade_nodes(&mut g.node, from, to, fresh, None);
+            }
+        }
+        let domain = n.domain.clone().unwrap_or_default();
+        if !(domain.is_empty() || domain == "ai.onnx") {
+            out.push(n);
+            continue;
+        }
+        let op = n.op_type.clone().unwrap_or_default();
+        if crosses(18) && AXES_TO_INPUT_18.contains(&op.as_str()) {
+            if let Some(pos) = n
+                .attribute
+                .iter()
+                .position(|a| a.name.as_deref() == Some("axes"))
+            {
+                let a = n.attribute.remove(pos);
+                let base = n.name.clone().unwrap_or_else(|| op.clone());
+                let name = fresh(&format!("{base}_axes"));
+                let t = proto::TensorProto {
+                    dims: vec![a.ints.len() as i64],
+                    data_type: Some(DType::I64.onnx_code()),
+                    name: Some(name.clone()),
+                    int64_data: a.ints.clone(),
+                    ..Default::default()
+                };
+                match inits.as_deref_mut() {
+                    Some(list) => list.push(t),
+                    None => out.push(constant_node(fresh(&format!("{base}_axes_Constant")), t)),
+                }
+                while n.input.is_empty() {
+                    // A Reduce op always has its data input; keep the axes in slot 1 regardless.
+                    n.input.push(String::new());
+                }
+                n.input.truncate(1);
+                n.input.push(name);
+            }
+        }
+        if crosses(18)
+            && op == "Split"
+            && n.input.get(1).is_none_or(|s| s.is_empty())
+            && !n
+                .attribute
+                .iter()
+                .any(|a| a.name.as_deref() == Some("num_outputs"))
+        {
+            n.input.truncate(1);
+            n.attribute
+                .push(int_attr("num_outputs", n.output.len() as i64));
+        }
+        if crosses(16)
+            && op == "RoiAlign"
+            && !n
+                .attribute
+                .iter()
+                .any(|a| a.name.as_deref() == Some("coordinate_transformation_mode"))
+        {
+            n.attribute.push(proto::AttributeProto {
+                name: Some("coordinate_transformation_mode".into()),
+                r#type: Some(proto::attribute_proto::AttributeType::String as i32),
+                s: Some(b"output_half_pixel".to_vec()),
+                ..Default::default()
+            });
+        }
+        out.push(n);
+    }
+    *nodes = out;
+}
+
+fn constant_node(name: String, t: proto::TensorProto) -> proto::NodeProto {
+    let output = t.name.clone().unwrap_or_default();
+    proto::NodeProto {
+        name: Some(name),
+        op_type: Some("Constant".into()),
+        output: vec![output],
+        attribute: vec![proto::AttributeProto {
+            name: Some("value".into()),
+            r#type: Some(proto::attribute_proto::AttributeType::Tensor as i32),
+            t: Some(t),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+pub fn int_attr(name: &str, v: i64) -> proto::AttributeProto {
+    proto::AttributeProto {
+        name: Some(name.into()),
+        r#type: Some(proto::attribute_proto::AttributeType::Int as i32),
+        i: Some(v),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_is_sorted_and_knows_type_support() {
+        assert!(SCHEMAS.windows(2).all(|w| w[0].0 < w[1].0));
+        // Conv accepts bfloat16 only from opset 22; float16 always.
+        assert!(!input_accepts("Conv", 17, 0, DType::BF16));
+        assert!(input_accepts("Conv", 22, 1, DType::BF16));
+        assert!(input_accepts("Conv", 11, 0, DType::F16));
+        // Add: bfloat16 from 13.
+        assert!(!input_accepts("Add", 12, 0, DType::BF16));
+        assert!(input_accepts("Add", 13, 1, DType::BF16));
+        // Concat is variadic: every input follows the last formal one.
+        assert!(input_accepts("Concat", 13, 5, DType::BF16));
+        // Resize scales are float32 only.
+        assert!(!input_accepts("Resize", 19, 2, DType::F16));
+        assert!(schema_at("NoSuchOp", 19).is_none());
+        assert_eq!(schema_at("LayerNormalization", 16).map(|s| s.since), None);
+        assert_eq!(schema_at("Reshape", 17).map(|s| s.since), Some(14));
+    }
+
+    fn node(op: &str, inputs: &[&str], outputs: &[&str]) -> proto::NodeProto {
+        proto::NodeProto {
+            name: Some(format!("{op}_n")),
+            op_type: Some(op.into()),
+            input: inputs.iter().map(|s| s.to_string()).collect(),
+            output: outputs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn upgrade_moves_axes_and_sets_num_outputs() {
+        let mut rm = node("ReduceMean", &["x"], &["y"]);
+        rm.attribute.push(proto::AttributeProto {
+            name: Some("axes".into()),
+            r#type: Some(proto::attribute_proto::AttributeType::Ints as i32),
+            ints: vec![-1],
+            ..Default::default()
+        });
+        let split = node("Split", &["y"], &["a", "b"]);
+        let mut nodes = vec![rm, split];
+        check_upgrade(&nodes, 17, 19).unwrap();
+        let mut inits = Vec::new();
+        let mut k = 0;
+        let mut fresh = |b: &str| {
+            k += 1;
+            format!("{b}{k}")
+        };
+        upgrade_nodes(&mut nodes, 17, 19, &mut fresh, Some(&mut inits));
+        assert_eq!(nodes[0].input.len(), 2);
+        assert!(nodes[0].attribute.is_empty());
+        assert_eq!(inits[0].int64_data, vec![-1]);
+        assert_eq!(inits[0].name.as_deref(), Some(nodes[0].input[1].as_str()));
+        assert_eq!(nodes[1].attribute[0].i, Some(2));
+    }
+
+    #[test]
+    fn old_opsets_and_training_batchnorm_are_refused() {
+        let e = check_upgrade(&[node("Relu", &["x"], &["y"])], 11, 13)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("opset 11") && e.contains("convert_version"),
+            "{e}"
+        );
+        let bn = node("BatchNormalization", &["x"], &["y", "m", "v", "sm", "sv"]);
+        let e = check_upgrade(&[bn], 13, 19).unwrap_err().to_string();
+        assert!(e.contains("BatchNormalization"), "{e}");
+    }
+}

@@ -1,0 +1,152 @@
+//! Element types of a node's outputs from its inputs' types (ONNX type constraints of the
+//! default domain): enough static typing for the export to know which tensors are float32
+//! and what a node produces once some of its inputs change type.
+
+use crate::graph::{Attribute, Node};
+use crate::tensor::DType;
+
+/// The element type of each output of `node` given its inputs' types (None: absent input or
+/// unknown type). Returns None when the op's typing is not known here (non-default domains,
+/// control flow, sequences).
+pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DType>>> {
+    let domain = node.domain.as_str();
+    if !(domain.is_empty() || domain == "ai.onnx") {
+        return None;
+    }
+    let n = node.outputs.len();
+    let input = |i: usize| ins.get(i).copied().flatten();
+    let first = ins.iter().copied().flatten().next();
+    let all = |t: Option<DType>| Some(vec![t; n]);
+    let attr_dtype = |name: &str| node.attr_int(name).and_then(|c| DType::from_onnx(c as i32));
+    let with_rest = |head: Option<DType>, rest: DType| {
+        let mut v = vec![Some(rest); n];
+        if let Some(x) = v.first_mut() {
+            *x = head;
+        }
+        Some(v)
+    };
+    match node.op_type.as_str() {
+        "If" | "Loop" | "Scan" | "SequenceAt" | "SequenceConstruct" | "SequenceEmpty"
+        | "SequenceErase" | "SequenceInsert" | "SequenceLength" | "SequenceMap"
+        | "SplitToSequence" | "ConcatFromSequence" | "Optional" | "OptionalGetElement"
+        | "OptionalHasElement" => None,
+        "Cast" => all(attr_dtype("to")),
+        "CastLike" => all(input(1)),
+        "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" | "NonMaxSuppression" => {
+            all(Some(DType::I64))
+        }
+        "TopK" | "MaxPool" => with_rest(input(0), DType::I64),
+        "Unique" => with_rest(input(0), DType::I64),
+        "Dropout" => with_rest(input(0), DType::Bool),
+        "Equal" | "Less" | "LessOrEqual" | "Greater" | "GreaterOrEqual" | "And" | "Or" | "Xor"
+        | "Not" | "IsNaN" | "IsInf" | "RegexFullMatch" => all(Some(DType::Bool)),
+        "StringNormalizer" | "StringConcat" => all(Some(DType::Str)),
+        "StringSplit" => with_rest(Some(DType::Str), DType::I64),
+        "ImageDecoder" => all(Some(DType::U8)),
+        "TfIdfVectorizer" => all(Some(DType::F32)),
+        "MatMulInteger" | "ConvInteger" => all(Some(DType::I32)),
+        "QLinearConv" | "QLinearMatMul" => all(input(7)),
+        "Constant" => all(constant_dtype(node)),
+        "ConstantOfShape" => all(node
+            .attr_tensor("value")
+            .map(|t| t.dtype())
+            .or(Some(DType::F32))),
+        "EyeLike" | "RandomNormalLike" | "RandomUniformLike" | "Bernoulli" => {
+            all(attr_dtype("dtype").or(input(0)))
+        }
+        "RandomNormal" | "RandomUniform" => all(attr_dtype("dtype").or(Some(DType::F32))),
+        "Multinomial" => all(attr_dtype("dtype").or(Some(DType::I32))),
+        "HannWindow" | "HammingWindow" | "BlackmanWindow" | "MelWeightMatrix" => {
+            all(attr_dtype("output_datatype").or(Some(DType::F32)))
+        }
+        "QuantizeLinear" => {
+            // output_dtype 0 (unset) is no DType: the zero point's type, else uint8.
+            all(attr_dtype("output_dtype").or(input(2)).or(Some(DType::U8)))
+        }
+        "DequantizeLinear" => all(attr_dtype("output_dtype").or(input(1))),
+        "DynamicQuantizeLinear" => Some(
+            [DType::U8, DType::F32, DType::U8][..n.min(3)]
+                .iter()
+                .map(|&t| Some(t))
+                .collect(),
+        ),
+        "Where" => all(input(1)),
+        "OneHot" => all(input(2)),
+        "LayerNormalization" => {
+            // Mean and InvStdDev have the stash type (float32 by default).
+            let stash = node
+                .attr_int("stash_type")
+                .and_then(|c| DType::from_onnx(c as i32))
+                .unwrap_or(DType::F32);
+            with_rest(input(0), stash)
+        }
+        _ => all(input(0).or(first)),
+    }
+}
+
+fn constant_dtype(node: &Node) -> Option<DType> {
+    for (name, a) in &node.attrs {
+        match (name.as_str(), a) {
+            ("value" | "sparse_value", Attribute::Tensor(t)) => return Some(t.dtype()),
+            ("value_float" | "value_floats", _) => return Some(DType::F32),
+            ("value_int" | "value_ints", _) => return Some(DType::I64),
+            ("value_string" | "value_strings", _) => return Some(DType::Str),
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn node(op: &str, n_out: usize, attrs: &[(&str, Attribute)]) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: (0..n_out).map(|i| format!("o{i}")).collect(),
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    #[test]
+    fn common_rules() {
+        let f16 = Some(DType::F16);
+        let f32 = Some(DType::F32);
+        assert_eq!(
+            infer_outputs(&node("Add", 1, &[]), &[f16, f16]),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&node("Shape", 1, &[]), &[f16]),
+            Some(vec![Some(DType::I64)])
+        );
+        assert_eq!(
+            infer_outputs(&node("Cast", 1, &[("to", Attribute::Int(1))]), &[f16]),
+            Some(vec![f32])
+        );
+        assert_eq!(
+            infer_outputs(&node("Where", 1, &[]), &[Some(DType::Bool), f16, f16]),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&node("LayerNormalization", 3, &[]), &[f16, f16, f16]),
+            Some(vec![f16, f32, f32])
+        );
+        assert_eq!(
+            infer_outputs(&node("TopK", 2, &[]), &[f16, Some(DType::I64)]),
+            Some(vec![f16, Some(DType::I64)])
+        );
+        assert_eq!(infer_outputs(&node("If", 1, &[]), &[]), None);
+        let mut custom = node("Foo", 1, &[]);
+        custom.domain = "com.example".into();
+        assert_eq!(infer_outputs(&custom, &[f32]), None);
+    }
+}
