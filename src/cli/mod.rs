@@ -1,6 +1,7 @@
 //! The command line: argument parsing and printing only; all work is done by the library.
 
 mod calibrate;
+mod convert;
 mod inspect;
 mod precision_args;
 mod ranges;
@@ -29,10 +30,12 @@ pub struct Cli {
 enum Command {
     /// Show a model's inputs, outputs, opset and layer table (op, output shapes, FLOPs, parameters).
     Inspect(inspect::InspectArgs),
-    /// Run a model in FP32 on generated or loaded inputs; save or compare outputs (Polygraphy-style).
+    /// Run a model in FP32 or reduced precision on generated or loaded inputs; save or compare outputs (Polygraphy-style).
     Run(Box<run::RunArgs>),
     /// Calibrate int8/fp8 ranges over FP32 runs (minmax, entropy, percentile); write a TensorRT calibration cache.
     Calibrate(calibrate::CalibrateArgs),
+    /// Write a precision plan as a mixed-precision ONNX model (Casts for fp16/bf16, Q/DQ for int8/fp8).
+    Convert(Box<convert::ConvertArgs>),
 }
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
@@ -50,6 +53,7 @@ pub fn main() -> ExitCode {
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => run::run(*a),
         Command::Calibrate(a) => calibrate::run(a),
+        Command::Convert(a) => convert::run(*a),
     };
     match result {
         Ok(code) => code,

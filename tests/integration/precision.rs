@@ -164,3 +164,100 @@ fn seed_commands_on_the_cli() {
     assert!(!o.status.success());
     assert!(text(&o).contains("'Add'"), "{}", text(&o));
 }
+
+#[test]
+fn convert_and_int8_runs_on_the_cli() {
+    let tmp = tempfile::tempdir().unwrap();
+    let p = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let model = repo_root().join("examples/transformer.onnx");
+    let model = model.to_str().unwrap();
+    // int8 without a cache: calibrates on the fly and saves the cache; the next run reads it.
+    let cache = p("t.cache");
+    let o = mixprec(&[
+        "run",
+        model,
+        "--int8",
+        "--fp16",
+        "--calibration-cache",
+        &cache,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("Saved calibration cache"), "{}", text(&o));
+    assert!(text(&o).contains("35 float16, 16 int8"), "{}", text(&o));
+    let first = std::fs::read_to_string(&cache).unwrap();
+    assert!(
+        first.starts_with("TRT-8601-EntropyCalibration2\n"),
+        "{first}"
+    );
+    let o = mixprec(&[
+        "run",
+        model,
+        "--int8",
+        "--calibration-cache",
+        &cache,
+        "--val-range",
+        "[-1,1]",
+    ]);
+    assert!(
+        o.status.success() && !text(&o).contains("Calibrating"),
+        "{}",
+        text(&o)
+    );
+
+    // convert writes a model ONNX Runtime loads and runs.
+    let out = p("t_int8.onnx");
+    let o = mixprec(&[
+        "convert",
+        model,
+        "--int8",
+        "--fp16",
+        "--calibration-cache",
+        &cache,
+        "-o",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let py = crate::common::python();
+    let check = std::process::Command::new(py)
+        .args(["-c", "import sys, numpy as np, onnxruntime as ort; s = ort.InferenceSession(sys.argv[1]); i = s.get_inputs()[0]; y = s.run(None, {i.name: np.zeros([1, 32, 64], np.float32)}); assert np.isfinite(y[0]).all()", &out])
+        .output()
+        .unwrap();
+    assert!(check.status.success(), "{}", text(&check));
+
+    // A cache from another model: warns about foreign tensors, fails on missing ones, and
+    // writes nothing.
+    let foreign = p("foreign.cache");
+    std::fs::write(
+        &foreign,
+        "TRT-8601-EntropyCalibration2\nsome_other_tensor: 3c010204\n",
+    )
+    .unwrap();
+    let out2 = p("never.onnx");
+    let o = mixprec(&[
+        "convert",
+        model,
+        "--int8",
+        "--calibration-cache",
+        &foreign,
+        "-o",
+        &out2,
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("some_other_tensor") && t.contains("foreign.cache"),
+        "{t}"
+    );
+    assert!(t.contains("no range for"), "{t}");
+    assert!(!std::path::Path::new(&out2).exists());
+    // A malformed cache line names the file and line.
+    std::fs::write(&foreign, "TRT-8601-EntropyCalibration2\ntokens 3c010204\n").unwrap();
+    let o = mixprec(&["run", model, "--int8", "--calibration-cache", &foreign]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(err.contains("foreign.cache") && err.contains('2'), "{err}");
+}
