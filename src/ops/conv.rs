@@ -161,16 +161,22 @@ fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
                         }
                         let src = &img[ih as usize * iw_n as usize..];
                         let off = (kw * w.dilations[1]) as isize - w.pad_begin[1] as isize;
-                        if w.strides[1] == 1 && off >= 0 && off + ow_n as isize <= iw_n {
-                            dst.copy_from_slice(&src[off as usize..off as usize + ow_n]);
+                        // Column ow reads input ow·s + off: copy the part inside the image,
+                        // zero the padding on either side.
+                        let st = w.strides[1] as isize;
+                        let ceil_div = |a: isize, b: isize| (a + b - 1).div_euclid(b);
+                        let lo = ceil_div(-off, st).clamp(0, ow_n as isize) as usize;
+                        let hi =
+                            ceil_div(iw_n - off, st).clamp(lo as isize, ow_n as isize) as usize;
+                        dst[..lo].fill(0.0);
+                        dst[hi..].fill(0.0);
+                        let s0 = (lo as isize * st + off) as usize;
+                        if st == 1 {
+                            dst[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
                         } else {
-                            for (ow, d) in dst.iter_mut().enumerate() {
-                                let iw = (ow * w.strides[1]) as isize + off;
-                                *d = if iw < 0 || iw >= iw_n {
-                                    0.0
-                                } else {
-                                    src[iw as usize]
-                                };
+                            let st = st as usize;
+                            for (j, d) in dst[lo..hi].iter_mut().enumerate() {
+                                *d = src[s0 + j * st];
                             }
                         }
                     }

@@ -162,7 +162,68 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
             }
         }
     };
-    if want_indices {
+    if r == 2 && !want_indices && !matches!(kind, Kind::Lp(_)) {
+        // The common 2-D case without the generic N-D index arithmetic: per output row and
+        // column, the range of kernel taps inside the image (and inside image + padding, for
+        // count_include_pad) is computed once.
+        let taps = |d: usize, o: usize| -> ((usize, usize), usize) {
+            let (k, s, dl) = (kernel[d], w.strides[d], w.dilations[d]);
+            let (pb, pe, n) = (
+                w.pad_begin[d] as isize,
+                w.pad_end[d] as isize,
+                in_sp[d] as isize,
+            );
+            let pos = |t: usize| (o * s + t * dl) as isize - pb;
+            let inside: Vec<usize> = (0..k).filter(|&t| (0..n).contains(&pos(t))).collect();
+            let padded = (0..k).filter(|&t| (-pb..n + pe).contains(&pos(t))).count();
+            let range = match (inside.first(), inside.last()) {
+                (Some(&lo), Some(&hi)) => (lo, hi + 1),
+                _ => (0, 0),
+            };
+            (range, padded)
+        };
+        let (oh, ow) = (w.out[0], w.out[1]);
+        let rows: Vec<((usize, usize), usize)> = (0..oh).map(|y| taps(0, y)).collect();
+        let cols: Vec<((usize, usize), usize)> = (0..ow).map(|x| taps(1, x)).collect();
+        let iw = in_sp[1];
+        let (sh, sw) = (w.strides[0], w.strides[1]);
+        let (dh, dw) = (w.dilations[0], w.dilations[1]);
+        let (ph, pw) = (w.pad_begin[0], w.pad_begin[1]);
+        out.par_chunks_mut(o_sz.max(1))
+            .enumerate()
+            .for_each(|(p, plane)| {
+                let img = &xv[p * in_sz..(p + 1) * in_sz];
+                for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
+                    for (x0, &((b_lo, b_hi), b_pad)) in cols.iter().enumerate() {
+                        let mut acc = if kind == Kind::Max {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        };
+                        for a in a_lo..a_hi {
+                            let iy = y * sh + a * dh - ph;
+                            let row = &img[iy * iw..(iy + 1) * iw];
+                            for b in b_lo..b_hi {
+                                let v = row[x0 * sw + b * dw - pw];
+                                if kind == Kind::Max {
+                                    if v > acc || v.is_nan() {
+                                        acc = v;
+                                    }
+                                } else {
+                                    acc += v;
+                                }
+                            }
+                        }
+                        let count = (a_hi - a_lo) * (b_hi - b_lo);
+                        plane[y * ow + x0] = match kind {
+                            Kind::Avg { count_pad: true } => acc / (a_pad * b_pad).max(1) as f32,
+                            Kind::Avg { count_pad: false } => acc / count.max(1) as f32,
+                            _ => acc,
+                        };
+                    }
+                }
+            });
+    } else if want_indices {
         out.par_chunks_mut(o_sz.max(1))
             .zip(idx_out.par_chunks_mut(o_sz.max(1)))
             .enumerate()
