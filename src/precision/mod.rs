@@ -10,7 +10,7 @@ pub mod plan;
 pub mod quant;
 
 use crate::error::{Error, Result};
-use half::{bf16, f16};
+use half::bf16;
 use serde::Serialize;
 
 /// The precision of one layer.
@@ -219,6 +219,7 @@ pub fn round_half_even(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use half::f16;
 
     #[test]
     fn fp16_rounding_and_overflow() {
