@@ -351,13 +351,20 @@ fn same_dtype(a: &Tensor, b: &Tensor) -> Result<(), OpError> {
 }
 
 /// Binary op on two tensors of one dtype, with broadcasting.
-fn binary(
+/// Generic over the element functions (not `dyn`) so each op's loops are monomorphized and
+/// vectorized.
+fn binary<F64F, F32F, IntF>(
     a: &Tensor,
     b: &Tensor,
-    f64f: &dyn Fn(f64, f64) -> f64,
-    f32f: &(dyn Fn(f32, f32) -> f32 + Sync),
-    intf: &dyn Fn(i64, i64) -> Result<i64, OpError>,
-) -> Result<Tensor, OpError> {
+    f64f: &F64F,
+    f32f: &F32F,
+    intf: &IntF,
+) -> Result<Tensor, OpError>
+where
+    F64F: Fn(f64, f64) -> f64,
+    F32F: Fn(f32, f32) -> f32 + Sync,
+    IntF: Fn(i64, i64) -> Result<i64, OpError>,
+{
     same_dtype(a, b)?;
     let dtype = a.dtype();
     match (a.data(), b.data()) {

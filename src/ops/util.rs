@@ -180,8 +180,27 @@ pub fn broadcast_binary<A: Copy, B: Copy, O>(
     let mut out = Vec::with_capacity(n);
     for_each_row(&out_shape, &[sa, sb], |_, offs| {
         let (oa, ob) = (offs[0], offs[1]);
-        for k in 0..inner {
-            out.push(f(a[oa + k * ia], b[ob + k * ib]));
+        // Contiguous and broadcast rows get tight loops the compiler vectorizes.
+        match (ia, ib) {
+            (1, 1) => out.extend(
+                a[oa..oa + inner]
+                    .iter()
+                    .zip(&b[ob..ob + inner])
+                    .map(|(&x, &y)| f(x, y)),
+            ),
+            (1, 0) => {
+                let y = b[ob];
+                out.extend(a[oa..oa + inner].iter().map(|&x| f(x, y)));
+            }
+            (0, 1) => {
+                let x = a[oa];
+                out.extend(b[ob..ob + inner].iter().map(|&y| f(x, y)));
+            }
+            _ => {
+                for k in 0..inner {
+                    out.push(f(a[oa + k * ia], b[ob + k * ib]));
+                }
+            }
         }
     });
     Ok((out_shape, out))
