@@ -189,37 +189,56 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         let (sh, sw) = (w.strides[0], w.strides[1]);
         let (dh, dw) = (w.dilations[0], w.dilations[1]);
         let (ph, pw) = (w.pad_begin[0], w.pad_begin[1]);
+        // For each kernel column b, the output columns whose tap lies inside the image.
+        let col_range: Vec<(usize, usize)> = (0..kernel[1])
+            .map(|b| {
+                let mut inside = (0..ow).filter(|&x0| cols[x0].0 .0 <= b && b < cols[x0].0 .1);
+                match inside.next() {
+                    Some(lo) => (lo, inside.last().unwrap_or(lo) + 1),
+                    None => (0, 0),
+                }
+            })
+            .collect();
         out.par_chunks_mut(o_sz.max(1))
             .enumerate()
             .for_each(|(p, plane)| {
                 let img = &xv[p * in_sz..(p + 1) * in_sz];
                 for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
-                    for (x0, &((b_lo, b_hi), b_pad)) in cols.iter().enumerate() {
-                        let mut acc = if kind == Kind::Max {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        };
-                        for a in a_lo..a_hi {
-                            let iy = y * sh + a * dh - ph;
-                            let row = &img[iy * iw..(iy + 1) * iw];
-                            for b in b_lo..b_hi {
-                                let v = row[x0 * sw + b * dw - pw];
+                    // Accumulate a whole output row at once: independent accumulators per
+                    // column instead of one dependent chain per output.
+                    let acc = &mut plane[y * ow..(y + 1) * ow];
+                    acc.fill(if kind == Kind::Max {
+                        f32::NEG_INFINITY
+                    } else {
+                        0.0
+                    });
+                    for a in a_lo..a_hi {
+                        let iy = y * sh + a * dh - ph;
+                        let row = &img[iy * iw..(iy + 1) * iw];
+                        for (b, &(lo, hi)) in col_range.iter().enumerate() {
+                            let base = b * dw;
+                            for (x0, d) in acc.iter_mut().enumerate().take(hi).skip(lo) {
+                                let v = row[x0 * sw + base - pw];
                                 if kind == Kind::Max {
-                                    if v > acc || v.is_nan() {
-                                        acc = v;
+                                    if v > *d || v.is_nan() {
+                                        *d = v;
                                     }
                                 } else {
-                                    acc += v;
+                                    *d += v;
                                 }
                             }
                         }
-                        let count = (a_hi - a_lo) * (b_hi - b_lo);
-                        plane[y * ow + x0] = match kind {
-                            Kind::Avg { count_pad: true } => acc / (a_pad * b_pad).max(1) as f32,
-                            Kind::Avg { count_pad: false } => acc / count.max(1) as f32,
-                            _ => acc,
-                        };
+                    }
+                    if let Kind::Avg { count_pad } = kind {
+                        for (x0, d) in acc.iter_mut().enumerate() {
+                            let ((b_lo, b_hi), b_pad) = cols[x0];
+                            let n = if count_pad {
+                                a_pad * b_pad
+                            } else {
+                                (a_hi - a_lo) * (b_hi - b_lo)
+                            };
+                            *d /= n.max(1) as f32;
+                        }
                     }
                 }
             });
