@@ -1,7 +1,8 @@
 //! `mixprec run`: FP32 inference with Polygraphy's data options, saving and comparing outputs.
 
 use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
-use crate::compare::{compare_output, fmt_g, Criterion, ErrorStat, PerOutput};
+use crate::compare::report::{self, Log};
+use crate::compare::{compare_output, fmt_g, Criterion, ErrorStat, Metric, PerOutput};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
@@ -95,6 +96,23 @@ pub struct RunArgs {
     /// Statistic checked against the tolerances: elemwise, max, mean, median (or `output:stat`).
     #[arg(long = "check-error-stat", num_args = 1.., value_name = "STAT")]
     check_error_stat: Vec<String>,
+    /// Extra pass criteria, checked in addition to the tolerances: `cosine:MIN`, `snr:MIN_DB`,
+    /// `topk:K:MIN` (top-K agreement along the last axis), `max-rel-above:FLOOR:MAX` (max
+    /// relative error over elements with |ref| > FLOOR); prefix `output:` for one output.
+    /// See docs/compare.md.
+    #[arg(long = "metric", num_args = 1.., value_name = "SPEC")]
+    metric: Vec<String>,
+    /// Fail when an output of the model holds NaN or Inf (Polygraphy's --validate).
+    #[arg(long)]
+    validate: bool,
+    /// Write the comparison statistics, required tolerances, metrics and verdicts of every
+    /// iteration and output to this JSON file.
+    #[arg(long = "save-error-metrics", value_name = "FILE")]
+    save_error_metrics: Option<PathBuf>,
+    /// Compare only the outputs present both in the model's results and in the golden file
+    /// (warn about the others) instead of failing on a golden output the model lacks.
+    #[arg(long = "allow-missing")]
+    allow_missing: bool,
     /// Name of the runner in saved RunResults (default: mixprec-<precision>-runner).
     #[arg(long = "runner-name")]
     runner_name: Option<String>,
@@ -106,6 +124,7 @@ pub struct RunArgs {
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let started = Instant::now();
     let criterion = Criterion {
         atol: PerOutput::parse_list(&args.atol, 1e-5, "--atol", |s| s.parse().ok())?,
         rtol: PerOutput::parse_list(&args.rtol, 1e-5, "--rtol", |s| s.parse().ok())?,
@@ -115,6 +134,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             "--check-error-stat",
             |s| ErrorStat::parse(s).ok(),
         )?,
+        metrics: args
+            .metric
+            .iter()
+            .map(|m| Metric::parse(m))
+            .collect::<crate::error::Result<_>>()?,
     };
     // Read the golden file first: a bad file should fail before a long run.
     let golden = match &args.load_outputs {
@@ -207,11 +231,30 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         println!("[I] Saved outputs to {}", p.display());
     }
 
-    let Some(golden) = golden else {
-        return Ok(ExitCode::SUCCESS);
-    };
-    let path = args.load_outputs.as_ref().expect("golden implies a path");
-    let passed = compare_with_golden(&results.runners[0].1, &golden, path, &criterion)?;
+    let mut passed = true;
+    if args.validate {
+        passed &= validate(&results.runners[0].0, &results.runners[0].1);
+    }
+    if let Some(golden) = golden {
+        let path = args.load_outputs.as_ref().expect("golden implies a path");
+        let opts = CompareOptions {
+            criterion: &criterion,
+            allow_missing: args.allow_missing,
+            verbose: args.verbose,
+            save_error_metrics: args.save_error_metrics.as_deref(),
+        };
+        passed &= compare_with_golden(&runner_name, &results.runners[0].1, &golden, path, &opts)?;
+    } else if args.save_error_metrics.is_some() {
+        bail!("--save-error-metrics needs golden outputs to compare with (--load-outputs)");
+    }
+    let command: Vec<String> = std::env::args().collect();
+    println!(
+        "[{}] {} | Runtime: {:.3}s | Command: {}",
+        if passed { "I" } else { "E" },
+        if passed { "PASSED" } else { "FAILED" },
+        started.elapsed().as_secs_f64(),
+        command.join(" ")
+    );
     Ok(if passed {
         ExitCode::SUCCESS
     } else {
@@ -219,12 +262,72 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     })
 }
 
-/// Compares every iteration with the golden runner's iteration of the same index.
+/// `--validate`: every output of every iteration must be free of NaN and Inf.
+fn validate(runner: &str, iterations: &[IterationResult]) -> bool {
+    let mut log = Log::default();
+    log.info(0, &format!("Output Validation | Runners: ['{runner}']"));
+    let mut all = true;
+    for it in iterations {
+        for (name, t) in &it.outputs {
+            match t.to_f64_vec() {
+                Some(v) => all &= report::validate_output(&mut log, runner, name, &v, t.shape()),
+                None => log.info(
+                    1,
+                    &format!(
+                        "{runner:35} | Output: {name} has dtype {}: not checked",
+                        t.dtype()
+                    ),
+                ),
+            }
+        }
+    }
+    if all {
+        log.info(1, "PASSED | Output Validation");
+    } else {
+        log.error(1, "FAILED | Output Validation");
+    }
+    print!("{}", log.text);
+    all
+}
+
+struct CompareOptions<'a> {
+    criterion: &'a Criterion,
+    allow_missing: bool,
+    verbose: bool,
+    save_error_metrics: Option<&'a Path>,
+}
+
+#[derive(serde::Serialize)]
+struct IterationMetrics {
+    iteration: usize,
+    passed: bool,
+    outputs: Vec<crate::compare::OutputComparison>,
+    /// Outputs that could not be compared (shape mismatch), by name.
+    failed_to_compare: Vec<String>,
+    /// With --allow-missing: golden outputs the model lacks, and model outputs the golden lacks.
+    missing_in_model: Vec<String>,
+    missing_in_golden: Vec<String>,
+}
+
+#[derive(serde::Serialize)]
+struct ErrorMetricsFile<'a> {
+    runner: &'a str,
+    golden_runner: &'a str,
+    golden_file: String,
+    passed: bool,
+    passed_iterations: usize,
+    total_iterations: usize,
+    iterations: Vec<IterationMetrics>,
+}
+
+/// Compares every iteration with the golden runner's iteration of the same index (a single
+/// golden iteration serves them all), logging as Polygraphy's Comparator does.
 fn compare_with_golden(
+    runner: &str,
     ours: &[IterationResult],
     golden: &RunResults,
     path: &Path,
-    criterion: &Criterion,
+    opts: &CompareOptions,
 ) -> Result<bool> {
     let Some((gname, giters)) = golden.runners.first() else {
         bail!("{}: the RunResults file holds no runner", path.display());
@@ -232,71 +335,168 @@ fn compare_with_golden(
     if giters.is_empty() {
         bail!("{}: runner '{gname}' has no iterations", path.display());
     }
-    let mut all_passed = true;
+    println!("[I] Accuracy Comparison | {runner} vs. {gname}");
+    let mut per_iter = Vec::with_capacity(ours.len());
+    let mut passed_iters = 0;
     for (i, it) in ours.iter().enumerate() {
-        // Polygraphy pairs iterations by index; a single golden iteration serves them all.
         let g = &giters[i.min(giters.len() - 1)];
-        println!(
-            "[I] Comparing iteration {i} against '{gname}' ({})",
-            path.display()
-        );
-        for (name, reference) in &g.outputs {
-            let Some((_, out)) = it.outputs.iter().find(|(n, _)| n == name) else {
+        let mut log = Log::default();
+        log.info(0, &format!("Iteration: {i}"));
+        let missing_in_model: Vec<String> = g
+            .outputs
+            .iter()
+            .filter(|(n, _)| !it.outputs.iter().any(|(m, _)| m == n))
+            .map(|(n, _)| n.clone())
+            .collect();
+        let missing_in_golden: Vec<String> = it
+            .outputs
+            .iter()
+            .filter(|(n, _)| !g.outputs.iter().any(|(m, _)| m == n))
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !missing_in_model.is_empty() {
+            if !opts.allow_missing {
                 bail!(
-                    "{}: golden output '{name}' is not an output of the model (its outputs: {})",
+                    "{}: golden output(s) {} are not outputs of the model (its outputs: {}); \
+                     use --allow-missing to compare only the common outputs",
                     path.display(),
+                    quoted(&missing_in_model),
                     it.outputs
                         .iter()
                         .map(|(n, _)| n.as_str())
                         .collect::<Vec<_>>()
                         .join(", ")
                 );
-            };
-            let c = compare_output(name, out, reference, criterion)
-                .with_context(|| format!("comparing with {}", path.display()))?;
-            println!(
-                "[I]     Comparing Output: '{name}' (dtype={}, shape={}) with '{name}' (dtype={}, shape={})",
-                out.dtype(),
-                fmt_shape(out.shape()),
-                reference.dtype(),
-                fmt_shape(reference.shape())
-            );
-            println!(
-                "[I]         Tolerance: [abs={}, rel={}] | Checking {} error",
-                fmt_g(c.atol, 5),
-                fmt_g(c.rtol, 5),
-                c.stat.name()
-            );
-            println!(
-                "[I]         Minimum Required Tolerance: {} error | [abs={}] OR [rel={}]",
-                c.stat.name(),
-                fmt_g(c.required_atol, 5),
-                fmt_g(c.required_rtol, 5)
-            );
-            if c.passed {
-                println!(
-                    "[I]         PASSED | Output: '{name}' | Difference is within tolerance (rel={}, abs={})",
-                    fmt_g(c.rtol, 5),
-                    fmt_g(c.atol, 5)
-                );
-            } else {
-                all_passed = false;
-                println!(
-                    "[E]         FAILED | Output: '{name}' | Difference exceeds tolerance (rel={}, abs={})",
-                    fmt_g(c.rtol, 5),
-                    fmt_g(c.atol, 5)
-                );
             }
+            log.warn(
+                1,
+                &format!(
+                    "Skipping golden output(s) the model does not produce: {}",
+                    quoted(&missing_in_model)
+                ),
+            );
         }
-    }
-    println!(
-        "[{}] {}",
-        if all_passed { "I" } else { "E" },
-        if all_passed {
-            "PASSED | All outputs matched"
+        if opts.allow_missing && !missing_in_golden.is_empty() {
+            log.warn(
+                1,
+                &format!(
+                    "Skipping output(s) absent from the golden file: {}",
+                    quoted(&missing_in_golden)
+                ),
+            );
+        }
+        let mut outputs = Vec::new();
+        let mut failed_to_compare = Vec::new();
+        let mut status: Vec<(String, bool)> = Vec::new();
+        for (name, out) in &it.outputs {
+            let Some((_, reference)) = g.outputs.iter().find(|(n, _)| n == name) else {
+                continue;
+            };
+            if out.shape() != reference.shape() {
+                log.info(
+                    1,
+                    &format!(
+                        "Comparing Output: '{name}' (dtype={}, shape={}) with '{name}' (dtype={}, shape={})",
+                        out.dtype(),
+                        fmt_shape(out.shape()),
+                        reference.dtype(),
+                        fmt_shape(reference.shape())
+                    ),
+                );
+                report::shape_mismatch(&mut log, name, out.shape(), reference.shape());
+                failed_to_compare.push(name.clone());
+                status.push((name.clone(), false));
+                continue;
+            }
+            let c = compare_output(name, out, reference, opts.criterion)
+                .with_context(|| format!("comparing with {}", path.display()))?;
+            report::output_comparison(&mut log, &c, runner, gname, opts.verbose);
+            status.push((name.clone(), c.passed));
+            outputs.push(c);
+        }
+        if status.is_empty() {
+            bail!(
+                "{}: no common outputs to compare: {runner} outputs: {}; {gname} outputs: {}",
+                path.display(),
+                quoted(
+                    &it.outputs
+                        .iter()
+                        .map(|(n, _)| n.clone())
+                        .collect::<Vec<_>>()
+                ),
+                quoted(&g.outputs.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>())
+            );
+        }
+        let failed: Vec<String> = status
+            .iter()
+            .filter(|(_, p)| !p)
+            .map(|(n, _)| n.clone())
+            .collect();
+        let iter_passed = failed.is_empty();
+        if iter_passed {
+            passed_iters += 1;
+            let names: Vec<String> = status.iter().map(|(n, _)| n.clone()).collect();
+            log.info(
+                1,
+                &format!(
+                    "PASSED | All outputs matched | Outputs: {}",
+                    py_list(&names)
+                ),
+            );
         } else {
-            "FAILED | Mismatched outputs"
+            log.error(
+                1,
+                &format!("FAILED | Mismatched outputs: {}", py_list(&failed)),
+            );
         }
-    );
+        print!("{}", log.text);
+        per_iter.push(IterationMetrics {
+            iteration: i,
+            passed: iter_passed,
+            outputs,
+            failed_to_compare,
+            missing_in_model,
+            missing_in_golden,
+        });
+    }
+    let total = ours.len();
+    let mut log = Log::default();
+    report::accuracy_summary(&mut log, runner, gname, passed_iters, total);
+    print!("{}", log.text);
+    let all_passed = passed_iters == total;
+    if let Some(p) = opts.save_error_metrics {
+        let file = ErrorMetricsFile {
+            runner,
+            golden_runner: gname,
+            golden_file: path.display().to_string(),
+            passed: all_passed,
+            passed_iterations: passed_iters,
+            total_iterations: total,
+            iterations: per_iter,
+        };
+        let json = serde_json::to_vec_pretty(&file).context("serializing error metrics")?;
+        crate::data::write_atomic(p, &json)?;
+        println!("[I] Saved error metrics to {}", p.display());
+    }
     Ok(all_passed)
+}
+
+/// A Python list of strings: `['a', 'b']`.
+fn py_list(names: &[String]) -> String {
+    format!(
+        "[{}]",
+        names
+            .iter()
+            .map(|n| format!("'{n}'"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+fn quoted(names: &[String]) -> String {
+    names
+        .iter()
+        .map(|n| format!("'{n}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -6,8 +6,16 @@
 //! when any element exceeds both tolerances. Defaults are Polygraphy's: atol = rtol = 1e-5,
 //! elemwise.
 
+pub mod metrics;
+pub mod report;
+pub mod stats;
+
+pub use metrics::{Metric, MetricKind, MetricResult};
+pub use stats::Stats;
+
 use crate::error::{Error, Result};
-use crate::tensor::{fmt_shape, Tensor, TensorData};
+use crate::tensor::{fmt_shape, DType, Tensor, TensorData};
+use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -96,12 +104,14 @@ impl<T: Clone> PerOutput<T> {
     }
 }
 
-/// The pass criterion for outputs.
+/// The pass criterion for outputs: tolerances on an error statistic, plus optional metrics
+/// (`--metric`) that must pass as well.
 #[derive(Clone, Debug)]
 pub struct Criterion {
     pub atol: PerOutput<f64>,
     pub rtol: PerOutput<f64>,
     pub stat: PerOutput<ErrorStat>,
+    pub metrics: Vec<Metric>,
 }
 
 impl Default for Criterion {
@@ -110,15 +120,21 @@ impl Default for Criterion {
             atol: PerOutput::new(1e-5),
             rtol: PerOutput::new(1e-5),
             stat: PerOutput::new(ErrorStat::Elemwise),
+            metrics: Vec::new(),
         }
     }
 }
+
+/// A histogram: the counts of 10 bins and their 11 edges.
+pub type Histogram = Option<(Vec<u64>, Vec<f64>)>;
 
 /// Difference statistics of one output against its reference.
 #[derive(Clone, Debug, Serialize)]
 pub struct OutputComparison {
     pub name: String,
     pub shape: Vec<usize>,
+    pub dtype: String,
+    pub reference_dtype: String,
     pub stat: ErrorStat,
     pub atol: f64,
     pub rtol: f64,
@@ -131,8 +147,27 @@ pub struct OutputComparison {
     /// The tolerance the chosen statistic needs: `[abs] OR [rel]`.
     pub required_atol: f64,
     pub required_rtol: f64,
+    /// Stats of the output, the reference, and the absolute and relative differences.
+    pub output_stats: Stats,
+    pub reference_stats: Stats,
+    pub absdiff_stats: Stats,
+    pub reldiff_stats: Stats,
+    /// Histograms of output and reference over their common range, and of the differences.
+    #[serde(skip)]
+    pub histograms: [Histogram; 4],
+    /// The elements of output, reference, absdiff and reldiff, kept for outputs of at most
+    /// [`SMALL_OUTPUT`] elements (which Polygraphy prints in full).
+    #[serde(skip)]
+    pub values: Option<[Vec<f64>; 4]>,
+    /// Whether the tolerance check passed.
+    pub tolerance_passed: bool,
+    pub metrics: Vec<MetricResult>,
+    /// Tolerance and every metric passed.
     pub passed: bool,
 }
+
+/// Outputs of at most this many elements are printed in full (Polygraphy's threshold).
+pub const SMALL_OUTPUT: usize = 100;
 
 /// Compares one output with its reference under the criterion.
 pub fn compare_output(
@@ -148,48 +183,120 @@ pub fn compare_output(
             fmt_shape(reference.shape())
         )));
     }
+    let numeric = |t: &Tensor, which: &str| {
+        t.to_f64_vec().ok_or_else(|| {
+            Error::Invalid(format!(
+                "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
+                t.dtype()
+            ))
+        })
+    };
+    let a = numeric(out, "output")?;
+    let b = numeric(reference, "reference")?;
     let (absdiff, reldiff) = diffs(name, out, reference)?;
+    let shape = out.shape();
     let stat = criterion.stat.get(name);
     let atol = criterion.atol.get(name);
     let rtol = criterion.rtol.get(name);
-    let (max_a, mean_a, med_a) = (max_of(&absdiff), mean_of(&absdiff), median_of(&absdiff));
-    let (max_r, mean_r, med_r) = (max_of(&reldiff), mean_of(&reldiff), median_of(&reldiff));
-    let failed = |v: f64, tol: f64| v.is_nan() || v > tol;
+    let is_bool = out.dtype() == DType::Bool;
+    let ref_bool = reference.dtype() == DType::Bool;
+    let (((sa, sb), (sabs, srel)), elem_ok) = rayon::join(
+        || {
+            rayon::join(
+                || {
+                    rayon::join(
+                        || Stats::compute(&a, shape, !is_bool),
+                        || Stats::compute(&b, shape, !ref_bool),
+                    )
+                },
+                || {
+                    rayon::join(
+                        || Stats::compute(&absdiff, shape, true),
+                        || Stats::compute(&reldiff, shape, true),
+                    )
+                },
+            )
+        },
+        || {
+            stat != ErrorStat::Elemwise
+                || !absdiff
+                    .par_iter()
+                    .zip(reldiff.par_iter())
+                    .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol))
+        },
+    );
     let (req_a, req_r) = match stat {
-        ErrorStat::Elemwise | ErrorStat::Max => (max_a, max_r),
-        ErrorStat::Mean => (mean_a, mean_r),
-        ErrorStat::Median => (med_a, med_r),
+        ErrorStat::Elemwise | ErrorStat::Max => (sabs.max, srel.max),
+        ErrorStat::Mean => (sabs.mean, srel.mean),
+        ErrorStat::Median => (sabs.median, srel.median),
     };
-    let passed = match stat {
-        ErrorStat::Elemwise => !absdiff
-            .iter()
-            .zip(&reldiff)
-            .any(|(&a, &r)| failed(a, atol) && failed(r, rtol)),
-        _ => !(failed(req_a, atol) && failed(req_r, rtol)),
+    let tolerance_passed = match stat {
+        ErrorStat::Elemwise => elem_ok,
+        _ => !(stat_failed(req_a, atol) && stat_failed(req_r, rtol)),
     };
+    // Both sides' histograms share a range, so they can be read against each other.
+    let lo = sa.min.min(sb.min);
+    let hi = sa.max.max(sb.max);
+    let side_range = (!(sa.min.is_nan() || sb.min.is_nan())).then_some((lo, hi));
+    let side_hist = |v: &[f64], bool_dtype: bool| {
+        side_range
+            .filter(|_| !bool_dtype)
+            .and_then(|r| stats::histogram(v, Some(r)))
+    };
+    let histograms = [
+        side_hist(&a, is_bool),
+        side_hist(&b, ref_bool),
+        stats::histogram(&absdiff, None),
+        stats::histogram(&reldiff, None),
+    ];
+    let metrics: Vec<MetricResult> = criterion
+        .metrics
+        .iter()
+        .filter(|m| m.applies_to(name))
+        .map(|m| m.evaluate(&a, &b, shape))
+        .collect();
+    let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
+    let values = (a.len() <= SMALL_OUTPUT).then(|| [a, b, absdiff, reldiff]);
     Ok(OutputComparison {
         name: name.to_string(),
-        shape: out.shape().to_vec(),
+        shape: shape.to_vec(),
+        dtype: out.dtype().to_string(),
+        reference_dtype: reference.dtype().to_string(),
         stat,
         atol,
         rtol,
-        max_absdiff: max_a,
-        max_reldiff: max_r,
-        mean_absdiff: mean_a,
-        mean_reldiff: mean_r,
-        median_absdiff: med_a,
-        median_reldiff: med_r,
+        max_absdiff: sabs.max,
+        max_reldiff: srel.max,
+        mean_absdiff: sabs.mean,
+        mean_reldiff: srel.mean,
+        median_absdiff: sabs.median,
+        median_reldiff: srel.median,
         required_atol: req_a,
         required_rtol: req_r,
+        output_stats: sa,
+        reference_stats: sb,
+        absdiff_stats: sabs,
+        reldiff_stats: srel,
+        histograms,
+        values,
+        tolerance_passed,
+        metrics,
         passed,
     })
 }
 
-/// Elementwise absolute and relative differences, in f64.
+/// Polygraphy's `_simple_stat_failed`: NaN fails.
+fn stat_failed(v: f64, tol: f64) -> bool {
+    v.is_nan() || v > tol
+}
+
+/// Elementwise absolute and relative differences, as f64. When both sides are float32 or
+/// float16, they are computed in f32 arithmetic, as Polygraphy (NumPy on float32 arrays) does.
+/// A zero reference value gets 2.22e-16 added first; matching infinities compare equal.
 pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, Vec<f64>)> {
     if let (TensorData::Bool(a), TensorData::Bool(b)) = (out.data(), reference.data()) {
         let abs: Vec<f64> = a.iter().zip(b).map(|(x, y)| (x ^ y) as u8 as f64).collect();
-        let rel = abs.iter().map(|&d| d / 2.220446049250313e-16).collect();
+        let rel = abs.iter().map(|&d| d / EPSILON).collect();
         return Ok((abs, rel));
     }
     let numeric = |t: &Tensor, which: &str| {
@@ -202,25 +309,30 @@ pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, 
     };
     let a = numeric(out, "output")?;
     let b = numeric(reference, "reference")?;
-    let mut abs = Vec::with_capacity(a.len());
-    let mut rel = Vec::with_capacity(a.len());
-    for (&x, &y) in a.iter().zip(&b) {
-        // Matching infinities compare equal (Polygraphy's infinities_compare_equal default).
+    let f32ish = |t: &Tensor| matches!(t.dtype(), DType::F32 | DType::F16);
+    let single = f32ish(out) && f32ish(reference);
+    let one = |(&x, &y): (&f64, &f64)| -> (f64, f64) {
         let d = if x.is_infinite() && x == y {
             0.0
         } else {
             (x - y).abs()
         };
-        let denom = if y == 0.0 {
-            2.220446049250313e-16
+        let denom = if y == 0.0 { EPSILON } else { y.abs() };
+        if single {
+            let d32 = d as f32;
+            (d32 as f64, (d32 / denom as f32) as f64)
         } else {
-            y.abs()
-        };
-        abs.push(d);
-        rel.push(d / denom);
-    }
-    Ok((abs, rel))
+            (d, d / denom)
+        }
+    };
+    Ok(if a.len() >= 1 << 16 {
+        a.par_iter().zip(b.par_iter()).map(one).unzip()
+    } else {
+        a.iter().zip(&b).map(one).unzip()
+    })
 }
+
+const EPSILON: f64 = 2.220446049250313e-16;
 
 /// Maximum, NaN if any value is NaN (as NumPy's max).
 pub fn max_of(v: &[f64]) -> f64 {

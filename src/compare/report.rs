@@ -1,0 +1,410 @@
+//! Polygraphy's comparison log, line for line: `[I]`/`[W]`/`[E]` severity prefixes, four spaces
+//! per indentation level, continuation lines of a multi-line message indented under the text.
+
+use super::stats::{fmt_index, str_histogram, Stats};
+use super::{fmt_g, OutputComparison};
+use crate::tensor::fmt_shape;
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Severity {
+    Info,
+    Warning,
+    Error,
+}
+
+impl Severity {
+    fn tag(self) -> &'static str {
+        match self {
+            Severity::Info => "[I] ",
+            Severity::Warning => "[W] ",
+            Severity::Error => "[E] ",
+        }
+    }
+
+    pub fn of(passed: bool) -> Severity {
+        if passed {
+            Severity::Info
+        } else {
+            Severity::Error
+        }
+    }
+}
+
+/// A log being built as text, Polygraphy's layout.
+#[derive(Default, Debug)]
+pub struct Log {
+    pub text: String,
+}
+
+impl Log {
+    pub fn log(&mut self, sev: Severity, level: usize, msg: &str) {
+        let indent = "    ".repeat(level);
+        for (i, line) in msg.lines().enumerate() {
+            if i == 0 {
+                self.text += sev.tag();
+            } else {
+                self.text += "    ";
+            }
+            self.text += &indent;
+            self.text += line;
+            self.text.push('\n');
+        }
+    }
+
+    pub fn info(&mut self, level: usize, msg: &str) {
+        self.log(Severity::Info, level, msg);
+    }
+
+    pub fn warn(&mut self, level: usize, msg: &str) {
+        self.log(Severity::Warning, level, msg);
+    }
+
+    pub fn error(&mut self, level: usize, msg: &str) {
+        self.log(Severity::Error, level, msg);
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, `1e-05`, `0.001`, `100.0`, `1e+16`.
+pub fn py_repr(x: f64) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf" } else { "-inf" }.into();
+    }
+    let sci = format!("{x:e}");
+    let (mant, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if x == 0.0 || (-4..16).contains(&exp) {
+        let s = format!("{x}");
+        if s.contains('.') {
+            s
+        } else {
+            s + ".0"
+        }
+    } else {
+        format!("{mant}e{}{:02}", if exp < 0 { '-' } else { '+' }, exp.abs())
+    }
+}
+
+/// `log_output_stats`: the stats line, then (when `show`) the values of a small array and the
+/// histogram, one level deeper.
+pub fn output_stats(
+    log: &mut Log,
+    level: usize,
+    label: Option<&str>,
+    stats: &Stats,
+    values: Option<(&[f64], &[usize])>,
+    hist: &super::Histogram,
+    show: bool,
+) {
+    let line = match label {
+        Some(l) => format!("{l} | Stats: {}", stats.line()),
+        None => stats.line(),
+    };
+    log.info(level, &line);
+    if !show {
+        return;
+    }
+    if let Some((v, shape)) = values {
+        log.info(
+            level + 1,
+            &format!("---- Values ----\n{}", fmt_array(v, shape)),
+        );
+    }
+    let h = str_histogram(hist);
+    if !h.is_empty() {
+        log.info(level + 1, &h);
+    }
+}
+
+/// One output's comparison, as `SimpleCompareFunc` logs it (level 1 = "Comparing Output").
+/// Histograms and values are shown when the output failed or `verbose` is set (Polygraphy
+/// shows them at INFO only for failures).
+pub fn output_comparison(
+    log: &mut Log,
+    c: &OutputComparison,
+    runner: &str,
+    golden_runner: &str,
+    verbose: bool,
+) {
+    let name = &c.name;
+    let shape = fmt_shape(&c.shape);
+    log.info(
+        1,
+        &format!(
+            "Comparing Output: '{name}' (dtype={}, shape={shape}) with '{name}' (dtype={}, shape={shape})",
+            c.dtype, c.reference_dtype
+        ),
+    );
+    log.info(
+        2,
+        &format!(
+            "Tolerance: [abs={}, rel={}] | Checking {} error",
+            fmt_g(c.atol, 5),
+            fmt_g(c.rtol, 5),
+            c.stat.name()
+        ),
+    );
+    let show = !c.passed || verbose;
+    let vals = |i: usize| {
+        c.values
+            .as_ref()
+            .map(|v| (v[i].as_slice(), c.shape.as_slice()))
+    };
+    output_stats(
+        log,
+        2,
+        Some(&format!("{runner}: {name}")),
+        &c.output_stats,
+        vals(0),
+        &c.histograms[0],
+        show,
+    );
+    output_stats(
+        log,
+        2,
+        Some(&format!("{golden_runner}: {name}")),
+        &c.reference_stats,
+        vals(1),
+        &c.histograms[1],
+        show,
+    );
+    log.info(2, &format!("Error Metrics: {name}"));
+    let mut msg = format!(
+        "Minimum Required Tolerance: {} error | [abs={}] OR [rel={}]",
+        c.stat.name(),
+        fmt_g(c.required_atol, 5),
+        fmt_g(c.required_rtol, 5)
+    );
+    if c.stat == super::ErrorStat::Elemwise {
+        msg += " (requirements may be lower if both abs/rel tolerances are set)";
+    }
+    log.info(3, &msg);
+    output_stats(
+        log,
+        3,
+        Some("Absolute Difference"),
+        &c.absdiff_stats,
+        vals(2),
+        &c.histograms[2],
+        show,
+    );
+    output_stats(
+        log,
+        3,
+        Some("Relative Difference"),
+        &c.reldiff_stats,
+        vals(3),
+        &c.histograms[3],
+        show,
+    );
+    let tol = format!("(rel={}, abs={})", py_repr(c.rtol), py_repr(c.atol));
+    if c.tolerance_passed {
+        log.info(
+            2,
+            &format!("PASSED | Output: '{name}' | Difference is within tolerance {tol}"),
+        );
+    } else {
+        log.error(
+            2,
+            &format!("FAILED | Output: '{name}' | Difference exceeds tolerance {tol}"),
+        );
+    }
+    for m in &c.metrics {
+        log.log(Severity::of(m.passed), 2, &m.line());
+    }
+}
+
+/// A shape mismatch, as Polygraphy reports it (the output fails, the comparison goes on).
+pub fn shape_mismatch(log: &mut Log, name: &str, a: &[usize], b: &[usize]) {
+    log.error(
+        2,
+        &format!(
+            "FAILED | Output: `{name}` | Will not compare outputs of different shapes.\n\
+             Note: Output shapes are {} and {}.",
+            fmt_shape(a),
+            fmt_shape(b)
+        ),
+    );
+}
+
+/// `Accuracy Summary | a vs. b | Passed: 1/2 iterations | Pass Rate: 50.00%`.
+pub fn accuracy_summary(log: &mut Log, runner: &str, golden: &str, passed: usize, total: usize) {
+    let rate = if total == 0 {
+        100.0
+    } else {
+        passed as f64 / total as f64 * 100.0
+    };
+    log.log(
+        Severity::of(passed == total),
+        0,
+        &format!(
+            "Accuracy Summary | {runner} vs. {golden} | Passed: {passed}/{total} iterations | Pass Rate: {rate:.2}%"
+        ),
+    );
+}
+
+/// `--validate` of one output (Polygraphy's `Comparator.validate` with check_inf and
+/// check_nan): returns whether it is free of NaN and Inf.
+pub fn validate_output(
+    log: &mut Log,
+    runner: &str,
+    name: &str,
+    values: &[f64],
+    shape: &[usize],
+) -> bool {
+    log.info(
+        1,
+        &format!("{runner:35} | Validating output: {name} (check_inf=True, check_nan=True)"),
+    );
+    log.info(2, &Stats::compute(values, shape, true).line());
+    let has_nan = values.iter().any(|x| x.is_nan());
+    let has_inf = values.iter().any(|x| x.is_infinite());
+    if has_nan {
+        log.error(
+            2,
+            "NaN Detected | One or more NaNs were encountered in this output",
+        );
+        if let Some(i) = values.iter().position(|x| x.is_nan()) {
+            log.info(
+                2,
+                &format!(
+                    "Note: first NaN at {}",
+                    fmt_index(&super::stats::unravel(i, shape))
+                ),
+            );
+        }
+    }
+    if has_inf {
+        log.error(
+            2,
+            "Inf Detected | One or more non-finite values were encountered in this output",
+        );
+        if let Some(i) = values.iter().position(|x| x.is_infinite()) {
+            log.info(
+                2,
+                &format!(
+                    "Note: first Inf at {}",
+                    fmt_index(&super::stats::unravel(i, shape))
+                ),
+            );
+        }
+    }
+    let ok = !has_nan && !has_inf;
+    if ok {
+        log.info(2, &format!("PASSED | Output: {name} is valid"));
+    } else {
+        log.error(2, &format!("FAILED | Errors detected in output: {name}"));
+    }
+    ok
+}
+
+/// A NumPy-style rendering of a small array (`str(ndarray)`): nested brackets, elements in the
+/// shortest round-trip form with trailing '.' for integral floats, padded to a common width.
+/// An approximation of NumPy's printer (no line wrapping, no scientific notation switch).
+pub fn fmt_array(v: &[f64], shape: &[usize]) -> String {
+    let strs: Vec<String> = v
+        .iter()
+        .map(|&x| {
+            if x.is_nan() {
+                "nan".into()
+            } else if x.is_infinite() {
+                if x > 0.0 { "inf" } else { "-inf" }.into()
+            } else {
+                let s = format!("{}", x as f32);
+                if s.contains('.') {
+                    s
+                } else {
+                    s + "."
+                }
+            }
+        })
+        .collect();
+    let int_w = strs
+        .iter()
+        .map(|s| s.find('.').unwrap_or(s.len()))
+        .max()
+        .unwrap_or(0);
+    let frac_w = strs
+        .iter()
+        .map(|s| s.find('.').map_or(0, |p| s.len() - p - 1))
+        .max()
+        .unwrap_or(0);
+    let cells: Vec<String> = strs
+        .iter()
+        .map(|s| {
+            let ip = s.find('.').unwrap_or(s.len());
+            let fp = s.find('.').map_or(0, |p| s.len() - p - 1);
+            let mut c = " ".repeat(int_w.saturating_sub(ip));
+            c += s;
+            if s.contains('.') {
+                c += &" ".repeat(frac_w.saturating_sub(fp));
+            }
+            c
+        })
+        .collect();
+    fn rec(cells: &[String], shape: &[usize], depth: usize) -> String {
+        match shape.split_first() {
+            None => cells
+                .first()
+                .cloned()
+                .unwrap_or_default()
+                .trim()
+                .to_string(),
+            Some((_, [])) => format!("[{}]", cells.join(" ")),
+            Some((&n, rest)) => {
+                let per: usize = rest.iter().product();
+                let blank = "\n".repeat(rest.len());
+                let pad = " ".repeat(depth + 1);
+                let parts: Vec<String> = (0..n)
+                    .map(|i| rec(&cells[i * per..(i + 1) * per], rest, depth + 1))
+                    .collect();
+                format!("[{}]", parts.join(&format!("{blank}{pad}")))
+            }
+        }
+    }
+    rec(&cells, shape, 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_float_repr() {
+        assert_eq!(py_repr(1e-5), "1e-05");
+        assert_eq!(py_repr(0.001), "0.001");
+        assert_eq!(py_repr(100.0), "100.0");
+        assert_eq!(py_repr(1e16), "1e+16");
+        assert_eq!(py_repr(1.5e-7), "1.5e-07");
+        assert_eq!(py_repr(0.0), "0.0");
+    }
+
+    // str(np.array([1.5, 2., 3.25], dtype=np.float32)) == '[1.5  2.   3.25]'
+    // str(np.array([[1., 2.], [3., 4.]], dtype=np.float32)) == '[[1. 2.]\n [3. 4.]]'
+    #[test]
+    fn numpy_like_arrays() {
+        assert_eq!(fmt_array(&[1.5, 2.0, 3.25], &[3]), "[1.5  2.   3.25]");
+        assert_eq!(
+            fmt_array(&[1.0, 2.0, 3.0, 4.0], &[2, 2]),
+            "[[1. 2.]\n [3. 4.]]"
+        );
+        // str(np.array([[[1., 2.], [3., 4.]], [[1, 2], [3, 4]]], dtype=np.float32))
+        assert_eq!(
+            fmt_array(&[1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0], &[2, 2, 2]),
+            "[[[1. 2.]\n  [3. 4.]]\n\n [[1. 2.]\n  [3. 4.]]]"
+        );
+        assert_eq!(fmt_array(&[-1.5, 20.0, 3.25], &[3]), "[-1.5  20.    3.25]");
+    }
+
+    #[test]
+    fn continuation_lines_are_indented() {
+        let mut log = Log::default();
+        log.info(3, "---- Histogram ----\nBin Range");
+        assert_eq!(
+            log.text,
+            "[I]             ---- Histogram ----\n                Bin Range\n"
+        );
+    }
+}
