@@ -184,7 +184,7 @@ pub fn compare_output(
         )));
     }
     let numeric = |t: &Tensor, which: &str| {
-        t.to_f64_vec().ok_or_else(|| {
+        to_f64(t).ok_or_else(|| {
             Error::Invalid(format!(
                 "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
                 t.dtype()
@@ -193,7 +193,7 @@ pub fn compare_output(
     };
     let a = numeric(out, "output")?;
     let b = numeric(reference, "reference")?;
-    let (absdiff, reldiff) = diffs(name, out, reference)?;
+    let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
     let shape = out.shape();
     let stat = criterion.stat.get(name);
     let atol = criterion.atol.get(name);
@@ -246,8 +246,8 @@ pub fn compare_output(
     let histograms = [
         side_hist(&a, is_bool),
         side_hist(&b, ref_bool),
-        stats::histogram(&absdiff, None),
-        stats::histogram(&reldiff, None),
+        stats::histogram(&absdiff, Some((sabs.min, sabs.max))),
+        stats::histogram(&reldiff, Some((srel.min, srel.max))),
     ];
     let metrics: Vec<MetricResult> = criterion
         .metrics
@@ -300,7 +300,7 @@ pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, 
         return Ok((abs, rel));
     }
     let numeric = |t: &Tensor, which: &str| {
-        t.to_f64_vec().ok_or_else(|| {
+        to_f64(t).ok_or_else(|| {
             Error::Invalid(format!(
                 "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
                 t.dtype()
@@ -309,6 +309,16 @@ pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, 
     };
     let a = numeric(out, "output")?;
     let b = numeric(reference, "reference")?;
+    Ok(diff_values(out, reference, &a, &b))
+}
+
+/// `diffs` of the tensors' values already widened to f64.
+fn diff_values(out: &Tensor, reference: &Tensor, a: &[f64], b: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    if let (TensorData::Bool(_), TensorData::Bool(_)) = (out.data(), reference.data()) {
+        let abs: Vec<f64> = a.iter().zip(b).map(|(x, y)| (x - y).abs()).collect();
+        let rel = abs.iter().map(|&d| d / EPSILON).collect();
+        return (abs, rel);
+    }
     let f32ish = |t: &Tensor| matches!(t.dtype(), DType::F32 | DType::F16);
     let single = f32ish(out) && f32ish(reference);
     let one = |(&x, &y): (&f64, &f64)| -> (f64, f64) {
@@ -325,14 +335,22 @@ pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, 
             (d, d / denom)
         }
     };
-    Ok(if a.len() >= 1 << 16 {
+    if a.len() >= 1 << 16 {
         a.par_iter().zip(b.par_iter()).map(one).unzip()
     } else {
-        a.iter().zip(&b).map(one).unzip()
-    })
+        a.iter().zip(b).map(one).unzip()
+    }
 }
 
 const EPSILON: f64 = 2.220446049250313e-16;
+
+/// The elements as f64 (None for strings), in parallel for large f32 tensors.
+fn to_f64(t: &Tensor) -> Option<Vec<f64>> {
+    match t.data() {
+        TensorData::F32(v) if v.len() >= 1 << 16 => Some(v.par_iter().map(|&x| x as f64).collect()),
+        _ => t.to_f64_vec(),
+    }
+}
 
 /// Maximum, NaN if any value is NaN (as NumPy's max).
 pub fn max_of(v: &[f64]) -> f64 {

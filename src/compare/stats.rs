@@ -39,6 +39,9 @@ pub struct Stats {
 
 #[derive(Clone, Copy)]
 struct Partial {
+    n: usize,
+    /// Sum of squared deviations from this range's mean (Chan et al.'s parallel variance).
+    m2: f64,
     sum: f64,
     sum_abs: f64,
     min: f64,
@@ -50,6 +53,8 @@ struct Partial {
 
 impl Partial {
     const EMPTY: Partial = Partial {
+        n: 0,
+        m2: 0.0,
         sum: 0.0,
         sum_abs: 0.0,
         min: f64::INFINITY,
@@ -76,6 +81,13 @@ impl Partial {
                 p.first_nan = offset + i;
             }
         }
+        p.n = v.len();
+        if p.n > 0 {
+            // The chunk is in cache: a second pass over it costs little and keeps the
+            // variance as accurate as NumPy's two-pass formula.
+            let mean = p.sum / p.n as f64;
+            p.m2 = v.iter().map(|&x| (x - mean) * (x - mean)).sum();
+        }
         p
     }
 
@@ -83,7 +95,18 @@ impl Partial {
     fn merge(self, o: Partial) -> Partial {
         let pick_min = o.argmin != usize::MAX && (self.argmin == usize::MAX || o.min < self.min);
         let pick_max = o.argmax != usize::MAX && (self.argmax == usize::MAX || o.max > self.max);
+        let n = self.n + o.n;
+        let m2 = if self.n == 0 {
+            o.m2
+        } else if o.n == 0 {
+            self.m2
+        } else {
+            let delta = o.sum / o.n as f64 - self.sum / self.n as f64;
+            self.m2 + o.m2 + delta * delta * (self.n as f64 * o.n as f64 / n as f64)
+        };
         Partial {
+            n,
+            m2,
             sum: self.sum + o.sum,
             sum_abs: self.sum_abs + o.sum_abs,
             min: if pick_min { o.min } else { self.min },
@@ -105,15 +128,6 @@ fn partial(v: &[f64]) -> Partial {
         .collect::<Vec<_>>()
         .into_iter()
         .fold(Partial::EMPTY, Partial::merge)
-}
-
-fn sum_sq_dev(v: &[f64], mean: f64) -> f64 {
-    let f = |c: &[f64]| c.iter().map(|&x| (x - mean) * (x - mean)).sum::<f64>();
-    if v.len() < PAR_MIN {
-        f(v)
-    } else {
-        v.par_chunks(CHUNK).map(f).sum()
-    }
 }
 
 /// Row-major N-D index of a flat index.
@@ -167,11 +181,7 @@ impl Stats {
         let p = partial(v);
         let has_nan = p.first_nan != usize::MAX;
         let mean = p.sum / n;
-        let var = if mean.is_finite() {
-            sum_sq_dev(v, mean) / n
-        } else {
-            f64::NAN
-        };
+        let var = if mean.is_finite() { p.m2 / n } else { f64::NAN };
         let (min, argmin, max, argmax) = if has_nan {
             (f64::NAN, p.first_nan, f64::NAN, p.first_nan)
         } else {
@@ -180,7 +190,7 @@ impl Stats {
         let q = if has_nan {
             [f64::NAN; 4]
         } else {
-            let qs = quantiles(v, &[0.5, 0.9, 0.95, 0.99]);
+            let qs = quantiles_no_nan(v, &[0.5, 0.9, 0.95, 0.99], Some((p.min, p.max)));
             [qs[0], qs[1], qs[2], qs[3]]
         };
         Stats {
@@ -235,16 +245,16 @@ fn lerp(a: f64, b: f64, t: f64) -> f64 {
     }
 }
 
-/// `numpy.quantile(v, q)` for each `q` (method "linear"), NaN if any value is NaN. One copy of
-/// the data; each needed order statistic is found with `select_nth_unstable` on the part of the
-/// buffer right of the previous one.
+/// `numpy.quantile(v, q)` for each `q` (method "linear"), NaN if any value is NaN.
 pub fn quantiles(v: &[f64], qs: &[f64]) -> Vec<f64> {
-    if v.is_empty() {
+    if v.is_empty() || v.iter().any(|x| x.is_nan()) {
         return vec![f64::NAN; qs.len()];
     }
-    if v.iter().any(|x| x.is_nan()) {
-        return vec![f64::NAN; qs.len()];
-    }
+    quantiles_no_nan(v, qs, None)
+}
+
+/// `quantiles` of a non-empty array known to hold no NaN, with its (min, max) if known.
+fn quantiles_no_nan(v: &[f64], qs: &[f64], minmax: Option<(f64, f64)>) -> Vec<f64> {
     let n = v.len();
     let pos: Vec<(usize, f64)> = qs
         .iter()
@@ -260,18 +270,135 @@ pub fn quantiles(v: &[f64], qs: &[f64]) -> Vec<f64> {
         .collect();
     need.sort_unstable();
     need.dedup();
+    let got = if n >= PAR_MIN {
+        let (lo, hi) = minmax.unwrap_or_else(|| {
+            let p = partial(v);
+            (p.min, p.max)
+        });
+        order_stats_bucketed(v, &need, lo, hi)
+    } else {
+        order_stats_select(v, &need)
+    };
+    let at = |k: usize| got[need.binary_search(&k).expect("requested order statistic")];
+    pos.iter()
+        .map(|&(lo, t)| lerp(at(lo), at((lo + 1).min(n - 1)), t))
+        .collect()
+}
+
+/// The order statistics `ks` (sorted, distinct, < len; no NaN in `v`) by `select_nth_unstable`
+/// on one copy, each selection on the part right of the previous one.
+fn order_stats_select(v: &[f64], ks: &[usize]) -> Vec<f64> {
     let mut w = v.to_vec();
     let mut start = 0;
-    for &k in &need {
-        if k >= start {
+    for &k in ks {
+        if k == start {
+            // The next order statistic is the minimum of the rest: a scan, not a selection.
+            let (i, _) = w[start..]
+                .iter()
+                .enumerate()
+                .min_by(|a, b| a.1.total_cmp(b.1))
+                .expect("non-empty rest");
+            w.swap(start, start + i);
+        } else {
             w[start..].select_nth_unstable_by(k - start, |a, b| a.total_cmp(b));
-            start = k + 1;
+        }
+        start = k + 1;
+    }
+    ks.iter().map(|&k| w[k]).collect()
+}
+
+/// The same for large arrays, without copying or selecting over all of them: one parallel pass
+/// counts the values in 4096 equal-width buckets between min and max (monotonic in the value),
+/// a second gathers the few buckets holding the wanted ranks, and only those are selected in.
+fn order_stats_bucketed(v: &[f64], ks: &[usize], lo: f64, hi: f64) -> Vec<f64> {
+    const B: usize = 4096;
+    if lo == hi || !(hi - lo).is_finite() {
+        return order_stats_select(v, ks);
+    }
+    let scale = B as f64 / (hi - lo);
+    let bucket = move |x: f64| (((x - lo) * scale) as usize).min(B - 1);
+    let counts = v
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut h = vec![0usize; B];
+            for &x in c {
+                h[bucket(x)] += 1;
+            }
+            h
+        })
+        .reduce(
+            || vec![0usize; B],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    *x += y;
+                }
+                a
+            },
+        );
+    // For each wanted rank: its bucket and the rank within that bucket.
+    let mut starts = Vec::with_capacity(B + 1);
+    let mut acc = 0;
+    for &c in &counts {
+        starts.push(acc);
+        acc += c;
+    }
+    starts.push(acc);
+    let located: Vec<(usize, usize)> = ks
+        .iter()
+        .map(|&k| {
+            let b = starts.partition_point(|&s| s <= k) - 1;
+            (b, k - starts[b])
+        })
+        .collect();
+    let mut wanted: Vec<usize> = located.iter().map(|&(b, _)| b).collect();
+    wanted.dedup();
+    let mut slot = vec![usize::MAX; B];
+    for (i, &b) in wanted.iter().enumerate() {
+        slot[b] = i;
+    }
+    let gathered = v
+        .par_chunks(CHUNK)
+        .map(|c| {
+            let mut g: Vec<Vec<f64>> = vec![Vec::new(); wanted.len()];
+            for &x in c {
+                let s = slot[bucket(x)];
+                if s != usize::MAX {
+                    g[s].push(x);
+                }
+            }
+            g
+        })
+        .reduce(
+            || vec![Vec::new(); wanted.len()],
+            |mut a, b| {
+                for (x, y) in a.iter_mut().zip(b) {
+                    x.extend(y);
+                }
+                a
+            },
+        );
+    let mut per_bucket: Vec<Vec<(usize, f64)>> = vec![Vec::new(); wanted.len()];
+    for &(b, r) in &located {
+        let s = slot[b];
+        if !per_bucket[s].iter().any(|&(rr, _)| rr == r) {
+            per_bucket[s].push((r, 0.0));
         }
     }
-    pos.iter()
-        .map(|&(lo, t)| {
-            let hi = (lo + 1).min(n - 1);
-            lerp(w[lo], w[hi], t)
+    for (s, items) in per_bucket.iter_mut().enumerate() {
+        let ranks: Vec<usize> = items.iter().map(|&(r, _)| r).collect();
+        let vals = order_stats_select(&gathered[s], &ranks);
+        for (it, v) in items.iter_mut().zip(vals) {
+            it.1 = v;
+        }
+    }
+    located
+        .iter()
+        .map(|&(b, r)| {
+            per_bucket[slot[b]]
+                .iter()
+                .find(|&&(rr, _)| rr == r)
+                .expect("selected rank")
+                .1
         })
         .collect()
 }
@@ -301,24 +428,43 @@ pub fn histogram(v: &[f64], range: Option<(f64, f64)>) -> Option<(Vec<u64>, Vec<
     let step = (hi - lo) / BINS as f64;
     let mut edges: Vec<f64> = (0..=BINS).map(|i| lo + i as f64 * step).collect();
     edges[BINS] = hi;
-    let count = |c: &[f64]| {
-        let mut h = [0u64; BINS];
-        for &x in c {
-            if !(x >= lo && x <= hi) {
-                continue;
-            }
-            let mut i = (((x - lo) / (hi - lo)) * BINS as f64) as usize;
-            if i >= BINS {
-                i = BINS - 1;
-            }
-            if x < edges[i] && i > 0 {
-                i -= 1;
-            } else if i != BINS - 1 && x >= edges[i + 1] {
-                i += 1;
-            }
-            h[i] += 1;
+    let scale = BINS as f64 / (hi - lo);
+    let bin = |x: f64| -> Option<usize> {
+        if !(x >= lo && x <= hi) {
+            return None;
         }
-        h
+        // A first guess (exact up to one bin), corrected against the edges as NumPy does.
+        let mut i = (((x - lo) * scale) as usize).min(BINS - 1);
+        if x < edges[i] && i > 0 {
+            i -= 1;
+        } else if i != BINS - 1 && x >= edges[i + 1] {
+            i += 1;
+        }
+        Some(i)
+    };
+    let count = |c: &[f64]| {
+        // Four interleaved tallies: runs of equal bins do not serialize on one counter.
+        let mut h = [[0u64; BINS]; 4];
+        let mut quads = c.chunks_exact(4);
+        for q in &mut quads {
+            for (k, &x) in q.iter().enumerate() {
+                if let Some(i) = bin(x) {
+                    h[k][i] += 1;
+                }
+            }
+        }
+        for &x in quads.remainder() {
+            if let Some(i) = bin(x) {
+                h[0][i] += 1;
+            }
+        }
+        let mut t = [0u64; BINS];
+        for row in &h {
+            for (a, b) in t.iter_mut().zip(row) {
+                *a += b;
+            }
+        }
+        t
     };
     let h = if v.len() < PAR_MIN {
         count(v)
@@ -456,5 +602,19 @@ mod tests {
         assert_eq!((s.max, s.argmax[0]), (p.max, p.argmax));
         let (h, _) = histogram(&v, None).unwrap();
         assert_eq!(h.iter().sum::<u64>(), v.len() as u64);
+        // Skewed data (one huge outlier): the bucketed selection must still be exact.
+        let mut w: Vec<f64> = (0..100_001)
+            .map(|i| ((i * 31) % 977) as f64 * 1e-3)
+            .collect();
+        w[5] = 1e12;
+        let ks = [0, 1, 50_000, 50_001, 90_000, 99_999, 100_000];
+        assert_eq!(
+            order_stats_bucketed(&w, &ks, 0.0, 1e12),
+            order_stats_select(&w, &ks)
+        );
+        assert_eq!(
+            order_stats_bucketed(&v, &ks, 0.0, 999.0),
+            order_stats_select(&v, &ks)
+        );
     }
 }
