@@ -457,3 +457,132 @@ fn generated_inputs_equal_polygraphys() {
         }
     }
 }
+
+/// Iterations, the Accuracy Summary, --metric, --save-error-metrics, --validate and
+/// --allow-missing.
+#[test]
+fn comparison_options() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (_, gold) = p(tmp.path(), "gold.json");
+    let (em_path, em) = p(tmp.path(), "metrics.json");
+    let mlp = example("mlp.onnx");
+    let base = [
+        "run",
+        &mlp,
+        "--input-shapes",
+        "x:[2,64]",
+        "--iterations",
+        "2",
+    ];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend_from_slice(extra);
+        mixprec(&a)
+    };
+    assert!(run(&["--save-outputs", &gold]).status.success());
+    // FP16 within loose tolerances, and cosine/SNR/top-k/max-rel metrics that hold.
+    let o = run(&[
+        "--fp16",
+        "--load-outputs",
+        &gold,
+        "--atol",
+        "1",
+        "--rtol",
+        "1",
+        "--metric",
+        "cosine:0.99",
+        "snr:20",
+        "topk:1:0.5",
+        "max-rel-above:1e-2:1",
+        "--save-error-metrics",
+        &em,
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("Cosine Similarity: "), "{t}");
+    assert!(t.contains("(min required: 20 dB) | PASSED"), "{t}");
+    assert!(t.contains("[I] Iteration: 1"), "{t}");
+    assert!(
+        t.contains("Accuracy Summary | mixprec-float16-runner vs. mixprec-fp32-runner | Passed: 2/2 iterations | Pass Rate: 100.00%"),
+        "{t}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&em_path).unwrap()).unwrap();
+    assert_eq!(json["total_iterations"], 2);
+    assert_eq!(json["passed"], true);
+    let out0 = &json["iterations"][1]["outputs"][0];
+    assert_eq!(out0["passed"], true);
+    assert_eq!(out0["metrics"].as_array().unwrap().len(), 4);
+    assert!(out0["metrics"][0]["value"].as_f64().unwrap() > 0.99);
+    assert!(out0["absdiff_stats"]["p99"].as_f64().is_some());
+    assert!(out0["required_atol"].as_f64().is_some());
+    // A metric that cannot hold fails every iteration, though the tolerances pass.
+    let o = run(&["--load-outputs", &gold, "--metric", "cosine:1.5"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("(min required: 1.5) | FAILED"), "{t}");
+    assert!(
+        t.contains("Passed: 0/2 iterations | Pass Rate: 0.00%"),
+        "{t}"
+    );
+    // A metric for another output name does not apply.
+    let o = run(&["--load-outputs", &gold, "--metric", "nosuch:cosine:1.5"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&["--metric", "psnr:3"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--metric: cannot parse 'psnr:3'"),
+        "{}",
+        text(&o)
+    );
+
+    // A golden output the model lacks: an error naming it, unless --allow-missing.
+    let (_, gold2) = p(tmp.path(), "gold2.json");
+    let script = format!(
+        "from polygraphy.comparator import RunResults\n\
+         r = RunResults.load({gold:?})\n\
+         for it in r[0][1]:\n    it['extra_out'] = next(iter(it.values()))\n\
+         r.save({gold2:?})\n"
+    );
+    let py = Command::new(python())
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(py.status.success(), "{}", text(&py));
+    let o = run(&["--load-outputs", &gold2]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("'extra_out'"), "{}", text(&o));
+    let o = run(&["--load-outputs", &gold2, "--allow-missing"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("[W]     Skipping golden output(s) the model does not produce: 'extra_out'"),
+        "{t}"
+    );
+}
+
+/// --validate fails on NaN/Inf: Add in float16 overflows to inf for inputs in [100, 200], and
+/// the MatMul that follows turns inf * 0 into NaN.
+#[test]
+fn validate_flags_non_finite_outputs() {
+    let model = example("needs_constraints.onnx");
+    let o = mixprec(&["run", &model, "--val-range", "x:[100,200]", "--validate"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("PASSED | Output: output is valid"));
+    let o = mixprec(&[
+        "run",
+        &model,
+        "--fp16",
+        "--val-range",
+        "x:[100,200]",
+        "--validate",
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("[E]         NaN Detected"), "{t}");
+    assert!(
+        t.contains("[E]         FAILED | Errors detected in output: output"),
+        "{t}"
+    );
+    assert!(t.contains("[E]     FAILED | Output Validation"), "{t}");
+}

@@ -261,3 +261,82 @@ fn convert_and_int8_runs_on_the_cli() {
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(err.contains("foreign.cache") && err.contains('2'), "{err}");
 }
+
+/// The seed's comparison (docs: seeds/004): FP16 with Add in float16 and Sub in float32 against
+/// the FP32 golden, checked on the median. The output's lines follow Polygraphy's layout.
+#[test]
+fn seed_comparison_layout() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = repo_root().join("examples/needs_constraints.onnx");
+    let model = model.to_str().unwrap();
+    let gold = tmp.path().join("gold.json");
+    let gold = gold.to_str().unwrap();
+    let o = mixprec(&[
+        "run",
+        model,
+        "--val-range",
+        "x:[1,2]",
+        "--save-outputs",
+        gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = mixprec(&[
+        "run",
+        model,
+        "--fp16",
+        "--layer-precisions",
+        "Add:float16",
+        "Sub:float32",
+        "--val-range",
+        "x:[1,2]",
+        "--check-error-stat",
+        "median",
+        "--load-outputs",
+        gold,
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    let lines: Vec<&str> = t.lines().collect();
+    let find = |prefix: &str| {
+        lines
+            .iter()
+            .position(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no line starting with {prefix:?} in\n{t}"))
+    };
+    let cmp = find("[I]     Comparing Output: 'output' (dtype=float32, shape=(1, 1, 256, 256)) with 'output' (dtype=float32, shape=(1, 1, 256, 256))");
+    assert_eq!(
+        lines[cmp + 1],
+        "[I]         Tolerance: [abs=1e-05, rel=1e-05] | Checking median error"
+    );
+    assert!(lines[cmp + 2].starts_with("[I]         mixprec-float16-runner: output | Stats: mean=0, std-dev=0, var=0, median=0, min=0 at (0, 0, 0, 0), max=0 at (0, 0, 0, 0), avg-magnitude=0, p90=0"), "{t}");
+    assert!(lines.iter().any(|l| l.starts_with("[I]         mixprec-fp32-runner: output | Stats: mean=1.4995, std-dev=0.28889, var=0.083457, median=1.5, min=1 at ")), "{t}");
+    find("[I]         Error Metrics: output");
+    find("[I]             Minimum Required Tolerance: median error | [abs=1.5] OR [rel=1]");
+    let abs = find("[I]             Absolute Difference | Stats: mean=1.4995, std-dev=0.28889");
+    assert_eq!(lines[abs + 1], "[I]                 ---- Histogram ----");
+    assert_eq!(
+        lines[abs + 2],
+        "                    Bin Range  |  Num Elems | Visualization"
+    );
+    assert!(
+        lines[abs + 3].starts_with("                    (1  , 1.1) | "),
+        "{t}"
+    );
+    assert!(
+        lines[abs + 12].starts_with("                    (1.9, 2  ) | "),
+        "{t}"
+    );
+    let counts: u64 = lines[abs + 3..abs + 13]
+        .iter()
+        .map(|l| l.split('|').nth(1).unwrap().trim().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(counts, 65536);
+    let rel = find("[I]             Relative Difference | Stats: mean=1, std-dev=0, var=0, median=1, min=1 at (0, 0, 0, 0)");
+    assert!(
+        lines[rel + 8].starts_with("                    (1  , 1.1) |      65536 | ####"),
+        "{t}"
+    );
+    find("[E]         FAILED | Output: 'output' | Difference exceeds tolerance (rel=1e-05, abs=1e-05)");
+    find("[E]     FAILED | Mismatched outputs: ['output']");
+    find("[E] Accuracy Summary | mixprec-float16-runner vs. mixprec-fp32-runner | Passed: 0/1 iterations | Pass Rate: 0.00%");
+}
