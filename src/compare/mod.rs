@@ -256,7 +256,7 @@ pub fn compare_output(
         .map(|m| m.evaluate(&a, &b, shape))
         .collect();
     let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
-    let values = (a.len() <= SMALL_OUTPUT).then(|| [a, b, absdiff, reldiff]);
+    let values = (a.len() <= SMALL_OUTPUT).then_some([a, b, absdiff, reldiff]);
     Ok(OutputComparison {
         name: name.to_string(),
         shape: shape.to_vec(),

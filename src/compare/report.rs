@@ -300,51 +300,101 @@ pub fn validate_output(
     ok
 }
 
-/// A NumPy-style rendering of a small array (`str(ndarray)`): nested brackets, elements in the
-/// shortest round-trip form with trailing '.' for integral floats, padded to a common width.
-/// An approximation of NumPy's printer (no line wrapping, no scientific notation switch).
+/// A NumPy-style rendering of a small array (`str(ndarray)` with NumPy's defaults: precision 8,
+/// `maxprec` float mode, scientific notation when values span more than 1e3 or leave
+/// [1e-4, 1e8), lines wrapped at 75 characters). An approximation of NumPy's printer that
+/// agrees on the common cases.
 pub fn fmt_array(v: &[f64], shape: &[usize]) -> String {
-    let strs: Vec<String> = v
+    let finite: Vec<f64> = v
         .iter()
-        .map(|&x| {
-            if x.is_nan() {
-                "nan".into()
-            } else if x.is_infinite() {
-                if x > 0.0 { "inf" } else { "-inf" }.into()
-            } else {
-                let s = format!("{}", x as f32);
-                if s.contains('.') {
-                    s
-                } else {
-                    s + "."
+        .filter(|x| x.is_finite() && **x != 0.0)
+        .map(|x| x.abs())
+        .collect();
+    let (mn, mx) = finite
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(a, b), &x| (a.min(x), b.max(x)));
+    let sci = !finite.is_empty() && (mx >= 1e8 || mn < 1e-4 || mx / mn > 1e3);
+    let special = |x: f64| -> Option<String> {
+        if x.is_nan() {
+            Some("nan".into())
+        } else if x.is_infinite() {
+            Some(if x > 0.0 { "inf" } else { "-inf" }.into())
+        } else {
+            None
+        }
+    };
+    let cells: Vec<String> = if sci {
+        // Mantissas trimmed to their significant digits, then zero-padded to a common width.
+        let parts: Vec<Option<(String, String)>> = v
+            .iter()
+            .map(|&x| {
+                special(x).map_or_else(
+                    || {
+                        let s = format!("{:.8e}", shortest(x));
+                        let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
+                        let m = m.trim_end_matches('0');
+                        let e: i32 = e.parse().unwrap_or(0);
+                        let exp = format!("e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs());
+                        Some((m.to_string(), exp))
+                    },
+                    |_| None,
+                )
+            })
+            .collect();
+        let frac = parts
+            .iter()
+            .flatten()
+            .map(|(m, _)| m.find('.').map_or(0, |p| m.len() - p - 1))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let raw: Vec<String> = v
+            .iter()
+            .zip(&parts)
+            .map(|(&x, p)| match p {
+                Some((m, e)) => {
+                    let f = m.find('.').map_or(0, |p| m.len() - p - 1);
+                    format!("{m}{}{e}", "0".repeat(frac - f))
                 }
-            }
-        })
-        .collect();
-    let int_w = strs
-        .iter()
-        .map(|s| s.find('.').unwrap_or(s.len()))
-        .max()
-        .unwrap_or(0);
-    let frac_w = strs
-        .iter()
-        .map(|s| s.find('.').map_or(0, |p| s.len() - p - 1))
-        .max()
-        .unwrap_or(0);
-    let cells: Vec<String> = strs
-        .iter()
-        .map(|s| {
-            let ip = s.find('.').unwrap_or(s.len());
-            let fp = s.find('.').map_or(0, |p| s.len() - p - 1);
-            let mut c = " ".repeat(int_w.saturating_sub(ip));
-            c += s;
-            if s.contains('.') {
+                None => special(x).unwrap_or_default(),
+            })
+            .collect();
+        let w = raw.iter().map(|s| s.len()).max().unwrap_or(0);
+        raw.iter().map(|s| format!("{s:>w$}")).collect()
+    } else {
+        let strs: Vec<String> = v
+            .iter()
+            .map(|&x| {
+                special(x).unwrap_or_else(|| {
+                    let s = format!("{:.8}", shortest(x));
+                    let s = s.trim_end_matches('0');
+                    s.to_string()
+                })
+            })
+            .collect();
+        let int_w = strs
+            .iter()
+            .map(|s| s.find('.').unwrap_or(s.len()))
+            .max()
+            .unwrap_or(0);
+        let frac_w = strs
+            .iter()
+            .map(|s| s.find('.').map_or(0, |p| s.len() - p - 1))
+            .max()
+            .unwrap_or(0);
+        strs.iter()
+            .map(|s| {
+                let ip = s.find('.').unwrap_or(s.len());
+                let fp = s.find('.').map_or(0, |p| s.len() - p - 1);
+                let mut c = " ".repeat(int_w.saturating_sub(ip));
+                c += s;
                 c += &" ".repeat(frac_w.saturating_sub(fp));
-            }
-            c
-        })
-        .collect();
+                c
+            })
+            .collect()
+    };
     fn rec(cells: &[String], shape: &[usize], depth: usize) -> String {
+        const WIDTH: usize = 75;
         match shape.split_first() {
             None => cells
                 .first()
@@ -352,7 +402,27 @@ pub fn fmt_array(v: &[f64], shape: &[usize]) -> String {
                 .unwrap_or_default()
                 .trim()
                 .to_string(),
-            Some((_, [])) => format!("[{}]", cells.join(" ")),
+            Some((_, [])) => {
+                let indent = " ".repeat(depth + 1);
+                let mut out = String::new();
+                let mut line = String::from("[");
+                for (i, c) in cells.iter().enumerate() {
+                    let last = i + 1 == cells.len();
+                    let need = c.len() + if last { 1 } else { 0 };
+                    if line.len() + depth + need > WIDTH && line.trim().len() > 1 {
+                        out += line.trim_end();
+                        out.push('\n');
+                        line = indent.clone();
+                    }
+                    line += c;
+                    if !last {
+                        line.push(' ');
+                    }
+                }
+                out += &line;
+                out.push(']');
+                out
+            }
             Some((&n, rest)) => {
                 let per: usize = rest.iter().product();
                 let blank = "\n".repeat(rest.len());
@@ -367,9 +437,21 @@ pub fn fmt_array(v: &[f64], shape: &[usize]) -> String {
     rec(&cells, shape, 0)
 }
 
+/// The value as its f32 (outputs are mostly f32; NumPy prints their shortest f32 digits).
+fn shortest(x: f64) -> f64 {
+    let f = x as f32;
+    if f as f64 == x {
+        format!("{f}").parse().unwrap_or(x)
+    } else {
+        x
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const NUMPY_ARANGE_30_DIV_7: &str = "[0.         0.14285715 0.2857143  0.42857143 0.5714286  0.71428573\n 0.85714287 1.         1.1428572  1.2857143  1.4285715  1.5714285\n 1.7142857  1.8571428  2.         2.142857   2.2857144  2.4285715\n 2.5714285  2.7142856  2.857143   3.         3.142857   3.2857144\n 3.4285715  3.5714285  3.7142856  3.857143   4.         4.142857  ]";
 
     #[test]
     fn python_float_repr() {
@@ -396,6 +478,19 @@ mod tests {
             "[[[1. 2.]\n  [3. 4.]]\n\n [[1. 2.]\n  [3. 4.]]]"
         );
         assert_eq!(fmt_array(&[-1.5, 20.0, 3.25], &[3]), "[-1.5  20.    3.25]");
+        // str(np.array([1e-5, 2.5e-6], dtype=np.float32)) == '[1.0e-05 2.5e-06]'
+        assert_eq!(
+            fmt_array(&[1e-5f32 as f64, 2.5e-6f32 as f64], &[2]),
+            "[1.0e-05 2.5e-06]"
+        );
+        // str(np.array([0.093322754, 0.027297974], dtype=np.float32)) == '[0.09332275 0.02729797]'
+        assert_eq!(
+            fmt_array(&[0.093322754f32 as f64, 0.027297974f32 as f64], &[2]),
+            "[0.09332275 0.02729797]"
+        );
+        // str(np.arange(30, dtype=np.float32) / 7)
+        let v: Vec<f64> = (0..30).map(|i| (i as f32 / 7.0) as f64).collect();
+        assert_eq!(fmt_array(&v, &[30]), NUMPY_ARANGE_30_DIV_7);
     }
 
     #[test]
