@@ -194,7 +194,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
             .map(|b| {
                 let mut inside = (0..ow).filter(|&x0| cols[x0].0 .0 <= b && b < cols[x0].0 .1);
                 match inside.next() {
-                    Some(lo) => (lo, inside.last().unwrap_or(lo) + 1),
+                    Some(lo) => (lo, inside.next_back().unwrap_or(lo) + 1),
                     None => (0, 0),
                 }
             })
