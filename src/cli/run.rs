@@ -1,12 +1,14 @@
 //! `mixprec run`: FP32 inference with Polygraphy's data options, saving and comparing outputs.
 
 use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
+use crate::compare::layerwise::{layerwise, table as layerwise_table};
 use crate::compare::report::{self, Log};
 use crate::compare::{compare_output, fmt_g, Criterion, ErrorStat, Metric, PerOutput};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
 use crate::exec::Feeds;
+use crate::exec::RunOptions;
 use crate::tensor::fmt_shape;
 use crate::{load_model, Interpreter};
 use anyhow::{bail, Context, Result};
@@ -121,6 +123,15 @@ pub struct RunArgs {
     /// Print the precision every layer ran in.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Layer-wise comparison (Polygraphy's `--trt-outputs mark all`): compare every layer's
+    /// output with the FP32 reference run on the first input set, in topological order, with
+    /// the error each layer adds over its inputs' error (the growth); uses --atol/--rtol/
+    /// --check-error-stat per layer.
+    #[arg(long = "mark-all")]
+    mark_all: bool,
+    /// With --mark-all: stop at the first layer that fails.
+    #[arg(long = "fail-fast")]
+    fail_fast: bool,
 }
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
@@ -170,6 +181,52 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             }
         )
     });
+
+    let mut layers_failed = false;
+    if args.mark_all {
+        let Some(first) = feeds.first() else {
+            anyhow::bail!("--mark-all needs at least one input set");
+        };
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let reference = interp.run_with(first, &keep)?;
+        let candidate = match &prepared {
+            Some(p) => interp.run_plan(first, &keep, p)?,
+            None => interp.run_with(first, &keep)?,
+        };
+        let rows = layerwise(
+            graph,
+            &reference.intermediates,
+            &candidate.intermediates,
+            &criterion,
+            prepared.as_ref().map(|p| &p.plan),
+            args.fail_fast,
+        );
+        let stat = criterion.stat.default.name();
+        println!(
+            "[I] Layer-wise comparison (iteration 0): {runner_name} vs. FP32 reference | Checking {stat} error per layer"
+        );
+        print!("{}", layerwise_table(&rows, stat));
+        match rows.iter().find(|r| !r.passed) {
+            Some(r) => {
+                layers_failed = true;
+                println!(
+                    "[E] First failing layer: #{} '{}' ({}), output '{}': required tolerance [abs={}] OR [rel={}]",
+                    r.index,
+                    r.layer,
+                    r.op,
+                    r.output,
+                    fmt_g(r.required_atol, 5),
+                    fmt_g(r.required_rtol, 5)
+                );
+            }
+            None => println!(
+                "[I] PASSED | All {} compared layers are within tolerance",
+                rows.len()
+            ),
+        }
+    }
 
     let mut iterations = Vec::with_capacity(feeds.len());
     let mut total = 0.0;
@@ -231,7 +288,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         println!("[I] Saved outputs to {}", p.display());
     }
 
-    let mut passed = true;
+    // A failing layer fails the run, as Polygraphy's comparison of marked outputs does.
+    let mut passed = !layers_failed;
     if args.validate {
         passed &= validate(&results.runners[0].0, &results.runners[0].1);
     }

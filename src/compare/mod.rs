@@ -6,6 +6,7 @@
 //! when any element exceeds both tolerances. Defaults are Polygraphy's: atol = rtol = 1e-5,
 //! elemwise.
 
+pub mod layerwise;
 pub mod metrics;
 pub mod report;
 pub mod stats;

@@ -340,3 +340,42 @@ fn seed_comparison_layout() {
     find("[E]     FAILED | Mismatched outputs: ['output']");
     find("[E] Accuracy Summary | mixprec-float16-runner vs. mixprec-fp32-runner | Passed: 0/1 iterations | Pass Rate: 0.00%");
 }
+
+#[test]
+fn mark_all_shows_where_the_error_starts() {
+    let model = repo_root().join("examples/needs_constraints.onnx");
+    let o = mixprec(&[
+        "run",
+        model.to_str().unwrap(),
+        "--fp16",
+        "--layer-precisions",
+        "Add:float16",
+        "Sub:float32",
+        "--val-range",
+        "x:[1,2]",
+        "--mark-all",
+        "--check-error-stat",
+        "median",
+        "--atol",
+        "1e-3",
+    ]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    // MatMul's fp16 noise passes atol 1e-3; the Add (65504 + x in fp16) is the first failure and
+    // carries all the growth (about 1.5).
+    let row = |name: &str| {
+        t.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no row for {name}: {t}"))
+            .to_string()
+    };
+    assert!(row("MatMul").contains("PASSED"), "{t}");
+    let add = row("Add");
+    assert!(
+        add.contains("FAILED") && add.contains("first failing layer"),
+        "{t}"
+    );
+    let growth: f64 = add.split_whitespace().nth(6).unwrap().parse().unwrap();
+    assert!((growth - 1.5).abs() < 0.01, "{add}");
+    assert!(t.contains("First failing layer: #1 'Add'"), "{t}");
+}
