@@ -1,5 +1,12 @@
 //! The `mixprec` binary: all work is in the library; see `mixprec::cli`.
 
 fn main() -> std::process::ExitCode {
+    // Like other Unix tools, end quietly when stdout is a closed pipe (`mixprec ... | head`)
+    // instead of panicking on the failed write: Rust ignores SIGPIPE by default.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     mixprec::cli::main()
 }
