@@ -1,34 +1,10 @@
 //! End-to-end `mixprec calibrate`: a TensorRT cache from generated data, and bad input.
 
-use crate::common::repo_root;
+use crate::common::{example, mixprec, text};
 use mixprec::calib::CalibrationCache;
 use mixprec::data::{npz, polygraphy};
 use mixprec::exec::Feeds;
 use mixprec::Tensor;
-use std::process::{Command, Output};
-
-fn mixprec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mixprec"))
-        .args(args)
-        .output()
-        .expect("run mixprec")
-}
-
-fn example(name: &str) -> String {
-    repo_root()
-        .join("examples")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 #[test]
 fn calibrate_writes_a_tensorrt_cache() {

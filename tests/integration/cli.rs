@@ -1,15 +1,8 @@
 //! End-to-end CLI tests: Polygraphy file interop in both directions, and bad input.
 
-use crate::common::{python, repo_root};
+use crate::common::{example, mixprec, python, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-fn mixprec(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_mixprec"))
-        .args(args)
-        .output()
-        .expect("run mixprec")
-}
 
 fn polygraphy(args: &[&str]) -> Output {
     let bin = python().parent().unwrap().join("polygraphy");
@@ -17,22 +10,6 @@ fn polygraphy(args: &[&str]) -> Output {
         .args(args)
         .output()
         .expect("run polygraphy")
-}
-
-fn example(name: &str) -> String {
-    repo_root()
-        .join("examples")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 fn p(dir: &Path, name: &str) -> (PathBuf, String) {

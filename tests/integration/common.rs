@@ -40,3 +40,29 @@ pub fn onnx_node_dir() -> PathBuf {
         lib.display()
     );
 }
+
+/// Runs the mixprec binary built for this test run.
+pub fn mixprec(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_mixprec"))
+        .args(args)
+        .output()
+        .expect("run mixprec")
+}
+
+/// A bundled example model's path.
+pub fn example(name: &str) -> String {
+    repo_root()
+        .join("examples")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// stdout and stderr of a finished command, for assertions and failure messages.
+pub fn text(o: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

@@ -1,7 +1,7 @@
 //! Reduced-precision emulation on whole models: the seed's FP16 overflow example
 //! (Polygraphy's `needs_constraints.onnx`) must reproduce the numbers of the seed log.
 
-use crate::common::repo_root;
+use crate::common::{mixprec, repo_root, text};
 use mixprec::compare::median_of;
 use mixprec::data::loader::{generate, DataLoaderConfig};
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
@@ -64,21 +64,6 @@ fn seed_fp16_overflow_reproduces() {
     let (_, sub, median) = fp16_with(&["Add:float32", "Sub:float32"]);
     assert!(sub.iter().all(|&v| (1.0..=2.0).contains(&v)));
     assert!(median < 2e-3, "median abs error {median}");
-}
-
-fn mixprec(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_mixprec"))
-        .args(args)
-        .output()
-        .expect("run mixprec")
-}
-
-fn text(o: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 #[test]
