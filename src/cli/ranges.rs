@@ -41,13 +41,11 @@ pub fn ranges_for_plan(
                 .filter(|n| !known.contains(n))
                 .collect();
             if !foreign.is_empty() {
-                let shown: Vec<&str> = foreign.iter().take(8).copied().collect();
                 eprintln!(
-                    "warning: {}: {} tensor(s) are not in this model ({}{}); is the cache from another model?",
+                    "warning: {}: {} tensor(s) are not in this model ({}); is the cache from another model?",
                     path.display(),
                     foreign.len(),
-                    shown.join(", "),
-                    if foreign.len() > shown.len() { ", ..." } else { "" }
+                    first_few(&foreign)
                 );
             }
             let amax = cache.amax_map();
@@ -57,13 +55,11 @@ pub fn ranges_for_plan(
                 .filter(|n| !amax.contains_key(*n))
                 .collect();
             if !missing.is_empty() {
-                let shown: Vec<&str> = missing.iter().take(8).copied().collect();
                 bail!(
-                    "{}: no range for {} tensor(s) that int8/fp8 layers read ({}{}); recalibrate with `mixprec calibrate` or delete the cache to calibrate on the fly",
+                    "{}: no range for {} tensor(s) that int8/fp8 layers read ({}); recalibrate with `mixprec calibrate` or delete the cache to calibrate on the fly",
                     path.display(),
                     missing.len(),
-                    shown.join(", "),
-                    if missing.len() > shown.len() { ", ..." } else { "" }
+                    first_few(&missing)
                 );
             }
             Ok(Some(amax))
@@ -81,4 +77,13 @@ pub fn ranges_for_plan(
             Ok(Some(cache.amax_map()))
         }
     }
+}
+
+/// The first 8 names, comma-separated, with `...` when there are more.
+fn first_few(names: &[&str]) -> String {
+    let mut s = names.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+    if names.len() > 8 {
+        s.push_str(", ...");
+    }
+    s
 }

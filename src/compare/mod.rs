@@ -170,6 +170,16 @@ pub struct OutputComparison {
 /// Outputs of at most this many elements are printed in full (Polygraphy's threshold).
 pub const SMALL_OUTPUT: usize = 100;
 
+/// A tensor's values as f64, or an error naming the output and which side it is.
+fn numeric(name: &str, t: &Tensor, which: &str) -> Result<Vec<f64>> {
+    to_f64(t).ok_or_else(|| {
+        Error::Invalid(format!(
+            "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
+            t.dtype()
+        ))
+    })
+}
+
 /// Compares one output with its reference under the criterion.
 pub fn compare_output(
     name: &str,
@@ -184,16 +194,8 @@ pub fn compare_output(
             fmt_shape(reference.shape())
         )));
     }
-    let numeric = |t: &Tensor, which: &str| {
-        to_f64(t).ok_or_else(|| {
-            Error::Invalid(format!(
-                "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
-                t.dtype()
-            ))
-        })
-    };
-    let a = numeric(out, "output")?;
-    let b = numeric(reference, "reference")?;
+    let a = numeric(name, out, "output")?;
+    let b = numeric(name, reference, "reference")?;
     let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
     let shape = out.shape();
     let stat = criterion.stat.get(name);
@@ -300,16 +302,8 @@ pub fn diffs(name: &str, out: &Tensor, reference: &Tensor) -> Result<(Vec<f64>, 
         let rel = abs.iter().map(|&d| d / EPSILON).collect();
         return Ok((abs, rel));
     }
-    let numeric = |t: &Tensor, which: &str| {
-        to_f64(t).ok_or_else(|| {
-            Error::Invalid(format!(
-                "output '{name}': the {which} has dtype {}, which cannot be compared numerically",
-                t.dtype()
-            ))
-        })
-    };
-    let a = numeric(out, "output")?;
-    let b = numeric(reference, "reference")?;
+    let a = numeric(name, out, "output")?;
+    let b = numeric(name, reference, "reference")?;
     Ok(diff_values(out, reference, &a, &b))
 }
 
