@@ -7,7 +7,7 @@
 
 use mixprec::calib::{calibrate, CalibAlgo};
 use mixprec::exec::Feeds;
-use mixprec::onnx::read_tensor_file;
+use mixprec::onnx::read_input_set;
 use mixprec::{load_model, Interpreter};
 use std::path::PathBuf;
 use std::time::Instant;
@@ -27,12 +27,7 @@ fn main() {
     for name in names {
         let model = load_model(dir.join(format!("{name}.onnx"))).expect("load model");
         let interp = Interpreter::new(&model.graph).expect("supported model");
-        let mut feeds = Feeds::new();
-        for (i, vi) in model.graph.inputs.iter().enumerate() {
-            let (_, t) =
-                read_tensor_file(&dir.join(name).join(format!("input_{i}.pb"))).expect("input");
-            feeds.insert(vi.name.clone(), t);
-        }
+        let feeds = read_input_set(&model.graph, &dir.join(name)).expect("input");
         let batches: Vec<Feeds> = vec![feeds.clone(); SAMPLES];
         for _ in 0..3 {
             interp.run(&feeds).expect("run");

@@ -5,8 +5,8 @@
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms"}:
 //! the FP32 reference run and the emulated all-FP16 run of the same inputs.
 
-use mixprec::exec::{Feeds, PlanOptions, PreparedPlan, RunOptions};
-use mixprec::onnx::read_tensor_file;
+use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
+use mixprec::onnx::read_input_set;
 use mixprec::precision::plan::PrecisionPlan;
 use mixprec::precision::Precision;
 use mixprec::{load_model, Interpreter};
@@ -26,12 +26,7 @@ fn main() {
     for name in names {
         let model = load_model(dir.join(format!("{name}.onnx"))).expect("load model");
         let interp = Interpreter::new(&model.graph).expect("supported model");
-        let mut feeds = Feeds::new();
-        for (i, vi) in model.graph.inputs.iter().enumerate() {
-            let (_, t) =
-                read_tensor_file(&dir.join(name).join(format!("input_{i}.pb"))).expect("input");
-            feeds.insert(vi.name.clone(), t);
-        }
+        let feeds = read_input_set(&model.graph, &dir.join(name)).expect("input");
         let fp32 = time(|| {
             interp.run(&feeds).expect("run");
         });

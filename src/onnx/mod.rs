@@ -562,6 +562,18 @@ pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor)> {
     Ok((p.name.unwrap_or_default(), t))
 }
 
+/// Reads one input set in the ONNX test-data layout: `dir/input_K.pb` for the graph's K-th
+/// input, keyed by the input's name (conformance data, and the models scripts/gen_models.py
+/// writes).
+pub fn read_input_set(graph: &Graph, dir: &Path) -> Result<crate::exec::Feeds> {
+    let mut feeds = crate::exec::Feeds::new();
+    for (i, vi) in graph.inputs.iter().enumerate() {
+        let (_, t) = read_tensor_file(&dir.join(format!("input_{i}.pb")))?;
+        feeds.insert(vi.name.clone(), t);
+    }
+    Ok(feeds)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

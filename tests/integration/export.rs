@@ -7,7 +7,7 @@ use crate::common::{python, repo_root};
 use crate::models::models_dir;
 use mixprec::exec::{Feeds, RunOptions};
 use mixprec::export::{export, write_model, ExportOptions};
-use mixprec::onnx::read_tensor_file;
+use mixprec::onnx::{read_input_set, read_tensor_file};
 use mixprec::precision::plan::PrecisionPlan;
 use mixprec::precision::{has_quantized_kernel, Precision};
 use mixprec::{load_model, Graph, Interpreter, Tensor};
@@ -27,11 +27,7 @@ struct Reference {
 
 fn reference(model: &Path, data: &Path) -> Reference {
     let m = load_model(model).unwrap();
-    let mut feeds = Feeds::new();
-    for (i, vi) in m.graph.inputs.iter().enumerate() {
-        let (_, t) = read_tensor_file(&data.join(format!("input_{i}.pb"))).unwrap();
-        feeds.insert(vi.name.clone(), t);
-    }
+    let feeds = read_input_set(&m.graph, data).unwrap();
     let interp = Interpreter::new(&m.graph).unwrap();
     let res = interp
         .run_with(
@@ -443,10 +439,5 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
 }
 
 fn feeds_of(graph: &Graph, data: &Path) -> Feeds {
-    let mut feeds = Feeds::new();
-    for (i, vi) in graph.inputs.iter().enumerate() {
-        let (_, t) = read_tensor_file(&data.join(format!("input_{i}.pb"))).unwrap();
-        feeds.insert(vi.name.clone(), t);
-    }
-    feeds
+    read_input_set(graph, data).unwrap()
 }

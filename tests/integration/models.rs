@@ -3,8 +3,7 @@
 //! outputs; mixprec's FP32 interpreter must match them to f32 noise.
 
 use crate::common::{python, repo_root};
-use mixprec::exec::Feeds;
-use mixprec::onnx::read_tensor_file;
+use mixprec::onnx::{read_input_set, read_tensor_file};
 use mixprec::{load_model, Interpreter};
 use std::path::PathBuf;
 use std::process::Command;
@@ -32,11 +31,7 @@ fn scaled_error(model: &str, data: &str) -> f64 {
     let dir = models_dir();
     let m = load_model(dir.join(format!("{model}.onnx"))).unwrap();
     let interp = Interpreter::new(&m.graph).unwrap();
-    let mut feeds = Feeds::new();
-    for (i, vi) in m.graph.inputs.iter().enumerate() {
-        let (_, t) = read_tensor_file(&dir.join(data).join(format!("input_{i}.pb"))).unwrap();
-        feeds.insert(vi.name.clone(), t);
-    }
+    let feeds = read_input_set(&m.graph, &dir.join(data)).unwrap();
     let res = interp.run(&feeds).unwrap();
     let mut worst: f64 = 0.0;
     for (i, (name, got)) in res.outputs.iter().enumerate() {
