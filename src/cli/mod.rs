@@ -1,6 +1,7 @@
 //! The command line: argument parsing and printing only; all work is done by the library.
 
 mod calibrate;
+mod compare_args;
 mod convert;
 mod inspect;
 mod precision_args;

@@ -1,9 +1,10 @@
 //! `mixprec run`: FP32 inference with Polygraphy's data options, saving and comparing outputs.
 
+use super::compare_args::CompareArgs;
 use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
 use crate::compare::layerwise::{layerwise, table as layerwise_table};
 use crate::compare::report::{self, Log};
-use crate::compare::{compare_output, fmt_g, Criterion, ErrorStat, Metric, PerOutput};
+use crate::compare::{compare_output, fmt_g, Criterion};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
@@ -89,21 +90,8 @@ pub struct RunArgs {
     /// Compare the outputs against golden outputs from this RunResults JSON (e.g. `polygraphy run --save-outputs`).
     #[arg(long = "load-outputs", alias = "load-results", value_name = "FILE")]
     load_outputs: Option<PathBuf>,
-    /// Absolute tolerance: a value, or `output:value` per output (default 1e-5).
-    #[arg(long, num_args = 1.., value_name = "TOL")]
-    atol: Vec<String>,
-    /// Relative tolerance: a value, or `output:value` per output (default 1e-5).
-    #[arg(long, num_args = 1.., value_name = "TOL")]
-    rtol: Vec<String>,
-    /// Statistic checked against the tolerances: elemwise, max, mean, median (or `output:stat`).
-    #[arg(long = "check-error-stat", num_args = 1.., value_name = "STAT")]
-    check_error_stat: Vec<String>,
-    /// Extra pass criteria, checked in addition to the tolerances: `cosine:MIN`, `snr:MIN_DB`,
-    /// `topk:K:MIN` (top-K agreement along the last axis), `max-rel-above:FLOOR:MAX` (max
-    /// relative error over elements with |ref| > FLOOR); prefix `output:` for one output.
-    /// See docs/compare.md.
-    #[arg(long = "metric", num_args = 1.., value_name = "SPEC")]
-    metric: Vec<String>,
+    #[command(flatten)]
+    compare: CompareArgs,
     /// Fail when an output of the model holds NaN or Inf (Polygraphy's --validate).
     #[arg(long)]
     validate: bool,
@@ -136,21 +124,7 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let started = Instant::now();
-    let criterion = Criterion {
-        atol: PerOutput::parse_list(&args.atol, 1e-5, "--atol", |s| s.parse().ok())?,
-        rtol: PerOutput::parse_list(&args.rtol, 1e-5, "--rtol", |s| s.parse().ok())?,
-        stat: PerOutput::parse_list(
-            &args.check_error_stat,
-            ErrorStat::Elemwise,
-            "--check-error-stat",
-            |s| ErrorStat::parse(s).ok(),
-        )?,
-        metrics: args
-            .metric
-            .iter()
-            .map(|m| Metric::parse(m))
-            .collect::<crate::error::Result<_>>()?,
-    };
+    let criterion = args.compare.criterion()?;
     // Read the golden file first: a bad file should fail before a long run.
     let golden = match &args.load_outputs {
         Some(p) => Some(polygraphy::load_run_results(p)?),

@@ -1,0 +1,46 @@
+//! The pass criterion's options, shared by `run` and `debug precision`.
+
+use crate::compare::{Criterion, ErrorStat, Metric, PerOutput};
+use anyhow::Result;
+use clap::Args;
+
+/// Tolerances, the checked error statistic and extra metrics (Polygraphy's comparator options).
+#[derive(Args, Debug, Clone)]
+pub struct CompareArgs {
+    /// Absolute tolerance: a value, or `output:value` per output (default 1e-5).
+    #[arg(long, num_args = 1.., value_name = "TOL")]
+    pub atol: Vec<String>,
+    /// Relative tolerance: a value, or `output:value` per output (default 1e-5).
+    #[arg(long, num_args = 1.., value_name = "TOL")]
+    pub rtol: Vec<String>,
+    /// Statistic checked against the tolerances: elemwise, max, mean, median (or `output:stat`).
+    #[arg(long = "check-error-stat", num_args = 1.., value_name = "STAT")]
+    pub check_error_stat: Vec<String>,
+    /// Extra pass criteria, checked in addition to the tolerances: `cosine:MIN`, `snr:MIN_DB`,
+    /// `topk:K:MIN` (top-K agreement along the last axis), `max-rel-above:FLOOR:MAX` (max
+    /// relative error over elements with |ref| > FLOOR); prefix `output:` for one output.
+    /// See docs/compare.md.
+    #[arg(long = "metric", num_args = 1.., value_name = "SPEC")]
+    pub metric: Vec<String>,
+}
+
+impl CompareArgs {
+    /// The criterion these options describe (defaults: atol = rtol = 1e-5, elemwise).
+    pub fn criterion(&self) -> Result<Criterion> {
+        Ok(Criterion {
+            atol: PerOutput::parse_list(&self.atol, 1e-5, "--atol", |s| s.parse().ok())?,
+            rtol: PerOutput::parse_list(&self.rtol, 1e-5, "--rtol", |s| s.parse().ok())?,
+            stat: PerOutput::parse_list(
+                &self.check_error_stat,
+                ErrorStat::Elemwise,
+                "--check-error-stat",
+                |s| ErrorStat::parse(s).ok(),
+            )?,
+            metrics: self
+                .metric
+                .iter()
+                .map(|m| Metric::parse(m))
+                .collect::<crate::error::Result<_>>()?,
+        })
+    }
+}
