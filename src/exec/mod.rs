@@ -3,7 +3,10 @@
 //! Values live in slots indexed by name; a slot is freed after its last reader unless the
 //! caller asks to keep every intermediate (layer-wise comparison needs them all).
 
+pub mod cache;
 pub mod emulate;
+
+pub use cache::{CacheStats, ValueCache};
 
 pub use emulate::{PlanOptions, PreparedPlan};
 
@@ -184,7 +187,23 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        self.run_impl(feeds, opts, None, None)
+        self.run_impl(feeds, opts, None, None, None)
+    }
+
+    /// Runs the graph under `plan` (None: plain FP32), taking every layer whose output
+    /// signature is in `cache` from there instead of executing it, and storing what it
+    /// executes (see [`cache`]). `feed_key` names the input set: runs on the same inputs must
+    /// pass the same key, runs on different inputs different keys. Results are bit-identical to
+    /// an uncached run.
+    pub fn run_cached(
+        &self,
+        feeds: &Feeds,
+        feed_key: u64,
+        opts: &RunOptions,
+        plan: Option<&PreparedPlan>,
+        cache: &mut ValueCache,
+    ) -> Result<RunResult> {
+        self.run_impl(feeds, opts, plan, None, Some((cache, feed_key)))
     }
 
     /// Runs the graph under a prepared precision plan (see [`emulate`]).
@@ -194,7 +213,7 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         plan: &PreparedPlan,
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, Some(plan), None)
+        self.run_impl(feeds, opts, Some(plan), None, None)
     }
 
     /// Runs the graph and shows `observer` every graph input and every value a node produces,
@@ -205,7 +224,7 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, None, Some(observer))
+        self.run_impl(feeds, opts, None, Some(observer), None)
     }
 
     fn run_impl(
@@ -214,6 +233,7 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         plan: Option<&PreparedPlan>,
         mut observer: Option<Observer>,
+        mut cache: Option<(&mut ValueCache, u64)>,
     ) -> Result<RunResult> {
         self.check_feeds(feeds)?;
         if let Some(p) = plan {
@@ -234,9 +254,67 @@ impl<'g> Interpreter<'g> {
                 obs(name, &feeds[name]);
             }
         }
+        // With a cache: which layers can be taken from it, and which of their values this run
+        // actually needs (graph outputs and inputs of layers that execute).
+        let mut sigs: Vec<u64> = Vec::new();
+        let mut hit: Vec<bool> = Vec::new();
+        let mut needed: Vec<bool> = Vec::new();
+        if let Some((c, feed_key)) = cache.as_mut() {
+            sigs = self.signatures(plan, *feed_key);
+            c.begin_run();
+            hit = self
+                .steps
+                .iter()
+                .map(|st| {
+                    let outs: Vec<usize> = st.outputs.iter().flatten().copied().collect();
+                    !outs.is_empty() && outs.iter().all(|&s| c.contains(sigs[s]))
+                })
+                .collect();
+            needed = vec![opts.keep_intermediates; self.slot_names.len()];
+            for (_, s) in &self.output_slots {
+                if let Some(s) = s {
+                    needed[*s] = true;
+                }
+            }
+            for (st, &h) in self.steps.iter().zip(&hit) {
+                if !h {
+                    for src in &st.inputs {
+                        if let Source::Slot(s) = src {
+                            needed[*s] = true;
+                        }
+                    }
+                }
+            }
+            for (st, &h) in self.steps.iter().zip(&hit) {
+                if h {
+                    for &s in st.outputs.iter().flatten() {
+                        if needed[s] {
+                            c.pin(sigs[s]);
+                        }
+                    }
+                }
+            }
+        }
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
             let layer = plan.map(|p| &p.layers[idx]);
-            let (mut outs, movement_mark) = {
+            if let (Some((c, _)), true) = (cache.as_mut(), hit.get(idx).copied().unwrap_or(false)) {
+                c.stats.reused += 1;
+                for &s in step.outputs.iter().flatten() {
+                    if needed[s] {
+                        let (t, mark) = c.fetch(sigs[s]).expect("hit entries are pinned");
+                        values[s] = Some(t);
+                        rounded[s] = mark;
+                    } else {
+                        c.touch(sigs[s]);
+                    }
+                }
+                continue;
+            }
+            let acc = match layer.and_then(|l| l.precision) {
+                Some(Precision::Float16 | Precision::BFloat16) => accumulate,
+                _ => crate::precision::Accumulator::F32,
+            };
+            let (mut outs, movement_mark, cost) = {
                 let base: Vec<Option<&Tensor>> = step
                     .inputs
                     .iter()
@@ -303,13 +381,23 @@ impl<'g> Interpreter<'g> {
                     opset: step.opset,
                 };
                 let outs =
-                    crate::ops::matmul::with_accumulator(accumulate, || (step.kernel)(&ctx, &args))
+                    crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, &args))
                         .map_err(|e| Error::Op {
                             node: node.name.clone(),
                             op: node.op_type.clone(),
                             msg: e.0,
                         })?;
-                (outs, movement_mark)
+                let cost = match cache {
+                    Some(_) => {
+                        let ins: Vec<Option<Vec<usize>>> =
+                            args.iter().map(|t| t.map(|t| t.shape().to_vec())).collect();
+                        let shapes: Vec<Vec<usize>> =
+                            outs.iter().map(|t| t.shape().to_vec()).collect();
+                        crate::inspect::node_flops(node, &ins, &shapes)
+                    }
+                    None => 0,
+                };
+                (outs, movement_mark, cost)
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was.
@@ -333,6 +421,14 @@ impl<'g> Interpreter<'g> {
                         step.outputs.len()
                     ),
                 });
+            }
+            if let Some((c, _)) = cache.as_mut() {
+                c.stats.executed += 1;
+                for (slot, t) in step.outputs.iter().zip(&outs) {
+                    if let Some(s) = slot {
+                        c.insert(sigs[*s], t, out_mark, cost);
+                    }
+                }
             }
             for (slot, t) in step.outputs.iter().zip(outs) {
                 if let Some(s) = slot {
@@ -372,6 +468,59 @@ impl<'g> Interpreter<'g> {
             outputs,
             intermediates,
         })
+    }
+
+    /// The signature of every value slot under `plan` on the input set `feed_key` (see
+    /// [`cache`]): equal signatures mean equal bits.
+    fn signatures(&self, plan: Option<&PreparedPlan>, feed_key: u64) -> Vec<u64> {
+        use cache::{hash_str, mix};
+        let mut sig = vec![0u64; self.slot_names.len()];
+        for (name, s) in &self.input_slots {
+            sig[*s] = mix(mix(feed_key, hash_str(name)), 1);
+        }
+        let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
+        for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
+            let mut h = mix(0x6d69_7870_7265_63, idx as u64);
+            h = mix(h, hash_str(&node.name));
+            // The layer's treatment: precision (plain FP32 runs are float32 layers), the
+            // accumulator its kernels use, and how each input is prepared.
+            let precision = match plan {
+                Some(p) => p.layers[idx].precision,
+                None => (!crate::ops::is_data_movement(&node.op_type)).then_some(Precision::Float32),
+            };
+            h = mix(h, precision.map_or(0, |p| p as u64 + 1));
+            if matches!(precision, Some(Precision::Float16 | Precision::BFloat16)) {
+                h = mix(h, accumulate as u64 + 1);
+            }
+            for (i, src) in step.inputs.iter().enumerate() {
+                let prep = plan.map(|p| &p.layers[idx].inputs[i]);
+                h = mix(
+                    h,
+                    match prep {
+                        None | Some(InputPrep::Keep) => 1,
+                        Some(InputPrep::Round(p)) => mix(2, *p as u64),
+                        Some(InputPrep::Quantize { scale, precision }) => {
+                            mix(mix(3, scale.to_bits() as u64), *precision as u64)
+                        }
+                        Some(InputPrep::Converted(_)) => mix(4, precision.map_or(0, |p| p as u64)),
+                    },
+                );
+                h = mix(
+                    h,
+                    match src {
+                        Source::Initializer(n) => mix(hash_str(n), 2),
+                        Source::Slot(s) => sig[*s],
+                        Source::Absent => 3,
+                    },
+                );
+            }
+            for (o, slot) in step.outputs.iter().enumerate() {
+                if let Some(s) = slot {
+                    sig[*s] = mix(h, o as u64 + 17);
+                }
+            }
+        }
+        sig
     }
 
     /// Every graph input present with the declared dtype, rank and fixed dims; no extras.

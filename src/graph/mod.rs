@@ -3,6 +3,9 @@
 //! It is independent of protobuf: `onnx/` builds it from a file, and everything downstream
 //! (interpreter, search, export) works on it.
 
+#[cfg(test)]
+pub(crate) mod testing;
+
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};

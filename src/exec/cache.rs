@@ -1,0 +1,375 @@
+//! Incremental re-execution: a cache of layer outputs keyed by what determines them.
+//!
+//! A value's *signature* hashes everything its bits depend on: the producing layer, its
+//! treatment under the plan (precision, how each input is rounded or quantized, the
+//! accumulator) and, recursively, the signatures of the layer's inputs; a graph input's
+//! signature names the input set. Kernels are deterministic, so two runs that give a value the
+//! same signature give it the same bits, and the second run can take it from the cache instead
+//! of executing the layer. A precision search exploits this: a candidate that marks a prefix in
+//! FP32 finds that prefix in the cache from the reference run, one that leaves a prefix in low
+//! precision finds it from the all-low run, and repeated candidates find their own earlier
+//! layers.
+//!
+//! The cache is bounded by a byte budget. When full, it evicts first the entries that were
+//! never reused, and among those the cheapest to recompute per byte freed (FLOPs of the
+//! producing layer over the size of its output).
+
+use crate::precision::Precision;
+use crate::tensor::Tensor;
+use std::collections::HashMap;
+
+/// A 64-bit value signature (see the module docs).
+pub type Signature = u64;
+
+/// FNV-1a over bytes: stable across machines and runs (std's hasher is not guaranteed to be).
+pub(crate) fn hash_str(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.as_bytes() {
+        h ^= *b as u64;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// Mixes `x` into `h` (splitmix64 finalizer over the sum): order-sensitive and well spread.
+pub(crate) fn mix(h: u64, x: u64) -> u64 {
+    let mut z = h.rotate_left(5) ^ x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+struct Entry {
+    tensor: Tensor,
+    /// The float precision the value is already rounded to (lets consumers skip re-rounding).
+    mark: Option<Precision>,
+    bytes: usize,
+    /// FLOPs to recompute the producing layer (at least its output size).
+    cost: u64,
+    reuses: u64,
+    /// The run that last pinned this entry: it must stay until that run has fetched it.
+    pinned: u64,
+}
+
+/// Counters of a cache's life, for reports and benchmarks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStats {
+    /// Layers (nodes) executed by cached runs.
+    pub executed: u64,
+    /// Layers whose outputs came from the cache instead.
+    pub reused: u64,
+    /// Entries evicted to stay within the budget.
+    pub evictions: u64,
+    /// Entries not stored because they alone exceed the budget.
+    pub too_large: u64,
+    /// The largest number of bytes held at once.
+    pub peak_bytes: usize,
+}
+
+/// Layer outputs from earlier runs, by signature, within a byte budget.
+pub struct ValueCache {
+    entries: HashMap<Signature, Entry>,
+    bytes: usize,
+    budget: usize,
+    run: u64,
+    pub stats: CacheStats,
+}
+
+impl ValueCache {
+    /// An empty cache that holds at most `budget` bytes of tensors.
+    pub fn new(budget: usize) -> ValueCache {
+        ValueCache {
+            entries: HashMap::new(),
+            bytes: 0,
+            budget,
+            run: 0,
+            stats: CacheStats::default(),
+        }
+    }
+
+    pub fn budget(&self) -> usize {
+        self.budget
+    }
+
+    /// Bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn contains(&self, sig: Signature) -> bool {
+        self.entries.contains_key(&sig)
+    }
+
+    /// Starts a run: the entries it will fetch are pinned until the next run starts.
+    pub(crate) fn begin_run(&mut self) {
+        self.run += 1;
+    }
+
+    pub(crate) fn pin(&mut self, sig: Signature) {
+        if let Some(e) = self.entries.get_mut(&sig) {
+            e.pinned = self.run;
+        }
+    }
+
+    /// A copy of a cached value and its rounding mark.
+    pub(crate) fn fetch(&mut self, sig: Signature) -> Option<(Tensor, Option<Precision>)> {
+        let e = self.entries.get_mut(&sig)?;
+        e.reuses += 1;
+        Some((e.tensor.clone(), e.mark))
+    }
+
+    /// Records a hit without copying (the value is not needed by this run).
+    pub(crate) fn touch(&mut self, sig: Signature) {
+        if let Some(e) = self.entries.get_mut(&sig) {
+            e.reuses += 1;
+        }
+    }
+
+    /// Stores a value, evicting others as the budget requires. A value larger than the whole
+    /// budget is not stored.
+    pub(crate) fn insert(
+        &mut self,
+        sig: Signature,
+        tensor: &Tensor,
+        mark: Option<Precision>,
+        cost: u64,
+    ) {
+        if self.entries.contains_key(&sig) {
+            return;
+        }
+        let bytes = tensor.len() * tensor.dtype().size().max(1) + 64;
+        if bytes > self.budget {
+            self.stats.too_large += 1;
+            return;
+        }
+        while self.bytes + bytes > self.budget {
+            if !self.evict_one() {
+                // Everything left is pinned by this run: skip storing rather than overflow.
+                self.stats.too_large += 1;
+                return;
+            }
+        }
+        self.bytes += bytes;
+        self.stats.peak_bytes = self.stats.peak_bytes.max(self.bytes);
+        self.entries.insert(
+            sig,
+            Entry {
+                tensor: tensor.clone(),
+                mark,
+                bytes,
+                cost: cost.max(tensor.len() as u64),
+                reuses: 0,
+                pinned: 0,
+            },
+        );
+    }
+
+    /// Evicts the unpinned entry that is cheapest to lose: never-reused entries first, then the
+    /// lowest recompute cost per byte; ties by signature so the choice is deterministic.
+    fn evict_one(&mut self) -> bool {
+        let run = self.run;
+        let victim = self
+            .entries
+            .iter()
+            .filter(|(_, e)| e.pinned != run)
+            .min_by(|(sa, a), (sb, b)| {
+                let ka = (a.reuses > 0, a.cost as f64 / a.bytes as f64);
+                let kb = (b.reuses > 0, b.cost as f64 / b.bytes as f64);
+                ka.0.cmp(&kb.0)
+                    .then(ka.1.total_cmp(&kb.1))
+                    .then(sa.cmp(sb))
+            })
+            .map(|(s, _)| *s);
+        match victim {
+            Some(s) => {
+                let e = self.entries.remove(&s).expect("victim exists");
+                self.bytes -= e.bytes;
+                self.stats.evictions += 1;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Parses a byte size: `512M`, `2G`, `2GiB`, `1500000`, `0` (no caching).
+pub fn parse_bytes(s: &str) -> Option<usize> {
+    let t = s.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" | "kib" => 1024.0,
+        "m" | "mb" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        _ => return None,
+    };
+    (n.is_finite() && n >= 0.0).then(|| (n * mult) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(n: usize) -> Tensor {
+        Tensor::from_f32(vec![n], vec![1.0; n])
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_bytes("512M"), Some(512 << 20));
+        assert_eq!(parse_bytes("2GiB"), Some(2 << 30));
+        assert_eq!(parse_bytes("1500"), Some(1500));
+        assert_eq!(parse_bytes("0"), Some(0));
+        assert_eq!(parse_bytes("x"), None);
+        assert_eq!(parse_bytes("5T"), None);
+    }
+
+    #[test]
+    fn budget_is_never_exceeded_and_cheap_entries_go_first() {
+        // Three 4 KB entries fit in 13 KB; a fourth forces one out.
+        let mut c = ValueCache::new(13_000);
+        c.begin_run();
+        c.insert(1, &t(1000), None, 1_000_000); // expensive (a conv)
+        c.insert(2, &t(1000), None, 1_000); // cheap (elementwise)
+        c.insert(3, &t(1000), None, 500_000);
+        assert_eq!(c.len(), 3);
+        c.insert(4, &t(1000), None, 2_000);
+        assert!(c.bytes() <= 13_000);
+        assert!(!c.contains(2), "the cheapest entry is evicted");
+        assert!(c.contains(1) && c.contains(3) && c.contains(4));
+        assert_eq!(c.stats.evictions, 1);
+    }
+
+    #[test]
+    fn reused_entries_outlive_unreused_ones_and_pins_hold() {
+        let mut c = ValueCache::new(9_000);
+        c.begin_run();
+        c.insert(1, &t(1000), None, 10);
+        c.insert(2, &t(1000), None, 1_000_000);
+        c.fetch(1);
+        c.begin_run();
+        c.pin(1);
+        c.pin(2);
+        // Both entries are pinned by this run: the newcomer is dropped.
+        c.insert(3, &t(1000), None, 5);
+        assert!(c.contains(1) && c.contains(2));
+        c.begin_run();
+        c.insert(3, &t(1000), None, 5);
+        assert!(c.contains(1), "reused entry kept");
+        assert!(!c.contains(2), "never-reused entry evicted first");
+        assert!(c.contains(3));
+    }
+
+    #[test]
+    fn oversize_values_are_not_stored() {
+        let mut c = ValueCache::new(100);
+        c.insert(1, &t(1000), None, 1);
+        assert!(c.is_empty());
+        assert_eq!(c.stats.too_large, 1);
+    }
+
+    #[test]
+    fn hashing_is_stable() {
+        // Fixed values: a change here changes every signature (and would be a format break
+        // only for in-memory caches, but it should be deliberate).
+        assert_eq!(hash_str(""), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(mix(1, 2), mix(2, 1));
+    }
+}
+
+#[cfg(test)]
+mod run_tests {
+    use super::ValueCache;
+    use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
+    use crate::graph::testing::chain;
+    use crate::precision::{plan::PrecisionPlan, Precision};
+    use crate::tensor::Tensor;
+
+    fn plan_marking(layers: usize, fp32: &[usize]) -> PrecisionPlan {
+        let mut p = vec![Precision::Float16; layers];
+        for &i in fp32 {
+            p[i] = Precision::Float32;
+        }
+        PrecisionPlan { layers: p }
+    }
+
+    #[test]
+    fn cached_runs_equal_uncached_runs_and_skip_unchanged_prefixes() {
+        let g = chain(64, 6); // 18 layers
+        let interp = Interpreter::new(&g).unwrap();
+        let mut feeds = Feeds::new();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 * 0.37).sin()).collect();
+        feeds.insert("x".into(), Tensor::from_f32(vec![64], x));
+        let mut cache = ValueCache::new(1 << 20);
+        let opts = RunOptions::default();
+        // The FP32 reference seeds the cache.
+        let reference = interp.run_cached(&feeds, 0, &opts, None, &mut cache).unwrap();
+        assert_eq!(cache.stats.executed, 18);
+        assert_eq!(
+            reference.outputs[0].1.as_f32(),
+            interp.run(&feeds).unwrap().outputs[0].1.as_f32()
+        );
+        // Marking the first 9 layers FP32 reuses them from the reference run.
+        for (marked, executed) in [(9usize, 9u64), (0, 18), (12, 6), (18, 0)] {
+            let before = cache.stats.executed;
+            let plan = plan_marking(18, &(0..marked).collect::<Vec<_>>());
+            let prepared = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+            let got = interp
+                .run_cached(&feeds, 0, &opts, Some(&prepared), &mut cache)
+                .unwrap();
+            let want = interp.run_plan(&feeds, &opts, &prepared).unwrap();
+            assert_eq!(
+                got.outputs[0].1.as_f32(),
+                want.outputs[0].1.as_f32(),
+                "{marked} marked"
+            );
+            assert_eq!(cache.stats.executed - before, executed, "{marked} marked");
+        }
+        // A marked suffix reuses the all-FP16 prefix (run above with 0 marked).
+        let before = cache.stats.executed;
+        let plan = plan_marking(18, &(15..18).collect::<Vec<_>>());
+        let prepared = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+        interp
+            .run_cached(&feeds, 0, &opts, Some(&prepared), &mut cache)
+            .unwrap();
+        assert_eq!(cache.stats.executed - before, 3);
+        // Other inputs share nothing.
+        let before = cache.stats.executed;
+        interp.run_cached(&feeds, 1, &opts, None, &mut cache).unwrap();
+        assert_eq!(cache.stats.executed - before, 18);
+    }
+
+    #[test]
+    fn a_tiny_budget_still_gives_correct_results() {
+        let g = chain(256, 4);
+        let interp = Interpreter::new(&g).unwrap();
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![256], vec![0.5; 256]));
+        let mut cache = ValueCache::new(3000); // about two values
+        let opts = RunOptions::default();
+        interp.run_cached(&feeds, 0, &opts, None, &mut cache).unwrap();
+        for marked in [0usize, 6, 3, 12] {
+            let plan = plan_marking(12, &(0..marked).collect::<Vec<_>>());
+            let prepared = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+            let got = interp
+                .run_cached(&feeds, 0, &opts, Some(&prepared), &mut cache)
+                .unwrap();
+            let want = interp.run_plan(&feeds, &opts, &prepared).unwrap();
+            assert_eq!(got.outputs[0].1.as_f32(), want.outputs[0].1.as_f32());
+            assert!(cache.bytes() <= 3000);
+        }
+        assert!(cache.stats.evictions > 0);
+    }
+}
