@@ -15,6 +15,7 @@ pub mod inspect;
 pub mod onnx;
 pub mod ops;
 pub mod precision;
+pub mod search;
 pub mod tensor;
 
 pub use error::{Error, Result};

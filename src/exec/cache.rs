@@ -73,6 +73,8 @@ pub struct ValueCache {
     budget: usize,
     run: u64,
     pub stats: CacheStats,
+    /// FLOPs of every layer executed so far, by node index (known once a run executed it).
+    pub layer_flops: HashMap<usize, u64>,
 }
 
 impl ValueCache {
@@ -84,6 +86,7 @@ impl ValueCache {
             budget,
             run: 0,
             stats: CacheStats::default(),
+            layer_flops: HashMap::new(),
         }
     }
 
@@ -183,9 +186,7 @@ impl ValueCache {
             .min_by(|(sa, a), (sb, b)| {
                 let ka = (a.reuses > 0, a.cost as f64 / a.bytes as f64);
                 let kb = (b.reuses > 0, b.cost as f64 / b.bytes as f64);
-                ka.0.cmp(&kb.0)
-                    .then(ka.1.total_cmp(&kb.1))
-                    .then(sa.cmp(sb))
+                ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(sa.cmp(sb))
             })
             .map(|(s, _)| *s);
         match victim {
@@ -315,7 +316,9 @@ mod run_tests {
         let mut cache = ValueCache::new(1 << 20);
         let opts = RunOptions::default();
         // The FP32 reference seeds the cache.
-        let reference = interp.run_cached(&feeds, 0, &opts, None, &mut cache).unwrap();
+        let reference = interp
+            .run_cached(&feeds, 0, &opts, None, &mut cache)
+            .unwrap();
         assert_eq!(cache.stats.executed, 18);
         assert_eq!(
             reference.outputs[0].1.as_f32(),
@@ -347,7 +350,9 @@ mod run_tests {
         assert_eq!(cache.stats.executed - before, 3);
         // Other inputs share nothing.
         let before = cache.stats.executed;
-        interp.run_cached(&feeds, 1, &opts, None, &mut cache).unwrap();
+        interp
+            .run_cached(&feeds, 1, &opts, None, &mut cache)
+            .unwrap();
         assert_eq!(cache.stats.executed - before, 18);
     }
 
@@ -359,7 +364,9 @@ mod run_tests {
         feeds.insert("x".into(), Tensor::from_f32(vec![256], vec![0.5; 256]));
         let mut cache = ValueCache::new(3000); // about two values
         let opts = RunOptions::default();
-        interp.run_cached(&feeds, 0, &opts, None, &mut cache).unwrap();
+        interp
+            .run_cached(&feeds, 0, &opts, None, &mut cache)
+            .unwrap();
         for marked in [0usize, 6, 3, 12] {
             let plan = plan_marking(12, &(0..marked).collect::<Vec<_>>());
             let prepared = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();

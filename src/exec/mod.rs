@@ -380,13 +380,12 @@ impl<'g> Interpreter<'g> {
                     node,
                     opset: step.opset,
                 };
-                let outs =
-                    crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, &args))
-                        .map_err(|e| Error::Op {
-                            node: node.name.clone(),
-                            op: node.op_type.clone(),
-                            msg: e.0,
-                        })?;
+                let outs = crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, &args))
+                    .map_err(|e| Error::Op {
+                        node: node.name.clone(),
+                        op: node.op_type.clone(),
+                        msg: e.0,
+                    })?;
                 let cost = match cache {
                     Some(_) => {
                         let ins: Vec<Option<Vec<usize>>> =
@@ -424,6 +423,7 @@ impl<'g> Interpreter<'g> {
             }
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
+                c.layer_flops.insert(idx, cost);
                 for (slot, t) in step.outputs.iter().zip(&outs) {
                     if let Some(s) = slot {
                         c.insert(sigs[*s], t, out_mark, cost);
@@ -486,7 +486,9 @@ impl<'g> Interpreter<'g> {
             // accumulator its kernels use, and how each input is prepared.
             let precision = match plan {
                 Some(p) => p.layers[idx].precision,
-                None => (!crate::ops::is_data_movement(&node.op_type)).then_some(Precision::Float32),
+                None => {
+                    (!crate::ops::is_data_movement(&node.op_type)).then_some(Precision::Float32)
+                }
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
             if matches!(precision, Some(Precision::Float16 | Precision::BFloat16)) {

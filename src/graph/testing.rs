@@ -56,11 +56,17 @@ pub fn chain(n: usize, blocks: usize) -> Graph {
     for b in 0..blocks {
         let (w, bias) = (format!("w{b}"), format!("b{b}"));
         let (m, a, t) = (format!("m{b}"), format!("a{b}"), format!("t{b}"));
-        let out = if b + 1 == blocks { "y".to_string() } else { t.clone() };
+        let out = if b + 1 == blocks {
+            "y".to_string()
+        } else {
+            t.clone()
+        };
         nodes.push(node(&format!("mul{b}"), "Mul", &[&prev, &w], &[&m]));
         nodes.push(node(&format!("add{b}"), "Add", &[&m, &bias], &[&a]));
         nodes.push(node(&format!("tanh{b}"), "Tanh", &[&a], &[&out]));
-        let wv: Vec<f32> = (0..n).map(|i| 1.1 + 0.013 * ((i * 7 + b) % 11) as f32).collect();
+        let wv: Vec<f32> = (0..n)
+            .map(|i| 1.1 + 0.013 * ((i * 7 + b) % 11) as f32)
+            .collect();
         let bv: Vec<f32> = (0..n).map(|i| 0.01 * ((i + 3 * b) % 5) as f32).collect();
         inits.push((w, Tensor::from_f32(vec![n], wv)));
         inits.push((bias, Tensor::from_f32(vec![n], bv)));

@@ -1,0 +1,231 @@
+//! The built-in oracle: runs each candidate plan in the emulator (incrementally, through a
+//! [`ValueCache`]) and compares its outputs with the golden outputs under a [`Criterion`].
+
+use super::{Evaluation, Oracle};
+use crate::compare::layerwise::layerwise;
+use crate::compare::{compare_output, fmt_g, Criterion};
+use crate::error::{Error, Result};
+use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::{Accumulator, Precision};
+use crate::tensor::Tensor;
+use std::collections::{BTreeMap, HashMap};
+
+/// Golden outputs of one input set, by output name.
+pub type Golden = Vec<(String, Tensor)>;
+
+/// Evaluates candidate sets by emulation.
+pub struct BuiltinOracle<'a> {
+    interp: &'a Interpreter<'a>,
+    feeds: &'a [Feeds],
+    golden: Vec<Golden>,
+    criterion: Criterion,
+    /// The plan with nothing marked.
+    pub low: PrecisionPlan,
+    /// The precision marked layers run in.
+    pub high: Precision,
+    accumulate: Accumulator,
+    amax: Option<&'a BTreeMap<String, f32>>,
+    pub cache: ValueCache,
+    /// Layer executions the same runs would have cost without the cache.
+    pub full_executions: u64,
+    /// Candidate plans evaluated.
+    pub evaluations: usize,
+}
+
+impl<'a> BuiltinOracle<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        interp: &'a Interpreter<'a>,
+        feeds: &'a [Feeds],
+        criterion: Criterion,
+        low: PrecisionPlan,
+        high: Precision,
+        accumulate: Accumulator,
+        amax: Option<&'a BTreeMap<String, f32>>,
+        cache: ValueCache,
+    ) -> Result<BuiltinOracle<'a>> {
+        if feeds.is_empty() {
+            return Err(Error::Invalid(
+                "the search needs at least one input set".into(),
+            ));
+        }
+        Ok(BuiltinOracle {
+            interp,
+            feeds,
+            golden: Vec::new(),
+            criterion,
+            low,
+            high,
+            accumulate,
+            amax,
+            cache,
+            full_executions: 0,
+            evaluations: 0,
+        })
+    }
+
+    fn nodes(&self) -> u64 {
+        self.interp.graph().nodes.len() as u64
+    }
+
+    /// Runs the FP32 reference on every input set (seeding the cache) and returns its outputs.
+    pub fn reference_outputs(&mut self) -> Result<Vec<Golden>> {
+        let mut all = Vec::with_capacity(self.feeds.len());
+        for (k, f) in self.feeds.iter().enumerate() {
+            let r = self.interp.run_cached(
+                f,
+                k as u64,
+                &RunOptions::default(),
+                None,
+                &mut self.cache,
+            )?;
+            self.full_executions += self.nodes();
+            all.push(r.outputs);
+        }
+        Ok(all)
+    }
+
+    /// Sets the outputs candidates are compared with: one set per input set, or a single set
+    /// that serves every input set.
+    pub fn set_golden(&mut self, golden: Vec<Golden>) -> Result<()> {
+        if golden.is_empty() {
+            return Err(Error::Invalid("no golden outputs".into()));
+        }
+        if golden.len() != 1 && golden.len() < self.feeds.len() {
+            return Err(Error::Invalid(format!(
+                "the golden outputs hold {} iterations but there are {} input sets",
+                golden.len(),
+                self.feeds.len()
+            )));
+        }
+        self.golden = golden;
+        Ok(())
+    }
+
+    /// The plan with `marked` layers in the high precision.
+    pub fn plan_for(&self, marked: &[usize]) -> PrecisionPlan {
+        let mut plan = self.low.clone();
+        for &i in marked {
+            plan.layers[i] = self.high;
+        }
+        plan
+    }
+
+    fn prepare(&self, plan: &PrecisionPlan) -> Result<PreparedPlan> {
+        PreparedPlan::new(
+            self.interp.graph(),
+            plan,
+            &PlanOptions {
+                accumulate: self.accumulate,
+                amax: self.amax,
+            },
+        )
+    }
+
+    /// The error growth of every layer in the all-low plan against the FP32 reference (the
+    /// largest over input sets): what worst-first ranks by.
+    pub fn growth(&mut self) -> Result<HashMap<usize, f64>> {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let prepared = self.prepare(&self.low.clone())?;
+        let mut growth: HashMap<usize, f64> = HashMap::new();
+        for (k, f) in self.feeds.iter().enumerate() {
+            let r = self
+                .interp
+                .run_cached(f, k as u64, &keep, None, &mut self.cache)?;
+            let c = self
+                .interp
+                .run_cached(f, k as u64, &keep, Some(&prepared), &mut self.cache)?;
+            self.full_executions += 2 * self.nodes();
+            let rows = layerwise(
+                self.interp.graph(),
+                &r.intermediates,
+                &c.intermediates,
+                &self.criterion,
+                Some(&self.low),
+                false,
+            );
+            for row in rows {
+                let g = growth.entry(row.index).or_insert(f64::NEG_INFINITY);
+                if row.growth > *g || row.growth.is_nan() {
+                    *g = row.growth;
+                }
+            }
+        }
+        Ok(growth)
+    }
+}
+
+impl Oracle for BuiltinOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        if self.golden.is_empty() {
+            return Err(Error::Invalid(
+                "no golden outputs were set for the search".into(),
+            ));
+        }
+        self.evaluations += 1;
+        let plan = self.plan_for(marked);
+        let prepared = self.prepare(&plan)?;
+        let mut passed = true;
+        // The worst output: (required atol, line describing it).
+        let mut worst: (f64, String) = (f64::NEG_INFINITY, String::new());
+        let mut failing_metrics: Vec<String> = Vec::new();
+        for (k, f) in self.feeds.iter().enumerate() {
+            let r = self.interp.run_cached(
+                f,
+                k as u64,
+                &RunOptions::default(),
+                Some(&prepared),
+                &mut self.cache,
+            )?;
+            self.full_executions += self.nodes();
+            let golden = &self.golden[k.min(self.golden.len() - 1)];
+            for (name, reference) in golden {
+                let out = r.output(name).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "golden output '{name}' is not an output of the model"
+                    ))
+                })?;
+                let c = compare_output(name, out, reference, &self.criterion)?;
+                passed &= c.passed;
+                let e = if c.required_atol.is_nan() {
+                    f64::INFINITY
+                } else {
+                    c.required_atol
+                };
+                if e > worst.0 || worst.1.is_empty() {
+                    worst = (
+                        e,
+                        format!(
+                            "'{name}' {} error needs atol {} (have {}) or rtol {} (have {})",
+                            c.stat.name(),
+                            fmt_g(c.required_atol, 5),
+                            fmt_g(c.atol, 5),
+                            fmt_g(c.required_rtol, 5),
+                            fmt_g(c.rtol, 5)
+                        ),
+                    );
+                }
+                for m in c.metrics.iter().filter(|m| !m.passed) {
+                    failing_metrics.push(format!("'{name}' {}", m.line()));
+                }
+            }
+            if !passed {
+                // The verdict is known: the remaining input sets cannot make it pass.
+                break;
+            }
+        }
+        let mut summary = worst.1;
+        if !failing_metrics.is_empty() {
+            summary.push_str("; failing: ");
+            summary.push_str(&failing_metrics.join("; "));
+        }
+        Ok(Evaluation {
+            passed,
+            error: worst.0,
+            summary,
+        })
+    }
+}

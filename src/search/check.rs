@@ -1,0 +1,217 @@
+//! The external oracle (Polygraphy's `--check`): each candidate is written as a
+//! mixed-precision ONNX model and handed to a user command; its exit status (and optionally a
+//! regex over its output) decides pass or fail. This is how a user with real TensorRT drives
+//! the search: `--check trtexec --onnx={model} --fp16 --layerPrecisions={trtexec_layer_precisions}
+//! --precisionConstraints=obey ...` or `--check polygraphy run {model} --trt ...`.
+//!
+//! Placeholders in the command's arguments:
+//! - `{model}`: the candidate as an ONNX file (Casts / Q-DQ as `mixprec convert` writes them);
+//! - `{layer_precisions}`: `name:float32` items for `polygraphy run --layer-precisions`; an
+//!   argument that is exactly this placeholder becomes one argument per marked layer;
+//! - `{trtexec_layer_precisions}`: `name:fp32,name2:fp32` for `trtexec --layerPrecisions=`;
+//! - `{iteration}` and `{marked_count}`.
+
+use super::{Evaluation, Oracle};
+use crate::error::{Error, Result};
+use crate::export::{export, write_model, ExportOptions};
+use crate::graph::Graph;
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::Precision;
+use regex::Regex;
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// trtexec's spelling of a precision in `--layerPrecisions`.
+pub fn trtexec_precision(p: Precision) -> &'static str {
+    match p {
+        Precision::Float32 => "fp32",
+        Precision::Float16 => "fp16",
+        Precision::BFloat16 => "bf16",
+        Precision::Fp8E4M3 | Precision::Fp8E5M2 => "fp8",
+        Precision::Int8 => "int8",
+    }
+}
+
+/// `name:float32` items (Polygraphy's `--layer-precisions`).
+pub fn polygraphy_items(graph: &Graph, marked: &[usize], high: Precision) -> Vec<String> {
+    marked
+        .iter()
+        .map(|&i| format!("{}:{}", graph.nodes[i].name, high.name()))
+        .collect()
+}
+
+/// `name:fp32,name2:fp32` (trtexec's `--layerPrecisions`).
+pub fn trtexec_spec(graph: &Graph, marked: &[usize], high: Precision) -> String {
+    marked
+        .iter()
+        .map(|&i| format!("{}:{}", graph.nodes[i].name, trtexec_precision(high)))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Evaluates candidates with a user command.
+pub struct CheckOracle<'a> {
+    pub model_path: &'a Path,
+    pub graph: &'a Graph,
+    pub low: PrecisionPlan,
+    pub high: Precision,
+    pub amax: Option<&'a BTreeMap<String, f32>>,
+    /// The command and its arguments, with placeholders.
+    pub command: Vec<String>,
+    pub fail_regex: Option<Regex>,
+    pub timeout: Option<Duration>,
+    /// Where candidate models are written.
+    pub workdir: PathBuf,
+    /// Print each command and its output.
+    pub verbose: bool,
+    pub evaluations: usize,
+}
+
+impl CheckOracle<'_> {
+    fn arguments(&self, model: &Path, marked: &[usize]) -> Vec<String> {
+        let items = polygraphy_items(self.graph, marked, self.high);
+        let trt = trtexec_spec(self.graph, marked, self.high);
+        let mut out = Vec::new();
+        for arg in &self.command[1..] {
+            if arg == "{layer_precisions}" {
+                out.extend(items.iter().cloned());
+                continue;
+            }
+            out.push(
+                arg.replace("{model}", &model.display().to_string())
+                    .replace("{layer_precisions}", &items.join(" "))
+                    .replace("{trtexec_layer_precisions}", &trt)
+                    .replace("{iteration}", &self.evaluations.to_string())
+                    .replace("{marked_count}", &marked.len().to_string()),
+            );
+        }
+        out
+    }
+}
+
+impl Oracle for CheckOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        self.evaluations += 1;
+        let mut plan = self.low.clone();
+        for &i in marked {
+            plan.layers[i] = self.high;
+        }
+        let exported = export(
+            self.model_path,
+            &plan,
+            self.amax,
+            &ExportOptions {
+                fallback: true,
+                ..Default::default()
+            },
+        )?;
+        let model = self.workdir.join("mixprec_candidate.onnx");
+        write_model(&model, &exported.model)?;
+        let program = &self.command[0];
+        let args = self.arguments(&model, marked);
+        if self.verbose {
+            eprintln!("[V] --check: {program} {}", args.join(" "));
+        }
+        let mut child = Command::new(program)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                Error::Invalid(if e.kind() == std::io::ErrorKind::NotFound {
+                    format!("--check: command '{program}' not found")
+                } else {
+                    format!("--check: cannot run '{program}': {e}")
+                })
+            })?;
+        // Drain both pipes on threads so a chatty command cannot block on a full pipe.
+        let drain = |r: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut buf = Vec::new();
+                if let Some(mut r) = r {
+                    let _ = r.read_to_end(&mut buf);
+                }
+                buf
+            })
+        };
+        let out_t = drain(
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let err_t = drain(
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        );
+        let started = Instant::now();
+        let mut timed_out = false;
+        let status = loop {
+            if let Some(s) = child
+                .try_wait()
+                .map_err(|e| Error::Invalid(format!("--check: waiting for '{program}': {e}")))?
+            {
+                break Some(s);
+            }
+            if self.timeout.is_some_and(|t| started.elapsed() > t) {
+                let _ = child.kill();
+                let _ = child.wait();
+                timed_out = true;
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let stdout = out_t.join().unwrap_or_default();
+        let stderr = err_t.join().unwrap_or_default();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&stdout),
+            String::from_utf8_lossy(&stderr)
+        );
+        if self.verbose {
+            eprint!("{text}");
+        }
+        let (passed, summary) = match status {
+            None => (
+                false,
+                format!(
+                    "--check timed out after {:.1}s: counted as failing",
+                    started.elapsed().as_secs_f64()
+                ),
+            ),
+            Some(s) => {
+                let matched = self
+                    .fail_regex
+                    .as_ref()
+                    .and_then(|re| re.find(&text).map(|m| m.as_str().to_string()));
+                match (s.success(), matched) {
+                    (true, None) => (true, "--check exited with status 0".to_string()),
+                    (true, Some(m)) => {
+                        (false, format!("--check output matched --fail-regex: '{m}'"))
+                    }
+                    (false, _) => (
+                        false,
+                        match s.code() {
+                            Some(c) => format!("--check exited with status {c}"),
+                            None => "--check was killed by a signal".to_string(),
+                        },
+                    ),
+                }
+            }
+        };
+        if timed_out {
+            eprintln!("warning: {summary}");
+        }
+        Ok(Evaluation {
+            passed,
+            error: f64::NAN,
+            summary,
+        })
+    }
+}
