@@ -3,6 +3,7 @@
 mod calibrate;
 mod compare_args;
 mod convert;
+mod debug;
 mod inspect;
 mod precision_args;
 mod ranges;
@@ -37,6 +38,10 @@ enum Command {
     Calibrate(calibrate::CalibrateArgs),
     /// Write a precision plan as a mixed-precision ONNX model (Casts for fp16/bf16, Q/DQ for int8/fp8).
     Convert(Box<convert::ConvertArgs>),
+    /// Debugging tools: `debug precision` finds the layers that must stay in higher precision.
+    Debug(debug::DebugArgs),
+    /// Polygraphy's older spelling of `debug precision`: `precision bisect|linear|worst-first|minimal MODEL --mode forward|reverse`.
+    Precision(Box<debug::LegacyPrecisionArgs>),
 }
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
@@ -55,6 +60,8 @@ pub fn main() -> ExitCode {
         Command::Run(a) => run::run(*a),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Convert(a) => convert::run(*a),
+        Command::Debug(a) => debug::run(a),
+        Command::Precision(a) => debug::run_legacy(*a),
     };
     match result {
         Ok(code) => code,

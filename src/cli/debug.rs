@@ -1,0 +1,743 @@
+//! `mixprec debug precision` (and Polygraphy's older `mixprec precision bisect|linear|worst-first
+//! --mode forward|reverse`): find the layers that must stay in higher precision.
+
+use super::compare_args::CompareArgs;
+use super::precision_args::PrecisionArgs;
+use super::run::DataArgs;
+use crate::data::polygraphy;
+use crate::exec::cache::parse_bytes;
+use crate::exec::ValueCache;
+use crate::export::{export, write_model, ExportOptions};
+use crate::inspect::si;
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::Precision;
+use crate::search::builtin::{BuiltinOracle, Golden};
+use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
+use crate::search::{
+    search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
+    Trial,
+};
+use crate::{load_model, Graph, Interpreter};
+use anyhow::{bail, Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Args, Debug)]
+pub struct DebugArgs {
+    #[command(subcommand)]
+    command: DebugCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum DebugCommand {
+    /// Find which layers must run in higher precision for the outputs to stay accurate
+    /// (Polygraphy's `debug precision`, on the emulator or driving a --check command).
+    Precision(Box<DebugPrecisionArgs>),
+}
+
+#[derive(Args, Debug)]
+pub struct DebugPrecisionArgs {
+    /// bisect: binary search over the number of layers marked from one end; linear: one more
+    /// layer at a time; worst-first: the N layers whose error grows most (layer-wise
+    /// comparison), N by binary search; minimal: a non-contiguous set (rank by growth, bisect,
+    /// then drop every layer that is not needed).
+    #[arg(long, value_enum, default_value = "bisect")]
+    mode: Mode,
+    /// Where bisect/linear start marking: forward from the inputs, reverse from the outputs.
+    #[arg(long, alias = "dir", value_enum, default_value = "forward")]
+    direction: Direction,
+    #[command(flatten)]
+    search: SearchArgs,
+}
+
+/// Polygraphy's older spelling: `precision bisect MODEL --mode forward`.
+#[derive(Args, Debug)]
+pub struct LegacyPrecisionArgs {
+    /// The strategy (what `debug precision --mode` says).
+    #[arg(value_enum)]
+    strategy: LegacyStrategy,
+    /// The direction (what `debug precision --direction` says).
+    #[arg(long = "mode", value_enum, default_value = "forward")]
+    direction: Direction,
+    #[command(flatten)]
+    search: SearchArgs,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LegacyStrategy {
+    Bisect,
+    Linear,
+    WorstFirst,
+    Minimal,
+}
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// The ONNX model.
+    model: PathBuf,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    precision: PrecisionArgs,
+    /// The precision marked layers run in.
+    #[arg(
+        long = "precision",
+        short = 'p',
+        default_value = "float32",
+        value_name = "DTYPE"
+    )]
+    higher_precision: String,
+    /// What a smaller answer means: fewer layers, or fewer FLOPs in high precision (minimal
+    /// mode ranks and prunes by it; every mode reports both).
+    #[arg(long, value_enum, default_value = "layers")]
+    objective: Objective,
+    /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or
+    /// `mixprec run --save-outputs`); default: mixprec's FP32 run on the same inputs.
+    #[arg(long, alias = "load-outputs", value_name = "FILE")]
+    golden: Option<PathBuf>,
+    #[command(flatten)]
+    compare: CompareArgs,
+    /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables.
+    #[arg(long = "cache-budget", default_value = "2G", value_name = "SIZE")]
+    cache_budget: String,
+    /// Judge each candidate with this command instead of the built-in comparison (must be the
+    /// last option: everything after it belongs to the command). Placeholders: {model} (the
+    /// candidate as a mixed-precision ONNX file), {layer_precisions} (name:float32 items for
+    /// polygraphy run --layer-precisions), {trtexec_layer_precisions} (name:fp32,... for
+    /// trtexec --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
+    check: Vec<String>,
+    /// With --check: a candidate also fails when the command's output matches this regex.
+    #[arg(long = "fail-regex", value_name = "REGEX")]
+    fail_regex: Option<String>,
+    /// With --check: seconds before the command is killed and the candidate counted as failing.
+    #[arg(long = "check-timeout", value_name = "SECS")]
+    check_timeout: Option<f64>,
+    /// Write the answer as a mixed-precision ONNX model (as `mixprec convert` would).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write the result and the search history (every candidate: layers, error, verdict) as JSON.
+    #[arg(long = "save-result", value_name = "FILE")]
+    save_result: Option<PathBuf>,
+    /// Print only the result (no per-iteration lines, no progress bar).
+    #[arg(long, short = 'q')]
+    quiet: bool,
+    /// Print the marked layers of every iteration (and --check commands with their output).
+    #[arg(long, short = 'v')]
+    verbose: bool,
+}
+
+pub fn run(args: DebugArgs) -> Result<ExitCode> {
+    match args.command {
+        DebugCommand::Precision(a) => search_command(a.search, a.mode, a.direction),
+    }
+}
+
+pub fn run_legacy(args: LegacyPrecisionArgs) -> Result<ExitCode> {
+    let mode = match args.strategy {
+        LegacyStrategy::Bisect => Mode::Bisect,
+        LegacyStrategy::Linear => Mode::Linear,
+        LegacyStrategy::WorstFirst => Mode::WorstFirst,
+        LegacyStrategy::Minimal => Mode::Minimal,
+    };
+    search_command(args.search, mode, args.direction)
+}
+
+/// Set by Ctrl-C; the search stops between evaluations and reports the best plan so far.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+/// First Ctrl-C: stop after the current evaluation; a second one kills as usual
+/// (SA_RESETHAND restores the default action once the handler ran).
+fn install_interrupt_handler() {
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_sigint as *const () as usize;
+        sa.sa_flags = libc::SA_RESETHAND;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+    }
+}
+
+fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
+    let started = Instant::now();
+    let criterion = args.compare.criterion()?;
+    let high = Precision::parse(&args.higher_precision)?;
+    if !matches!(high, Precision::Float32 | Precision::Float16) {
+        bail!(
+            "--precision {}: marked layers run in float32 or float16",
+            high.name()
+        );
+    }
+    if !(args.precision.fp16 || args.precision.bf16 || args.precision.int8 || args.precision.fp8) {
+        bail!("enable at least one precision besides float32 to search over (--fp16, --bf16, --int8 or --fp8)");
+    }
+    if high == Precision::Float16 && !args.precision.fp16 {
+        bail!("--precision float16 needs --fp16 as well (e.g. --int8 --fp16 --precision float16)");
+    }
+    let budget = parse_bytes(&args.cache_budget).with_context(|| {
+        format!(
+            "--cache-budget '{}': expected a size such as 512M or 4G",
+            args.cache_budget
+        )
+    })?;
+    let fail_regex = match &args.fail_regex {
+        Some(r) => Some(regex::Regex::new(r).with_context(|| format!("--fail-regex '{r}'"))?),
+        None => None,
+    };
+    if args.check.is_empty() && (args.fail_regex.is_some() || args.check_timeout.is_some()) {
+        bail!("--fail-regex and --check-timeout apply to --check, which is not given");
+    }
+    let check_timeout = match args.check_timeout {
+        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+        Some(s) => bail!("--check-timeout {s}: expected a positive number of seconds"),
+        None => None,
+    };
+    let golden_file = match &args.golden {
+        Some(p) => Some(polygraphy::load_run_results(p)?),
+        None => None,
+    };
+    let model = load_model(&args.model)?;
+    let graph = &model.graph;
+    let feeds = args.data.feeds(graph)?;
+    let interp = Interpreter::new(graph)?;
+    let low = args.precision.plan(graph)?;
+    let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
+    let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
+        .into_iter()
+        .filter(|&i| low.layers[i] != high)
+        .collect();
+    let say = !args.quiet;
+
+    let mut oracle = BuiltinOracle::new(
+        &interp,
+        &feeds,
+        criterion.clone(),
+        low.clone(),
+        high,
+        args.precision.accumulator()?,
+        amax.as_ref(),
+        ValueCache::new(budget),
+    )?;
+    let t0 = Instant::now();
+    let reference = oracle.reference_outputs()?;
+    let fp32_inference = t0.elapsed().as_secs_f64() / feeds.len() as f64;
+    let golden: Vec<Golden> = match (&golden_file, &args.golden) {
+        (Some(g), Some(path)) => golden_iterations(g, path, &reference[0])?,
+        _ => reference,
+    };
+    oracle.set_golden(golden)?;
+    let flops: Vec<u64> = (0..graph.nodes.len())
+        .map(|i| oracle.cache.layer_flops.get(&i).copied().unwrap_or(0))
+        .collect();
+    let growth = if mode.needs_ranking() {
+        oracle.growth()?
+    } else {
+        Default::default()
+    };
+    let space = SearchSpace {
+        candidates: candidates.clone(),
+        flops,
+        growth,
+    };
+    if say {
+        println!(
+            "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",
+            high.name(),
+            mode.name(),
+            if mode.is_contiguous() {
+                format!(
+                    ", {}",
+                    match direction {
+                        Direction::Forward => "forward",
+                        Direction::Reverse => "reverse",
+                    }
+                )
+            } else {
+                String::new()
+            },
+            candidates.len(),
+            graph.nodes.len(),
+            high.name(),
+            feeds.len()
+        );
+        println!(
+            "[I] Pass criterion: {}{}",
+            if args.check.is_empty() {
+                format!(
+                    "{} error within atol {} or rtol {}",
+                    criterion.stat.default.name(),
+                    crate::compare::fmt_g(criterion.atol.default, 5),
+                    crate::compare::fmt_g(criterion.rtol.default, 5),
+                )
+            } else {
+                format!("--check {}", args.check.join(" "))
+            },
+            if criterion.metrics.is_empty() || !args.check.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " and {}",
+                    criterion
+                        .metrics
+                        .iter()
+                        .map(|m| m.kind.label())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+    }
+
+    let workdir;
+    let mut check_oracle = if args.check.is_empty() {
+        None
+    } else {
+        workdir = TempDir::new()?;
+        Some(CheckOracle {
+            model_path: &args.model,
+            graph,
+            low: low.clone(),
+            high,
+            amax: amax.as_ref(),
+            command: args.check.clone(),
+            fail_regex,
+            timeout: check_timeout,
+            workdir: workdir.0.clone(),
+            verbose: args.verbose,
+            evaluations: 0,
+        })
+    };
+
+    install_interrupt_handler();
+    let bar = if say && std::io::stderr().is_terminal() {
+        let b = indicatif::ProgressBar::new_spinner();
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} [{elapsed}] {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        b.enable_steady_tick(Duration::from_millis(120));
+        b
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut best: Option<usize> = None;
+    let mut on_trial = |t: &Trial| {
+        if t.passed {
+            best = Some(best.map_or(t.marked.len(), |b| b.min(t.marked.len())));
+        }
+        bar.set_message(format!(
+            "iteration {} | best so far: {}",
+            t.iteration,
+            best.map_or("none".to_string(), |b| format!("{b} layer(s)"))
+        ));
+        if say {
+            let line = trial_line(graph, t, space.total_flops(), args.verbose);
+            bar.suspend(|| println!("{line}"));
+        }
+    };
+    let opts = SearchOptions {
+        mode,
+        direction,
+        objective: args.objective,
+    };
+    let oracle_ref: &mut dyn Oracle = match check_oracle.as_mut() {
+        Some(c) => c,
+        None => &mut oracle,
+    };
+    let result = search(&space, &opts, oracle_ref, &mut on_trial, &INTERRUPTED)?;
+    bar.finish_and_clear();
+    let wall = started.elapsed().as_secs_f64();
+
+    let stats = SearchStats {
+        evaluations: result.trials.len(),
+        layer_executions: oracle.cache.stats.executed,
+        layer_executions_without_cache: oracle.full_executions,
+        cache_peak_bytes: oracle.cache.stats.peak_bytes,
+        cache_evictions: oracle.cache.stats.evictions,
+        wall_seconds: wall,
+        fp32_inference_seconds: fp32_inference,
+    };
+    let code = report(
+        &args, graph, &space, &low, high, mode, direction, &result, &stats,
+    )?;
+    if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
+        let plan = oracle.plan_for(marked);
+        let exported = export(
+            &args.model,
+            &plan,
+            amax.as_ref(),
+            &ExportOptions {
+                fallback: true,
+                ..Default::default()
+            },
+        )?;
+        for n in &exported.notes {
+            eprintln!("note: {n}");
+        }
+        write_model(out, &exported.model)?;
+        println!("[I] Saved mixed-precision model to {}", out.display());
+    }
+    if let Some(p) = &args.save_result {
+        let file = ResultFile {
+            model: args.model.display().to_string(),
+            mode: mode.name(),
+            direction,
+            objective: args.objective,
+            higher_precision: high.name(),
+            low_precisions: low
+                .counts(graph)
+                .iter()
+                .map(|(p, n)| format!("{n} {}", p.name()))
+                .collect(),
+            candidates: space.candidates.len(),
+            candidate_flops: space.total_flops(),
+            outcome: &result.outcome,
+            layers: match &result.outcome {
+                Outcome::Found(m) | Outcome::Interrupted(Some(m)) => m
+                    .iter()
+                    .map(|&i| LayerRef {
+                        index: i,
+                        name: graph.nodes[i].name.clone(),
+                        op: graph.nodes[i].op_type.clone(),
+                        flops: space.flops[i],
+                    })
+                    .collect(),
+                _ => Vec::new(),
+            },
+            stats: &stats,
+            trials: &result.trials,
+        };
+        let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
+        crate::data::write_atomic(p, &json)?;
+        println!("[I] Saved result to {}", p.display());
+    }
+    Ok(code)
+}
+
+/// A temporary directory removed on drop (candidate models for --check).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let base = std::env::temp_dir();
+        for k in 0..1000 {
+            let p = base.join(format!("mixprec-check-{}-{k}", std::process::id()));
+            if std::fs::create_dir(&p).is_ok() {
+                return Ok(TempDir(p));
+            }
+        }
+        bail!("cannot create a temporary directory in {}", base.display())
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// The golden file's iterations, checked against the model's outputs.
+fn golden_iterations(
+    g: &polygraphy::RunResults,
+    path: &Path,
+    model_outputs: &Golden,
+) -> Result<Vec<Golden>> {
+    let Some((runner, iters)) = g.runners.first() else {
+        bail!("{}: the RunResults file holds no runner", path.display());
+    };
+    if iters.is_empty() {
+        bail!("{}: runner '{runner}' has no iterations", path.display());
+    }
+    let names: Vec<&str> = model_outputs.iter().map(|(n, _)| n.as_str()).collect();
+    for it in iters {
+        let unknown: Vec<&str> = it
+            .outputs
+            .iter()
+            .map(|(n, _)| n.as_str())
+            .filter(|n| !names.contains(n))
+            .collect();
+        if !unknown.is_empty() {
+            bail!(
+                "{}: golden output(s) {} are not outputs of the model (its outputs: {})",
+                path.display(),
+                unknown.join(", "),
+                names.join(", ")
+            );
+        }
+        for (n, t) in &it.outputs {
+            let ours = &model_outputs
+                .iter()
+                .find(|(m, _)| m == n)
+                .expect("checked")
+                .1;
+            if ours.shape() != t.shape() {
+                bail!(
+                    "{}: golden output '{n}' has shape {}, the model's {}",
+                    path.display(),
+                    crate::tensor::fmt_shape(t.shape()),
+                    crate::tensor::fmt_shape(ours.shape())
+                );
+            }
+        }
+    }
+    let missing: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| !iters[0].outputs.iter().any(|(m, _)| m == n))
+        .collect();
+    if !missing.is_empty() {
+        eprintln!(
+            "warning: {}: no golden data for output(s) {}: they are not compared",
+            path.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(iters.iter().map(|it| it.outputs.clone()).collect())
+}
+
+fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> String {
+    let mut s = format!(
+        "[{}] Iteration {:>3} ({}) | {} layer(s) in high precision ({}FLOP, {}) | {} | {}",
+        if t.passed { "I" } else { "W" },
+        t.iteration,
+        t.phase,
+        t.marked.len(),
+        si(t.marked_flops),
+        percent(t.marked_flops, total_flops),
+        if t.passed { "PASSED" } else { "FAILED" },
+        t.summary
+    );
+    if verbose {
+        s.push_str(&format!("\n[V]     marked: {}", names(graph, &t.marked)));
+    }
+    s
+}
+
+fn names(graph: &Graph, marked: &[usize]) -> String {
+    marked
+        .iter()
+        .map(|&i| graph.nodes[i].name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        return "0%".into();
+    }
+    format!("{:.1}%", 100.0 * part as f64 / whole as f64)
+}
+
+/// Counters of one search, for the report, the JSON result and the benchmark.
+#[derive(Clone, Debug, Serialize)]
+pub struct SearchStats {
+    pub evaluations: usize,
+    /// Layers executed, with the incremental cache.
+    pub layer_executions: u64,
+    /// Layers the same runs execute without it.
+    pub layer_executions_without_cache: u64,
+    pub cache_peak_bytes: usize,
+    pub cache_evictions: u64,
+    pub wall_seconds: f64,
+    pub fp32_inference_seconds: f64,
+}
+
+#[derive(Serialize)]
+struct LayerRef {
+    index: usize,
+    name: String,
+    op: String,
+    flops: u64,
+}
+
+#[derive(Serialize)]
+struct ResultFile<'a> {
+    model: String,
+    mode: &'static str,
+    direction: Direction,
+    objective: Objective,
+    higher_precision: &'static str,
+    low_precisions: Vec<String>,
+    candidates: usize,
+    candidate_flops: u64,
+    outcome: &'a Outcome,
+    layers: Vec<LayerRef>,
+    stats: &'a SearchStats,
+    trials: &'a [Trial],
+}
+
+/// Prints the outcome; returns the exit code.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    args: &SearchArgs,
+    graph: &Graph,
+    space: &SearchSpace,
+    low: &PrecisionPlan,
+    high: Precision,
+    mode: Mode,
+    direction: Direction,
+    result: &SearchResult,
+    stats: &SearchStats,
+) -> Result<ExitCode> {
+    let (marked, interrupted) = match &result.outcome {
+        Outcome::Found(m) => (m.clone(), false),
+        Outcome::Interrupted(Some(m)) => (m.clone(), true),
+        Outcome::Interrupted(None) => {
+            println!(
+                "[W] Interrupted after {} evaluation(s), before any candidate passed",
+                result.trials.len()
+            );
+            return Ok(ExitCode::from(130));
+        }
+        Outcome::NothingNeeded => {
+            println!(
+                "[I] The plan with every candidate layer in low precision already passes: no layer needs {}",
+                high.name()
+            );
+            print_stats(stats);
+            return Ok(ExitCode::SUCCESS);
+        }
+        Outcome::ReferenceFails => {
+            let why = result
+                .trials
+                .first()
+                .map(|t| t.summary.as_str())
+                .unwrap_or("");
+            println!(
+                "[E] Even with all {} candidate layer(s) in {} the criterion fails ({why}): the golden outputs or the tolerances are wrong for this model",
+                space.candidates.len(),
+                high.name()
+            );
+            return Ok(ExitCode::FAILURE);
+        }
+        Outcome::NotFound => {
+            println!("[E] Could not find a configuration that satisfied accuracy requirements.");
+            print_stats(stats);
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    if interrupted {
+        println!(
+            "[W] Interrupted after {} evaluation(s); the best passing plan so far:",
+            result.trials.len()
+        );
+    }
+    let model = args.model.display();
+    match (result.contiguous_count, interrupted) {
+        (Some(n), false) => println!(
+            "[I] To achieve acceptable accuracy, try running the {} {n} layer(s) in higher precision ({})",
+            match direction {
+                Direction::Forward => "first",
+                Direction::Reverse => "last",
+            },
+            high.name()
+        ),
+        _ => println!(
+            "[I] To achieve acceptable accuracy, try running these {} layer(s) in higher precision ({})",
+            marked.len(),
+            high.name()
+        ),
+    }
+    println!("[I]     Layers: {}", names(graph, &marked));
+    let f = space.flops_of(&marked);
+    println!(
+        "[I]     In {}: {} of {} candidate layers ({}), {}FLOP of {}FLOP ({})",
+        high.name(),
+        marked.len(),
+        space.candidates.len(),
+        percent(marked.len() as u64, space.candidates.len() as u64),
+        si(f),
+        si(space.total_flops()),
+        percent(f, space.total_flops())
+    );
+    if let Some(t) = result.trial_of(&marked) {
+        println!("[I]     Achieved: {}", t.summary);
+    }
+    let items = polygraphy_items(graph, &marked, high);
+    let flags = precision_flags(&args.precision, low);
+    println!(
+        "[I]     polygraphy run {model} --trt {flags} --layer-precisions {} --precision-constraints obey",
+        items.join(" ")
+    );
+    println!(
+        "[I]     trtexec --onnx={model} {} --layerPrecisions={} --precisionConstraints=obey",
+        trtexec_flags(&args.precision),
+        trtexec_spec(graph, &marked, high)
+    );
+    println!(
+        "[I]     mixprec convert {model} {flags} --layer-precisions {} -o model_mixed.onnx",
+        items.join(" ")
+    );
+    let _ = mode;
+    print_stats(stats);
+    Ok(if interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_stats(s: &SearchStats) {
+    println!(
+        "[I] Search: {} evaluation(s), {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
+        s.evaluations,
+        s.layer_executions,
+        s.layer_executions_without_cache,
+        s.layer_executions as f64 / s.layer_executions_without_cache.max(1) as f64,
+        s.wall_seconds,
+        s.wall_seconds / s.fp32_inference_seconds.max(1e-9),
+        s.fp32_inference_seconds * 1e3
+    );
+}
+
+/// The global precision flags as mixprec/Polygraphy spell them.
+fn precision_flags(p: &PrecisionArgs, _low: &PrecisionPlan) -> String {
+    let mut f = Vec::new();
+    if p.fp16 {
+        f.push("--fp16");
+    }
+    if p.bf16 {
+        f.push("--bf16");
+    }
+    if p.int8 {
+        f.push("--int8");
+    }
+    if p.fp8 {
+        f.push("--fp8");
+    }
+    let mut s = f.join(" ");
+    if let Some(c) = &p.calibration_cache {
+        s.push_str(&format!(" --calibration-cache {}", c.display()));
+    }
+    s
+}
+
+fn trtexec_flags(p: &PrecisionArgs) -> String {
+    let mut f = Vec::new();
+    if p.fp16 {
+        f.push("--fp16".to_string());
+    }
+    if p.bf16 {
+        f.push("--bf16".to_string());
+    }
+    if p.int8 {
+        f.push("--int8".to_string());
+        if let Some(c) = &p.calibration_cache {
+            f.push(format!("--calib={}", c.display()));
+        }
+    }
+    if p.fp8 {
+        f.push("--fp8".to_string());
+    }
+    f.join(" ")
+}
