@@ -10,6 +10,9 @@ Models (all weights from a fixed NumPy seed, so the files are identical on every
   transformer       2-layer transformer encoder: LayerNorm, multi-head attention, Softmax, GELU
   mlp               Gemm/ReLU/Tanh/Softmax classifier with a dynamic batch dimension
   needs_constraints Polygraphy's FP16 overflow example: MatMul (flip), Add FP16_MAX, Sub FP16_MAX, MatMul
+  planted_cnn       cnn with one FP32-only layer planted after stage 3 ('planted_div': its divisor is inf in FP16)
+  planted_transformer transformer with an FP16 overflow planted between the layers ('planted_scale_up'
+                    overflows, 'planted_scale_down' reads it): the precision search's planted faults
 
 Usage: gen_models.py --out DIR [--size test|bench] [--only NAME[,NAME]] [--no-ort]
 """
@@ -40,8 +43,8 @@ class Builder:
         self.inits.append(numpy_helper.from_array(np.asarray(arr), n))
         return n
 
-    def op(self, op, inputs, n_out=1, **attrs):
-        name = self.name(op)
+    def op(self, op, inputs, n_out=1, node_name=None, **attrs):
+        name = node_name or self.name(op)
         outs = [f"{name}_out{i}" if n_out > 1 else f"{name}_out" for i in range(n_out)]
         self.nodes.append(helper.make_node(op, inputs, outs, name=name, **attrs))
         return outs if n_out > 1 else outs[0]
@@ -69,7 +72,7 @@ def conv_bn_relu(b, x, cin, cout, k, stride, relu=True):
     return b.op("Relu", [y]) if relu else y
 
 
-def cnn(size):
+def cnn(size, planted=False):
     hw = 224 if size == "bench" else 64
     widths = [32, 64, 128, 256]
     b = Builder(1)
@@ -83,6 +86,12 @@ def cnn(size):
         short = x if (stride == 1 and cin == c) else conv_bn_relu(b, x, cin, c, 1, stride, relu=False)
         x = b.op("Relu", [b.op("Add", [y, short])])
         cin = c
+        if planted and i == 2:
+            # A layer that only works in FP32: its divisor (1e5) is inf in float16, so in
+            # float16 it outputs zeros; its inputs (x * 1000) and outputs (x / 100) fit.
+            up = b.op("Mul", [x, b.const(np.array(1000.0, np.float32), "k")], node_name="scale_1000")
+            down = b.op("Div", [up, b.const(np.array(1e5, np.float32), "k")], node_name="planted_div")
+            x = b.op("Mul", [down, b.const(np.array(100.0, np.float32), "k")], node_name="scale_100")
     x = b.op("GlobalAveragePool", [x])
     x = b.op("Flatten", [x], axis=1)
     w = b.const(b.weight(10, cin), "fc_w")
@@ -95,7 +104,7 @@ def cnn(size):
     )
 
 
-def transformer(size):
+def transformer(size, planted=False):
     seq, d, heads, ff, layers = (128, 256, 4, 1024, 2) if size == "bench" else (32, 64, 4, 128, 2)
     dh = d // heads
     b = Builder(2)
@@ -118,7 +127,12 @@ def transformer(size):
     sqrt2 = b.const(np.array(np.sqrt(2.0), np.float32), "sqrt2")
 
     x = "tokens"
-    for _ in range(layers):
+    for layer in range(layers):
+        if planted and layer == 1:
+            # The residual stream scaled by 1e5 and back: the first layer overflows float16
+            # (|x| > 0.65), the second reads that overflow; both must stay in FP32.
+            up = b.op("Mul", [x, b.const(np.array(1e5, np.float32), "k")], node_name="planted_scale_up")
+            x = b.op("Mul", [up, b.const(np.array(1e-5, np.float32), "k")], node_name="planted_scale_down")
         h = layer_norm(x)
         q, k, v = (b.op("Transpose", [b.op("Reshape", [linear(h, d, d), split_shape])], perm=[0, 2, 1, 3]) for _ in range(3))
         kt = b.op("Transpose", [k], perm=[0, 1, 3, 2])
@@ -180,8 +194,22 @@ def needs_constraints(size):
     return m
 
 
-MODELS = {"cnn": cnn, "transformer": transformer, "mlp": mlp, "needs_constraints": needs_constraints}
-INPUT_RANGES = {"cnn": (-1.0, 1.0), "transformer": (-1.0, 1.0), "mlp": (-2.0, 2.0), "needs_constraints": (1.0, 2.0)}
+MODELS = {
+    "cnn": cnn,
+    "transformer": transformer,
+    "mlp": mlp,
+    "needs_constraints": needs_constraints,
+    "planted_cnn": lambda size: cnn(size, planted=True),
+    "planted_transformer": lambda size: transformer(size, planted=True),
+}
+INPUT_RANGES = {
+    "cnn": (-1.0, 1.0),
+    "transformer": (-1.0, 1.0),
+    "mlp": (-2.0, 2.0),
+    "needs_constraints": (1.0, 2.0),
+    "planted_cnn": (-1.0, 1.0),
+    "planted_transformer": (-1.0, 1.0),
+}
 
 
 def reference(model_path, name, out_dir):

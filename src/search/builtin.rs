@@ -2,7 +2,6 @@
 //! [`ValueCache`]) and compares its outputs with the golden outputs under a [`Criterion`].
 
 use super::{Evaluation, Oracle};
-use crate::compare::layerwise::layerwise;
 use crate::compare::{compare_output, fmt_g, Criterion};
 use crate::error::{Error, Result};
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
@@ -124,7 +123,9 @@ impl<'a> BuiltinOracle<'a> {
     }
 
     /// The error growth of every layer in the all-low plan against the FP32 reference (the
-    /// largest over input sets): what worst-first ranks by.
+    /// largest over input sets): what worst-first and minimal rank by. The error of a value is
+    /// relative (mean |low − ref| over mean |ref|), so that a layer that only rescales its
+    /// input does not look like it adds error; see [`relative_growth`].
     pub fn growth(&mut self) -> Result<HashMap<usize, f64>> {
         let keep = RunOptions {
             keep_intermediates: true,
@@ -139,23 +140,77 @@ impl<'a> BuiltinOracle<'a> {
                 .interp
                 .run_cached(f, k as u64, &keep, Some(&prepared), &mut self.cache)?;
             self.full_executions += 2 * self.nodes();
-            let rows = layerwise(
-                self.interp.graph(),
-                &r.intermediates,
-                &c.intermediates,
-                &self.criterion,
-                Some(&self.low),
-                false,
-            );
-            for row in rows {
-                let g = growth.entry(row.index).or_insert(f64::NEG_INFINITY);
-                if row.growth > *g || row.growth.is_nan() {
-                    *g = row.growth;
+            for (i, g) in relative_growth(self.interp.graph(), &r.intermediates, &c.intermediates) {
+                let e = growth.entry(i).or_insert(f64::NEG_INFINITY);
+                if g > *e {
+                    *e = g;
                 }
             }
         }
         Ok(growth)
     }
+}
+
+/// Mean absolute difference over mean absolute reference value; infinite when the candidate
+/// is NaN or infinite where the reference is finite. None for non-float or mismatched values.
+pub fn relative_error(reference: &Tensor, candidate: &Tensor) -> Option<f64> {
+    if !reference.dtype().is_float() || reference.shape() != candidate.shape() {
+        return None;
+    }
+    let (r, c) = (reference.to_f64_vec()?, candidate.to_f64_vec()?);
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (x, y) in c.iter().zip(&r) {
+        if !y.is_finite() {
+            continue;
+        }
+        if !x.is_finite() {
+            return Some(f64::INFINITY);
+        }
+        num += (x - y).abs();
+        den += y.abs();
+    }
+    Some(if num == 0.0 {
+        0.0
+    } else if den == 0.0 {
+        f64::INFINITY
+    } else {
+        num / den
+    })
+}
+
+/// Per layer (node index): its output's relative error minus the largest relative error among
+/// its inputs (graph inputs and weights count as exact). A layer whose output is infinitely
+/// wrong (overflow, NaN) ranks as infinite even when its input already was: layers that read an
+/// overflowed value and keep it overflowed (the consumer of an overflowing layer rounds its
+/// input again) are usually part of the fix; ties keep topological order, so the source of an
+/// overflow ranks first and its direct consumers next.
+pub fn relative_growth(
+    graph: &crate::Graph,
+    reference: &HashMap<String, Tensor>,
+    candidate: &HashMap<String, Tensor>,
+) -> Vec<(usize, f64)> {
+    let mut err: HashMap<&str, f64> = HashMap::new();
+    let mut out = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let mut worst: Option<f64> = None;
+        for o in node.outputs.iter().filter(|o| !o.is_empty()) {
+            let (Some(r), Some(c)) = (reference.get(o), candidate.get(o)) else {
+                continue;
+            };
+            if let Some(e) = relative_error(r, c) {
+                err.insert(o.as_str(), e);
+                worst = Some(worst.map_or(e, |w: f64| w.max(e)));
+            }
+        }
+        let Some(e) = worst else { continue };
+        let input = node
+            .inputs
+            .iter()
+            .filter_map(|n| err.get(n.as_str()).copied())
+            .fold(0.0f64, f64::max);
+        out.push((i, if e.is_infinite() { e } else { e - input }));
+    }
+    out
 }
 
 impl Oracle for BuiltinOracle<'_> {

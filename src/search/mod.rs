@@ -309,7 +309,7 @@ impl Searcher<'_> {
         let n = match opts.mode {
             Mode::Linear => self.linear(&order)?,
             Mode::Bisect => self.bisect(&order, "bisect")?,
-            Mode::WorstFirst | Mode::Minimal => self.bisect(&order, "rank-bisect")?,
+            Mode::WorstFirst | Mode::Minimal => self.gallop(&order)?,
         };
         let Some(n) = n else {
             return Ok((Outcome::NotFound, None));
@@ -351,6 +351,33 @@ impl Searcher<'_> {
         Ok((good <= max).then_some(good))
     }
 
+    /// For rankings, where the answer is usually a few layers: N = 1, 2, 4, 8… until a pass,
+    /// then binary search between the last failure and that pass.
+    fn gallop(&mut self, order: &[usize]) -> std::result::Result<Option<usize>, Stop> {
+        let max = order.len();
+        let (mut bad, mut good) = (0usize, None);
+        let mut n = 1usize;
+        while n < max {
+            if self.eval("rank-gallop", &order[..n])? {
+                good = Some(n);
+                break;
+            }
+            bad = n;
+            n *= 2;
+        }
+        // Marking every candidate passed (checked first).
+        let mut good = good.unwrap_or(max);
+        while good - bad > 1 {
+            let mid = (good + bad) / 2;
+            if self.eval("rank-bisect", &order[..mid])? {
+                good = mid;
+            } else {
+                bad = mid;
+            }
+        }
+        Ok(Some(good))
+    }
+
     /// Polygraphy's LinearMarker: 1, 2, 3… layers until one passes.
     fn linear(&mut self, order: &[usize]) -> std::result::Result<Option<usize>, Stop> {
         for n in 1..=order.len() {
@@ -361,11 +388,14 @@ impl Searcher<'_> {
         Ok(None)
     }
 
-    /// Drops each marked layer whose removal still passes: least sensitive first (layers
-    /// objective) or most expensive first (flops objective).
+    /// Drops marked layers that are not needed, trying groups first (delta-debugging style):
+    /// a group whose removal still passes goes at once; a group that cannot go is split in
+    /// halves, down to single layers. Groups follow the least sensitive first (layers
+    /// objective) or the most expensive first (flops objective). Under a monotone criterion the
+    /// result is 1-minimal: dropping any one of its layers fails.
     fn prune(
         &mut self,
-        mut marked: Vec<usize>,
+        marked: Vec<usize>,
         objective: Objective,
     ) -> std::result::Result<Vec<usize>, Stop> {
         let mut order: Vec<usize> = marked.iter().rev().copied().collect();
@@ -373,17 +403,36 @@ impl Searcher<'_> {
             order
                 .sort_by_key(|&i| std::cmp::Reverse(self.space.flops.get(i).copied().unwrap_or(0)));
         }
-        for layer in order {
-            if marked.len() <= 1 {
-                // Nothing marked fails (checked first), so the last layer is needed.
-                break;
+        let mut keep = marked;
+        let mut groups: std::collections::VecDeque<Vec<usize>> = std::collections::VecDeque::new();
+        // The whole set is known to be needed as a group (nothing marked fails): start halved.
+        let (a, b) = order.split_at(order.len() / 2);
+        groups.push_back(a.to_vec());
+        groups.push_back(b.to_vec());
+        while let Some(group) = groups.pop_front() {
+            let group: Vec<usize> = group.into_iter().filter(|g| keep.contains(g)).collect();
+            if group.is_empty() || group.len() == keep.len() {
+                if group.len() > 1 {
+                    let (a, b) = group.split_at(group.len() / 2);
+                    groups.push_front(b.to_vec());
+                    groups.push_front(a.to_vec());
+                }
+                continue;
             }
-            let without: Vec<usize> = marked.iter().copied().filter(|&m| m != layer).collect();
+            let without: Vec<usize> = keep
+                .iter()
+                .copied()
+                .filter(|k| !group.contains(k))
+                .collect();
             if self.eval("prune", &without)? {
-                marked = without;
+                keep = without;
+            } else if group.len() > 1 {
+                let (a, b) = group.split_at(group.len() / 2);
+                groups.push_front(b.to_vec());
+                groups.push_front(a.to_vec());
             }
         }
-        Ok(marked)
+        Ok(keep)
     }
 }
 
