@@ -1,0 +1,371 @@
+//! `debug precision` end to end on models with planted faults (scripts/gen_models.py):
+//! planted_cnn (44 compute layers; 'planted_div' only works in FP32) and planted_transformer
+//! ('planted_scale_up' overflows float16, 'planted_scale_down' reads the overflow).
+
+use crate::common::{mixprec, text};
+use crate::models::models_dir;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+fn model(name: &str) -> String {
+    models_dir()
+        .join(format!("{name}.onnx"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+const CRITERION: [&str; 7] = [
+    "--val-range",
+    "[-1,1]",
+    "--check-error-stat",
+    "median",
+    "--atol",
+    "1e-2",
+    "--rtol=1e-2",
+];
+
+/// Runs `debug precision` and returns (exit ok, stdout, the marked layers from the JSON result).
+fn search(model_name: &str, extra: &[&str]) -> (bool, String, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let m = model(model_name);
+    let mut args = vec!["debug", "precision", m.as_str(), "--fp16"];
+    args.extend(CRITERION);
+    args.extend(["--save-result", result.to_str().unwrap()]);
+    args.extend(extra);
+    let out = mixprec(&args);
+    let log = text(&out);
+    let layers = if result.exists() {
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+        v["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_string())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    (out.status.success(), log, layers)
+}
+
+/// The plan must really pass: `mixprec run` with the found layers in FP32 against the FP32
+/// outputs, under the same criterion.
+fn assert_plan_passes(model_name: &str, layers: &[String]) {
+    let dir = tempfile::tempdir().unwrap();
+    let golden = dir.path().join("golden.json");
+    let m = model(model_name);
+    let out = mixprec(&[
+        "run",
+        &m,
+        "--val-range",
+        "[-1,1]",
+        "--save-outputs",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let items: Vec<String> = layers.iter().map(|l| format!("{l}:float32")).collect();
+    let mut args = vec![
+        "run",
+        m.as_str(),
+        "--fp16",
+        "--load-outputs",
+        golden.to_str().unwrap(),
+    ];
+    args.extend(CRITERION);
+    args.push("--layer-precisions");
+    args.extend(items.iter().map(String::as_str));
+    let out = mixprec(&args);
+    assert!(
+        out.status.success(),
+        "plan {layers:?} fails when run: {}",
+        text(&out)
+    );
+}
+
+#[test]
+fn minimal_finds_exactly_the_planted_layers() {
+    let (ok, log, layers) = search("planted_cnn", &["--mode", "minimal"]);
+    assert!(ok, "{log}");
+    assert_eq!(layers, vec!["planted_div"], "{log}");
+    assert!(log.contains("To achieve acceptable accuracy"), "{log}");
+    assert_plan_passes("planted_cnn", &layers);
+
+    let (ok, log, layers) = search("planted_transformer", &["--mode", "minimal"]);
+    assert!(ok, "{log}");
+    assert_eq!(
+        layers,
+        vec!["planted_scale_up", "planted_scale_down"],
+        "{log}"
+    );
+    assert_plan_passes("planted_transformer", &layers);
+}
+
+#[test]
+fn minimal_with_the_flops_objective_finds_the_planted_layer() {
+    let (ok, log, layers) = search(
+        "planted_cnn",
+        &["--mode", "minimal", "--objective", "flops"],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(layers, vec!["planted_div"], "{log}");
+}
+
+#[test]
+fn bisect_forward_marks_everything_up_to_the_planted_layer() {
+    let (ok, log, layers) = search(
+        "planted_cnn",
+        &["--mode", "bisect", "--direction", "forward"],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(
+        layers.last().map(String::as_str),
+        Some("planted_div"),
+        "{log}"
+    );
+    assert!(layers.len() > 20, "{log}");
+    assert!(
+        log.contains(&format!(
+            "try running the first {} layer(s) in higher precision",
+            layers.len()
+        )),
+        "{log}"
+    );
+    assert_plan_passes("planted_cnn", &layers);
+    // The incremental cache saves at least half the layer executions of full re-runs.
+    let line = log
+        .lines()
+        .find(|l| l.contains("layer executions"))
+        .unwrap();
+    let ratio: f64 = line
+        .split("cache: ")
+        .nth(1)
+        .and_then(|s| s.split('x').next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no ratio in {line}"));
+    assert!(ratio <= 0.5, "{line}");
+}
+
+#[test]
+fn bisect_reverse_and_the_other_modes_find_acceptable_plans() {
+    for (model_name, mode, dir) in [
+        ("planted_cnn", "bisect", "reverse"),
+        ("planted_transformer", "bisect", "forward"),
+        ("planted_transformer", "bisect", "reverse"),
+        ("planted_cnn", "worst-first", "forward"),
+        ("planted_transformer", "worst-first", "forward"),
+        ("planted_transformer", "linear", "reverse"),
+    ] {
+        let (ok, log, layers) = search(model_name, &["--mode", mode, "--direction", dir]);
+        assert!(ok, "{model_name} {mode} {dir}: {log}");
+        assert!(!layers.is_empty(), "{model_name} {mode} {dir}: {log}");
+        let planted: &[&str] = if model_name == "planted_cnn" {
+            &["planted_div"]
+        } else {
+            &["planted_scale_up", "planted_scale_down"]
+        };
+        for p in planted {
+            assert!(
+                layers.iter().any(|l| l == p),
+                "{model_name} {mode} {dir}: {p} not marked: {layers:?}"
+            );
+        }
+        assert_plan_passes(model_name, &layers);
+    }
+}
+
+#[test]
+fn results_are_deterministic_and_the_legacy_spelling_agrees() {
+    let (_, _, a) = search("planted_transformer", &["--mode", "bisect"]);
+    let (_, _, b) = search("planted_transformer", &["--mode", "bisect"]);
+    assert_eq!(a, b);
+    // Polygraphy's older form: `precision bisect MODEL --mode forward`.
+    let m = model("planted_transformer");
+    let mut args = vec![
+        "precision",
+        "bisect",
+        m.as_str(),
+        "--mode",
+        "forward",
+        "--fp16",
+    ];
+    args.extend(CRITERION);
+    let out = mixprec(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains(&format!(
+        "try running the first {} layer(s) in higher precision (float32)",
+        a.len()
+    )));
+}
+
+#[test]
+fn check_command_drives_the_search_with_placeholders() {
+    // The "engine" passes exactly when planted_div runs in float32; the candidate model must
+    // exist as a file.
+    let script = "m=$1; shift; test -s \"$m\" && echo \"$*\" | grep -q 'planted_div:float32' && echo \"$*\" | grep -q 'planted_div:fp32'";
+    let (ok, log, layers) = search(
+        "planted_cnn",
+        &[
+            "--mode",
+            "minimal",
+            "--check",
+            "sh",
+            "-c",
+            script,
+            "check",
+            "{model}",
+            "{trtexec_layer_precisions}",
+            "{layer_precisions}",
+        ],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(layers, vec!["planted_div"], "{log}");
+    assert!(log.contains("--check exited with status 0"), "{log}");
+}
+
+#[test]
+fn check_command_errors_and_timeouts_are_reported() {
+    let (ok, log, _) = search(
+        "planted_cnn",
+        &["--check", "mixprec-no-such-command-xyz", "{model}"],
+    );
+    assert!(!ok);
+    assert!(
+        log.contains("--check: command 'mixprec-no-such-command-xyz' not found"),
+        "{log}"
+    );
+    // A command that hangs is killed and counts as failing: even all-FP32 then fails.
+    let (ok, log, _) = search(
+        "planted_cnn",
+        &["--check-timeout", "0.2", "--check", "sleep", "5"],
+    );
+    assert!(!ok);
+    assert!(log.contains("timed out after"), "{log}");
+    assert!(
+        log.contains("the golden outputs or the tolerances are wrong"),
+        "{log}"
+    );
+    // --fail-regex turns a zero exit status into a failure.
+    let (ok, log, _) = search(
+        "planted_cnn",
+        &["--fail-regex", "MISMATCH", "--check", "echo", "MISMATCH"],
+    );
+    assert!(!ok);
+    assert!(log.contains("matched --fail-regex"), "{log}");
+}
+
+#[test]
+fn degenerate_criteria_are_explained() {
+    // Nothing needs marking when the tolerance is loose (and nothing overflows).
+    let plain = model("transformer");
+    let out = mixprec(&[
+        "debug",
+        "precision",
+        &plain,
+        "--fp16",
+        "--atol",
+        "1",
+        "--rtol",
+        "1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("no layer needs float32"),
+        "{}",
+        text(&out)
+    );
+    let m = model("planted_transformer");
+    // Golden outputs of other inputs: even all-FP32 fails.
+    let dir = tempfile::tempdir().unwrap();
+    let golden = dir.path().join("golden.json");
+    let out = mixprec(&[
+        "run",
+        &m,
+        "--seed",
+        "7",
+        "--save-outputs",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(out.status.success());
+    let out = mixprec(&[
+        "debug",
+        "precision",
+        &m,
+        "--fp16",
+        "--golden",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("the golden outputs or the tolerances are wrong"),
+        "{}",
+        text(&out)
+    );
+    // No reduced precision to search over.
+    let out = mixprec(&["debug", "precision", &m]);
+    assert!(!out.status.success());
+    assert!(text(&out).contains("enable at least one precision"));
+}
+
+#[test]
+fn writes_the_mixed_precision_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_model = dir.path().join("mixed.onnx");
+    let (ok, log, _) = search(
+        "planted_cnn",
+        &["--mode", "minimal", "-o", out_model.to_str().unwrap()],
+    );
+    assert!(ok, "{log}");
+    assert!(log.contains("Saved mixed-precision model"), "{log}");
+    // mixprec loads it back: planted_div reads float32 while its neighbours are float16.
+    let m = mixprec::load_model(&out_model).unwrap();
+    let casts = m.graph.nodes.iter().filter(|n| n.op_type == "Cast").count();
+    assert!(casts >= 2, "{casts} casts");
+}
+
+#[test]
+fn ctrl_c_prints_the_best_plan_so_far() {
+    // Each evaluation sleeps, so the interrupt lands mid-search.
+    let m = model("planted_cnn");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mixprec"))
+        .args([
+            "debug",
+            "precision",
+            &m,
+            "--fp16",
+            "--mode",
+            "bisect",
+            "--check",
+            "sh",
+            "-c",
+            "sleep 0.3; test \"$1\" -gt 5",
+            "check",
+            "{marked_count}",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let third = line.contains("Iteration   3");
+        seen.push(line);
+        if third {
+            // SAFETY: plain kill(2) on our own child.
+            unsafe {
+                libc::kill(child.id() as i32, libc::SIGINT);
+            }
+            break;
+        }
+    }
+    seen.extend(lines.map_while(|l| l.ok()));
+    let status = child.wait().unwrap();
+    let all = seen.join("\n");
+    assert_eq!(status.code(), Some(130), "{all}");
+    assert!(all.contains("Interrupted after"), "{all}");
+    assert!(all.contains("the best passing plan so far"), "{all}");
+}
