@@ -216,7 +216,7 @@ pub fn parse_bytes(s: &str) -> Option<usize> {
         "g" | "gb" | "gib" => 1024.0 * 1024.0 * 1024.0,
         _ => return None,
     };
-    (n.is_finite() && n >= 0.0).then(|| (n * mult) as usize)
+    (n.is_finite() && n >= 0.0).then_some((n * mult) as usize)
 }
 
 #[cfg(test)]

@@ -480,7 +480,7 @@ impl<'g> Interpreter<'g> {
         }
         let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
-            let mut h = mix(0x6d69_7870_7265_63, idx as u64);
+            let mut h = mix(0x006d_6978_7072_6563, idx as u64);
             h = mix(h, hash_str(&node.name));
             // The layer's treatment: precision (plain FP32 runs are float32 layers), the
             // accumulator its kernels use, and how each input is prepared.
