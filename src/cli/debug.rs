@@ -212,10 +212,6 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let interp = Interpreter::new(graph)?;
     let low = args.precision.plan(graph)?;
     let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
-    let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
-        .into_iter()
-        .filter(|&i| low.layers[i] != high)
-        .collect();
     let say = !args.quiet;
 
     let mut oracle = BuiltinOracle::new(
@@ -236,19 +232,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         _ => reference,
     };
     oracle.set_golden(golden)?;
-    let flops: Vec<u64> = (0..graph.nodes.len())
-        .map(|i| oracle.cache.layer_flops.get(&i).copied().unwrap_or(0))
-        .collect();
-    let growth = if mode.needs_ranking() {
-        oracle.growth()?
-    } else {
-        Default::default()
-    };
-    let space = SearchSpace {
-        candidates: candidates.clone(),
-        flops,
-        growth,
-    };
+    let space = oracle.search_space(mode.needs_ranking())?;
+    let candidates = &space.candidates;
     if say {
         println!(
             "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",

@@ -122,6 +122,30 @@ impl<'a> BuiltinOracle<'a> {
         )
     }
 
+    /// What the search runs over: the compute layers whose low precision differs from the high
+    /// one, their FLOPs (known after [`reference_outputs`](Self::reference_outputs)) and, when
+    /// `ranked`, their error growth.
+    pub fn search_space(&mut self, ranked: bool) -> Result<super::SearchSpace> {
+        let graph = self.interp.graph();
+        let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
+            .into_iter()
+            .filter(|&i| self.low.layers[i] != self.high)
+            .collect();
+        let flops: Vec<u64> = (0..graph.nodes.len())
+            .map(|i| self.cache.layer_flops.get(&i).copied().unwrap_or(0))
+            .collect();
+        let growth = if ranked {
+            self.growth()?
+        } else {
+            HashMap::new()
+        };
+        Ok(super::SearchSpace {
+            candidates,
+            flops,
+            growth,
+        })
+    }
+
     /// The error growth of every layer in the all-low plan against the FP32 reference (the
     /// largest over input sets): what worst-first and minimal rank by. The error of a value is
     /// relative (mean |low − ref| over mean |ref|), so that a layer that only rescales its

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The precision search on the benchmark-size planted models (a 224x224 ResNet-like CNN and a
+# 2-layer transformer, seq 128, d 256, each with a planted FP16 fault): per mode, evaluations,
+# layer executions with the incremental cache vs re-running every candidate in full, wall
+# time with and without the cache, and wall time as a multiple of one FP32 inference.
+# THREADS=N overrides the thread count (default 2, the CI machine's core count).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads=${THREADS:-2}
+py=$(bash scripts/setup-python.sh)
+dir=target/bench-models
+"$py" scripts/gen_models.py --out "$dir" --size bench --only planted_cnn,planted_transformer >/dev/null
+RAYON_NUM_THREADS=$threads cargo bench --quiet --bench search -- "$dir" planted_cnn planted_transformer
