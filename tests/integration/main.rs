@@ -8,3 +8,4 @@ mod conformance;
 mod export;
 mod models;
 mod precision;
+mod report;
