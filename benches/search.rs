@@ -31,7 +31,7 @@ fn main() {
         atol: PerOutput::new(1e-2),
         rtol: PerOutput::new(1e-2),
         stat: PerOutput::new(ErrorStat::Median),
-        metrics: Vec::new(),
+        ..Default::default()
     };
     println!(
         "{:<20} {:<20} {:>5} {:>8} {:>10} {:>10} {:>7} {:>9} {:>9} {:>8} {:>9}",

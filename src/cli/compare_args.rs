@@ -1,6 +1,6 @@
 //! The pass criterion's options, shared by `run` and `debug precision`.
 
-use crate::compare::{Criterion, ErrorStat, Metric, PerOutput};
+use crate::compare::{Criterion, ErrorStat, Metric, PerOutput, DEFAULT_QUANTILE};
 use anyhow::Result;
 use clap::Args;
 
@@ -13,9 +13,14 @@ pub struct CompareArgs {
     /// Relative tolerance: a value, or `output:value` per output (default 1e-5).
     #[arg(long, num_args = 1.., value_name = "TOL")]
     pub rtol: Vec<String>,
-    /// Statistic checked against the tolerances: elemwise, max, mean, median (or `output:stat`).
+    /// Statistic checked against the tolerances: elemwise, max, mean, median, quantile (or
+    /// `output:stat`).
     #[arg(long = "check-error-stat", num_args = 1.., value_name = "STAT")]
     pub check_error_stat: Vec<String>,
+    /// With `--check-error-stat quantile`: the quantile of the errors checked, in [0, 1]
+    /// (default 0.99; 0.5 is the median), or `output:q` per output.
+    #[arg(long = "error-quantile", num_args = 1.., value_name = "Q")]
+    pub error_quantile: Vec<String>,
     /// Extra pass criteria, checked in addition to the tolerances: `cosine:MIN`, `snr:MIN_DB`,
     /// `topk:K:MIN` (top-K agreement along the last axis), `max-rel-above:FLOOR:MAX` (max
     /// relative error over elements with |ref| > FLOOR); prefix `output:` for one output.
@@ -35,6 +40,12 @@ impl CompareArgs {
                 ErrorStat::Elemwise,
                 "--check-error-stat",
                 |s| ErrorStat::parse(s).ok(),
+            )?,
+            quantile: PerOutput::parse_list(
+                &self.error_quantile,
+                DEFAULT_QUANTILE,
+                "--error-quantile (a number in [0, 1])",
+                |s| s.parse().ok().filter(|q: &f64| (0.0..=1.0).contains(q)),
             )?,
             metrics: self
                 .metric

@@ -8,6 +8,7 @@ mod inspect;
 mod precision_args;
 mod ranges;
 mod run;
+mod style;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;

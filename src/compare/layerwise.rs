@@ -104,6 +104,44 @@ pub fn layerwise(
     rows
 }
 
+/// The layer-wise comparison over several input sets: per layer (matched by index, in
+/// topological order) the worst of every figure across iterations — the largest required
+/// absolute and relative tolerance (NaN counts as worst) and growth — and the output of the
+/// iteration with the largest required absolute tolerance. A layer fails when it fails in any
+/// iteration. Layers missing from some iterations (`--fail-fast`) are aggregated over the
+/// iterations that have them.
+pub fn aggregate(iterations: &[Vec<LayerError>]) -> Vec<LayerError> {
+    let worse = |a: f64, b: f64| {
+        if a.is_nan() || b.is_nan() {
+            f64::NAN
+        } else {
+            a.max(b)
+        }
+    };
+    let mut by_index: std::collections::BTreeMap<usize, LayerError> = Default::default();
+    for rows in iterations {
+        for r in rows {
+            match by_index.get_mut(&r.index) {
+                None => {
+                    by_index.insert(r.index, r.clone());
+                }
+                Some(acc) => {
+                    if r.required_atol > acc.required_atol
+                        || (r.required_atol.is_nan() && !acc.required_atol.is_nan())
+                    {
+                        acc.output = r.output.clone();
+                    }
+                    acc.required_atol = worse(acc.required_atol, r.required_atol);
+                    acc.required_rtol = worse(acc.required_rtol, r.required_rtol);
+                    acc.growth = worse(acc.growth, r.growth);
+                    acc.passed &= r.passed;
+                }
+            }
+        }
+    }
+    by_index.into_values().collect()
+}
+
 /// The table `run --mark-all` prints; the first failing layer is marked.
 pub fn table(rows: &[LayerError], stat: &str) -> String {
     let name_w = rows
@@ -197,5 +235,59 @@ mod tests {
         let rows = layerwise(&g, &reference, &candidate, &crit, None, true);
         assert_eq!(rows.len(), 2, "fail-fast stops at the first failing layer");
         assert!(table(&rows, "max").contains("<-- first failing layer"));
+    }
+
+    fn row(index: usize, atol: f64, rtol: f64, growth: f64, passed: bool) -> LayerError {
+        LayerError {
+            index,
+            layer: format!("l{index}"),
+            op: "Relu".into(),
+            output: format!("y{index}_{atol}"),
+            precision: None,
+            required_atol: atol,
+            required_rtol: rtol,
+            growth,
+            passed,
+        }
+    }
+
+    #[test]
+    fn aggregate_takes_the_worst_of_every_iteration() {
+        let it0 = vec![
+            row(0, 1e-4, 1e-3, 1e-4, true),
+            row(2, 0.5, 0.1, 0.4, false),
+            row(3, 0.2, 0.3, 0.0, true),
+        ];
+        let it1 = vec![
+            row(0, 2e-4, 5e-4, 2e-4, true),
+            row(2, 0.1, f64::NAN, 0.05, true),
+            row(3, 0.3, 0.1, -0.1, false),
+        ];
+        let agg = aggregate(&[it0.clone(), it1]);
+        assert_eq!(
+            agg.iter().map(|r| r.index).collect::<Vec<_>>(),
+            vec![0, 2, 3]
+        );
+        // Layer 0: the largest of each figure, passes in both.
+        assert_eq!(agg[0].required_atol, 2e-4);
+        assert_eq!(agg[0].required_rtol, 1e-3);
+        assert_eq!(agg[0].growth, 2e-4);
+        assert_eq!(agg[0].output, "y0_0.0002", "output of the worst iteration");
+        assert!(agg[0].passed);
+        // Layer 2 fails in iteration 0 only: it fails; a NaN is the worst value.
+        assert!(!agg[2 - 1].passed);
+        assert_eq!(agg[1].required_atol, 0.5);
+        assert!(agg[1].required_rtol.is_nan());
+        assert_eq!(agg[1].output, "y2_0.5");
+        // Layer 3 fails in iteration 1 only.
+        assert!(!agg[2].passed);
+        assert_eq!((agg[2].required_atol, agg[2].growth), (0.3, 0.0));
+        // One iteration aggregates to itself; layers cut off by --fail-fast still appear.
+        let one = aggregate(std::slice::from_ref(&it0));
+        assert_eq!(one.len(), 3);
+        assert_eq!(one[1].required_atol, 0.5);
+        let cut = aggregate(&[it0[..2].to_vec(), it0.clone()]);
+        assert_eq!(cut.len(), 3);
+        assert!(aggregate(&[]).is_empty());
     }
 }

@@ -3,9 +3,11 @@
 //! `absdiff = |out - ref|`, `reldiff = absdiff / |ref|` (a zero reference value gets 2.22e-16
 //! added first, as Polygraphy does). A scalar statistic (mean, median, max) passes unless both
 //! its absolute and its relative value exceed their tolerances (NaN fails). `elemwise` fails
-//! when any element exceeds both tolerances. Defaults are Polygraphy's: atol = rtol = 1e-5,
-//! elemwise.
+//! when any element exceeds both tolerances. `quantile` checks `numpy.quantile` of the
+//! differences at `--error-quantile` (default 0.99). Defaults are Polygraphy's: atol = rtol =
+//! 1e-5, elemwise.
 
+pub mod html;
 pub mod layerwise;
 pub mod metrics;
 pub mod report;
@@ -28,6 +30,8 @@ pub enum ErrorStat {
     Max,
     Mean,
     Median,
+    /// The `Criterion::quantile`-th quantile of the differences (Polygraphy's `quantile`).
+    Quantile,
 }
 
 impl ErrorStat {
@@ -37,9 +41,10 @@ impl ErrorStat {
             "max" => ErrorStat::Max,
             "mean" => ErrorStat::Mean,
             "median" => ErrorStat::Median,
+            "quantile" => ErrorStat::Quantile,
             _ => {
                 return Err(Error::Invalid(format!(
-                "invalid --check-error-stat '{s}': valid choices are elemwise, max, mean, median"
+                "invalid --check-error-stat '{s}': valid choices are elemwise, max, mean, median, quantile"
             )))
             }
         })
@@ -51,6 +56,7 @@ impl ErrorStat {
             ErrorStat::Max => "max",
             ErrorStat::Mean => "mean",
             ErrorStat::Median => "median",
+            ErrorStat::Quantile => "quantile",
         }
     }
 }
@@ -112,6 +118,9 @@ pub struct Criterion {
     pub atol: PerOutput<f64>,
     pub rtol: PerOutput<f64>,
     pub stat: PerOutput<ErrorStat>,
+    /// The quantile checked by `ErrorStat::Quantile`, in [0, 1] (`--error-quantile`, default
+    /// 0.99 as in Polygraphy).
+    pub quantile: PerOutput<f64>,
     pub metrics: Vec<Metric>,
 }
 
@@ -121,10 +130,14 @@ impl Default for Criterion {
             atol: PerOutput::new(1e-5),
             rtol: PerOutput::new(1e-5),
             stat: PerOutput::new(ErrorStat::Elemwise),
+            quantile: PerOutput::new(DEFAULT_QUANTILE),
             metrics: Vec::new(),
         }
     }
 }
+
+/// Polygraphy's default `--error-quantile`.
+pub const DEFAULT_QUANTILE: f64 = 0.99;
 
 /// A histogram: the counts of 10 bins and their 11 edges.
 pub type Histogram = Option<(Vec<u64>, Vec<f64>)>;
@@ -145,6 +158,13 @@ pub struct OutputComparison {
     pub mean_reldiff: f64,
     pub median_absdiff: f64,
     pub median_reldiff: f64,
+    /// With `--check-error-stat quantile`: the quantile and the differences' values at it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_quantile: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile_absdiff: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantile_reldiff: Option<f64>,
     /// The tolerance the chosen statistic needs: `[abs] OR [rel]`.
     pub required_atol: f64,
     pub required_rtol: f64,
@@ -228,10 +248,19 @@ pub fn compare_output(
                     .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol))
         },
     );
-    let (req_a, req_r) = match stat {
-        ErrorStat::Elemwise | ErrorStat::Max => (sabs.max, srel.max),
-        ErrorStat::Mean => (sabs.mean, srel.mean),
-        ErrorStat::Median => (sabs.median, srel.median),
+    let quantile = (stat == ErrorStat::Quantile).then(|| {
+        let q = criterion.quantile.get(name);
+        (
+            q,
+            stats::quantile_in_range(&absdiff, q, sabs.min, sabs.max),
+            stats::quantile_in_range(&reldiff, q, srel.min, srel.max),
+        )
+    });
+    let (req_a, req_r) = match (stat, quantile) {
+        (ErrorStat::Quantile, Some((_, qa, qr))) => (qa, qr),
+        (ErrorStat::Mean, _) => (sabs.mean, srel.mean),
+        (ErrorStat::Median, _) => (sabs.median, srel.median),
+        _ => (sabs.max, srel.max),
     };
     let tolerance_passed = match stat {
         ErrorStat::Elemwise => elem_ok,
@@ -274,6 +303,9 @@ pub fn compare_output(
         mean_reldiff: srel.mean,
         median_absdiff: sabs.median,
         median_reldiff: srel.median,
+        error_quantile: quantile.map(|q| q.0),
+        quantile_absdiff: quantile.map(|q| q.1),
+        quantile_reldiff: quantile.map(|q| q.2),
         required_atol: req_a,
         required_rtol: req_r,
         output_stats: sa,
@@ -431,6 +463,51 @@ mod tests {
                 .unwrap()
                 .passed
         );
+    }
+
+    #[test]
+    fn quantile_stat_is_numpys_quantile_of_the_differences() {
+        // absdiff = 0, 1, ..., 9 (reference 100, so reldiff = absdiff / 100).
+        let out: Vec<f32> = (0..10).map(|i| 100.0 + i as f32).collect();
+        let reference = [100.0f32; 10];
+        let mut c = Criterion {
+            stat: PerOutput::new(ErrorStat::Quantile),
+            atol: PerOutput::new(8.0),
+            rtol: PerOutput::new(0.0),
+            ..Default::default()
+        };
+        // numpy.quantile(np.arange(10), 0.99) == 8.91: fails atol 8.
+        let r = compare_output("y", &t(&out), &t(&reference), &c).unwrap();
+        assert!((r.required_atol - 8.91).abs() < 1e-12, "{r:?}");
+        assert!((r.required_rtol - 0.0891).abs() < 1e-8, "{r:?}");
+        assert_eq!(r.error_quantile, Some(0.99));
+        assert_eq!(r.quantile_absdiff, Some(r.required_atol));
+        assert!(!r.passed);
+        // numpy.quantile(np.arange(10), 0.85) == 7.65: passes; per output, as Polygraphy.
+        c.quantile =
+            PerOutput::parse_list(&["y:0.85".into()], 0.99, "q", |s| s.parse().ok()).unwrap();
+        let r = compare_output("y", &t(&out), &t(&reference), &c).unwrap();
+        assert!((r.required_atol - 7.65).abs() < 1e-12 && r.passed, "{r:?}");
+        let r = compare_output("z", &t(&out), &t(&reference), &c).unwrap();
+        assert!(!r.passed, "other outputs keep the default 0.99");
+        // q = 0.5 is the median; q = 1 the max; a NaN difference fails.
+        c.quantile = PerOutput::new(0.5);
+        let r = compare_output("y", &t(&out), &t(&reference), &c).unwrap();
+        assert_eq!(r.required_atol, r.median_absdiff);
+        c.quantile = PerOutput::new(1.0);
+        let r = compare_output("y", &t(&out), &t(&reference), &c).unwrap();
+        assert_eq!(r.required_atol, 9.0);
+        let r = compare_output("y", &t(&[f32::NAN, 1.0]), &t(&[1.0, 1.0]), &c).unwrap();
+        assert!(r.required_atol.is_nan() && !r.passed);
+        // Other statistics leave the quantile fields out of the JSON.
+        let r = compare_output("y", &t(&out), &t(&reference), &Criterion::default()).unwrap();
+        assert!(r.quantile_absdiff.is_none());
+        assert!(!serde_json::to_string(&r).unwrap().contains("quantile"));
+        assert_eq!(ErrorStat::parse("quantile").unwrap(), ErrorStat::Quantile);
+        assert!(ErrorStat::parse("p99")
+            .unwrap_err()
+            .to_string()
+            .contains("quantile"));
     }
 
     #[test]

@@ -253,6 +253,18 @@ pub fn quantiles(v: &[f64], qs: &[f64]) -> Vec<f64> {
     quantiles_no_nan(v, qs, None)
 }
 
+/// `numpy.quantile(v, q)` of an array whose min and max (NaN when it holds NaN, as `Stats`
+/// reports them) are known: NaN when it holds NaN, 0 when it is empty (as Polygraphy's stats).
+pub fn quantile_in_range(v: &[f64], q: f64, min: f64, max: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    if min.is_nan() || max.is_nan() {
+        return f64::NAN;
+    }
+    quantiles_no_nan(v, &[q], Some((min, max)))[0]
+}
+
 /// `quantiles` of a non-empty array known to hold no NaN, with its (min, max) if known.
 fn quantiles_no_nan(v: &[f64], qs: &[f64], minmax: Option<(f64, f64)>) -> Vec<f64> {
     let n = v.len();

@@ -8,4 +8,5 @@ mod conformance;
 mod export;
 mod models;
 mod precision;
+mod report;
 mod search;
