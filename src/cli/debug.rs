@@ -4,6 +4,8 @@
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
 use super::run::DataArgs;
+use super::style::{paint, use_color, ColorChoice};
+use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
 use crate::data::polygraphy;
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
@@ -124,9 +126,16 @@ pub struct SearchArgs {
     /// Write the result and the search history (every candidate: layers, error, verdict) as JSON.
     #[arg(long = "save-result", value_name = "FILE")]
     save_result: Option<PathBuf>,
+    /// Write an HTML report: the answer, the search history (every candidate's error and
+    /// verdict) and the layer-wise error of the final plan.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
     /// Print only the result (no per-iteration lines, no progress bar).
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Colour the log: auto (when printing to a terminal and NO_COLOR is not set), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    color: ColorChoice,
     /// Print the marked layers of every iteration (and --check commands with their output).
     #[arg(long, short = 'v')]
     verbose: bool,
@@ -146,6 +155,34 @@ pub fn run_legacy(args: LegacyPrecisionArgs) -> Result<ExitCode> {
         LegacyStrategy::Minimal => Mode::Minimal,
     };
     search_command(args.search, mode, args.direction)
+}
+
+/// Prints log lines, coloured as `run` colours them when stdout is a terminal (or --color).
+struct Printer {
+    color: bool,
+}
+
+impl Printer {
+    fn new(choice: ColorChoice) -> Printer {
+        let no_color = std::env::var("NO_COLOR").ok();
+        Printer {
+            color: use_color(choice, std::io::stdout().is_terminal(), no_color.as_deref()),
+        }
+    }
+
+    fn line(&self, line: &str) {
+        if self.color {
+            println!("{}", paint(line));
+        } else {
+            println!("{line}");
+        }
+    }
+}
+
+macro_rules! out {
+    ($p:expr, $($t:tt)*) => {
+        $p.line(&format!($($t)*))
+    };
 }
 
 /// Set by Ctrl-C; the search stops between evaluations and reports the best plan so far.
@@ -170,6 +207,7 @@ fn install_interrupt_handler() {
 
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
     let started = Instant::now();
+    let p = &Printer::new(args.color);
     let criterion = args.compare.criterion()?;
     let high = Precision::parse(&args.higher_precision)?;
     if !matches!(high, Precision::Float32 | Precision::Float16) {
@@ -235,7 +273,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let space = oracle.search_space(mode.needs_ranking())?;
     let candidates = &space.candidates;
     if say {
-        println!(
+        out!(p,
             "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",
             high.name(),
             mode.name(),
@@ -255,7 +293,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             high.name(),
             feeds.len()
         );
-        println!(
+        out!(
+            p,
             "[I] Pass criterion: {}{}",
             if args.check.is_empty() {
                 format!(
@@ -327,7 +366,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         ));
         if say {
             let line = trial_line(graph, t, space.total_flops(), args.verbose);
-            bar.suspend(|| println!("{line}"));
+            bar.suspend(|| out!(p, "{line}"));
         }
     };
     let opts = SearchOptions {
@@ -353,7 +392,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         fp32_inference_seconds: fp32_inference,
     };
     let code = report(
-        &args, graph, &space, &low, high, mode, direction, &result, &stats,
+        p, &args, graph, &space, &low, high, mode, direction, &result, &stats,
     )?;
     if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
         let plan = oracle.plan_for(marked);
@@ -370,9 +409,28 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             eprintln!("note: {n}");
         }
         write_model(out, &exported.model)?;
-        println!("[I] Saved mixed-precision model to {}", out.display());
+        out!(p, "[I] Saved mixed-precision model to {}", out.display());
     }
-    if let Some(p) = &args.save_result {
+    if let Some(path) = &args.report {
+        let rows = match &result.outcome {
+            Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(oracle.layer_errors(m)?),
+            _ => None,
+        };
+        let html = html_report(
+            &args,
+            graph,
+            &space,
+            &criterion,
+            high,
+            mode,
+            &result,
+            &stats,
+            rows.as_deref(),
+        );
+        html.write(path)?;
+        out!(p, "[I] Saved report to {}", path.display());
+    }
+    if let Some(path) = &args.save_result {
         let file = ResultFile {
             model: args.model.display().to_string(),
             mode: mode.name(),
@@ -403,8 +461,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             trials: &result.trials,
         };
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
-        crate::data::write_atomic(p, &json)?;
-        println!("[I] Saved result to {}", p.display());
+        crate::data::write_atomic(path, &json)?;
+        out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)
 }
@@ -564,6 +622,7 @@ struct ResultFile<'a> {
 /// Prints the outcome; returns the exit code.
 #[allow(clippy::too_many_arguments)]
 fn report(
+    p: &Printer,
     args: &SearchArgs,
     graph: &Graph,
     space: &SearchSpace,
@@ -578,18 +637,19 @@ fn report(
         Outcome::Found(m) => (m.clone(), false),
         Outcome::Interrupted(Some(m)) => (m.clone(), true),
         Outcome::Interrupted(None) => {
-            println!(
+            out!(
+                p,
                 "[W] Interrupted after {} evaluation(s), before any candidate passed",
                 result.trials.len()
             );
             return Ok(ExitCode::from(130));
         }
         Outcome::NothingNeeded => {
-            println!(
+            out!(p,
                 "[I] The plan with every candidate layer in low precision already passes: no layer needs {}",
                 high.name()
             );
-            print_stats(stats);
+            print_stats(p, stats);
             return Ok(ExitCode::SUCCESS);
         }
         Outcome::ReferenceFails => {
@@ -598,7 +658,7 @@ fn report(
                 .first()
                 .map(|t| t.summary.as_str())
                 .unwrap_or("");
-            println!(
+            out!(p,
                 "[E] Even with all {} candidate layer(s) in {} the criterion fails ({why}): the golden outputs or the tolerances are wrong for this model",
                 space.candidates.len(),
                 high.name()
@@ -606,20 +666,24 @@ fn report(
             return Ok(ExitCode::FAILURE);
         }
         Outcome::NotFound => {
-            println!("[E] Could not find a configuration that satisfied accuracy requirements.");
-            print_stats(stats);
+            out!(
+                p,
+                "[E] Could not find a configuration that satisfied accuracy requirements."
+            );
+            print_stats(p, stats);
             return Ok(ExitCode::FAILURE);
         }
     };
     if interrupted {
-        println!(
+        out!(
+            p,
             "[W] Interrupted after {} evaluation(s); the best passing plan so far:",
             result.trials.len()
         );
     }
     let model = args.model.display();
     match (result.contiguous_count, interrupted) {
-        (Some(n), false) => println!(
+        (Some(n), false) => out!(p,
             "[I] To achieve acceptable accuracy, try running the {} {n} layer(s) in higher precision ({})",
             match direction {
                 Direction::Forward => "first",
@@ -627,15 +691,16 @@ fn report(
             },
             high.name()
         ),
-        _ => println!(
+        _ => out!(p,
             "[I] To achieve acceptable accuracy, try running these {} layer(s) in higher precision ({})",
             marked.len(),
             high.name()
         ),
     }
-    println!("[I]     Layers: {}", names(graph, &marked));
+    out!(p, "[I]     Layers: {}", names(graph, &marked));
     let f = space.flops_of(&marked);
-    println!(
+    out!(
+        p,
         "[I]     In {}: {} of {} candidate layers ({}), {}FLOP of {}FLOP ({})",
         high.name(),
         marked.len(),
@@ -646,25 +711,27 @@ fn report(
         percent(f, space.total_flops())
     );
     if let Some(t) = result.trial_of(&marked) {
-        println!("[I]     Achieved: {}", t.summary);
+        out!(p, "[I]     Achieved: {}", t.summary);
     }
     let items = polygraphy_items(graph, &marked, high);
     let flags = precision_flags(&args.precision, low);
-    println!(
+    out!(p,
         "[I]     polygraphy run {model} --trt {flags} --layer-precisions {} --precision-constraints obey",
         items.join(" ")
     );
-    println!(
+    out!(
+        p,
         "[I]     trtexec --onnx={model} {} --layerPrecisions={} --precisionConstraints=obey",
         trtexec_flags(&args.precision),
         trtexec_spec(graph, &marked, high)
     );
-    println!(
+    out!(
+        p,
         "[I]     mixprec convert {model} {flags} --layer-precisions {} -o model_mixed.onnx",
         items.join(" ")
     );
     let _ = mode;
-    print_stats(stats);
+    print_stats(p, stats);
     Ok(if interrupted {
         ExitCode::from(130)
     } else {
@@ -672,8 +739,8 @@ fn report(
     })
 }
 
-fn print_stats(s: &SearchStats) {
-    println!(
+fn print_stats(p: &Printer, s: &SearchStats) {
+    out!(p,
         "[I] Search: {} evaluation(s), {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
         s.evaluations,
         s.layer_executions,
@@ -683,6 +750,153 @@ fn print_stats(s: &SearchStats) {
         s.wall_seconds / s.fp32_inference_seconds.max(1e-9),
         s.fp32_inference_seconds * 1e3
     );
+}
+
+/// The HTML report: the answer, the search history and the final plan's layer-wise errors.
+#[allow(clippy::too_many_arguments)]
+fn html_report(
+    args: &SearchArgs,
+    graph: &Graph,
+    space: &SearchSpace,
+    criterion: &crate::compare::Criterion,
+    high: Precision,
+    mode: Mode,
+    result: &SearchResult,
+    stats: &SearchStats,
+    layer_rows: Option<&[crate::compare::layerwise::LayerError]>,
+) -> HtmlReport {
+    let mut r = HtmlReport::new(&format!(
+        "mixprec debug precision: {}",
+        args.model.display()
+    ));
+    let execs = format!(
+        "Search: {} evaluations, {} layer executions ({} without the incremental cache), {:.2} s",
+        stats.evaluations,
+        stats.layer_executions,
+        stats.layer_executions_without_cache,
+        stats.wall_seconds
+    );
+    match &result.outcome {
+        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
+            let f = space.flops_of(m);
+            let mut details = vec![
+                format!("Layers: {}", names(graph, m)),
+                format!(
+                    "{} of {} candidate layers ({}), {}FLOP of {}FLOP ({}) in {}",
+                    m.len(),
+                    space.candidates.len(),
+                    percent(m.len() as u64, space.candidates.len() as u64),
+                    si(f),
+                    si(space.total_flops()),
+                    percent(f, space.total_flops()),
+                    high.name()
+                ),
+            ];
+            if let Some(t) = result.trial_of(m) {
+                details.push(format!("Achieved: {}", t.summary));
+            }
+            details.push(format!(
+                "trtexec: --layerPrecisions={} --precisionConstraints=obey",
+                trtexec_spec(graph, m, high)
+            ));
+            details.push(execs);
+            let interrupted = matches!(result.outcome, Outcome::Interrupted(_));
+            r.verdict(
+                !interrupted,
+                &format!(
+                    "{}{} layer(s) must run in {} ({} mode)",
+                    if interrupted {
+                        "Interrupted: best so far: "
+                    } else {
+                        ""
+                    },
+                    m.len(),
+                    high.name(),
+                    mode.name()
+                ),
+                &details,
+            );
+        }
+        other => {
+            let headline = match other {
+                Outcome::NothingNeeded => "The low-precision plan already passes: no layer needs marking",
+                Outcome::ReferenceFails => "Even the all-high-precision plan fails: the golden outputs or the tolerances are wrong",
+                _ => "No configuration satisfied the accuracy requirements",
+            };
+            r.verdict(matches!(other, Outcome::NothingNeeded), headline, &[execs]);
+        }
+    }
+    let mut passed = PlotSeries::new("passed");
+    passed.color = Some("#2ca02c".into());
+    let mut failed = PlotSeries::new("failed");
+    failed.color = Some("#d62728".into());
+    for t in &result.trials {
+        let pt = PlotPoint {
+            x: t.iteration as f64,
+            y: t.error,
+            passed: Some(t.passed),
+            label: Some(format!(
+                "#{} {}: {} layer(s) marked: {}",
+                t.iteration,
+                t.phase,
+                t.marked.len(),
+                t.summary
+            )),
+        };
+        if t.passed {
+            passed.points.push(pt);
+        } else {
+            failed.points.push(pt);
+        }
+    }
+    let hline = HLine {
+        y: criterion.atol.default,
+        label: format!("atol {}", crate::compare::fmt_g(criterion.atol.default, 5)),
+    };
+    r.line_plot_with(
+        "Search history: achieved error per candidate",
+        "iteration",
+        "required abs tolerance",
+        true,
+        &[passed, failed],
+        &[hline],
+        None,
+    );
+    let rows: Vec<Vec<String>> = result
+        .trials
+        .iter()
+        .map(|t| {
+            vec![
+                t.iteration.to_string(),
+                t.phase.to_string(),
+                t.marked.len().to_string(),
+                percent(t.marked_flops, space.total_flops()),
+                if t.passed { "PASSED" } else { "FAILED" }.to_string(),
+                t.summary.clone(),
+            ]
+        })
+        .collect();
+    r.table(
+        "Candidates",
+        &[
+            "#",
+            "phase",
+            "layers marked",
+            "FLOPs marked",
+            "verdict",
+            "error",
+        ],
+        &rows,
+    );
+    if let Some(rows) = layer_rows {
+        r.layer_errors(
+            "Layer-wise error of the final plan (first input set)",
+            rows,
+            criterion.stat.default.name(),
+            Some(criterion.atol.default),
+        );
+    }
+    r
 }
 
 /// The global precision flags as mixprec/Polygraphy spell them.

@@ -145,7 +145,7 @@ h3{font-size:15px;margin:0}
 .verdict.fail{background:#ffebee;border-color:#c62828}
 .verdict .big{font-size:20px;font-weight:700;margin-right:10px}
 .verdict.pass .big{color:#2e7d32}.verdict.fail .big{color:#c62828}
-.verdict ul{margin:8px 0 0;padding-left:20px}
+.verdict ul{margin:8px 0 0;padding-left:20px;overflow-wrap:anywhere}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff;vertical-align:middle}
 .badge.pass{background:#2e7d32}.badge.fail{background:#c62828}
 .card{background:#fff;border:1px solid #e0e0e0;border-radius:6px;margin:10px 0;padding:0}

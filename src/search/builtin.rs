@@ -146,6 +146,32 @@ impl<'a> BuiltinOracle<'a> {
         })
     }
 
+    /// The layer-wise comparison of the plan with `marked` layers in high precision against
+    /// the FP32 reference, on the first input set (for reports).
+    pub fn layer_errors(
+        &mut self,
+        marked: &[usize],
+    ) -> Result<Vec<crate::compare::layerwise::LayerError>> {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let plan = self.plan_for(marked);
+        let prepared = self.prepare(&plan)?;
+        let f = &self.feeds[0];
+        let r = self.interp.run_cached(f, 0, &keep, None, &mut self.cache)?;
+        let c = self
+            .interp
+            .run_cached(f, 0, &keep, Some(&prepared), &mut self.cache)?;
+        Ok(crate::compare::layerwise::layerwise(
+            self.interp.graph(),
+            &r.intermediates,
+            &c.intermediates,
+            &self.criterion,
+            Some(&plan),
+            false,
+        ))
+    }
+
     /// The error growth of every layer in the all-low plan against the FP32 reference (the
     /// largest over input sets): what worst-first and minimal rank by. The error of a value is
     /// relative (mean |low − ref| over mean |ref|), so that a layer that only rescales its

@@ -369,3 +369,41 @@ fn ctrl_c_prints_the_best_plan_so_far() {
     assert!(all.contains("Interrupted after"), "{all}");
     assert!(all.contains("the best passing plan so far"), "{all}");
 }
+
+#[test]
+fn html_report_holds_the_history_and_the_final_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("search.html");
+    let (ok, log, _) = search(
+        "planted_transformer",
+        &["--mode", "minimal", "--report", report.to_str().unwrap()],
+    );
+    assert!(ok, "{log}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("Search history"), "no history plot");
+    assert!(html.contains("Layer-wise error of the final plan"));
+    assert!(html.contains("planted_scale_up, planted_scale_down"));
+    assert!(html.matches("<svg").count() >= 2);
+    assert!(!html.contains("http://") && !html.contains("https://"));
+    // Every candidate is a row of the table.
+    let evaluations: usize = log
+        .lines()
+        .find_map(|l| l.strip_prefix("[I] Search: "))
+        .and_then(|l| l.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let rows = [
+        "check-all",
+        "check-none",
+        "rank-gallop",
+        "rank-bisect",
+        "prune",
+    ]
+    .iter()
+    .map(|phase| {
+        html.matches(&format!("<td class=\"l\">{phase}</td>"))
+            .count()
+    })
+    .sum::<usize>();
+    assert_eq!(rows, evaluations, "{log}");
+}
