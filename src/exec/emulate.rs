@@ -32,8 +32,8 @@ pub(crate) enum InputPrep {
     Round(Precision),
     /// An f32 activation quantized per tensor with this scale, then dequantized.
     Quantize { scale: f32, precision: Precision },
-    /// A weight converted in advance.
-    Converted(Tensor),
+    /// A weight converted in advance (shared: plans composed from other plans reuse it).
+    Converted(std::sync::Arc<Tensor>),
 }
 
 /// One layer's treatment.
@@ -104,7 +104,7 @@ impl PreparedPlan {
                         let v = q.as_f32_mut().expect("f32 weight");
                         let scales = channel_scales(v, w.shape(), axis, p);
                         fake_quant_channels(v, w.shape(), axis, &scales, p);
-                        InputPrep::Converted(q)
+                        InputPrep::Converted(std::sync::Arc::new(q))
                     } else if init.is_some() {
                         InputPrep::Keep
                     } else {
@@ -124,7 +124,7 @@ impl PreparedPlan {
                     if w.dtype() == DType::F32 {
                         let mut r = w.clone();
                         round_slice(p, r.as_f32_mut().expect("f32 weight"));
-                        InputPrep::Converted(r)
+                        InputPrep::Converted(std::sync::Arc::new(r))
                     } else {
                         InputPrep::Keep
                     }
@@ -143,6 +143,26 @@ impl PreparedPlan {
             accumulate: opts.accumulate,
             plan: plan.clone(),
         })
+    }
+
+    /// This plan with the layers `take` treated as in `other` (a plan for the same graph):
+    /// composing prepared plans reuses their converted weights instead of converting again,
+    /// which is what a precision search does for every candidate.
+    pub fn with_layers_of(&self, other: &PreparedPlan, take: &[usize]) -> Result<PreparedPlan> {
+        if other.layers.len() != self.layers.len() || other.accumulate != self.accumulate {
+            return Err(Error::Invalid(
+                "composed plans must be prepared for the same graph and accumulator".into(),
+            ));
+        }
+        let mut out = self.clone();
+        for &i in take {
+            let (Some(l), Some(&p)) = (other.layers.get(i), other.plan.layers.get(i)) else {
+                return Err(Error::Invalid(format!("layer {i} is not in the plan")));
+            };
+            out.layers[i] = l.clone();
+            out.plan.layers[i] = p;
+        }
+        Ok(out)
     }
 
     /// The precision layer `i` computes in (None: data movement, carries its input's).

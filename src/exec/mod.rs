@@ -351,7 +351,7 @@ impl<'g> Interpreter<'g> {
                             return Some(o);
                         }
                         if let Some(InputPrep::Converted(c)) = layer.and_then(|l| l.inputs.get(i)) {
-                            return Some(c);
+                            return Some(&**c);
                         }
                         *t
                     })

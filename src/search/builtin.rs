@@ -30,6 +30,8 @@ pub struct BuiltinOracle<'a> {
     pub full_executions: u64,
     /// Candidate plans evaluated.
     pub evaluations: usize,
+    /// The low plan and the all-high plan, prepared once: candidates are composed from them.
+    prepared: Option<(PreparedPlan, PreparedPlan)>,
 }
 
 impl<'a> BuiltinOracle<'a> {
@@ -61,6 +63,7 @@ impl<'a> BuiltinOracle<'a> {
             cache,
             full_executions: 0,
             evaluations: 0,
+            prepared: None,
         })
     }
 
@@ -111,6 +114,18 @@ impl<'a> BuiltinOracle<'a> {
         plan
     }
 
+    /// The prepared plan with `marked` layers in high precision, composed from the low and
+    /// all-high plans (weights are converted once per search, not once per candidate).
+    fn prepared_for(&mut self, marked: &[usize]) -> Result<PreparedPlan> {
+        if self.prepared.is_none() {
+            let low = self.prepare(&self.low)?;
+            let high = self.prepare(&PrecisionPlan::uniform(self.interp.graph(), self.high))?;
+            self.prepared = Some((low, high));
+        }
+        let (low, high) = self.prepared.as_ref().expect("prepared above");
+        low.with_layers_of(high, marked)
+    }
+
     fn prepare(&self, plan: &PrecisionPlan) -> Result<PreparedPlan> {
         PreparedPlan::new(
             self.interp.graph(),
@@ -155,8 +170,8 @@ impl<'a> BuiltinOracle<'a> {
         let keep = RunOptions {
             keep_intermediates: true,
         };
-        let plan = self.plan_for(marked);
-        let prepared = self.prepare(&plan)?;
+        let prepared = self.prepared_for(marked)?;
+        let plan = prepared.plan.clone();
         let f = &self.feeds[0];
         let r = self.interp.run_cached(f, 0, &keep, None, &mut self.cache)?;
         let c = self
@@ -180,7 +195,7 @@ impl<'a> BuiltinOracle<'a> {
         let keep = RunOptions {
             keep_intermediates: true,
         };
-        let prepared = self.prepare(&self.low.clone())?;
+        let prepared = self.prepared_for(&[])?;
         let mut growth: HashMap<usize, f64> = HashMap::new();
         for (k, f) in self.feeds.iter().enumerate() {
             let r = self
@@ -271,8 +286,7 @@ impl Oracle for BuiltinOracle<'_> {
             ));
         }
         self.evaluations += 1;
-        let plan = self.plan_for(marked);
-        let prepared = self.prepare(&plan)?;
+        let prepared = self.prepared_for(marked)?;
         let mut passed = true;
         // The worst output: (required atol, line describing it).
         let mut worst: (f64, String) = (f64::NEG_INFINITY, String::new());
