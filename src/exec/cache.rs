@@ -17,6 +17,7 @@
 use crate::precision::Precision;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// A 64-bit value signature (see the module docs).
 pub type Signature = u64;
@@ -40,7 +41,7 @@ pub(crate) fn mix(h: u64, x: u64) -> u64 {
 }
 
 struct Entry {
-    tensor: Tensor,
+    tensor: Arc<Tensor>,
     /// The float precision the value is already rounded to (lets consumers skip re-rounding).
     mark: Option<Precision>,
     bytes: usize,
@@ -123,7 +124,7 @@ impl ValueCache {
     }
 
     /// A copy of a cached value and its rounding mark.
-    pub(crate) fn fetch(&mut self, sig: Signature) -> Option<(Tensor, Option<Precision>)> {
+    pub(crate) fn fetch(&mut self, sig: Signature) -> Option<(Arc<Tensor>, Option<Precision>)> {
         let e = self.entries.get_mut(&sig)?;
         e.reuses += 1;
         Some((e.tensor.clone(), e.mark))
@@ -141,7 +142,7 @@ impl ValueCache {
     pub(crate) fn insert(
         &mut self,
         sig: Signature,
-        tensor: &Tensor,
+        tensor: &Arc<Tensor>,
         mark: Option<Precision>,
         cost: u64,
     ) {
@@ -223,8 +224,8 @@ pub fn parse_bytes(s: &str) -> Option<usize> {
 mod tests {
     use super::*;
 
-    fn t(n: usize) -> Tensor {
-        Tensor::from_f32(vec![n], vec![1.0; n])
+    fn t(n: usize) -> Arc<Tensor> {
+        Arc::new(Tensor::from_f32(vec![n], vec![1.0; n]))
     }
 
     #[test]

@@ -17,6 +17,7 @@ use crate::precision::Precision;
 use crate::tensor::{fmt_shape, Tensor};
 use emulate::InputPrep;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
 pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
@@ -244,12 +245,12 @@ impl<'g> Interpreter<'g> {
             }
         }
         let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
-        let mut values: Vec<Option<Tensor>> = vec![None; self.slot_names.len()];
+        let mut values: Vec<Option<Arc<Tensor>>> = vec![None; self.slot_names.len()];
         // The float precision each value is already rounded to, so a consumer in the same
         // precision does not round (and copy) it again.
         let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
         for (name, slot) in &self.input_slots {
-            values[*slot] = Some(feeds[name].clone());
+            values[*slot] = Some(Arc::new(feeds[name].clone()));
             if let Some(obs) = observer.as_mut() {
                 obs(name, &feeds[name]);
             }
@@ -320,7 +321,7 @@ impl<'g> Interpreter<'g> {
                     .iter()
                     .map(|src| match src {
                         Source::Initializer(n) => self.graph.initializers.get(n),
-                        Source::Slot(s) => values[*s].as_ref(),
+                        Source::Slot(s) => values[*s].as_deref(),
                         Source::Absent => None,
                     })
                     .collect();
@@ -421,6 +422,8 @@ impl<'g> Interpreter<'g> {
                     ),
                 });
             }
+            // Shared from here on: the cache keeps a reference instead of a copy.
+            let outs: Vec<Arc<Tensor>> = outs.into_iter().map(Arc::new).collect();
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
@@ -448,7 +451,10 @@ impl<'g> Interpreter<'g> {
         let mut outputs = Vec::with_capacity(self.output_slots.len());
         for (name, slot) in &self.output_slots {
             let t = match slot {
-                Some(s) => values[*s].clone(),
+                // Without intermediates to return, the value can be moved out (a copy only
+                // when the cache shares it).
+                Some(s) if !opts.keep_intermediates => values[*s].take().map(Arc::unwrap_or_clone),
+                Some(s) => values[*s].as_deref().cloned(),
                 None => self.graph.initializers.get(name).cloned(),
             };
             let t = t.ok_or_else(|| {
@@ -460,7 +466,7 @@ impl<'g> Interpreter<'g> {
         if opts.keep_intermediates {
             for (i, v) in values.into_iter().enumerate() {
                 if let Some(t) = v {
-                    intermediates.insert(self.slot_names[i].clone(), t);
+                    intermediates.insert(self.slot_names[i].clone(), Arc::unwrap_or_clone(t));
                 }
             }
         }
