@@ -191,6 +191,26 @@ impl<'g> Interpreter<'g> {
         self.run_impl(feeds, opts, None, None, None)
     }
 
+    /// [`run_cached`](Self::run_cached) showing `observer` every graph input and every value
+    /// (executed or taken from the cache) as the run reaches it; values are still freed after
+    /// their last use, so memory stays as low as a plain run's.
+    pub fn run_cached_observed(
+        &self,
+        feeds: &Feeds,
+        feed_key: u64,
+        plan: Option<&PreparedPlan>,
+        cache: &mut ValueCache,
+        observer: &mut dyn FnMut(&str, &Tensor),
+    ) -> Result<RunResult> {
+        self.run_impl(
+            feeds,
+            &RunOptions::default(),
+            plan,
+            Some(observer),
+            Some((cache, feed_key)),
+        )
+    }
+
     /// Runs the graph under `plan` (None: plain FP32), taking every layer whose output
     /// signature is in `cache` from there instead of executing it, and storing what it
     /// executes (see [`cache`]). `feed_key` names the input set: runs on the same inputs must
@@ -271,7 +291,8 @@ impl<'g> Interpreter<'g> {
                     !outs.is_empty() && outs.iter().all(|&s| c.contains(sigs[s]))
                 })
                 .collect();
-            needed = vec![opts.keep_intermediates; self.slot_names.len()];
+            // An observer sees every value, so every value is materialized (and freed after use).
+            needed = vec![opts.keep_intermediates || observer.is_some(); self.slot_names.len()];
             for (_, s) in &self.output_slots {
                 if let Some(s) = s {
                     needed[*s] = true;
@@ -303,10 +324,18 @@ impl<'g> Interpreter<'g> {
                 for &s in step.outputs.iter().flatten() {
                     if needed[s] {
                         let (t, mark) = c.fetch(sigs[s]).expect("hit entries are pinned");
+                        if let Some(obs) = observer.as_mut() {
+                            obs(&self.slot_names[s], &t);
+                        }
                         values[s] = Some(t);
                         rounded[s] = mark;
                     } else {
                         c.touch(sigs[s]);
+                    }
+                }
+                if !opts.keep_intermediates {
+                    for &s in &step.frees {
+                        values[s] = None;
                     }
                 }
                 continue;

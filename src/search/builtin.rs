@@ -150,7 +150,14 @@ impl<'a> BuiltinOracle<'a> {
             .map(|i| self.cache.layer_flops.get(&i).copied().unwrap_or(0))
             .collect();
         let growth = if ranked {
-            self.growth()?
+            let (g, left_out) = self.growth()?;
+            if left_out > 0 {
+                eprintln!(
+                    "warning: the layer ranking covers only the values that fit in --cache-budget {} MiB ({left_out} left out, ranked last); raise it for a complete ranking",
+                    self.cache.budget() >> 20
+                );
+            }
+            g
         } else {
             HashMap::new()
         };
@@ -191,28 +198,59 @@ impl<'a> BuiltinOracle<'a> {
     /// largest over input sets): what worst-first and minimal rank by. The error of a value is
     /// relative (mean |low − ref| over mean |ref|), so that a layer that only rescales its
     /// input does not look like it adds error; see [`relative_growth`].
-    pub fn growth(&mut self) -> Result<HashMap<usize, f64>> {
-        let keep = RunOptions {
-            keep_intermediates: true,
-        };
+    ///
+    /// Memory stays bounded: the reference values are kept (in topological order) only up to
+    /// the cache budget; layers beyond it get no growth figure (ranked last) and the returned
+    /// count says how many float values were left out.
+    pub fn growth(&mut self) -> Result<(HashMap<usize, f64>, usize)> {
         let prepared = self.prepared_for(&[])?;
+        let budget = self.cache.budget();
         let mut growth: HashMap<usize, f64> = HashMap::new();
+        let mut left_out = 0usize;
         for (k, f) in self.feeds.iter().enumerate() {
-            let r = self
-                .interp
-                .run_cached(f, k as u64, &keep, None, &mut self.cache)?;
-            let c = self
-                .interp
-                .run_cached(f, k as u64, &keep, Some(&prepared), &mut self.cache)?;
+            let mut refs: HashMap<String, Tensor> = HashMap::new();
+            let mut bytes = 0usize;
+            let mut skipped = 0usize;
+            self.interp.run_cached_observed(
+                f,
+                k as u64,
+                None,
+                &mut self.cache,
+                &mut |name, t| {
+                    if !t.dtype().is_float() {
+                        return;
+                    }
+                    let size = t.len() * t.dtype().size();
+                    if bytes + size <= budget {
+                        bytes += size;
+                        refs.insert(name.to_string(), t.clone());
+                    } else {
+                        skipped += 1;
+                    }
+                },
+            )?;
+            let mut err: HashMap<String, f64> = HashMap::new();
+            self.interp.run_cached_observed(
+                f,
+                k as u64,
+                Some(&prepared),
+                &mut self.cache,
+                &mut |name, t| {
+                    if let Some(e) = refs.get(name).and_then(|r| relative_error(r, t)) {
+                        err.insert(name.to_string(), e);
+                    }
+                },
+            )?;
             self.full_executions += 2 * self.nodes();
-            for (i, g) in relative_growth(self.interp.graph(), &r.intermediates, &c.intermediates) {
+            left_out = left_out.max(skipped);
+            for (i, g) in relative_growth(self.interp.graph(), &err) {
                 let e = growth.entry(i).or_insert(f64::NEG_INFINITY);
                 if g > *e {
                     *e = g;
                 }
             }
         }
-        Ok(growth)
+        Ok((growth, left_out))
     }
 }
 
@@ -249,21 +287,13 @@ pub fn relative_error(reference: &Tensor, candidate: &Tensor) -> Option<f64> {
 /// overflowed value and keep it overflowed (the consumer of an overflowing layer rounds its
 /// input again) are usually part of the fix; ties keep topological order, so the source of an
 /// overflow ranks first and its direct consumers next.
-pub fn relative_growth(
-    graph: &crate::Graph,
-    reference: &HashMap<String, Tensor>,
-    candidate: &HashMap<String, Tensor>,
-) -> Vec<(usize, f64)> {
-    let mut err: HashMap<&str, f64> = HashMap::new();
+/// `err` holds the relative error of every value compared (by name).
+pub fn relative_growth(graph: &crate::Graph, err: &HashMap<String, f64>) -> Vec<(usize, f64)> {
     let mut out = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let mut worst: Option<f64> = None;
         for o in node.outputs.iter().filter(|o| !o.is_empty()) {
-            let (Some(r), Some(c)) = (reference.get(o), candidate.get(o)) else {
-                continue;
-            };
-            if let Some(e) = relative_error(r, c) {
-                err.insert(o.as_str(), e);
+            if let Some(&e) = err.get(o.as_str()) {
                 worst = Some(worst.map_or(e, |w: f64| w.max(e)));
             }
         }

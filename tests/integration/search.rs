@@ -407,3 +407,22 @@ fn html_report_holds_the_history_and_the_final_plan() {
     .sum::<usize>();
     assert_eq!(rows, evaluations, "{log}");
 }
+
+#[test]
+fn the_cache_budget_bounds_memory_without_changing_the_answer() {
+    let (ok, log, with_cache) = search("planted_cnn", &["--mode", "bisect"]);
+    assert!(ok, "{log}");
+    let (ok, log, no_cache) = search("planted_cnn", &["--mode", "bisect", "--cache-budget", "0"]);
+    assert!(ok, "{log}");
+    assert_eq!(with_cache, no_cache);
+    // Without a cache every candidate re-runs in full.
+    assert!(
+        log.contains("without the incremental cache: 1.00x"),
+        "{log}"
+    );
+    // The ranking is limited by the budget too, and says so; pruning still finds the layer.
+    let (ok, log, layers) = search("planted_cnn", &["--mode", "minimal", "--cache-budget", "0"]);
+    assert!(ok, "{log}");
+    assert!(log.contains("left out, ranked last"), "{log}");
+    assert_eq!(layers, vec!["planted_div"], "{log}");
+}
