@@ -4,7 +4,7 @@ use crate::common::{example, mixprec, python, text};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-fn polygraphy(args: &[&str]) -> Output {
+pub fn polygraphy(args: &[&str]) -> Output {
     let bin = python().parent().unwrap().join("polygraphy");
     Command::new(bin)
         .args(args)

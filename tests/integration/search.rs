@@ -426,3 +426,32 @@ fn the_cache_budget_bounds_memory_without_changing_the_answer() {
     assert!(log.contains("left out, ranked last"), "{log}");
     assert_eq!(layers, vec!["planted_div"], "{log}");
 }
+
+#[test]
+fn golden_outputs_from_polygraphy_drive_the_search() {
+    // Polygraphy generates the same inputs for the same --val-range and seed, so its ONNX
+    // Runtime outputs are golden outputs for mixprec's search.
+    let dir = tempfile::tempdir().unwrap();
+    let golden = dir.path().join("golden.json");
+    let m = model("planted_transformer");
+    let out = crate::cli::polygraphy(&[
+        "run",
+        &m,
+        "--onnxrt",
+        "--val-range",
+        "[-1,1]",
+        "--save-outputs",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let (ok, log, layers) = search(
+        "planted_transformer",
+        &["--mode", "minimal", "--golden", golden.to_str().unwrap()],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(
+        layers,
+        vec!["planted_scale_up", "planted_scale_down"],
+        "{log}"
+    );
+}
