@@ -658,8 +658,17 @@ fn report(
                 .first()
                 .map(|t| t.summary.as_str())
                 .unwrap_or("");
-            out!(p,
-                "[E] Even with all {} candidate layer(s) in {} the criterion fails ({why}): the golden outputs or the tolerances are wrong for this model",
+            let advice = if high == Precision::Float32 {
+                "the golden outputs or the tolerances are wrong for this model".to_string()
+            } else {
+                format!(
+                    "{} is not enough for this model (try --precision float32), or the golden outputs or the tolerances are wrong",
+                    high.name()
+                )
+            };
+            out!(
+                p,
+                "[E] Even with all {} candidate layer(s) in {} the criterion fails ({why}): {advice}",
                 space.candidates.len(),
                 high.name()
             );
