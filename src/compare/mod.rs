@@ -200,6 +200,78 @@ fn numeric(name: &str, t: &Tensor, which: &str) -> Result<Vec<f64>> {
     })
 }
 
+/// The verdict on one output and the tolerances it needs, as [`compare_output`] computes them
+/// (the same numbers) but without the statistics of both sides and the histograms: what a
+/// precision search needs for every candidate, at a fraction of the cost.
+#[derive(Clone, Debug)]
+pub struct OutputCheck {
+    pub stat: ErrorStat,
+    pub atol: f64,
+    pub rtol: f64,
+    pub required_atol: f64,
+    pub required_rtol: f64,
+    pub metrics: Vec<MetricResult>,
+    /// Tolerance and every metric passed.
+    pub passed: bool,
+}
+
+/// Checks one output against its reference under the criterion (see [`OutputCheck`]).
+pub fn check_output(
+    name: &str,
+    out: &Tensor,
+    reference: &Tensor,
+    criterion: &Criterion,
+) -> Result<OutputCheck> {
+    if out.shape() != reference.shape() {
+        return Err(Error::Invalid(format!(
+            "output '{name}': shape {} does not match the reference shape {}",
+            fmt_shape(out.shape()),
+            fmt_shape(reference.shape())
+        )));
+    }
+    let a = numeric(name, out, "output")?;
+    let b = numeric(name, reference, "reference")?;
+    let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
+    let stat = criterion.stat.get(name);
+    let atol = criterion.atol.get(name);
+    let rtol = criterion.rtol.get(name);
+    let required = |v: &[f64]| -> f64 {
+        let (mean, min, max) = stats::mean_min_max(v);
+        match stat {
+            ErrorStat::Elemwise | ErrorStat::Max => max,
+            ErrorStat::Mean => mean,
+            ErrorStat::Median => stats::quantile_in_range(v, 0.5, min, max),
+            ErrorStat::Quantile => {
+                stats::quantile_in_range(v, criterion.quantile.get(name), min, max)
+            }
+        }
+    };
+    let (required_atol, required_rtol) = rayon::join(|| required(&absdiff), || required(&reldiff));
+    let tolerance_passed = match stat {
+        ErrorStat::Elemwise => !absdiff
+            .par_iter()
+            .zip(reldiff.par_iter())
+            .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol)),
+        _ => !(stat_failed(required_atol, atol) && stat_failed(required_rtol, rtol)),
+    };
+    let metrics: Vec<MetricResult> = criterion
+        .metrics
+        .iter()
+        .filter(|m| m.applies_to(name))
+        .map(|m| m.evaluate(&a, &b, out.shape()))
+        .collect();
+    let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
+    Ok(OutputCheck {
+        stat,
+        atol,
+        rtol,
+        required_atol,
+        required_rtol,
+        metrics,
+        passed,
+    })
+}
+
 /// Compares one output with its reference under the criterion.
 pub fn compare_output(
     name: &str,
@@ -428,6 +500,49 @@ mod tests {
 
     fn t(v: &[f32]) -> Tensor {
         Tensor::from_f32(vec![v.len()], v.to_vec())
+    }
+
+    #[test]
+    fn check_output_agrees_with_compare_output() {
+        // Values around the tolerances, with and without NaN and inf, every statistic.
+        let n = 70_001; // above the parallel thresholds
+        let r: Vec<f32> = (0..n)
+            .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 97.0)
+            .collect();
+        let mut o: Vec<f32> = r
+            .iter()
+            .enumerate()
+            .map(|(i, x)| x + ((i * 13 % 17) as f32 - 8.0) * 1e-4)
+            .collect();
+        let cases: Vec<Vec<f32>> = vec![o.clone(), {
+            o[5] = f32::NAN;
+            o[9] = f32::INFINITY;
+            o.clone()
+        }];
+        for out in cases {
+            for stat in [
+                ErrorStat::Elemwise,
+                ErrorStat::Max,
+                ErrorStat::Mean,
+                ErrorStat::Median,
+                ErrorStat::Quantile,
+            ] {
+                for tol in [1e-5, 5e-4, 1e-3] {
+                    let c = Criterion {
+                        atol: PerOutput::new(tol),
+                        rtol: PerOutput::new(tol),
+                        stat: PerOutput::new(stat),
+                        ..Default::default()
+                    };
+                    let full = compare_output("y", &t(&out), &t(&r), &c).unwrap();
+                    let fast = check_output("y", &t(&out), &t(&r), &c).unwrap();
+                    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+                    assert!(same(full.required_atol, fast.required_atol), "{stat:?}");
+                    assert!(same(full.required_rtol, fast.required_rtol), "{stat:?}");
+                    assert_eq!(full.passed, fast.passed, "{stat:?} {tol}");
+                }
+            }
+        }
     }
 
     #[test]

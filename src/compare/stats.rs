@@ -130,6 +130,21 @@ fn partial(v: &[f64]) -> Partial {
         .fold(Partial::EMPTY, Partial::merge)
 }
 
+/// The mean, min and max of `v` exactly as [`Stats::compute`] reports them (min and max NaN
+/// when `v` holds NaN; all 0 when empty), without the quantiles and indices.
+pub fn mean_min_max(v: &[f64]) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    let p = partial(v);
+    let mean = p.sum / v.len() as f64;
+    if p.first_nan != usize::MAX {
+        (mean, f64::NAN, f64::NAN)
+    } else {
+        (mean, p.min, p.max)
+    }
+}
+
 /// Row-major N-D index of a flat index.
 pub fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
     let mut idx = vec![0; shape.len()];

@@ -2,7 +2,7 @@
 //! [`ValueCache`]) and compares its outputs with the golden outputs under a [`Criterion`].
 
 use super::{Evaluation, Oracle};
-use crate::compare::{compare_output, fmt_g, Criterion};
+use crate::compare::{check_output, fmt_g, Criterion};
 use crate::error::{Error, Result};
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
 use crate::precision::plan::PrecisionPlan;
@@ -337,7 +337,7 @@ impl Oracle for BuiltinOracle<'_> {
                         "golden output '{name}' is not an output of the model"
                     ))
                 })?;
-                let c = compare_output(name, out, reference, &self.criterion)?;
+                let c = check_output(name, out, reference, &self.criterion)?;
                 passed &= c.passed;
                 let e = if c.required_atol.is_nan() {
                     f64::INFINITY
