@@ -13,6 +13,7 @@ pub mod matmul;
 pub mod movement;
 pub mod norm;
 pub mod pool;
+pub mod qlinear;
 pub mod quantize;
 pub mod reduce;
 pub mod resize;
@@ -125,6 +126,7 @@ impl Registry {
             movement::register(&mut r);
             norm::register(&mut r);
             pool::register(&mut r);
+            qlinear::register(&mut r);
             quantize::register(&mut r);
             reduce::register(&mut r);
             resize::register(&mut r);

@@ -133,6 +133,9 @@ pub fn input_follows_layer_precision(op_type: &str, index: usize) -> bool {
             // Q/DQ scales define the quantization grid: rounding them would move it.
             | ("QuantizeLinear", 1)
             | ("DequantizeLinear", 1)
+            | ("QLinearMatMul", 1)
+            | ("QLinearMatMul", 4)
+            | ("QLinearMatMul", 6)
     )
 }
 
