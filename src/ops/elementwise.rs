@@ -77,6 +77,8 @@ pub fn register(r: &mut Registry) {
     r.add("Celu", celu);
     r.add("Selu", selu);
     r.add("HardSigmoid", hard_sigmoid);
+    r.add("Swish", swish);
+    r.add("Shrink", shrink);
     r.add("ThresholdedRelu", thresholded_relu);
     r.add("Gelu", gelu);
     // Binary arithmetic.
@@ -299,6 +301,37 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         inputs,
         |x| (a as f64 * x + b as f64).clamp(0.0, 1.0),
         |x| (a * x + b).clamp(0.0, 1.0),
+    )
+}
+
+/// Swish (opset 24): `x * sigmoid(alpha * x)`.
+fn swish(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.node.attr_float_or("alpha", 1.0);
+    unary(
+        inputs,
+        |x| x * sigmoid(a as f64 * x),
+        |x| x * sigmoid(a * x),
+    )
+}
+
+/// Shrink: `x + bias` below `-lambd`, `x - bias` above `lambd`, 0 between (ints too).
+fn shrink(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let l = ctx.node.attr_float_or("lambd", 0.5) as f64;
+    let b = ctx.node.attr_float_or("bias", 0.0) as f64;
+    let f = move |x: f64| {
+        if x < -l {
+            x + b
+        } else if x > l {
+            x - b
+        } else {
+            0.0
+        }
+    };
+    unary_int(
+        inputs,
+        f,
+        move |x: f32| f(x as f64) as f32,
+        move |x: i64| f(x as f64) as i64,
     )
 }
 
@@ -743,6 +776,18 @@ mod tests {
             run("Equal", &[&a, &b]).as_bool().unwrap(),
             &[false, true, false]
         );
+    }
+
+    #[test]
+    fn swish_and_shrink() {
+        let x = Tensor::from_f32(vec![3], vec![-2.0, 0.0, 3.0]);
+        let y = run("Swish", &[&x]);
+        let v = y.as_f32().unwrap();
+        assert!((v[0] + 2.0 / (1.0 + 2f32.exp())).abs() < 1e-6 && v[1] == 0.0);
+        let y = run("Shrink", &[&x]);
+        assert_eq!(y.as_f32().unwrap(), &[-2.0, 0.0, 3.0]);
+        let xi = Tensor::from_i64(vec![3], vec![-2, 0, 3]);
+        assert_eq!(run("Shrink", &[&xi]).as_i64().unwrap(), &[-2, 0, 3]);
     }
 
     #[test]

@@ -13,6 +13,8 @@ pub mod matmul;
 pub mod movement;
 pub mod norm;
 pub mod pool;
+pub mod qlinear;
+pub mod quantize;
 pub mod reduce;
 pub mod resize;
 pub mod softmax;
@@ -124,6 +126,8 @@ impl Registry {
             movement::register(&mut r);
             norm::register(&mut r);
             pool::register(&mut r);
+            qlinear::register(&mut r);
+            quantize::register(&mut r);
             reduce::register(&mut r);
             resize::register(&mut r);
             softmax::register(&mut r);

@@ -1,10 +1,10 @@
 //! BatchNormalization (inference), LayerNormalization, InstanceNormalization,
-//! GroupNormalization and LpNormalization.
+//! GroupNormalization, RMSNormalization, MeanVarianceNormalization and LpNormalization.
 //!
 //! Means and variances are accumulated in f64 (two passes), so the reference stays accurate on
 //! long rows; results are rounded to f32.
 
-use super::util::{input, norm_axis, opt_input};
+use super::util::{input, norm_axes, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -15,6 +15,8 @@ pub fn register(r: &mut Registry) {
     r.add("InstanceNormalization", instance_norm);
     r.add("GroupNormalization", group_norm);
     r.add("LpNormalization", lp_norm);
+    r.add("RMSNormalization", rms_norm);
+    r.add("MeanVarianceNormalization", mvn);
 }
 
 fn floats(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
@@ -153,6 +155,100 @@ fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         outs.push(Tensor::from_f32(stat_shape, inv));
     }
     Ok(outs)
+}
+
+/// `scale` broadcast to `inner` (the normalized dims), as LayerNormalization's scale and bias.
+fn broadcast_param(t: &Tensor, what: &str, inner: &[usize]) -> Result<Vec<f32>, OpError> {
+    let tv = floats(t, what)?;
+    let shape = super::util::broadcast_shapes(&[t.shape(), inner]).ok();
+    if shape.as_deref() != Some(inner) {
+        return Err(OpError(format!(
+            "{what} {:?} does not broadcast to the normalized dimensions {inner:?}",
+            t.shape()
+        )));
+    }
+    Ok(super::util::broadcast_to(&tv, t.shape(), inner))
+}
+
+/// RMSNormalization (opset 23): `X / sqrt(mean(X², axes axis..) + epsilon) * scale`, the mean
+/// of squares accumulated in f64.
+fn rms_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let scale = input(inputs, 1)?;
+    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
+    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let stash = ctx.node.attr_int_or("stash_type", 1);
+    if stash != 1 {
+        return Err(OpError(format!(
+            "stash_type {stash} is not supported (only 1, float32)"
+        )));
+    }
+    let inner = &x.shape()[axis..];
+    let width: usize = inner.iter().product();
+    let s = broadcast_param(scale, "scale", inner)?;
+    let mut v = floats(x, "X")?;
+    if width > 0 {
+        v.par_chunks_mut(width).for_each(|row| {
+            let ms = row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / width as f64;
+            let inv = 1.0 / (ms + eps).sqrt();
+            for (x, &si) in row.iter_mut().zip(&s) {
+                *x = ((*x as f64 * inv) as f32) * si;
+            }
+        });
+    }
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), v),
+        x.dtype(),
+    )])
+}
+
+/// MeanVarianceNormalization: `(X - mean) / (sqrt(var) + 1e-9)` over `axes` (default
+/// `[0, 2, 3]`), statistics in f64.
+fn mvn(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let axes = norm_axes(ctx.node.attr_ints("axes").unwrap_or(&[0, 2, 3]), x.rank())?;
+    let shape = x.shape();
+    // Each element's statistics slot: its index with the reduced dims dropped.
+    let mut red = shape.to_vec();
+    for &a in &axes {
+        red[a] = 1;
+    }
+    let st = crate::tensor::strides_of(&red);
+    let groups: usize = red.iter().product();
+    let n = x.len();
+    let count = n.checked_div(groups).unwrap_or(0);
+    let mut slot = vec![0usize; n];
+    let mut idx = vec![0usize; shape.len()];
+    for s in slot.iter_mut() {
+        *s = idx
+            .iter()
+            .zip(&red)
+            .zip(&st)
+            .map(|((&i, &r), &k)| if r == 1 { 0 } else { i * k })
+            .sum();
+        for d in (0..shape.len()).rev() {
+            idx[d] += 1;
+            if idx[d] < shape[d] {
+                break;
+            }
+            idx[d] = 0;
+        }
+    }
+    let mut v = floats(x, "X")?;
+    let mut mean = vec![0f64; groups];
+    for (&xi, &g) in v.iter().zip(&slot) {
+        mean[g] += xi as f64;
+    }
+    mean.iter_mut().for_each(|m| *m /= count as f64);
+    let mut var = vec![0f64; groups];
+    for (&xi, &g) in v.iter().zip(&slot) {
+        var[g] += (xi as f64 - mean[g]).powi(2);
+    }
+    var.iter_mut().for_each(|m| *m /= count as f64);
+    for (xi, &g) in v.iter_mut().zip(&slot) {
+        *xi = ((*xi as f64 - mean[g]) / (var[g].sqrt() + 1e-9)) as f32;
+    }
+    Ok(vec![back(Tensor::from_f32(shape.to_vec(), v), x.dtype())])
 }
 
 fn instance_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -299,6 +395,49 @@ mod tests {
             "{v:?}"
         );
         assert_eq!(&v[2..], &[0.0, 1.0]);
+    }
+
+    #[test]
+    fn rms_norm_rows_and_errors() {
+        let x = Tensor::from_f32(vec![2, 2], vec![3., 4., 0., 0.]);
+        let s = Tensor::from_f32(vec![2], vec![1., 2.]);
+        let mut n = node("RMSNormalization");
+        n.attrs
+            .insert("epsilon".into(), crate::graph::Attribute::Float(0.0));
+        let ctx = OpCtx {
+            node: &n,
+            opset: 23,
+        };
+        let y = rms_norm(&ctx, &[Some(&x), Some(&s)]).unwrap().remove(0);
+        // rms of (3, 4) is sqrt(12.5).
+        let r = 12.5f32.sqrt();
+        let v = y.as_f32().unwrap();
+        assert!((v[0] - 3.0 / r).abs() < 1e-6 && (v[1] - 8.0 / r).abs() < 1e-6);
+        // A zero row with epsilon 0 divides 0 by 0.
+        assert!(v[2].is_nan());
+        let bad = Tensor::from_f32(vec![3], vec![1.; 3]);
+        let e = rms_norm(&ctx, &[Some(&x), Some(&bad)]).unwrap_err();
+        assert!(e.0.contains("does not broadcast"), "{e}");
+    }
+
+    #[test]
+    fn mvn_over_axes() {
+        let x = Tensor::from_f32(vec![1, 2, 2, 1], vec![1., 10., 3., 30.]);
+        let n = node("MeanVarianceNormalization");
+        let y = mvn(
+            &OpCtx {
+                node: &n,
+                opset: 13,
+            },
+            &[Some(&x)],
+        )
+        .unwrap()
+        .remove(0);
+        // Channel 0 holds (1, 10), channel 1 (3, 30): each becomes (-1, 1).
+        let v = y.as_f32().unwrap();
+        for (got, want) in v.iter().zip([-1., 1., -1., 1.]) {
+            assert!((got - want).abs() < 1e-6, "{v:?}");
+        }
     }
 
     #[test]

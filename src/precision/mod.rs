@@ -125,7 +125,17 @@ pub fn has_quantized_kernel(op_type: &str) -> bool {
 pub fn input_follows_layer_precision(op_type: &str, index: usize) -> bool {
     !matches!(
         (op_type, index),
-        ("Resize", 1) | ("Resize", 2) | ("Upsample", 1) | ("Dropout", 1) | ("Dropout", 2)
+        ("Resize", 1)
+            | ("Resize", 2)
+            | ("Upsample", 1)
+            | ("Dropout", 1)
+            | ("Dropout", 2)
+            // Q/DQ scales define the quantization grid: rounding them would move it.
+            | ("QuantizeLinear", 1)
+            | ("DequantizeLinear", 1)
+            | ("QLinearMatMul", 1)
+            | ("QLinearMatMul", 4)
+            | ("QLinearMatMul", 6)
     )
 }
 

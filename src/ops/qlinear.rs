@@ -1,0 +1,266 @@
+//! Integer matrix products of ONNX Runtime's QOperator-format models: MatMulInteger and
+//! QLinearMatMul. Products are exact: operands minus zero points are multiplied and summed in
+//! i64 (the i32 accumulator of real kernels, without its overflow).
+
+use super::matmul::matmul;
+use super::util::{input, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor, TensorData};
+use half::{bf16, f16};
+
+pub fn register(r: &mut Registry) {
+    r.add("MatMulInteger", matmul_integer);
+    r.add("QLinearMatMul", qlinear_matmul);
+}
+
+/// Which operand a zero point or scale belongs to: A's parameters may be per row (axis -2),
+/// B's per column (axis -1).
+#[derive(Clone, Copy)]
+enum Side {
+    A,
+    B,
+}
+
+/// For every element of `t`, the index of its per-tensor / per-row / per-column parameter
+/// (`n` values), or an error naming the shape mismatch.
+fn param_index(t: &Tensor, n: usize, side: Side, what: &str) -> Result<Vec<usize>, OpError> {
+    if n == 1 {
+        return Ok(vec![0; t.len()]);
+    }
+    let sh = t.shape();
+    let (len, inner) = match side {
+        Side::A if sh.len() >= 2 => (sh[sh.len() - 2], sh[sh.len() - 1]),
+        Side::B if !sh.is_empty() => (sh[sh.len() - 1], 1),
+        _ => (1, 1),
+    };
+    if len != n {
+        let kind = match side {
+            Side::A => "per-row: the number of rows of A",
+            Side::B => "per-column: the number of columns of B",
+        };
+        return Err(OpError(format!(
+            "{what} has {n} values but must have 1 or {len} ({kind}, shape {sh:?})"
+        )));
+    }
+    Ok((0..t.len()).map(|i| (i / inner) % len).collect())
+}
+
+/// `t - zero_point` as an i64 tensor, checking dtypes (uint8/int8, zero point of t's type).
+fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Tensor, OpError> {
+    if !matches!(t.dtype(), DType::U8 | DType::I8) {
+        return Err(OpError(format!(
+            "{what} has dtype {}, expected uint8 or int8",
+            t.dtype()
+        )));
+    }
+    let mut v = t.to_i64_vec().expect("integer");
+    if let Some(z) = zp {
+        if z.dtype() != t.dtype() {
+            return Err(OpError(format!(
+                "the zero point of {what} has dtype {} but {what} has dtype {}: they must match",
+                z.dtype(),
+                t.dtype()
+            )));
+        }
+        if z.rank() > 1 {
+            return Err(OpError(format!(
+                "the zero point of {what} has shape {:?}, expected a scalar or a 1-D tensor",
+                z.shape()
+            )));
+        }
+        let zv = z.to_i64_vec().expect("integer");
+        let idx = param_index(t, zv.len(), side, &format!("the zero point of {what}"))?;
+        v.iter_mut().zip(idx).for_each(|(x, i)| *x -= zv[i]);
+    }
+    Ok(Tensor::from_i64(t.shape().to_vec(), v))
+}
+
+fn matmul_integer(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = shifted(input(inputs, 0)?, opt_input(inputs, 2), Side::A, "A")?;
+    let b = shifted(input(inputs, 1)?, opt_input(inputs, 3), Side::B, "B")?;
+    let c = matmul(&a, &b)?;
+    Ok(vec![super::cast::cast_tensor(&c, DType::I32)])
+}
+
+/// A float scale tensor as f32 values, rejecting other dtypes.
+fn scale_values(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
+    if !matches!(t.dtype(), DType::F32 | DType::F16 | DType::BF16) {
+        return Err(OpError(format!(
+            "{what} has dtype {}, expected float32, float16 or bfloat16",
+            t.dtype()
+        )));
+    }
+    if t.rank() > 1 {
+        return Err(OpError(format!(
+            "{what} has shape {:?}, expected a scalar or a 1-D tensor",
+            t.shape()
+        )));
+    }
+    Ok(t.to_f32_vec().expect("float"))
+}
+
+/// Rounds an f32 to the scale's type (the reference computes scale products in that type).
+fn round_to(d: DType, x: f32) -> f32 {
+    match d {
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+fn qlinear_matmul(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a_t = input(inputs, 0)?;
+    let b_t = input(inputs, 3)?;
+    let a = shifted(a_t, opt_input(inputs, 2), Side::A, "A")?;
+    let b = shifted(b_t, opt_input(inputs, 5), Side::B, "B")?;
+    let c = matmul(&a, &b)?;
+    let cv = c.as_i64().expect("integer product");
+    let (sa_t, sb_t, sy_t) = (input(inputs, 1)?, input(inputs, 4)?, input(inputs, 6)?);
+    let sa = scale_values(sa_t, "a_scale")?;
+    let sb = scale_values(sb_t, "b_scale")?;
+    let sy = scale_values(sy_t, "y_scale")?;
+    if sy.len() != 1 {
+        return Err(OpError(format!(
+            "y_scale has {} values, expected one (per-tensor)",
+            sy.len()
+        )));
+    }
+    let yzp = opt_input(inputs, 7);
+    let out_dtype = yzp.map_or(a_t.dtype(), |z| z.dtype());
+    let (qmin, qmax) = match out_dtype {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        other => {
+            return Err(OpError(format!(
+                "y_zero_point has dtype {other}, expected uint8 or int8"
+            )))
+        }
+    };
+    let z = match yzp {
+        Some(z) if z.len() == 1 => z.to_f64_vec().expect("integer")[0],
+        Some(z) => {
+            return Err(OpError(format!(
+                "y_zero_point has {} values, expected one (per-tensor)",
+                z.len()
+            )))
+        }
+        None => 0.0,
+    };
+    // Per-row A scales index rows of the output, per-column B scales its columns.
+    let ia = param_index(&c, sa.len(), Side::A, "a_scale")?;
+    let ib = param_index(&c, sb.len(), Side::B, "b_scale")?;
+    let d = if sa_t.dtype() == sb_t.dtype() && sb_t.dtype() == sy_t.dtype() {
+        sa_t.dtype()
+    } else {
+        DType::F32
+    };
+    let q: Vec<f64> = cv
+        .iter()
+        .enumerate()
+        .map(|(i, &ci)| {
+            let f = round_to(d, round_to(d, sa[ia[i]] * sb[ib[i]]) / sy[0]);
+            (ci as f64 * f as f64 + z)
+                .round_ties_even()
+                .clamp(qmin, qmax)
+        })
+        .collect();
+    let data = match out_dtype {
+        DType::U8 => TensorData::U8(q.iter().map(|&v| v as u8).collect()),
+        _ => TensorData::I8(q.iter().map(|&v| v as i8).collect()),
+    };
+    Ok(vec![Tensor::from_parts(c.shape().to_vec(), data)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Node;
+
+    fn ctx_run(
+        f: fn(&OpCtx, &[Option<&Tensor>]) -> OpResult,
+        inputs: &[Option<&Tensor>],
+    ) -> OpResult {
+        let n = Node {
+            name: "n".into(),
+            op_type: "Q".into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+        };
+        f(
+            &OpCtx {
+                node: &n,
+                opset: 21,
+            },
+            inputs,
+        )
+    }
+
+    fn u8t(shape: &[usize], v: &[u8]) -> Tensor {
+        Tensor::from_parts(shape.to_vec(), TensorData::U8(v.to_vec()))
+    }
+
+    #[test]
+    fn matmul_integer_per_row_and_column_zero_points() {
+        let a = u8t(&[2, 2], &[1, 2, 3, 4]);
+        let b = u8t(&[2, 2], &[5, 6, 7, 8]);
+        let za = u8t(&[2], &[1, 3]);
+        let zb = u8t(&[2], &[5, 0]);
+        let y = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&za), Some(&zb)])
+            .unwrap()
+            .remove(0);
+        // A - za = [[0, 1], [0, 1]], B - zb = [[0, 6], [2, 8]].
+        assert_eq!(y.data(), &TensorData::I32(vec![2, 8, 2, 8]));
+        let bad = u8t(&[3], &[0, 0, 0]);
+        let e = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&bad)]).unwrap_err();
+        assert!(e.0.contains("rows of A"), "{e}");
+        let i8z = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        let e = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&i8z)]).unwrap_err();
+        assert!(e.0.contains("must match"), "{e}");
+    }
+
+    #[test]
+    fn qlinear_matmul_requantizes_half_even_and_saturates() {
+        let a = u8t(&[1, 2], &[1, 2]);
+        let b = u8t(&[2, 2], &[1, 100, 0, 100]);
+        let s = Tensor::scalar_f32(1.0);
+        let sy = Tensor::scalar_f32(2.0);
+        let zy = u8t(&[], &[0]);
+        let z0 = u8t(&[], &[0]);
+        let y = ctx_run(
+            qlinear_matmul,
+            &[
+                Some(&a),
+                Some(&s),
+                Some(&z0),
+                Some(&b),
+                Some(&s),
+                Some(&z0),
+                Some(&sy),
+                Some(&zy),
+            ],
+        )
+        .unwrap()
+        .remove(0);
+        // C = [1, 300] / 2 = [0.5, 150] -> [0, 150].
+        assert_eq!(y.data(), &TensorData::U8(vec![0, 150]));
+        let sy = Tensor::scalar_f32(1.0);
+        let y = ctx_run(
+            qlinear_matmul,
+            &[
+                Some(&a),
+                Some(&s),
+                Some(&z0),
+                Some(&b),
+                Some(&s),
+                Some(&z0),
+                Some(&sy),
+                Some(&zy),
+            ],
+        )
+        .unwrap()
+        .remove(0);
+        assert_eq!(y.data(), &TensorData::U8(vec![1, 255]));
+    }
+}

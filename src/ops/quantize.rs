@@ -1,0 +1,481 @@
+//! QuantizeLinear, DequantizeLinear and DynamicQuantizeLinear: the Q/DQ nodes of models
+//! quantized ahead of time (ONNX Runtime's quantization tools, TensorRT's explicit
+//! quantization).
+//!
+//! - `QuantizeLinear(x, scale, zero_point?)`: `y = saturate(round_half_even(x / scale) + zp)`.
+//! - `DequantizeLinear(x, scale, zero_point?)`: `y = (x - zp) * scale`.
+//! - Scale and zero point are per tensor (one value), per axis (1-D along `axis`, opset 13+)
+//!   or blocked (opset 21+: same rank as `x`, dimension `axis` is `ceil(x.shape[axis] /
+//!   block_size)`).
+//!
+//! Integer types uint8, int8, uint16 and int16 are supported. float8, int4, int2 and float4
+//! have no tensor type in mixprec, so models using them fail to load or get a clear error.
+//! A NaN input quantizes to the zero point.
+
+use super::util::{input, norm_axis, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor, TensorData};
+use half::{bf16, f16};
+
+pub fn register(r: &mut Registry) {
+    r.add("QuantizeLinear", quantize_linear);
+    r.add("DequantizeLinear", dequantize_linear);
+    r.add("DynamicQuantizeLinear", dynamic_quantize_linear);
+}
+
+/// The integer range of a quantized type, or an error naming the unsupported type.
+fn quant_range(dtype: DType) -> Result<(f64, f64), OpError> {
+    Ok(match dtype {
+        DType::U8 => (0.0, 255.0),
+        DType::I8 => (-128.0, 127.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I16 => (-32768.0, 32767.0),
+        other => {
+            return Err(OpError(format!(
+                "quantized type {other} is not supported (expected uint8, int8, uint16 or int16)"
+            )))
+        }
+    })
+}
+
+/// How scale and zero point map onto the elements of `x`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Layout {
+    /// One value for the whole tensor.
+    PerTensor,
+    /// One value per index of `axis`: param = idx[axis].
+    PerAxis { axis: usize },
+    /// Blocks of `block` along `axis`: param = (outer, idx[axis] / block, inner).
+    Blocked { axis: usize, block: usize },
+}
+
+/// Checks the scale's shape against `x` and the node's attributes and returns the layout.
+fn layout(ctx: &OpCtx, x_shape: &[usize], scale: &Tensor) -> Result<Layout, OpError> {
+    let block_size = if ctx.opset >= 21 {
+        ctx.node.attr_int_or("block_size", 0)
+    } else {
+        0
+    };
+    if block_size < 0 {
+        return Err(OpError(format!(
+            "block_size must be >= 0, got {block_size}"
+        )));
+    }
+    // A single value (scalar or shape [1]) applies to every element, whatever the mode.
+    if scale.len() == 1 && scale.rank() <= 1 {
+        return Ok(Layout::PerTensor);
+    }
+    if ctx.opset < 13 {
+        return Err(OpError(format!(
+            "scale has shape {:?}, but opset {} only supports a per-tensor scale (per-axis needs opset 13)",
+            scale.shape(),
+            ctx.opset
+        )));
+    }
+    let axis = norm_axis(ctx.node.attr_int_or("axis", 1), x_shape.len())?;
+    if block_size == 0 {
+        if scale.rank() != 1 || scale.shape()[0] != x_shape[axis] {
+            return Err(OpError(format!(
+                "scale has shape {:?}: per-axis quantization along axis {axis} of input {:?} needs a 1-D scale of {} values (or set block_size for blocked quantization)",
+                scale.shape(),
+                x_shape,
+                x_shape[axis]
+            )));
+        }
+        return Ok(Layout::PerAxis { axis });
+    }
+    let block = block_size as usize;
+    let mut want = x_shape.to_vec();
+    want[axis] = x_shape[axis].div_ceil(block);
+    if scale.shape() != want.as_slice() {
+        return Err(OpError(format!(
+            "scale has shape {:?}: blocked quantization of input {:?} with block_size {block} along axis {axis} needs shape {want:?}",
+            scale.shape(),
+            x_shape
+        )));
+    }
+    Ok(Layout::Blocked { axis, block })
+}
+
+/// For every element of a tensor of `shape`, the index of its scale/zero point.
+fn param_indices(shape: &[usize], layout: Layout) -> Vec<usize> {
+    let n: usize = shape.iter().product();
+    let (axis, block) = match layout {
+        Layout::PerTensor => return vec![0; n],
+        Layout::PerAxis { axis } => (axis, 0),
+        Layout::Blocked { axis, block } => (axis, block),
+    };
+    let outer: usize = shape[..axis].iter().product();
+    let len = shape[axis];
+    let inner: usize = shape[axis + 1..].iter().product();
+    let mut out = Vec::with_capacity(n);
+    for o in 0..outer {
+        for k in 0..len {
+            for i in 0..inner {
+                out.push(if block == 0 {
+                    k
+                } else {
+                    (o * len.div_ceil(block) + k / block) * inner + i
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The zero point's values as f64 after checking its shape matches the scale's.
+fn zero_points(zp: Option<&Tensor>, scale: &Tensor) -> Result<Option<Vec<f64>>, OpError> {
+    let Some(z) = zp else { return Ok(None) };
+    if z.len() != scale.len() || (z.rank() > 1 || scale.rank() > 1) && z.shape() != scale.shape() {
+        return Err(OpError(format!(
+            "zero point has shape {:?} but scale has shape {:?}: they must match",
+            z.shape(),
+            scale.shape()
+        )));
+    }
+    Ok(Some(z.to_f64_vec().expect("numeric zero point")))
+}
+
+/// A float input as f32 values (plus its dtype), or an error naming what was found.
+fn float_values(t: &Tensor, what: &str, allow_int32: bool) -> Result<Vec<f32>, OpError> {
+    let ok = t.dtype() == DType::F32
+        || t.dtype() == DType::F16
+        || t.dtype() == DType::BF16
+        || (allow_int32 && t.dtype() == DType::I32);
+    if !ok {
+        return Err(OpError(format!(
+            "{what} has dtype {}, expected float32, float16 or bfloat16{}",
+            t.dtype(),
+            if allow_int32 { " or int32" } else { "" }
+        )));
+    }
+    Ok(t.to_f32_vec().expect("numeric"))
+}
+
+/// Rounds an f32 to the precision `d` (f32, f16 or bf16) and back.
+fn round_to(d: DType, x: f32) -> f32 {
+    match d {
+        DType::F16 => f16::from_f32(x).to_f32(),
+        DType::BF16 => bf16::from_f32(x).to_f32(),
+        _ => x,
+    }
+}
+
+fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let scale = input(inputs, 1)?;
+    let zp = opt_input(inputs, 2);
+    let out_dtype = match zp {
+        Some(z) => {
+            if ctx.opset >= 21 {
+                if let Some(code) = ctx.node.attr_int("output_dtype") {
+                    if code != 0 && code != z.dtype().onnx_code() as i64 {
+                        return Err(OpError(format!(
+                            "output_dtype {code} differs from the zero point's type {}",
+                            z.dtype()
+                        )));
+                    }
+                }
+            }
+            z.dtype()
+        }
+        None => match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
+            Some(code) if ctx.opset >= 21 => DType::from_onnx(code as i32).ok_or_else(|| {
+                OpError(format!(
+                    "output_dtype {code} is not a supported quantized type (uint8, int8, uint16, int16)"
+                ))
+            })?,
+            _ => DType::U8,
+        },
+    };
+    let (qmin, qmax) = quant_range(out_dtype)?;
+    let xv = float_values(x, "input x", true)?;
+    let sv = float_values(scale, "y_scale", false)?;
+    let layout = layout(ctx, x.shape(), scale)?;
+    let zv = zero_points(zp, scale)?;
+    // The division happens in the inputs' common type (float16 only if both are float16),
+    // or in the `precision` attribute's type (opset 23+); int32 inputs divide in f64.
+    let precision = match ctx.node.attr_int("precision").filter(|&c| c != 0) {
+        Some(code) if ctx.opset >= 23 => {
+            let d = DType::from_onnx(code as i32)
+                .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
+                .ok_or_else(|| {
+                    OpError(format!(
+                        "precision {code} is not supported (expected float32, float16 or bfloat16)"
+                    ))
+                })?;
+            Some(d)
+        }
+        _ => None,
+    };
+    let div_type = precision.unwrap_or(if x.dtype() == scale.dtype() {
+        x.dtype()
+    } else {
+        DType::F32
+    });
+    let idx = param_indices(x.shape(), layout);
+    let mut q = Vec::with_capacity(xv.len());
+    for (i, &xi) in xv.iter().enumerate() {
+        let p = idx[i];
+        let quot = if x.dtype() == DType::I32 && precision.is_none() {
+            let xi = match x.data() {
+                TensorData::I32(v) => v[i] as f64,
+                _ => unreachable!("dtype checked"),
+            };
+            xi / sv[p] as f64
+        } else {
+            round_to(div_type, round_to(div_type, xi) / round_to(div_type, sv[p])) as f64
+        };
+        let r = if quot.is_nan() {
+            0.0
+        } else {
+            quot.round_ties_even()
+        };
+        let z = zv.as_ref().map_or(0.0, |z| z[p]);
+        q.push((r + z).clamp(qmin, qmax));
+    }
+    let data = match out_dtype {
+        DType::U8 => TensorData::U8(q.iter().map(|&v| v as u8).collect()),
+        DType::I8 => TensorData::I8(q.iter().map(|&v| v as i8).collect()),
+        DType::U16 => TensorData::U16(q.iter().map(|&v| v as u16).collect()),
+        DType::I16 => TensorData::I16(q.iter().map(|&v| v as i16).collect()),
+        _ => unreachable!("quant_range accepted it"),
+    };
+    Ok(vec![Tensor::from_parts(x.shape().to_vec(), data)])
+}
+
+fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let scale = input(inputs, 1)?;
+    let zp = opt_input(inputs, 2);
+    if !matches!(
+        x.dtype(),
+        DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32
+    ) {
+        return Err(OpError(format!(
+            "input x has dtype {}, expected uint8, int8, uint16, int16 or int32",
+            x.dtype()
+        )));
+    }
+    if let Some(z) = zp {
+        if z.dtype() != x.dtype() {
+            return Err(OpError(format!(
+                "zero point has dtype {} but x has dtype {}: they must match",
+                z.dtype(),
+                x.dtype()
+            )));
+        }
+    }
+    let sv = float_values(scale, "x_scale", false)?;
+    let out_dtype = match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
+        Some(code) if ctx.opset >= 23 => DType::from_onnx(code as i32)
+            .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
+            .ok_or_else(|| {
+                OpError(format!(
+                    "output_dtype {code} is not supported (expected float32, float16 or bfloat16)"
+                ))
+            })?,
+        _ => scale.dtype(),
+    };
+    let layout = layout(ctx, x.shape(), scale)?;
+    let zv = zero_points(zp, scale)?;
+    // As the ONNX reference: x and the zero point as f32, subtract, multiply in f32.
+    let xv = x.to_f32_vec().expect("integer input");
+    let idx = param_indices(x.shape(), layout);
+    let y: Vec<f32> = xv
+        .iter()
+        .zip(&idx)
+        .map(|(&xi, &p)| {
+            let z = zv.as_ref().map_or(0.0, |z| z[p] as f32);
+            (xi - z) * sv[p]
+        })
+        .collect();
+    let t = Tensor::from_f32(x.shape().to_vec(), y);
+    Ok(vec![if out_dtype == DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, out_dtype)
+    }])
+}
+
+fn dynamic_quantize_linear(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let xv = x
+        .as_f32()
+        .ok_or_else(|| OpError(format!("input x has dtype {}, expected float32", x.dtype())))?;
+    if xv.is_empty() {
+        return Err(OpError(
+            "input x is empty: its range (and so the scale) is undefined".into(),
+        ));
+    }
+    let (qmin, qmax) = (0.0f32, 255.0f32);
+    // The range always includes 0 so that 0 is exactly representable.
+    let maxx = xv.iter().copied().fold(0.0f32, f32::max);
+    let minx = xv.iter().copied().fold(0.0f32, f32::min);
+    let scale = if maxx == minx { 1.0 } else { maxx - minx } / (qmax - qmin);
+    let zp = (qmin - minx / scale).clamp(qmin, qmax).round_ties_even();
+    let y: Vec<u8> = xv
+        .iter()
+        .map(|&v| {
+            let q = v / scale;
+            let q = if q.is_nan() { 0.0 } else { q.round_ties_even() };
+            (q + zp).clamp(qmin, qmax) as u8
+        })
+        .collect();
+    Ok(vec![
+        Tensor::from_parts(x.shape().to_vec(), TensorData::U8(y)),
+        Tensor::scalar_f32(scale),
+        Tensor::from_parts(vec![], TensorData::U8(vec![zp as u8])),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Attribute, Node};
+
+    fn node(op: &str, attrs: &[(&str, i64)]) -> Node {
+        Node {
+            name: "n".into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec!["y".into()],
+            attrs: attrs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Attribute::Int(*v)))
+                .collect(),
+        }
+    }
+
+    fn run(
+        f: fn(&OpCtx, &[Option<&Tensor>]) -> OpResult,
+        n: &Node,
+        opset: i64,
+        inputs: &[Option<&Tensor>],
+    ) -> OpResult {
+        f(&OpCtx { node: n, opset }, inputs)
+    }
+
+    fn u8s(v: &[u8]) -> Tensor {
+        Tensor::from_parts(vec![v.len()], TensorData::U8(v.to_vec()))
+    }
+
+    #[test]
+    fn quantize_rounds_half_to_even_and_saturates() {
+        let n = node("QuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![8], vec![0.5, 1.5, 2.5, -0.5, -1.5, 300.0, -300.0, 5.0]);
+        let s = Tensor::scalar_f32(1.0);
+        let y = run(quantize_linear, &n, 13, &[Some(&x), Some(&s)])
+            .unwrap()
+            .remove(0);
+        // No zero point: uint8, negatives saturate to 0.
+        assert_eq!(y.data(), &TensorData::U8(vec![0, 2, 2, 0, 0, 255, 0, 5]));
+        let z = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        let y = run(quantize_linear, &n, 13, &[Some(&x), Some(&s), Some(&z)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(
+            y.data(),
+            &TensorData::I8(vec![0, 2, 2, 0, -2, 127, -128, 5])
+        );
+    }
+
+    #[test]
+    fn quantize_nan_gives_zero_point() {
+        let n = node("QuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![1], vec![f32::NAN]);
+        let s = Tensor::scalar_f32(1.0);
+        let z = Tensor::from_parts(vec![], TensorData::U8(vec![7]));
+        let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].data(), &TensorData::U8(vec![7]));
+    }
+
+    #[test]
+    fn per_axis_round_trip() {
+        let n = node("QuantizeLinear", &[("axis", 0)]);
+        let x = Tensor::from_f32(vec![2, 2], vec![2.0, 4.0, 10.0, -10.0]);
+        let s = Tensor::from_f32(vec![2], vec![2.0, 10.0]);
+        let z = u8s(&[10, 100]);
+        let y = run(quantize_linear, &n, 13, &[Some(&x), Some(&s), Some(&z)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(y.data(), &TensorData::U8(vec![11, 12, 101, 99]));
+        let dn = node("DequantizeLinear", &[("axis", 0)]);
+        let back = run(dequantize_linear, &dn, 13, &[Some(&y), Some(&s), Some(&z)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(back.as_f32().unwrap(), x.as_f32().unwrap());
+    }
+
+    #[test]
+    fn blocked_dequantize_with_remainder_block() {
+        let n = node("DequantizeLinear", &[("axis", 1), ("block_size", 2)]);
+        let x = Tensor::from_parts(vec![1, 3], TensorData::I8(vec![1, 2, 3]));
+        let s = Tensor::from_f32(vec![1, 2], vec![1.0, 10.0]);
+        let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(y.as_f32().unwrap(), &[1.0, 2.0, 30.0]);
+        let bad = Tensor::from_f32(vec![1, 3], vec![1.0; 3]);
+        let e = run(dequantize_linear, &n, 21, &[Some(&x), Some(&bad)]).unwrap_err();
+        assert!(e.0.contains("needs shape [1, 2]"), "{e}");
+    }
+
+    #[test]
+    fn errors_are_clear() {
+        let n = node("QuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![1, 3], vec![1.0; 3]);
+        let s = Tensor::from_f32(vec![2], vec![1.0, 1.0]);
+        let e = run(quantize_linear, &n, 13, &[Some(&x), Some(&s)]).unwrap_err();
+        assert!(e.0.contains("1-D scale of 3 values"), "{e}");
+        let e = run(quantize_linear, &n, 10, &[Some(&x), Some(&s)]).unwrap_err();
+        assert!(e.0.contains("per-tensor"), "{e}");
+        let z = Tensor::from_parts(vec![], TensorData::I32(vec![0]));
+        let s1 = Tensor::scalar_f32(1.0);
+        let e = run(quantize_linear, &n, 13, &[Some(&x), Some(&s1), Some(&z)]).unwrap_err();
+        assert!(e.0.contains("int32 is not supported"), "{e}");
+        let dn = node("DequantizeLinear", &[]);
+        let xq = u8s(&[1]);
+        let zq = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        let e = run(
+            dequantize_linear,
+            &dn,
+            13,
+            &[Some(&xq), Some(&s1), Some(&zq)],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("must match"), "{e}");
+        let e = run(dequantize_linear, &dn, 13, &[Some(&x), Some(&s1)]).unwrap_err();
+        assert!(e.0.contains("float32"), "{e}");
+    }
+
+    #[test]
+    fn dequantize_float16_scale_gives_float16() {
+        let n = node("DequantizeLinear", &[]);
+        let x = Tensor::from_parts(vec![2], TensorData::I8(vec![-3, 4]));
+        let s = Tensor::from_parts(vec![], TensorData::F16(vec![f16::from_f32(0.5)]));
+        let y = run(dequantize_linear, &n, 19, &[Some(&x), Some(&s)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(y.dtype(), DType::F16);
+        assert_eq!(y.to_f32_vec().unwrap(), vec![-1.5, 2.0]);
+    }
+
+    #[test]
+    fn dynamic_quantize_includes_zero() {
+        let n = node("DynamicQuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![6], vec![0.0, 2.0, -3.0, -2.5, 1.34, 0.5]);
+        let out = run(dynamic_quantize_linear, &n, 11, &[Some(&x)]).unwrap();
+        assert_eq!(
+            out[0].data(),
+            &TensorData::U8(vec![153, 255, 0, 26, 221, 179])
+        );
+        assert!((out[1].as_f32().unwrap()[0] - 5.0 / 255.0).abs() < 1e-7);
+        assert_eq!(out[2].data(), &TensorData::U8(vec![153]));
+        // All-zero input: scale 1/255, zero point 0.
+        let z = Tensor::from_f32(vec![2], vec![0.0, 0.0]);
+        let out = run(dynamic_quantize_linear, &n, 11, &[Some(&z)]).unwrap();
+        assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0]));
+    }
+}
