@@ -133,7 +133,13 @@ fn zero_points(zp: Option<&Tensor>, scale: &Tensor) -> Result<Option<Vec<f64>>, 
             scale.shape()
         )));
     }
-    Ok(Some(z.to_f64_vec().expect("numeric zero point")))
+    let v = z.to_f64_vec().ok_or_else(|| {
+        OpError(format!(
+            "zero point has dtype {}, which is not numeric",
+            z.dtype()
+        ))
+    })?;
+    Ok(Some(v))
 }
 
 /// A float input as f32 values (plus its dtype), or an error naming what was found.
@@ -280,7 +286,12 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let layout = layout(ctx, x.shape(), scale)?;
     let zv = zero_points(zp, scale)?;
     // As the ONNX reference: x and the zero point as f32, subtract, multiply in f32.
-    let xv = x.to_f32_vec().expect("integer input");
+    let xv = x.to_f32_vec().ok_or_else(|| {
+        OpError(format!(
+            "input has dtype {}, which is not numeric",
+            x.dtype()
+        ))
+    })?;
     let idx = param_indices(x.shape(), layout);
     let y: Vec<f32> = xv
         .iter()
