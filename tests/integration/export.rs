@@ -434,6 +434,24 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
                 rel <= 1e-5,
                 "{name} {label}: the emulation is not what the exported model computes"
             );
+            if q == Int8 {
+                // mixprec runs the exported QDQ model itself (QuantizeLinear/DequantizeLinear
+                // kernels) in plain FP32: it must compute what the emulation computed.
+                let exported = mixprec::load_model(&path).unwrap();
+                let own = Interpreter::new(&exported.graph)
+                    .unwrap()
+                    .run(&feeds_of(&exported.graph, &data))
+                    .unwrap();
+                let got: Vec<Tensor> = own.outputs.iter().map(|(_, t)| t.clone()).collect();
+                let (rel_own, _) = compare(&got, &emu.outputs);
+                println!(
+                    "{name} {label}: mixprec on the exported model vs emulation rel {rel_own:.2e}"
+                );
+                assert!(
+                    rel_own <= 1e-5,
+                    "{name} {label}: mixprec's Q/DQ kernels disagree with its emulation ({rel_own:.2e})"
+                );
+            }
         }
     }
 }
