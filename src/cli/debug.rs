@@ -11,7 +11,6 @@ use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, write_model, ExportOptions};
 use crate::inspect::si;
-use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
@@ -391,9 +390,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         wall_seconds: wall,
         fp32_inference_seconds: fp32_inference,
     };
-    let code = report(
-        p, &args, graph, &space, &low, high, mode, direction, &result, &stats,
-    )?;
+    let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
     if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
         let plan = oracle.plan_for(marked);
         let exported = export(
@@ -626,9 +623,7 @@ fn report(
     args: &SearchArgs,
     graph: &Graph,
     space: &SearchSpace,
-    low: &PrecisionPlan,
     high: Precision,
-    mode: Mode,
     direction: Direction,
     result: &SearchResult,
     stats: &SearchStats,
@@ -723,7 +718,7 @@ fn report(
         out!(p, "[I]     Achieved: {}", t.summary);
     }
     let items = polygraphy_items(graph, &marked, high);
-    let flags = precision_flags(&args.precision, low);
+    let flags = precision_flags(&args.precision);
     out!(p,
         "[I]     polygraphy run {model} --trt {flags} --layer-precisions {} --precision-constraints obey",
         items.join(" ")
@@ -739,7 +734,6 @@ fn report(
         "[I]     mixprec convert {model} {flags} --layer-precisions {} -o model_mixed.onnx",
         items.join(" ")
     );
-    let _ = mode;
     print_stats(p, stats);
     Ok(if interrupted {
         ExitCode::from(130)
@@ -909,7 +903,7 @@ fn html_report(
 }
 
 /// The global precision flags as mixprec/Polygraphy spell them.
-fn precision_flags(p: &PrecisionArgs, _low: &PrecisionPlan) -> String {
+fn precision_flags(p: &PrecisionArgs) -> String {
     let mut f = Vec::new();
     if p.fp16 {
         f.push("--fp16");
