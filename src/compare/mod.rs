@@ -200,6 +200,51 @@ fn numeric(name: &str, t: &Tensor, which: &str) -> Result<Vec<f64>> {
     })
 }
 
+/// Both tensors' values as f64 and their elementwise absolute and relative differences; an
+/// error when the shapes differ or a side is not numeric.
+#[allow(clippy::type_complexity)]
+fn values_and_diffs(
+    name: &str,
+    out: &Tensor,
+    reference: &Tensor,
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>)> {
+    if out.shape() != reference.shape() {
+        return Err(Error::Invalid(format!(
+            "output '{name}': shape {} does not match the reference shape {}",
+            fmt_shape(out.shape()),
+            fmt_shape(reference.shape())
+        )));
+    }
+    let a = numeric(name, out, "output")?;
+    let b = numeric(name, reference, "reference")?;
+    let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
+    Ok((a, b, absdiff, reldiff))
+}
+
+/// The elementwise check: no element fails both the absolute and the relative tolerance.
+fn elementwise_passed(absdiff: &[f64], reldiff: &[f64], atol: f64, rtol: f64) -> bool {
+    !absdiff
+        .par_iter()
+        .zip(reldiff.par_iter())
+        .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol))
+}
+
+/// The criterion's metrics that apply to this output, evaluated.
+fn evaluate_metrics(
+    criterion: &Criterion,
+    name: &str,
+    a: &[f64],
+    b: &[f64],
+    shape: &[usize],
+) -> Vec<MetricResult> {
+    criterion
+        .metrics
+        .iter()
+        .filter(|m| m.applies_to(name))
+        .map(|m| m.evaluate(a, b, shape))
+        .collect()
+}
+
 /// The verdict on one output and the tolerances it needs, as [`compare_output`] computes them
 /// (the same numbers) but without the statistics of both sides and the histograms: what a
 /// precision search needs for every candidate, at a fraction of the cost.
@@ -222,16 +267,7 @@ pub fn check_output(
     reference: &Tensor,
     criterion: &Criterion,
 ) -> Result<OutputCheck> {
-    if out.shape() != reference.shape() {
-        return Err(Error::Invalid(format!(
-            "output '{name}': shape {} does not match the reference shape {}",
-            fmt_shape(out.shape()),
-            fmt_shape(reference.shape())
-        )));
-    }
-    let a = numeric(name, out, "output")?;
-    let b = numeric(name, reference, "reference")?;
-    let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
+    let (a, b, absdiff, reldiff) = values_and_diffs(name, out, reference)?;
     let stat = criterion.stat.get(name);
     let atol = criterion.atol.get(name);
     let rtol = criterion.rtol.get(name);
@@ -248,18 +284,10 @@ pub fn check_output(
     };
     let (required_atol, required_rtol) = rayon::join(|| required(&absdiff), || required(&reldiff));
     let tolerance_passed = match stat {
-        ErrorStat::Elemwise => !absdiff
-            .par_iter()
-            .zip(reldiff.par_iter())
-            .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol)),
+        ErrorStat::Elemwise => elementwise_passed(&absdiff, &reldiff, atol, rtol),
         _ => !(stat_failed(required_atol, atol) && stat_failed(required_rtol, rtol)),
     };
-    let metrics: Vec<MetricResult> = criterion
-        .metrics
-        .iter()
-        .filter(|m| m.applies_to(name))
-        .map(|m| m.evaluate(&a, &b, out.shape()))
-        .collect();
+    let metrics = evaluate_metrics(criterion, name, &a, &b, out.shape());
     let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
     Ok(OutputCheck {
         stat,
@@ -279,16 +307,7 @@ pub fn compare_output(
     reference: &Tensor,
     criterion: &Criterion,
 ) -> Result<OutputComparison> {
-    if out.shape() != reference.shape() {
-        return Err(Error::Invalid(format!(
-            "output '{name}': shape {} does not match the reference shape {}",
-            fmt_shape(out.shape()),
-            fmt_shape(reference.shape())
-        )));
-    }
-    let a = numeric(name, out, "output")?;
-    let b = numeric(name, reference, "reference")?;
-    let (absdiff, reldiff) = diff_values(out, reference, &a, &b);
+    let (a, b, absdiff, reldiff) = values_and_diffs(name, out, reference)?;
     let shape = out.shape();
     let stat = criterion.stat.get(name);
     let atol = criterion.atol.get(name);
@@ -312,13 +331,7 @@ pub fn compare_output(
                 },
             )
         },
-        || {
-            stat != ErrorStat::Elemwise
-                || !absdiff
-                    .par_iter()
-                    .zip(reldiff.par_iter())
-                    .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol))
-        },
+        || stat != ErrorStat::Elemwise || elementwise_passed(&absdiff, &reldiff, atol, rtol),
     );
     let quantile = (stat == ErrorStat::Quantile).then(|| {
         let q = criterion.quantile.get(name);
@@ -353,12 +366,7 @@ pub fn compare_output(
         stats::histogram(&absdiff, Some((sabs.min, sabs.max))),
         stats::histogram(&reldiff, Some((srel.min, srel.max))),
     ];
-    let metrics: Vec<MetricResult> = criterion
-        .metrics
-        .iter()
-        .filter(|m| m.applies_to(name))
-        .map(|m| m.evaluate(&a, &b, shape))
-        .collect();
+    let metrics = evaluate_metrics(criterion, name, &a, &b, shape);
     let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
     let values = (a.len() <= SMALL_OUTPUT).then_some([a, b, absdiff, reldiff]);
     Ok(OutputComparison {

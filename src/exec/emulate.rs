@@ -226,28 +226,10 @@ pub(crate) fn round_outputs(p: Precision, outs: &mut [Tensor]) {
 mod tests {
     use super::*;
     use crate::exec::{Feeds, Interpreter, RunOptions};
-    use crate::graph::{Dim, Node, ValueInfo};
+    use crate::graph::testing::{node, vi};
+    use crate::graph::{Node, ValueInfo};
     use half::{bf16, f16};
-    use std::collections::{BTreeMap, HashMap};
-
-    fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
-        Node {
-            name: name.into(),
-            op_type: op.into(),
-            domain: String::new(),
-            inputs: inputs.iter().map(|s| s.to_string()).collect(),
-            outputs: outputs.iter().map(|s| s.to_string()).collect(),
-            attrs: BTreeMap::new(),
-        }
-    }
-
-    fn vi(name: &str, shape: &[usize]) -> ValueInfo {
-        ValueInfo {
-            name: name.into(),
-            dtype: Some(DType::F32),
-            shape: Some(shape.iter().map(|&d| Dim::Fixed(d)).collect()),
-        }
-    }
+    use std::collections::BTreeMap;
 
     fn graph(
         nodes: Vec<Node>,
@@ -255,19 +237,7 @@ mod tests {
         out: ValueInfo,
         inits: Vec<(&str, Tensor)>,
     ) -> Graph {
-        let mut opsets = BTreeMap::new();
-        opsets.insert(String::new(), 17);
-        Graph {
-            nodes,
-            inputs,
-            outputs: vec![out],
-            initializers: inits
-                .into_iter()
-                .map(|(n, t)| (n.to_string(), t))
-                .collect::<HashMap<_, _>>(),
-            opsets,
-            ..Default::default()
-        }
+        crate::graph::testing::graph(nodes, inputs, vec![out], inits)
     }
 
     fn run(g: &Graph, plan: Vec<Precision>, opts: &PlanOptions, feeds: Feeds) -> Result<Vec<f32>> {
