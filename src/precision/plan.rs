@@ -162,6 +162,15 @@ impl PrecisionPlan {
         }
     }
 
+    /// This plan with the layers `marked` (node indices) in precision `p`.
+    pub fn marking(&self, marked: &[usize], p: Precision) -> PrecisionPlan {
+        let mut plan = self.clone();
+        for &i in marked {
+            plan.layers[i] = p;
+        }
+        plan
+    }
+
     /// Applies `--layer-precisions` overrides in order (later items win). Returns the patterns
     /// that matched no layer, so the caller can warn about each by name.
     pub fn apply_overrides(

@@ -107,11 +107,7 @@ impl<'a> BuiltinOracle<'a> {
 
     /// The plan with `marked` layers in the high precision.
     pub fn plan_for(&self, marked: &[usize]) -> PrecisionPlan {
-        let mut plan = self.low.clone();
-        for &i in marked {
-            plan.layers[i] = self.high;
-        }
-        plan
+        self.low.marking(marked, self.high)
     }
 
     /// The prepared plan with `marked` layers in high precision, composed from the low and

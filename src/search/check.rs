@@ -95,10 +95,7 @@ impl CheckOracle<'_> {
 impl Oracle for CheckOracle<'_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
         self.evaluations += 1;
-        let mut plan = self.low.clone();
-        for &i in marked {
-            plan.layers[i] = self.high;
-        }
+        let plan = self.low.marking(marked, self.high);
         let exported = export(
             self.model_path,
             &plan,
