@@ -11,6 +11,7 @@ pub mod error;
 pub mod exec;
 pub mod export;
 pub mod graph;
+pub mod infer;
 pub mod inspect;
 pub mod onnx;
 pub mod ops;

@@ -69,6 +69,8 @@ pub struct Interpreter<'g> {
     slot_names: Vec<String>,
     input_slots: Vec<(String, usize)>,
     output_slots: Vec<(String, Option<usize>)>,
+    /// Input shapes whose inferred graph shapes were already checked.
+    checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
 }
 
 impl<'g> Interpreter<'g> {
@@ -175,6 +177,7 @@ impl<'g> Interpreter<'g> {
             slot_names,
             input_slots,
             output_slots,
+            checked_shapes: Default::default(),
         })
     }
 
@@ -257,6 +260,7 @@ impl<'g> Interpreter<'g> {
         mut cache: Option<(&mut ValueCache, u64)>,
     ) -> Result<RunResult> {
         self.check_feeds(feeds)?;
+        self.check_shapes(feeds)?;
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
                 return Err(Error::Invalid(
@@ -558,6 +562,26 @@ impl<'g> Interpreter<'g> {
             }
         }
         sig
+    }
+
+    /// Runs the shape and type inference for the feeds' shapes (once per distinct set of
+    /// shapes), so that inputs a node cannot take are an error naming the node before any
+    /// kernel runs.
+    pub fn check_shapes(&self, feeds: &Feeds) -> Result<()> {
+        let key: Vec<Vec<usize>> = feeds.values().map(|t| t.shape().to_vec()).collect();
+        if self
+            .checked_shapes
+            .lock()
+            .map(|c| c.contains(&key))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        crate::infer::infer_graph(self.graph, &crate::infer::feed_facts(feeds))?;
+        if let Ok(mut c) = self.checked_shapes.lock() {
+            c.insert(key);
+        }
+        Ok(())
     }
 
     /// Every graph input present with the declared dtype, rank and fixed dims; no extras.

@@ -300,17 +300,13 @@ fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Which inputs of a data-movement op carry the data (share the output's type).
+/// Which inputs of a data-movement op carry the data (share the output's type): the op's
+/// definition says.
 fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
-    match op {
-        "Cast" | "CastLike" | "Shape" | "Size" | "NonZero" | "Constant" | "ConstantOfShape" => {
-            vec![]
-        }
-        "Concat" | "Range" => (0..n).collect(),
-        "OneHot" => vec![2],
-        "Pad" | "ScatterND" | "ScatterElements" => vec![0, 2],
-        _ => vec![0],
-    }
+    crate::ops::Registry::global()
+        .def("", op)
+        .map(|d| d.type_shared_inputs(n))
+        .unwrap_or_else(|| vec![0])
 }
 
 struct Exporter<'a> {

@@ -9,6 +9,33 @@ use half::{bf16, f16};
 pub fn register(r: &mut Registry) {
     r.add("Cast", cast_op);
     r.add("CastLike", cast_like_op);
+    for op in ["Cast", "CastLike"] {
+        r.def_mut(op)
+            .movement()
+            .own_output_type()
+            .roles(&[super::InputRole::Data, super::InputRole::Param]);
+    }
+    r.def_mut("Cast").infer(|ctx, ins| {
+        let x = super::shape::fact(ins, 0)?;
+        let to = ctx
+            .node
+            .attr_int("to")
+            .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
+        let dtype = DType::from_onnx(to as i32)
+            .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
+        let mut f = crate::graph::fact::Fact::new(Some(dtype), x.shape.clone());
+        if dtype.is_int() {
+            f.dims = x.dims.clone();
+        }
+        Ok(vec![f])
+    });
+    r.def_mut("CastLike").infer(|_, ins| {
+        let (x, like) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
+        Ok(vec![crate::graph::fact::Fact::new(
+            like.dtype,
+            x.shape.clone(),
+        )])
+    });
 }
 
 fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {

@@ -21,7 +21,45 @@ pub fn register(r: &mut Registry) {
     r.add("QuantizeLinear", quantize_linear);
     r.add("DequantizeLinear", dequantize_linear);
     r.add("DynamicQuantizeLinear", dynamic_quantize_linear);
+    use super::InputRole::{Data, Scale, ZeroPoint};
+    r.def_mut("QuantizeLinear")
+        .roles(&[Data, Scale, ZeroPoint])
+        .infer(|ctx, ins| {
+            let x = super::shape::fact(ins, 0)?;
+            let dtype = match super::shape::opt_fact(ins, 2) {
+                Some(z) => z.dtype,
+                None => Some(
+                    ctx.node
+                        .attr_int("output_dtype")
+                        .filter(|&c| c != 0)
+                        .and_then(|c| DType::from_onnx(c as i32))
+                        .unwrap_or(DType::U8),
+                ),
+            };
+            Ok(vec![Fact::new(dtype, x.shape.clone())])
+        });
+    r.def_mut("DequantizeLinear")
+        .roles(&[Data, Scale, ZeroPoint])
+        .infer(|ctx, ins| {
+            let x = super::shape::fact(ins, 0)?;
+            let scale = super::shape::fact(ins, 1)?;
+            let dtype = match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
+                Some(c) if ctx.opset >= 23 => DType::from_onnx(c as i32),
+                _ => scale.dtype,
+            };
+            Ok(vec![Fact::new(dtype, x.shape.clone())])
+        });
+    r.def_mut("DynamicQuantizeLinear").infer(|_, ins| {
+        let x = super::shape::fact(ins, 0)?;
+        Ok(vec![
+            Fact::new(Some(DType::U8), x.shape.clone()),
+            Fact::typed(DType::F32, vec![]),
+            Fact::typed(DType::U8, vec![]),
+        ])
+    });
 }
+
+use crate::graph::fact::Fact;
 
 /// The integer range of a quantized type, or an error naming the unsupported type.
 fn quant_range(dtype: DType) -> Result<(f64, f64), OpError> {

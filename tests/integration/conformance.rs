@@ -3,7 +3,8 @@
 //! Deliberate exclusions live in tests/conformance_exclusions.txt, each with its reason.
 
 use crate::common::{onnx_node_dir, repo_root};
-use mixprec::exec::Feeds;
+use mixprec::exec::{Feeds, RunOptions};
+use mixprec::infer::{feed_facts, infer_graph};
 use mixprec::onnx::{load_model, read_tensor_file};
 use mixprec::ops::Registry;
 use mixprec::{Interpreter, Tensor, TensorData};
@@ -72,10 +73,51 @@ fn run_case(dir: &Path) -> Outcome {
                 Err(e) => return Outcome::Unsupported(format!("output data: {e}")),
             }
         }
-        let result = match interp.run(&feeds) {
+        let result = match interp.run_with(
+            &feeds,
+            &RunOptions {
+                keep_intermediates: true,
+            },
+        ) {
             Ok(r) => r,
             Err(e) => return Outcome::Fail(e.to_string()),
         };
+        // The shape and type inference must agree with what the kernels produced.
+        let facts = match infer_graph(&model.graph, &feed_facts(&feeds)) {
+            Ok(f) => f,
+            Err(e) => return Outcome::Fail(format!("inference: {e}")),
+        };
+        let values = result
+            .outputs
+            .iter()
+            .map(|(n, t)| (n, t))
+            .chain(result.intermediates.iter());
+        for (name, t) in values {
+            let Some(f) = facts.get(name) else { continue };
+            if let Some(s) = f.known_shape() {
+                if s != t.shape() {
+                    return Outcome::Fail(format!(
+                        "inferred shape {s:?} of '{name}' differs from the computed {:?}",
+                        t.shape()
+                    ));
+                }
+            } else if let Some(r) = f.rank() {
+                if r != t.rank() {
+                    return Outcome::Fail(format!(
+                        "inferred rank {r} of '{name}' differs from the computed {:?}",
+                        t.shape()
+                    ));
+                }
+            }
+            if let Some(d) = f.dtype {
+                if d != t.dtype() {
+                    return Outcome::Fail(format!(
+                        "inferred dtype {d} of '{name}' differs from the computed {}",
+                        t.dtype()
+                    ));
+                }
+            }
+        }
         for ((name, got), want) in result.outputs.iter().zip(&expected) {
             if let Err(msg) = compare(got, want) {
                 return Outcome::Fail(format!("output '{name}': {msg}"));
