@@ -12,6 +12,7 @@ pub mod exec;
 pub mod export;
 pub mod graph;
 pub mod inspect;
+pub mod lowbit;
 pub mod onnx;
 pub mod ops;
 pub mod precision;

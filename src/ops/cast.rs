@@ -1,8 +1,16 @@
 //! Cast and CastLike: dtype conversion with ONNX semantics (floats to ints truncate toward
 //! zero and saturate, to bool is `x != 0`, float narrowing rounds to nearest even).
+//!
+//! The low-bit types (src/lowbit.rs): to float8 rounds to nearest even and, with the
+//! `saturate` attribute (opset 19+, default 1), clamps out-of-range values and infinities to
+//! ±max; `saturate=0` gives inf/NaN per ONNX's table. To float4e2m1 always saturates. To
+//! int4/uint4 truncates floats toward zero and keeps the low 4 bits (ONNX's rule for
+//! out-of-range fixed point: "discard higher bits"), NaN and ±inf give 0 (as the ONNX
+//! reference, ml_dtypes, does).
 
 use super::util::input;
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use crate::tensor::{DType, Tensor, TensorData};
 use half::{bf16, f16};
 
@@ -19,27 +27,38 @@ fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
     let dtype = DType::from_onnx(to as i32)
         .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
-    Ok(vec![checked_cast(x, dtype)?])
+    Ok(vec![checked_cast(x, dtype, saturate(ctx))?])
 }
 
-fn cast_like_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+fn cast_like_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let like = input(inputs, 1)?;
-    Ok(vec![checked_cast(x, like.dtype())?])
+    Ok(vec![checked_cast(x, like.dtype(), saturate(ctx))?])
 }
 
-fn checked_cast(x: &Tensor, to: DType) -> Result<Tensor, OpError> {
+/// The `saturate` attribute (Cast/CastLike opset 19+; float8 targets only; default 1).
+fn saturate(ctx: &OpCtx) -> bool {
+    ctx.opset < 19 || ctx.node.attr_int_or("saturate", 1) != 0
+}
+
+fn checked_cast(x: &Tensor, to: DType, saturate: bool) -> Result<Tensor, OpError> {
     if (x.dtype() == DType::Str) != (to == DType::Str) {
         return Err(OpError(format!(
             "cast between {} and {to} is not supported",
             x.dtype()
         )));
     }
-    Ok(cast_tensor(x, to))
+    Ok(cast_tensor_saturate(x, to, saturate))
 }
 
-/// Converts a tensor to `to`. Numeric only (strings cast to strings unchanged).
+/// Converts a tensor to `to`. Numeric only (strings cast to strings unchanged). Float8
+/// targets saturate (ONNX's default).
 pub fn cast_tensor(x: &Tensor, to: DType) -> Tensor {
+    cast_tensor_saturate(x, to, true)
+}
+
+/// [`cast_tensor`] with ONNX's `saturate` choice for float8 targets (see the module docs).
+pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
     if x.dtype() == to {
         return x.clone();
     }
@@ -74,8 +93,66 @@ pub fn cast_tensor(x: &Tensor, to: DType) -> Tensor {
             _ => ints(d).into_iter().map(|x| x as u64).collect(),
         }),
         DType::Str => d.clone(),
+        DType::F8E4M3FN => TensorData::F8E4M3FN(
+            num(d)
+                .into_iter()
+                .map(|x| F8E4M3FN::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(
+            num(d)
+                .into_iter()
+                .map(|x| F8E4M3FNUZ::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E5M2 => TensorData::F8E5M2(
+            num(d)
+                .into_iter()
+                .map(|x| F8E5M2::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(
+            num(d)
+                .into_iter()
+                .map(|x| F8E5M2FNUZ::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F4E2M1 => TensorData::F4E2M1(
+            num(d)
+                .into_iter()
+                .map(|x| F4E2M1::from_f64(x, true))
+                .collect(),
+        ),
+        DType::I4 => TensorData::I4(
+            ints_finite(d)
+                .into_iter()
+                .map(|x| I4::wrapping(x as i64))
+                .collect(),
+        ),
+        DType::U4 => TensorData::U4(
+            ints_finite(d)
+                .into_iter()
+                .map(|x| U4::wrapping(x as i64))
+                .collect(),
+        ),
     };
     Tensor::from_parts(shape, data)
+}
+
+/// [`ints`] with ±inf as 0 (4-bit targets, as ml_dtypes casts them).
+fn ints_finite(d: &TensorData) -> Vec<i128> {
+    if is_float_data(d) {
+        num(d)
+            .into_iter()
+            .map(|x| if x.is_finite() { x.trunc() as i128 } else { 0 })
+            .collect()
+    } else {
+        ints(d)
+    }
+}
+
+fn is_float_data(d: &TensorData) -> bool {
+    d.dtype().is_float() || matches!(d.dtype(), DType::F4E2M1) || d.dtype().is_fp8()
 }
 
 fn num(d: &TensorData) -> Vec<f64> {
@@ -86,12 +163,10 @@ fn num(d: &TensorData) -> Vec<f64> {
 fn ints(d: &TensorData) -> Vec<i128> {
     match d {
         TensorData::U64(v) => v.iter().map(|&x| x as i128).collect(),
-        TensorData::F32(_) | TensorData::F64(_) | TensorData::F16(_) | TensorData::BF16(_) => {
-            num(d)
-                .into_iter()
-                .map(|x| if x.is_nan() { 0 } else { x.trunc() as i128 })
-                .collect()
-        }
+        _ if is_float_data(d) => num(d)
+            .into_iter()
+            .map(|x| if x.is_nan() { 0 } else { x.trunc() as i128 })
+            .collect(),
         _ => d
             .to_i64_vec()
             .unwrap_or_default()
