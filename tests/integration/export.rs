@@ -434,9 +434,10 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
                 rel <= 1e-5,
                 "{name} {label}: the emulation is not what the exported model computes"
             );
-            if q == Int8 {
+            {
                 // mixprec runs the exported QDQ model itself (QuantizeLinear/DequantizeLinear
-                // kernels) in plain FP32: it must compute what the emulation computed.
+                // kernels; int8, or float8e4m3fn initializers and activations) in plain FP32:
+                // it must compute what the emulation computed.
                 let exported = mixprec::load_model(&path).unwrap();
                 let own = Interpreter::new(&exported.graph)
                     .unwrap()
