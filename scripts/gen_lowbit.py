@@ -10,7 +10,7 @@ Writes into --out:
   int4/uint4, `<type>.cast.u8` holds astype() of the finite inputs below 2^24 in magnitude
   (`int4_inputs.f32`).
 * qdq_<case>/: a QuantizeLinear -> DequantizeLinear model (blocked int4, blocked float4e2m1,
-  per-axis float8e4m3fn with saturate=0, per-tensor float8e5m2) with `test_data_set_0/`
+  per-axis float8e4m3fn with saturate=0, per-tensor float8e4m3fn and float8e5m2) with `test_data_set_0/`
   input and outputs computed by onnx.reference.ReferenceEvaluator, plus `ort.txt` saying
   whether ONNX Runtime ran the model and agreed with the reference.
 * dq_<case>/: a lone blocked DequantizeLinear over an int4 / float4e2m1 graph input (odd
@@ -178,6 +178,8 @@ def main():
     ascale = np.array([0.01, 0.02, 0.5, 1.0], np.float32)  # per axis 0: row 0 overflows 448
     qdq(out, "float8e4m3fn_axis_nosat", TensorProto.FLOAT8E4M3FN, 21, x, ascale,
         np.zeros(4, ml_dtypes.float8_e4m3fn), axis=0, saturate=0)
+    qdq(out, "float8e4m3fn_tensor", TensorProto.FLOAT8E4M3FN, 19, x, np.array(0.05, np.float32),
+        np.array(0, ml_dtypes.float8_e4m3fn))
     qdq(out, "float8e5m2_tensor", TensorProto.FLOAT8E5M2, 19, x, np.array(0.001, np.float32),
         np.array(0, ml_dtypes.float8_e5m2))
     # Lone blocked DequantizeLinear over packed 4-bit inputs with an odd element count (15).

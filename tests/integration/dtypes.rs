@@ -264,3 +264,108 @@ fn every_kernel_survives_low_bit_inputs() {
     }
     println!("{calls} kernel calls with low-bit inputs, none panicked");
 }
+
+/// The CLI on low-bit models: inspect, run under a float16 plan, and Polygraphy files both
+/// ways (ONNX Runtime returns a float8e4m3fn output as uint8 bits; mixprec saves it so too).
+#[test]
+fn low_bit_models_work_from_the_cli_and_with_polygraphy() {
+    use crate::cli::polygraphy;
+    use crate::common::{mixprec, text};
+    let dir = data_dir();
+    let tmp = tempfile::tempdir().unwrap();
+    let f = |n: &str| tmp.path().join(n).to_string_lossy().into_owned();
+    let model = |c: &str| {
+        dir.join(c)
+            .join("model.onnx")
+            .to_string_lossy()
+            .into_owned()
+    };
+
+    let o = mixprec(&["inspect", &model("qdq_float8e5m2_tensor")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = mixprec(&["run", &model("qdq_float8e5m2_tensor"), "--fp16"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // An int4 graph input: generated, saved as int8, loaded back as int4; int4 and float
+    // outputs saved and compared.
+    for case in [
+        "dq_int4_blocked_axis0",
+        "qdq_int4_blocked",
+        "qdq_float8e5m2_tensor",
+    ] {
+        let (i, g) = (
+            f(&format!("{case}_in.json")),
+            f(&format!("{case}_out.json")),
+        );
+        let o = mixprec(&[
+            "run",
+            &model(case),
+            "--save-inputs",
+            &i,
+            "--save-outputs",
+            &g,
+        ]);
+        assert!(o.status.success(), "{case}: {}", text(&o));
+        let o = mixprec(&[
+            "run",
+            &model(case),
+            "--load-inputs",
+            &i,
+            "--load-outputs",
+            &g,
+        ]);
+        assert!(o.status.success(), "{case}: {}", text(&o));
+    }
+
+    let m = model("qdq_float8e4m3fn_tensor");
+    let o = polygraphy(&[
+        "run",
+        &m,
+        "--onnxrt",
+        "--val-range",
+        "x:[-20,20]",
+        "--save-inputs",
+        &f("p_in.json"),
+        "--save-outputs",
+        &f("p_out.json"),
+    ]);
+    assert!(o.status.success(), "polygraphy: {}", text(&o));
+    let o = mixprec(&[
+        "run",
+        &m,
+        "--load-inputs",
+        &f("p_in.json"),
+        "--load-outputs",
+        &f("p_out.json"),
+    ]);
+    assert!(
+        o.status.success(),
+        "mixprec on polygraphy's files: {}",
+        text(&o)
+    );
+    let o = mixprec(&[
+        "run",
+        &m,
+        "--val-range",
+        "x:[-20,20]",
+        "--save-inputs",
+        &f("m_in.json"),
+        "--save-outputs",
+        &f("m_out.json"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = polygraphy(&[
+        "run",
+        &m,
+        "--onnxrt",
+        "--load-inputs",
+        &f("m_in.json"),
+        "--load-outputs",
+        &f("m_out.json"),
+    ]);
+    assert!(
+        o.status.success(),
+        "polygraphy on mixprec's files: {}",
+        text(&o)
+    );
+}
