@@ -455,4 +455,43 @@ mod tests {
         std::fs::write(&p, b"not a zip").unwrap();
         assert!(read_npz(&p).unwrap_err().to_string().contains("a.npz"));
     }
+
+    #[test]
+    fn low_bit_types_store_as_bytes_and_read_back() {
+        use crate::lowbit::{F8E4M3FN, I4};
+        let t = Tensor::from_parts(
+            vec![2],
+            TensorData::F8E4M3FN(vec![
+                F8E4M3FN::from_f32(1.0, true),
+                F8E4M3FN::from_f32(-448.0, true),
+            ]),
+        );
+        let back = from_npy(&to_npy(&t).unwrap()).unwrap();
+        assert_eq!(back.data(), &TensorData::U8(vec![0x38, 0xFE]));
+        assert_eq!(as_low_bit(back, DType::F8E4M3FN).unwrap(), t);
+        let t = Tensor::from_parts(
+            vec![2],
+            TensorData::I4(vec![I4::wrapping(-8), I4::wrapping(7)]),
+        );
+        let back = from_npy(&to_npy(&t).unwrap()).unwrap();
+        assert_eq!(back.data(), &TensorData::I8(vec![-8, 7]));
+        assert_eq!(as_low_bit(back, DType::I4).unwrap(), t);
+        let e = as_low_bit(
+            Tensor::from_parts(vec![1], TensorData::I8(vec![9])),
+            DType::I4,
+        )
+        .unwrap_err();
+        assert!(e.contains("9 does not fit int4"), "{e}");
+        let e = as_low_bit(
+            Tensor::from_parts(vec![1], TensorData::U8(vec![0x10])),
+            DType::F4E2M1,
+        )
+        .unwrap_err();
+        assert!(e.contains("not a float4e2m1 code"), "{e}");
+        // ml_dtypes arrays saved by np.save: descr V1, raw bytes.
+        let mut npy = to_npy(&Tensor::from_parts(vec![1], TensorData::U8(vec![0x38]))).unwrap();
+        let pos = npy.windows(3).position(|w| w == b"|u1").unwrap();
+        npy[pos..pos + 3].copy_from_slice(b"<V1");
+        assert_eq!(from_npy(&npy).unwrap().data(), &TensorData::U8(vec![0x38]));
+    }
 }

@@ -680,4 +680,90 @@ mod tests {
         let e = decode_model(b"", Path::new("x.onnx")).unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
     }
+
+    #[test]
+    fn low_bit_tensors_round_trip_packed() {
+        use crate::lowbit::{F4E2M1, F8E5M2FNUZ, I4};
+        let t = Tensor::new(
+            vec![5],
+            TensorData::I4([-8, 7, -1, 0, 3].iter().map(|&v| I4::wrapping(v)).collect()),
+        )
+        .unwrap();
+        let p = tensor_to_proto("w", &t);
+        assert_eq!(p.raw_data.as_deref(), Some(&[0x78, 0x0F, 0x03][..]));
+        assert_eq!(tensor_from_proto(&p, None).unwrap(), t);
+        let t = Tensor::new(
+            vec![2],
+            TensorData::F4E2M1(vec![
+                F4E2M1::from_f32(-6.0, true),
+                F4E2M1::from_f32(0.5, true),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            tensor_from_proto(&tensor_to_proto("f", &t), None).unwrap(),
+            t
+        );
+        let t = Tensor::new(
+            vec![1],
+            TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::from_bits(0x80)]),
+        )
+        .unwrap();
+        let back = tensor_from_proto(&tensor_to_proto("n", &t), None).unwrap();
+        assert!(back.to_f32_vec().unwrap()[0].is_nan());
+    }
+
+    #[test]
+    fn low_bit_int32_data_and_wrong_counts() {
+        // float8: one element per int32_data value; 4-bit: one packed byte per value.
+        let p = proto::TensorProto {
+            dims: vec![2],
+            data_type: Some(17),
+            int32_data: vec![0x38, 0xC0],
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&p, None).unwrap().to_f32_vec().unwrap(),
+            vec![1.0, -2.0]
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(21),
+            int32_data: vec![0x21, 0x03],
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&p, None).unwrap().to_i64_vec().unwrap(),
+            vec![1, 2, 3]
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(22),
+            int32_data: vec![0x21, 0x03, 0],
+            ..Default::default()
+        };
+        let e = tensor_from_proto(&p, None).unwrap_err();
+        assert!(
+            e.contains("int32_data has 3 values") && e.contains("need 2"),
+            "{e}"
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(23),
+            raw_data: Some(vec![0; 3]),
+            ..Default::default()
+        };
+        let e = tensor_from_proto(&p, None).unwrap_err();
+        assert!(
+            e.contains("3 bytes") && e.contains("need 2 (packed two per byte)"),
+            "{e}"
+        );
+        let p = proto::TensorProto {
+            dims: vec![1],
+            data_type: Some(25),
+            raw_data: Some(vec![0]),
+            ..Default::default()
+        };
+        assert!(tensor_from_proto(&p, None).unwrap_err().contains("int2"));
+    }
 }

@@ -204,4 +204,53 @@ mod tests {
             &[false, true, true]
         );
     }
+
+    #[test]
+    fn saturate_attribute_picks_the_overflow_rule() {
+        use crate::graph::{Attribute, Node};
+        let node = |sat: Option<i64>| Node {
+            name: "c".into(),
+            op_type: "Cast".into(),
+            domain: String::new(),
+            inputs: vec!["x".into()],
+            outputs: vec!["y".into()],
+            attrs: [("to".to_string(), Attribute::Int(17))]
+                .into_iter()
+                .chain(sat.map(|s| ("saturate".to_string(), Attribute::Int(s))))
+                .collect(),
+        };
+        let x = Tensor::from_f32(vec![3], vec![1000.0, f32::NEG_INFINITY, 1.0625]);
+        let run = |n: &Node, opset| {
+            cast_op(&OpCtx { node: n, opset }, &[Some(&x)]).unwrap()[0]
+                .to_f32_vec()
+                .unwrap()
+        };
+        assert_eq!(run(&node(None), 19), vec![448.0, -448.0, 1.0]);
+        let v = run(&node(Some(0)), 19);
+        assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0, "{v:?}");
+        // Before opset 19 there is no saturate attribute: the default rule applies.
+        assert_eq!(run(&node(Some(0)), 13), vec![448.0, -448.0, 1.0]);
+    }
+
+    #[test]
+    fn low_bit_casts() {
+        let t = Tensor::from_f32(vec![6], vec![-9.0, 8.0, 7.9, f32::NAN, f32::INFINITY, -0.5]);
+        let c = cast_tensor(&t, DType::I4);
+        assert_eq!(c.to_i64_vec().unwrap(), vec![7, -8, 7, 0, 0, 0]);
+        let c = cast_tensor(&t, DType::U4);
+        assert_eq!(c.to_i64_vec().unwrap(), vec![7, 8, 7, 0, 0, 0]);
+        let c = cast_tensor(&t, DType::F4E2M1).to_f32_vec().unwrap();
+        assert_eq!(&c[..3], &[-6.0, 6.0, 6.0]);
+        assert_eq!(c[5], -0.5);
+        // Integers narrow by keeping the low bits; float8 to float16 is exact.
+        let i = Tensor::from_i64(vec![2], vec![200, -56]);
+        assert_eq!(
+            cast_tensor(&i, DType::I4).to_i64_vec().unwrap(),
+            vec![-8, -8]
+        );
+        let f8 = cast_tensor(&Tensor::from_f32(vec![1], vec![0.1]), DType::F8E5M2);
+        let h = cast_tensor(&f8, DType::F16);
+        assert_eq!(h.to_f32_vec().unwrap(), f8.to_f32_vec().unwrap());
+        assert_eq!(f8.to_f32_vec().unwrap(), vec![0.09375]);
+    }
 }

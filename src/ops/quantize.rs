@@ -544,4 +544,69 @@ mod tests {
         let out = run(dynamic_quantize_linear, &n, 11, &[Some(&z)]).unwrap();
         assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0]));
     }
+
+    #[test]
+    fn int4_saturates_and_float8_follows_saturate() {
+        let n = node("QuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![4], vec![100.0, -100.0, 2.5, 3.5]);
+        let s = Tensor::scalar_f32(1.0);
+        let z = Tensor::from_parts(vec![], TensorData::I4(vec![I4::wrapping(0)]));
+        let y = run(quantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].to_i64_vec().unwrap(), vec![7, -8, 2, 4]);
+        let z = Tensor::from_parts(vec![], TensorData::F8E4M3FN(vec![F8E4M3FN::from_bits(0)]));
+        let x = Tensor::from_f32(vec![2], vec![1000.0, 1.0625]);
+        let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].to_f32_vec().unwrap(), vec![448.0, 1.0]);
+        let ns = node("QuantizeLinear", &[("saturate", 0)]);
+        let y = run(quantize_linear, &ns, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert!(y[0].to_f32_vec().unwrap()[0].is_nan());
+        // A float8 zero point must be zero.
+        let z1 = Tensor::from_parts(
+            vec![],
+            TensorData::F8E4M3FN(vec![F8E4M3FN::from_f32(1.0, true)]),
+        );
+        let e = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z1)]).unwrap_err();
+        assert!(e.0.contains("must be 0"), "{e}");
+        let dn = node("DequantizeLinear", &[]);
+        let e = run(
+            dequantize_linear,
+            &dn,
+            19,
+            &[Some(&y[0]), Some(&s), Some(&z1)],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("must be 0"), "{e}");
+    }
+
+    #[test]
+    fn float4_quantizes_through_output_dtype_and_dequantizes() {
+        let n = node("QuantizeLinear", &[("output_dtype", 23)]);
+        let x = Tensor::from_f32(vec![4], vec![5.0, -100.0, 0.5, 0.25]);
+        let s = Tensor::scalar_f32(0.5);
+        let q = run(quantize_linear, &n, 23, &[Some(&x), Some(&s)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(q.dtype(), DType::F4E2M1);
+        assert_eq!(q.to_f32_vec().unwrap(), vec![6.0, -6.0, 1.0, 0.5]);
+        let dn = node("DequantizeLinear", &[]);
+        let y = run(dequantize_linear, &dn, 23, &[Some(&q), Some(&s)]).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[3.0, -3.0, 0.5, 0.25]);
+        // Unsupported output types are named.
+        let bad = node("QuantizeLinear", &[("output_dtype", 1)]);
+        let e = run(quantize_linear, &bad, 23, &[Some(&x), Some(&s)]).unwrap_err();
+        assert!(e.0.contains("float32 is not supported"), "{e}");
+    }
+
+    #[test]
+    fn blocked_uint4_dequantize() {
+        let n = node("DequantizeLinear", &[("axis", 0), ("block_size", 2)]);
+        let x = Tensor::from_parts(
+            vec![3, 1],
+            TensorData::U4([15, 0, 9].iter().map(|&v| U4::wrapping(v)).collect()),
+        );
+        let s = Tensor::from_f32(vec![2, 1], vec![1.0, 0.5]);
+        let z = Tensor::from_parts(vec![2, 1], TensorData::U4(vec![U4::wrapping(8); 2]));
+        let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[7.0, -8.0, 0.5]);
+    }
 }
