@@ -13,6 +13,7 @@ pub mod export;
 pub mod graph;
 pub mod infer;
 pub mod inspect;
+pub mod lowbit;
 pub mod onnx;
 pub mod ops;
 pub mod precision;

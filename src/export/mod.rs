@@ -169,8 +169,8 @@ fn quant_code(p: Precision) -> i32 {
 /// The stored byte of one quantized value (already on the grid of `p`).
 fn quant_byte(p: Precision, q: f32) -> u8 {
     match p {
-        Precision::Fp8E4M3 => float8::F8E4M3::from_f32(q).to_bits(),
-        Precision::Fp8E5M2 => float8::F8E5M2::from_f32(q).to_bits(),
+        Precision::Fp8E4M3 => crate::lowbit::F8E4M3FN::from_f32(q, true).to_bits(),
+        Precision::Fp8E5M2 => crate::lowbit::F8E5M2::from_f32(q, true).to_bits(),
         _ => (q as i8) as u8,
     }
 }

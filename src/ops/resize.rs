@@ -978,7 +978,15 @@ fn from_f64(dtype: DType, v: Vec<f64>) -> Option<TensorData> {
         DType::I64 => TensorData::I64(ints!(i64)),
         DType::U64 => TensorData::U64(ints!(u64)),
         DType::Bool => TensorData::Bool(v.into_iter().map(|x| x != 0.0).collect()),
-        DType::Str => return None,
+        // Resize does not take strings or the low-bit storage types (ONNX's type constraints).
+        DType::Str
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::U4
+        | DType::I4
+        | DType::F4E2M1 => return None,
     })
 }
 
