@@ -110,8 +110,31 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
         let mut outs: Vec<Fact> = match def {
             None => Vec::new(),
             Some(def) => {
+                let ruled = match def.infer {
+                    Some(rule) => {
+                        let ctx = InferCtx::new(node, opset, &next_unknown);
+                        Some(
+                            rule(&ctx, &ins)
+                                .map_err(|e| op_err(format!("shape inference: {}", e.0)))?,
+                        )
+                    }
+                    None => None,
+                };
+                // Fold when every input is known and the outputs are small (as far as the rule
+                // can tell): large constants (ConstantOfShape of a big shape) stay facts.
                 let all_known = ins.iter().flatten().all(|f| f.value.is_some());
-                if all_known {
+                let small = ruled.as_ref().is_none_or(|outs| {
+                    outs.iter().all(|f| {
+                        f.shape.as_ref().is_none_or(|s| {
+                            s.iter()
+                                .try_fold(1usize, |acc, d| {
+                                    d.as_known().map(|n| acc.saturating_mul(n))
+                                })
+                                .is_none_or(|n| n <= FOLD_LIMIT)
+                        })
+                    })
+                });
+                if all_known && small {
                     let args: Vec<Option<&Tensor>> = ins
                         .iter()
                         .map(|f| f.and_then(|f| f.value.as_deref()))
@@ -128,11 +151,8 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
                             }
                         })
                         .collect()
-                } else if let Some(rule) = def.infer {
-                    let ctx = InferCtx::new(node, opset, &next_unknown);
-                    rule(&ctx, &ins).map_err(|e| op_err(format!("shape inference: {}", e.0)))?
                 } else {
-                    Vec::new()
+                    ruled.unwrap_or_default()
                 }
             }
         };

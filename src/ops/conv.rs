@@ -113,10 +113,11 @@ fn conv_transpose_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::
     let Some(rank) = x.rank().or(w.rank()) else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
-    if rank < 3 {
+    if rank < 3 || x.rank().is_some_and(|r| r != rank) || w.rank().is_some_and(|r| r != rank) {
         return Err(OpError(format!(
-            "X {} must have rank >= 3",
-            x.shape_string()
+            "X {} and W {} must have the same rank >= 3",
+            x.shape_string(),
+            w.shape_string()
         )));
     }
     let group = ctx.node.attr_int_or("group", 1).max(1) as usize;
@@ -162,6 +163,11 @@ pub fn window(
     ceil_mode: bool,
 ) -> Result<Window, OpError> {
     let r = input_sp.len();
+    if kernel.len() != r || kernel.contains(&0) {
+        return Err(OpError(format!(
+            "kernel {kernel:?} does not fit {r} spatial axes (every size must be >= 1)"
+        )));
+    }
     let ints = |name: &str, default: usize| -> Result<Vec<usize>, OpError> {
         match node.attr_ints(name) {
             Some(v) if v.len() == r => v
@@ -299,6 +305,10 @@ fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
                             ceil_div(iw_n - off, st).clamp(lo as isize, ow_n as isize) as usize;
                         dst[..lo].fill(0.0);
                         dst[hi..].fill(0.0);
+                        if hi == lo {
+                            // The whole kernel column lies in the padding.
+                            continue;
+                        }
                         let s0 = (lo as isize * st + off) as usize;
                         if st == 1 {
                             dst[lo..hi].copy_from_slice(&src[s0..s0 + (hi - lo)]);
@@ -569,6 +579,11 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let o_sz: usize = out_sp.iter().product();
     let rows = mg * k_sz;
     let mut out = vec![0f32; n * m * o_sz];
+    if out.is_empty() {
+        let mut shape = vec![n, m];
+        shape.extend(&out_sp);
+        return Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())]);
+    }
     let mut col = vec![0f32; rows * in_sz];
     for b in 0..n {
         for g in 0..group {
@@ -713,5 +728,16 @@ mod tests {
         );
         assert_eq!(y.shape(), &[1, 1, 4]);
         assert_eq!(y.as_f32().unwrap(), &[1., 1., 2., 2.]);
+    }
+
+    /// A 5×5 kernel with pads 2 on a 1×1 input: every kernel row but the centre one lies
+    /// wholly in the padding. ONNX Runtime returns x · w[2][2] (the one overlapping tap).
+    #[test]
+    fn kernel_rows_wholly_in_the_padding() {
+        let x = Tensor::from_f32(vec![1, 1, 1, 1], vec![3.0]);
+        let w = Tensor::from_f32(vec![1, 1, 5, 5], (0..25).map(|i| i as f32).collect());
+        let y = run("Conv", &[("pads", Attribute::Ints(vec![2, 2, 2, 2]))], x, w);
+        assert_eq!(y.shape(), &[1, 1, 1, 1]);
+        assert_eq!(y.as_f32().unwrap(), &[3.0 * 12.0]);
     }
 }

@@ -693,13 +693,7 @@ fn build_taps<T: Float>(p: &Params, s: &AxisSpec) -> Taps<T> {
 /// decides only rounding), every other axis being unchanged.
 fn run(x: &Tensor, p: &Params, specs: &[AxisSpec], order: &[usize]) -> OpResult {
     let out_shape: Vec<usize> = specs.iter().map(|s| s.out_len).collect();
-    let count = out_shape
-        .iter()
-        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-        .filter(|&c| c <= isize::MAX as usize / 8);
-    let Some(count) = count else {
-        op_bail!("output shape {out_shape:?} is too large");
-    };
+    let count = super::util::checked_len(&out_shape)?;
     if count == 0 {
         return Ok(vec![Tensor::zeros(x.dtype(), out_shape)]);
     }

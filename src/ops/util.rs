@@ -3,6 +3,24 @@
 use super::OpError;
 use crate::tensor::{strides_of, Tensor};
 
+/// The most elements one tensor a kernel makes may have (2^31, 8 GiB of f32): beyond it a
+/// shape computed from inputs (a huge Resize scale, a Tile count) is an error, not an
+/// allocation that takes the machine down.
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// The element count of `shape`, or an error when it exceeds [`MAX_ELEMENTS`].
+pub fn checked_len(shape: &[usize]) -> Result<usize, OpError> {
+    shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .filter(|&n| n <= MAX_ELEMENTS)
+        .ok_or_else(|| {
+            OpError(format!(
+                "the output shape {shape:?} has more than {MAX_ELEMENTS} elements"
+            ))
+        })
+}
+
 /// The required input `i`, or an error naming it.
 pub fn input<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a Tensor, OpError> {
     match inputs.get(i) {

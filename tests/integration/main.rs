@@ -7,6 +7,7 @@ mod common;
 mod conformance;
 mod dtypes;
 mod export;
+mod fuzz;
 mod models;
 mod precision;
 mod report;

@@ -137,7 +137,22 @@ pub(super) fn register(r: &mut Registry) {
     });
     r.def_mut("Range").infer(|ctx, i| {
         let x = fact(i, 0)?;
-        Ok(vec![Fact::new(x.dtype, Some(vec![ctx.unknown_dim()]))])
+        let scalar = |k: usize| -> Option<f64> {
+            let v = fact(i, k).ok()?.value.as_ref()?.to_f64_vec()?;
+            (v.len() == 1).then(|| v[0])
+        };
+        let len = match (scalar(0), scalar(1), scalar(2)) {
+            (Some(s), Some(l), Some(d)) if d != 0.0 => {
+                let n = ((l - s) / d).ceil();
+                DimFact::known(if n > 0.0 {
+                    n.min(u32::MAX as f64) as usize
+                } else {
+                    0
+                })
+            }
+            _ => ctx.unknown_dim(),
+        };
+        Ok(vec![Fact::new(x.dtype, Some(vec![len]))])
     });
     r.def_mut("Pad").infer(pad_facts);
     r.def_mut("DepthToSpace")
@@ -497,11 +512,13 @@ fn split_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
                 .collect()
         }
         Some(None) => {
-            let parts = ctx
-                .node
-                .attr_int("num_outputs")
-                .map(|v| v.max(1) as usize)
-                .unwrap_or(n_out.max(1));
+            let parts = ctx.node.attr_int("num_outputs").unwrap_or(n_out as i64);
+            if parts < 1 || parts as usize != n_out {
+                return Err(OpError(format!(
+                    "num_outputs {parts} differs from the node's {n_out} outputs"
+                )));
+            }
+            let parts = parts as usize;
             match s[axis].as_known() {
                 Some(d) => {
                     let chunk = d.div_ceil(parts);

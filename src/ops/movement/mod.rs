@@ -326,12 +326,13 @@ fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 s.into_iter().map(|v| v as usize).collect()
             }
             None => {
-                let parts = ctx
-                    .node
-                    .attr_int("num_outputs")
-                    .map(|v| v as usize)
-                    .unwrap_or(n_out)
-                    .max(1);
+                let parts = ctx.node.attr_int("num_outputs").unwrap_or(n_out as i64);
+                if parts < 1 || parts as usize != n_out {
+                    return err(format!(
+                        "num_outputs {parts} differs from the node's {n_out} outputs"
+                    ));
+                }
+                let parts = parts as usize;
                 let chunk = dim.div_ceil(parts);
                 let mut v = Vec::new();
                 let mut left = dim;
@@ -550,7 +551,7 @@ fn constant_of_shape(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         return err(format!("negative dimension in {dims:?}"));
     }
     let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-    let n: usize = shape.iter().product();
+    let n = super::util::checked_len(&shape)?;
     let value = ctx
         .node
         .attr_tensor("value")
@@ -570,6 +571,7 @@ fn expand(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let dims = input_i64s(inputs, 1)?;
     let target: Vec<usize> = dims.iter().map(|&d| d.max(0) as usize).collect();
     let shape = broadcast_shapes(&[x.shape(), &target])?;
+    super::util::checked_len(&shape)?;
     let src: Vec<usize> = (0..x.len()).collect();
     let idx = broadcast_to(&src, x.shape(), &shape);
     Ok(vec![gathered(x, shape, &idx)])
@@ -588,10 +590,10 @@ fn tile(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .shape()
         .iter()
         .zip(&reps)
-        .map(|(&d, &r)| d * r as usize)
+        .map(|(&d, &r)| d.saturating_mul(r as usize))
         .collect();
     let st = strides_of(x.shape());
-    let n: usize = shape.iter().product();
+    let n = super::util::checked_len(&shape)?;
     let ost = strides_of(&shape);
     let idx: Vec<usize> = (0..n)
         .map(|flat| {
@@ -643,7 +645,7 @@ fn scalar_param(t: &Tensor, name: &str, dtype: DType) -> Result<(f64, i64), OpEr
 }
 
 /// Ranges longer than this are refused rather than allocated.
-const RANGE_MAX_LEN: f64 = (1u64 << 32) as f64;
+const RANGE_MAX_LEN: f64 = super::util::MAX_ELEMENTS as f64;
 
 fn range(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let dtype = input(inputs, 0)?.dtype();
