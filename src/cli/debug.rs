@@ -205,6 +205,7 @@ fn install_interrupt_handler() {
 }
 
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
+    args.data.check_trt_options()?;
     let p = &Printer::new(args.color);
     let criterion = args.compare.criterion()?;
     let high = Precision::parse(&args.higher_precision)?;

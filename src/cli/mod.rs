@@ -9,8 +9,9 @@ mod precision_args;
 mod ranges;
 mod run;
 mod style;
+mod trt_args;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -47,7 +48,10 @@ enum Command {
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Polygraphy runs and compares runners in command-line order.
+    let trt_first = matches.subcommand_matches("run").is_none_or(run::trt_first);
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
@@ -58,7 +62,7 @@ pub fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Run(a) => run::run(*a),
+        Command::Run(a) => run::run(*a, trt_first),
         Command::Calibrate(a) => calibrate::run(a),
         Command::Convert(a) => convert::run(*a),
         Command::Debug(a) => debug::run(a),
