@@ -119,6 +119,35 @@ pub struct SearchArgs {
     /// With --check: seconds before the command is killed and the candidate counted as failing.
     #[arg(long = "check-timeout", value_name = "SECS")]
     check_timeout: Option<f64>,
+    /// With --check: where each candidate model is written (Polygraphy's iteration artifact);
+    /// default `polygraphy_debug.onnx` when the command has no {model} placeholder.
+    #[arg(
+        long = "iter-artifact",
+        alias = "intermediate-artifact",
+        value_name = "FILE"
+    )]
+    iter_artifact: Option<PathBuf>,
+    /// Keep the iteration artifact between candidates (by default it is removed after each).
+    #[arg(long = "no-remove-intermediate")]
+    no_remove_intermediate: bool,
+    /// With --check: files the command writes, moved after each candidate into
+    /// `<artifacts-dir>/good` or `/bad` with the start time and iteration in their name.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    artifacts: Vec<PathBuf>,
+    /// Where --artifacts are sorted (default polygraphy_artifacts).
+    #[arg(
+        long = "artifacts-dir",
+        alias = "art-dir",
+        default_value = "polygraphy_artifacts",
+        value_name = "DIR"
+    )]
+    artifacts_dir: PathBuf,
+    /// Print the --check command's output for passing candidates too.
+    #[arg(long = "show-output", conflicts_with = "hide_fail_output")]
+    show_output: bool,
+    /// Do not print the --check command's output for failing candidates (printed by default).
+    #[arg(long = "hide-fail-output")]
+    hide_fail_output: bool,
     /// Write the answer as a mixed-precision ONNX model (as `mixprec convert` would).
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
@@ -231,8 +260,15 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         Some(r) => Some(regex::Regex::new(r).with_context(|| format!("--fail-regex '{r}'"))?),
         None => None,
     };
-    if args.check.is_empty() && (args.fail_regex.is_some() || args.check_timeout.is_some()) {
-        bail!("--fail-regex and --check-timeout apply to --check, which is not given");
+    if args.check.is_empty()
+        && (args.fail_regex.is_some()
+            || args.check_timeout.is_some()
+            || args.iter_artifact.is_some()
+            || !args.artifacts.is_empty()
+            || args.show_output
+            || args.hide_fail_output)
+    {
+        bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
     }
     let check_timeout = match args.check_timeout {
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
@@ -338,6 +374,16 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             workdir: workdir.0.clone(),
             verbose: args.verbose,
             evaluations: 0,
+            iter_artifact: args.iter_artifact.clone().or_else(|| {
+                (!args.check.iter().any(|a| a.contains("{model}")))
+                    .then(|| PathBuf::from("polygraphy_debug.onnx"))
+            }),
+            keep_iter_artifact: args.no_remove_intermediate,
+            artifacts: args.artifacts.clone(),
+            artifacts_dir: args.artifacts_dir.clone(),
+            artifact_stamp: super::run::polygraphy_stamp().replace(['/', ':'], "-"),
+            show_output: args.show_output,
+            hide_fail_output: args.hide_fail_output,
         })
     };
 

@@ -236,6 +236,12 @@ pub fn trt_first(matches: &clap::ArgMatches) -> bool {
 /// Polygraphy's runner name: `<prefix>-N<count>-<%x>-<%X>` in local time
 /// (e.g. `trt-runner-N0-04/01/24-15:29:00`).
 fn polygraphy_runner_name(prefix: &str) -> String {
+    format!("{prefix}-N0-{}", polygraphy_stamp())
+}
+
+/// The local date and time as Polygraphy's `time.strftime('%x')-time.strftime('%X')` in the C
+/// locale: `MM/DD/YY-HH:MM:SS`.
+pub fn polygraphy_stamp() -> String {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs()) as libc::time_t;
@@ -251,7 +257,7 @@ fn polygraphy_runner_name(prefix: &str) -> String {
         tm
     };
     format!(
-        "{prefix}-N0-{:02}/{:02}/{:02}-{:02}:{:02}:{:02}",
+        "{:02}/{:02}/{:02}-{:02}:{:02}:{:02}",
         tm.tm_mon + 1,
         tm.tm_mday,
         tm.tm_year.rem_euclid(100),
