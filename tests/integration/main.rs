@@ -10,3 +10,4 @@ mod models;
 mod precision;
 mod report;
 mod search;
+mod seeds;
