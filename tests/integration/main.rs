@@ -7,6 +7,7 @@ mod common;
 mod conformance;
 mod export;
 mod models;
+mod polygraphy_cli;
 mod precision;
 mod report;
 mod search;
