@@ -308,7 +308,7 @@ fn marked_tensors(
                 names.push(o.name.clone());
             }
         }
-        for extra in &spec[2..] {
+        if let Some(extra) = spec.get(2) {
             bail!("{flag}-outputs mark all: unexpected '{extra}' after 'mark all'");
         }
         return Ok(Some(names));
