@@ -76,3 +76,24 @@ pub fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        // Duplicate flags across flattened groups (Polygraphy's many options) panic here.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn runner_order_follows_the_command_line() {
+        let order = |args: &[&str]| {
+            let m = Cli::command().get_matches_from(args);
+            run::trt_first(m.subcommand_matches("run").unwrap())
+        };
+        assert!(order(&["mixprec", "run", "m.onnx", "--trt", "--fp16", "--onnxrt"]));
+        assert!(!order(&["mixprec", "run", "m.onnx", "--onnxrt", "--trt"]));
+    }
+}
