@@ -93,7 +93,9 @@ mod tests {
             let m = Cli::command().get_matches_from(args);
             run::trt_first(m.subcommand_matches("run").unwrap())
         };
-        assert!(order(&["mixprec", "run", "m.onnx", "--trt", "--fp16", "--onnxrt"]));
+        assert!(order(&[
+            "mixprec", "run", "m.onnx", "--trt", "--fp16", "--onnxrt"
+        ]));
         assert!(!order(&["mixprec", "run", "m.onnx", "--onnxrt", "--trt"]));
     }
 }

@@ -451,3 +451,109 @@ fn tensorrt_only_options_warn_once_and_unknown_flags_fail() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("shape=(3, "), "{}", text(&o));
 }
+
+#[test]
+fn debug_conventions_iter_artifact_artifacts_output_and_replay() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    let m = example("needs_constraints.onnx");
+    let py = python().to_string_lossy().into_owned();
+    // The check passes when Polygraphy's iteration artifact exists, counts its calls, prints a
+    // marker and writes an artifact to sort.
+    let check = "import os, sys; open('count', 'a').write('x'); open('art.txt', 'w').write('a'); \
+                 print('CHECK' + '-SAYS-HELLO'); sys.exit(0 if os.path.exists('polygraphy_debug.onnx') else 3)";
+    let base = [
+        "debug",
+        "precision",
+        m.as_str(),
+        "--fp16",
+        "--val-range",
+        "x:[1,2]",
+    ];
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = base.to_vec();
+        a.extend(extra);
+        a.extend(["--check", py.as_str(), "-c", check]);
+        mixprec_in(d, &a)
+    };
+    let o = run(&[
+        "--save-debug-replay",
+        "replay.json",
+        "--artifacts",
+        "art.txt",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let calls = std::fs::read_to_string(d.join("count")).unwrap().len();
+    assert!(calls >= 2, "{t}");
+    // The artifact was there for the check, and removed after each candidate.
+    assert!(!d.join("polygraphy_debug.onnx").exists());
+    // Passing candidates' output is hidden unless --show-output.
+    assert!(!t.contains("CHECK-SAYS-HELLO"), "{t}");
+    let good: Vec<_> = std::fs::read_dir(d.join("polygraphy_artifacts/good"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(good.len(), calls, "{good:?}");
+    assert!(
+        good.iter()
+            .all(|n| n.starts_with("art_") && n.ends_with(".txt")),
+        "{good:?}"
+    );
+
+    // Resuming evaluates no known candidate again.
+    let o = run(&[
+        "--load-debug-replay",
+        "replay.json",
+        "--show-output",
+        "--no-remove-intermediate",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert_eq!(
+        std::fs::read_to_string(d.join("count")).unwrap().len(),
+        calls,
+        "{t}"
+    );
+    assert!(
+        t.contains(&format!(
+            "{calls} candidate(s) answered from the debug replay"
+        )),
+        "{t}"
+    );
+    // Another flag: refused, naming it.
+    let o = mixprec_in(
+        d,
+        &[
+            "debug",
+            "precision",
+            &m,
+            "--bf16",
+            "--val-range",
+            "x:[1,2]",
+            "--load-debug-replay",
+            "replay.json",
+            "--check",
+            &py,
+            "-c",
+            check,
+        ],
+    );
+    assert!(
+        text(&o).contains("precision: recorded '--fp16', now '--bf16'"),
+        "{}",
+        text(&o)
+    );
+    // --show-output prints passing candidates' output; with a failing check the output shows
+    // by default and --hide-fail-output hides it.
+    std::fs::remove_file(d.join("count")).unwrap();
+    let o = run(&["--show-output", "--iter-artifact", "elsewhere.onnx"]);
+    let t = text(&o);
+    assert!(t.contains("CHECK-SAYS-HELLO"), "{t}");
+    assert!(
+        t.contains("Even the all-high-precision plan fails") || !o.status.success(),
+        "{t}"
+    );
+    let o = run(&["--hide-fail-output", "--iter-artifact", "elsewhere.onnx"]);
+    assert!(!text(&o).contains("CHECK-SAYS-HELLO"), "{}", text(&o));
+}
