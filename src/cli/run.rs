@@ -80,7 +80,8 @@ impl DataArgs {
             }
             let python = std::env::var_os("MIXPREC_PYTHON")
                 .map_or_else(|| PathBuf::from("python3"), PathBuf::from);
-            let (feeds, log) = script.load(&python, &graph.inputs, self.iterations)?;
+            let limit = self.iterations.filter(|&n| n > 0);
+            let (feeds, log) = script.load(&python, &graph.inputs, limit)?;
             if !log.trim().is_empty() {
                 eprint!("{log}");
             }
@@ -1179,7 +1180,7 @@ fn compare_runs(
                 1,
                 &format!(
                     "Skipping golden output(s) the model does not produce: {}",
-                    quoted(&missing_in_model)
+                    quoted_few(&missing_in_model)
                 ),
             );
         }
@@ -1188,7 +1189,7 @@ fn compare_runs(
                 1,
                 &format!(
                     "Skipping output(s) absent from the golden file: {}",
-                    quoted(&missing_in_golden)
+                    quoted_few(&missing_in_golden)
                 ),
             );
         }
@@ -1302,6 +1303,14 @@ fn py_list(names: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// At most 8 quoted names, then how many more (marked tensors can be thousands).
+fn quoted_few(names: &[String]) -> String {
+    if names.len() <= 8 {
+        return quoted(names);
+    }
+    format!("{} and {} more", quoted(&names[..8]), names.len() - 8)
 }
 
 fn quoted(names: &[String]) -> String {
