@@ -54,7 +54,7 @@ pub struct DataArgs {
     #[arg(long = "data-loader-func-name", value_name = "FUNC", hide = true)]
     pub data_loader_func_name: Option<String>,
     #[command(flatten)]
-    pub trt: TrtOnlyArgs,
+    pub trt: Box<TrtOnlyArgs>,
 }
 
 impl DataArgs {
