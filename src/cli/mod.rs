@@ -37,7 +37,7 @@ enum Command {
     /// Run a model in FP32 or reduced precision on generated or loaded inputs; save or compare outputs (Polygraphy-style).
     Run(Box<run::RunArgs>),
     /// Calibrate int8/fp8 ranges over FP32 runs (minmax, entropy, percentile); write a TensorRT calibration cache.
-    Calibrate(calibrate::CalibrateArgs),
+    Calibrate(Box<calibrate::CalibrateArgs>),
     /// Write a precision plan as a mixed-precision ONNX model (Casts for fp16/bf16, Q/DQ for int8/fp8).
     Convert(Box<convert::ConvertArgs>),
     /// Debugging tools: `debug precision` finds the layers that must stay in higher precision.
@@ -63,7 +63,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
         Command::Run(a) => run::run(*a, trt_first),
-        Command::Calibrate(a) => calibrate::run(a),
+        Command::Calibrate(a) => calibrate::run(*a),
         Command::Convert(a) => convert::run(*a),
         Command::Debug(a) => debug::run(a),
         Command::Precision(a) => debug::run_legacy(*a),
