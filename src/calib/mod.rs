@@ -84,6 +84,59 @@ impl CalibAlgo {
         }
     }
 
+    /// TensorRT's calibrator classes (Polygraphy's `--calibration-base-class`) as mixprec's
+    /// algorithms, with a note where the mapping is not exact. `quantile` and
+    /// `regression_cutoff` are `IInt8LegacyCalibrator`'s parameters.
+    pub fn from_trt_calibrator(
+        class: &str,
+        quantile: Option<f64>,
+        regression_cutoff: Option<f64>,
+    ) -> Result<(CalibAlgo, Vec<String>)> {
+        let name = class.trim().trim_start_matches("trt.");
+        let mut notes = Vec::new();
+        let legacy = name == "IInt8LegacyCalibrator";
+        if !legacy && (quantile.is_some() || regression_cutoff.is_some()) {
+            notes.push(format!(
+                "--quantile/--regression-cutoff apply to IInt8LegacyCalibrator only; they have no effect with {name}"
+            ));
+        }
+        let algo = match name {
+            "IInt8EntropyCalibrator2" => CalibAlgo::Entropy,
+            "IInt8EntropyCalibrator" => {
+                notes.push(
+                    "IInt8EntropyCalibrator (TensorRT's first entropy calibrator) runs as EntropyCalibration2, its successor".into(),
+                );
+                CalibAlgo::Entropy
+            }
+            "IInt8MinMaxCalibrator" => CalibAlgo::MinMax,
+            "IInt8LegacyCalibrator" => {
+                let q = quantile.unwrap_or(DEFAULT_PERCENTILE / 100.0);
+                if !(q > 0.0 && q <= 1.0) {
+                    return Err(Error::Invalid(format!(
+                        "--quantile {q}: the quantile must be in (0, 1]"
+                    )));
+                }
+                let algo = CalibAlgo::percentile(q * 100.0)?;
+                notes.push(format!(
+                    "IInt8LegacyCalibrator runs as percentile calibration at the {}th percentile of |x|{}",
+                    q * 100.0,
+                    if regression_cutoff.is_some() {
+                        "; --regression-cutoff has no counterpart and is ignored"
+                    } else {
+                        ""
+                    }
+                ));
+                algo
+            }
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "calibration base class '{class}': valid are IInt8EntropyCalibrator2, IInt8EntropyCalibrator, IInt8MinMaxCalibrator, IInt8LegacyCalibrator"
+                )))
+            }
+        };
+        Ok((algo, notes))
+    }
+
     /// The algorithm's name in cache headers: TensorRT's names where TensorRT has the
     /// algorithm (`EntropyCalibration2`, `MinMaxCalibration`); `PercentileCalibration` otherwise.
     pub fn trt_name(self) -> &'static str {
@@ -330,6 +383,24 @@ fn progress_bar(show: bool, len: u64) -> indicatif::ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn trt_calibrator_classes_map_to_algorithms() {
+        let m = |c: &str| CalibAlgo::from_trt_calibrator(c, None, None).unwrap().0;
+        assert_eq!(m("IInt8EntropyCalibrator2"), CalibAlgo::Entropy);
+        assert_eq!(m("trt.IInt8MinMaxCalibrator"), CalibAlgo::MinMax);
+        assert_eq!(m("IInt8EntropyCalibrator"), CalibAlgo::Entropy);
+        let (a, notes) =
+            CalibAlgo::from_trt_calibrator("IInt8LegacyCalibrator", Some(0.999), Some(0.5))
+                .unwrap();
+        assert!(matches!(a, CalibAlgo::Percentile(p) if (p - 99.9).abs() < 1e-9));
+        assert!(notes[0].contains("regression-cutoff"), "{notes:?}");
+        let e = CalibAlgo::from_trt_calibrator("Foo", None, None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("IInt8MinMaxCalibrator"), "{e}");
+        assert!(CalibAlgo::from_trt_calibrator("IInt8LegacyCalibrator", Some(2.0), None).is_err());
+    }
     use crate::graph::{Graph, Node, ValueInfo};
     use crate::tensor::DType;
     use std::collections::BTreeMap;

@@ -1,6 +1,7 @@
 //! `mixprec calibrate`: per-tensor int8 ranges from FP32 runs over calibration data, written
 //! as a TensorRT calibration cache (`trtexec --calib`, `polygraphy --calibration-cache`).
 
+use super::precision_args::CalibAlgoArgs;
 use super::run::DataArgs;
 use crate::calib::{self, CalibAlgo, CalibrationReport};
 use crate::compare::fmt_g;
@@ -26,9 +27,12 @@ pub struct CalibrateArgs {
     #[command(flatten)]
     inputs: DataArgs,
     /// Calibration algorithm: entropy (TensorRT's EntropyCalibration2, the default), minmax,
-    /// or percentile.
-    #[arg(long, default_value = "entropy", value_name = "ALGO")]
-    algo: String,
+    /// or percentile (also spelled --calibration-algo; or Polygraphy's
+    /// --calibration-base-class IInt8MinMaxCalibrator ...).
+    #[arg(long, value_name = "ALGO")]
+    algo: Option<String>,
+    #[command(flatten)]
+    calib: CalibAlgoArgs,
     /// Percentile of |x| for `--algo percentile`, in (0, 100].
     #[arg(long, value_name = "P")]
     percentile: Option<f64>,
@@ -45,7 +49,8 @@ pub struct CalibrateArgs {
 }
 
 pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
-    let mut algo = CalibAlgo::parse(&args.algo).context("--algo")?;
+    args.inputs.check_trt_options()?;
+    let mut algo = args.calib.algo(args.algo.as_deref())?;
     if let Some(p) = args.percentile {
         match algo {
             CalibAlgo::Percentile(_) => algo = CalibAlgo::percentile(p).context("--percentile")?,

@@ -37,6 +37,7 @@ pub struct ConvertArgs {
 }
 
 pub fn run(args: ConvertArgs) -> Result<ExitCode> {
+    args.data.check_trt_options()?;
     if !args.precision.any() {
         bail!("nothing to convert: give a precision (--fp16, --bf16, --int8, --fp8 or --layer-precisions)");
     }

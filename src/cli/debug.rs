@@ -14,6 +14,7 @@ use crate::inspect::si;
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
+use crate::search::replay::{DebugReplay, ModelId, ReplayOracle};
 use crate::search::{
     search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
     Trial,
@@ -22,6 +23,7 @@ use crate::{load_model, Graph, Interpreter};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -119,6 +121,44 @@ pub struct SearchArgs {
     /// With --check: seconds before the command is killed and the candidate counted as failing.
     #[arg(long = "check-timeout", value_name = "SECS")]
     check_timeout: Option<f64>,
+    /// With --check: where each candidate model is written (Polygraphy's iteration artifact);
+    /// default `polygraphy_debug.onnx` when the command has no {model} placeholder.
+    #[arg(
+        long = "iter-artifact",
+        alias = "intermediate-artifact",
+        value_name = "FILE"
+    )]
+    iter_artifact: Option<PathBuf>,
+    /// Keep the iteration artifact between candidates (by default it is removed after each).
+    #[arg(long = "no-remove-intermediate")]
+    no_remove_intermediate: bool,
+    /// With --check: files the command writes, moved after each candidate into
+    /// `<artifacts-dir>/good` or `/bad` with the start time and iteration in their name.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    artifacts: Vec<PathBuf>,
+    /// Where --artifacts are sorted (default polygraphy_artifacts).
+    #[arg(
+        long = "artifacts-dir",
+        alias = "art-dir",
+        default_value = "polygraphy_artifacts",
+        value_name = "DIR"
+    )]
+    artifacts_dir: PathBuf,
+    /// Write the verdict of every evaluated candidate to this JSON file after each evaluation
+    /// (Polygraphy's debug replay), so an interrupted search can resume.
+    #[arg(long = "save-debug-replay", value_name = "FILE")]
+    save_debug_replay: Option<PathBuf>,
+    /// Resume from a debug replay: candidates it holds are not evaluated again (the model and
+    /// the settings that decide a verdict must be the same; the mode may differ). Give the
+    /// same file to --save-debug-replay to keep recording into it.
+    #[arg(long = "load-debug-replay", value_name = "FILE")]
+    load_debug_replay: Option<PathBuf>,
+    /// Print the --check command's output for passing candidates too.
+    #[arg(long = "show-output", conflicts_with = "hide_fail_output")]
+    show_output: bool,
+    /// Do not print the --check command's output for failing candidates (printed by default).
+    #[arg(long = "hide-fail-output")]
+    hide_fail_output: bool,
     /// Write the answer as a mixed-precision ONNX model (as `mixprec convert` would).
     #[arg(long, short = 'o', value_name = "FILE")]
     output: Option<PathBuf>,
@@ -204,9 +244,108 @@ fn install_interrupt_handler() {
     }
 }
 
+/// What decides a candidate's verdict, for debug replays: precisions, criterion, inputs,
+/// golden outputs and the check command (not the strategy).
+fn replay_settings(args: &SearchArgs) -> BTreeMap<String, String> {
+    let pr = &args.precision;
+    let d = &args.data;
+    let c = &args.compare;
+    let paths = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let flags: Vec<&str> = [
+        (pr.fp16, "--fp16"),
+        (pr.bf16, "--bf16"),
+        (pr.int8, "--int8"),
+        (pr.fp8, "--fp8"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, f)| *f)
+    .collect();
+    let mut m = BTreeMap::new();
+    let mut put = |k: &str, v: String| {
+        m.insert(k.to_string(), v);
+    };
+    put("precision", flags.join(" "));
+    put("layer-precisions", pr.layer_precisions.join(" "));
+    put("precision-constraints", pr.precision_constraints.clone());
+    put("accumulate", pr.accumulate.clone());
+    put(
+        "calibration-cache",
+        pr.calibration_cache
+            .as_ref()
+            .map_or_else(String::new, |p| p.display().to_string()),
+    );
+    put(
+        "calibration",
+        format!(
+            "{} {} {:?} {:?}",
+            pr.calib.calibration_algo.as_deref().unwrap_or(""),
+            pr.calib.base_class.as_deref().unwrap_or(""),
+            pr.calib.quantile,
+            pr.calib.regression_cutoff
+        )
+        .trim()
+        .to_string(),
+    );
+    put("precision (marked layers)", args.higher_precision.clone());
+    put("atol", c.atol.join(" "));
+    put("rtol", c.rtol.join(" "));
+    put("check-error-stat", c.check_error_stat.join(" "));
+    put("error-quantile", c.error_quantile.join(" "));
+    put("metric", c.metric.join(" "));
+    put(
+        "golden",
+        args.golden
+            .as_ref()
+            .map_or_else(String::new, |p| p.display().to_string()),
+    );
+    put(
+        "inputs",
+        format!(
+            "val-range [{}] seed {:?} iterations {:?} input-shapes [{}] opt-shapes [{}] load-inputs [{}] data-loader-script {}",
+            d.val_range.join(" "),
+            d.seed,
+            d.iterations,
+            d.input_shapes.join(" "),
+            d.trt.trt_opt_shapes.join(" "),
+            paths(&d.load_inputs),
+            d.data_loader_script.as_deref().unwrap_or("-")
+        ),
+    );
+    put("check", args.check.join(" "));
+    put("fail-regex", args.fail_regex.clone().unwrap_or_default());
+    m
+}
+
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
+    args.data.check_trt_options()?;
     let p = &Printer::new(args.color);
     let criterion = args.compare.criterion()?;
+    // A replay from another model or with other settings fails before any work.
+    let replay = if args.load_debug_replay.is_some() || args.save_debug_replay.is_some() {
+        let id = ModelId::of_file(&args.model)?;
+        let settings = replay_settings(&args);
+        Some(match &args.load_debug_replay {
+            Some(path) => {
+                let r = DebugReplay::load(path, &id, &settings)?;
+                out!(
+                    p,
+                    "[I] Loaded debug replay {} ({} evaluation(s))",
+                    path.display(),
+                    r.evaluations.len()
+                );
+                r
+            }
+            None => DebugReplay::new(id, settings),
+        })
+    } else {
+        None
+    };
     let high = Precision::parse(&args.higher_precision)?;
     if !matches!(high, Precision::Float32 | Precision::Float16) {
         bail!(
@@ -230,8 +369,15 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         Some(r) => Some(regex::Regex::new(r).with_context(|| format!("--fail-regex '{r}'"))?),
         None => None,
     };
-    if args.check.is_empty() && (args.fail_regex.is_some() || args.check_timeout.is_some()) {
-        bail!("--fail-regex and --check-timeout apply to --check, which is not given");
+    if args.check.is_empty()
+        && (args.fail_regex.is_some()
+            || args.check_timeout.is_some()
+            || args.iter_artifact.is_some()
+            || !args.artifacts.is_empty()
+            || args.show_output
+            || args.hide_fail_output)
+    {
+        bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
     }
     let check_timeout = match args.check_timeout {
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
@@ -337,6 +483,16 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             workdir: workdir.0.clone(),
             verbose: args.verbose,
             evaluations: 0,
+            iter_artifact: args.iter_artifact.clone().or_else(|| {
+                (!args.check.iter().any(|a| a.contains("{model}")))
+                    .then(|| PathBuf::from("polygraphy_debug.onnx"))
+            }),
+            keep_iter_artifact: args.no_remove_intermediate,
+            artifacts: args.artifacts.clone(),
+            artifacts_dir: args.artifacts_dir.clone(),
+            artifact_stamp: super::run::polygraphy_stamp().replace(['/', ':'], "-"),
+            show_output: args.show_output,
+            hide_fail_output: args.hide_fail_output,
         })
     };
 
@@ -376,7 +532,37 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         Some(c) => c,
         None => &mut oracle,
     };
+    let mut replay_oracle: Option<ReplayOracle> = None;
+    let oracle_ref: &mut dyn Oracle = match replay {
+        Some(r) => replay_oracle.insert(ReplayOracle::new(
+            oracle_ref,
+            graph,
+            r,
+            args.save_debug_replay.clone(),
+        )?),
+        None => oracle_ref,
+    };
     let result = search(&space, &opts, oracle_ref, &mut on_trial, &INTERRUPTED)?;
+    if let Some(r) = &replay_oracle {
+        if let Some(path) = &args.save_debug_replay {
+            // Also when nothing new was evaluated.
+            r.replay().save(path)?;
+            out!(
+                p,
+                "[I] Saved debug replay ({} evaluation(s)) to {}",
+                r.replay().evaluations.len(),
+                path.display()
+            );
+        }
+        if r.replayed > 0 {
+            out!(
+                p,
+                "[I] {} candidate(s) answered from the debug replay without evaluating them",
+                r.replayed
+            );
+        }
+    }
+    drop(replay_oracle);
     bar.finish_and_clear();
     // The search's own time: from the reference run on (not loading or calibrating).
     let wall = t0.elapsed().as_secs_f64();

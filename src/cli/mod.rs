@@ -9,8 +9,9 @@ mod precision_args;
 mod ranges;
 mod run;
 mod style;
+mod trt_args;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser, Debug)]
@@ -36,7 +37,7 @@ enum Command {
     /// Run a model in FP32 or reduced precision on generated or loaded inputs; save or compare outputs (Polygraphy-style).
     Run(Box<run::RunArgs>),
     /// Calibrate int8/fp8 ranges over FP32 runs (minmax, entropy, percentile); write a TensorRT calibration cache.
-    Calibrate(calibrate::CalibrateArgs),
+    Calibrate(Box<calibrate::CalibrateArgs>),
     /// Write a precision plan as a mixed-precision ONNX model (Casts for fp16/bf16, Q/DQ for int8/fp8).
     Convert(Box<convert::ConvertArgs>),
     /// Debugging tools: `debug precision` finds the layers that must stay in higher precision.
@@ -47,7 +48,10 @@ enum Command {
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Polygraphy runs and compares runners in command-line order.
+    let trt_first = matches.subcommand_matches("run").is_none_or(run::trt_first);
     if let Some(n) = cli.threads {
         if let Err(e) = rayon::ThreadPoolBuilder::new()
             .num_threads(n.max(1))
@@ -58,8 +62,8 @@ pub fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),
-        Command::Run(a) => run::run(*a),
-        Command::Calibrate(a) => calibrate::run(a),
+        Command::Run(a) => run::run(*a, trt_first),
+        Command::Calibrate(a) => calibrate::run(*a),
         Command::Convert(a) => convert::run(*a),
         Command::Debug(a) => debug::run(a),
         Command::Precision(a) => debug::run_legacy(*a),
@@ -70,5 +74,28 @@ pub fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clap_definitions_are_consistent() {
+        // Duplicate flags across flattened groups (Polygraphy's many options) panic here.
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn runner_order_follows_the_command_line() {
+        let order = |args: &[&str]| {
+            let m = Cli::command().get_matches_from(args);
+            run::trt_first(m.subcommand_matches("run").unwrap())
+        };
+        assert!(order(&[
+            "mixprec", "run", "m.onnx", "--trt", "--fp16", "--onnxrt"
+        ]));
+        assert!(!order(&["mixprec", "run", "m.onnx", "--onnxrt", "--trt"]));
     }
 }

@@ -1,12 +1,13 @@
 //! Precision options shared by `run`, `convert` and `debug precision`.
 
+use crate::calib::CalibAlgo;
 use crate::exec::{PlanOptions, PreparedPlan};
 use crate::precision::plan::{
     parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan,
 };
 use crate::precision::Accumulator;
 use crate::Graph;
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -45,6 +46,63 @@ pub struct PrecisionArgs {
     /// TensorRT calibration cache with activation scales for int8/fp8 layers.
     #[arg(long = "calibration-cache", value_name = "FILE")]
     pub calibration_cache: Option<PathBuf>,
+    #[command(flatten)]
+    pub calib: CalibAlgoArgs,
+}
+
+/// How activation ranges are calibrated when no cache holds them: mixprec's algorithm names
+/// or Polygraphy's TensorRT calibrator classes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CalibAlgoArgs {
+    /// Calibration algorithm: entropy (TensorRT's EntropyCalibration2, the default), minmax,
+    /// or percentile.
+    #[arg(long = "calibration-algo", value_name = "ALGO")]
+    pub calibration_algo: Option<String>,
+    /// Polygraphy's TensorRT calibrator class: IInt8EntropyCalibrator2 (entropy),
+    /// IInt8MinMaxCalibrator (minmax), IInt8EntropyCalibrator (entropy), IInt8LegacyCalibrator
+    /// (percentile at --quantile).
+    #[arg(
+        long = "calibration-base-class",
+        alias = "calib-base-cls",
+        value_name = "CLASS"
+    )]
+    pub base_class: Option<String>,
+    /// IInt8LegacyCalibrator's quantile, in (0, 1].
+    #[arg(long, value_name = "Q")]
+    pub quantile: Option<f64>,
+    /// IInt8LegacyCalibrator's regression cutoff (no counterpart: accepted and ignored).
+    #[arg(long = "regression-cutoff", value_name = "F")]
+    pub regression_cutoff: Option<f64>,
+}
+
+impl CalibAlgoArgs {
+    /// The algorithm: `algo` (a command's own option) or --calibration-algo, else the base
+    /// class, else entropy; notes go to stderr.
+    pub fn algo(&self, algo: Option<&str>) -> Result<CalibAlgo> {
+        let named = algo.or(self.calibration_algo.as_deref());
+        match (named, &self.base_class) {
+            (Some(_), Some(c)) => {
+                anyhow::bail!(
+                    "give either a calibration algorithm or --calibration-base-class {c}, not both"
+                )
+            }
+            (Some(a), None) => {
+                if self.quantile.is_some() || self.regression_cutoff.is_some() {
+                    eprintln!("warning: --quantile/--regression-cutoff apply to --calibration-base-class IInt8LegacyCalibrator only; they have no effect");
+                }
+                Ok(CalibAlgo::parse(a).context("calibration algorithm")?)
+            }
+            (None, Some(c)) => {
+                let (a, notes) =
+                    CalibAlgo::from_trt_calibrator(c, self.quantile, self.regression_cutoff)?;
+                for n in notes {
+                    eprintln!("warning: {n}");
+                }
+                Ok(a)
+            }
+            (None, None) => Ok(CalibAlgo::Entropy),
+        }
+    }
 }
 
 impl PrecisionArgs {

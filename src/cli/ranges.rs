@@ -3,7 +3,7 @@
 //! does with TensorRT.
 
 use super::precision_args::PrecisionArgs;
-use crate::calib::{calibrate, CalibAlgo, CalibrationCache};
+use crate::calib::{calibrate, CalibrationCache};
 use crate::exec::emulate::required_ranges;
 use crate::exec::Feeds;
 use crate::precision::plan::PrecisionPlan;
@@ -65,11 +65,12 @@ pub fn ranges_for_plan(
             Ok(Some(amax))
         }
         other => {
+            let algo = args.calib.algo(None)?;
             eprintln!(
-                "[I] Calibrating int8/fp8 ranges (entropy) over {} input set(s)...",
+                "[I] Calibrating int8/fp8 ranges ({algo}) over {} input set(s)...",
                 feeds.len()
             );
-            let cache = calibrate(interp, feeds, CalibAlgo::Entropy, progress)?;
+            let cache = calibrate(interp, feeds, algo, progress)?;
             if let Some(path) = other {
                 cache.write(path)?;
                 eprintln!("[I] Saved calibration cache to {}", path.display());

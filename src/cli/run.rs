@@ -3,6 +3,7 @@
 use super::compare_args::CompareArgs;
 use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
 use super::style::{Out, StyleArgs};
+use super::trt_args::TrtOnlyArgs;
 use crate::compare::html::HtmlReport;
 use crate::compare::layerwise::{
     aggregate as aggregate_layers, layerwise, table as layerwise_table, LayerError,
@@ -12,6 +13,7 @@ use crate::compare::{compare_output, fmt_g, Criterion};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
+use crate::data::script::DataLoaderScript;
 use crate::exec::Feeds;
 use crate::exec::RunOptions;
 use crate::tensor::fmt_shape;
@@ -31,20 +33,60 @@ pub struct DataArgs {
     /// Seed of the input generator (Polygraphy's default is 1).
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Number of generated input sets.
-    #[arg(long, default_value_t = 1)]
-    pub iterations: usize,
+    /// Number of generated input sets (default 1); with --data-loader-script, the most feed
+    /// dicts taken from the script (default: all it yields).
+    #[arg(long)]
+    pub iterations: Option<usize>,
     /// Shapes for inputs with dynamic dimensions: `name:[1,3,224,224]`.
     #[arg(long = "input-shapes", num_args = 1.., value_name = "SHAPE")]
     pub input_shapes: Vec<String>,
-    /// Load inputs instead of generating them: Polygraphy JSON (a list of feed dicts) or `.npz`.
-    #[arg(long = "load-inputs", num_args = 1.., value_name = "FILE")]
+    /// Load inputs instead of generating them: Polygraphy JSON (a list of feed dicts, or a
+    /// directory of per-iteration files) or `.npz`.
+    #[arg(long = "load-inputs", alias = "load-input-data", num_args = 1.., value_name = "FILE")]
     pub load_inputs: Vec<PathBuf>,
+    /// Polygraphy's data-loader script: `file.py[:func]`, where `func` (default `load_data`)
+    /// returns an iterable of feed dicts `{input name: numpy array}`. Runs in a child Python
+    /// (`MIXPREC_PYTHON`, else `python3`) that streams the arrays back.
+    #[arg(long = "data-loader-script", value_name = "FILE.py[:FUNC]")]
+    pub data_loader_script: Option<String>,
+    /// Polygraphy's older way to name the script's function (`--data-loader-script f.py:func`
+    /// is the same).
+    #[arg(long = "data-loader-func-name", value_name = "FUNC", hide = true)]
+    pub data_loader_func_name: Option<String>,
+    #[command(flatten)]
+    pub trt: Box<TrtOnlyArgs>,
 }
 
 impl DataArgs {
-    /// The input sets: loaded, or generated from the model's declared inputs.
+    /// Refuses TensorRT options without a counterpart and prints one warning naming those
+    /// with no effect. Every command with these options calls it first.
+    pub fn check_trt_options(&self) -> Result<()> {
+        if let Some(w) = self.trt.check()? {
+            eprintln!("warning: {w}");
+        }
+        Ok(())
+    }
+
+    /// The input sets: loaded, from a data-loader script, or generated from the model's
+    /// declared inputs.
     pub fn feeds(&self, graph: &crate::Graph) -> Result<Vec<Feeds>> {
+        if let Some(spec) = &self.data_loader_script {
+            if !self.load_inputs.is_empty() {
+                bail!("give either --data-loader-script or --load-inputs, not both");
+            }
+            let mut script = DataLoaderScript::parse(spec);
+            if let Some(f) = &self.data_loader_func_name {
+                script.func = f.clone();
+            }
+            let python = std::env::var_os("MIXPREC_PYTHON")
+                .map_or_else(|| PathBuf::from("python3"), PathBuf::from);
+            let limit = self.iterations.filter(|&n| n > 0);
+            let (feeds, log) = script.load(&python, &graph.inputs, limit)?;
+            if !log.trim().is_empty() {
+                eprint!("{log}");
+            }
+            return Ok(feeds);
+        }
         if !self.load_inputs.is_empty() {
             let mut all = Vec::new();
             for p in &self.load_inputs {
@@ -64,11 +106,12 @@ impl DataArgs {
         if let Some(s) = self.seed {
             cfg.seed = s;
         }
-        cfg.iterations = self.iterations.max(1);
+        cfg.iterations = self.iterations.unwrap_or(1).max(1);
         for r in &self.val_range {
             loader::parse_val_range_into(r, &mut cfg.val_ranges)?;
         }
-        for s in &self.input_shapes {
+        // TensorRT's optimization-profile shapes: opt is the shape the engine is tuned for.
+        for s in self.trt.trt_opt_shapes.iter().chain(&self.input_shapes) {
             cfg.input_shapes.extend(loader::parse_input_shapes(s)?);
         }
         let (feeds, warnings) = loader::generate(&graph.inputs, &cfg)?;
@@ -92,12 +135,37 @@ pub struct RunArgs {
     /// Save the inputs used: Polygraphy JSON (loadable by `polygraphy run --load-inputs`) or `.npz`.
     #[arg(long = "save-inputs", value_name = "FILE")]
     save_inputs: Option<PathBuf>,
-    /// Save the outputs as a Polygraphy RunResults JSON (loadable by `polygraphy run --load-outputs`).
+    /// Save every runner's outputs (every marked tensor) as a Polygraphy RunResults JSON
+    /// (loadable by `polygraphy run --load-outputs`); a path without an extension is a
+    /// directory with one JSON per iteration, as Polygraphy 0.53 writes it.
     #[arg(long = "save-outputs", alias = "save-results", value_name = "FILE")]
     save_outputs: Option<PathBuf>,
-    /// Compare the outputs against golden outputs from this RunResults JSON (e.g. `polygraphy run --save-outputs`).
-    #[arg(long = "load-outputs", alias = "load-results", value_name = "FILE")]
-    load_outputs: Option<PathBuf>,
+    /// Compare against saved results (RunResults JSON files or per-iteration directories, e.g.
+    /// from `polygraphy run --save-outputs`): each run is compared with the next one, live
+    /// runners first, as Polygraphy does.
+    #[arg(long = "load-outputs", alias = "load-results", num_args = 1.., value_name = "FILE")]
+    load_outputs: Vec<PathBuf>,
+    /// Polygraphy's ONNX-Runtime runner: mixprec's FP32 reference interpreter.
+    #[arg(long)]
+    onnxrt: bool,
+    /// Polygraphy's TensorRT runner: the emulated engine under --fp16/--bf16/--fp8/--int8/
+    /// --layer-precisions (float32 without them). With --onnxrt too, the runs are compared in
+    /// command-line order (`--trt ... --onnxrt`: TensorRT against ONNX-Runtime).
+    #[arg(long)]
+    trt: bool,
+    /// Tensors the --trt runner returns: names, or `mark all` for every layer's output
+    /// (in topological order). They are compared, printed and saved like outputs.
+    #[arg(long = "trt-outputs", num_args = 1.., value_name = "TENSOR")]
+    trt_outputs: Vec<String>,
+    /// Tensors left out of --trt-outputs mark all.
+    #[arg(long = "trt-exclude-outputs", num_args = 1.., value_name = "TENSOR")]
+    trt_exclude_outputs: Vec<String>,
+    /// Tensors the --onnxrt runner returns: names, or `mark all`.
+    #[arg(long = "onnx-outputs", num_args = 1.., value_name = "TENSOR")]
+    onnx_outputs: Vec<String>,
+    /// Tensors left out of --onnx-outputs mark all.
+    #[arg(long = "onnx-exclude-outputs", num_args = 1.., value_name = "TENSOR")]
+    onnx_exclude_outputs: Vec<String>,
     #[command(flatten)]
     compare: CompareArgs,
     /// Fail when an output of the model holds NaN or Inf (Polygraphy's --validate).
@@ -111,7 +179,8 @@ pub struct RunArgs {
     /// (warn about the others) instead of failing on a golden output the model lacks.
     #[arg(long = "allow-missing")]
     allow_missing: bool,
-    /// Name of the runner in saved RunResults (default: mixprec-<precision>-runner).
+    /// Name of the runner in saved RunResults (default: mixprec-<precision>-runner; with
+    /// --trt/--onnxrt Polygraphy's `trt-runner-N0-<date>-<time>`).
     #[arg(long = "runner-name")]
     runner_name: Option<String>,
     #[command(flatten)]
@@ -130,7 +199,8 @@ pub struct RunArgs {
     /// per layer over all of them.
     #[arg(long = "mark-all")]
     mark_all: bool,
-    /// With --mark-all: stop at the first layer that fails (and compare no further input sets).
+    /// Stop at the first output (with marked tensors: the first layer, in topological order)
+    /// that fails, and compare no further input sets; with --mark-all, at the first failing layer.
     #[arg(long = "fail-fast")]
     fail_fast: bool,
     /// Write a self-contained HTML report (verdict, output comparisons with histograms,
@@ -143,27 +213,204 @@ pub struct RunArgs {
     json: bool,
 }
 
-pub fn run(args: RunArgs) -> Result<ExitCode> {
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum RunnerKind {
+    /// The FP32 reference interpreter (Polygraphy's `--onnxrt`).
+    Onnxrt,
+    /// The emulated engine under the precision plan (Polygraphy's `--trt`).
+    Trt,
+}
+
+/// One runner of this command.
+struct Runner {
+    kind: RunnerKind,
+    name: String,
+    /// The tensors it returns, in order; None: the graph outputs.
+    marked: Option<Vec<String>>,
+}
+
+/// Whether `--trt` comes before `--onnxrt` on the command line (Polygraphy runs and compares
+/// runners in that order).
+pub fn trt_first(matches: &clap::ArgMatches) -> bool {
+    match (matches.index_of("trt"), matches.index_of("onnxrt")) {
+        (Some(t), Some(o)) => t < o,
+        _ => true,
+    }
+}
+
+/// Polygraphy's runner name: `<prefix>-N<count>-<%x>-<%X>` in local time
+/// (e.g. `trt-runner-N0-04/01/24-15:29:00`).
+fn polygraphy_runner_name(prefix: &str) -> String {
+    format!("{prefix}-N0-{}", polygraphy_stamp())
+}
+
+/// The local date and time as Polygraphy's `time.strftime('%x')-time.strftime('%X')` in the C
+/// locale: `MM/DD/YY-HH:MM:SS`.
+pub fn polygraphy_stamp() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    // SAFETY: localtime_r writes into the zeroed struct we own; `now` outlives the call.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            let secs = now as i64;
+            tm.tm_hour = ((secs / 3600) % 24) as i32;
+            tm.tm_min = ((secs / 60) % 60) as i32;
+            tm.tm_sec = (secs % 60) as i32;
+        }
+        tm
+    };
+    format!(
+        "{:02}/{:02}/{:02}-{:02}:{:02}:{:02}",
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_year.rem_euclid(100),
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
+/// The tensors `--trt-outputs`/`--onnx-outputs` select: `mark all` (every layer output in
+/// topological order, less `exclude`) or names; None when no option was given.
+fn marked_tensors(
+    graph: &crate::Graph,
+    spec: &[String],
+    exclude: &[String],
+    flag: &str,
+) -> Result<Option<Vec<String>>> {
+    if spec.is_empty() {
+        if !exclude.is_empty() {
+            bail!("{flag}-exclude-outputs needs {flag}-outputs mark all");
+        }
+        return Ok(None);
+    }
+    let produced: Vec<&str> = graph
+        .nodes
+        .iter()
+        .flat_map(|n| n.outputs.iter())
+        .map(String::as_str)
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mark_all = spec.len() >= 2 && spec[0] == "mark" && spec[1] == "all";
+    let known = |n: &str| produced.contains(&n) || graph.outputs.iter().any(|o| o.name == n);
+    for n in exclude {
+        if !known(n) {
+            bail!("{flag}-exclude-outputs: the model has no tensor '{n}'");
+        }
+    }
+    if mark_all {
+        let mut names: Vec<String> = Vec::new();
+        for n in produced.iter().copied() {
+            if !exclude.iter().any(|e| e == n) && !names.iter().any(|m| m == n) {
+                names.push(n.to_string());
+            }
+        }
+        // Graph outputs that no node produces (inputs or initializers passed through).
+        for o in &graph.outputs {
+            if !names.contains(&o.name) && !exclude.contains(&o.name) {
+                names.push(o.name.clone());
+            }
+        }
+        if let Some(extra) = spec.get(2) {
+            bail!("{flag}-outputs mark all: unexpected '{extra}' after 'mark all'");
+        }
+        return Ok(Some(names));
+    }
+    for n in spec {
+        if !known(n) {
+            bail!(
+                "{flag}-outputs: the model has no tensor '{n}' (use tensor names, or `mark all`)"
+            );
+        }
+    }
+    if !exclude.is_empty() {
+        bail!("{flag}-exclude-outputs only applies to {flag}-outputs mark all");
+    }
+    Ok(Some(spec.to_vec()))
+}
+
+/// A runner's outputs: the marked tensors (from the kept intermediates), or the graph outputs.
+fn select_outputs(
+    result: crate::exec::RunResult,
+    marked: Option<&Vec<String>>,
+) -> Vec<(String, crate::tensor::Tensor)> {
+    match marked {
+        None => result.outputs,
+        Some(names) => {
+            let mut inter = result.intermediates;
+            names
+                .iter()
+                .filter_map(|n| {
+                    inter
+                        .remove(n)
+                        .or_else(|| {
+                            result
+                                .outputs
+                                .iter()
+                                .find(|(o, _)| o == n)
+                                .map(|(_, t)| t.clone())
+                        })
+                        .map(|t| (n.clone(), t))
+                })
+                .collect()
+        }
+    }
+}
+
+pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
     let started = Instant::now();
     let out = Out::new(&args.style, args.json);
+    args.data.check_trt_options()?;
     let criterion = args.compare.criterion()?;
-    // Read the golden file first: a bad file should fail before a long run.
-    let golden = match &args.load_outputs {
-        Some(p) => Some(polygraphy::load_run_results(p)?),
-        None => None,
+    // Read the golden files first: a bad file should fail before a long run.
+    let mut loaded: Vec<(PathBuf, RunResults)> = Vec::new();
+    for p in &args.load_outputs {
+        let r = polygraphy::load_run_results(p)?;
+        if r.runners.is_empty() {
+            bail!("{}: the RunResults file holds no runner", p.display());
+        }
+        loaded.push((p.clone(), r));
+    }
+    let polygraphy_style = args.onnxrt || args.trt;
+    let kinds: Vec<RunnerKind> = match (args.onnxrt, args.trt) {
+        (true, true) if trt_first => vec![RunnerKind::Trt, RunnerKind::Onnxrt],
+        (true, true) => vec![RunnerKind::Onnxrt, RunnerKind::Trt],
+        (true, false) => vec![RunnerKind::Onnxrt],
+        (false, true) => vec![RunnerKind::Trt],
+        (false, false) if args.precision.any() => vec![RunnerKind::Trt],
+        (false, false) => vec![RunnerKind::Onnxrt],
     };
-    if args.save_error_metrics.is_some() && golden.is_none() {
-        bail!("--save-error-metrics needs golden outputs to compare with (--load-outputs)");
+    let live_runs = kinds.len();
+    if args.save_error_metrics.is_some() && live_runs + loaded.len() < 2 {
+        bail!("--save-error-metrics needs two runs to compare (--onnxrt and --trt, or --load-outputs)");
+    }
+    if args.runner_name.is_some() && live_runs > 1 {
+        bail!("--runner-name names a single runner; with --trt and --onnxrt the names are Polygraphy's");
+    }
+    if args.trt && !args.precision.any() {
+        out.line("[W] --trt without --fp16/--bf16/--fp8/--int8/--layer-precisions: the emulated engine runs in float32");
+    }
+    if args.onnxrt && !args.trt && args.precision.any() {
+        out.line("[W] precision options (--fp16, --int8, --layer-precisions, ...) apply to the --trt runner; --onnxrt runs in float32");
     }
     let model = load_model(&args.model)?;
     let graph = &model.graph;
+    let trt_marked = marked_tensors(graph, &args.trt_outputs, &args.trt_exclude_outputs, "--trt")?;
+    let onnx_marked = marked_tensors(
+        graph,
+        &args.onnx_outputs,
+        &args.onnx_exclude_outputs,
+        "--onnx",
+    )?;
     let feeds = args.data.feeds(graph)?;
     if args.mark_all && feeds.is_empty() {
         bail!("--mark-all needs at least one input set");
     }
     let interp = Interpreter::new(graph)?;
     let mut precision_summary = None;
-    let prepared = if args.precision.any() {
+    let prepared = if kinds.contains(&RunnerKind::Trt) && args.precision.any() {
         let plan = args.precision.plan(graph)?;
         let amax = super::ranges::ranges_for_plan(&interp, &plan, &args.precision, &feeds)?;
         let counts = precision_counts_line(graph, &plan);
@@ -176,69 +423,113 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     } else {
         None
     };
-    let runner_name = args.runner_name.clone().unwrap_or_else(|| {
-        format!(
-            "mixprec-{}-runner",
-            if args.precision.any() {
-                args.precision.global().low_precision().name()
-            } else {
-                "fp32"
-            }
-        )
-    });
+    let runners: Vec<Runner> = kinds
+        .iter()
+        .map(|&kind| {
+            let name = match (&args.runner_name, polygraphy_style) {
+                (Some(n), _) => n.clone(),
+                (None, true) => polygraphy_runner_name(match kind {
+                    RunnerKind::Trt => "trt-runner",
+                    RunnerKind::Onnxrt => "onnxrt-runner",
+                }),
+                (None, false) => format!(
+                    "mixprec-{}-runner",
+                    if args.precision.any() {
+                        args.precision.global().low_precision().name()
+                    } else {
+                        "fp32"
+                    }
+                ),
+            };
+            // Without runner options the single runner takes whichever marking was given.
+            let marked = match kind {
+                RunnerKind::Trt => trt_marked
+                    .clone()
+                    .or_else(|| (!polygraphy_style).then(|| onnx_marked.clone()).flatten()),
+                RunnerKind::Onnxrt => onnx_marked
+                    .clone()
+                    .or_else(|| (!polygraphy_style).then(|| trt_marked.clone()).flatten()),
+            };
+            Runner { kind, name, marked }
+        })
+        .collect();
+    if args.onnxrt && !args.trt && trt_marked.is_some() {
+        out.line("[W] --trt-outputs applies to the --trt runner, which this command does not run");
+    }
+    if args.trt && !args.onnxrt && onnx_marked.is_some() {
+        out.line(
+            "[W] --onnx-outputs applies to the --onnxrt runner, which this command does not run",
+        );
+    }
+    // The runner whose layers --mark-all compares with the FP32 reference.
+    let primary = runners
+        .iter()
+        .position(|r| r.kind == RunnerKind::Trt)
+        .unwrap_or(0);
+    let runner_name = runners[primary].name.clone();
 
     // Inference; with --mark-all every input set also runs the FP32 reference, keeping every
     // layer's output, and is compared layer by layer.
     let stat = criterion.stat.default.name();
-    let mut iterations = Vec::with_capacity(feeds.len());
+    let mut per_runner: Vec<Vec<IterationResult>> = runners
+        .iter()
+        .map(|_| Vec::with_capacity(feeds.len()))
+        .collect();
+    let mut totals = vec![0.0f64; runners.len()];
     let mut layer_iters: Vec<LayerIteration> = Vec::new();
-    let mut total = 0.0;
     for (i, f) in feeds.iter().enumerate() {
         let stopped = args.fail_fast && layer_iters.iter().any(|it| !it.passed);
         let layers = args.mark_all && !stopped;
-        let opts = RunOptions {
-            keep_intermediates: layers,
-        };
-        let start = Instant::now();
-        let result = match &prepared {
-            Some(p) => interp.run_plan(f, &opts, p)?,
-            None => interp.run_with(f, &opts)?,
-        };
-        let secs = start.elapsed().as_secs_f64();
-        total += secs;
-        if layers {
-            // Without a precision plan the run is the FP32 reference itself.
-            let reference = match &prepared {
-                Some(_) => Some(interp.run_with(f, &opts)?),
-                None => None,
+        for (r, runner) in runners.iter().enumerate() {
+            let plan = match runner.kind {
+                RunnerKind::Trt => prepared.as_ref(),
+                RunnerKind::Onnxrt => None,
             };
-            let rows = layerwise(
-                graph,
-                &reference.as_ref().unwrap_or(&result).intermediates,
-                &result.intermediates,
-                &criterion,
-                prepared.as_ref().map(|p| &p.plan),
-                args.fail_fast,
-            );
-            let it = LayerIteration::new(i, rows);
-            out.log(&layerwise_log(
-                &it,
-                &runner_name,
-                stat,
-                i == 0 || args.verbose,
-            ));
-            layer_iters.push(it);
-        } else if args.mark_all && i == layer_iters.len() {
-            out.line(&format!(
-                "[I] --fail-fast: layer-wise comparison stopped after iteration {}",
-                i - 1
-            ));
+            let layerwise_here = layers && r == primary;
+            let opts = RunOptions {
+                keep_intermediates: layerwise_here || runner.marked.is_some(),
+            };
+            let start = Instant::now();
+            let result = match plan {
+                Some(p) => interp.run_plan(f, &opts, p)?,
+                None => interp.run_with(f, &opts)?,
+            };
+            let secs = start.elapsed().as_secs_f64();
+            totals[r] += secs;
+            if layerwise_here {
+                // Without a precision plan the run is the FP32 reference itself.
+                let reference = match plan {
+                    Some(_) => Some(interp.run_with(f, &opts)?),
+                    None => None,
+                };
+                let rows = layerwise(
+                    graph,
+                    &reference.as_ref().unwrap_or(&result).intermediates,
+                    &result.intermediates,
+                    &criterion,
+                    plan.map(|p| &p.plan),
+                    args.fail_fast,
+                );
+                let it = LayerIteration::new(i, rows);
+                out.log(&layerwise_log(
+                    &it,
+                    &runner.name,
+                    stat,
+                    i == 0 || args.verbose,
+                ));
+                layer_iters.push(it);
+            } else if args.mark_all && r == primary && i == layer_iters.len() {
+                out.line(&format!(
+                    "[I] --fail-fast: layer-wise comparison stopped after iteration {}",
+                    i - 1
+                ));
+            }
+            per_runner[r].push(IterationResult {
+                outputs: select_outputs(result, runner.marked.as_ref()),
+                runtime: secs,
+                runner_name: runner.name.clone(),
+            });
         }
-        iterations.push(IterationResult {
-            outputs: result.outputs,
-            runtime: secs,
-            runner_name: runner_name.clone(),
-        });
     }
     let layer_report = args
         .mark_all
@@ -246,33 +537,39 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     if let Some(lr) = layer_report.as_ref().filter(|lr| lr.iterations.len() > 1) {
         out.log(&aggregate_log(lr, &runner_name));
     }
-    out.line(&format!(
-        "[I] {} | Completed {} iteration(s) in {} ms | Average inference time: {} ms.",
-        runner_name,
-        iterations.len(),
-        fmt_g(total * 1e3, 4),
-        fmt_g(total * 1e3 / iterations.len().max(1) as f64, 4)
-    ));
-    let output_info: Vec<OutputInfo> = iterations
-        .first()
-        .map(|it| {
-            it.outputs
-                .iter()
-                .map(|(name, t)| OutputInfo {
-                    name: name.clone(),
-                    dtype: t.dtype().to_string(),
-                    shape: t.shape().to_vec(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    for o in &output_info {
+    let mut output_info: Vec<OutputInfo> = Vec::new();
+    for ((runner, iterations), total) in runners.iter().zip(&per_runner).zip(&totals) {
         out.line(&format!(
-            "[I]     output '{}' (dtype={}, shape={})",
-            o.name,
-            o.dtype,
-            fmt_shape(&o.shape)
+            "[I] {} | Completed {} iteration(s) in {} ms | Average inference time: {} ms.",
+            runner.name,
+            iterations.len(),
+            fmt_g(total * 1e3, 4),
+            fmt_g(total * 1e3 / iterations.len().max(1) as f64, 4)
         ));
+        let info: Vec<OutputInfo> = iterations
+            .first()
+            .map(|it| {
+                it.outputs
+                    .iter()
+                    .map(|(name, t)| OutputInfo {
+                        name: name.clone(),
+                        dtype: t.dtype().to_string(),
+                        shape: t.shape().to_vec(),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        for o in &info {
+            out.line(&format!(
+                "[I]     output '{}' (dtype={}, shape={})",
+                o.name,
+                o.dtype,
+                fmt_shape(&o.shape)
+            ));
+        }
+        if output_info.is_empty() {
+            output_info = info;
+        }
     }
 
     if let Some(p) = &args.save_inputs {
@@ -295,7 +592,11 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         out.line(&format!("[I] Saved inputs to {}", p.display()));
     }
     let results = RunResults {
-        runners: vec![(runner_name.clone(), iterations)],
+        runners: runners
+            .iter()
+            .map(|r| r.name.clone())
+            .zip(per_runner)
+            .collect(),
     };
     if let Some(p) = &args.save_outputs {
         polygraphy::save_run_results(p, &results)?;
@@ -305,35 +606,54 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // A failing layer fails the run, as Polygraphy's comparison of marked outputs does.
     let mut passed = layer_report.as_ref().is_none_or(|lr| lr.passed);
     let validation = args.validate.then(|| {
-        let v = validate(&out, &results.runners[0].0, &results.runners[0].1);
-        passed &= v.passed;
-        v
-    });
-    let comparison = match (&golden, &args.load_outputs) {
-        (Some(golden), Some(path)) => {
-            let opts = CompareOptions {
-                criterion: &criterion,
-                allow_missing: args.allow_missing,
-                verbose: args.verbose,
-            };
-            let c = compare_with_golden(
-                &out,
-                &runner_name,
-                &results.runners[0].1,
-                golden,
-                path,
-                &opts,
-            )?;
-            passed &= c.passed;
-            if let Some(p) = &args.save_error_metrics {
-                let json = serde_json::to_vec_pretty(&c).context("serializing error metrics")?;
-                crate::data::write_atomic(p, &json)?;
-                out.line(&format!("[I] Saved error metrics to {}", p.display()));
-            }
-            Some(c)
+        let mut all = Validation {
+            passed: true,
+            invalid: Vec::new(),
+        };
+        for (name, iters) in &results.runners {
+            let v = validate(&out, name, iters);
+            all.passed &= v.passed;
+            all.invalid.extend(v.invalid);
         }
-        _ => None,
-    };
+        passed &= all.passed;
+        all
+    });
+    // Every run is compared with the next one: live runners in command-line order, then the
+    // loaded runs (Polygraphy's default comparisons).
+    let any_marked = runners.iter().any(|r| r.marked.is_some());
+    let mut runs: Vec<(String, &[IterationResult], String, bool)> = results
+        .runners
+        .iter()
+        .map(|(n, it)| (n.clone(), it.as_slice(), "this run".to_string(), true))
+        .collect();
+    for (p, r) in &loaded {
+        for (n, it) in &r.runners {
+            runs.push((n.clone(), it.as_slice(), p.display().to_string(), false));
+        }
+    }
+    let mut comparisons = Vec::new();
+    for pair in runs.windows(2) {
+        let (a, b) = (&pair[0], &pair[1]);
+        if b.1.is_empty() {
+            bail!("{}: runner '{}' has no iterations", b.2, b.0);
+        }
+        let opts = CompareOptions {
+            criterion: &criterion,
+            // Runs with marked tensors, or two runs of this command, compare the tensors they
+            // share (Polygraphy's behaviour); a golden file must match the model's outputs.
+            allow_missing: args.allow_missing || any_marked || (a.3 && b.3),
+            verbose: args.verbose,
+            fail_fast: args.fail_fast,
+        };
+        let c = compare_runs(&out, &a.0, a.1, &b.0, b.1, &b.2, &opts)?;
+        passed &= c.passed;
+        comparisons.push(c);
+    }
+    if let (Some(p), Some(c)) = (&args.save_error_metrics, comparisons.first()) {
+        let json = serde_json::to_vec_pretty(c).context("serializing error metrics")?;
+        crate::data::write_atomic(p, &json)?;
+        out.line(&format!("[I] Saved error metrics to {}", p.display()));
+    }
     let command: Vec<String> = std::env::args().collect();
     let runtime = started.elapsed().as_secs_f64();
     let summary = RunSummary {
@@ -346,7 +666,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         command: command.join(" "),
         outputs: output_info,
         validation,
-        comparison,
+        comparison: comparisons.into_iter().next(),
         layerwise: layer_report,
     };
     if let Some(p) = &args.report {
@@ -788,6 +1108,8 @@ struct CompareOptions<'a> {
     criterion: &'a Criterion,
     allow_missing: bool,
     verbose: bool,
+    /// Stop at the first failing output and compare no further iterations.
+    fail_fast: bool,
 }
 
 #[derive(serde::Serialize)]
@@ -816,20 +1138,15 @@ struct ErrorMetricsFile {
 
 /// Compares every iteration with the golden runner's iteration of the same index (a single
 /// golden iteration serves them all), logging as Polygraphy's Comparator does.
-fn compare_with_golden(
+fn compare_runs(
     out: &Out,
     runner: &str,
     ours: &[IterationResult],
-    golden: &RunResults,
-    path: &Path,
+    gname: &str,
+    giters: &[IterationResult],
+    source: &str,
     opts: &CompareOptions,
 ) -> Result<ErrorMetricsFile> {
-    let Some((gname, giters)) = golden.runners.first() else {
-        bail!("{}: the RunResults file holds no runner", path.display());
-    };
-    if giters.is_empty() {
-        bail!("{}: runner '{gname}' has no iterations", path.display());
-    }
     out.line(&format!("[I] Accuracy Comparison | {runner} vs. {gname}"));
     let mut per_iter = Vec::with_capacity(ours.len());
     let mut passed_iters = 0;
@@ -854,7 +1171,7 @@ fn compare_with_golden(
                 bail!(
                     "{}: golden output(s) {} are not outputs of the model (its outputs: {}); \
                      use --allow-missing to compare only the common outputs",
-                    path.display(),
+                    source,
                     quoted(&missing_in_model),
                     it.outputs
                         .iter()
@@ -867,7 +1184,7 @@ fn compare_with_golden(
                 1,
                 &format!(
                     "Skipping golden output(s) the model does not produce: {}",
-                    quoted(&missing_in_model)
+                    quoted_few(&missing_in_model)
                 ),
             );
         }
@@ -876,7 +1193,7 @@ fn compare_with_golden(
                 1,
                 &format!(
                     "Skipping output(s) absent from the golden file: {}",
-                    quoted(&missing_in_golden)
+                    quoted_few(&missing_in_golden)
                 ),
             );
         }
@@ -904,15 +1221,23 @@ fn compare_with_golden(
                 continue;
             }
             let c = compare_output(name, out, reference, opts.criterion)
-                .with_context(|| format!("comparing with {}", path.display()))?;
+                .with_context(|| format!("comparing with {}", source))?;
             report::output_comparison(&mut log, &c, runner, gname, opts.verbose);
-            status.push((name.clone(), c.passed));
+            let ok = c.passed;
+            status.push((name.clone(), ok));
             outputs.push(c);
+            if opts.fail_fast && !ok {
+                log.error(
+                    1,
+                    &format!("--fail-fast: stopping at the first failing output '{name}'"),
+                );
+                break;
+            }
         }
         if status.is_empty() {
             bail!(
                 "{}: no common outputs to compare: {runner} outputs: {}; {gname} outputs: {}",
-                path.display(),
+                source,
                 quoted(
                     &it.outputs
                         .iter()
@@ -953,15 +1278,18 @@ fn compare_with_golden(
             missing_in_model,
             missing_in_golden,
         });
+        if opts.fail_fast && !iter_passed {
+            break;
+        }
     }
-    let total = ours.len();
+    let total = per_iter.len();
     let mut log = Log::default();
     report::accuracy_summary(&mut log, runner, gname, passed_iters, total);
     out.log(&log.text);
     Ok(ErrorMetricsFile {
         runner: runner.to_string(),
-        golden_runner: gname.clone(),
-        golden_file: path.display().to_string(),
+        golden_runner: gname.to_string(),
+        golden_file: source.to_string(),
         passed: passed_iters == total,
         passed_iterations: passed_iters,
         total_iterations: total,
@@ -979,6 +1307,14 @@ fn py_list(names: &[String]) -> String {
             .collect::<Vec<_>>()
             .join(", ")
     )
+}
+
+/// At most 8 quoted names, then how many more (marked tensors can be thousands).
+fn quoted_few(names: &[String]) -> String {
+    if names.len() <= 8 {
+        return quoted(names);
+    }
+    format!("{} and {} more", quoted(&names[..8]), names.len() - 8)
 }
 
 fn quoted(names: &[String]) -> String {

@@ -1,9 +1,11 @@
 //! Input and output data: NumPy `.npy`/`.npz`, Polygraphy's JSON files (input feed lists and
-//! `RunResults`), and the `--val-range` input generator that reproduces Polygraphy's.
+//! `RunResults`), the `--val-range` input generator that reproduces Polygraphy's, and
+//! Polygraphy's data-loader scripts run in a child Python (`script.rs`).
 
 pub mod loader;
 pub mod npy;
 pub mod polygraphy;
+pub mod script;
 
 /// `.npz` reading and writing (re-exported under the name the CLI uses).
 pub mod npz {

@@ -129,9 +129,27 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
     super::write_atomic(path, &text)
 }
 
-/// Reads a `--save-inputs` file: a list of feed dicts (one per iteration).
+/// Reads a `--save-inputs` file: a list of feed dicts (one per iteration); or a directory of
+/// per-iteration files (each one feed dict, or a list of them).
 pub fn load_inputs(path: &Path) -> Result<Vec<Feeds>> {
+    if path.is_dir() {
+        let mut all = Vec::new();
+        for f in iteration_files(path)? {
+            let v = read_json(&f)?;
+            let v = if v.is_array() {
+                v
+            } else {
+                Value::Array(vec![v])
+            };
+            all.extend(parse_inputs(&f, &v)?);
+        }
+        return Ok(all);
+    }
     let v = read_json(path)?;
+    parse_inputs(path, &v)
+}
+
+fn parse_inputs(path: &Path, v: &Value) -> Result<Vec<Feeds>> {
     let not_inputs = || {
         Error::data(
             path,
@@ -156,8 +174,24 @@ pub fn load_inputs(path: &Path) -> Result<Vec<Feeds>> {
     Ok(all)
 }
 
-/// Writes a `--save-inputs` file that `polygraphy run --load-inputs` reads.
+/// Writes a `--save-inputs` file that `polygraphy run --load-inputs` reads; a path without an
+/// extension is a new (or empty) directory with one feed dict per file, as Polygraphy 0.53
+/// writes it.
 pub fn save_inputs(path: &Path, feeds: &[Feeds]) -> Result<()> {
+    if !is_single_file(path) {
+        prepare_iteration_dir(path, "inputs")?;
+        for (i, f) in feeds.iter().enumerate() {
+            let p = iteration_file(path, i);
+            let list = encode_feeds(&p, std::slice::from_ref(f))?;
+            write_json(&p, &list[0])?;
+        }
+        return Ok(());
+    }
+    let list = encode_feeds(path, feeds)?;
+    write_json(path, &Value::Array(list))
+}
+
+fn encode_feeds(path: &Path, feeds: &[Feeds]) -> Result<Vec<Value>> {
     let mut list = Vec::with_capacity(feeds.len());
     for f in feeds {
         let mut obj = Map::new();
@@ -168,13 +202,110 @@ pub fn save_inputs(path: &Path, feeds: &[Feeds]) -> Result<()> {
         }
         list.push(Value::Object(obj));
     }
-    write_json(path, &Value::Array(list))
+    Ok(list)
 }
 
-/// Reads a `RunResults` JSON (`polygraphy run --save-outputs`).
+/// Whether a `--save-inputs`/`--save-outputs` path names one file (it has an extension)
+/// rather than a directory of per-iteration files, as Polygraphy 0.53 decides: by the path
+/// string alone.
+pub fn is_single_file(path: &Path) -> bool {
+    path.extension().is_some()
+}
+
+/// Width of the zero-padded index of per-iteration file names (`0000000000.json`).
+const ITERATION_FILE_INDEX_WIDTH: usize = 10;
+
+/// The `*.json` files of a per-iteration directory, in index (lexical) order.
+fn iteration_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "json") && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(Error::data(
+            dir,
+            "the directory holds no per-iteration .json files",
+        ));
+    }
+    Ok(files)
+}
+
+/// Prepares a directory for per-iteration files: it must not exist, or be an empty directory
+/// (nothing is overwritten), as Polygraphy requires.
+fn prepare_iteration_dir(dir: &Path, what: &str) -> Result<()> {
+    if dir.exists() {
+        if !dir.is_dir() {
+            return Err(Error::data(
+                dir,
+                format!("cannot save {what} here: a file exists, but a path without an extension is a directory of per-iteration files (use a path with an extension, e.g. .json, for one file)"),
+            ));
+        }
+        if std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .next()
+            .is_some()
+        {
+            return Err(Error::data(
+                dir,
+                format!("cannot save {what} here: the directory is not empty (per-iteration files need an empty or new directory)"),
+            ));
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))
+}
+
+fn iteration_file(dir: &Path, index: usize) -> std::path::PathBuf {
+    dir.join(format!(
+        "{index:0width$}.json",
+        width = ITERATION_FILE_INDEX_WIDTH
+    ))
+}
+
+/// Reads a `RunResults` JSON (`polygraphy run --save-outputs`), or a directory of
+/// per-iteration `RunResults` files (`--save-outputs DIR`), concatenated by runner name.
 pub fn load_run_results(path: &Path) -> Result<RunResults> {
+    if path.is_dir() {
+        let mut all = RunResults::default();
+        for f in iteration_files(path)? {
+            let v = read_json(&f)?;
+            let one = parse_run_results(&v).map_err(|e| Error::data(&f, e))?;
+            all.concat(one);
+        }
+        return Ok(all);
+    }
     let v = read_json(path)?;
     parse_run_results(&v).map_err(|e| Error::data(path, e))
+}
+
+impl RunResults {
+    /// Appends `other`'s iterations to the runner of the same name (Polygraphy's
+    /// `RunResults.concat`).
+    pub fn concat(&mut self, other: RunResults) {
+        for (name, iters) in other.runners {
+            match self.runners.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, mine)) => mine.extend(iters),
+                None => self.runners.push((name, iters)),
+            }
+        }
+    }
+
+    /// One single-iteration `RunResults` per iteration (Polygraphy's `RunResults.split`).
+    pub fn split(&self) -> Vec<RunResults> {
+        let n = self.runners.iter().map(|(_, i)| i.len()).max().unwrap_or(0);
+        (0..n)
+            .map(|i| RunResults {
+                runners: self
+                    .runners
+                    .iter()
+                    .filter_map(|(name, iters)| {
+                        iters.get(i).map(|it| (name.clone(), vec![it.clone()]))
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
 }
 
 fn parse_run_results(v: &Value) -> std::result::Result<RunResults, String> {
@@ -235,8 +366,22 @@ fn parse_run_results(v: &Value) -> std::result::Result<RunResults, String> {
     Ok(RunResults { runners })
 }
 
-/// Writes a `RunResults` JSON that `polygraphy run --load-outputs` reads.
+/// Writes a `RunResults` JSON that `polygraphy run --load-outputs` reads; a path without an
+/// extension is a new (or empty) directory with one single-iteration `RunResults` per file
+/// (`0000000000.json`, ...), as Polygraphy 0.53 writes it.
 pub fn save_run_results(path: &Path, results: &RunResults) -> Result<()> {
+    if !is_single_file(path) {
+        prepare_iteration_dir(path, "results")?;
+        for (i, one) in results.split().iter().enumerate() {
+            let p = iteration_file(path, i);
+            write_json(&p, &encode_run_results(&p, one)?)?;
+        }
+        return Ok(());
+    }
+    write_json(path, &encode_run_results(path, results)?)
+}
+
+fn encode_run_results(path: &Path, results: &RunResults) -> Result<Value> {
     let mut lst = Vec::with_capacity(results.runners.len());
     for (runner, iters) in &results.runners {
         let mut its = Vec::with_capacity(iters.len());
@@ -259,7 +404,7 @@ pub fn save_run_results(path: &Path, results: &RunResults) -> Result<()> {
         }
         lst.push(json!([runner, its]));
     }
-    write_json(path, &json!({ "lst": lst, TYPE_MARKER: "RunResults" }))
+    Ok(json!({ "lst": lst, TYPE_MARKER: "RunResults" }))
 }
 
 #[cfg(test)]
@@ -310,6 +455,31 @@ mod tests {
             r.runners[0].1[0].outputs[0].1.to_f64_vec().unwrap(),
             vec![3.0]
         );
+    }
+
+    #[test]
+    fn directory_form_round_trips_per_iteration() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = sample();
+        let mut second = r.runners[0].1[0].clone();
+        second.runtime = 0.25;
+        r.runners[0].1.push(second);
+        let p = dir.path().join("outs");
+        save_run_results(&p, &r).unwrap();
+        let names: Vec<String> = std::fs::read_dir(&p)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        assert_eq!(names, vec!["0000000000.json", "0000000001.json"]);
+        let back = load_run_results(&p).unwrap();
+        assert_eq!(back.runners.len(), 1);
+        assert_eq!(back.runners[0].1.len(), 2);
+        assert_eq!(back.runners[0].1[1].runtime, 0.25);
+        // A non-empty directory is refused; nothing is overwritten.
+        let e = save_run_results(&p, &r).unwrap_err().to_string();
+        assert!(e.contains("not empty"), "{e}");
     }
 
     #[test]

@@ -68,6 +68,67 @@ pub struct CheckOracle<'a> {
     /// Print each command and its output.
     pub verbose: bool,
     pub evaluations: usize,
+    /// Polygraphy's `--iter-artifact`: the candidate is written here (and `{model}` names it)
+    /// instead of inside `workdir`.
+    pub iter_artifact: Option<PathBuf>,
+    /// Keep the iteration artifact after each evaluation (Polygraphy's
+    /// `--no-remove-intermediate`); by default it is removed, as Polygraphy does.
+    pub keep_iter_artifact: bool,
+    /// Polygraphy's `--artifacts`: files moved after each evaluation into
+    /// `artifacts_dir/good` or `artifacts_dir/bad`, named `<stem>_<stamp>_N<iteration><ext>`.
+    pub artifacts: Vec<PathBuf>,
+    pub artifacts_dir: PathBuf,
+    /// The start date and time in artifact names (Polygraphy's `%x-%X` with `-`).
+    pub artifact_stamp: String,
+    /// Polygraphy's `--show-output` (print the command's output for passing candidates too)
+    /// and `--hide-fail-output` (not even for failing ones).
+    pub show_output: bool,
+    pub hide_fail_output: bool,
+}
+
+impl CheckOracle<'_> {
+    /// Moves every `--artifacts` file into `good/` or `bad/`; returns what happened, a line
+    /// per file.
+    fn sort_artifacts(&self, passed: bool) -> Vec<String> {
+        let sub = self.artifacts_dir.join(if passed { "good" } else { "bad" });
+        let mut notes = Vec::new();
+        for art in &self.artifacts {
+            let stem = art
+                .file_stem()
+                .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
+            let ext = art
+                .extension()
+                .map_or_else(String::new, |e| format!(".{}", e.to_string_lossy()));
+            let dest = sub.join(format!(
+                "{stem}_{}_N{}{ext}",
+                self.artifact_stamp, self.evaluations
+            ));
+            if !art.exists() {
+                notes.push(format!(
+                    "artifact {} does not exist, skipping (was the --check command supposed to write it?)",
+                    art.display()
+                ));
+                continue;
+            }
+            if dest.exists() {
+                notes.push(format!(
+                    "{} already exists; not overwriting it, artifact {} skipped",
+                    dest.display(),
+                    art.display()
+                ));
+                continue;
+            }
+            let moved = std::fs::create_dir_all(&sub).and_then(|_| {
+                std::fs::rename(art, &dest)
+                    .or_else(|_| std::fs::copy(art, &dest).and_then(|_| std::fs::remove_file(art)))
+            });
+            notes.push(match moved {
+                Ok(()) => format!("moved {} to {}", art.display(), dest.display()),
+                Err(e) => format!("cannot move {} to {}: {e}", art.display(), dest.display()),
+            });
+        }
+        notes
+    }
 }
 
 impl CheckOracle<'_> {
@@ -105,7 +166,10 @@ impl Oracle for CheckOracle<'_> {
                 ..Default::default()
             },
         )?;
-        let model = self.workdir.join("mixprec_candidate.onnx");
+        let model = self
+            .iter_artifact
+            .clone()
+            .unwrap_or_else(|| self.workdir.join("mixprec_candidate.onnx"));
         write_model(&model, &exported.model)?;
         let program = &self.command[0];
         let args = self.arguments(&model, marked);
@@ -171,9 +235,6 @@ impl Oracle for CheckOracle<'_> {
             String::from_utf8_lossy(&stdout),
             String::from_utf8_lossy(&stderr)
         );
-        if self.verbose {
-            eprint!("{text}");
-        }
         let (passed, summary) = match status {
             None => (
                 false,
@@ -202,8 +263,17 @@ impl Oracle for CheckOracle<'_> {
                 }
             }
         };
+        if self.verbose || (passed && self.show_output) || (!passed && !self.hide_fail_output) {
+            eprint!("{text}");
+        }
         if timed_out {
             eprintln!("warning: {summary}");
+        }
+        if self.iter_artifact.is_some() && !self.keep_iter_artifact {
+            let _ = std::fs::remove_file(&model);
+        }
+        for note in self.sort_artifacts(passed) {
+            eprintln!("[I] {note}");
         }
         Ok(Evaluation {
             passed,

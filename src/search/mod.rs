@@ -20,6 +20,7 @@
 
 pub mod builtin;
 pub mod check;
+pub mod replay;
 
 use crate::error::{Error, Result};
 use serde::Serialize;

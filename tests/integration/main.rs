@@ -9,6 +9,8 @@ mod dtypes;
 mod export;
 mod fuzz;
 mod models;
+mod polygraphy_cli;
 mod precision;
 mod report;
 mod search;
+mod seeds;

@@ -1,0 +1,291 @@
+//! Debug replays (Polygraphy's `--save-debug-replay` / `--load-debug-replay`): the verdict of
+//! every evaluated candidate, written after each evaluation, so an interrupted or crashed
+//! search resumes without evaluating a known candidate again.
+//!
+//! The file is JSON: `{"mixprec_debug_replay": 1, "model": {...}, "settings": {...},
+//! "evaluations": [{"marked": [layer names], "passed", "error", "summary"}]}`. `model` identifies
+//! the model file (size and FNV-1a hash of its bytes) and `settings` holds everything that
+//! decides a verdict (precisions, criterion, inputs, golden file, check command), as given by
+//! the caller; a replay recorded for another model or with other settings is refused, naming
+//! what differs. The search strategy is not a setting: a verdict holds for any strategy.
+
+use super::{Evaluation, Oracle};
+use crate::error::{Error, Result};
+use crate::graph::Graph;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+const FORMAT_VERSION: u32 = 1;
+
+/// Which model a replay belongs to.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelId {
+    pub bytes: u64,
+    /// FNV-1a 64 of the file's bytes, hex.
+    pub fnv1a: String,
+}
+
+impl ModelId {
+    pub fn of_file(path: &Path) -> Result<ModelId> {
+        let data = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in &data {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        Ok(ModelId {
+            bytes: data.len() as u64,
+            fnv1a: format!("{h:016x}"),
+        })
+    }
+}
+
+/// One recorded evaluation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    /// Marked layers by name, in node order.
+    pub marked: Vec<String>,
+    pub passed: bool,
+    /// None when unknown (an external --check).
+    pub error: Option<f64>,
+    pub summary: String,
+}
+
+/// A debug replay: the model, the settings and the evaluations so far.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct DebugReplay {
+    pub mixprec_debug_replay: u32,
+    pub model: ModelId,
+    pub settings: BTreeMap<String, String>,
+    pub evaluations: Vec<Record>,
+}
+
+impl DebugReplay {
+    pub fn new(model: ModelId, settings: BTreeMap<String, String>) -> DebugReplay {
+        DebugReplay {
+            mixprec_debug_replay: FORMAT_VERSION,
+            model,
+            settings,
+            evaluations: Vec::new(),
+        }
+    }
+
+    /// Reads a replay and checks it belongs to `model` with `settings`.
+    pub fn load(
+        path: &Path,
+        model: &ModelId,
+        settings: &BTreeMap<String, String>,
+    ) -> Result<DebugReplay> {
+        let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let r: DebugReplay = serde_json::from_slice(&text)
+            .map_err(|e| Error::data(path, format!("not a mixprec debug replay: {e}")))?;
+        if r.mixprec_debug_replay != FORMAT_VERSION {
+            return Err(Error::data(
+                path,
+                format!(
+                    "debug replay format {} (this mixprec reads {FORMAT_VERSION})",
+                    r.mixprec_debug_replay
+                ),
+            ));
+        }
+        if &r.model != model {
+            return Err(Error::data(
+                path,
+                format!(
+                    "the replay was recorded for another model ({} bytes, hash {}; this one: {} bytes, hash {})",
+                    r.model.bytes, r.model.fnv1a, model.bytes, model.fnv1a
+                ),
+            ));
+        }
+        let mut diffs = Vec::new();
+        for key in r.settings.keys().chain(settings.keys()) {
+            let (a, b) = (r.settings.get(key), settings.get(key));
+            if a != b
+                && !diffs
+                    .iter()
+                    .any(|d: &String| d.starts_with(&format!("{key}:")))
+            {
+                diffs.push(format!(
+                    "{key}: recorded '{}', now '{}'",
+                    a.map_or("(none)", String::as_str),
+                    b.map_or("(none)", String::as_str)
+                ));
+            }
+        }
+        if !diffs.is_empty() {
+            return Err(Error::data(
+                path,
+                format!(
+                    "the replay was recorded with other settings: {}",
+                    diffs.join("; ")
+                ),
+            ));
+        }
+        Ok(r)
+    }
+
+    /// Writes the replay (temporary file + rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let json = serde_json::to_vec_pretty(self).map_err(|e| Error::data(path, e.to_string()))?;
+        crate::data::write_atomic(path, &json)
+    }
+}
+
+/// An oracle that answers known candidates from a replay and records new ones, saving the
+/// replay after every evaluation.
+pub struct ReplayOracle<'a> {
+    inner: &'a mut dyn Oracle,
+    graph: &'a Graph,
+    replay: DebugReplay,
+    known: HashMap<Vec<usize>, Evaluation>,
+    save_to: Option<PathBuf>,
+    /// Candidates answered from the replay.
+    pub replayed: usize,
+}
+
+impl<'a> ReplayOracle<'a> {
+    /// `replay` holds the known evaluations (a loaded one, or a new empty one); a marked name
+    /// the graph lacks is an error.
+    pub fn new(
+        inner: &'a mut dyn Oracle,
+        graph: &'a Graph,
+        replay: DebugReplay,
+        save_to: Option<PathBuf>,
+    ) -> Result<ReplayOracle<'a>> {
+        let index: HashMap<&str, usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| (n.name.as_str(), i))
+            .collect();
+        let mut known = HashMap::new();
+        for r in &replay.evaluations {
+            let mut key = Vec::with_capacity(r.marked.len());
+            for n in &r.marked {
+                key.push(*index.get(n.as_str()).ok_or_else(|| {
+                    Error::Invalid(format!("debug replay: layer '{n}' is not in the model"))
+                })?);
+            }
+            key.sort_unstable();
+            known.insert(
+                key,
+                Evaluation {
+                    passed: r.passed,
+                    error: r.error.unwrap_or(f64::NAN),
+                    summary: format!("(replayed) {}", r.summary),
+                },
+            );
+        }
+        Ok(ReplayOracle {
+            inner,
+            graph,
+            replay,
+            known,
+            save_to,
+            replayed: 0,
+        })
+    }
+
+    /// The replay with every evaluation so far.
+    pub fn replay(&self) -> &DebugReplay {
+        &self.replay
+    }
+}
+
+impl Oracle for ReplayOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let mut key = marked.to_vec();
+        key.sort_unstable();
+        if let Some(e) = self.known.get(&key) {
+            self.replayed += 1;
+            return Ok(e.clone());
+        }
+        let e = self.inner.evaluate(marked)?;
+        self.replay.evaluations.push(Record {
+            marked: key
+                .iter()
+                .map(|&i| self.graph.nodes[i].name.clone())
+                .collect(),
+            passed: e.passed,
+            error: e.error.is_finite().then_some(e.error),
+            summary: e.summary.clone(),
+        });
+        self.known.insert(key, e.clone());
+        if let Some(p) = &self.save_to {
+            self.replay.save(p)?;
+        }
+        Ok(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::testing::chain;
+
+    struct Counting {
+        calls: usize,
+    }
+
+    impl Oracle for Counting {
+        fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+            self.calls += 1;
+            Ok(Evaluation {
+                passed: marked.len() >= 2,
+                error: marked.len() as f64,
+                summary: format!("{} marked", marked.len()),
+            })
+        }
+    }
+
+    fn settings(fp: &str) -> BTreeMap<String, String> {
+        [("precision".to_string(), fp.to_string())].into()
+    }
+
+    #[test]
+    fn known_candidates_are_not_evaluated_again_and_others_are_refused() {
+        let g = chain(4, 2);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay.json");
+        let id = ModelId {
+            bytes: 10,
+            fnv1a: "ab".into(),
+        };
+        let mut inner = Counting { calls: 0 };
+        {
+            let r = DebugReplay::new(id.clone(), settings("--fp16"));
+            let mut o = ReplayOracle::new(&mut inner, &g, r, Some(path.clone())).unwrap();
+            o.evaluate(&[0, 1]).unwrap();
+            o.evaluate(&[2]).unwrap();
+        }
+        assert_eq!(inner.calls, 2);
+        let loaded = DebugReplay::load(&path, &id, &settings("--fp16")).unwrap();
+        assert_eq!(loaded.evaluations.len(), 2);
+        let mut inner2 = Counting { calls: 0 };
+        let mut o = ReplayOracle::new(&mut inner2, &g, loaded, None).unwrap();
+        let e = o.evaluate(&[1, 0]).unwrap();
+        assert!(e.passed && e.summary.starts_with("(replayed)"));
+        assert!(!o.evaluate(&[2]).unwrap().passed);
+        o.evaluate(&[3]).unwrap();
+        assert_eq!(o.replayed, 2);
+        drop(o);
+        assert_eq!(inner2.calls, 1);
+
+        let e = DebugReplay::load(&path, &id, &settings("--int8"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("precision: recorded '--fp16', now '--int8'"),
+            "{e}"
+        );
+        let other = ModelId {
+            bytes: 11,
+            fnv1a: "ab".into(),
+        };
+        let e = DebugReplay::load(&path, &other, &settings("--fp16"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("another model"), "{e}");
+    }
+}
