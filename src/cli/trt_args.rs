@@ -75,6 +75,8 @@ trt_only_args! {
         decomposable_attentions = "decomposable-attentions";
         mark_unfused = "mark-unfused-tensors-as-debug-tensors";
         uint8_asym_dla = "enable-uint8-asymmetric-quantization-dla";
+        // Polygraphy's runner-timing options: they change how runs are timed, not results.
+        use_subprocess = "use-subprocess";
     }
     values {
         timing_cache = "timing-cache";
@@ -97,6 +99,7 @@ trt_only_args! {
         workspace = "workspace";
         save_engine = "save-engine";
         max_batch_size = "max-batch-size";
+        warm_up = "warm-up";
     }
     lists {
         tactic_sources = "tactic-sources";

@@ -421,6 +421,9 @@ fn tensorrt_only_options_warn_once_and_unknown_flags_fail() {
             "x:[1,1,256,256]",
             "--trt-max-shapes",
             "x:[1,1,256,256]",
+            "--warm-up",
+            "2",
+            "--use-subprocess",
         ],
     );
     let t = text(&o);
@@ -428,7 +431,7 @@ fn tensorrt_only_options_warn_once_and_unknown_flags_fail() {
     let warnings: Vec<&str> = t.lines().filter(|l| l.starts_with("warning:")).collect();
     assert_eq!(
         warnings,
-        ["warning: --timing-cache, --builder-optimization-level, --tactic-sources, --pool-limit, --trt-max-shapes are TensorRT/ONNX-Runtime options with no effect on mixprec's emulation (accepted so Polygraphy commands run unchanged)"],
+        ["warning: --use-subprocess, --timing-cache, --builder-optimization-level, --warm-up, --tactic-sources, --pool-limit, --trt-max-shapes are TensorRT/ONNX-Runtime options with no effect on mixprec's emulation (accepted so Polygraphy commands run unchanged)"],
         "{t}"
     );
     let o = mixprec_in(tmp.path(), &["run", &m, "--trt", "--no-such-flag"]);
