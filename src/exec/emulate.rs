@@ -42,6 +42,12 @@ pub(crate) struct LayerPrep {
     /// None for data-movement layers, which run untouched.
     pub precision: Option<Precision>,
     pub inputs: Vec<InputPrep>,
+    /// For a node with subgraphs: the plan of each (in [`Node::subgraphs`] order), every
+    /// layer in the node's precision (float32 when that is int8/fp8: no subgraph op has a
+    /// quantized kernel of its own).
+    ///
+    /// [`Node::subgraphs`]: crate::graph::Node::subgraphs
+    pub subplans: Vec<PreparedPlan>,
 }
 
 /// Options of a plan that are not per layer.
@@ -73,10 +79,22 @@ impl PreparedPlan {
         }
         let mut layers = Vec::with_capacity(graph.nodes.len());
         for (node, &p) in graph.nodes.iter().zip(&plan.layers) {
+            let body = if p.is_scaled() { Precision::Float32 } else { p };
+            let subplans = node
+                .subgraphs()
+                .map(|(_, g)| {
+                    let sub_opts = PlanOptions {
+                        accumulate: opts.accumulate,
+                        amax: None,
+                    };
+                    PreparedPlan::new(g, &PrecisionPlan::uniform(g, body), &sub_opts)
+                })
+                .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {
                 layers.push(LayerPrep {
                     precision: (!is_data_movement(&node.op_type)).then_some(p),
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
+                    subplans,
                 });
                 continue;
             }
@@ -136,6 +154,7 @@ impl PreparedPlan {
             layers.push(LayerPrep {
                 precision: Some(p),
                 inputs,
+                subplans,
             });
         }
         Ok(PreparedPlan {

@@ -269,17 +269,41 @@ fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
             shape: None,
         })
         .collect();
+    // The IR sorts a node with subgraphs after the values they read from this graph.
+    let defined: HashSet<&str> = initializers
+        .keys()
+        .map(|s| s.as_str())
+        .chain(g.input.iter().filter_map(|v| v.name.as_deref()))
+        .chain(
+            g.node
+                .iter()
+                .flat_map(|n| n.output.iter().map(|s| s.as_str())),
+        )
+        .collect();
     let nodes = g
         .node
         .iter()
         .enumerate()
-        .map(|(i, n)| Node {
-            name: i.to_string(),
-            op_type: n.op_type.clone().unwrap_or_default(),
-            domain: n.domain.clone().unwrap_or_default(),
-            inputs: n.input.clone(),
-            outputs: n.output.clone(),
-            attrs: BTreeMap::new(),
+        .map(|(i, n)| {
+            let mut inputs = n.input.clone();
+            if node_has_subgraph(n) {
+                let mut reads = HashSet::new();
+                subgraph_reads(std::slice::from_ref(n), false, &mut reads);
+                let mut reads: Vec<String> = reads
+                    .into_iter()
+                    .filter(|r| defined.contains(r.as_str()))
+                    .collect();
+                reads.sort();
+                inputs.extend(reads);
+            }
+            Node {
+                name: i.to_string(),
+                op_type: n.op_type.clone().unwrap_or_default(),
+                domain: n.domain.clone().unwrap_or_default(),
+                inputs,
+                outputs: n.output.clone(),
+                attrs: BTreeMap::new(),
+            }
         })
         .collect();
     let mut shadow = Graph {
