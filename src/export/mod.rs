@@ -214,6 +214,40 @@ fn subgraph_reads(nodes: &[proto::NodeProto], inside: bool, out: &mut HashSet<St
     }
 }
 
+/// Makes a subgraph (and the subgraphs inside it) read `to` wherever it reads the outer value
+/// `from` (names are not shadowed in ONNX, so every read of `from` is the outer one).
+fn rename_outer_read(g: &mut proto::GraphProto, from: &str, to: &str) {
+    for n in &mut g.node {
+        for i in &mut n.input {
+            if i == from {
+                *i = to.to_string();
+            }
+        }
+        for a in &mut n.attribute {
+            for sg in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                rename_outer_read(sg, from, to);
+            }
+        }
+    }
+    for o in &mut g.output {
+        if o.name.as_deref() == Some(from) {
+            // A subgraph output that is the outer value itself: pass the Cast's output through.
+            let vi = o.clone();
+            let id = format!("{to}_passthrough");
+            g.node.push(proto::NodeProto {
+                op_type: Some("Identity".into()),
+                input: vec![to.to_string()],
+                output: vec![id.clone()],
+                ..Default::default()
+            });
+            *o = proto::ValueInfoProto {
+                name: Some(id),
+                ..vi
+            };
+        }
+    }
+}
+
 /// Every name defined anywhere (tensors and nodes, subgraphs included), for fresh names.
 fn collect_names(g: &proto::GraphProto, out: &mut HashSet<String>) {
     for v in g.input.iter().chain(&g.output).chain(&g.value_info) {
@@ -527,10 +561,12 @@ impl<'a> Exporter<'a> {
                     ));
                 }
                 if node_has_subgraph(pnode) {
-                    return Err(Self::op_err(
-                        node,
-                        format!("cannot be exported in {p}: layers with subgraphs stay float32"),
+                    self.notes.push(format!(
+                        "layer '{}' ({op}) is exported in float32 with its subgraphs unchanged (the emulation ran it in {p})",
+                        node.name
                     ));
+                    roles.push(Role::Float(DType::F32));
+                    continue;
                 }
             }
             let role = if p.is_scaled() {
@@ -931,6 +967,20 @@ impl<'a> Exporter<'a> {
                 };
             }
             out.input = inputs;
+            // Subgraphs read outer values by name in their original type: where the export
+            // changed a value's type, they read a Cast back instead.
+            for r in node.implicit_inputs() {
+                if let Some(&o) = self.orig.get(&r) {
+                    if o.is_float() && self.cur.get(&r) != Some(&o) {
+                        let c = self.get_as(&r, o, node)?;
+                        for a in &mut out.attribute {
+                            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                                rename_outer_read(g, &r, &c);
+                            }
+                        }
+                    }
+                }
+            }
             self.nodes.push(out);
         }
         self.finish(pgraph, from)
@@ -949,7 +999,7 @@ impl<'a> Exporter<'a> {
     fn finish(mut self, pgraph: proto::GraphProto, from: i64) -> Result<Exported> {
         let mut g = pgraph;
         let mut sub_reads = HashSet::new();
-        subgraph_reads(&g.node, false, &mut sub_reads);
+        subgraph_reads(&self.nodes, false, &mut sub_reads);
 
         // Graph outputs.
         let mut outputs = g.output.clone();
