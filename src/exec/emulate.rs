@@ -416,6 +416,55 @@ mod tests {
     }
 
     #[test]
+    fn subgraphs_run_in_the_precision_of_their_node() {
+        // Both branches compute (x + d) - x, reading x and d = 2^-12 from the main graph. In
+        // float16 and bfloat16, 1 + 2^-12 rounds to 1 and the branch returns 0; a float32 body
+        // returns 2^-12, a float16 value, so rounding the If's output alone would keep it.
+        let branch = graph(
+            vec![
+                node("add", "Add", &["x", "d"], &["s"]),
+                node("sub", "Sub", &["s", "x"], &["t"]),
+            ],
+            vec![],
+            vi("t", &[1]),
+            vec![],
+        );
+        let mut iff = node("if", "If", &["c"], &["y"]);
+        for b in ["then_branch", "else_branch"] {
+            iff.attrs.insert(
+                b.into(),
+                crate::graph::Attribute::Graph(std::sync::Arc::new(branch.clone())),
+            );
+        }
+        let c = ValueInfo {
+            name: "c".into(),
+            dtype: Some(DType::Bool),
+            shape: Some(vec![]),
+        };
+        let d = 2f32.powi(-12);
+        let g = graph(
+            vec![iff],
+            vec![c, vi("x", &[1])],
+            vi("y", &[1]),
+            vec![("d", Tensor::from_f32(vec![1], vec![d]))],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert("c".into(), Tensor::from_bool(vec![], vec![true]));
+        feeds.insert("x".into(), Tensor::from_f32(vec![1], vec![1.0]));
+        let opts = PlanOptions::default();
+        for (p, want) in [
+            (Precision::Float32, d),
+            (Precision::Float16, 0.0),
+            (Precision::BFloat16, 0.0),
+            // No subgraph op has a quantized kernel: the body runs in float32.
+            (Precision::Int8, d),
+        ] {
+            let got = run(&g, vec![p], &opts, feeds.clone()).unwrap();
+            assert_eq!(got, vec![want], "{p}");
+        }
+    }
+
+    #[test]
     fn data_movement_carries_the_rounded_values() {
         // Relu (fp16) -> Reshape -> Relu (fp32): the fp32 Relu sees fp16-rounded values.
         let g = graph(

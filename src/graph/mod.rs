@@ -293,10 +293,20 @@ impl Graph {
                         }
                     }
                     None => {
+                        let who = if node.name.is_empty() {
+                            format!("node #{i}")
+                        } else {
+                            format!("node '{}'", node.name)
+                        };
+                        let scope = if outer.is_empty() {
+                            ""
+                        } else {
+                            " (nor any enclosing graph)"
+                        };
                         return Err(Error::Invalid(format!(
-                            "node '{}' ({}) reads '{}', which no node, initializer or graph input produces",
-                            node.name, node.op_type, inp
-                        )))
+                            "{who} ({}) reads '{inp}', which no node, initializer or graph input{scope} produces",
+                            node.op_type
+                        )));
                     }
                 }
             }
@@ -420,6 +430,43 @@ mod tests {
         let mut g = graph(vec![node("a", &["nope"], &["a_out"])]);
         let e = g.sort_topologically().unwrap_err().to_string();
         assert!(e.contains("'nope'"), "{e}");
+    }
+
+    #[test]
+    fn outer_references_order_the_nodes_that_read_them() {
+        // A subgraph reading `a_out` (and, nested one level deeper, `x`) makes its node a
+        // reader of `a_out`: sorted after `a` although the file lists it first.
+        let inner = Graph {
+            nodes: vec![node("deep", &["x"], &["deep_out"])],
+            outputs: vec![ValueInfo {
+                name: "deep_out".into(),
+                dtype: None,
+                shape: None,
+            }],
+            ..Default::default()
+        };
+        let mut mid = node("mid", &["a_out"], &["mid_out"]);
+        mid.attrs
+            .insert("g".into(), Attribute::Graph(Arc::new(inner)));
+        let body = Graph {
+            nodes: vec![mid],
+            outputs: vec![ValueInfo {
+                name: "mid_out".into(),
+                dtype: None,
+                shape: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(body.outer_refs(), ["a_out", "x"]);
+        let mut cf = node("cf", &[], &["cf_out"]);
+        cf.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body)));
+        assert_eq!(cf.implicit_inputs(), ["a_out", "x"]);
+        let mut g = graph(vec![cf, node("a", &["x"], &["a_out"])]);
+        g.sort_topologically().unwrap();
+        let names: Vec<_> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "cf"]);
+        assert!(g.outer_refs().is_empty());
     }
 
     #[test]

@@ -690,6 +690,85 @@ mod tests {
     }
 
     #[test]
+    fn subgraphs_load_nested_and_unknown_outer_values_are_errors() {
+        let vi = |name: &str| proto::ValueInfoProto {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let graph_attr = |name: &str, g: proto::GraphProto| proto::AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(proto::attribute_proto::AttributeType::Graph as i32),
+            g: Some(g),
+            ..Default::default()
+        };
+        // main: x -> If(c) whose then-branch holds another If whose branches output `reads`
+        // directly (no node): an outer-scope reference two levels up.
+        let model = |reads: &str| {
+            let leaf = proto::GraphProto {
+                name: Some("leaf".into()),
+                output: vec![vi(reads)],
+                ..Default::default()
+            };
+            let inner = proto::NodeProto {
+                op_type: Some("If".into()),
+                name: Some("inner_if".into()),
+                input: vec!["c".into()],
+                output: vec!["inner_y".into()],
+                attribute: vec![
+                    graph_attr("then_branch", leaf.clone()),
+                    graph_attr("else_branch", leaf),
+                ],
+                ..Default::default()
+            };
+            let mid = proto::GraphProto {
+                name: Some("mid".into()),
+                node: vec![inner],
+                output: vec![vi("inner_y")],
+                ..Default::default()
+            };
+            let outer = proto::NodeProto {
+                op_type: Some("If".into()),
+                name: Some("outer_if".into()),
+                input: vec!["c".into()],
+                output: vec!["y".into()],
+                attribute: vec![
+                    graph_attr("then_branch", mid.clone()),
+                    graph_attr("else_branch", mid),
+                ],
+                ..Default::default()
+            };
+            proto::ModelProto {
+                ir_version: Some(8),
+                opset_import: vec![proto::OperatorSetIdProto {
+                    domain: Some(String::new()),
+                    version: Some(17),
+                }],
+                graph: Some(proto::GraphProto {
+                    node: vec![outer],
+                    input: vec![vi("c"), vi("x")],
+                    output: vec![vi("y")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        };
+        let p = Path::new("m.onnx");
+        let m = model_from_proto(model("x"), p, Path::new(".")).unwrap();
+        let outer = &m.graph.nodes[0];
+        assert_eq!(outer.implicit_inputs(), ["c", "x"]);
+        let mid = outer.attr_graph("then_branch").unwrap();
+        assert_eq!(mid.nodes[0].implicit_inputs(), ["x"]);
+        let e = model_from_proto(model("ghost"), p, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'outer_if'") && e.contains("'inner_if'") && e.contains("'ghost'"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+    }
+
+    #[test]
     fn garbage_is_not_a_model() {
         let e =
             decode_model(b"this is not a protobuf file at all", Path::new("x.onnx")).unwrap_err();

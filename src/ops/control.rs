@@ -387,6 +387,200 @@ fn scan8(ctx: &OpCtx, g: &Graph, inputs: &[Option<&Tensor>], m: i64) -> OpResult
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::{Feeds, Interpreter};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, ValueInfo};
+    use std::sync::Arc;
+
+    fn any(name: &str) -> ValueInfo {
+        ValueInfo {
+            name: name.into(),
+            dtype: None,
+            shape: None,
+        }
+    }
+
+    fn run(g: &Graph, feeds: Vec<(&str, Tensor)>) -> Result<Vec<Tensor>, String> {
+        let feeds: Feeds = feeds.into_iter().map(|(n, t)| (n.to_string(), t)).collect();
+        let r = Interpreter::new(g)
+            .and_then(|i| i.run(&feeds))
+            .map_err(|e| e.to_string())?;
+        Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// Loop body: (i, c, acc) -> (i + 1 < stop, acc + x * (i + 1), acc + x * (i + 1) as a scan
+    /// output), reading `x` and `stop` from the main graph.
+    fn loop_graph(m: Option<i64>, cond: Option<bool>) -> Graph {
+        let body = graph(
+            vec![
+                node("one", "Add", &["i", "one_i"], &["i1"]),
+                node("cast", "Cast", &["i1"], &["i1f"]),
+                node("scale", "Mul", &["x", "i1f"], &["xi"]),
+                node("acc", "Add", &["acc_in", "xi"], &["acc_out"]),
+                node("less", "Less", &["i1", "stop"], &["c_out"]),
+                node("scan", "Identity", &["acc_out"], &["s"]),
+            ],
+            vec![any("i"), any("c_in"), any("acc_in")],
+            vec![any("c_out"), any("acc_out"), vi("s", &[2])],
+            vec![("one_i", Tensor::scalar_i64(1))],
+        );
+        let mut body = body;
+        body.nodes[1]
+            .attrs
+            .insert("to".into(), Attribute::Int(DType::F32.onnx_code() as i64));
+        let mut lp = node("loop", "Loop", &["m", "cond", "acc0"], &["acc", "scans"]);
+        if m.is_none() {
+            lp.inputs[0] = String::new();
+        }
+        if cond.is_none() {
+            lp.inputs[1] = String::new();
+        }
+        lp.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body)));
+        let mut inits = vec![("stop", Tensor::scalar_i64(3))];
+        if let Some(m) = m {
+            inits.push(("m", Tensor::scalar_i64(m)));
+        }
+        if let Some(c) = cond {
+            inits.push(("cond", Tensor::from_bool(vec![], vec![c])));
+        }
+        graph(
+            vec![lp],
+            vec![vi("x", &[2]), vi("acc0", &[2])],
+            vec![any("acc"), any("scans")],
+            inits,
+        )
+    }
+
+    fn loop_feeds() -> Vec<(&'static str, Tensor)> {
+        vec![
+            ("x", Tensor::from_f32(vec![2], vec![1.0, 10.0])),
+            ("acc0", Tensor::from_f32(vec![2], vec![0.5, 0.5])),
+        ]
+    }
+
+    #[test]
+    fn loop_stops_on_trip_count_or_condition() {
+        // M = 2 stops first: acc = 0.5 + x·1 + x·2.
+        let out = run(&loop_graph(Some(2), Some(true)), loop_feeds()).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[3.5, 30.5]);
+        assert_eq!(out[1].shape(), &[2, 2]);
+        assert_eq!(out[1].as_f32().unwrap(), &[1.5, 10.5, 3.5, 30.5]);
+        // No M: the body's condition (i + 1 < 3) stops after 3 iterations.
+        let out = run(&loop_graph(None, Some(true)), loop_feeds()).unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[6.5, 60.5]);
+        assert_eq!(out[1].shape(), &[3, 2]);
+        // Neither: the same (the condition input defaults to true).
+        let out = run(&loop_graph(None, None), loop_feeds()).unwrap();
+        assert_eq!(out[1].shape(), &[3, 2]);
+        // M = 10 with the condition: the condition wins.
+        let out = run(&loop_graph(Some(10), None), loop_feeds()).unwrap();
+        assert_eq!(out[1].shape(), &[3, 2]);
+    }
+
+    #[test]
+    fn loop_without_iterations_returns_the_initial_values() {
+        for (m, c) in [(Some(0), Some(true)), (Some(5), Some(false))] {
+            let out = run(&loop_graph(m, c), loop_feeds()).unwrap();
+            assert_eq!(out[0].as_f32().unwrap(), &[0.5, 0.5]);
+            // The scan output: 0 iterations of the body's declared [2].
+            assert_eq!(out[1].shape(), &[0, 2]);
+            assert_eq!(out[1].dtype(), DType::F32);
+        }
+    }
+
+    #[test]
+    fn scan_follows_axes_and_directions() {
+        // State: running sum; scan input x [2, 3] scanned along axis 1, backwards; the scan
+        // output (the running sum) stacked on axis 1, prepended.
+        let body = graph(
+            vec![
+                node("add", "Add", &["s_in", "x_t"], &["s_out"]),
+                node("y", "Identity", &["s_out"], &["y"]),
+            ],
+            vec![any("s_in"), any("x_t")],
+            vec![any("s_out"), any("y")],
+            vec![],
+        );
+        let mut sc = node("scan", "Scan", &["s0", "x"], &["s", "ys"]);
+        sc.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body)));
+        sc.attrs.insert("num_scan_inputs".into(), Attribute::Int(1));
+        sc.attrs
+            .insert("scan_input_axes".into(), Attribute::Ints(vec![-1]));
+        sc.attrs
+            .insert("scan_input_directions".into(), Attribute::Ints(vec![1]));
+        sc.attrs
+            .insert("scan_output_axes".into(), Attribute::Ints(vec![1]));
+        sc.attrs
+            .insert("scan_output_directions".into(), Attribute::Ints(vec![1]));
+        let g = graph(
+            vec![sc],
+            vec![vi("s0", &[2]), vi("x", &[2, 3])],
+            vec![any("s"), any("ys")],
+            vec![],
+        );
+        let out = run(
+            &g,
+            vec![
+                ("s0", Tensor::from_f32(vec![2], vec![0.0, 100.0])),
+                (
+                    "x",
+                    Tensor::from_f32(vec![2, 3], vec![1., 2., 3., 4., 5., 6.]),
+                ),
+            ],
+        )
+        .unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[6.0, 115.0]);
+        // Sums in iteration order (x read backwards): [3, 5, 6] and [106, 111, 115];
+        // prepended, so reversed along the output axis.
+        assert_eq!(out[1].shape(), &[2, 3]);
+        assert_eq!(
+            out[1].as_f32().unwrap(),
+            &[6.0, 5.0, 3.0, 115.0, 111.0, 106.0]
+        );
+    }
+
+    #[test]
+    fn if_branches_may_differ_in_shape_and_read_outer_values() {
+        let then_g = graph(
+            vec![node("t", "Add", &["x", "x"], &["t_out"])],
+            vec![],
+            vec![any("t_out")],
+            vec![],
+        );
+        let else_g = graph(
+            vec![node("e", "ReduceSum", &["x"], &["e_out"])],
+            vec![],
+            vec![any("e_out")],
+            vec![],
+        );
+        let mut iff = node("if", "If", &["c"], &["y"]);
+        iff.attrs
+            .insert("then_branch".into(), Attribute::Graph(Arc::new(then_g)));
+        iff.attrs
+            .insert("else_branch".into(), Attribute::Graph(Arc::new(else_g)));
+        let g = graph(
+            vec![iff],
+            vec![any("c"), vi("x", &[3])],
+            vec![any("y")],
+            vec![],
+        );
+        let x = || Tensor::from_f32(vec![3], vec![1.0, 2.0, 3.0]);
+        let out = run(
+            &g,
+            vec![("c", Tensor::from_bool(vec![], vec![true])), ("x", x())],
+        )
+        .unwrap();
+        assert_eq!(out[0].as_f32().unwrap(), &[2.0, 4.0, 6.0]);
+        let out = run(
+            &g,
+            vec![("c", Tensor::from_bool(vec![1], vec![false])), ("x", x())],
+        )
+        .unwrap();
+        assert_eq!(out[0].shape(), &[1]);
+        assert_eq!(out[0].as_f32().unwrap(), &[6.0]);
+    }
 
     #[test]
     fn slice_and_stack_are_inverse() {
