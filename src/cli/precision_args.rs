@@ -109,8 +109,18 @@ pub fn precision_counts_line(graph: &Graph, plan: &PrecisionPlan) -> String {
         .iter()
         .map(|(p, n)| format!("{n} {}", p.name()))
         .collect();
+    let inner = if plan.inner.is_empty() {
+        String::new()
+    } else {
+        let set: Vec<String> = plan
+            .inner
+            .iter()
+            .map(|(path, p)| format!("{path}:{}", p.name()))
+            .collect();
+        format!("; inside subgraphs: {}", set.join(" "))
+    };
     format!(
-        "Layer precisions: {} ({} compute layers; data-movement layers carry their input's precision)",
+        "Layer precisions: {} ({} compute layers; data-movement layers carry their input's precision{inner})",
         parts.join(", "),
         total
     )

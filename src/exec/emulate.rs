@@ -44,7 +44,7 @@ pub(crate) struct LayerPrep {
     pub inputs: Vec<InputPrep>,
     /// For a node with subgraphs: the plan of each (in [`Node::subgraphs`] order), every
     /// layer in the node's precision (float32 when that is int8/fp8: no subgraph op has a
-    /// quantized kernel of its own).
+    /// quantized kernel of its own) unless the plan sets it by path.
     ///
     /// [`Node::subgraphs`]: crate::graph::Node::subgraphs
     pub subplans: Vec<PreparedPlan>,
@@ -82,12 +82,8 @@ impl PreparedPlan {
             let body = if p.is_scaled() { Precision::Float32 } else { p };
             let subplans = node
                 .subgraphs()
-                .map(|(_, g)| {
-                    let sub_opts = PlanOptions {
-                        accumulate: opts.accumulate,
-                        amax: None,
-                    };
-                    PreparedPlan::new(g, &PrecisionPlan::uniform(g, body), &sub_opts)
+                .map(|(attr, g)| {
+                    PreparedPlan::new(g, &plan.subgraph_plan(node, attr, g, body), opts)
                 })
                 .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {
@@ -260,7 +256,7 @@ mod tests {
     }
 
     fn run(g: &Graph, plan: Vec<Precision>, opts: &PlanOptions, feeds: Feeds) -> Result<Vec<f32>> {
-        let plan = PreparedPlan::new(g, &PrecisionPlan { layers: plan }, opts)?;
+        let plan = PreparedPlan::new(g, &PrecisionPlan::from_layers(plan), opts)?;
         let r = Interpreter::new(g)?.run_plan(&feeds, &RunOptions::default(), &plan)?;
         Ok(r.outputs[0].1.as_f32().unwrap().to_vec())
     }
@@ -461,6 +457,24 @@ mod tests {
         ] {
             let got = run(&g, vec![p], &opts, feeds.clone()).unwrap();
             assert_eq!(got, vec![want], "{p}");
+        }
+        // Nodes inside a float16 If set by path: both in float32 keep 2^-12; the Add alone in
+        // float16 loses it (1 + 2^-12 rounds to 1 before the float32 Sub).
+        let interp = Interpreter::new(&g).unwrap();
+        for (inner, want) in [
+            (vec!["if/then_branch/add", "if/then_branch/sub"], d),
+            (vec!["if/then_branch/sub"], 0.0),
+            (vec!["if/else_branch/add", "if/else_branch/sub"], 0.0),
+        ] {
+            let mut plan = PrecisionPlan::from_layers(vec![Precision::Float16]);
+            for path in &inner {
+                plan.inner.insert(path.to_string(), Precision::Float32);
+            }
+            let prepared = PreparedPlan::new(&g, &plan, &opts).unwrap();
+            let r = interp
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .unwrap();
+            assert_eq!(r.outputs[0].1.as_f32().unwrap(), &[want], "{inner:?}");
         }
     }
 

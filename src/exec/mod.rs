@@ -649,11 +649,20 @@ impl<'g> Interpreter<'g> {
                 }
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
-            if matches!(precision, Some(Precision::Float16 | Precision::BFloat16)) {
+            if matches!(precision, Some(Precision::Float16 | Precision::BFloat16))
+                || !step.subs.is_empty()
+            {
                 h = mix(h, accumulate as u64 + 1);
             }
+            // Subgraphs: the precisions of their nodes.
+            if let Some(p) = plan {
+                for sp in &p.layers[idx].subplans {
+                    h = mix(h, hash_str(&format!("{:?}", sp.plan)));
+                }
+            }
             for (i, src) in step.inputs.iter().enumerate() {
-                let prep = plan.map(|p| &p.layers[idx].inputs[i]);
+                // Implicit inputs (read by subgraphs) have no preparation of their own.
+                let prep = plan.and_then(|p| p.layers[idx].inputs.get(i));
                 h = mix(
                     h,
                     match prep {

@@ -535,6 +535,12 @@ impl<'a> Exporter<'a> {
     /// The treatment of every layer, checked against the ONNX schemas at the target opset.
     fn roles(&mut self) -> Result<Vec<Role>> {
         let mut roles = Vec::with_capacity(self.graph.nodes.len());
+        if !self.plan.inner.is_empty() {
+            self.notes.push(format!(
+                "the precisions the plan sets inside subgraphs ({} node(s)) are not exported: subgraphs stay as they are",
+                self.plan.inner.len()
+            ));
+        }
         if self.opset > schemas::MAX_OPSET {
             self.notes.push(format!(
                 "the model's opset {} is newer than mixprec's ONNX schema table (opset {}): type support is taken from opset {}",
@@ -1310,9 +1316,7 @@ mod tests {
     }
 
     fn plan(ps: &[Precision]) -> PrecisionPlan {
-        PrecisionPlan {
-            layers: ps.to_vec(),
-        }
+        PrecisionPlan::from_layers(ps.to_vec())
     }
 
     fn run(

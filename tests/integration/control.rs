@@ -147,3 +147,46 @@ fn a_subgraph_reading_an_unknown_value_is_a_one_line_error() {
         "{err}"
     );
 }
+
+#[test]
+fn control_flow_search_and_paths_into_subgraphs() {
+    let model = models_dir().join("control_flow.onnx");
+    let model = model.to_str().unwrap();
+    // The search (incremental cache: a control-flow layer's signature covers the outer values
+    // its subgraphs read) treats If and Loop as one candidate each.
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        model,
+        "--fp16",
+        "--check-error-stat",
+        "median",
+        "--atol",
+        "1e-4",
+        "--mode",
+        "bisect",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("To achieve acceptable accuracy"), "{t}");
+    // Nodes inside subgraphs by path; a path that names nothing is a warning naming it.
+    let o = mixprec(&[
+        "run",
+        model,
+        "--fp16",
+        "--layer-precisions",
+        "loop/body/body_if/then_branch/inner_add:float32",
+        "if_pos/else_branch/*:float32",
+        "loop/body/missing:float32",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("inside subgraphs: if_pos/else_branch/else_add:float32 if_pos/else_branch/else_mean:float32 if_pos/else_branch/else_mul:float32 loop/body/body_if/then_branch/inner_add:float32"),
+        "{t}"
+    );
+    assert!(
+        t.contains("pattern 'loop/body/missing' matches no layer"),
+        "{t}"
+    );
+}

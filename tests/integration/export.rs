@@ -128,9 +128,7 @@ struct Case {
 }
 
 fn plan_by(graph: &Graph, f: impl Fn(&mixprec::Node) -> Precision) -> PrecisionPlan {
-    PrecisionPlan {
-        layers: graph.nodes.iter().map(f).collect(),
-    }
+    PrecisionPlan::from_layers(graph.nodes.iter().map(f).collect())
 }
 
 /// Int8/fp8 on the ops with quantized kernels, `rest` elsewhere (TensorRT's --int8 [--fp16]).
