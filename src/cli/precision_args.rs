@@ -28,7 +28,8 @@ pub struct PrecisionArgs {
     pub fp8: bool,
     /// Per-layer precisions: NAME:dtype, NAME an exact layer name, a glob ('*Softmax*') or a
     /// regex ('re:^Conv_[0-9]+$'); dtype one of float32, float16, bfloat16, fp8e4m3, fp8e5m2,
-    /// int8. Later items win.
+    /// int8. Later items win. Nodes inside If/Loop/Scan bodies are named by path
+    /// (If_0/then_branch/Conv_3).
     #[arg(long = "layer-precisions", num_args = 1.., value_name = "NAME:DTYPE")]
     pub layer_precisions: Vec<String>,
     /// obey: per-layer requests are applied and a request without a kernel is an error;
