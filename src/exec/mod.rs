@@ -172,9 +172,33 @@ impl<'g> Interpreter<'g> {
                             .expect("implicit input")
                     })
                     .collect();
+                // A node inside a subgraph is named by its path (`If_0/then_branch/Conv_3`).
+                let interp = Interpreter::new_scoped(g, names).map_err(|e| match e {
+                    Error::UnsupportedOp {
+                        node: inner,
+                        op,
+                        domain,
+                        opset,
+                    } => Error::UnsupportedOp {
+                        node: format!("{}/{attr}/{inner}", node.name),
+                        op,
+                        domain,
+                        opset,
+                    },
+                    Error::Op {
+                        node: inner,
+                        op,
+                        msg,
+                    } => Error::Op {
+                        node: format!("{}/{attr}/{inner}", node.name),
+                        op,
+                        msg,
+                    },
+                    e => e,
+                })?;
                 subs.push(Sub {
                     attr: attr.to_string(),
-                    interp: Interpreter::new_scoped(g, names)?,
+                    interp,
                     outer,
                 });
             }

@@ -607,6 +607,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unsupported_op_in_a_body_is_named_by_its_path() {
+        let branch = graph(
+            vec![node("odd", "NoSuchOp", &["x"], &["t"])],
+            vec![],
+            vec![any("t")],
+            vec![],
+        );
+        let mut iff = node("if", "If", &["c"], &["y"]);
+        for b in ["then_branch", "else_branch"] {
+            iff.attrs
+                .insert(b.into(), Attribute::Graph(Arc::new(branch.clone())));
+        }
+        let g = graph(vec![iff], vec![any("c"), any("x")], vec![any("y")], vec![]);
+        let e = Interpreter::new(&g).err().expect("unsupported").to_string();
+        assert!(e.contains("'if/else_branch/odd'"), "{e}");
+    }
+
+    #[test]
     fn control_flow_without_an_interpreter_is_an_error() {
         let mut n = crate::graph::testing::node("if", "If", &["c"], &["y"]);
         for b in ["then_branch", "else_branch"] {
