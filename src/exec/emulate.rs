@@ -83,7 +83,20 @@ impl PreparedPlan {
             let subplans = node
                 .subgraphs()
                 .map(|(attr, g)| {
-                    PreparedPlan::new(g, &plan.subgraph_plan(node, attr, g, body), opts)
+                    let sub = plan.subgraph_plan(node, attr, g, body);
+                    // Nodes inside subgraphs are named by path.
+                    PreparedPlan::new(g, &sub, opts).map_err(|e| match e {
+                        Error::Op {
+                            node: inner,
+                            op,
+                            msg,
+                        } => Error::Op {
+                            node: format!("{}/{attr}/{inner}", node.name),
+                            op,
+                            msg,
+                        },
+                        e => e,
+                    })
                 })
                 .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {

@@ -189,4 +189,19 @@ fn control_flow_search_and_paths_into_subgraphs() {
         t.contains("pattern 'loop/body/missing' matches no layer"),
         "{t}"
     );
+    // int8 inside a body needs a range mixprec's calibration does not collect there.
+    let o = mixprec(&[
+        "run",
+        model,
+        "--fp16",
+        "--layer-precisions",
+        "loop/body/body_matmul_h:int8",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("'loop/body/body_matmul_h'") && err.contains("'h'"),
+        "{err}"
+    );
 }
