@@ -1,14 +1,70 @@
-//! `mixprec inspect`: the layer table (op, output shapes, FLOPs, parameters) and what the
-//! weights cost in each precision.
+//! `mixprec inspect`: the layer table (op, output types and shapes, FLOPs, parameters) and
+//! what the weights cost in each precision.
 //!
-//! Shapes come from a real run on generated inputs (the interpreter is the shape inference:
-//! it cannot disagree with what `run` does), so FLOPs are exact for the given input shapes.
+//! Nothing runs: shapes come from the shape and type inference ([`crate::infer`]), with
+//! dynamic dimensions kept symbolic unless `--input-shapes` resolves them. FLOPs are counted
+//! where every shape they need is static.
 
-use crate::exec::RunResult;
+use crate::graph::fact::{DimFact, Fact};
 use crate::graph::{Graph, Node};
-use crate::ops::is_data_movement;
+use crate::infer::GraphFacts;
+use crate::ops::{is_data_movement, Registry};
 use serde::Serialize;
-use std::collections::HashMap;
+use std::collections::HashSet;
+
+/// One dimension in JSON: a number, or the symbol's text (`batch`, `2*seq`, `?`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum DimJson {
+    Known(usize),
+    Symbol(String),
+}
+
+impl From<&DimFact> for DimJson {
+    fn from(d: &DimFact) -> Self {
+        match d.as_known() {
+            Some(n) => DimJson::Known(n),
+            None => DimJson::Symbol(d.to_string()),
+        }
+    }
+}
+
+/// A value's inferred type and shape (None: unknown).
+#[derive(Clone, Debug, Serialize)]
+pub struct ValueSummary {
+    pub name: String,
+    pub dtype: Option<String>,
+    pub shape: Option<Vec<DimJson>>,
+}
+
+impl ValueSummary {
+    fn of(name: &str, f: Option<&Fact>) -> ValueSummary {
+        ValueSummary {
+            name: name.to_string(),
+            dtype: f.and_then(|f| f.dtype).map(|d| d.name().to_string()),
+            shape: f
+                .and_then(|f| f.shape.as_ref())
+                .map(|s| s.iter().map(DimJson::from).collect()),
+        }
+    }
+
+    /// `[batch, 3, 224, 224]`, or `?` when not even the rank is known.
+    pub fn shape_text(&self) -> String {
+        match &self.shape {
+            None => "?".to_string(),
+            Some(dims) => {
+                let parts: Vec<String> = dims
+                    .iter()
+                    .map(|d| match d {
+                        DimJson::Known(n) => n.to_string(),
+                        DimJson::Symbol(s) => s.clone(),
+                    })
+                    .collect();
+                format!("[{}]", parts.join(", "))
+            }
+        }
+    }
+}
 
 /// One row of the layer table.
 #[derive(Clone, Debug, Serialize)]
@@ -16,8 +72,9 @@ pub struct LayerInfo {
     pub index: usize,
     pub name: String,
     pub op: String,
-    pub output_shapes: Vec<Vec<usize>>,
-    pub flops: u64,
+    pub outputs: Vec<ValueSummary>,
+    /// None when a shape it needs is not static (pass `--input-shapes`).
+    pub flops: Option<u64>,
     pub params: u64,
     /// False for pure data movement (Reshape, Transpose...): never a precision candidate.
     pub computes: bool,
@@ -26,8 +83,13 @@ pub struct LayerInfo {
 /// Everything `inspect` reports.
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelSummary {
+    pub inputs: Vec<ValueSummary>,
+    pub outputs: Vec<ValueSummary>,
     pub layers: Vec<LayerInfo>,
+    /// Sum over the layers whose FLOPs are known.
     pub total_flops: u64,
+    /// Layers whose FLOPs could not be counted (shapes not static).
+    pub layers_without_flops: usize,
     pub total_params: u64,
     /// Bytes of float weights stored as float32 / float16 / int8.
     pub weight_bytes_fp32: u64,
@@ -35,35 +97,45 @@ pub struct ModelSummary {
     pub weight_bytes_int8: u64,
 }
 
-/// Builds the layer table from a run that kept intermediates.
-pub fn summarize(graph: &Graph, run: &RunResult) -> ModelSummary {
-    let shape_of = |name: &str| -> Option<Vec<usize>> {
-        run.intermediates
-            .get(name)
-            .or_else(|| run.output(name))
-            .or_else(|| graph.initializers.get(name))
-            .map(|t| t.shape().to_vec())
+/// Builds the layer table from the graph's inferred facts.
+pub fn summarize(graph: &Graph, facts: &GraphFacts) -> ModelSummary {
+    let static_shape = |name: &str| -> Option<Vec<usize>> {
+        match graph.initializers.get(name) {
+            Some(t) => Some(t.shape().to_vec()),
+            None => facts.known_shape(name),
+        }
     };
-    let mut counted: HashMap<&str, ()> = HashMap::new();
+    let mut counted: HashSet<&str> = HashSet::new();
     let mut layers = Vec::with_capacity(graph.nodes.len());
     let mut weight_elems = 0u64;
     for (index, node) in graph.nodes.iter().enumerate() {
         let in_shapes: Vec<Option<Vec<usize>>> = node
             .inputs
             .iter()
-            .map(|n| if n.is_empty() { None } else { shape_of(n) })
+            .map(|n| if n.is_empty() { None } else { static_shape(n) })
             .collect();
-        let out_shapes: Vec<Vec<usize>> = node
+        let out_shapes: Option<Vec<Vec<usize>>> = node
             .outputs
             .iter()
-            .map(|n| shape_of(n).unwrap_or_default())
+            .filter(|n| !n.is_empty())
+            .map(|n| static_shape(n))
             .collect();
+        // FLOPs need the static shapes of every present input and every output.
+        let inputs_static = node
+            .inputs
+            .iter()
+            .zip(&in_shapes)
+            .all(|(n, s)| n.is_empty() || s.is_some());
+        let flops = match out_shapes {
+            Some(outs) if inputs_static => Some(node_flops(node, &in_shapes, &outs)),
+            _ => None,
+        };
         let mut params = 0u64;
         for inp in &node.inputs {
             if let Some(t) = graph.initializers.get(inp) {
                 if t.dtype().is_float() {
                     params += t.len() as u64;
-                    if counted.insert(inp.as_str(), ()).is_none() {
+                    if counted.insert(inp.as_str()) {
                         weight_elems += t.len() as u64;
                     }
                 }
@@ -73,14 +145,30 @@ pub fn summarize(graph: &Graph, run: &RunResult) -> ModelSummary {
             index,
             name: node.name.clone(),
             op: node.op_type.clone(),
-            flops: node_flops(node, &in_shapes, &out_shapes),
-            output_shapes: out_shapes,
+            outputs: node
+                .outputs
+                .iter()
+                .filter(|n| !n.is_empty())
+                .map(|n| ValueSummary::of(n, facts.get(n)))
+                .collect(),
+            flops,
             params,
             computes: !is_data_movement(&node.op_type),
         });
     }
     ModelSummary {
-        total_flops: layers.iter().map(|l| l.flops).sum(),
+        inputs: graph
+            .inputs
+            .iter()
+            .map(|v| ValueSummary::of(&v.name, facts.get(&v.name)))
+            .collect(),
+        outputs: graph
+            .outputs
+            .iter()
+            .map(|v| ValueSummary::of(&v.name, facts.get(&v.name)))
+            .collect(),
+        total_flops: layers.iter().filter_map(|l| l.flops).sum(),
+        layers_without_flops: layers.iter().filter(|l| l.flops.is_none()).count(),
         total_params: layers.iter().map(|l| l.params).sum(),
         weight_bytes_fp32: weight_elems * 4,
         weight_bytes_fp16: weight_elems * 2,
@@ -89,75 +177,17 @@ pub fn summarize(graph: &Graph, run: &RunResult) -> ModelSummary {
     }
 }
 
-fn elems(s: &[usize]) -> u64 {
-    s.iter().product::<usize>() as u64
-}
-
-/// Floating-point operations of one node (a multiply-add counts 2), from its shapes.
+/// Floating-point operations of one node (a multiply-add counts 2), from its shapes: the op's
+/// own count ([`crate::ops::OpDef::node_flops`]); one per output element for ops mixprec
+/// does not know.
 pub fn node_flops(node: &Node, ins: &[Option<Vec<usize>>], outs: &[Vec<usize>]) -> u64 {
-    let out = outs.first().map(|s| elems(s)).unwrap_or(0);
-    let in0 = ins.first().cloned().flatten().unwrap_or_default();
-    let in1 = ins.get(1).cloned().flatten().unwrap_or_default();
-    let has_bias = ins.get(2).map(|s| s.is_some()).unwrap_or(false);
-    match node.op_type.as_str() {
-        "Conv" => {
-            // Each output element: Cin/group * prod(kernel) multiply-adds.
-            let per_out: u64 = in1.iter().skip(1).map(|&d| d as u64).product();
-            2 * out * per_out + if has_bias { out } else { 0 }
-        }
-        "ConvTranspose" => {
-            // Weight is [Cin, Cout/group, k...]: each input element feeds Cout/group * k outputs.
-            let cout_per_group: u64 = in1.get(1).copied().unwrap_or(0) as u64;
-            let kernel: u64 = in1.iter().skip(2).map(|&d| d as u64).product();
-            2 * elems(&in0) * cout_per_group * kernel
-        }
-        "MatMul" => 2 * out * in0.last().copied().unwrap_or(0) as u64,
-        "Gemm" => {
-            let k = if node.attr_int_or("transA", 0) != 0 {
-                in0.first()
-            } else {
-                in0.last()
-            };
-            2 * out * k.copied().unwrap_or(0) as u64 + if has_bias { out } else { 0 }
-        }
-        "Einsum" => einsum_flops(node, ins),
-        "MaxPool" | "AveragePool" | "LpPool" => {
-            let k: u64 = node
-                .attr_ints("kernel_shape")
-                .map(|k| k.iter().map(|&d| d.max(1) as u64).product())
-                .unwrap_or(1);
-            out * k
-        }
-        "BatchNormalization" => 2 * out,
-        "LayerNormalization" | "InstanceNormalization" | "GroupNormalization" => 8 * out,
-        "Softmax" | "LogSoftmax" => 5 * out,
-        "GlobalAveragePool" | "GlobalMaxPool" | "ReduceMean" | "ReduceSum" | "ReduceMax"
-        | "ReduceMin" | "ReduceProd" | "ReduceL1" | "ReduceL2" | "ReduceSumSquare"
-        | "ReduceLogSum" | "ReduceLogSumExp" | "ArgMax" | "ArgMin" | "TopK" => elems(&in0),
-        "Gelu" | "Erf" | "Sigmoid" | "Tanh" | "HardSwish" | "Mish" | "Softplus" => 4 * out,
-        op if is_data_movement(op) => 0,
-        _ => out,
+    match Registry::global().def(&node.domain, &node.op_type) {
+        Some(def) => def.node_flops(node, ins, outs),
+        None => outs
+            .first()
+            .map(|s| s.iter().product::<usize>() as u64)
+            .unwrap_or(0),
     }
-}
-
-fn einsum_flops(node: &Node, ins: &[Option<Vec<usize>>]) -> u64 {
-    let Some(eq) = node.attr_str("equation") else {
-        return 0;
-    };
-    let lhs = eq.split("->").next().unwrap_or("");
-    let mut sizes: HashMap<char, u64> = HashMap::new();
-    for (term, shape) in lhs.split(',').zip(ins) {
-        let Some(shape) = shape else { continue };
-        let letters: Vec<char> = term.trim().chars().filter(|c| c.is_alphabetic()).collect();
-        // Letters bind to the trailing dims when an ellipsis takes the leading ones.
-        let off = shape.len().saturating_sub(letters.len());
-        for (i, c) in letters.iter().enumerate() {
-            if let Some(&d) = shape.get(off + i) {
-                sizes.insert(*c, d as u64);
-            }
-        }
-    }
-    2 * sizes.values().product::<u64>()
 }
 
 /// Formats a FLOP or byte count with an SI suffix (`1.23 G`).
@@ -215,9 +245,10 @@ mod tests {
             "equation".into(),
             crate::graph::Attribute::String("bij,bjk->bik".into()),
         );
-        let f = einsum_flops(
+        let f = node_flops(
             &node("Einsum", a),
             &[Some(vec![2, 3, 4]), Some(vec![2, 4, 5])],
+            &[vec![2, 3, 5]],
         );
         assert_eq!(f, 2 * 2 * 3 * 4 * 5);
     }

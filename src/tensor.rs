@@ -5,6 +5,7 @@
 //! Float kernels compute in `f32` (the product's reference precision); `f64` tensors keep
 //! their own storage and are computed in `f64` where an op supports it.
 
+use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use half::{bf16, f16};
 use std::fmt;
 
@@ -25,6 +26,15 @@ pub enum DType {
     U64,
     Bool,
     Str,
+    /// The 8- and 4-bit types (src/lowbit.rs): one byte per element in memory, 4-bit types
+    /// packed two per byte in ONNX files.
+    F8E4M3FN,
+    F8E4M3FNUZ,
+    F8E5M2,
+    F8E5M2FNUZ,
+    U4,
+    I4,
+    F4E2M1,
 }
 
 impl DType {
@@ -45,6 +55,13 @@ impl DType {
             12 => DType::U32,
             13 => DType::U64,
             16 => DType::BF16,
+            17 => DType::F8E4M3FN,
+            18 => DType::F8E4M3FNUZ,
+            19 => DType::F8E5M2,
+            20 => DType::F8E5M2FNUZ,
+            21 => DType::U4,
+            22 => DType::I4,
+            23 => DType::F4E2M1,
             _ => return None,
         })
     }
@@ -66,6 +83,13 @@ impl DType {
             DType::U32 => 12,
             DType::U64 => 13,
             DType::BF16 => 16,
+            DType::F8E4M3FN => 17,
+            DType::F8E4M3FNUZ => 18,
+            DType::F8E5M2 => 19,
+            DType::F8E5M2FNUZ => 20,
+            DType::U4 => 21,
+            DType::I4 => 22,
+            DType::F4E2M1 => 23,
         }
     }
 
@@ -86,6 +110,14 @@ impl DType {
             DType::U64 => "uint64",
             DType::Bool => "bool",
             DType::Str => "str",
+            // ONNX's names, lower case (as Polygraphy's DataType prints them).
+            DType::F8E4M3FN => "float8e4m3fn",
+            DType::F8E4M3FNUZ => "float8e4m3fnuz",
+            DType::F8E5M2 => "float8e5m2",
+            DType::F8E5M2FNUZ => "float8e5m2fnuz",
+            DType::U4 => "uint4",
+            DType::I4 => "int4",
+            DType::F4E2M1 => "float4e2m1",
         }
     }
 
@@ -105,6 +137,14 @@ impl DType {
             "uint64" => DType::U64,
             "bool" => DType::Bool,
             "str" | "string" => DType::Str,
+            // ONNX's names and ml_dtypes' spellings.
+            "float8e4m3fn" | "float8_e4m3fn" => DType::F8E4M3FN,
+            "float8e4m3fnuz" | "float8_e4m3fnuz" => DType::F8E4M3FNUZ,
+            "float8e5m2" | "float8_e5m2" => DType::F8E5M2,
+            "float8e5m2fnuz" | "float8_e5m2fnuz" => DType::F8E5M2FNUZ,
+            "uint4" => DType::U4,
+            "int4" => DType::I4,
+            "float4e2m1" | "float4_e2m1fn" => DType::F4E2M1,
             _ => return None,
         })
     }
@@ -131,6 +171,36 @@ impl DType {
         matches!(self, DType::I8 | DType::I16 | DType::I32 | DType::I64)
     }
 
+    /// The four float8 types. Like the other low-bit types they are storage and
+    /// quantization types: Cast, QuantizeLinear/DequantizeLinear and data movement accept
+    /// them, arithmetic kernels do not (`is_float` is false for them).
+    pub fn is_fp8(self) -> bool {
+        matches!(
+            self,
+            DType::F8E4M3FN | DType::F8E4M3FNUZ | DType::F8E5M2 | DType::F8E5M2FNUZ
+        )
+    }
+
+    /// The 8- and 4-bit storage types of [`crate::lowbit`] (float8, int4, uint4, float4).
+    pub fn is_low_bit(self) -> bool {
+        self.is_fp8() || self.is_4bit()
+    }
+
+    /// int4, uint4 and float4e2m1: packed two per byte in ONNX files.
+    pub fn is_4bit(self) -> bool {
+        matches!(self, DType::U4 | DType::I4 | DType::F4E2M1)
+    }
+
+    /// Bytes that `n` elements take in an ONNX `raw_data` field (4-bit types packed two per
+    /// byte, rounded up; strings have no fixed size).
+    pub fn stored_bytes(self, n: usize) -> usize {
+        if self.is_4bit() {
+            n.div_ceil(2)
+        } else {
+            n * self.size()
+        }
+    }
+
     /// Size of one element in bytes (strings: 0, they have no fixed size).
     pub fn size(self) -> usize {
         match self {
@@ -138,6 +208,14 @@ impl DType {
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::BF16 | DType::I16 | DType::U16 => 2,
             DType::I8 | DType::U8 | DType::Bool => 1,
+            // In memory; see `stored_bytes` for files.
+            DType::F8E4M3FN
+            | DType::F8E4M3FNUZ
+            | DType::F8E5M2
+            | DType::F8E5M2FNUZ
+            | DType::U4
+            | DType::I4
+            | DType::F4E2M1 => 1,
             DType::Str => 0,
         }
     }
@@ -166,6 +244,13 @@ pub enum TensorData {
     U64(Vec<u64>),
     Bool(Vec<bool>),
     Str(Vec<String>),
+    F8E4M3FN(Vec<F8E4M3FN>),
+    F8E4M3FNUZ(Vec<F8E4M3FNUZ>),
+    F8E5M2(Vec<F8E5M2>),
+    F8E5M2FNUZ(Vec<F8E5M2FNUZ>),
+    U4(Vec<U4>),
+    I4(Vec<I4>),
+    F4E2M1(Vec<F4E2M1>),
 }
 
 /// Runs `$body` with `$v` bound to the inner `Vec` of any variant and wraps the result in the
@@ -190,6 +275,13 @@ macro_rules! map_data {
             TD::U64($v) => TD::U64($body),
             TD::Bool($v) => TD::Bool($body),
             TD::Str($v) => TD::Str($body),
+            TD::F8E4M3FN($v) => TD::F8E4M3FN($body),
+            TD::F8E4M3FNUZ($v) => TD::F8E4M3FNUZ($body),
+            TD::F8E5M2($v) => TD::F8E5M2($body),
+            TD::F8E5M2FNUZ($v) => TD::F8E5M2FNUZ($body),
+            TD::U4($v) => TD::U4($body),
+            TD::I4($v) => TD::I4($body),
+            TD::F4E2M1($v) => TD::F4E2M1($body),
         }
     }};
 }
@@ -214,6 +306,13 @@ macro_rules! with_data {
             TD::U64($v) => $body,
             TD::Bool($v) => $body,
             TD::Str($v) => $body,
+            TD::F8E4M3FN($v) => $body,
+            TD::F8E4M3FNUZ($v) => $body,
+            TD::F8E5M2($v) => $body,
+            TD::F8E5M2FNUZ($v) => $body,
+            TD::U4($v) => $body,
+            TD::I4($v) => $body,
+            TD::F4E2M1($v) => $body,
         }
     }};
 }
@@ -235,6 +334,13 @@ impl TensorData {
             TensorData::U64(_) => DType::U64,
             TensorData::Bool(_) => DType::Bool,
             TensorData::Str(_) => DType::Str,
+            TensorData::F8E4M3FN(_) => DType::F8E4M3FN,
+            TensorData::F8E4M3FNUZ(_) => DType::F8E4M3FNUZ,
+            TensorData::F8E5M2(_) => DType::F8E5M2,
+            TensorData::F8E5M2FNUZ(_) => DType::F8E5M2FNUZ,
+            TensorData::U4(_) => DType::U4,
+            TensorData::I4(_) => DType::I4,
+            TensorData::F4E2M1(_) => DType::F4E2M1,
         }
     }
 
@@ -263,6 +369,13 @@ impl TensorData {
             DType::U64 => TensorData::U64(vec![0; n]),
             DType::Bool => TensorData::Bool(vec![false; n]),
             DType::Str => TensorData::Str(vec![String::new(); n]),
+            DType::F8E4M3FN => TensorData::F8E4M3FN(vec![F8E4M3FN::default(); n]),
+            DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(vec![F8E4M3FNUZ::default(); n]),
+            DType::F8E5M2 => TensorData::F8E5M2(vec![F8E5M2::default(); n]),
+            DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::default(); n]),
+            DType::U4 => TensorData::U4(vec![U4::default(); n]),
+            DType::I4 => TensorData::I4(vec![I4::default(); n]),
+            DType::F4E2M1 => TensorData::F4E2M1(vec![F4E2M1::default(); n]),
         }
     }
 
@@ -288,7 +401,8 @@ impl TensorData {
             };
         }
         Some(join!(
-            F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str
+            F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str, F8E4M3FN,
+            F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, U4, I4, F4E2M1
         ))
     }
 
@@ -315,6 +429,13 @@ impl TensorData {
             TensorData::U64(v) => v.iter().map(|&x| x as f64).collect(),
             TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f64).collect(),
             TensorData::Str(_) => return None,
+            TensorData::F8E4M3FN(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::F8E4M3FNUZ(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::F8E5M2(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::F8E5M2FNUZ(v) => v.iter().map(|x| x.to_f64()).collect(),
+            TensorData::U4(v) => v.iter().map(|x| x.get() as f64).collect(),
+            TensorData::I4(v) => v.iter().map(|x| x.get() as f64).collect(),
+            TensorData::F4E2M1(v) => v.iter().map(|x| x.to_f64()).collect(),
         })
     }
 
@@ -325,6 +446,11 @@ impl TensorData {
             TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             TensorData::F64(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::F8E4M3FN(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F8E4M3FNUZ(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F8E5M2(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F8E5M2FNUZ(v) => v.iter().map(|x| x.to_f32()).collect(),
+            TensorData::F4E2M1(v) => v.iter().map(|x| x.to_f32()).collect(),
             other => other.to_f64_vec()?.into_iter().map(|x| x as f32).collect(),
         })
     }
@@ -345,6 +471,13 @@ impl TensorData {
             TensorData::F64(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::F16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
             TensorData::BF16(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::U4(v) => v.iter().map(|x| x.get() as i64).collect(),
+            TensorData::I4(v) => v.iter().map(|x| x.get() as i64).collect(),
+            TensorData::F8E4M3FN(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::F8E4M3FNUZ(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::F8E5M2(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::F8E5M2FNUZ(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
+            TensorData::F4E2M1(v) => v.iter().map(|x| x.to_f32() as i64).collect(),
             TensorData::Str(_) => return None,
         })
     }
@@ -553,10 +686,17 @@ mod tests {
 
     #[test]
     fn dtype_codes_round_trip() {
-        for code in [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16] {
-            assert_eq!(DType::from_onnx(code).unwrap().onnx_code(), code);
+        for code in [
+            1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 18, 19, 20, 21, 22, 23,
+        ] {
+            let d = DType::from_onnx(code).unwrap();
+            assert_eq!(d.onnx_code(), code);
+            assert_eq!(DType::from_name(d.name()), Some(d));
         }
-        assert!(DType::from_onnx(17).is_none());
+        assert!(DType::from_onnx(14).is_none());
+        assert!(DType::from_onnx(24).is_none());
+        assert_eq!(DType::I4.stored_bytes(5), 3);
+        assert_eq!(DType::F8E5M2.stored_bytes(5), 5);
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! `mixprec inspect`: inputs, outputs, opset and the layer table.
 
-use super::run::DataArgs;
-use crate::exec::RunOptions;
+use crate::data::loader::parse_input_shapes;
+use crate::infer::{declared_input_facts, infer_graph};
 use crate::inspect::{si, summarize};
-use crate::tensor::fmt_shape;
-use crate::{load_model, Interpreter};
+use crate::load_model;
 use anyhow::Result;
 use clap::Args;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -14,9 +14,10 @@ use std::process::ExitCode;
 pub struct InspectArgs {
     /// The ONNX model.
     model: PathBuf,
-    /// Shapes come from one run on generated inputs; these options shape that input.
-    #[command(flatten)]
-    data: DataArgs,
+    /// Resolve dynamic dims: `name:[d0,d1,...]` per input (Polygraphy's syntax). Without it,
+    /// dynamic dims stay symbolic. Nothing is executed either way.
+    #[arg(long = "input-shapes", num_args = 1.., value_name = "SHAPE")]
+    input_shapes: Vec<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     json: bool,
@@ -25,16 +26,17 @@ pub struct InspectArgs {
 pub fn run(args: InspectArgs) -> Result<ExitCode> {
     let model = load_model(&args.model)?;
     let g = &model.graph;
-    let feeds = args.data.feeds(g)?;
-    let interp = Interpreter::new(g)?;
-    let first = feeds.first().cloned().unwrap_or_default();
-    let run = interp.run_with(
-        &first,
-        &RunOptions {
-            keep_intermediates: true,
-        },
-    )?;
-    let summary = summarize(g, &run);
+    let mut shapes = BTreeMap::new();
+    for s in &args.input_shapes {
+        for (name, dims) in parse_input_shapes(s)? {
+            if g.input(&name).is_none() {
+                anyhow::bail!("--input-shapes: the model has no input '{name}'");
+            }
+            shapes.insert(name, dims);
+        }
+    }
+    let facts = infer_graph(g, &declared_input_facts(g, &shapes))?;
+    let summary = summarize(g, &facts);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(ExitCode::SUCCESS);
@@ -56,29 +58,24 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
         }
     );
     println!("\n---- {} Graph Input(s) ----", g.inputs.len());
-    for vi in &g.inputs {
-        let actual = first
-            .get(&vi.name)
-            .map(|t| fmt_shape(t.shape()))
-            .unwrap_or_default();
+    for (vi, v) in g.inputs.iter().zip(&summary.inputs) {
         println!(
-            "{{{} [dtype={}, shape={}]}}  (ran with {actual})",
+            "{{{} [dtype={}, shape={}]}}",
             vi.name,
             vi.dtype.map(|d| d.name()).unwrap_or("?"),
-            vi.shape_string()
+            v.shape_text()
         );
     }
     println!("\n---- {} Graph Output(s) ----", g.outputs.len());
-    for vi in &g.outputs {
-        let actual = run
-            .output(&vi.name)
-            .map(|t| fmt_shape(t.shape()))
-            .unwrap_or_default();
+    for (vi, v) in g.outputs.iter().zip(&summary.outputs) {
         println!(
-            "{{{} [dtype={}, shape={}]}}  (ran as {actual})",
+            "{{{} [dtype={}, shape={}]}}",
             vi.name,
-            vi.dtype.map(|d| d.name()).unwrap_or("?"),
-            vi.shape_string()
+            v.dtype
+                .as_deref()
+                .or(vi.dtype.map(|d| d.name()))
+                .unwrap_or("?"),
+            v.shape_text()
         );
     }
     println!("\n---- {} Layer(s) ----", summary.layers.len());
@@ -101,14 +98,14 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
         "#", "name", "op", "output shape(s)", "FLOPs", "params"
     );
     for l in &summary.layers {
-        let shapes: Vec<String> = l.output_shapes.iter().map(|s| fmt_shape(s)).collect();
+        let shapes: Vec<String> = l.outputs.iter().map(|v| v.shape_text()).collect();
         println!(
             "{:>5}  {:<name_w$}  {:<op_w$}  {:<24}  {:>10}  {:>9}{}",
             l.index,
             l.name,
             l.op,
             shapes.join(" "),
-            si(l.flops),
+            l.flops.map_or("?".to_string(), si),
             l.params,
             if l.computes { "" } else { "  (data movement)" }
         );
@@ -121,6 +118,12 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
         si(summary.total_flops),
         summary.total_params
     );
+    if summary.layers_without_flops > 0 {
+        println!(
+            "        ({} layer(s) without a FLOP count: their shapes are not static; resolve them with --input-shapes)",
+            summary.layers_without_flops
+        );
+    }
     println!(
         "Weights: {}B as float32 | {}B as float16/bfloat16 | {}B as int8/fp8",
         si(summary.weight_bytes_fp32),

@@ -54,7 +54,11 @@ impl DataArgs {
                     all.extend(polygraphy::load_inputs(p)?);
                 }
             }
-            return Ok(all);
+            // float8/int4/float4 inputs arrive as uint8/int8 arrays (NumPy has no such types).
+            return all
+                .into_iter()
+                .map(|f| Ok(crate::data::npy::as_declared(f, &graph.inputs)?))
+                .collect();
         }
         let mut cfg = DataLoaderConfig::default();
         if let Some(s) = self.seed {

@@ -215,6 +215,18 @@ fn values_and_diffs(
             fmt_shape(reference.shape())
         )));
     }
+    // Polygraphy's files (from ONNX Runtime's Python API, or mixprec's own) hold float8 and
+    // float4 outputs as uint8 bit patterns and int4 as int8: read such a reference in the
+    // output's type (src/data/npy.rs).
+    let converted;
+    let reference =
+        if out.dtype().is_low_bit() && matches!(reference.dtype(), DType::U8 | DType::I8) {
+            converted = crate::data::npy::as_low_bit(reference.clone(), out.dtype())
+                .map_err(|e| Error::Invalid(format!("output '{name}': the reference: {e}")))?;
+            &converted
+        } else {
+            reference
+        };
     let a = numeric(name, out, "output")?;
     let b = numeric(name, reference, "reference")?;
     let (absdiff, reldiff) = diff_values(out, reference, &a, &b);

@@ -10,6 +10,7 @@
 use crate::error::{Error, Result};
 use crate::exec::Feeds;
 use crate::graph::{Dim, ValueInfo};
+use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use crate::tensor::{fmt_shape, DType, Tensor, TensorData};
 use half::{bf16, f16};
 use std::collections::BTreeMap;
@@ -244,6 +245,10 @@ fn unknown_input(flag: &str, name: &str, inputs: &[ValueInfo]) -> Error {
     )
 }
 
+fn f32s(v: Vec<f64>) -> impl Iterator<Item = f32> {
+    v.into_iter().map(|x| x as f32)
+}
+
 /// Draws `n` values of `dtype` in `[lo, hi]` as Polygraphy's `ArraySampler` does.
 fn sample(
     rng: &mut Mt19937,
@@ -298,6 +303,33 @@ fn sample(
         DType::Str => {
             return Err("string inputs cannot be generated; load them with --load-inputs".into())
         }
+        // NumPy (so Polygraphy) has no float8/float4: drawn as float32 inputs are, then rounded
+        // to nearest even, saturating (docs/numerics.md).
+        DType::F8E4M3FN => TensorData::F8E4M3FN(
+            f32s(floats(rng))
+                .map(|x| F8E4M3FN::from_f32(x, true))
+                .collect(),
+        ),
+        DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(
+            f32s(floats(rng))
+                .map(|x| F8E4M3FNUZ::from_f32(x, true))
+                .collect(),
+        ),
+        DType::F8E5M2 => TensorData::F8E5M2(
+            f32s(floats(rng))
+                .map(|x| F8E5M2::from_f32(x, true))
+                .collect(),
+        ),
+        DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(
+            f32s(floats(rng))
+                .map(|x| F8E5M2FNUZ::from_f32(x, true))
+                .collect(),
+        ),
+        DType::F4E2M1 => TensorData::F4E2M1(
+            f32s(floats(rng))
+                .map(|x| F4E2M1::from_f32(x, true))
+                .collect(),
+        ),
         int => {
             let (l, h) = int_range(lo, hi)?;
             let (min, max): (i128, i128) = match int {
@@ -308,6 +340,8 @@ fn sample(
                 DType::I32 => (i32::MIN as i128, i32::MAX as i128),
                 DType::U32 => (0, u32::MAX as i128),
                 DType::I64 => (i64::MIN as i128, i64::MAX as i128),
+                DType::I4 => (-8, 7),
+                DType::U4 => (0, 15),
                 _ => (0, u64::MAX as i128),
             };
             if l < min || h > max {
@@ -315,7 +349,8 @@ fn sample(
             }
             let rng_width = (h - l) as u64;
             let width_bits = match int {
-                DType::I8 | DType::U8 => 8,
+                // int4/uint4 (no NumPy type): drawn as int8/uint8 would be.
+                DType::I8 | DType::U8 | DType::I4 | DType::U4 => 8,
                 DType::I16 | DType::U16 => 16,
                 DType::I32 | DType::U32 => 32,
                 _ => 64,
@@ -332,6 +367,12 @@ fn sample(
                 DType::I32 => TensorData::I32(vals.iter().map(|&v| v as i32).collect()),
                 DType::U32 => TensorData::U32(vals.iter().map(|&v| v as u32).collect()),
                 DType::I64 => TensorData::I64(vals.iter().map(|&v| v as i64).collect()),
+                DType::I4 => {
+                    TensorData::I4(vals.iter().map(|&v| I4::saturating(v as i64)).collect())
+                }
+                DType::U4 => {
+                    TensorData::U4(vals.iter().map(|&v| U4::saturating(v as i64)).collect())
+                }
                 _ => TensorData::U64(vals.iter().map(|&v| v as u64).collect()),
             }
         }

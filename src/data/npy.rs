@@ -2,8 +2,16 @@
 //!
 //! Written by hand rather than through a crate because the format is small and mixprec needs
 //! exact control over dtypes (float16, bool, big-endian input) and clear errors per tensor.
+//!
+//! NumPy has no float8, float4 or 4-bit integer type. mixprec stores them as ONNX Runtime's
+//! Python API returns them (and so as `polygraphy run --onnxrt` saves them): float8 and
+//! float4e2m1 as their bit patterns in `uint8` arrays, int4 as `int8` and uint4 as `uint8`
+//! values. Reading, an array of such bits or values fed to an input declared with a low-bit
+//! type is converted by [`as_declared`]; `ml_dtypes` arrays saved with `np.save` (descr `V1`,
+//! raw bytes) read as `uint8`. bfloat16 has no `.npy` form and is an error.
 
 use crate::error::{Error, Result};
+use crate::graph::ValueInfo;
 use crate::tensor::{DType, Tensor, TensorData};
 use half::f16;
 use std::io::{Read, Write};
@@ -26,6 +34,14 @@ fn descr_of(dtype: DType) -> Option<&'static str> {
         DType::I64 => "<i8",
         DType::U64 => "<u8",
         DType::Bool => "|b1",
+        // No NumPy type: bit patterns (float8, float4) or values (uint4) in uint8, int4 in int8.
+        DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::F4E2M1
+        | DType::U4 => "|u1",
+        DType::I4 => "|i1",
         // NumPy has no bfloat16 of its own, and strings are not numeric data.
         DType::BF16 | DType::Str => return None,
     })
@@ -69,6 +85,13 @@ pub fn to_npy(t: &Tensor) -> std::result::Result<Vec<u8>, String> {
         TensorData::I64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
         TensorData::U64(v) => v.iter().for_each(|x| out.extend(x.to_le_bytes())),
         TensorData::Bool(v) => v.iter().for_each(|&x| out.push(x as u8)),
+        TensorData::F8E4M3FN(v) => out.extend(v.iter().map(|x| x.to_bits())),
+        TensorData::F8E4M3FNUZ(v) => out.extend(v.iter().map(|x| x.to_bits())),
+        TensorData::F8E5M2(v) => out.extend(v.iter().map(|x| x.to_bits())),
+        TensorData::F8E5M2FNUZ(v) => out.extend(v.iter().map(|x| x.to_bits())),
+        TensorData::F4E2M1(v) => out.extend(v.iter().map(|x| x.to_bits())),
+        TensorData::U4(v) => out.extend(v.iter().map(|x| x.get())),
+        TensorData::I4(v) => out.extend(v.iter().map(|x| x.get() as u8)),
         TensorData::BF16(_) | TensorData::Str(_) => unreachable!("rejected by descr_of"),
     }
     Ok(out)
@@ -126,6 +149,8 @@ pub fn from_npy(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         "i8" => DType::I64,
         "u8" => DType::U64,
         "b1" => DType::Bool,
+        // ml_dtypes arrays (float8, int4, ...) saved by np.save: raw one-byte records.
+        "V1" => DType::U8,
         _ => {
             return Err(format!(
                 "unsupported .npy dtype '{descr}' (numeric and bool arrays only)"
@@ -169,7 +194,15 @@ pub fn from_npy(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         DType::I64 => TensorData::I64(decode!(i64, 8)),
         DType::U64 => TensorData::U64(decode!(u64, 8)),
         DType::Bool => TensorData::Bool(body.iter().map(|&b| b != 0).collect()),
-        DType::BF16 | DType::Str => unreachable!("not produced above"),
+        DType::BF16
+        | DType::Str
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::U4
+        | DType::I4
+        | DType::F4E2M1 => unreachable!("not produced above"),
     };
     let t = if fortran && shape.len() > 1 {
         // Column-major data: read it with the reversed shape, then reverse the axes.
@@ -179,6 +212,78 @@ pub fn from_npy(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         Tensor::from_parts(shape, data)
     };
     Ok(t)
+}
+
+/// A loaded array as the low-bit type `to`: `uint8` (or `int8`) bit patterns become float8 /
+/// float4e2m1 elements, `int8`/`uint8` values in range become int4/uint4. Other arrays and
+/// targets pass through unchanged (the interpreter then checks the dtype).
+pub fn as_low_bit(t: Tensor, to: DType) -> std::result::Result<Tensor, String> {
+    use crate::lowbit::*;
+    if !to.is_low_bit() || t.dtype() == to {
+        return Ok(t);
+    }
+    let bytes: Vec<u8> = match t.data() {
+        TensorData::U8(v) => v.clone(),
+        TensorData::I8(v) => v.iter().map(|&x| x as u8).collect(),
+        _ => return Ok(t),
+    };
+    let vals = t.to_i64_vec().unwrap_or_default();
+    let (shape, _) = t.into_parts();
+    let range = |lo: i64, hi: i64| -> std::result::Result<(), String> {
+        match vals.iter().find(|&&v| v < lo || v > hi) {
+            Some(v) => Err(format!("value {v} does not fit {to} ([{lo}, {hi}])")),
+            None => Ok(()),
+        }
+    };
+    let data = match to {
+        DType::F8E4M3FN => {
+            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
+        }
+        DType::F8E4M3FNUZ => {
+            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
+        }
+        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
+        DType::F8E5M2FNUZ => {
+            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
+        }
+        DType::F4E2M1 => {
+            if let Some(b) = bytes.iter().find(|&&b| b > 0xF) {
+                return Err(format!("byte {b:#04x} is not a float4e2m1 code (0x0-0xf)"));
+            }
+            TensorData::F4E2M1(bytes.iter().map(|&b| F4E2M1::from_bits(b)).collect())
+        }
+        DType::U4 => {
+            range(0, 15)?;
+            TensorData::U4(vals.iter().map(|&v| U4::wrapping(v)).collect())
+        }
+        DType::I4 => {
+            range(-8, 7)?;
+            TensorData::I4(vals.iter().map(|&v| I4::wrapping(v)).collect())
+        }
+        _ => unreachable!("low-bit types only"),
+    };
+    Ok(Tensor::from_parts(shape, data))
+}
+
+/// Converts the arrays of one loaded feed set whose inputs are declared with a low-bit type
+/// ([`as_low_bit`]); an error names the input.
+pub fn as_declared(feeds: crate::exec::Feeds, inputs: &[ValueInfo]) -> Result<crate::exec::Feeds> {
+    feeds
+        .into_iter()
+        .map(|(name, t)| {
+            match inputs
+                .iter()
+                .find(|vi| vi.name == name)
+                .and_then(|vi| vi.dtype)
+            {
+                Some(d) if d.is_low_bit() => {
+                    let t = as_low_bit(t, d).map_err(|e| Error::input(&name, e))?;
+                    Ok((name, t))
+                }
+                _ => Ok((name, t)),
+            }
+        })
+        .collect()
 }
 
 /// Transposes with the axis order reversed (turns a Fortran-order array into C order).
@@ -349,5 +454,44 @@ mod tests {
         assert_eq!(back[1].1.to_i64_vec().unwrap(), vec![3]);
         std::fs::write(&p, b"not a zip").unwrap();
         assert!(read_npz(&p).unwrap_err().to_string().contains("a.npz"));
+    }
+
+    #[test]
+    fn low_bit_types_store_as_bytes_and_read_back() {
+        use crate::lowbit::{F8E4M3FN, I4};
+        let t = Tensor::from_parts(
+            vec![2],
+            TensorData::F8E4M3FN(vec![
+                F8E4M3FN::from_f32(1.0, true),
+                F8E4M3FN::from_f32(-448.0, true),
+            ]),
+        );
+        let back = from_npy(&to_npy(&t).unwrap()).unwrap();
+        assert_eq!(back.data(), &TensorData::U8(vec![0x38, 0xFE]));
+        assert_eq!(as_low_bit(back, DType::F8E4M3FN).unwrap(), t);
+        let t = Tensor::from_parts(
+            vec![2],
+            TensorData::I4(vec![I4::wrapping(-8), I4::wrapping(7)]),
+        );
+        let back = from_npy(&to_npy(&t).unwrap()).unwrap();
+        assert_eq!(back.data(), &TensorData::I8(vec![-8, 7]));
+        assert_eq!(as_low_bit(back, DType::I4).unwrap(), t);
+        let e = as_low_bit(
+            Tensor::from_parts(vec![1], TensorData::I8(vec![9])),
+            DType::I4,
+        )
+        .unwrap_err();
+        assert!(e.contains("9 does not fit int4"), "{e}");
+        let e = as_low_bit(
+            Tensor::from_parts(vec![1], TensorData::U8(vec![0x10])),
+            DType::F4E2M1,
+        )
+        .unwrap_err();
+        assert!(e.contains("not a float4e2m1 code"), "{e}");
+        // ml_dtypes arrays saved by np.save: descr V1, raw bytes.
+        let mut npy = to_npy(&Tensor::from_parts(vec![1], TensorData::U8(vec![0x38]))).unwrap();
+        let pos = npy.windows(3).position(|w| w == b"|u1").unwrap();
+        npy[pos..pos + 3].copy_from_slice(b"<V1");
+        assert_eq!(from_npy(&npy).unwrap().data(), &TensorData::U8(vec![0x38]));
     }
 }

@@ -117,7 +117,7 @@ impl PreparedPlan {
                     if !is_quantized_operand(&node.op_type, idx) {
                         // Biases stay in f32, added after dequantization.
                         InputPrep::Keep
-                    } else if let Some(w) = init.filter(|w| w.dtype() == DType::F32) {
+                    } else if let Some(w) = init.filter(|w| is_float_storage(w.dtype())) {
                         let axis =
                             weight_channel_axis(node, idx, w.rank()).ok_or_else(|| Error::Op {
                                 node: node.name.clone(),
@@ -127,10 +127,11 @@ impl PreparedPlan {
                                     w.rank()
                                 ),
                             })?;
-                        let mut q = w.clone();
-                        let v = q.as_f32_mut().expect("f32 weight");
-                        let scales = channel_scales(v, w.shape(), axis, p);
-                        fake_quant_channels(v, w.shape(), axis, &scales, p);
+                        let q = through_f32(w, |v| {
+                            let scales = channel_scales(v, w.shape(), axis, p);
+                            fake_quant_channels(v, w.shape(), axis, &scales, p);
+                        })
+                        .expect("float weight");
                         InputPrep::Converted(std::sync::Arc::new(q))
                     } else if init.is_some() {
                         InputPrep::Keep
@@ -148,12 +149,11 @@ impl PreparedPlan {
                         }
                     }
                 } else if let Some(w) = init {
-                    if w.dtype() == DType::F32 {
-                        let mut r = w.clone();
-                        round_slice(p, r.as_f32_mut().expect("f32 weight"));
-                        InputPrep::Converted(std::sync::Arc::new(r))
-                    } else {
-                        InputPrep::Keep
+                    match through_f32(w, |v| round_slice(p, v)) {
+                        Some(r) if !already_in(w.dtype(), p) => {
+                            InputPrep::Converted(std::sync::Arc::new(r))
+                        }
+                        _ => InputPrep::Keep,
                     }
                 } else {
                     InputPrep::Round(p)
@@ -225,16 +225,46 @@ pub fn required_ranges(graph: &Graph, plan: &PrecisionPlan) -> Vec<String> {
 pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
     match prep {
         InputPrep::Keep | InputPrep::Converted(_) => None,
-        InputPrep::Round(p) => {
-            let mut c = t.clone();
-            round_slice(*p, c.as_f32_mut()?);
-            Some(c)
-        }
+        InputPrep::Round(p) if already_in(t.dtype(), *p) => None,
+        InputPrep::Round(p) => through_f32(t, |v| round_slice(*p, v)),
         InputPrep::Quantize { scale, precision } => {
+            through_f32(t, |v| fake_quant(v, *scale, *precision))
+        }
+    }
+}
+
+/// Float types a model stores tensors in, which a plan rounds or quantizes.
+fn is_float_storage(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// A tensor stored in `d` already holds values of precision `p` (a float16 model under a
+/// float16 plan): rounding it again changes nothing.
+fn already_in(d: DType, p: Precision) -> bool {
+    matches!(
+        (d, p),
+        (DType::F16, Precision::Float16) | (DType::BF16, Precision::BFloat16)
+    )
+}
+
+/// Applies `f` to a float tensor's values in f32 and stores the result back in the tensor's
+/// own type (f32 as is; float16/bfloat16 rounded to nearest even, as a Cast back would). A
+/// float16 model under an int8 or bfloat16 plan is quantized or rounded this way, exactly as
+/// its exported Q/DQ or Cast pairs compute. None for other dtypes.
+pub(crate) fn through_f32(t: &Tensor, f: impl FnOnce(&mut [f32])) -> Option<Tensor> {
+    match t.dtype() {
+        DType::F32 => {
             let mut c = t.clone();
-            fake_quant(c.as_f32_mut()?, *scale, *precision);
+            f(c.as_f32_mut()?);
             Some(c)
         }
+        DType::F16 | DType::BF16 => {
+            let mut v = t.to_f32_vec()?;
+            f(&mut v);
+            let f32t = Tensor::from_f32(t.shape().to_vec(), v);
+            Some(crate::ops::cast::cast_tensor(&f32t, t.dtype()))
+        }
+        _ => None,
     }
 }
 
@@ -246,6 +276,10 @@ pub(crate) fn round_outputs(p: Precision, outs: &mut [Tensor]) {
     for t in outs {
         if let Some(v) = t.as_f32_mut() {
             round_slice(p, v);
+        } else if matches!(t.dtype(), DType::F16 | DType::BF16) && !already_in(t.dtype(), p) {
+            if let Some(r) = through_f32(t, |v| round_slice(p, v)) {
+                *t = r;
+            }
         }
     }
 }
@@ -515,5 +549,87 @@ mod tests {
         .unwrap();
         assert_eq!(got[0], 1.0);
         assert!(got[1].is_infinite(), "70000 overflows fp16 to inf");
+    }
+
+    /// A model stored in float16: a bfloat16 plan rounds its weights and activations to
+    /// bfloat16 (stored back in float16), an int8 plan quantizes them; a float16 plan leaves
+    /// them alone. Without this, a float16 model would run unchanged under every plan.
+    #[test]
+    fn float16_stored_models_are_rounded_and_quantized() {
+        let f16v = |v: &[f32]| {
+            crate::ops::cast::cast_tensor(
+                &Tensor::from_f32(vec![1, v.len()], v.to_vec()),
+                DType::F16,
+            )
+        };
+        let xs = [1.0039062f32, 0.3339844, -2.0078125, 0.7];
+        let ws = [0.1000977f32, 1.0009766, 0.3330078, -0.25];
+        let w =
+            crate::ops::cast::cast_tensor(&Tensor::from_f32(vec![4, 1], ws.to_vec()), DType::F16);
+        let g = graph(
+            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+            vec![ValueInfo {
+                name: "x".into(),
+                dtype: Some(DType::F16),
+                shape: None,
+            }],
+            vi("y", &[1, 1]),
+            vec![("w", w)],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), f16v(&xs));
+        let out = |plan: Precision, amax: Option<&BTreeMap<String, f32>>| -> f32 {
+            let plan = PreparedPlan::new(
+                &g,
+                &PrecisionPlan::from_layers(vec![plan]),
+                &PlanOptions {
+                    amax,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let r = Interpreter::new(&g)
+                .unwrap()
+                .run_plan(&feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            assert_eq!(
+                r.outputs[0].1.dtype(),
+                DType::F16,
+                "the model's type is kept"
+            );
+            r.outputs[0].1.to_f32_vec().unwrap()[0]
+        };
+        let x16: Vec<f32> = xs.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        let w16: Vec<f32> = ws.iter().map(|&v| f16::from_f32(v).to_f32()).collect();
+        let dot = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+        // float16 plan: the stored values as they are.
+        let plain = f16::from_f32(dot(&x16, &w16)).to_f32();
+        assert_eq!(out(Precision::Float16, None), plain);
+        // bfloat16 plan: inputs rounded to bfloat16, output rounded to bfloat16, stored in f16.
+        let xb: Vec<f32> = x16.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let wb: Vec<f32> = w16.iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let want = f16::from_f32(bf16::from_f32(dot(&xb, &wb)).to_f32()).to_f32();
+        let got = out(Precision::BFloat16, None);
+        assert_eq!(got, want);
+        assert_ne!(got, plain, "bfloat16 must change this product");
+        // int8 plan: activation per tensor (amax 2.5), weight per output channel.
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 2.5f32);
+        let sx = 2.5 / 127.0;
+        let wmax = w16.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let sw = wmax / 127.0;
+        let q = |v: f32, s: f32| ((v / s).round_ties_even().clamp(-128.0, 127.0)) * s;
+        let xq: Vec<f32> = x16
+            .iter()
+            .map(|&v| f16::from_f32(q(v, sx)).to_f32())
+            .collect();
+        let wq: Vec<f32> = w16
+            .iter()
+            .map(|&v| f16::from_f32(q(v, sw)).to_f32())
+            .collect();
+        let want = f16::from_f32(dot(&xq, &wq)).to_f32();
+        let got = out(Precision::Int8, Some(&amax));
+        assert_eq!(got, want);
+        assert_ne!(got, plain, "int8 must change this product");
     }
 }

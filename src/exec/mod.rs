@@ -92,6 +92,8 @@ pub struct Interpreter<'g> {
     /// For a subgraph: the values of enclosing graphs it reads, in the order the caller
     /// passes them.
     outer_names: Vec<String>,
+    /// Input shapes whose inferred graph shapes were already checked.
+    checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
@@ -265,6 +267,7 @@ impl<'g> Interpreter<'g> {
             input_slots,
             output_slots,
             outer_names,
+            checked_shapes: Default::default(),
         })
     }
 
@@ -291,6 +294,7 @@ impl<'g> Interpreter<'g> {
     /// The feeds as the values of the input slots, after checking them.
     fn feed_values(&self, feeds: &Feeds) -> Result<Vec<Arc<Tensor>>> {
         self.check_feeds(feeds)?;
+        self.check_shapes(feeds)?;
         Ok(self
             .input_slots
             .iter()
@@ -715,6 +719,26 @@ impl<'g> Interpreter<'g> {
             }
         }
         sig
+    }
+
+    /// Runs the shape and type inference for the feeds' shapes (once per distinct set of
+    /// shapes), so that inputs a node cannot take are an error naming the node before any
+    /// kernel runs.
+    pub fn check_shapes(&self, feeds: &Feeds) -> Result<()> {
+        let key: Vec<Vec<usize>> = feeds.values().map(|t| t.shape().to_vec()).collect();
+        if self
+            .checked_shapes
+            .lock()
+            .map(|c| c.contains(&key))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        crate::infer::infer_graph(self.graph, &crate::infer::feed_facts(feeds))?;
+        if let Ok(mut c) = self.checked_shapes.lock() {
+            c.insert(key);
+        }
+        Ok(())
     }
 
     /// Every graph input present with the declared dtype, rank and fixed dims; no extras.

@@ -169,8 +169,8 @@ fn quant_code(p: Precision) -> i32 {
 /// The stored byte of one quantized value (already on the grid of `p`).
 fn quant_byte(p: Precision, q: f32) -> u8 {
     match p {
-        Precision::Fp8E4M3 => float8::F8E4M3::from_f32(q).to_bits(),
-        Precision::Fp8E5M2 => float8::F8E5M2::from_f32(q).to_bits(),
+        Precision::Fp8E4M3 => crate::lowbit::F8E4M3FN::from_f32(q, true).to_bits(),
+        Precision::Fp8E5M2 => crate::lowbit::F8E5M2::from_f32(q, true).to_bits(),
         _ => (q as i8) as u8,
     }
 }
@@ -358,17 +358,13 @@ fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// Which inputs of a data-movement op carry the data (share the output's type).
+/// Which inputs of a data-movement op carry the data (share the output's type): the op's
+/// definition says.
 fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
-    match op {
-        "Cast" | "CastLike" | "Shape" | "Size" | "NonZero" | "Constant" | "ConstantOfShape" => {
-            vec![]
-        }
-        "Concat" | "Range" => (0..n).collect(),
-        "OneHot" => vec![2],
-        "Pad" | "ScatterND" | "ScatterElements" => vec![0, 2],
-        _ => vec![0],
-    }
+    crate::ops::Registry::global()
+        .def("", op)
+        .map(|d| d.type_shared_inputs(n))
+        .unwrap_or_else(|| vec![0])
 }
 
 struct Exporter<'a> {

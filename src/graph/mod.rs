@@ -3,6 +3,7 @@
 //! It is independent of protobuf: `onnx/` builds it from a file, and everything downstream
 //! (interpreter, search, export) works on it.
 
+pub mod fact;
 #[cfg(test)]
 pub(crate) mod testing;
 

@@ -433,8 +433,8 @@ pub fn tensor_from_proto(
     let dtype = DType::from_onnx(code).ok_or_else(|| match code {
         0 => "tensor has no data type".to_string(),
         14 | 15 => "complex tensors are not supported".to_string(),
-        17..=20 => "float8 tensors in model files are not supported".to_string(),
-        21 | 22 | 25 | 26 => "4-bit tensors are not supported".to_string(),
+        24 => "float8e8m0 tensors are not supported".to_string(),
+        25 | 26 => "2-bit tensors (uint2, int2) are not supported".to_string(),
         _ => format!("unknown tensor data type {code}"),
     })?;
     if t.dims.iter().any(|&d| d < 0) {
@@ -485,11 +485,16 @@ fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> Result<TensorData, String> 
     if dtype == DType::Str {
         return Err("string tensors cannot use raw_data".into());
     }
-    let need = n * dtype.size();
+    let need = dtype.stored_bytes(n);
     if raw.len() != need {
         return Err(format!(
-            "raw_data has {} bytes, {n} elements of {dtype} need {need}",
-            raw.len()
+            "raw_data has {} bytes, {n} elements of {dtype} need {need}{}",
+            raw.len(),
+            if dtype.is_4bit() {
+                " (packed two per byte)"
+            } else {
+                ""
+            }
         ));
     }
     macro_rules! le {
@@ -522,7 +527,31 @@ fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> Result<TensorData, String> 
         DType::U64 => TensorData::U64(le!(u64, 8)),
         DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
         DType::Str => unreachable!("rejected above"),
+        _ => low_bit_from_bytes(dtype, raw, n),
     })
+}
+
+/// A float8 / 4-bit buffer from its stored bytes (one per element for float8, packed low
+/// nibble first for 4-bit types); the caller checked the byte count.
+fn low_bit_from_bytes(dtype: DType, bytes: &[u8], n: usize) -> TensorData {
+    use crate::lowbit::*;
+    let nib = || unpack_nibbles(bytes, n).into_iter();
+    match dtype {
+        DType::F8E4M3FN => {
+            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
+        }
+        DType::F8E4M3FNUZ => {
+            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
+        }
+        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
+        DType::F8E5M2FNUZ => {
+            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
+        }
+        DType::U4 => TensorData::U4(nib().map(U4::from_bits).collect()),
+        DType::I4 => TensorData::I4(nib().map(I4::from_bits).collect()),
+        DType::F4E2M1 => TensorData::F4E2M1(nib().map(F4E2M1::from_bits).collect()),
+        other => unreachable!("{other} is not a low-bit type"),
+    }
 }
 
 fn decode_typed(dtype: DType, t: &proto::TensorProto, n: usize) -> Result<TensorData, String> {
@@ -534,6 +563,24 @@ fn decode_typed(dtype: DType, t: &proto::TensorProto, n: usize) -> Result<Tensor
         }
     };
     let i32d = &t.int32_data;
+    if dtype.is_low_bit() {
+        // int32_data holds one float8 element, or one packed byte of two 4-bit elements,
+        // per value (onnx.proto).
+        let need = dtype.stored_bytes(n);
+        if i32d.len() != need {
+            return Err(format!(
+                "int32_data has {} values, {n} elements of {dtype} need {need}{}",
+                i32d.len(),
+                if dtype.is_4bit() {
+                    " (two per value)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        let bytes: Vec<u8> = i32d.iter().map(|&x| x as u8).collect();
+        return Ok(low_bit_from_bytes(dtype, &bytes, n));
+    }
     Ok(match dtype {
         DType::F32 => {
             check(t.float_data.len(), "float_data")?;
@@ -601,7 +648,7 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> proto::TensorProto {
     p
 }
 
-/// The little-endian bytes of a numeric buffer (as `.npy` and `raw_data` store it).
+/// The little-endian bytes of a numeric buffer as `raw_data` stores it (4-bit types packed).
 pub fn raw_bytes(data: &TensorData) -> Vec<u8> {
     macro_rules! le {
         ($v:expr) => {
@@ -623,6 +670,14 @@ pub fn raw_bytes(data: &TensorData) -> Vec<u8> {
         TensorData::U64(v) => le!(v),
         TensorData::Bool(v) => v.iter().map(|&b| b as u8).collect(),
         TensorData::Str(_) => Vec::new(),
+        TensorData::F8E4M3FN(v) => v.iter().map(|x| x.to_bits()).collect(),
+        TensorData::F8E4M3FNUZ(v) => v.iter().map(|x| x.to_bits()).collect(),
+        TensorData::F8E5M2(v) => v.iter().map(|x| x.to_bits()).collect(),
+        TensorData::F8E5M2FNUZ(v) => v.iter().map(|x| x.to_bits()).collect(),
+        // 4-bit types: packed two per byte, first element in the low nibble (onnx.proto).
+        TensorData::U4(v) => crate::lowbit::pack_nibbles(v.iter().map(|x| x.to_bits())),
+        TensorData::I4(v) => crate::lowbit::pack_nibbles(v.iter().map(|x| x.to_bits())),
+        TensorData::F4E2M1(v) => crate::lowbit::pack_nibbles(v.iter().map(|x| x.to_bits())),
     }
 }
 
@@ -778,5 +833,91 @@ mod tests {
         );
         let e = decode_model(b"", Path::new("x.onnx")).unwrap_err();
         assert!(e.to_string().contains("empty"), "{e}");
+    }
+
+    #[test]
+    fn low_bit_tensors_round_trip_packed() {
+        use crate::lowbit::{F4E2M1, F8E5M2FNUZ, I4};
+        let t = Tensor::new(
+            vec![5],
+            TensorData::I4([-8, 7, -1, 0, 3].iter().map(|&v| I4::wrapping(v)).collect()),
+        )
+        .unwrap();
+        let p = tensor_to_proto("w", &t);
+        assert_eq!(p.raw_data.as_deref(), Some(&[0x78, 0x0F, 0x03][..]));
+        assert_eq!(tensor_from_proto(&p, None).unwrap(), t);
+        let t = Tensor::new(
+            vec![2],
+            TensorData::F4E2M1(vec![
+                F4E2M1::from_f32(-6.0, true),
+                F4E2M1::from_f32(0.5, true),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            tensor_from_proto(&tensor_to_proto("f", &t), None).unwrap(),
+            t
+        );
+        let t = Tensor::new(
+            vec![1],
+            TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::from_bits(0x80)]),
+        )
+        .unwrap();
+        let back = tensor_from_proto(&tensor_to_proto("n", &t), None).unwrap();
+        assert!(back.to_f32_vec().unwrap()[0].is_nan());
+    }
+
+    #[test]
+    fn low_bit_int32_data_and_wrong_counts() {
+        // float8: one element per int32_data value; 4-bit: one packed byte per value.
+        let p = proto::TensorProto {
+            dims: vec![2],
+            data_type: Some(17),
+            int32_data: vec![0x38, 0xC0],
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&p, None).unwrap().to_f32_vec().unwrap(),
+            vec![1.0, -2.0]
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(21),
+            int32_data: vec![0x21, 0x03],
+            ..Default::default()
+        };
+        assert_eq!(
+            tensor_from_proto(&p, None).unwrap().to_i64_vec().unwrap(),
+            vec![1, 2, 3]
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(22),
+            int32_data: vec![0x21, 0x03, 0],
+            ..Default::default()
+        };
+        let e = tensor_from_proto(&p, None).unwrap_err();
+        assert!(
+            e.contains("int32_data has 3 values") && e.contains("need 2"),
+            "{e}"
+        );
+        let p = proto::TensorProto {
+            dims: vec![3],
+            data_type: Some(23),
+            raw_data: Some(vec![0; 3]),
+            ..Default::default()
+        };
+        let e = tensor_from_proto(&p, None).unwrap_err();
+        assert!(
+            e.contains("3 bytes") && e.contains("need 2 (packed two per byte)"),
+            "{e}"
+        );
+        let p = proto::TensorProto {
+            dims: vec![1],
+            data_type: Some(25),
+            raw_data: Some(vec![0]),
+            ..Default::default()
+        };
+        assert!(tensor_from_proto(&p, None).unwrap_err().contains("int2"));
     }
 }

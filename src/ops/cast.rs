@@ -1,14 +1,49 @@
 //! Cast and CastLike: dtype conversion with ONNX semantics (floats to ints truncate toward
 //! zero and saturate, to bool is `x != 0`, float narrowing rounds to nearest even).
+//!
+//! The low-bit types (src/lowbit.rs): to float8 rounds to nearest even and, with the
+//! `saturate` attribute (opset 19+, default 1), clamps out-of-range values and infinities to
+//! ±max; `saturate=0` gives inf/NaN per ONNX's table. To float4e2m1 always saturates. To
+//! int4/uint4 truncates floats toward zero and keeps the low 4 bits (ONNX's rule for
+//! out-of-range fixed point: "discard higher bits"), NaN and ±inf give 0 (as the ONNX
+//! reference, ml_dtypes, does).
 
 use super::util::input;
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use crate::tensor::{DType, Tensor, TensorData};
 use half::{bf16, f16};
 
 pub fn register(r: &mut Registry) {
     r.add("Cast", cast_op);
     r.add("CastLike", cast_like_op);
+    for op in ["Cast", "CastLike"] {
+        r.def_mut(op)
+            .movement()
+            .own_output_type()
+            .roles(&[super::InputRole::Data, super::InputRole::Param]);
+    }
+    r.def_mut("Cast").infer(|ctx, ins| {
+        let x = super::shape::fact(ins, 0)?;
+        let to = ctx
+            .node
+            .attr_int("to")
+            .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
+        let dtype = DType::from_onnx(to as i32)
+            .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
+        let mut f = crate::graph::fact::Fact::new(Some(dtype), x.shape.clone());
+        if dtype.is_int() {
+            f.dims = x.dims.clone();
+        }
+        Ok(vec![f])
+    });
+    r.def_mut("CastLike").infer(|_, ins| {
+        let (x, like) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
+        Ok(vec![crate::graph::fact::Fact::new(
+            like.dtype,
+            x.shape.clone(),
+        )])
+    });
 }
 
 fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -19,27 +54,38 @@ fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
     let dtype = DType::from_onnx(to as i32)
         .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
-    Ok(vec![checked_cast(x, dtype)?])
+    Ok(vec![checked_cast(x, dtype, saturate(ctx))?])
 }
 
-fn cast_like_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+fn cast_like_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let like = input(inputs, 1)?;
-    Ok(vec![checked_cast(x, like.dtype())?])
+    Ok(vec![checked_cast(x, like.dtype(), saturate(ctx))?])
 }
 
-fn checked_cast(x: &Tensor, to: DType) -> Result<Tensor, OpError> {
+/// The `saturate` attribute (Cast/CastLike opset 19+; float8 targets only; default 1).
+fn saturate(ctx: &OpCtx) -> bool {
+    ctx.opset < 19 || ctx.node.attr_int_or("saturate", 1) != 0
+}
+
+fn checked_cast(x: &Tensor, to: DType, saturate: bool) -> Result<Tensor, OpError> {
     if (x.dtype() == DType::Str) != (to == DType::Str) {
         return Err(OpError(format!(
             "cast between {} and {to} is not supported",
             x.dtype()
         )));
     }
-    Ok(cast_tensor(x, to))
+    Ok(cast_tensor_saturate(x, to, saturate))
 }
 
-/// Converts a tensor to `to`. Numeric only (strings cast to strings unchanged).
+/// Converts a tensor to `to`. Numeric only (strings cast to strings unchanged). Float8
+/// targets saturate (ONNX's default).
 pub fn cast_tensor(x: &Tensor, to: DType) -> Tensor {
+    cast_tensor_saturate(x, to, true)
+}
+
+/// [`cast_tensor`] with ONNX's `saturate` choice for float8 targets (see the module docs).
+pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
     if x.dtype() == to {
         return x.clone();
     }
@@ -74,8 +120,66 @@ pub fn cast_tensor(x: &Tensor, to: DType) -> Tensor {
             _ => ints(d).into_iter().map(|x| x as u64).collect(),
         }),
         DType::Str => d.clone(),
+        DType::F8E4M3FN => TensorData::F8E4M3FN(
+            num(d)
+                .into_iter()
+                .map(|x| F8E4M3FN::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(
+            num(d)
+                .into_iter()
+                .map(|x| F8E4M3FNUZ::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E5M2 => TensorData::F8E5M2(
+            num(d)
+                .into_iter()
+                .map(|x| F8E5M2::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(
+            num(d)
+                .into_iter()
+                .map(|x| F8E5M2FNUZ::from_f64(x, saturate))
+                .collect(),
+        ),
+        DType::F4E2M1 => TensorData::F4E2M1(
+            num(d)
+                .into_iter()
+                .map(|x| F4E2M1::from_f64(x, true))
+                .collect(),
+        ),
+        DType::I4 => TensorData::I4(
+            ints_finite(d)
+                .into_iter()
+                .map(|x| I4::wrapping(x as i64))
+                .collect(),
+        ),
+        DType::U4 => TensorData::U4(
+            ints_finite(d)
+                .into_iter()
+                .map(|x| U4::wrapping(x as i64))
+                .collect(),
+        ),
     };
     Tensor::from_parts(shape, data)
+}
+
+/// [`ints`] with ±inf as 0 (4-bit targets, as ml_dtypes casts them).
+fn ints_finite(d: &TensorData) -> Vec<i128> {
+    if is_float_data(d) {
+        num(d)
+            .into_iter()
+            .map(|x| if x.is_finite() { x.trunc() as i128 } else { 0 })
+            .collect()
+    } else {
+        ints(d)
+    }
+}
+
+fn is_float_data(d: &TensorData) -> bool {
+    d.dtype().is_float() || matches!(d.dtype(), DType::F4E2M1) || d.dtype().is_fp8()
 }
 
 fn num(d: &TensorData) -> Vec<f64> {
@@ -86,12 +190,10 @@ fn num(d: &TensorData) -> Vec<f64> {
 fn ints(d: &TensorData) -> Vec<i128> {
     match d {
         TensorData::U64(v) => v.iter().map(|&x| x as i128).collect(),
-        TensorData::F32(_) | TensorData::F64(_) | TensorData::F16(_) | TensorData::BF16(_) => {
-            num(d)
-                .into_iter()
-                .map(|x| if x.is_nan() { 0 } else { x.trunc() as i128 })
-                .collect()
-        }
+        _ if is_float_data(d) => num(d)
+            .into_iter()
+            .map(|x| if x.is_nan() { 0 } else { x.trunc() as i128 })
+            .collect(),
         _ => d
             .to_i64_vec()
             .unwrap_or_default()
@@ -128,5 +230,54 @@ mod tests {
             cast_tensor(&t, DType::Bool).as_bool().unwrap(),
             &[false, true, true]
         );
+    }
+
+    #[test]
+    fn saturate_attribute_picks_the_overflow_rule() {
+        use crate::graph::{Attribute, Node};
+        let node = |sat: Option<i64>| Node {
+            name: "c".into(),
+            op_type: "Cast".into(),
+            domain: String::new(),
+            inputs: vec!["x".into()],
+            outputs: vec!["y".into()],
+            attrs: [("to".to_string(), Attribute::Int(17))]
+                .into_iter()
+                .chain(sat.map(|s| ("saturate".to_string(), Attribute::Int(s))))
+                .collect(),
+        };
+        let x = Tensor::from_f32(vec![3], vec![1000.0, f32::NEG_INFINITY, 1.0625]);
+        let run = |n: &Node, opset| {
+            cast_op(&OpCtx::new(n, opset), &[Some(&x)]).unwrap()[0]
+                .to_f32_vec()
+                .unwrap()
+        };
+        assert_eq!(run(&node(None), 19), vec![448.0, -448.0, 1.0]);
+        let v = run(&node(Some(0)), 19);
+        assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0, "{v:?}");
+        // Before opset 19 there is no saturate attribute: the default rule applies.
+        assert_eq!(run(&node(Some(0)), 13), vec![448.0, -448.0, 1.0]);
+    }
+
+    #[test]
+    fn low_bit_casts() {
+        let t = Tensor::from_f32(vec![6], vec![-9.0, 8.0, 7.9, f32::NAN, f32::INFINITY, -0.5]);
+        let c = cast_tensor(&t, DType::I4);
+        assert_eq!(c.to_i64_vec().unwrap(), vec![7, -8, 7, 0, 0, 0]);
+        let c = cast_tensor(&t, DType::U4);
+        assert_eq!(c.to_i64_vec().unwrap(), vec![7, 8, 7, 0, 0, 0]);
+        let c = cast_tensor(&t, DType::F4E2M1).to_f32_vec().unwrap();
+        assert_eq!(&c[..3], &[-6.0, 6.0, 6.0]);
+        assert_eq!(c[5], -0.5);
+        // Integers narrow by keeping the low bits; float8 to float16 is exact.
+        let i = Tensor::from_i64(vec![2], vec![200, -56]);
+        assert_eq!(
+            cast_tensor(&i, DType::I4).to_i64_vec().unwrap(),
+            vec![-8, -8]
+        );
+        let f8 = cast_tensor(&Tensor::from_f32(vec![1], vec![0.1]), DType::F8E5M2);
+        let h = cast_tensor(&f8, DType::F16);
+        assert_eq!(h.to_f32_vec().unwrap(), f8.to_f32_vec().unwrap());
+        assert_eq!(f8.to_f32_vec().unwrap(), vec![0.09375]);
     }
 }

@@ -19,14 +19,34 @@
 //!   scan axis are refused.
 
 use super::util::{input, norm_axis, opt_input};
-use super::{OpCtx, OpError, OpResult, Registry, SubgraphRunner};
+use super::{InferCtx, OpCtx, OpError, OpResult, Registry, SubgraphRunner};
+use crate::graph::fact::Fact;
 use crate::graph::{Dim, Graph};
 use crate::tensor::{DType, Tensor, TensorData};
 
 pub fn register(r: &mut Registry) {
-    r.add("If", if_op);
-    r.add("Loop", loop_op);
-    r.add("Scan", scan);
+    r.add("If", if_op).infer(body_facts);
+    r.add("Loop", loop_op).infer(body_facts);
+    r.add("Scan", scan).infer(body_facts);
+}
+
+/// Output facts: the element types the body declares for the node's outputs (If: the then
+/// branch; Loop: after the condition). Shapes depend on the data (branch taken, iteration
+/// count) and stay open; the model's own declarations fill them where it has them.
+fn body_facts(ctx: &InferCtx, _inputs: &[Option<&Fact>]) -> Result<Vec<Fact>, OpError> {
+    let (attr, skip) = match ctx.node.op_type.as_str() {
+        "If" => ("then_branch", 0),
+        "Loop" => ("body", 1),
+        _ => ("body", 0),
+    };
+    let outs = ctx.node.outputs.len();
+    let dtypes: Vec<Option<DType>> = match ctx.node.attr_graph(attr) {
+        Some(g) => g.outputs.iter().skip(skip).map(|o| o.dtype).collect(),
+        None => Vec::new(),
+    };
+    Ok((0..outs)
+        .map(|i| Fact::new(dtypes.get(i).copied().flatten(), None))
+        .collect())
 }
 
 fn err<T>(msg: impl Into<String>) -> Result<T, OpError> {

@@ -4,6 +4,7 @@
 use super::matmul::sgemm;
 use super::util::{input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -11,6 +12,134 @@ use rayon::prelude::*;
 pub fn register(r: &mut Registry) {
     r.add("Conv", conv_op);
     r.add("ConvTranspose", conv_transpose_op);
+    use super::InputRole::{Bias, Data};
+    r.def_mut("Conv")
+        .roles(&[Data, Data, Bias])
+        .quantized(&[0, 1], |_, i, _| (i == 1).then_some(0))
+        .infer(conv_facts)
+        .flops(conv_flops);
+    r.def_mut("ConvTranspose")
+        .roles(&[Data, Data, Bias])
+        .quantized(&[0, 1], |_, i, rank| (i == 1 && rank >= 2).then_some(1))
+        .infer(conv_transpose_facts)
+        .flops(conv_transpose_flops);
+}
+
+/// Each output element: Cin/group * prod(kernel) multiply-adds, plus the bias.
+fn conv_flops(_: &Node, ins: &[Option<Vec<usize>>], outs: &[Vec<usize>]) -> u64 {
+    let out = outs
+        .first()
+        .map_or(0, |s| s.iter().product::<usize>() as u64);
+    let w = ins.get(1).cloned().flatten().unwrap_or_default();
+    let per_out: u64 = w.iter().skip(1).map(|&d| d as u64).product();
+    let has_bias = ins.get(2).is_some_and(|s| s.is_some());
+    2 * out * per_out + if has_bias { out } else { 0 }
+}
+
+/// W is [Cin, Cout/group, k...]: each input element feeds Cout/group * k outputs.
+fn conv_transpose_flops(_: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u64 {
+    let x = ins.first().cloned().flatten().unwrap_or_default();
+    let w = ins.get(1).cloned().flatten().unwrap_or_default();
+    let cout_per_group = w.get(1).copied().unwrap_or(0) as u64;
+    let kernel: u64 = w.iter().skip(2).map(|&d| d as u64).product();
+    2 * x.iter().product::<usize>() as u64 * cout_per_group * kernel
+}
+
+/// X [N, C, spatial...] and W [M, C/group, kernel...] give [N, M, out...].
+fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
+    let rank = x.rank().or(w.rank());
+    let Some(rank) = rank else {
+        return Ok(vec![Fact::new(x.dtype, None)]);
+    };
+    if rank < 3 || x.rank().is_some_and(|r| r != rank) || w.rank().is_some_and(|r| r != rank) {
+        return Err(OpError(format!(
+            "X {} and W {} must have the same rank >= 3",
+            x.shape_string(),
+            w.shape_string()
+        )));
+    }
+    let group = ctx.node.attr_int_or("group", 1);
+    if group < 1 {
+        return Err(OpError(format!("group must be >= 1, got {group}")));
+    }
+    let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
+    if let Some(s) = &x.shape {
+        out[0] = s[0].clone();
+    }
+    if let Some(ws) = &w.shape {
+        out[1] = ws[0].clone();
+        if let (Some(c), Some(cg)) = (
+            x.shape.as_ref().and_then(|s| s[1].as_known()),
+            ws[1].as_known(),
+        ) {
+            let m = ws[0].as_known();
+            if c != cg * group as usize || m.is_some_and(|m| m % group as usize != 0) {
+                return Err(OpError(format!(
+                    "channels do not fit groups: X has {c} channels, W {}, group {group}",
+                    w.shape_string()
+                )));
+            }
+        }
+    }
+    let kernel: Option<Vec<usize>> = match ctx.node.attr_ints("kernel_shape") {
+        Some(k) => Some(k.iter().map(|&v| v.max(0) as usize).collect()),
+        None => w.known_shape().map(|s| s[2..].to_vec()),
+    };
+    let spatial: Option<Vec<usize>> = x.shape.as_ref().and_then(|s| {
+        s[2..]
+            .iter()
+            .map(DimFact::as_known)
+            .collect::<Option<Vec<_>>>()
+    });
+    if let (Some(k), Some(sp)) = (kernel, spatial) {
+        if k.len() != sp.len() || k.contains(&0) {
+            return Err(OpError(format!(
+                "kernel {k:?} does not fit X {}",
+                x.shape_string()
+            )));
+        }
+        let win = window(ctx.node, &sp, &k, false)?;
+        for (i, o) in win.out.iter().enumerate() {
+            out[2 + i] = DimFact::known(*o);
+        }
+    }
+    Ok(vec![Fact::new(x.dtype, Some(out))])
+}
+
+/// X [N, C, spatial...] and W [C, M/group, kernel...] give [N, M, out...].
+fn conv_transpose_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
+    let Some(rank) = x.rank().or(w.rank()) else {
+        return Ok(vec![Fact::new(x.dtype, None)]);
+    };
+    if rank < 3 {
+        return Err(OpError(format!(
+            "X {} must have rank >= 3",
+            x.shape_string()
+        )));
+    }
+    let group = ctx.node.attr_int_or("group", 1).max(1) as usize;
+    let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
+    if let Some(s) = &x.shape {
+        out[0] = s[0].clone();
+    }
+    if let Some(ws) = &w.shape {
+        out[1] = ws[1].mul(&DimFact::known(group));
+    }
+    let (Some(ws), Some(xs)) = (w.known_shape(), x.known_shape()) else {
+        return Ok(vec![Fact::new(x.dtype, Some(out))]);
+    };
+    if ws.len() != xs.len() || ws[0] != xs[1] || xs[1] % group != 0 {
+        return Err(OpError(format!(
+            "W {ws:?} does not fit X {xs:?} with group {group}"
+        )));
+    }
+    let g = transpose_geometry(ctx.node, &xs[2..], &ws[2..])?;
+    for (i, o) in g.out.iter().enumerate() {
+        out[2 + i] = DimFact::known(*o);
+    }
+    Ok(vec![Fact::new(x.dtype, Some(out))])
 }
 
 /// Spatial geometry of a sliding-window op (Conv, pools).
@@ -300,33 +429,22 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())])
 }
 
-fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let x = input(inputs, 0)?;
-    let wt = input(inputs, 1)?;
-    let bias = opt_input(inputs, 2);
-    let node = ctx.node;
-    if x.rank() < 3 || wt.rank() != x.rank() {
-        return Err(OpError(format!(
-            "X {:?} and W {:?} must have the same rank >= 3",
-            x.shape(),
-            wt.shape()
-        )));
-    }
-    let r = x.rank() - 2;
-    let group = node.attr_int_or("group", 1).max(1) as usize;
-    let (n, c) = (x.shape()[0], x.shape()[1]);
-    let in_sp = x.shape()[2..].to_vec();
-    if wt.shape()[0] != c || c % group != 0 {
-        return Err(OpError(format!(
-            "W {:?} does not fit X {:?} with group {group}",
-            wt.shape(),
-            x.shape()
-        )));
-    }
-    let mg = wt.shape()[1];
-    let m = mg * group;
-    let cg = c / group;
-    let kernel: Vec<usize> = wt.shape()[2..].to_vec();
+/// ConvTranspose's geometry: strides, dilations, the padding taken off the full output, and the
+/// output's spatial size (`output_shape`, SAME_* auto_pad, or the pads).
+pub struct TransposeGeometry {
+    pub strides: Vec<usize>,
+    pub dilations: Vec<usize>,
+    pub pad_begin: Vec<usize>,
+    pub pad_end: Vec<usize>,
+    pub out: Vec<usize>,
+}
+
+pub fn transpose_geometry(
+    node: &Node,
+    in_sp: &[usize],
+    kernel: &[usize],
+) -> Result<TransposeGeometry, OpError> {
+    let r = in_sp.len();
     let get = |name: &str, default: usize| -> Vec<usize> {
         node.attr_ints(name)
             .filter(|v| v.len() == r)
@@ -337,6 +455,11 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let dilations = get("dilations", 1);
     let out_pad = get("output_padding", 0);
     let auto_pad = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    if kernel.contains(&0) || strides.contains(&0) || dilations.contains(&0) {
+        return Err(OpError(format!(
+            "kernel {kernel:?}, strides {strides:?} and dilations {dilations:?} must be >= 1"
+        )));
+    }
     let mut pb = vec![0usize; r];
     let mut pe = vec![0usize; r];
     if let Some(p) = node.attr_ints("pads") {
@@ -348,12 +471,20 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             pe[i] = p[i + r].max(0) as usize;
         }
     }
-    let full =
-        |i: usize| strides[i] * (in_sp[i] - 1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1;
+    let full = |i: usize| {
+        strides[i] * in_sp[i].saturating_sub(1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
+    };
     let mut out_sp = vec![0usize; r];
     let output_shape = node
         .attr_ints("output_shape")
         .map(|v| v[v.len().saturating_sub(r)..].to_vec());
+    if let Some(os) = &output_shape {
+        if os.len() != r {
+            return Err(OpError(format!(
+                "output_shape {os:?} must have {r} spatial values"
+            )));
+        }
+    }
     for i in 0..r {
         if let Some(os) = &output_shape {
             let target = os[i].max(0) as usize;
@@ -388,6 +519,49 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 .ok_or_else(|| OpError("pads exceed the output size".into()))?;
         }
     }
+    Ok(TransposeGeometry {
+        strides,
+        dilations,
+        pad_begin: pb,
+        pad_end: pe,
+        out: out_sp,
+    })
+}
+
+fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let wt = input(inputs, 1)?;
+    let bias = opt_input(inputs, 2);
+    let node = ctx.node;
+    if x.rank() < 3 || wt.rank() != x.rank() {
+        return Err(OpError(format!(
+            "X {:?} and W {:?} must have the same rank >= 3",
+            x.shape(),
+            wt.shape()
+        )));
+    }
+    let r = x.rank() - 2;
+    let group = node.attr_int_or("group", 1).max(1) as usize;
+    let (n, c) = (x.shape()[0], x.shape()[1]);
+    let in_sp = x.shape()[2..].to_vec();
+    if wt.shape()[0] != c || c % group != 0 {
+        return Err(OpError(format!(
+            "W {:?} does not fit X {:?} with group {group}",
+            wt.shape(),
+            x.shape()
+        )));
+    }
+    let mg = wt.shape()[1];
+    let m = mg * group;
+    let cg = c / group;
+    let kernel: Vec<usize> = wt.shape()[2..].to_vec();
+    let TransposeGeometry {
+        strides,
+        dilations,
+        pad_begin: pb,
+        out: out_sp,
+        ..
+    } = transpose_geometry(node, &in_sp, &kernel)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
     let k_sz: usize = kernel.iter().product();

@@ -7,6 +7,7 @@
 use super::cast::cast_tensor;
 use super::util::{broadcast_binary, broadcast_ternary, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::fact::{DimFact, Fact};
 use crate::tensor::{DType, Tensor, TensorData};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -143,8 +144,135 @@ pub fn register(r: &mut Registry) {
     r.add("And", |_, i| logic(i, |a, b| a && b));
     r.add("Or", |_, i| logic(i, |a, b| a || b));
     r.add("Xor", |_, i| logic(i, |a, b| a ^ b));
-    r.add("Where", where_op);
+    r.add("Where", where_op).infer(where_facts);
     r.add("Clip", clip);
+    facts(r);
+}
+
+/// Shape rules and costs of the elementwise family.
+fn facts(r: &mut Registry) {
+    use super::shape::{bool_like_input, broadcast_bool, broadcast_like_first, same_as_input};
+    const SAME: &[&str] = &[
+        "Abs",
+        "Neg",
+        "Sign",
+        "Reciprocal",
+        "Sqrt",
+        "Exp",
+        "Log",
+        "Floor",
+        "Ceil",
+        "Round",
+        "Sin",
+        "Cos",
+        "Tan",
+        "Asin",
+        "Acos",
+        "Atan",
+        "Sinh",
+        "Cosh",
+        "Asinh",
+        "Acosh",
+        "Atanh",
+        "Erf",
+        "Relu",
+        "Tanh",
+        "Sigmoid",
+        "Softplus",
+        "Softsign",
+        "Mish",
+        "HardSwish",
+        "LeakyRelu",
+        "Elu",
+        "Celu",
+        "Selu",
+        "HardSigmoid",
+        "Swish",
+        "Shrink",
+        "ThresholdedRelu",
+        "Gelu",
+        "Clip",
+    ];
+    for op in SAME {
+        r.def_mut(op).infer(same_as_input);
+    }
+    for op in ["IsNaN", "IsInf", "Not"] {
+        r.def_mut(op).infer(bool_like_input);
+    }
+    for op in [
+        "Pow", "Mod", "BitShift", "Max", "Min", "Sum", "Mean", "PRelu",
+    ] {
+        r.def_mut(op).infer(broadcast_like_first);
+    }
+    r.def_mut("Add")
+        .infer(|c, i| dim_arith(c, i, |a, b| a.add(b)));
+    r.def_mut("Sub").infer(|c, i| dim_arith(c, i, |_, _| None));
+    r.def_mut("Mul")
+        .infer(|c, i| dim_arith(c, i, |a, b| Some(a.mul(b))));
+    r.def_mut("Div")
+        .infer(|c, i| dim_arith(c, i, |a, b| a.div(b)));
+    for op in [
+        "Equal",
+        "Less",
+        "Greater",
+        "LessOrEqual",
+        "GreaterOrEqual",
+        "And",
+        "Or",
+        "Xor",
+    ] {
+        r.def_mut(op).infer(broadcast_bool);
+    }
+    // Transcendental activations cost a few operations per element.
+    for op in [
+        "Gelu",
+        "Erf",
+        "Sigmoid",
+        "Tanh",
+        "HardSwish",
+        "Mish",
+        "Softplus",
+    ] {
+        r.def_mut(op).flops(|_, _, outs| {
+            4 * outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64)
+        });
+    }
+}
+
+/// Broadcast arithmetic that also follows dimension values (a `Shape` element times 2, divided
+/// by the head count...), so shapes computed from symbolic dims stay exact.
+fn dim_arith(
+    ctx: &super::InferCtx,
+    ins: &[Option<&Fact>],
+    op: fn(&DimFact, &DimFact) -> Option<DimFact>,
+) -> super::shape::FactsResult {
+    let mut out = super::shape::broadcast_like_first(ctx, ins)?;
+    let (Some(a), Some(b)) = (
+        super::shape::opt_fact(ins, 0).and_then(|f| f.dims.as_ref()),
+        super::shape::opt_fact(ins, 1).and_then(|f| f.dims.as_ref()),
+    ) else {
+        return Ok(out);
+    };
+    let n = a.len().max(b.len());
+    if (a.len() == n || a.len() == 1) && (b.len() == n || b.len() == 1) {
+        let dims: Option<Vec<DimFact>> = (0..n)
+            .map(|i| op(&a[i.min(a.len() - 1)], &b[i.min(b.len() - 1)]))
+            .collect();
+        out[0].dims = dims;
+    }
+    Ok(out)
+}
+
+/// Where: the three inputs broadcast; the values' type.
+fn where_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 1)?;
+    let shapes: Vec<_> = ins.iter().flatten().map(|f| f.shape.as_ref()).collect();
+    Ok(vec![Fact::new(
+        x.dtype,
+        super::shape::broadcast(ctx, &shapes)?,
+    )])
 }
 
 fn sign<T: Float>(x: T) -> T {

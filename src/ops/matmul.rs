@@ -13,6 +13,225 @@ pub fn register(r: &mut Registry) {
     r.add("MatMul", matmul_op);
     r.add("Gemm", gemm_op);
     r.add("Einsum", einsum_op);
+    use super::InputRole::{Bias, Data};
+    r.def_mut("MatMul")
+        .quantized(&[0, 1], |_, i, rank| match i {
+            1 => Some(rank - 1),
+            _ if rank >= 2 => Some(rank - 2),
+            _ => Some(0),
+        })
+        .infer(matmul_facts)
+        .flops(|_, ins, outs| {
+            let out = outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64);
+            let k = ins
+                .first()
+                .cloned()
+                .flatten()
+                .and_then(|s| s.last().copied());
+            2 * out * k.unwrap_or(0) as u64
+        });
+    r.def_mut("Gemm")
+        .roles(&[Data, Data, Bias])
+        .quantized(&[0, 1], |node, i, _| {
+            let t = |a: &str| node.attr_int_or(a, 0) != 0;
+            Some(match i {
+                0 => t("transA") as usize,
+                _ => !t("transB") as usize,
+            })
+        })
+        .infer(gemm_facts)
+        .flops(|node, ins, outs| {
+            let out = outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64);
+            let a = ins.first().cloned().flatten().unwrap_or_default();
+            let k = if node.attr_int_or("transA", 0) != 0 {
+                a.first()
+            } else {
+                a.last()
+            };
+            let has_bias = ins.get(2).is_some_and(|s| s.is_some());
+            2 * out * k.copied().unwrap_or(0) as u64 + if has_bias { out } else { 0 }
+        });
+    r.def_mut("Einsum").infer(einsum_facts).flops(einsum_flops);
+}
+
+use super::shape::{fact, FactsResult};
+use super::InferCtx;
+use crate::graph::fact::{DimFact, Fact};
+
+/// NumPy matmul: 1-D operands promoted and the added axis removed, batch dims broadcast.
+fn matmul_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+    let (a, b) = (fact(ins, 0)?, fact(ins, 1)?);
+    let (Some(sa), Some(sb)) = (&a.shape, &b.shape) else {
+        return Ok(vec![Fact::new(a.dtype, None)]);
+    };
+    if sa.is_empty() || sb.is_empty() {
+        return Err(OpError("MatMul operands must have rank >= 1".into()));
+    }
+    let one = DimFact::known(1);
+    let a2: Vec<DimFact> = if sa.len() == 1 {
+        vec![one.clone(), sa[0].clone()]
+    } else {
+        sa.clone()
+    };
+    let b2: Vec<DimFact> = if sb.len() == 1 {
+        vec![sb[0].clone(), one]
+    } else {
+        sb.clone()
+    };
+    let (m, k) = (&a2[a2.len() - 2], &a2[a2.len() - 1]);
+    let (k2, n) = (&b2[b2.len() - 2], &b2[b2.len() - 1]);
+    if let (Some(x), Some(y)) = (k.as_known(), k2.as_known()) {
+        if x != y {
+            return Err(OpError(format!(
+                "inner dimensions differ: A {} x B {}",
+                a.shape_string(),
+                b.shape_string()
+            )));
+        }
+    }
+    let batch = super::shape::broadcast(
+        ctx,
+        &[
+            Some(&a2[..a2.len() - 2].to_vec()),
+            Some(&b2[..b2.len() - 2].to_vec()),
+        ],
+    )?
+    .unwrap_or_default();
+    let mut out = batch;
+    if sa.len() > 1 {
+        out.push(m.clone());
+    }
+    if sb.len() > 1 {
+        out.push(n.clone());
+    }
+    Ok(vec![Fact::new(a.dtype, Some(out))])
+}
+
+fn gemm_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+    let (a, b) = (fact(ins, 0)?, fact(ins, 1)?);
+    let ta = ctx.node.attr_int_or("transA", 0) != 0;
+    let tb = ctx.node.attr_int_or("transB", 0) != 0;
+    for f in [a, b] {
+        if f.rank().is_some_and(|r| r != 2) {
+            return Err(OpError(format!(
+                "Gemm needs 2-D A and B, got {} and {}",
+                a.shape_string(),
+                b.shape_string()
+            )));
+        }
+    }
+    let pick = |f: &Fact, i: usize| {
+        f.shape
+            .as_ref()
+            .map_or_else(|| ctx.unknown_dim(), |s| s[i].clone())
+    };
+    let (m, k) = if ta {
+        (pick(a, 1), pick(a, 0))
+    } else {
+        (pick(a, 0), pick(a, 1))
+    };
+    let (k2, n) = if tb {
+        (pick(b, 1), pick(b, 0))
+    } else {
+        (pick(b, 0), pick(b, 1))
+    };
+    if let (Some(x), Some(y)) = (k.as_known(), k2.as_known()) {
+        if x != y {
+            return Err(OpError(format!(
+                "inner dimensions differ: A {} (transA={}) x B {} (transB={})",
+                a.shape_string(),
+                ta as u8,
+                b.shape_string(),
+                tb as u8
+            )));
+        }
+    }
+    Ok(vec![Fact::new(a.dtype, Some(vec![m, n]))])
+}
+
+/// Einsum without ellipses: every letter's size from the operands, the output's letters from
+/// the equation (or, implicitly, the letters seen once, sorted).
+fn einsum_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+    let first = fact(ins, 0)?;
+    let Some(eq) = ctx.node.attr_str("equation") else {
+        return Err(OpError("attribute 'equation' is required".into()));
+    };
+    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    if eq.contains("...") {
+        return Ok(vec![Fact::new(first.dtype, None)]);
+    }
+    let (lhs, rhs) = match eq.split_once("->") {
+        Some((l, r)) => (l, Some(r.to_string())),
+        None => (eq.as_str(), None),
+    };
+    let terms: Vec<&str> = lhs.split(',').collect();
+    if terms.len() != ins.len() {
+        return Err(OpError(format!(
+            "equation '{eq}' has {} operands, node has {}",
+            terms.len(),
+            ins.len()
+        )));
+    }
+    let mut sizes: std::collections::HashMap<char, DimFact> = Default::default();
+    let mut count: std::collections::BTreeMap<char, usize> = Default::default();
+    for (term, f) in terms.iter().zip(ins) {
+        let f = f.ok_or_else(|| OpError("an operand is missing".into()))?;
+        if let Some(s) = &f.shape {
+            if s.len() != term.len() {
+                return Err(OpError(format!(
+                    "term '{term}' has {} letters for an operand of rank {}",
+                    term.len(),
+                    s.len()
+                )));
+            }
+            for (c, d) in term.chars().zip(s) {
+                let e = sizes.entry(c).or_insert_with(|| d.clone());
+                if !e.is_known() || e.is(1) {
+                    *e = d.clone();
+                }
+            }
+        }
+        for c in term.chars() {
+            *count.entry(c).or_default() += 1;
+        }
+    }
+    let out_letters: String = rhs.unwrap_or_else(|| {
+        count
+            .iter()
+            .filter(|(_, &n)| n == 1)
+            .map(|(c, _)| *c)
+            .collect()
+    });
+    let shape: Vec<DimFact> = out_letters
+        .chars()
+        .map(|c| sizes.get(&c).cloned().unwrap_or_else(|| ctx.unknown_dim()))
+        .collect();
+    Ok(vec![Fact::new(first.dtype, Some(shape))])
+}
+
+/// 2 × the product of every index's size (each index's size read from the operands).
+fn einsum_flops(node: &crate::graph::Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u64 {
+    let Some(eq) = node.attr_str("equation") else {
+        return 0;
+    };
+    let lhs = eq.split("->").next().unwrap_or("");
+    let mut sizes: std::collections::HashMap<char, u64> = Default::default();
+    for (term, shape) in lhs.split(',').zip(ins) {
+        let Some(shape) = shape else { continue };
+        let letters: Vec<char> = term.trim().chars().filter(|c| c.is_alphabetic()).collect();
+        // Letters bind to the trailing dims when an ellipsis takes the leading ones.
+        let off = shape.len().saturating_sub(letters.len());
+        for (i, c) in letters.iter().enumerate() {
+            if let Some(&d) = shape.get(off + i) {
+                sizes.insert(*c, d as u64);
+            }
+        }
+    }
+    2 * sizes.values().product::<u64>()
 }
 
 /// Work (m·n·k) above which a product is split over threads.
@@ -449,6 +668,26 @@ fn einsum_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             terms.len(),
             ops.len()
         )));
+    }
+    // Every term's letters must fit its operand's rank (an ellipsis takes the rest).
+    for (t, x) in terms.iter().zip(&ops) {
+        let letters = t.replace("...", "").chars().count();
+        let fits = if t.contains("...") {
+            letters <= x.rank() && t.matches("...").count() == 1
+        } else {
+            letters == x.rank()
+        };
+        if !fits
+            || !t
+                .replace("...", "")
+                .chars()
+                .all(|c| c.is_ascii_alphabetic())
+        {
+            return Err(OpError(format!(
+                "term '{t}' of equation '{eq}' does not fit an operand of shape {:?}",
+                x.shape()
+            )));
+        }
     }
     // Expand ellipses into fresh upper-case letters.
     let max_ell = terms

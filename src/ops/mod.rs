@@ -18,9 +18,11 @@ pub mod qlinear;
 pub mod quantize;
 pub mod reduce;
 pub mod resize;
+pub mod shape;
 pub mod softmax;
 pub mod util;
 
+use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
@@ -74,65 +76,223 @@ macro_rules! op_bail {
 }
 
 /// Ops that only move, select or reshape data, or compute shapes: they never change a value, so
-/// they carry their input's precision and are never candidates in a precision search.
+/// they carry their input's precision and are never candidates in a precision search. Derived
+/// from each op's definition ([`OpDef::movement`]).
 pub fn is_data_movement(op_type: &str) -> bool {
-    matches!(
-        op_type,
-        "Reshape"
-            | "Transpose"
-            | "Shape"
-            | "Size"
-            | "Gather"
-            | "GatherElements"
-            | "GatherND"
-            | "Concat"
-            | "Split"
-            | "Slice"
-            | "Squeeze"
-            | "Unsqueeze"
-            | "Flatten"
-            | "Identity"
-            | "Constant"
-            | "ConstantOfShape"
-            | "Expand"
-            | "Tile"
-            | "Dropout"
-            | "Range"
-            | "DepthToSpace"
-            | "SpaceToDepth"
-            | "NonZero"
-            | "Cast"
-            | "CastLike"
-            | "Pad"
-            | "ScatterND"
-            | "ScatterElements"
-            | "OneHot"
-            | "EyeLike"
-            | "Trilu"
-    )
+    Registry::global()
+        .def("", op_type)
+        .is_some_and(|d| d.movement)
 }
 
-/// Maps op types of the default ONNX domain to kernels.
+/// What an input of an op is, for precision and quantization: only `Data` and `Bias` inputs
+/// take the layer's precision; scales, zero points and parameters keep their own type (ONNX
+/// gives them their own type constraint, and rounding a scale would move the quantization grid).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputRole {
+    /// An activation or weight operand.
+    Data,
+    /// Added after the product (Conv/Gemm `B`/`C`): follows a float precision, stays f32 under
+    /// int8/fp8.
+    Bias,
+    /// A quantization scale.
+    Scale,
+    /// A quantization zero point.
+    ZeroPoint,
+    /// A shape, index, axis, ratio or other parameter.
+    Param,
+}
+
+/// The axis of a weight operand that indexes output channels: `(node, input index, rank)`.
+pub type ChannelAxisFn = fn(&Node, usize, usize) -> Option<usize>;
+
+/// Floating-point operations of a node from its input and output shapes (a multiply-add counts
+/// 2).
+pub type FlopsFn = fn(&Node, &[Option<Vec<usize>>], &[Vec<usize>]) -> u64;
+
+/// What the shape/type inference knows about the node it asks an op about.
+pub struct InferCtx<'a> {
+    pub node: &'a Node,
+    /// Opset version of the node's domain.
+    pub opset: i64,
+    next_unknown: &'a std::cell::Cell<u64>,
+}
+
+impl<'a> InferCtx<'a> {
+    pub fn new(node: &'a Node, opset: i64, next_unknown: &'a std::cell::Cell<u64>) -> Self {
+        InferCtx {
+            node,
+            opset,
+            next_unknown,
+        }
+    }
+
+    /// A fresh dimension that equals no other.
+    pub fn unknown_dim(&self) -> DimFact {
+        let id = self.next_unknown.get();
+        self.next_unknown.set(id + 1);
+        DimFact::unknown(id)
+    }
+}
+
+/// An op's shape and type rule: output facts from input facts (`None` for an omitted optional
+/// input). An error means the inputs contradict the op (the inference names the node).
+pub type InferFn = fn(&InferCtx, &[Option<&Fact>]) -> Result<Vec<Fact>, OpError>;
+
+/// Everything mixprec knows about one op, in one place: its kernel, its shape and type rule,
+/// its cost, the role of each input, whether it only moves data, whether it has int8/fp8
+/// kernels. Every table that used to list ops (data movement, precision input roles, weight
+/// channel axes, FLOPs, export's data inputs) reads it.
+#[derive(Clone)]
+pub struct OpDef {
+    pub op_type: &'static str,
+    pub kernel: Kernel,
+    pub infer: Option<InferFn>,
+    pub flops: Option<FlopsFn>,
+    /// Only moves, selects or reshapes data, or computes shapes.
+    pub movement: bool,
+    /// Roles of the first inputs; inputs past the list are `Data`.
+    roles: &'static [InputRole],
+    /// Inputs quantized by an int8/fp8 kernel, and the channel axis of weight operands; None
+    /// when the op has no quantized kernel (it falls back to a float type).
+    quantized: Option<(&'static [usize], ChannelAxisFn)>,
+    /// The output type is set by the op (an attribute or a fixed type), not by its data inputs.
+    own_output_type: bool,
+}
+
+impl OpDef {
+    fn new(op_type: &'static str, kernel: Kernel) -> OpDef {
+        OpDef {
+            op_type,
+            kernel,
+            infer: None,
+            flops: None,
+            movement: false,
+            roles: &[],
+            quantized: None,
+            own_output_type: false,
+        }
+    }
+
+    pub fn infer(&mut self, f: InferFn) -> &mut Self {
+        self.infer = Some(f);
+        self
+    }
+
+    pub fn flops(&mut self, f: FlopsFn) -> &mut Self {
+        self.flops = Some(f);
+        self
+    }
+
+    /// Marks the op as data movement: it never changes a value.
+    pub fn movement(&mut self) -> &mut Self {
+        self.movement = true;
+        self
+    }
+
+    pub fn roles(&mut self, roles: &'static [InputRole]) -> &mut Self {
+        self.roles = roles;
+        self
+    }
+
+    /// The op has int8/fp8 kernels quantizing `operands`; `axis` gives a weight's channel axis.
+    pub fn quantized(&mut self, operands: &'static [usize], axis: ChannelAxisFn) -> &mut Self {
+        self.quantized = Some((operands, axis));
+        self
+    }
+
+    /// The output's element type is the op's own (Cast's `to`, Shape's int64...).
+    pub fn own_output_type(&mut self) -> &mut Self {
+        self.own_output_type = true;
+        self
+    }
+
+    pub fn role(&self, index: usize) -> InputRole {
+        self.roles.get(index).copied().unwrap_or(InputRole::Data)
+    }
+
+    /// Whether the op has an int8/fp8 kernel.
+    pub fn has_quantized_kernel(&self) -> bool {
+        self.quantized.is_some()
+    }
+
+    /// Whether input `index` is quantized by the op's int8/fp8 kernel.
+    pub fn is_quantized_operand(&self, index: usize) -> bool {
+        self.quantized.is_some_and(|(ops, _)| ops.contains(&index))
+    }
+
+    /// The channel axis of a weight operand of rank `rank` (per-channel quantization).
+    pub fn weight_channel_axis(&self, node: &Node, index: usize, rank: usize) -> Option<usize> {
+        match self.quantized {
+            Some((ops, axis)) if ops.contains(&index) && rank > 0 => axis(node, index, rank),
+            _ => None,
+        }
+    }
+
+    /// For a data-movement op: the inputs whose element type the outputs share (the data, not
+    /// shapes or indices). Empty when the op sets its output type itself.
+    pub fn type_shared_inputs(&self, n_inputs: usize) -> Vec<usize> {
+        if self.own_output_type {
+            return Vec::new();
+        }
+        (0..n_inputs)
+            .filter(|&i| self.role(i) == InputRole::Data)
+            .collect()
+    }
+
+    /// FLOPs of one node from its shapes: the op's own count, 0 for data movement, else one per
+    /// output element.
+    pub fn node_flops(&self, node: &Node, ins: &[Option<Vec<usize>>], outs: &[Vec<usize>]) -> u64 {
+        if let Some(f) = self.flops {
+            return f(node, ins, outs);
+        }
+        if self.movement {
+            return 0;
+        }
+        outs.first()
+            .map(|s| s.iter().product::<usize>() as u64)
+            .unwrap_or(0)
+    }
+}
+
+/// Maps op types of the default ONNX domain to their definitions.
 #[derive(Default)]
 pub struct Registry {
-    kernels: HashMap<&'static str, Kernel>,
+    defs: HashMap<&'static str, OpDef>,
 }
 
 impl Registry {
-    pub fn add(&mut self, op_type: &'static str, kernel: Kernel) {
-        self.kernels.insert(op_type, kernel);
+    /// Adds an op with its kernel; the returned definition takes the op's other facts.
+    pub fn add(&mut self, op_type: &'static str, kernel: Kernel) -> &mut OpDef {
+        self.defs.insert(op_type, OpDef::new(op_type, kernel));
+        self.defs.get_mut(op_type).expect("just inserted")
+    }
+
+    /// The definition of an op registered earlier, to add facts to it.
+    ///
+    /// # Panics
+    /// When `op_type` was not registered: a mistake in mixprec's own registry, caught by
+    /// `every_op_has_a_definition`.
+    pub fn def_mut(&mut self, op_type: &str) -> &mut OpDef {
+        self.defs
+            .get_mut(op_type)
+            .unwrap_or_else(|| panic!("op {op_type} is not registered"))
+    }
+
+    /// The definition of an op of a domain, if mixprec has one.
+    pub fn def(&self, domain: &str, op_type: &str) -> Option<&OpDef> {
+        if !(domain.is_empty() || domain == "ai.onnx") {
+            return None;
+        }
+        self.defs.get(op_type)
     }
 
     /// The kernel for an op of a domain, if mixprec has one.
     pub fn get(&self, domain: &str, op_type: &str) -> Option<Kernel> {
-        if !(domain.is_empty() || domain == "ai.onnx") {
-            return None;
-        }
-        self.kernels.get(op_type).copied()
+        self.def(domain, op_type).map(|d| d.kernel)
     }
 
     pub fn op_types(&self) -> Vec<&'static str> {
-        let mut v: Vec<_> = self.kernels.keys().copied().collect();
+        let mut v: Vec<_> = self.defs.keys().copied().collect();
         v.sort_unstable();
         v
     }
@@ -157,5 +317,39 @@ impl Registry {
             softmax::register(&mut r);
             r
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every op answers for its output shapes (Constant needs no rule: it is always folded).
+    #[test]
+    fn every_op_has_a_shape_rule() {
+        let r = Registry::global();
+        let missing: Vec<&str> = r
+            .op_types()
+            .into_iter()
+            .filter(|op| *op != "Constant" && r.def("", op).is_some_and(|d| d.infer.is_none()))
+            .collect();
+        assert!(missing.is_empty(), "ops without a shape rule: {missing:?}");
+    }
+
+    #[test]
+    fn facts_come_from_the_definitions() {
+        assert!(is_data_movement("Reshape") && is_data_movement("Cast"));
+        assert!(!is_data_movement("Conv") && !is_data_movement("CumSum"));
+        assert!(!is_data_movement("NoSuchOp"));
+        let r = Registry::global();
+        let q = r.def("", "QuantizeLinear").unwrap();
+        assert_eq!(q.role(1), InputRole::Scale);
+        assert_eq!(q.role(2), InputRole::ZeroPoint);
+        let conv = r.def("", "Conv").unwrap();
+        assert!(conv.has_quantized_kernel() && conv.is_quantized_operand(1));
+        assert!(!conv.is_quantized_operand(2), "biases stay f32 under int8");
+        assert_eq!(r.def("", "Pad").unwrap().type_shared_inputs(4), vec![0, 2]);
+        assert!(r.def("", "Shape").unwrap().type_shared_inputs(1).is_empty());
+        assert!(r.def("com.microsoft", "Conv").is_none());
     }
 }

@@ -17,6 +17,64 @@ pub fn register(r: &mut Registry) {
     r.add("LpNormalization", lp_norm);
     r.add("RMSNormalization", rms_norm);
     r.add("MeanVarianceNormalization", mvn);
+    use super::shape::same_as_input;
+    for op in [
+        "BatchNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+        "LpNormalization",
+        "RMSNormalization",
+        "MeanVarianceNormalization",
+    ] {
+        r.def_mut(op).infer(same_as_input);
+    }
+    r.def_mut("LayerNormalization").infer(layer_norm_facts);
+    r.def_mut("BatchNormalization").flops(|_, _, outs| {
+        2 * outs
+            .first()
+            .map_or(0, |s| s.iter().product::<usize>() as u64)
+    });
+    for op in [
+        "LayerNormalization",
+        "InstanceNormalization",
+        "GroupNormalization",
+    ] {
+        r.def_mut(op).flops(|_, _, outs| {
+            8 * outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64)
+        });
+    }
+}
+
+/// Y like X; the optional Mean and InvStdDev keep X's leading dims up to `axis`, 1 after, in
+/// the stash type.
+fn layer_norm_facts(
+    ctx: &super::InferCtx,
+    ins: &[Option<&crate::graph::fact::Fact>],
+) -> super::shape::FactsResult {
+    use crate::graph::fact::{DimFact, Fact};
+    let x = super::shape::fact(ins, 0)?;
+    let stats = x.shape.as_ref().map(|s| -> Result<Vec<DimFact>, OpError> {
+        let axis = super::util::norm_axis(ctx.node.attr_int_or("axis", -1), s.len())?;
+        Ok(s.iter()
+            .enumerate()
+            .map(|(i, d)| {
+                if i < axis {
+                    d.clone()
+                } else {
+                    DimFact::known(1)
+                }
+            })
+            .collect())
+    });
+    let stats = stats.transpose()?;
+    let stash = crate::tensor::DType::from_onnx(ctx.node.attr_int_or("stash_type", 1) as i32);
+    Ok(vec![
+        Fact::new(x.dtype, x.shape.clone()),
+        Fact::new(stash, stats.clone()),
+        Fact::new(stash, stats),
+    ])
 }
 
 fn floats(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {

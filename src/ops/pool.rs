@@ -3,6 +3,7 @@
 use super::conv::window;
 use super::util::input;
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::fact::{DimFact, Fact};
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -13,6 +14,76 @@ pub fn register(r: &mut Registry) {
     r.add("GlobalAveragePool", global_avg_pool);
     r.add("GlobalMaxPool", global_max_pool);
     r.add("GlobalLpPool", global_lp_pool);
+    for op in ["MaxPool", "AveragePool", "LpPool"] {
+        r.def_mut(op).infer(pool_facts).flops(|node, _, outs| {
+            let out = outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64);
+            let k: u64 = node
+                .attr_ints("kernel_shape")
+                .map(|k| k.iter().map(|&d| d.max(1) as u64).product())
+                .unwrap_or(1);
+            out * k
+        });
+    }
+    for op in ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"] {
+        r.def_mut(op)
+            .infer(|_, ins| {
+                let x = super::shape::fact(ins, 0)?;
+                let shape = x.shape.as_ref().map(|s| {
+                    s.iter()
+                        .enumerate()
+                        .map(|(i, d)| if i < 2 { d.clone() } else { DimFact::known(1) })
+                        .collect()
+                });
+                Ok(vec![Fact::new(x.dtype, shape)])
+            })
+            .flops(|_, ins, _| {
+                ins.first()
+                    .cloned()
+                    .flatten()
+                    .map_or(0, |s| s.iter().product::<usize>() as u64)
+            });
+    }
+}
+
+/// [N, C, spatial...] to [N, C, windows...]; MaxPool's Indices are int64 of the same shape.
+fn pool_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 0)?;
+    let node = ctx.node;
+    let kernel: Vec<usize> = node
+        .attr_ints("kernel_shape")
+        .ok_or_else(|| OpError("attribute 'kernel_shape' is required".into()))?
+        .iter()
+        .map(|&k| k.max(1) as usize)
+        .collect();
+    let rank = kernel.len() + 2;
+    let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
+    if let Some(s) = &x.shape {
+        if s.len() != rank {
+            return Err(OpError(format!(
+                "kernel_shape {kernel:?} does not match input {}",
+                x.shape_string()
+            )));
+        }
+        out[0] = s[0].clone();
+        out[1] = s[1].clone();
+        if let Some(sp) = s[2..]
+            .iter()
+            .map(DimFact::as_known)
+            .collect::<Option<Vec<_>>>()
+        {
+            let ceil = node.attr_int_or("ceil_mode", 0) != 0;
+            let w = window(node, &sp, &kernel, ceil)?;
+            for (i, o) in w.out.iter().enumerate() {
+                out[2 + i] = DimFact::known(*o);
+            }
+        }
+    }
+    Ok(vec![
+        Fact::new(x.dtype, Some(out.clone())),
+        Fact::new(Some(DType::I64), Some(out)),
+    ])
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -11,6 +11,41 @@ use half::{bf16, f16};
 pub fn register(r: &mut Registry) {
     r.add("MatMulInteger", matmul_integer);
     r.add("QLinearMatMul", qlinear_matmul);
+    use super::InputRole::{Data, Scale, ZeroPoint};
+    r.def_mut("MatMulInteger")
+        .roles(&[Data, Data, ZeroPoint, ZeroPoint])
+        .infer(|ctx, ins| {
+            let mut out = matmul_shape(ctx, ins, 0, 1)?;
+            out.dtype = Some(DType::I32);
+            Ok(vec![out])
+        });
+    r.def_mut("QLinearMatMul")
+        .roles(&[
+            Data, Scale, ZeroPoint, Data, Scale, ZeroPoint, Scale, ZeroPoint,
+        ])
+        .infer(|ctx, ins| {
+            let mut out = matmul_shape(ctx, ins, 0, 3)?;
+            out.dtype = super::shape::opt_fact(ins, 7).and_then(|f| f.dtype);
+            Ok(vec![out])
+        });
+}
+
+/// The shape of the product of inputs `a` and `b` (MatMul's rule).
+fn matmul_shape(
+    ctx: &super::InferCtx,
+    ins: &[Option<&crate::graph::fact::Fact>],
+    a: usize,
+    b: usize,
+) -> Result<crate::graph::fact::Fact, OpError> {
+    let mm = super::Registry::global()
+        .def("", "MatMul")
+        .and_then(|d| d.infer)
+        .ok_or_else(|| OpError("MatMul has no shape rule".into()))?;
+    let pair = [
+        super::shape::opt_fact(ins, a),
+        super::shape::opt_fact(ins, b),
+    ];
+    Ok(mm(ctx, &pair)?.remove(0))
 }
 
 /// Which operand a zero point or scale belongs to: A's parameters may be per row (axis -2),

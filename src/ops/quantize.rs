@@ -8,12 +8,18 @@
 //!   or blocked (opset 21+: same rank as `x`, dimension `axis` is `ceil(x.shape[axis] /
 //!   block_size)`).
 //!
-//! Integer types uint8, int8, uint16 and int16 are supported. float8, int4, int2 and float4
-//! have no tensor type in mixprec, so models using them fail to load or get a clear error.
-//! A NaN input quantizes to the zero point.
+//! Quantized types: uint8, int8, uint16, int16, uint4 and int4 (integers: round half to
+//! even, add the zero point, clamp to the type's range — int4 saturates to [-8, 7]); the four
+//! float8 types (`y = cast(x / scale)`, rounding to nearest even; the `saturate` attribute,
+//! opset 19+, default 1, clamps out-of-range values to ±max, `saturate=0` gives inf/NaN as
+//! Cast does; the zero point must be 0) and float4e2m1 (`y = cast(x / scale + zp)`, always
+//! saturating to ±6), as the ONNX reference implementation computes them. DequantizeLinear
+//! reads all of these (and int32); a float8 or float4 zero point must be zero.
+//! A NaN input quantizes to the zero point for integer types and to NaN for float8.
 
 use super::util::{input, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use crate::tensor::{DType, Tensor, TensorData};
 use half::{bf16, f16};
 
@@ -21,7 +27,45 @@ pub fn register(r: &mut Registry) {
     r.add("QuantizeLinear", quantize_linear);
     r.add("DequantizeLinear", dequantize_linear);
     r.add("DynamicQuantizeLinear", dynamic_quantize_linear);
+    use super::InputRole::{Data, Scale, ZeroPoint};
+    r.def_mut("QuantizeLinear")
+        .roles(&[Data, Scale, ZeroPoint])
+        .infer(|ctx, ins| {
+            let x = super::shape::fact(ins, 0)?;
+            let dtype = match super::shape::opt_fact(ins, 2) {
+                Some(z) => z.dtype,
+                None => Some(
+                    ctx.node
+                        .attr_int("output_dtype")
+                        .filter(|&c| c != 0)
+                        .and_then(|c| DType::from_onnx(c as i32))
+                        .unwrap_or(DType::U8),
+                ),
+            };
+            Ok(vec![Fact::new(dtype, x.shape.clone())])
+        });
+    r.def_mut("DequantizeLinear")
+        .roles(&[Data, Scale, ZeroPoint])
+        .infer(|ctx, ins| {
+            let x = super::shape::fact(ins, 0)?;
+            let scale = super::shape::fact(ins, 1)?;
+            let dtype = match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
+                Some(c) if ctx.opset >= 23 => DType::from_onnx(c as i32),
+                _ => scale.dtype,
+            };
+            Ok(vec![Fact::new(dtype, x.shape.clone())])
+        });
+    r.def_mut("DynamicQuantizeLinear").infer(|_, ins| {
+        let x = super::shape::fact(ins, 0)?;
+        Ok(vec![
+            Fact::new(Some(DType::U8), x.shape.clone()),
+            Fact::typed(DType::F32, vec![]),
+            Fact::typed(DType::U8, vec![]),
+        ])
+    });
 }
+
+use crate::graph::fact::Fact;
 
 /// The integer range of a quantized type, or an error naming the unsupported type.
 fn quant_range(dtype: DType) -> Result<(f64, f64), OpError> {
@@ -30,9 +74,13 @@ fn quant_range(dtype: DType) -> Result<(f64, f64), OpError> {
         DType::I8 => (-128.0, 127.0),
         DType::U16 => (0.0, 65535.0),
         DType::I16 => (-32768.0, 32767.0),
+        DType::U4 => (0.0, 15.0),
+        DType::I4 => (-8.0, 7.0),
+        // Float targets: the range is applied by their conversion (saturate attribute).
+        d if d.is_fp8() || d == DType::F4E2M1 => (f64::NEG_INFINITY, f64::INFINITY),
         other => {
             return Err(OpError(format!(
-                "quantized type {other} is not supported (expected uint8, int8, uint16 or int16)"
+                "quantized type {other} is not supported (expected uint8, int8, uint16, int16, uint4, int4, a float8 type or float4e2m1)"
             )))
         }
     })
@@ -188,7 +236,7 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         None => match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
             Some(code) if ctx.opset >= 21 => DType::from_onnx(code as i32).ok_or_else(|| {
                 OpError(format!(
-                    "output_dtype {code} is not a supported quantized type (uint8, int8, uint16, int16)"
+                    "output_dtype {code} is not a supported quantized type (uint8, int8, uint16, int16, uint4, int4, float8, float4e2m1)"
                 ))
             })?,
             _ => DType::U8,
@@ -199,6 +247,10 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let sv = float_values(scale, "y_scale", false)?;
     let layout = layout(ctx, x.shape(), scale)?;
     let zv = zero_points(zp, scale)?;
+    if out_dtype.is_fp8() {
+        require_zero(zv.as_deref(), out_dtype)?;
+    }
+    let saturate = ctx.opset < 19 || ctx.node.attr_int_or("saturate", 1) != 0;
     // The division happens in the inputs' common type (float16 only if both are float16),
     // or in the `precision` attribute's type (opset 23+); int32 inputs divide in f64.
     let precision = match ctx.node.attr_int("precision").filter(|&c| c != 0) {
@@ -232,19 +284,46 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         } else {
             round_to(div_type, round_to(div_type, xi) / round_to(div_type, sv[p])) as f64
         };
-        let r = if quot.is_nan() {
-            0.0
-        } else {
-            quot.round_ties_even()
-        };
         let z = zv.as_ref().map_or(0.0, |z| z[p]);
-        q.push((r + z).clamp(qmin, qmax));
+        if out_dtype.is_fp8() {
+            // The float8 conversion does the rounding (and saturation).
+            q.push(quot);
+        } else if out_dtype == DType::F4E2M1 {
+            // As the ONNX reference: the zero point is added in float, then converted.
+            q.push((quot as f32 + z as f32) as f64);
+        } else {
+            let r = if quot.is_nan() {
+                0.0
+            } else {
+                quot.round_ties_even()
+            };
+            q.push((r + z).clamp(qmin, qmax));
+        }
     }
     let data = match out_dtype {
         DType::U8 => TensorData::U8(q.iter().map(|&v| v as u8).collect()),
         DType::I8 => TensorData::I8(q.iter().map(|&v| v as i8).collect()),
         DType::U16 => TensorData::U16(q.iter().map(|&v| v as u16).collect()),
         DType::I16 => TensorData::I16(q.iter().map(|&v| v as i16).collect()),
+        DType::U4 => TensorData::U4(q.iter().map(|&v| U4::saturating(v as i64)).collect()),
+        DType::I4 => TensorData::I4(q.iter().map(|&v| I4::saturating(v as i64)).collect()),
+        DType::F8E4M3FN => {
+            TensorData::F8E4M3FN(q.iter().map(|&v| F8E4M3FN::from_f64(v, saturate)).collect())
+        }
+        DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(
+            q.iter()
+                .map(|&v| F8E4M3FNUZ::from_f64(v, saturate))
+                .collect(),
+        ),
+        DType::F8E5M2 => {
+            TensorData::F8E5M2(q.iter().map(|&v| F8E5M2::from_f64(v, saturate)).collect())
+        }
+        DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(
+            q.iter()
+                .map(|&v| F8E5M2FNUZ::from_f64(v, saturate))
+                .collect(),
+        ),
+        DType::F4E2M1 => TensorData::F4E2M1(q.iter().map(|&v| F4E2M1::from_f64(v, true)).collect()),
         _ => unreachable!("quant_range accepted it"),
     };
     Ok(vec![Tensor::from_parts(x.shape().to_vec(), data)])
@@ -257,9 +336,10 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if !matches!(
         x.dtype(),
         DType::U8 | DType::I8 | DType::U16 | DType::I16 | DType::I32
-    ) {
+    ) && !x.dtype().is_low_bit()
+    {
         return Err(OpError(format!(
-            "input x has dtype {}, expected uint8, int8, uint16, int16 or int32",
+            "input x has dtype {}, expected uint8, int8, uint16, int16, int32, uint4, int4, a float8 type or float4e2m1",
             x.dtype()
         )));
     }
@@ -285,6 +365,9 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     };
     let layout = layout(ctx, x.shape(), scale)?;
     let zv = zero_points(zp, scale)?;
+    if x.dtype().is_fp8() || x.dtype() == DType::F4E2M1 {
+        require_zero(zv.as_deref(), x.dtype())?;
+    }
     // As the ONNX reference: x and the zero point as f32, subtract, multiply in f32.
     let xv = x.to_f32_vec().ok_or_else(|| {
         OpError(format!(
@@ -307,6 +390,16 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     } else {
         super::cast::cast_tensor(&t, out_dtype)
     }])
+}
+
+/// Float8/float4 zero points carry no offset: ONNX requires them to be zero.
+fn require_zero(zv: Option<&[f64]>, dtype: DType) -> Result<(), OpError> {
+    match zv {
+        Some(z) if z.iter().any(|&v| v != 0.0) => Err(OpError(format!(
+            "the zero point of a {dtype} quantization must be 0"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn dynamic_quantize_linear(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -488,5 +581,70 @@ mod tests {
         let z = Tensor::from_f32(vec![2], vec![0.0, 0.0]);
         let out = run(dynamic_quantize_linear, &n, 11, &[Some(&z)]).unwrap();
         assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0]));
+    }
+
+    #[test]
+    fn int4_saturates_and_float8_follows_saturate() {
+        let n = node("QuantizeLinear", &[]);
+        let x = Tensor::from_f32(vec![4], vec![100.0, -100.0, 2.5, 3.5]);
+        let s = Tensor::scalar_f32(1.0);
+        let z = Tensor::from_parts(vec![], TensorData::I4(vec![I4::wrapping(0)]));
+        let y = run(quantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].to_i64_vec().unwrap(), vec![7, -8, 2, 4]);
+        let z = Tensor::from_parts(vec![], TensorData::F8E4M3FN(vec![F8E4M3FN::from_bits(0)]));
+        let x = Tensor::from_f32(vec![2], vec![1000.0, 1.0625]);
+        let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].to_f32_vec().unwrap(), vec![448.0, 1.0]);
+        let ns = node("QuantizeLinear", &[("saturate", 0)]);
+        let y = run(quantize_linear, &ns, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert!(y[0].to_f32_vec().unwrap()[0].is_nan());
+        // A float8 zero point must be zero.
+        let z1 = Tensor::from_parts(
+            vec![],
+            TensorData::F8E4M3FN(vec![F8E4M3FN::from_f32(1.0, true)]),
+        );
+        let e = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z1)]).unwrap_err();
+        assert!(e.0.contains("must be 0"), "{e}");
+        let dn = node("DequantizeLinear", &[]);
+        let e = run(
+            dequantize_linear,
+            &dn,
+            19,
+            &[Some(&y[0]), Some(&s), Some(&z1)],
+        )
+        .unwrap_err();
+        assert!(e.0.contains("must be 0"), "{e}");
+    }
+
+    #[test]
+    fn float4_quantizes_through_output_dtype_and_dequantizes() {
+        let n = node("QuantizeLinear", &[("output_dtype", 23)]);
+        let x = Tensor::from_f32(vec![4], vec![5.0, -100.0, 0.5, 0.25]);
+        let s = Tensor::scalar_f32(0.5);
+        let q = run(quantize_linear, &n, 23, &[Some(&x), Some(&s)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(q.dtype(), DType::F4E2M1);
+        assert_eq!(q.to_f32_vec().unwrap(), vec![6.0, -6.0, 1.0, 0.5]);
+        let dn = node("DequantizeLinear", &[]);
+        let y = run(dequantize_linear, &dn, 23, &[Some(&q), Some(&s)]).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[3.0, -3.0, 0.5, 0.25]);
+        // Unsupported output types are named.
+        let bad = node("QuantizeLinear", &[("output_dtype", 1)]);
+        let e = run(quantize_linear, &bad, 23, &[Some(&x), Some(&s)]).unwrap_err();
+        assert!(e.0.contains("float32 is not supported"), "{e}");
+    }
+
+    #[test]
+    fn blocked_uint4_dequantize() {
+        let n = node("DequantizeLinear", &[("axis", 0), ("block_size", 2)]);
+        let x = Tensor::from_parts(
+            vec![3, 1],
+            TensorData::U4([15, 0, 9].iter().map(|&v| U4::wrapping(v)).collect()),
+        );
+        let s = Tensor::from_f32(vec![2, 1], vec![1.0, 0.5]);
+        let z = Tensor::from_parts(vec![2, 1], TensorData::U4(vec![U4::wrapping(8); 2]));
+        let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].as_f32().unwrap(), &[7.0, -8.0, 0.5]);
     }
 }

@@ -22,6 +22,153 @@ pub fn register(r: &mut Registry) {
     r.add("ArgMax", |c, i| arg_extreme(c, i, true));
     r.add("ArgMin", |c, i| arg_extreme(c, i, false));
     r.add("TopK", top_k);
+    for (op, from) in [
+        ("ReduceSum", 13),
+        ("ReduceMean", 18),
+        ("ReduceMax", 18),
+        ("ReduceMin", 18),
+        ("ReduceProd", 18),
+        ("ReduceL1", 18),
+        ("ReduceL2", 18),
+        ("ReduceSumSquare", 18),
+        ("ReduceLogSum", 18),
+        ("ReduceLogSumExp", 18),
+    ] {
+        let d = r
+            .def_mut(op)
+            .roles(&[super::InputRole::Data, super::InputRole::Param]);
+        d.infer(if from == 13 {
+            |c, i| reduce_facts(c, i, 13)
+        } else {
+            |c, i| reduce_facts(c, i, 18)
+        });
+    }
+    for op in ["ArgMax", "ArgMin"] {
+        r.def_mut(op).infer(arg_facts);
+    }
+    r.def_mut("TopK")
+        .roles(&[super::InputRole::Data, super::InputRole::Param])
+        .infer(top_k_facts);
+    // A reduction reads every input element once.
+    for op in [
+        "ReduceMean",
+        "ReduceSum",
+        "ReduceMax",
+        "ReduceMin",
+        "ReduceProd",
+        "ReduceL1",
+        "ReduceL2",
+        "ReduceSumSquare",
+        "ReduceLogSum",
+        "ReduceLogSumExp",
+        "ArgMax",
+        "ArgMin",
+        "TopK",
+    ] {
+        r.def_mut(op).flops(|_, ins, _| {
+            ins.first()
+                .cloned()
+                .flatten()
+                .map_or(0, |s| s.iter().product::<usize>() as u64)
+        });
+    }
+}
+
+use crate::graph::fact::{DimFact, Fact};
+use crate::tensor::DType;
+
+fn reduce_facts(
+    ctx: &super::InferCtx,
+    ins: &[Option<&Fact>],
+    axes_input_from: i64,
+) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 0)?;
+    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
+    let noop = ctx.node.attr_int_or("noop_with_empty_axes", 0) != 0;
+    let Some(s) = &x.shape else {
+        return Ok(vec![Fact::new(x.dtype, None)]);
+    };
+    let axes: Option<Vec<i64>> = if ctx.opset >= axes_input_from {
+        match super::shape::opt_fact(ins, 1) {
+            None => Some(Vec::new()),
+            Some(f) => f.int_values(),
+        }
+    } else {
+        Some(
+            ctx.node
+                .attr_ints("axes")
+                .map(<[i64]>::to_vec)
+                .unwrap_or_default(),
+        )
+    };
+    let Some(axes) = axes else {
+        // Axes computed at run time: the rank is known only when dims are kept.
+        return Ok(vec![if keepdims {
+            super::shape::unknown_dims(ctx, x.dtype, s.len())
+        } else {
+            Fact::new(x.dtype, None)
+        }]);
+    };
+    if axes.is_empty() && noop {
+        return Ok(vec![Fact::new(x.dtype, x.shape.clone())]);
+    }
+    let axes = if axes.is_empty() {
+        None
+    } else {
+        Some(norm_axes(&axes, s.len())?)
+    };
+    Ok(vec![Fact::new(
+        x.dtype,
+        Some(super::shape::reduced_shape(s, axes.as_deref(), keepdims)),
+    )])
+}
+
+fn arg_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 0)?;
+    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
+    let shape = match &x.shape {
+        Some(s) => {
+            let axis = norm_axis(ctx.node.attr_int_or("axis", 0), s.len())?;
+            Some(super::shape::reduced_shape(s, Some(&[axis]), keepdims))
+        }
+        None => None,
+    };
+    Ok(vec![Fact::new(Some(DType::I64), shape)])
+}
+
+fn top_k_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 0)?;
+    let k: Option<i64> = if ctx.opset < 10 {
+        ctx.node.attr_int("k")
+    } else {
+        super::shape::fact(ins, 1)?
+            .int_values()
+            .and_then(|v| v.first().copied())
+    };
+    let shape = match &x.shape {
+        Some(s) => {
+            let axis = norm_axis(ctx.node.attr_int_or("axis", -1), s.len())?;
+            let mut o = s.clone();
+            o[axis] = match k {
+                Some(k) => {
+                    if k < 0 || s[axis].as_known().is_some_and(|d| k as usize > d) {
+                        return Err(OpError(format!(
+                            "k = {k} does not fit axis {axis} of {}",
+                            x.shape_string()
+                        )));
+                    }
+                    DimFact::known(k as usize)
+                }
+                None => ctx.unknown_dim(),
+            };
+            Some(o)
+        }
+        None => None,
+    };
+    Ok(vec![
+        Fact::new(x.dtype, shape.clone()),
+        Fact::new(Some(DType::I64), shape),
+    ])
 }
 
 #[derive(Clone, Copy, PartialEq)]

@@ -26,6 +26,7 @@
 
 use super::util::{input, norm_axes, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
+use crate::graph::fact::{DimFact, Fact};
 use crate::op_bail;
 use crate::tensor::{strides_of, DType, Tensor, TensorData};
 use half::{bf16, f16};
@@ -35,6 +36,92 @@ use rayon::prelude::*;
 pub fn register(r: &mut Registry) {
     r.add("Resize", resize);
     r.add("Upsample", upsample);
+    use super::InputRole::{Data, Param};
+    r.def_mut("Resize")
+        .roles(&[Data, Param, Param, Param])
+        .infer(resize_facts);
+    r.def_mut("Upsample")
+        .roles(&[Data, Param])
+        .infer(resize_facts);
+}
+
+/// The output shape when X's shape and the scales or sizes are known; else X's rank.
+fn resize_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let x = super::shape::fact(ins, 0)?;
+    let unknown = |rank: Option<usize>| {
+        Ok(vec![match rank {
+            Some(r) => super::shape::unknown_dims(ctx, x.dtype, r),
+            None => Fact::new(x.dtype, None),
+        }])
+    };
+    let Some(shape) = x.known_shape() else {
+        return unknown(x.rank());
+    };
+    let node = ctx.node;
+    let floats = |i: usize| -> Option<Option<Vec<f64>>> {
+        match super::shape::opt_fact(ins, i) {
+            None => Some(None),
+            Some(f)
+                if f.known_shape()
+                    .is_some_and(|s| s.iter().product::<usize>() == 0) =>
+            {
+                Some(None)
+            }
+            Some(f) => f.value.as_ref().and_then(|t| t.to_f64_vec()).map(Some),
+        }
+    };
+    let all_axes: Vec<usize> = (0..shape.len()).collect();
+    let specs = if node.op_type == "Upsample" || ctx.opset < 11 {
+        let scales = if ctx.opset < 9 && node.op_type == "Upsample" {
+            node.attr_floats("scales")
+                .map(|s| s.iter().map(|&v| v as f64).collect())
+        } else {
+            floats(1).flatten()
+        };
+        match scales {
+            Some(s) => specs_from_scales(&shape, &all_axes, &s)?,
+            None => return unknown(Some(shape.len())),
+        }
+    } else {
+        let axes = match node.attr_ints("axes") {
+            Some(a) if ctx.opset >= 18 => norm_axes(a, shape.len())?,
+            _ => all_axes,
+        };
+        let sizes = match super::shape::opt_fact(ins, 3) {
+            None => Some(None),
+            Some(f)
+                if f.known_shape()
+                    .is_some_and(|s| s.iter().product::<usize>() == 0) =>
+            {
+                Some(None)
+            }
+            Some(f) => f.int_values().map(Some),
+        };
+        match (floats(2), sizes) {
+            (Some(Some(s)), Some(None)) => specs_from_scales(&shape, &axes, &s)?,
+            (Some(None), Some(Some(s))) => {
+                let policy = if ctx.opset >= 18 {
+                    parse_policy(
+                        node.attr_str("keep_aspect_ratio_policy")
+                            .unwrap_or("stretch"),
+                    )?
+                } else {
+                    AspectPolicy::Stretch
+                };
+                specs_from_sizes(&shape, &axes, &s, policy)?
+            }
+            (Some(None), Some(None)) => {
+                return Err(OpError(
+                    "one of 'scales' and 'sizes' is required (both are empty or omitted)".into(),
+                ))
+            }
+            _ => return unknown(Some(shape.len())),
+        }
+    };
+    Ok(vec![Fact::typed(
+        x.dtype.unwrap_or(DType::F32),
+        specs.iter().map(|s| DimFact::known(s.out_len)).collect(),
+    )])
 }
 
 /// Outputs with at least this many elements are computed on the rayon pool.
@@ -891,7 +978,15 @@ fn from_f64(dtype: DType, v: Vec<f64>) -> Option<TensorData> {
         DType::I64 => TensorData::I64(ints!(i64)),
         DType::U64 => TensorData::U64(ints!(u64)),
         DType::Bool => TensorData::Bool(v.into_iter().map(|x| x != 0.0).collect()),
-        DType::Str => return None,
+        // Resize does not take strings or the low-bit storage types (ONNX's type constraints).
+        DType::Str
+        | DType::F8E4M3FN
+        | DType::F8E4M3FNUZ
+        | DType::F8E5M2
+        | DType::F8E5M2FNUZ
+        | DType::U4
+        | DType::I4
+        | DType::F4E2M1 => return None,
     })
 }
 

@@ -13,6 +13,16 @@ pub fn register(r: &mut Registry) {
     r.add("Softmax", |c, i| softmax_like(c, i, Kind::Softmax));
     r.add("LogSoftmax", |c, i| softmax_like(c, i, Kind::LogSoftmax));
     r.add("Hardmax", |c, i| softmax_like(c, i, Kind::Hardmax));
+    for op in ["Softmax", "LogSoftmax", "Hardmax"] {
+        r.def_mut(op).infer(super::shape::same_as_input);
+    }
+    for op in ["Softmax", "LogSoftmax"] {
+        r.def_mut(op).flops(|_, _, outs| {
+            5 * outs
+                .first()
+                .map_or(0, |s| s.iter().product::<usize>() as u64)
+        });
+    }
 }
 
 #[derive(Clone, Copy)]

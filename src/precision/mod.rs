@@ -113,30 +113,23 @@ impl Accumulator {
     }
 }
 
-/// Ops with integer (int8) and fp8 kernels: GPU inference engines quantize convolutions and
-/// matrix products; every other op falls back to a float precision.
+/// Whether an op has int8/fp8 kernels (others fall back to a float type under `--int8`/`--fp8`);
+/// read from the op's definition.
 pub fn has_quantized_kernel(op_type: &str) -> bool {
-    matches!(op_type, "Conv" | "ConvTranspose" | "MatMul" | "Gemm")
+    crate::ops::Registry::global()
+        .def("", op_type)
+        .is_some_and(|d| d.has_quantized_kernel())
 }
 
 /// Whether input `index` of an op carries the layer's data type, i.e. is converted to the
-/// layer's precision. Integer and bool inputs never are (callers check the dtype); these float
-/// inputs are parameters, not data, and keep their type (ONNX gives them their own type).
+/// layer's precision: data and bias inputs do; scales, zero points and parameters keep their
+/// type (ONNX gives them their own). Integer and bool inputs never are (callers check the
+/// dtype). Read from the op's input roles.
 pub fn input_follows_layer_precision(op_type: &str, index: usize) -> bool {
-    !matches!(
-        (op_type, index),
-        ("Resize", 1)
-            | ("Resize", 2)
-            | ("Upsample", 1)
-            | ("Dropout", 1)
-            | ("Dropout", 2)
-            // Q/DQ scales define the quantization grid: rounding them would move it.
-            | ("QuantizeLinear", 1)
-            | ("DequantizeLinear", 1)
-            | ("QLinearMatMul", 1)
-            | ("QLinearMatMul", 4)
-            | ("QLinearMatMul", 6)
-    )
+    use crate::ops::InputRole;
+    crate::ops::Registry::global()
+        .def("", op_type)
+        .is_none_or(|d| matches!(d.role(index), InputRole::Data | InputRole::Bias))
 }
 
 /// Rounds one f32 to the nearest value representable in `p` (int8: to the integer grid,

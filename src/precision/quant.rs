@@ -51,39 +51,21 @@ pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
 }
 
 /// The axis of a weight operand that indexes output channels, for an operand that is an
-/// initializer of a quantized layer: Conv `W[M, C/g, ...]` axis 0, ConvTranspose
+/// initializer of a quantized layer (Conv `W[M, C/g, ...]` axis 0, ConvTranspose
 /// `W[C, M/g, ...]` axis 1, MatMul `B[..., K, N]` the last axis and `A[..., M, K]` the one
-/// before it, Gemm `A`/`B` by `transA`/`transB`. None for inputs that are not weights (bias).
+/// before it, Gemm `A`/`B` by `transA`/`transB`); None for inputs that are not weights. Each
+/// op's definition says it.
 pub fn weight_channel_axis(node: &Node, index: usize, rank: usize) -> Option<usize> {
-    if rank == 0 {
-        return None;
-    }
-    match (node.op_type.as_str(), index) {
-        ("Conv", 1) => Some(0),
-        ("ConvTranspose", 1) if rank >= 2 => Some(1),
-        ("MatMul", 1) => Some(rank - 1),
-        ("MatMul", 0) if rank >= 2 => Some(rank - 2),
-        ("MatMul", 0) => Some(0),
-        ("Gemm", 0) => Some(if node.attr_int_or("transA", 0) != 0 {
-            1
-        } else {
-            0
-        }),
-        ("Gemm", 1) => Some(if node.attr_int_or("transB", 0) != 0 {
-            0
-        } else {
-            1
-        }),
-        _ => None,
-    }
+    crate::ops::Registry::global()
+        .def(&node.domain, &node.op_type)?
+        .weight_channel_axis(node, index, rank)
 }
 
 /// Inputs of a quantized layer that are quantized at all (data operands; not biases).
 pub fn is_quantized_operand(op_type: &str, index: usize) -> bool {
-    matches!(
-        (op_type, index),
-        ("Conv", 0 | 1) | ("ConvTranspose", 0 | 1) | ("MatMul", 0 | 1) | ("Gemm", 0 | 1)
-    )
+    crate::ops::Registry::global()
+        .def("", op_type)
+        .is_some_and(|d| d.is_quantized_operand(index))
 }
 
 /// Per-channel scales of a weight along `axis`.

@@ -432,9 +432,10 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
                 rel <= 1e-5,
                 "{name} {label}: the emulation is not what the exported model computes"
             );
-            if q == Int8 {
+            {
                 // mixprec runs the exported QDQ model itself (QuantizeLinear/DequantizeLinear
-                // kernels) in plain FP32: it must compute what the emulation computed.
+                // kernels; int8, or float8e4m3fn initializers and activations) in plain FP32:
+                // it must compute what the emulation computed.
                 let exported = mixprec::load_model(&path).unwrap();
                 let own = Interpreter::new(&exported.graph)
                     .unwrap()
@@ -445,8 +446,17 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
                 println!(
                     "{name} {label}: mixprec on the exported model vs emulation rel {rel_own:.2e}"
                 );
+                // Same kernels, same order, same rounding: equal bit for bit.
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.to_f32_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect()
+                };
                 assert!(
-                    rel_own <= 1e-5,
+                    got.len() == emu.outputs.len()
+                        && got.iter().zip(&emu.outputs).all(|(a, (_, b))| bits(a) == bits(b)),
                     "{name} {label}: mixprec's Q/DQ kernels disagree with its emulation ({rel_own:.2e})"
                 );
             }

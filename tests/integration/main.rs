@@ -6,6 +6,7 @@ mod cli;
 mod common;
 mod conformance;
 mod control;
+mod dtypes;
 mod export;
 mod models;
 mod precision;

@@ -1,6 +1,8 @@
 //! Data movement and shape ops. Every op here serves every dtype: values are moved, never
 //! computed, by building a list of source indices and gathering them (`TensorData::gather`).
 
+mod facts;
+
 use super::util::{
     broadcast_shapes, broadcast_to, input, input_i64s, norm_axes, norm_axis, opt_input,
 };
@@ -36,6 +38,7 @@ pub fn register(r: &mut Registry) {
     r.add("Trilu", trilu);
     r.add("NonZero", non_zero);
     r.add("CumSum", cum_sum);
+    facts::register(r);
 }
 
 fn err<T>(msg: impl Into<String>) -> Result<T, OpError> {
@@ -614,35 +617,55 @@ fn dropout(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     Ok(outs)
 }
 
+/// The single element of a scalar parameter (Range's start, limit, delta) as f64 and i64.
+fn scalar_param(t: &Tensor, name: &str, dtype: DType) -> Result<(f64, i64), OpError> {
+    if t.dtype() != dtype {
+        return err(format!(
+            "{name} has dtype {}, start has {dtype}: all three must have one type",
+            t.dtype()
+        ));
+    }
+    if t.len() != 1 {
+        return err(format!(
+            "{name} must hold exactly one value, got shape {:?}",
+            t.shape()
+        ));
+    }
+    let f = t
+        .to_f64_vec()
+        .ok_or_else(|| OpError(format!("{name} is not numeric")))?[0];
+    let i = if dtype.is_int() {
+        t.to_i64_vec().expect("integer tensor")[0]
+    } else {
+        0
+    };
+    Ok((f, i))
+}
+
+/// Ranges longer than this are refused rather than allocated.
+const RANGE_MAX_LEN: f64 = (1u64 << 32) as f64;
+
 fn range(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let s = input(inputs, 0)?;
-    let l = input(inputs, 1)?;
-    let d = input(inputs, 2)?;
-    let dtype = s.dtype();
+    let dtype = input(inputs, 0)?.dtype();
+    let (s, si) = scalar_param(input(inputs, 0)?, "start", dtype)?;
+    let (l, li) = scalar_param(input(inputs, 1)?, "limit", dtype)?;
+    let (d, di) = scalar_param(input(inputs, 2)?, "delta", dtype)?;
+    let count = ((l - s) / d).ceil();
+    if d != 0.0 && count > RANGE_MAX_LEN {
+        return err(format!("Range({s}, {l}, {d}) would have {count} elements"));
+    }
     if dtype.is_int() {
-        let (s, l, d) = (
-            s.to_i64_vec().unwrap()[0],
-            l.to_i64_vec().unwrap()[0],
-            d.to_i64_vec().unwrap()[0],
-        );
+        let (s, l, d) = (si, li, di);
         if d == 0 {
             return err("delta cannot be 0");
         }
-        let n = ((l - s) as f64 / d as f64).ceil().max(0.0) as usize;
+        let n = ((l as f64 - s as f64) / d as f64).ceil().max(0.0) as usize;
         let v: Vec<i64> = (0..n as i64).map(|i| s + i * d).collect();
         return Ok(vec![super::cast::cast_tensor(
             &Tensor::from_i64(vec![n], v),
             dtype,
         )]);
     }
-    let (s, l, d) = (
-        s.to_f64_vec()
-            .ok_or_else(|| OpError("non-numeric start".into()))?[0],
-        l.to_f64_vec()
-            .ok_or_else(|| OpError("non-numeric limit".into()))?[0],
-        d.to_f64_vec()
-            .ok_or_else(|| OpError("non-numeric delta".into()))?[0],
-    );
     if d == 0.0 {
         return err("delta cannot be 0");
     }
