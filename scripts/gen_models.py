@@ -13,6 +13,9 @@ Models (all weights from a fixed NumPy seed, so the files are identical on every
   planted_cnn       cnn with one FP32-only layer planted after stage 3 ('planted_div': its divisor is inf in FP16)
   planted_transformer transformer with an FP16 overflow planted between the layers ('planted_scale_up'
                     overflows, 'planted_scale_down' reads it): the precision search's planted faults
+  control_flow      Conv, then two If nodes on a data-dependent condition (branches of different output
+                    shapes, reading outer Conv output and weights), then a Loop whose body reads outer
+                    values (MatMul/Add/Tanh) and holds an If reading the main graph two levels up
 
 Usage: gen_models.py --out DIR [--size test|bench] [--only NAME[,NAME]] [--no-ort]
 """
@@ -194,6 +197,118 @@ def needs_constraints(size):
     return m
 
 
+def control_flow(size):
+    """Subgraphs reading outer-scope values, as exported voice-activity and decoder models do."""
+    rng = np.random.RandomState(7)
+    f32 = lambda a: np.asarray(a, np.float32)
+    w = lambda *shape: f32(rng.randn(*shape) * 0.5)
+    inits = [
+        numpy_helper.from_array(w(4, 3, 3, 3), "conv0_w"),
+        numpy_helper.from_array(w(4), "conv0_b"),
+        numpy_helper.from_array(w(4, 4, 3, 3), "conv1_w"),
+        numpy_helper.from_array(f32(1.5), "else_scale"),
+        numpy_helper.from_array(f32(0.0), "zero"),
+        numpy_helper.from_array(w(4, 4), "wh"),
+        numpy_helper.from_array(w(4, 4), "wf"),
+        numpy_helper.from_array(w(4), "loop_bias"),
+        numpy_helper.from_array(np.array(3, np.int64), "trip"),
+        numpy_helper.from_array(np.array(True), "true"),
+    ]
+    vi = helper.make_tensor_value_info
+    dyn4 = ["n", "c", "h", "w"]
+    # then: Relu(Conv(c0, conv1_w)) [1,4,8,8]; else: mean over H, W of c0 * else_scale + local bias [1,4,1,1].
+    then_g = helper.make_graph(
+        [
+            helper.make_node("Conv", ["c0", "conv1_w"], ["t_conv"], name="then_conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["t_conv"], ["t_out"], name="then_relu"),
+        ],
+        "then",
+        [],
+        [vi("t_out", TensorProto.FLOAT, dyn4)],
+    )
+    else_g = helper.make_graph(
+        [
+            helper.make_node("Mul", ["c0", "else_scale"], ["e_mul"], name="else_mul"),
+            helper.make_node("ReduceMean", ["e_mul"], ["e_mean"], name="else_mean", axes=[2, 3], keepdims=1),
+            helper.make_node("Add", ["e_mean", "e_bias"], ["e_out"], name="else_add"),
+        ],
+        "else",
+        [],
+        [vi("e_out", TensorProto.FLOAT, dyn4)],
+        [numpy_helper.from_array(f32([[[[0.25]]]]), "e_bias")],
+    )
+    then_g2, else_g2 = onnx.GraphProto(), onnx.GraphProto()
+    then_g2.CopyFrom(then_g)
+    else_g2.CopyFrom(else_g)
+    for g, suffix in ((then_g2, "2"), (else_g2, "2")):
+        g.name += suffix
+        for n in g.node:
+            n.name += suffix
+            n.output[:] = [o + suffix for o in n.output]
+            n.input[:] = [i + suffix if i in ("t_conv", "e_mul", "e_mean") else i for i in n.input]
+        for o in g.output:
+            o.name += suffix
+        for t in g.initializer:
+            t.name += suffix
+        for n in g.node:
+            n.input[:] = [i + suffix if i == "e_bias" else i for i in n.input]
+    # Loop body: h' = Tanh(h @ wh + feat @ wf + i * 0.1); nested If: i < 2 ? h' + feat : h' - loop_bias.
+    inner_then = helper.make_graph(
+        [helper.make_node("Add", ["h_new", "feat"], ["in_then"], name="inner_add")],
+        "inner_then",
+        [],
+        [vi("in_then", TensorProto.FLOAT, [1, 4])],
+    )
+    inner_else = helper.make_graph(
+        [helper.make_node("Sub", ["h_new", "loop_bias"], ["in_else"], name="inner_sub")],
+        "inner_else",
+        [],
+        [vi("in_else", TensorProto.FLOAT, [1, 4])],
+    )
+    body = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["h", "wh"], ["hw"], name="body_matmul_h"),
+            helper.make_node("MatMul", ["feat", "wf"], ["fw"], name="body_matmul_f"),
+            helper.make_node("Add", ["hw", "fw"], ["pre"], name="body_add"),
+            helper.make_node("Cast", ["i"], ["i_f"], name="body_cast", to=TensorProto.FLOAT),
+            helper.make_node("Mul", ["i_f", "tenth"], ["i_s"], name="body_scale"),
+            helper.make_node("Add", ["pre", "i_s"], ["pre2"], name="body_add_i"),
+            helper.make_node("Tanh", ["pre2"], ["h_new"], name="body_tanh"),
+            helper.make_node("Less", ["i", "two"], ["early"], name="body_less"),
+            helper.make_node("If", ["early"], ["h_out"], name="body_if", then_branch=inner_then, else_branch=inner_else),
+            helper.make_node("Identity", ["c_in"], ["c_out"], name="body_cond"),
+            helper.make_node("Identity", ["h_out"], ["h_scan"], name="body_scan"),
+        ],
+        "body",
+        [vi("i", TensorProto.INT64, []), vi("c_in", TensorProto.BOOL, []), vi("h", TensorProto.FLOAT, [1, 4])],
+        [vi("c_out", TensorProto.BOOL, []), vi("h_out", TensorProto.FLOAT, [1, 4]), vi("h_scan", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(f32(0.1), "tenth"), numpy_helper.from_array(np.array(2, np.int64), "two")],
+    )
+    nodes = [
+        helper.make_node("Conv", ["x", "conv0_w", "conv0_b"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceMean", ["c0"], ["m"], name="mean", keepdims=0),
+        helper.make_node("Greater", ["m", "zero"], ["pos"], name="greater"),
+        helper.make_node("Not", ["pos"], ["neg"], name="not"),
+        helper.make_node("If", ["pos"], ["y1"], name="if_pos", then_branch=then_g, else_branch=else_g),
+        helper.make_node("If", ["neg"], ["y2"], name="if_neg", then_branch=then_g2, else_branch=else_g2),
+        helper.make_node("Add", ["y1", "y2"], ["y"], name="add_branches"),
+        helper.make_node("GlobalAveragePool", ["y"], ["gap"], name="gap"),
+        helper.make_node("Flatten", ["gap"], ["feat"], name="flatten"),
+        helper.make_node("Loop", ["trip", "true", "feat"], ["h_final", "hs"], name="loop", body=body),
+    ]
+    g = helper.make_graph(
+        nodes,
+        "control_flow",
+        [vi("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [vi("y", TensorProto.FLOAT, dyn4), vi("h_final", TensorProto.FLOAT, [1, 4]), vi("hs", TensorProto.FLOAT, [3, 1, 4])],
+        inits,
+    )
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="mixprec-gen")
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m
+
+
 MODELS = {
     "cnn": cnn,
     "transformer": transformer,
@@ -201,6 +316,7 @@ MODELS = {
     "needs_constraints": needs_constraints,
     "planted_cnn": lambda size: cnn(size, planted=True),
     "planted_transformer": lambda size: transformer(size, planted=True),
+    "control_flow": control_flow,
 }
 INPUT_RANGES = {
     "cnn": (-1.0, 1.0),
@@ -209,6 +325,7 @@ INPUT_RANGES = {
     "needs_constraints": (1.0, 2.0),
     "planted_cnn": (-1.0, 1.0),
     "planted_transformer": (-1.0, 1.0),
+    "control_flow": (-1.0, 1.0),
 }
 
 

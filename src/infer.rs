@@ -122,7 +122,9 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
                 };
                 // Fold when every input is known and the outputs are small (as far as the rule
                 // can tell): large constants (ConstantOfShape of a big shape) stay facts.
-                let all_known = ins.iter().flatten().all(|f| f.value.is_some());
+                // A node with subgraphs also reads what its bodies read: never folded.
+                let all_known =
+                    !node.has_subgraphs() && ins.iter().flatten().all(|f| f.value.is_some());
                 let small = ruled.as_ref().is_none_or(|outs| {
                     outs.iter().all(|f| {
                         f.shape.as_ref().is_none_or(|s| {
@@ -139,7 +141,7 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
                         .iter()
                         .map(|f| f.and_then(|f| f.value.as_deref()))
                         .collect();
-                    let ctx = OpCtx { node, opset };
+                    let ctx = OpCtx::new(node, opset);
                     let tensors = (def.kernel)(&ctx, &args).map_err(|e| op_err(e.0))?;
                     tensors
                         .into_iter()

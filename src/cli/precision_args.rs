@@ -29,7 +29,8 @@ pub struct PrecisionArgs {
     pub fp8: bool,
     /// Per-layer precisions: NAME:dtype, NAME an exact layer name, a glob ('*Softmax*') or a
     /// regex ('re:^Conv_[0-9]+$'); dtype one of float32, float16, bfloat16, fp8e4m3, fp8e5m2,
-    /// int8. Later items win.
+    /// int8. Later items win. Nodes inside If/Loop/Scan bodies are named by path
+    /// (If_0/then_branch/Conv_3).
     #[arg(long = "layer-precisions", num_args = 1.., value_name = "NAME:DTYPE")]
     pub layer_precisions: Vec<String>,
     /// obey: per-layer requests are applied and a request without a kernel is an error;
@@ -167,8 +168,18 @@ pub fn precision_counts_line(graph: &Graph, plan: &PrecisionPlan) -> String {
         .iter()
         .map(|(p, n)| format!("{n} {}", p.name()))
         .collect();
+    let inner = if plan.inner.is_empty() {
+        String::new()
+    } else {
+        let set: Vec<String> = plan
+            .inner
+            .iter()
+            .map(|(path, p)| format!("{path}:{}", p.name()))
+            .collect();
+        format!("; inside subgraphs: {}", set.join(" "))
+    };
     format!(
-        "Layer precisions: {} ({} compute layers; data-movement layers carry their input's precision)",
+        "Layer precisions: {} ({} compute layers; data-movement layers carry their input's precision{inner})",
         parts.join(", "),
         total
     )

@@ -304,7 +304,7 @@ mod run_tests {
         for &i in fp32 {
             p[i] = Precision::Float32;
         }
-        PrecisionPlan { layers: p }
+        PrecisionPlan::from_layers(p)
     }
 
     #[test]

@@ -42,6 +42,12 @@ pub(crate) struct LayerPrep {
     /// None for data-movement layers, which run untouched.
     pub precision: Option<Precision>,
     pub inputs: Vec<InputPrep>,
+    /// For a node with subgraphs: the plan of each (in [`Node::subgraphs`] order), every
+    /// layer in the node's precision (float32 when that is int8/fp8: no subgraph op has a
+    /// quantized kernel of its own) unless the plan sets it by path.
+    ///
+    /// [`Node::subgraphs`]: crate::graph::Node::subgraphs
+    pub subplans: Vec<PreparedPlan>,
 }
 
 /// Options of a plan that are not per layer.
@@ -73,10 +79,31 @@ impl PreparedPlan {
         }
         let mut layers = Vec::with_capacity(graph.nodes.len());
         for (node, &p) in graph.nodes.iter().zip(&plan.layers) {
+            let body = if p.is_scaled() { Precision::Float32 } else { p };
+            let subplans = node
+                .subgraphs()
+                .map(|(attr, g)| {
+                    let sub = plan.subgraph_plan(node, attr, g, body);
+                    // Nodes inside subgraphs are named by path.
+                    PreparedPlan::new(g, &sub, opts).map_err(|e| match e {
+                        Error::Op {
+                            node: inner,
+                            op,
+                            msg,
+                        } => Error::Op {
+                            node: format!("{}/{attr}/{inner}", node.name),
+                            op,
+                            msg,
+                        },
+                        e => e,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {
                 layers.push(LayerPrep {
                     precision: (!is_data_movement(&node.op_type)).then_some(p),
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
+                    subplans,
                 });
                 continue;
             }
@@ -136,6 +163,7 @@ impl PreparedPlan {
             layers.push(LayerPrep {
                 precision: Some(p),
                 inputs,
+                subplans,
             });
         }
         Ok(PreparedPlan {
@@ -275,7 +303,7 @@ mod tests {
     }
 
     fn run(g: &Graph, plan: Vec<Precision>, opts: &PlanOptions, feeds: Feeds) -> Result<Vec<f32>> {
-        let plan = PreparedPlan::new(g, &PrecisionPlan { layers: plan }, opts)?;
+        let plan = PreparedPlan::new(g, &PrecisionPlan::from_layers(plan), opts)?;
         let r = Interpreter::new(g)?.run_plan(&feeds, &RunOptions::default(), &plan)?;
         Ok(r.outputs[0].1.as_f32().unwrap().to_vec())
     }
@@ -431,6 +459,73 @@ mod tests {
     }
 
     #[test]
+    fn subgraphs_run_in_the_precision_of_their_node() {
+        // Both branches compute (x + d) - x, reading x and d = 2^-12 from the main graph. In
+        // float16 and bfloat16, 1 + 2^-12 rounds to 1 and the branch returns 0; a float32 body
+        // returns 2^-12, a float16 value, so rounding the If's output alone would keep it.
+        let branch = graph(
+            vec![
+                node("add", "Add", &["x", "d"], &["s"]),
+                node("sub", "Sub", &["s", "x"], &["t"]),
+            ],
+            vec![],
+            vi("t", &[1]),
+            vec![],
+        );
+        let mut iff = node("if", "If", &["c"], &["y"]);
+        for b in ["then_branch", "else_branch"] {
+            iff.attrs.insert(
+                b.into(),
+                crate::graph::Attribute::Graph(std::sync::Arc::new(branch.clone())),
+            );
+        }
+        let c = ValueInfo {
+            name: "c".into(),
+            dtype: Some(DType::Bool),
+            shape: Some(vec![]),
+        };
+        let d = 2f32.powi(-12);
+        let g = graph(
+            vec![iff],
+            vec![c, vi("x", &[1])],
+            vi("y", &[1]),
+            vec![("d", Tensor::from_f32(vec![1], vec![d]))],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert("c".into(), Tensor::from_bool(vec![], vec![true]));
+        feeds.insert("x".into(), Tensor::from_f32(vec![1], vec![1.0]));
+        let opts = PlanOptions::default();
+        for (p, want) in [
+            (Precision::Float32, d),
+            (Precision::Float16, 0.0),
+            (Precision::BFloat16, 0.0),
+            // No subgraph op has a quantized kernel: the body runs in float32.
+            (Precision::Int8, d),
+        ] {
+            let got = run(&g, vec![p], &opts, feeds.clone()).unwrap();
+            assert_eq!(got, vec![want], "{p}");
+        }
+        // Nodes inside a float16 If set by path: both in float32 keep 2^-12; the Add alone in
+        // float16 loses it (1 + 2^-12 rounds to 1 before the float32 Sub).
+        let interp = Interpreter::new(&g).unwrap();
+        for (inner, want) in [
+            (vec!["if/then_branch/add", "if/then_branch/sub"], d),
+            (vec!["if/then_branch/sub"], 0.0),
+            (vec!["if/else_branch/add", "if/else_branch/sub"], 0.0),
+        ] {
+            let mut plan = PrecisionPlan::from_layers(vec![Precision::Float16]);
+            for path in &inner {
+                plan.inner.insert(path.to_string(), Precision::Float32);
+            }
+            let prepared = PreparedPlan::new(&g, &plan, &opts).unwrap();
+            let r = interp
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .unwrap();
+            assert_eq!(r.outputs[0].1.as_f32().unwrap(), &[want], "{inner:?}");
+        }
+    }
+
+    #[test]
     fn data_movement_carries_the_rounded_values() {
         // Relu (fp16) -> Reshape -> Relu (fp32): the fp32 Relu sees fp16-rounded values.
         let g = graph(
@@ -486,7 +581,7 @@ mod tests {
         let out = |plan: Precision, amax: Option<&BTreeMap<String, f32>>| -> f32 {
             let plan = PreparedPlan::new(
                 &g,
-                &PrecisionPlan { layers: vec![plan] },
+                &PrecisionPlan::from_layers(vec![plan]),
                 &PlanOptions {
                     amax,
                     ..Default::default()

@@ -2,6 +2,11 @@
 //!
 //! Values live in slots indexed by name; a slot is freed after its last reader unless the
 //! caller asks to keep every intermediate (layer-wise comparison needs them all).
+//!
+//! A node with subgraphs (If, Loop, Scan) gets an interpreter per subgraph, prepared once.
+//! The values its subgraphs read from enclosing graphs are extra inputs of the node (they
+//! live until it has run); its kernel runs the subgraphs through [`SubgraphRunner`], which
+//! reads those values by reference, and under a plan runs them in the node's precision.
 
 pub mod cache;
 pub mod emulate;
@@ -12,7 +17,7 @@ pub use emulate::{PlanOptions, PreparedPlan};
 
 use crate::error::{Error, Result};
 use crate::graph::{Dim, Graph};
-use crate::ops::{Kernel, OpCtx, Registry};
+use crate::ops::{Kernel, OpCtx, OpError, Registry, SubgraphRunner};
 use crate::precision::Precision;
 use crate::tensor::{fmt_shape, Tensor};
 use emulate::InputPrep;
@@ -50,32 +55,79 @@ impl RunResult {
 enum Source {
     Initializer(String),
     Slot(usize),
+    /// A value of an enclosing graph (a subgraph's outer-scope reference), by index in
+    /// [`Interpreter::outer_names`].
+    Outer(usize),
     Absent,
 }
 
-struct Step {
+/// A subgraph of a node, prepared.
+struct Sub<'g> {
+    attr: String,
+    interp: Interpreter<'g>,
+    /// For each outer name of `interp`: its index among the node's implicit inputs.
+    outer: Vec<usize>,
+}
+
+struct Step<'g> {
     kernel: Kernel,
     opset: i64,
+    /// The node's inputs, then its implicit inputs (what its subgraphs read from this scope).
     inputs: Vec<Source>,
+    /// How many of `inputs` are the node's own (the kernel's arguments).
+    explicit: usize,
     outputs: Vec<Option<usize>>,
     /// Slots whose last reader is this step.
     frees: Vec<usize>,
+    subs: Vec<Sub<'g>>,
 }
 
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
 pub struct Interpreter<'g> {
     graph: &'g Graph,
-    steps: Vec<Step>,
+    steps: Vec<Step<'g>>,
     slot_names: Vec<String>,
     input_slots: Vec<(String, usize)>,
     output_slots: Vec<(String, Option<usize>)>,
+    /// For a subgraph: the values of enclosing graphs it reads, in the order the caller
+    /// passes them.
+    outer_names: Vec<String>,
     /// Input shapes whose inferred graph shapes were already checked.
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
+}
+
+/// The [`SubgraphRunner`] a control-flow node's kernel gets.
+struct ScopeRunner<'r, 'g> {
+    subs: &'r [Sub<'g>],
+    plans: Option<&'r [PreparedPlan]>,
+    /// The node's implicit inputs.
+    implicit: &'r [Option<&'r Tensor>],
+}
+
+impl SubgraphRunner for ScopeRunner<'_, '_> {
+    fn run(&self, attr: &str, inputs: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, OpError> {
+        let (k, sub) = self
+            .subs
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.attr == attr)
+            .ok_or_else(|| OpError(format!("the node has no subgraph attribute '{attr}'")))?;
+        let outer: Vec<Option<&Tensor>> = sub.outer.iter().map(|&i| self.implicit[i]).collect();
+        let plan = self.plans.and_then(|p| p.get(k));
+        sub.interp
+            .run_subgraph(inputs, &outer, plan)
+            .map_err(|e| OpError(format!("{attr}: {e}")))
+    }
 }
 
 impl<'g> Interpreter<'g> {
     /// Resolves every node's kernel; fails on the first op mixprec does not support.
     pub fn new(graph: &'g Graph) -> Result<Interpreter<'g>> {
+        Self::new_scoped(graph, Vec::new())
+    }
+
+    /// An interpreter for a subgraph that reads `outer_names` from enclosing graphs.
+    fn new_scoped(graph: &'g Graph, outer_names: Vec<String>) -> Result<Interpreter<'g>> {
         let registry = Registry::global();
         let mut slots: HashMap<String, usize> = HashMap::new();
         let mut slot_names = Vec::new();
@@ -109,20 +161,53 @@ impl<'g> Interpreter<'g> {
                         },
                         opset,
                     })?;
-            if let Some((k, _)) = node
-                .attrs
-                .iter()
-                .find(|(_, a)| matches!(a, crate::graph::Attribute::Unsupported("graph")))
-            {
-                return Err(Error::Op {
-                    node: node.name.clone(),
-                    op: node.op_type.clone(),
-                    msg: format!("subgraph attribute '{k}' (control flow) is not supported"),
+            let implicit = node.implicit_inputs();
+            let mut subs = Vec::new();
+            for (attr, g) in node.subgraphs() {
+                let names = g.outer_refs();
+                let outer = names
+                    .iter()
+                    .map(|n| {
+                        implicit
+                            .iter()
+                            .position(|i| i == n)
+                            .expect("implicit input")
+                    })
+                    .collect();
+                // A node inside a subgraph is named by its path (`If_0/then_branch/Conv_3`).
+                let interp = Interpreter::new_scoped(g, names).map_err(|e| match e {
+                    Error::UnsupportedOp {
+                        node: inner,
+                        op,
+                        domain,
+                        opset,
+                    } => Error::UnsupportedOp {
+                        node: format!("{}/{attr}/{inner}", node.name),
+                        op,
+                        domain,
+                        opset,
+                    },
+                    Error::Op {
+                        node: inner,
+                        op,
+                        msg,
+                    } => Error::Op {
+                        node: format!("{}/{attr}/{inner}", node.name),
+                        op,
+                        msg,
+                    },
+                    e => e,
+                })?;
+                subs.push(Sub {
+                    attr: attr.to_string(),
+                    interp,
+                    outer,
                 });
             }
             let inputs = node
                 .inputs
                 .iter()
+                .chain(&implicit)
                 .map(|name| {
                     if name.is_empty() {
                         Source::Absent
@@ -130,6 +215,8 @@ impl<'g> Interpreter<'g> {
                         Source::Slot(s)
                     } else if graph.initializers.contains_key(name) {
                         Source::Initializer(name.clone())
+                    } else if let Some(i) = outer_names.iter().position(|o| o == name) {
+                        Source::Outer(i)
                     } else {
                         // Topological sort guarantees producers come first.
                         Source::Absent
@@ -145,8 +232,10 @@ impl<'g> Interpreter<'g> {
                 kernel,
                 opset,
                 inputs,
+                explicit: node.inputs.len(),
                 outputs,
                 frees: Vec::new(),
+                subs,
             });
         }
         let output_slots: Vec<(String, Option<usize>)> = graph
@@ -177,8 +266,40 @@ impl<'g> Interpreter<'g> {
             slot_names,
             input_slots,
             output_slots,
+            outer_names,
             checked_shapes: Default::default(),
         })
+    }
+
+    /// Runs this subgraph with its formal inputs bound to `inputs` and its outer names to
+    /// `outer`, under `plan` (the subgraph's own, see [`PreparedPlan`]); returns its outputs.
+    fn run_subgraph(
+        &self,
+        inputs: Vec<Tensor>,
+        outer: &[Option<&Tensor>],
+        plan: Option<&PreparedPlan>,
+    ) -> Result<Vec<Tensor>> {
+        if inputs.len() != self.input_slots.len() {
+            return Err(Error::Invalid(format!(
+                "the subgraph takes {} inputs, it was given {}",
+                self.input_slots.len(),
+                inputs.len()
+            )));
+        }
+        let inputs = inputs.into_iter().map(Arc::new).collect();
+        let r = self.run_impl(inputs, outer, &RunOptions::default(), plan, None, None)?;
+        Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
+    }
+
+    /// The feeds as the values of the input slots, after checking them.
+    fn feed_values(&self, feeds: &Feeds) -> Result<Vec<Arc<Tensor>>> {
+        self.check_feeds(feeds)?;
+        self.check_shapes(feeds)?;
+        Ok(self
+            .input_slots
+            .iter()
+            .map(|(name, _)| Arc::new(feeds[name].clone()))
+            .collect())
     }
 
     pub fn graph(&self) -> &Graph {
@@ -191,7 +312,7 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        self.run_impl(feeds, opts, None, None, None)
+        self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None)
     }
 
     /// [`run_cached`](Self::run_cached) showing `observer` every graph input and every value
@@ -206,7 +327,8 @@ impl<'g> Interpreter<'g> {
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<RunResult> {
         self.run_impl(
-            feeds,
+            self.feed_values(feeds)?,
+            &[],
             &RunOptions::default(),
             plan,
             Some(observer),
@@ -227,7 +349,14 @@ impl<'g> Interpreter<'g> {
         plan: Option<&PreparedPlan>,
         cache: &mut ValueCache,
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, plan, None, Some((cache, feed_key)))
+        self.run_impl(
+            self.feed_values(feeds)?,
+            &[],
+            opts,
+            plan,
+            None,
+            Some((cache, feed_key)),
+        )
     }
 
     /// Runs the graph under a prepared precision plan (see [`emulate`]).
@@ -237,7 +366,7 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         plan: &PreparedPlan,
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, Some(plan), None, None)
+        self.run_impl(self.feed_values(feeds)?, &[], opts, Some(plan), None, None)
     }
 
     /// Runs the graph and shows `observer` every graph input and every value a node produces,
@@ -248,19 +377,26 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<RunResult> {
-        self.run_impl(feeds, opts, None, Some(observer), None)
+        self.run_impl(
+            self.feed_values(feeds)?,
+            &[],
+            opts,
+            None,
+            Some(observer),
+            None,
+        )
     }
 
+    /// Runs with the input slots holding `inputs` (in order) and the outer names `outer`.
     fn run_impl(
         &self,
-        feeds: &Feeds,
+        inputs: Vec<Arc<Tensor>>,
+        outer: &[Option<&Tensor>],
         opts: &RunOptions,
         plan: Option<&PreparedPlan>,
         mut observer: Option<Observer>,
         mut cache: Option<(&mut ValueCache, u64)>,
     ) -> Result<RunResult> {
-        self.check_feeds(feeds)?;
-        self.check_shapes(feeds)?;
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
                 return Err(Error::Invalid(
@@ -273,11 +409,11 @@ impl<'g> Interpreter<'g> {
         // The float precision each value is already rounded to, so a consumer in the same
         // precision does not round (and copy) it again.
         let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
-        for (name, slot) in &self.input_slots {
-            values[*slot] = Some(Arc::new(feeds[name].clone()));
+        for ((name, slot), t) in self.input_slots.iter().zip(inputs) {
             if let Some(obs) = observer.as_mut() {
-                obs(name, &feeds[name]);
+                obs(name, &t);
             }
+            values[*slot] = Some(t);
         }
         // With a cache: which layers can be taken from it, and which of their values this run
         // actually needs (graph outputs and inputs of layers that execute).
@@ -355,6 +491,7 @@ impl<'g> Interpreter<'g> {
                     .map(|src| match src {
                         Source::Initializer(n) => self.graph.initializers.get(n),
                         Source::Slot(s) => values[*s].as_deref(),
+                        Source::Outer(i) => outer.get(*i).copied().flatten(),
                         Source::Absent => None,
                     })
                     .collect();
@@ -410,11 +547,18 @@ impl<'g> Interpreter<'g> {
                         }
                     }
                 }
+                let (args, implicit) = args.split_at(step.explicit);
+                let runner = ScopeRunner {
+                    subs: &step.subs,
+                    plans: layer.map(|l| l.subplans.as_slice()),
+                    implicit,
+                };
                 let ctx = OpCtx {
                     node,
                     opset: step.opset,
+                    subgraphs: (!step.subs.is_empty()).then_some(&runner as &dyn SubgraphRunner),
                 };
-                let outs = crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, &args))
+                let outs = crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, args))
                     .map_err(|e| Error::Op {
                         node: node.name.clone(),
                         op: node.op_type.clone(),
@@ -488,7 +632,10 @@ impl<'g> Interpreter<'g> {
                 // when the cache shares it).
                 Some(s) if !opts.keep_intermediates => values[*s].take().map(Arc::unwrap_or_clone),
                 Some(s) => values[*s].as_deref().cloned(),
-                None => self.graph.initializers.get(name).cloned(),
+                None => self.graph.initializers.get(name).cloned().or_else(|| {
+                    let i = self.outer_names.iter().position(|o| o == name)?;
+                    outer.get(i).copied().flatten().cloned()
+                }),
             };
             let t = t.ok_or_else(|| {
                 Error::Invalid(format!("graph output '{name}' is not produced by any node"))
@@ -530,11 +677,20 @@ impl<'g> Interpreter<'g> {
                 }
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
-            if matches!(precision, Some(Precision::Float16 | Precision::BFloat16)) {
+            if matches!(precision, Some(Precision::Float16 | Precision::BFloat16))
+                || !step.subs.is_empty()
+            {
                 h = mix(h, accumulate as u64 + 1);
             }
+            // Subgraphs: the precisions of their nodes.
+            if let Some(p) = plan {
+                for sp in &p.layers[idx].subplans {
+                    h = mix(h, hash_str(&format!("{:?}", sp.plan)));
+                }
+            }
             for (i, src) in step.inputs.iter().enumerate() {
-                let prep = plan.map(|p| &p.layers[idx].inputs[i]);
+                // Implicit inputs (read by subgraphs) have no preparation of their own.
+                let prep = plan.and_then(|p| p.layers[idx].inputs.get(i));
                 h = mix(
                     h,
                     match prep {
@@ -551,6 +707,7 @@ impl<'g> Interpreter<'g> {
                     match src {
                         Source::Initializer(n) => mix(hash_str(n), 2),
                         Source::Slot(s) => sig[*s],
+                        Source::Outer(i) => mix(*i as u64, 4),
                         Source::Absent => 3,
                     },
                 );

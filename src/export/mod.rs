@@ -214,6 +214,40 @@ fn subgraph_reads(nodes: &[proto::NodeProto], inside: bool, out: &mut HashSet<St
     }
 }
 
+/// Makes a subgraph (and the subgraphs inside it) read `to` wherever it reads the outer value
+/// `from` (names are not shadowed in ONNX, so every read of `from` is the outer one).
+fn rename_outer_read(g: &mut proto::GraphProto, from: &str, to: &str) {
+    for n in &mut g.node {
+        for i in &mut n.input {
+            if i == from {
+                *i = to.to_string();
+            }
+        }
+        for a in &mut n.attribute {
+            for sg in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                rename_outer_read(sg, from, to);
+            }
+        }
+    }
+    for o in &mut g.output {
+        if o.name.as_deref() == Some(from) {
+            // A subgraph output that is the outer value itself: pass the Cast's output through.
+            let vi = o.clone();
+            let id = format!("{to}_passthrough");
+            g.node.push(proto::NodeProto {
+                op_type: Some("Identity".into()),
+                input: vec![to.to_string()],
+                output: vec![id.clone()],
+                ..Default::default()
+            });
+            *o = proto::ValueInfoProto {
+                name: Some(id),
+                ..vi
+            };
+        }
+    }
+}
+
 /// Every name defined anywhere (tensors and nodes, subgraphs included), for fresh names.
 fn collect_names(g: &proto::GraphProto, out: &mut HashSet<String>) {
     for v in g.input.iter().chain(&g.output).chain(&g.value_info) {
@@ -269,17 +303,41 @@ fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
             shape: None,
         })
         .collect();
+    // The IR sorts a node with subgraphs after the values they read from this graph.
+    let defined: HashSet<&str> = initializers
+        .keys()
+        .map(|s| s.as_str())
+        .chain(g.input.iter().filter_map(|v| v.name.as_deref()))
+        .chain(
+            g.node
+                .iter()
+                .flat_map(|n| n.output.iter().map(|s| s.as_str())),
+        )
+        .collect();
     let nodes = g
         .node
         .iter()
         .enumerate()
-        .map(|(i, n)| Node {
-            name: i.to_string(),
-            op_type: n.op_type.clone().unwrap_or_default(),
-            domain: n.domain.clone().unwrap_or_default(),
-            inputs: n.input.clone(),
-            outputs: n.output.clone(),
-            attrs: BTreeMap::new(),
+        .map(|(i, n)| {
+            let mut inputs = n.input.clone();
+            if node_has_subgraph(n) {
+                let mut reads = HashSet::new();
+                subgraph_reads(std::slice::from_ref(n), false, &mut reads);
+                let mut reads: Vec<String> = reads
+                    .into_iter()
+                    .filter(|r| defined.contains(r.as_str()))
+                    .collect();
+                reads.sort();
+                inputs.extend(reads);
+            }
+            Node {
+                name: i.to_string(),
+                op_type: n.op_type.clone().unwrap_or_default(),
+                domain: n.domain.clone().unwrap_or_default(),
+                inputs,
+                outputs: n.output.clone(),
+                attrs: BTreeMap::new(),
+            }
         })
         .collect();
     let mut shadow = Graph {
@@ -473,6 +531,12 @@ impl<'a> Exporter<'a> {
     /// The treatment of every layer, checked against the ONNX schemas at the target opset.
     fn roles(&mut self) -> Result<Vec<Role>> {
         let mut roles = Vec::with_capacity(self.graph.nodes.len());
+        if !self.plan.inner.is_empty() {
+            self.notes.push(format!(
+                "the precisions the plan sets inside subgraphs ({} node(s)) are not exported: subgraphs stay as they are",
+                self.plan.inner.len()
+            ));
+        }
         if self.opset > schemas::MAX_OPSET {
             self.notes.push(format!(
                 "the model's opset {} is newer than mixprec's ONNX schema table (opset {}): type support is taken from opset {}",
@@ -499,10 +563,12 @@ impl<'a> Exporter<'a> {
                     ));
                 }
                 if node_has_subgraph(pnode) {
-                    return Err(Self::op_err(
-                        node,
-                        format!("cannot be exported in {p}: layers with subgraphs stay float32"),
+                    self.notes.push(format!(
+                        "layer '{}' ({op}) is exported in float32 with its subgraphs unchanged (the emulation ran it in {p})",
+                        node.name
                     ));
+                    roles.push(Role::Float(DType::F32));
+                    continue;
                 }
             }
             let role = if p.is_scaled() {
@@ -903,6 +969,20 @@ impl<'a> Exporter<'a> {
                 };
             }
             out.input = inputs;
+            // Subgraphs read outer values by name in their original type: where the export
+            // changed a value's type, they read a Cast back instead.
+            for r in node.implicit_inputs() {
+                if let Some(&o) = self.orig.get(&r) {
+                    if o.is_float() && self.cur.get(&r) != Some(&o) {
+                        let c = self.get_as(&r, o, node)?;
+                        for a in &mut out.attribute {
+                            for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+                                rename_outer_read(g, &r, &c);
+                            }
+                        }
+                    }
+                }
+            }
             self.nodes.push(out);
         }
         self.finish(pgraph, from)
@@ -921,7 +1001,7 @@ impl<'a> Exporter<'a> {
     fn finish(mut self, pgraph: proto::GraphProto, from: i64) -> Result<Exported> {
         let mut g = pgraph;
         let mut sub_reads = HashSet::new();
-        subgraph_reads(&g.node, false, &mut sub_reads);
+        subgraph_reads(&self.nodes, false, &mut sub_reads);
 
         // Graph outputs.
         let mut outputs = g.output.clone();
@@ -1232,9 +1312,7 @@ mod tests {
     }
 
     fn plan(ps: &[Precision]) -> PrecisionPlan {
-        PrecisionPlan {
-            layers: ps.to_vec(),
-        }
+        PrecisionPlan::from_layers(ps.to_vec())
     }
 
     fn run(

@@ -7,7 +7,7 @@ use crate::tensor::DType;
 
 /// The element type of each output of `node` given its inputs' types (None: absent input or
 /// unknown type). Returns None when the op's typing is not known here (non-default domains,
-/// control flow, sequences).
+/// sequences, control flow whose body does not declare its output types).
 pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DType>>> {
     let domain = node.domain.as_str();
     if !(domain.is_empty() || domain == "ai.onnx") {
@@ -25,11 +25,19 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
         }
         Some(v)
     };
+    // Control flow: the types its body declares for the node's outputs.
+    let body_types = |attr: &str, skip: usize| {
+        let g = node.attr_graph(attr)?;
+        let v: Vec<Option<DType>> = g.outputs.iter().skip(skip).map(|o| o.dtype).collect();
+        (v.len() == n && v.iter().all(|t| t.is_some())).then_some(v)
+    };
     match node.op_type.as_str() {
-        "If" | "Loop" | "Scan" | "SequenceAt" | "SequenceConstruct" | "SequenceEmpty"
-        | "SequenceErase" | "SequenceInsert" | "SequenceLength" | "SequenceMap"
-        | "SplitToSequence" | "ConcatFromSequence" | "Optional" | "OptionalGetElement"
-        | "OptionalHasElement" => None,
+        "If" => body_types("then_branch", 0),
+        "Loop" => body_types("body", 1),
+        "Scan" => body_types("body", 0),
+        "SequenceAt" | "SequenceConstruct" | "SequenceEmpty" | "SequenceErase"
+        | "SequenceInsert" | "SequenceLength" | "SequenceMap" | "SplitToSequence"
+        | "ConcatFromSequence" | "Optional" | "OptionalGetElement" | "OptionalHasElement" => None,
         "Cast" => all(attr_dtype("to")),
         "CastLike" => all(input(1)),
         "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" | "NonMaxSuppression" => {

@@ -9,9 +9,10 @@ pub(crate) mod testing;
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
 
-/// A node attribute (subgraphs are kept only by kind: mixprec does not run If/Loop/Scan).
+/// A node attribute.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Attribute {
     Float(f32),
@@ -21,7 +22,11 @@ pub enum Attribute {
     Floats(Vec<f32>),
     Ints(Vec<i64>),
     Strings(Vec<String>),
-    /// A graph, sparse tensor or type attribute: present but not interpreted.
+    /// A subgraph (the body of If, Loop, Scan): sorted, named, its outer-scope references
+    /// checked at load (see [`Graph::outer_refs`]).
+    Graph(Arc<Graph>),
+    Graphs(Vec<Arc<Graph>>),
+    /// A tensors or type attribute: present but not interpreted.
     Unsupported(&'static str),
 }
 
@@ -99,9 +104,43 @@ impl Node {
         }
     }
 
+    pub fn attr_graph(&self, name: &str) -> Option<&Graph> {
+        match self.attrs.get(name) {
+            Some(Attribute::Graph(g)) => Some(g),
+            _ => None,
+        }
+    }
+
     /// The name used in messages and reports: the node name, or `op_type#index` when unnamed.
     pub fn display_name(&self) -> &str {
         &self.name
+    }
+
+    /// The node's subgraph attributes (attribute name, graph), in attribute-name order; a
+    /// `graphs` attribute yields one entry per graph under the same name.
+    pub fn subgraphs(&self) -> impl Iterator<Item = (&str, &Graph)> {
+        self.attrs.iter().flat_map(|(k, a)| {
+            let gs: Vec<&Graph> = match a {
+                Attribute::Graph(g) => vec![&**g],
+                Attribute::Graphs(gs) => gs.iter().map(|g| &**g).collect(),
+                _ => Vec::new(),
+            };
+            gs.into_iter().map(move |g| (k.as_str(), g))
+        })
+    }
+
+    pub fn has_subgraphs(&self) -> bool {
+        self.subgraphs().next().is_some()
+    }
+
+    /// Values of the enclosing graph that the node's subgraphs read by name (ONNX outer-scope
+    /// references): dependencies of the node as real as its inputs. Sorted, each once.
+    pub fn implicit_inputs(&self) -> Vec<String> {
+        let mut out = BTreeSet::new();
+        for (_, g) in self.subgraphs() {
+            out.extend(g.outer_refs());
+        }
+        out.into_iter().collect()
     }
 }
 
@@ -150,8 +189,8 @@ impl ValueInfo {
     }
 }
 
-/// A model's main graph.
-#[derive(Clone, Debug, Default)]
+/// A model's main graph, or a subgraph (then `inputs` are its formal parameters, in order).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
     pub name: String,
     /// Nodes in topological order.
@@ -181,14 +220,54 @@ impl Graph {
         self.inputs.iter().find(|v| v.name == name)
     }
 
+    /// Names this graph reads without defining them (as input, initializer or node output):
+    /// for a subgraph, the values of enclosing graphs it refers to — its nodes' inputs, its
+    /// outputs, and what its own subgraphs read from outside. Sorted, each once.
+    pub fn outer_refs(&self) -> Vec<String> {
+        let mut defined: HashSet<&str> = self.initializers.keys().map(|s| s.as_str()).collect();
+        defined.extend(self.inputs.iter().map(|v| v.name.as_str()));
+        for n in &self.nodes {
+            defined.extend(n.outputs.iter().map(|s| s.as_str()));
+        }
+        defined.insert("");
+        let mut out = BTreeSet::new();
+        for n in &self.nodes {
+            for i in &n.inputs {
+                if !defined.contains(i.as_str()) {
+                    out.insert(i.clone());
+                }
+            }
+            for i in n.implicit_inputs() {
+                if !defined.contains(i.as_str()) {
+                    out.insert(i);
+                }
+            }
+        }
+        for o in &self.outputs {
+            if !defined.contains(o.name.as_str()) {
+                out.insert(o.name.clone());
+            }
+        }
+        out.into_iter().collect()
+    }
+
     /// Puts the nodes in topological order, keeping the file's order wherever it is already
     /// valid (so layer indices match what Netron and Polygraphy show for sorted files).
+    /// A node with subgraphs depends on what they read from this graph as on its inputs.
     pub fn sort_topologically(&mut self) -> Result<()> {
+        self.sort_topologically_in(&HashSet::new())
+    }
+
+    /// [`sort_topologically`](Self::sort_topologically) for a subgraph: `outer` are the values
+    /// of enclosing graphs, available from the start.
+    pub fn sort_topologically_in(&mut self, outer: &HashSet<String>) -> Result<()> {
         let mut available: HashSet<&str> = self.initializers.keys().map(|s| s.as_str()).collect();
         for i in &self.inputs {
             available.insert(&i.name);
         }
+        available.extend(outer.iter().map(|s| s.as_str()));
         available.insert("");
+        let implicit: Vec<Vec<String>> = self.nodes.iter().map(|n| n.implicit_inputs()).collect();
         // Producer of each value.
         let mut producer: HashMap<&str, usize> = HashMap::new();
         for (i, n) in self.nodes.iter().enumerate() {
@@ -203,7 +282,7 @@ impl Graph {
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, node) in self.nodes.iter().enumerate() {
             let mut seen = HashSet::new();
-            for inp in &node.inputs {
+            for inp in node.inputs.iter().chain(&implicit[i]) {
                 if available.contains(inp.as_str()) {
                     continue;
                 }
@@ -215,10 +294,20 @@ impl Graph {
                         }
                     }
                     None => {
+                        let who = if node.name.is_empty() {
+                            format!("node #{i}")
+                        } else {
+                            format!("node '{}'", node.name)
+                        };
+                        let scope = if outer.is_empty() {
+                            ""
+                        } else {
+                            " (nor any enclosing graph)"
+                        };
                         return Err(Error::Invalid(format!(
-                            "node '{}' ({}) reads '{}', which no node, initializer or graph input produces",
-                            node.name, node.op_type, inp
-                        )))
+                            "{who} ({}) reads '{inp}', which no node, initializer or graph input{scope} produces",
+                            node.op_type
+                        )));
                     }
                 }
             }
@@ -342,6 +431,43 @@ mod tests {
         let mut g = graph(vec![node("a", &["nope"], &["a_out"])]);
         let e = g.sort_topologically().unwrap_err().to_string();
         assert!(e.contains("'nope'"), "{e}");
+    }
+
+    #[test]
+    fn outer_references_order_the_nodes_that_read_them() {
+        // A subgraph reading `a_out` (and, nested one level deeper, `x`) makes its node a
+        // reader of `a_out`: sorted after `a` although the file lists it first.
+        let inner = Graph {
+            nodes: vec![node("deep", &["x"], &["deep_out"])],
+            outputs: vec![ValueInfo {
+                name: "deep_out".into(),
+                dtype: None,
+                shape: None,
+            }],
+            ..Default::default()
+        };
+        let mut mid = node("mid", &["a_out"], &["mid_out"]);
+        mid.attrs
+            .insert("g".into(), Attribute::Graph(Arc::new(inner)));
+        let body = Graph {
+            nodes: vec![mid],
+            outputs: vec![ValueInfo {
+                name: "mid_out".into(),
+                dtype: None,
+                shape: None,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(body.outer_refs(), ["a_out", "x"]);
+        let mut cf = node("cf", &[], &["cf_out"]);
+        cf.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body)));
+        assert_eq!(cf.implicit_inputs(), ["a_out", "x"]);
+        let mut g = graph(vec![cf, node("a", &["x"], &["a_out"])]);
+        g.sort_topologically().unwrap();
+        let names: Vec<_> = g.nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(names, ["a", "cf"]);
+        assert!(g.outer_refs().is_empty());
     }
 
     #[test]

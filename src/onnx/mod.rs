@@ -7,7 +7,7 @@ use crate::graph::{Attribute, Dim, Graph, Node, ValueInfo};
 use crate::tensor::{DType, Tensor, TensorData};
 use half::{bf16, f16};
 use prost::Message;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
@@ -76,12 +76,45 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
     }
     let g = model.graph.expect("checked in decode_model");
     let mut ext = ExternalData::new(base_dir);
+    let ir_version = model.ir_version.unwrap_or(0);
+    let scope = Scope {
+        opsets: &opsets,
+        ir_version,
+    };
+    let graph = graph_from_proto(&g, &mut ext, &scope, None).map_err(bad)?;
+    Ok(Model {
+        path: path.to_path_buf(),
+        graph,
+        producer: format!(
+            "{} {}",
+            model.producer_name.unwrap_or_default(),
+            model.producer_version.unwrap_or_default()
+        )
+        .trim()
+        .to_string(),
+    })
+}
 
+/// What every graph of a model shares.
+struct Scope<'a> {
+    opsets: &'a BTreeMap<String, i64>,
+    ir_version: i64,
+}
+
+/// Converts a graph. `outer` is None for the main graph; for a subgraph, every value its
+/// enclosing graphs define (it may read them by name). The graph comes back sorted and named,
+/// its subgraphs too, and every outer-scope reference checked.
+fn graph_from_proto(
+    g: &proto::GraphProto,
+    ext: &mut ExternalData,
+    scope: &Scope,
+    outer: Option<&HashSet<String>>,
+) -> std::result::Result<Graph, String> {
     let mut initializers = HashMap::new();
     for t in &g.initializer {
         let name = t.name.clone().unwrap_or_default();
-        let tensor = tensor_from_proto(t, Some(&mut ext))
-            .map_err(|e| bad(format!("initializer '{name}': {e}")))?;
+        let tensor = tensor_from_proto(t, Some(&mut *ext))
+            .map_err(|e| format!("initializer '{name}': {e}"))?;
         initializers.insert(name, tensor);
     }
     for st in &g.sparse_initializer {
@@ -90,15 +123,16 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
             .as_ref()
             .and_then(|v| v.name.clone())
             .unwrap_or_default();
-        let tensor = sparse_from_proto(st, &mut ext)
-            .map_err(|e| bad(format!("sparse initializer '{name}': {e}")))?;
+        let tensor =
+            sparse_from_proto(st, ext).map_err(|e| format!("sparse initializer '{name}': {e}"))?;
         initializers.insert(name, tensor);
     }
 
+    // A subgraph's inputs are its formal parameters (positional), all of them.
     let inputs = g
         .input
         .iter()
-        .filter(|v| !initializers.contains_key(v.name.as_deref().unwrap_or("")))
+        .filter(|v| outer.is_some() || !initializers.contains_key(v.name.as_deref().unwrap_or("")))
         .map(value_info_from_proto)
         .collect();
     let outputs = g.output.iter().map(value_info_from_proto).collect();
@@ -111,18 +145,48 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
         })
         .collect();
 
+    // What a subgraph of one of this graph's nodes may read: everything visible here.
+    let has_subgraphs = g.node.iter().any(|n| {
+        n.attribute
+            .iter()
+            .any(|a| a.g.is_some() || !a.graphs.is_empty())
+    });
+    let mut visible: HashSet<String> = HashSet::new();
+    if has_subgraphs {
+        visible = outer.cloned().unwrap_or_default();
+        visible.extend(initializers.keys().cloned());
+        visible.extend(g.input.iter().filter_map(|v| v.name.clone()));
+        for n in &g.node {
+            visible.extend(n.output.iter().filter(|o| !o.is_empty()).cloned());
+        }
+    }
+
     let mut nodes = Vec::with_capacity(g.node.len());
     for (i, n) in g.node.iter().enumerate() {
         let name = n.name.clone().unwrap_or_default();
         let op_type = n.op_type.clone().unwrap_or_default();
+        let who = if name.is_empty() {
+            format!("node #{i} ({op_type})")
+        } else {
+            format!("node '{name}' ({op_type})")
+        };
         let mut attrs = BTreeMap::new();
         for a in &n.attribute {
             let aname = a.name.clone().unwrap_or_default();
-            let value = attribute_from_proto(a, &mut ext).map_err(|e| {
-                bad(format!(
-                    "node #{i} '{name}' ({op_type}), attribute '{aname}': {e}"
-                ))
-            })?;
+            let value = attribute_from_proto(
+                a,
+                ext,
+                &mut |sg: &proto::GraphProto, ext: &mut ExternalData| {
+                    let sub = graph_from_proto(sg, ext, scope, Some(&visible))?;
+                    if let Some(r) = sub.outer_refs().iter().find(|r| !visible.contains(*r)) {
+                        return Err(format!(
+                        "subgraph reads '{r}', which neither it nor any enclosing graph defines"
+                    ));
+                    }
+                    Ok(sub)
+                },
+            )
+            .map_err(|e| format!("{who}, attribute '{aname}': {e}"))?;
             attrs.insert(aname, value);
         }
         nodes.push(Node {
@@ -142,22 +206,19 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
         inputs,
         outputs,
         value_info,
-        opsets,
-        ir_version: model.ir_version.unwrap_or(0),
+        opsets: scope.opsets.clone(),
+        ir_version: scope.ir_version,
     };
-    graph.sort_topologically().map_err(|e| bad(e.to_string()))?;
+    match outer {
+        None => graph.sort_topologically(),
+        Some(o) => graph.sort_topologically_in(o),
+    }
+    .map_err(|e| match outer {
+        None => e.to_string(),
+        Some(_) => format!("in subgraph '{}': {e}", graph.name),
+    })?;
     graph.name_unnamed_nodes();
-    Ok(Model {
-        path: path.to_path_buf(),
-        graph,
-        producer: format!(
-            "{} {}",
-            model.producer_name.unwrap_or_default(),
-            model.producer_version.unwrap_or_default()
-        )
-        .trim()
-        .to_string(),
-    })
+    Ok(graph)
 }
 
 fn value_info_from_proto(v: &proto::ValueInfoProto) -> ValueInfo {
@@ -188,9 +249,14 @@ fn value_info_from_proto(v: &proto::ValueInfoProto) -> ValueInfo {
     ValueInfo { name, dtype, shape }
 }
 
+/// A subgraph converter (it needs the enclosing scope, which the caller knows).
+type SubgraphFn<'a> =
+    dyn FnMut(&proto::GraphProto, &mut ExternalData) -> std::result::Result<Graph, String> + 'a;
+
 fn attribute_from_proto(
     a: &proto::AttributeProto,
     ext: &mut ExternalData,
+    subgraph: &mut SubgraphFn,
 ) -> Result<Attribute, String> {
     use proto::attribute_proto::AttributeType as T;
     let ty = a
@@ -246,7 +312,16 @@ fn attribute_from_proto(
                 .map(|s| String::from_utf8_lossy(s).into_owned())
                 .collect(),
         ),
-        T::Graph | T::Graphs => Attribute::Unsupported("graph"),
+        T::Graph => Attribute::Graph(std::sync::Arc::new(subgraph(
+            a.g.as_ref().ok_or("graph attribute without a graph")?,
+            ext,
+        )?)),
+        T::Graphs => Attribute::Graphs(
+            a.graphs
+                .iter()
+                .map(|g| subgraph(g, ext).map(std::sync::Arc::new))
+                .collect::<Result<_, _>>()?,
+        ),
         T::Tensors | T::SparseTensors => Attribute::Unsupported("tensors"),
         T::TypeProto | T::TypeProtos => Attribute::Unsupported("type"),
         T::Undefined => Attribute::Unsupported("undefined"),
@@ -667,6 +742,85 @@ mod tests {
         };
         let e = tensor_from_proto(&p, None).unwrap_err();
         assert!(e.contains("8 bytes"), "{e}");
+    }
+
+    #[test]
+    fn subgraphs_load_nested_and_unknown_outer_values_are_errors() {
+        let vi = |name: &str| proto::ValueInfoProto {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let graph_attr = |name: &str, g: proto::GraphProto| proto::AttributeProto {
+            name: Some(name.into()),
+            r#type: Some(proto::attribute_proto::AttributeType::Graph as i32),
+            g: Some(g),
+            ..Default::default()
+        };
+        // main: x -> If(c) whose then-branch holds another If whose branches output `reads`
+        // directly (no node): an outer-scope reference two levels up.
+        let model = |reads: &str| {
+            let leaf = proto::GraphProto {
+                name: Some("leaf".into()),
+                output: vec![vi(reads)],
+                ..Default::default()
+            };
+            let inner = proto::NodeProto {
+                op_type: Some("If".into()),
+                name: Some("inner_if".into()),
+                input: vec!["c".into()],
+                output: vec!["inner_y".into()],
+                attribute: vec![
+                    graph_attr("then_branch", leaf.clone()),
+                    graph_attr("else_branch", leaf),
+                ],
+                ..Default::default()
+            };
+            let mid = proto::GraphProto {
+                name: Some("mid".into()),
+                node: vec![inner],
+                output: vec![vi("inner_y")],
+                ..Default::default()
+            };
+            let outer = proto::NodeProto {
+                op_type: Some("If".into()),
+                name: Some("outer_if".into()),
+                input: vec!["c".into()],
+                output: vec!["y".into()],
+                attribute: vec![
+                    graph_attr("then_branch", mid.clone()),
+                    graph_attr("else_branch", mid),
+                ],
+                ..Default::default()
+            };
+            proto::ModelProto {
+                ir_version: Some(8),
+                opset_import: vec![proto::OperatorSetIdProto {
+                    domain: Some(String::new()),
+                    version: Some(17),
+                }],
+                graph: Some(proto::GraphProto {
+                    node: vec![outer],
+                    input: vec![vi("c"), vi("x")],
+                    output: vec![vi("y")],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        };
+        let p = Path::new("m.onnx");
+        let m = model_from_proto(model("x"), p, Path::new(".")).unwrap();
+        let outer = &m.graph.nodes[0];
+        assert_eq!(outer.implicit_inputs(), ["c", "x"]);
+        let mid = outer.attr_graph("then_branch").unwrap();
+        assert_eq!(mid.nodes[0].implicit_inputs(), ["x"]);
+        let e = model_from_proto(model("ghost"), p, Path::new("."))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'outer_if'") && e.contains("'inner_if'") && e.contains("'ghost'"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
     }
 
     #[test]

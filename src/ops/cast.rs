@@ -248,7 +248,7 @@ mod tests {
         };
         let x = Tensor::from_f32(vec![3], vec![1000.0, f32::NEG_INFINITY, 1.0625]);
         let run = |n: &Node, opset| {
-            cast_op(&OpCtx { node: n, opset }, &[Some(&x)]).unwrap()[0]
+            cast_op(&OpCtx::new(n, opset), &[Some(&x)]).unwrap()[0]
                 .to_f32_vec()
                 .unwrap()
         };

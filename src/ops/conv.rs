@@ -670,10 +670,7 @@ mod tests {
 
     fn run(op: &str, attrs: &[(&str, Attribute)], x: Tensor, w: Tensor) -> Tensor {
         let n = node(op, attrs);
-        let ctx = OpCtx {
-            node: &n,
-            opset: 17,
-        };
+        let ctx = OpCtx::new(&n, 17);
         let k = if op == "Conv" {
             conv_op
         } else {

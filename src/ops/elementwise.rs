@@ -853,15 +853,7 @@ mod tests {
         let node = ctx_node(op);
         let k = Registry::global().get("", op).unwrap();
         let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        k(
-            &OpCtx {
-                node: &node,
-                opset: 17,
-            },
-            &args,
-        )
-        .unwrap()
-        .remove(0)
+        k(&OpCtx::new(&node, 17), &args).unwrap().remove(0)
     }
 
     #[test]

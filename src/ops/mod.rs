@@ -7,6 +7,7 @@
 //! kernels from the outside (see docs/numerics.md).
 
 pub mod cast;
+pub mod control;
 pub mod conv;
 pub mod elementwise;
 pub mod matmul;
@@ -32,6 +33,28 @@ pub struct OpCtx<'a> {
     pub node: &'a Node,
     /// Opset version of the node's domain.
     pub opset: i64,
+    /// Runs the node's subgraphs (If/Loop/Scan bodies) in the enclosing scope; None outside
+    /// an interpreter.
+    pub subgraphs: Option<&'a dyn SubgraphRunner>,
+}
+
+impl<'a> OpCtx<'a> {
+    /// The context of a node without subgraphs.
+    pub fn new(node: &'a Node, opset: i64) -> OpCtx<'a> {
+        OpCtx {
+            node,
+            opset,
+            subgraphs: None,
+        }
+    }
+}
+
+/// Runs the subgraphs of the node a kernel executes, with the interpreter, under the
+/// precision the enclosing plan gives that node (see docs/numerics.md).
+pub trait SubgraphRunner {
+    /// Runs the subgraph of attribute `attr` with its formal inputs bound to `inputs`, in
+    /// order; returns its outputs in declared order.
+    fn run(&self, attr: &str, inputs: Vec<Tensor>) -> Result<Vec<Tensor>, OpError>;
 }
 
 /// A kernel's failure, in words a user can act on; the interpreter adds node name and op.
@@ -280,6 +303,7 @@ impl Registry {
         REGISTRY.get_or_init(|| {
             let mut r = Registry::default();
             cast::register(&mut r);
+            control::register(&mut r);
             conv::register(&mut r);
             elementwise::register(&mut r);
             matmul::register(&mut r);

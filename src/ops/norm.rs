@@ -438,15 +438,9 @@ mod tests {
         let s = Tensor::from_f32(vec![2], vec![1., 2.]);
         let b = Tensor::from_f32(vec![2], vec![0., 1.]);
         let n = node("LayerNormalization");
-        let y = layer_norm(
-            &OpCtx {
-                node: &n,
-                opset: 17,
-            },
-            &[Some(&x), Some(&s), Some(&b)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = layer_norm(&OpCtx::new(&n, 17), &[Some(&x), Some(&s), Some(&b)])
+            .unwrap()
+            .remove(0);
         let v = y.as_f32().unwrap();
         assert!(
             (v[0] + 1.0).abs() < 1e-4 && (v[1] - 3.0).abs() < 1e-4,
@@ -462,10 +456,7 @@ mod tests {
         let mut n = node("RMSNormalization");
         n.attrs
             .insert("epsilon".into(), crate::graph::Attribute::Float(0.0));
-        let ctx = OpCtx {
-            node: &n,
-            opset: 23,
-        };
+        let ctx = OpCtx::new(&n, 23);
         let y = rms_norm(&ctx, &[Some(&x), Some(&s)]).unwrap().remove(0);
         // rms of (3, 4) is sqrt(12.5).
         let r = 12.5f32.sqrt();
@@ -482,15 +473,7 @@ mod tests {
     fn mvn_over_axes() {
         let x = Tensor::from_f32(vec![1, 2, 2, 1], vec![1., 10., 3., 30.]);
         let n = node("MeanVarianceNormalization");
-        let y = mvn(
-            &OpCtx {
-                node: &n,
-                opset: 13,
-            },
-            &[Some(&x)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = mvn(&OpCtx::new(&n, 13), &[Some(&x)]).unwrap().remove(0);
         // Channel 0 holds (1, 10), channel 1 (3, 30): each becomes (-1, 1).
         let v = y.as_f32().unwrap();
         for (got, want) in v.iter().zip([-1., 1., -1., 1.]) {
@@ -505,10 +488,7 @@ mod tests {
         let n = node("BatchNormalization");
         let (s, b, m, var) = (one([1., 2.]), one([0., 1.]), one([1., 0.]), one([1., 4.]));
         let y = batch_norm(
-            &OpCtx {
-                node: &n,
-                opset: 15,
-            },
+            &OpCtx::new(&n, 15),
             &[Some(&x), Some(&s), Some(&b), Some(&m), Some(&var)],
         )
         .unwrap()

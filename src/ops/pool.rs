@@ -411,39 +411,21 @@ mod tests {
             ("pads", Attribute::Ints(vec![1, 1, 0, 0])),
         ];
         let n = node("MaxPool", &attrs);
-        let y = max_pool(
-            &OpCtx {
-                node: &n,
-                opset: 12,
-            },
-            &[Some(&x)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = max_pool(&OpCtx::new(&n, 12), &[Some(&x)])
+            .unwrap()
+            .remove(0);
         assert_eq!(y.as_f32().unwrap(), &[1., 2., 3., 4.]);
         let n = node("AveragePool", &attrs);
-        let y = avg_pool(
-            &OpCtx {
-                node: &n,
-                opset: 12,
-            },
-            &[Some(&x)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = avg_pool(&OpCtx::new(&n, 12), &[Some(&x)])
+            .unwrap()
+            .remove(0);
         assert_eq!(y.as_f32().unwrap(), &[1., 1.5, 2., 2.5]);
         let mut a = attrs.to_vec();
         a.push(("count_include_pad", Attribute::Int(1)));
         let n = node("AveragePool", &a);
-        let y = avg_pool(
-            &OpCtx {
-                node: &n,
-                opset: 12,
-            },
-            &[Some(&x)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = avg_pool(&OpCtx::new(&n, 12), &[Some(&x)])
+            .unwrap()
+            .remove(0);
         assert_eq!(y.as_f32().unwrap(), &[0.25, 0.75, 1.0, 2.5]);
     }
 
@@ -451,15 +433,9 @@ mod tests {
     fn global_average() {
         let x = Tensor::from_f32(vec![1, 2, 2], vec![1., 3., 10., 20.]);
         let n = node("GlobalAveragePool", &[]);
-        let y = global_avg_pool(
-            &OpCtx {
-                node: &n,
-                opset: 12,
-            },
-            &[Some(&x)],
-        )
-        .unwrap()
-        .remove(0);
+        let y = global_avg_pool(&OpCtx::new(&n, 12), &[Some(&x)])
+            .unwrap()
+            .remove(0);
         assert_eq!(y.shape(), &[1, 2, 1]);
         assert_eq!(y.as_f32().unwrap(), &[2., 15.]);
     }

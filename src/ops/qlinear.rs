@@ -223,13 +223,7 @@ mod tests {
             outputs: vec!["y".into()],
             attrs: Default::default(),
         };
-        f(
-            &OpCtx {
-                node: &n,
-                opset: 21,
-            },
-            inputs,
-        )
+        f(&OpCtx::new(&n, 21), inputs)
     }
 
     fn u8t(shape: &[usize], v: &[u8]) -> Tensor {

@@ -458,7 +458,7 @@ mod tests {
         opset: i64,
         inputs: &[Option<&Tensor>],
     ) -> OpResult {
-        f(&OpCtx { node: n, opset }, inputs)
+        f(&OpCtx::new(n, opset), inputs)
     }
 
     fn u8s(v: &[u8]) -> Tensor {

@@ -452,7 +452,7 @@ mod tests {
         };
         let k = Registry::global().get("", op).unwrap();
         let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        k(&OpCtx { node: &node, opset }, &args).unwrap()
+        k(&OpCtx::new(&node, opset), &args).unwrap()
     }
 
     #[test]

@@ -1011,7 +1011,7 @@ mod tests {
     ) -> OpResult {
         let n = node(op, attrs);
         let k = Registry::global().get("", op).unwrap();
-        k(&OpCtx { node: &n, opset }, inputs)
+        k(&OpCtx::new(&n, opset), inputs)
     }
 
     fn s(v: &str) -> Attribute {

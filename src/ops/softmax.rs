@@ -127,7 +127,7 @@ mod tests {
             attrs: Default::default(),
         };
         let k = Registry::global().get("", op).unwrap();
-        k(&OpCtx { node: &node, opset }, &[Some(x)]).unwrap()[0]
+        k(&OpCtx::new(&node, opset), &[Some(x)]).unwrap()[0]
             .to_f32_vec()
             .unwrap()
     }

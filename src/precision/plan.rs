@@ -2,9 +2,10 @@
 
 use super::{has_quantized_kernel, Precision};
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, Node};
 use crate::ops::is_data_movement;
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// A layer-name pattern from `--layer-precisions NAME:dtype`.
 ///
@@ -149,17 +150,75 @@ impl PrecisionConstraints {
 }
 
 /// The precision of every layer (node) of a graph, by node index.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PrecisionPlan {
     pub layers: Vec<Precision>,
+    /// Precisions of nodes inside subgraphs, by path (`If_0/then_branch/Conv_3`; nested
+    /// subgraphs add segments). A node not listed runs in the precision of the control-flow
+    /// layer that holds it (docs/numerics.md).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub inner: BTreeMap<String, Precision>,
+}
+
+/// Every node inside the subgraphs of `graph`'s nodes, nested ones included, with its path
+/// (`node/attribute/inner_node`...).
+pub fn inner_nodes(graph: &Graph) -> Vec<(String, &Node)> {
+    fn walk<'g>(g: &'g Graph, prefix: &str, out: &mut Vec<(String, &'g Node)>) {
+        for n in &g.nodes {
+            for (attr, sg) in n.subgraphs() {
+                let base = format!("{prefix}{}/{attr}/", n.name);
+                for inner in &sg.nodes {
+                    out.push((format!("{base}{}", inner.name), inner));
+                }
+                walk(sg, &base, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(graph, "", &mut out);
+    out
 }
 
 impl PrecisionPlan {
+    /// A plan from one precision per layer (none inside subgraphs).
+    pub fn from_layers(layers: Vec<Precision>) -> PrecisionPlan {
+        PrecisionPlan {
+            layers,
+            inner: BTreeMap::new(),
+        }
+    }
+
     /// Every layer in one precision.
     pub fn uniform(graph: &Graph, p: Precision) -> PrecisionPlan {
-        PrecisionPlan {
-            layers: vec![p; graph.nodes.len()],
+        PrecisionPlan::from_layers(vec![p; graph.nodes.len()])
+    }
+
+    /// The plan of the subgraph `attr` of layer `node` whose own precision is `body`: every
+    /// node in `body` except those this plan sets by path.
+    pub fn subgraph_plan(
+        &self,
+        node: &Node,
+        attr: &str,
+        g: &Graph,
+        body: Precision,
+    ) -> PrecisionPlan {
+        let mut plan = PrecisionPlan::uniform(g, body);
+        if self.inner.is_empty() {
+            return plan;
         }
+        let prefix = format!("{}/{attr}/", node.name);
+        for (path, &p) in self.inner.range(prefix.clone()..) {
+            let Some(rest) = path.strip_prefix(&prefix) else {
+                break;
+            };
+            match g.nodes.iter().position(|n| n.name == rest) {
+                Some(i) => plan.layers[i] = p,
+                None => {
+                    plan.inner.insert(rest.to_string(), p);
+                }
+            }
+        }
+        plan
     }
 
     /// This plan with the layers `marked` (node indices) in precision `p`.
@@ -179,11 +238,18 @@ impl PrecisionPlan {
         overrides: &[(LayerPattern, Precision)],
     ) -> Vec<String> {
         let mut unmatched = Vec::new();
+        let inner = inner_nodes(graph);
         for (pat, p) in overrides {
             let mut hit = false;
             for (i, node) in graph.nodes.iter().enumerate() {
                 if pat.matches(&node.name) {
                     self.layers[i] = *p;
+                    hit = true;
+                }
+            }
+            for (path, node) in &inner {
+                if pat.matches(path) && !is_data_movement(&node.op_type) {
+                    self.inner.insert(path.clone(), *p);
                     hit = true;
                 }
             }
@@ -221,21 +287,40 @@ impl PrecisionPlan {
                         .into(),
                 );
             }
-            return Ok((PrecisionPlan { layers }, warnings));
+            return Ok((PrecisionPlan::from_layers(layers), warnings));
         }
+        let inner = inner_nodes(graph);
+        let mut inner_set = BTreeMap::new();
         for (pat, p) in overrides {
             let mut hit = false;
-            for (i, node) in graph.nodes.iter().enumerate() {
-                if !pat.matches(&node.name) {
-                    continue;
-                }
+            // Top-level layers by index, then nodes inside subgraphs by path.
+            let matched = graph
+                .nodes
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| pat.matches(&n.name))
+                .map(|(i, n)| (Some(i), n.name.clone(), n))
+                .chain(
+                    inner
+                        .iter()
+                        .filter(|(path, _)| pat.matches(path))
+                        .map(|(path, n)| (None, path.clone(), *n)),
+                )
+                .collect::<Vec<_>>();
+            for (index, name, node) in matched {
                 hit = true;
+                let mut set = |q: Precision| match index {
+                    Some(i) => layers[i] = q,
+                    None => {
+                        inner_set.insert(name.clone(), q);
+                    }
+                };
                 if is_data_movement(&node.op_type) {
                     // Exact names only: a glob that sweeps over Reshapes is not worth a warning.
-                    if pat.text == node.name {
+                    if pat.text == name {
                         warnings.push(format!(
                             "--layer-precisions '{}': layer '{}' ({}) only moves data and carries its input's precision",
-                            pat.text, node.name, node.op_type
+                            pat.text, name, node.op_type
                         ));
                     }
                     continue;
@@ -243,7 +328,7 @@ impl PrecisionPlan {
                 if p.is_scaled() && !has_quantized_kernel(&node.op_type) {
                     let msg = format!(
                         "layer '{}' ({}) has no {} kernel (only Conv, ConvTranspose, MatMul and Gemm do)",
-                        node.name, node.op_type, p
+                        name, node.op_type, p
                     );
                     if constraints == PrecisionConstraints::Obey {
                         return Err(Error::Invalid(format!(
@@ -251,10 +336,10 @@ impl PrecisionPlan {
                         )));
                     }
                     warnings.push(format!("{msg}: running it in {float}"));
-                    layers[i] = float;
+                    set(float);
                     continue;
                 }
-                layers[i] = *p;
+                set(*p);
             }
             if !hit {
                 warnings.push(format!(
@@ -263,7 +348,13 @@ impl PrecisionPlan {
                 ));
             }
         }
-        Ok((PrecisionPlan { layers }, warnings))
+        Ok((
+            PrecisionPlan {
+                layers,
+                inner: inner_set,
+            },
+            warnings,
+        ))
     }
 
     /// How many compute layers run in each precision.
@@ -410,6 +501,80 @@ mod tests {
         assert!(
             e.contains("Add:float64") && e.contains("unknown precision"),
             "{e}"
+        );
+    }
+
+    #[test]
+    fn patterns_address_nodes_inside_subgraphs_by_path() {
+        use crate::graph::Attribute;
+        use std::sync::Arc;
+        let node = |name: &str, op: &str| Node {
+            name: name.into(),
+            op_type: op.into(),
+            domain: String::new(),
+            inputs: vec![],
+            outputs: vec![],
+            attrs: BTreeMap::new(),
+        };
+        let inner = Graph {
+            nodes: vec![node("conv", "Conv"), node("reshape", "Reshape")],
+            ..Default::default()
+        };
+        let mut nested_if = node("if", "If");
+        nested_if
+            .attrs
+            .insert("then_branch".into(), Attribute::Graph(Arc::new(inner)));
+        let body = Graph {
+            nodes: vec![node("add", "Add"), nested_if],
+            ..Default::default()
+        };
+        let mut lp = node("loop", "Loop");
+        lp.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body.clone())));
+        let g = Graph {
+            nodes: vec![node("relu", "Relu"), lp],
+            ..Default::default()
+        };
+        let paths: Vec<String> = inner_nodes(&g).into_iter().map(|(p, _)| p).collect();
+        assert_eq!(
+            paths,
+            [
+                "loop/body/add",
+                "loop/body/if",
+                "loop/body/if/then_branch/conv",
+                "loop/body/if/then_branch/reshape"
+            ]
+        );
+        let flags = GlobalPrecision {
+            fp16: true,
+            ..Default::default()
+        };
+        let ov = parse_layer_precisions(&[
+            "loop/body/add:float32".into(),
+            "*conv:float32".into(),
+            "loop/body/nothing:float32".into(),
+        ])
+        .unwrap();
+        let (plan, warnings) =
+            PrecisionPlan::resolve(&g, &flags, &ov, PrecisionConstraints::Prefer).unwrap();
+        assert_eq!(plan.layers, [Precision::Float16, Precision::Float16]);
+        let set: Vec<(&str, Precision)> =
+            plan.inner.iter().map(|(k, &v)| (k.as_str(), v)).collect();
+        assert_eq!(
+            set,
+            [
+                ("loop/body/add", Precision::Float32),
+                ("loop/body/if/then_branch/conv", Precision::Float32)
+            ]
+        );
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(warnings[0].contains("'loop/body/nothing'"), "{warnings:?}");
+        // The body's plan: its own nodes by index, deeper ones by the rest of their path.
+        let sub = plan.subgraph_plan(&g.nodes[1], "body", &body, Precision::Float16);
+        assert_eq!(sub.layers, [Precision::Float32, Precision::Float16]);
+        assert_eq!(
+            sub.inner.keys().collect::<Vec<_>>(),
+            ["if/then_branch/conv"]
         );
     }
 }

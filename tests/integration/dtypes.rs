@@ -245,7 +245,7 @@ fn every_kernel_survives_low_bit_inputs() {
                     );
                     let ins: Vec<Option<&Tensor>> = (0..n_inputs).map(|_| Some(&t)).collect();
                     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        let _ = kernel(&OpCtx { node: &node, opset }, &ins);
+                        let _ = kernel(&OpCtx::new(&node, opset), &ins);
                     }))
                     .is_ok()
                 };

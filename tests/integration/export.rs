@@ -128,9 +128,7 @@ struct Case {
 }
 
 fn plan_by(graph: &Graph, f: impl Fn(&mixprec::Node) -> Precision) -> PrecisionPlan {
-    PrecisionPlan {
-        layers: graph.nodes.iter().map(f).collect(),
-    }
+    PrecisionPlan::from_layers(graph.nodes.iter().map(f).collect())
 }
 
 /// Int8/fp8 on the ops with quantized kernels, `rest` elsewhere (TensorRT's --int8 [--fp16]).
@@ -468,4 +466,19 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
 
 fn feeds_of(graph: &Graph, data: &Path) -> Feeds {
     read_input_set(graph, data).unwrap()
+}
+
+#[test]
+fn export_control_flow_runs_in_onnxruntime() {
+    // If/Loop layers export in float32 with their bodies unchanged; the values their bodies
+    // read from the main graph (the fp16 Conv output, the Loop's features) go through a Cast
+    // back to float32.
+    let dir = models_dir();
+    check_model(
+        "control_flow",
+        &dir.join("control_flow.onnx"),
+        &dir.join("control_flow"),
+        &["conv0"],
+        true,
+    );
 }

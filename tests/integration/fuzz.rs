@@ -289,7 +289,12 @@ fn no_panic_on_mutated_models() {
                 .map(|s| s.to_string())
                 .or_else(|| info.payload().downcast_ref::<String>().cloned())
                 .unwrap_or_default();
-            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg} at {loc}")));
+            let trace = if std::env::var("MIXPREC_FUZZ_VERBOSE").is_ok() {
+                format!("\n{}", std::backtrace::Backtrace::force_capture())
+            } else {
+                String::new()
+            };
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg} at {loc}{trace}")));
         } else {
             default_hook(info);
         }

@@ -5,6 +5,7 @@ mod calib;
 mod cli;
 mod common;
 mod conformance;
+mod control;
 mod dtypes;
 mod export;
 mod fuzz;

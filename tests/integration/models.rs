@@ -27,7 +27,7 @@ pub fn models_dir() -> PathBuf {
 }
 
 /// Max |ours - ort| / max(|ort|) over all outputs.
-fn scaled_error(model: &str, data: &str) -> f64 {
+pub(crate) fn scaled_error(model: &str, data: &str) -> f64 {
     let dir = models_dir();
     let m = load_model(dir.join(format!("{model}.onnx"))).unwrap();
     let interp = Interpreter::new(&m.graph).unwrap();

@@ -484,6 +484,13 @@ fn gather_elements(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if ind.rank() != x.rank() {
         return err("indices must have the same rank as data");
     }
+    if let Some(d) = (0..x.rank()).find(|&d| d != axis && ind.shape()[d] > x.shape()[d]) {
+        return err(format!(
+            "indices {:?} are larger than data {:?} along axis {d}",
+            ind.shape(),
+            x.shape()
+        ));
+    }
     let iv = ind
         .to_i64_vec()
         .ok_or_else(|| OpError("indices must be integers".into()))?;
@@ -937,7 +944,7 @@ mod tests {
         };
         let k = Registry::global().get("", op).unwrap();
         let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        k(&OpCtx { node: &node, opset }, &args).unwrap()
+        k(&OpCtx::new(&node, opset), &args).unwrap()
     }
 
     fn i64s(v: &[i64]) -> Tensor {
