@@ -557,13 +557,13 @@ impl<'g> Interpreter<'g> {
                     node,
                     opset: step.opset,
                     subgraphs: (!step.subs.is_empty()).then_some(&runner as &dyn SubgraphRunner),
+                    accumulate: acc,
                 };
-                let outs = crate::ops::matmul::with_accumulator(acc, || (step.kernel)(&ctx, args))
-                    .map_err(|e| Error::Op {
-                        node: node.name.clone(),
-                        op: node.op_type.clone(),
-                        msg: e.0,
-                    })?;
+                let outs = (step.kernel)(&ctx, args).map_err(|e| Error::Op {
+                    node: node.name.clone(),
+                    op: node.op_type.clone(),
+                    msg: e.0,
+                })?;
                 let cost = match cache {
                     Some(_) => {
                         let ins: Vec<Option<Vec<usize>>> =

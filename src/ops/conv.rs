@@ -421,10 +421,32 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
             let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
             if pointwise {
-                sgemm(mg, o_sz, rows, wg, false, xg, false, dst, false);
+                sgemm(
+                    ctx.accumulate,
+                    mg,
+                    o_sz,
+                    rows,
+                    wg,
+                    false,
+                    xg,
+                    false,
+                    dst,
+                    false,
+                );
             } else {
                 im2col(xg, in_sp, &w, &mut col);
-                sgemm(mg, o_sz, rows, wg, false, &col, false, dst, false);
+                sgemm(
+                    ctx.accumulate,
+                    mg,
+                    o_sz,
+                    rows,
+                    wg,
+                    false,
+                    &col,
+                    false,
+                    dst,
+                    false,
+                );
             }
         }
     }
@@ -590,7 +612,18 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
             // col[mg·k, in] = Wg^T [mg·k, cg] × Xg [cg, in]
-            sgemm(rows, in_sz, cg, wg, true, xg, false, &mut col, false);
+            sgemm(
+                ctx.accumulate,
+                rows,
+                in_sz,
+                cg,
+                wg,
+                true,
+                xg,
+                false,
+                &mut col,
+                false,
+            );
             let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
             // col2im: scatter-add every column entry to its output position.
             dst.par_chunks_mut(o_sz)

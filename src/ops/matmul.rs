@@ -245,47 +245,11 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
-thread_local! {
-    /// The accumulator type of products run on this thread (set per layer by the interpreter).
-    static ACCUMULATOR: std::cell::Cell<Accumulator> = const { std::cell::Cell::new(Accumulator::F32) };
-}
-
-/// Runs `f` with products accumulating in `acc` on this thread (restored afterwards).
-pub fn with_accumulator<R>(acc: Accumulator, f: impl FnOnce() -> R) -> R {
-    let prev = ACCUMULATOR.with(|c| c.replace(acc));
-    let r = f();
-    ACCUMULATOR.with(|c| c.set(prev));
-    r
-}
-
-/// The accumulator type products on this thread use.
-pub fn current_accumulator() -> Accumulator {
-    ACCUMULATOR.with(|c| c.get())
-}
-
 /// Row-major `C[m×n] = beta·C + A·B` with optional transposes (`A` is `m×k`, or `k×m` when
 /// `trans_a`; `B` is `k×n`, or `n×k` when `trans_b`). `accumulate` false overwrites C.
-/// Accumulates in the thread's [`current_accumulator`].
+/// Products accumulate in `acc` (the layer's accumulator, from the kernel's context).
 #[allow(clippy::too_many_arguments)]
 pub fn sgemm(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    trans_a: bool,
-    b: &[f32],
-    trans_b: bool,
-    c: &mut [f32],
-    accumulate: bool,
-) {
-    let acc = current_accumulator();
-    sgemm_acc(acc, m, n, k, a, trans_a, b, trans_b, c, accumulate)
-}
-
-/// [`sgemm`] with an explicit accumulator (for callers that fan out over rayon workers, whose
-/// thread-local setting is the default).
-#[allow(clippy::too_many_arguments)]
-pub fn sgemm_acc(
     acc: Accumulator,
     m: usize,
     n: usize,
@@ -408,7 +372,7 @@ fn to_dtype(shape: Vec<usize>, v: Vec<f32>, dtype: DType) -> Tensor {
 
 /// NumPy matmul semantics: 1-D operands are promoted and the added dim removed afterwards;
 /// batch dims broadcast.
-pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     if a.rank() == 0 || b.rank() == 0 {
         return Err(OpError("MatMul operands must have rank >= 1".into()));
     }
@@ -449,9 +413,8 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     let bst = strides_of(&batch);
     // A batch whose B is shared and A contiguous is one big product (m·batch rows).
     if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
-        sgemm(nb * m, n, k, &av, false, &bv, false, &mut out, false);
+        sgemm(acc, nb * m, n, k, &av, false, &bv, false, &mut out, false);
     } else {
-        let acc = current_accumulator();
         let run = |i: usize, dst: &mut [f32]| {
             let (mut oa, mut ob) = (0, 0);
             let mut rem = i;
@@ -461,7 +424,7 @@ pub fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
                 oa += idx * sa[d];
                 ob += idx * sb[d];
             }
-            sgemm_acc(
+            sgemm(
                 acc,
                 m,
                 n,
@@ -581,8 +544,12 @@ fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     }
 }
 
-fn matmul_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    Ok(vec![matmul(input(inputs, 0)?, input(inputs, 1)?)?])
+fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    Ok(vec![matmul(
+        ctx.accumulate,
+        input(inputs, 0)?,
+        input(inputs, 1)?,
+    )?])
 }
 
 fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -623,7 +590,7 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let av = f32_or_convert(a)?;
     let bv = f32_or_convert(b)?;
     let mut out = vec![0f32; m * n];
-    sgemm(m, n, k, &av, ta, &bv, tb, &mut out, false);
+    sgemm(ctx.accumulate, m, n, k, &av, ta, &bv, tb, &mut out, false);
     if alpha != 1.0 {
         out.iter_mut().for_each(|x| *x *= alpha);
     }
@@ -760,7 +727,7 @@ fn einsum_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             .copied()
             .chain(out_subs.iter().copied())
             .collect();
-        let (r, rs) = contract_pair(&acc, &acc_subs, &t, &s, &later, &sizes)?;
+        let (r, rs) = contract_pair(ctx.accumulate, &acc, &acc_subs, &t, &s, &later, &sizes)?;
         acc = r;
         acc_subs = rs;
     }
@@ -892,6 +859,7 @@ pub fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
 /// needed later are contracted, the rest are free (letters only in one operand and not needed
 /// later are summed out first).
 fn contract_pair(
+    accumulator: Accumulator,
     a: &Tensor,
     asub: &[char],
     b: &Tensor,
@@ -965,6 +933,7 @@ fn contract_pair(
     let mut out = vec![0f32; nb * m * n];
     for i in 0..nb {
         sgemm(
+            accumulator,
             m,
             n,
             k,
@@ -998,11 +967,11 @@ mod tests {
     fn matmul_2d_and_1d() {
         let a = t(&[2, 3], &[1., 2., 3., 4., 5., 6.]);
         let b = t(&[3, 2], &[1., 0., 0., 1., 1., 1.]);
-        let c = matmul(&a, &b).unwrap();
+        let c = matmul(Accumulator::F32, &a, &b).unwrap();
         assert_eq!(c.shape(), &[2, 2]);
         assert_eq!(c.as_f32().unwrap(), &[4., 5., 10., 11.]);
         let v = t(&[3], &[1., 1., 1.]);
-        let c = matmul(&a, &v).unwrap();
+        let c = matmul(Accumulator::F32, &a, &v).unwrap();
         assert_eq!(c.shape(), &[2]);
         assert_eq!(c.as_f32().unwrap(), &[6., 15.]);
     }
@@ -1011,7 +980,7 @@ mod tests {
     fn matmul_broadcasts_batches() {
         let a = t(&[2, 1, 1, 2], &[1., 2., 3., 4.]);
         let b = t(&[3, 2, 1], &[1., 1., 2., 2., 3., 3.]);
-        let c = matmul(&a, &b).unwrap();
+        let c = matmul(Accumulator::F32, &a, &b).unwrap();
         assert_eq!(c.shape(), &[2, 3, 1, 1]);
         assert_eq!(c.as_f32().unwrap(), &[3., 6., 9., 7., 14., 21.]);
     }
@@ -1021,6 +990,7 @@ mod tests {
         // A^T with A = [[1,2],[3,4]] (k×m), B^T with B = [[1,0],[0,1]] -> A^T.
         let mut c = vec![0.0; 4];
         sgemm(
+            Accumulator::F32,
             2,
             2,
             2,

@@ -36,6 +36,9 @@ pub struct OpCtx<'a> {
     /// Runs the node's subgraphs (If/Loop/Scan bodies) in the enclosing scope; None outside
     /// an interpreter.
     pub subgraphs: Option<&'a dyn SubgraphRunner>,
+    /// What matmul/conv products and sums accumulate in: the layer's accumulator under a
+    /// precision plan (`--accumulate`), f32 otherwise.
+    pub accumulate: crate::precision::Accumulator,
 }
 
 impl<'a> OpCtx<'a> {
@@ -45,6 +48,7 @@ impl<'a> OpCtx<'a> {
             node,
             opset,
             subgraphs: None,
+            accumulate: crate::precision::Accumulator::F32,
         }
     }
 }
