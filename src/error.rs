@@ -60,4 +60,29 @@ impl Error {
             msg: msg.into(),
         }
     }
+
+    /// This error of a node inside subgraph `attr` of node `outer`, with the node named by its
+    /// path (`If_0/then_branch/Conv_3`).
+    pub fn in_subgraph(self, outer: &str, attr: &str) -> Error {
+        let path = |inner: String| format!("{outer}/{attr}/{inner}");
+        match self {
+            Error::UnsupportedOp {
+                node,
+                op,
+                domain,
+                opset,
+            } => Error::UnsupportedOp {
+                node: path(node),
+                op,
+                domain,
+                opset,
+            },
+            Error::Op { node, op, msg } => Error::Op {
+                node: path(node),
+                op,
+                msg,
+            },
+            e => e,
+        }
+    }
 }

@@ -85,18 +85,7 @@ impl PreparedPlan {
                 .map(|(attr, g)| {
                     let sub = plan.subgraph_plan(node, attr, g, body);
                     // Nodes inside subgraphs are named by path.
-                    PreparedPlan::new(g, &sub, opts).map_err(|e| match e {
-                        Error::Op {
-                            node: inner,
-                            op,
-                            msg,
-                        } => Error::Op {
-                            node: format!("{}/{attr}/{inner}", node.name),
-                            op,
-                            msg,
-                        },
-                        e => e,
-                    })
+                    PreparedPlan::new(g, &sub, opts).map_err(|e| e.in_subgraph(&node.name, attr))
                 })
                 .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {

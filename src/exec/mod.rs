@@ -175,29 +175,8 @@ impl<'g> Interpreter<'g> {
                     })
                     .collect();
                 // A node inside a subgraph is named by its path (`If_0/then_branch/Conv_3`).
-                let interp = Interpreter::new_scoped(g, names).map_err(|e| match e {
-                    Error::UnsupportedOp {
-                        node: inner,
-                        op,
-                        domain,
-                        opset,
-                    } => Error::UnsupportedOp {
-                        node: format!("{}/{attr}/{inner}", node.name),
-                        op,
-                        domain,
-                        opset,
-                    },
-                    Error::Op {
-                        node: inner,
-                        op,
-                        msg,
-                    } => Error::Op {
-                        node: format!("{}/{attr}/{inner}", node.name),
-                        op,
-                        msg,
-                    },
-                    e => e,
-                })?;
+                let interp = Interpreter::new_scoped(g, names)
+                    .map_err(|e| e.in_subgraph(&node.name, attr))?;
                 subs.push(Sub {
                     attr: attr.to_string(),
                     interp,

@@ -461,21 +461,13 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())])
 }
 
-/// ConvTranspose's geometry: strides, dilations, the padding taken off the full output, and the
-/// output's spatial size (`output_shape`, SAME_* auto_pad, or the pads).
-pub struct TransposeGeometry {
-    pub strides: Vec<usize>,
-    pub dilations: Vec<usize>,
-    pub pad_begin: Vec<usize>,
-    pub pad_end: Vec<usize>,
-    pub out: Vec<usize>,
-}
-
+/// ConvTranspose's geometry as a [`Window`]: strides, dilations, the padding taken off the
+/// full output, and the output's spatial size (`output_shape`, SAME_* auto_pad, or the pads).
 pub fn transpose_geometry(
     node: &Node,
     in_sp: &[usize],
     kernel: &[usize],
-) -> Result<TransposeGeometry, OpError> {
+) -> Result<Window, OpError> {
     let r = in_sp.len();
     let get = |name: &str, default: usize| -> Vec<usize> {
         node.attr_ints(name)
@@ -551,7 +543,8 @@ pub fn transpose_geometry(
                 .ok_or_else(|| OpError("pads exceed the output size".into()))?;
         }
     }
-    Ok(TransposeGeometry {
+    Ok(Window {
+        kernel: kernel.to_vec(),
         strides,
         dilations,
         pad_begin: pb,
@@ -587,7 +580,7 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let m = mg * group;
     let cg = c / group;
     let kernel: Vec<usize> = wt.shape()[2..].to_vec();
-    let TransposeGeometry {
+    let Window {
         strides,
         dilations,
         pad_begin: pb,
