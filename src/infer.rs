@@ -8,8 +8,8 @@
 //! run would have failed inside the kernel.
 
 use crate::error::{Error, Result};
-use crate::graph::fact::{DimFact, Fact, ShapeFact};
-use crate::graph::{Dim, Graph, Node};
+use crate::graph::fact::{DimFact, Fact};
+use crate::graph::{Dim, Graph};
 use crate::ops::{InferCtx, OpCtx, Registry};
 use crate::tensor::{DType, Tensor};
 use std::cell::Cell;
@@ -163,7 +163,7 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
             if name.is_empty() {
                 continue;
             }
-            complete(&mut f, graph, name, node);
+            complete(&mut f, graph, name);
             values.insert(name.clone(), f);
         }
     }
@@ -172,7 +172,7 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
 
 /// Fills what a rule left open from the model's declarations, and makes a value of dims that
 /// are all static.
-fn complete(f: &mut Fact, graph: &Graph, name: &str, _node: &Node) {
+fn complete(f: &mut Fact, graph: &Graph, name: &str) {
     let declared = graph
         .value_info
         .get(name)
@@ -212,18 +212,13 @@ fn complete(f: &mut Fact, graph: &Graph, name: &str, _node: &Node) {
     }
 }
 
-/// The facts of concrete feeds (types and static shapes; values of small integer feeds, which
-/// may be shapes).
+/// The facts of concrete feeds: types and static shapes (not values: a feed changes from run
+/// to run, so nothing computed from it is folded).
 pub fn feed_facts(feeds: &BTreeMap<String, Tensor>) -> BTreeMap<String, Fact> {
     feeds
         .iter()
         .map(|(n, t)| (n.clone(), Fact::of_shape(t)))
         .collect()
-}
-
-/// A shape fact for display and JSON: `[batch, 3, 224, 224]`.
-pub fn shape_text(s: &ShapeFact) -> String {
-    crate::graph::fact::fmt_shape_fact(s)
 }
 
 /// An integer tensor of `dtype` (int64 or int32: the types shapes are held in).

@@ -20,11 +20,6 @@ pub fn opt_fact<'a>(ins: &[Option<&'a Fact>], i: usize) -> Option<&'a Fact> {
     ins.get(i).copied().flatten()
 }
 
-/// A fact of unknown shape with the given type.
-pub fn unknown(dtype: Option<DType>) -> Fact {
-    Fact::new(dtype, None)
-}
-
 /// A fact of known rank whose every dimension is unknown.
 pub fn unknown_dims(ctx: &InferCtx, dtype: Option<DType>, rank: usize) -> Fact {
     Fact::new(dtype, Some((0..rank).map(|_| ctx.unknown_dim()).collect()))
@@ -114,28 +109,6 @@ pub fn broadcast_bool(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     )])
 }
 
-/// Reads an integer list attribute, or the known value of input `input` (opsets that moved an
-/// attribute to an input). `Ok(None)`: given as an input whose value is not known here.
-pub fn ints_attr_or_input(
-    ctx: &InferCtx,
-    ins: &[Option<&Fact>],
-    attr: &str,
-    input: usize,
-) -> Result<Option<Option<Vec<i64>>>, OpError> {
-    if let Some(v) = ctx.node.attr_ints(attr) {
-        return Ok(Some(Some(v.to_vec())));
-    }
-    match opt_fact(ins, input) {
-        None => Ok(Some(None)),
-        Some(f) => Ok(f.int_values().map(Some)),
-    }
-}
-
-/// Normalises a possibly negative axis into `0..rank`.
-pub fn axis_in(axis: i64, rank: usize) -> Result<usize, OpError> {
-    super::util::norm_axis(axis, rank)
-}
-
 /// The shape a reduction leaves: `axes` (None: all) removed or kept as 1.
 pub fn reduced_shape(shape: &[DimFact], axes: Option<&[usize]>, keepdims: bool) -> ShapeFact {
     let mut out = Vec::with_capacity(shape.len());
@@ -153,9 +126,4 @@ pub fn reduced_shape(shape: &[DimFact], axes: Option<&[usize]>, keepdims: bool) 
 /// The product of dimensions.
 pub fn product(dims: &[DimFact]) -> DimFact {
     dims.iter().fold(DimFact::known(1), |acc, d| acc.mul(d))
-}
-
-/// The dims a 1-D integer input holds (from its value or a Shape computation).
-pub fn dims_value(f: &Fact) -> Option<Vec<DimFact>> {
-    f.dims.clone()
 }
