@@ -236,16 +236,7 @@ pub fn as_low_bit(t: Tensor, to: DType) -> std::result::Result<Tensor, String> {
         }
     };
     let data = match to {
-        DType::F8E4M3FN => {
-            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
-        }
-        DType::F8E4M3FNUZ => {
-            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
-        }
-        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
-        DType::F8E5M2FNUZ => {
-            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
-        }
+        t if t.is_fp8() => crate::lowbit::fp8_from_bits(t, &bytes).expect("a float8 type"),
         DType::F4E2M1 => {
             if let Some(b) = bytes.iter().find(|&&b| b > 0xF) {
                 return Err(format!("byte {b:#04x} is not a float4e2m1 code (0x0-0xf)"));

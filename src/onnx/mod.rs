@@ -537,16 +537,7 @@ fn low_bit_from_bytes(dtype: DType, bytes: &[u8], n: usize) -> TensorData {
     use crate::lowbit::*;
     let nib = || unpack_nibbles(bytes, n).into_iter();
     match dtype {
-        DType::F8E4M3FN => {
-            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
-        }
-        DType::F8E4M3FNUZ => {
-            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
-        }
-        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
-        DType::F8E5M2FNUZ => {
-            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
-        }
+        d if d.is_fp8() => fp8_from_bits(d, bytes).expect("a float8 type"),
         DType::U4 => TensorData::U4(nib().map(U4::from_bits).collect()),
         DType::I4 => TensorData::I4(nib().map(I4::from_bits).collect()),
         DType::F4E2M1 => TensorData::F4E2M1(nib().map(F4E2M1::from_bits).collect()),
