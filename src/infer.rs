@@ -8,7 +8,7 @@
 //! run would have failed inside the kernel.
 
 use crate::error::{Error, Result};
-use crate::graph::fact::{DimFact, Fact};
+use crate::graph::fact::{DimFact, Fact, ShapeFact};
 use crate::graph::{Dim, Graph};
 use crate::ops::{InferCtx, OpCtx, Registry};
 use crate::tensor::{DType, Tensor};
@@ -51,19 +51,25 @@ pub fn declared_input_facts(
             let shape = match shapes.get(&vi.name) {
                 Some(s) => Some(s.iter().map(|&d| DimFact::known(d)).collect()),
                 None => vi.shape.as_ref().map(|dims| {
-                    dims.iter()
-                        .map(|d| match d {
-                            Dim::Fixed(n) => DimFact::known(*n),
-                            Dim::Param(p) => DimFact::symbol(p),
-                            Dim::Unknown => {
-                                unknown += 1;
-                                DimFact::symbol(&format!("unk__{unknown}"))
-                            }
-                        })
-                        .collect()
+                    declared_shape(dims, &mut || {
+                        unknown += 1;
+                        DimFact::symbol(&format!("unk__{unknown}"))
+                    })
                 }),
             };
             (vi.name.clone(), Fact::new(vi.dtype, shape))
+        })
+        .collect()
+}
+
+/// A declared shape as facts: fixed dims static, named dims symbolic, unknown dims from
+/// `unknown` (a fresh symbol each).
+fn declared_shape(dims: &[Dim], unknown: &mut dyn FnMut() -> DimFact) -> ShapeFact {
+    dims.iter()
+        .map(|d| match d {
+            Dim::Fixed(n) => DimFact::known(*n),
+            Dim::Param(p) => DimFact::symbol(p),
+            Dim::Unknown => unknown(),
         })
         .collect()
 }
@@ -182,15 +188,10 @@ fn complete(f: &mut Fact, graph: &Graph, name: &str) {
             f.dtype = vi.dtype;
         }
         if f.shape.is_none() {
-            f.shape = vi.shape.as_ref().map(|dims| {
-                dims.iter()
-                    .map(|d| match d {
-                        Dim::Fixed(n) => DimFact::known(*n),
-                        Dim::Param(p) => DimFact::symbol(p),
-                        Dim::Unknown => DimFact::symbol(&format!("{name}?")),
-                    })
-                    .collect()
-            });
+            f.shape = vi
+                .shape
+                .as_ref()
+                .map(|dims| declared_shape(dims, &mut || DimFact::symbol(&format!("{name}?"))));
         }
     }
     if f.value.is_none() {

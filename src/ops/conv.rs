@@ -45,12 +45,10 @@ fn conv_transpose_flops(_: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) 
     2 * x.iter().product::<usize>() as u64 * cout_per_group * kernel
 }
 
-/// X [N, C, spatial...] and W [M, C/group, kernel...] give [N, M, out...].
-fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
-    let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
-    let rank = x.rank().or(w.rank());
-    let Some(rank) = rank else {
-        return Ok(vec![Fact::new(x.dtype, None)]);
+/// The rank X and W share (>= 3), when either's is known: Conv and ConvTranspose both need it.
+fn conv_rank(x: &Fact, w: &Fact) -> Result<Option<usize>, OpError> {
+    let Some(rank) = x.rank().or(w.rank()) else {
+        return Ok(None);
     };
     if rank < 3 || x.rank().is_some_and(|r| r != rank) || w.rank().is_some_and(|r| r != rank) {
         return Err(OpError(format!(
@@ -59,6 +57,15 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
             w.shape_string()
         )));
     }
+    Ok(Some(rank))
+}
+
+/// X [N, C, spatial...] and W [M, C/group, kernel...] give [N, M, out...].
+fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+    let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
+    let Some(rank) = conv_rank(x, w)? else {
+        return Ok(vec![Fact::new(x.dtype, None)]);
+    };
     let group = ctx.node.attr_int_or("group", 1);
     if group < 1 {
         return Err(OpError(format!("group must be >= 1, got {group}")));
@@ -110,16 +117,9 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
 /// X [N, C, spatial...] and W [C, M/group, kernel...] give [N, M, out...].
 fn conv_transpose_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
     let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
-    let Some(rank) = x.rank().or(w.rank()) else {
+    let Some(rank) = conv_rank(x, w)? else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
-    if rank < 3 || x.rank().is_some_and(|r| r != rank) || w.rank().is_some_and(|r| r != rank) {
-        return Err(OpError(format!(
-            "X {} and W {} must have the same rank >= 3",
-            x.shape_string(),
-            w.shape_string()
-        )));
-    }
     let group = ctx.node.attr_int_or("group", 1).max(1) as usize;
     let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
     if let Some(s) = &x.shape {
