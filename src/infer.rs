@@ -188,10 +188,14 @@ fn complete(f: &mut Fact, graph: &Graph, name: &str) {
             f.dtype = vi.dtype;
         }
         if f.shape.is_none() {
-            f.shape = vi
-                .shape
-                .as_ref()
-                .map(|dims| declared_shape(dims, &mut || DimFact::symbol(&format!("{name}?"))));
+            f.shape = vi.shape.as_ref().map(|dims| {
+                // Each unknown dim its own symbol: two unknown dims are not equal.
+                let mut k = 0;
+                declared_shape(dims, &mut || {
+                    k += 1;
+                    DimFact::symbol(&format!("{name}?{k}"))
+                })
+            });
         }
     }
     if f.value.is_none() {
@@ -361,5 +365,28 @@ mod tests {
         feeds.insert("x".into(), Tensor::from_f32(vec![3, 5], vec![1.0; 15]));
         let e = interp.run(&feeds).unwrap_err().to_string();
         assert!(e.contains("'mm'") && e.contains("shape inference"), "{e}");
+    }
+
+    /// An op mixprec has no rule for takes the model's declared shape; its unknown dims stay
+    /// distinct, so a later op does not take them for equal.
+    #[test]
+    fn declared_unknown_dims_are_distinct() {
+        let mut g = graph(
+            vec![node("n", "NoSuchOp", &["x"], &["y"])],
+            vec![vi("x", &[2])],
+            vec![vi("y", &[])],
+            vec![],
+        );
+        g.value_info.insert(
+            "y".into(),
+            ValueInfo {
+                name: "y".into(),
+                dtype: Some(DType::F32),
+                shape: Some(vec![Dim::Unknown, Dim::Unknown]),
+            },
+        );
+        let facts = infer_graph(&g, &declared_input_facts(&g, &BTreeMap::new())).unwrap();
+        let s = facts.get("y").unwrap().shape.clone().unwrap();
+        assert_ne!(s[0], s[1]);
     }
 }
