@@ -29,6 +29,15 @@ pub enum Error {
         op: String,
         msg: String,
     },
+    /// An attribute of a node that its op rejects (wrong type, length or value), found when
+    /// the model is loaded.
+    #[error("node '{node}' ({op}): attribute '{attr}': {msg}")]
+    Attr {
+        node: String,
+        op: String,
+        attr: String,
+        msg: String,
+    },
     #[error("input '{name}': {msg}")]
     Input { name: String, msg: String },
     #[error("{}: {msg}", path.display())]
@@ -80,6 +89,17 @@ impl Error {
             Error::Op { node, op, msg } => Error::Op {
                 node: path(node),
                 op,
+                msg,
+            },
+            Error::Attr {
+                node,
+                op,
+                attr,
+                msg,
+            } => Error::Attr {
+                node: path(node),
+                op,
+                attr,
                 msg,
             },
             e => e,

@@ -116,6 +116,7 @@ pub fn infer_graph(graph: &Graph, inputs: &BTreeMap<String, Fact>) -> Result<Gra
         let mut outs: Vec<Fact> = match def {
             None => Vec::new(),
             Some(def) => {
+                crate::ops::attrs::parse_node(node, opset)?;
                 let ruled = match def.infer {
                     Some(rule) => {
                         let ctx = InferCtx::new(node, opset, &next_unknown);

@@ -161,6 +161,7 @@ impl<'g> Interpreter<'g> {
                         },
                         opset,
                     })?;
+            crate::ops::attrs::parse_node(node, opset)?;
             let implicit = node.implicit_inputs();
             let mut subs = Vec::new();
             for (attr, g) in node.subgraphs() {

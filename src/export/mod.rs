@@ -334,6 +334,7 @@ fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
                 name: i.to_string(),
                 op_type: n.op_type.clone().unwrap_or_default(),
                 domain: n.domain.clone().unwrap_or_default(),
+                parsed: Default::default(),
                 inputs,
                 outputs: n.output.clone(),
                 attrs: BTreeMap::new(),

@@ -115,6 +115,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: (0..n_out).map(|i| format!("o{i}")).collect(),
             attrs: attrs

@@ -40,6 +40,42 @@ pub struct Node {
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
     pub attrs: BTreeMap<String, Attribute>,
+    /// The attributes parsed into the op's typed value (`ops::attrs`), once: at load, or on
+    /// first use for a node built in code.
+    pub parsed: ParsedAttrs,
+}
+
+/// A node's attributes as its op's typed value, filled once (at load or on first use). It is
+/// derived from `attrs`: equality ignores it, and a node whose `attrs` change after it was used
+/// must get a fresh `ParsedAttrs::default()`.
+#[derive(Clone, Default)]
+pub struct ParsedAttrs(std::sync::OnceLock<Arc<dyn std::any::Any + Send + Sync>>);
+
+impl ParsedAttrs {
+    pub fn get(&self) -> Option<&(dyn std::any::Any + Send + Sync)> {
+        self.0.get().map(|a| &**a)
+    }
+
+    /// Stores the parsed value; a value stored first (by another thread) wins.
+    pub fn set(&self, value: Arc<dyn std::any::Any + Send + Sync>) {
+        let _ = self.0.set(value);
+    }
+}
+
+impl std::fmt::Debug for ParsedAttrs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "parsed"
+        } else {
+            "unparsed"
+        })
+    }
+}
+
+impl PartialEq for ParsedAttrs {
+    fn eq(&self, _: &ParsedAttrs) -> bool {
+        true
+    }
 }
 
 impl Node {
@@ -376,6 +412,7 @@ mod tests {
             name: name.into(),
             op_type: "Relu".into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),

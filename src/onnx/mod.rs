@@ -82,6 +82,7 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
         ir_version,
     };
     let graph = graph_from_proto(&g, &mut ext, &scope, None).map_err(bad)?;
+    crate::ops::attrs::parse_graph(&graph)?;
     Ok(Model {
         path: path.to_path_buf(),
         graph,
@@ -193,6 +194,7 @@ fn graph_from_proto(
             name,
             op_type,
             domain: n.domain.clone().unwrap_or_default(),
+            parsed: Default::default(),
             inputs: n.input.clone(),
             outputs: n.output.clone(),
             attrs,

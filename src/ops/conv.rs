@@ -1,6 +1,7 @@
 //! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad) via im2col / col2im
 //! and the shared [`sgemm`](super::matmul::sgemm).
 
+use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
 use super::util::{input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
@@ -14,15 +15,147 @@ pub fn register(r: &mut Registry) {
     r.add("ConvTranspose", conv_transpose_op);
     use super::InputRole::{Bias, Data};
     r.def_mut("Conv")
+        .parse(|n, _| boxed(ConvAttrs::parse(n)))
         .roles(&[Data, Data, Bias])
         .quantized(&[0, 1], |_, i, _| (i == 1).then_some(0))
         .infer(conv_facts)
         .flops(conv_flops);
     r.def_mut("ConvTranspose")
+        .parse(|n, _| boxed(ConvAttrs::parse(n)))
         .roles(&[Data, Data, Bias])
         .quantized(&[0, 1], |_, i, rank| (i == 1 && rank >= 2).then_some(1))
         .infer(conv_transpose_facts)
         .flops(conv_transpose_flops);
+}
+
+/// How the padding of a sliding window is chosen (`auto_pad`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AutoPad {
+    /// Explicit `pads` (zero when absent).
+    NotSet,
+    SameUpper,
+    SameLower,
+    Valid,
+}
+
+/// The sliding-window attributes Conv, ConvTranspose and the pools share, validated: every
+/// value >= 1 (pads >= 0), and the lists agree on the number of spatial axes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowAttrs {
+    pub kernel_shape: Option<Vec<usize>>,
+    pub strides: Option<Vec<usize>>,
+    pub dilations: Option<Vec<usize>>,
+    /// The begin values of every spatial axis, then the end values.
+    pub pads: Option<Vec<usize>>,
+    pub auto_pad: AutoPad,
+}
+
+impl WindowAttrs {
+    pub fn parse(a: &Attrs) -> Result<WindowAttrs, AttrError> {
+        let auto_pad = a.choice(
+            "auto_pad",
+            AutoPad::NotSet,
+            &[
+                ("NOTSET", AutoPad::NotSet),
+                ("", AutoPad::NotSet),
+                ("SAME_UPPER", AutoPad::SameUpper),
+                ("SAME_LOWER", AutoPad::SameLower),
+                ("VALID", AutoPad::Valid),
+            ],
+        )?;
+        let usizes = |v: Option<Vec<i64>>| v.map(|v| v.into_iter().map(|x| x as usize).collect());
+        let kernel_shape: Option<Vec<usize>> = usizes(a.ints_at_least("kernel_shape", 1)?);
+        let strides: Option<Vec<usize>> = usizes(a.ints_at_least("strides", 1)?);
+        let dilations: Option<Vec<usize>> = usizes(a.ints_at_least("dilations", 1)?);
+        let pads: Option<Vec<usize>> = usizes(a.ints_at_least("pads", 0)?);
+        // The number of spatial axes, from the first list that tells it.
+        let mut rank: Option<(usize, &str)> = None;
+        for (name, v) in [
+            ("kernel_shape", &kernel_shape),
+            ("strides", &strides),
+            ("dilations", &dilations),
+        ] {
+            if let Some(v) = v {
+                match rank {
+                    None => rank = Some((v.len(), name)),
+                    Some((r, from)) if r != v.len() => {
+                        return Err(AttrError::new(
+                            name,
+                            format!(
+                            "expected {r} values (one per spatial dim, as '{from}' has), got {}",
+                            v.len()
+                        ),
+                        ))
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if let Some(p) = &pads {
+            match rank {
+                Some((r, _)) if p.len() != 2 * r => {
+                    return Err(AttrError::new(
+                        "pads",
+                        format!(
+                            "expected {} values ({r} spatial dims x 2), got {}",
+                            2 * r,
+                            p.len()
+                        ),
+                    ))
+                }
+                None if p.len() % 2 != 0 => {
+                    return Err(AttrError::new(
+                        "pads",
+                        format!(
+                            "expected an even number of values (begin and end of each spatial dim), got {}",
+                            p.len()
+                        ),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        Ok(WindowAttrs {
+            kernel_shape,
+            strides,
+            dilations,
+            pads,
+            auto_pad,
+        })
+    }
+}
+
+/// Conv's and ConvTranspose's attributes (`output_padding` and `output_shape` are
+/// ConvTranspose's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConvAttrs {
+    pub window: WindowAttrs,
+    pub group: usize,
+    pub output_padding: Option<Vec<usize>>,
+    pub output_shape: Option<Vec<usize>>,
+}
+
+impl ConvAttrs {
+    fn parse(node: &Node) -> Result<ConvAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let window = WindowAttrs::parse(&a)?;
+        let group = a.int_or("group", 1)?;
+        if group < 1 {
+            return Err(AttrError::new(
+                "group",
+                format!("must be >= 1, got {group}"),
+            ));
+        }
+        let usizes = |v: Option<Vec<i64>>| v.map(|v| v.into_iter().map(|x| x as usize).collect());
+        let output_padding: Option<Vec<usize>> = usizes(a.ints_at_least("output_padding", 0)?);
+        let output_shape: Option<Vec<usize>> = usizes(a.ints_at_least("output_shape", 0)?);
+        Ok(ConvAttrs {
+            window,
+            group: group as usize,
+            output_padding,
+            output_shape,
+        })
+    }
 }
 
 /// Each output element: Cin/group * prod(kernel) multiply-adds, plus the bias.
@@ -66,10 +199,8 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
     let Some(rank) = conv_rank(x, w)? else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
-    let group = ctx.node.attr_int_or("group", 1);
-    if group < 1 {
-        return Err(OpError(format!("group must be >= 1, got {group}")));
-    }
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let group = attrs.group;
     let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
     if let Some(s) = &x.shape {
         out[0] = s[0].clone();
@@ -81,7 +212,7 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
             ws[1].as_known(),
         ) {
             let m = ws[0].as_known();
-            if c != cg * group as usize || m.is_some_and(|m| m % group as usize != 0) {
+            if c != cg * group || m.is_some_and(|m| m % group != 0) {
                 return Err(OpError(format!(
                     "channels do not fit groups: X has {c} channels, W {}, group {group}",
                     w.shape_string()
@@ -89,8 +220,8 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
             }
         }
     }
-    let kernel: Option<Vec<usize>> = match ctx.node.attr_ints("kernel_shape") {
-        Some(k) => Some(k.iter().map(|&v| v.max(0) as usize).collect()),
+    let kernel: Option<Vec<usize>> = match &attrs.window.kernel_shape {
+        Some(k) => Some(k.clone()),
         None => w.known_shape().map(|s| s[2..].to_vec()),
     };
     let spatial: Option<Vec<usize>> = x.shape.as_ref().and_then(|s| {
@@ -106,7 +237,7 @@ fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
                 x.shape_string()
             )));
         }
-        let win = window(ctx.node, &sp, &k, false)?;
+        let win = window(&attrs.window, &sp, &k, false)?;
         for (i, o) in win.out.iter().enumerate() {
             out[2 + i] = DimFact::known(*o);
         }
@@ -120,7 +251,8 @@ fn conv_transpose_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::
     let Some(rank) = conv_rank(x, w)? else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
-    let group = ctx.node.attr_int_or("group", 1).max(1) as usize;
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let group = attrs.group;
     let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
     if let Some(s) = &x.shape {
         out[0] = s[0].clone();
@@ -136,7 +268,7 @@ fn conv_transpose_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::
             "W {ws:?} does not fit X {xs:?} with group {group}"
         )));
     }
-    let g = transpose_geometry(ctx.node, &xs[2..], &ws[2..])?;
+    let g = transpose_geometry(attrs, &xs[2..], &ws[2..])?;
     for (i, o) in g.out.iter().enumerate() {
         out[2 + i] = DimFact::known(*o);
     }
@@ -157,7 +289,7 @@ pub struct Window {
 
 /// Resolves strides, dilations, pads and auto_pad into output sizes (ONNX Conv/Pool rules).
 pub fn window(
-    node: &Node,
+    attrs: &WindowAttrs,
     input_sp: &[usize],
     kernel: &[usize],
     ceil_mode: bool,
@@ -168,36 +300,20 @@ pub fn window(
             "kernel {kernel:?} does not fit {r} spatial axes (every size must be >= 1)"
         )));
     }
-    let ints = |name: &str, default: usize| -> Result<Vec<usize>, OpError> {
-        match node.attr_ints(name) {
-            Some(v) if v.len() == r => v
-                .iter()
-                .map(|&x| {
-                    if x >= 1 {
-                        Ok(x as usize)
-                    } else {
-                        Err(OpError(format!("{name} must be >= 1, got {v:?}")))
-                    }
-                })
-                .collect(),
-            Some(v) => Err(OpError(format!("{name} {v:?} must have {r} values"))),
-            None => Ok(vec![default; r]),
-        }
-    };
-    let strides = ints("strides", 1)?;
-    let dilations = ints("dilations", 1)?;
-    let auto_pad = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let strides = per_axis("strides", &attrs.strides, r, 1)?;
+    let dilations = per_axis("dilations", &attrs.dilations, r, 1)?;
+    let auto_pad = attrs.auto_pad;
     let mut pad_begin = vec![0; r];
     let mut pad_end = vec![0; r];
     let mut out = vec![0; r];
     for i in 0..r {
         let eff_k = (kernel[i] - 1) * dilations[i] + 1;
         match auto_pad {
-            "SAME_UPPER" | "SAME_LOWER" => {
+            AutoPad::SameUpper | AutoPad::SameLower => {
                 let o = input_sp[i].div_ceil(strides[i]);
                 let total = ((o - 1) * strides[i] + eff_k).saturating_sub(input_sp[i]);
                 let small = total / 2;
-                if auto_pad == "SAME_UPPER" {
+                if auto_pad == AutoPad::SameUpper {
                     pad_begin[i] = small;
                     pad_end[i] = total - small;
                 } else {
@@ -206,17 +322,17 @@ pub fn window(
                 }
                 out[i] = o;
             }
-            "VALID" | "NOTSET" | "" => {
-                if auto_pad == "NOTSET" || auto_pad.is_empty() {
-                    if let Some(p) = node.attr_ints("pads") {
-                        if p.len() != 2 * r || p.iter().any(|&x| x < 0) {
+            AutoPad::Valid | AutoPad::NotSet => {
+                if auto_pad == AutoPad::NotSet {
+                    if let Some(p) = &attrs.pads {
+                        if p.len() != 2 * r {
                             return Err(OpError(format!(
-                                "pads {p:?} must be {} non-negative values",
+                                "pads {p:?} must have {} values for {r} spatial axes",
                                 2 * r
                             )));
                         }
-                        pad_begin[i] = p[i] as usize;
-                        pad_end[i] = p[i + r] as usize;
+                        pad_begin[i] = p[i];
+                        pad_end[i] = p[i + r];
                     }
                 }
                 let padded = input_sp[i] + pad_begin[i] + pad_end[i];
@@ -238,7 +354,6 @@ pub fn window(
                     span / strides[i] + 1
                 };
             }
-            other => return Err(OpError(format!("unknown auto_pad '{other}'"))),
         }
     }
     Ok(Window {
@@ -249,6 +364,20 @@ pub fn window(
         pad_end,
         out,
     })
+}
+
+/// A per-axis attribute for `r` spatial axes: its values, or `default` on every axis.
+fn per_axis(
+    name: &str,
+    v: &Option<Vec<usize>>,
+    r: usize,
+    default: usize,
+) -> Result<Vec<usize>, OpError> {
+    match v {
+        Some(v) if v.len() == r => Ok(v.clone()),
+        Some(v) => Err(OpError(format!("{name} {v:?} must have {r} values"))),
+        None => Ok(vec![default; r]),
+    }
 }
 
 fn f32_input<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [f32]>, OpError> {
@@ -355,7 +484,6 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let wt = input(inputs, 1)?;
     let bias = opt_input(inputs, 2);
-    let node = ctx.node;
     if x.rank() < 3 || wt.rank() != x.rank() {
         return Err(OpError(format!(
             "X {:?} and W {:?} must have the same rank >= 3",
@@ -363,17 +491,14 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             wt.shape()
         )));
     }
-    let group = node.attr_int_or("group", 1);
-    if group < 1 {
-        return Err(OpError(format!("group must be >= 1, got {group}")));
-    }
-    let group = group as usize;
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let group = attrs.group;
     let (n, c) = (x.shape()[0], x.shape()[1]);
     let in_sp = &x.shape()[2..];
     let m = wt.shape()[0];
     let cg = wt.shape()[1];
-    let kernel: Vec<usize> = match node.attr_ints("kernel_shape") {
-        Some(k) => k.iter().map(|&v| v.max(0) as usize).collect(),
+    let kernel: Vec<usize> = match &attrs.window.kernel_shape {
+        Some(k) => k.clone(),
         None => wt.shape()[2..].to_vec(),
     };
     if kernel.as_slice() != &wt.shape()[2..] {
@@ -388,7 +513,7 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             wt.shape()
         )));
     }
-    let w = window(node, in_sp, &kernel, false)?;
+    let w = window(&attrs.window, in_sp, &kernel, false)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
     let bv = match bias {
@@ -464,21 +589,15 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// ConvTranspose's geometry as a [`Window`]: strides, dilations, the padding taken off the
 /// full output, and the output's spatial size (`output_shape`, SAME_* auto_pad, or the pads).
 pub fn transpose_geometry(
-    node: &Node,
+    attrs: &ConvAttrs,
     in_sp: &[usize],
     kernel: &[usize],
 ) -> Result<Window, OpError> {
     let r = in_sp.len();
-    let get = |name: &str, default: usize| -> Vec<usize> {
-        node.attr_ints(name)
-            .filter(|v| v.len() == r)
-            .map(|v| v.iter().map(|&x| x.max(0) as usize).collect())
-            .unwrap_or_else(|| vec![default; r])
-    };
-    let strides = get("strides", 1);
-    let dilations = get("dilations", 1);
-    let out_pad = get("output_padding", 0);
-    let auto_pad = node.attr_str("auto_pad").unwrap_or("NOTSET");
+    let strides = per_axis("strides", &attrs.window.strides, r, 1)?;
+    let dilations = per_axis("dilations", &attrs.window.dilations, r, 1)?;
+    let out_pad = per_axis("output_padding", &attrs.output_padding, r, 0)?;
+    let auto_pad = attrs.window.auto_pad;
     if kernel.contains(&0) || strides.contains(&0) || dilations.contains(&0) {
         return Err(OpError(format!(
             "kernel {kernel:?}, strides {strides:?} and dilations {dilations:?} must be >= 1"
@@ -486,21 +605,20 @@ pub fn transpose_geometry(
     }
     let mut pb = vec![0usize; r];
     let mut pe = vec![0usize; r];
-    if let Some(p) = node.attr_ints("pads") {
+    if let Some(p) = &attrs.window.pads {
         if p.len() != 2 * r {
             return Err(OpError(format!("pads {p:?} must have {} values", 2 * r)));
         }
-        for i in 0..r {
-            pb[i] = p[i].max(0) as usize;
-            pe[i] = p[i + r].max(0) as usize;
-        }
+        pb.copy_from_slice(&p[..r]);
+        pe.copy_from_slice(&p[r..]);
     }
     let full = |i: usize| {
         strides[i] * in_sp[i].saturating_sub(1) + out_pad[i] + (kernel[i] - 1) * dilations[i] + 1
     };
     let mut out_sp = vec![0usize; r];
-    let output_shape = node
-        .attr_ints("output_shape")
+    let output_shape = attrs
+        .output_shape
+        .as_ref()
         .map(|v| v[v.len().saturating_sub(r)..].to_vec());
     if let Some(os) = &output_shape {
         if os.len() != r {
@@ -511,10 +629,10 @@ pub fn transpose_geometry(
     }
     for i in 0..r {
         if let Some(os) = &output_shape {
-            let target = os[i].max(0) as usize;
+            let target = os[i];
             let total = full(i) as isize - target as isize;
             let total = total.max(0) as usize;
-            if auto_pad == "SAME_UPPER" {
+            if auto_pad == AutoPad::SameUpper {
                 pb[i] = total / 2;
                 pe[i] = total - total / 2;
             } else {
@@ -522,10 +640,10 @@ pub fn transpose_geometry(
                 pe[i] = total / 2;
             }
             out_sp[i] = target;
-        } else if auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" {
+        } else if auto_pad == AutoPad::SameUpper || auto_pad == AutoPad::SameLower {
             let target = in_sp[i] * strides[i];
             let total = full(i).saturating_sub(target);
-            if auto_pad == "SAME_UPPER" {
+            if auto_pad == AutoPad::SameUpper {
                 pb[i] = total / 2;
                 pe[i] = total - total / 2;
             } else {
@@ -534,7 +652,7 @@ pub fn transpose_geometry(
             }
             out_sp[i] = target;
         } else {
-            if auto_pad == "VALID" {
+            if auto_pad == AutoPad::Valid {
                 pb[i] = 0;
                 pe[i] = 0;
             }
@@ -557,7 +675,6 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let wt = input(inputs, 1)?;
     let bias = opt_input(inputs, 2);
-    let node = ctx.node;
     if x.rank() < 3 || wt.rank() != x.rank() {
         return Err(OpError(format!(
             "X {:?} and W {:?} must have the same rank >= 3",
@@ -566,7 +683,8 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         )));
     }
     let r = x.rank() - 2;
-    let group = node.attr_int_or("group", 1).max(1) as usize;
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let group = attrs.group;
     let (n, c) = (x.shape()[0], x.shape()[1]);
     let in_sp = x.shape()[2..].to_vec();
     if wt.shape()[0] != c || c % group != 0 {
@@ -586,7 +704,7 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         pad_begin: pb,
         out: out_sp,
         ..
-    } = transpose_geometry(node, &in_sp, &kernel)?;
+    } = transpose_geometry(attrs, &in_sp, &kernel)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
     let k_sz: usize = kernel.iter().product();
@@ -685,6 +803,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: vec![],
             attrs: attrs
@@ -751,6 +870,40 @@ mod tests {
         );
         assert_eq!(y.shape(), &[1, 1, 4]);
         assert_eq!(y.as_f32().unwrap(), &[1., 1., 2., 2.]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::ops::attrs::testing::assert_rejected;
+        let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
+        assert_rejected(
+            "Conv",
+            &[("kernel_shape", ints(&[3, 3])), ("pads", ints(&[1, 1, 1]))],
+            "pads",
+            "expected 4 values (2 spatial dims x 2), got 3",
+        );
+        assert_rejected("Conv", &[("pads", ints(&[1, 1, 1]))], "pads", "even number");
+        assert_rejected(
+            "Conv",
+            &[("kernel_shape", ints(&[3, 3])), ("strides", ints(&[1]))],
+            "strides",
+            "expected 2 values",
+        );
+        assert_rejected("Conv", &[("strides", ints(&[0, 1]))], "strides", ">= 1");
+        assert_rejected("ConvTranspose", &[("pads", ints(&[-1, 0]))], "pads", ">= 0");
+        assert_rejected(
+            "Conv",
+            &[("auto_pad", Attribute::String("SAME".into()))],
+            "auto_pad",
+            "'SAME' is not one of",
+        );
+        assert_rejected("Conv", &[("group", Attribute::Int(0))], "group", ">= 1");
+        assert_rejected(
+            "Conv",
+            &[("dilations", Attribute::Floats(vec![1.0]))],
+            "dilations",
+            "expected a list of ints, got a list of floats",
+        );
     }
 
     /// A 5×5 kernel with pads 2 on a 1×1 input: every kernel row but the centre one lies

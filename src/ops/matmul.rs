@@ -3,6 +3,7 @@
 //! All f32 products go through [`sgemm`]: it is the one place where accumulation happens
 //! (f32, inside the gemm micro-kernels), so reduced-precision accumulation can be modelled there.
 
+use super::attrs::{boxed, opset_free, AttrError, Attrs};
 use super::util::{broadcast_shapes, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::precision::Accumulator;
@@ -33,12 +34,13 @@ pub fn register(r: &mut Registry) {
             2 * out * k.unwrap_or(0) as u64
         });
     r.def_mut("Gemm")
+        .parse(|n, _| boxed(GemmAttrs::parse(n)))
         .roles(&[Data, Data, Bias])
         .quantized(&[0, 1], |node, i, _| {
-            let t = |a: &str| node.attr_int_or(a, 0) != 0;
+            let a = opset_free::<GemmAttrs>(node)?;
             Some(match i {
-                0 => t("transA") as usize,
-                _ => !t("transB") as usize,
+                0 => a.trans_a as usize,
+                _ => !a.trans_b as usize,
             })
         })
         .infer(gemm_facts)
@@ -47,7 +49,7 @@ pub fn register(r: &mut Registry) {
                 .first()
                 .map_or(0, |s| s.iter().product::<usize>() as u64);
             let a = ins.first().cloned().flatten().unwrap_or_default();
-            let k = if node.attr_int_or("transA", 0) != 0 {
+            let k = if opset_free::<GemmAttrs>(node).is_some_and(|g| g.trans_a) {
                 a.first()
             } else {
                 a.last()
@@ -55,7 +57,62 @@ pub fn register(r: &mut Registry) {
             let has_bias = ins.get(2).is_some_and(|s| s.is_some());
             2 * out * k.copied().unwrap_or(0) as u64 + if has_bias { out } else { 0 }
         });
-    r.def_mut("Einsum").infer(einsum_facts).flops(einsum_flops);
+    r.def_mut("Einsum")
+        .parse(|n, _| boxed(EinsumAttrs::parse(n)))
+        .infer(einsum_facts)
+        .flops(einsum_flops);
+}
+
+/// Gemm's attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GemmAttrs {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl GemmAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<GemmAttrs, AttrError> {
+        let a = Attrs::new(node);
+        Ok(GemmAttrs {
+            trans_a: a.flag("transA", false)?,
+            trans_b: a.flag("transB", false)?,
+            alpha: a.float_or("alpha", 1.0)?,
+            beta: a.float_or("beta", 1.0)?,
+        })
+    }
+}
+
+/// Einsum's equation, without whitespace.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EinsumAttrs {
+    pub equation: String,
+}
+
+impl EinsumAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<EinsumAttrs, AttrError> {
+        let eq = Attrs::new(node)
+            .string("equation")?
+            .ok_or_else(|| AttrError::new("equation", "missing (the op needs it)"))?;
+        let equation: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+        if let Some(c) = equation
+            .chars()
+            .find(|c| !(c.is_ascii_alphabetic() || matches!(c, ',' | '-' | '>' | '.')))
+        {
+            return Err(AttrError::new(
+                "equation",
+                format!("'{eq}': '{c}' is not a letter, ',', '->' or '...'"),
+            ));
+        }
+        if equation.matches("->").count() > 1 {
+            return Err(AttrError::new(
+                "equation",
+                format!("'{eq}' has more than one '->'"),
+            ));
+        }
+        Ok(EinsumAttrs { equation })
+    }
 }
 
 use super::shape::{fact, FactsResult};
@@ -113,8 +170,8 @@ fn matmul_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 
 fn gemm_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let (a, b) = (fact(ins, 0)?, fact(ins, 1)?);
-    let ta = ctx.node.attr_int_or("transA", 0) != 0;
-    let tb = ctx.node.attr_int_or("transB", 0) != 0;
+    let g = ctx.attrs::<GemmAttrs>()?;
+    let (ta, tb) = (g.trans_a, g.trans_b);
     for f in [a, b] {
         if f.rank().is_some_and(|r| r != 2) {
             return Err(OpError(format!(
@@ -157,10 +214,7 @@ fn gemm_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 /// the equation (or, implicitly, the letters seen once, sorted).
 fn einsum_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let first = fact(ins, 0)?;
-    let Some(eq) = ctx.node.attr_str("equation") else {
-        return Err(OpError("attribute 'equation' is required".into()));
-    };
-    let eq: String = eq.chars().filter(|c| !c.is_whitespace()).collect();
+    let eq = &ctx.attrs::<EinsumAttrs>()?.equation;
     if eq.contains("...") {
         return Ok(vec![Fact::new(first.dtype, None)]);
     }
@@ -215,7 +269,7 @@ fn einsum_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 
 /// 2 × the product of every index's size (each index's size read from the operands).
 fn einsum_flops(node: &crate::graph::Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u64 {
-    let Some(eq) = node.attr_str("equation") else {
+    let Some(EinsumAttrs { equation: eq }) = opset_free(node) else {
         return 0;
     };
     let lhs = eq.split("->").next().unwrap_or("");
@@ -556,11 +610,12 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = input(inputs, 0)?;
     let b = input(inputs, 1)?;
     let c = opt_input(inputs, 2);
-    let node = ctx.node;
-    let ta = node.attr_int_or("transA", 0) != 0;
-    let tb = node.attr_int_or("transB", 0) != 0;
-    let alpha = node.attr_float_or("alpha", 1.0);
-    let beta = node.attr_float_or("beta", 1.0);
+    let &GemmAttrs {
+        trans_a: ta,
+        trans_b: tb,
+        alpha,
+        beta,
+    } = ctx.attrs::<GemmAttrs>()?;
     if a.rank() != 2 || b.rank() != 2 {
         return Err(OpError(format!(
             "Gemm needs 2-D A and B, got {:?} and {:?}",
@@ -614,13 +669,7 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// (batch, free, contracted) order, summed over letters that appear in it alone, multiplied,
 /// and the result permuted to the output order.
 fn einsum_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let eq: String = ctx
-        .node
-        .attr_str("equation")
-        .ok_or_else(|| OpError("attribute 'equation' is required".into()))?
-        .chars()
-        .filter(|c| !c.is_whitespace())
-        .collect();
+    let eq: String = ctx.attrs::<EinsumAttrs>()?.equation.clone();
     let ops: Vec<&Tensor> = (0..inputs.len())
         .map(|i| input(inputs, i))
         .collect::<Result<_, _>>()?;

@@ -6,6 +6,7 @@
 //! precision of their inputs' dtype (f32 for f32 tensors); reduced-precision emulation wraps
 //! kernels from the outside (see docs/numerics.md).
 
+pub mod attrs;
 pub mod cast;
 pub mod control;
 pub mod conv;
@@ -50,6 +51,11 @@ impl<'a> OpCtx<'a> {
             subgraphs: None,
             accumulate: crate::precision::Accumulator::F32,
         }
+    }
+
+    /// The node's typed attributes (see [`attrs`]), parsed once.
+    pub fn attrs<T: std::any::Any>(&self) -> Result<&'a T, OpError> {
+        attrs::of(self.node, self.opset)
     }
 }
 
@@ -130,6 +136,11 @@ impl<'a> InferCtx<'a> {
         }
     }
 
+    /// The node's typed attributes (see [`attrs`]), parsed once.
+    pub fn attrs<T: std::any::Any>(&self) -> Result<&'a T, OpError> {
+        attrs::of(self.node, self.opset)
+    }
+
     /// A fresh dimension that equals no other.
     pub fn unknown_dim(&self) -> DimFact {
         let id = self.next_unknown.get();
@@ -150,6 +161,9 @@ pub type InferFn = fn(&InferCtx, &[Option<&Fact>]) -> Result<Vec<Fact>, OpError>
 pub struct OpDef {
     pub op_type: &'static str,
     pub kernel: Kernel,
+    /// Parses and validates the node's attributes into the op's typed value, once (None: the
+    /// op has no attributes).
+    pub parse: Option<attrs::ParseFn>,
     pub infer: Option<InferFn>,
     pub flops: Option<FlopsFn>,
     /// Only moves, selects or reshapes data, or computes shapes.
@@ -168,6 +182,7 @@ impl OpDef {
         OpDef {
             op_type,
             kernel,
+            parse: None,
             infer: None,
             flops: None,
             movement: false,
@@ -175,6 +190,11 @@ impl OpDef {
             quantized: None,
             own_output_type: false,
         }
+    }
+
+    pub fn parse(&mut self, f: attrs::ParseFn) -> &mut Self {
+        self.parse = Some(f);
+        self
     }
 
     pub fn infer(&mut self, f: InferFn) -> &mut Self {

@@ -4,6 +4,7 @@
 //! Means and variances are accumulated in f64 (two passes), so the reference stays accurate on
 //! long rows; results are rounded to f32.
 
+use super::attrs::{boxed, AttrError, Attrs};
 use super::util::{input, norm_axes, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{DType, Tensor};
@@ -26,9 +27,13 @@ pub fn register(r: &mut Registry) {
         "RMSNormalization",
         "MeanVarianceNormalization",
     ] {
-        r.def_mut(op).infer(same_as_input);
+        r.def_mut(op)
+            .parse(|n, _| boxed(NormAttrs::parse(n)))
+            .infer(same_as_input);
     }
-    r.def_mut("LayerNormalization").infer(layer_norm_facts);
+    r.def_mut("LayerNormalization")
+        .parse(|n, _| boxed(NormAttrs::parse(n)))
+        .infer(layer_norm_facts);
     r.def_mut("BatchNormalization").flops(|_, _, outs| {
         2 * outs
             .first()
@@ -47,6 +52,60 @@ pub fn register(r: &mut Registry) {
     }
 }
 
+/// The normalizations' attributes (each op reads those its schema defines).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NormAttrs {
+    /// The first normalized axis (Layer, RMS, Lp: default -1).
+    pub axis: i64,
+    pub epsilon: f64,
+    /// The statistics' element type code (Layer, RMS; default 1, float32).
+    pub stash_type: i64,
+    /// BatchNormalization's `training_mode`.
+    pub training_mode: bool,
+    /// GroupNormalization's `num_groups` (required there, >= 1).
+    pub num_groups: i64,
+    /// LpNormalization's `p`: 1 or 2.
+    pub p: i64,
+    /// MeanVarianceNormalization's `axes` (default [0, 2, 3]).
+    pub axes: Vec<i64>,
+}
+
+impl NormAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<NormAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let op = node.op_type.as_str();
+        let stash_type = a.int_or("stash_type", 1)?;
+        if a.has("stash_type") {
+            a.dtype("stash_type")?;
+        }
+        let num_groups = if op == "GroupNormalization" {
+            let g = a.required_int("num_groups")?;
+            if g < 1 {
+                return Err(AttrError::new(
+                    "num_groups",
+                    format!("must be >= 1, got {g}"),
+                ));
+            }
+            g
+        } else {
+            1
+        };
+        let p = a.int_or("p", 2)?;
+        if op == "LpNormalization" && p != 1 && p != 2 {
+            return Err(AttrError::new("p", format!("must be 1 or 2, got {p}")));
+        }
+        Ok(NormAttrs {
+            axis: a.int_or("axis", -1)?,
+            epsilon: a.float_or("epsilon", 1e-5)? as f64,
+            stash_type,
+            training_mode: a.flag("training_mode", false)?,
+            num_groups,
+            p,
+            axes: super::reduce::distinct_axes(&a, "axes")?.unwrap_or_else(|| vec![0, 2, 3]),
+        })
+    }
+}
+
 /// Y like X; the optional Mean and InvStdDev keep X's leading dims up to `axis`, 1 after, in
 /// the stash type.
 fn layer_norm_facts(
@@ -55,8 +114,9 @@ fn layer_norm_facts(
 ) -> super::shape::FactsResult {
     use crate::graph::fact::{DimFact, Fact};
     let x = super::shape::fact(ins, 0)?;
+    let attrs = ctx.attrs::<NormAttrs>()?;
     let stats = x.shape.as_ref().map(|s| -> Result<Vec<DimFact>, OpError> {
-        let axis = super::util::norm_axis(ctx.node.attr_int_or("axis", -1), s.len())?;
+        let axis = super::util::norm_axis(attrs.axis, s.len())?;
         Ok(s.iter()
             .enumerate()
             .map(|(i, d)| {
@@ -69,7 +129,7 @@ fn layer_norm_facts(
             .collect())
     });
     let stats = stats.transpose()?;
-    let stash = crate::tensor::DType::from_onnx(ctx.node.attr_int_or("stash_type", 1) as i32);
+    let stash = crate::tensor::DType::from_onnx(attrs.stash_type as i32);
     Ok(vec![
         Fact::new(x.dtype, x.shape.clone()),
         Fact::new(stash, stats.clone()),
@@ -98,12 +158,13 @@ fn back(t: Tensor, dtype: DType) -> Tensor {
 
 fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    if ctx.node.attr_int_or("training_mode", 0) != 0 {
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    if attrs.training_mode {
         return Err(OpError(
             "training_mode=1 is not supported (inference only)".into(),
         ));
     }
-    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let eps = attrs.epsilon;
     if x.rank() < 2 {
         return Err(OpError(format!(
             "input must have rank >= 2, got {:?}",
@@ -172,8 +233,9 @@ fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
     let bias = opt_input(inputs, 2);
-    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
-    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    let axis = norm_axis(attrs.axis, x.rank())?;
+    let eps = attrs.epsilon;
     let width: usize = x.shape()[axis..].iter().product();
     let inner = &x.shape()[axis..];
     let mut v = floats(x, "X")?;
@@ -233,9 +295,10 @@ fn broadcast_param(t: &Tensor, what: &str, inner: &[usize]) -> Result<Vec<f32>, 
 fn rms_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
-    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
-    let stash = ctx.node.attr_int_or("stash_type", 1);
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    let axis = norm_axis(attrs.axis, x.rank())?;
+    let eps = attrs.epsilon;
+    let stash = attrs.stash_type;
     if stash != 1 {
         return Err(OpError(format!(
             "stash_type {stash} is not supported (only 1, float32)"
@@ -264,7 +327,7 @@ fn rms_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// `[0, 2, 3]`), statistics in f64.
 fn mvn(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let axes = norm_axes(ctx.node.attr_ints("axes").unwrap_or(&[0, 2, 3]), x.rank())?;
+    let axes = norm_axes(&ctx.attrs::<NormAttrs>()?.axes, x.rank())?;
     let shape = x.shape();
     // Each element's statistics slot: its index with the reduced dims dropped.
     let mut red = shape.to_vec();
@@ -323,7 +386,7 @@ fn instance_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if scale.len() != c || bias.len() != c {
         return Err(OpError(format!("scale and B must have {c} values")));
     }
-    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let eps = ctx.attrs::<NormAttrs>()?.epsilon;
     let sp: usize = x.shape()[2..].iter().product();
     let mut v = floats(x, "X")?;
     normalize_rows(&mut v, sp, eps);
@@ -347,10 +410,8 @@ fn group_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             x.shape()
         )));
     }
-    let groups = ctx
-        .node
-        .attr_int("num_groups")
-        .ok_or_else(|| OpError("attribute 'num_groups' is required".into()))?;
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    let groups = attrs.num_groups;
     let c = x.shape()[1];
     if groups < 1 || c % groups as usize != 0 {
         return Err(OpError(format!("{c} channels cannot form {groups} groups")));
@@ -365,7 +426,7 @@ fn group_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             "scale/bias must have {c} (or {groups}) values"
         )));
     }
-    let eps = ctx.node.attr_float_or("epsilon", 1e-5) as f64;
+    let eps = attrs.epsilon;
     let sp: usize = x.shape()[2..].iter().product();
     let cpg = c / groups;
     let mut v = floats(x, "X")?;
@@ -385,8 +446,9 @@ fn group_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 fn lp_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
-    let p = ctx.node.attr_int_or("p", 2);
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    let axis = norm_axis(attrs.axis, x.rank())?;
+    let p = attrs.p;
     if p != 1 && p != 2 {
         return Err(OpError(format!("p must be 1 or 2, got {p}")));
     }
@@ -426,6 +488,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
@@ -496,5 +559,36 @@ mod tests {
         let v = y.as_f32().unwrap();
         assert!((v[0] - 1.0 / (1.0f32 + 1e-5).sqrt()).abs() < 1e-6);
         assert!((v[1] - (2.0 * 2.0 / (4.0f32 + 1e-5).sqrt() + 1.0)).abs() < 1e-5);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::graph::Attribute;
+        use crate::ops::attrs::testing::assert_rejected;
+        assert_rejected("GroupNormalization", &[], "num_groups", "missing");
+        assert_rejected(
+            "GroupNormalization",
+            &[("num_groups", Attribute::Int(0))],
+            "num_groups",
+            ">= 1",
+        );
+        assert_rejected(
+            "LpNormalization",
+            &[("p", Attribute::Int(3))],
+            "p",
+            "1 or 2",
+        );
+        assert_rejected(
+            "LayerNormalization",
+            &[("epsilon", Attribute::Int(0))],
+            "epsilon",
+            "expected a float, got an int",
+        );
+        assert_rejected(
+            "LayerNormalization",
+            &[("stash_type", Attribute::Int(99))],
+            "stash_type",
+            "99 is not an element type",
+        );
     }
 }

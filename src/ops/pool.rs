@@ -1,6 +1,7 @@
 //! MaxPool, AveragePool, LpPool and the global pools.
 
-use super::conv::window;
+use super::attrs::{boxed, opset_free, AttrError, Attrs};
+use super::conv::{window, WindowAttrs};
 use super::util::input;
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
@@ -15,17 +16,21 @@ pub fn register(r: &mut Registry) {
     r.add("GlobalMaxPool", global_max_pool);
     r.add("GlobalLpPool", global_lp_pool);
     for op in ["MaxPool", "AveragePool", "LpPool"] {
-        r.def_mut(op).infer(pool_facts).flops(|node, _, outs| {
-            let out = outs
-                .first()
-                .map_or(0, |s| s.iter().product::<usize>() as u64);
-            let k: u64 = node
-                .attr_ints("kernel_shape")
-                .map(|k| k.iter().map(|&d| d.max(1) as u64).product())
-                .unwrap_or(1);
-            out * k
-        });
+        r.def_mut(op)
+            .parse(|n, _| boxed(PoolAttrs::parse(n)))
+            .infer(pool_facts)
+            .flops(|node, _, outs| {
+                let out = outs
+                    .first()
+                    .map_or(0, |s| s.iter().product::<usize>() as u64);
+                let k: u64 = opset_free::<PoolAttrs>(node)
+                    .map(|a| a.kernel.iter().map(|&d| d as u64).product())
+                    .unwrap_or(1);
+                out * k
+            });
     }
+    r.def_mut("GlobalLpPool")
+        .parse(|n, _| boxed(Attrs::new(n).int_or("p", 2).map(LpNorm)));
     for op in ["GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool"] {
         r.def_mut(op)
             .infer(|_, ins| {
@@ -47,16 +52,56 @@ pub fn register(r: &mut Registry) {
     }
 }
 
+/// MaxPool's, AveragePool's and LpPool's attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolAttrs {
+    /// `kernel_shape` (required).
+    pub kernel: Vec<usize>,
+    pub window: WindowAttrs,
+    pub ceil_mode: bool,
+    /// MaxPool's `storage_order` 1: Indices count column-major.
+    pub storage_col_major: bool,
+    /// AveragePool's `count_include_pad`.
+    pub count_include_pad: bool,
+    /// LpPool's `p`.
+    pub p: i64,
+}
+
+impl PoolAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<PoolAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let window = WindowAttrs::parse(&a)?;
+        let kernel = window
+            .kernel_shape
+            .clone()
+            .ok_or_else(|| AttrError::new("kernel_shape", "missing (the op needs it)"))?;
+        let storage_order = a.int_or("storage_order", 0)?;
+        if !(0..=1).contains(&storage_order) {
+            return Err(AttrError::new(
+                "storage_order",
+                format!("must be 0 (row-major) or 1 (column-major), got {storage_order}"),
+            ));
+        }
+        Ok(PoolAttrs {
+            kernel,
+            window,
+            ceil_mode: a.flag("ceil_mode", false)?,
+            storage_col_major: storage_order == 1,
+            count_include_pad: a.flag("count_include_pad", false)?,
+            p: a.int_or("p", 2)?,
+        })
+    }
+}
+
+/// GlobalLpPool's `p`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LpNorm(pub i64);
+
 /// [N, C, spatial...] to [N, C, windows...]; MaxPool's Indices are int64 of the same shape.
 fn pool_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
     let x = super::shape::fact(ins, 0)?;
-    let node = ctx.node;
-    let kernel: Vec<usize> = node
-        .attr_ints("kernel_shape")
-        .ok_or_else(|| OpError("attribute 'kernel_shape' is required".into()))?
-        .iter()
-        .map(|&k| k.max(1) as usize)
-        .collect();
+    let attrs = ctx.attrs::<PoolAttrs>()?;
+    let kernel = &attrs.kernel;
     let rank = kernel.len() + 2;
     let mut out: Vec<DimFact> = (0..rank).map(|_| ctx.unknown_dim()).collect();
     if let Some(s) = &x.shape {
@@ -73,8 +118,7 @@ fn pool_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fac
             .map(DimFact::as_known)
             .collect::<Option<Vec<_>>>()
         {
-            let ceil = node.attr_int_or("ceil_mode", 0) != 0;
-            let w = window(node, &sp, &kernel, ceil)?;
+            let w = window(&attrs.window, &sp, kernel, attrs.ceil_mode)?;
             for (i, o) in w.out.iter().enumerate() {
                 out[2 + i] = DimFact::known(*o);
             }
@@ -120,12 +164,8 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         )));
     }
     let node = ctx.node;
-    let kernel: Vec<usize> = node
-        .attr_ints("kernel_shape")
-        .ok_or_else(|| OpError("attribute 'kernel_shape' is required".into()))?
-        .iter()
-        .map(|&k| k.max(1) as usize)
-        .collect();
+    let attrs = ctx.attrs::<PoolAttrs>()?;
+    let kernel = &attrs.kernel;
     let in_sp = &x.shape()[2..];
     if kernel.len() != in_sp.len() {
         return Err(OpError(format!(
@@ -133,8 +173,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
             x.shape()
         )));
     }
-    let ceil = node.attr_int_or("ceil_mode", 0) != 0;
-    let w = window(node, in_sp, &kernel, ceil)?;
+    let w = window(&attrs.window, in_sp, kernel, attrs.ceil_mode)?;
     let (n, c) = (x.shape()[0], x.shape()[1]);
     let xv = as_f32(x)?;
     let in_sz: usize = in_sp.iter().product();
@@ -142,7 +181,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
     let r = in_sp.len();
     let k_sz: usize = kernel.iter().product();
     let want_indices = kind == Kind::Max && node.outputs.len() > 1 && !node.outputs[1].is_empty();
-    let storage_col_major = node.attr_int_or("storage_order", 0) == 1;
+    let storage_col_major = attrs.storage_col_major;
     let mut out = vec![0f32; n * c * o_sz];
     let mut idx_out = vec![0i64; if want_indices { n * c * o_sz } else { 0 }];
     let compute_plane = |p: usize, plane: &mut [f32], idx_plane: Option<&mut [i64]>| {
@@ -337,12 +376,12 @@ fn max_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn avg_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let count_pad = ctx.node.attr_int_or("count_include_pad", 0) != 0;
+    let count_pad = ctx.attrs::<PoolAttrs>()?.count_include_pad;
     pool(ctx, inputs, Kind::Avg { count_pad })
 }
 
 fn lp_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let p = ctx.node.attr_int_or("p", 2) as f32;
+    let p = ctx.attrs::<PoolAttrs>()?.p as f32;
     pool(ctx, inputs, Kind::Lp(p))
 }
 
@@ -378,7 +417,7 @@ fn global_max_pool(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn global_lp_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let p = ctx.node.attr_int_or("p", 2) as f32;
+    let p = ctx.attrs::<LpNorm>()?.0 as f32;
     global(inputs, move |v| {
         v.iter().map(|x| x.abs().powf(p)).sum::<f32>().powf(1.0 / p)
     })
@@ -394,6 +433,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: attrs
@@ -427,6 +467,37 @@ mod tests {
             .unwrap()
             .remove(0);
         assert_eq!(y.as_f32().unwrap(), &[0.25, 0.75, 1.0, 2.5]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::ops::attrs::testing::assert_rejected;
+        let k = ("kernel_shape", Attribute::Ints(vec![2, 2]));
+        assert_rejected("MaxPool", &[], "kernel_shape", "missing");
+        assert_rejected(
+            "AveragePool",
+            &[k.clone(), ("pads", Attribute::Ints(vec![0; 6]))],
+            "pads",
+            "expected 4 values (2 spatial dims x 2), got 6",
+        );
+        assert_rejected(
+            "MaxPool",
+            &[k.clone(), ("storage_order", Attribute::Int(2))],
+            "storage_order",
+            "got 2",
+        );
+        assert_rejected(
+            "LpPool",
+            &[k, ("p", Attribute::Float(2.0))],
+            "p",
+            "expected an int, got a float",
+        );
+        assert_rejected(
+            "GlobalLpPool",
+            &[("p", Attribute::Ints(vec![]))],
+            "p",
+            "an int",
+        );
     }
 
     #[test]

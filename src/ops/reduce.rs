@@ -3,6 +3,7 @@
 //! Float reductions accumulate in f64; integer ones in i64. Axes come from the attribute
 //! before opset 18 (13 for ReduceSum) and from the optional second input after.
 
+use super::attrs::{boxed, AttrError, Attrs};
 use super::cast::cast_tensor;
 use super::util::{input, norm_axes, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
@@ -36,6 +37,7 @@ pub fn register(r: &mut Registry) {
     ] {
         let d = r
             .def_mut(op)
+            .parse(|n, _| boxed(ReduceAttrs::parse(n)))
             .roles(&[super::InputRole::Data, super::InputRole::Param]);
         d.infer(if from == 13 {
             |c, i| reduce_facts(c, i, 13)
@@ -44,9 +46,12 @@ pub fn register(r: &mut Registry) {
         });
     }
     for op in ["ArgMax", "ArgMin"] {
-        r.def_mut(op).infer(arg_facts);
+        r.def_mut(op)
+            .parse(|n, _| boxed(ArgAttrs::parse(n)))
+            .infer(arg_facts);
     }
     r.def_mut("TopK")
+        .parse(|n, opset| boxed(TopKAttrs::parse(n, opset)))
         .roles(&[super::InputRole::Data, super::InputRole::Param])
         .infer(top_k_facts);
     // A reduction reads every input element once.
@@ -77,14 +82,95 @@ pub fn register(r: &mut Registry) {
 use crate::graph::fact::{DimFact, Fact};
 use crate::tensor::DType;
 
+/// The Reduce* ops' attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReduceAttrs {
+    pub keepdims: bool,
+    pub noop_with_empty_axes: bool,
+    /// The `axes` attribute (read before the opset that makes axes an input).
+    pub axes: Option<Vec<i64>>,
+}
+
+impl ReduceAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<ReduceAttrs, AttrError> {
+        let a = Attrs::new(node);
+        Ok(ReduceAttrs {
+            keepdims: a.flag("keepdims", true)?,
+            noop_with_empty_axes: a.flag("noop_with_empty_axes", false)?,
+            axes: distinct_axes(&a, "axes")?,
+        })
+    }
+}
+
+/// An int-list axes attribute without repeats.
+pub fn distinct_axes(a: &Attrs, name: &str) -> Result<Option<Vec<i64>>, AttrError> {
+    let axes = a.ints(name)?;
+    if let Some(v) = &axes {
+        if let Some(d) = v.iter().enumerate().find(|(i, x)| v[..*i].contains(x)) {
+            return Err(AttrError::new(
+                name,
+                format!("{} appears twice in {v:?}", d.1),
+            ));
+        }
+    }
+    Ok(axes)
+}
+
+/// ArgMax's and ArgMin's attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ArgAttrs {
+    pub axis: i64,
+    pub keepdims: bool,
+    pub select_last_index: bool,
+}
+
+impl ArgAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<ArgAttrs, AttrError> {
+        let a = Attrs::new(node);
+        Ok(ArgAttrs {
+            axis: a.int_or("axis", 0)?,
+            keepdims: a.flag("keepdims", true)?,
+            select_last_index: a.flag("select_last_index", false)?,
+        })
+    }
+}
+
+/// TopK's attributes (`k` is an attribute before opset 10).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopKAttrs {
+    pub k: Option<i64>,
+    pub axis: i64,
+    pub largest: bool,
+}
+
+impl TopKAttrs {
+    fn parse(node: &crate::graph::Node, opset: i64) -> Result<TopKAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let k = if opset < 10 {
+            let k = a.required_int("k")?;
+            if k < 0 {
+                return Err(AttrError::new("k", format!("must be >= 0, got {k}")));
+            }
+            Some(k)
+        } else {
+            None
+        };
+        Ok(TopKAttrs {
+            k,
+            axis: a.int_or("axis", -1)?,
+            largest: a.flag("largest", true)?,
+        })
+    }
+}
+
 fn reduce_facts(
     ctx: &super::InferCtx,
     ins: &[Option<&Fact>],
     axes_input_from: i64,
 ) -> super::shape::FactsResult {
     let x = super::shape::fact(ins, 0)?;
-    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
-    let noop = ctx.node.attr_int_or("noop_with_empty_axes", 0) != 0;
+    let attrs = ctx.attrs::<ReduceAttrs>()?;
+    let (keepdims, noop) = (attrs.keepdims, attrs.noop_with_empty_axes);
     let Some(s) = &x.shape else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
@@ -94,12 +180,7 @@ fn reduce_facts(
             Some(f) => f.int_values(),
         }
     } else {
-        Some(
-            ctx.node
-                .attr_ints("axes")
-                .map(<[i64]>::to_vec)
-                .unwrap_or_default(),
-        )
+        Some(attrs.axes.clone().unwrap_or_default())
     };
     let Some(axes) = axes else {
         // Axes computed at run time: the rank is known only when dims are kept.
@@ -125,10 +206,11 @@ fn reduce_facts(
 
 fn arg_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
     let x = super::shape::fact(ins, 0)?;
-    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
+    let attrs = ctx.attrs::<ArgAttrs>()?;
+    let keepdims = attrs.keepdims;
     let shape = match &x.shape {
         Some(s) => {
-            let axis = norm_axis(ctx.node.attr_int_or("axis", 0), s.len())?;
+            let axis = norm_axis(attrs.axis, s.len())?;
             Some(super::shape::reduced_shape(s, Some(&[axis]), keepdims))
         }
         None => None,
@@ -138,8 +220,9 @@ fn arg_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fact
 
 fn top_k_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
     let x = super::shape::fact(ins, 0)?;
+    let attrs = ctx.attrs::<TopKAttrs>()?;
     let k: Option<i64> = if ctx.opset < 10 {
-        ctx.node.attr_int("k")
+        attrs.k
     } else {
         super::shape::fact(ins, 1)?
             .int_values()
@@ -147,7 +230,7 @@ fn top_k_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fa
     };
     let shape = match &x.shape {
         Some(s) => {
-            let axis = norm_axis(ctx.node.attr_int_or("axis", -1), s.len())?;
+            let axis = norm_axis(attrs.axis, s.len())?;
             let mut o = s.clone();
             o[axis] = match k {
                 Some(k) => {
@@ -232,8 +315,8 @@ fn plan(shape: &[usize], axes: &[usize], keepdims: bool) -> Plan {
 
 fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i64) -> OpResult {
     let x = input(inputs, 0)?;
-    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
-    let noop = ctx.node.attr_int_or("noop_with_empty_axes", 0) != 0;
+    let attrs = ctx.attrs::<ReduceAttrs>()?;
+    let (keepdims, noop) = (attrs.keepdims, attrs.noop_with_empty_axes);
     let axes: Vec<i64> = if ctx.opset >= axes_input_from {
         match opt_input(inputs, 1) {
             Some(t) => t
@@ -242,10 +325,7 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
             None => Vec::new(),
         }
     } else {
-        ctx.node
-            .attr_ints("axes")
-            .map(|a| a.to_vec())
-            .unwrap_or_default()
+        attrs.axes.clone().unwrap_or_default()
     };
     if axes.is_empty() && noop {
         return Ok(vec![x.clone()]);
@@ -345,9 +425,9 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
 
 fn arg_extreme(ctx: &OpCtx, inputs: &[Option<&Tensor>], max: bool) -> OpResult {
     let x = input(inputs, 0)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
-    let keepdims = ctx.node.attr_int_or("keepdims", 1) != 0;
-    let last = ctx.node.attr_int_or("select_last_index", 0) != 0;
+    let attrs = ctx.attrs::<ArgAttrs>()?;
+    let axis = norm_axis(attrs.axis, x.rank())?;
+    let (keepdims, last) = (attrs.keepdims, attrs.select_last_index);
     let v = x
         .to_f64_vec()
         .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
@@ -372,9 +452,10 @@ fn arg_extreme(ctx: &OpCtx, inputs: &[Option<&Tensor>], max: bool) -> OpResult {
 
 fn top_k(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
+    let attrs = ctx.attrs::<TopKAttrs>()?;
     let k = if ctx.opset < 10 {
-        ctx.node
-            .attr_int("k")
+        attrs
+            .k
             .ok_or_else(|| OpError("attribute 'k' is required".into()))?
     } else {
         let kt = input(inputs, 1)?;
@@ -383,8 +464,8 @@ fn top_k(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             .ok_or_else(|| OpError("K must be an integer tensor".into()))?;
         *kv.first().ok_or_else(|| OpError("K is empty".into()))?
     };
-    let axis = norm_axis(ctx.node.attr_int_or("axis", -1), x.rank())?;
-    let largest = ctx.node.attr_int_or("largest", 1) != 0;
+    let axis = norm_axis(attrs.axis, x.rank())?;
+    let largest = attrs.largest;
     let len = x.shape()[axis];
     if k < 0 || k as usize > len {
         return Err(OpError(format!(
@@ -443,6 +524,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: attrs
@@ -504,5 +586,31 @@ mod tests {
             &[&x],
         );
         assert_eq!(y[0].as_i64().unwrap(), &[2]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::graph::Attribute;
+        use crate::ops::attrs::testing::{assert_rejected, load_error};
+        assert_rejected(
+            "ReduceMean",
+            &[("axes", Attribute::Ints(vec![1, -1, 1]))],
+            "axes",
+            "1 appears twice",
+        );
+        assert_rejected(
+            "ReduceSum",
+            &[("keepdims", Attribute::Float(1.0))],
+            "keepdims",
+            "expected an int, got a float",
+        );
+        assert_rejected(
+            "ArgMax",
+            &[("axis", Attribute::Ints(vec![0]))],
+            "axis",
+            "an int",
+        );
+        assert!(load_error("TopK", &[], 1).is_some_and(|e| e.contains("'k': missing")));
+        assert!(load_error("TopK", &[], 11).is_none());
     }
 }

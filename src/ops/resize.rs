@@ -24,6 +24,7 @@
 //! - Linear and cubic compute in f32 for f32/f16/bf16 inputs and in f64 for f64 and integer
 //!   inputs; integer results round half to even and saturate (the reference's `saturate_cast`).
 
+use super::attrs::{boxed, AttrError, Attrs};
 use super::util::{input, norm_axes, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
@@ -38,11 +39,98 @@ pub fn register(r: &mut Registry) {
     r.add("Upsample", upsample);
     use super::InputRole::{Data, Param};
     r.def_mut("Resize")
+        .parse(|n, opset| boxed(ResizeAttrs::parse(n, opset)))
         .roles(&[Data, Param, Param, Param])
         .infer(resize_facts);
     r.def_mut("Upsample")
+        .parse(|n, opset| boxed(ResizeAttrs::parse(n, opset)))
         .roles(&[Data, Param])
         .infer(resize_facts);
+}
+
+/// Resize's and Upsample's attributes, validated for the node's opset.
+#[derive(Clone, Debug)]
+pub struct ResizeAttrs {
+    /// Mode, coordinate transformation, nearest rounding, cubic coefficient, antialias...
+    params: Params,
+    /// The resized axes (Resize-18 and later).
+    axes: Option<Vec<i64>>,
+    /// `keep_aspect_ratio_policy` (Resize-18 and later; stretch before).
+    policy: AspectPolicy,
+    /// Upsample-7's `scales` attribute.
+    scales: Option<Vec<f64>>,
+}
+
+impl ResizeAttrs {
+    fn parse(node: &crate::graph::Node, opset: i64) -> Result<ResizeAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let mut attrs = ResizeAttrs {
+            params: Params::legacy(Mode::Nearest),
+            axes: None,
+            policy: AspectPolicy::Stretch,
+            scales: None,
+        };
+        let modes: &[(&str, Mode)] = &[("nearest", Mode::Nearest), ("linear", Mode::Linear)];
+        if node.op_type == "Upsample" {
+            let modes = [modes, &[("bilinear", Mode::Linear)]].concat();
+            attrs.params = Params::legacy(a.choice("mode", Mode::Nearest, &modes)?);
+            if opset < 9 {
+                let s = a
+                    .floats("scales")?
+                    .ok_or_else(|| AttrError::new("scales", "missing (Upsample-7 needs it)"))?;
+                attrs.scales = Some(s.iter().map(|&v| v as f64).collect());
+            }
+            return Ok(attrs);
+        }
+        if opset < 11 {
+            attrs.params = Params::legacy(a.choice("mode", Mode::Nearest, modes)?);
+            return Ok(attrs);
+        }
+        let modes = [modes, &[("cubic", Mode::Cubic)]].concat();
+        attrs.params = Params {
+            mode: a.choice("mode", Mode::Nearest, &modes)?,
+            coord: a.choice(
+                "coordinate_transformation_mode",
+                Coord::HalfPixel,
+                &[
+                    ("half_pixel", Coord::HalfPixel),
+                    ("half_pixel_symmetric", Coord::HalfPixelSymmetric),
+                    ("pytorch_half_pixel", Coord::PytorchHalfPixel),
+                    ("align_corners", Coord::AlignCorners),
+                    ("asymmetric", Coord::Asymmetric),
+                    ("tf_half_pixel_for_nn", Coord::TfHalfPixelForNn),
+                    ("tf_crop_and_resize", Coord::TfCropAndResize),
+                ],
+            )?,
+            nearest: a.choice(
+                "nearest_mode",
+                NearestMode::RoundPreferFloor,
+                &[
+                    ("round_prefer_floor", NearestMode::RoundPreferFloor),
+                    ("round_prefer_ceil", NearestMode::RoundPreferCeil),
+                    ("floor", NearestMode::Floor),
+                    ("ceil", NearestMode::Ceil),
+                ],
+            )?,
+            cubic_a: a.float_or("cubic_coeff_a", -0.75)? as f64,
+            exclude_outside: a.flag("exclude_outside", false)?,
+            antialias: opset >= 18 && a.flag("antialias", false)?,
+            extrapolation: a.float_or("extrapolation_value", 0.0)? as f64,
+        };
+        if opset >= 18 {
+            attrs.axes = a.ints("axes")?;
+            attrs.policy = a.choice(
+                "keep_aspect_ratio_policy",
+                AspectPolicy::Stretch,
+                &[
+                    ("stretch", AspectPolicy::Stretch),
+                    ("not_larger", AspectPolicy::NotLarger),
+                    ("not_smaller", AspectPolicy::NotSmaller),
+                ],
+            )?;
+        }
+        Ok(attrs)
+    }
 }
 
 /// The output shape when X's shape and the scales or sizes are known; else X's rank.
@@ -58,6 +146,7 @@ fn resize_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::F
         return unknown(x.rank());
     };
     let node = ctx.node;
+    let attrs = ctx.attrs::<ResizeAttrs>()?;
     let floats = |i: usize| -> Option<Option<Vec<f64>>> {
         match super::shape::opt_fact(ins, i) {
             None => Some(None),
@@ -73,8 +162,7 @@ fn resize_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::F
     let all_axes: Vec<usize> = (0..shape.len()).collect();
     let specs = if node.op_type == "Upsample" || ctx.opset < 11 {
         let scales = if ctx.opset < 9 && node.op_type == "Upsample" {
-            node.attr_floats("scales")
-                .map(|s| s.iter().map(|&v| v as f64).collect())
+            attrs.scales.clone()
         } else {
             floats(1).flatten()
         };
@@ -83,9 +171,9 @@ fn resize_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::F
             None => return unknown(Some(shape.len())),
         }
     } else {
-        let axes = match node.attr_ints("axes") {
-            Some(a) if ctx.opset >= 18 => norm_axes(a, shape.len())?,
-            _ => all_axes,
+        let axes = match &attrs.axes {
+            Some(a) => norm_axes(a, shape.len())?,
+            None => all_axes,
         };
         let sizes = match super::shape::opt_fact(ins, 3) {
             None => Some(None),
@@ -99,17 +187,7 @@ fn resize_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::F
         };
         match (floats(2), sizes) {
             (Some(Some(s)), Some(None)) => specs_from_scales(&shape, &axes, &s)?,
-            (Some(None), Some(Some(s))) => {
-                let policy = if ctx.opset >= 18 {
-                    parse_policy(
-                        node.attr_str("keep_aspect_ratio_policy")
-                            .unwrap_or("stretch"),
-                    )?
-                } else {
-                    AspectPolicy::Stretch
-                };
-                specs_from_sizes(&shape, &axes, &s, policy)?
-            }
+            (Some(None), Some(Some(s))) => specs_from_sizes(&shape, &axes, &s, attrs.policy)?,
             (Some(None), Some(None)) => {
                 return Err(OpError(
                     "one of 'scales' and 'sizes' is required (both are empty or omitted)".into(),
@@ -229,9 +307,8 @@ fn is_close(a: f64, b: f64) -> bool {
 // Kernels: argument parsing.
 
 fn resize(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let node = ctx.node;
+    let attrs = ctx.attrs::<ResizeAttrs>()?;
     let x = input(inputs, 0)?;
-    let mode_name = node.attr_str("mode").unwrap_or("nearest");
     let all_axes: Vec<usize> = (0..x.rank()).collect();
     if ctx.opset < 11 {
         if inputs.len() != 2 {
@@ -241,10 +318,9 @@ fn resize(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 inputs.len()
             );
         }
-        let mode = parse_mode(mode_name, false)?;
         let scales = float_list(input(inputs, 1)?, "scales")?;
         let specs = specs_from_scales(x.shape(), &all_axes, &scales)?;
-        return run(x, &Params::legacy(mode), &specs, &all_axes);
+        return run(x, &attrs.params, &specs, &all_axes);
     }
     if inputs.is_empty() || inputs.len() > 4 {
         op_bail!(
@@ -252,24 +328,10 @@ fn resize(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             inputs.len()
         );
     }
-    let params = Params {
-        mode: parse_mode(mode_name, true)?,
-        coord: parse_coord(
-            node.attr_str("coordinate_transformation_mode")
-                .unwrap_or("half_pixel"),
-        )?,
-        nearest: parse_nearest(
-            node.attr_str("nearest_mode")
-                .unwrap_or("round_prefer_floor"),
-        )?,
-        cubic_a: node.attr_float_or("cubic_coeff_a", -0.75) as f64,
-        exclude_outside: node.attr_int_or("exclude_outside", 0) != 0,
-        antialias: ctx.opset >= 18 && node.attr_int_or("antialias", 0) != 0,
-        extrapolation: node.attr_float_or("extrapolation_value", 0.0) as f64,
-    };
-    let axes = match node.attr_ints("axes") {
-        Some(a) if ctx.opset >= 18 => norm_axes(a, x.rank())?,
-        _ => all_axes,
+    let params = attrs.params;
+    let axes = match &attrs.axes {
+        Some(a) => norm_axes(a, x.rank())?,
+        None => all_axes,
     };
     let roi = present(opt_input(inputs, 1));
     let scales = present(opt_input(inputs, 2));
@@ -283,15 +345,7 @@ fn resize(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
         (Some(s), None) => specs_from_scales(x.shape(), &axes, &float_list(s, "scales")?)?,
         (None, Some(s)) => {
-            let policy = if ctx.opset >= 18 {
-                parse_policy(
-                    node.attr_str("keep_aspect_ratio_policy")
-                        .unwrap_or("stretch"),
-                )?
-            } else {
-                AspectPolicy::Stretch
-            };
-            specs_from_sizes(x.shape(), &axes, &int_list(s, "sizes")?, policy)?
+            specs_from_sizes(x.shape(), &axes, &int_list(s, "sizes")?, attrs.policy)?
         }
     };
     if params.coord == Coord::TfCropAndResize {
@@ -317,13 +371,8 @@ fn resize(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn upsample(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let node = ctx.node;
+    let attrs = ctx.attrs::<ResizeAttrs>()?;
     let x = input(inputs, 0)?;
-    let mode = match node.attr_str("mode").unwrap_or("nearest") {
-        "nearest" => Mode::Nearest,
-        "linear" | "bilinear" => Mode::Linear,
-        other => op_bail!("Upsample mode '{other}' is not supported (nearest or linear)"),
-    };
     let scales: Vec<f64> = if ctx.opset < 9 {
         if inputs.len() != 1 {
             op_bail!(
@@ -332,8 +381,8 @@ fn upsample(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 inputs.len()
             );
         }
-        match node.attr_floats("scales") {
-            Some(s) => s.iter().map(|&v| v as f64).collect(),
+        match &attrs.scales {
+            Some(s) => s.clone(),
             None => op_bail!("Upsample-{} needs attribute 'scales'", ctx.opset),
         }
     } else {
@@ -348,51 +397,7 @@ fn upsample(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     };
     let all_axes: Vec<usize> = (0..x.rank()).collect();
     let specs = specs_from_scales(x.shape(), &all_axes, &scales)?;
-    run(x, &Params::legacy(mode), &specs, &all_axes)
-}
-
-fn parse_mode(s: &str, allow_cubic: bool) -> Result<Mode, OpError> {
-    Ok(match s {
-        "nearest" => Mode::Nearest,
-        "linear" => Mode::Linear,
-        "cubic" if allow_cubic => Mode::Cubic,
-        other => op_bail!(
-            "mode '{other}' is not supported (nearest, linear{})",
-            if allow_cubic { " or cubic" } else { "" }
-        ),
-    })
-}
-
-fn parse_coord(s: &str) -> Result<Coord, OpError> {
-    Ok(match s {
-        "half_pixel" => Coord::HalfPixel,
-        "half_pixel_symmetric" => Coord::HalfPixelSymmetric,
-        "pytorch_half_pixel" => Coord::PytorchHalfPixel,
-        "align_corners" => Coord::AlignCorners,
-        "asymmetric" => Coord::Asymmetric,
-        "tf_half_pixel_for_nn" => Coord::TfHalfPixelForNn,
-        "tf_crop_and_resize" => Coord::TfCropAndResize,
-        other => op_bail!("coordinate_transformation_mode '{other}' is not supported"),
-    })
-}
-
-fn parse_nearest(s: &str) -> Result<NearestMode, OpError> {
-    Ok(match s {
-        "round_prefer_floor" => NearestMode::RoundPreferFloor,
-        "round_prefer_ceil" => NearestMode::RoundPreferCeil,
-        "floor" => NearestMode::Floor,
-        "ceil" => NearestMode::Ceil,
-        other => op_bail!("nearest_mode '{other}' is not supported"),
-    })
-}
-
-fn parse_policy(s: &str) -> Result<AspectPolicy, OpError> {
-    Ok(match s {
-        "stretch" => AspectPolicy::Stretch,
-        "not_larger" => AspectPolicy::NotLarger,
-        "not_smaller" => AspectPolicy::NotSmaller,
-        other => op_bail!("keep_aspect_ratio_policy '{other}' is not supported"),
-    })
+    run(x, &attrs.params, &specs, &all_axes)
 }
 
 /// An optional input, None when omitted or empty (an empty tensor means "not given").
@@ -994,6 +999,7 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
+            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: attrs
@@ -1155,5 +1161,37 @@ mod tests {
         assert!(call("Resize", 13, &[], &[Some(&x), None, Some(&short)]).is_err());
         let crop = [("coordinate_transformation_mode", s("tf_crop_and_resize"))];
         assert!(call("Resize", 13, &crop, &[Some(&x), None, Some(&sc)]).is_err());
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::ops::attrs::testing::{assert_rejected, load_error};
+        assert_rejected(
+            "Resize",
+            &[("mode", s("area"))],
+            "mode",
+            "'area' is not one of 'nearest', 'linear', 'cubic'",
+        );
+        assert_rejected(
+            "Resize",
+            &[("coordinate_transformation_mode", s("centre"))],
+            "coordinate_transformation_mode",
+            "'centre' is not one of",
+        );
+        assert_rejected(
+            "Resize",
+            &[("cubic_coeff_a", Attribute::Int(1))],
+            "cubic_coeff_a",
+            "a float",
+        );
+        assert_rejected(
+            "Resize",
+            &[("axes", Attribute::Floats(vec![1.0]))],
+            "axes",
+            "ints",
+        );
+        assert!(load_error("Resize", &[("mode", s("cubic"))], 10).is_some());
+        assert!(load_error("Upsample", &[("mode", s("bilinear"))], 9).is_none());
+        assert!(load_error("Upsample", &[], 7).is_some_and(|e| e.contains("'scales'")));
     }
 }
