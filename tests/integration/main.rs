@@ -1,6 +1,7 @@
 //! The integration target: ONNX conformance, whole-model checks against ONNX Runtime,
 //! Polygraphy file interop and CLI end-to-end tests. One target so it links once.
 
+mod attrs;
 mod calib;
 mod cli;
 mod common;
