@@ -330,7 +330,19 @@ pub(crate) mod testing {
     /// Asserts that `op` with `attrs` is rejected at load naming the attribute, with a
     /// message containing `what`.
     pub fn assert_rejected(op: &str, attrs: &[(&str, Attribute)], attr: &str, what: &str) {
-        let e = load_error(op, attrs, 21).unwrap_or_else(|| panic!("{op} {attrs:?} was accepted"));
+        assert_rejected_at(op, attrs, 21, attr, what)
+    }
+
+    /// [`assert_rejected`] at `opset`.
+    pub fn assert_rejected_at(
+        op: &str,
+        attrs: &[(&str, Attribute)],
+        opset: i64,
+        attr: &str,
+        what: &str,
+    ) {
+        let e =
+            load_error(op, attrs, opset).unwrap_or_else(|| panic!("{op} {attrs:?} was accepted"));
         let head = format!("node 'bad' ({op}): attribute '{attr}': ");
         assert!(e.starts_with(&head), "{e}");
         assert!(e.contains(what), "{e}");

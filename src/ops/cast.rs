@@ -21,16 +21,12 @@ pub fn register(r: &mut Registry) {
         r.def_mut(op)
             .movement()
             .own_output_type()
-            .roles(&[super::InputRole::Data, super::InputRole::Param]);
+            .roles(&[super::InputRole::Data, super::InputRole::Param])
+            .parse(|n, opset| super::attrs::boxed(CastAttrs::parse(n, opset)));
     }
     r.def_mut("Cast").infer(|ctx, ins| {
         let x = super::shape::fact(ins, 0)?;
-        let to = ctx
-            .node
-            .attr_int("to")
-            .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
-        let dtype = DType::from_onnx(to as i32)
-            .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
+        let dtype = cast_to(ctx.attrs::<CastAttrs>()?)?;
         let mut f = crate::graph::fact::Fact::new(Some(dtype), x.shape.clone());
         if dtype.is_int() {
             f.dims = x.dims.clone();
@@ -46,26 +42,49 @@ pub fn register(r: &mut Registry) {
     });
 }
 
+/// Cast's and CastLike's attributes: `to` (Cast: required, a type mixprec knows) and
+/// `saturate` (opset 19+, float8 targets only; default 1; always on before 19).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CastAttrs {
+    pub to: Option<DType>,
+    pub saturate: bool,
+}
+
+impl CastAttrs {
+    fn parse(node: &crate::graph::Node, opset: i64) -> Result<CastAttrs, super::attrs::AttrError> {
+        let a = super::attrs::Attrs::new(node);
+        let to = a.dtype("to")?;
+        if to.is_none() && node.op_type == "Cast" {
+            return Err(super::attrs::AttrError::new(
+                "to",
+                "missing (the op needs it)",
+            ));
+        }
+        Ok(CastAttrs {
+            to,
+            saturate: opset < 19 || a.flag("saturate", true)?,
+        })
+    }
+}
+
+fn cast_to(a: &CastAttrs) -> Result<DType, OpError> {
+    a.to.ok_or_else(|| OpError("attribute 'to' is required".into()))
+}
+
 fn cast_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let to = ctx
-        .node
-        .attr_int("to")
-        .ok_or_else(|| OpError("attribute 'to' is required".into()))?;
-    let dtype = DType::from_onnx(to as i32)
-        .ok_or_else(|| OpError(format!("cast to data type {to} is not supported")))?;
-    Ok(vec![checked_cast(x, dtype, saturate(ctx))?])
+    let attrs = ctx.attrs::<CastAttrs>()?;
+    Ok(vec![checked_cast(x, cast_to(attrs)?, attrs.saturate)?])
 }
 
 fn cast_like_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let like = input(inputs, 1)?;
-    Ok(vec![checked_cast(x, like.dtype(), saturate(ctx))?])
-}
-
-/// The `saturate` attribute (Cast/CastLike opset 19+; float8 targets only; default 1).
-fn saturate(ctx: &OpCtx) -> bool {
-    ctx.opset < 19 || ctx.node.attr_int_or("saturate", 1) != 0
+    Ok(vec![checked_cast(
+        x,
+        like.dtype(),
+        ctx.attrs::<CastAttrs>()?.saturate,
+    )?])
 }
 
 fn checked_cast(x: &Tensor, to: DType, saturate: bool) -> Result<Tensor, OpError> {
@@ -258,6 +277,26 @@ mod tests {
         assert!(v[0].is_nan() && v[1].is_nan() && v[2] == 1.0, "{v:?}");
         // Before opset 19 there is no saturate attribute: the default rule applies.
         assert_eq!(run(&node(Some(0)), 13), vec![448.0, -448.0, 1.0]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::graph::Attribute;
+        use crate::ops::attrs::testing::{assert_rejected, load_error};
+        assert_rejected("Cast", &[], "to", "missing");
+        assert_rejected(
+            "Cast",
+            &[("to", Attribute::Int(99))],
+            "to",
+            "99 is not an element type mixprec knows",
+        );
+        assert_rejected(
+            "Cast",
+            &[("to", Attribute::String("FLOAT".into()))],
+            "to",
+            "expected an int, got a string",
+        );
+        assert!(load_error("CastLike", &[], 19).is_none());
     }
 
     #[test]

@@ -28,6 +28,88 @@ pub fn register(r: &mut Registry) {
     r.add("If", if_op).infer(body_facts);
     r.add("Loop", loop_op).infer(body_facts);
     r.add("Scan", scan).infer(body_facts);
+    for op in ["If", "Loop", "Scan"] {
+        r.def_mut(op)
+            .parse(|n, _| super::attrs::boxed(ControlAttrs::parse(n)));
+    }
+}
+
+/// The non-graph attributes of If, Loop and Scan (Scan's), and the check that the bodies are
+/// graph attributes (If: `then_branch` and `else_branch`; Loop, Scan: `body`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ControlAttrs {
+    /// Scan's `num_scan_inputs` (required there, >= 1).
+    pub num_scan_inputs: i64,
+    pub scan_input_axes: Vec<i64>,
+    /// 0 (forward) or 1 (backward), one per scan input / output.
+    pub scan_input_directions: Vec<i64>,
+    pub scan_output_axes: Vec<i64>,
+    pub scan_output_directions: Vec<i64>,
+    /// Scan-8's `directions`.
+    pub directions: Vec<i64>,
+}
+
+impl ControlAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<ControlAttrs, super::attrs::AttrError> {
+        use super::attrs::{AttrError, Attrs};
+        let a = Attrs::new(node);
+        match node.op_type.as_str() {
+            "If" => {
+                a.graph("then_branch", true)?;
+                a.graph("else_branch", true)?;
+            }
+            _ => a.graph("body", true)?,
+        }
+        let mut c = ControlAttrs {
+            num_scan_inputs: 0,
+            scan_input_axes: Vec::new(),
+            scan_input_directions: Vec::new(),
+            scan_output_axes: Vec::new(),
+            scan_output_directions: Vec::new(),
+            directions: Vec::new(),
+        };
+        if node.op_type != "Scan" {
+            return Ok(c);
+        }
+        c.num_scan_inputs = a.required_int("num_scan_inputs")?;
+        if c.num_scan_inputs < 1 {
+            return Err(AttrError::new(
+                "num_scan_inputs",
+                format!("must be >= 1, got {}", c.num_scan_inputs),
+            ));
+        }
+        let dirs = |name: &str| -> Result<Vec<i64>, AttrError> {
+            let v = a.ints(name)?.unwrap_or_default();
+            if v.iter().any(|&d| d != 0 && d != 1) {
+                return Err(AttrError::new(
+                    name,
+                    format!("every value must be 0 (forward) or 1 (backward), got {v:?}"),
+                ));
+            }
+            Ok(v)
+        };
+        c.scan_input_directions = dirs("scan_input_directions")?;
+        c.scan_output_directions = dirs("scan_output_directions")?;
+        c.directions = dirs("directions")?;
+        c.scan_input_axes = a.ints("scan_input_axes")?.unwrap_or_default();
+        c.scan_output_axes = a.ints("scan_output_axes")?.unwrap_or_default();
+        for (name, v) in [
+            ("scan_input_axes", &c.scan_input_axes),
+            ("scan_input_directions", &c.scan_input_directions),
+        ] {
+            if !v.is_empty() && v.len() as i64 != c.num_scan_inputs {
+                return Err(AttrError::new(
+                    name,
+                    format!(
+                        "expected {} values (one per scan input), got {}",
+                        c.num_scan_inputs,
+                        v.len()
+                    ),
+                ));
+            }
+        }
+        Ok(c)
+    }
 }
 
 /// Output facts: the element types the body declares for the node's outputs (If: the then
@@ -310,11 +392,8 @@ fn scan_core(
 
 fn scan(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let g = body(ctx, "body")?;
-    let m = ctx
-        .node
-        .attr_int("num_scan_inputs")
-        .ok_or_else(|| OpError("attribute 'num_scan_inputs' is required".into()))?;
-    let ints = |name: &str| ctx.node.attr_ints(name).unwrap_or(&[]).to_vec();
+    let attrs = ctx.attrs::<ControlAttrs>()?;
+    let m = attrs.num_scan_inputs;
     if ctx.opset < 9 {
         return scan8(ctx, g, inputs, m);
     }
@@ -340,10 +419,10 @@ fn scan(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         g,
         states,
         &xs,
-        &ints("scan_input_axes"),
-        &ints("scan_input_directions"),
-        &ints("scan_output_axes"),
-        &ints("scan_output_directions"),
+        &attrs.scan_input_axes,
+        &attrs.scan_input_directions,
+        &attrs.scan_output_axes,
+        &attrs.scan_output_directions,
     )
 }
 
@@ -387,7 +466,7 @@ fn scan8(ctx: &OpCtx, g: &Graph, inputs: &[Option<&Tensor>], m: i64) -> OpResult
             ));
         }
     }
-    let dirs = ctx.node.attr_ints("directions").unwrap_or(&[]).to_vec();
+    let dirs = ctx.attrs::<ControlAttrs>()?.directions.clone();
     let mut per_batch: Vec<Vec<Tensor>> = Vec::with_capacity(batch);
     for b in 0..batch {
         let states = all[..n].iter().map(|t| slice_axis(t, 0, b)).collect();

@@ -146,6 +146,24 @@ pub fn register(r: &mut Registry) {
     r.add("Xor", |_, i| logic(i, |a, b| a ^ b));
     r.add("Where", where_op).infer(where_facts);
     r.add("Clip", clip);
+    for op in [
+        "IsInf",
+        "LeakyRelu",
+        "Elu",
+        "Celu",
+        "Selu",
+        "HardSigmoid",
+        "Swish",
+        "Shrink",
+        "ThresholdedRelu",
+        "Gelu",
+        "Mod",
+        "BitShift",
+        "Clip",
+    ] {
+        r.def_mut(op)
+            .parse(|n, opset| super::attrs::boxed(ElementwiseAttrs::parse(n, opset)));
+    }
     facts(r);
 }
 
@@ -238,6 +256,77 @@ fn facts(r: &mut Registry) {
                 .first()
                 .map_or(0, |s| s.iter().product::<usize>() as u64)
         });
+    }
+}
+
+/// The attributes of the elementwise ops that have any, with each op's defaults (LeakyRelu's
+/// alpha 0.01, Selu's 1.673..., HardSigmoid's 0.2...).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ElementwiseAttrs {
+    pub alpha: f32,
+    pub beta: f32,
+    /// Selu's `gamma`.
+    pub gamma: f32,
+    /// Shrink's `lambd` and `bias`.
+    pub lambd: f32,
+    pub bias: f32,
+    /// IsInf's `detect_positive` and `detect_negative`.
+    pub detect_positive: bool,
+    pub detect_negative: bool,
+    /// Gelu's `approximate` is 'tanh' (else 'none').
+    pub gelu_tanh: bool,
+    /// Mod's `fmod`.
+    pub fmod: bool,
+    /// BitShift's `direction` is LEFT (required: LEFT or RIGHT).
+    pub shift_left: bool,
+    /// Clip's `min` and `max` before opset 11.
+    pub min: Option<f32>,
+    pub max: Option<f32>,
+}
+
+impl ElementwiseAttrs {
+    fn parse(
+        node: &crate::graph::Node,
+        opset: i64,
+    ) -> Result<ElementwiseAttrs, super::attrs::AttrError> {
+        let a = super::attrs::Attrs::new(node);
+        let op = node.op_type.as_str();
+        let alpha = match op {
+            "LeakyRelu" => 0.01,
+            "Selu" => 1.673_263_2,
+            "HardSigmoid" => 0.2,
+            _ => 1.0,
+        };
+        let shift_left = if op == "BitShift" {
+            if !a.has("direction") {
+                return Err(super::attrs::AttrError::new(
+                    "direction",
+                    "missing (the op needs it)",
+                ));
+            }
+            a.choice("direction", true, &[("LEFT", true), ("RIGHT", false)])?
+        } else {
+            false
+        };
+        let (min, max) = if op == "Clip" && opset < 11 {
+            (a.float("min")?, a.float("max")?)
+        } else {
+            (None, None)
+        };
+        Ok(ElementwiseAttrs {
+            alpha: a.float_or("alpha", alpha)?,
+            beta: a.float_or("beta", 0.5)?,
+            gamma: a.float_or("gamma", 1.050_701)?,
+            lambd: a.float_or("lambd", 0.5)?,
+            bias: a.float_or("bias", 0.0)?,
+            detect_positive: a.flag("detect_positive", true)?,
+            detect_negative: a.flag("detect_negative", true)?,
+            gelu_tanh: a.choice("approximate", false, &[("none", false), ("tanh", true)])?,
+            fmod: a.flag("fmod", false)?,
+            shift_left,
+            min,
+            max,
+        })
     }
 }
 
@@ -378,15 +467,15 @@ fn predicate(inputs: &[Option<&Tensor>], f: impl Fn(f64) -> bool) -> OpResult {
 }
 
 fn is_inf(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let pos = ctx.node.attr_int_or("detect_positive", 1) != 0;
-    let neg = ctx.node.attr_int_or("detect_negative", 1) != 0;
+    let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+    let (pos, neg) = (attrs.detect_positive, attrs.detect_negative);
     predicate(inputs, |x| {
         (pos && x == f64::INFINITY) || (neg && x == f64::NEG_INFINITY)
     })
 }
 
 fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 0.01);
+    let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
         |x| if x >= 0.0 { x } else { a as f64 * x },
@@ -395,7 +484,7 @@ fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 1.0);
+    let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
         |x| if x >= 0.0 { x } else { a as f64 * x.exp_m1() },
@@ -404,7 +493,7 @@ fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn celu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 1.0);
+    let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
         |x| x.max(0.0) + (a as f64 * (x / a as f64).exp_m1()).min(0.0),
@@ -413,8 +502,8 @@ fn celu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn selu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 1.673_263_2);
-    let g = ctx.node.attr_float_or("gamma", 1.050_701);
+    let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+    let (a, g) = (attrs.alpha, attrs.gamma);
     unary(
         inputs,
         |x| g as f64 * if x > 0.0 { x } else { a as f64 * x.exp_m1() },
@@ -423,8 +512,8 @@ fn selu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 0.2);
-    let b = ctx.node.attr_float_or("beta", 0.5);
+    let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+    let (a, b) = (attrs.alpha, attrs.beta);
     unary(
         inputs,
         |x| (a as f64 * x + b as f64).clamp(0.0, 1.0),
@@ -434,7 +523,7 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 /// Swish (opset 24): `x * sigmoid(alpha * x)`.
 fn swish(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 1.0);
+    let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
         |x| x * sigmoid(a as f64 * x),
@@ -444,8 +533,8 @@ fn swish(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 /// Shrink: `x + bias` below `-lambd`, `x - bias` above `lambd`, 0 between (ints too).
 fn shrink(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let l = ctx.node.attr_float_or("lambd", 0.5) as f64;
-    let b = ctx.node.attr_float_or("bias", 0.0) as f64;
+    let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+    let (l, b) = (attrs.lambd as f64, attrs.bias as f64);
     let f = move |x: f64| {
         if x < -l {
             x + b
@@ -464,7 +553,7 @@ fn shrink(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = ctx.node.attr_float_or("alpha", 1.0);
+    let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
         |x| if x > a as f64 { x } else { 0.0 },
@@ -473,13 +562,13 @@ fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    match ctx.node.attr_str("approximate").unwrap_or("none") {
-        "none" => unary(
+    match ctx.attrs::<ElementwiseAttrs>()?.gelu_tanh {
+        false => unary(
             inputs,
             |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
             |x| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
         ),
-        "tanh" => {
+        true => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
             unary(
                 inputs,
@@ -487,7 +576,6 @@ fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 move |x| 0.5 * x * (1.0 + (c as f32 * (x + 0.044715 * x * x * x)).tanh()),
             )
         }
-        other => Err(OpError(format!("unknown approximate '{other}'"))),
     }
 }
 
@@ -643,7 +731,7 @@ fn int_pow(x: i64, y: i64) -> i64 {
 }
 
 fn mod_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let fmod = ctx.node.attr_int_or("fmod", 0) != 0;
+    let fmod = ctx.attrs::<ElementwiseAttrs>()?.fmod;
     let a = input(inputs, 0)?;
     if a.dtype().is_float() && !fmod {
         return Err(OpError("Mod on floats requires fmod=1".into()));
@@ -668,15 +756,7 @@ fn mod_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn bit_shift(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let left = match ctx.node.attr_str("direction") {
-        Some("LEFT") => true,
-        Some("RIGHT") => false,
-        other => {
-            return Err(OpError(format!(
-                "direction must be LEFT or RIGHT, got {other:?}"
-            )))
-        }
-    };
+    let left = ctx.attrs::<ElementwiseAttrs>()?.shift_left;
     let a = input(inputs, 0)?;
     let b = input(inputs, 1)?;
     same_dtype(a, b)?;
@@ -794,10 +874,8 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     // Opset < 11: min/max attributes; from 11: optional scalar inputs.
     let (lo, hi) = if ctx.opset < 11 {
-        (
-            ctx.node.attr_float("min").map(|v| v as f64),
-            ctx.node.attr_float("max").map(|v| v as f64),
-        )
+        let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+        (attrs.min.map(|v| v as f64), attrs.max.map(|v| v as f64))
     } else {
         let scalar = |i: usize| -> Result<Option<f64>, OpError> {
             match opt_input(inputs, i) {
@@ -915,5 +993,33 @@ mod tests {
     fn sigmoid_is_stable() {
         let x = Tensor::from_f32(vec![2], vec![-1000.0, 1000.0]);
         assert_eq!(run("Sigmoid", &[&x]).as_f32().unwrap(), &[0.0, 1.0]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::graph::Attribute;
+        use crate::ops::attrs::testing::{assert_rejected, load_error};
+        assert_rejected(
+            "LeakyRelu",
+            &[("alpha", Attribute::Int(1))],
+            "alpha",
+            "expected a float, got an int",
+        );
+        assert_rejected(
+            "Gelu",
+            &[("approximate", Attribute::String("fast".into()))],
+            "approximate",
+            "'fast' is not one of 'none', 'tanh'",
+        );
+        assert_rejected("BitShift", &[], "direction", "missing");
+        crate::ops::attrs::testing::assert_rejected_at(
+            "Clip",
+            &[("min", Attribute::Ints(vec![0]))],
+            6,
+            "min",
+            "expected a float",
+        );
+        // Clip's min/max are inputs from opset 11: the attributes are not read.
+        assert!(load_error("Clip", &[("min", Attribute::Ints(vec![0]))], 13).is_none());
     }
 }

@@ -17,6 +17,7 @@
 //! reads all of these (and int32); a float8 or float4 zero point must be zero.
 //! A NaN input quantizes to the zero point for integer types and to NaN for float8.
 
+use super::attrs::{boxed, AttrError, Attrs};
 use super::util::{input, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
@@ -28,19 +29,17 @@ pub fn register(r: &mut Registry) {
     r.add("DequantizeLinear", dequantize_linear);
     r.add("DynamicQuantizeLinear", dynamic_quantize_linear);
     use super::InputRole::{Data, Scale, ZeroPoint};
+    for op in ["QuantizeLinear", "DequantizeLinear"] {
+        r.def_mut(op)
+            .parse(|n, opset| boxed(QuantAttrs::parse(n, opset)));
+    }
     r.def_mut("QuantizeLinear")
         .roles(&[Data, Scale, ZeroPoint])
         .infer(|ctx, ins| {
             let x = super::shape::fact(ins, 0)?;
             let dtype = match super::shape::opt_fact(ins, 2) {
                 Some(z) => z.dtype,
-                None => Some(
-                    ctx.node
-                        .attr_int("output_dtype")
-                        .filter(|&c| c != 0)
-                        .and_then(|c| DType::from_onnx(c as i32))
-                        .unwrap_or(DType::U8),
-                ),
+                None => Some(ctx.attrs::<QuantAttrs>()?.output_dtype.unwrap_or(DType::U8)),
             };
             Ok(vec![Fact::new(dtype, x.shape.clone())])
         });
@@ -49,9 +48,9 @@ pub fn register(r: &mut Registry) {
         .infer(|ctx, ins| {
             let x = super::shape::fact(ins, 0)?;
             let scale = super::shape::fact(ins, 1)?;
-            let dtype = match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
-                Some(c) if ctx.opset >= 23 => DType::from_onnx(c as i32),
-                _ => scale.dtype,
+            let dtype = match ctx.attrs::<QuantAttrs>()?.output_dtype {
+                Some(d) => Some(d),
+                None => scale.dtype,
             };
             Ok(vec![Fact::new(dtype, x.shape.clone())])
         });
@@ -66,6 +65,75 @@ pub fn register(r: &mut Registry) {
 }
 
 use crate::graph::fact::Fact;
+
+/// QuantizeLinear's and DequantizeLinear's attributes, for the node's opset.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantAttrs {
+    /// The per-axis or blocked axis (default 1).
+    pub axis: i64,
+    /// Blocked quantization's block size (opset 21+; 0: not blocked).
+    pub block_size: usize,
+    /// float8 targets clamp out-of-range values (opset 19+, default 1).
+    pub saturate: bool,
+    /// The output type set by the attribute (QuantizeLinear 21+: a quantized type;
+    /// DequantizeLinear 23+: float32, float16 or bfloat16); None when unset or 0.
+    pub output_dtype: Option<DType>,
+    /// QuantizeLinear's division type (opset 23+: float32, float16 or bfloat16).
+    pub precision: Option<DType>,
+}
+
+impl QuantAttrs {
+    fn parse(node: &crate::graph::Node, opset: i64) -> Result<QuantAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let quantize = node.op_type == "QuantizeLinear";
+        let block_size = if opset >= 21 {
+            a.int_or("block_size", 0)?
+        } else {
+            0
+        };
+        if block_size < 0 {
+            return Err(AttrError::new(
+                "block_size",
+                format!("must be >= 0, got {block_size}"),
+            ));
+        }
+        let float = |d: &DType| matches!(d, DType::F32 | DType::F16 | DType::BF16);
+        let typed = |name: &str, from: i64, ok: &dyn Fn(&DType) -> bool, what: &str| {
+            if opset < from || a.int(name)? == Some(0) {
+                return Ok(None);
+            }
+            match a.dtype(name)? {
+                Some(d) if !ok(&d) => Err(AttrError::new(
+                    name,
+                    format!("{d} is not supported (expected {what})"),
+                )),
+                d => Ok(d),
+            }
+        };
+        let output_dtype = if quantize {
+            typed(
+                "output_dtype",
+                21,
+                &|d| quant_range(*d).is_ok(),
+                "uint8, int8, uint16, int16, uint4, int4, a float8 type or float4e2m1",
+            )?
+        } else {
+            typed("output_dtype", 23, &float, "float32, float16 or bfloat16")?
+        };
+        let precision = if quantize {
+            typed("precision", 23, &float, "float32, float16 or bfloat16")?
+        } else {
+            None
+        };
+        Ok(QuantAttrs {
+            axis: a.int_or("axis", 1)?,
+            block_size: block_size as usize,
+            saturate: opset < 19 || a.flag("saturate", true)?,
+            output_dtype,
+            precision,
+        })
+    }
+}
 
 /// The integer range of a quantized type, or an error naming the unsupported type.
 fn quant_range(dtype: DType) -> Result<(f64, f64), OpError> {
@@ -99,16 +167,8 @@ enum Layout {
 
 /// Checks the scale's shape against `x` and the node's attributes and returns the layout.
 fn layout(ctx: &OpCtx, x_shape: &[usize], scale: &Tensor) -> Result<Layout, OpError> {
-    let block_size = if ctx.opset >= 21 {
-        ctx.node.attr_int_or("block_size", 0)
-    } else {
-        0
-    };
-    if block_size < 0 {
-        return Err(OpError(format!(
-            "block_size must be >= 0, got {block_size}"
-        )));
-    }
+    let attrs = ctx.attrs::<QuantAttrs>()?;
+    let block_size = attrs.block_size;
     // A single value (scalar or shape [1]) applies to every element, whatever the mode.
     if scale.len() == 1 && scale.rank() <= 1 {
         return Ok(Layout::PerTensor);
@@ -120,7 +180,7 @@ fn layout(ctx: &OpCtx, x_shape: &[usize], scale: &Tensor) -> Result<Layout, OpEr
             ctx.opset
         )));
     }
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 1), x_shape.len())?;
+    let axis = norm_axis(attrs.axis, x_shape.len())?;
     if block_size == 0 {
         if scale.rank() != 1 || scale.shape()[0] != x_shape[axis] {
             return Err(OpError(format!(
@@ -132,7 +192,7 @@ fn layout(ctx: &OpCtx, x_shape: &[usize], scale: &Tensor) -> Result<Layout, OpEr
         }
         return Ok(Layout::PerAxis { axis });
     }
-    let block = block_size as usize;
+    let block = block_size;
     let mut want = x_shape.to_vec();
     want[axis] = x_shape[axis].div_ceil(block);
     if scale.shape() != want.as_slice() {
@@ -219,28 +279,20 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
     let zp = opt_input(inputs, 2);
+    let attrs = ctx.attrs::<QuantAttrs>()?;
     let out_dtype = match zp {
         Some(z) => {
-            if ctx.opset >= 21 {
-                if let Some(code) = ctx.node.attr_int("output_dtype") {
-                    if code != 0 && code != z.dtype().onnx_code() as i64 {
-                        return Err(OpError(format!(
-                            "output_dtype {code} differs from the zero point's type {}",
-                            z.dtype()
-                        )));
-                    }
+            if let Some(d) = attrs.output_dtype {
+                if d != z.dtype() {
+                    return Err(OpError(format!(
+                        "output_dtype {d} differs from the zero point's type {}",
+                        z.dtype()
+                    )));
                 }
             }
             z.dtype()
         }
-        None => match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
-            Some(code) if ctx.opset >= 21 => DType::from_onnx(code as i32).ok_or_else(|| {
-                OpError(format!(
-                    "output_dtype {code} is not a supported quantized type (uint8, int8, uint16, int16, uint4, int4, float8, float4e2m1)"
-                ))
-            })?,
-            _ => DType::U8,
-        },
+        None => attrs.output_dtype.unwrap_or(DType::U8),
     };
     let (qmin, qmax) = quant_range(out_dtype)?;
     let xv = float_values(x, "input x", true)?;
@@ -250,22 +302,10 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if out_dtype.is_fp8() {
         require_zero(zv.as_deref(), out_dtype)?;
     }
-    let saturate = ctx.opset < 19 || ctx.node.attr_int_or("saturate", 1) != 0;
+    let saturate = attrs.saturate;
     // The division happens in the inputs' common type (float16 only if both are float16),
     // or in the `precision` attribute's type (opset 23+); int32 inputs divide in f64.
-    let precision = match ctx.node.attr_int("precision").filter(|&c| c != 0) {
-        Some(code) if ctx.opset >= 23 => {
-            let d = DType::from_onnx(code as i32)
-                .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
-                .ok_or_else(|| {
-                    OpError(format!(
-                        "precision {code} is not supported (expected float32, float16 or bfloat16)"
-                    ))
-                })?;
-            Some(d)
-        }
-        _ => None,
-    };
+    let precision = attrs.precision;
     let div_type = precision.unwrap_or(if x.dtype() == scale.dtype() {
         x.dtype()
     } else {
@@ -353,16 +393,10 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
     }
     let sv = float_values(scale, "x_scale", false)?;
-    let out_dtype = match ctx.node.attr_int("output_dtype").filter(|&c| c != 0) {
-        Some(code) if ctx.opset >= 23 => DType::from_onnx(code as i32)
-            .filter(|d| matches!(d, DType::F32 | DType::F16 | DType::BF16))
-            .ok_or_else(|| {
-                OpError(format!(
-                    "output_dtype {code} is not supported (expected float32, float16 or bfloat16)"
-                ))
-            })?,
-        _ => scale.dtype(),
-    };
+    let out_dtype = ctx
+        .attrs::<QuantAttrs>()?
+        .output_dtype
+        .unwrap_or(scale.dtype());
     let layout = layout(ctx, x.shape(), scale)?;
     let zv = zero_points(zp, scale)?;
     if x.dtype().is_fp8() || x.dtype() == DType::F4E2M1 {
@@ -647,5 +681,37 @@ mod tests {
         let z = Tensor::from_parts(vec![2, 1], TensorData::U4(vec![U4::wrapping(8); 2]));
         let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
         assert_eq!(y[0].as_f32().unwrap(), &[7.0, -8.0, 0.5]);
+    }
+
+    #[test]
+    fn bad_attributes_are_load_errors() {
+        use crate::ops::attrs::testing::{assert_rejected, load_error};
+        assert_rejected(
+            "QuantizeLinear",
+            &[("block_size", Attribute::Int(-2))],
+            "block_size",
+            ">= 0",
+        );
+        assert_rejected(
+            "QuantizeLinear",
+            &[("output_dtype", Attribute::Int(1))],
+            "output_dtype",
+            "float32 is not supported",
+        );
+        crate::ops::attrs::testing::assert_rejected_at(
+            "DequantizeLinear",
+            &[("output_dtype", Attribute::Int(3))],
+            23,
+            "output_dtype",
+            "int8 is not supported",
+        );
+        assert_rejected(
+            "QuantizeLinear",
+            &[("axis", Attribute::Float(1.0))],
+            "axis",
+            "expected an int, got a float",
+        );
+        // Attributes of later opsets are not read.
+        assert!(load_error("QuantizeLinear", &[("output_dtype", Attribute::Int(1))], 19).is_none());
     }
 }

@@ -14,7 +14,16 @@ pub fn register(r: &mut Registry) {
     r.add("LogSoftmax", |c, i| softmax_like(c, i, Kind::LogSoftmax));
     r.add("Hardmax", |c, i| softmax_like(c, i, Kind::Hardmax));
     for op in ["Softmax", "LogSoftmax", "Hardmax"] {
-        r.def_mut(op).infer(super::shape::same_as_input);
+        r.def_mut(op)
+            .parse(|n, opset| {
+                let legacy = opset < 13;
+                super::attrs::boxed(
+                    super::attrs::Attrs::new(n)
+                        .int_or("axis", if legacy { 1 } else { -1 })
+                        .map(|axis| SoftmaxAttrs { axis }),
+                )
+            })
+            .infer(super::shape::same_as_input);
     }
     for op in ["Softmax", "LogSoftmax"] {
         r.def_mut(op).flops(|_, _, outs| {
@@ -23,6 +32,12 @@ pub fn register(r: &mut Registry) {
                 .map_or(0, |s| s.iter().product::<usize>() as u64)
         });
     }
+}
+
+/// Softmax's, LogSoftmax's and Hardmax's `axis` (default 1 before opset 13, -1 from it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SoftmaxAttrs {
+    pub axis: i64,
 }
 
 #[derive(Clone, Copy)]
@@ -73,10 +88,7 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
     let shape = x.shape().to_vec();
     let rank = shape.len().max(1);
     let legacy = ctx.opset < 13;
-    let axis = norm_axis(
-        ctx.node.attr_int_or("axis", if legacy { 1 } else { -1 }),
-        rank,
-    )?;
+    let axis = norm_axis(ctx.attrs::<SoftmaxAttrs>()?.axis, rank)?;
     let dims = if shape.is_empty() {
         vec![1]
     } else {

@@ -83,8 +83,9 @@ pub(super) fn register(r: &mut Registry) {
     });
     r.def_mut("ConstantOfShape").infer(|ctx, i| {
         let dtype = ctx
-            .node
-            .attr_tensor("value")
+            .attrs::<super::MovementAttrs>()?
+            .fill
+            .as_ref()
             .map_or(DType::F32, Tensor::dtype);
         let shape = fact(i, 0)?;
         Ok(vec![Fact::new(
@@ -207,9 +208,10 @@ enum ReshapeEntry {
 
 fn reshape_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let x = fact(ins, 0)?;
-    let allowzero = ctx.node.attr_int_or("allowzero", 0) != 0;
+    let attrs = ctx.attrs::<super::MovementAttrs>()?;
+    let allowzero = attrs.allowzero;
     let spec: Option<Vec<ReshapeEntry>> = if ctx.opset < 5 {
-        ctx.node.attr_ints("shape").map(|v| entries(v, allowzero))
+        attrs.shape.as_deref().map(|v| entries(v, allowzero))
     } else {
         let s = fact(ins, 1)?;
         match (s.int_values(), &s.dims) {
@@ -316,24 +318,16 @@ fn transpose_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let Some(s) = &x.shape else {
         return Ok(vec![Fact::new(x.dtype, None)]);
     };
-    let perm: Vec<usize> = match ctx.node.attr_ints("perm") {
+    let perm: Vec<usize> = match &ctx.attrs::<super::MovementAttrs>()?.perm {
+        // A permutation of 0..n (checked at load): it must fit the rank.
         Some(p) => {
-            let mut seen = vec![false; s.len()];
-            let mut out = Vec::with_capacity(p.len());
-            for &a in p {
-                let a = norm_axis(a, s.len())?;
-                if std::mem::replace(&mut seen[a], true) {
-                    return Err(OpError(format!("perm {p:?} repeats axis {a}")));
-                }
-                out.push(a);
-            }
-            if out.len() != s.len() {
+            if p.len() != s.len() {
                 return Err(OpError(format!(
                     "perm {p:?} does not fit an input of rank {}",
                     s.len()
                 )));
             }
-            out
+            p.clone()
         }
         None => (0..s.len()).rev().collect(),
     };
@@ -349,7 +343,7 @@ fn flatten_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
         return Ok(vec![super::super::shape::unknown_dims(ctx, x.dtype, 2)]);
     };
     let r = s.len() as i64;
-    let mut axis = ctx.node.attr_int_or("axis", 1);
+    let mut axis = ctx.attrs::<super::MovementAttrs>()?.axis;
     if axis < 0 {
         axis += r;
     }
@@ -376,7 +370,11 @@ fn axes_fact(
             Some(f) => f.int_values().map(Some).ok_or(()),
         }
     } else {
-        Ok(ctx.node.attr_ints("axes").map(<[i64]>::to_vec))
+        Ok(ctx
+            .attrs::<super::MovementAttrs>()
+            .map_err(|_| ())?
+            .axes
+            .clone())
     }
 }
 
@@ -439,10 +437,7 @@ fn unsqueeze_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 fn concat_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let parts: Vec<&Fact> = ins.iter().flatten().copied().collect();
     let first = *parts.first().ok_or_else(|| OpError("no inputs".into()))?;
-    let axis = ctx
-        .node
-        .attr_int("axis")
-        .ok_or_else(|| OpError("attribute 'axis' is required".into()))?;
+    let axis = ctx.attrs::<super::MovementAttrs>()?.axis;
     let mut f = Fact::new(first.dtype, None);
     if parts.iter().all(|p| p.dims.is_some()) {
         f.dims = Some(parts.iter().flat_map(|p| p.dims.clone().unwrap()).collect());
@@ -488,14 +483,15 @@ fn split_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let Some(s) = &x.shape else {
         return Ok(vec![Fact::new(x.dtype, None); n_out]);
     };
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), s.len())?;
+    let attrs = ctx.attrs::<super::MovementAttrs>()?;
+    let axis = norm_axis(attrs.axis, s.len())?;
     let given: Option<Option<Vec<i64>>> = if ctx.opset >= 13 {
         match opt_fact(ins, 1) {
             None => Some(None),
             Some(f) => f.int_values().map(Some),
         }
     } else {
-        Some(ctx.node.attr_ints("split").map(<[i64]>::to_vec))
+        Some(attrs.split.clone())
     };
     let sizes: Vec<DimFact> = match given {
         None => (0..n_out).map(|_| ctx.unknown_dim()).collect(),
@@ -512,7 +508,7 @@ fn split_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
                 .collect()
         }
         Some(None) => {
-            let parts = ctx.node.attr_int("num_outputs").unwrap_or(n_out as i64);
+            let parts = attrs.num_outputs.unwrap_or(n_out as i64);
             if parts < 1 || parts as usize != n_out {
                 return Err(OpError(format!(
                     "num_outputs {parts} differs from the node's {n_out} outputs"
@@ -550,14 +546,9 @@ fn slice_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
         return Ok(vec![f]);
     };
     let params = if ctx.opset < 10 {
-        let n = ctx.node;
-        match (n.attr_ints("starts"), n.attr_ints("ends")) {
-            (Some(a), Some(b)) => Some((
-                a.to_vec(),
-                b.to_vec(),
-                n.attr_ints("axes").map(<[i64]>::to_vec),
-                None,
-            )),
+        let attrs = ctx.attrs::<super::MovementAttrs>()?;
+        match (&attrs.starts, &attrs.ends) {
+            (Some(a), Some(b)) => Some((a.clone(), b.clone(), attrs.axes.clone(), None)),
             _ => return Err(OpError("starts and ends are required".into())),
         }
     } else {
@@ -651,7 +642,7 @@ fn gather_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let (Some(s), Some(is)) = (&x.shape, &idx.shape) else {
         return Ok(vec![f]);
     };
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), s.len())?;
+    let axis = norm_axis(ctx.attrs::<super::MovementAttrs>()?.axis, s.len())?;
     let mut out: ShapeFact = s[..axis].to_vec();
     out.extend(is.iter().cloned());
     out.extend(s[axis + 1..].iter().cloned());
@@ -673,8 +664,9 @@ fn shape_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     };
     let r = s.len() as i64;
     let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-    let start = clampi(ctx.node.attr_int_or("start", 0));
-    let end = clampi(ctx.node.attr_int_or("end", r)).max(start);
+    let attrs = ctx.attrs::<super::MovementAttrs>()?;
+    let start = clampi(attrs.start);
+    let end = clampi(attrs.end.unwrap_or(r)).max(start);
     let mut f = Fact::typed(DType::I64, vec![DimFact::known(end - start)]);
     f.dims = Some(s[start..end].to_vec());
     Ok(vec![f])
@@ -687,7 +679,10 @@ fn pad_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     };
     let r = s.len();
     let (pads, axes) = if ctx.opset < 11 {
-        (ctx.node.attr_ints("pads").map(<[i64]>::to_vec), Some(None))
+        (
+            ctx.attrs::<super::MovementAttrs>()?.pads.clone(),
+            Some(None),
+        )
     } else {
         let axes = match opt_fact(ins, 3) {
             None => Some(None),
@@ -733,11 +728,7 @@ fn pad_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 /// DepthToSpace (`to_space`) and SpaceToDepth.
 fn block_facts(ctx: &InferCtx, ins: &[Option<&Fact>], to_space: bool) -> FactsResult {
     let x = fact(ins, 0)?;
-    let b = ctx
-        .node
-        .attr_int("blocksize")
-        .ok_or_else(|| OpError("blocksize is required".into()))?
-        .max(1) as usize;
+    let b = ctx.attrs::<super::MovementAttrs>()?.blocksize;
     let Some(s) = &x.shape else {
         return Ok(vec![super::super::shape::unknown_dims(ctx, x.dtype, 4)]);
     };

@@ -38,7 +38,221 @@ pub fn register(r: &mut Registry) {
     r.add("Trilu", trilu);
     r.add("NonZero", non_zero);
     r.add("CumSum", cum_sum);
+    for op in [
+        "Reshape",
+        "Transpose",
+        "Flatten",
+        "Squeeze",
+        "Unsqueeze",
+        "Concat",
+        "Split",
+        "Slice",
+        "Gather",
+        "GatherElements",
+        "Shape",
+        "Constant",
+        "ConstantOfShape",
+        "Pad",
+        "DepthToSpace",
+        "SpaceToDepth",
+        "Trilu",
+        "CumSum",
+    ] {
+        r.def_mut(op)
+            .parse(|n, opset| super::attrs::boxed(MovementAttrs::parse(n, opset)));
+    }
     facts::register(r);
+}
+
+/// The attributes of the movement ops, validated for the node's op and opset (each op reads
+/// the fields its schema defines; the others keep their defaults).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MovementAttrs {
+    /// Flatten (default 1), Concat (required), Split, Gather, GatherElements (default 0).
+    pub axis: i64,
+    /// Squeeze/Unsqueeze before opset 13, Slice before 10: distinct.
+    pub axes: Option<Vec<i64>>,
+    /// Reshape-1's `shape`.
+    pub shape: Option<Vec<i64>>,
+    pub allowzero: bool,
+    /// Transpose's `perm`: a permutation of 0..n.
+    pub perm: Option<Vec<usize>>,
+    /// Split before opset 13: sizes >= 0.
+    pub split: Option<Vec<i64>>,
+    /// Split-18's `num_outputs` (>= 1).
+    pub num_outputs: Option<i64>,
+    /// Slice before opset 10 (required there, same length as each other and `axes`).
+    pub starts: Option<Vec<i64>>,
+    pub ends: Option<Vec<i64>>,
+    /// Shape-15's `start` and `end`.
+    pub start: i64,
+    pub end: Option<i64>,
+    /// Pad's `mode` (constant, reflect, edge, wrap), `pads` and `value` before opset 11.
+    pub pad_mode: &'static str,
+    pub pads: Option<Vec<i64>>,
+    pub pad_value: f32,
+    /// DepthToSpace/SpaceToDepth `blocksize` (required, >= 1) and DepthToSpace's CRD mode.
+    pub blocksize: usize,
+    pub crd: bool,
+    /// Constant: the attribute that holds the value (exactly one is set).
+    pub constant_from: &'static str,
+    /// ConstantOfShape's `value`: a one-element tensor (f32 0 when absent).
+    pub fill: Option<Tensor>,
+    /// Trilu's `upper`; CumSum's `exclusive` and `reverse`.
+    pub upper: bool,
+    pub exclusive: bool,
+    pub reverse: bool,
+}
+
+impl MovementAttrs {
+    fn parse(
+        node: &crate::graph::Node,
+        opset: i64,
+    ) -> Result<MovementAttrs, super::attrs::AttrError> {
+        use super::attrs::{AttrError, Attrs};
+        let a = Attrs::new(node);
+        let op = node.op_type.as_str();
+        let required = |name: &str| AttrError::new(name, "missing (the op needs it)");
+        let mut m = MovementAttrs {
+            axis: a.int_or("axis", if op == "Flatten" { 1 } else { 0 })?,
+            axes: super::reduce::distinct_axes(&a, "axes")?,
+            shape: a.ints("shape")?,
+            allowzero: a.flag("allowzero", false)?,
+            perm: None,
+            split: a.ints_at_least("split", 0)?,
+            num_outputs: a.int("num_outputs")?,
+            starts: None,
+            ends: None,
+            start: a.int_or("start", 0)?,
+            end: a.int("end")?,
+            pad_mode: "constant",
+            pads: None,
+            pad_value: 0.0,
+            blocksize: 1,
+            crd: false,
+            constant_from: "",
+            fill: None,
+            upper: a.flag("upper", true)?,
+            exclusive: a.flag("exclusive", false)?,
+            reverse: a.flag("reverse", false)?,
+        };
+        if op == "Concat" && !a.has("axis") {
+            return Err(required("axis"));
+        }
+        if let Some(n) = m.num_outputs {
+            if n < 1 {
+                return Err(AttrError::new(
+                    "num_outputs",
+                    format!("must be >= 1, got {n}"),
+                ));
+            }
+        }
+        if let Some(p) = a.ints("perm")? {
+            let mut seen = vec![false; p.len()];
+            for &x in &p {
+                if x < 0 || x as usize >= p.len() || std::mem::replace(&mut seen[x as usize], true)
+                {
+                    return Err(AttrError::new(
+                        "perm",
+                        format!("{p:?} is not a permutation of 0..{}", p.len()),
+                    ));
+                }
+            }
+            m.perm = Some(p.iter().map(|&x| x as usize).collect());
+        }
+        if op == "Slice" && opset < 10 {
+            let starts = a.ints("starts")?.ok_or_else(|| required("starts"))?;
+            let ends = a.ints("ends")?.ok_or_else(|| required("ends"))?;
+            if ends.len() != starts.len() {
+                return Err(AttrError::new(
+                    "ends",
+                    format!("has {} values, 'starts' {}", ends.len(), starts.len()),
+                ));
+            }
+            if let Some(axes) = &m.axes {
+                if axes.len() != starts.len() {
+                    return Err(AttrError::new(
+                        "axes",
+                        format!("has {} values, 'starts' {}", axes.len(), starts.len()),
+                    ));
+                }
+            }
+            m.starts = Some(starts);
+            m.ends = Some(ends);
+        }
+        if op == "Pad" {
+            m.pad_mode = a.choice(
+                "mode",
+                "constant",
+                &[
+                    ("constant", "constant"),
+                    ("reflect", "reflect"),
+                    ("edge", "edge"),
+                    ("wrap", "wrap"),
+                ],
+            )?;
+            if opset < 11 {
+                m.pads = Some(a.ints("pads")?.ok_or_else(|| required("pads"))?);
+                m.pad_value = a.float_or("value", 0.0)?;
+            }
+        }
+        if op == "DepthToSpace" || op == "SpaceToDepth" {
+            let b = a.required_int("blocksize")?;
+            if b < 1 {
+                return Err(AttrError::new(
+                    "blocksize",
+                    format!("must be >= 1, got {b}"),
+                ));
+            }
+            m.blocksize = b as usize;
+            m.crd = a.choice("mode", false, &[("DCR", false), ("CRD", true)])?;
+        }
+        if op == "Constant" {
+            let names = [
+                "value",
+                "value_float",
+                "value_floats",
+                "value_int",
+                "value_ints",
+                "value_string",
+                "value_strings",
+                "sparse_value",
+            ];
+            let set: Vec<&'static str> = names.into_iter().filter(|n| a.has(n)).collect();
+            match set.as_slice() {
+                [one] => m.constant_from = one,
+                [] => return Err(required("value")),
+                [first, second, ..] => {
+                    return Err(AttrError::new(
+                        second,
+                        format!("Constant takes one value attribute, '{first}' is set too"),
+                    ))
+                }
+            }
+            // Type checks: the kernel reads the value with these types.
+            match m.constant_from {
+                "value" | "sparse_value" => drop(a.tensor(m.constant_from)?),
+                "value_float" => drop(a.float(m.constant_from)?),
+                "value_floats" => drop(a.floats(m.constant_from)?),
+                "value_int" => drop(a.int(m.constant_from)?),
+                "value_ints" => drop(a.ints(m.constant_from)?),
+                "value_string" => drop(a.string(m.constant_from)?),
+                _ => drop(a.strings(m.constant_from)?),
+            }
+        }
+        if op == "ConstantOfShape" {
+            if let Some(t) = a.tensor("value")? {
+                if t.len() != 1 {
+                    return Err(AttrError::new(
+                        "value",
+                        format!("must hold exactly one element, has {}", t.len()),
+                    ));
+                }
+                m.fill = Some(t.clone());
+            }
+        }
+        Ok(m)
+    }
 }
 
 fn err<T>(msg: impl Into<String>) -> Result<T, OpError> {
@@ -52,15 +266,13 @@ fn gathered(x: &Tensor, shape: Vec<usize>, idx: &[usize]) -> Tensor {
 
 fn reshape(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
+    let attrs = ctx.attrs::<MovementAttrs>()?;
     let spec: Vec<i64> = if ctx.opset < 5 {
-        ctx.node
-            .attr_ints("shape")
-            .map(<[i64]>::to_vec)
-            .unwrap_or_default()
+        attrs.shape.clone().unwrap_or_default()
     } else {
         input_i64s(inputs, 1)?
     };
-    let allowzero = ctx.node.attr_int_or("allowzero", 0) != 0;
+    let allowzero = attrs.allowzero;
     let mut shape = Vec::with_capacity(spec.len());
     let mut infer = None;
     for (i, &d) in spec.iter().enumerate() {
@@ -146,9 +358,9 @@ pub fn transpose_indices(shape: &[usize], perm: &[usize]) -> (Vec<usize>, Vec<us
 fn transpose(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let r = x.rank();
-    let perm: Vec<usize> = match ctx.node.attr_ints("perm") {
+    let perm: Vec<usize> = match &ctx.attrs::<MovementAttrs>()?.perm {
         Some(p) => {
-            let p = norm_axes(p, r)?;
+            let p = p.clone();
             if p.len() != r {
                 return err(format!("perm {p:?} must list all {r} axes"));
             }
@@ -166,7 +378,7 @@ fn transpose(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn flatten(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let r = x.rank() as i64;
-    let mut axis = ctx.node.attr_int_or("axis", 1);
+    let mut axis = ctx.attrs::<MovementAttrs>()?.axis;
     if axis < 0 {
         axis += r;
     }
@@ -196,7 +408,7 @@ fn axes_from(
             None => Ok(None),
         }
     } else {
-        Ok(ctx.node.attr_ints("axes").map(<[i64]>::to_vec))
+        Ok(ctx.attrs::<MovementAttrs>()?.axes.clone())
     }
 }
 
@@ -243,12 +455,7 @@ fn unsqueeze(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn concat(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let parts: Vec<&Tensor> = inputs.iter().flatten().copied().collect();
     let first = *parts.first().ok_or_else(|| OpError("no inputs".into()))?;
-    let axis = norm_axis(
-        ctx.node
-            .attr_int("axis")
-            .ok_or_else(|| OpError("attribute 'axis' is required".into()))?,
-        first.rank(),
-    )?;
+    let axis = norm_axis(ctx.attrs::<MovementAttrs>()?.axis, first.rank())?;
     let mut out_shape = first.shape().to_vec();
     out_shape[axis] = 0;
     for p in &parts {
@@ -303,7 +510,8 @@ fn take_range(x: &Tensor, axis: usize, start: usize, len: usize) -> Tensor {
 
 fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let attrs = ctx.attrs::<MovementAttrs>()?;
+    let axis = norm_axis(attrs.axis, x.rank())?;
     let dim = x.shape()[axis];
     let n_out = ctx.node.outputs.len();
     let sizes: Vec<usize> = {
@@ -316,7 +524,7 @@ fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 None => None,
             }
         } else {
-            ctx.node.attr_ints("split").map(<[i64]>::to_vec)
+            attrs.split.clone()
         };
         match given {
             Some(s) => {
@@ -326,7 +534,7 @@ fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 s.into_iter().map(|v| v as usize).collect()
             }
             None => {
-                let parts = ctx.node.attr_int("num_outputs").unwrap_or(n_out as i64);
+                let parts = attrs.num_outputs.unwrap_or(n_out as i64);
                 if parts < 1 || parts as usize != n_out {
                     return err(format!(
                         "num_outputs {parts} differs from the node's {n_out} outputs"
@@ -358,17 +566,16 @@ fn slice(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let r = x.rank();
     let (starts, ends, axes, steps) = if ctx.opset < 10 {
-        let n = ctx.node;
-        let starts = n
-            .attr_ints("starts")
-            .ok_or_else(|| OpError("starts is required".into()))?
-            .to_vec();
-        let ends = n
-            .attr_ints("ends")
-            .ok_or_else(|| OpError("ends is required".into()))?
-            .to_vec();
-        let axes = n.attr_ints("axes").map(<[i64]>::to_vec);
-        (starts, ends, axes, None)
+        let attrs = ctx.attrs::<MovementAttrs>()?;
+        let starts = attrs
+            .starts
+            .clone()
+            .ok_or_else(|| OpError("starts is required".into()))?;
+        let ends = attrs
+            .ends
+            .clone()
+            .ok_or_else(|| OpError("ends is required".into()))?;
+        (starts, ends, attrs.axes.clone(), None)
     } else {
         let opt = |i: usize| -> Result<Option<Vec<i64>>, OpError> {
             match opt_input(inputs, i) {
@@ -451,7 +658,7 @@ fn slice(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn gather(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let ind = input(inputs, 1)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let axis = norm_axis(ctx.attrs::<MovementAttrs>()?.axis, x.rank())?;
     let iv = ind
         .to_i64_vec()
         .ok_or_else(|| OpError("indices must be integers".into()))?;
@@ -480,7 +687,7 @@ fn gather(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn gather_elements(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let ind = input(inputs, 1)?;
-    let axis = norm_axis(ctx.node.attr_int_or("axis", 0), x.rank())?;
+    let axis = norm_axis(ctx.attrs::<MovementAttrs>()?.axis, x.rank())?;
     if ind.rank() != x.rank() {
         return err("indices must have the same rank as data");
     }
@@ -521,8 +728,9 @@ fn shape_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let r = x.rank() as i64;
     let clampi = |v: i64| (if v < 0 { v + r } else { v }).clamp(0, r) as usize;
-    let start = clampi(ctx.node.attr_int_or("start", 0));
-    let end = clampi(ctx.node.attr_int_or("end", r));
+    let attrs = ctx.attrs::<MovementAttrs>()?;
+    let start = clampi(attrs.start);
+    let end = clampi(attrs.end.unwrap_or(r));
     let dims: Vec<i64> = x.shape()[start..end.max(start)]
         .iter()
         .map(|&d| d as i64)
@@ -531,23 +739,19 @@ fn shape_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 fn constant(ctx: &OpCtx, _inputs: &[Option<&Tensor>]) -> OpResult {
-    let n = ctx.node;
-    let t = if let Some(t) = n.attr_tensor("value") {
-        t.clone()
-    } else if let Some(f) = n.attr_float("value_float") {
-        Tensor::scalar_f32(f)
-    } else if let Some(v) = n.attr_floats("value_floats") {
-        Tensor::from_f32(vec![v.len()], v.to_vec())
-    } else if let Some(i) = n.attr_int("value_int") {
-        Tensor::scalar_i64(i)
-    } else if let Some(v) = n.attr_ints("value_ints") {
-        Tensor::from_i64(vec![v.len()], v.to_vec())
-    } else if let Some(Attribute::String(s)) = n.attr("value_string") {
-        Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()]))
-    } else if let Some(v) = n.attr_strings("value_strings") {
-        Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec()))
-    } else {
-        return err("Constant has no value attribute");
+    // The value is data, not a parameter: read from the attribute the parse checked.
+    let from = ctx.attrs::<MovementAttrs>()?.constant_from;
+    let t = match ctx.node.attr(from) {
+        Some(Attribute::Tensor(t)) => t.clone(),
+        Some(Attribute::Float(f)) => Tensor::scalar_f32(*f),
+        Some(Attribute::Floats(v)) => Tensor::from_f32(vec![v.len()], v.to_vec()),
+        Some(Attribute::Int(i)) => Tensor::scalar_i64(*i),
+        Some(Attribute::Ints(v)) => Tensor::from_i64(vec![v.len()], v.to_vec()),
+        Some(Attribute::String(s)) => Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()])),
+        Some(Attribute::Strings(v)) => {
+            Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec()))
+        }
+        _ => return err("Constant has no value attribute"),
     };
     Ok(vec![t])
 }
@@ -560,9 +764,9 @@ fn constant_of_shape(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
     let n = super::util::checked_len(&shape)?;
     let value = ctx
-        .node
-        .attr_tensor("value")
-        .cloned()
+        .attrs::<MovementAttrs>()?
+        .fill
+        .clone()
         .unwrap_or_else(|| Tensor::from_f32(vec![1], vec![0.0]));
     if value.len() != 1 {
         return err("value must hold exactly one element");
@@ -696,14 +900,14 @@ fn range(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn pad(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let r = x.rank();
-    let mode = ctx.node.attr_str("mode").unwrap_or("constant").to_string();
+    let attrs = ctx.attrs::<MovementAttrs>()?;
+    let mode = attrs.pad_mode.to_string();
     let (pads, value, axes): (Vec<i64>, Option<Tensor>, Option<Vec<usize>>) = if ctx.opset < 11 {
-        let p = ctx
-            .node
-            .attr_ints("pads")
-            .ok_or_else(|| OpError("pads is required".into()))?
-            .to_vec();
-        let v = ctx.node.attr_float_or("value", 0.0);
+        let p = attrs
+            .pads
+            .clone()
+            .ok_or_else(|| OpError("pads is required".into()))?;
+        let v = attrs.pad_value;
         (
             p,
             Some(super::cast::cast_tensor(&Tensor::scalar_f32(v), x.dtype())),
@@ -797,16 +1001,13 @@ fn pad(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 fn depth_to_space(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let b = ctx
-        .node
-        .attr_int("blocksize")
-        .ok_or_else(|| OpError("blocksize is required".into()))?
-        .max(1) as usize;
+    let attrs = ctx.attrs::<MovementAttrs>()?;
+    let b = attrs.blocksize;
     if x.rank() != 4 || x.shape()[1] % (b * b) != 0 {
         return err(format!("input {:?} does not fit blocksize {b}", x.shape()));
     }
     let (n, c, h, w) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
-    let crd = ctx.node.attr_str("mode") == Some("CRD");
+    let crd = attrs.crd;
     let c2 = c / (b * b);
     // Reshape to 6-D, transpose, reshape back.
     let (shape6, perm) = if crd {
@@ -820,11 +1021,7 @@ fn depth_to_space(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 fn space_to_depth(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let b = ctx
-        .node
-        .attr_int("blocksize")
-        .ok_or_else(|| OpError("blocksize is required".into()))?
-        .max(1) as usize;
+    let b = ctx.attrs::<MovementAttrs>()?.blocksize;
     if x.rank() != 4 || x.shape()[2] % b != 0 || x.shape()[3] % b != 0 {
         return err(format!("input {:?} does not fit blocksize {b}", x.shape()));
     }
@@ -843,7 +1040,7 @@ fn trilu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         Some(t) => t.to_i64_vec().and_then(|v| v.first().copied()).unwrap_or(0),
         None => 0,
     };
-    let upper = ctx.node.attr_int_or("upper", 1) != 0;
+    let upper = ctx.attrs::<MovementAttrs>()?.upper;
     let (rows, cols) = (x.shape()[x.rank() - 2], x.shape()[x.rank() - 1]);
     let end = x.len();
     let idx: Vec<usize> = (0..x.len())
@@ -892,8 +1089,8 @@ fn cum_sum(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .and_then(|v| v.first().copied())
         .ok_or_else(|| OpError("axis must be an integer".into()))?;
     let axis = norm_axis(axis, x.rank())?;
-    let exclusive = ctx.node.attr_int_or("exclusive", 0) != 0;
-    let reverse = ctx.node.attr_int_or("reverse", 0) != 0;
+    let attrs = ctx.attrs::<MovementAttrs>()?;
+    let (exclusive, reverse) = (attrs.exclusive, attrs.reverse);
     let v = x
         .to_f64_vec()
         .ok_or_else(|| OpError(format!("dtype {} is not supported", x.dtype())))?;
