@@ -364,4 +364,71 @@ mod tests {
         assert!(load_error("Conv", &[("pads", Attribute::Floats(vec![]))], 17).is_none());
         assert!(load_error("Conv", &[("is_test", Attribute::Int(1))], 17).is_none());
     }
+
+    fn graph(nodes: Vec<crate::graph::Node>) -> crate::graph::Graph {
+        let mut g = crate::graph::Graph {
+            nodes,
+            ..Default::default()
+        };
+        g.opsets.insert(String::new(), 17);
+        g
+    }
+
+    fn bad_conv() -> crate::graph::Node {
+        let mut conv = crate::graph::testing::node("conv", "Conv", &["x", "w"], &["y"]);
+        conv.attrs.insert("group".into(), Attribute::Int(0));
+        conv
+    }
+
+    #[test]
+    fn a_bad_attribute_in_a_subgraph_is_named_by_its_path() {
+        use std::sync::Arc;
+        let mut iff = crate::graph::testing::node("if0", "If", &["c"], &["y"]);
+        iff.attrs.insert(
+            "then_branch".into(),
+            Attribute::Graph(Arc::new(graph(vec![bad_conv()]))),
+        );
+        iff.attrs.insert(
+            "else_branch".into(),
+            Attribute::Graph(Arc::new(graph(vec![]))),
+        );
+        let e = super::parse_graph(&graph(vec![iff])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "node 'if0/then_branch/conv' (Conv): attribute 'group': must be >= 1, got 0"
+        );
+        let mut lone_if = crate::graph::testing::node("if1", "If", &["c"], &["y"]);
+        lone_if
+            .attrs
+            .insert("then_branch".into(), Attribute::Int(1));
+        let e = super::parse_graph(&graph(vec![lone_if])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "node 'if1' (If): attribute 'then_branch': expected a graph, got an int"
+        );
+    }
+
+    /// Graphs built in code are parsed by the interpreter and the inference; a kernel called
+    /// on its own parses on first use.
+    #[test]
+    fn every_path_parses_before_a_kernel_runs() {
+        let g = graph(vec![bad_conv()]);
+        let e = crate::exec::Interpreter::new(&g).err().expect("rejected");
+        assert!(matches!(e, crate::error::Error::Attr { .. }), "{e}");
+        let e = crate::infer::infer_graph(&g, &Default::default()).expect_err("rejected");
+        assert!(matches!(e, crate::error::Error::Attr { .. }), "{e}");
+
+        let mut ok = crate::graph::testing::node("g", "Gemm", &[], &[]);
+        ok.attrs.insert("transB".into(), Attribute::Int(1));
+        assert!(ok.parsed.get().is_none());
+        let ctx = crate::ops::OpCtx::new(&ok, 17);
+        assert!(
+            ctx.attrs::<crate::ops::matmul::GemmAttrs>()
+                .unwrap()
+                .trans_b
+        );
+        assert!(ok.parsed.get().is_some(), "parsed once, kept on the node");
+        let wrong = ctx.attrs::<crate::ops::conv::ConvAttrs>().unwrap_err();
+        assert!(wrong.0.contains("internal"), "{wrong}");
+    }
 }
