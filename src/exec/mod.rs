@@ -388,6 +388,9 @@ impl<'g> Interpreter<'g> {
         // The float precision each value is already rounded to, so a consumer in the same
         // precision does not round (and copy) it again.
         let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
+        // Fusion regions: the f32 values of outputs that leave a region and are also read
+        // inside it (the slot holds the rounded value the region materializes).
+        let mut fused: Vec<Option<Arc<Tensor>>> = vec![None; self.slot_names.len()];
         for ((name, slot), t) in self.input_slots.iter().zip(inputs) {
             if let Some(obs) = observer.as_mut() {
                 obs(name, &t);
@@ -410,6 +413,7 @@ impl<'g> Interpreter<'g> {
                     !outs.is_empty() && outs.iter().all(|&s| c.contains(sigs[s]))
                 })
                 .collect();
+            emulate::whole_regions(plan, &mut hit);
             // An observer sees every value, so every value is materialized (and freed after use).
             needed = vec![opts.keep_intermediates || observer.is_some(); self.slot_names.len()];
             for (_, s) in &self.output_slots {
@@ -464,11 +468,16 @@ impl<'g> Interpreter<'g> {
                 _ => crate::precision::Accumulator::F32,
             };
             let (mut outs, movement_mark, cost) = {
+                let fusion = layer.and_then(|l| l.fusion.as_ref());
                 let base: Vec<Option<&Tensor>> = step
                     .inputs
                     .iter()
-                    .map(|src| match src {
+                    .enumerate()
+                    .map(|(i, src)| match src {
                         Source::Initializer(n) => self.graph.initializers.get(n),
+                        Source::Slot(s) if fusion.is_some_and(|f| f.internal[i]) => {
+                            fused[*s].as_deref().or(values[*s].as_deref())
+                        }
                         Source::Slot(s) => values[*s].as_deref(),
                         Source::Outer(i) => outer.get(*i).copied().flatten(),
                         Source::Absent => None,
@@ -557,15 +566,25 @@ impl<'g> Interpreter<'g> {
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was.
-            let out_mark = match layer {
+            let (marks, inner) = match layer {
+                Some(l) if l.fusion.is_some() => {
+                    let f = l.fusion.as_ref().expect("checked");
+                    emulate::finish_fused_outputs(
+                        f,
+                        l.precision.is_some(),
+                        movement_mark,
+                        &mut outs,
+                    )
+                }
                 Some(l) => match l.precision {
                     Some(p) => {
                         emulate::round_outputs(p, &mut outs);
-                        (!p.is_scaled() && p != Precision::Float32).then_some(p)
+                        let m = (!p.is_scaled() && p != Precision::Float32).then_some(p);
+                        (vec![m; outs.len()], Vec::new())
                     }
-                    None => movement_mark,
+                    None => (vec![movement_mark; outs.len()], Vec::new()),
                 },
-                None => None,
+                None => (vec![None; outs.len()], Vec::new()),
             };
             if outs.len() < step.outputs.iter().filter(|o| o.is_some()).count() {
                 return Err(Error::Op {
@@ -583,23 +602,27 @@ impl<'g> Interpreter<'g> {
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
-                for (slot, t) in step.outputs.iter().zip(&outs) {
+                for ((slot, t), &mark) in step.outputs.iter().zip(&outs).zip(&marks) {
                     if let Some(s) = slot {
-                        c.insert(sigs[*s], t, out_mark, cost);
+                        c.insert(sigs[*s], t, mark, cost);
                     }
                 }
             }
-            for (slot, t) in step.outputs.iter().zip(outs) {
+            let mut inner = inner.into_iter();
+            for ((slot, t), mark) in step.outputs.iter().zip(outs).zip(marks) {
+                let f32_copy = inner.next().flatten();
                 if let Some(s) = slot {
                     if let Some(obs) = observer.as_mut() {
                         obs(&self.slot_names[*s], &t);
                     }
                     values[*s] = Some(t);
-                    rounded[*s] = out_mark;
+                    rounded[*s] = mark;
+                    fused[*s] = f32_copy.map(Arc::new);
                 }
             }
-            if !opts.keep_intermediates {
-                for &s in &step.frees {
+            for &s in &step.frees {
+                fused[s] = None;
+                if !opts.keep_intermediates {
                     values[s] = None;
                 }
             }
@@ -656,6 +679,7 @@ impl<'g> Interpreter<'g> {
                 }
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
+            h = mix(h, emulate::fusion_signature(plan.map(|p| &p.layers[idx])));
             if matches!(precision, Some(Precision::Float16 | Precision::BFloat16))
                 || !step.subs.is_empty()
             {
