@@ -89,6 +89,14 @@ impl PreparedPlan {
     /// Prepares `plan` for `graph`: converts weights, looks up activation scales. Fails when an
     /// int8/fp8 layer has an activation operand without a calibrated range.
     pub fn new(graph: &Graph, plan: &PrecisionPlan, opts: &PlanOptions) -> Result<PreparedPlan> {
+        Self::new_in(&Scope::top(graph), plan, opts)
+    }
+
+    /// [`new`](Self::new) for the graph of `scope`: activation ranges are looked up by the
+    /// value's path (`Loop_0/body/x`; a value read from an enclosing graph by its path there),
+    /// and a weight of an enclosing graph is a weight.
+    fn new_in(scope: &Scope, plan: &PrecisionPlan, opts: &PlanOptions) -> Result<PreparedPlan> {
+        let graph = scope.graph;
         if plan.layers.len() != graph.nodes.len() {
             return Err(Error::Invalid(format!(
                 "the precision plan has {} layers, the graph {}",
@@ -106,7 +114,9 @@ impl PreparedPlan {
                 .map(|(attr, g)| {
                     let sub = plan.subgraph_plan(node, attr, g, body);
                     // Nodes inside subgraphs are named by path.
-                    PreparedPlan::new(g, &sub, opts).map_err(|e| e.in_subgraph(&node.name, attr))
+                    let inner = scope.child(&node.name, attr, g);
+                    PreparedPlan::new_in(&inner, &sub, opts)
+                        .map_err(|e| e.in_subgraph(&node.name, attr))
                 })
                 .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {
@@ -120,7 +130,7 @@ impl PreparedPlan {
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for (idx, name) in node.inputs.iter().enumerate() {
-                let init = graph.initializers.get(name);
+                let (init, path) = scope.resolve(name);
                 let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
                 {
                     InputPrep::Keep
@@ -147,11 +157,11 @@ impl PreparedPlan {
                     } else if init.is_some() {
                         InputPrep::Keep
                     } else {
-                        let amax = opts.amax.and_then(|m| m.get(name)).ok_or_else(|| Error::Op {
+                        let amax = opts.amax.and_then(|m| m.get(&path)).ok_or_else(|| Error::Op {
                             node: node.name.clone(),
                             op: node.op_type.clone(),
                             msg: format!(
-                                "runs in {p} but tensor '{name}' has no calibrated range (pass --calibration-cache, or let mixprec calibrate)"
+                                "runs in {p} but tensor '{path}' has no calibrated range (pass --calibration-cache, or let mixprec calibrate)"
                             ),
                         })?;
                         InputPrep::Quantize {
@@ -360,24 +370,80 @@ pub(crate) fn whole_regions(plan: Option<&PreparedPlan>, hit: &mut [bool]) {
 }
 
 /// The activation tensors whose calibrated ranges a plan needs: non-initializer operands of
-/// its int8/fp8 layers, in graph order, each once.
+/// its int8/fp8 layers, in graph order, each once; inside subgraphs by path
+/// (`Loop_0/body/x`, see [`crate::exec::Interpreter::run_observed`]).
 pub fn required_ranges(graph: &Graph, plan: &PrecisionPlan) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for (node, p) in graph.nodes.iter().zip(&plan.layers) {
+    ranges_in(&Scope::top(graph), plan, &mut out);
+    out
+}
+
+fn ranges_in(scope: &Scope, plan: &PrecisionPlan, out: &mut Vec<String>) {
+    for (node, &p) in scope.graph.nodes.iter().zip(&plan.layers) {
+        for (attr, g) in node.subgraphs() {
+            let body = if p.is_scaled() { Precision::Float32 } else { p };
+            let sub = plan.subgraph_plan(node, attr, g, body);
+            ranges_in(&scope.child(&node.name, attr, g), &sub, out);
+        }
         if !p.is_scaled() || is_data_movement(&node.op_type) {
             continue;
         }
         for (idx, name) in node.inputs.iter().enumerate() {
-            if !name.is_empty()
-                && is_quantized_operand(&node.op_type, idx)
-                && !graph.initializers.contains_key(name)
-                && !out.contains(name)
-            {
-                out.push(name.clone());
+            if name.is_empty() || !is_quantized_operand(&node.op_type, idx) {
+                continue;
+            }
+            if let (None, path) = scope.resolve(name) {
+                if !out.contains(&path) {
+                    out.push(path);
+                }
             }
         }
     }
-    out
+}
+
+/// A graph and the graphs enclosing it, to resolve the names its nodes read.
+struct Scope<'s> {
+    graph: &'s Graph,
+    /// `node/attr/` segments from the main graph down to this one ("" for the main graph).
+    prefix: String,
+    parent: Option<&'s Scope<'s>>,
+}
+
+impl<'s> Scope<'s> {
+    fn top(graph: &'s Graph) -> Scope<'s> {
+        Scope {
+            graph,
+            prefix: String::new(),
+            parent: None,
+        }
+    }
+
+    fn child(&'s self, node: &str, attr: &str, graph: &'s Graph) -> Scope<'s> {
+        Scope {
+            graph,
+            prefix: format!("{}{node}/{attr}/", self.prefix),
+            parent: Some(self),
+        }
+    }
+
+    /// What `name` is where it is read: an initializer (of this graph or an enclosing one),
+    /// and the value's path (its name in the graph that defines it, prefixed by that graph's
+    /// path).
+    fn resolve(&self, name: &str) -> (Option<&'s Tensor>, String) {
+        let g = self.graph;
+        if let Some(t) = g.initializers.get(name) {
+            return (Some(t), format!("{}{name}", self.prefix));
+        }
+        match self.parent {
+            Some(p)
+                if !(g.inputs.iter().any(|v| v.name == name)
+                    || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))) =>
+            {
+                p.resolve(name)
+            }
+            _ => (None, format!("{}{name}", self.prefix)),
+        }
+    }
 }
 
 /// Applies an activation treatment; None means "use the original tensor" (also for

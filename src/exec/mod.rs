@@ -97,14 +97,18 @@ pub struct Interpreter<'g> {
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
-struct ScopeRunner<'r, 'g> {
+struct ScopeRunner<'r, 'g, 'o> {
     subs: &'r [Sub<'g>],
     plans: Option<&'r [PreparedPlan]>,
     /// The node's implicit inputs.
     implicit: &'r [Option<&'r Tensor>],
+    /// The node's name and, when the run shows subgraph values, its observer (see
+    /// [`Interpreter::run_observed`]).
+    node: &'r str,
+    observer: Option<&'r std::cell::RefCell<Observer<'o>>>,
 }
 
-impl SubgraphRunner for ScopeRunner<'_, '_> {
+impl SubgraphRunner for ScopeRunner<'_, '_, '_> {
     fn run(&self, attr: &str, inputs: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, OpError> {
         let (k, sub) = self
             .subs
@@ -114,8 +118,20 @@ impl SubgraphRunner for ScopeRunner<'_, '_> {
             .ok_or_else(|| OpError(format!("the node has no subgraph attribute '{attr}'")))?;
         let outer: Vec<Option<&Tensor>> = sub.outer.iter().map(|&i| self.implicit[i]).collect();
         let plan = self.plans.and_then(|p| p.get(k));
+        // The subgraph's values are shown by path (`Loop_0/body/x`), every iteration.
+        let mut guard = self.observer.map(|o| o.borrow_mut());
+        let prefix = format!("{}/{attr}/", self.node);
+        let mut nested = |name: &str, t: &Tensor| {
+            if let Some(obs) = guard.as_mut() {
+                obs(&format!("{prefix}{name}"), t);
+            }
+        };
+        let observer: Option<Observer> = match self.observer {
+            Some(_) => Some(&mut nested),
+            None => None,
+        };
         sub.interp
-            .run_subgraph(inputs, &outer, plan)
+            .run_subgraph(inputs, &outer, plan, observer)
             .map_err(|e| OpError(format!("{attr}: {e}")))
     }
 }
@@ -257,6 +273,7 @@ impl<'g> Interpreter<'g> {
         inputs: Vec<Tensor>,
         outer: &[Option<&Tensor>],
         plan: Option<&PreparedPlan>,
+        observer: Option<Observer>,
     ) -> Result<Vec<Tensor>> {
         if inputs.len() != self.input_slots.len() {
             return Err(Error::Invalid(format!(
@@ -266,7 +283,16 @@ impl<'g> Interpreter<'g> {
             )));
         }
         let inputs = inputs.into_iter().map(Arc::new).collect();
-        let r = self.run_impl(inputs, outer, &RunOptions::default(), plan, None, None)?;
+        let nested = observer.is_some();
+        let r = self.run_impl(
+            inputs,
+            outer,
+            &RunOptions::default(),
+            plan,
+            observer,
+            None,
+            nested,
+        )?;
         Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
     }
 
@@ -291,7 +317,7 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None)
+        self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None, false)
     }
 
     /// [`run_cached`](Self::run_cached) showing `observer` every graph input and every value
@@ -312,6 +338,7 @@ impl<'g> Interpreter<'g> {
             plan,
             Some(observer),
             Some((cache, feed_key)),
+            false,
         )
     }
 
@@ -335,6 +362,7 @@ impl<'g> Interpreter<'g> {
             plan,
             None,
             Some((cache, feed_key)),
+            false,
         )
     }
 
@@ -345,11 +373,21 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         plan: &PreparedPlan,
     ) -> Result<RunResult> {
-        self.run_impl(self.feed_values(feeds)?, &[], opts, Some(plan), None, None)
+        self.run_impl(
+            self.feed_values(feeds)?,
+            &[],
+            opts,
+            Some(plan),
+            None,
+            None,
+            false,
+        )
     }
 
     /// Runs the graph and shows `observer` every graph input and every value a node produces,
     /// as it is produced (calibration collects ranges this way without keeping activations).
+    /// Values inside If/Loop/Scan bodies are shown too, named by path (`Loop_0/body/x`, as
+    /// plans name inner nodes), once per iteration.
     pub fn run_observed(
         &self,
         feeds: &Feeds,
@@ -363,10 +401,13 @@ impl<'g> Interpreter<'g> {
             None,
             Some(observer),
             None,
+            true,
         )
     }
 
-    /// Runs with the input slots holding `inputs` (in order) and the outer names `outer`.
+    /// Runs with the input slots holding `inputs` (in order) and the outer names `outer`;
+    /// `nested`: the observer also sees the values inside subgraphs.
+    #[allow(clippy::too_many_arguments)]
     fn run_impl(
         &self,
         inputs: Vec<Arc<Tensor>>,
@@ -375,6 +416,7 @@ impl<'g> Interpreter<'g> {
         plan: Option<&PreparedPlan>,
         mut observer: Option<Observer>,
         mut cache: Option<(&mut ValueCache, u64)>,
+        nested: bool,
     ) -> Result<RunResult> {
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
@@ -536,10 +578,19 @@ impl<'g> Interpreter<'g> {
                     }
                 }
                 let (args, implicit) = args.split_at(step.explicit);
+                let nested_observer = match observer.as_mut() {
+                    Some(o) if nested && !step.subs.is_empty() => {
+                        let o: &mut dyn FnMut(&str, &Tensor) = &mut **o;
+                        Some(std::cell::RefCell::new(o))
+                    }
+                    _ => None,
+                };
                 let runner = ScopeRunner {
                     subs: &step.subs,
                     plans: layer.map(|l| l.subplans.as_slice()),
                     implicit,
+                    node: &node.name,
+                    observer: nested_observer.as_ref(),
                 };
                 let ctx = OpCtx {
                     node,
