@@ -10,7 +10,9 @@
 //! Histogram algorithms run the model twice: pass 1 finds max |x| per tensor, pass 2 fills a
 //! 2048-bin histogram of |x| over `[0, max]` per tensor. Values are observed as the interpreter
 //! produces them and never kept, so memory is bounded by the model, not by the data. Every
-//! float tensor is calibrated — graph inputs and all node outputs; integer and bool tensors
+//! float tensor is calibrated — graph inputs and all node outputs, and inside If/Loop/Scan
+//! bodies their inputs and node outputs, named by path (`Loop_0/body/x`, as plans name inner
+//! nodes; the range covers every iteration and every branch taken); integer and bool tensors
 //! (shapes, indices, masks) are not. Results are deterministic: integer counts, fixed bins.
 //!
 //! The cache stores the int8 scale `amax / 127`; fp8 layers use the same amax with their own
@@ -353,6 +355,27 @@ pub fn calibrate_report(
     })
 }
 
+/// Every value a calibration can name: the main graph's inputs and node outputs, and the
+/// inputs and node outputs of every subgraph by path (`Loop_0/body/x`).
+pub fn value_names(graph: &crate::graph::Graph) -> std::collections::HashSet<String> {
+    fn walk(g: &crate::graph::Graph, prefix: &str, out: &mut std::collections::HashSet<String>) {
+        for v in &g.inputs {
+            out.insert(format!("{prefix}{}", v.name));
+        }
+        for n in &g.nodes {
+            for o in n.outputs.iter().filter(|o| !o.is_empty()) {
+                out.insert(format!("{prefix}{o}"));
+            }
+            for (attr, sg) in n.subgraphs() {
+                walk(sg, &format!("{prefix}{}/{attr}/", n.name), out);
+            }
+        }
+    }
+    let mut out = std::collections::HashSet::new();
+    walk(graph, "", &mut out);
+    out
+}
+
 /// A float tensor's values as f32 (borrowed for f32); None for integer, bool, string tensors.
 fn float_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
     match t.data() {
@@ -572,5 +595,103 @@ mod tests {
             ("x", 4.0, 1, 3)
         );
         assert!(r.cache.amax("x").unwrap() <= 4.0);
+    }
+
+    /// A Loop of 3 iterations over v[1, 2]: h = v * 2 (inside the body), v' = MatMul(h, w)
+    /// with w an initializer of the main graph.
+    fn loop_graph() -> Graph {
+        use crate::graph::testing::{graph, node as n};
+        let bool_vi = |name: &str| ValueInfo {
+            name: name.into(),
+            dtype: Some(DType::Bool),
+            shape: Some(vec![]),
+        };
+        let i64_vi = |name: &str| ValueInfo {
+            name: name.into(),
+            dtype: Some(DType::I64),
+            shape: Some(vec![]),
+        };
+        let body = graph(
+            vec![
+                n("scale", "Mul", &["v_in", "two"], &["h"]),
+                n("mm", "MatMul", &["h", "w"], &["v_out"]),
+                n("keep", "Identity", &["cond_in"], &["cond_out"]),
+            ],
+            vec![i64_vi("iter"), bool_vi("cond_in"), vi("v_in", &[1, 2])],
+            vec![bool_vi("cond_out"), vi("v_out", &[1, 2])],
+            vec![("two", Tensor::from_f32(vec![], vec![2.0]))],
+        );
+        let mut lp = n("loop", "Loop", &["trips", "", "x"], &["y"]);
+        lp.attrs.insert(
+            "body".into(),
+            crate::graph::Attribute::Graph(std::sync::Arc::new(body)),
+        );
+        graph(
+            vec![lp],
+            vec![vi("x", &[1, 2])],
+            vec![vi("y", &[1, 2])],
+            vec![
+                ("trips", Tensor::from_i64(vec![], vec![3])),
+                (
+                    "w",
+                    Tensor::from_f32(vec![2, 2], vec![0.5, -0.25, 0.125, 1.5]),
+                ),
+            ],
+        )
+    }
+
+    #[test]
+    fn values_inside_subgraph_bodies_are_calibrated_by_path() {
+        use crate::exec::emulate::required_ranges;
+        use crate::exec::{PlanOptions, PreparedPlan};
+        use crate::precision::plan::PrecisionPlan;
+        let g = loop_graph();
+        let interp = Interpreter::new(&g).unwrap();
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![1, 2], vec![1.0, -2.0]));
+        let c = calibrate(&interp, std::slice::from_ref(&f), CalibAlgo::MinMax, false).unwrap();
+        // By hand: v0 = [1, -2]; h = 2v; v' = h·w. Iterations: h = [2, -4] → v = [0.5, -6.5];
+        // h = [1, -13] → v = [-1.125, -19.75]; h = [-2.25, -39.5] → v = [-6.0625, -58.6875].
+        assert_eq!(
+            c.amax("loop/body/h"),
+            Some(39.5),
+            "max over every iteration"
+        );
+        assert_eq!(c.amax("loop/body/v_out"), Some(58.6875));
+        assert_eq!(c.amax("loop/body/v_in"), Some(19.75));
+        assert_eq!(c.amax("y"), Some(58.6875));
+        assert!(c.amax("h").is_none(), "inner values are named by path");
+        let known = value_names(&g);
+        assert!(c.scales.iter().all(|(n, _)| known.contains(n)), "{c:?}");
+        // An int8 plan on the inner MatMul needs (and finds) the range of its activation; the
+        // outer-scope weight is quantized per channel, not asked for a range.
+        let mut plan = PrecisionPlan::uniform(&g, Precision::Float32);
+        plan.inner.insert("loop/body/mm".into(), Precision::Int8);
+        assert_eq!(required_ranges(&g, &plan), ["loop/body/h"]);
+        let e = PreparedPlan::new(&g, &plan, &PlanOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'loop/body/h'") && e.contains("loop/body/mm"),
+            "{e}"
+        );
+        let amax = c.amax_map();
+        let opts = PlanOptions {
+            amax: Some(&amax),
+            ..Default::default()
+        };
+        let prepared = PreparedPlan::new(&g, &plan, &opts).unwrap();
+        let y = interp
+            .run_plan(&f, &RunOptions::default(), &prepared)
+            .unwrap();
+        let exact = interp.run(&f).unwrap();
+        let (y, exact) = (
+            y.outputs[0].1.as_f32().unwrap().to_vec(),
+            exact.outputs[0].1.as_f32().unwrap().to_vec(),
+        );
+        assert_ne!(y, exact, "the inner MatMul is quantized");
+        for (a, b) in y.iter().zip(&exact) {
+            assert!((a - b).abs() < 0.05 * b.abs(), "{y:?} vs {exact:?}");
+        }
     }
 }

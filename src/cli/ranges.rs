@@ -28,17 +28,12 @@ pub fn ranges_for_plan(
     match &args.calibration_cache {
         Some(path) if path.exists() => {
             let cache = CalibrationCache::read(path)?;
-            let known: std::collections::HashSet<&str> = graph
-                .nodes
-                .iter()
-                .flat_map(|n| n.outputs.iter().map(String::as_str))
-                .chain(graph.inputs.iter().map(|v| v.name.as_str()))
-                .collect();
+            let known = crate::calib::value_names(graph);
             let foreign: Vec<&str> = cache
                 .scales
                 .iter()
                 .map(|(n, _)| n.as_str())
-                .filter(|n| !known.contains(n))
+                .filter(|n| !known.contains(*n))
                 .collect();
             if !foreign.is_empty() {
                 eprintln!(

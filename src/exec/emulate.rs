@@ -48,6 +48,25 @@ pub(crate) struct LayerPrep {
     ///
     /// [`Node::subgraphs`]: crate::graph::Node::subgraphs
     pub subplans: Vec<PreparedPlan>,
+    /// The layer's place in a fusion region, if it is in one.
+    pub fusion: Option<RegionPrep>,
+}
+
+/// A layer of a fusion region (docs/numerics.md, "Fusion regions"): the region runs as one
+/// kernel, so the values its layers pass each other stay in f32 and only the values that
+/// leave it are rounded to its precision.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RegionPrep {
+    /// The region's index in the plan's `regions` (of this graph's plan).
+    pub region: usize,
+    pub precision: Precision,
+    /// Per output: leaves the region (read by a node outside it or a graph output), so it is
+    /// materialized in the region's precision.
+    pub exits: Vec<bool>,
+    /// Per output: leaves the region and is also read inside it, where the f32 value is used.
+    pub shared: Vec<bool>,
+    /// Per input: produced inside the region (read as computed, in f32).
+    pub internal: Vec<bool>,
 }
 
 /// Options of a plan that are not per layer.
@@ -70,6 +89,14 @@ impl PreparedPlan {
     /// Prepares `plan` for `graph`: converts weights, looks up activation scales. Fails when an
     /// int8/fp8 layer has an activation operand without a calibrated range.
     pub fn new(graph: &Graph, plan: &PrecisionPlan, opts: &PlanOptions) -> Result<PreparedPlan> {
+        Self::new_in(&Scope::top(graph), plan, opts)
+    }
+
+    /// [`new`](Self::new) for the graph of `scope`: activation ranges are looked up by the
+    /// value's path (`Loop_0/body/x`; a value read from an enclosing graph by its path there),
+    /// and a weight of an enclosing graph is a weight.
+    fn new_in(scope: &Scope, plan: &PrecisionPlan, opts: &PlanOptions) -> Result<PreparedPlan> {
+        let graph = scope.graph;
         if plan.layers.len() != graph.nodes.len() {
             return Err(Error::Invalid(format!(
                 "the precision plan has {} layers, the graph {}",
@@ -77,15 +104,19 @@ impl PreparedPlan {
                 graph.nodes.len()
             )));
         }
+        let mut fusion = region_preps(graph, plan)?;
         let mut layers = Vec::with_capacity(graph.nodes.len());
-        for (node, &p) in graph.nodes.iter().zip(&plan.layers) {
+        for (k, (node, &p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
+            let fusion = fusion[k].take();
             let body = if p.is_scaled() { Precision::Float32 } else { p };
             let subplans = node
                 .subgraphs()
                 .map(|(attr, g)| {
                     let sub = plan.subgraph_plan(node, attr, g, body);
                     // Nodes inside subgraphs are named by path.
-                    PreparedPlan::new(g, &sub, opts).map_err(|e| e.in_subgraph(&node.name, attr))
+                    let inner = scope.child(&node.name, attr, g);
+                    PreparedPlan::new_in(&inner, &sub, opts)
+                        .map_err(|e| e.in_subgraph(&node.name, attr))
                 })
                 .collect::<Result<Vec<_>>>()?;
             if is_data_movement(&node.op_type) || p == Precision::Float32 {
@@ -93,12 +124,13 @@ impl PreparedPlan {
                     precision: (!is_data_movement(&node.op_type)).then_some(p),
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
                     subplans,
+                    fusion,
                 });
                 continue;
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for (idx, name) in node.inputs.iter().enumerate() {
-                let init = graph.initializers.get(name);
+                let (init, path) = scope.resolve(name);
                 let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
                 {
                     InputPrep::Keep
@@ -125,11 +157,11 @@ impl PreparedPlan {
                     } else if init.is_some() {
                         InputPrep::Keep
                     } else {
-                        let amax = opts.amax.and_then(|m| m.get(name)).ok_or_else(|| Error::Op {
+                        let amax = opts.amax.and_then(|m| m.get(&path)).ok_or_else(|| Error::Op {
                             node: node.name.clone(),
                             op: node.op_type.clone(),
                             msg: format!(
-                                "runs in {p} but tensor '{name}' has no calibrated range (pass --calibration-cache, or let mixprec calibrate)"
+                                "runs in {p} but tensor '{path}' has no calibrated range (pass --calibration-cache, or let mixprec calibrate)"
                             ),
                         })?;
                         InputPrep::Quantize {
@@ -147,12 +179,15 @@ impl PreparedPlan {
                 } else {
                     InputPrep::Round(p)
                 };
-                inputs.push(prep);
+                // Inside a fused kernel a value made by the region is read as computed.
+                let internal = fusion.as_ref().is_some_and(|f| f.internal[idx]);
+                inputs.push(if internal { InputPrep::Keep } else { prep });
             }
             layers.push(LayerPrep {
                 precision: Some(p),
                 inputs,
                 subplans,
+                fusion,
             });
         }
         Ok(PreparedPlan {
@@ -171,6 +206,11 @@ impl PreparedPlan {
                 "composed plans must be prepared for the same graph and accumulator".into(),
             ));
         }
+        if other.plan.regions != self.plan.regions {
+            return Err(Error::Invalid(
+                "composed plans must have the same fusion regions".into(),
+            ));
+        }
         let mut out = self.clone();
         for &i in take {
             let (Some(l), Some(&p)) = (other.layers.get(i), other.plan.layers.get(i)) else {
@@ -178,6 +218,16 @@ impl PreparedPlan {
             };
             out.layers[i] = l.clone();
             out.plan.layers[i] = p;
+        }
+        // A region whose layers now come from plans of different precisions is not one kernel.
+        let mut seen: BTreeMap<usize, Precision> = BTreeMap::new();
+        for f in out.layers.iter().filter_map(|l| l.fusion.as_ref()) {
+            if *seen.entry(f.region).or_insert(f.precision) != f.precision {
+                return Err(Error::Invalid(format!(
+                    "fusion region '{}': the composed plan gives its nodes different precisions",
+                    out.plan.regions[f.region].name
+                )));
+            }
         }
         Ok(out)
     }
@@ -188,25 +238,212 @@ impl PreparedPlan {
     }
 }
 
+/// The fusion-region treatment of every node of `graph` under `plan` (None outside regions).
+fn region_preps(graph: &Graph, plan: &PrecisionPlan) -> Result<Vec<Option<RegionPrep>>> {
+    let regions = plan.resolve_regions(graph)?;
+    let mut out: Vec<Option<RegionPrep>> = vec![None; graph.nodes.len()];
+    if regions.is_empty() {
+        return Ok(out);
+    }
+    let mut region_of: Vec<Option<usize>> = vec![None; graph.nodes.len()];
+    for r in &regions {
+        for &i in &r.nodes {
+            region_of[i] = Some(r.index);
+        }
+    }
+    // Who reads each value: node indices (inputs and outer-scope references of subgraphs).
+    let mut readers: std::collections::HashMap<&str, Vec<usize>> = Default::default();
+    let implicit: Vec<Vec<String>> = graph.nodes.iter().map(|n| n.implicit_inputs()).collect();
+    for (j, node) in graph.nodes.iter().enumerate() {
+        for name in node.inputs.iter().chain(&implicit[j]) {
+            readers.entry(name.as_str()).or_default().push(j);
+        }
+    }
+    let mut producer: std::collections::HashMap<&str, usize> = Default::default();
+    for (j, node) in graph.nodes.iter().enumerate() {
+        for o in node.outputs.iter().filter(|o| !o.is_empty()) {
+            producer.insert(o.as_str(), j);
+        }
+    }
+    for r in &regions {
+        for &i in &r.nodes {
+            let node = &graph.nodes[i];
+            let mut exits = Vec::with_capacity(node.outputs.len());
+            let mut shared = Vec::with_capacity(node.outputs.len());
+            for o in &node.outputs {
+                let rs = readers.get(o.as_str()).map(Vec::as_slice).unwrap_or(&[]);
+                let inside = rs.iter().any(|&j| region_of[j] == Some(r.index));
+                let exit = !o.is_empty()
+                    && (graph.outputs.iter().any(|v| v.name == *o)
+                        || rs.iter().any(|&j| region_of[j] != Some(r.index)));
+                exits.push(exit);
+                shared.push(exit && inside);
+            }
+            let internal = node
+                .inputs
+                .iter()
+                .map(|name| {
+                    producer
+                        .get(name.as_str())
+                        .is_some_and(|&u| region_of[u] == Some(r.index))
+                })
+                .collect();
+            out[i] = Some(RegionPrep {
+                region: r.index,
+                precision: r.precision,
+                exits,
+                shared,
+                internal,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Finishes the outputs of a fused layer: the outputs that leave the region are rounded to
+/// its precision (float types; int8/fp8 outputs stay dequantized f32, as for any quantized
+/// layer), the others stay as computed. Returns, per output, the precision the stored value is
+/// rounded to (`carried`: what a data-movement layer's inputs were rounded to) and, for an
+/// output that leaves the region and is also read inside it, the f32 value inside readers use.
+pub(crate) fn finish_fused_outputs(
+    f: &RegionPrep,
+    compute: bool,
+    carried: Option<Precision>,
+    outs: &mut [Tensor],
+) -> (Vec<Option<Precision>>, Vec<Option<Tensor>>) {
+    let p = f.precision;
+    let rounds = p != Precision::Float32 && !p.is_scaled();
+    let mut marks = Vec::with_capacity(outs.len());
+    let mut inner = Vec::with_capacity(outs.len());
+    for (i, t) in outs.iter_mut().enumerate() {
+        let exit = f.exits.get(i).copied().unwrap_or(false);
+        inner
+            .push((exit && rounds && f.shared.get(i).copied().unwrap_or(false)).then(|| t.clone()));
+        let unrounded = if compute { None } else { carried };
+        if exit && rounds {
+            round_outputs(p, std::slice::from_mut(t));
+            marks.push(Some(p));
+        } else {
+            marks.push(unrounded);
+        }
+    }
+    (marks, inner)
+}
+
+/// A cache signature term for a layer's fusion treatment (0 outside regions).
+pub(crate) fn fusion_signature(layer: Option<&LayerPrep>) -> u64 {
+    use super::cache::mix;
+    let Some(f) = layer.and_then(|l| l.fusion.as_ref()) else {
+        return 0;
+    };
+    let mut h = mix(
+        mix(0x0066_7573_6564, f.region as u64),
+        f.precision as u64 + 1,
+    );
+    for flags in [&f.exits, &f.shared, &f.internal] {
+        h = mix(h, flags.len() as u64);
+        for &b in flags.iter() {
+            h = mix(h, b as u64);
+        }
+    }
+    h
+}
+
+/// A fusion region runs as one kernel, so the cache serves it whole or not at all: a layer of
+/// a region counts as a hit only when every layer of its region does.
+pub(crate) fn whole_regions(plan: Option<&PreparedPlan>, hit: &mut [bool]) {
+    let Some(plan) = plan else { return };
+    let mut missed = std::collections::BTreeSet::new();
+    for (l, &h) in plan.layers.iter().zip(hit.iter()) {
+        if let (Some(f), false) = (&l.fusion, h) {
+            missed.insert(f.region);
+        }
+    }
+    for (l, h) in plan.layers.iter().zip(hit.iter_mut()) {
+        if l.fusion
+            .as_ref()
+            .is_some_and(|f| missed.contains(&f.region))
+        {
+            *h = false;
+        }
+    }
+}
+
 /// The activation tensors whose calibrated ranges a plan needs: non-initializer operands of
-/// its int8/fp8 layers, in graph order, each once.
+/// its int8/fp8 layers, in graph order, each once; inside subgraphs by path
+/// (`Loop_0/body/x`, see [`crate::exec::Interpreter::run_observed`]).
 pub fn required_ranges(graph: &Graph, plan: &PrecisionPlan) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
-    for (node, p) in graph.nodes.iter().zip(&plan.layers) {
+    ranges_in(&Scope::top(graph), plan, &mut out);
+    out
+}
+
+fn ranges_in(scope: &Scope, plan: &PrecisionPlan, out: &mut Vec<String>) {
+    for (node, &p) in scope.graph.nodes.iter().zip(&plan.layers) {
+        for (attr, g) in node.subgraphs() {
+            let body = if p.is_scaled() { Precision::Float32 } else { p };
+            let sub = plan.subgraph_plan(node, attr, g, body);
+            ranges_in(&scope.child(&node.name, attr, g), &sub, out);
+        }
         if !p.is_scaled() || is_data_movement(&node.op_type) {
             continue;
         }
         for (idx, name) in node.inputs.iter().enumerate() {
-            if !name.is_empty()
-                && is_quantized_operand(&node.op_type, idx)
-                && !graph.initializers.contains_key(name)
-                && !out.contains(name)
-            {
-                out.push(name.clone());
+            if name.is_empty() || !is_quantized_operand(&node.op_type, idx) {
+                continue;
+            }
+            if let (None, path) = scope.resolve(name) {
+                if !out.contains(&path) {
+                    out.push(path);
+                }
             }
         }
     }
-    out
+}
+
+/// A graph and the graphs enclosing it, to resolve the names its nodes read.
+struct Scope<'s> {
+    graph: &'s Graph,
+    /// `node/attr/` segments from the main graph down to this one ("" for the main graph).
+    prefix: String,
+    parent: Option<&'s Scope<'s>>,
+}
+
+impl<'s> Scope<'s> {
+    fn top(graph: &'s Graph) -> Scope<'s> {
+        Scope {
+            graph,
+            prefix: String::new(),
+            parent: None,
+        }
+    }
+
+    fn child(&'s self, node: &str, attr: &str, graph: &'s Graph) -> Scope<'s> {
+        Scope {
+            graph,
+            prefix: format!("{}{node}/{attr}/", self.prefix),
+            parent: Some(self),
+        }
+    }
+
+    /// What `name` is where it is read: an initializer (of this graph or an enclosing one),
+    /// and the value's path (its name in the graph that defines it, prefixed by that graph's
+    /// path).
+    fn resolve(&self, name: &str) -> (Option<&'s Tensor>, String) {
+        let g = self.graph;
+        if let Some(t) = g.initializers.get(name) {
+            return (Some(t), format!("{}{name}", self.prefix));
+        }
+        match self.parent {
+            Some(p)
+                if !(g.inputs.iter().any(|v| v.name == name)
+                    || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))) =>
+            {
+                p.resolve(name)
+            }
+            _ => (None, format!("{}{name}", self.prefix)),
+        }
+    }
 }
 
 /// Applies an activation treatment; None means "use the original tensor" (also for
@@ -620,5 +857,229 @@ mod tests {
         let got = out(Precision::Int8, Some(&amax));
         assert_eq!(got, want);
         assert_ne!(got, plain, "int8 must change this product");
+    }
+}
+
+#[cfg(test)]
+mod fusion_tests {
+    use super::*;
+    use crate::exec::{Feeds, Interpreter, RunOptions, ValueCache};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::precision::plan::FusionRegion;
+    use half::f16;
+
+    /// x → Add(c) → a → Sub(c) → y, plus Relu(a) → r when `tap`: Add's output overflows
+    /// float16 for x near 60000, Sub brings it back into range.
+    fn add_sub(tap: bool) -> Graph {
+        let mut nodes = vec![
+            node("Add", "Add", &["x", "c"], &["a"]),
+            node("Sub", "Sub", &["a", "c"], &["y"]),
+        ];
+        let mut outs = vec![vi("y", &[3])];
+        if tap {
+            nodes.push(node("Relu", "Relu", &["a"], &["r"]));
+            outs.push(vi("r", &[3]));
+        }
+        graph(
+            nodes,
+            vec![vi("x", &[3])],
+            outs,
+            vec![("c", Tensor::from_f32(vec![1], vec![10000.0]))],
+        )
+    }
+
+    fn feeds() -> Feeds {
+        let mut f = Feeds::new();
+        // 60000.3 is not a float16 value: the region's output is rounded once.
+        f.insert(
+            "x".into(),
+            Tensor::from_f32(vec![3], vec![60000.3, 1.0004, -3.25]),
+        );
+        f
+    }
+
+    fn plan(g: &Graph, p: Vec<Precision>, regions: &[&[&str]]) -> PrecisionPlan {
+        let mut plan = PrecisionPlan::from_layers(p);
+        for (i, r) in regions.iter().enumerate() {
+            plan.regions.push(FusionRegion {
+                name: format!("r{i}"),
+                nodes: r.iter().map(|s| s.to_string()).collect(),
+            });
+        }
+        assert_eq!(plan.layers.len(), g.nodes.len());
+        plan
+    }
+
+    fn run_all(g: &Graph, plan: &PrecisionPlan) -> crate::exec::RunResult {
+        let prepared = PreparedPlan::new(g, plan, &PlanOptions::default()).unwrap();
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        Interpreter::new(g)
+            .unwrap()
+            .run_plan(&feeds(), &keep, &prepared)
+            .unwrap()
+    }
+
+    fn f32s(r: &crate::exec::RunResult, name: &str) -> Vec<f32> {
+        r.intermediates[name].as_f32().unwrap().to_vec()
+    }
+
+    #[test]
+    fn a_fused_float16_region_keeps_its_intermediate_in_f32() {
+        let g = add_sub(false);
+        let fp32 = Interpreter::new(&g)
+            .unwrap()
+            .run_with(
+                &feeds(),
+                &RunOptions {
+                    keep_intermediates: true,
+                },
+            )
+            .unwrap();
+        let half = vec![Precision::Float16; 2];
+        // Unfused: Add's 70000 overflows float16 to inf, and Sub keeps it.
+        let unfused = run_all(&g, &plan(&g, half.clone(), &[]));
+        assert!(f32s(&unfused, "a")[0].is_infinite());
+        assert!(f32s(&unfused, "y")[0].is_infinite());
+        // Fused: the intermediate is the FP32 run's, bit for bit; the output is the f32
+        // result rounded once to float16 (the input rounded to float16 first, as it enters).
+        let fused = run_all(&g, &plan(&g, half, &[&["Add", "Sub"]]));
+        let (a, a32) = (f32s(&fused, "a"), f32s(&fp32, "a"));
+        let xs = [60000.3f32, 1.0004, -3.25];
+        for i in 0..3 {
+            let x16 = f16::from_f32(xs[i]).to_f32();
+            assert_eq!(a[i].to_bits(), (x16 + 10000.0).to_bits(), "{i}");
+            let want = f16::from_f32((x16 + 10000.0) - 10000.0).to_f32();
+            assert_eq!(f32s(&fused, "y")[i].to_bits(), want.to_bits(), "{i}");
+        }
+        assert!(a[0].is_finite() && a32[0] == 70000.3);
+        assert_eq!(f32s(&fused, "y")[0], 60000.0);
+        // With an input already in float16 the intermediate equals the FP32 run bit for bit.
+        assert_eq!(a[2].to_bits(), a32[2].to_bits());
+        // A float32 region changes nothing.
+        let fp32_region = run_all(
+            &g,
+            &plan(&g, vec![Precision::Float32; 2], &[&["Add", "Sub"]]),
+        );
+        assert_eq!(f32s(&fp32_region, "y"), f32s(&fp32, "y"));
+    }
+
+    #[test]
+    fn a_value_leaving_the_region_is_rounded_for_outside_readers_only() {
+        // `a` is read by Sub (inside) and Relu (outside) (outside):
+        // Sub sees f32 70000.3, Relu sees float16 inf.
+        let g = add_sub(true);
+        let p = plan(&g, vec![Precision::Float16; 3], &[&["Add", "Sub"]]);
+        let r = run_all(&g, &p);
+        assert_eq!(f32s(&r, "y")[0], 60000.0);
+        assert!(f32s(&r, "a")[0].is_infinite(), "stored as materialized");
+        assert!(f32s(&r, "r")[0].is_infinite());
+        // The cache serves the same bits, and keys differ from the unfused plan's.
+        let interp = Interpreter::new(&g).unwrap();
+        let mut cache = ValueCache::new(1 << 20);
+        let opts = RunOptions::default();
+        let unfused = plan(&g, vec![Precision::Float16; 3], &[]);
+        for pl in [&unfused, &p, &unfused, &p] {
+            let prepared = PreparedPlan::new(&g, pl, &PlanOptions::default()).unwrap();
+            let got = interp
+                .run_cached(&feeds(), 0, &opts, Some(&prepared), &mut cache)
+                .unwrap();
+            let want = interp.run_plan(&feeds(), &opts, &prepared).unwrap();
+            for k in 0..2 {
+                let (a, b) = (
+                    got.outputs[k].1.as_f32().unwrap(),
+                    want.outputs[k].1.as_f32().unwrap(),
+                );
+                assert_eq!(format!("{a:?}"), format!("{b:?}"));
+            }
+        }
+        assert_eq!(cache.stats.executed, 6, "each plan executed once");
+        assert_eq!(cache.stats.reused, 6);
+        // Fused y is finite: the unfused run's cached inf did not leak into it.
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        let got = interp
+            .run_cached(&feeds(), 0, &opts, Some(&prepared), &mut cache)
+            .unwrap();
+        assert_eq!(got.outputs[0].1.as_f32().unwrap()[0], 60000.0);
+    }
+
+    #[test]
+    fn bad_regions_are_errors_naming_region_and_nodes() {
+        let g = add_sub(true);
+        let err = |p: PrecisionPlan| {
+            PreparedPlan::new(&g, &p, &PlanOptions::default())
+                .unwrap_err()
+                .to_string()
+        };
+        // Mixed precisions.
+        let e = err(plan(
+            &g,
+            vec![Precision::Float16, Precision::Float32, Precision::Float16],
+            &[&["Add", "Sub"]],
+        ));
+        assert!(
+            e.contains("'r0'") && e.contains("Add float16") && e.contains("Sub float32"),
+            "{e}"
+        );
+        // Unknown node, node in two regions.
+        let half = vec![Precision::Float16; 3];
+        let e = err(plan(&g, half.clone(), &[&["Add", "Nope"]]));
+        assert!(e.contains("'r0'") && e.contains("'Nope'"), "{e}");
+        let e = err(plan(&g, half.clone(), &[&["Add", "Sub"], &["Sub", "Relu"]]));
+        assert!(
+            e.contains("'r1'") && e.contains("'Sub'") && e.contains("'r0'"),
+            "{e}"
+        );
+        // Not convex: x → A → B (outside) → C, with A and C in one region.
+        let g = graph(
+            vec![
+                node("A", "Relu", &["x"], &["a"]),
+                node("B", "Neg", &["a"], &["b"]),
+                node("C", "Add", &["a", "b"], &["y"]),
+            ],
+            vec![vi("x", &[1])],
+            vec![vi("y", &[1])],
+            vec![],
+        );
+        let p = plan(&g, vec![Precision::Float16; 3], &[&["A", "C"]]);
+        let e = PreparedPlan::new(&g, &p, &PlanOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("not convex") && e.contains("'A'") && e.contains("'B'") && e.contains("'C'"),
+            "{e}"
+        );
+        let p = plan(&g, vec![Precision::Float16; 3], &[&["A", "B", "C"]]);
+        assert!(PreparedPlan::new(&g, &p, &PlanOptions::default()).is_ok());
+    }
+
+    #[test]
+    fn regions_round_trip_through_plan_json() {
+        let g = add_sub(true);
+        let p = plan(
+            &g,
+            vec![Precision::Float16, Precision::Float16, Precision::Float32],
+            &[&["Add", "Sub"]],
+        );
+        let text = p.to_json();
+        assert!(text.contains("\"regions\""), "{text}");
+        assert_eq!(PrecisionPlan::from_json(&text, &g).unwrap(), p);
+        // Hand-written, with aliases; errors name what is wrong.
+        let hand = r#"{"layers": ["fp16", "half", "fp32"],
+                       "regions": [{"name": "add+sub", "nodes": ["Add", "Sub"]}]}"#;
+        let q = PrecisionPlan::from_json(hand, &g).unwrap();
+        assert_eq!(q.layers, p.layers);
+        assert_eq!(q.regions[0].name, "add+sub");
+        let bad = r#"{"layers": ["fp16", "fp32", "fp32"], "regions": [{"nodes": ["Add", "Sub"]}]}"#;
+        let e = PrecisionPlan::from_json(bad, &g).unwrap_err().to_string();
+        assert!(
+            e.contains("'region_0'") && e.contains("share one precision"),
+            "{e}"
+        );
+        let e = PrecisionPlan::from_json(r#"{"layers": ["fp16"]}"#, &g)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("1 entries") && e.contains("3 nodes"), "{e}");
     }
 }

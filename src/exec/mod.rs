@@ -97,14 +97,18 @@ pub struct Interpreter<'g> {
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
-struct ScopeRunner<'r, 'g> {
+struct ScopeRunner<'r, 'g, 'o> {
     subs: &'r [Sub<'g>],
     plans: Option<&'r [PreparedPlan]>,
     /// The node's implicit inputs.
     implicit: &'r [Option<&'r Tensor>],
+    /// The node's name and, when the run shows subgraph values, its observer (see
+    /// [`Interpreter::run_observed`]).
+    node: &'r str,
+    observer: Option<&'r std::cell::RefCell<Observer<'o>>>,
 }
 
-impl SubgraphRunner for ScopeRunner<'_, '_> {
+impl SubgraphRunner for ScopeRunner<'_, '_, '_> {
     fn run(&self, attr: &str, inputs: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, OpError> {
         let (k, sub) = self
             .subs
@@ -114,8 +118,20 @@ impl SubgraphRunner for ScopeRunner<'_, '_> {
             .ok_or_else(|| OpError(format!("the node has no subgraph attribute '{attr}'")))?;
         let outer: Vec<Option<&Tensor>> = sub.outer.iter().map(|&i| self.implicit[i]).collect();
         let plan = self.plans.and_then(|p| p.get(k));
+        // The subgraph's values are shown by path (`Loop_0/body/x`), every iteration.
+        let mut guard = self.observer.map(|o| o.borrow_mut());
+        let prefix = format!("{}/{attr}/", self.node);
+        let mut nested = |name: &str, t: &Tensor| {
+            if let Some(obs) = guard.as_mut() {
+                obs(&format!("{prefix}{name}"), t);
+            }
+        };
+        let observer: Option<Observer> = match self.observer {
+            Some(_) => Some(&mut nested),
+            None => None,
+        };
         sub.interp
-            .run_subgraph(inputs, &outer, plan)
+            .run_subgraph(inputs, &outer, plan, observer)
             .map_err(|e| OpError(format!("{attr}: {e}")))
     }
 }
@@ -258,6 +274,7 @@ impl<'g> Interpreter<'g> {
         inputs: Vec<Tensor>,
         outer: &[Option<&Tensor>],
         plan: Option<&PreparedPlan>,
+        observer: Option<Observer>,
     ) -> Result<Vec<Tensor>> {
         if inputs.len() != self.input_slots.len() {
             return Err(Error::Invalid(format!(
@@ -267,7 +284,16 @@ impl<'g> Interpreter<'g> {
             )));
         }
         let inputs = inputs.into_iter().map(Arc::new).collect();
-        let r = self.run_impl(inputs, outer, &RunOptions::default(), plan, None, None)?;
+        let nested = observer.is_some();
+        let r = self.run_impl(
+            inputs,
+            outer,
+            &RunOptions::default(),
+            plan,
+            observer,
+            None,
+            nested,
+        )?;
         Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
     }
 
@@ -292,7 +318,7 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None)
+        self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None, false)
     }
 
     /// [`run_cached`](Self::run_cached) showing `observer` every graph input and every value
@@ -313,6 +339,7 @@ impl<'g> Interpreter<'g> {
             plan,
             Some(observer),
             Some((cache, feed_key)),
+            false,
         )
     }
 
@@ -336,6 +363,7 @@ impl<'g> Interpreter<'g> {
             plan,
             None,
             Some((cache, feed_key)),
+            false,
         )
     }
 
@@ -346,11 +374,21 @@ impl<'g> Interpreter<'g> {
         opts: &RunOptions,
         plan: &PreparedPlan,
     ) -> Result<RunResult> {
-        self.run_impl(self.feed_values(feeds)?, &[], opts, Some(plan), None, None)
+        self.run_impl(
+            self.feed_values(feeds)?,
+            &[],
+            opts,
+            Some(plan),
+            None,
+            None,
+            false,
+        )
     }
 
     /// Runs the graph and shows `observer` every graph input and every value a node produces,
     /// as it is produced (calibration collects ranges this way without keeping activations).
+    /// Values inside If/Loop/Scan bodies are shown too, named by path (`Loop_0/body/x`, as
+    /// plans name inner nodes), once per iteration.
     pub fn run_observed(
         &self,
         feeds: &Feeds,
@@ -364,10 +402,13 @@ impl<'g> Interpreter<'g> {
             None,
             Some(observer),
             None,
+            true,
         )
     }
 
-    /// Runs with the input slots holding `inputs` (in order) and the outer names `outer`.
+    /// Runs with the input slots holding `inputs` (in order) and the outer names `outer`;
+    /// `nested`: the observer also sees the values inside subgraphs.
+    #[allow(clippy::too_many_arguments)]
     fn run_impl(
         &self,
         inputs: Vec<Arc<Tensor>>,
@@ -376,6 +417,7 @@ impl<'g> Interpreter<'g> {
         plan: Option<&PreparedPlan>,
         mut observer: Option<Observer>,
         mut cache: Option<(&mut ValueCache, u64)>,
+        nested: bool,
     ) -> Result<RunResult> {
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
@@ -389,6 +431,9 @@ impl<'g> Interpreter<'g> {
         // The float precision each value is already rounded to, so a consumer in the same
         // precision does not round (and copy) it again.
         let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
+        // Fusion regions: the f32 values of outputs that leave a region and are also read
+        // inside it (the slot holds the rounded value the region materializes).
+        let mut fused: Vec<Option<Arc<Tensor>>> = vec![None; self.slot_names.len()];
         for ((name, slot), t) in self.input_slots.iter().zip(inputs) {
             if let Some(obs) = observer.as_mut() {
                 obs(name, &t);
@@ -411,6 +456,7 @@ impl<'g> Interpreter<'g> {
                     !outs.is_empty() && outs.iter().all(|&s| c.contains(sigs[s]))
                 })
                 .collect();
+            emulate::whole_regions(plan, &mut hit);
             // An observer sees every value, so every value is materialized (and freed after use).
             needed = vec![opts.keep_intermediates || observer.is_some(); self.slot_names.len()];
             for (_, s) in &self.output_slots {
@@ -465,11 +511,16 @@ impl<'g> Interpreter<'g> {
                 _ => crate::precision::Accumulator::F32,
             };
             let (mut outs, movement_mark, cost) = {
+                let fusion = layer.and_then(|l| l.fusion.as_ref());
                 let base: Vec<Option<&Tensor>> = step
                     .inputs
                     .iter()
-                    .map(|src| match src {
+                    .enumerate()
+                    .map(|(i, src)| match src {
                         Source::Initializer(n) => self.graph.initializers.get(n),
+                        Source::Slot(s) if fusion.is_some_and(|f| f.internal[i]) => {
+                            fused[*s].as_deref().or(values[*s].as_deref())
+                        }
                         Source::Slot(s) => values[*s].as_deref(),
                         Source::Outer(i) => outer.get(*i).copied().flatten(),
                         Source::Absent => None,
@@ -528,10 +579,19 @@ impl<'g> Interpreter<'g> {
                     }
                 }
                 let (args, implicit) = args.split_at(step.explicit);
+                let nested_observer = match observer.as_mut() {
+                    Some(o) if nested && !step.subs.is_empty() => {
+                        let o: &mut dyn FnMut(&str, &Tensor) = &mut **o;
+                        Some(std::cell::RefCell::new(o))
+                    }
+                    _ => None,
+                };
                 let runner = ScopeRunner {
                     subs: &step.subs,
                     plans: layer.map(|l| l.subplans.as_slice()),
                     implicit,
+                    node: &node.name,
+                    observer: nested_observer.as_ref(),
                 };
                 let ctx = OpCtx {
                     node,
@@ -558,15 +618,25 @@ impl<'g> Interpreter<'g> {
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was.
-            let out_mark = match layer {
+            let (marks, inner) = match layer {
+                Some(l) if l.fusion.is_some() => {
+                    let f = l.fusion.as_ref().expect("checked");
+                    emulate::finish_fused_outputs(
+                        f,
+                        l.precision.is_some(),
+                        movement_mark,
+                        &mut outs,
+                    )
+                }
                 Some(l) => match l.precision {
                     Some(p) => {
                         emulate::round_outputs(p, &mut outs);
-                        (!p.is_scaled() && p != Precision::Float32).then_some(p)
+                        let m = (!p.is_scaled() && p != Precision::Float32).then_some(p);
+                        (vec![m; outs.len()], Vec::new())
                     }
-                    None => movement_mark,
+                    None => (vec![movement_mark; outs.len()], Vec::new()),
                 },
-                None => None,
+                None => (vec![None; outs.len()], Vec::new()),
             };
             if outs.len() < step.outputs.iter().filter(|o| o.is_some()).count() {
                 return Err(Error::Op {
@@ -584,23 +654,27 @@ impl<'g> Interpreter<'g> {
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
-                for (slot, t) in step.outputs.iter().zip(&outs) {
+                for ((slot, t), &mark) in step.outputs.iter().zip(&outs).zip(&marks) {
                     if let Some(s) = slot {
-                        c.insert(sigs[*s], t, out_mark, cost);
+                        c.insert(sigs[*s], t, mark, cost);
                     }
                 }
             }
-            for (slot, t) in step.outputs.iter().zip(outs) {
+            let mut inner = inner.into_iter();
+            for ((slot, t), mark) in step.outputs.iter().zip(outs).zip(marks) {
+                let f32_copy = inner.next().flatten();
                 if let Some(s) = slot {
                     if let Some(obs) = observer.as_mut() {
                         obs(&self.slot_names[*s], &t);
                     }
                     values[*s] = Some(t);
-                    rounded[*s] = out_mark;
+                    rounded[*s] = mark;
+                    fused[*s] = f32_copy.map(Arc::new);
                 }
             }
-            if !opts.keep_intermediates {
-                for &s in &step.frees {
+            for &s in &step.frees {
+                fused[s] = None;
+                if !opts.keep_intermediates {
                     values[s] = None;
                 }
             }
@@ -657,6 +731,7 @@ impl<'g> Interpreter<'g> {
                 }
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
+            h = mix(h, emulate::fusion_signature(plan.map(|p| &p.layers[idx])));
             if matches!(precision, Some(Precision::Float16 | Precision::BFloat16))
                 || !step.subs.is_empty()
             {

@@ -15,8 +15,12 @@
 //!   takes `(s_1..s_N, x_1..x_M)` and returns `(s_1..s_N, y_1..y_K)`; each `y` is stacked along
 //!   `scan_output_axes` (in reverse iteration order where `scan_output_directions` is 1).
 //!   Opset 8's batched form (a leading batch axis on every input, `sequence_lens`,
-//!   `directions`) runs as one opset-9 scan per batch entry; sequence lengths shorter than the
-//!   scan axis are refused.
+//!   `directions`) runs as one opset-9 scan per batch entry. A batch entry whose
+//!   `sequence_lens` is shorter than the scan axis runs that many iterations; Scan-8 says its
+//!   scan outputs still have the full length with "undefined" values past the sequence:
+//!   mixprec writes zeros there. A shorter sequence scanned in reverse is refused: the spec
+//!   does not say whether the reversed scan starts at the sequence's last element or at the
+//!   end of the axis (docs/numerics.md).
 
 use super::util::{input, norm_axis, opt_input};
 use super::{InferCtx, OpCtx, OpError, OpResult, Registry, SubgraphRunner};
@@ -455,24 +459,75 @@ fn scan8(ctx: &OpCtx, g: &Graph, inputs: &[Option<&Tensor>], m: i64) -> OpResult
             ));
         }
     }
-    if let Some(lens) = opt_input(inputs, 0) {
-        let steps = all.get(n).map_or(0, |x| x.shape()[1]) as i64;
-        let lens = lens
-            .to_i64_vec()
-            .ok_or_else(|| OpError("sequence_lens must be integers".into()))?;
-        if lens.iter().any(|&l| l != steps) {
-            return err(format!(
-                "sequence_lens {lens:?} shorter than the scan axis ({steps}) are not supported"
-            ));
-        }
-    }
     let dirs = ctx.attrs::<ControlAttrs>()?.directions.clone();
+    let steps = all.get(n).map_or(0, |x| x.shape()[1]);
+    let lens: Vec<usize> = match opt_input(inputs, 0) {
+        None => vec![steps; batch],
+        Some(t) => {
+            let lens = t
+                .to_i64_vec()
+                .filter(|_| t.dtype().is_int())
+                .ok_or_else(|| OpError("sequence_lens must be integers".into()))?;
+            if lens.len() != batch {
+                return err(format!(
+                    "sequence_lens has {} entries, the batch {batch}",
+                    lens.len()
+                ));
+            }
+            let mut out = Vec::with_capacity(batch);
+            for (b, &l) in lens.iter().enumerate() {
+                let l = usize::try_from(l)
+                    .ok()
+                    .filter(|&l| l <= steps)
+                    .ok_or_else(|| {
+                        OpError(format!(
+                            "sequence_lens[{b}] = {l} is outside [0, {steps}] (the scan axis)"
+                        ))
+                    })?;
+                if l > 0 && l < steps && dirs.contains(&1) {
+                    return err(format!(
+                        "sequence_lens[{b}] = {l} is shorter than the scan axis ({steps}) and a scan input runs in reverse: Scan-8 does not say whether a reversed scan of a shorter sequence starts at its last element or at the end of the axis, so mixprec refuses to guess"
+                    ));
+                }
+                out.push(l);
+            }
+            out
+        }
+    };
     let mut per_batch: Vec<Vec<Tensor>> = Vec::with_capacity(batch);
-    for b in 0..batch {
+    for (b, &len) in lens.iter().enumerate() {
         let states = all[..n].iter().map(|t| slice_axis(t, 0, b)).collect();
-        let xs: Vec<Tensor> = all[n..].iter().map(|t| slice_axis(t, 0, b)).collect();
+        // The first `len` steps of this entry (the scan axis is now the first).
+        let xs: Vec<Tensor> = all[n..]
+            .iter()
+            .map(|t| first_rows(&slice_axis(t, 0, b), len))
+            .collect();
         let xr: Vec<&Tensor> = xs.iter().collect();
         per_batch.push(scan_core(ctx, g, states, &xr, &[], &dirs, &[], &[])?);
+    }
+    // Scan outputs of shorter sequences: zeros up to the full length.
+    for o in n..g.outputs.len() {
+        let row: Option<(Vec<usize>, DType)> = per_batch
+            .iter()
+            .map(|r| &r[o])
+            .find(|t| t.rank() > 0 && t.shape()[0] > 0)
+            .map(|t| (t.shape()[1..].to_vec(), t.dtype()));
+        for (b, r) in per_batch.iter_mut().enumerate() {
+            if r[o].rank() > 0 && r[o].shape()[0] == steps {
+                continue;
+            }
+            let (row, dtype) = match &row {
+                Some(x) => x.clone(),
+                None if declared_fixed(g, o) => (r[o].shape()[1..].to_vec(), r[o].dtype()),
+                None => {
+                    return err(format!(
+                        "no batch entry ran an iteration (sequence_lens[{b}] = {}) and the body does not declare the shape of output '{}': the padded scan output has no known shape",
+                        lens[b], g.outputs[o].name
+                    ))
+                }
+            };
+            r[o] = pad_rows(&r[o], steps, &row, dtype)?;
+        }
     }
     let outs = g.outputs.len();
     (0..outs)
@@ -481,6 +536,48 @@ fn scan8(ctx: &OpCtx, g: &Graph, inputs: &[Option<&Tensor>], m: i64) -> OpResult
             stack(&parts, 0)
         })
         .collect()
+}
+
+/// The first `len` entries of `x` along axis 0.
+fn first_rows(x: &Tensor, len: usize) -> Tensor {
+    if x.shape()[0] == len {
+        return x.clone();
+    }
+    let inner: usize = x.shape()[1..].iter().product();
+    let idx: Vec<usize> = (0..len * inner).collect();
+    let mut shape = x.shape().to_vec();
+    shape[0] = len;
+    Tensor::from_parts(shape, x.data().gather(&idx))
+}
+
+/// Whether body output `o` declares a fully static shape.
+fn declared_fixed(g: &Graph, o: usize) -> bool {
+    g.outputs[o]
+        .shape
+        .as_ref()
+        .is_some_and(|d| d.iter().all(|d| matches!(d, Dim::Fixed(_))))
+}
+
+/// `t` (rows of shape `row` on axis 0, possibly none) followed by zero rows up to `steps`.
+fn pad_rows(t: &Tensor, steps: usize, row: &[usize], dtype: DType) -> Result<Tensor, OpError> {
+    let have = if t.rank() > 0 { t.shape()[0] } else { 0 };
+    let inner: usize = row.iter().product();
+    if have > 0 && (t.shape()[1..] != *row || t.dtype() != dtype) {
+        return err(format!(
+            "batch entries produced scan outputs of {} {:?} and {dtype} {row:?}",
+            t.dtype(),
+            &t.shape()[1..]
+        ));
+    }
+    let zeros = TensorData::zeros(dtype, (steps - have) * inner);
+    let data = if have == 0 {
+        zeros
+    } else {
+        TensorData::concat(&[t.data(), &zeros]).expect("same dtype")
+    };
+    let mut shape = vec![steps];
+    shape.extend_from_slice(row);
+    Ok(Tensor::from_parts(shape, data))
 }
 
 #[cfg(test)]
@@ -735,5 +832,97 @@ mod tests {
         let c = Tensor::from_bool(vec![], vec![true]);
         let e = if_op(&OpCtx::new(&n, 17), &[Some(&c)]).unwrap_err();
         assert!(e.0.contains("interpreter"), "{e}");
+    }
+
+    /// Opset-8 Scan: running sum over x[batch, steps, 2] with state s0[batch, 2], scan output
+    /// the running sum; `lens` the optional `sequence_lens`, `reverse` the direction.
+    fn scan8_graph(with_lens: bool, reverse: bool) -> Graph {
+        let body = graph(
+            vec![
+                node("add", "Add", &["s_in", "x_t"], &["s_out"]),
+                node("y", "Identity", &["s_out"], &["y"]),
+            ],
+            vec![any("s_in"), any("x_t")],
+            vec![any("s_out"), vi("y", &[2])],
+            vec![],
+        );
+        let lens = if with_lens { "lens" } else { "" };
+        let mut sc = node("scan", "Scan", &[lens, "s0", "x"], &["s", "ys"]);
+        sc.attrs
+            .insert("body".into(), Attribute::Graph(Arc::new(body)));
+        sc.attrs.insert("num_scan_inputs".into(), Attribute::Int(1));
+        if reverse {
+            sc.attrs
+                .insert("directions".into(), Attribute::Ints(vec![1]));
+        }
+        let mut inputs = vec![vi("s0", &[3, 2]), vi("x", &[3, 4, 2])];
+        if with_lens {
+            inputs.insert(
+                0,
+                ValueInfo {
+                    name: "lens".into(),
+                    dtype: Some(DType::I64),
+                    shape: None,
+                },
+            );
+        }
+        let mut g = graph(vec![sc], inputs, vec![any("s"), any("ys")], vec![]);
+        g.opsets.insert(String::new(), 8);
+        g
+    }
+
+    fn scan8_run(g: &Graph, lens: Option<Vec<i64>>) -> Result<Vec<Tensor>, String> {
+        let x: Vec<f32> = (1..=24).map(|v| v as f32).collect();
+        let mut feeds = vec![
+            ("s0", Tensor::from_f32(vec![3, 2], vec![0.0; 6])),
+            ("x", Tensor::from_f32(vec![3, 4, 2], x)),
+        ];
+        if let Some(l) = lens {
+            feeds.push(("lens", Tensor::from_i64(vec![3], l)));
+        }
+        run(g, feeds)
+    }
+
+    #[test]
+    fn scan8_runs_each_batch_entry_for_its_sequence_length() {
+        // Scan-8's pseudo-code: batch entry b runs sequence_lens[b] iterations over the first
+        // elements of its sequence; the final state is the state after them; scan outputs keep
+        // the full length, "undefined" past the sequence (zeros here).
+        let g = scan8_graph(true, false);
+        let out = scan8_run(&g, Some(vec![4, 2, 0])).unwrap();
+        // Entry 0: x = [1,2],[3,4],[5,6],[7,8] → sums [1,2],[4,6],[9,12],[16,20].
+        // Entry 1: [9,10],[11,12] (2 of 4 steps) → [9,10],[20,22]. Entry 2: no step.
+        assert_eq!(out[0].shape(), &[3, 2]);
+        assert_eq!(out[0].as_f32().unwrap(), &[16., 20., 20., 22., 0., 0.]);
+        assert_eq!(out[1].shape(), &[3, 4, 2]);
+        assert_eq!(
+            out[1].as_f32().unwrap(),
+            &[
+                1., 2., 4., 6., 9., 12., 16., 20., // entry 0
+                9., 10., 20., 22., 0., 0., 0., 0., // entry 1, padded
+                0., 0., 0., 0., 0., 0., 0., 0., // entry 2
+            ]
+        );
+        // Full lengths (or no sequence_lens) equal the unbatched scan of every entry.
+        let full = scan8_run(&g, Some(vec![4, 4, 4])).unwrap();
+        let none = scan8_run(&scan8_graph(false, false), None).unwrap();
+        assert_eq!(full[1].as_f32(), none[1].as_f32());
+        assert_eq!(none[0].as_f32().unwrap(), &[16., 20., 48., 52., 80., 84.]);
+        // Out of range lengths and a shorter reversed sequence (ambiguous in the spec) are
+        // errors that say why.
+        let e = scan8_run(&g, Some(vec![4, 5, 0])).unwrap_err();
+        assert!(e.contains("sequence_lens[1] = 5"), "{e}");
+        let e = scan8_run(&g, Some(vec![4, -1, 0])).unwrap_err();
+        assert!(e.contains("sequence_lens[1] = -1"), "{e}");
+        let rev = scan8_graph(true, true);
+        let e = scan8_run(&rev, Some(vec![4, 2, 4])).unwrap_err();
+        assert!(
+            e.contains("reverse") && e.contains("sequence_lens[1] = 2"),
+            "{e}"
+        );
+        // Reversed full-length sequences run: entry 0 sums backwards, ending at the same total.
+        let out = scan8_run(&rev, Some(vec![4, 4, 4])).unwrap();
+        assert_eq!(&out[1].as_f32().unwrap()[..2], &[7., 8.]);
+        assert_eq!(out[0].as_f32().unwrap(), none[0].as_f32().unwrap());
     }
 }

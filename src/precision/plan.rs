@@ -158,6 +158,33 @@ pub struct PrecisionPlan {
     /// layer that holds it (docs/numerics.md).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub inner: BTreeMap<String, Precision>,
+    /// Fusion regions: groups of nodes that run as one kernel (docs/numerics.md, "Fusion
+    /// regions"). Nodes are named as in `inner`: top-level nodes by name, nodes inside
+    /// subgraphs by path; the nodes of one region belong to one graph.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub regions: Vec<FusionRegion>,
+}
+
+/// A group of nodes that runs as one kernel: values computed and consumed inside it stay in
+/// f32 (the accumulator type); only the values that leave it are materialized in its precision.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FusionRegion {
+    /// A name for messages (`conv1+relu1`, `region_3`...).
+    pub name: String,
+    /// The region's nodes, by name (top level) or path (inside subgraphs).
+    pub nodes: Vec<String>,
+}
+
+/// A fusion region checked against one graph: its nodes by index and its precision.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResolvedRegion {
+    /// Index in [`PrecisionPlan::regions`] of the plan it was resolved from.
+    pub index: usize,
+    pub name: String,
+    /// Node indices, ascending.
+    pub nodes: Vec<usize>,
+    /// The precision its compute (non-data-movement) nodes share; float32 when it has none.
+    pub precision: Precision,
 }
 
 /// Every node inside the subgraphs of `graph`'s nodes, nested ones included, with its path
@@ -179,12 +206,54 @@ pub fn inner_nodes(graph: &Graph) -> Vec<(String, &Node)> {
     out
 }
 
+/// Fails when a path leaves the region `nodes` (indices, ascending, of `graph`'s topologically
+/// ordered nodes) and comes back into it: such a group cannot run as one kernel.
+fn check_convex(graph: &Graph, nodes: &[usize]) -> std::result::Result<(), String> {
+    let mut in_region = vec![false; graph.nodes.len()];
+    for &i in nodes {
+        in_region[i] = true;
+    }
+    let mut producer: std::collections::HashMap<&str, usize> = Default::default();
+    // For a node outside the region reached from it: (the region node the path starts at,
+    // the first outside node on it).
+    let mut reached: Vec<Option<(usize, usize)>> = vec![None; graph.nodes.len()];
+    for (j, node) in graph.nodes.iter().enumerate() {
+        let implicit = node.implicit_inputs();
+        for input in node.inputs.iter().chain(&implicit) {
+            let Some(&u) = producer.get(input.as_str()) else {
+                continue;
+            };
+            if in_region[j] {
+                if let Some((start, first)) = reached[u] {
+                    return Err(format!(
+                        "it is not convex: a path leaves it at '{}' through '{}' and comes back at '{}' (add the nodes between to the region or split it)",
+                        graph.nodes[start].name, graph.nodes[first].name, node.name
+                    ));
+                }
+            } else if reached[j].is_none() {
+                reached[j] = if in_region[u] {
+                    Some((u, j))
+                } else {
+                    reached[u]
+                };
+            }
+        }
+        for o in &node.outputs {
+            if !o.is_empty() {
+                producer.insert(o.as_str(), j);
+            }
+        }
+    }
+    Ok(())
+}
+
 impl PrecisionPlan {
     /// A plan from one precision per layer (none inside subgraphs).
     pub fn from_layers(layers: Vec<Precision>) -> PrecisionPlan {
         PrecisionPlan {
             layers,
             inner: BTreeMap::new(),
+            regions: Vec::new(),
         }
     }
 
@@ -203,10 +272,24 @@ impl PrecisionPlan {
         body: Precision,
     ) -> PrecisionPlan {
         let mut plan = PrecisionPlan::uniform(g, body);
+        let prefix = format!("{}/{attr}/", node.name);
+        // Regions whose nodes all lie in this subgraph (or deeper), with the prefix removed.
+        for r in &self.regions {
+            let rest: Option<Vec<String>> = r
+                .nodes
+                .iter()
+                .map(|n| n.strip_prefix(&prefix).map(str::to_string))
+                .collect();
+            if let Some(nodes) = rest.filter(|v| !v.is_empty()) {
+                plan.regions.push(FusionRegion {
+                    name: r.name.clone(),
+                    nodes,
+                });
+            }
+        }
         if self.inner.is_empty() {
             return plan;
         }
-        let prefix = format!("{}/{attr}/", node.name);
         for (path, &p) in self.inner.range(prefix.clone()..) {
             let Some(rest) = path.strip_prefix(&prefix) else {
                 break;
@@ -219,6 +302,221 @@ impl PrecisionPlan {
             }
         }
         plan
+    }
+
+    /// The fusion regions of this plan that lie in `graph` itself (regions inside its
+    /// subgraphs are resolved with the subgraph's plan, see [`subgraph_plan`]), checked: every
+    /// node exists and is named once, no node is in two regions or has subgraphs, the compute
+    /// nodes of a region share one precision, and a region is convex (no path leaves it and
+    /// comes back). Each failure is an error naming the region and the nodes.
+    ///
+    /// [`subgraph_plan`]: PrecisionPlan::subgraph_plan
+    pub fn resolve_regions(&self, graph: &Graph) -> Result<Vec<ResolvedRegion>> {
+        if self.regions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let bad = |r: &FusionRegion, msg: String| {
+            Error::Invalid(format!("fusion region '{}': {msg}", r.name))
+        };
+        let inner: BTreeMap<String, String> = inner_nodes(graph)
+            .into_iter()
+            .map(|(path, n)| {
+                let scope = path[..path.len() - n.name.len()].to_string();
+                (path, scope)
+            })
+            .collect();
+        let mut owner: Vec<Option<usize>> = vec![None; graph.nodes.len()];
+        let mut out = Vec::new();
+        for (k, r) in self.regions.iter().enumerate() {
+            if r.nodes.is_empty() {
+                return Err(bad(r, "it has no nodes".into()));
+            }
+            let mut top = Vec::new();
+            let mut scopes = Vec::new();
+            for name in &r.nodes {
+                let idx: Vec<usize> = (0..graph.nodes.len())
+                    .filter(|&i| graph.nodes[i].name == *name)
+                    .collect();
+                match (idx.as_slice(), inner.get(name)) {
+                    ([i], _) => top.push(*i),
+                    ([], Some(scope)) => scopes.push(scope.clone()),
+                    ([], None) => {
+                        return Err(bad(r, format!("the model has no node '{name}'")));
+                    }
+                    (_, _) => {
+                        return Err(bad(r, format!("{} nodes are named '{name}'", idx.len())));
+                    }
+                }
+            }
+            scopes.sort();
+            scopes.dedup();
+            if !scopes.is_empty() {
+                if !top.is_empty() || scopes.len() > 1 {
+                    return Err(bad(
+                        r,
+                        "its nodes belong to different graphs (a region lies in one graph: the main graph or one subgraph)".into(),
+                    ));
+                }
+                continue; // Resolved by the subgraph's own plan.
+            }
+            top.sort_unstable();
+            if let Some(w) = top.windows(2).find(|w| w[0] == w[1]) {
+                return Err(bad(
+                    r,
+                    format!("node '{}' is listed twice", graph.nodes[w[0]].name),
+                ));
+            }
+            for &i in &top {
+                let n = &graph.nodes[i];
+                if let Some(other) = owner[i] {
+                    return Err(bad(
+                        r,
+                        format!(
+                            "node '{}' is also in region '{}' (a node belongs to one region)",
+                            n.name, self.regions[other].name
+                        ),
+                    ));
+                }
+                if n.has_subgraphs() {
+                    return Err(bad(
+                        r,
+                        format!(
+                            "node '{}' ({}) has subgraphs and cannot be fused",
+                            n.name, n.op_type
+                        ),
+                    ));
+                }
+                owner[i] = Some(k);
+            }
+            // One precision for the compute nodes (data movement carries its input's).
+            let compute: Vec<usize> = top
+                .iter()
+                .copied()
+                .filter(|&i| !is_data_movement(&graph.nodes[i].op_type))
+                .collect();
+            let precision = compute
+                .first()
+                .map_or(Precision::Float32, |&i| self.layers[i]);
+            if compute.iter().any(|&i| self.layers[i] != precision) {
+                let list: Vec<String> = compute
+                    .iter()
+                    .map(|&i| format!("{} {}", graph.nodes[i].name, self.layers[i]))
+                    .collect();
+                return Err(bad(
+                    r,
+                    format!(
+                        "its nodes must share one precision, the plan gives {} (a precision boundary splits a fused kernel)",
+                        list.join(", ")
+                    ),
+                ));
+            }
+            check_convex(graph, &top).map_err(|msg| bad(r, msg))?;
+            out.push(ResolvedRegion {
+                index: k,
+                name: r.name.clone(),
+                nodes: top,
+                precision,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads a plan saved as JSON (what serializing a plan writes): `layers` (one precision
+    /// per node, in graph order), optional `inner` (path → precision) and `regions`
+    /// (`[{"name": ..., "nodes": [...]}]`). Precisions take every name `--layer-precisions`
+    /// accepts. The plan is checked against `graph`: layer count, inner paths and regions.
+    pub fn from_json(text: &str, graph: &Graph) -> Result<PrecisionPlan> {
+        let bad = |m: String| Error::Invalid(format!("precision plan: {m}"));
+        let v: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+        let prec = |x: &serde_json::Value, at: &str| -> Result<Precision> {
+            let s = x
+                .as_str()
+                .ok_or_else(|| bad(format!("{at}: expected a precision name, got {x}")))?;
+            Precision::parse(s).map_err(|e| bad(format!("{at}: {e}")))
+        };
+        let layers = v
+            .get("layers")
+            .and_then(|l| l.as_array())
+            .ok_or_else(|| bad("'layers' (a list of precisions, one per node) is missing".into()))?
+            .iter()
+            .enumerate()
+            .map(|(i, x)| prec(x, &format!("layers[{i}]")))
+            .collect::<Result<Vec<_>>>()?;
+        if layers.len() != graph.nodes.len() {
+            return Err(bad(format!(
+                "'layers' has {} entries, the model {} nodes",
+                layers.len(),
+                graph.nodes.len()
+            )));
+        }
+        let mut plan = PrecisionPlan::from_layers(layers);
+        if let Some(inner) = v.get("inner") {
+            let obj = inner
+                .as_object()
+                .ok_or_else(|| bad("'inner' must be an object of path: precision".into()))?;
+            let known: Vec<String> = inner_nodes(graph).into_iter().map(|(p, _)| p).collect();
+            for (path, x) in obj {
+                if !known.contains(path) {
+                    return Err(bad(format!(
+                        "inner: the model has no subgraph node '{path}'"
+                    )));
+                }
+                plan.inner
+                    .insert(path.clone(), prec(x, &format!("inner '{path}'"))?);
+            }
+        }
+        if let Some(regions) = v.get("regions") {
+            let list = regions
+                .as_array()
+                .ok_or_else(|| bad("'regions' must be a list".into()))?;
+            for (i, r) in list.iter().enumerate() {
+                let name = match r.get("name") {
+                    None => format!("region_{i}"),
+                    Some(n) => n
+                        .as_str()
+                        .ok_or_else(|| bad(format!("regions[{i}].name must be a string")))?
+                        .to_string(),
+                };
+                let nodes = r
+                    .get("nodes")
+                    .and_then(|n| n.as_array())
+                    .ok_or_else(|| bad(format!("regions[{i}] ('{name}') has no 'nodes' list")))?
+                    .iter()
+                    .map(|n| {
+                        n.as_str().map(str::to_string).ok_or_else(|| {
+                            bad(format!("regions[{i}] ('{name}'): node names are strings"))
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                plan.regions.push(FusionRegion { name, nodes });
+            }
+        }
+        plan.check_regions(graph)?;
+        Ok(plan)
+    }
+
+    /// The plan as JSON, the format [`from_json`](Self::from_json) reads.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan serializes")
+    }
+
+    /// Checks the regions of this plan in `graph` and in every subgraph, recursively.
+    pub fn check_regions(&self, graph: &Graph) -> Result<()> {
+        self.resolve_regions(graph)?;
+        for (i, node) in graph.nodes.iter().enumerate() {
+            for (attr, g) in node.subgraphs() {
+                let body = if self.layers[i].is_scaled() {
+                    Precision::Float32
+                } else {
+                    self.layers[i]
+                };
+                self.subgraph_plan(node, attr, g, body)
+                    .check_regions(g)
+                    .map_err(|e| e.in_subgraph(&node.name, attr))?;
+            }
+        }
+        Ok(())
     }
 
     /// This plan with the layers `marked` (node indices) in precision `p`.
@@ -352,6 +650,7 @@ impl PrecisionPlan {
             PrecisionPlan {
                 layers,
                 inner: inner_set,
+                regions: Vec::new(),
             },
             warnings,
         ))

@@ -11,6 +11,11 @@ use mixprec::precision::plan::{
 use mixprec::{load_model, Interpreter};
 
 fn fp16_with(overrides: &[&str]) -> (Vec<f32>, Vec<f32>, f64) {
+    fp16_fused(overrides, &[])
+}
+
+/// `--fp16` with `overrides` and the fusion regions `regions` (node names).
+fn fp16_fused(overrides: &[&str], regions: &[&[&str]]) -> (Vec<f32>, Vec<f32>, f64) {
     let model = load_model(repo_root().join("examples/needs_constraints.onnx")).unwrap();
     let g = &model.graph;
     let mut cfg = DataLoaderConfig::default();
@@ -33,6 +38,13 @@ fn fp16_with(overrides: &[&str]) -> (Vec<f32>, Vec<f32>, f64) {
     )
     .unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
+    let mut plan = plan;
+    for (i, r) in regions.iter().enumerate() {
+        plan.regions.push(mixprec::precision::plan::FusionRegion {
+            name: format!("region_{i}"),
+            nodes: r.iter().map(|n| n.to_string()).collect(),
+        });
+    }
     let prepared = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
     let low = interp.run_plan(&feeds[0], &keep, &prepared).unwrap();
     let f = |r: &mixprec::RunResult, n: &str| r.intermediates[n].as_f32().unwrap().to_vec();
@@ -64,6 +76,32 @@ fn seed_fp16_overflow_reproduces() {
     let (_, sub, median) = fp16_with(&["Add:float32", "Sub:float32"]);
     assert!(sub.iter().all(|&v| (1.0..=2.0).contains(&v)));
     assert!(median < 2e-3, "median abs error {median}");
+}
+
+#[test]
+fn seed_overflow_vanishes_when_add_and_sub_are_one_float16_kernel() {
+    // All float16, unfused: x + 65504 rounds to 65504 and the output loses x (the seed's
+    // overflow). Add and Sub fused into one float16 kernel (what TensorRT does when they share
+    // a precision): the sum stays in f32 inside it, only Sub's output is rounded.
+    let (add, _, median) = fp16_fused(&[], &[]);
+    assert!(add.iter().all(|&v| v == 65504.0));
+    assert!((median - 1.5).abs() < 1e-3, "{median}");
+    let (add, sub, median) = fp16_fused(&[], &[&["Add", "Sub"]]);
+    assert!(add.iter().all(|&v| v > 65504.0), "the intermediate is f32");
+    assert!(sub.iter().all(|&v| (1.0..=2.0).contains(&v)));
+    assert!(median < 2e-3, "median abs error {median}");
+    // A precision boundary inside the region is an error naming it.
+    let model = load_model(repo_root().join("examples/needs_constraints.onnx")).unwrap();
+    let mut plan = PrecisionPlan::uniform(&model.graph, mixprec::precision::Precision::Float16);
+    plan.layers[2] = mixprec::precision::Precision::Float32;
+    plan.regions.push(mixprec::precision::plan::FusionRegion {
+        name: "add_sub".into(),
+        nodes: vec!["Add".into(), "Sub".into()],
+    });
+    let e = PreparedPlan::new(&model.graph, &plan, &PlanOptions::default())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("'add_sub'") && e.contains("Sub float32"), "{e}");
 }
 
 #[test]
