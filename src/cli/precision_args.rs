@@ -139,7 +139,7 @@ impl PrecisionArgs {
 
     /// Whether the plan needs activation ranges.
     pub fn needs_ranges(plan: &PrecisionPlan) -> bool {
-        plan.layers.iter().any(|p| p.is_scaled())
+        plan.layers.iter().any(|p| p.is_scaled()) || plan.inner.values().any(|p| p.is_scaled())
     }
 
     /// Prepares the plan with the given activation ranges.
