@@ -14,6 +14,7 @@ pub mod graph;
 pub mod infer;
 pub mod inspect;
 pub mod lowbit;
+pub mod numeric;
 pub mod onnx;
 pub mod ops;
 pub mod precision;

@@ -5,7 +5,7 @@
 
 use super::util::{broadcast_shapes, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
-use crate::precision::Accumulator;
+use crate::numeric::Accumulator;
 use crate::tensor::{strides_of, DType, Tensor};
 use gemm::Parallelism;
 
