@@ -8,6 +8,7 @@ pub mod cli;
 pub mod compare;
 pub mod data;
 pub mod error;
+pub mod event;
 pub mod exec;
 pub mod export;
 pub mod graph;

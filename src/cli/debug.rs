@@ -3,6 +3,7 @@
 
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
+use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
 use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
@@ -414,7 +415,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         _ => reference,
     };
     oracle.set_golden(golden)?;
-    let space = oracle.search_space(mode.needs_ranking())?;
+    let space = oracle.search_space(mode.needs_ranking(), &mut print_event)?;
     let candidates = &space.candidates;
     if say {
         out!(p,
@@ -493,6 +494,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             artifact_stamp: super::run::polygraphy_stamp().replace(['/', ':'], "-"),
             show_output: args.show_output,
             hide_fail_output: args.hide_fail_output,
+            events: Box::new(print_event),
         })
     };
 
@@ -1128,4 +1130,42 @@ fn trtexec_flags(p: &PrecisionArgs) -> String {
         f.push("--fp8".to_string());
     }
     f.join(" ")
+}
+
+// The search's choices as clap values (the library's enums know nothing of clap).
+impl ValueEnum for Mode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Mode::Bisect, Mode::Linear, Mode::WorstFirst, Mode::Minimal]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
+impl ValueEnum for Direction {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Direction::Forward, Direction::Reverse]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(match self {
+            Direction::Forward => "forward",
+            Direction::Reverse => "reverse",
+        }))
+    }
+}
+
+impl ValueEnum for Objective {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Objective::Layers, Objective::Flops]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Objective::Layers => {
+                clap::builder::PossibleValue::new("layers").help("Fewest layers in high precision")
+            }
+            Objective::Flops => {
+                clap::builder::PossibleValue::new("flops").help("Fewest FLOPs in high precision")
+            }
+        })
+    }
 }

@@ -1,10 +1,12 @@
 //! Source-level checks of the crate's layering (docs/architecture.md, "Module layering"):
 //!
 //! - no import cycle between top-level modules of `src/` (a module's `#[cfg(test)]` items are
-//!   left out, as dev-dependencies are: a unit test may drive the interpreter).
+//!   left out, as dev-dependencies are: a unit test may drive the interpreter);
+//! - the library never prints and knows nothing of the terminal: `eprint`, `println!`,
+//!   `print!`, `indicatif` and `clap` appear only in `src/cli/` and `src/main.rs`.
 //!
-//! The check scans the source text; the scanners have their own tests below so that a checker
-//! that silently finds nothing fails too.
+//! Both scan the source text; the scanners have their own tests below so that a checker that
+//! silently finds nothing fails too.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -395,6 +397,53 @@ fn no_import_cycle_between_top_level_modules() {
     }
 }
 
+/// Terminal words the library must not use, with the code they were found in.
+fn terminal_uses(code: &str) -> Vec<&'static str> {
+    ["eprint", "println!", "print!", "indicatif", "clap"]
+        .into_iter()
+        .filter(|w| {
+            code.match_indices(w).any(|(k, _)| {
+                // A word starts at an identifier boundary (`print!` inside `eprint!` is
+                // reported as `eprint`); `clap` and `indicatif` are whole words.
+                let b = code.as_bytes();
+                let before_ok = k == 0 || !(b[k - 1].is_ascii_alphanumeric() || b[k - 1] == b'_');
+                let after = k + w.len();
+                let whole_word = *w == "clap" || *w == "indicatif";
+                let after_ok = !whole_word
+                    || after >= b.len()
+                    || !(b[after].is_ascii_alphanumeric() || b[after] == b'_');
+                before_ok && after_ok
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn library_does_not_print_or_use_terminal_crates() {
+    let src = src_dir();
+    let mut paths = Vec::new();
+    rust_files(&src, &mut paths);
+    let mut found = Vec::new();
+    let mut scanned = 0;
+    for p in &paths {
+        let rel = p.strip_prefix(&src).unwrap();
+        if rel.starts_with("cli") || rel == Path::new("main.rs") {
+            continue;
+        }
+        scanned += 1;
+        let code = code_only(&std::fs::read_to_string(p).unwrap());
+        for w in terminal_uses(&code) {
+            found.push(format!("{}: {w}", rel.display()));
+        }
+    }
+    assert!(scanned > 20, "only {scanned} library files found");
+    assert!(
+        found.is_empty(),
+        "printing or terminal crates outside src/cli and src/main.rs:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn scanners_find_what_they_look_for() {
     // Comments and literals are not code.
@@ -429,4 +478,13 @@ fn scanners_find_what_they_look_for() {
         cycle.contains("data → exec") && cycle.contains("exec → data"),
         "{cycle}"
     );
+    // Terminal words.
+    assert_eq!(
+        terminal_uses(&code_only(
+            "eprintln!(\"x\"); print!(\"y\"); let b = indicatif::ProgressBar::new(1); \
+             #[derive(clap::ValueEnum)] struct S; // println!"
+        )),
+        ["eprint", "print!", "indicatif", "clap"]
+    );
+    assert!(terminal_uses(&code_only("fn reprint() {} let clapper = 1; // eprint")).is_empty());
 }
