@@ -7,15 +7,16 @@ use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
 use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
-use crate::data::polygraphy;
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, write_model, ExportOptions};
+use crate::golden::GoldenFile;
 use crate::inspect::si;
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
 use crate::search::replay::{DebugReplay, ModelId, ReplayOracle};
+use crate::search::report::{ResultFile, SearchSetup, SearchStats};
 use crate::search::{
     search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
     Trial,
@@ -23,10 +24,9 @@ use crate::search::{
 use crate::{load_model, Graph, Interpreter};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -386,7 +386,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         None => None,
     };
     let golden_file = match &args.golden {
-        Some(p) => Some(polygraphy::load_run_results(p)?),
+        Some(p) => Some(GoldenFile::load(p)?),
         None => None,
     };
     let model = load_model(&args.model)?;
@@ -410,9 +410,9 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let t0 = Instant::now();
     let reference = oracle.reference_outputs()?;
     let fp32_inference = t0.elapsed().as_secs_f64() / feeds.len() as f64;
-    let golden: Vec<Golden> = match (&golden_file, &args.golden) {
-        (Some(g), Some(path)) => golden_iterations(g, path, &reference[0])?,
-        _ => reference,
+    let golden: Vec<Golden> = match &golden_file {
+        Some(g) => g.reference_for(&reference[0], &mut print_event)?,
+        None => reference,
     };
     oracle.set_golden(golden)?;
     let space = oracle.search_space(mode.needs_ranking(), &mut print_event)?;
@@ -616,35 +616,15 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         out!(p, "[I] Saved report to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let file = ResultFile {
-            model: args.model.display().to_string(),
-            mode: mode.name(),
+        let setup = SearchSetup {
+            model: &args.model.display().to_string(),
+            mode,
             direction,
             objective: args.objective,
-            higher_precision: high.name(),
-            low_precisions: low
-                .counts(graph)
-                .iter()
-                .map(|(p, n)| format!("{n} {}", p.name()))
-                .collect(),
-            candidates: space.candidates.len(),
-            candidate_flops: space.total_flops(),
-            outcome: &result.outcome,
-            layers: match &result.outcome {
-                Outcome::Found(m) | Outcome::Interrupted(Some(m)) => m
-                    .iter()
-                    .map(|&i| LayerRef {
-                        index: i,
-                        name: graph.nodes[i].name.clone(),
-                        op: graph.nodes[i].op_type.clone(),
-                        flops: space.flops[i],
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            },
-            stats: &stats,
-            trials: &result.trials,
+            high,
+            low: &low,
         };
+        let file = ResultFile::new(&setup, graph, &space, &result, &stats);
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;
         out!(p, "[I] Saved result to {}", path.display());
@@ -672,65 +652,6 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
-}
-
-/// The golden file's iterations, checked against the model's outputs.
-fn golden_iterations(
-    g: &polygraphy::RunResults,
-    path: &Path,
-    model_outputs: &Golden,
-) -> Result<Vec<Golden>> {
-    let Some((runner, iters)) = g.runners.first() else {
-        bail!("{}: the RunResults file holds no runner", path.display());
-    };
-    if iters.is_empty() {
-        bail!("{}: runner '{runner}' has no iterations", path.display());
-    }
-    let names: Vec<&str> = model_outputs.iter().map(|(n, _)| n.as_str()).collect();
-    for it in iters {
-        let unknown: Vec<&str> = it
-            .outputs
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| !names.contains(n))
-            .collect();
-        if !unknown.is_empty() {
-            bail!(
-                "{}: golden output(s) {} are not outputs of the model (its outputs: {})",
-                path.display(),
-                unknown.join(", "),
-                names.join(", ")
-            );
-        }
-        for (n, t) in &it.outputs {
-            let ours = &model_outputs
-                .iter()
-                .find(|(m, _)| m == n)
-                .expect("checked")
-                .1;
-            if ours.shape() != t.shape() {
-                bail!(
-                    "{}: golden output '{n}' has shape {}, the model's {}",
-                    path.display(),
-                    crate::tensor::fmt_shape(t.shape()),
-                    crate::tensor::fmt_shape(ours.shape())
-                );
-            }
-        }
-    }
-    let missing: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| !iters[0].outputs.iter().any(|(m, _)| m == n))
-        .collect();
-    if !missing.is_empty() {
-        eprintln!(
-            "warning: {}: no golden data for output(s) {}: they are not compared",
-            path.display(),
-            missing.join(", ")
-        );
-    }
-    Ok(iters.iter().map(|it| it.outputs.clone()).collect())
 }
 
 fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> String {
@@ -764,44 +685,6 @@ fn percent(part: u64, whole: u64) -> String {
         return "0%".into();
     }
     format!("{:.1}%", 100.0 * part as f64 / whole as f64)
-}
-
-/// Counters of one search, for the report, the JSON result and the benchmark.
-#[derive(Clone, Debug, Serialize)]
-pub struct SearchStats {
-    pub evaluations: usize,
-    /// Layers executed, with the incremental cache.
-    pub layer_executions: u64,
-    /// Layers the same runs execute without it.
-    pub layer_executions_without_cache: u64,
-    pub cache_peak_bytes: usize,
-    pub cache_evictions: u64,
-    pub wall_seconds: f64,
-    pub fp32_inference_seconds: f64,
-}
-
-#[derive(Serialize)]
-struct LayerRef {
-    index: usize,
-    name: String,
-    op: String,
-    flops: u64,
-}
-
-#[derive(Serialize)]
-struct ResultFile<'a> {
-    model: String,
-    mode: &'static str,
-    direction: Direction,
-    objective: Objective,
-    higher_precision: &'static str,
-    low_precisions: Vec<String>,
-    candidates: usize,
-    candidate_flops: u64,
-    outcome: &'a Outcome,
-    layers: Vec<LayerRef>,
-    stats: &'a SearchStats,
-    trials: &'a [Trial],
 }
 
 /// Prints the outcome; returns the exit code.

@@ -21,6 +21,7 @@
 pub mod builtin;
 pub mod check;
 pub mod replay;
+pub mod report;
 
 use crate::error::{Error, Result};
 use serde::Serialize;
