@@ -6,7 +6,6 @@ use super::precision_args::PrecisionArgs;
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
-use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, write_model, ExportOptions};
@@ -16,7 +15,7 @@ use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
 use crate::search::replay::{DebugReplay, ModelId, ReplayOracle};
-use crate::search::report::{ResultFile, SearchSetup, SearchStats};
+use crate::search::report::{html_report, names, percent, ResultFile, SearchSetup, SearchStats};
 use crate::search::{
     search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
     Trial,
@@ -602,7 +601,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             _ => None,
         };
         let html = html_report(
-            &args,
+            &args.model.display().to_string(),
             graph,
             &space,
             &criterion,
@@ -670,21 +669,6 @@ fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> Stri
         s.push_str(&format!("\n[V]     marked: {}", names(graph, &t.marked)));
     }
     s
-}
-
-fn names(graph: &Graph, marked: &[usize]) -> String {
-    marked
-        .iter()
-        .map(|&i| graph.nodes[i].name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn percent(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        return "0%".into();
-    }
-    format!("{:.1}%", 100.0 * part as f64 / whole as f64)
 }
 
 /// Prints the outcome; returns the exit code.
@@ -824,153 +808,6 @@ fn print_stats(p: &Printer, s: &SearchStats) {
         s.wall_seconds / s.fp32_inference_seconds.max(1e-9),
         s.fp32_inference_seconds * 1e3
     );
-}
-
-/// The HTML report: the answer, the search history and the final plan's layer-wise errors.
-#[allow(clippy::too_many_arguments)]
-fn html_report(
-    args: &SearchArgs,
-    graph: &Graph,
-    space: &SearchSpace,
-    criterion: &crate::compare::Criterion,
-    high: Precision,
-    mode: Mode,
-    result: &SearchResult,
-    stats: &SearchStats,
-    layer_rows: Option<&[crate::compare::layerwise::LayerError]>,
-) -> HtmlReport {
-    let mut r = HtmlReport::new(&format!(
-        "mixprec debug precision: {}",
-        args.model.display()
-    ));
-    let execs = format!(
-        "Search: {} evaluations, {} layer executions ({} without the incremental cache), {:.2} s",
-        stats.evaluations,
-        stats.layer_executions,
-        stats.layer_executions_without_cache,
-        stats.wall_seconds
-    );
-    match &result.outcome {
-        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
-            let f = space.flops_of(m);
-            let mut details = vec![
-                format!("Layers: {}", names(graph, m)),
-                format!(
-                    "{} of {} candidate layers ({}), {}FLOP of {}FLOP ({}) in {}",
-                    m.len(),
-                    space.candidates.len(),
-                    percent(m.len() as u64, space.candidates.len() as u64),
-                    si(f),
-                    si(space.total_flops()),
-                    percent(f, space.total_flops()),
-                    high.name()
-                ),
-            ];
-            if let Some(t) = result.trial_of(m) {
-                details.push(format!("Achieved: {}", t.summary));
-            }
-            details.push(format!(
-                "trtexec: --layerPrecisions={} --precisionConstraints=obey",
-                trtexec_spec(graph, m, high)
-            ));
-            details.push(execs);
-            let interrupted = matches!(result.outcome, Outcome::Interrupted(_));
-            r.verdict(
-                !interrupted,
-                &format!(
-                    "{}{} layer(s) must run in {} ({} mode)",
-                    if interrupted {
-                        "Interrupted: best so far: "
-                    } else {
-                        ""
-                    },
-                    m.len(),
-                    high.name(),
-                    mode.name()
-                ),
-                &details,
-            );
-        }
-        other => {
-            let headline = match other {
-                Outcome::NothingNeeded => "The low-precision plan already passes: no layer needs marking",
-                Outcome::ReferenceFails => "Even the all-high-precision plan fails: the golden outputs or the tolerances are wrong",
-                _ => "No configuration satisfied the accuracy requirements",
-            };
-            r.verdict(matches!(other, Outcome::NothingNeeded), headline, &[execs]);
-        }
-    }
-    let mut passed = PlotSeries::new("passed");
-    passed.color = Some("#2ca02c".into());
-    let mut failed = PlotSeries::new("failed");
-    failed.color = Some("#d62728".into());
-    for t in &result.trials {
-        let pt = PlotPoint {
-            x: t.iteration as f64,
-            y: t.error,
-            passed: Some(t.passed),
-            label: Some(format!(
-                "#{} {}: {} layer(s) marked: {}",
-                t.iteration,
-                t.phase,
-                t.marked.len(),
-                t.summary
-            )),
-        };
-        if t.passed {
-            passed.points.push(pt);
-        } else {
-            failed.points.push(pt);
-        }
-    }
-    let hline = HLine {
-        y: criterion.atol.default,
-        label: format!("atol {}", crate::compare::fmt_g(criterion.atol.default, 5)),
-    };
-    r.line_plot_with(
-        "Search history: achieved error per candidate",
-        "iteration",
-        "required abs tolerance",
-        true,
-        &[passed, failed],
-        &[hline],
-        None,
-    );
-    let rows: Vec<Vec<String>> = result
-        .trials
-        .iter()
-        .map(|t| {
-            vec![
-                t.iteration.to_string(),
-                t.phase.to_string(),
-                t.marked.len().to_string(),
-                percent(t.marked_flops, space.total_flops()),
-                if t.passed { "PASSED" } else { "FAILED" }.to_string(),
-                t.summary.clone(),
-            ]
-        })
-        .collect();
-    r.table(
-        "Candidates",
-        &[
-            "#",
-            "phase",
-            "layers marked",
-            "FLOPs marked",
-            "verdict",
-            "error",
-        ],
-        &rows,
-    );
-    if let Some(rows) = layer_rows {
-        r.layer_errors(
-            "Layer-wise error of the final plan (first input set)",
-            rows,
-            criterion.stat.default.name(),
-            Some(criterion.atol.default),
-        );
-    }
-    r
 }
 
 /// The global precision flags as mixprec/Polygraphy spell them.
