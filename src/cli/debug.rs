@@ -568,15 +568,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     // The search's own time: from the reference run on (not loading or calibrating).
     let wall = t0.elapsed().as_secs_f64();
 
-    let stats = SearchStats {
-        evaluations: result.trials.len(),
-        layer_executions: oracle.cache.stats.executed,
-        layer_executions_without_cache: oracle.full_executions,
-        cache_peak_bytes: oracle.cache.stats.peak_bytes,
-        cache_evictions: oracle.cache.stats.evictions,
-        wall_seconds: wall,
-        fp32_inference_seconds: fp32_inference,
-    };
+    let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
     let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
     if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
         let plan = oracle.plan_for(marked);

@@ -2,6 +2,7 @@
 //! ([`ResultFile`]) and the HTML report ([`html_report`]), assembled from the search's
 //! outcome. The CLI prints and writes them.
 
+use super::builtin::BuiltinOracle;
 use super::check::trtexec_spec;
 use super::{Direction, Mode, Objective, Outcome, SearchResult, SearchSpace, Trial};
 use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
@@ -23,6 +24,28 @@ pub struct SearchStats {
     pub cache_evictions: u64,
     pub wall_seconds: f64,
     pub fp32_inference_seconds: f64,
+}
+
+impl SearchStats {
+    /// The counters of a finished search over the emulating oracle (its cache saw every
+    /// layer execution, also those of a `--check` search's reference and ranking):
+    /// `wall_seconds` from the reference run on, `fp32_inference_seconds` per input set.
+    pub fn new(
+        result: &SearchResult,
+        oracle: &BuiltinOracle<'_>,
+        wall_seconds: f64,
+        fp32_inference_seconds: f64,
+    ) -> SearchStats {
+        SearchStats {
+            evaluations: result.trials.len(),
+            layer_executions: oracle.cache.stats.executed,
+            layer_executions_without_cache: oracle.full_executions,
+            cache_peak_bytes: oracle.cache.stats.peak_bytes,
+            cache_evictions: oracle.cache.stats.evictions,
+            wall_seconds,
+            fp32_inference_seconds,
+        }
+    }
 }
 
 /// A layer of the answer, by index and name.
