@@ -48,7 +48,8 @@ fn main() {
             ("entropy", CalibAlgo::Entropy),
         ] {
             let t = Instant::now();
-            let cache = calibrate(&interp, &batches, algo, false).expect("calibrate");
+            let cache =
+                calibrate(&interp, &batches, algo, &mixprec::event::NoProgress).expect("calibrate");
             let secs = t.elapsed().as_secs_f64();
             line.push_str(&format!(
                 ", \"{label}_ms\": {:.2}, \"{label}_ratio\": {:.2}, \"{label}_tensors\": {}",

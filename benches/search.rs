@@ -86,7 +86,9 @@ fn main() {
                 .expect("oracle");
                 let golden = oracle.reference_outputs().expect("reference");
                 oracle.set_golden(golden).expect("golden");
-                let space = oracle.search_space(mode.needs_ranking()).expect("space");
+                let space = oracle
+                    .search_space(mode.needs_ranking(), &mut |_| {})
+                    .expect("space");
                 let result = search(
                     &space,
                     &SearchOptions {

@@ -342,28 +342,6 @@ impl U4 {
     }
 }
 
-/// The float8 tensor of one code byte per element (`dtype` one of the four float8 types;
-/// None for any other type).
-pub fn fp8_from_bits(
-    dtype: crate::tensor::DType,
-    bytes: &[u8],
-) -> Option<crate::tensor::TensorData> {
-    use crate::tensor::{DType, TensorData};
-    Some(match dtype {
-        DType::F8E4M3FN => {
-            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
-        }
-        DType::F8E4M3FNUZ => {
-            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
-        }
-        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
-        DType::F8E5M2FNUZ => {
-            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
-        }
-        _ => return None,
-    })
-}
-
 /// Packs 4-bit codes two per byte, the first element in the low nibble (onnx.proto; an odd
 /// count leaves the last high nibble zero).
 pub fn pack_nibbles(codes: impl ExactSizeIterator<Item = u8>) -> Vec<u8> {

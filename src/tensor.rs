@@ -9,6 +9,9 @@ use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use half::{bf16, f16};
 use std::fmt;
 
+/// Inputs by name. A BTreeMap so iteration order (and so every derived result) is stable.
+pub type Feeds = std::collections::BTreeMap<String, Tensor>;
+
 /// Element type of a tensor, named as ONNX / NumPy name it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
@@ -665,6 +668,24 @@ pub fn fmt_shape(shape: &[usize]) -> String {
                 .join(", ")
         ),
     }
+}
+
+/// The float8 tensor data of one code byte per element (`dtype` one of the four float8 types;
+/// None for any other type).
+pub fn fp8_from_bits(dtype: DType, bytes: &[u8]) -> Option<TensorData> {
+    Some(match dtype {
+        DType::F8E4M3FN => {
+            TensorData::F8E4M3FN(bytes.iter().map(|&b| F8E4M3FN::from_bits(b)).collect())
+        }
+        DType::F8E4M3FNUZ => {
+            TensorData::F8E4M3FNUZ(bytes.iter().map(|&b| F8E4M3FNUZ::from_bits(b)).collect())
+        }
+        DType::F8E5M2 => TensorData::F8E5M2(bytes.iter().map(|&b| F8E5M2::from_bits(b)).collect()),
+        DType::F8E5M2FNUZ => {
+            TensorData::F8E5M2FNUZ(bytes.iter().map(|&b| F8E5M2FNUZ::from_bits(b)).collect())
+        }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ pub mod histogram;
 pub use cache::{CalibrationCache, TRT_VERSION_TAG};
 
 use crate::error::{Error, Result};
+use crate::event::Progress;
 use crate::exec::{Feeds, Interpreter, RunOptions};
 use crate::precision::{quant::scale_from_amax, Precision};
 use crate::tensor::{Tensor, TensorData};
@@ -211,12 +212,12 @@ pub struct CalibrationReport {
 }
 
 /// Calibrates every float tensor of the model over `batches` and returns the cache
-/// (header `TRT-8601-<algorithm>`). `progress` shows a bar on stderr, one tick per batch per pass.
+/// (header `TRT-8601-<algorithm>`). `progress` is told of every run: one step per batch per pass.
 pub fn calibrate(
     interp: &Interpreter,
     batches: &[Feeds],
     algo: CalibAlgo,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<CalibrationCache> {
     calibrate_report(interp, batches, algo, progress).map(|r| r.cache)
 }
@@ -226,7 +227,7 @@ pub fn calibrate_report(
     interp: &Interpreter,
     batches: &[Feeds],
     algo: CalibAlgo,
-    progress: bool,
+    progress: &dyn Progress,
 ) -> Result<CalibrationReport> {
     if let CalibAlgo::Percentile(p) = algo {
         CalibAlgo::percentile(p)?;
@@ -243,16 +244,17 @@ pub fn calibrate_report(
             .map_err(|e| Error::Invalid(format!("calibration batch {i}: {e}")))?;
     }
     let passes = algo.passes();
-    let bar = progress_bar(progress, (batches.len() * passes) as u64);
+    let bar = progress;
+    bar.start((batches.len() * passes) as u64);
 
     // Pass 1: ranges. Tensors are kept in the order they are first produced.
     let mut index: HashMap<String, usize> = HashMap::new();
     let mut names: Vec<String> = Vec::new();
     let mut ranges: Vec<RangeStats> = Vec::new();
     if passes > 1 {
-        bar.set_message(format!("calibrating ({algo}) pass 1/{passes}: ranges"));
+        bar.message(&format!("calibrating ({algo}) pass 1/{passes}: ranges"));
     } else {
-        bar.set_message(format!("calibrating ({algo}): ranges"));
+        bar.message(&format!("calibrating ({algo}): ranges"));
     }
     for (b, feeds) in batches.iter().enumerate() {
         let mut failure: Option<Error> = None;
@@ -285,16 +287,16 @@ pub fn calibrate_report(
             })
             .map_err(|e| Error::Invalid(format!("calibration batch {b}: {e}")))?;
         if let Some(e) = failure {
-            bar.abandon();
+            bar.finish(false);
             return Err(e);
         }
-        bar.inc(1);
+        bar.advance(1);
     }
 
     // Pass 2: histograms over [0, max|x|].
     let mut hists: Vec<Histogram> = Vec::new();
     if passes > 1 {
-        bar.set_message(format!("calibrating ({algo}) pass 2/{passes}: histograms"));
+        bar.message(&format!("calibrating ({algo}) pass 2/{passes}: histograms"));
         hists = ranges.iter().map(|r| Histogram::new(r.max_abs)).collect();
         for (b, feeds) in batches.iter().enumerate() {
             interp
@@ -307,10 +309,10 @@ pub fn calibrate_report(
                     }
                 })
                 .map_err(|e| Error::Invalid(format!("calibration batch {b}: {e}")))?;
-            bar.inc(1);
+            bar.advance(1);
         }
     }
-    bar.finish_and_clear();
+    bar.finish(true);
 
     // Amax per tensor (independent per tensor: in parallel, collected in order).
     let amaxes: Vec<f32> = (0..names.len())
@@ -387,25 +389,10 @@ fn float_values(t: &Tensor) -> Option<Cow<'_, [f32]>> {
     }
 }
 
-fn progress_bar(show: bool, len: u64) -> indicatif::ProgressBar {
-    if !show {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::with_draw_target(
-        Some(len),
-        indicatif::ProgressDrawTarget::stderr(),
-    );
-    if let Ok(style) = indicatif::ProgressStyle::with_template(
-        "{msg} [{bar:30}] {pos}/{len} runs ({elapsed}, eta {eta})",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::NoProgress;
 
     #[test]
     fn trt_calibrator_classes_map_to_algorithms() {
@@ -507,7 +494,7 @@ mod tests {
             feeds(&[1.0, -3.0, 0.5, 2.0]),
             feeds(&[0.25, 2.5, -1.0, 0.0]),
         ];
-        let report = calibrate_report(&interp, &batches, CalibAlgo::MinMax, false).unwrap();
+        let report = calibrate_report(&interp, &batches, CalibAlgo::MinMax, &NoProgress).unwrap();
         let c = &report.cache;
         assert_eq!(c.header, "TRT-8601-MinMaxCalibration");
         let names: Vec<&str> = c.scales.iter().map(|(n, _)| n.as_str()).collect();
@@ -518,7 +505,7 @@ mod tests {
         assert_eq!(c.amax("z"), Some(5.0));
         assert_eq!(report.runs, 2);
         // The same cache from the short form, and deterministic.
-        let again = calibrate(&interp, &batches, CalibAlgo::MinMax, false).unwrap();
+        let again = calibrate(&interp, &batches, CalibAlgo::MinMax, &NoProgress).unwrap();
         assert_eq!(&again, c);
     }
 
@@ -535,24 +522,25 @@ mod tests {
         if let Some(TensorData::F32(v)) = batches[7].get_mut("x").map(|t| t.data_mut()) {
             v[100] = 50.0;
         }
-        let r = calibrate_report(&interp, &batches, CalibAlgo::Percentile(99.9), false).unwrap();
+        let r =
+            calibrate_report(&interp, &batches, CalibAlgo::Percentile(99.9), &NoProgress).unwrap();
         assert_eq!(r.cache.header, "TRT-8601-PercentileCalibration");
         assert_eq!(r.runs, 16);
         let amax = r.cache.amax("x").unwrap();
         // The 99.9th percentile of |N(0,1)| is 3.29.
         assert!(amax > 3.0 && amax < 3.6, "percentile amax of x: {amax}");
-        let p100 = calibrate(&interp, &batches, CalibAlgo::Percentile(100.0), false).unwrap();
+        let p100 = calibrate(&interp, &batches, CalibAlgo::Percentile(100.0), &NoProgress).unwrap();
         assert_eq!(p100.amax("x"), Some(50.0));
         assert_eq!(p100.amax("y"), Some(100.0));
 
-        let e = calibrate(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        let e = calibrate(&interp, &batches, CalibAlgo::Entropy, &NoProgress).unwrap();
         assert_eq!(e.header, "TRT-8601-EntropyCalibration2");
         let amax = e.amax("x").unwrap();
         assert!(
             amax > 2.0 && amax < 10.0,
             "entropy clips the outlier: amax {amax}"
         );
-        let again = calibrate(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        let again = calibrate(&interp, &batches, CalibAlgo::Entropy, &NoProgress).unwrap();
         assert_eq!(again, e, "deterministic");
     }
 
@@ -564,7 +552,7 @@ mod tests {
             feeds(&[1.0, 2.0, 3.0, 4.0]),
             feeds(&[1.0, f32::NAN, 3.0, 4.0]),
         ];
-        let e = calibrate(&interp, &batches, CalibAlgo::MinMax, false)
+        let e = calibrate(&interp, &batches, CalibAlgo::MinMax, &NoProgress)
             .unwrap_err()
             .to_string();
         assert!(
@@ -573,11 +561,16 @@ mod tests {
         );
 
         let bad = feeds(&[1.0; 3]);
-        let e = calibrate(&interp, &[feeds(&[0.0; 4]), bad], CalibAlgo::Entropy, false)
-            .unwrap_err()
-            .to_string();
+        let e = calibrate(
+            &interp,
+            &[feeds(&[0.0; 4]), bad],
+            CalibAlgo::Entropy,
+            &NoProgress,
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("batch 1") && e.contains("input 'x'"), "{e}");
-        let e = calibrate(&interp, &[], CalibAlgo::Entropy, false)
+        let e = calibrate(&interp, &[], CalibAlgo::Entropy, &NoProgress)
             .unwrap_err()
             .to_string();
         assert!(e.contains("at least one batch"), "{e}");
@@ -588,7 +581,7 @@ mod tests {
         let g = tiny_graph(4);
         let interp = Interpreter::new(&g).unwrap();
         let batches = vec![feeds(&[1.0, f32::NEG_INFINITY, 3.0, 4.0])];
-        let r = calibrate_report(&interp, &batches, CalibAlgo::Entropy, false).unwrap();
+        let r = calibrate_report(&interp, &batches, CalibAlgo::Entropy, &NoProgress).unwrap();
         let x = &r.tensors[0];
         assert_eq!(
             (x.name.as_str(), x.max_abs, x.infinite, x.values),

@@ -98,7 +98,8 @@ pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
     };
 
     let start = Instant::now();
-    let report = calib::calibrate_report(&interp, &batches, algo, std::io::stderr().is_terminal())?;
+    let bar = super::progress::Bar::calibration(std::io::stderr().is_terminal());
+    let report = calib::calibrate_report(&interp, &batches, algo, &bar)?;
     let secs = start.elapsed().as_secs_f64();
     let mut cache = report.cache.clone();
     if let Some(h) = &args.cache_header {

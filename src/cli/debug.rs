@@ -3,18 +3,19 @@
 
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
+use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
-use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
-use crate::data::polygraphy;
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, write_model, ExportOptions};
+use crate::golden::GoldenFile;
 use crate::inspect::si;
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
 use crate::search::replay::{DebugReplay, ModelId, ReplayOracle};
+use crate::search::report::{html_report, names, percent, ResultFile, SearchSetup, SearchStats};
 use crate::search::{
     search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
     Trial,
@@ -22,10 +23,9 @@ use crate::search::{
 use crate::{load_model, Graph, Interpreter};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -385,7 +385,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         None => None,
     };
     let golden_file = match &args.golden {
-        Some(p) => Some(polygraphy::load_run_results(p)?),
+        Some(p) => Some(GoldenFile::load(p)?),
         None => None,
     };
     let model = load_model(&args.model)?;
@@ -409,12 +409,12 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let t0 = Instant::now();
     let reference = oracle.reference_outputs()?;
     let fp32_inference = t0.elapsed().as_secs_f64() / feeds.len() as f64;
-    let golden: Vec<Golden> = match (&golden_file, &args.golden) {
-        (Some(g), Some(path)) => golden_iterations(g, path, &reference[0])?,
-        _ => reference,
+    let golden: Vec<Golden> = match &golden_file {
+        Some(g) => g.reference_for(&reference[0], &mut print_event)?,
+        None => reference,
     };
     oracle.set_golden(golden)?;
-    let space = oracle.search_space(mode.needs_ranking())?;
+    let space = oracle.search_space(mode.needs_ranking(), &mut print_event)?;
     let candidates = &space.candidates;
     if say {
         out!(p,
@@ -493,6 +493,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             artifact_stamp: super::run::polygraphy_stamp().replace(['/', ':'], "-"),
             show_output: args.show_output,
             hide_fail_output: args.hide_fail_output,
+            events: Box::new(print_event),
         })
     };
 
@@ -567,15 +568,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     // The search's own time: from the reference run on (not loading or calibrating).
     let wall = t0.elapsed().as_secs_f64();
 
-    let stats = SearchStats {
-        evaluations: result.trials.len(),
-        layer_executions: oracle.cache.stats.executed,
-        layer_executions_without_cache: oracle.full_executions,
-        cache_peak_bytes: oracle.cache.stats.peak_bytes,
-        cache_evictions: oracle.cache.stats.evictions,
-        wall_seconds: wall,
-        fp32_inference_seconds: fp32_inference,
-    };
+    let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
     let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
     if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
         let plan = oracle.plan_for(marked);
@@ -600,7 +593,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             _ => None,
         };
         let html = html_report(
-            &args,
+            &args.model.display().to_string(),
             graph,
             &space,
             &criterion,
@@ -614,35 +607,15 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         out!(p, "[I] Saved report to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let file = ResultFile {
-            model: args.model.display().to_string(),
-            mode: mode.name(),
+        let setup = SearchSetup {
+            model: &args.model.display().to_string(),
+            mode,
             direction,
             objective: args.objective,
-            higher_precision: high.name(),
-            low_precisions: low
-                .counts(graph)
-                .iter()
-                .map(|(p, n)| format!("{n} {}", p.name()))
-                .collect(),
-            candidates: space.candidates.len(),
-            candidate_flops: space.total_flops(),
-            outcome: &result.outcome,
-            layers: match &result.outcome {
-                Outcome::Found(m) | Outcome::Interrupted(Some(m)) => m
-                    .iter()
-                    .map(|&i| LayerRef {
-                        index: i,
-                        name: graph.nodes[i].name.clone(),
-                        op: graph.nodes[i].op_type.clone(),
-                        flops: space.flops[i],
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            },
-            stats: &stats,
-            trials: &result.trials,
+            high,
+            low: &low,
         };
+        let file = ResultFile::new(&setup, graph, &space, &result, &stats);
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;
         out!(p, "[I] Saved result to {}", path.display());
@@ -672,65 +645,6 @@ impl Drop for TempDir {
     }
 }
 
-/// The golden file's iterations, checked against the model's outputs.
-fn golden_iterations(
-    g: &polygraphy::RunResults,
-    path: &Path,
-    model_outputs: &Golden,
-) -> Result<Vec<Golden>> {
-    let Some((runner, iters)) = g.runners.first() else {
-        bail!("{}: the RunResults file holds no runner", path.display());
-    };
-    if iters.is_empty() {
-        bail!("{}: runner '{runner}' has no iterations", path.display());
-    }
-    let names: Vec<&str> = model_outputs.iter().map(|(n, _)| n.as_str()).collect();
-    for it in iters {
-        let unknown: Vec<&str> = it
-            .outputs
-            .iter()
-            .map(|(n, _)| n.as_str())
-            .filter(|n| !names.contains(n))
-            .collect();
-        if !unknown.is_empty() {
-            bail!(
-                "{}: golden output(s) {} are not outputs of the model (its outputs: {})",
-                path.display(),
-                unknown.join(", "),
-                names.join(", ")
-            );
-        }
-        for (n, t) in &it.outputs {
-            let ours = &model_outputs
-                .iter()
-                .find(|(m, _)| m == n)
-                .expect("checked")
-                .1;
-            if ours.shape() != t.shape() {
-                bail!(
-                    "{}: golden output '{n}' has shape {}, the model's {}",
-                    path.display(),
-                    crate::tensor::fmt_shape(t.shape()),
-                    crate::tensor::fmt_shape(ours.shape())
-                );
-            }
-        }
-    }
-    let missing: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| !iters[0].outputs.iter().any(|(m, _)| m == n))
-        .collect();
-    if !missing.is_empty() {
-        eprintln!(
-            "warning: {}: no golden data for output(s) {}: they are not compared",
-            path.display(),
-            missing.join(", ")
-        );
-    }
-    Ok(iters.iter().map(|it| it.outputs.clone()).collect())
-}
-
 fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> String {
     let mut s = format!(
         "[{}] Iteration {:>3} ({}) | {} layer(s) in high precision ({}FLOP, {}) | {} | {}",
@@ -747,59 +661,6 @@ fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> Stri
         s.push_str(&format!("\n[V]     marked: {}", names(graph, &t.marked)));
     }
     s
-}
-
-fn names(graph: &Graph, marked: &[usize]) -> String {
-    marked
-        .iter()
-        .map(|&i| graph.nodes[i].name.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-fn percent(part: u64, whole: u64) -> String {
-    if whole == 0 {
-        return "0%".into();
-    }
-    format!("{:.1}%", 100.0 * part as f64 / whole as f64)
-}
-
-/// Counters of one search, for the report, the JSON result and the benchmark.
-#[derive(Clone, Debug, Serialize)]
-pub struct SearchStats {
-    pub evaluations: usize,
-    /// Layers executed, with the incremental cache.
-    pub layer_executions: u64,
-    /// Layers the same runs execute without it.
-    pub layer_executions_without_cache: u64,
-    pub cache_peak_bytes: usize,
-    pub cache_evictions: u64,
-    pub wall_seconds: f64,
-    pub fp32_inference_seconds: f64,
-}
-
-#[derive(Serialize)]
-struct LayerRef {
-    index: usize,
-    name: String,
-    op: String,
-    flops: u64,
-}
-
-#[derive(Serialize)]
-struct ResultFile<'a> {
-    model: String,
-    mode: &'static str,
-    direction: Direction,
-    objective: Objective,
-    higher_precision: &'static str,
-    low_precisions: Vec<String>,
-    candidates: usize,
-    candidate_flops: u64,
-    outcome: &'a Outcome,
-    layers: Vec<LayerRef>,
-    stats: &'a SearchStats,
-    trials: &'a [Trial],
 }
 
 /// Prints the outcome; returns the exit code.
@@ -941,153 +802,6 @@ fn print_stats(p: &Printer, s: &SearchStats) {
     );
 }
 
-/// The HTML report: the answer, the search history and the final plan's layer-wise errors.
-#[allow(clippy::too_many_arguments)]
-fn html_report(
-    args: &SearchArgs,
-    graph: &Graph,
-    space: &SearchSpace,
-    criterion: &crate::compare::Criterion,
-    high: Precision,
-    mode: Mode,
-    result: &SearchResult,
-    stats: &SearchStats,
-    layer_rows: Option<&[crate::compare::layerwise::LayerError]>,
-) -> HtmlReport {
-    let mut r = HtmlReport::new(&format!(
-        "mixprec debug precision: {}",
-        args.model.display()
-    ));
-    let execs = format!(
-        "Search: {} evaluations, {} layer executions ({} without the incremental cache), {:.2} s",
-        stats.evaluations,
-        stats.layer_executions,
-        stats.layer_executions_without_cache,
-        stats.wall_seconds
-    );
-    match &result.outcome {
-        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
-            let f = space.flops_of(m);
-            let mut details = vec![
-                format!("Layers: {}", names(graph, m)),
-                format!(
-                    "{} of {} candidate layers ({}), {}FLOP of {}FLOP ({}) in {}",
-                    m.len(),
-                    space.candidates.len(),
-                    percent(m.len() as u64, space.candidates.len() as u64),
-                    si(f),
-                    si(space.total_flops()),
-                    percent(f, space.total_flops()),
-                    high.name()
-                ),
-            ];
-            if let Some(t) = result.trial_of(m) {
-                details.push(format!("Achieved: {}", t.summary));
-            }
-            details.push(format!(
-                "trtexec: --layerPrecisions={} --precisionConstraints=obey",
-                trtexec_spec(graph, m, high)
-            ));
-            details.push(execs);
-            let interrupted = matches!(result.outcome, Outcome::Interrupted(_));
-            r.verdict(
-                !interrupted,
-                &format!(
-                    "{}{} layer(s) must run in {} ({} mode)",
-                    if interrupted {
-                        "Interrupted: best so far: "
-                    } else {
-                        ""
-                    },
-                    m.len(),
-                    high.name(),
-                    mode.name()
-                ),
-                &details,
-            );
-        }
-        other => {
-            let headline = match other {
-                Outcome::NothingNeeded => "The low-precision plan already passes: no layer needs marking",
-                Outcome::ReferenceFails => "Even the all-high-precision plan fails: the golden outputs or the tolerances are wrong",
-                _ => "No configuration satisfied the accuracy requirements",
-            };
-            r.verdict(matches!(other, Outcome::NothingNeeded), headline, &[execs]);
-        }
-    }
-    let mut passed = PlotSeries::new("passed");
-    passed.color = Some("#2ca02c".into());
-    let mut failed = PlotSeries::new("failed");
-    failed.color = Some("#d62728".into());
-    for t in &result.trials {
-        let pt = PlotPoint {
-            x: t.iteration as f64,
-            y: t.error,
-            passed: Some(t.passed),
-            label: Some(format!(
-                "#{} {}: {} layer(s) marked: {}",
-                t.iteration,
-                t.phase,
-                t.marked.len(),
-                t.summary
-            )),
-        };
-        if t.passed {
-            passed.points.push(pt);
-        } else {
-            failed.points.push(pt);
-        }
-    }
-    let hline = HLine {
-        y: criterion.atol.default,
-        label: format!("atol {}", crate::compare::fmt_g(criterion.atol.default, 5)),
-    };
-    r.line_plot_with(
-        "Search history: achieved error per candidate",
-        "iteration",
-        "required abs tolerance",
-        true,
-        &[passed, failed],
-        &[hline],
-        None,
-    );
-    let rows: Vec<Vec<String>> = result
-        .trials
-        .iter()
-        .map(|t| {
-            vec![
-                t.iteration.to_string(),
-                t.phase.to_string(),
-                t.marked.len().to_string(),
-                percent(t.marked_flops, space.total_flops()),
-                if t.passed { "PASSED" } else { "FAILED" }.to_string(),
-                t.summary.clone(),
-            ]
-        })
-        .collect();
-    r.table(
-        "Candidates",
-        &[
-            "#",
-            "phase",
-            "layers marked",
-            "FLOPs marked",
-            "verdict",
-            "error",
-        ],
-        &rows,
-    );
-    if let Some(rows) = layer_rows {
-        r.layer_errors(
-            "Layer-wise error of the final plan (first input set)",
-            rows,
-            criterion.stat.default.name(),
-            Some(criterion.atol.default),
-        );
-    }
-    r
-}
-
 /// The global precision flags as mixprec/Polygraphy spell them.
 fn precision_flags(p: &PrecisionArgs) -> String {
     let mut f = Vec::new();
@@ -1128,4 +842,42 @@ fn trtexec_flags(p: &PrecisionArgs) -> String {
         f.push("--fp8".to_string());
     }
     f.join(" ")
+}
+
+// The search's choices as clap values (the library's enums know nothing of clap).
+impl ValueEnum for Mode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Mode::Bisect, Mode::Linear, Mode::WorstFirst, Mode::Minimal]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
+impl ValueEnum for Direction {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Direction::Forward, Direction::Reverse]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(match self {
+            Direction::Forward => "forward",
+            Direction::Reverse => "reverse",
+        }))
+    }
+}
+
+impl ValueEnum for Objective {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Objective::Layers, Objective::Flops]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Objective::Layers => {
+                clap::builder::PossibleValue::new("layers").help("Fewest layers in high precision")
+            }
+            Objective::Flops => {
+                clap::builder::PossibleValue::new("flops").help("Fewest FLOPs in high precision")
+            }
+        })
+    }
 }

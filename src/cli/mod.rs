@@ -6,6 +6,7 @@ mod convert;
 mod debug;
 mod inspect;
 mod precision_args;
+mod progress;
 mod ranges;
 mod run;
 mod style;

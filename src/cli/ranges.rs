@@ -65,7 +65,12 @@ pub fn ranges_for_plan(
                 "[I] Calibrating int8/fp8 ranges ({algo}) over {} input set(s)...",
                 feeds.len()
             );
-            let cache = calibrate(interp, feeds, algo, progress)?;
+            let cache = calibrate(
+                interp,
+                feeds,
+                algo,
+                &super::progress::Bar::calibration(progress),
+            )?;
             if let Some(path) = other {
                 cache.write(path)?;
                 eprintln!("[I] Saved calibration cache to {}", path.display());

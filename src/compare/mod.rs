@@ -11,6 +11,7 @@ pub mod html;
 pub mod layerwise;
 pub mod metrics;
 pub mod report;
+pub mod run_report;
 pub mod stats;
 
 pub use metrics::{Metric, MetricKind, MetricResult};

@@ -8,9 +8,9 @@
 //! tool match the other's without saving inputs.
 
 use crate::error::{Error, Result};
-use crate::exec::Feeds;
 use crate::graph::{Dim, ValueInfo};
 use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
+use crate::tensor::Feeds;
 use crate::tensor::{fmt_shape, DType, Tensor, TensorData};
 use half::{bf16, f16};
 use std::collections::BTreeMap;

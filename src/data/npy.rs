@@ -236,7 +236,7 @@ pub fn as_low_bit(t: Tensor, to: DType) -> std::result::Result<Tensor, String> {
         }
     };
     let data = match to {
-        t if t.is_fp8() => crate::lowbit::fp8_from_bits(t, &bytes).expect("a float8 type"),
+        t if t.is_fp8() => crate::tensor::fp8_from_bits(t, &bytes).expect("a float8 type"),
         DType::F4E2M1 => {
             if let Some(b) = bytes.iter().find(|&&b| b > 0xF) {
                 return Err(format!("byte {b:#04x} is not a float4e2m1 code (0x0-0xf)"));
@@ -258,7 +258,10 @@ pub fn as_low_bit(t: Tensor, to: DType) -> std::result::Result<Tensor, String> {
 
 /// Converts the arrays of one loaded feed set whose inputs are declared with a low-bit type
 /// ([`as_low_bit`]); an error names the input.
-pub fn as_declared(feeds: crate::exec::Feeds, inputs: &[ValueInfo]) -> Result<crate::exec::Feeds> {
+pub fn as_declared(
+    feeds: crate::tensor::Feeds,
+    inputs: &[ValueInfo],
+) -> Result<crate::tensor::Feeds> {
     feeds
         .into_iter()
         .map(|(name, t)| {

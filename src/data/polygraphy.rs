@@ -12,7 +12,7 @@
 
 use super::npy::{from_npy, to_npy};
 use crate::error::{Error, Result};
-use crate::exec::Feeds;
+use crate::tensor::Feeds;
 use crate::tensor::Tensor;
 use base64::Engine;
 use serde_json::{json, Map, Value};

@@ -13,8 +13,9 @@
 
 use super::npy::from_npy;
 use crate::error::{Error, Result};
-use crate::exec::{check_against, Feeds};
+use crate::graph::check_against;
 use crate::graph::ValueInfo;
+use crate::tensor::Feeds;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Stdio};

@@ -16,19 +16,21 @@ pub use cache::{CacheStats, ValueCache};
 pub use emulate::{PlanOptions, PreparedPlan};
 
 use crate::error::{Error, Result};
-use crate::graph::{Dim, Graph};
+use crate::graph::Graph;
 use crate::ops::{Kernel, OpCtx, OpError, Registry, SubgraphRunner};
 use crate::precision::Precision;
-use crate::tensor::{fmt_shape, Tensor};
+use crate::tensor::Tensor;
 use emulate::InputPrep;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 /// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
 pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 
-/// Inputs by name. A BTreeMap so iteration order (and so every derived result) is stable.
-pub type Feeds = BTreeMap<String, Tensor>;
+/// Checks a tensor against a declared value (defined beside [`crate::graph::ValueInfo`]).
+pub use crate::graph::check_against;
+/// Inputs by name (defined beside [`Tensor`] so `data` and `onnx` need not depend on `exec`).
+pub use crate::tensor::Feeds;
 
 /// What a run should keep besides the graph outputs.
 #[derive(Clone, Debug, Default)]
@@ -818,34 +820,4 @@ impl<'g> Interpreter<'g> {
         }
         Ok(())
     }
-}
-
-/// Checks a tensor against a declared value: dtype, rank and every fixed dimension.
-pub fn check_against(vi: &crate::graph::ValueInfo, t: &Tensor) -> Result<()> {
-    if let Some(dt) = vi.dtype {
-        if dt != t.dtype() {
-            return Err(Error::input(
-                &vi.name,
-                format!("expected dtype {dt}, got {}", t.dtype()),
-            ));
-        }
-    }
-    if let Some(dims) = &vi.shape {
-        let bad = dims.len() != t.rank()
-            || dims
-                .iter()
-                .zip(t.shape())
-                .any(|(d, &s)| matches!(d, Dim::Fixed(f) if *f != s));
-        if bad {
-            return Err(Error::input(
-                &vi.name,
-                format!(
-                    "expected shape {}, got {}",
-                    vi.shape_string(),
-                    fmt_shape(t.shape())
-                ),
-            ));
-        }
-    }
-    Ok(())
 }

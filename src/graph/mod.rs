@@ -403,6 +403,36 @@ impl Graph {
     }
 }
 
+/// Checks a tensor against a declared value: dtype, rank and every fixed dimension.
+pub fn check_against(vi: &ValueInfo, t: &Tensor) -> Result<()> {
+    if let Some(dt) = vi.dtype {
+        if dt != t.dtype() {
+            return Err(Error::input(
+                &vi.name,
+                format!("expected dtype {dt}, got {}", t.dtype()),
+            ));
+        }
+    }
+    if let Some(dims) = &vi.shape {
+        let bad = dims.len() != t.rank()
+            || dims
+                .iter()
+                .zip(t.shape())
+                .any(|(d, &s)| matches!(d, Dim::Fixed(f) if *f != s));
+        if bad {
+            return Err(Error::input(
+                &vi.name,
+                format!(
+                    "expected shape {}, got {}",
+                    vi.shape_string(),
+                    crate::tensor::fmt_shape(t.shape())
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -539,7 +539,7 @@ fn low_bit_from_bytes(dtype: DType, bytes: &[u8], n: usize) -> TensorData {
     use crate::lowbit::*;
     let nib = || unpack_nibbles(bytes, n).into_iter();
     match dtype {
-        d if d.is_fp8() => fp8_from_bits(d, bytes).expect("a float8 type"),
+        d if d.is_fp8() => crate::tensor::fp8_from_bits(d, bytes).expect("a float8 type"),
         DType::U4 => TensorData::U4(nib().map(U4::from_bits).collect()),
         DType::I4 => TensorData::I4(nib().map(I4::from_bits).collect()),
         DType::F4E2M1 => TensorData::F4E2M1(nib().map(F4E2M1::from_bits).collect()),
@@ -688,8 +688,8 @@ pub fn read_tensor_file(path: &Path) -> Result<(String, Tensor)> {
 /// Reads one input set in the ONNX test-data layout: `dir/input_K.pb` for the graph's K-th
 /// input, keyed by the input's name (conformance data, and the models scripts/gen_models.py
 /// writes).
-pub fn read_input_set(graph: &Graph, dir: &Path) -> Result<crate::exec::Feeds> {
-    let mut feeds = crate::exec::Feeds::new();
+pub fn read_input_set(graph: &Graph, dir: &Path) -> Result<crate::tensor::Feeds> {
+    let mut feeds = crate::tensor::Feeds::new();
     for (i, vi) in graph.inputs.iter().enumerate() {
         let (_, t) = read_tensor_file(&dir.join(format!("input_{i}.pb")))?;
         feeds.insert(vi.name.clone(), t);

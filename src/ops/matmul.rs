@@ -6,7 +6,7 @@
 use super::attrs::{boxed, opset_free, AttrError, Attrs};
 use super::util::{broadcast_shapes, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
-use crate::precision::Accumulator;
+use crate::numeric::Accumulator;
 use crate::tensor::{strides_of, DType, Tensor};
 use gemm::Parallelism;
 

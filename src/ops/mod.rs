@@ -39,7 +39,7 @@ pub struct OpCtx<'a> {
     pub subgraphs: Option<&'a dyn SubgraphRunner>,
     /// What matmul/conv products and sums accumulate in: the layer's accumulator under a
     /// precision plan (`--accumulate`), f32 otherwise.
-    pub accumulate: crate::precision::Accumulator,
+    pub accumulate: crate::numeric::Accumulator,
 }
 
 impl<'a> OpCtx<'a> {
@@ -49,7 +49,7 @@ impl<'a> OpCtx<'a> {
             node,
             opset,
             subgraphs: None,
-            accumulate: crate::precision::Accumulator::F32,
+            accumulate: crate::numeric::Accumulator::F32,
         }
     }
 

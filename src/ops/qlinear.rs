@@ -115,7 +115,7 @@ fn matmul_integer(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let b = shifted(input(inputs, 1)?, opt_input(inputs, 3), Side::B, "B")?;
     // Integer products are exact whatever the layer's accumulator (f32 holds them exactly
     // up to 2^24).
-    let c = matmul(crate::precision::Accumulator::F32, &a, &b)?;
+    let c = matmul(crate::numeric::Accumulator::F32, &a, &b)?;
     Ok(vec![super::cast::cast_tensor(&c, DType::I32)])
 }
 
@@ -152,7 +152,7 @@ fn qlinear_matmul(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let b = shifted(b_t, opt_input(inputs, 5), Side::B, "B")?;
     // Integer products are exact whatever the layer's accumulator (f32 holds them exactly
     // up to 2^24).
-    let c = matmul(crate::precision::Accumulator::F32, &a, &b)?;
+    let c = matmul(crate::numeric::Accumulator::F32, &a, &b)?;
     let cv = c.as_i64().expect("integer product");
     let (sa_t, sb_t, sy_t) = (input(inputs, 1)?, input(inputs, 4)?, input(inputs, 6)?);
     let sa = scale_values(sa_t, "a_scale")?;

@@ -370,7 +370,7 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
         .ok_or_else(|| OpError(format!("dtype {dtype} is not supported")))?;
     // Sums accumulate in f64 (the reference), or in an f16 register when a reduced-precision
     // layer asks for f16 accumulation (`--accumulate f16`): each addition rounded to f16.
-    let f16_acc = ctx.accumulate == crate::precision::Accumulator::F16;
+    let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
     let total = |it: &mut dyn Iterator<Item = f64>| -> f64 {
         if f16_acc {
             it.fold(0.0, |a, x| half::f16::from_f64(a + x).to_f64())

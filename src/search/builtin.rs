@@ -4,6 +4,7 @@
 use super::{Evaluation, Oracle};
 use crate::compare::{check_output, fmt_g, Criterion};
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::{Accumulator, Precision};
@@ -136,7 +137,12 @@ impl<'a> BuiltinOracle<'a> {
     /// What the search runs over: the compute layers whose low precision differs from the high
     /// one, their FLOPs (known after [`reference_outputs`](Self::reference_outputs)) and, when
     /// `ranked`, their error growth.
-    pub fn search_space(&mut self, ranked: bool) -> Result<super::SearchSpace> {
+    /// A ranking cut short by the cache budget is reported to `events` as a warning.
+    pub fn search_space(
+        &mut self,
+        ranked: bool,
+        events: &mut dyn FnMut(Event),
+    ) -> Result<super::SearchSpace> {
         let graph = self.interp.graph();
         let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
             .into_iter()
@@ -148,10 +154,10 @@ impl<'a> BuiltinOracle<'a> {
         let growth = if ranked {
             let (g, left_out) = self.growth()?;
             if left_out > 0 {
-                eprintln!(
-                    "warning: the layer ranking covers only the values that fit in --cache-budget {} MiB ({left_out} left out, ranked last); raise it for a complete ranking",
+                events(Event::Warning(format!(
+                    "the layer ranking covers only the values that fit in --cache-budget {} MiB ({left_out} left out, ranked last); raise it for a complete ranking",
                     self.cache.budget() >> 20
-                );
+                )));
             }
             g
         } else {

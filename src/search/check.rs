@@ -13,6 +13,7 @@
 
 use super::{Evaluation, Oracle};
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::export::{export, write_model, ExportOptions};
 use crate::graph::Graph;
 use crate::precision::plan::PrecisionPlan;
@@ -65,7 +66,7 @@ pub struct CheckOracle<'a> {
     pub timeout: Option<Duration>,
     /// Where candidate models are written.
     pub workdir: PathBuf,
-    /// Print each command and its output.
+    /// Report each command and its output.
     pub verbose: bool,
     pub evaluations: usize,
     /// Polygraphy's `--iter-artifact`: the candidate is written here (and `{model}` names it)
@@ -84,6 +85,9 @@ pub struct CheckOracle<'a> {
     /// and `--hide-fail-output` (not even for failing ones).
     pub show_output: bool,
     pub hide_fail_output: bool,
+    /// Receives the command echo (`verbose`), the command's output, a timeout warning and
+    /// the artifact notes; the library prints nothing.
+    pub events: Box<dyn FnMut(Event) + 'a>,
 }
 
 impl CheckOracle<'_> {
@@ -174,7 +178,10 @@ impl Oracle for CheckOracle<'_> {
         let program = &self.command[0];
         let args = self.arguments(&model, marked);
         if self.verbose {
-            eprintln!("[V] --check: {program} {}", args.join(" "));
+            (self.events)(Event::Verbose(format!(
+                "--check: {program} {}",
+                args.join(" ")
+            )));
         }
         let mut child = Command::new(program)
             .args(&args)
@@ -264,16 +271,16 @@ impl Oracle for CheckOracle<'_> {
             }
         };
         if self.verbose || (passed && self.show_output) || (!passed && !self.hide_fail_output) {
-            eprint!("{text}");
+            (self.events)(Event::Output(text));
         }
         if timed_out {
-            eprintln!("warning: {summary}");
+            (self.events)(Event::Warning(summary.clone()));
         }
         if self.iter_artifact.is_some() && !self.keep_iter_artifact {
             let _ = std::fs::remove_file(&model);
         }
         for note in self.sort_artifacts(passed) {
-            eprintln!("[I] {note}");
+            (self.events)(Event::Info(note));
         }
         Ok(Evaluation {
             passed,

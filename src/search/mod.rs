@@ -21,6 +21,7 @@
 pub mod builtin;
 pub mod check;
 pub mod replay;
+pub mod report;
 
 use crate::error::{Error, Result};
 use serde::Serialize;
@@ -28,7 +29,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// How candidate sets are chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Mode {
     Bisect,
@@ -59,7 +60,7 @@ impl Mode {
 }
 
 /// Which end contiguous modes mark from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Direction {
     Forward,
@@ -67,7 +68,7 @@ pub enum Direction {
 }
 
 /// What a smaller answer means for `minimal` (and what every mode reports).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Objective {
     /// Fewest layers in high precision.

@@ -563,3 +563,82 @@ fn validate_flags_non_finite_outputs() {
     );
     assert!(t.contains("[E]     FAILED | Output Validation"), "{t}");
 }
+
+/// `run --load-outputs` and `debug precision --golden` read golden files through one
+/// implementation (`mixprec::golden`): a malformed file fails both the same way, before any
+/// model run.
+#[test]
+fn run_and_debug_precision_reject_the_same_malformed_golden_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = example("mlp.onnx");
+    let (gold_path, gold) = p(tmp.path(), "gold.json");
+    assert!(mixprec(&[
+        "run",
+        &model,
+        "--input-shapes",
+        "x:[2,64]",
+        "--save-outputs",
+        &gold
+    ])
+    .status
+    .success());
+    let valid: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&gold_path).unwrap()).unwrap();
+    // No runner at all; a second runner without iterations (the first is fine).
+    let mut no_runner = valid.clone();
+    no_runner["lst"] = serde_json::json!([]);
+    let mut empty_second = valid.clone();
+    let first = valid["lst"][0].clone();
+    empty_second["lst"] = serde_json::json!([first, ["other-runner", []]]);
+    for (name, json, expected) in [
+        (
+            "no_runner.json",
+            no_runner,
+            "the RunResults file holds no runner".to_string(),
+        ),
+        (
+            "empty_second.json",
+            empty_second,
+            "runner 'other-runner' has no iterations".to_string(),
+        ),
+    ] {
+        let (path, file) = p(tmp.path(), name);
+        std::fs::write(&path, serde_json::to_vec(&json).unwrap()).unwrap();
+        let run = mixprec(&[
+            "run",
+            &model,
+            "--input-shapes",
+            "x:[2,64]",
+            "--load-outputs",
+            &file,
+        ]);
+        let debug = mixprec(&[
+            "debug",
+            "precision",
+            &model,
+            "--input-shapes",
+            "x:[2,64]",
+            "--fp16",
+            "--golden",
+            &file,
+        ]);
+        let error_line = |o: &Output| {
+            assert!(!o.status.success(), "{}", text(o));
+            String::from_utf8_lossy(&o.stderr)
+                .lines()
+                .find(|l| l.contains(&expected))
+                .unwrap_or_else(|| panic!("no '{expected}' in:\n{}", text(o)))
+                .to_string()
+        };
+        let (r, d) = (error_line(&run), error_line(&debug));
+        assert_eq!(r, d);
+        assert!(r.contains(&format!("{file}: {expected}")), "{r}");
+        // Rejected before any inference: neither command got as far as running the model.
+        assert!(!text(&run).contains("Completed"), "{}", text(&run));
+        assert!(
+            !text(&debug).contains("candidate layer"),
+            "{}",
+            text(&debug)
+        );
+    }
+}

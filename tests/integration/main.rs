@@ -10,6 +10,7 @@ mod control;
 mod dtypes;
 mod export;
 mod fuzz;
+mod layering;
 mod models;
 mod polygraphy_cli;
 mod precision;
