@@ -642,7 +642,13 @@ mod tests {
         let interp = Interpreter::new(&g).unwrap();
         let mut f = Feeds::new();
         f.insert("x".into(), Tensor::from_f32(vec![1, 2], vec![1.0, -2.0]));
-        let c = calibrate(&interp, std::slice::from_ref(&f), CalibAlgo::MinMax, false).unwrap();
+        let c = calibrate(
+            &interp,
+            std::slice::from_ref(&f),
+            CalibAlgo::MinMax,
+            &NoProgress,
+        )
+        .unwrap();
         // By hand: v0 = [1, -2]; h = 2v; v' = h·w. Iterations: h = [2, -4] → v = [0.5, -6.5];
         // h = [1, -13] → v = [-1.125, -19.75]; h = [-2.25, -39.5] → v = [-6.0625, -58.6875].
         assert_eq!(
