@@ -270,6 +270,13 @@ small_float!(
     E2M1
 );
 
+// SAFETY: the float8 types are a transparent u8 and every bit pattern is a value, so their
+// stored bytes can be read in place (crate::tensor::Buf::from_le_bytes).
+unsafe impl crate::tensor::Plain for F8E4M3FN {}
+unsafe impl crate::tensor::Plain for F8E4M3FNUZ {}
+unsafe impl crate::tensor::Plain for F8E5M2 {}
+unsafe impl crate::tensor::Plain for F8E5M2FNUZ {}
+
 /// int4: a two's-complement 4-bit integer in [-8, 7].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[repr(transparent)]

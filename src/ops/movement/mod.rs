@@ -543,9 +543,9 @@ fn constant(ctx: &OpCtx, _inputs: &[Option<&Tensor>]) -> OpResult {
     } else if let Some(v) = n.attr_ints("value_ints") {
         Tensor::from_i64(vec![v.len()], v.to_vec())
     } else if let Some(Attribute::String(s)) = n.attr("value_string") {
-        Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()]))
+        Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()].into()))
     } else if let Some(v) = n.attr_strings("value_strings") {
-        Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec()))
+        Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec().into()))
     } else {
         return err("Constant has no value attribute");
     };
