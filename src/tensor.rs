@@ -289,6 +289,15 @@ impl<T> Buf<T> {
         matches!(self.0, Repr::Borrowed(..))
     }
 
+    /// The bytes the elements are read from in place, if they are borrowed: their
+    /// little-endian stored form (borrowing happens on little-endian machines only).
+    pub fn borrowed_bytes(&self) -> Option<bytes::Bytes> {
+        match &self.0 {
+            Repr::Borrowed(b, _) => Some(b.clone()),
+            Repr::Owned(_) => None,
+        }
+    }
+
     /// True when both buffers are the same memory (clones of one another).
     pub fn ptr_eq(&self, other: &Buf<T>) -> bool {
         std::ptr::eq(self.as_slice(), other.as_slice())

@@ -651,7 +651,9 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> proto::TensorProto {
     if let TensorData::Str(v) = t.data() {
         p.string_data = v.iter().map(|s| s.as_bytes().to_vec()).collect();
     } else {
-        p.raw_data = Some(raw_bytes(t.data()).into());
+        // A buffer read in place from a map already is its raw_data: share it, no copy.
+        let shared = crate::with_data!(t.data(), v => v.borrowed_bytes());
+        p.raw_data = Some(shared.unwrap_or_else(|| raw_bytes(t.data()).into()));
     }
     p
 }
@@ -894,6 +896,11 @@ mod tests {
             };
             // Aligned data is read from the map; unaligned data is copied.
             assert_eq!(b.is_borrowed(), in_place && cfg!(target_endian = "little"));
+            // Written back (export), borrowed data is shared, not copied.
+            let p = tensor_to_proto("w", t);
+            let raw = p.raw_data.as_deref().unwrap();
+            assert_eq!(raw.as_ptr() == b.as_ptr().cast::<u8>(), b.is_borrowed());
+            assert_eq!(tensor_from_proto(&p, None).unwrap(), *t);
         }
     }
 
