@@ -229,10 +229,19 @@ pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
     }
 }
 
-/// An f32 weight already rounded to float16/bfloat16, stored in that type: every value is
-/// exactly representable, so widening it back gives the same bits. Weights holding a NaN
-/// stay in f32 (its payload would not survive the round trip).
+/// Weights with fewer elements keep their rounded copy in f32: widening on every call costs
+/// more than the memory saved (it doubled the emulated float16 latency of the small CNN of
+/// benches/latency.rs when every weight was narrowed).
+const NARROW_MIN_ELEMENTS: usize = 1 << 20;
+
+/// An f32 weight already rounded to float16/bfloat16, stored in that type when it has at least
+/// [`NARROW_MIN_ELEMENTS`] elements: every value is exactly representable, so widening it back
+/// gives the same bits. Weights holding a NaN stay in f32 (its payload would not survive the
+/// round trip).
 fn narrow(r: Tensor, p: Precision) -> Tensor {
+    if r.len() < NARROW_MIN_ELEMENTS {
+        return r;
+    }
     let to = match p {
         Precision::Float16 => DType::F16,
         Precision::BFloat16 => DType::BF16,
@@ -398,7 +407,7 @@ mod tests {
         // A MatMul weight under float16/bfloat16 plans: the prepared copy is F16/BF16 (half the
         // memory of an f32 copy), and the result is bit-identical to computing with the
         // weight rounded in f32 (the reference: a graph whose weight is pre-rounded).
-        let (k, n) = (64, 8);
+        let (k, n) = (1024, NARROW_MIN_ELEMENTS / 1024);
         let wv = values(k * n, 3);
         for (p, dt) in [
             (Precision::Float16, DType::F16),
@@ -435,25 +444,27 @@ mod tests {
                 want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             );
         }
-        // A weight holding a NaN keeps its f32 copy (the payload survives).
-        let mut w = vec![1.0f32; 4];
+        // A weight holding a NaN, or a small one, keeps its f32 copy.
+        let mut w = vec![1.0f32; k * n];
         w[1] = f32::from_bits(0x7fc0_1234);
-        let g = graph(
-            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
-            vec![vi("x", &[1, 2])],
-            vi("y", &[1, 2]),
-            vec![("w", Tensor::from_f32(vec![2, 2], w))],
-        );
-        let plan = PreparedPlan::new(
-            &g,
-            &PrecisionPlan::from_layers(vec![Precision::Float16]),
-            &PlanOptions::default(),
-        )
-        .unwrap();
-        let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
-            panic!("converted")
-        };
-        assert_eq!(c.dtype(), DType::F32);
+        for (w, shape) in [(w, [k, n]), (vec![1.0; 4], [2, 2])] {
+            let g = graph(
+                vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                vec![vi("x", &[1, shape[0]])],
+                vi("y", &[1, shape[1]]),
+                vec![("w", Tensor::from_f32(shape.to_vec(), w))],
+            );
+            let plan = PreparedPlan::new(
+                &g,
+                &PrecisionPlan::from_layers(vec![Precision::Float16]),
+                &PlanOptions::default(),
+            )
+            .unwrap();
+            let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
+                panic!("converted")
+            };
+            assert_eq!(c.dtype(), DType::F32);
+        }
     }
 
     #[test]
