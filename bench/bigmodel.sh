@@ -5,16 +5,19 @@
 #   mixprec inspect           (targets: <= 3 s, <= 300 MB)
 #   mixprec run  (FP32)       (target: peak RSS <= 1.3x the weight bytes)
 #   mixprec run --fp16        (target: <= 1.6x)
-#   mixprec convert --fp16    (must complete, writing external data)
+#   mixprec convert --fp16    (must complete; its float16 output is under 2 GiB: one file)
+#   mixprec convert, one layer float16 (the output is over 2 GiB: written with external
+#                             data, then reloaded by mixprec inspect)
 # LAYERS=N and DIM=D change the size. Needs about 2x the weight bytes of free disk.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-py=$(bash scripts/setup-python.sh)
+py=${MIXPREC_PYTHON:-$(bash scripts/setup-python.sh)}
 layers=${LAYERS:-12}
 dim=${DIM:-8192}
 dir=target/bigmodel
 mkdir -p "$dir"
 cargo build --release --quiet
+bin=${CARGO_TARGET_DIR:-target}/release/mixprec
 if [ ! -f "$dir/big.onnx" ] || [ "$(cat "$dir/.size" 2>/dev/null)" != "$layers x $dim" ]; then
   "$py" - "$dir" "$layers" "$dim" <<'PY'
 import os, sys
@@ -65,8 +68,12 @@ measure() {
   if [ "$rc" != 0 ]; then grep -m1 "error" "$dir/$name.out" "$log" || true; fi
 }
 echo "weights: $(echo "$weights / 1000000000" | bc -l | cut -c1-5) GB in $dir/big.weights"
-measure inspect target/release/mixprec inspect "$dir/big.onnx"
-measure run-fp32 target/release/mixprec run "$dir/big.onnx" --input-shapes x:[1,$dim]
-measure run-fp16 target/release/mixprec run "$dir/big.onnx" --input-shapes x:[1,$dim] --fp16
+measure inspect $bin inspect "$dir/big.onnx"
+measure run-fp32 $bin run "$dir/big.onnx" --input-shapes x:[1,$dim]
+measure run-fp16 $bin run "$dir/big.onnx" --input-shapes x:[1,$dim] --fp16
 rm -f "$dir/big_fp16.onnx"*
-measure convert-fp16 target/release/mixprec convert "$dir/big.onnx" --fp16 -o "$dir/big_fp16.onnx"
+measure convert-fp16 $bin convert "$dir/big.onnx" --fp16 -o "$dir/big_fp16.onnx"
+rm -f "$dir/big_mixed.onnx"*
+measure convert-mixed $bin convert "$dir/big.onnx" --layer-precisions MatMul_0:float16 -o "$dir/big_mixed.onnx"
+ls -l "$dir"/big_fp16.onnx* "$dir"/big_mixed.onnx* 2>/dev/null | awk '{print "  " $5 " bytes  " $NF}'
+measure inspect-mixed $bin inspect "$dir/big_mixed.onnx"

@@ -8,6 +8,9 @@
 use crate::lowbit::{F4E2M1, F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, I4, U4};
 use half::{bf16, f16};
 use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Deref;
+use std::sync::Arc;
 
 /// Inputs by name. A BTreeMap so iteration order (and so every derived result) is stable.
 pub type Feeds = std::collections::BTreeMap<String, Tensor>;
@@ -230,30 +233,236 @@ impl fmt::Display for DType {
     }
 }
 
+/// Element types whose in-memory form is their little-endian stored form on a little-endian
+/// machine, and for which every bit pattern is a valid value: a buffer of them can be read in
+/// place from the bytes of a file ([`Buf::from_le_bytes`]). `bool` is not one (only 0 and 1
+/// are valid), nor are the packed 4-bit types.
+///
+/// # Safety
+/// Implementors must have no padding, no invalid bit patterns and the layout of their
+/// little-endian encoding.
+pub unsafe trait Plain: Copy + 'static {}
+
+macro_rules! plain {
+    ($($t:ty),*) => { $(unsafe impl Plain for $t {})* };
+}
+plain!(f32, f64, f16, bf16, i8, u8, i16, u16, i32, u32, i64, u64);
+// SAFETY: the float8 types (lowbit.rs) are a transparent u8 and every bit pattern is a
+// value, so their stored bytes can be read in place.
+plain!(
+    crate::lowbit::F8E4M3FN,
+    crate::lowbit::F8E4M3FNUZ,
+    crate::lowbit::F8E5M2,
+    crate::lowbit::F8E5M2FNUZ
+);
+
+/// A reference-counted, immutable buffer of elements (the storage half of candle's
+/// storage/layout split): it derefs to `&[T]`, `clone` shares it (no element is copied), and
+/// the rare mutation copies on write ([`Buf::make_mut`]).
+///
+/// The elements live either in a vector the buffer owns, or in place in bytes kept alive by a
+/// [`bytes::Bytes`]: a memory-mapped model file or external-data file, whose pages the
+/// operating system reads only when a kernel touches them.
+pub struct Buf<T>(Repr<T>);
+
+enum Repr<T> {
+    Owned(Arc<Vec<T>>),
+    /// `len` elements read in place; the bytes are aligned for `T` (checked on construction).
+    Borrowed(bytes::Bytes, PhantomData<T>),
+}
+
+impl<T> Buf<T> {
+    /// Wraps a vector (no copy).
+    pub fn from_vec(v: Vec<T>) -> Buf<T> {
+        Buf(Repr::Owned(Arc::new(v)))
+    }
+
+    /// The elements as a slice.
+    pub fn as_slice(&self) -> &[T] {
+        match &self.0 {
+            Repr::Owned(v) => v,
+            Repr::Borrowed(b, _) => {
+                // SAFETY: `from_le_bytes` admitted only `T: Plain` (every bit pattern valid),
+                // a byte count that is a multiple of `size_of::<T>()`, a pointer aligned for
+                // `T` and a non-empty buffer; `b` keeps the bytes alive and never changes them.
+                unsafe {
+                    std::slice::from_raw_parts(
+                        b.as_ptr().cast::<T>(),
+                        b.len() / std::mem::size_of::<T>(),
+                    )
+                }
+            }
+        }
+    }
+
+    /// True when the elements are read in place from borrowed bytes (a memory map).
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.0, Repr::Borrowed(..))
+    }
+
+    /// The bytes the elements are read from in place, if they are borrowed: their
+    /// little-endian stored form (borrowing happens on little-endian machines only).
+    pub fn borrowed_bytes(&self) -> Option<bytes::Bytes> {
+        match &self.0 {
+            Repr::Borrowed(b, _) => Some(b.clone()),
+            Repr::Owned(_) => None,
+        }
+    }
+
+    /// True when both buffers are the same memory (clones of one another).
+    pub fn ptr_eq(&self, other: &Buf<T>) -> bool {
+        std::ptr::eq(self.as_slice(), other.as_slice())
+    }
+}
+
+impl<T: Plain> Buf<T> {
+    /// The elements stored little-endian in `bytes`, read in place when the bytes are aligned
+    /// for `T` and the machine is little-endian, copied otherwise. None when the byte count is
+    /// not a multiple of the element size.
+    pub fn from_le_bytes(bytes: bytes::Bytes) -> Option<Buf<T>> {
+        let w = std::mem::size_of::<T>();
+        if !bytes.len().is_multiple_of(w) {
+            return None;
+        }
+        let aligned = bytes.as_ptr().cast::<T>().is_aligned();
+        if cfg!(target_endian = "little") && aligned && !bytes.is_empty() {
+            return Some(Buf(Repr::Borrowed(bytes, PhantomData)));
+        }
+        let n = bytes.len() / w;
+        let mut v: Vec<T> = Vec::with_capacity(n);
+        // SAFETY: `T: Plain` accepts any bit pattern; the copy fills exactly `n` elements.
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr().cast::<u8>(), n * w);
+            v.set_len(n);
+        }
+        if cfg!(target_endian = "big") {
+            for x in v.iter_mut() {
+                // SAFETY: reversing the bytes of a Plain value gives another valid value.
+                let p = (x as *mut T).cast::<u8>();
+                unsafe { std::slice::from_raw_parts_mut(p, w).reverse() };
+            }
+        }
+        Some(Buf::from_vec(v))
+    }
+}
+
+impl<T: Clone> Buf<T> {
+    /// The elements, mutable: shared or borrowed elements are copied first (copy on write).
+    pub fn make_mut(&mut self) -> &mut Vec<T> {
+        if let Repr::Borrowed(..) = self.0 {
+            *self = Buf::from_vec(self.as_slice().to_vec());
+        }
+        match &mut self.0 {
+            Repr::Owned(v) => Arc::make_mut(v),
+            Repr::Borrowed(..) => unreachable!("replaced above"),
+        }
+    }
+
+    /// The elements as a vector (no copy when this buffer owns them alone).
+    pub fn into_vec(self) -> Vec<T> {
+        match self.0 {
+            Repr::Owned(v) => Arc::try_unwrap(v).unwrap_or_else(|v| (*v).clone()),
+            Repr::Borrowed(..) => self.as_slice().to_vec(),
+        }
+    }
+}
+
+impl<T> Clone for Buf<T> {
+    fn clone(&self) -> Self {
+        Buf(match &self.0 {
+            Repr::Owned(v) => Repr::Owned(Arc::clone(v)),
+            Repr::Borrowed(b, _) => Repr::Borrowed(b.clone(), PhantomData),
+        })
+    }
+}
+
+impl<T> Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T> AsRef<[T]> for Buf<T> {
+    fn as_ref(&self) -> &[T] {
+        self.as_slice()
+    }
+}
+
+impl<T> Default for Buf<T> {
+    fn default() -> Self {
+        Buf::from_vec(Vec::new())
+    }
+}
+
+impl<T> From<Vec<T>> for Buf<T> {
+    fn from(v: Vec<T>) -> Self {
+        Buf::from_vec(v)
+    }
+}
+
+impl<T: Clone> From<&[T]> for Buf<T> {
+    fn from(v: &[T]) -> Self {
+        Buf::from_vec(v.to_vec())
+    }
+}
+
+impl<T> FromIterator<T> for Buf<T> {
+    fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
+        Buf::from_vec(iter.into_iter().collect())
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Buf<T> {
+    type Item = &'a T;
+    type IntoIter = std::slice::Iter<'a, T>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.as_slice().iter()
+    }
+}
+
+impl<T: PartialEq> PartialEq for Buf<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl<T: PartialEq> PartialEq<Vec<T>> for Buf<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Buf<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.as_slice().fmt(f)
+    }
+}
+
 /// The typed buffer of a tensor.
 #[derive(Clone, Debug, PartialEq)]
 pub enum TensorData {
-    F32(Vec<f32>),
-    F64(Vec<f64>),
-    F16(Vec<f16>),
-    BF16(Vec<bf16>),
-    I8(Vec<i8>),
-    U8(Vec<u8>),
-    I16(Vec<i16>),
-    U16(Vec<u16>),
-    I32(Vec<i32>),
-    U32(Vec<u32>),
-    I64(Vec<i64>),
-    U64(Vec<u64>),
-    Bool(Vec<bool>),
-    Str(Vec<String>),
-    F8E4M3FN(Vec<F8E4M3FN>),
-    F8E4M3FNUZ(Vec<F8E4M3FNUZ>),
-    F8E5M2(Vec<F8E5M2>),
-    F8E5M2FNUZ(Vec<F8E5M2FNUZ>),
-    U4(Vec<U4>),
-    I4(Vec<I4>),
-    F4E2M1(Vec<F4E2M1>),
+    F32(Buf<f32>),
+    F64(Buf<f64>),
+    F16(Buf<f16>),
+    BF16(Buf<bf16>),
+    I8(Buf<i8>),
+    U8(Buf<u8>),
+    I16(Buf<i16>),
+    U16(Buf<u16>),
+    I32(Buf<i32>),
+    U32(Buf<u32>),
+    I64(Buf<i64>),
+    U64(Buf<u64>),
+    Bool(Buf<bool>),
+    Str(Buf<String>),
+    F8E4M3FN(Buf<F8E4M3FN>),
+    F8E4M3FNUZ(Buf<F8E4M3FNUZ>),
+    F8E5M2(Buf<F8E5M2>),
+    F8E5M2FNUZ(Buf<F8E5M2FNUZ>),
+    U4(Buf<U4>),
+    I4(Buf<I4>),
+    F4E2M1(Buf<F4E2M1>),
 }
 
 /// Runs `$body` with `$v` bound to the inner `Vec` of any variant and wraps the result in the
@@ -358,27 +567,27 @@ impl TensorData {
     /// An all-zero (false, empty string) buffer of `n` elements.
     pub fn zeros(dtype: DType, n: usize) -> TensorData {
         match dtype {
-            DType::F32 => TensorData::F32(vec![0.0; n]),
-            DType::F64 => TensorData::F64(vec![0.0; n]),
-            DType::F16 => TensorData::F16(vec![f16::ZERO; n]),
-            DType::BF16 => TensorData::BF16(vec![bf16::ZERO; n]),
-            DType::I8 => TensorData::I8(vec![0; n]),
-            DType::U8 => TensorData::U8(vec![0; n]),
-            DType::I16 => TensorData::I16(vec![0; n]),
-            DType::U16 => TensorData::U16(vec![0; n]),
-            DType::I32 => TensorData::I32(vec![0; n]),
-            DType::U32 => TensorData::U32(vec![0; n]),
-            DType::I64 => TensorData::I64(vec![0; n]),
-            DType::U64 => TensorData::U64(vec![0; n]),
-            DType::Bool => TensorData::Bool(vec![false; n]),
-            DType::Str => TensorData::Str(vec![String::new(); n]),
-            DType::F8E4M3FN => TensorData::F8E4M3FN(vec![F8E4M3FN::default(); n]),
-            DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(vec![F8E4M3FNUZ::default(); n]),
-            DType::F8E5M2 => TensorData::F8E5M2(vec![F8E5M2::default(); n]),
-            DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::default(); n]),
-            DType::U4 => TensorData::U4(vec![U4::default(); n]),
-            DType::I4 => TensorData::I4(vec![I4::default(); n]),
-            DType::F4E2M1 => TensorData::F4E2M1(vec![F4E2M1::default(); n]),
+            DType::F32 => TensorData::F32(vec![0.0; n].into()),
+            DType::F64 => TensorData::F64(vec![0.0; n].into()),
+            DType::F16 => TensorData::F16(vec![f16::ZERO; n].into()),
+            DType::BF16 => TensorData::BF16(vec![bf16::ZERO; n].into()),
+            DType::I8 => TensorData::I8(vec![0; n].into()),
+            DType::U8 => TensorData::U8(vec![0; n].into()),
+            DType::I16 => TensorData::I16(vec![0; n].into()),
+            DType::U16 => TensorData::U16(vec![0; n].into()),
+            DType::I32 => TensorData::I32(vec![0; n].into()),
+            DType::U32 => TensorData::U32(vec![0; n].into()),
+            DType::I64 => TensorData::I64(vec![0; n].into()),
+            DType::U64 => TensorData::U64(vec![0; n].into()),
+            DType::Bool => TensorData::Bool(vec![false; n].into()),
+            DType::Str => TensorData::Str(vec![String::new(); n].into()),
+            DType::F8E4M3FN => TensorData::F8E4M3FN(vec![F8E4M3FN::default(); n].into()),
+            DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(vec![F8E4M3FNUZ::default(); n].into()),
+            DType::F8E5M2 => TensorData::F8E5M2(vec![F8E5M2::default(); n].into()),
+            DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::default(); n].into()),
+            DType::U4 => TensorData::U4(vec![U4::default(); n].into()),
+            DType::I4 => TensorData::I4(vec![I4::default(); n].into()),
+            DType::F4E2M1 => TensorData::F4E2M1(vec![F4E2M1::default(); n].into()),
         }
     }
 
@@ -419,7 +628,7 @@ impl TensorData {
     pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
         Some(match self {
             TensorData::F32(v) => v.iter().map(|&x| x as f64).collect(),
-            TensorData::F64(v) => v.clone(),
+            TensorData::F64(v) => v.to_vec(),
             TensorData::F16(v) => v.iter().map(|x| x.to_f64()).collect(),
             TensorData::BF16(v) => v.iter().map(|x| x.to_f64()).collect(),
             TensorData::I8(v) => v.iter().map(|&x| x as f64).collect(),
@@ -445,7 +654,7 @@ impl TensorData {
     /// Every element as f32 (bool as 0/1; f64 rounded to nearest).
     pub fn to_f32_vec(&self) -> Option<Vec<f32>> {
         Some(match self {
-            TensorData::F32(v) => v.clone(),
+            TensorData::F32(v) => v.to_vec(),
             TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             TensorData::F64(v) => v.iter().map(|&x| x as f32).collect(),
@@ -461,7 +670,7 @@ impl TensorData {
     /// Every element as i64. Floats truncate toward zero (as C casts and ONNX Cast do).
     pub fn to_i64_vec(&self) -> Option<Vec<i64>> {
         Some(match self {
-            TensorData::I64(v) => v.clone(),
+            TensorData::I64(v) => v.to_vec(),
             TensorData::I32(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::I16(v) => v.iter().map(|&x| x as i64).collect(),
             TensorData::I8(v) => v.iter().map(|&x| x as i64).collect(),
@@ -528,19 +737,19 @@ impl Tensor {
     }
 
     pub fn from_f32(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
-        Tensor::from_parts(shape, TensorData::F32(v))
+        Tensor::from_parts(shape, TensorData::F32(v.into()))
     }
 
     pub fn from_f64(shape: Vec<usize>, v: Vec<f64>) -> Tensor {
-        Tensor::from_parts(shape, TensorData::F64(v))
+        Tensor::from_parts(shape, TensorData::F64(v.into()))
     }
 
     pub fn from_i64(shape: Vec<usize>, v: Vec<i64>) -> Tensor {
-        Tensor::from_parts(shape, TensorData::I64(v))
+        Tensor::from_parts(shape, TensorData::I64(v.into()))
     }
 
     pub fn from_bool(shape: Vec<usize>, v: Vec<bool>) -> Tensor {
-        Tensor::from_parts(shape, TensorData::Bool(v))
+        Tensor::from_parts(shape, TensorData::Bool(v.into()))
     }
 
     pub fn scalar_f32(x: f32) -> Tensor {
@@ -607,7 +816,7 @@ impl Tensor {
 
     pub fn as_f32_mut(&mut self) -> Option<&mut Vec<f32>> {
         match &mut self.data {
-            TensorData::F32(v) => Some(v),
+            TensorData::F32(v) => Some(v.make_mut()),
             _ => None,
         }
     }
@@ -694,8 +903,8 @@ mod tests {
 
     #[test]
     fn new_checks_length() {
-        assert!(Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 6])).is_ok());
-        let err = Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 5])).unwrap_err();
+        assert!(Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 6].into())).is_ok());
+        let err = Tensor::new(vec![2, 3], TensorData::F32(vec![0.0; 5].into())).unwrap_err();
         assert_eq!(err.expected, 6);
     }
 
@@ -722,19 +931,69 @@ mod tests {
 
     #[test]
     fn map_data_keeps_variant() {
-        let d = TensorData::I64(vec![1, 2, 3]);
+        let d = TensorData::I64(vec![1, 2, 3].into());
         let r = map_data!(&d, v => v.iter().rev().cloned().collect());
-        assert_eq!(r, TensorData::I64(vec![3, 2, 1]));
+        assert_eq!(r, TensorData::I64(vec![3, 2, 1].into()));
     }
 
     #[test]
     fn concat_and_gather() {
-        let a = TensorData::I64(vec![1, 2]);
-        let b = TensorData::I64(vec![3]);
+        let a = TensorData::I64(vec![1, 2].into());
+        let b = TensorData::I64(vec![3].into());
         let c = TensorData::concat(&[&a, &b]).unwrap();
-        assert_eq!(c, TensorData::I64(vec![1, 2, 3]));
-        assert_eq!(c.gather(&[2, 0]), TensorData::I64(vec![3, 1]));
-        assert!(TensorData::concat(&[&a, &TensorData::F32(vec![])]).is_none());
+        assert_eq!(c, TensorData::I64(vec![1, 2, 3].into()));
+        assert_eq!(c.gather(&[2, 0]), TensorData::I64(vec![3, 1].into()));
+        assert!(TensorData::concat(&[&a, &TensorData::F32(vec![].into())]).is_none());
+    }
+
+    #[test]
+    fn clones_share_buffers_and_mutation_copies() {
+        let t = Tensor::from_f32(vec![2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let mut c = t.clone();
+        assert_eq!(
+            t.as_f32().unwrap().as_ptr(),
+            c.as_f32().unwrap().as_ptr(),
+            "a clone copies no element"
+        );
+        c.as_f32_mut().unwrap()[0] = 9.0;
+        assert_eq!(t.as_f32().unwrap(), [1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(c.as_f32().unwrap(), [9.0, 2.0, 3.0, 4.0]);
+        // A buffer held once is mutated in place.
+        let p = c.as_f32().unwrap().as_ptr();
+        c.as_f32_mut().unwrap()[1] = 8.0;
+        assert_eq!(c.as_f32().unwrap().as_ptr(), p);
+        let b = Buf::from_vec(vec![1u8, 2]);
+        assert_eq!(b.clone().into_vec(), vec![1, 2]);
+    }
+
+    #[test]
+    fn little_endian_bytes_are_read_in_place_when_aligned() {
+        let vals = [1.5f32, -2.0, 3.25];
+        let mut bytes: Vec<u8> = vec![0];
+        bytes.extend(vals.iter().flat_map(|x| x.to_le_bytes()));
+        let all = bytes::Bytes::from(bytes);
+        // The allocation is aligned, so the slice from byte 1 is not; a fresh copy of it is.
+        let unaligned = all.slice(1..);
+        let b = Buf::<f32>::from_le_bytes(unaligned.clone()).unwrap();
+        assert_eq!(&*b, &vals);
+        let aligned = bytes::Bytes::from(unaligned.to_vec());
+        assert_eq!(aligned.as_ptr() as usize % 4, 0);
+        let a = Buf::<f32>::from_le_bytes(aligned.clone()).unwrap();
+        assert_eq!(&*a, &vals);
+        if cfg!(target_endian = "little") {
+            assert!(a.is_borrowed());
+            assert_eq!(a.as_ptr().cast::<u8>(), aligned.as_ptr());
+            assert!(!b.is_borrowed(), "unaligned bytes are copied");
+            // Copy on write leaves the borrowed bytes alone.
+            let mut m = a.clone();
+            m.make_mut()[0] = 0.0;
+            assert_eq!(&*a, &vals);
+            assert!(!m.is_borrowed());
+        }
+        assert!(Buf::<f32>::from_le_bytes(all.slice(0..3)).is_none());
+        assert!(Buf::<f32>::from_le_bytes(bytes::Bytes::new())
+            .unwrap()
+            .is_empty());
     }
 
     #[test]

@@ -520,7 +520,7 @@ mod tests {
             .map(|_| feeds(&(0..n).map(|_| rng.normal() as f32).collect::<Vec<_>>()))
             .collect();
         if let Some(TensorData::F32(v)) = batches[7].get_mut("x").map(|t| t.data_mut()) {
-            v[100] = 50.0;
+            v.make_mut()[100] = 50.0;
         }
         let r =
             calibrate_report(&interp, &batches, CalibAlgo::Percentile(99.9), &NoProgress).unwrap();

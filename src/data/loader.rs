@@ -282,7 +282,7 @@ fn sample(
     };
     Ok(match dtype {
         DType::F32 => TensorData::F32(floats(rng).into_iter().map(|x| x as f32).collect()),
-        DType::F64 => TensorData::F64(floats(rng)),
+        DType::F64 => TensorData::F64(floats(rng).into()),
         DType::F16 => TensorData::F16(floats(rng).into_iter().map(f16::from_f64).collect()),
         DType::BF16 => TensorData::BF16(floats(rng).into_iter().map(bf16::from_f64).collect()),
         DType::Bool => {
@@ -571,23 +571,23 @@ mod tests {
         // RandomState(2).randint(-3, 6, size=6, dtype=np.int64)
         let mut r = Mt19937::new(2);
         let t = sample(&mut r, DType::I64, 6, -3.0, 5.0).unwrap();
-        assert_eq!(TensorData::I64(vec![5, 5, 3, -1, 5, 4]), t);
+        assert_eq!(TensorData::I64(vec![5, 5, 3, -1, 5, 4].into()), t);
         // RandomState(2).randint(0, 2, size=6, dtype=np.int32)
         let mut r = Mt19937::new(2);
         let t = sample(&mut r, DType::I32, 6, 0.0, 1.0).unwrap();
-        assert_eq!(TensorData::I32(vec![0, 1, 1, 0, 0, 1]), t);
+        assert_eq!(TensorData::I32(vec![0, 1, 1, 0, 0, 1].into()), t);
         // RandomState(4).randint(0, 201, size=8, dtype=np.uint8)
         let mut r = Mt19937::new(4);
         let t = sample(&mut r, DType::U8, 8, 0.0, 200.0).unwrap();
         assert_eq!(
-            TensorData::U8(vec![122, 68, 143, 174, 32, 143, 183, 105]),
+            TensorData::U8(vec![122, 68, 143, 174, 32, 143, 183, 105].into()),
             t
         );
         // RandomState(5).randint(-10**12, 10**12 + 1, size=3, dtype=np.int64): 64-bit draws.
         let mut r = Mt19937::new(5);
         let t = sample(&mut r, DType::I64, 3, -1e12, 1e12).unwrap();
         assert_eq!(
-            TensorData::I64(vec![524950386894, 722193602633, -965254483228]),
+            TensorData::I64(vec![524950386894, 722193602633, -965254483228].into()),
             t
         );
     }

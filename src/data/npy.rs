@@ -186,7 +186,7 @@ pub fn from_npy(bytes: &[u8]) -> std::result::Result<Tensor, String> {
         DType::F64 => TensorData::F64(decode!(f64, 8)),
         DType::F16 => TensorData::F16(decode!(f16, 2)),
         DType::I8 => TensorData::I8(body.iter().map(|&b| b as i8).collect()),
-        DType::U8 => TensorData::U8(body.to_vec()),
+        DType::U8 => TensorData::U8(body.to_vec().into()),
         DType::I16 => TensorData::I16(decode!(i16, 2)),
         DType::U16 => TensorData::U16(decode!(u16, 2)),
         DType::I32 => TensorData::I32(decode!(i32, 4)),
@@ -223,7 +223,7 @@ pub fn as_low_bit(t: Tensor, to: DType) -> std::result::Result<Tensor, String> {
         return Ok(t);
     }
     let bytes: Vec<u8> = match t.data() {
-        TensorData::U8(v) => v.clone(),
+        TensorData::U8(v) => v.to_vec(),
         TensorData::I8(v) => v.iter().map(|&x| x as u8).collect(),
         _ => return Ok(t),
     };
@@ -395,8 +395,11 @@ mod tests {
             Tensor::from_f32(vec![2, 3], vec![1.0, -2.5, 3.0, 4.0, f32::NAN, 6.0]),
             Tensor::from_i64(vec![], vec![-7]),
             Tensor::from_bool(vec![3], vec![true, false, true]),
-            Tensor::from_parts(vec![2], TensorData::F16(vec![f16::from_f32(1.5), f16::MAX])),
-            Tensor::from_parts(vec![1, 2], TensorData::U8(vec![0, 255])),
+            Tensor::from_parts(
+                vec![2],
+                TensorData::F16(vec![f16::from_f32(1.5), f16::MAX].into()),
+            ),
+            Tensor::from_parts(vec![1, 2], TensorData::U8(vec![0, 255].into())),
         ];
         for t in tensors {
             let bytes = to_npy(&t).unwrap();
@@ -455,37 +458,47 @@ mod tests {
         use crate::lowbit::{F8E4M3FN, I4};
         let t = Tensor::from_parts(
             vec![2],
-            TensorData::F8E4M3FN(vec![
-                F8E4M3FN::from_f32(1.0, true),
-                F8E4M3FN::from_f32(-448.0, true),
-            ]),
+            TensorData::F8E4M3FN(
+                vec![
+                    F8E4M3FN::from_f32(1.0, true),
+                    F8E4M3FN::from_f32(-448.0, true),
+                ]
+                .into(),
+            ),
         );
         let back = from_npy(&to_npy(&t).unwrap()).unwrap();
-        assert_eq!(back.data(), &TensorData::U8(vec![0x38, 0xFE]));
+        assert_eq!(back.data(), &TensorData::U8(vec![0x38, 0xFE].into()));
         assert_eq!(as_low_bit(back, DType::F8E4M3FN).unwrap(), t);
         let t = Tensor::from_parts(
             vec![2],
-            TensorData::I4(vec![I4::wrapping(-8), I4::wrapping(7)]),
+            TensorData::I4(vec![I4::wrapping(-8), I4::wrapping(7)].into()),
         );
         let back = from_npy(&to_npy(&t).unwrap()).unwrap();
-        assert_eq!(back.data(), &TensorData::I8(vec![-8, 7]));
+        assert_eq!(back.data(), &TensorData::I8(vec![-8, 7].into()));
         assert_eq!(as_low_bit(back, DType::I4).unwrap(), t);
         let e = as_low_bit(
-            Tensor::from_parts(vec![1], TensorData::I8(vec![9])),
+            Tensor::from_parts(vec![1], TensorData::I8(vec![9].into())),
             DType::I4,
         )
         .unwrap_err();
         assert!(e.contains("9 does not fit int4"), "{e}");
         let e = as_low_bit(
-            Tensor::from_parts(vec![1], TensorData::U8(vec![0x10])),
+            Tensor::from_parts(vec![1], TensorData::U8(vec![0x10].into())),
             DType::F4E2M1,
         )
         .unwrap_err();
         assert!(e.contains("not a float4e2m1 code"), "{e}");
         // ml_dtypes arrays saved by np.save: descr V1, raw bytes.
-        let mut npy = to_npy(&Tensor::from_parts(vec![1], TensorData::U8(vec![0x38]))).unwrap();
+        let mut npy = to_npy(&Tensor::from_parts(
+            vec![1],
+            TensorData::U8(vec![0x38].into()),
+        ))
+        .unwrap();
         let pos = npy.windows(3).position(|w| w == b"|u1").unwrap();
         npy[pos..pos + 3].copy_from_slice(b"<V1");
-        assert_eq!(from_npy(&npy).unwrap().data(), &TensorData::U8(vec![0x38]));
+        assert_eq!(
+            from_npy(&npy).unwrap().data(),
+            &TensorData::U8(vec![0x38].into())
+        );
     }
 }

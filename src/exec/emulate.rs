@@ -33,6 +33,9 @@ pub(crate) enum InputPrep {
     /// An f32 activation quantized per tensor with this scale, then dequantized.
     Quantize { scale: f32, precision: Precision },
     /// A weight converted in advance (shared: plans composed from other plans reuse it).
+    /// An f32 weight rounded to float16/bfloat16 is kept in that 16-bit type (half the
+    /// memory) and widened back to f32, exactly, only for the kernel call
+    /// ([`prepare_input`]).
     Converted(std::sync::Arc<Tensor>),
 }
 
@@ -172,7 +175,7 @@ impl PreparedPlan {
                 } else if let Some(w) = init {
                     match through_f32(w, |v| round_slice(p, v)) {
                         Some(r) if !already_in(w.dtype(), p) => {
-                            InputPrep::Converted(std::sync::Arc::new(r))
+                            InputPrep::Converted(std::sync::Arc::new(narrow(r, p)))
                         }
                         _ => InputPrep::Keep,
                     }
@@ -447,15 +450,43 @@ impl<'s> Scope<'s> {
 }
 
 /// Applies an activation treatment; None means "use the original tensor" (also for
-/// `Converted`, which the caller takes from the plan by reference).
+/// `Converted`, which the caller takes from the plan by reference, unless it is stored
+/// narrower than the original: then the widened copy, dropped after the kernel call).
 pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
     match prep {
+        InputPrep::Converted(c) if c.dtype() != t.dtype() => {
+            Some(crate::ops::cast::cast_tensor(c, t.dtype()))
+        }
         InputPrep::Keep | InputPrep::Converted(_) => None,
         InputPrep::Round(p) if already_in(t.dtype(), *p) => None,
         InputPrep::Round(p) => through_f32(t, |v| round_slice(*p, v)),
         InputPrep::Quantize { scale, precision } => {
             through_f32(t, |v| fake_quant(v, *scale, *precision))
         }
+    }
+}
+
+/// Weights with fewer elements keep their rounded copy in f32: widening on every call costs
+/// more than the memory saved (it doubled the emulated float16 latency of the small CNN of
+/// benches/latency.rs when every weight was narrowed).
+const NARROW_MIN_ELEMENTS: usize = 1 << 20;
+
+/// An f32 weight already rounded to float16/bfloat16, stored in that type when it has at least
+/// [`NARROW_MIN_ELEMENTS`] elements: every value is exactly representable, so widening it back
+/// gives the same bits. Weights holding a NaN stay in f32 (its payload would not survive the
+/// round trip).
+fn narrow(r: Tensor, p: Precision) -> Tensor {
+    if r.len() < NARROW_MIN_ELEMENTS {
+        return r;
+    }
+    let to = match p {
+        Precision::Float16 => DType::F16,
+        Precision::BFloat16 => DType::BF16,
+        _ => return r,
+    };
+    match r.as_f32() {
+        Some(v) if !v.iter().any(|x| x.is_nan()) => crate::ops::cast::cast_tensor(&r, to),
+        _ => r,
     }
 }
 
@@ -606,6 +637,71 @@ mod tests {
             vi("y", &[1, 1]),
             vec![("w", Tensor::from_f32(vec![k, 1], vec![1.0; k]))],
         )
+    }
+
+    #[test]
+    fn rounded_weights_are_stored_in_16_bits_and_compute_as_before() {
+        // A MatMul weight under float16/bfloat16 plans: the prepared copy is F16/BF16 (half the
+        // memory of an f32 copy), and the result is bit-identical to computing with the
+        // weight rounded in f32 (the reference: a graph whose weight is pre-rounded).
+        let (k, n) = (1024, NARROW_MIN_ELEMENTS / 1024);
+        let wv = values(k * n, 3);
+        for (p, dt) in [
+            (Precision::Float16, DType::F16),
+            (Precision::BFloat16, DType::BF16),
+        ] {
+            let mm = |w: Vec<f32>| {
+                graph(
+                    vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                    vec![vi("x", &[2, k])],
+                    vi("y", &[2, n]),
+                    vec![("w", Tensor::from_f32(vec![k, n], w))],
+                )
+            };
+            let g = mm(wv.clone());
+            let plan = PreparedPlan::new(
+                &g,
+                &PrecisionPlan::from_layers(vec![p]),
+                &PlanOptions::default(),
+            )
+            .unwrap();
+            let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
+                panic!("the weight is converted in advance")
+            };
+            assert_eq!(c.dtype(), dt);
+            let mut rounded = wv.clone();
+            round_slice(p, &mut rounded);
+            assert_eq!(c.to_f32_vec().unwrap(), rounded);
+            let mut feeds = Feeds::new();
+            feeds.insert("x".into(), Tensor::from_f32(vec![2, k], values(2 * k, 4)));
+            let got = run(&g, vec![p], &PlanOptions::default(), feeds.clone()).unwrap();
+            let want = run(&mm(rounded), vec![p], &PlanOptions::default(), feeds).unwrap();
+            assert_eq!(
+                got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+        // A weight holding a NaN, or a small one, keeps its f32 copy.
+        let mut w = vec![1.0f32; k * n];
+        w[1] = f32::from_bits(0x7fc0_1234);
+        for (w, shape) in [(w, [k, n]), (vec![1.0; 4], [2, 2])] {
+            let g = graph(
+                vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                vec![vi("x", &[1, shape[0]])],
+                vi("y", &[1, shape[1]]),
+                vec![("w", Tensor::from_f32(shape.to_vec(), w))],
+            );
+            let plan = PreparedPlan::new(
+                &g,
+                &PrecisionPlan::from_layers(vec![Precision::Float16]),
+                &PlanOptions::default(),
+            )
+            .unwrap();
+            let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
+                panic!("converted")
+            };
+            assert_eq!(c.dtype(), DType::F32);
+        }
     }
 
     #[test]

@@ -16,6 +16,7 @@
 //! Quantization uses `precision::quant`, the same functions as the emulation, so the exported
 //! model computes the values mixprec emulated.
 
+pub mod external;
 pub mod schema;
 mod schemas;
 pub mod types;
@@ -31,7 +32,6 @@ use crate::precision::quant::{
 };
 use crate::precision::{has_quantized_kernel, input_follows_layer_precision, Precision};
 use crate::tensor::{DType, Tensor};
-use prost::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
@@ -116,16 +116,11 @@ pub fn export_proto(
     Exporter::new(model, &ir.graph, plan, amax, opts)?.run()
 }
 
-/// Writes a model atomically (a temporary file renamed into place).
+/// Writes a model atomically (a temporary file renamed into place). A model over protobuf's
+/// 2 GiB limit is written with its large tensors in `<file name>.data` beside it (ONNX
+/// external data; see [`external::write_model_limit`]).
 pub fn write_model(path: &Path, model: &proto::ModelProto) -> Result<()> {
-    let len = model.encoded_len();
-    if len > i32::MAX as usize {
-        return Err(Error::Invalid(format!(
-            "{}: the model is {len} bytes, over protobuf's 2 GiB limit (external data is not written by mixprec yet)",
-            path.display()
-        )));
-    }
-    crate::data::write_atomic(path, &model.encode_to_vec())
+    external::write_model_limit(path, model, external::PROTOBUF_LIMIT).map(|_| ())
 }
 
 /// What a layer does in the exported graph.

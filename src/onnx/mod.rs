@@ -4,11 +4,11 @@ pub mod proto;
 
 use crate::error::{Error, Result};
 use crate::graph::{Attribute, Dim, Graph, Node, ValueInfo};
-use crate::tensor::{DType, Tensor, TensorData};
+use crate::tensor::{Buf, DType, Tensor, TensorData};
 use half::{bf16, f16};
+use prost::bytes::Bytes;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 
 /// A loaded model: its main graph plus the facts `inspect` shows.
@@ -21,24 +21,59 @@ pub struct Model {
 
 /// Reads and parses an ONNX file, resolving external data relative to the file's folder,
 /// sorting nodes topologically and naming unnamed ones.
+///
+/// The file is memory-mapped, and so are external-data files: initializers whose bytes are
+/// little-endian and aligned for their type are read in place ([`Buf`]), so loading reads
+/// none of their bytes and the operating system pages them in when a kernel touches them.
+/// Unaligned data (raw_data inside the protobuf often is) and types stored differently from
+/// their memory form (bool, 4-bit) are copied. Changing a model file while it is loaded is
+/// not supported.
 pub fn load_model(path: impl AsRef<Path>) -> Result<Model> {
     let path = path.as_ref();
-    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    let proto = decode_model(&bytes, path)?;
+    let bytes = map_file(path).map_err(|e| Error::io(path, e))?;
+    let proto = decode_model_bytes(bytes, path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     model_from_proto(proto, path, &base)
 }
 
-/// Decodes the protobuf bytes of a model.
+/// The bytes of a file, memory-mapped (read-only; an empty file is empty bytes).
+pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
+    let f = std::fs::File::open(path)?;
+    if f.metadata()?.len() == 0 {
+        return Ok(Bytes::new());
+    }
+    // SAFETY: the map is read-only and private to this process; like every tool that maps
+    // its inputs, mixprec requires that the file is not truncated or rewritten while loaded.
+    let map = unsafe { memmap2::Mmap::map(&f)? };
+    Ok(Bytes::from_owner(map))
+}
+
+/// Decodes the protobuf bytes of a model (`raw_data` fields are copied out of `bytes`; see
+/// [`decode_model_bytes`] for the form that borrows them).
 pub fn decode_model(bytes: &[u8], path: &Path) -> Result<proto::ModelProto> {
+    check_decoded(proto::ModelProto::decode(bytes), bytes.is_empty(), path)
+}
+
+/// Decodes a model from shared bytes (a memory map): every `raw_data` field of the result is
+/// a slice of `bytes`, not a copy.
+pub fn decode_model_bytes(bytes: Bytes, path: &Path) -> Result<proto::ModelProto> {
+    let empty = bytes.is_empty();
+    check_decoded(proto::ModelProto::decode(bytes), empty, path)
+}
+
+fn check_decoded(
+    decoded: std::result::Result<proto::ModelProto, prost::DecodeError>,
+    empty: bool,
+    path: &Path,
+) -> Result<proto::ModelProto> {
     let bad = |msg: String| Error::Model {
         path: path.to_path_buf(),
         msg,
     };
-    if bytes.is_empty() {
+    if empty {
         return Err(bad("the file is empty".into()));
     }
-    let model = proto::ModelProto::decode(bytes).map_err(|e| {
+    let model = decoded.map_err(|e| {
         bad(format!(
             "protobuf decoding failed ({e}); is the file truncated or not ONNX?"
         ))
@@ -330,10 +365,11 @@ fn attribute_from_proto(
     })
 }
 
-/// Reads external tensor data, keeping each data file open once.
+/// Resolves external tensor data: each data file is memory-mapped once, and a tensor's bytes
+/// are a slice of the map (nothing is read until a kernel touches them).
 pub struct ExternalData {
     base: PathBuf,
-    files: HashMap<String, std::fs::File>,
+    files: HashMap<String, Bytes>,
 }
 
 impl ExternalData {
@@ -344,12 +380,9 @@ impl ExternalData {
         }
     }
 
-    fn read(
-        &mut self,
-        location: &str,
-        offset: u64,
-        length: Option<u64>,
-    ) -> Result<Vec<u8>, String> {
+    /// The bytes `offset..offset + length` of `location` (to the end when `length` is None),
+    /// checked against the file's size.
+    fn read(&mut self, location: &str, offset: u64, length: Option<u64>) -> Result<Bytes, String> {
         if Path::new(location).is_absolute() || location.split(['/', '\\']).any(|c| c == "..") {
             return Err(format!(
                 "external data location '{location}' must be a relative path inside the model's folder"
@@ -357,32 +390,21 @@ impl ExternalData {
         }
         let path = self.base.join(location);
         if !self.files.contains_key(location) {
-            let f = std::fs::File::open(&path)
+            let map = map_file(&path)
                 .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
-            self.files.insert(location.to_string(), f);
+            self.files.insert(location.to_string(), map);
         }
-        let f = self.files.get_mut(location).expect("inserted above");
-        let size = f
-            .metadata()
-            .map_err(|e| format!("external data file '{}': {e}", path.display()))?
-            .len();
-        let len = match length {
-            Some(l) => l,
-            None => size.saturating_sub(offset),
-        };
-        if offset + len > size {
-            return Err(format!(
-                "external data file '{}' has {size} bytes, tensor needs bytes {offset}..{}",
+        let map = &self.files[location];
+        let size = map.len() as u64;
+        let len = length.unwrap_or(size.saturating_sub(offset));
+        match offset.checked_add(len) {
+            Some(end) if end <= size => Ok(map.slice(offset as usize..end as usize)),
+            _ => Err(format!(
+                "external data file '{}' has {size} bytes, tensor needs bytes {offset}..{} (is the file truncated?)",
                 path.display(),
-                offset + len
-            ));
+                offset as u128 + len as u128
+            )),
         }
-        f.seek(SeekFrom::Start(offset))
-            .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
-        let mut buf = vec![0u8; len as usize];
-        f.read_exact(&mut buf)
-            .map_err(|e| format!("external data file '{}': {e}", path.display()))?;
-        Ok(buf)
     }
 }
 
@@ -446,7 +468,7 @@ pub fn tensor_from_proto(
     let n: usize = shape.iter().product();
 
     let external = t.data_location == Some(proto::tensor_proto::DataLocation::External as i32);
-    let raw: Option<Vec<u8>> = if external {
+    let raw: Option<Bytes> = if external {
         let ext = ext.ok_or("external data is not allowed here")?;
         let mut location = None;
         let mut offset = 0u64;
@@ -476,14 +498,16 @@ pub fn tensor_from_proto(
     };
 
     let data = if let Some(raw) = raw {
-        decode_raw(dtype, &raw, n)?
+        decode_raw(dtype, raw, n)?
     } else {
         decode_typed(dtype, t, n)?
     };
     Tensor::new(shape, data).map_err(|e| e.to_string())
 }
 
-fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> Result<TensorData, String> {
+/// A buffer from its `raw_data` bytes: read in place where the bytes allow it
+/// ([`Buf::from_le_bytes`]: little-endian machine, aligned), copied otherwise.
+fn decode_raw(dtype: DType, raw: Bytes, n: usize) -> Result<TensorData, String> {
     if dtype == DType::Str {
         return Err("string tensors cannot use raw_data".into());
     }
@@ -499,37 +523,30 @@ fn decode_raw(dtype: DType, raw: &[u8], n: usize) -> Result<TensorData, String> 
             }
         ));
     }
-    macro_rules! le {
-        ($t:ty, $w:expr) => {
-            raw.chunks_exact($w)
-                .map(|c| <$t>::from_le_bytes(c.try_into().expect("chunk width")))
-                .collect()
-        };
+    fn le<T: crate::tensor::Plain>(raw: Bytes) -> Buf<T> {
+        Buf::from_le_bytes(raw).expect("length checked against the element size")
     }
+    use crate::lowbit::{F8E4M3FN, F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ};
     Ok(match dtype {
-        DType::F32 => TensorData::F32(le!(f32, 4)),
-        DType::F64 => TensorData::F64(le!(f64, 8)),
-        DType::F16 => TensorData::F16(
-            raw.chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
-        DType::BF16 => TensorData::BF16(
-            raw.chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]))
-                .collect(),
-        ),
-        DType::I8 => TensorData::I8(raw.iter().map(|&b| b as i8).collect()),
-        DType::U8 => TensorData::U8(raw.to_vec()),
-        DType::I16 => TensorData::I16(le!(i16, 2)),
-        DType::U16 => TensorData::U16(le!(u16, 2)),
-        DType::I32 => TensorData::I32(le!(i32, 4)),
-        DType::U32 => TensorData::U32(le!(u32, 4)),
-        DType::I64 => TensorData::I64(le!(i64, 8)),
-        DType::U64 => TensorData::U64(le!(u64, 8)),
+        DType::F32 => TensorData::F32(le(raw)),
+        DType::F64 => TensorData::F64(le(raw)),
+        DType::F16 => TensorData::F16(le(raw)),
+        DType::BF16 => TensorData::BF16(le(raw)),
+        DType::I8 => TensorData::I8(le(raw)),
+        DType::U8 => TensorData::U8(le(raw)),
+        DType::I16 => TensorData::I16(le(raw)),
+        DType::U16 => TensorData::U16(le(raw)),
+        DType::I32 => TensorData::I32(le(raw)),
+        DType::U32 => TensorData::U32(le(raw)),
+        DType::I64 => TensorData::I64(le(raw)),
+        DType::U64 => TensorData::U64(le(raw)),
+        DType::F8E4M3FN => TensorData::F8E4M3FN(le::<F8E4M3FN>(raw)),
+        DType::F8E4M3FNUZ => TensorData::F8E4M3FNUZ(le::<F8E4M3FNUZ>(raw)),
+        DType::F8E5M2 => TensorData::F8E5M2(le::<F8E5M2>(raw)),
+        DType::F8E5M2FNUZ => TensorData::F8E5M2FNUZ(le::<F8E5M2FNUZ>(raw)),
         DType::Bool => TensorData::Bool(raw.iter().map(|&b| b != 0).collect()),
         DType::Str => unreachable!("rejected above"),
-        _ => low_bit_from_bytes(dtype, raw, n),
+        _ => low_bit_from_bytes(dtype, &raw, n),
     })
 }
 
@@ -577,22 +594,22 @@ fn decode_typed(dtype: DType, t: &proto::TensorProto, n: usize) -> Result<Tensor
     Ok(match dtype {
         DType::F32 => {
             check(t.float_data.len(), "float_data")?;
-            TensorData::F32(t.float_data.clone())
+            TensorData::F32(t.float_data.clone().into())
         }
         DType::F64 => {
             check(t.double_data.len(), "double_data")?;
-            TensorData::F64(t.double_data.clone())
+            TensorData::F64(t.double_data.clone().into())
         }
         DType::I64 => {
             check(t.int64_data.len(), "int64_data")?;
-            TensorData::I64(t.int64_data.clone())
+            TensorData::I64(t.int64_data.clone().into())
         }
         DType::U32 | DType::U64 => {
             check(t.uint64_data.len(), "uint64_data")?;
             if dtype == DType::U32 {
                 TensorData::U32(t.uint64_data.iter().map(|&x| x as u32).collect())
             } else {
-                TensorData::U64(t.uint64_data.clone())
+                TensorData::U64(t.uint64_data.clone().into())
             }
         }
         DType::Str => {
@@ -607,7 +624,7 @@ fn decode_typed(dtype: DType, t: &proto::TensorProto, n: usize) -> Result<Tensor
         _ => {
             check(i32d.len(), "int32_data")?;
             match dtype {
-                DType::I32 => TensorData::I32(i32d.clone()),
+                DType::I32 => TensorData::I32(i32d.clone().into()),
                 DType::I16 => TensorData::I16(i32d.iter().map(|&x| x as i16).collect()),
                 DType::U16 => TensorData::U16(i32d.iter().map(|&x| x as u16).collect()),
                 DType::I8 => TensorData::I8(i32d.iter().map(|&x| x as i8).collect()),
@@ -636,7 +653,9 @@ pub fn tensor_to_proto(name: &str, t: &Tensor) -> proto::TensorProto {
     if let TensorData::Str(v) = t.data() {
         p.string_data = v.iter().map(|s| s.as_bytes().to_vec()).collect();
     } else {
-        p.raw_data = Some(raw_bytes(t.data()));
+        // A buffer read in place from a map already is its raw_data: share it, no copy.
+        let shared = crate::with_data!(t.data(), v => v.borrowed_bytes());
+        p.raw_data = Some(shared.unwrap_or_else(|| raw_bytes(t.data()).into()));
     }
     p
 }
@@ -654,7 +673,7 @@ pub fn raw_bytes(data: &TensorData) -> Vec<u8> {
         TensorData::F16(v) => le!(v),
         TensorData::BF16(v) => le!(v),
         TensorData::I8(v) => le!(v),
-        TensorData::U8(v) => v.clone(),
+        TensorData::U8(v) => v.to_vec(),
         TensorData::I16(v) => le!(v),
         TensorData::U16(v) => le!(v),
         TensorData::I32(v) => le!(v),
@@ -730,7 +749,7 @@ mod tests {
         let p = proto::TensorProto {
             dims: vec![3],
             data_type: Some(1),
-            raw_data: Some(vec![0; 8]),
+            raw_data: Some(vec![0; 8].into()),
             ..Default::default()
         };
         let e = tensor_from_proto(&p, None).unwrap_err();
@@ -816,6 +835,136 @@ mod tests {
         assert_eq!(e.lines().count(), 1, "{e}");
     }
 
+    /// A model `y = x + w` whose 64-element f32 initializer `w` lives in `w.bin` at `offset`.
+    fn external_model(dir: &Path, offset: usize) -> (PathBuf, Vec<f32>) {
+        let w: Vec<f32> = (0..64).map(|i| i as f32 - 3.5).collect();
+        let mut data = vec![0xAAu8; offset];
+        data.extend(w.iter().flat_map(|x| x.to_le_bytes()));
+        std::fs::write(dir.join("w.bin"), &data).unwrap();
+        let kv = |k: &str, v: String| proto::StringStringEntryProto {
+            key: Some(k.into()),
+            value: Some(v),
+        };
+        let vi = |name: &str| proto::ValueInfoProto {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let m = proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(proto::GraphProto {
+                node: vec![proto::NodeProto {
+                    op_type: Some("Add".into()),
+                    input: vec!["x".into(), "w".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                }],
+                initializer: vec![proto::TensorProto {
+                    name: Some("w".into()),
+                    dims: vec![64],
+                    data_type: Some(1),
+                    data_location: Some(proto::tensor_proto::DataLocation::External as i32),
+                    external_data: vec![
+                        kv("location", "w.bin".into()),
+                        kv("offset", offset.to_string()),
+                        kv("length", (64 * 4).to_string()),
+                    ],
+                    ..Default::default()
+                }],
+                input: vec![vi("x")],
+                output: vec![vi("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let path = dir.join("m.onnx");
+        std::fs::write(&path, m.encode_to_vec()).unwrap();
+        (path, w)
+    }
+
+    #[test]
+    fn external_data_is_mapped_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        for (offset, in_place) in [(0, true), (64, true), (2, false)] {
+            let (path, w) = external_model(dir.path(), offset);
+            let m = load_model(&path).unwrap();
+            let t = &m.graph.initializers["w"];
+            assert_eq!(t.as_f32().unwrap(), w.as_slice());
+            let TensorData::F32(b) = t.data() else {
+                panic!("f32")
+            };
+            // Aligned data is read from the map; unaligned data is copied.
+            assert_eq!(b.is_borrowed(), in_place && cfg!(target_endian = "little"));
+            // Written back (export), borrowed data is shared, not copied.
+            let p = tensor_to_proto("w", t);
+            let raw = p.raw_data.as_deref().unwrap();
+            assert_eq!(raw.as_ptr() == b.as_ptr().cast::<u8>(), b.is_borrowed());
+            assert_eq!(tensor_from_proto(&p, None).unwrap(), *t);
+        }
+    }
+
+    #[test]
+    fn truncated_external_data_is_a_one_line_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, _) = external_model(dir.path(), 8);
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(dir.path().join("w.bin"))
+            .unwrap();
+        f.set_len(100).unwrap();
+        let e = load_model(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("m.onnx")
+                && e.contains("initializer 'w'")
+                && e.contains("w.bin")
+                && e.contains("has 100 bytes")
+                && e.contains("8..264"),
+            "{e}"
+        );
+        assert_eq!(e.lines().count(), 1, "{e}");
+        std::fs::remove_file(dir.path().join("w.bin")).unwrap();
+        let e = load_model(&path).unwrap_err().to_string();
+        assert!(e.contains("initializer 'w'") && e.contains("w.bin"), "{e}");
+    }
+
+    #[test]
+    fn embedded_raw_data_is_a_slice_of_the_mapped_file() {
+        // The decoded raw_data shares the map; aligned or not, the values are right.
+        let dir = tempfile::tempdir().unwrap();
+        let t = Tensor::from_f32(vec![300], (0..300).map(|i| i as f32 * 0.25).collect());
+        let mut m = proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(proto::GraphProto::default()),
+            ..Default::default()
+        };
+        m.graph
+            .as_mut()
+            .unwrap()
+            .initializer
+            .push(tensor_to_proto("w", &t));
+        let path = dir.path().join("e.onnx");
+        std::fs::write(&path, m.encode_to_vec()).unwrap();
+        let bytes = map_file(&path).unwrap();
+        let decoded = decode_model_bytes(bytes.clone(), &path).unwrap();
+        let raw = decoded.graph.as_ref().unwrap().initializer[0]
+            .raw_data
+            .clone()
+            .unwrap();
+        let range = bytes.as_ptr() as usize..bytes.as_ptr() as usize + bytes.len();
+        assert!(
+            range.contains(&(raw.as_ptr() as usize)),
+            "raw_data points into the map"
+        );
+        assert_eq!(load_model(&path).unwrap().graph.initializers["w"], t);
+    }
+
     #[test]
     fn garbage_is_not_a_model() {
         let e =
@@ -841,10 +990,9 @@ mod tests {
         assert_eq!(tensor_from_proto(&p, None).unwrap(), t);
         let t = Tensor::new(
             vec![2],
-            TensorData::F4E2M1(vec![
-                F4E2M1::from_f32(-6.0, true),
-                F4E2M1::from_f32(0.5, true),
-            ]),
+            TensorData::F4E2M1(
+                vec![F4E2M1::from_f32(-6.0, true), F4E2M1::from_f32(0.5, true)].into(),
+            ),
         )
         .unwrap();
         assert_eq!(
@@ -853,7 +1001,7 @@ mod tests {
         );
         let t = Tensor::new(
             vec![1],
-            TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::from_bits(0x80)]),
+            TensorData::F8E5M2FNUZ(vec![F8E5M2FNUZ::from_bits(0x80)].into()),
         )
         .unwrap();
         let back = tensor_from_proto(&tensor_to_proto("n", &t), None).unwrap();
@@ -897,7 +1045,7 @@ mod tests {
         let p = proto::TensorProto {
             dims: vec![3],
             data_type: Some(23),
-            raw_data: Some(vec![0; 3]),
+            raw_data: Some(vec![0; 3].into()),
             ..Default::default()
         };
         let e = tensor_from_proto(&p, None).unwrap_err();
@@ -908,7 +1056,7 @@ mod tests {
         let p = proto::TensorProto {
             dims: vec![1],
             data_type: Some(25),
-            raw_data: Some(vec![0]),
+            raw_data: Some(vec![0].into()),
             ..Default::default()
         };
         assert!(tensor_from_proto(&p, None).unwrap_err().contains("int2"));

@@ -117,7 +117,7 @@ pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
             TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
             _ => num(d).into_iter().map(|x| x as f32).collect(),
         }),
-        DType::F64 => TensorData::F64(num(d)),
+        DType::F64 => TensorData::F64(num(d).into()),
         DType::F16 => TensorData::F16(match d {
             TensorData::F32(v) => v.iter().map(|&x| f16::from_f32(x)).collect(),
             _ => num(d).into_iter().map(f16::from_f64).collect(),

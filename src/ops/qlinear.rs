@@ -232,7 +232,7 @@ mod tests {
     }
 
     fn u8t(shape: &[usize], v: &[u8]) -> Tensor {
-        Tensor::from_parts(shape.to_vec(), TensorData::U8(v.to_vec()))
+        Tensor::from_parts(shape.to_vec(), TensorData::U8(v.to_vec().into()))
     }
 
     #[test]
@@ -245,11 +245,11 @@ mod tests {
             .unwrap()
             .remove(0);
         // A - za = [[0, 1], [0, 1]], B - zb = [[0, 6], [2, 8]].
-        assert_eq!(y.data(), &TensorData::I32(vec![2, 8, 2, 8]));
+        assert_eq!(y.data(), &TensorData::I32(vec![2, 8, 2, 8].into()));
         let bad = u8t(&[3], &[0, 0, 0]);
         let e = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&bad)]).unwrap_err();
         assert!(e.0.contains("rows of A"), "{e}");
-        let i8z = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        let i8z = Tensor::from_parts(vec![], TensorData::I8(vec![0].into()));
         let e = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&i8z)]).unwrap_err();
         assert!(e.0.contains("must match"), "{e}");
     }
@@ -278,7 +278,7 @@ mod tests {
         .unwrap()
         .remove(0);
         // C = [1, 300] / 2 = [0.5, 150] -> [0, 150].
-        assert_eq!(y.data(), &TensorData::U8(vec![0, 150]));
+        assert_eq!(y.data(), &TensorData::U8(vec![0, 150].into()));
         let sy = Tensor::scalar_f32(1.0);
         let y = ctx_run(
             qlinear_matmul,
@@ -295,6 +295,6 @@ mod tests {
         )
         .unwrap()
         .remove(0);
-        assert_eq!(y.data(), &TensorData::U8(vec![1, 255]));
+        assert_eq!(y.data(), &TensorData::U8(vec![1, 255].into()));
     }
 }

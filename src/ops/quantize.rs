@@ -461,9 +461,9 @@ fn dynamic_quantize_linear(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult
         })
         .collect();
     Ok(vec![
-        Tensor::from_parts(x.shape().to_vec(), TensorData::U8(y)),
+        Tensor::from_parts(x.shape().to_vec(), TensorData::U8(y.into())),
         Tensor::scalar_f32(scale),
-        Tensor::from_parts(vec![], TensorData::U8(vec![zp as u8])),
+        Tensor::from_parts(vec![], TensorData::U8(vec![zp as u8].into())),
     ])
 }
 
@@ -497,7 +497,7 @@ mod tests {
     }
 
     fn u8s(v: &[u8]) -> Tensor {
-        Tensor::from_parts(vec![v.len()], TensorData::U8(v.to_vec()))
+        Tensor::from_parts(vec![v.len()], TensorData::U8(v.to_vec().into()))
     }
 
     #[test]
@@ -509,14 +509,17 @@ mod tests {
             .unwrap()
             .remove(0);
         // No zero point: uint8, negatives saturate to 0.
-        assert_eq!(y.data(), &TensorData::U8(vec![0, 2, 2, 0, 0, 255, 0, 5]));
-        let z = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        assert_eq!(
+            y.data(),
+            &TensorData::U8(vec![0, 2, 2, 0, 0, 255, 0, 5].into())
+        );
+        let z = Tensor::from_parts(vec![], TensorData::I8(vec![0].into()));
         let y = run(quantize_linear, &n, 13, &[Some(&x), Some(&s), Some(&z)])
             .unwrap()
             .remove(0);
         assert_eq!(
             y.data(),
-            &TensorData::I8(vec![0, 2, 2, 0, -2, 127, -128, 5])
+            &TensorData::I8(vec![0, 2, 2, 0, -2, 127, -128, 5].into())
         );
     }
 
@@ -525,9 +528,9 @@ mod tests {
         let n = node("QuantizeLinear", &[]);
         let x = Tensor::from_f32(vec![1], vec![f32::NAN]);
         let s = Tensor::scalar_f32(1.0);
-        let z = Tensor::from_parts(vec![], TensorData::U8(vec![7]));
+        let z = Tensor::from_parts(vec![], TensorData::U8(vec![7].into()));
         let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
-        assert_eq!(y[0].data(), &TensorData::U8(vec![7]));
+        assert_eq!(y[0].data(), &TensorData::U8(vec![7].into()));
     }
 
     #[test]
@@ -539,7 +542,7 @@ mod tests {
         let y = run(quantize_linear, &n, 13, &[Some(&x), Some(&s), Some(&z)])
             .unwrap()
             .remove(0);
-        assert_eq!(y.data(), &TensorData::U8(vec![11, 12, 101, 99]));
+        assert_eq!(y.data(), &TensorData::U8(vec![11, 12, 101, 99].into()));
         let dn = node("DequantizeLinear", &[("axis", 0)]);
         let back = run(dequantize_linear, &dn, 13, &[Some(&y), Some(&s), Some(&z)])
             .unwrap()
@@ -550,7 +553,7 @@ mod tests {
     #[test]
     fn blocked_dequantize_with_remainder_block() {
         let n = node("DequantizeLinear", &[("axis", 1), ("block_size", 2)]);
-        let x = Tensor::from_parts(vec![1, 3], TensorData::I8(vec![1, 2, 3]));
+        let x = Tensor::from_parts(vec![1, 3], TensorData::I8(vec![1, 2, 3].into()));
         let s = Tensor::from_f32(vec![1, 2], vec![1.0, 10.0]);
         let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s)])
             .unwrap()
@@ -570,13 +573,13 @@ mod tests {
         assert!(e.0.contains("1-D scale of 3 values"), "{e}");
         let e = run(quantize_linear, &n, 10, &[Some(&x), Some(&s)]).unwrap_err();
         assert!(e.0.contains("per-tensor"), "{e}");
-        let z = Tensor::from_parts(vec![], TensorData::I32(vec![0]));
+        let z = Tensor::from_parts(vec![], TensorData::I32(vec![0].into()));
         let s1 = Tensor::scalar_f32(1.0);
         let e = run(quantize_linear, &n, 13, &[Some(&x), Some(&s1), Some(&z)]).unwrap_err();
         assert!(e.0.contains("int32 is not supported"), "{e}");
         let dn = node("DequantizeLinear", &[]);
         let xq = u8s(&[1]);
-        let zq = Tensor::from_parts(vec![], TensorData::I8(vec![0]));
+        let zq = Tensor::from_parts(vec![], TensorData::I8(vec![0].into()));
         let e = run(
             dequantize_linear,
             &dn,
@@ -592,8 +595,8 @@ mod tests {
     #[test]
     fn dequantize_float16_scale_gives_float16() {
         let n = node("DequantizeLinear", &[]);
-        let x = Tensor::from_parts(vec![2], TensorData::I8(vec![-3, 4]));
-        let s = Tensor::from_parts(vec![], TensorData::F16(vec![f16::from_f32(0.5)]));
+        let x = Tensor::from_parts(vec![2], TensorData::I8(vec![-3, 4].into()));
+        let s = Tensor::from_parts(vec![], TensorData::F16(vec![f16::from_f32(0.5)].into()));
         let y = run(dequantize_linear, &n, 19, &[Some(&x), Some(&s)])
             .unwrap()
             .remove(0);
@@ -608,14 +611,14 @@ mod tests {
         let out = run(dynamic_quantize_linear, &n, 11, &[Some(&x)]).unwrap();
         assert_eq!(
             out[0].data(),
-            &TensorData::U8(vec![153, 255, 0, 26, 221, 179])
+            &TensorData::U8(vec![153, 255, 0, 26, 221, 179].into())
         );
         assert!((out[1].as_f32().unwrap()[0] - 5.0 / 255.0).abs() < 1e-7);
-        assert_eq!(out[2].data(), &TensorData::U8(vec![153]));
+        assert_eq!(out[2].data(), &TensorData::U8(vec![153].into()));
         // All-zero input: scale 1/255, zero point 0.
         let z = Tensor::from_f32(vec![2], vec![0.0, 0.0]);
         let out = run(dynamic_quantize_linear, &n, 11, &[Some(&z)]).unwrap();
-        assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0]));
+        assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0].into()));
     }
 
     #[test]
@@ -623,10 +626,13 @@ mod tests {
         let n = node("QuantizeLinear", &[]);
         let x = Tensor::from_f32(vec![4], vec![100.0, -100.0, 2.5, 3.5]);
         let s = Tensor::scalar_f32(1.0);
-        let z = Tensor::from_parts(vec![], TensorData::I4(vec![I4::wrapping(0)]));
+        let z = Tensor::from_parts(vec![], TensorData::I4(vec![I4::wrapping(0)].into()));
         let y = run(quantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
         assert_eq!(y[0].to_i64_vec().unwrap(), vec![7, -8, 2, 4]);
-        let z = Tensor::from_parts(vec![], TensorData::F8E4M3FN(vec![F8E4M3FN::from_bits(0)]));
+        let z = Tensor::from_parts(
+            vec![],
+            TensorData::F8E4M3FN(vec![F8E4M3FN::from_bits(0)].into()),
+        );
         let x = Tensor::from_f32(vec![2], vec![1000.0, 1.0625]);
         let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
         assert_eq!(y[0].to_f32_vec().unwrap(), vec![448.0, 1.0]);
@@ -636,7 +642,7 @@ mod tests {
         // A float8 zero point must be zero.
         let z1 = Tensor::from_parts(
             vec![],
-            TensorData::F8E4M3FN(vec![F8E4M3FN::from_f32(1.0, true)]),
+            TensorData::F8E4M3FN(vec![F8E4M3FN::from_f32(1.0, true)].into()),
         );
         let e = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z1)]).unwrap_err();
         assert!(e.0.contains("must be 0"), "{e}");
@@ -678,7 +684,7 @@ mod tests {
             TensorData::U4([15, 0, 9].iter().map(|&v| U4::wrapping(v)).collect()),
         );
         let s = Tensor::from_f32(vec![2, 1], vec![1.0, 0.5]);
-        let z = Tensor::from_parts(vec![2, 1], TensorData::U4(vec![U4::wrapping(8); 2]));
+        let z = Tensor::from_parts(vec![2, 1], TensorData::U4(vec![U4::wrapping(8); 2].into()));
         let y = run(dequantize_linear, &n, 21, &[Some(&x), Some(&s), Some(&z)]).unwrap();
         assert_eq!(y[0].as_f32().unwrap(), &[7.0, -8.0, 0.5]);
     }

@@ -756,7 +756,7 @@ fn nearest(
         })
         .collect();
     let fill = match x.dtype() {
-        DType::Str => TensorData::Str(vec![String::new()]),
+        DType::Str => TensorData::Str(vec![String::new()].into()),
         dt => from_f64(dt, vec![p.extrapolation])
             .ok_or_else(|| OpError(format!("dtype {dt} is not supported")))?,
     };
@@ -764,7 +764,7 @@ fn nearest(
         ($($v:ident),*) => {
             match (x.data(), fill) {
                 $((TensorData::$v(src), TensorData::$v(f)) => {
-                    TensorData::$v(gather_nd(src, out_shape, &tables, f[0].clone()))
+                    TensorData::$v(gather_nd(src, out_shape, &tables, f[0].clone()).into())
                 })*
                 _ => op_bail!("dtype {} is not supported", x.dtype()),
             }
@@ -816,8 +816,8 @@ fn interpolate(
 ) -> Result<TensorData, OpError> {
     let shape = x.shape();
     Ok(match x.data() {
-        TensorData::F32(v) => TensorData::F32(interpolate_typed(v, shape, p, specs, order)),
-        TensorData::F64(v) => TensorData::F64(interpolate_typed(v, shape, p, specs, order)),
+        TensorData::F32(v) => TensorData::F32(interpolate_typed(v, shape, p, specs, order).into()),
+        TensorData::F64(v) => TensorData::F64(interpolate_typed(v, shape, p, specs, order).into()),
         TensorData::F16(_) | TensorData::BF16(_) => {
             let v = x.to_f32_vec().unwrap_or_default();
             let r = interpolate_typed(&v, shape, p, specs, order);
@@ -965,7 +965,7 @@ fn from_f64(dtype: DType, v: Vec<f64>) -> Option<TensorData> {
     }
     Some(match dtype {
         DType::F32 => TensorData::F32(v.into_iter().map(|x| x as f32).collect()),
-        DType::F64 => TensorData::F64(v),
+        DType::F64 => TensorData::F64(v.into()),
         DType::F16 => TensorData::F16(v.into_iter().map(f16::from_f64).collect()),
         DType::BF16 => TensorData::BF16(v.into_iter().map(bf16::from_f64).collect()),
         DType::I8 => TensorData::I8(ints!(i8)),
@@ -1107,7 +1107,7 @@ mod tests {
 
     #[test]
     fn nearest_keeps_integer_dtype() {
-        let x = Tensor::from_parts(vec![1, 3], TensorData::U8(vec![10, 20, 30]));
+        let x = Tensor::from_parts(vec![1, 3], TensorData::U8(vec![10, 20, 30].into()));
         let sizes = Tensor::from_i64(vec![2], vec![1, 2]);
         let empty = f32s(&[0], &[]);
         // half_pixel: (y + 0.5) * 1.5 - 0.5 = 0.25, 1.75 -> 0, 2.
@@ -1117,7 +1117,7 @@ mod tests {
             &[],
             &[Some(&x), Some(&empty), Some(&empty), Some(&sizes)],
         );
-        assert_eq!(y.unwrap()[0].data(), &TensorData::U8(vec![10, 30]));
+        assert_eq!(y.unwrap()[0].data(), &TensorData::U8(vec![10, 30].into()));
     }
 
     #[test]

@@ -82,7 +82,7 @@ fn conversions_match_ml_dtypes() {
         let want = read_f32(&dir.join(format!("{name}.decode.f32")));
         let codes: Vec<u8> = (0..want.len() as u32).map(|c| c as u8).collect();
         let t = mixprec::data::npy::as_low_bit(
-            Tensor::from_parts(vec![codes.len()], TensorData::U8(codes)),
+            Tensor::from_parts(vec![codes.len()], TensorData::U8(codes.into())),
             dtype,
         )
         .unwrap();
@@ -176,7 +176,7 @@ fn wrong_low_bit_byte_counts_are_errors_naming_the_tensor() {
             name: Some("w_bad".into()),
             dims: vec![5],
             data_type: Some(dtype.onnx_code()),
-            raw_data: Some(vec![0; bytes]),
+            raw_data: Some(vec![0; bytes].into()),
             ..Default::default()
         };
         let model = proto::ModelProto {

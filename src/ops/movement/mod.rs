@@ -747,9 +747,11 @@ fn constant(ctx: &OpCtx, _inputs: &[Option<&Tensor>]) -> OpResult {
         Some(Attribute::Floats(v)) => Tensor::from_f32(vec![v.len()], v.to_vec()),
         Some(Attribute::Int(i)) => Tensor::scalar_i64(*i),
         Some(Attribute::Ints(v)) => Tensor::from_i64(vec![v.len()], v.to_vec()),
-        Some(Attribute::String(s)) => Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()])),
+        Some(Attribute::String(s)) => {
+            Tensor::from_parts(vec![], TensorData::Str(vec![s.clone()].into()))
+        }
         Some(Attribute::Strings(v)) => {
-            Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec()))
+            Tensor::from_parts(vec![v.len()], TensorData::Str(v.to_vec().into()))
         }
         _ => return err("Constant has no value attribute"),
     };
