@@ -214,6 +214,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             attrs,
+            ..Default::default()
         }
     }
 

@@ -200,6 +200,7 @@ mod tests {
             inputs: i.iter().map(|s| s.to_string()).collect(),
             outputs: o.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

@@ -21,8 +21,8 @@ mod schemas;
 pub mod types;
 
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Node, ValueInfo};
-use crate::onnx::{decode_model, model_from_proto, proto, tensor_to_proto};
+use crate::graph::{Graph, Node};
+use crate::onnx::{proto, tensor_to_proto, Model};
 use crate::ops::cast::cast_tensor;
 use crate::ops::is_data_movement;
 use crate::precision::plan::PrecisionPlan;
@@ -70,50 +70,27 @@ pub struct Exported {
     pub quantized_weights: usize,
 }
 
-/// Exports `plan` (indexed like the layers of `load_model(model_path)`) as an ONNX model.
+/// Exports `plan` (indexed like the layers of `model.graph`) as an ONNX model. The export
+/// starts from the protobuf the model was loaded from (`model.proto`): it does not read the
+/// file again, and maps each layer to its protobuf node through [`Node::pos`].
 /// `amax`: activation ranges (absolute max per tensor name), required for int8/fp8 layers.
 pub fn export_model(
-    model_path: &Path,
+    model: &Model,
     plan: &PrecisionPlan,
     amax: Option<&BTreeMap<String, f32>>,
     opts: &ExportOptions,
 ) -> Result<proto::ModelProto> {
-    export(model_path, plan, amax, opts).map(|e| e.model)
+    export(model, plan, amax, opts).map(|e| e.model)
 }
 
 /// [`export_model`] with the notes and counts of what was done.
 pub fn export(
-    model_path: &Path,
+    model: &Model,
     plan: &PrecisionPlan,
     amax: Option<&BTreeMap<String, f32>>,
     opts: &ExportOptions,
 ) -> Result<Exported> {
-    let bytes = std::fs::read(model_path).map_err(|e| Error::io(model_path, e))?;
-    let model = decode_model(&bytes, model_path)?;
-    let base = model_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    export_proto(model, model_path, &base, plan, amax, opts)
-}
-
-/// Exports a decoded model (`path` names it in messages; external data resolves in `base_dir`).
-pub fn export_proto(
-    model: proto::ModelProto,
-    path: &Path,
-    base_dir: &Path,
-    plan: &PrecisionPlan,
-    amax: Option<&BTreeMap<String, f32>>,
-    opts: &ExportOptions,
-) -> Result<Exported> {
-    if model.graph.is_none() {
-        return Err(Error::Model {
-            path: path.to_path_buf(),
-            msg: "the model has no graph".into(),
-        });
-    }
-    let ir = model_from_proto(model.clone(), path, base_dir)?;
-    Exporter::new(model, &ir.graph, plan, amax, opts)?.run()
+    Exporter::new(model, plan, amax, opts)?.run()
 }
 
 /// Writes a model atomically (a temporary file renamed into place).
@@ -274,86 +251,21 @@ fn collect_names(g: &proto::GraphProto, out: &mut HashSet<String>) {
     }
 }
 
-/// The position in the proto's node list of each IR node: the IR sorts nodes topologically,
-/// so the same sort is replayed on a shadow graph whose node names are proto indices.
-fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
-    let mut initializers = HashMap::new();
-    for t in &g.initializer {
-        initializers.insert(
-            t.name.clone().unwrap_or_default(),
-            Tensor::zeros(DType::F32, vec![0]),
-        );
-    }
-    for st in &g.sparse_initializer {
-        let name = st
-            .values
-            .as_ref()
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default();
-        initializers.insert(name, Tensor::zeros(DType::F32, vec![0]));
-    }
-    let inputs = g
-        .input
-        .iter()
-        .map(|v| v.name.clone().unwrap_or_default())
-        .filter(|n| !initializers.contains_key(n))
-        .map(|name| ValueInfo {
-            name,
-            dtype: None,
-            shape: None,
-        })
-        .collect();
-    // The IR sorts a node with subgraphs after the values they read from this graph.
-    let defined: HashSet<&str> = initializers
-        .keys()
-        .map(|s| s.as_str())
-        .chain(g.input.iter().filter_map(|v| v.name.as_deref()))
-        .chain(
-            g.node
-                .iter()
-                .flat_map(|n| n.output.iter().map(|s| s.as_str())),
-        )
-        .collect();
-    let nodes = g
-        .node
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let mut inputs = n.input.clone();
-            if node_has_subgraph(n) {
-                let mut reads = HashSet::new();
-                subgraph_reads(std::slice::from_ref(n), false, &mut reads);
-                let mut reads: Vec<String> = reads
-                    .into_iter()
-                    .filter(|r| defined.contains(r.as_str()))
-                    .collect();
-                reads.sort();
-                inputs.extend(reads);
-            }
-            Node {
-                name: i.to_string(),
-                op_type: n.op_type.clone().unwrap_or_default(),
-                domain: n.domain.clone().unwrap_or_default(),
-                inputs,
-                outputs: n.output.clone(),
-                attrs: BTreeMap::new(),
-            }
-        })
-        .collect();
-    let mut shadow = Graph {
-        nodes,
-        initializers,
-        inputs,
-        ..Default::default()
-    };
-    shadow.sort_topologically()?;
-    shadow
+/// The position in the proto's node list of each node of `graph` (its [`Node::pos`]),
+/// checked against the protobuf: the node there must have the same outputs.
+fn proto_order(g: &proto::GraphProto, graph: &Graph) -> Result<Vec<usize>> {
+    graph
         .nodes
         .iter()
         .map(|n| {
-            n.name
-                .parse()
-                .map_err(|_| Error::Invalid("export: internal node order error".into()))
+            n.pos
+                .filter(|&p| g.node.get(p).is_some_and(|pn| pn.output == n.outputs))
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "export: layer '{}' has no matching node in the loaded model's protobuf",
+                        n.name
+                    ))
+                })
         })
         .collect()
 }
@@ -368,7 +280,7 @@ fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
 }
 
 struct Exporter<'a> {
-    model: proto::ModelProto,
+    model: &'a proto::ModelProto,
     graph: &'a Graph,
     plan: &'a PrecisionPlan,
     amax: Option<&'a BTreeMap<String, f32>>,
@@ -402,12 +314,13 @@ struct Exporter<'a> {
 
 impl<'a> Exporter<'a> {
     fn new(
-        model: proto::ModelProto,
-        graph: &'a Graph,
+        loaded: &'a Model,
         plan: &'a PrecisionPlan,
         amax: Option<&'a BTreeMap<String, f32>>,
         opts: &'a ExportOptions,
     ) -> Result<Exporter<'a>> {
+        let graph = &loaded.graph;
+        let model = &*loaded.proto;
         if plan.layers.len() != graph.nodes.len() {
             return Err(Error::Invalid(format!(
                 "the precision plan has {} layers, the model {}",
@@ -415,18 +328,11 @@ impl<'a> Exporter<'a> {
                 graph.nodes.len()
             )));
         }
-        let g = model
-            .graph
-            .as_ref()
-            .expect("decode_model checked the graph");
-        let order = proto_order(g)?;
-        for (k, &i) in order.iter().enumerate() {
-            if g.node.get(i).map(|n| &n.output) != Some(&graph.nodes[k].outputs) {
-                return Err(Error::Invalid(
-                    "export: the model's nodes do not match its loaded graph".into(),
-                ));
-            }
-        }
+        let g = model.graph.as_ref().ok_or_else(|| Error::Model {
+            path: loaded.path.clone(),
+            msg: "the model has no graph".into(),
+        })?;
+        let order = proto_order(g, graph)?;
         let mut names = HashSet::new();
         collect_names(g, &mut names);
         for n in &graph.nodes {
@@ -1193,7 +1099,7 @@ impl<'a> Exporter<'a> {
             g.initializer.extend(inits);
         }
         g.node = nodes;
-        let mut model = self.model;
+        let mut model = without_graph(self.model);
         let mut found = false;
         for o in &mut model.opset_import {
             if is_default_domain(o.domain.as_deref().unwrap_or("")) {
@@ -1217,6 +1123,24 @@ impl<'a> Exporter<'a> {
             quantized_activations: self.quantized_activations,
             quantized_weights: self.quantized_weights,
         })
+    }
+}
+
+/// A copy of `m` without its graph (which the export rebuilds).
+fn without_graph(m: &proto::ModelProto) -> proto::ModelProto {
+    proto::ModelProto {
+        ir_version: m.ir_version,
+        opset_import: m.opset_import.clone(),
+        producer_name: m.producer_name.clone(),
+        producer_version: m.producer_version.clone(),
+        domain: m.domain.clone(),
+        model_version: m.model_version,
+        doc_string: m.doc_string.clone(),
+        graph: None,
+        metadata_props: m.metadata_props.clone(),
+        training_info: m.training_info.clone(),
+        functions: m.functions.clone(),
+        configuration: m.configuration.clone(),
     }
 }
 
@@ -1321,14 +1245,8 @@ mod tests {
         amax: Option<&BTreeMap<String, f32>>,
         opts: &ExportOptions,
     ) -> Result<Exported> {
-        export_proto(
-            m,
-            Path::new("t.onnx"),
-            Path::new("."),
-            &plan(ps),
-            amax,
-            opts,
-        )
+        let m = crate::onnx::model_from_proto(m, Path::new("t.onnx"), Path::new("."))?;
+        export(&m, &plan(ps), amax, opts)
     }
 
     fn graph(e: &Exported) -> &proto::GraphProto {

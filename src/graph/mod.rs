@@ -31,8 +31,15 @@ pub enum Attribute {
 }
 
 /// One layer: an ONNX node.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
+    /// Stable id, unique in the model: nodes are numbered in protobuf order, depth first (a
+    /// node before the nodes of its subgraphs). Sorting and folding never change it. Nodes
+    /// not loaded from a file (tests, hand-made graphs) have id 0.
+    pub id: usize,
+    /// Position in its graph's protobuf node list (`GraphProto.node`); None when the node was
+    /// not loaded from a file. Export maps layers back to protobuf nodes through it.
+    pub pos: Option<usize>,
     pub name: String,
     pub op_type: String,
     pub domain: String,
@@ -379,6 +386,7 @@ mod tests {
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

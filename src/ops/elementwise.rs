@@ -846,6 +846,7 @@ mod tests {
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
+            ..Default::default()
         }
     }
 

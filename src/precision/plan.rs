@@ -403,6 +403,7 @@ mod tests {
                     inputs: vec![],
                     outputs: vec![],
                     attrs: BTreeMap::new(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -515,6 +516,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             attrs: BTreeMap::new(),
+            ..Default::default()
         };
         let inner = Graph {
             nodes: vec![node("conv", "Conv"), node("reshape", "Reshape")],

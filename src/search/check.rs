@@ -15,6 +15,7 @@ use super::{Evaluation, Oracle};
 use crate::error::{Error, Result};
 use crate::export::{export, write_model, ExportOptions};
 use crate::graph::Graph;
+use crate::onnx::Model;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use regex::Regex;
@@ -54,7 +55,8 @@ pub fn trtexec_spec(graph: &Graph, marked: &[usize], high: Precision) -> String 
 
 /// Evaluates candidates with a user command.
 pub struct CheckOracle<'a> {
-    pub model_path: &'a Path,
+    /// The loaded model candidates are exported from.
+    pub model: &'a Model,
     pub graph: &'a Graph,
     pub low: PrecisionPlan,
     pub high: Precision,
@@ -158,7 +160,7 @@ impl Oracle for CheckOracle<'_> {
         self.evaluations += 1;
         let plan = self.low.marking(marked, self.high);
         let exported = export(
-            self.model_path,
+            self.model,
             &plan,
             self.amax,
             &ExportOptions {
