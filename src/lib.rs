@@ -10,6 +10,7 @@ pub mod data;
 pub mod error;
 pub mod exec;
 pub mod export;
+pub mod fold;
 pub mod graph;
 pub mod infer;
 pub mod inspect;

@@ -87,7 +87,7 @@ pub fn layerwise(
             layer: node.name.clone(),
             op: node.op_type.clone(),
             output,
-            precision: if crate::ops::is_data_movement(&node.op_type) {
+            precision: if crate::ops::is_data_movement(&node.op_type) || graph.is_folded(node) {
                 None
             } else {
                 plan.and_then(|p| p.layers.get(index).copied())

@@ -88,9 +88,12 @@ impl PreparedPlan {
                     PreparedPlan::new(g, &sub, opts).map_err(|e| e.in_subgraph(&node.name, attr))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            if is_data_movement(&node.op_type) || p == Precision::Float32 {
+            // Data movement and folded weight nodes run untouched (their weights are
+            // converted where a layer reads them).
+            let untouched = is_data_movement(&node.op_type) || graph.is_folded(node);
+            if untouched || p == Precision::Float32 {
                 layers.push(LayerPrep {
-                    precision: (!is_data_movement(&node.op_type)).then_some(p),
+                    precision: (!untouched).then_some(p),
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
                     subplans,
                 });
@@ -98,7 +101,9 @@ impl PreparedPlan {
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for (idx, name) in node.inputs.iter().enumerate() {
-                let init = graph.initializers.get(name);
+                // Initializers and folded values (a Transpose or DequantizeLinear of an
+                // initializer) are weights, converted here once.
+                let init = graph.weight(name);
                 let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
                 {
                     InputPrep::Keep
@@ -193,13 +198,13 @@ impl PreparedPlan {
 pub fn required_ranges(graph: &Graph, plan: &PrecisionPlan) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for (node, p) in graph.nodes.iter().zip(&plan.layers) {
-        if !p.is_scaled() || is_data_movement(&node.op_type) {
+        if !p.is_scaled() || is_data_movement(&node.op_type) || graph.is_folded(node) {
             continue;
         }
         for (idx, name) in node.inputs.iter().enumerate() {
             if !name.is_empty()
                 && is_quantized_operand(&node.op_type, idx)
-                && !graph.initializers.contains_key(name)
+                && graph.weight(name).is_none()
                 && !out.contains(name)
             {
                 out.push(name.clone());

@@ -454,7 +454,8 @@ impl<'a> Exporter<'a> {
         for (k, node) in self.graph.nodes.iter().enumerate() {
             let pnode = &self.model.graph.as_ref().expect("graph").node[self.order[k]];
             let op = node.op_type.as_str();
-            if is_data_movement(op) {
+            // Folded weight nodes stay as they are: the layers reading them convert.
+            if is_data_movement(op) || self.graph.is_folded(node) {
                 roles.push(Role::Movement);
                 continue;
             }
@@ -583,9 +584,16 @@ impl<'a> Exporter<'a> {
                 .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
     }
 
-    /// Per-channel quantized weight: initializer + DequantizeLinear; returns the float32 output.
+    /// Per-channel quantized weight; returns the float32 output. An initializer is stored
+    /// quantized, read through DequantizeLinear; a folded weight (computed by nodes the export
+    /// keeps, e.g. a Transpose or DequantizeLinear of an initializer) gets a per-channel
+    /// QuantizeLinear → DequantizeLinear with the scales the emulation computes from its value.
     fn quant_weight(&mut self, node: &Node, index: usize, t: &str, p: Precision) -> Result<String> {
-        let w = &self.graph.initializers[t];
+        let graph = self.graph;
+        let stored = graph.initializers.contains_key(t);
+        let w = graph
+            .weight(t)
+            .ok_or_else(|| Self::op_err(node, format!("weight '{t}' has no value")))?;
         let axis = weight_channel_axis(node, index, w.rank()).ok_or_else(|| {
             Self::op_err(
                 node,
@@ -614,6 +622,9 @@ impl<'a> Exporter<'a> {
         let shape = w.shape();
         let scales = channel_scales(v, shape, axis, p);
         let channels = shape[axis];
+        if !stored {
+            return Ok(self.qdq_folded_weight(t, p, axis, scales));
+        }
         let inner: usize = shape[axis + 1..].iter().product();
         let q: Vec<f32> = v
             .iter()
@@ -644,6 +655,52 @@ impl<'a> Exporter<'a> {
         self.quantized.insert(key, out.clone());
         self.quantized_weights += 1;
         Ok(out)
+    }
+
+    /// QuantizeLinear -> DequantizeLinear along `axis` on the folded weight `t` (float32, its
+    /// per-channel `scales`); returns the float32 output.
+    fn qdq_folded_weight(
+        &mut self,
+        t: &str,
+        p: Precision,
+        axis: usize,
+        scales: Vec<f32>,
+    ) -> String {
+        let channels = scales.len();
+        let sn = self.fresh(&format!("{t}_scale"));
+        let zn = self.fresh(&format!("{t}_zero_point"));
+        self.inits.push(tensor_to_proto(
+            &sn,
+            &Tensor::from_f32(vec![channels], scales),
+        ));
+        self.inits
+            .push(quant_tensor(&zn, p, &[channels], &vec![0.0; channels]));
+        let qn = self.fresh(&format!("{t}_quantized"));
+        let out = self.fresh(&format!("{t}_dequantized"));
+        let qnode = self.fresh(&format!("{t}_QuantizeLinear"));
+        let dqnode = self.fresh(&format!("{t}_DequantizeLinear"));
+        let axis_attr = schema::int_attr("axis", axis as i64);
+        self.nodes.push(proto::NodeProto {
+            name: Some(qnode),
+            op_type: Some("QuantizeLinear".into()),
+            input: vec![t.to_string(), sn.clone(), zn.clone()],
+            output: vec![qn.clone()],
+            attribute: vec![axis_attr.clone()],
+            ..Default::default()
+        });
+        self.nodes.push(proto::NodeProto {
+            name: Some(dqnode),
+            op_type: Some("DequantizeLinear".into()),
+            input: vec![qn, sn, zn],
+            output: vec![out.clone()],
+            attribute: vec![axis_attr],
+            ..Default::default()
+        });
+        self.cur.insert(out.clone(), DType::F32);
+        self.quantized
+            .insert((t.to_string(), p, Some(axis)), out.clone());
+        self.quantized_weights += 1;
+        out
     }
 
     /// Per-tensor QuantizeLinear -> DequantizeLinear on an activation; returns the float32 output.
@@ -779,7 +836,7 @@ impl<'a> Exporter<'a> {
                 Some(DType::F32)
                     if input_follows_layer_precision(op, i) && is_quantized_operand(op, i) =>
                 {
-                    inputs[i] = if self.graph.initializers.contains_key(name) {
+                    inputs[i] = if self.graph.weight(name).is_some() {
                         self.quant_weight(node, i, name, p)?
                     } else {
                         self.quant_activation(node, name, p)?
@@ -835,7 +892,10 @@ impl<'a> Exporter<'a> {
         // Target opset: per-axis DequantizeLinear needs 13, float8 types 19.
         let mut target = self.opset;
         for (k, node) in self.graph.nodes.iter().enumerate() {
-            if is_data_movement(&node.op_type) || !has_quantized_kernel(&node.op_type) {
+            if is_data_movement(&node.op_type)
+                || self.graph.is_folded(node)
+                || !has_quantized_kernel(&node.op_type)
+            {
                 continue;
             }
             match self.plan.layers[k] {
@@ -1450,6 +1510,75 @@ mod tests {
         assert_eq!(init(g, "b").data_type, Some(1));
         assert_eq!(e.model.opset_import[0].version, Some(17));
         assert_eq!((e.quantized_activations, e.quantized_weights), (1, 1));
+    }
+
+    #[test]
+    fn folded_weights_keep_their_nodes_and_get_qdq_or_a_cast() {
+        // x -> MatMul(DequantizeLinear(Wq int8, per column)) -> y: a Q/DQ model.
+        let mut dq = node("DequantizeLinear", "dq", &["Wq", "Ws", "Wz"], &["W"]);
+        dq.attribute.push(schema::int_attr("axis", 1));
+        let m = model(
+            vec![dq, node("MatMul", "mm", &["x", "W"], &["y"])],
+            vec![
+                (
+                    "Wq",
+                    Tensor::from_parts(
+                        vec![2, 2],
+                        crate::tensor::TensorData::I8(vec![127, -20, 64, 127]),
+                    ),
+                ),
+                ("Ws", Tensor::from_f32(vec![2], vec![0.5, 0.25])),
+                (
+                    "Wz",
+                    Tensor::from_parts(vec![2], crate::tensor::TensorData::I8(vec![0, 0])),
+                ),
+            ],
+            &["y"],
+            13,
+        );
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 2.0f32);
+        let e = run(
+            m.clone(),
+            &[Float32, Int8],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        assert_eq!(
+            ops(g),
+            [
+                "DequantizeLinear",
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "MatMul"
+            ]
+        );
+        // The stored int8 weight and its DequantizeLinear stay; the folded value W gets a
+        // per-channel Q/DQ with the emulation's scales (max |W[:, c]| / 127).
+        assert_eq!(find(g, "dq").input, ["Wq", "Ws", "Wz"]);
+        assert_eq!(init(g, "Wq").data_type, Some(3));
+        let q = find(g, "W_QuantizeLinear");
+        assert_eq!(q.input[0], "W");
+        assert_eq!(q.attribute[0].i, Some(1));
+        let ws = tensor_from_proto(init(g, "W_scale"), None).unwrap();
+        assert_eq!(ws.to_f32_vec().unwrap(), vec![0.5, 0.25 * 127.0 / 127.0]);
+        assert_eq!(find(g, "mm").input, ["x_dequantized", "W_dequantized"]);
+        // No float copy of the weight is stored.
+        assert!(g
+            .initializer
+            .iter()
+            .all(|t| t.data_type != Some(1) || t.dims.len() < 2));
+        assert_eq!((e.quantized_activations, e.quantized_weights), (1, 1));
+        // Float16: a Cast of the folded value; the Q/DQ chain stays.
+        let e = run(m, &[Float16, Float16], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "dq").input, ["Wq", "Ws", "Wz"]);
+        assert_eq!(init(g, "Wq").data_type, Some(3));
+        assert_eq!(find(g, "mm").input[1], "W_fp16");
     }
 
     #[test]

@@ -222,6 +222,7 @@ fn graph_from_proto(
         value_info,
         opsets: scope.opsets.clone(),
         ir_version: scope.ir_version,
+        folded: HashMap::new(),
     };
     match outer {
         None => graph.sort_topologically(),
@@ -232,6 +233,7 @@ fn graph_from_proto(
         Some(_) => format!("in subgraph '{}': {e}", graph.name),
     })?;
     graph.name_unnamed_nodes();
+    crate::fold::fold_weights(&mut graph);
     Ok(graph)
 }
 

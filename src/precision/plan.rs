@@ -315,11 +315,17 @@ impl PrecisionPlan {
                         inner_set.insert(name.clone(), q);
                     }
                 };
-                if is_data_movement(&node.op_type) {
+                let folded = index.is_some() && graph.is_folded(node);
+                if is_data_movement(&node.op_type) || folded {
                     // Exact names only: a glob that sweeps over Reshapes is not worth a warning.
                     if pat.text == name {
+                        let what = if folded {
+                            "computes a weight from initializers (folded at load): the layers reading it set its precision"
+                        } else {
+                            "only moves data and carries its input's precision"
+                        };
                         warnings.push(format!(
-                            "--layer-precisions '{}': layer '{}' ({}) only moves data and carries its input's precision",
+                            "--layer-precisions '{}': layer '{}' ({}) {what}",
                             pat.text, name, node.op_type
                         ));
                     }
@@ -366,7 +372,9 @@ impl PrecisionPlan {
                     .nodes
                     .iter()
                     .zip(&self.layers)
-                    .filter(|(node, &q)| q == p && !is_data_movement(&node.op_type))
+                    .filter(|(node, &q)| {
+                        q == p && !is_data_movement(&node.op_type) && !graph.is_folded(node)
+                    })
                     .count();
                 (p, n)
             })
@@ -380,7 +388,7 @@ impl PrecisionPlan {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !is_data_movement(&n.op_type))
+            .filter(|(_, n)| !is_data_movement(&n.op_type) && !graph.is_folded(n))
             .map(|(i, _)| i)
             .collect()
     }
