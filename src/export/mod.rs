@@ -822,6 +822,16 @@ impl<'a> Exporter<'a> {
                 _ => {}
             }
         }
+        // QuantizeLinear's x and y_scale share one type (opset 19+), and its scale stays
+        // float32 as in the emulation, which quantizes the rounded x in float32: x goes
+        // through the layer's type and back to float32.
+        if node.op_type == "QuantizeLinear" && to != DType::F32 {
+            if let Some(x) = inputs.first().filter(|x| !x.is_empty()).cloned() {
+                if self.cur.get(&x) == Some(&to) {
+                    inputs[0] = self.get_as(&x, DType::F32, node)?;
+                }
+            }
+        }
         Ok(inputs)
     }
 
@@ -1579,6 +1589,48 @@ mod tests {
         assert_eq!(find(g, "dq").input, ["Wq", "Ws", "Wz"]);
         assert_eq!(init(g, "Wq").data_type, Some(3));
         assert_eq!(find(g, "mm").input[1], "W_fp16");
+    }
+
+    #[test]
+    fn float16_quantize_linear_keeps_x_and_scale_in_one_type() {
+        // Opset 19: QuantizeLinear's x and y_scale must share a type. x is rounded to
+        // float16 (the emulation rounds it) and quantized in float32 with the float32 scale.
+        let m = model(
+            vec![
+                node("Relu", "relu", &["x"], &["r"]),
+                node("QuantizeLinear", "q", &["r", "s", "z"], &["rq"]),
+                node("DequantizeLinear", "dq", &["rq", "s", "z"], &["y"]),
+            ],
+            vec![
+                ("s", Tensor::scalar_f32(0.1)),
+                (
+                    "z",
+                    Tensor::from_parts(vec![], crate::tensor::TensorData::I8(vec![0])),
+                ),
+            ],
+            &["y"],
+            19,
+        );
+        let e = run(
+            m,
+            &[Float16, Float16, Float16],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        let q = find(g, "q");
+        assert_eq!(q.input[1], "s");
+        assert_eq!(init(g, "s").data_type, Some(1));
+        let cast = g
+            .node
+            .iter()
+            .find(|n| n.output.first() == Some(&q.input[0]))
+            .expect("x of QuantizeLinear comes from a Cast");
+        assert_eq!(cast.op_type.as_deref(), Some("Cast"));
+        assert_eq!(cast.attribute[0].i, Some(DType::F32.onnx_code() as i64));
+        assert_eq!(cast.input[0], "r");
+        assert_eq!(find(g, "relu").input[0], "x_fp16");
     }
 
     #[test]
