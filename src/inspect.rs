@@ -100,7 +100,7 @@ pub struct ModelSummary {
 /// Builds the layer table from the graph's inferred facts.
 pub fn summarize(graph: &Graph, facts: &GraphFacts) -> ModelSummary {
     let static_shape = |name: &str| -> Option<Vec<usize>> {
-        match graph.initializers.get(name) {
+        match graph.weight(name) {
             Some(t) => Some(t.shape().to_vec()),
             None => facts.known_shape(name),
         }
@@ -130,9 +130,13 @@ pub fn summarize(graph: &Graph, facts: &GraphFacts) -> ModelSummary {
             Some(outs) if inputs_static => Some(node_flops(node, &in_shapes, &outs)),
             _ => None,
         };
+        // Parameters: the float weights a layer reads, initializers or folded values (a
+        // Transpose or DequantizeLinear of an initializer, a Constant); the folding nodes
+        // themselves have none, so each weight counts once, where it is used.
         let mut params = 0u64;
-        for inp in &node.inputs {
-            if let Some(t) = graph.initializers.get(inp) {
+        let folded = graph.is_folded(node);
+        for inp in node.inputs.iter().filter(|_| !folded) {
+            if let Some(t) = graph.weight(inp) {
                 if t.dtype().is_float() {
                     params += t.len() as u64;
                     if counted.insert(inp.as_str()) {
@@ -153,7 +157,7 @@ pub fn summarize(graph: &Graph, facts: &GraphFacts) -> ModelSummary {
                 .collect(),
             flops,
             params,
-            computes: !is_data_movement(&node.op_type),
+            computes: !is_data_movement(&node.op_type) && !folded,
         });
     }
     ModelSummary {
@@ -215,6 +219,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             attrs,
+            ..Default::default()
         }
     }
 

@@ -11,6 +11,7 @@ pub mod error;
 pub mod event;
 pub mod exec;
 pub mod export;
+pub mod fold;
 pub mod golden;
 pub mod graph;
 pub mod infer;

@@ -424,6 +424,7 @@ mod tests {
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

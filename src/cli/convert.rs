@@ -67,7 +67,7 @@ pub fn run(args: ConvertArgs) -> Result<ExitCode> {
         None
     };
     let exported = export(
-        &args.model,
+        &model,
         &plan,
         amax.as_ref(),
         &ExportOptions {

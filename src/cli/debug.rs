@@ -472,7 +472,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     } else {
         workdir = TempDir::new()?;
         Some(CheckOracle {
-            model_path: &args.model,
+            model: &model,
             graph,
             low: low.clone(),
             high,
@@ -573,7 +573,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
         let plan = oracle.plan_for(marked);
         let exported = export(
-            &args.model,
+            &model,
             &plan,
             amax.as_ref(),
             &ExportOptions {

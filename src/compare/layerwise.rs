@@ -87,7 +87,7 @@ pub fn layerwise(
             layer: node.name.clone(),
             op: node.op_type.clone(),
             output,
-            precision: if crate::ops::is_data_movement(&node.op_type) {
+            precision: if crate::ops::is_data_movement(&node.op_type) || graph.is_folded(node) {
                 None
             } else {
                 plan.and_then(|p| p.layers.get(index).copied())
@@ -201,6 +201,7 @@ mod tests {
             inputs: i.iter().map(|s| s.to_string()).collect(),
             outputs: o.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

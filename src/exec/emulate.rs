@@ -122,9 +122,12 @@ impl PreparedPlan {
                         .map_err(|e| e.in_subgraph(&node.name, attr))
                 })
                 .collect::<Result<Vec<_>>>()?;
-            if is_data_movement(&node.op_type) || p == Precision::Float32 {
+            // Data movement and folded weight nodes run untouched (their weights are
+            // converted where a layer reads them).
+            let untouched = is_data_movement(&node.op_type) || graph.is_folded(node);
+            if untouched || p == Precision::Float32 {
                 layers.push(LayerPrep {
-                    precision: (!is_data_movement(&node.op_type)).then_some(p),
+                    precision: (!untouched).then_some(p),
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
                     subplans,
                     fusion,
@@ -133,6 +136,8 @@ impl PreparedPlan {
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             for (idx, name) in node.inputs.iter().enumerate() {
+                // Initializers and folded values (a Transpose or DequantizeLinear of an
+                // initializer) are weights, converted here once.
                 let (init, path) = scope.resolve(name);
                 let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
                 {
@@ -388,7 +393,7 @@ fn ranges_in(scope: &Scope, plan: &PrecisionPlan, out: &mut Vec<String>) {
             let sub = plan.subgraph_plan(node, attr, g, body);
             ranges_in(&scope.child(&node.name, attr, g), &sub, out);
         }
-        if !p.is_scaled() || is_data_movement(&node.op_type) {
+        if !p.is_scaled() || is_data_movement(&node.op_type) || scope.graph.is_folded(node) {
             continue;
         }
         for (idx, name) in node.inputs.iter().enumerate() {
@@ -434,7 +439,7 @@ impl<'s> Scope<'s> {
     /// path).
     fn resolve(&self, name: &str) -> (Option<&'s Tensor>, String) {
         let g = self.graph;
-        if let Some(t) = g.initializers.get(name) {
+        if let Some(t) = g.weight(name) {
             return (Some(t), format!("{}{name}", self.prefix));
         }
         match self.parent {

@@ -22,8 +22,8 @@ mod schemas;
 pub mod types;
 
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Node, ValueInfo};
-use crate::onnx::{decode_model, model_from_proto, proto, tensor_to_proto};
+use crate::graph::{Graph, Node};
+use crate::onnx::{proto, tensor_to_proto, Model};
 use crate::ops::cast::cast_tensor;
 use crate::ops::is_data_movement;
 use crate::precision::plan::PrecisionPlan;
@@ -70,50 +70,27 @@ pub struct Exported {
     pub quantized_weights: usize,
 }
 
-/// Exports `plan` (indexed like the layers of `load_model(model_path)`) as an ONNX model.
+/// Exports `plan` (indexed like the layers of `model.graph`) as an ONNX model. The export
+/// starts from the protobuf the model was loaded from (`model.proto`): it does not read the
+/// file again, and maps each layer to its protobuf node through [`Node::pos`].
 /// `amax`: activation ranges (absolute max per tensor name), required for int8/fp8 layers.
 pub fn export_model(
-    model_path: &Path,
+    model: &Model,
     plan: &PrecisionPlan,
     amax: Option<&BTreeMap<String, f32>>,
     opts: &ExportOptions,
 ) -> Result<proto::ModelProto> {
-    export(model_path, plan, amax, opts).map(|e| e.model)
+    export(model, plan, amax, opts).map(|e| e.model)
 }
 
 /// [`export_model`] with the notes and counts of what was done.
 pub fn export(
-    model_path: &Path,
+    model: &Model,
     plan: &PrecisionPlan,
     amax: Option<&BTreeMap<String, f32>>,
     opts: &ExportOptions,
 ) -> Result<Exported> {
-    let bytes = std::fs::read(model_path).map_err(|e| Error::io(model_path, e))?;
-    let model = decode_model(&bytes, model_path)?;
-    let base = model_path
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    export_proto(model, model_path, &base, plan, amax, opts)
-}
-
-/// Exports a decoded model (`path` names it in messages; external data resolves in `base_dir`).
-pub fn export_proto(
-    model: proto::ModelProto,
-    path: &Path,
-    base_dir: &Path,
-    plan: &PrecisionPlan,
-    amax: Option<&BTreeMap<String, f32>>,
-    opts: &ExportOptions,
-) -> Result<Exported> {
-    if model.graph.is_none() {
-        return Err(Error::Model {
-            path: path.to_path_buf(),
-            msg: "the model has no graph".into(),
-        });
-    }
-    let ir = model_from_proto(model.clone(), path, base_dir)?;
-    Exporter::new(model, &ir.graph, plan, amax, opts)?.run()
+    Exporter::new(model, plan, amax, opts)?.run()
 }
 
 /// Writes a model atomically (a temporary file renamed into place). A model over protobuf's
@@ -269,87 +246,21 @@ fn collect_names(g: &proto::GraphProto, out: &mut HashSet<String>) {
     }
 }
 
-/// The position in the proto's node list of each IR node: the IR sorts nodes topologically,
-/// so the same sort is replayed on a shadow graph whose node names are proto indices.
-fn proto_order(g: &proto::GraphProto) -> Result<Vec<usize>> {
-    let mut initializers = HashMap::new();
-    for t in &g.initializer {
-        initializers.insert(
-            t.name.clone().unwrap_or_default(),
-            Tensor::zeros(DType::F32, vec![0]),
-        );
-    }
-    for st in &g.sparse_initializer {
-        let name = st
-            .values
-            .as_ref()
-            .and_then(|v| v.name.clone())
-            .unwrap_or_default();
-        initializers.insert(name, Tensor::zeros(DType::F32, vec![0]));
-    }
-    let inputs = g
-        .input
-        .iter()
-        .map(|v| v.name.clone().unwrap_or_default())
-        .filter(|n| !initializers.contains_key(n))
-        .map(|name| ValueInfo {
-            name,
-            dtype: None,
-            shape: None,
-        })
-        .collect();
-    // The IR sorts a node with subgraphs after the values they read from this graph.
-    let defined: HashSet<&str> = initializers
-        .keys()
-        .map(|s| s.as_str())
-        .chain(g.input.iter().filter_map(|v| v.name.as_deref()))
-        .chain(
-            g.node
-                .iter()
-                .flat_map(|n| n.output.iter().map(|s| s.as_str())),
-        )
-        .collect();
-    let nodes = g
-        .node
-        .iter()
-        .enumerate()
-        .map(|(i, n)| {
-            let mut inputs = n.input.clone();
-            if node_has_subgraph(n) {
-                let mut reads = HashSet::new();
-                subgraph_reads(std::slice::from_ref(n), false, &mut reads);
-                let mut reads: Vec<String> = reads
-                    .into_iter()
-                    .filter(|r| defined.contains(r.as_str()))
-                    .collect();
-                reads.sort();
-                inputs.extend(reads);
-            }
-            Node {
-                name: i.to_string(),
-                op_type: n.op_type.clone().unwrap_or_default(),
-                domain: n.domain.clone().unwrap_or_default(),
-                parsed: Default::default(),
-                inputs,
-                outputs: n.output.clone(),
-                attrs: BTreeMap::new(),
-            }
-        })
-        .collect();
-    let mut shadow = Graph {
-        nodes,
-        initializers,
-        inputs,
-        ..Default::default()
-    };
-    shadow.sort_topologically()?;
-    shadow
+/// The position in the proto's node list of each node of `graph` (its [`Node::pos`]),
+/// checked against the protobuf: the node there must have the same outputs.
+fn proto_order(g: &proto::GraphProto, graph: &Graph) -> Result<Vec<usize>> {
+    graph
         .nodes
         .iter()
         .map(|n| {
-            n.name
-                .parse()
-                .map_err(|_| Error::Invalid("export: internal node order error".into()))
+            n.pos
+                .filter(|&p| g.node.get(p).is_some_and(|pn| pn.output == n.outputs))
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "export: layer '{}' has no matching node in the loaded model's protobuf",
+                        n.name
+                    ))
+                })
         })
         .collect()
 }
@@ -364,7 +275,7 @@ fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
 }
 
 struct Exporter<'a> {
-    model: proto::ModelProto,
+    model: &'a proto::ModelProto,
     graph: &'a Graph,
     plan: &'a PrecisionPlan,
     amax: Option<&'a BTreeMap<String, f32>>,
@@ -398,12 +309,13 @@ struct Exporter<'a> {
 
 impl<'a> Exporter<'a> {
     fn new(
-        model: proto::ModelProto,
-        graph: &'a Graph,
+        loaded: &'a Model,
         plan: &'a PrecisionPlan,
         amax: Option<&'a BTreeMap<String, f32>>,
         opts: &'a ExportOptions,
     ) -> Result<Exporter<'a>> {
+        let graph = &loaded.graph;
+        let model = &*loaded.proto;
         if plan.layers.len() != graph.nodes.len() {
             return Err(Error::Invalid(format!(
                 "the precision plan has {} layers, the model {}",
@@ -411,18 +323,11 @@ impl<'a> Exporter<'a> {
                 graph.nodes.len()
             )));
         }
-        let g = model
-            .graph
-            .as_ref()
-            .expect("decode_model checked the graph");
-        let order = proto_order(g)?;
-        for (k, &i) in order.iter().enumerate() {
-            if g.node.get(i).map(|n| &n.output) != Some(&graph.nodes[k].outputs) {
-                return Err(Error::Invalid(
-                    "export: the model's nodes do not match its loaded graph".into(),
-                ));
-            }
-        }
+        let g = model.graph.as_ref().ok_or_else(|| Error::Model {
+            path: loaded.path.clone(),
+            msg: "the model has no graph".into(),
+        })?;
+        let order = proto_order(g, graph)?;
         let mut names = HashSet::new();
         collect_names(g, &mut names);
         for n in &graph.nodes {
@@ -544,7 +449,8 @@ impl<'a> Exporter<'a> {
         for (k, node) in self.graph.nodes.iter().enumerate() {
             let pnode = &self.model.graph.as_ref().expect("graph").node[self.order[k]];
             let op = node.op_type.as_str();
-            if is_data_movement(op) {
+            // Folded weight nodes stay as they are: the layers reading them convert.
+            if is_data_movement(op) || self.graph.is_folded(node) {
                 roles.push(Role::Movement);
                 continue;
             }
@@ -673,9 +579,16 @@ impl<'a> Exporter<'a> {
                 .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
     }
 
-    /// Per-channel quantized weight: initializer + DequantizeLinear; returns the float32 output.
+    /// Per-channel quantized weight; returns the float32 output. An initializer is stored
+    /// quantized, read through DequantizeLinear; a folded weight (computed by nodes the export
+    /// keeps, e.g. a Transpose or DequantizeLinear of an initializer) gets a per-channel
+    /// QuantizeLinear → DequantizeLinear with the scales the emulation computes from its value.
     fn quant_weight(&mut self, node: &Node, index: usize, t: &str, p: Precision) -> Result<String> {
-        let w = &self.graph.initializers[t];
+        let graph = self.graph;
+        let stored = graph.initializers.contains_key(t);
+        let w = graph
+            .weight(t)
+            .ok_or_else(|| Self::op_err(node, format!("weight '{t}' has no value")))?;
         let axis = weight_channel_axis(node, index, w.rank()).ok_or_else(|| {
             Self::op_err(
                 node,
@@ -704,6 +617,9 @@ impl<'a> Exporter<'a> {
         let shape = w.shape();
         let scales = channel_scales(v, shape, axis, p);
         let channels = shape[axis];
+        if !stored {
+            return Ok(self.qdq_folded_weight(t, p, axis, scales));
+        }
         let inner: usize = shape[axis + 1..].iter().product();
         let q: Vec<f32> = v
             .iter()
@@ -734,6 +650,52 @@ impl<'a> Exporter<'a> {
         self.quantized.insert(key, out.clone());
         self.quantized_weights += 1;
         Ok(out)
+    }
+
+    /// QuantizeLinear -> DequantizeLinear along `axis` on the folded weight `t` (float32, its
+    /// per-channel `scales`); returns the float32 output.
+    fn qdq_folded_weight(
+        &mut self,
+        t: &str,
+        p: Precision,
+        axis: usize,
+        scales: Vec<f32>,
+    ) -> String {
+        let channels = scales.len();
+        let sn = self.fresh(&format!("{t}_scale"));
+        let zn = self.fresh(&format!("{t}_zero_point"));
+        self.inits.push(tensor_to_proto(
+            &sn,
+            &Tensor::from_f32(vec![channels], scales),
+        ));
+        self.inits
+            .push(quant_tensor(&zn, p, &[channels], &vec![0.0; channels]));
+        let qn = self.fresh(&format!("{t}_quantized"));
+        let out = self.fresh(&format!("{t}_dequantized"));
+        let qnode = self.fresh(&format!("{t}_QuantizeLinear"));
+        let dqnode = self.fresh(&format!("{t}_DequantizeLinear"));
+        let axis_attr = schema::int_attr("axis", axis as i64);
+        self.nodes.push(proto::NodeProto {
+            name: Some(qnode),
+            op_type: Some("QuantizeLinear".into()),
+            input: vec![t.to_string(), sn.clone(), zn.clone()],
+            output: vec![qn.clone()],
+            attribute: vec![axis_attr.clone()],
+            ..Default::default()
+        });
+        self.nodes.push(proto::NodeProto {
+            name: Some(dqnode),
+            op_type: Some("DequantizeLinear".into()),
+            input: vec![qn, sn, zn],
+            output: vec![out.clone()],
+            attribute: vec![axis_attr],
+            ..Default::default()
+        });
+        self.cur.insert(out.clone(), DType::F32);
+        self.quantized
+            .insert((t.to_string(), p, Some(axis)), out.clone());
+        self.quantized_weights += 1;
+        out
     }
 
     /// Per-tensor QuantizeLinear -> DequantizeLinear on an activation; returns the float32 output.
@@ -855,6 +817,16 @@ impl<'a> Exporter<'a> {
                 _ => {}
             }
         }
+        // QuantizeLinear's x and y_scale share one type (opset 19+), and its scale stays
+        // float32 as in the emulation, which quantizes the rounded x in float32: x goes
+        // through the layer's type and back to float32.
+        if node.op_type == "QuantizeLinear" && to != DType::F32 {
+            if let Some(x) = inputs.first().filter(|x| !x.is_empty()).cloned() {
+                if self.cur.get(&x) == Some(&to) {
+                    inputs[0] = self.get_as(&x, DType::F32, node)?;
+                }
+            }
+        }
         Ok(inputs)
     }
 
@@ -869,7 +841,7 @@ impl<'a> Exporter<'a> {
                 Some(DType::F32)
                     if input_follows_layer_precision(op, i) && is_quantized_operand(op, i) =>
                 {
-                    inputs[i] = if self.graph.initializers.contains_key(name) {
+                    inputs[i] = if self.graph.weight(name).is_some() {
                         self.quant_weight(node, i, name, p)?
                     } else {
                         self.quant_activation(node, name, p)?
@@ -925,7 +897,10 @@ impl<'a> Exporter<'a> {
         // Target opset: per-axis DequantizeLinear needs 13, float8 types 19.
         let mut target = self.opset;
         for (k, node) in self.graph.nodes.iter().enumerate() {
-            if is_data_movement(&node.op_type) || !has_quantized_kernel(&node.op_type) {
+            if is_data_movement(&node.op_type)
+                || self.graph.is_folded(node)
+                || !has_quantized_kernel(&node.op_type)
+            {
                 continue;
             }
             match self.plan.layers[k] {
@@ -1189,7 +1164,7 @@ impl<'a> Exporter<'a> {
             g.initializer.extend(inits);
         }
         g.node = nodes;
-        let mut model = self.model;
+        let mut model = without_graph(self.model);
         let mut found = false;
         for o in &mut model.opset_import {
             if is_default_domain(o.domain.as_deref().unwrap_or("")) {
@@ -1213,6 +1188,24 @@ impl<'a> Exporter<'a> {
             quantized_activations: self.quantized_activations,
             quantized_weights: self.quantized_weights,
         })
+    }
+}
+
+/// A copy of `m` without its graph (which the export rebuilds).
+fn without_graph(m: &proto::ModelProto) -> proto::ModelProto {
+    proto::ModelProto {
+        ir_version: m.ir_version,
+        opset_import: m.opset_import.clone(),
+        producer_name: m.producer_name.clone(),
+        producer_version: m.producer_version.clone(),
+        domain: m.domain.clone(),
+        model_version: m.model_version,
+        doc_string: m.doc_string.clone(),
+        graph: None,
+        metadata_props: m.metadata_props.clone(),
+        training_info: m.training_info.clone(),
+        functions: m.functions.clone(),
+        configuration: m.configuration.clone(),
     }
 }
 
@@ -1317,14 +1310,8 @@ mod tests {
         amax: Option<&BTreeMap<String, f32>>,
         opts: &ExportOptions,
     ) -> Result<Exported> {
-        export_proto(
-            m,
-            Path::new("t.onnx"),
-            Path::new("."),
-            &plan(ps),
-            amax,
-            opts,
-        )
+        let m = crate::onnx::model_from_proto(m, Path::new("t.onnx"), Path::new("."))?;
+        export(&m, &plan(ps), amax, opts)
     }
 
     fn graph(e: &Exported) -> &proto::GraphProto {
@@ -1528,6 +1515,117 @@ mod tests {
         assert_eq!(init(g, "b").data_type, Some(1));
         assert_eq!(e.model.opset_import[0].version, Some(17));
         assert_eq!((e.quantized_activations, e.quantized_weights), (1, 1));
+    }
+
+    #[test]
+    fn folded_weights_keep_their_nodes_and_get_qdq_or_a_cast() {
+        // x -> MatMul(DequantizeLinear(Wq int8, per column)) -> y: a Q/DQ model.
+        let mut dq = node("DequantizeLinear", "dq", &["Wq", "Ws", "Wz"], &["W"]);
+        dq.attribute.push(schema::int_attr("axis", 1));
+        let m = model(
+            vec![dq, node("MatMul", "mm", &["x", "W"], &["y"])],
+            vec![
+                (
+                    "Wq",
+                    Tensor::from_parts(
+                        vec![2, 2],
+                        crate::tensor::TensorData::I8(vec![127, -20, 64, 127].into()),
+                    ),
+                ),
+                ("Ws", Tensor::from_f32(vec![2], vec![0.5, 0.25])),
+                (
+                    "Wz",
+                    Tensor::from_parts(vec![2], crate::tensor::TensorData::I8(vec![0, 0].into())),
+                ),
+            ],
+            &["y"],
+            13,
+        );
+        let mut amax = BTreeMap::new();
+        amax.insert("x".to_string(), 2.0f32);
+        let e = run(
+            m.clone(),
+            &[Float32, Int8],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        assert_eq!(
+            ops(g),
+            [
+                "DequantizeLinear",
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "QuantizeLinear",
+                "DequantizeLinear",
+                "MatMul"
+            ]
+        );
+        // The stored int8 weight and its DequantizeLinear stay; the folded value W gets a
+        // per-channel Q/DQ with the emulation's scales (max |W[:, c]| / 127).
+        assert_eq!(find(g, "dq").input, ["Wq", "Ws", "Wz"]);
+        assert_eq!(init(g, "Wq").data_type, Some(3));
+        let q = find(g, "W_QuantizeLinear");
+        assert_eq!(q.input[0], "W");
+        assert_eq!(q.attribute[0].i, Some(1));
+        let ws = tensor_from_proto(init(g, "W_scale"), None).unwrap();
+        assert_eq!(ws.to_f32_vec().unwrap(), vec![0.5, 0.25 * 127.0 / 127.0]);
+        assert_eq!(find(g, "mm").input, ["x_dequantized", "W_dequantized"]);
+        // No float copy of the weight is stored.
+        assert!(g
+            .initializer
+            .iter()
+            .all(|t| t.data_type != Some(1) || t.dims.len() < 2));
+        assert_eq!((e.quantized_activations, e.quantized_weights), (1, 1));
+        // Float16: a Cast of the folded value; the Q/DQ chain stays.
+        let e = run(m, &[Float16, Float16], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        assert_eq!(find(g, "dq").input, ["Wq", "Ws", "Wz"]);
+        assert_eq!(init(g, "Wq").data_type, Some(3));
+        assert_eq!(find(g, "mm").input[1], "W_fp16");
+    }
+
+    #[test]
+    fn float16_quantize_linear_keeps_x_and_scale_in_one_type() {
+        // Opset 19: QuantizeLinear's x and y_scale must share a type. x is rounded to
+        // float16 (the emulation rounds it) and quantized in float32 with the float32 scale.
+        let m = model(
+            vec![
+                node("Relu", "relu", &["x"], &["r"]),
+                node("QuantizeLinear", "q", &["r", "s", "z"], &["rq"]),
+                node("DequantizeLinear", "dq", &["rq", "s", "z"], &["y"]),
+            ],
+            vec![
+                ("s", Tensor::scalar_f32(0.1)),
+                (
+                    "z",
+                    Tensor::from_parts(vec![], crate::tensor::TensorData::I8(vec![0].into())),
+                ),
+            ],
+            &["y"],
+            19,
+        );
+        let e = run(
+            m,
+            &[Float16, Float16, Float16],
+            None,
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        let g = graph(&e);
+        let q = find(g, "q");
+        assert_eq!(q.input[1], "s");
+        assert_eq!(init(g, "s").data_type, Some(1));
+        let cast = g
+            .node
+            .iter()
+            .find(|n| n.output.first() == Some(&q.input[0]))
+            .expect("x of QuantizeLinear comes from a Cast");
+        assert_eq!(cast.op_type.as_deref(), Some("Cast"));
+        assert_eq!(cast.attribute[0].i, Some(DType::F32.onnx_code() as i64));
+        assert_eq!(cast.input[0], "r");
+        assert_eq!(find(g, "relu").input[0], "x_fp16");
     }
 
     #[test]

@@ -31,8 +31,15 @@ pub enum Attribute {
 }
 
 /// One layer: an ONNX node.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Node {
+    /// Stable id, unique in the model: nodes are numbered in protobuf order, depth first (a
+    /// node before the nodes of its subgraphs). Sorting and folding never change it. Nodes
+    /// not loaded from a file (tests, hand-made graphs) have id 0.
+    pub id: usize,
+    /// Position in its graph's protobuf node list (`GraphProto.node`); None when the node was
+    /// not loaded from a file. Export maps layers back to protobuf nodes through it.
+    pub pos: Option<usize>,
     pub name: String,
     pub op_type: String,
     pub domain: String,
@@ -236,6 +243,9 @@ pub struct Graph {
     pub inputs: Vec<ValueInfo>,
     pub outputs: Vec<ValueInfo>,
     pub value_info: HashMap<String, ValueInfo>,
+    /// Values of weight-only nodes, computed once at load (`fold::fold_weights`): weights like
+    /// the initializers. Their nodes stay in `nodes` (see [`Graph::is_folded`]).
+    pub folded: HashMap<String, Tensor>,
     /// Opset version per domain ("" is the default ONNX domain).
     pub opsets: BTreeMap<String, i64>,
     pub ir_version: i64,
@@ -250,6 +260,24 @@ impl Graph {
     pub fn opset_of(&self, domain: &str) -> i64 {
         let d = if domain == "ai.onnx" { "" } else { domain };
         self.opsets.get(d).copied().unwrap_or(0)
+    }
+
+    /// A weight: an initializer or a folded value.
+    pub fn weight(&self, name: &str) -> Option<&Tensor> {
+        self.initializers
+            .get(name)
+            .or_else(|| self.folded.get(name))
+    }
+
+    /// Whether `node` only computes folded weights: it runs untouched under every precision
+    /// plan (no layer of its own) and is never a search candidate.
+    pub fn is_folded(&self, node: &Node) -> bool {
+        !self.folded.is_empty()
+            && node.outputs.iter().any(|o| !o.is_empty())
+            && node
+                .outputs
+                .iter()
+                .all(|o| o.is_empty() || self.folded.contains_key(o))
     }
 
     pub fn input(&self, name: &str) -> Option<&ValueInfo> {
@@ -446,6 +474,7 @@ mod tests {
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),
+            ..Default::default()
         }
     }
 

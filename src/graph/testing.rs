@@ -14,6 +14,7 @@ pub fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
         outputs: outputs.iter().map(|s| s.to_string()).collect(),
         attrs: BTreeMap::new(),
+        ..Default::default()
     }
 }
 

@@ -17,6 +17,9 @@ pub struct Model {
     pub path: PathBuf,
     pub graph: Graph,
     pub producer: String,
+    /// The decoded protobuf the graph was built from (export starts from it; every IR node's
+    /// [`Node::pos`] indexes its graph's node list here).
+    pub proto: std::sync::Arc<proto::ModelProto>,
 }
 
 /// Reads and parses an ONNX file, resolving external data relative to the file's folder,
@@ -109,25 +112,30 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
         // IR version 2 and older models carry no opset_import; they are opset 1.
         opsets.insert(String::new(), 1);
     }
-    let g = model.graph.expect("checked in decode_model");
+    let g = model
+        .graph
+        .as_ref()
+        .ok_or_else(|| bad("the model has no graph".into()))?;
     let mut ext = ExternalData::new(base_dir);
     let ir_version = model.ir_version.unwrap_or(0);
     let scope = Scope {
         opsets: &opsets,
         ir_version,
+        next_id: std::cell::Cell::new(0),
     };
-    let graph = graph_from_proto(&g, &mut ext, &scope, None).map_err(bad)?;
+    let graph = graph_from_proto(g, &mut ext, &scope, None).map_err(bad)?;
     crate::ops::attrs::parse_graph(&graph)?;
     Ok(Model {
         path: path.to_path_buf(),
         graph,
         producer: format!(
             "{} {}",
-            model.producer_name.unwrap_or_default(),
-            model.producer_version.unwrap_or_default()
+            model.producer_name.as_deref().unwrap_or_default(),
+            model.producer_version.as_deref().unwrap_or_default()
         )
         .trim()
         .to_string(),
+        proto: std::sync::Arc::new(model),
     })
 }
 
@@ -135,6 +143,8 @@ pub fn model_from_proto(model: proto::ModelProto, path: &Path, base_dir: &Path) 
 struct Scope<'a> {
     opsets: &'a BTreeMap<String, i64>,
     ir_version: i64,
+    /// The next node id ([`Node::id`]).
+    next_id: std::cell::Cell<usize>,
 }
 
 /// Converts a graph. `outer` is None for the main graph; for a subgraph, every value its
@@ -206,6 +216,8 @@ fn graph_from_proto(
         } else {
             format!("node '{name}' ({op_type})")
         };
+        let id = scope.next_id.get();
+        scope.next_id.set(id + 1);
         let mut attrs = BTreeMap::new();
         for a in &n.attribute {
             let aname = a.name.clone().unwrap_or_default();
@@ -226,6 +238,8 @@ fn graph_from_proto(
             attrs.insert(aname, value);
         }
         nodes.push(Node {
+            id,
+            pos: Some(i),
             name,
             op_type,
             domain: n.domain.clone().unwrap_or_default(),
@@ -245,6 +259,7 @@ fn graph_from_proto(
         value_info,
         opsets: scope.opsets.clone(),
         ir_version: scope.ir_version,
+        folded: HashMap::new(),
     };
     match outer {
         None => graph.sort_topologically(),
@@ -255,6 +270,7 @@ fn graph_from_proto(
         Some(_) => format!("in subgraph '{}': {e}", graph.name),
     })?;
     graph.name_unnamed_nodes();
+    crate::fold::fold_weights(&mut graph);
     Ok(graph)
 }
 
@@ -963,6 +979,81 @@ mod tests {
             "raw_data points into the map"
         );
         assert_eq!(load_model(&path).unwrap().graph.initializers["w"], t);
+    }
+
+    #[test]
+    fn nodes_keep_their_id_and_protobuf_position_through_the_sort() {
+        let vi = |n: &str| proto::ValueInfoProto {
+            name: Some(n.into()),
+            ..Default::default()
+        };
+        let node = |op: &str, name: &str, i: &[&str], o: &str| proto::NodeProto {
+            op_type: Some(op.into()),
+            name: Some(name.into()),
+            input: i.iter().map(|s| s.to_string()).collect(),
+            output: vec![o.into()],
+            ..Default::default()
+        };
+        let branch = |o: &str| proto::GraphProto {
+            node: vec![node("Relu", "inner", &["x"], o)],
+            output: vec![vi(o)],
+            ..Default::default()
+        };
+        let mut cf = node("If", "cf", &["c"], "y");
+        for (a, o) in [("then_branch", "t"), ("else_branch", "e")] {
+            cf.attribute.push(proto::AttributeProto {
+                name: Some(a.into()),
+                r#type: Some(proto::attribute_proto::AttributeType::Graph as i32),
+                g: Some(branch(o)),
+                ..Default::default()
+            });
+        }
+        // `late` reads what `early` produces but comes first in the file.
+        let model = proto::ModelProto {
+            ir_version: Some(8),
+            opset_import: vec![proto::OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(17),
+            }],
+            graph: Some(proto::GraphProto {
+                node: vec![
+                    node("Relu", "late", &["a"], "b"),
+                    node("Relu", "early", &["x"], "a"),
+                    cf,
+                ],
+                input: vec![vi("c"), vi("x")],
+                output: vec![vi("b"), vi("y")],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let m = model_from_proto(model, Path::new("m.onnx"), Path::new(".")).unwrap();
+        let got: Vec<(&str, usize, Option<usize>)> = m
+            .graph
+            .nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.id, n.pos))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("early", 1, Some(1)),
+                ("late", 0, Some(0)),
+                ("cf", 2, Some(2))
+            ]
+        );
+        // Subgraph nodes: numbered after their node, in attribute order; position in their
+        // own graph.
+        let cf = &m.graph.nodes[2];
+        let then = &cf.attr_graph("then_branch").unwrap().nodes[0];
+        let els = &cf.attr_graph("else_branch").unwrap().nodes[0];
+        assert_eq!((then.id, then.pos), (3, Some(0)));
+        assert_eq!((els.id, els.pos), (4, Some(0)));
+        // The protobuf stays with the model, in file order.
+        let g = m.proto.graph.as_ref().unwrap();
+        for n in &m.graph.nodes {
+            assert_eq!(g.node[n.pos.unwrap()].output, n.outputs);
+        }
     }
 
     #[test]

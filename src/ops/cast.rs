@@ -265,6 +265,7 @@ mod tests {
                 .into_iter()
                 .chain(sat.map(|s| ("saturate".to_string(), Attribute::Int(s))))
                 .collect(),
+            ..Default::default()
         };
         let x = Tensor::from_f32(vec![3], vec![1000.0, f32::NEG_INFINITY, 1.0625]);
         let run = |n: &Node, opset| {

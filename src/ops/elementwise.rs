@@ -925,6 +925,7 @@ mod tests {
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
+            ..Default::default()
         }
     }
 

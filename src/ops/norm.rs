@@ -492,6 +492,7 @@ mod tests {
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
+            ..Default::default()
         }
     }
 

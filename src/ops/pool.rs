@@ -440,6 +440,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            ..Default::default()
         }
     }
 

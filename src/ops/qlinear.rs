@@ -227,6 +227,7 @@ mod tests {
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
+            ..Default::default()
         };
         f(&OpCtx::new(&n, 21), inputs)
     }

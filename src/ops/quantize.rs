@@ -484,6 +484,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), Attribute::Int(*v)))
                 .collect(),
+            ..Default::default()
         }
     }
 

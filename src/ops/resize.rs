@@ -1006,6 +1006,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            ..Default::default()
         }
     }
 

@@ -138,6 +138,7 @@ mod tests {
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),
+            ..Default::default()
         };
         let k = Registry::global().get("", op).unwrap();
         k(&OpCtx::new(&node, opset), &[Some(x)]).unwrap()[0]

@@ -613,11 +613,17 @@ impl PrecisionPlan {
                         inner_set.insert(name.clone(), q);
                     }
                 };
-                if is_data_movement(&node.op_type) {
+                let folded = index.is_some() && graph.is_folded(node);
+                if is_data_movement(&node.op_type) || folded {
                     // Exact names only: a glob that sweeps over Reshapes is not worth a warning.
                     if pat.text == name {
+                        let what = if folded {
+                            "computes a weight from initializers (folded at load): the layers reading it set its precision"
+                        } else {
+                            "only moves data and carries its input's precision"
+                        };
                         warnings.push(format!(
-                            "--layer-precisions '{}': layer '{}' ({}) only moves data and carries its input's precision",
+                            "--layer-precisions '{}': layer '{}' ({}) {what}",
                             pat.text, name, node.op_type
                         ));
                     }
@@ -665,7 +671,9 @@ impl PrecisionPlan {
                     .nodes
                     .iter()
                     .zip(&self.layers)
-                    .filter(|(node, &q)| q == p && !is_data_movement(&node.op_type))
+                    .filter(|(node, &q)| {
+                        q == p && !is_data_movement(&node.op_type) && !graph.is_folded(node)
+                    })
                     .count();
                 (p, n)
             })
@@ -679,7 +687,7 @@ impl PrecisionPlan {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !is_data_movement(&n.op_type))
+            .filter(|(_, n)| !is_data_movement(&n.op_type) && !graph.is_folded(n))
             .map(|(i, _)| i)
             .collect()
     }
@@ -703,6 +711,7 @@ mod tests {
                     inputs: vec![],
                     outputs: vec![],
                     attrs: BTreeMap::new(),
+                    ..Default::default()
                 })
                 .collect(),
             ..Default::default()
@@ -816,6 +825,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             attrs: BTreeMap::new(),
+            ..Default::default()
         };
         let inner = Graph {
             nodes: vec![node("conv", "Conv"), node("reshape", "Reshape")],

@@ -16,6 +16,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::export::{export, write_model, ExportOptions};
 use crate::graph::Graph;
+use crate::onnx::Model;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use regex::Regex;
@@ -55,7 +56,8 @@ pub fn trtexec_spec(graph: &Graph, marked: &[usize], high: Precision) -> String 
 
 /// Evaluates candidates with a user command.
 pub struct CheckOracle<'a> {
-    pub model_path: &'a Path,
+    /// The loaded model candidates are exported from.
+    pub model: &'a Model,
     pub graph: &'a Graph,
     pub low: PrecisionPlan,
     pub high: Precision,
@@ -162,7 +164,7 @@ impl Oracle for CheckOracle<'_> {
         self.evaluations += 1;
         let plan = self.low.marking(marked, self.high);
         let exported = export(
-            self.model_path,
+            self.model,
             &plan,
             self.amax,
             &ExportOptions {

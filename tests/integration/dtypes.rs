@@ -238,6 +238,7 @@ fn every_kernel_survives_low_bit_inputs() {
                     inputs: (0..n_inputs).map(|i| format!("x{i}")).collect(),
                     outputs: vec!["y".into()],
                     attrs: Default::default(),
+                    ..Default::default()
                 };
                 let run = |dtype: DType| {
                     let t = mixprec::ops::cast::cast_tensor(

@@ -162,8 +162,13 @@ fn run_case(
         ..Default::default()
     };
     let has_q = case.plan.layers.iter().any(|p| p.is_scaled());
-    let e = export(model, &case.plan, has_q.then_some(&r.amax), &opts)
-        .unwrap_or_else(|e| panic!("{name} {}: export failed: {e}", case.label));
+    let e = export(
+        &load_model(model).unwrap(),
+        &case.plan,
+        has_q.then_some(&r.amax),
+        &opts,
+    )
+    .unwrap_or_else(|e| panic!("{name} {}: export failed: {e}", case.label));
     for n in &e.notes {
         println!("{name} {}: note: {n}", case.label);
     }
@@ -361,7 +366,7 @@ fn export_keeps_value_info_consistent_and_can_drop_io_casts() {
             keep_io_types,
             ..Default::default()
         };
-        let e = export(&inferred, &plan, None, &opts).unwrap();
+        let e = export(&load_model(&inferred).unwrap(), &plan, None, &opts).unwrap();
         let g = e.model.graph.as_ref().unwrap();
         assert!(!g.value_info.is_empty());
         let path = export_dir().join(format!("transformer_inferred_io{keep_io_types}.onnx"));
@@ -400,7 +405,13 @@ fn emulation_matches_onnxruntime_on_exported_quantized_models() {
         // round trips (docs/export.md), so fp16 layers cannot be compared bit for bit.
         for (label, q) in [("int8", Int8), ("fp8", Fp8E4M3)] {
             let plan = quantized(&r.graph, q, Float32);
-            let e = export(&model, &plan, Some(&r.amax), &ExportOptions::default()).unwrap();
+            let e = export(
+                &load_model(&model).unwrap(),
+                &plan,
+                Some(&r.amax),
+                &ExportOptions::default(),
+            )
+            .unwrap();
             let path = export_dir().join(format!("{name}_{label}_vs_emulation.onnx"));
             write_model(&path, &e.model).unwrap();
             let Ort::Ran(ort) = check_and_run(&path, &data, "disable") else {

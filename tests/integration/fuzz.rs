@@ -212,7 +212,7 @@ fn random_feeds(g: &Graph, rng: &mut Rng) -> Feeds {
 /// Load → inspect → run (FP32 and float16) → convert on one (possibly broken) model.
 fn pipeline(path: &Path, model: ModelProto, rng: &mut Rng) {
     let base = path.parent().unwrap_or(Path::new("."));
-    let Ok(m) = model_from_proto(model.clone(), path, base) else {
+    let Ok(m) = model_from_proto(model, path, base) else {
         return;
     };
     let g = &m.graph;
@@ -250,14 +250,8 @@ fn pipeline(path: &Path, model: ModelProto, rng: &mut Rng) {
         let _ = interp.run_plan(&feeds, &RunOptions::default(), &prepared);
     }
     if rng.chance(25) {
-        let _ = mixprec::export::export_proto(
-            model,
-            path,
-            base,
-            &plan,
-            None,
-            &mixprec::export::ExportOptions::default(),
-        );
+        let _ =
+            mixprec::export::export(&m, &plan, None, &mixprec::export::ExportOptions::default());
     }
 }
 

@@ -1141,6 +1141,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect(),
+            ..Default::default()
         };
         let k = Registry::global().get("", op).unwrap();
         let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
