@@ -6,19 +6,19 @@ use super::precision_args::PrecisionArgs;
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
+use crate::compare::Criterion;
+use crate::event::Event;
 use crate::exec::cache::parse_bytes;
-use crate::exec::ValueCache;
 use crate::export::{export, write_model, ExportOptions};
 use crate::golden::GoldenFile;
 use crate::inspect::si;
 use crate::precision::Precision;
-use crate::search::builtin::{BuiltinOracle, Golden};
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
-use crate::search::replay::{DebugReplay, ModelId, ReplayOracle};
+use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
+use crate::search::replay::{DebugReplay, ModelId};
 use crate::search::report::{html_report, names, percent, ResultFile, SearchSetup, SearchStats};
 use crate::search::{
-    search, Direction, Mode, Objective, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace,
-    Trial,
+    Direction, Mode, Objective, Outcome, SearchOptions, SearchResult, SearchSpace, Trial,
 };
 use crate::{load_model, Graph, Interpreter};
 use anyhow::{bail, Context, Result};
@@ -28,7 +28,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 #[derive(Args, Debug)]
 pub struct DebugArgs {
@@ -396,78 +396,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
     let say = !args.quiet;
 
-    let mut oracle = BuiltinOracle::new(
-        &interp,
-        &feeds,
-        criterion.clone(),
-        low.clone(),
-        high,
-        args.precision.accumulator()?,
-        amax.as_ref(),
-        ValueCache::new(budget),
-    )?;
-    let t0 = Instant::now();
-    let reference = oracle.reference_outputs()?;
-    let fp32_inference = t0.elapsed().as_secs_f64() / feeds.len() as f64;
-    let golden: Vec<Golden> = match &golden_file {
-        Some(g) => g.reference_for(&reference[0], &mut print_event)?,
-        None => reference,
-    };
-    oracle.set_golden(golden)?;
-    let space = oracle.search_space(mode.needs_ranking(), &mut print_event)?;
-    let candidates = &space.candidates;
-    if say {
-        out!(p,
-            "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",
-            high.name(),
-            mode.name(),
-            if mode.is_contiguous() {
-                format!(
-                    ", {}",
-                    match direction {
-                        Direction::Forward => "forward",
-                        Direction::Reverse => "reverse",
-                    }
-                )
-            } else {
-                String::new()
-            },
-            candidates.len(),
-            graph.nodes.len(),
-            high.name(),
-            feeds.len()
-        );
-        out!(
-            p,
-            "[I] Pass criterion: {}{}",
-            if args.check.is_empty() {
-                format!(
-                    "{} error within atol {} or rtol {}",
-                    criterion.stat.default.name(),
-                    crate::compare::fmt_g(criterion.atol.default, 5),
-                    crate::compare::fmt_g(criterion.rtol.default, 5),
-                )
-            } else {
-                format!("--check {}", args.check.join(" "))
-            },
-            if criterion.metrics.is_empty() || !args.check.is_empty() {
-                String::new()
-            } else {
-                format!(
-                    " and {}",
-                    criterion
-                        .metrics
-                        .iter()
-                        .map(|m| m.kind.label())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            }
-        );
-    }
-
     let workdir;
-    let mut check_oracle = if args.check.is_empty() {
+    let check = if args.check.is_empty() {
         None
     } else {
         workdir = TempDir::new()?;
@@ -498,83 +428,54 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     };
 
     install_interrupt_handler();
-    let bar = if say && std::io::stderr().is_terminal() {
-        let b = indicatif::ProgressBar::new_spinner();
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} [{elapsed}] {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
-        );
-        b.enable_steady_tick(Duration::from_millis(120));
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
+    let job = SearchJob {
+        interp: &interp,
+        feeds: &feeds,
+        criterion: criterion.clone(),
+        low: low.clone(),
+        high,
+        accumulate: args.precision.accumulator()?,
+        amax: amax.as_ref(),
+        cache_budget: budget,
+        golden: golden_file.as_ref(),
+        options: SearchOptions {
+            mode,
+            direction,
+            objective: args.objective,
+        },
+        check,
+        replay: replay.map(|r| (r, args.save_debug_replay.clone())),
+        layer_errors: args.report.is_some(),
+        stop: &INTERRUPTED,
     };
-    let mut best: Option<usize> = None;
-    let mut on_trial = |t: &Trial| {
-        if t.passed {
-            best = Some(best.map_or(t.marked.len(), |b| b.min(t.marked.len())));
-        }
-        bar.set_message(format!(
-            "iteration {} | best so far: {}",
-            t.iteration,
-            best.map_or("none".to_string(), |b| format!("{b} layer(s)"))
-        ));
-        if say {
-            let line = trial_line(graph, t, space.total_flops(), args.verbose);
-            bar.suspend(|| out!(p, "{line}"));
-        }
-    };
-    let opts = SearchOptions {
+    let mut hooks = CliHooks {
+        p,
+        args: &args,
+        graph,
+        feeds: feeds.len(),
+        criterion: &criterion,
+        high,
         mode,
         direction,
-        objective: args.objective,
+        say,
+        bar: indicatif::ProgressBar::hidden(),
+        best: None,
     };
-    let oracle_ref: &mut dyn Oracle = match check_oracle.as_mut() {
-        Some(c) => c,
-        None => &mut oracle,
-    };
-    let mut replay_oracle: Option<ReplayOracle> = None;
-    let oracle_ref: &mut dyn Oracle = match replay {
-        Some(r) => replay_oracle.insert(ReplayOracle::new(
-            oracle_ref,
-            graph,
-            r,
-            args.save_debug_replay.clone(),
-        )?),
-        None => oracle_ref,
-    };
-    let result = search(&space, &opts, oracle_ref, &mut on_trial, &INTERRUPTED)?;
-    if let Some(r) = &replay_oracle {
-        if let Some(path) = &args.save_debug_replay {
-            // Also when nothing new was evaluated.
-            r.replay().save(path)?;
-            out!(
-                p,
-                "[I] Saved debug replay ({} evaluation(s)) to {}",
-                r.replay().evaluations.len(),
-                path.display()
-            );
-        }
-        if r.replayed > 0 {
-            out!(
-                p,
-                "[I] {} candidate(s) answered from the debug replay without evaluating them",
-                r.replayed
-            );
-        }
-    }
-    drop(replay_oracle);
-    bar.finish_and_clear();
-    // The search's own time: from the reference run on (not loading or calibrating).
-    let wall = t0.elapsed().as_secs_f64();
+    let run = run_search(job, &mut hooks)?;
+    hooks.bar.finish_and_clear();
+    let SearchRun {
+        space,
+        result,
+        stats,
+        answer,
+        layer_errors,
+    } = run;
 
-    let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
     let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
-    if let (Some(out), Outcome::Found(marked)) = (&args.output, &result.outcome) {
-        let plan = oracle.plan_for(marked);
+    if let (Some(out), Some(plan)) = (&args.output, &answer) {
         let exported = export(
             &model,
-            &plan,
+            plan,
             amax.as_ref(),
             &ExportOptions {
                 fallback: true,
@@ -588,10 +489,6 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         out!(p, "[I] Saved mixed-precision model to {}", out.display());
     }
     if let Some(path) = &args.report {
-        let rows = match &result.outcome {
-            Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(oracle.layer_errors(m)?),
-            _ => None,
-        };
         let html = html_report(
             &args.model.display().to_string(),
             graph,
@@ -601,7 +498,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             mode,
             &result,
             &stats,
-            rows.as_deref(),
+            layer_errors.as_deref(),
         );
         html.write(path)?;
         out!(p, "[I] Saved report to {}", path.display());
@@ -621,6 +518,112 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)
+}
+
+/// How `debug precision` shows a running search: the header once the search space is known,
+/// a line per evaluation (and a spinner on a terminal), events on stderr.
+struct CliHooks<'a> {
+    p: &'a Printer,
+    args: &'a SearchArgs,
+    graph: &'a Graph,
+    feeds: usize,
+    criterion: &'a Criterion,
+    high: Precision,
+    mode: Mode,
+    direction: Direction,
+    say: bool,
+    bar: indicatif::ProgressBar,
+    best: Option<usize>,
+}
+
+impl SearchHooks for CliHooks<'_> {
+    fn event(&mut self, e: Event) {
+        self.bar.suspend(|| print_event(e));
+    }
+
+    fn log(&mut self, line: String) {
+        let p = self.p;
+        self.bar.suspend(|| out!(p, "{line}"));
+    }
+
+    fn started(&mut self, space: &SearchSpace) {
+        let (p, args, criterion, high) = (self.p, self.args, self.criterion, self.high);
+        if self.say {
+            out!(p,
+                "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",
+                high.name(),
+                self.mode.name(),
+                if self.mode.is_contiguous() {
+                    format!(
+                        ", {}",
+                        match self.direction {
+                            Direction::Forward => "forward",
+                            Direction::Reverse => "reverse",
+                        }
+                    )
+                } else {
+                    String::new()
+                },
+                space.candidates.len(),
+                self.graph.nodes.len(),
+                high.name(),
+                self.feeds
+            );
+            out!(
+                p,
+                "[I] Pass criterion: {}{}",
+                if args.check.is_empty() {
+                    format!(
+                        "{} error within atol {} or rtol {}",
+                        criterion.stat.default.name(),
+                        crate::compare::fmt_g(criterion.atol.default, 5),
+                        crate::compare::fmt_g(criterion.rtol.default, 5),
+                    )
+                } else {
+                    format!("--check {}", args.check.join(" "))
+                },
+                if criterion.metrics.is_empty() || !args.check.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        " and {}",
+                        criterion
+                            .metrics
+                            .iter()
+                            .map(|m| m.kind.label())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                }
+            );
+        }
+        if self.say && std::io::stderr().is_terminal() {
+            let b = indicatif::ProgressBar::new_spinner();
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{spinner} [{elapsed}] {msg}")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            b.enable_steady_tick(Duration::from_millis(120));
+            self.bar = b;
+        }
+    }
+
+    fn trial(&mut self, space: &SearchSpace, t: &Trial) {
+        if t.passed {
+            self.best = Some(self.best.map_or(t.marked.len(), |b| b.min(t.marked.len())));
+        }
+        self.bar.set_message(format!(
+            "iteration {} | best so far: {}",
+            t.iteration,
+            self.best
+                .map_or("none".to_string(), |b| format!("{b} layer(s)"))
+        ));
+        if self.say {
+            let line = trial_line(self.graph, t, space.total_flops(), self.args.verbose);
+            let p = self.p;
+            self.bar.suspend(|| out!(p, "{line}"));
+        }
+    }
 }
 
 /// A temporary directory removed on drop (candidate models for --check).

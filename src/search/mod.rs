@@ -20,6 +20,7 @@
 
 pub mod builtin;
 pub mod check;
+pub mod driver;
 pub mod replay;
 pub mod report;
 

@@ -1,0 +1,256 @@
+//! The precision search as one library call: the emulating oracle, the FP32 reference (or a
+//! golden file), the search space, the `--check` and debug-replay oracles around it, the search
+//! itself and its statistics. `debug precision` (src/cli/debug.rs) only turns its arguments
+//! into a [`SearchJob`], prints through [`SearchHooks`] and writes the files it is asked for.
+
+use super::builtin::{BuiltinOracle, Golden};
+use super::check::CheckOracle;
+use super::replay::{DebugReplay, ReplayOracle};
+use super::report::SearchStats;
+use super::{search, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
+use crate::compare::layerwise::LayerError;
+use crate::compare::Criterion;
+use crate::error::Result;
+use crate::event::Event;
+use crate::exec::{Interpreter, ValueCache};
+use crate::golden::GoldenFile;
+use crate::numeric::Accumulator;
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::Precision;
+use crate::tensor::Feeds;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+/// Everything one search needs.
+pub struct SearchJob<'a> {
+    pub interp: &'a Interpreter<'a>,
+    pub feeds: &'a [Feeds],
+    pub criterion: Criterion,
+    /// The plan with every layer in its low precision.
+    pub low: PrecisionPlan,
+    /// The precision marked layers run in.
+    pub high: Precision,
+    pub accumulate: Accumulator,
+    pub amax: Option<&'a BTreeMap<String, f32>>,
+    /// The re-execution cache's budget in bytes.
+    pub cache_budget: usize,
+    /// Reference outputs from a file instead of the FP32 run (`--golden`).
+    pub golden: Option<&'a GoldenFile>,
+    pub options: SearchOptions,
+    /// Candidates judged by a user command (`--check`) instead of the emulation.
+    pub check: Option<CheckOracle<'a>>,
+    /// Known evaluations (`--load-debug-replay`, or a new empty replay when one is to be
+    /// saved) and where to save the replay (`--save-debug-replay`).
+    pub replay: Option<(DebugReplay, Option<PathBuf>)>,
+    /// Compute the layer-wise errors of the answer (for the HTML report).
+    pub layer_errors: bool,
+    /// Set (e.g. by Ctrl-C) to stop between evaluations and report the best plan so far.
+    pub stop: &'a AtomicBool,
+}
+
+/// How a running search reports to its caller; the library prints nothing.
+pub trait SearchHooks {
+    /// Warnings and notes (a golden file's caveats, a ranking cut short by the cache budget,
+    /// `--check`'s command output).
+    fn event(&mut self, event: Event);
+    /// The search space is known; the search starts.
+    fn started(&mut self, _space: &SearchSpace) {}
+    /// A candidate was evaluated.
+    fn trial(&mut self, _space: &SearchSpace, _trial: &Trial) {}
+    /// A line of the search's log (what was loaded or saved).
+    fn log(&mut self, line: String);
+}
+
+/// What a finished search found.
+pub struct SearchRun {
+    pub space: SearchSpace,
+    pub result: SearchResult,
+    pub stats: SearchStats,
+    /// The plan of the answer (`Outcome::Found`).
+    pub answer: Option<PrecisionPlan>,
+    /// The layer-wise errors of the answer, or of the best plan of an interrupted search,
+    /// when [`SearchJob::layer_errors`] asked for them.
+    pub layer_errors: Option<Vec<LayerError>>,
+}
+
+/// Runs the search `job` describes.
+pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<SearchRun> {
+    let graph = job.interp.graph();
+    let mut oracle = BuiltinOracle::new(
+        job.interp,
+        job.feeds,
+        job.criterion,
+        job.low,
+        job.high,
+        job.accumulate,
+        job.amax,
+        ValueCache::new(job.cache_budget),
+    )?;
+    let t0 = Instant::now();
+    let reference = oracle.reference_outputs()?;
+    let fp32_inference = t0.elapsed().as_secs_f64() / job.feeds.len() as f64;
+    let golden: Vec<Golden> = match job.golden {
+        Some(g) => g.reference_for(&reference[0], &mut |e| hooks.event(e))?,
+        None => reference,
+    };
+    oracle.set_golden(golden)?;
+    let space = oracle.search_space(job.options.mode.needs_ranking(), &mut |e| hooks.event(e))?;
+    hooks.started(&space);
+
+    let mut check = job.check;
+    let result = {
+        let inner: &mut dyn Oracle = match check.as_mut() {
+            Some(c) => c,
+            None => &mut oracle,
+        };
+        let mut on_trial = |t: &Trial| hooks.trial(&space, t);
+        match job.replay {
+            Some((replay, save_to)) => {
+                let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
+                let result = search(
+                    &space,
+                    &job.options,
+                    &mut replay_oracle,
+                    &mut on_trial,
+                    job.stop,
+                )?;
+                if let Some(path) = &save_to {
+                    // Also when nothing new was evaluated.
+                    replay_oracle.replay().save(path)?;
+                    hooks.log(format!(
+                        "[I] Saved debug replay ({} evaluation(s)) to {}",
+                        replay_oracle.replay().evaluations.len(),
+                        path.display()
+                    ));
+                }
+                if replay_oracle.replayed > 0 {
+                    hooks.log(format!(
+                        "[I] {} candidate(s) answered from the debug replay without evaluating them",
+                        replay_oracle.replayed
+                    ));
+                }
+                result
+            }
+            None => search(&space, &job.options, inner, &mut on_trial, job.stop)?,
+        }
+    };
+    drop(check);
+    // The search's own time: from the reference run on (not loading or calibrating).
+    let wall = t0.elapsed().as_secs_f64();
+    let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
+    let answer = match &result.outcome {
+        Outcome::Found(marked) => Some(oracle.plan_for(marked)),
+        _ => None,
+    };
+    let layer_errors = match &result.outcome {
+        Outcome::Found(m) | Outcome::Interrupted(Some(m)) if job.layer_errors => {
+            Some(oracle.layer_errors(m)?)
+        }
+        _ => None,
+    };
+    Ok(SearchRun {
+        space,
+        result,
+        stats,
+        answer,
+        layer_errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::testing::{graph, node, vi};
+    use crate::search::{Direction, Mode, Objective};
+    use crate::tensor::Tensor;
+
+    #[derive(Default)]
+    struct Recorder {
+        started: Vec<usize>,
+        trials: usize,
+        events: Vec<String>,
+        log: Vec<String>,
+    }
+
+    impl SearchHooks for Recorder {
+        fn event(&mut self, e: Event) {
+            self.events.push(format!("{e:?}"));
+        }
+        fn started(&mut self, space: &SearchSpace) {
+            self.started.push(space.candidates.len());
+        }
+        fn trial(&mut self, _space: &SearchSpace, _t: &Trial) {
+            self.trials += 1;
+        }
+        fn log(&mut self, line: String) {
+            self.log.push(line);
+        }
+    }
+
+    /// x → Relu → ×1000 → ×0.001 → y with x ≈ 70: the product overflows float16 (65504), so
+    /// both multiplications must stay in float32 and the Relu need not.
+    #[test]
+    fn the_driver_finds_the_layers_an_overflow_needs_and_reports_through_hooks() {
+        let g = graph(
+            vec![
+                node("relu", "Relu", &["x"], &["r"]),
+                node("mul_big", "Mul", &["r", "big"], &["m"]),
+                node("mul_small", "Mul", &["m", "small"], &["y"]),
+            ],
+            vec![vi("x", &[4])],
+            vec![vi("y", &[4])],
+            vec![
+                ("big", Tensor::from_f32(vec![1], vec![1000.0])),
+                ("small", Tensor::from_f32(vec![1], vec![0.001])),
+            ],
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![4], vec![70.0, 70.5, 71.0, 72.0]),
+        );
+        let feeds = vec![feeds];
+        let criterion = Criterion {
+            atol: crate::compare::PerOutput::new(0.1),
+            rtol: crate::compare::PerOutput::new(0.01),
+            ..Default::default()
+        };
+        let stop = AtomicBool::new(false);
+        let mut hooks = Recorder::default();
+        let job = SearchJob {
+            interp: &interp,
+            feeds: &feeds,
+            criterion,
+            low: PrecisionPlan::uniform(&g, Precision::Float16),
+            high: Precision::Float32,
+            accumulate: Accumulator::F32,
+            amax: None,
+            cache_budget: 1 << 20,
+            golden: None,
+            options: SearchOptions {
+                mode: Mode::Minimal,
+                direction: Direction::Forward,
+                objective: Objective::Layers,
+            },
+            check: None,
+            replay: None,
+            layer_errors: true,
+            stop: &stop,
+        };
+        let run = run_search(job, &mut hooks).unwrap();
+        assert_eq!(run.result.outcome, Outcome::Found(vec![1, 2]));
+        assert_eq!(hooks.started, vec![3]);
+        assert_eq!(hooks.trials, run.result.trials.len());
+        assert_eq!(run.stats.evaluations, run.result.trials.len());
+        let answer = run.answer.unwrap();
+        assert_eq!(
+            answer.layers,
+            vec![Precision::Float16, Precision::Float32, Precision::Float32]
+        );
+        assert_eq!(run.layer_errors.map(|e| e.len()), Some(3));
+        assert!(hooks.events.is_empty() && hooks.log.is_empty());
+    }
+}
