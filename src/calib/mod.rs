@@ -420,7 +420,6 @@ mod tests {
             name: format!("{op}_{}", outputs[0]),
             op_type: op.into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),

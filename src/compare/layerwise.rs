@@ -197,7 +197,6 @@ mod tests {
             name: name.into(),
             op_type: op.into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: i.iter().map(|s| s.to_string()).collect(),
             outputs: o.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),

@@ -115,7 +115,6 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: vec![],
             outputs: (0..n_out).map(|i| format!("o{i}")).collect(),
             attrs: attrs

@@ -470,7 +470,6 @@ mod tests {
             name: name.into(),
             op_type: "Relu".into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             outputs: outputs.iter().map(|s| s.to_string()).collect(),
             attrs: BTreeMap::new(),

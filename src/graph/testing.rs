@@ -10,7 +10,6 @@ pub fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
         name: name.into(),
         op_type: op.into(),
         domain: String::new(),
-        parsed: Default::default(),
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
         outputs: outputs.iter().map(|s| s.to_string()).collect(),
         attrs: BTreeMap::new(),

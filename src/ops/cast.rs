@@ -258,7 +258,6 @@ mod tests {
             name: "c".into(),
             op_type: "Cast".into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: vec!["x".into()],
             outputs: vec!["y".into()],
             attrs: [("to".to_string(), Attribute::Int(17))]

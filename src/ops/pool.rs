@@ -433,7 +433,6 @@ mod tests {
             name: "n".into(),
             op_type: op.into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: attrs

@@ -223,7 +223,6 @@ mod tests {
             name: "n".into(),
             op_type: "Q".into(),
             domain: String::new(),
-            parsed: Default::default(),
             inputs: vec![],
             outputs: vec!["y".into()],
             attrs: Default::default(),

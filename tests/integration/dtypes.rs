@@ -234,7 +234,6 @@ fn every_kernel_survives_low_bit_inputs() {
                     name: "n".into(),
                     op_type: op.into(),
                     domain: String::new(),
-                    parsed: Default::default(),
                     inputs: (0..n_inputs).map(|i| format!("x{i}")).collect(),
                     outputs: vec!["y".into()],
                     attrs: Default::default(),
