@@ -1103,6 +1103,8 @@ mod tests {
                 required_rtol: a,
                 growth: a,
                 passed,
+                cause: crate::compare::cause::Cause::Rounding,
+                facts: None,
             };
         vec![
             row(0, "MatMul", Some(Precision::Float16), 2.4e-4, true),
