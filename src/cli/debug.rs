@@ -6,7 +6,8 @@ use super::precision_args::PrecisionArgs;
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
-use crate::compare::Criterion;
+use crate::compare::layerwise::LayerError;
+use crate::compare::{fmt_g, Criterion};
 use crate::event::Event;
 use crate::exec::cache::parse_bytes;
 use crate::export::{export, write_model, ExportOptions};
@@ -469,9 +470,20 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         stats,
         answer,
         layer_errors,
+        reasons,
     } = run;
 
-    let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
+    let code = report(
+        p,
+        &args,
+        graph,
+        &space,
+        high,
+        direction,
+        &result,
+        &stats,
+        (&reasons, criterion.stat.default.name()),
+    )?;
     if let (Some(out), Some(plan)) = (&args.output, &answer) {
         let exported = export(
             &model,
@@ -499,6 +511,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             &result,
             &stats,
             layer_errors.as_deref(),
+            &reasons,
         );
         html.write(path)?;
         out!(p, "[I] Saved report to {}", path.display());
@@ -512,7 +525,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             high,
             low: &low,
         };
-        let file = ResultFile::new(&setup, graph, &space, &result, &stats);
+        let file = ResultFile::new(&setup, graph, &space, &result, &stats, &reasons);
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;
         out!(p, "[I] Saved result to {}", path.display());
@@ -677,6 +690,7 @@ fn report(
     direction: Direction,
     result: &SearchResult,
     stats: &SearchStats,
+    (reasons, stat): (&[LayerError], &str),
 ) -> Result<ExitCode> {
     let (marked, interrupted) = match &result.outcome {
         Outcome::Found(m) => (m.clone(), false),
@@ -752,6 +766,7 @@ fn report(
         ),
     }
     out!(p, "[I]     Layers: {}", names(graph, &marked));
+    print_reasons(p, reasons, stat);
     let f = space.flops_of(&marked);
     out!(
         p,
@@ -790,6 +805,30 @@ fn report(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Why each layer of the answer is needed: its error alone in low precision and the cause.
+fn print_reasons(p: &Printer, reasons: &[LayerError], stat: &str) {
+    if reasons.is_empty() {
+        return;
+    }
+    out!(
+        p,
+        "[I]     Why: each layer alone back in its low precision, the rest as answered (emulated, first input set):"
+    );
+    for r in reasons {
+        out!(
+            p,
+            "[I]       {} ({}, {}): {} | {stat} abs {}, growth {} | {}",
+            r.layer,
+            r.op,
+            r.precision.map_or("carried", |p| p.name()),
+            r.cause.name(),
+            fmt_g(r.required_atol, 5),
+            fmt_g(r.growth, 5),
+            r.reason()
+        );
+    }
 }
 
 fn print_stats(p: &Printer, s: &SearchStats) {

@@ -18,9 +18,11 @@
 //! 4. `accumulation`: a float16 layer that accumulates in float16 (`--accumulate f16`) and
 //!    whose output with f16 accumulators differs from its output with f32 accumulators, on
 //!    the same inputs, by at least half its growth.
-//! 5. `underflow`: the reference output values below the type's smallest normal carry at
-//!    least half of the layer's relative error, or at least half of the nonzero values the
-//!    layer rounds on entry flush to zero or subnormals.
+//! 5. `underflow`: at least half of the nonzero reference output values lie below the type's
+//!    smallest normal (they flush to zero or to subnormals), or those values carry at least
+//!    half of the layer's absolute error, or at least half of the nonzero values the layer
+//!    rounds on entry flush. (Not the share of relative error: near-zero values dominate any
+//!    sum of relative errors, flushed or not.)
 //! 6. `rounding`: growth without any of those: rounding, and cancellation amplifying the
 //!    rounding error of the inputs (a float32 layer's growth is always this).
 
@@ -89,7 +91,7 @@ pub struct CauseFacts {
     /// Fraction of the nonzero finite reference output values below the type's smallest
     /// normal value (flushed to zero or to a subnormal in the layer's type).
     pub underflow_output: f64,
-    /// Share of the layer's relative error (sum over elements) on those values.
+    /// Share of the layer's absolute error (sum over elements) on those values.
     pub underflow_error_share: f64,
     /// Fraction of the nonzero finite values the layer rounds on entry that become zero or
     /// subnormal in its type.
@@ -157,7 +159,7 @@ pub fn classify(
             return Cause::Accumulation;
         }
     }
-    if f.underflow_error_share >= 0.5 || f.underflow_inputs >= 0.5 {
+    if f.underflow_output >= 0.5 || f.underflow_error_share >= 0.5 || f.underflow_inputs >= 0.5 {
         return Cause::Underflow;
     }
     Cause::Rounding
@@ -208,9 +210,9 @@ pub fn describe(cause: Cause, p: Option<Precision>, f: &CauseFacts) -> String {
             super::fmt_g(d, 3)
         ));
     }
-    if f.underflow_output > 0.0 || f.underflow_inputs > 0.0 {
+    if cause == Cause::Underflow || f.underflow_output >= 0.01 || f.underflow_inputs >= 0.01 {
         parts.push(format!(
-            "{} of nonzero outputs below {ty}'s smallest normal ({} of the relative error), {} of rounded inputs flushed",
+            "{} of nonzero outputs below {ty}'s smallest normal ({} of the absolute error), {} of rounded inputs flushed",
             pct(f.underflow_output),
             pct(f.underflow_error_share),
             pct(f.underflow_inputs)
@@ -230,14 +232,14 @@ pub fn describe(cause: Cause, p: Option<Precision>, f: &CauseFacts) -> String {
 }
 
 /// Counts over the output: (elements, nonfinite, saturated, underflow fraction, its share of
-/// the relative error).
+/// the absolute error).
 fn output_facts(r: &[f64], c: &[f64], p: Precision) -> (usize, usize, usize, f64, f64) {
     let max = p.max_finite() as f64;
     let tiny = min_normal(p);
     let float = !p.is_scaled();
     let (mut nonfinite, mut saturated) = (0usize, 0usize);
     let (mut nonzero, mut flushed) = (0usize, 0usize);
-    let (mut rel_all, mut rel_flushed) = (0.0f64, 0.0f64);
+    let (mut err_all, mut err_flushed) = (0.0f64, 0.0f64);
     for (&r, &c) in r.iter().zip(c) {
         if !r.is_finite() {
             continue;
@@ -249,19 +251,19 @@ fn output_facts(r: &[f64], c: &[f64], p: Precision) -> (usize, usize, usize, f64
         if float && r.abs() > max && c.abs() == max {
             saturated += 1;
         }
-        let rel = (c - r).abs() / r.abs().max(f64::EPSILON);
-        rel_all += rel;
+        let err = (c - r).abs();
+        err_all += err;
         if r != 0.0 {
             nonzero += 1;
             if float && r.abs() < tiny {
                 flushed += 1;
-                rel_flushed += rel;
+                err_flushed += err;
             }
         }
     }
     let frac = |a: usize, b: usize| if b == 0 { 0.0 } else { a as f64 / b as f64 };
-    let share = if rel_all > 0.0 {
-        rel_flushed / rel_all
+    let share = if err_all > 0.0 {
+        err_flushed / err_all
     } else {
         0.0
     };
