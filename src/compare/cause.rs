@@ -9,7 +9,7 @@
 //! 1. `none` / `inherited`: the layer adds no error (growth ≤ 0); `inherited` when its output
 //!    still differs from the reference (the error came with its inputs).
 //! 2. `overflow`: a value left the layer's type's range here: an input (activation as read,
-//!    or weight) that rounds to ±inf in the layer's type, an output that is ±inf or NaN where
+//!    or weight) beyond the type's largest finite value (it rounds to ±inf or to that value), an output that is ±inf or NaN where
 //!    the reference is finite (unless an input already was), or an output saturated at the
 //!    type's largest value where the reference is beyond it.
 //! 3. int8/fp8 layers: `clipping` when at least half of the quantization error of the
@@ -82,8 +82,8 @@ pub struct CauseFacts {
     pub nonfinite_outputs: usize,
     /// Output elements at the type's largest finite magnitude where the reference is beyond it.
     pub saturated_outputs: usize,
-    /// Finite input values (activations as the layer read them, and weights) that round to
-    /// ±inf in the layer's type.
+    /// Finite input values (activations as the layer read them, and weights) beyond the
+    /// layer's type's largest finite value: they round to ±inf or saturate at that value.
     pub overflowing_inputs: usize,
     /// Input elements that are ±inf or NaN where the reference is finite (faults that arrived
     /// with the inputs).
@@ -172,7 +172,7 @@ pub fn describe(cause: Cause, p: Option<Precision>, f: &CauseFacts) -> String {
     let mut parts: Vec<String> = Vec::new();
     if f.overflowing_inputs > 0 {
         parts.push(format!(
-            "{} input value(s) beyond {ty}'s range (→ ±inf)",
+            "{} input value(s) beyond {ty}'s range (→ ±inf or its max)",
             f.overflowing_inputs
         ));
     }
@@ -334,8 +334,11 @@ pub fn measure(
         match layer.inputs.get(k) {
             Some(InputPrep::Round(_) | InputPrep::Converted(_)) if !p.is_scaled() => {
                 let Some(v) = floats(value) else { continue };
+                let max = p.max_finite();
                 for x in v.into_iter().filter(|x| x.is_finite()) {
-                    if round_value(p, x).is_infinite() {
+                    // Beyond the largest finite value: rounds to ±inf, or (up to half a
+                    // step beyond it) saturates at it.
+                    if x.abs() > max || round_value(p, x).is_infinite() {
                         f.overflowing_inputs += 1;
                     }
                     if x != 0.0 {

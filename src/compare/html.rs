@@ -508,7 +508,7 @@ impl HtmlReport {
     ) -> &mut Self {
         let judged = |r: &LayerError| match verdicts {
             LayerVerdicts::EveryLayer => true,
-            LayerVerdicts::OutputsOnly(outs) => outs.iter().any(|o| *o == r.output),
+            LayerVerdicts::OutputsOnly(outs) => outs.contains(&r.output),
         };
         let mut s = format!("<h2>{}</h2>\n", esc(title));
         let verdict_rows: Vec<&LayerError> = rows.iter().filter(|r| judged(r)).collect();
