@@ -6,12 +6,14 @@
 //! The facts ([`CauseFacts`]) are counts and fractions; the cause ([`Cause`]) is a decision
 //! rule on them ([`classify`]):
 //!
-//! 1. `none` / `inherited`: the layer adds no error (growth ≤ 0); `inherited` when its output
-//!    still differs from the reference (the error came with its inputs).
-//! 2. `overflow`: a value left the layer's type's range here: an input (activation as read,
+//! 1. `overflow`: a value left the layer's type's range here (whatever the growth: a layer
+//!    that scales down can overflow on entry and still need less absolute tolerance than its
+//!    input): an input (activation as read,
 //!    or weight) beyond the type's largest finite value (it rounds to ±inf or to that value), an output that is ±inf or NaN where
 //!    the reference is finite (unless an input already was), or an output saturated at the
 //!    type's largest value where the reference is beyond it.
+//! 2. `none` / `inherited`: the layer adds no error (growth ≤ 0); `inherited` when its output
+//!    still differs from the reference (the error came with its inputs).
 //! 3. int8/fp8 layers: `clipping` when at least half of the quantization error of the
 //!    activations it quantizes comes from values beyond the calibrated range, `resolution`
 //!    otherwise (the step size).
@@ -23,8 +25,8 @@
 //!    half of the layer's absolute error, or at least half of the nonzero values the layer
 //!    rounds on entry flush. (Not the share of relative error: near-zero values dominate any
 //!    sum of relative errors, flushed or not.)
-//! 6. `rounding`: growth without any of those: rounding, and cancellation amplifying the
-//!    rounding error of the inputs (a float32 layer's growth is always this).
+//! 6. `rounding`: growth without any of those: rounding, or the error already in the inputs
+//!    amplified (cancellation, scaling up; a float32 layer's growth is always this).
 
 use super::check_output;
 use super::Criterion;
@@ -49,7 +51,7 @@ pub enum Cause {
     Inherited,
     Overflow,
     Underflow,
-    /// Rounding, or cancellation amplifying rounding error.
+    /// Rounding, or the inputs' error amplified (cancellation, scaling up).
     Rounding,
     Accumulation,
     /// int8/fp8: values beyond the calibrated range.
@@ -136,16 +138,22 @@ pub fn classify(
     precision: Option<Precision>,
     f: &CauseFacts,
 ) -> Cause {
-    if growth <= 0.0 || precision.is_none() {
-        return if required_atol > 0.0 || required_atol.is_nan() {
-            Cause::Inherited
-        } else {
-            Cause::None
-        };
+    let carried = if required_atol > 0.0 || required_atol.is_nan() {
+        Cause::Inherited
+    } else {
+        Cause::None
+    };
+    if precision.is_none() {
+        return carried;
     }
+    // A range fault made here is this layer's, whatever its growth: a layer that scales its
+    // input down can overflow on entry and still need less absolute tolerance than its input.
     let new_nonfinite = f.nonfinite_outputs > 0 && f.inherited_nonfinite_inputs == 0;
     if f.overflowing_inputs > 0 || f.saturated_outputs > 0 || new_nonfinite {
         return Cause::Overflow;
+    }
+    if growth <= 0.0 {
+        return carried;
     }
     if let Some(share) = f.clipping_error_share {
         return if share >= 0.5 {
@@ -221,7 +229,7 @@ pub fn describe(cause: Cause, p: Option<Precision>, f: &CauseFacts) -> String {
     let what = match cause {
         Cause::None => "no error",
         Cause::Inherited => "adds no error (its error comes with its inputs)",
-        Cause::Rounding => "rounding or cancellation, no range fault",
+        Cause::Rounding => "rounding or amplified input error, no range fault",
         _ => "",
     };
     match (what.is_empty(), parts.is_empty()) {
@@ -279,7 +287,9 @@ fn floats(t: &Tensor) -> Option<Vec<f32>> {
 }
 
 /// Measures the facts of layer `index` (its compared output `output`) in a run under `plan`
-/// against the FP32 reference; `criterion` gives the statistic of the accumulation delta.
+/// against the FP32 reference; `criterion` gives the statistic of the accumulation delta,
+/// which is measured (two kernel calls) only with `accumulation`.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     graph: &Graph,
     index: usize,
@@ -288,6 +298,7 @@ pub fn measure(
     candidate: &HashMap<String, Tensor>,
     plan: &PreparedPlan,
     criterion: &Criterion,
+    accumulation: bool,
 ) -> CauseFacts {
     let mut f = CauseFacts::default();
     let (Some(node), Some(p), Some(layer)) = (
@@ -379,7 +390,11 @@ pub fn measure(
         let total = clip_err + res_err;
         f.clipping_error_share = Some(if total > 0.0 { clip_err / total } else { 0.0 });
     }
-    if p == Precision::Float16 && accumulates(&node.op_type) && node.subgraphs().next().is_none() {
+    if accumulation
+        && p == Precision::Float16
+        && accumulates(&node.op_type)
+        && node.subgraphs().next().is_none()
+    {
         let out = node.outputs.iter().position(|o| o == output);
         let run = |acc| rerun(graph, index, candidate, plan, acc);
         if let (Some(o), Some(a), Some(b)) = (out, run(Accumulator::F16), run(Accumulator::F32)) {
@@ -663,6 +678,11 @@ mod tests {
     fn classify_follows_the_documented_order() {
         let mut f = CauseFacts::default();
         let p = Some(Precision::Float16);
+        // Overflow on entry counts even where the layer needs less tolerance than its input.
+        f.overflowing_inputs = 2;
+        assert_eq!(classify(-3.0, 0.5, p, &f), Cause::Overflow);
+        assert_eq!(classify(-3.0, 0.5, None, &f), Cause::Inherited);
+        f.overflowing_inputs = 0;
         assert_eq!(classify(0.0, 0.0, p, &f), Cause::None);
         assert_eq!(classify(-1.0, 0.5, p, &f), Cause::Inherited);
         assert_eq!(classify(1.0, 1.0, None, &f), Cause::Inherited);

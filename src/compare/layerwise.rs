@@ -33,8 +33,8 @@ pub struct LayerError {
     pub passed: bool,
     /// Why the layer's output differs from the reference (see [`super::cause`]).
     pub cause: Cause,
-    /// What the cause was decided from; measured for layers that add error (growth > 0)
-    /// under a precision plan.
+    /// What the cause was decided from; measured, under a precision plan, for layers with a
+    /// precision whose output differs from the reference.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub facts: Option<CauseFacts>,
 }
@@ -138,8 +138,17 @@ fn finish_row(
         plan.and_then(|p| p.plan.layers.get(index).copied())
     };
     let facts = match plan {
-        Some(p) if precision.is_some() && growth > 0.0 => Some(cause::measure(
-            graph, index, &output, reference, candidate, p, criterion,
+        // Layers whose output differs: range faults are theirs whatever the growth; the
+        // accumulator re-run only where the layer adds error.
+        Some(p) if precision.is_some() && required_atol != 0.0 => Some(cause::measure(
+            graph,
+            index,
+            &output,
+            reference,
+            candidate,
+            p,
+            criterion,
+            growth > 0.0,
         )),
         _ => None,
     };
