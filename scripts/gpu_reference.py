@@ -19,14 +19,17 @@ folded to a constant after a first eager run, so torch.compile sees static shape
 Usage:
   gpu_reference.py MODEL.onnx --load-inputs inputs.json --save-outputs out.json
                    [--mode eager|compile] [--device cuda|cpu] [--runner-name NAME]
-                   [--mark-all] [--isolate LAYERS.json] [--fp16-reduced-reduction]
+                   [--mark-all] [--iterations N] [--isolate LAYERS.json [--isolate-f64]]
+                   [--no-cudnn] [--fp16-reduced-reduction]
 
   --load-inputs    Polygraphy inputs JSON: a list of feed dicts (`mixprec run --save-inputs`)
   --mark-all       save every node's outputs too (topological order), for layer-wise comparison
   --isolate FILE   per-layer isolation: each node reads its inputs from FILE (a RunResults JSON
                    holding every layer's output, e.g. `mixprec run --fp16 --mark-all
                    --save-outputs`), cast to the dtype the graph gives them, so each saved output
-                   is that single op's result on the emulation's own inputs (eager only)
+                   is that single op's result on the emulation's own inputs (eager only);
+                   with --isolate-f64 each op runs in float64 instead (the exact result)
+  --no-cudnn       convolutions through PyTorch's own CUDA kernels instead of cuDNN
 
 Exit status 0 on success; 2 with a message naming the node on an unsupported op or attribute.
 """
@@ -203,9 +206,11 @@ class Executor:
             env[name] = torch.from_numpy(np.ascontiguousarray(feeds[name])).to(self.device)
         return env
 
-    def run_nodes(self, env, record=None, skip_static=False, isolate=None):
+    def run_nodes(self, env, record=None, skip_static=False, isolate=None, upcast=False):
         """Runs every node on env (name -> tensor); returns env. record: name -> tensor of all
-        values (for mark-all); isolate: name -> tensor used instead of computed inputs."""
+        values (for mark-all); isolate: name -> tensor used instead of computed inputs; upcast
+        (with isolate): every floating input widened to float64, so each op is computed exactly
+        (to f64) on the same inputs."""
         for idx, node in enumerate(self.nodes):
             if skip_static and idx in self.static_nodes:
                 continue
@@ -225,6 +230,8 @@ class Executor:
                     ins.append(self.inits[name])
                 else:
                     raise KeyError(f"node '{node.name}': input '{name}' is not computed before it")
+                if upcast and isinstance(ins[-1], torch.Tensor) and ins[-1].is_floating_point():
+                    ins[-1] = ins[-1].to(torch.float64)
             try:
                 outs = self.methods[idx](node, ins, node.attrs)
             except Unsupported:
@@ -240,10 +247,13 @@ class Executor:
                         record.append(name)
         return env
 
-    def eager(self, feeds, mark_all=False, isolate=None):
+    def eager(self, feeds, mark_all=False, isolate=None, upcast=False):
         env = self.feeds_to_torch(feeds)
         order = [] if mark_all else None
-        env = self.run_nodes(env, record=order, isolate=isolate)
+        if upcast:
+            # Dtypes and shapes of every value first (the isolated inputs are cast to them).
+            env = self.run_nodes(env)
+        env = self.run_nodes(env, record=order, isolate=isolate, upcast=upcast)
         for k, v in env.items():
             if isinstance(v, torch.Tensor):
                 self.shapes[k] = (tuple(v.shape), v.dtype)
@@ -273,7 +283,7 @@ class Executor:
         self._const_lists = {k: v.reshape(-1).tolist() for k, v in self.static.items()
                              if isinstance(v, torch.Tensor) and v.numel() <= 64}
         for name, v in self.inits.items():
-            if v.numel() <= 64 and not v.is_floating_point():
+            if v.numel() <= 64:
                 self._const_lists[name] = v.reshape(-1).tolist()
 
     def compiled(self, mode):
@@ -391,7 +401,10 @@ class Executor:
         return torch.where(i[0], i[1], i[2])
 
     def op_Cast(self, n, i, a):
-        return i[0].to(ONNX_TO_TORCH[a["to"]])
+        to = ONNX_TO_TORCH[a["to"]]
+        if i[0].dtype == torch.float64 and to.is_floating_point:
+            return i[0]  # an upcast (isolated, exact) run keeps float64
+        return i[0].to(to)
 
     def op_Identity(self, n, i, a):
         return i[0]
@@ -738,7 +751,12 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--runner-name", default=None)
     ap.add_argument("--mark-all", action="store_true")
+    ap.add_argument("--iterations", type=int, default=None, help="use only the first N input sets")
     ap.add_argument("--isolate", default=None)
+    ap.add_argument("--isolate-f64", action="store_true",
+                    help="with --isolate: compute each op in float64 on the isolated inputs (the exact result)")
+    ap.add_argument("--no-cudnn", action="store_true",
+                    help="torch.backends.cudnn.enabled = False (convolutions through PyTorch's own kernels)")
     ap.add_argument("--fp16-reduced-reduction", action="store_true",
                     help="allow cuBLAS reduced-precision (fp16/bf16) split-K reductions (PyTorch's default); off by default")
     args = ap.parse_args(argv)
@@ -747,6 +765,8 @@ def main(argv=None):
         return 2
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     set_numerics(args.fp16_reduced_reduction)
+    if args.no_cudnn:
+        torch.backends.cudnn.enabled = False
     model = onnx.load(args.model)
     try:
         ex = Executor(model, device)
@@ -754,6 +774,8 @@ def main(argv=None):
         print(f"gpu_reference.py: {args.model}: {e}", file=sys.stderr)
         return 2
     feeds_list = load_inputs(args.load_inputs)
+    if args.iterations is not None:
+        feeds_list = feeds_list[:args.iterations]
     runner = args.runner_name or f"torch-{args.mode}-{device}"
     isolate = None
     if args.isolate:
@@ -769,11 +791,13 @@ def main(argv=None):
             iso = None
             if isolate is not None:
                 iso = {k: torch.from_numpy(np.ascontiguousarray(v)).to(device) for k, v in isolate[it].items()}
-                # First a plain run for every value's dtype and shape, then the isolated one.
-                ex.eager(feeds)
             with torch.no_grad():
+                if iso is not None:
+                    # First a plain run for every value's dtype and shape, then the isolated one.
+                    ex.eager(feeds)
                 t0 = time.perf_counter()
-                names, env = ex.eager(feeds, mark_all=args.mark_all, isolate=iso)
+                names, env = ex.eager(feeds, mark_all=args.mark_all, isolate=iso,
+                                      upcast=args.isolate_f64 and iso is not None)
                 if device == "cuda":
                     torch.cuda.synchronize()
                 runtime = time.perf_counter() - t0
