@@ -113,6 +113,11 @@ run_model() {
         # The CNN again with cuDNN off (PyTorch's own convolution kernels), for the BN/conv question.
         "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --no-cudnn \
             --save-outputs "$o/gpu_eager_nocudnn.json" 2>"$o/gpu_eager_nocudnn.log" || echo "$name eager no-cuDNN FAILED"
+        # Which kernels ran (their names tell the accumulator types), eager and compiled.
+        for mode in eager compile; do
+            "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mode $mode \
+                --list-kernels "$o/kernels_$mode.txt" --save-outputs /dev/null 2>"$o/kernels_$mode.log" || echo "$name kernels FAILED"
+        done
     esac
     if [ -f "$d/model_fp32.onnx" ]; then
         "$py" "$here/gpu_reference.py" "$d/model_fp32.onnx" --load-inputs "$d/inputs.json" \

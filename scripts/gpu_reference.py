@@ -755,6 +755,8 @@ def main(argv=None):
     ap.add_argument("--isolate", default=None)
     ap.add_argument("--isolate-f64", action="store_true",
                     help="with --isolate: compute each op in float64 on the isolated inputs (the exact result)")
+    ap.add_argument("--list-kernels", default=None, metavar="FILE",
+                    help="profile the last run and write the names of the CUDA kernels it launched, with counts, to FILE")
     ap.add_argument("--no-cudnn", action="store_true",
                     help="torch.backends.cudnn.enabled = False (convolutions through PyTorch's own kernels)")
     ap.add_argument("--fp16-reduced-reduction", action="store_true",
@@ -786,6 +788,12 @@ def main(argv=None):
         isolate = list(res.values())[0]
     results = []
     compiled = None
+    prof = None
+    if args.list_kernels:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        prof = profile(activities=acts)
+        prof.__enter__()
     for it, feeds in enumerate(feeds_list):
         try:
             iso = None
@@ -819,6 +827,18 @@ def main(argv=None):
             return 2
         outputs = [(nm, to_numpy(env[nm])) for nm in names if isinstance(env.get(nm), torch.Tensor)]
         results.append((outputs, runtime))
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        counts = {}
+        for ev in prof.events():
+            kind = getattr(ev, "device_type", None)
+            if device == "cuda" and str(kind).endswith("CUDA"):
+                counts[ev.name] = counts.get(ev.name, 0) + 1
+            elif device != "cuda" and ev.name.startswith("aten::"):
+                counts[ev.name] = counts.get(ev.name, 0) + 1
+        with open(args.list_kernels, "w") as f:
+            for name, c in sorted(counts.items(), key=lambda kv: -kv[1]):
+                f.write(f"{c}\t{name}\n")
     save_run_results(args.save_outputs, runner, results)
     return 0
 
