@@ -26,7 +26,6 @@ shift
 py=${PYTHON:-}
 [ -n "$py" ] || py=$(bash scripts/setup-python.sh)
 
-ITERATIONS=4
 
 prepare() {
     local dir=${1:-target/fidelity}
@@ -44,20 +43,22 @@ prepare() {
         mv "$dir/models/small/$m.onnx" "$dir/models/$m.onnx"
     done
     cp examples/needs_constraints.onnx "$dir/models/"
-    # name | kind (elementwise: only pointwise ops; other) | planted (yes/no) | value range | input shapes
+    # name | kind (elementwise: only pointwise ops; other) | planted (yes/no) | value range |
+    # input shapes | input sets (enough that a small output gives a stable median: the CNNs'
+    # 10 logits are too few for one; see docs/fidelity.md)
     {
-        echo "cnn other no [-1,1] -"
-        echo "cnn_small other no [-1,1] -"
-        echo "transformer other no [-1,1] -"
-        echo "needs_constraints other yes [1,2] -"
-        echo "planted_addsub elementwise yes [1,2] -"
-        echo "planted_square other yes [-1,1] -"
-        echo "decomposed_ln other yes [-1,1] -"
-        echo "planted_cnn other yes [-1,1] -"
-        echo "planted_transformer other yes [-1,1] -"
+        echo "cnn other no [-1,1] - 16"
+        echo "cnn_small other no [-1,1] - 64"
+        echo "transformer other no [-1,1] - 4"
+        echo "needs_constraints other yes [1,2] - 4"
+        echo "planted_addsub elementwise yes [1,2] - 4"
+        echo "planted_square other yes [-1,1] - 16"
+        echo "decomposed_ln other yes [-1,1] - 4"
+        echo "planted_cnn other yes [-1,1] - 16"
+        echo "planted_transformer other yes [-1,1] - 4"
         if [ -n "${NUDENET_ONNX:-}" ]; then
             cp "$NUDENET_ONNX" "$dir/models/nudenet_320n.onnx"
-            echo "nudenet_320n other no [0,1] images:[1,3,320,320]"
+            echo "nudenet_320n other no [0,1] images:[1,3,320,320] 4"
         fi
     } >"$dir/models.txt"
     local fusion=no
@@ -65,12 +66,12 @@ prepare() {
     echo "fusion=$fusion" >"$dir/local/config"
     cp scripts/gpu_reference.py "$dir/device/"
     cp "$dir/models.txt" "$dir/device/models.txt"
-    while read -r name kind planted range shapes; do
+    while read -r name kind planted range shapes iterations; do
         local src=$dir/models/$name.onnx dev=$dir/device/$name loc=$dir/local/$name
         mkdir -p "$dev" "$loc"
         local shape_args=()
         [ "$shapes" = "-" ] || shape_args=(--input-shapes "$shapes")
-        "$mix" run "$src" "${shape_args[@]}" --val-range "$range" --seed 1 --iterations $ITERATIONS \
+        "$mix" run "$src" "${shape_args[@]}" --val-range "$range" --seed 1 --iterations "$iterations" \
             --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
         "$mix" run "$src" --fp16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_none.json" -q >/dev/null
         if [ $fusion = yes ]; then
@@ -82,10 +83,13 @@ prepare() {
         if [ "$(stat -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
         echo "prepared $name"
     done <"$dir/models.txt"
-    # Layer-wise investigation of the ResNet-like CNN: every layer of the emulation and of FP32.
-    "$mix" run "$dir/models/cnn_small.onnx" --fp16 --trt-outputs mark all --load-inputs "$dir/device/cnn_small/inputs.json" \
+    # Layer-wise investigation of the ResNet-like CNN: every layer of the emulation and of FP32,
+    # on the first input set.
+    "$py" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))[:1], open(sys.argv[2], "w"))' \
+        "$dir/device/cnn_small/inputs.json" "$dir/local/cnn_small/inputs_first.json"
+    "$mix" run "$dir/models/cnn_small.onnx" --fp16 --trt-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
         --save-outputs "$dir/device/cnn_small/emu_layers.json" -q >/dev/null
-    "$mix" run "$dir/models/cnn_small.onnx" --onnx-outputs mark all --load-inputs "$dir/device/cnn_small/inputs.json" \
+    "$mix" run "$dir/models/cnn_small.onnx" --onnx-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
         --save-outputs "$dir/local/cnn_small/fp32_layers.json" -q >/dev/null
     cat >"$dir/device/run_gpu.sh" <<'EOF'
 #!/usr/bin/env bash
@@ -118,6 +122,11 @@ run_model() {
             "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mode $mode \
                 --list-kernels "$o/kernels_$mode.txt" --save-outputs /dev/null 2>"$o/kernels_$mode.log" || echo "$name kernels FAILED"
         done
+    esac
+    case $name in transformer)
+        # cuBLAS allowed its reduced-precision (fp16) split-K reductions, PyTorch's default.
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --fp16-reduced-reduction \
+            --save-outputs "$o/gpu_eager_rr.json" 2>"$o/gpu_eager_rr.log" || echo "$name eager reduced-reduction FAILED"
     esac
     if [ -f "$d/model_fp32.onnx" ]; then
         "$py" "$here/gpu_reference.py" "$d/model_fp32.onnx" --load-inputs "$d/inputs.json" \

@@ -73,6 +73,19 @@ def identical(a_iters, b_iters, names):
     return float(same.mean())
 
 
+def per_set_ratios(emu, gpu, ref):
+    """The ratio on each input set alone, as 'min–max' (how noisy the median of a small output is)."""
+    rs = []
+    for e, g, r in zip(emu, gpu, ref):
+        ee, en = median_err([e], [r])
+        ge, gn = median_err([g], [r])
+        if en == gn and not (np.isnan(ee) or np.isnan(ge)):
+            rs.append(ratio(ee, ge))
+    if len(rs) < 2:
+        return "–"
+    return f"{fmt(min(rs))}–{fmt(max(rs))}"
+
+
 def fmt(x):
     if x is None:
         return "–"
@@ -109,17 +122,18 @@ def main():
     if os.path.exists(env):
         print("GPU run: " + " | ".join(line.strip() for line in open(env) if line.strip()))
         print()
-    print("| model | mode | bit-identical | median err mixprec | median err GPU | ratio mixprec/GPU "
-          "| verdict mixprec | verdict GPU | target |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | mode | input sets | bit-identical | median err mixprec | median err GPU | ratio mixprec/GPU "
+          "| ratio per input set | verdict mixprec | verdict GPU | target |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     misses = []
     for name, kind, planted, *_ in models:
         loc, gpu = os.path.join(d, "local", name), os.path.join(res, name)
         fp32 = first_runner(os.path.join(loc, "fp32.json"))
         names = list(fp32[0])
         rows = [("unfused vs eager", "emu_none.json", "gpu_eager.json")]
-        if os.path.exists(os.path.join(gpu, "gpu_eager_nocudnn.json")):
-            rows.append(("unfused vs eager, cuDNN off", "emu_none.json", "gpu_eager_nocudnn.json"))
+        for f, what in (("gpu_eager_nocudnn.json", "cuDNN off"), ("gpu_eager_rr.json", "cuBLAS fp16 reductions on")):
+            if os.path.exists(os.path.join(gpu, f)):
+                rows.append((f"unfused vs eager, {what}", "emu_none.json", f))
         rows.append(("fusion vs compile", "emu_tensorrt.json" if fusion else None, "gpu_compile.json"))
         for mode, emu_file, gpu_file in rows:
             emu = first_runner(os.path.join(loc, emu_file)) if emu_file else None
@@ -127,15 +141,15 @@ def main():
             if g is None:
                 log = os.path.join(gpu, gpu_file.replace(".json", ".log"))
                 why = open(log).read().strip().splitlines()[-1][:120] if os.path.exists(log) else "no result"
-                print(f"| {name} | {mode} | – | – | – | – | – | – | GPU run failed: {why} |")
+                print(f"| {name} | {mode} | {len(fp32)} | – | – | – | – | – | – | – | GPU run failed: {why} |")
                 misses.append(f"{name} {mode}: GPU run failed")
                 continue
             ge, gnan = median_err(g, fp32)
             gv = passes(g, fp32)
             if emu is None:
                 target = "n/a (this mixprec has no --fusion)" if not fusion else "n/a"
-                print(f"| {name} | {mode} | – | – | {fmt(ge)}{f' ({gnan} non-finite)' if gnan else ''} | – | – "
-                      f"| {verdict(gv)} | {target} |")
+                print(f"| {name} | {mode} | {len(fp32)} | – | – | {fmt(ge)}{f' ({gnan} non-finite)' if gnan else ''} "
+                      f"| – | – | – | {verdict(gv)} | {target} |")
                 continue
             ee, enan = median_err(emu, fp32)
             ev = passes(emu, fp32)
@@ -160,9 +174,10 @@ def main():
                     misses.append(f"{name} {mode}: " + ", ".join(bad))
             else:
                 target = "–"
-            print(f"| {name} | {mode} | {ident:.1%} | {fmt(ee)}{f' ({enan} non-finite)' if enan else ''} "
-                  f"| {fmt(ge)}{f' ({gnan} non-finite)' if gnan else ''} | {fmt(r)} | {verdict(ev)} | {verdict(gv)} "
-                  f"| {target} |")
+            spread = per_set_ratios(emu, g, fp32)
+            print(f"| {name} | {mode} | {len(fp32)} | {ident:.1%} | {fmt(ee)}{f' ({enan} non-finite)' if enan else ''} "
+                  f"| {fmt(ge)}{f' ({gnan} non-finite)' if gnan else ''} | {fmt(r)} | {spread} | {verdict(ev)} "
+                  f"| {verdict(gv)} | {target} |")
     print()
     print("Targets missed: " + ("none" if not misses else "; ".join(misses)))
 
