@@ -192,9 +192,36 @@ class Executor:
         self.nodes = [Node(n) for n in self.graph.node]
         self.methods = [getattr(self, "op_" + n.op_type) for n in self.nodes]
         self.fold = fold
+        self.expected_dtypes = self._inferred_dtypes()
         self.static = None  # name -> value, once fold() has run
         self.static_nodes = set()
         self.shapes = {}
+
+    def _inferred_dtypes(self):
+        """Every value's element type as ONNX shape inference gives it (the graph's own word on
+        each op's precision); values it cannot type are left out."""
+        try:
+            inferred = onnx.shape_inference.infer_shapes(self.model)
+        except Exception:
+            inferred = self.model
+        g = inferred.graph
+        out = {}
+        for vi in list(g.value_info) + list(g.output) + list(g.input):
+            t = vi.type.tensor_type.elem_type
+            if t in ONNX_TO_TORCH:
+                out[vi.name] = ONNX_TO_TORCH[t]
+        return out
+
+    def check_dtypes(self, env):
+        """Every computed value must have the dtype the ONNX graph gives it (no silent promotion
+        or autocast): raises naming the first value that does not."""
+        for node in self.nodes:
+            for name in node.output:
+                want = self.expected_dtypes.get(name)
+                got = env.get(name)
+                if want is not None and isinstance(got, torch.Tensor) and got.dtype != want:
+                    raise RuntimeError(f"node '{node.name}' ({node.op_type}): output '{name}' is {got.dtype}, "
+                                       f"the ONNX graph says {want}")
 
     # -- running -------------------------------------------------------------------------------
 
@@ -254,6 +281,8 @@ class Executor:
             # Dtypes and shapes of every value first (the isolated inputs are cast to them).
             env = self.run_nodes(env)
         env = self.run_nodes(env, record=order, isolate=isolate, upcast=upcast)
+        if not upcast:
+            self.check_dtypes(env)
         for k, v in env.items():
             if isinstance(v, torch.Tensor):
                 self.shapes[k] = (tuple(v.shape), v.dtype)
@@ -821,6 +850,7 @@ def main(argv=None):
                     runtime = time.perf_counter() - t0
                     env = dict(env)
                     env.update(zip(ex.output_names, outs))
+                    ex.check_dtypes({k: env[k] for k in ex.output_names})
                     names = list(ex.output_names)
         except Unsupported as e:
             print(f"gpu_reference.py: {args.model}: {e}", file=sys.stderr)

@@ -106,6 +106,19 @@ class ExecutorVsOnnxRuntime(unittest.TestCase):
         # Each op rounds to float16: 65504 + x is 65504 for small x (so the Sub gives 0) and 65504 - 40 rounds to 65472.
         np.testing.assert_array_equal(gr.to_numpy(env["y"]), np.array([0.0, 0.0, 0.0, -32.0], np.float32))
 
+    def test_dtype_check_catches_a_promotion(self):
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4])
+        m = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+        ex = gr.Executor(m, "cpu")
+        feeds = {"x": np.array([1, -1, 2, 3], np.float16)}
+        ex.eager(feeds)  # the honest op keeps float16
+        ex.methods[0] = lambda n, i, a: gr.torch.relu(i[0]).float()
+        with self.assertRaisesRegex(RuntimeError, "'r'.*float32.*float16"):
+            ex.eager(feeds)
+
     def test_unsupported_op_names_the_node(self):
         from onnx import TensorProto, helper
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
