@@ -8,7 +8,7 @@
 #
 # prepare writes, for each model, the inputs (4 input sets), mixprec's FP32 reference outputs,
 # its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this mixprec has
-# the flag) and the FP16 export (`convert --fp16`), and splits them into DIR/device (what the GPU
+# the flag) and the FP16 export (`convert --fp16`) (and BF16 ones, unfused, for the small models), and splits them into DIR/device (what the GPU
 # needs: the exports, the inputs, scripts/gpu_reference.py, run_gpu.sh) and DIR/local (the
 # references). compare prints per model and mode the bit-identical fraction (emulation vs GPU,
 # on the outputs), the median |out - FP32| of each, their ratio, and each one's verdict against
@@ -79,6 +79,12 @@ prepare() {
                 --save-outputs "$loc/emu_tensorrt.json" -q >/dev/null
         fi
         "$mix" convert "$src" --fp16 -o "$dev/model_fp16.onnx" >/dev/null
+        # bfloat16 too, for the models small enough to carry twice and whose opset has bfloat16
+        # kernels for all their ops (opset 17 has no bfloat16 Conv: convert refuses, we skip).
+        if [ "$(stat -c %s "$src")" -lt 4000000 ] &&
+            "$mix" convert "$src" --bf16 -o "$dev/model_bf16.onnx" >/dev/null 2>"$loc/bf16.log"; then
+            "$mix" run "$src" --bf16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_bf16.json" -q >/dev/null
+        fi
         # The FP32 model too (the GPU's FP32 run checks the executor), where it is small.
         if [ "$(stat -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
         echo "prepared $name"
@@ -113,6 +119,10 @@ run_model() {
             --save-outputs "$o/gpu_$mode.json" 2>"$o/gpu_$mode.log"; then s=ok; else s=FAILED; fi
         echo "$name $mode $s $(($(date +%s) - t0))s"
     done
+    if [ -f "$d/model_bf16.onnx" ]; then
+        "$py" "$here/gpu_reference.py" "$d/model_bf16.onnx" --load-inputs "$d/inputs.json" \
+            --save-outputs "$o/gpu_eager_bf16.json" 2>"$o/gpu_eager_bf16.log" || echo "$name bf16 eager FAILED"
+    fi
     case $name in cnn*)
         # The CNN again with cuDNN off (PyTorch's own convolution kernels), for the BN/conv question.
         "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --no-cudnn \

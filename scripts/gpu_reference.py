@@ -130,12 +130,24 @@ if torch is not None:
     }
 
 
+def tensor_to_torch(t):
+    """An ONNX TensorProto as a CPU torch tensor, bfloat16 included (numpy has no bfloat16: its
+    bits are read as uint16 and reinterpreted)."""
+    if t.data_type == onnx.TensorProto.BFLOAT16:
+        if t.HasField("raw_data"):
+            bits = np.frombuffer(t.raw_data, dtype="<u2").copy()
+        else:
+            bits = np.array(t.int32_data, dtype=np.uint32).astype(np.uint16)
+        return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).reshape(tuple(t.dims))
+    return torch.from_numpy(np.array(numpy_helper.to_array(t)))
+
+
 def _attrs(node):
     out = {}
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
         if isinstance(v, onnx.TensorProto):
-            v = np.array(numpy_helper.to_array(v))
+            v = tensor_to_torch(v)
         elif isinstance(v, bytes):
             v = v.decode()
         elif isinstance(v, list):
@@ -181,7 +193,7 @@ class Executor:
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
         self.inits = {}
         for t in self.graph.initializer:
-            self.inits[t.name] = torch.from_numpy(np.array(numpy_helper.to_array(t))).to(self.device)
+            self.inits[t.name] = tensor_to_torch(t).to(self.device)
         self.input_names = [i.name for i in self.graph.input if i.name not in self.inits]
         self.output_names = [o.name for o in self.graph.output]
         for n in self.graph.node:
@@ -440,7 +452,7 @@ class Executor:
 
     def op_Constant(self, n, i, a):
         if "value" in a:
-            return torch.from_numpy(a["value"]).to(self.device)
+            return a["value"].to(self.device)
         for k, dt in (("value_float", torch.float32), ("value_int", torch.int64),
                       ("value_floats", torch.float32), ("value_ints", torch.int64)):
             if k in a:
@@ -717,7 +729,7 @@ class Executor:
         shape = self.ints(self.static_ints(n.input[0], i[0]))
         if "value" in a:
             v = a["value"].reshape(-1)
-            return torch.full(shape, v[0].item(), dtype=torch.from_numpy(v).dtype, device=self.device)
+            return torch.full(shape, v[0].item(), dtype=v.dtype, device=self.device)
         return torch.zeros(shape, dtype=torch.float32, device=self.device)
 
     def op_Range(self, n, i, a):

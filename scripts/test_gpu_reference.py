@@ -106,6 +106,25 @@ class ExecutorVsOnnxRuntime(unittest.TestCase):
         # Each op rounds to float16: 65504 + x is 65504 for small x (so the Sub gives 0) and 65504 - 40 rounds to 65472.
         np.testing.assert_array_equal(gr.to_numpy(env["y"]), np.array([0.0, 0.0, 0.0, -32.0], np.float32))
 
+    def test_bfloat16_initializers_and_casts(self):
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])
+        # bfloat16 bits of 1.0, 0.5 and 3.0 (raw, little-endian), and 1 + 2^-8 (rounds to 1 in bf16).
+        w = helper.make_tensor("w", TensorProto.BFLOAT16, [3], np.array([0x3F80, 0x3F00, 0x4040], "<u2").tobytes(),
+                               raw=True)
+        nodes = [
+            helper.make_node("Cast", ["x"], ["xb"], to=TensorProto.BFLOAT16),
+            helper.make_node("Mul", ["xb", "w"], ["m"]),
+            helper.make_node("Cast", ["m"], ["y"], to=TensorProto.FLOAT),
+        ]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+        ex = gr.Executor(m, "cpu")
+        _, env = ex.eager({"x": np.array([1 + 2**-8, 2.0, 1.0], np.float32)})
+        self.assertEqual(env["m"].dtype, gr.torch.bfloat16)
+        np.testing.assert_array_equal(gr.to_numpy(env["y"]), np.array([1.0, 1.0, 3.0], np.float32))
+
     def test_dtype_check_catches_a_promotion(self):
         from onnx import TensorProto, helper
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4])
