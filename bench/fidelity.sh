@@ -6,13 +6,14 @@
 #   bash DIR/device/run_gpu.sh OUT           on the GPU machine (needs python3 with torch, onnx)
 #   bench/fidelity.sh compare [DIR] RESULTS  here: RESULTS is OUT (a folder) or OUT's results.tar.gz
 #
-# prepare writes, for each model, the inputs (4 input sets), mixprec's FP32 reference outputs,
-# its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this mixprec has
-# the flag) and the FP16 export (`convert --fp16`) (and BF16 ones, unfused, for the small models), and splits them into DIR/device (what the GPU
-# needs: the exports, the inputs, scripts/gpu_reference.py, run_gpu.sh) and DIR/local (the
-# references). compare prints per model and mode the bit-identical fraction (emulation vs GPU,
-# on the outputs), the median |out - FP32| of each, their ratio, and each one's verdict against
-# the planted models' criterion (median error, atol = rtol = 1e-2; tests/integration/search.rs).
+# prepare writes, for each model, the inputs (4 to 64 input sets), mixprec's FP32 reference
+# outputs, its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this
+# mixprec has the flag) and the FP16 export (`convert --fp16`) — and BF16 ones, unfused, for the
+# small models — and splits them into DIR/device (what the GPU needs: the exports, the inputs,
+# scripts/gpu_reference.py, run_gpu.sh) and DIR/local (the references). compare prints per
+# model and mode the bit-identical fraction (emulation vs GPU, on the outputs), the median
+# |out - FP32| of each, their ratio, and each one's verdict against the planted models'
+# criterion (median error, atol = rtol = 1e-2; tests/integration/search.rs).
 #
 # MIXPREC=path uses that binary instead of building target/release/mixprec; PYTHON=path the
 # Python with onnx and numpy (default: scripts/setup-python.sh's venv). NUDENET_ONNX=path adds the
@@ -21,18 +22,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 step=${1:-}
-[ -n "$step" ] || { sed -n '2,20p' "$0"; exit 2; }
+[ -n "$step" ] || { sed -n "2,20p" "$0"; exit 2; }
 shift
 py=${PYTHON:-}
 [ -n "$py" ] || py=$(bash scripts/setup-python.sh)
-
 
 prepare() {
     local dir=${1:-target/fidelity}
     local mix=${MIXPREC:-}
     if [ -z "$mix" ]; then
         cargo build --release --quiet
-        mix=$root/target/release/mixprec
+        mix=${CARGO_TARGET_DIR:-$root/target}/release/mixprec
     fi
     rm -rf "$dir"
     mkdir -p "$dir/device" "$dir/local" "$dir/models"
