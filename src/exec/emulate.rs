@@ -1354,6 +1354,24 @@ mod fusion_tests {
         assert!(f32s(&run_all(&g, &p), "y")[0].is_infinite());
     }
 
+    #[test]
+    fn explicit_regions_keep_working_beside_the_fusion_model() {
+        let g = add_sub(true);
+        let mut p = plan(&g, vec![Precision::Float16; 3], &[]);
+        p.fusion = FusionModel::TensorRt;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert_eq!(prepared.derived_regions().len(), 1);
+        assert_eq!(prepared.derived_regions()[0].nodes, vec![0, 1, 2]);
+        // The plan's own region {Add, Sub}: the rules leave its nodes alone (Relu alone is no
+        // region).
+        let mut p = plan(&g, vec![Precision::Float16; 3], &[&["Add", "Sub"]]);
+        p.fusion = FusionModel::TensorRt;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert_eq!(prepared.regions().len(), 1);
+        assert_eq!(prepared.regions()[0].name, "r0");
+        assert!(prepared.derived_regions().is_empty());
+    }
+
     /// Composed plans under the TensorRT model get their own regions, and cached runs equal
     /// uncached ones bit for bit.
     #[test]

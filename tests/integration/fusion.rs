@@ -7,7 +7,7 @@ use crate::models::models_dir;
 use half::f16;
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::precision::fusion::FusionModel;
-use mixprec::precision::plan::PrecisionPlan;
+use mixprec::precision::plan::{FusionRegion, PrecisionPlan};
 use mixprec::precision::Precision;
 use mixprec::{load_model, Graph, Interpreter};
 use std::collections::HashSet;
@@ -77,6 +77,24 @@ fn check_region_semantics(graph: &Graph, feeds: &mixprec::exec::Feeds) -> Vec<Ve
     let prepared = PreparedPlan::new(graph, &plan, &PlanOptions::default()).unwrap();
     let regions = prepared.derived_regions().to_vec();
     assert!(!regions.is_empty());
+    // The derived regions pass the checks a plan file's regions get (one precision, convex,
+    // no node twice).
+    let mut explicit = PrecisionPlan::uniform(graph, Precision::Float16);
+    explicit.regions = regions
+        .iter()
+        .map(|r| FusionRegion {
+            name: r.name.clone(),
+            nodes: r
+                .nodes
+                .iter()
+                .map(|&i| graph.nodes[i].name.clone())
+                .collect(),
+        })
+        .collect();
+    assert_eq!(
+        explicit.resolve_regions(graph).unwrap().len(),
+        regions.len()
+    );
     let r = Interpreter::new(graph)
         .unwrap()
         .run_plan(
@@ -153,6 +171,43 @@ fn feeds_of(graph: &Graph) -> mixprec::exec::Feeds {
         feeds.insert(vi.name.clone(), mixprec::Tensor::from_f32(shape, v));
     }
     feeds
+}
+
+#[test]
+fn convert_records_the_assumed_regions_and_exports_the_same_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = example("needs_constraints.onnx");
+    let plain = dir.path().join("plain.onnx");
+    let fused = dir.path().join("fused.onnx");
+    let o = mixprec(&["convert", &m, "--fp16", "-o", plain.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("Fusion"), "{}", text(&o));
+    let o = mixprec(&[
+        "convert",
+        &m,
+        "--fp16",
+        "--fusion",
+        "tensorrt",
+        "-v",
+        "-o",
+        fused.to_str().unwrap(),
+    ]);
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    assert!(
+        log.contains("Fusion (tensorrt): 1 region(s) of 3 layer(s)"),
+        "{log}"
+    );
+    assert!(log.contains("cannot state fusion"), "{log}");
+    assert!(
+        log.contains("region MatMul..Sub (float16): MatMul, Add, Sub"),
+        "{log}"
+    );
+    // An ONNX file cannot state fusion: the export is the same.
+    assert_eq!(
+        std::fs::read(&plain).unwrap(),
+        std::fs::read(&fused).unwrap()
+    );
 }
 
 #[test]
