@@ -204,6 +204,31 @@ def needs_constraints(size):
     return m
 
 
+def decomposed_layernorm(size):
+    """A LayerNorm written out as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add (what
+    exporters emit before opset 17), between two MatMuls: under --fusion tensorrt the nine
+    nodes are one region whose statistics stay in f32."""
+    seq, d = (128, 256) if size == "bench" else (16, 64)
+    b = Builder(4)
+    x = b.op("MatMul", ["x", b.const(b.weight(d, d, fan_in=d), "w_in")], node_name="proj_in")
+    mean = b.op("ReduceMean", [x], node_name="ln_mean", axes=[-1])
+    dev = b.op("Sub", [x, mean], node_name="ln_sub")
+    sq = b.op("Pow", [dev, b.const(np.array(2.0, np.float32), "two")], node_name="ln_pow")
+    var = b.op("ReduceMean", [sq], node_name="ln_var", axes=[-1])
+    var = b.op("Add", [var, b.const(np.array(1e-5, np.float32), "eps")], node_name="ln_eps")
+    std = b.op("Sqrt", [var], node_name="ln_sqrt")
+    y = b.op("Div", [dev, std], node_name="ln_div")
+    y = b.op("Mul", [y, b.const((1.0 + 0.1 * b.rng.randn(d)).astype(np.float32), "ln_g")], node_name="ln_gamma")
+    y = b.op("Add", [y, b.const((0.1 * b.rng.randn(d)).astype(np.float32), "ln_b")], node_name="ln_beta")
+    b.op("MatMul", [y, b.const(b.weight(d, d, fan_in=d), "w_out")], node_name="proj_out")
+    b.nodes[-1].output[0] = "y"
+    return b.model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])],
+        opset=17,
+    )
+
+
 def control_flow(size):
     """Subgraphs reading outer-scope values, as exported voice-activity and decoder models do."""
     rng = np.random.RandomState(7)
@@ -377,6 +402,7 @@ MODELS = {
     "planted_square": planted_square,
     "planted_addsub": planted_addsub,
     "decomposed_ln": decomposed_ln,
+    "decomposed_layernorm": decomposed_layernorm,
 }
 INPUT_RANGES = {
     "cnn": (-1.0, 1.0),
@@ -389,6 +415,7 @@ INPUT_RANGES = {
     "planted_square": (-1.0, 1.0),
     "planted_addsub": (1.0, 2.0),
     "decomposed_ln": (-1.0, 1.0),
+    "decomposed_layernorm": (-1.0, 1.0),
 }
 
 

@@ -3,15 +3,19 @@
 
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
+use super::precision_args::{fusion_line, fusion_table};
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
 use crate::compare::Criterion;
 use crate::event::Event;
 use crate::exec::cache::parse_bytes;
+use crate::exec::emulate::plan_regions;
 use crate::export::{export, write_model, ExportOptions};
 use crate::golden::GoldenFile;
 use crate::inspect::si;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
@@ -273,6 +277,10 @@ fn replay_settings(args: &SearchArgs) -> BTreeMap<String, String> {
     put("precision", flags.join(" "));
     put("layer-precisions", pr.layer_precisions.join(" "));
     put("precision-constraints", pr.precision_constraints.clone());
+    if pr.fusion != "none" {
+        // Only then: replays saved before --fusion existed keep matching.
+        put("fusion", pr.fusion.clone());
+    }
     put("accumulate", pr.accumulate.clone());
     put(
         "calibration-cache",
@@ -393,6 +401,12 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let feeds = args.data.feeds(graph)?;
     let interp = Interpreter::new(graph)?;
     let low = args.precision.plan(graph)?;
+    if !args.check.is_empty() && !low.fusion.is_none() {
+        bail!(
+            "--fusion {} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)",
+            low.fusion
+        );
+    }
     let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
     let say = !args.quiet;
 
@@ -428,50 +442,104 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     };
 
     install_interrupt_handler();
-    let job = SearchJob {
-        interp: &interp,
-        feeds: &feeds,
-        criterion: criterion.clone(),
-        low: low.clone(),
-        high,
-        accumulate: args.precision.accumulator()?,
-        amax: amax.as_ref(),
-        cache_budget: budget,
-        golden: golden_file.as_ref(),
-        options: SearchOptions {
+    // With a fusion model, two searches: the answer without fusion (safe on any engine) and
+    // the answer under the model; files (--output, --report, --save-debug-replay) follow the
+    // second, --save-result holds both.
+    let models: Vec<FusionModel> = if low.fusion.is_none() {
+        vec![FusionModel::None]
+    } else {
+        vec![FusionModel::None, low.fusion]
+    };
+    let mut check = check;
+    let mut replay = replay;
+    let mut answers: Vec<(SearchRun, PrecisionPlan)> = Vec::new();
+    let mut code = ExitCode::SUCCESS;
+    for (k, &model_k) in models.iter().enumerate() {
+        let last = k + 1 == models.len();
+        let mut low_k = low.clone();
+        low_k.fusion = model_k;
+        if models.len() > 1 {
+            out!(p, "[I] ==== {} ====", answer_label(model_k));
+            let (regions, events) = plan_regions(graph, &low_k)?;
+            if let Some(line) = fusion_line(graph, model_k, &regions) {
+                out!(p, "[I] {line}, in the plan with no layer marked");
+            }
+            if args.verbose {
+                print!("{}", fusion_table(graph, &regions));
+                for e in events {
+                    print_event(e);
+                }
+            }
+        }
+        let job = SearchJob {
+            interp: &interp,
+            feeds: &feeds,
+            criterion: criterion.clone(),
+            low: low_k.clone(),
+            high,
+            accumulate: args.precision.accumulator()?,
+            amax: amax.as_ref(),
+            cache_budget: budget,
+            golden: golden_file.as_ref(),
+            options: SearchOptions {
+                mode,
+                direction,
+                objective: args.objective,
+            },
+            check: if last { check.take() } else { None },
+            replay: if last {
+                replay.take().map(|r| (r, args.save_debug_replay.clone()))
+            } else {
+                None
+            },
+            layer_errors: args.report.is_some() && last,
+            stop: &INTERRUPTED,
+        };
+        let mut hooks = CliHooks {
+            p,
+            args: &args,
+            graph,
+            feeds: feeds.len(),
+            criterion: &criterion,
+            high,
             mode,
             direction,
-            objective: args.objective,
-        },
-        check,
-        replay: replay.map(|r| (r, args.save_debug_replay.clone())),
-        layer_errors: args.report.is_some(),
-        stop: &INTERRUPTED,
-    };
-    let mut hooks = CliHooks {
-        p,
-        args: &args,
-        graph,
-        feeds: feeds.len(),
-        criterion: &criterion,
-        high,
-        mode,
-        direction,
-        say,
-        bar: indicatif::ProgressBar::hidden(),
-        best: None,
-    };
-    let run = run_search(job, &mut hooks)?;
-    hooks.bar.finish_and_clear();
+            say,
+            bar: indicatif::ProgressBar::hidden(),
+            best: None,
+        };
+        let run = run_search(job, &mut hooks)?;
+        hooks.bar.finish_and_clear();
+        code = report(
+            p,
+            &args,
+            graph,
+            &run.space,
+            high,
+            direction,
+            &run.result,
+            &run.stats,
+            (models.len() > 1).then_some(model_k),
+        )?;
+        answers.push((run, low_k));
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    let (last_run, last_low) = answers.last().expect("at least one search ran");
     let SearchRun {
         space,
         result,
         stats,
         answer,
         layer_errors,
-    } = run;
+    } = last_run;
+    let fused_note = if last_low.fusion.is_none() {
+        String::new()
+    } else {
+        format!(" ({})", answer_label(last_low.fusion))
+    };
 
-    let code = report(p, &args, graph, &space, high, direction, &result, &stats)?;
     if let (Some(out), Some(plan)) = (&args.output, &answer) {
         let exported = export(
             &model,
@@ -486,38 +554,61 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             eprintln!("note: {n}");
         }
         write_model(out, &exported.model)?;
-        out!(p, "[I] Saved mixed-precision model to {}", out.display());
+        out!(
+            p,
+            "[I] Saved mixed-precision model{fused_note} to {}",
+            out.display()
+        );
     }
     if let Some(path) = &args.report {
         let html = html_report(
             &args.model.display().to_string(),
             graph,
-            &space,
+            space,
             &criterion,
             high,
             mode,
-            &result,
-            &stats,
+            result,
+            stats,
             layer_errors.as_deref(),
         );
         html.write(path)?;
-        out!(p, "[I] Saved report to {}", path.display());
+        out!(p, "[I] Saved report{fused_note} to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let setup = SearchSetup {
-            model: &args.model.display().to_string(),
-            mode,
-            direction,
-            objective: args.objective,
-            high,
-            low: &low,
-        };
-        let file = ResultFile::new(&setup, graph, &space, &result, &stats);
+        let model_name = args.model.display().to_string();
+        let files: Vec<ResultFile> = answers
+            .iter()
+            .map(|(run, low_k)| {
+                let setup = SearchSetup {
+                    model: &model_name,
+                    mode,
+                    direction,
+                    objective: args.objective,
+                    high,
+                    low: low_k,
+                };
+                ResultFile::new(&setup, graph, &run.space, &run.result, &run.stats)
+            })
+            .collect();
+        let mut files = files.into_iter();
+        let mut file = files.next().expect("at least one search ran");
+        file.with_fusion = files.next().map(Box::new);
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)
+}
+
+/// What an answer under a fusion model is called in the output.
+fn answer_label(model: FusionModel) -> &'static str {
+    match model {
+        FusionModel::None => {
+            "Answer safe on any engine (no fusion: ONNX Runtime, PyTorch eager, TensorRT without fusion)"
+        }
+        FusionModel::TensorRt => "Answer with TensorRT fusion (--fusion tensorrt)",
+    }
 }
 
 /// How `debug precision` shows a running search: the header once the search space is known,
@@ -677,6 +768,7 @@ fn report(
     direction: Direction,
     result: &SearchResult,
     stats: &SearchStats,
+    fusion: Option<FusionModel>,
 ) -> Result<ExitCode> {
     let (marked, interrupted) = match &result.outcome {
         Outcome::Found(m) => (m.clone(), false),
@@ -751,6 +843,16 @@ fn report(
             high.name()
         ),
     }
+    if let Some(f) = fusion {
+        out!(
+            p,
+            "[I]     This answer is {}",
+            match f {
+                FusionModel::None => "safe on any engine (it assumes no fusion)",
+                FusionModel::TensorRt => "for TensorRT with its fusions (--fusion tensorrt)",
+            }
+        );
+    }
     out!(p, "[I]     Layers: {}", names(graph, &marked));
     let f = space.flops_of(&marked);
     out!(
@@ -779,9 +881,15 @@ fn report(
         trtexec_flags(&args.precision),
         trtexec_spec(graph, &marked, high)
     );
+    // The export is the same for both answers; with fusion, convert records the regions the
+    // answer assumed.
+    let fusion_flag = match fusion {
+        Some(f) if !f.is_none() => format!(" --fusion {f}"),
+        _ => String::new(),
+    };
     out!(
         p,
-        "[I]     mixprec convert {model} {flags} --layer-precisions {} -o model_mixed.onnx",
+        "[I]     mixprec convert {model} {flags}{fusion_flag} --layer-precisions {} -o model_mixed.onnx",
         items.join(" ")
     );
     print_stats(p, stats);

@@ -72,6 +72,12 @@ pub struct ResultFile<'a> {
     pub layers: Vec<LayerRef>,
     pub stats: &'a SearchStats,
     pub trials: &'a [Trial],
+    /// The fusion model this answer assumes (`none`: safe on any engine).
+    pub fusion: &'static str,
+    /// With `--fusion tensorrt`: the answer under that fusion model, in the same form (the
+    /// top level is then the answer without fusion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with_fusion: Option<Box<ResultFile<'a>>>,
 }
 
 /// How the search was set up, as the result file records it.
@@ -122,6 +128,8 @@ impl<'a> ResultFile<'a> {
             },
             stats,
             trials: &result.trials,
+            fusion: setup.low.fusion.name(),
+            with_fusion: None,
         }
     }
 }

@@ -9,6 +9,7 @@ mod conformance;
 mod control;
 mod dtypes;
 mod export;
+mod fusion;
 mod fuzz;
 mod layering;
 mod models;
