@@ -112,9 +112,11 @@ pub struct SearchArgs {
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
     /// last option: everything after it belongs to the command). Placeholders: {model} (the
-    /// candidate as a mixed-precision ONNX file), {layer_precisions} (name:float32 items for
-    /// polygraphy run --layer-precisions), {trtexec_layer_precisions} (name:fp32,... for
-    /// trtexec --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
+    /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
+    /// builds it as typed, `--check trtexec --onnx={model} --stronglyTyped`),
+    /// {layer_precisions} (name:float32 items for polygraphy run --layer-precisions),
+    /// {trtexec_layer_precisions} (name:fp32,... for TensorRT <= 10's trtexec
+    /// --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
     #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
     check: Vec<String>,
     /// With --check: a candidate also fails when the command's output matches this regex.

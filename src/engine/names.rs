@@ -2,8 +2,9 @@
 //!
 //! TensorRT names an engine layer after the network layers it runs, and the ONNX parser names
 //! network layers after ONNX nodes. What the names look like (docs/verify-engine.md):
-//! - one node: `conv1`; fused nodes: `conv1 + bn1 + relu1`;
-//! - pointwise fusions: `PWN(relu1, add1)`, nested `PWN(PWN(a, b), c)`;
+//! - one node: `conv1`; fused nodes: `conv1 + bn1 + relu1`; merged layers: `conv1 || conv2`;
+//! - pointwise fusions: `PWN(relu1, add1)`, nested `PWN(PWN(a), PWN(b))`, and mixed:
+//!   `conv + PWN(PWN(PWN(sig), PWN(mul)), PWN(add))`, `PWN(clip + (Unnamed Layer* 16) [Shuffle], mul)`;
 //! - Myelin regions: `{ForeignNode[first...last]}`: every node from `first` to `last` in
 //!   topological order;
 //! - reformat (copy) layers: `Reformatting CopyNode for Input Tensor 0 to conv1`: no node of
@@ -152,7 +153,11 @@ impl<'a> NameIndex<'a> {
             nodes.push(i);
             return;
         }
-        let parts = split_top(expr, " + ");
+        // `a + b` (fused) and `a || b` (horizontally merged layers).
+        let parts: Vec<&str> = split_top(expr, " || ")
+            .into_iter()
+            .flat_map(|p| split_top(p, " + "))
+            .collect();
         if parts.len() > 1 {
             for p in parts {
                 self.map_expr(p, nodes, unmapped);
@@ -262,6 +267,37 @@ mod tests {
             nodes(ix.map("{ForeignNode[relu1.../m.0/Sub]}", None, None)),
             vec![1, 2, 3]
         );
+        // Names as TensorRT 8.6-10 print them (trtexec --verbose, --dumpProfile).
+        let g2 = graph(&[
+            "/m.2/conv/Conv",
+            "/m.2/act/Sigmoid",
+            "/m.2/act/Mul",
+            "/m.2/Add",
+            "/m.3/Conv",
+        ]);
+        let ix2 = NameIndex::new(&g2);
+        assert_eq!(
+            nodes(ix2.map(
+                "/m.2/conv/Conv + PWN(PWN(PWN(/m.2/act/Sigmoid), PWN(/m.2/act/Mul)), PWN(/m.2/Add))",
+                None,
+                None
+            )),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            nodes(ix2.map("/m.2/conv/Conv || /m.3/Conv", None, None)),
+            vec![0, 4]
+        );
+        let m = ix2.map(
+            "PWN(/m.2/Add + (Unnamed Layer* 16) [Shuffle], /m.2/act/Mul)",
+            None,
+            None,
+        );
+        assert_eq!(
+            m.unmapped,
+            vec!["(Unnamed Layer* 16) [Shuffle]".to_string()]
+        );
+        assert_eq!(nodes(m), vec![3, 2]);
         // A tensor name stands for its producer; Myelin kernel suffixes and profiles go.
         assert_eq!(nodes(ix.map("t5", None, None)), vec![4]);
         assert_eq!(nodes(ix.map("/m_0/add_myl3_7", None, None)), vec![2]);
