@@ -17,10 +17,12 @@ use crate::inspect::si;
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
-use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
+use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
 use crate::search::replay::{DebugReplay, ModelId};
-use crate::search::report::{html_report, names, percent, ResultFile, SearchSetup, SearchStats};
+use crate::search::report::{
+    deploy_lines, html_report, names, percent, DeploySetup, ResultFile, SearchSetup, SearchStats,
+};
 use crate::search::{
     Direction, Mode, Objective, Outcome, SearchOptions, SearchResult, SearchSpace, Trial,
 };
@@ -114,9 +116,11 @@ pub struct SearchArgs {
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
     /// last option: everything after it belongs to the command). Placeholders: {model} (the
-    /// candidate as a mixed-precision ONNX file), {layer_precisions} (name:float32 items for
-    /// polygraphy run --layer-precisions), {trtexec_layer_precisions} (name:fp32,... for
-    /// trtexec --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
+    /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
+    /// builds it as typed, `--check trtexec --onnx={model} --stronglyTyped`),
+    /// {layer_precisions} (name:float32 items for polygraphy run --layer-precisions),
+    /// {trtexec_layer_precisions} (name:fp32,... for TensorRT <= 10's trtexec
+    /// --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
     #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
     check: Vec<String>,
     /// With --check: a candidate also fails when the command's output matches this regex.
@@ -515,6 +519,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             &args,
             graph,
             &run.space,
+            &low_k,
             high,
             direction,
             &run.result,
@@ -764,6 +769,7 @@ fn report(
     args: &SearchArgs,
     graph: &Graph,
     space: &SearchSpace,
+    low: &crate::precision::plan::PrecisionPlan,
     high: Precision,
     direction: Direction,
     result: &SearchResult,
@@ -869,35 +875,105 @@ fn report(
     if let Some(t) = result.trial_of(&marked) {
         out!(p, "[I]     Achieved: {}", t.summary);
     }
-    let items = polygraphy_items(graph, &marked, high);
-    let flags = precision_flags(&args.precision);
-    out!(p,
-        "[I]     polygraphy run {model} --trt {flags} --layer-precisions {} --precision-constraints obey",
-        items.join(" ")
-    );
-    out!(
-        p,
-        "[I]     trtexec --onnx={model} {} --layerPrecisions={} --precisionConstraints=obey",
-        trtexec_flags(&args.precision),
-        trtexec_spec(graph, &marked, high)
-    );
-    // The export is the same for both answers; with fusion, convert records the regions the
-    // answer assumed.
-    let fusion_flag = match fusion {
-        Some(f) if !f.is_none() => format!(" --fusion {f}"),
-        _ => String::new(),
+    let answer = low.marking(&marked, high);
+    let written = args.output.as_ref().map(|o| o.display().to_string());
+    let setup = DeploySetup {
+        model: &model.to_string(),
+        graph,
+        flags: args.precision.global(),
+        answer: &answer,
+        marked: &marked,
+        high,
+        // -o writes only a finished answer's model, and with fusion the fused answer's.
+        written: written
+            .as_deref()
+            .filter(|_| !interrupted && fusion.is_none_or(|f| !f.is_none())),
+        convert_extra: convert_extra(args, &answer, fusion),
+        polygraphy_flags: precision_flags(&args.precision),
+        trtexec_flags: trtexec_flags(&args.precision),
     };
-    out!(
-        p,
-        "[I]     mixprec convert {model} {flags}{fusion_flag} --layer-precisions {} -o model_mixed.onnx",
-        items.join(" ")
-    );
+    for line in deploy_lines(&setup)? {
+        out!(p, "[I]     {line}");
+    }
     print_stats(p, stats);
     Ok(if interrupted {
         ExitCode::from(130)
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What `mixprec convert` needs besides the precisions: `--fusion` for a fused answer (the file
+/// is the same; convert then prints the regions the answer assumed) and the calibration.
+fn convert_extra(
+    args: &SearchArgs,
+    answer: &crate::precision::plan::PrecisionPlan,
+    fusion: Option<FusionModel>,
+) -> Vec<String> {
+    let mut w = match fusion {
+        Some(f) if !f.is_none() => vec!["--fusion".to_string(), f.to_string()],
+        _ => Vec::new(),
+    };
+    w.extend(convert_calibration(args, answer));
+    w
+}
+
+/// What `mixprec convert` needs to write the answer's model exactly as `-o` would: for int8/fp8
+/// layers the same activation ranges, read from the calibration cache the search read or wrote,
+/// or calibrated again on the same inputs with the same algorithm.
+fn convert_calibration(
+    args: &SearchArgs,
+    answer: &crate::precision::plan::PrecisionPlan,
+) -> Vec<String> {
+    let mut w: Vec<String> = Vec::new();
+    if !PrecisionArgs::needs_ranges(answer) {
+        return w;
+    }
+    let pr = &args.precision;
+    if let Some(c) = &pr.calibration_cache {
+        w.extend(["--calibration-cache".into(), c.display().to_string()]);
+        return w;
+    }
+    let c = &pr.calib;
+    if let Some(a) = &c.calibration_algo {
+        w.extend(["--calibration-algo".into(), a.clone()]);
+    }
+    if let Some(b) = &c.base_class {
+        w.extend(["--calibration-base-class".into(), b.clone()]);
+    }
+    if let Some(q) = c.quantile {
+        w.extend(["--quantile".into(), q.to_string()]);
+    }
+    let d = &args.data;
+    let mut many = |flag: &str, v: &[String]| {
+        if !v.is_empty() {
+            w.push(flag.to_string());
+            w.extend(v.iter().cloned());
+        }
+    };
+    many("--val-range", &d.val_range);
+    many("--input-shapes", &d.input_shapes);
+    many("--trt-opt-shapes", &d.trt.trt_opt_shapes);
+    many(
+        "--load-inputs",
+        &d.load_inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>(),
+    );
+    if let Some(s) = d.seed {
+        w.extend(["--seed".into(), s.to_string()]);
+    }
+    if let Some(n) = d.iterations {
+        w.extend(["--iterations".into(), n.to_string()]);
+    }
+    if let Some(s) = &d.data_loader_script {
+        w.extend(["--data-loader-script".into(), s.clone()]);
+    }
+    if let Some(f) = &d.data_loader_func_name {
+        w.extend(["--data-loader-func-name".into(), f.clone()]);
+    }
+    w
 }
 
 fn print_stats(p: &Printer, s: &SearchStats) {
