@@ -371,11 +371,16 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
     // Sums accumulate in f64 (the reference), or in an f16 register when a reduced-precision
     // layer asks for f16 accumulation (`--accumulate f16`): each addition rounded to f16.
     let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
+    // An empty sum is +0 (ONNX Runtime, numpy); `Iterator::sum` starts from -0.0, so it is
+    // folded from the first element instead (the same additions, the same bits otherwise).
     let total = |it: &mut dyn Iterator<Item = f64>| -> f64 {
         if f16_acc {
             it.fold(0.0, |a, x| half::f16::from_f64(a + x).to_f64())
         } else {
-            it.sum()
+            match it.next() {
+                None => 0.0,
+                Some(first) => it.fold(first, |a, x| a + x),
+            }
         }
     };
     let out: Vec<f64> = p

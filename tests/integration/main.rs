@@ -12,6 +12,7 @@ mod export;
 mod fuzz;
 mod layering;
 mod models;
+mod nanprop;
 mod polygraphy_cli;
 mod precision;
 mod report;
