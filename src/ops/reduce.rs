@@ -572,6 +572,27 @@ mod tests {
     }
 
     #[test]
+    fn specials_in_reductions() {
+        // An empty sum is +0 (ONNX Runtime, numpy), not the -0 of Rust's `Iterator::sum`.
+        let empty = Tensor::from_f32(vec![2, 0], vec![]);
+        let axes = Tensor::from_i64(vec![1], vec![1]);
+        for op in ["ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare"] {
+            let y = run(op, 18, &[], &[&empty, &axes]);
+            for &v in y[0].as_f32().unwrap() {
+                assert!(v == 0.0 && v.is_sign_positive(), "{op}: {v}");
+            }
+        }
+        // Max/Min propagate NaN wherever it is; sums of +inf and -inf are NaN.
+        let x = Tensor::from_f32(vec![2, 2], vec![f32::NAN, 1., 2., f32::NAN]);
+        for op in ["ReduceMax", "ReduceMin"] {
+            let y = run(op, 18, &[], &[&x, &axes]);
+            assert!(y[0].as_f32().unwrap().iter().all(|v| v.is_nan()), "{op}");
+        }
+        let x = Tensor::from_f32(vec![1, 2], vec![f32::INFINITY, f32::NEG_INFINITY]);
+        assert!(run("ReduceSum", 18, &[], &[&x, &axes])[0].as_f32().unwrap()[0].is_nan());
+    }
+
+    #[test]
     fn top_k_ties_prefer_lower_index() {
         let x = Tensor::from_f32(vec![4], vec![1., 3., 3., 2.]);
         let k = Tensor::from_i64(vec![1], vec![2]);
