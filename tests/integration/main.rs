@@ -14,6 +14,7 @@ mod fusion;
 mod fuzz;
 mod layering;
 mod models;
+mod nanprop;
 mod polygraphy_cli;
 mod precision;
 mod report;
