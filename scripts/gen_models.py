@@ -16,6 +16,13 @@ Models (all weights from a fixed NumPy seed, so the files are identical on every
   control_flow      Conv, then two If nodes on a data-dependent condition (branches of different output
                     shapes, reading outer Conv output and weights), then a Loop whose body reads outer
                     values (MatMul/Add/Tanh) and holds an If reading the main graph two levels up
+  planted_square    small CNN with an FP16 overflow planted in a pointwise chain: Conv, Mul x4096,
+                    square (Mul x*x, ~1e7 > 65504), Mul 1/4096^2, Relu, Conv, GlobalAveragePool: fails
+                    unfused in float16, passes when the chain is fused (intermediates in f32)
+  planted_addsub    elementwise only: (x + 65504) - 65504 (the seed's Add/Sub cancellation without
+                    the MatMuls): float16 loses x when Add and Sub are separate kernels
+  decomposed_ln     LayerNorm from ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add on activations
+                    of magnitude ~300 (x * 300): Pow overflows float16 unless the statistics run in f32
 
 Usage: gen_models.py --out DIR [--size test|bench] [--only NAME[,NAME]] [--no-ort]
 """
@@ -197,6 +204,31 @@ def needs_constraints(size):
     return m
 
 
+def decomposed_layernorm(size):
+    """A LayerNorm written out as ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add (what
+    exporters emit before opset 17), between two MatMuls: under --fusion tensorrt the nine
+    nodes are one region whose statistics stay in f32."""
+    seq, d = (128, 256) if size == "bench" else (16, 64)
+    b = Builder(4)
+    x = b.op("MatMul", ["x", b.const(b.weight(d, d, fan_in=d), "w_in")], node_name="proj_in")
+    mean = b.op("ReduceMean", [x], node_name="ln_mean", axes=[-1])
+    dev = b.op("Sub", [x, mean], node_name="ln_sub")
+    sq = b.op("Pow", [dev, b.const(np.array(2.0, np.float32), "two")], node_name="ln_pow")
+    var = b.op("ReduceMean", [sq], node_name="ln_var", axes=[-1])
+    var = b.op("Add", [var, b.const(np.array(1e-5, np.float32), "eps")], node_name="ln_eps")
+    std = b.op("Sqrt", [var], node_name="ln_sqrt")
+    y = b.op("Div", [dev, std], node_name="ln_div")
+    y = b.op("Mul", [y, b.const((1.0 + 0.1 * b.rng.randn(d)).astype(np.float32), "ln_g")], node_name="ln_gamma")
+    y = b.op("Add", [y, b.const((0.1 * b.rng.randn(d)).astype(np.float32), "ln_b")], node_name="ln_beta")
+    b.op("MatMul", [y, b.const(b.weight(d, d, fan_in=d), "w_out")], node_name="proj_out")
+    b.nodes[-1].output[0] = "y"
+    return b.model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, seq, d])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, seq, d])],
+        opset=17,
+    )
+
+
 def control_flow(size):
     """Subgraphs reading outer-scope values, as exported voice-activity and decoder models do."""
     rng = np.random.RandomState(7)
@@ -309,6 +341,56 @@ def control_flow(size):
     return m
 
 
+def planted_square(size):
+    hw = 64 if size == "bench" else 16
+    b = Builder(4)
+    w1 = b.const(b.weight(8, 3, 3, 3), "conv_w")
+    x = b.op("Conv", ["input", w1, b.const(np.zeros(8, np.float32), "conv_b")], kernel_shape=[3, 3], pads=[1] * 4)
+    up = b.op("Mul", [x, b.const(np.array(4096.0, np.float32), "k")], node_name="planted_scale_4096")
+    sq = b.op("Mul", [up, up], node_name="planted_square")
+    down = b.op("Mul", [sq, b.const(np.array(1.0 / 4096.0**2, np.float32), "k")], node_name="planted_unscale")
+    y = b.op("Relu", [down])
+    w2 = b.const(b.weight(4, 8, 3, 3), "conv_w")
+    y = b.op("Conv", [y, w2, b.const(np.zeros(4, np.float32), "conv_b")], kernel_shape=[3, 3], pads=[1] * 4)
+    y = b.op("GlobalAveragePool", [y])
+    b.nodes[-1].output[0] = "pooled"
+    return b.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, hw, hw])],
+        [helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 4, 1, 1])],
+    )
+
+
+def planted_addsub(size):
+    n = 256 if size == "bench" else 64
+    b = Builder(5)
+    big = b.const(np.array(np.finfo(np.float16).max, np.float32), "fp16_max")
+    a = b.op("Add", ["x", big], node_name="Add")
+    y = b.op("Sub", [a, big], node_name="Sub")
+    b.nodes[-1].output[0] = "y"
+    return b.model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n, n])],
+    )
+
+
+def decomposed_ln(size):
+    seq, d = (128, 256) if size == "bench" else (16, 64)
+    b = Builder(6)
+    x = b.op("Mul", ["tokens", b.const(np.array(300.0, np.float32), "k")], node_name="activation_scale")
+    mean = b.op("ReduceMean", [x], axes=[-1], keepdims=1)
+    cen = b.op("Sub", [x, mean])
+    var = b.op("ReduceMean", [b.op("Pow", [cen, b.const(np.array(2.0, np.float32), "two")])], axes=[-1], keepdims=1)
+    std = b.op("Sqrt", [b.op("Add", [var, b.const(np.array(1e-5, np.float32), "eps")])])
+    y = b.op("Div", [cen, std])
+    y = b.op("Mul", [y, b.const((1.0 + 0.1 * b.rng.randn(d)).astype(np.float32), "ln_g")])
+    y = b.op("Add", [y, b.const((0.1 * b.rng.randn(d)).astype(np.float32), "ln_b")])
+    b.nodes[-1].output[0] = "normed"
+    return b.model(
+        [helper.make_tensor_value_info("tokens", TensorProto.FLOAT, [1, seq, d])],
+        [helper.make_tensor_value_info("normed", TensorProto.FLOAT, [1, seq, d])],
+    )
+
+
 MODELS = {
     "cnn": cnn,
     "transformer": transformer,
@@ -317,6 +399,10 @@ MODELS = {
     "planted_cnn": lambda size: cnn(size, planted=True),
     "planted_transformer": lambda size: transformer(size, planted=True),
     "control_flow": control_flow,
+    "planted_square": planted_square,
+    "planted_addsub": planted_addsub,
+    "decomposed_ln": decomposed_ln,
+    "decomposed_layernorm": decomposed_layernorm,
 }
 INPUT_RANGES = {
     "cnn": (-1.0, 1.0),
@@ -326,6 +412,10 @@ INPUT_RANGES = {
     "planted_cnn": (-1.0, 1.0),
     "planted_transformer": (-1.0, 1.0),
     "control_flow": (-1.0, 1.0),
+    "planted_square": (-1.0, 1.0),
+    "planted_addsub": (1.0, 2.0),
+    "decomposed_ln": (-1.0, 1.0),
+    "decomposed_layernorm": (-1.0, 1.0),
 }
 
 

@@ -7,6 +7,7 @@ pub mod calib;
 pub mod cli;
 pub mod compare;
 pub mod data;
+pub mod engine;
 pub mod error;
 pub mod event;
 pub mod exec;

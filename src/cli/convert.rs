@@ -1,9 +1,12 @@
 //! `mixprec convert`: writes a precision plan as a deployable mixed-precision ONNX model
 //! (Cast nodes around float16/bfloat16 layers, QuantizeLinear/DequantizeLinear for int8/fp8).
 
-use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
+use super::precision_args::{
+    fusion_line, fusion_table, precision_counts_line, precision_table, PrecisionArgs,
+};
 use super::ranges::ranges_for_plan;
 use super::run::DataArgs;
+use crate::exec::emulate::plan_regions;
 use crate::export::{export, write_model, ExportOptions};
 use crate::{load_model, Interpreter};
 use anyhow::{bail, Result};
@@ -79,6 +82,20 @@ pub fn run(args: ConvertArgs) -> Result<ExitCode> {
     println!("[I] {}", precision_counts_line(graph, &plan));
     if args.verbose {
         print!("{}", precision_table(graph, &plan));
+    }
+    if !plan.fusion.is_none() {
+        // The exported model cannot state fusion: the engine decides it when it builds.
+        let (regions, events) = plan_regions(graph, &plan)?;
+        if let Some(line) = fusion_line(graph, plan.fusion, &regions) {
+            println!("[I] {line}");
+        }
+        println!("[I] The exported model cannot state fusion (TensorRT fuses when it builds the engine): these are the regions mixprec's prediction assumed, for these layer precisions");
+        if args.verbose {
+            print!("{}", fusion_table(graph, &regions));
+            for e in events {
+                super::progress::print_event(e);
+            }
+        }
     }
     for n in &exported.notes {
         println!("[W] {n}");

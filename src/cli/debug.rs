@@ -3,6 +3,7 @@
 
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
+use super::precision_args::{fusion_line, fusion_table};
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
@@ -10,14 +11,19 @@ use crate::compare::layerwise::LayerError;
 use crate::compare::{fmt_g, Criterion};
 use crate::event::Event;
 use crate::exec::cache::parse_bytes;
+use crate::exec::emulate::plan_regions;
 use crate::export::{export, write_model, ExportOptions};
 use crate::golden::GoldenFile;
 use crate::inspect::si;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
-use crate::search::check::{polygraphy_items, trtexec_spec, CheckOracle};
+use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
 use crate::search::replay::{DebugReplay, ModelId};
-use crate::search::report::{html_report, names, percent, ResultFile, SearchSetup, SearchStats};
+use crate::search::report::{
+    deploy_lines, html_report, names, percent, DeploySetup, ResultFile, SearchSetup, SearchStats,
+};
 use crate::search::{
     Direction, Mode, Objective, Outcome, SearchOptions, SearchResult, SearchSpace, Trial,
 };
@@ -111,9 +117,11 @@ pub struct SearchArgs {
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
     /// last option: everything after it belongs to the command). Placeholders: {model} (the
-    /// candidate as a mixed-precision ONNX file), {layer_precisions} (name:float32 items for
-    /// polygraphy run --layer-precisions), {trtexec_layer_precisions} (name:fp32,... for
-    /// trtexec --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
+    /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
+    /// builds it as typed, `--check trtexec --onnx={model} --stronglyTyped`),
+    /// {layer_precisions} (name:float32 items for polygraphy run --layer-precisions),
+    /// {trtexec_layer_precisions} (name:fp32,... for TensorRT <= 10's trtexec
+    /// --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
     #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
     check: Vec<String>,
     /// With --check: a candidate also fails when the command's output matches this regex.
@@ -274,6 +282,10 @@ fn replay_settings(args: &SearchArgs) -> BTreeMap<String, String> {
     put("precision", flags.join(" "));
     put("layer-precisions", pr.layer_precisions.join(" "));
     put("precision-constraints", pr.precision_constraints.clone());
+    if pr.fusion != "none" {
+        // Only then: replays saved before --fusion existed keep matching.
+        put("fusion", pr.fusion.clone());
+    }
     put("accumulate", pr.accumulate.clone());
     put(
         "calibration-cache",
@@ -394,6 +406,12 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let feeds = args.data.feeds(graph)?;
     let interp = Interpreter::new(graph)?;
     let low = args.precision.plan(graph)?;
+    if !args.check.is_empty() && !low.fusion.is_none() {
+        bail!(
+            "--fusion {} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)",
+            low.fusion
+        );
+    }
     let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
     let say = !args.quiet;
 
@@ -429,41 +447,93 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     };
 
     install_interrupt_handler();
-    let job = SearchJob {
-        interp: &interp,
-        feeds: &feeds,
-        criterion: criterion.clone(),
-        low: low.clone(),
-        high,
-        accumulate: args.precision.accumulator()?,
-        amax: amax.as_ref(),
-        cache_budget: budget,
-        golden: golden_file.as_ref(),
-        options: SearchOptions {
+    // With a fusion model, two searches: the answer without fusion (safe on any engine) and
+    // the answer under the model; files (--output, --report, --save-debug-replay) follow the
+    // second, --save-result holds both.
+    let models: Vec<FusionModel> = if low.fusion.is_none() {
+        vec![FusionModel::None]
+    } else {
+        vec![FusionModel::None, low.fusion]
+    };
+    let mut check = check;
+    let mut replay = replay;
+    let mut answers: Vec<(SearchRun, PrecisionPlan)> = Vec::new();
+    let mut code = ExitCode::SUCCESS;
+    for (k, &model_k) in models.iter().enumerate() {
+        let last = k + 1 == models.len();
+        let mut low_k = low.clone();
+        low_k.fusion = model_k;
+        if models.len() > 1 {
+            out!(p, "[I] ==== {} ====", answer_label(model_k));
+            let (regions, events) = plan_regions(graph, &low_k)?;
+            if let Some(line) = fusion_line(graph, model_k, &regions) {
+                out!(p, "[I] {line}, in the plan with no layer marked");
+            }
+            if args.verbose {
+                print!("{}", fusion_table(graph, &regions));
+                for e in events {
+                    print_event(e);
+                }
+            }
+        }
+        let job = SearchJob {
+            interp: &interp,
+            feeds: &feeds,
+            criterion: criterion.clone(),
+            low: low_k.clone(),
+            high,
+            accumulate: args.precision.accumulator()?,
+            amax: amax.as_ref(),
+            cache_budget: budget,
+            golden: golden_file.as_ref(),
+            options: SearchOptions {
+                mode,
+                direction,
+                objective: args.objective,
+            },
+            check: if last { check.take() } else { None },
+            replay: if last {
+                replay.take().map(|r| (r, args.save_debug_replay.clone()))
+            } else {
+                None
+            },
+            layer_errors: args.report.is_some() && last,
+            stop: &INTERRUPTED,
+        };
+        let mut hooks = CliHooks {
+            p,
+            args: &args,
+            graph,
+            feeds: feeds.len(),
+            criterion: &criterion,
+            high,
             mode,
             direction,
-            objective: args.objective,
-        },
-        check,
-        replay: replay.map(|r| (r, args.save_debug_replay.clone())),
-        layer_errors: args.report.is_some(),
-        stop: &INTERRUPTED,
-    };
-    let mut hooks = CliHooks {
-        p,
-        args: &args,
-        graph,
-        feeds: feeds.len(),
-        criterion: &criterion,
-        high,
-        mode,
-        direction,
-        say,
-        bar: indicatif::ProgressBar::hidden(),
-        best: None,
-    };
-    let run = run_search(job, &mut hooks)?;
-    hooks.bar.finish_and_clear();
+            say,
+            bar: indicatif::ProgressBar::hidden(),
+            best: None,
+        };
+        let run = run_search(job, &mut hooks)?;
+        hooks.bar.finish_and_clear();
+        code = report(
+            p,
+            &args,
+            graph,
+            &run.space,
+            &low_k,
+            high,
+            direction,
+            &run.result,
+            &run.stats,
+            (models.len() > 1).then_some(model_k),
+            (&run.reasons, criterion.stat.default.name()),
+        )?;
+        answers.push((run, low_k));
+        if INTERRUPTED.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    let (last_run, last_low) = answers.last().expect("at least one search ran");
     let SearchRun {
         space,
         result,
@@ -471,19 +541,13 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         answer,
         layer_errors,
         reasons,
-    } = run;
+    } = last_run;
+    let fused_note = if last_low.fusion.is_none() {
+        String::new()
+    } else {
+        format!(" ({})", answer_label(last_low.fusion))
+    };
 
-    let code = report(
-        p,
-        &args,
-        graph,
-        &space,
-        high,
-        direction,
-        &result,
-        &stats,
-        (&reasons, criterion.stat.default.name()),
-    )?;
     if let (Some(out), Some(plan)) = (&args.output, &answer) {
         let exported = export(
             &model,
@@ -498,39 +562,69 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             eprintln!("note: {n}");
         }
         write_model(out, &exported.model)?;
-        out!(p, "[I] Saved mixed-precision model to {}", out.display());
+        out!(
+            p,
+            "[I] Saved mixed-precision model{fused_note} to {}",
+            out.display()
+        );
     }
     if let Some(path) = &args.report {
         let html = html_report(
             &args.model.display().to_string(),
             graph,
-            &space,
+            space,
             &criterion,
             high,
             mode,
-            &result,
-            &stats,
+            result,
+            stats,
             layer_errors.as_deref(),
-            &reasons,
+            reasons,
         );
         html.write(path)?;
-        out!(p, "[I] Saved report to {}", path.display());
+        out!(p, "[I] Saved report{fused_note} to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let setup = SearchSetup {
-            model: &args.model.display().to_string(),
-            mode,
-            direction,
-            objective: args.objective,
-            high,
-            low: &low,
-        };
-        let file = ResultFile::new(&setup, graph, &space, &result, &stats, &reasons);
+        let model_name = args.model.display().to_string();
+        let files: Vec<ResultFile> = answers
+            .iter()
+            .map(|(run, low_k)| {
+                let setup = SearchSetup {
+                    model: &model_name,
+                    mode,
+                    direction,
+                    objective: args.objective,
+                    high,
+                    low: low_k,
+                };
+                ResultFile::new(
+                    &setup,
+                    graph,
+                    &run.space,
+                    &run.result,
+                    &run.stats,
+                    &run.reasons,
+                )
+            })
+            .collect();
+        let mut files = files.into_iter();
+        let mut file = files.next().expect("at least one search ran");
+        file.with_fusion = files.next().map(Box::new);
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)
+}
+
+/// What an answer under a fusion model is called in the output.
+fn answer_label(model: FusionModel) -> &'static str {
+    match model {
+        FusionModel::None => {
+            "Answer safe on any engine (no fusion: ONNX Runtime, PyTorch eager, TensorRT without fusion)"
+        }
+        FusionModel::TensorRt => "Answer with TensorRT fusion (--fusion tensorrt)",
+    }
 }
 
 /// How `debug precision` shows a running search: the header once the search space is known,
@@ -686,10 +780,12 @@ fn report(
     args: &SearchArgs,
     graph: &Graph,
     space: &SearchSpace,
+    low: &crate::precision::plan::PrecisionPlan,
     high: Precision,
     direction: Direction,
     result: &SearchResult,
     stats: &SearchStats,
+    fusion: Option<FusionModel>,
     (reasons, stat): (&[LayerError], &str),
 ) -> Result<ExitCode> {
     let (marked, interrupted) = match &result.outcome {
@@ -765,6 +861,16 @@ fn report(
             high.name()
         ),
     }
+    if let Some(f) = fusion {
+        out!(
+            p,
+            "[I]     This answer is {}",
+            match f {
+                FusionModel::None => "safe on any engine (it assumes no fusion)",
+                FusionModel::TensorRt => "for TensorRT with its fusions (--fusion tensorrt)",
+            }
+        );
+    }
     out!(p, "[I]     Layers: {}", names(graph, &marked));
     print_reasons(p, reasons, stat);
     let f = space.flops_of(&marked);
@@ -782,23 +888,26 @@ fn report(
     if let Some(t) = result.trial_of(&marked) {
         out!(p, "[I]     Achieved: {}", t.summary);
     }
-    let items = polygraphy_items(graph, &marked, high);
-    let flags = precision_flags(&args.precision);
-    out!(p,
-        "[I]     polygraphy run {model} --trt {flags} --layer-precisions {} --precision-constraints obey",
-        items.join(" ")
-    );
-    out!(
-        p,
-        "[I]     trtexec --onnx={model} {} --layerPrecisions={} --precisionConstraints=obey",
-        trtexec_flags(&args.precision),
-        trtexec_spec(graph, &marked, high)
-    );
-    out!(
-        p,
-        "[I]     mixprec convert {model} {flags} --layer-precisions {} -o model_mixed.onnx",
-        items.join(" ")
-    );
+    let answer = low.marking(&marked, high);
+    let written = args.output.as_ref().map(|o| o.display().to_string());
+    let setup = DeploySetup {
+        model: &model.to_string(),
+        graph,
+        flags: args.precision.global(),
+        answer: &answer,
+        marked: &marked,
+        high,
+        // -o writes only a finished answer's model, and with fusion the fused answer's.
+        written: written
+            .as_deref()
+            .filter(|_| !interrupted && fusion.is_none_or(|f| !f.is_none())),
+        convert_extra: convert_extra(args, &answer, fusion),
+        polygraphy_flags: precision_flags(&args.precision),
+        trtexec_flags: trtexec_flags(&args.precision),
+    };
+    for line in deploy_lines(&setup)? {
+        out!(p, "[I]     {line}");
+    }
     print_stats(p, stats);
     Ok(if interrupted {
         ExitCode::from(130)
@@ -829,6 +938,79 @@ fn print_reasons(p: &Printer, reasons: &[LayerError], stat: &str) {
             r.reason()
         );
     }
+}
+
+/// What `mixprec convert` needs besides the precisions: `--fusion` for a fused answer (the file
+/// is the same; convert then prints the regions the answer assumed) and the calibration.
+fn convert_extra(
+    args: &SearchArgs,
+    answer: &crate::precision::plan::PrecisionPlan,
+    fusion: Option<FusionModel>,
+) -> Vec<String> {
+    let mut w = match fusion {
+        Some(f) if !f.is_none() => vec!["--fusion".to_string(), f.to_string()],
+        _ => Vec::new(),
+    };
+    w.extend(convert_calibration(args, answer));
+    w
+}
+
+/// What `mixprec convert` needs to write the answer's model exactly as `-o` would: for int8/fp8
+/// layers the same activation ranges, read from the calibration cache the search read or wrote,
+/// or calibrated again on the same inputs with the same algorithm.
+fn convert_calibration(
+    args: &SearchArgs,
+    answer: &crate::precision::plan::PrecisionPlan,
+) -> Vec<String> {
+    let mut w: Vec<String> = Vec::new();
+    if !PrecisionArgs::needs_ranges(answer) {
+        return w;
+    }
+    let pr = &args.precision;
+    if let Some(c) = &pr.calibration_cache {
+        w.extend(["--calibration-cache".into(), c.display().to_string()]);
+        return w;
+    }
+    let c = &pr.calib;
+    if let Some(a) = &c.calibration_algo {
+        w.extend(["--calibration-algo".into(), a.clone()]);
+    }
+    if let Some(b) = &c.base_class {
+        w.extend(["--calibration-base-class".into(), b.clone()]);
+    }
+    if let Some(q) = c.quantile {
+        w.extend(["--quantile".into(), q.to_string()]);
+    }
+    let d = &args.data;
+    let mut many = |flag: &str, v: &[String]| {
+        if !v.is_empty() {
+            w.push(flag.to_string());
+            w.extend(v.iter().cloned());
+        }
+    };
+    many("--val-range", &d.val_range);
+    many("--input-shapes", &d.input_shapes);
+    many("--trt-opt-shapes", &d.trt.trt_opt_shapes);
+    many(
+        "--load-inputs",
+        &d.load_inputs
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>(),
+    );
+    if let Some(s) = d.seed {
+        w.extend(["--seed".into(), s.to_string()]);
+    }
+    if let Some(n) = d.iterations {
+        w.extend(["--iterations".into(), n.to_string()]);
+    }
+    if let Some(s) = &d.data_loader_script {
+        w.extend(["--data-loader-script".into(), s.clone()]);
+    }
+    if let Some(f) = &d.data_loader_func_name {
+        w.extend(["--data-loader-func-name".into(), f.clone()]);
+    }
+    w
 }
 
 fn print_stats(p: &Printer, s: &SearchStats) {

@@ -11,6 +11,7 @@ mod ranges;
 mod run;
 mod style;
 mod trt_args;
+mod verify_engine;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
@@ -45,6 +46,8 @@ enum Command {
     Debug(debug::DebugArgs),
     /// Polygraphy's older spelling of `debug precision`: `precision bisect|linear|worst-first|minimal MODEL --mode forward|reverse`.
     Precision(Box<debug::LegacyPrecisionArgs>),
+    /// Did the engine obey? Map a TensorRT engine's layer information (trtexec --exportLayerInfo JSON or polygraphy inspect text) to ONNX nodes and list every node whose engine precision differs from the plan or the exported model.
+    VerifyEngine(Box<verify_engine::VerifyEngineArgs>),
 }
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
@@ -68,6 +71,7 @@ pub fn main() -> ExitCode {
         Command::Convert(a) => convert::run(*a),
         Command::Debug(a) => debug::run(a),
         Command::Precision(a) => debug::run_legacy(*a),
+        Command::VerifyEngine(a) => verify_engine::run(*a),
     };
     match result {
         Ok(code) => code,

@@ -2,8 +2,9 @@
 
 use crate::calib::CalibAlgo;
 use crate::exec::{PlanOptions, PreparedPlan};
+use crate::precision::fusion::FusionModel;
 use crate::precision::plan::{
-    parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan,
+    parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan, ResolvedRegion,
 };
 use crate::precision::Accumulator;
 use crate::Graph;
@@ -44,6 +45,12 @@ pub struct PrecisionArgs {
     /// Accumulator of matmul/conv products in reduced-precision layers: f32 or f16.
     #[arg(long, default_value = "f32", value_name = "TYPE")]
     pub accumulate: String,
+    /// Kernel fusion the emulation assumes: none (every layer rounds its outputs, as ONNX
+    /// Runtime, PyTorch eager and TensorRT without fusion do: the conservative default) or
+    /// tensorrt (TensorRT's fusions: values passed inside a fused kernel stay in f32, only its
+    /// outputs are rounded; layers in different precisions are never fused).
+    #[arg(long, default_value = "none", value_name = "MODEL")]
+    pub fusion: String,
     /// TensorRT calibration cache with activation scales for int8/fp8 layers.
     #[arg(long = "calibration-cache", value_name = "FILE")]
     pub calibration_cache: Option<PathBuf>,
@@ -129,12 +136,18 @@ impl PrecisionArgs {
     pub fn plan(&self, graph: &Graph) -> Result<PrecisionPlan> {
         let overrides = parse_layer_precisions(&self.layer_precisions)?;
         let constraints = PrecisionConstraints::parse(&self.precision_constraints)?;
-        let (plan, warnings) =
+        let (mut plan, warnings) =
             PrecisionPlan::resolve(graph, &self.global(), &overrides, constraints)?;
         for w in warnings {
             eprintln!("warning: {w}");
         }
+        plan.fusion = self.fusion_model()?;
         Ok(plan)
+    }
+
+    /// `--fusion`.
+    pub fn fusion_model(&self) -> Result<FusionModel> {
+        Ok(FusionModel::parse(&self.fusion)?)
     }
 
     /// Whether the plan needs activation ranges.
@@ -158,6 +171,58 @@ impl PrecisionArgs {
             },
         )?)
     }
+}
+
+/// One line: the fusion regions a plan runs with (None when it has none and assumes
+/// no fusion model).
+pub fn fusion_line(
+    graph: &Graph,
+    model: FusionModel,
+    regions: &[ResolvedRegion],
+) -> Option<String> {
+    if model.is_none() && regions.is_empty() {
+        return None;
+    }
+    let layers: usize = regions
+        .iter()
+        .map(|r| {
+            r.nodes
+                .iter()
+                .filter(|&&i| {
+                    let n = &graph.nodes[i];
+                    !crate::ops::is_data_movement(&n.op_type) && !graph.is_folded(n)
+                })
+                .count()
+        })
+        .sum();
+    Some(format!(
+        "Fusion ({model}): {} region(s) of {layers} layer(s); values passed inside a region stay in f32, only its outputs are rounded{}",
+        regions.len(),
+        if model.is_none() {
+            ""
+        } else {
+            " (regions derived per plan; -v lists them and the nodes left unfused)"
+        }
+    ))
+}
+
+/// Every fusion region of a plan, one per line: name, precision, nodes.
+pub fn fusion_table(graph: &Graph, regions: &[ResolvedRegion]) -> String {
+    let mut s = String::new();
+    for r in regions {
+        let nodes: Vec<&str> = r
+            .nodes
+            .iter()
+            .map(|&i| graph.nodes[i].name.as_str())
+            .collect();
+        s.push_str(&format!(
+            "    region {} ({}): {}\n",
+            r.name,
+            r.precision.name(),
+            nodes.join(", ")
+        ));
+    }
+    s
 }
 
 /// One line: how many compute layers run in each precision.

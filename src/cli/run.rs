@@ -1,7 +1,9 @@
 //! `mixprec run`: FP32 inference with Polygraphy's data options, saving and comparing outputs.
 
 use super::compare_args::CompareArgs;
-use super::precision_args::{precision_counts_line, precision_table, PrecisionArgs};
+use super::precision_args::{
+    fusion_line, fusion_table, precision_counts_line, precision_table, PrecisionArgs,
+};
 use super::style::{Out, StyleArgs};
 use super::trt_args::TrtOnlyArgs;
 use crate::compare::fmt_g;
@@ -416,7 +418,17 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         if args.verbose {
             out.log(&precision_table(graph, &plan));
         }
-        Some(args.precision.prepare(graph, &plan, amax.as_ref())?)
+        let prepared = args.precision.prepare(graph, &plan, amax.as_ref())?;
+        if let Some(line) = fusion_line(graph, plan.fusion, prepared.regions()) {
+            out.line(&format!("[I] {line}"));
+            if args.verbose {
+                out.log(&fusion_table(graph, prepared.regions()));
+                for e in prepared.fusion_events() {
+                    super::progress::print_event(e);
+                }
+            }
+        }
+        Some(prepared)
     } else {
         None
     };

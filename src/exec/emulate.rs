@@ -10,9 +10,12 @@
 //!
 //! Weights are converted once, when the plan is prepared, not on every run.
 
+use super::fusion::{FusionAnalysis, Topology};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::ops::is_data_movement;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::ResolvedRegion;
 use crate::precision::quant::{
     channel_scales, fake_quant, fake_quant_channels, is_quantized_operand, scale_from_amax,
     weight_channel_axis,
@@ -53,6 +56,10 @@ pub(crate) struct LayerPrep {
     pub subplans: Vec<PreparedPlan>,
     /// The layer's place in a fusion region, if it is in one.
     pub fusion: Option<RegionPrep>,
+    /// The treatment of each input outside any region (`inputs` is this with the inputs
+    /// produced inside the layer's region kept as computed): what composing plans under a
+    /// fusion model starts from when the regions change.
+    pub outside: Vec<InputPrep>,
 }
 
 /// A layer of a fusion region (docs/numerics.md, "Fusion regions"): the region runs as one
@@ -60,8 +67,10 @@ pub(crate) struct LayerPrep {
 /// leave it are rounded to its precision.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct RegionPrep {
-    /// The region's index in the plan's `regions` (of this graph's plan).
+    /// The region's index in [`PreparedPlan::regions`].
     pub region: usize,
+    /// The region's first node (graph order): identifies it across plans for the cache.
+    pub first: usize,
     pub precision: Precision,
     /// Per output: leaves the region (read by a node outside it or a graph output), so it is
     /// materialized in the region's precision.
@@ -86,6 +95,13 @@ pub struct PreparedPlan {
     pub(crate) layers: Vec<LayerPrep>,
     pub(crate) accumulate: Accumulator,
     pub plan: PrecisionPlan,
+    /// The fusion regions of the graph this plan runs with: the plan's own (`plan.regions`,
+    /// the first `explicit`), then those its fusion model derived for its precisions.
+    regions: Vec<ResolvedRegion>,
+    explicit: usize,
+    /// The fusion model's reading of the graph (None without one), kept to derive the regions
+    /// of composed plans.
+    analysis: Option<std::sync::Arc<FusionAnalysis>>,
 }
 
 impl PreparedPlan {
@@ -107,7 +123,21 @@ impl PreparedPlan {
                 graph.nodes.len()
             )));
         }
-        let mut fusion = region_preps(graph, plan)?;
+        let explicit = plan.resolve_regions(graph)?;
+        let n_explicit = explicit.len();
+        let analysis = match plan.fusion {
+            FusionModel::None => None,
+            FusionModel::TensorRt => Some(std::sync::Arc::new(FusionAnalysis::new(graph))),
+        };
+        let regions = with_derived(analysis.as_deref(), &plan.layers, explicit);
+        let mut fusion = if regions.is_empty() {
+            vec![None; graph.nodes.len()]
+        } else {
+            match &analysis {
+                Some(a) => region_preps(&a.topo, &regions),
+                None => region_preps(&Topology::new(graph), &regions),
+            }
+        };
         let mut layers = Vec::with_capacity(graph.nodes.len());
         for (k, (node, &p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
             let fusion = fusion[k].take();
@@ -131,10 +161,12 @@ impl PreparedPlan {
                     inputs: vec![InputPrep::Keep; node.inputs.len()],
                     subplans,
                     fusion,
+                    outside: vec![InputPrep::Keep; node.inputs.len()],
                 });
                 continue;
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
+            let mut outside = Vec::with_capacity(node.inputs.len());
             for (idx, name) in node.inputs.iter().enumerate() {
                 // Initializers and folded values (a Transpose or DequantizeLinear of an
                 // initializer) are weights, converted here once.
@@ -189,20 +221,92 @@ impl PreparedPlan {
                 };
                 // Inside a fused kernel a value made by the region is read as computed.
                 let internal = fusion.as_ref().is_some_and(|f| f.internal[idx]);
-                inputs.push(if internal { InputPrep::Keep } else { prep });
+                inputs.push(if internal {
+                    InputPrep::Keep
+                } else {
+                    prep.clone()
+                });
+                outside.push(prep);
             }
             layers.push(LayerPrep {
                 precision: Some(p),
                 inputs,
                 subplans,
                 fusion,
+                outside,
             });
         }
         Ok(PreparedPlan {
             layers,
             accumulate: opts.accumulate,
             plan: plan.clone(),
+            regions,
+            explicit: n_explicit,
+            analysis,
         })
+    }
+
+    /// The fusion regions this plan runs with in the main graph: the plan's own, then those
+    /// its fusion model derived (`--fusion`). Regions inside subgraphs are not listed.
+    pub fn regions(&self) -> &[ResolvedRegion] {
+        &self.regions
+    }
+
+    /// The regions the fusion model derived for this plan's precisions.
+    pub fn derived_regions(&self) -> &[ResolvedRegion] {
+        &self.regions[self.explicit..]
+    }
+
+    /// Notes of the fusion model (nodes its rules could not apply to, and why): what `-v`
+    /// shows, as events.
+    pub fn fusion_events(&self) -> Vec<crate::event::Event> {
+        self.analysis
+            .iter()
+            .flat_map(|a| a.notes.iter())
+            .map(|n| crate::event::Event::Verbose(n.clone()))
+            .collect()
+    }
+
+    /// Derives the regions again for the current precisions (a composed plan under a fusion
+    /// model) and updates every layer's region treatment.
+    fn rederive_regions(&mut self) -> Result<()> {
+        let Some(a) = self.analysis.clone() else {
+            return Ok(());
+        };
+        let mut explicit: Vec<ResolvedRegion> = self.regions[..self.explicit].to_vec();
+        for r in &mut explicit {
+            let compute: Vec<usize> = r
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&i| a.topo.compute[i])
+                .collect();
+            let p = compute
+                .first()
+                .map_or(Precision::Float32, |&i| self.plan.layers[i]);
+            if compute.iter().any(|&i| self.plan.layers[i] != p) {
+                return Err(Error::Invalid(format!(
+                    "fusion region '{}': the composed plan gives its nodes different precisions",
+                    r.name
+                )));
+            }
+            r.precision = p;
+        }
+        self.regions = with_derived(Some(&a), &self.plan.layers, explicit);
+        let preps = region_preps(&a.topo, &self.regions);
+        for (l, f) in self.layers.iter_mut().zip(preps) {
+            l.inputs = l
+                .outside
+                .iter()
+                .enumerate()
+                .map(|(i, prep)| match &f {
+                    Some(f) if f.internal[i] => InputPrep::Keep,
+                    _ => prep.clone(),
+                })
+                .collect();
+            l.fusion = f;
+        }
+        Ok(())
     }
 
     /// This plan with the layers `take` treated as in `other` (a plan for the same graph):
@@ -214,9 +318,9 @@ impl PreparedPlan {
                 "composed plans must be prepared for the same graph and accumulator".into(),
             ));
         }
-        if other.plan.regions != self.plan.regions {
+        if other.plan.regions != self.plan.regions || other.plan.fusion != self.plan.fusion {
             return Err(Error::Invalid(
-                "composed plans must have the same fusion regions".into(),
+                "composed plans must have the same fusion regions and fusion model".into(),
             ));
         }
         let mut out = self.clone();
@@ -227,13 +331,18 @@ impl PreparedPlan {
             out.layers[i] = l.clone();
             out.plan.layers[i] = p;
         }
+        if out.analysis.is_some() {
+            // Under a fusion model every plan has its own regions.
+            out.rederive_regions()?;
+            return Ok(out);
+        }
         // A region whose layers now come from plans of different precisions is not one kernel.
         let mut seen: BTreeMap<usize, Precision> = BTreeMap::new();
         for f in out.layers.iter().filter_map(|l| l.fusion.as_ref()) {
             if *seen.entry(f.region).or_insert(f.precision) != f.precision {
                 return Err(Error::Invalid(format!(
                     "fusion region '{}': the composed plan gives its nodes different precisions",
-                    out.plan.regions[f.region].name
+                    out.regions[f.region].name
                 )));
             }
         }
@@ -246,58 +355,78 @@ impl PreparedPlan {
     }
 }
 
-/// The fusion-region treatment of every node of `graph` under `plan` (None outside regions).
-fn region_preps(graph: &Graph, plan: &PrecisionPlan) -> Result<Vec<Option<RegionPrep>>> {
-    let regions = plan.resolve_regions(graph)?;
-    let mut out: Vec<Option<RegionPrep>> = vec![None; graph.nodes.len()];
-    if regions.is_empty() {
-        return Ok(out);
-    }
-    let mut region_of: Vec<Option<usize>> = vec![None; graph.nodes.len()];
-    for r in &regions {
+/// The fusion regions `plan` runs with in the main graph of `graph` (its own, then those its
+/// fusion model derives for its precisions) and the fusion model's notes (`-v`), without
+/// preparing the plan (no weight is converted).
+pub fn plan_regions(
+    graph: &Graph,
+    plan: &PrecisionPlan,
+) -> Result<(Vec<ResolvedRegion>, Vec<crate::event::Event>)> {
+    let explicit = plan.resolve_regions(graph)?;
+    let analysis = match plan.fusion {
+        FusionModel::None => None,
+        FusionModel::TensorRt => Some(FusionAnalysis::new(graph)),
+    };
+    let events = analysis
+        .iter()
+        .flat_map(|a| a.notes.iter())
+        .map(|n| crate::event::Event::Verbose(n.clone()))
+        .collect();
+    Ok((
+        with_derived(analysis.as_ref(), &plan.layers, explicit),
+        events,
+    ))
+}
+
+/// The plan's own regions followed by those `analysis` derives for `layers` (none without a
+/// fusion model); derived regions leave out the nodes of the plan's own.
+fn with_derived(
+    analysis: Option<&FusionAnalysis>,
+    layers: &[Precision],
+    explicit: Vec<ResolvedRegion>,
+) -> Vec<ResolvedRegion> {
+    let Some(a) = analysis else {
+        return explicit;
+    };
+    let mut taken = vec![false; layers.len()];
+    for r in &explicit {
         for &i in &r.nodes {
-            region_of[i] = Some(r.index);
+            taken[i] = true;
         }
     }
-    // Who reads each value: node indices (inputs and outer-scope references of subgraphs).
-    let mut readers: std::collections::HashMap<&str, Vec<usize>> = Default::default();
-    let implicit: Vec<Vec<String>> = graph.nodes.iter().map(|n| n.implicit_inputs()).collect();
-    for (j, node) in graph.nodes.iter().enumerate() {
-        for name in node.inputs.iter().chain(&implicit[j]) {
-            readers.entry(name.as_str()).or_default().push(j);
-        }
-    }
-    let mut producer: std::collections::HashMap<&str, usize> = Default::default();
-    for (j, node) in graph.nodes.iter().enumerate() {
-        for o in node.outputs.iter().filter(|o| !o.is_empty()) {
-            producer.insert(o.as_str(), j);
-        }
-    }
-    for r in &regions {
+    let derived = a.regions(layers, &taken, explicit.len());
+    let mut all = explicit;
+    all.extend(derived);
+    all
+}
+
+/// The fusion-region treatment of every node (None outside regions) for resolved `regions`.
+fn region_preps(topo: &Topology, regions: &[ResolvedRegion]) -> Vec<Option<RegionPrep>> {
+    let n = topo.deps.len();
+    let mut out: Vec<Option<RegionPrep>> = vec![None; n];
+    let mut region_of: Vec<Option<usize>> = vec![None; n];
+    for (k, r) in regions.iter().enumerate() {
         for &i in &r.nodes {
-            let node = &graph.nodes[i];
-            let mut exits = Vec::with_capacity(node.outputs.len());
-            let mut shared = Vec::with_capacity(node.outputs.len());
-            for o in &node.outputs {
-                let rs = readers.get(o.as_str()).map(Vec::as_slice).unwrap_or(&[]);
-                let inside = rs.iter().any(|&j| region_of[j] == Some(r.index));
-                let exit = !o.is_empty()
-                    && (graph.outputs.iter().any(|v| v.name == *o)
-                        || rs.iter().any(|&j| region_of[j] != Some(r.index)));
+            region_of[i] = Some(k);
+        }
+    }
+    for (k, r) in regions.iter().enumerate() {
+        for &i in &r.nodes {
+            let mut exits = Vec::new();
+            let mut shared = Vec::new();
+            for (o, rs) in topo.readers[i].iter().enumerate() {
+                let inside = rs.iter().any(|&j| region_of[j] == Some(k));
+                let exit = topo.graph_output[i][o] || rs.iter().any(|&j| region_of[j] != Some(k));
                 exits.push(exit);
                 shared.push(exit && inside);
             }
-            let internal = node
-                .inputs
+            let internal = topo.producer_of_input[i]
                 .iter()
-                .map(|name| {
-                    producer
-                        .get(name.as_str())
-                        .is_some_and(|&u| region_of[u] == Some(r.index))
-                })
+                .map(|u| u.is_some_and(|u| region_of[u] == Some(k)))
                 .collect();
             out[i] = Some(RegionPrep {
-                region: r.index,
+                region: k,
+                first: r.nodes[0],
                 precision: r.precision,
                 exits,
                 shared,
@@ -305,7 +434,7 @@ fn region_preps(graph: &Graph, plan: &PrecisionPlan) -> Result<Vec<Option<Region
             });
         }
     }
-    Ok(out)
+    out
 }
 
 /// Finishes the outputs of a fused layer: the outputs that leave the region are rounded to
@@ -345,7 +474,7 @@ pub(crate) fn fusion_signature(layer: Option<&LayerPrep>) -> u64 {
         return 0;
     };
     let mut h = mix(
-        mix(0x0066_7573_6564, f.region as u64),
+        mix(0x0066_7573_6564, f.first as u64),
         f.precision as u64 + 1,
     );
     for flags in [&f.exits, &f.shared, &f.internal] {
@@ -1182,5 +1311,125 @@ mod fusion_tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("1 entries") && e.contains("3 nodes"), "{e}");
+    }
+
+    #[test]
+    fn fusion_model_round_trips_through_plan_json() {
+        let g = add_sub(false);
+        let mut p = plan(&g, vec![Precision::Float16; 2], &[]);
+        assert!(
+            !p.to_json().contains("fusion"),
+            "none is the default, not written"
+        );
+        p.fusion = FusionModel::TensorRt;
+        let text = p.to_json();
+        assert!(text.contains("\"fusion\": \"tensorrt\""), "{text}");
+        assert_eq!(PrecisionPlan::from_json(&text, &g).unwrap(), p);
+        let e = PrecisionPlan::from_json(r#"{"layers": ["fp16", "fp16"], "fusion": "xla"}"#, &g)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'xla'"), "{e}");
+    }
+
+    #[test]
+    fn the_tensorrt_model_fuses_the_seed_pattern_unless_a_precision_boundary_splits_it() {
+        let g = add_sub(false);
+        let mut p = plan(&g, vec![Precision::Float16; 2], &[]);
+        // No fusion: Add's output overflows float16 and Sub cannot bring it back.
+        let unfused = f32s(&run_all(&g, &p), "y");
+        assert!(unfused[0].is_infinite(), "{unfused:?}");
+        p.fusion = FusionModel::TensorRt;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert_eq!(prepared.derived_regions().len(), 1);
+        assert_eq!(prepared.derived_regions()[0].nodes, vec![0, 1]);
+        let fused = f32s(&run_all(&g, &p), "y");
+        assert_eq!(
+            fused[0],
+            f16::from_f32(60000.3f32 + 10000.0 - 10000.0).to_f32()
+        );
+        // Add:float16, Sub:float32: two kernels, the overflow is back.
+        p.layers[1] = Precision::Float32;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert!(prepared.derived_regions().is_empty());
+        assert!(f32s(&run_all(&g, &p), "y")[0].is_infinite());
+    }
+
+    #[test]
+    fn explicit_regions_keep_working_beside_the_fusion_model() {
+        let g = add_sub(true);
+        let mut p = plan(&g, vec![Precision::Float16; 3], &[]);
+        p.fusion = FusionModel::TensorRt;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert_eq!(prepared.derived_regions().len(), 1);
+        assert_eq!(prepared.derived_regions()[0].nodes, vec![0, 1, 2]);
+        // The plan's own region {Add, Sub}: the rules leave its nodes alone (Relu alone is no
+        // region).
+        let mut p = plan(&g, vec![Precision::Float16; 3], &[&["Add", "Sub"]]);
+        p.fusion = FusionModel::TensorRt;
+        let prepared = PreparedPlan::new(&g, &p, &PlanOptions::default()).unwrap();
+        assert_eq!(prepared.regions().len(), 1);
+        assert_eq!(prepared.regions()[0].name, "r0");
+        assert!(prepared.derived_regions().is_empty());
+    }
+
+    /// Composed plans under the TensorRT model get their own regions, and cached runs equal
+    /// uncached ones bit for bit.
+    #[test]
+    fn composed_plans_derive_their_own_regions_and_cache_bit_for_bit() {
+        let g = crate::graph::testing::chain(16, 3);
+        let mut low = PrecisionPlan::uniform(&g, Precision::Float16);
+        low.fusion = FusionModel::TensorRt;
+        let mut high = PrecisionPlan::uniform(&g, Precision::Float32);
+        high.fusion = FusionModel::TensorRt;
+        let opts = PlanOptions::default();
+        let lp = PreparedPlan::new(&g, &low, &opts).unwrap();
+        let hp = PreparedPlan::new(&g, &high, &opts).unwrap();
+        assert_eq!(
+            lp.derived_regions().len(),
+            1,
+            "one pointwise group of 9 layers"
+        );
+        assert_eq!(lp.derived_regions()[0].nodes.len(), 9);
+        let interp = Interpreter::new(&g).unwrap();
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![16], (0..16).map(|i| 0.37 * i as f32 - 2.9).collect()),
+        );
+        let mut cache = ValueCache::new(1 << 30);
+        let opts_run = RunOptions::default();
+        let mut seen_regions = std::collections::BTreeSet::new();
+        for marked in [
+            vec![],
+            vec![4],
+            vec![0, 1],
+            vec![4],
+            vec![8],
+            vec![],
+            vec![3, 4, 5],
+        ] {
+            let c = lp.with_layers_of(&hp, &marked).unwrap();
+            // The float32 layers split the group: no region holds a marked layer.
+            for r in c.derived_regions() {
+                assert!(r.nodes.iter().all(|i| !marked.contains(i)), "{marked:?}");
+            }
+            let fresh = PreparedPlan::new(&g, &c.plan, &opts).unwrap();
+            assert_eq!(c.regions(), fresh.regions(), "composed == prepared anew");
+            seen_regions.insert(format!("{:?}", c.regions()));
+            let cached = interp
+                .run_cached(&feeds, 0, &opts_run, Some(&c), &mut cache)
+                .unwrap();
+            let plain = interp.run_plan(&feeds, &opts_run, &fresh).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(&cached.outputs[0].1),
+                bits(&plain.outputs[0].1),
+                "{marked:?}"
+            );
+        }
+        assert!(seen_regions.len() >= 4, "{seen_regions:?}");
+        assert!(cache.stats.reused > 0, "the cache served something");
     }
 }

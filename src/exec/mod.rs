@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod emulate;
+pub(crate) mod fusion;
 
 pub use cache::{CacheStats, ValueCache};
 

@@ -40,8 +40,8 @@ pub fn register(r: &mut Registry) {
     r.add("Atan", |_, i| unary(i, f64::atan, f32::atan));
     r.add("Sinh", |_, i| unary(i, f64::sinh, f32::sinh));
     r.add("Cosh", |_, i| unary(i, f64::cosh, f32::cosh));
-    r.add("Asinh", |_, i| unary(i, f64::asinh, f32::asinh));
-    r.add("Acosh", |_, i| unary(i, f64::acosh, f32::acosh));
+    r.add("Asinh", |_, i| unary(i, asinh, asinh));
+    r.add("Acosh", |_, i| unary(i, acosh, acosh));
     r.add("Atanh", |_, i| unary(i, f64::atanh, f32::atanh));
     r.add("Erf", |_, i| unary(i, libm::erf, libm::erff));
     r.add("IsNaN", |_, i| predicate(i, |x| x.is_nan()));
@@ -110,10 +110,10 @@ pub fn register(r: &mut Registry) {
     r.add("Mod", mod_op);
     r.add("BitShift", bit_shift);
     r.add("Max", |_, i| {
-        variadic(i, f64::max, f32::max, |a: i64, b| Ok(a.max(b)), None)
+        variadic(i, max_nan, max_nan, |a: i64, b| Ok(a.max(b)), None)
     });
     r.add("Min", |_, i| {
-        variadic(i, f64::min, f32::min, |a: i64, b| Ok(a.min(b)), None)
+        variadic(i, min_nan, min_nan, |a: i64, b| Ok(a.min(b)), None)
     });
     r.add("Sum", |_, i| {
         variadic(
@@ -364,21 +364,72 @@ fn where_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::Fa
     )])
 }
 
+/// 1, -1, NaN for NaN, and +0 for either zero (ONNX Runtime).
 fn sign<T: Float>(x: T) -> T {
     if x > T::zero() {
         T::one()
     } else if x < T::zero() {
         -T::one()
+    } else if x.is_nan() {
+        x
+    } else {
+        T::zero()
+    }
+}
+
+/// `max(x, 0)` as ONNX Runtime computes it: NaN stays NaN (Rust's `max` would drop it and give
+/// 0, healing an overflow the GPU reports) and -0 stays -0.
+fn relu<T: Float>(x: T) -> T {
+    if x < T::zero() {
+        T::zero()
     } else {
         x
     }
 }
 
-fn relu<T: Float>(x: T) -> T {
-    if x > T::zero() {
-        x
+/// Max of two floats that propagates NaN (ONNX Runtime's Max since 1.19, numpy's `maximum`,
+/// IEEE 754-2019 `maximum`); `f32::max` returns the other operand. Of equal operands (+0 and
+/// -0) the second, as ONNX Runtime.
+fn max_nan<T: Float>(a: T, b: T) -> T {
+    if a.is_nan() {
+        a
+    } else if b.is_nan() || a <= b {
+        b
     } else {
-        T::zero()
+        a
+    }
+}
+
+/// Min of two floats that propagates NaN (see [`max_nan`]); of equal operands the first, as
+/// ONNX Runtime.
+fn min_nan<T: Float>(a: T, b: T) -> T {
+    if a.is_nan() {
+        a
+    } else if b.is_nan() || b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// asinh that stays finite for large |x| (`x + sqrt(x² + 1)` overflows past 1.8e19 in f32):
+/// there asinh(x) = sign(x)·(ln|x| + ln 2) to the last bit. Elsewhere the standard library's.
+fn asinh<T: Float>(x: T) -> T {
+    let big = T::from(268_435_456.0).expect("2^28");
+    if x.abs() >= big {
+        (x.abs().ln() + T::from(std::f64::consts::LN_2).expect("ln 2")).copysign(x)
+    } else {
+        x.asinh()
+    }
+}
+
+/// acosh for large x as [`asinh`] (ln x + ln 2); NaN below 1 as the standard library.
+fn acosh<T: Float>(x: T) -> T {
+    let big = T::from(268_435_456.0).expect("2^28");
+    if x >= big {
+        x.ln() + T::from(std::f64::consts::LN_2).expect("ln 2")
+    } else {
+        x.acosh()
     }
 }
 
@@ -496,8 +547,21 @@ fn celu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
         inputs,
-        |x| x.max(0.0) + (a as f64 * (x / a as f64).exp_m1()).min(0.0),
-        |x| x.max(0.0) + (a * (x / a).exp_m1()).min(0.0),
+        // NaN stays NaN (`max`/`min` would drop it).
+        |x| {
+            if x.is_nan() {
+                x
+            } else {
+                x.max(0.0) + (a as f64 * (x / a as f64).exp_m1()).min(0.0)
+            }
+        },
+        |x| {
+            if x.is_nan() {
+                x
+            } else {
+                x.max(0.0) + (a * (x / a).exp_m1()).min(0.0)
+            }
+        },
     )
 }
 
@@ -506,8 +570,17 @@ fn selu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let (a, g) = (attrs.alpha, attrs.gamma);
     unary(
         inputs,
-        |x| g as f64 * if x > 0.0 { x } else { a as f64 * x.exp_m1() },
-        |x| g * if x > 0.0 { x } else { a * x.exp_m1() },
+        // `+ 0.0`: Selu(-0) is +0 as in the spec's gamma·(alpha·e^x − alpha) (and ORT); it
+        // changes no other value.
+        |x| {
+            g as f64
+                * if x > 0.0 {
+                    x
+                } else {
+                    a as f64 * x.exp_m1() + 0.0
+                }
+        },
+        |x| g * if x > 0.0 { x } else { a * x.exp_m1() + 0.0 },
     )
 }
 
@@ -889,8 +962,17 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         };
         (scalar(1)?, scalar(2)?)
     };
-    let lo = lo.unwrap_or(f64::NEG_INFINITY);
-    let hi = hi.unwrap_or(f64::INFINITY);
+    // A missing bound is the type's lowest/largest finite value (the spec's
+    // numeric_limits::lowest()/max(), as ONNX Runtime): Clip(-inf) without `min` is -MAX.
+    let (lowest, largest) = match x.dtype() {
+        DType::F32 => (f32::MIN as f64, f32::MAX as f64),
+        DType::F16 => (half::f16::MIN.to_f64(), half::f16::MAX.to_f64()),
+        DType::BF16 => (half::bf16::MIN.to_f64(), half::bf16::MAX.to_f64()),
+        DType::F64 => (f64::MIN, f64::MAX),
+        _ => (f64::NEG_INFINITY, f64::INFINITY),
+    };
+    let lo = lo.unwrap_or(lowest);
+    let hi = hi.unwrap_or(largest);
     if x.dtype().is_int() {
         let v: Vec<i64> = x
             .to_i64_vec()
@@ -993,6 +1075,50 @@ mod tests {
     fn sigmoid_is_stable() {
         let x = Tensor::from_f32(vec![2], vec![-1000.0, 1000.0]);
         assert_eq!(run("Sigmoid", &[&x]).as_f32().unwrap(), &[0.0, 1.0]);
+    }
+
+    #[test]
+    fn nan_and_infinities_propagate_as_in_onnxruntime() {
+        let nan = f32::NAN;
+        let x = Tensor::from_f32(vec![4], vec![nan, -0.0, f32::NEG_INFINITY, 2.0]);
+        let relu = run("Relu", &[&x]);
+        let r = relu.as_f32().unwrap();
+        assert!(r[0].is_nan(), "Relu(NaN) is NaN, not 0");
+        assert!(r[1] == 0.0 && r[1].is_sign_negative() && r[2] == 0.0 && r[3] == 2.0);
+        let one = Tensor::from_f32(vec![4], vec![1.0; 4]);
+        for op in ["Max", "Min"] {
+            for args in [[&x, &one], [&one, &x]] {
+                let y = run(op, &args);
+                assert!(y.as_f32().unwrap()[0].is_nan(), "{op}(NaN, 1) is NaN");
+            }
+        }
+        let clip = run("Clip", &[&x]);
+        let c = clip.as_f32().unwrap();
+        assert!(c[0].is_nan(), "Clip(NaN) is NaN");
+        assert_eq!(
+            c[2],
+            f32::MIN,
+            "Clip without min is bounded by the lowest float"
+        );
+        let sign = run("Sign", &[&x]);
+        let s = sign.as_f32().unwrap();
+        assert!(s[0].is_nan() && s[1] == 0.0 && s[1].is_sign_positive() && s[2] == -1.0);
+        let big = Tensor::from_f32(vec![2], vec![1e30, -3e38]);
+        let a = run("Asinh", &[&big]);
+        let want = [(1e30f64).asinh(), -(3e38f64).asinh()];
+        for (&got, want) in a.as_f32().unwrap().iter().zip(want) {
+            assert!(
+                ((got as f64 - want) / want).abs() < 1e-6,
+                "asinh {got} vs {want}"
+            );
+        }
+        let node = Node {
+            attrs: [("alpha".to_string(), crate::graph::Attribute::Float(1.0))].into(),
+            ..ctx_node("Celu")
+        };
+        let k = Registry::global().get("", "Celu").unwrap();
+        let y = k(&OpCtx::new(&node, 17), &[Some(&x)]).unwrap().remove(0);
+        assert!(y.as_f32().unwrap()[0].is_nan(), "Celu(NaN) is NaN");
     }
 
     #[test]

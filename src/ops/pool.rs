@@ -470,6 +470,30 @@ mod tests {
     }
 
     #[test]
+    fn max_pool_propagates_a_nan_anywhere_in_the_window() {
+        // IEEE 754-2019 maximum (numpy, PyTorch); ORT's MLAS kernel keeps a NaN only when it
+        // is last in the window (docs/numerics.md).
+        let nan = f32::NAN;
+        let x = Tensor::from_f32(vec![1, 1, 2, 4], vec![nan, 1., 2., 3., 4., 5., 6., nan]);
+        let attrs = [
+            ("kernel_shape", Attribute::Ints(vec![2, 2])),
+            ("strides", Attribute::Ints(vec![2, 2])),
+        ];
+        let n = node("MaxPool", &attrs);
+        let y = max_pool(&OpCtx::new(&n, 12), &[Some(&x)])
+            .unwrap()
+            .remove(0);
+        let v = y.as_f32().unwrap();
+        assert!(v[0].is_nan() && v[1].is_nan(), "{v:?}");
+        let inf = Tensor::from_f32(vec![1, 1, 2, 2], vec![f32::NEG_INFINITY; 4]);
+        let n = node("MaxPool", &attrs[..1]);
+        let y = max_pool(&OpCtx::new(&n, 12), &[Some(&inf)])
+            .unwrap()
+            .remove(0);
+        assert_eq!(y.as_f32().unwrap(), &[f32::NEG_INFINITY]);
+    }
+
+    #[test]
     fn bad_attributes_are_load_errors() {
         use crate::ops::attrs::testing::assert_rejected;
         let k = ("kernel_shape", Attribute::Ints(vec![2, 2]));

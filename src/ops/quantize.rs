@@ -332,8 +332,10 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             // As the ONNX reference: the zero point is added in float, then converted.
             q.push((quot as f32 + z as f32) as f64);
         } else {
+            // NaN quantizes to the type's minimum, as in ONNX Runtime (its kernels clamp with
+            // maxps/minps, which return the bound for a NaN); ±inf saturate.
             let r = if quot.is_nan() {
-                0.0
+                qmin - z
             } else {
                 quot.round_ties_even()
             };
@@ -524,13 +526,16 @@ mod tests {
     }
 
     #[test]
-    fn quantize_nan_gives_zero_point() {
+    fn quantize_nan_gives_the_minimum_as_onnxruntime() {
         let n = node("QuantizeLinear", &[]);
-        let x = Tensor::from_f32(vec![1], vec![f32::NAN]);
+        let x = Tensor::from_f32(vec![3], vec![f32::NAN, f32::INFINITY, f32::NEG_INFINITY]);
         let s = Tensor::scalar_f32(1.0);
         let z = Tensor::from_parts(vec![], TensorData::U8(vec![7].into()));
         let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
-        assert_eq!(y[0].data(), &TensorData::U8(vec![7].into()));
+        assert_eq!(y[0].data(), &TensorData::U8(vec![0, 255, 0].into()));
+        let z = Tensor::from_parts(vec![], TensorData::I8(vec![7].into()));
+        let y = run(quantize_linear, &n, 19, &[Some(&x), Some(&s), Some(&z)]).unwrap();
+        assert_eq!(y[0].data(), &TensorData::I8(vec![-128, 127, -128].into()));
     }
 
     #[test]

@@ -371,11 +371,16 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
     // Sums accumulate in f64 (the reference), or in an f16 register when a reduced-precision
     // layer asks for f16 accumulation (`--accumulate f16`): each addition rounded to f16.
     let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
+    // An empty sum is +0 (ONNX Runtime, numpy); `Iterator::sum` starts from -0.0, so it is
+    // folded from the first element instead (the same additions, the same bits otherwise).
     let total = |it: &mut dyn Iterator<Item = f64>| -> f64 {
         if f16_acc {
             it.fold(0.0, |a, x| half::f16::from_f64(a + x).to_f64())
         } else {
-            it.sum()
+            match it.next() {
+                None => 0.0,
+                Some(first) => it.fold(first, |a, x| a + x),
+            }
         }
     };
     let out: Vec<f64> = p
@@ -564,6 +569,27 @@ mod tests {
             &[&x],
         );
         assert_eq!(y[0], x);
+    }
+
+    #[test]
+    fn specials_in_reductions() {
+        // An empty sum is +0 (ONNX Runtime, numpy), not the -0 of Rust's `Iterator::sum`.
+        let empty = Tensor::from_f32(vec![2, 0], vec![]);
+        let axes = Tensor::from_i64(vec![1], vec![1]);
+        for op in ["ReduceSum", "ReduceL1", "ReduceL2", "ReduceSumSquare"] {
+            let y = run(op, 18, &[], &[&empty, &axes]);
+            for &v in y[0].as_f32().unwrap() {
+                assert!(v == 0.0 && v.is_sign_positive(), "{op}: {v}");
+            }
+        }
+        // Max/Min propagate NaN wherever it is; sums of +inf and -inf are NaN.
+        let x = Tensor::from_f32(vec![2, 2], vec![f32::NAN, 1., 2., f32::NAN]);
+        for op in ["ReduceMax", "ReduceMin"] {
+            let y = run(op, 18, &[], &[&x, &axes]);
+            assert!(y[0].as_f32().unwrap().iter().all(|v| v.is_nan()), "{op}");
+        }
+        let x = Tensor::from_f32(vec![1, 2], vec![f32::INFINITY, f32::NEG_INFINITY]);
+        assert!(run("ReduceSum", 18, &[], &[&x, &axes])[0].as_f32().unwrap()[0].is_nan());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! saturating FP8 conversion does; callers scale into range before converting (fp8 layers are
 //! scaled like int8).
 
+pub mod fusion;
 pub mod plan;
 pub mod quant;
 

@@ -1,5 +1,6 @@
 //! `PrecisionPlan`: one precision per layer, built from global flags and `--layer-precisions`.
 
+use super::fusion::FusionModel;
 use super::{has_quantized_kernel, Precision};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
@@ -163,6 +164,11 @@ pub struct PrecisionPlan {
     /// subgraphs by path; the nodes of one region belong to one graph.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub regions: Vec<FusionRegion>,
+    /// The engine fusion the emulation assumes besides `regions` (`--fusion`): with
+    /// `tensorrt`, regions are derived from the graph and these precisions when the plan is
+    /// prepared (`exec::fusion`), so every plan a search builds gets its own.
+    #[serde(skip_serializing_if = "FusionModel::is_none")]
+    pub fusion: FusionModel,
 }
 
 /// A group of nodes that runs as one kernel: values computed and consumed inside it stay in
@@ -254,6 +260,7 @@ impl PrecisionPlan {
             layers,
             inner: BTreeMap::new(),
             regions: Vec::new(),
+            fusion: FusionModel::None,
         }
     }
 
@@ -423,7 +430,7 @@ impl PrecisionPlan {
 
     /// Reads a plan saved as JSON (what serializing a plan writes): `layers` (one precision
     /// per node, in graph order), optional `inner` (path → precision) and `regions`
-    /// (`[{"name": ..., "nodes": [...]}]`). Precisions take every name `--layer-precisions`
+    /// (`[{"name": ..., "nodes": [...]}]`) and `fusion` (`"none"`, `"tensorrt"`). Precisions take every name `--layer-precisions`
     /// accepts. The plan is checked against `graph`: layer count, inner paths and regions.
     pub fn from_json(text: &str, graph: &Graph) -> Result<PrecisionPlan> {
         let bad = |m: String| Error::Invalid(format!("precision plan: {m}"));
@@ -451,6 +458,14 @@ impl PrecisionPlan {
             )));
         }
         let mut plan = PrecisionPlan::from_layers(layers);
+        if let Some(f) = v.get("fusion") {
+            let name = f.as_str().ok_or_else(|| {
+                bad(format!(
+                    "'fusion' must be a string (none, tensorrt), got {f}"
+                ))
+            })?;
+            plan.fusion = FusionModel::parse(name).map_err(|e| bad(e.to_string()))?;
+        }
         if let Some(inner) = v.get("inner") {
             let obj = inner
                 .as_object()
@@ -657,6 +672,7 @@ impl PrecisionPlan {
                 layers,
                 inner: inner_set,
                 regions: Vec::new(),
+                fusion: FusionModel::None,
             },
             warnings,
         ))

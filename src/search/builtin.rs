@@ -116,7 +116,11 @@ impl<'a> BuiltinOracle<'a> {
     fn prepared_for(&mut self, marked: &[usize]) -> Result<PreparedPlan> {
         if self.prepared.is_none() {
             let low = self.prepare(&self.low)?;
-            let high = self.prepare(&PrecisionPlan::uniform(self.interp.graph(), self.high))?;
+            // Same regions and fusion model as the low plan: composing needs them equal.
+            let mut all_high = PrecisionPlan::uniform(self.interp.graph(), self.high);
+            all_high.regions = self.low.regions.clone();
+            all_high.fusion = self.low.fusion;
+            let high = self.prepare(&all_high)?;
             self.prepared = Some((low, high));
         }
         let (low, high) = self.prepared.as_ref().expect("prepared above");

@@ -1,11 +1,15 @@
 //! The external oracle (Polygraphy's `--check`): each candidate is written as a
 //! mixed-precision ONNX model and handed to a user command; its exit status (and optionally a
 //! regex over its output) decides pass or fail. This is how a user with real TensorRT drives
-//! the search: `--check trtexec --onnx={model} --fp16 --layerPrecisions={trtexec_layer_precisions}
-//! --precisionConstraints=obey ...` or `--check polygraphy run {model} --trt ...`.
+//! the search: with TensorRT 11 (strongly typed only) `--check trtexec --onnx={model}
+//! --stronglyTyped ...` or `--check polygraphy run {model} --trt --strongly-typed ...`; with
+//! TensorRT <= 10 also `--check trtexec --onnx=model.onnx --fp16
+//! --layerPrecisions={trtexec_layer_precisions} --precisionConstraints=obey ...`.
 //!
 //! Placeholders in the command's arguments:
-//! - `{model}`: the candidate as an ONNX file (Casts / Q-DQ as `mixprec convert` writes them);
+//! - `{model}`: the candidate as an ONNX file (Casts / Q-DQ as `mixprec convert` writes them),
+//!   exported anew for each candidate from the low plan with the marked layers in the high
+//!   precision: its own types are the candidate's precisions;
 //! - `{layer_precisions}`: `name:float32` items for `polygraphy run --layer-precisions`; an
 //!   argument that is exactly this placeholder becomes one argument per marked layer;
 //! - `{trtexec_layer_precisions}`: `name:fp32,name2:fp32` for `trtexec --layerPrecisions=`;

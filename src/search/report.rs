@@ -6,9 +6,10 @@ use super::builtin::BuiltinOracle;
 use super::check::trtexec_spec;
 use super::{Direction, Mode, Objective, Outcome, SearchResult, SearchSpace, Trial};
 use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
+use crate::error::Result;
 use crate::graph::Graph;
 use crate::inspect::si;
-use crate::precision::plan::PrecisionPlan;
+use crate::precision::plan::{GlobalPrecision, PrecisionConstraints, PrecisionPlan};
 use crate::precision::Precision;
 use serde::Serialize;
 
@@ -106,6 +107,12 @@ pub struct ResultFile<'a> {
     pub layers: Vec<LayerRef>,
     pub stats: &'a SearchStats,
     pub trials: &'a [Trial],
+    /// The fusion model this answer assumes (`none`: safe on any engine).
+    pub fusion: &'static str,
+    /// With `--fusion tensorrt`: the answer under that fusion model, in the same form (the
+    /// top level is then the answer without fusion).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub with_fusion: Option<Box<ResultFile<'a>>>,
 }
 
 /// How the search was set up, as the result file records it.
@@ -158,6 +165,8 @@ impl<'a> ResultFile<'a> {
             },
             stats,
             trials: &result.trials,
+            fusion: setup.low.fusion.name(),
+            with_fusion: None,
         }
     }
 }
@@ -220,8 +229,11 @@ pub fn html_report(
             if let Some(t) = result.trial_of(m) {
                 details.push(format!("Achieved: {}", t.summary));
             }
+            details.push(
+                "TensorRT 11 (strongly typed): the answer's mixed-precision model (`mixprec convert`, or `debug precision -o`), built with `trtexec --onnx=model_mixed.onnx --stronglyTyped`".to_string(),
+            );
             details.push(format!(
-                "trtexec: --layerPrecisions={} --precisionConstraints=obey",
+                "TensorRT <= 10 only: trtexec --layerPrecisions={} --precisionConstraints=obey",
                 trtexec_spec(graph, m, high)
             ));
             details.push(execs);
@@ -356,4 +368,183 @@ pub fn html_report(
         );
     }
     r
+}
+
+/// What the deploy lines of an answer are made from.
+pub struct DeploySetup<'a> {
+    /// The searched model, as the user named it.
+    pub model: &'a str,
+    pub graph: &'a Graph,
+    /// The global precision flags of the search (`--fp16 --int8 ...`).
+    pub flags: GlobalPrecision,
+    /// The answer's plan (the low plan with the marked layers in `high`).
+    pub answer: &'a PrecisionPlan,
+    pub marked: &'a [usize],
+    pub high: Precision,
+    /// Where this command writes the answer's mixed-precision model (`-o`), if it does.
+    pub written: Option<&'a str>,
+    /// Arguments `mixprec convert` needs besides the precisions to write the same model: the
+    /// calibration cache, or the inputs the search calibrated on.
+    pub convert_extra: Vec<String>,
+    /// The TensorRT <= 10 global flags, as `polygraphy run` and `trtexec` spell them.
+    pub polygraphy_flags: String,
+    pub trtexec_flags: String,
+}
+
+/// The mixed-precision model the TensorRT 11 lines name when `-o` did not write one.
+pub const MIXED_MODEL: &str = "model_mixed.onnx";
+
+/// How to deploy an answer, TensorRT 11 first: TensorRT 11 is strongly typed only (no
+/// `--fp16`, `--layerPrecisions`, `--precisionConstraints`), so the answer ships as the
+/// mixed-precision model whose Casts and Q/DQ carry every precision, built with
+/// `trtexec --stronglyTyped`. Every line is true after the command ran: the model they name
+/// is the `-o` file, or the first line is the `mixprec convert` command that writes it with
+/// the answer's precisions. The TensorRT <= 10 lines (weak typing, the original model) follow.
+pub fn deploy_lines(s: &DeploySetup<'_>) -> Result<Vec<String>> {
+    let mut lines = vec![
+        "TensorRT 11 (strongly typed: the model's Casts and Q/DQ set every precision):".to_string(),
+    ];
+    let mixed = match s.written {
+        Some(path) => {
+            lines.push(format!(
+                "  {}: the answer as a mixed-precision model (written by -o)",
+                shell_word(path)
+            ));
+            shell_word(path)
+        }
+        None => {
+            let mut cmd = vec![
+                "mixprec".to_string(),
+                "convert".to_string(),
+                shell_word(s.model),
+            ];
+            cmd.extend(global_flag_words(&s.flags));
+            let items = convert_items(s.graph, &s.flags, s.answer)?;
+            if !items.is_empty() {
+                cmd.push("--layer-precisions".into());
+                cmd.extend(items.iter().map(|i| shell_word(i)));
+            }
+            cmd.extend(s.convert_extra.iter().map(|a| shell_word(a)));
+            cmd.extend(["-o".to_string(), MIXED_MODEL.to_string()]);
+            lines.push(format!("  {}", cmd.join(" ")));
+            MIXED_MODEL.to_string()
+        }
+    };
+    lines.push(format!("  trtexec --onnx={mixed} --stronglyTyped"));
+    lines.push(format!("  polygraphy run {mixed} --trt --strongly-typed"));
+    lines.push("TensorRT <= 10 only (weakly typed, the original model):".to_string());
+    let items = super::check::polygraphy_items(s.graph, s.marked, s.high)
+        .iter()
+        .map(|i| shell_word(i))
+        .collect::<Vec<_>>();
+    let model = shell_word(s.model);
+    lines.push(format!(
+        "  polygraphy run {model} --trt {} --layer-precisions {} --precision-constraints obey",
+        s.polygraphy_flags,
+        items.join(" ")
+    ));
+    lines.push(format!(
+        "  trtexec --onnx={model} {} --layerPrecisions={} --precisionConstraints=obey",
+        s.trtexec_flags,
+        shell_word(&trtexec_spec(s.graph, s.marked, s.high))
+    ));
+    Ok(lines)
+}
+
+/// `--fp16 --bf16 --int8 --fp8` as set.
+fn global_flag_words(f: &GlobalPrecision) -> Vec<String> {
+    [
+        (f.fp16, "--fp16"),
+        (f.bf16, "--bf16"),
+        (f.int8, "--int8"),
+        (f.fp8, "--fp8"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, w)| w.to_string())
+    .collect()
+}
+
+/// The `--layer-precisions` items that, with the global flags, give exactly `answer`: one
+/// `name:dtype` per layer (and per subgraph node, by path) whose precision differs from what
+/// the flags alone give. A name that a glob would read as a pattern (`*`, `?`) or that starts
+/// with `re:` is written as an anchored regex, so the item names that layer only.
+pub fn convert_items(
+    graph: &Graph,
+    flags: &GlobalPrecision,
+    answer: &PrecisionPlan,
+) -> Result<Vec<String>> {
+    let (base, _) = PrecisionPlan::resolve(graph, flags, &[], PrecisionConstraints::Prefer)?;
+    let item = |name: &str, p: Precision| {
+        if name.contains(['*', '?']) || name.starts_with("re:") {
+            format!("re:^{}$:{}", regex::escape(name), p.name())
+        } else {
+            format!("{name}:{}", p.name())
+        }
+    };
+    let mut items = Vec::new();
+    for (i, (&want, &got)) in answer.layers.iter().zip(&base.layers).enumerate() {
+        if want != got {
+            items.push(item(&graph.nodes[i].name, want));
+        }
+    }
+    for (path, &want) in &answer.inner {
+        if base.inner.get(path) != Some(&want) {
+            items.push(item(path, want));
+        }
+    }
+    Ok(items)
+}
+
+/// `s` as one POSIX shell word: unchanged when it needs no quoting, else in single quotes.
+pub fn shell_word(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./:=,@%+".contains(c));
+    if plain {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', r"'\''"))
+    }
+}
+
+#[cfg(test)]
+mod deploy_tests {
+    use super::*;
+    use crate::graph::Node;
+    use crate::precision::plan::parse_layer_precisions;
+
+    #[test]
+    fn convert_items_give_back_the_answer_and_quote_for_the_shell() {
+        let mut g = Graph::default();
+        for name in ["conv*1", "add", "re:x", "it's"] {
+            g.nodes.push(Node {
+                name: name.into(),
+                op_type: "Relu".into(),
+                ..Default::default()
+            });
+        }
+        g.nodes.push(Node {
+            name: "conv10".into(),
+            op_type: "Relu".into(),
+            ..Default::default()
+        });
+        let flags = GlobalPrecision {
+            fp16: true,
+            ..Default::default()
+        };
+        let (base, _) =
+            PrecisionPlan::resolve(&g, &flags, &[], PrecisionConstraints::Prefer).unwrap();
+        let answer = base.marking(&[0, 2, 3], Precision::Float32);
+        let items = convert_items(&g, &flags, &answer).unwrap();
+        assert_eq!(items.len(), 3, "{items:?}");
+        // The items resolve to exactly the answer: `conv*1` does not catch `conv10`.
+        let overrides = parse_layer_precisions(&items).unwrap();
+        let (again, _) =
+            PrecisionPlan::resolve(&g, &flags, &overrides, PrecisionConstraints::Prefer).unwrap();
+        assert_eq!(again.layers, answer.layers);
+        assert_eq!(shell_word("a/b.onnx"), "a/b.onnx");
+        assert_eq!(shell_word("[-1,1]"), "'[-1,1]'");
+        assert_eq!(shell_word("it's:float32"), r"'it'\''s:float32'");
+    }
 }

@@ -37,7 +37,7 @@ fn exclusions() -> BTreeMap<String, String> {
 /// kernel for (subgraphs included), or a value that is not a tensor of a supported type
 /// (sequences, optionals, maps; int2/uint2/float8e8m0). None: every op and type is supported,
 /// so any load or kernel error is a failure.
-fn out_of_scope(path: &Path) -> Option<String> {
+pub(crate) fn out_of_scope(path: &Path) -> Option<String> {
     use mixprec::onnx::proto::{type_proto, GraphProto, ValueInfoProto};
     let bytes = std::fs::read(path).ok()?;
     let model = mixprec::onnx::decode_model(&bytes, path).ok()?;

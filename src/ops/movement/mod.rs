@@ -1102,7 +1102,9 @@ fn cum_sum(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let mut out = vec![0f64; v.len()];
     for o in 0..outer {
         for i in 0..inner {
-            let mut acc = 0f64;
+            // Inclusive sums start from -0, so the first output is the first input to the
+            // sign of zero (as ONNX Runtime); an exclusive sum's first output is +0.
+            let mut acc = if exclusive { 0f64 } else { -0f64 };
             for step in 0..len {
                 let k = if reverse { len - 1 - step } else { step };
                 let at = (o * len + k) * inner + i;

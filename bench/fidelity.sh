@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# The GPU as referee (docs/fidelity.md): how close mixprec's emulated FP16 is to FP16 run natively
+# on a CUDA GPU, unfused (PyTorch eager) and fused (torch.compile).
+#
+#   bench/fidelity.sh prepare [DIR]          here, on the CPU (default DIR: target/fidelity)
+#   bash DIR/device/run_gpu.sh OUT           on the GPU machine (needs python3 with torch, onnx)
+#   bench/fidelity.sh compare [DIR] RESULTS  here: RESULTS is OUT (a folder) or OUT's results.tar.gz
+#
+# prepare writes, for each model, the inputs (4 to 64 input sets), mixprec's FP32 reference
+# outputs, its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this
+# mixprec has the flag) and the FP16 export (`convert --fp16`) — and BF16 ones, unfused, for the
+# small models — and splits them into DIR/device (what the GPU needs: the exports, the inputs,
+# scripts/gpu_reference.py, run_gpu.sh) and DIR/local (the references). compare prints per
+# model and mode the bit-identical fraction (emulation vs GPU, on the outputs), the median
+# |out - FP32| of each, their ratio, and each one's verdict against the planted models'
+# criterion (median error, atol = rtol = 1e-2; tests/integration/search.rs).
+#
+# MIXPREC=path uses that binary instead of building target/release/mixprec; PYTHON=path the
+# Python with onnx and numpy (default: scripts/setup-python.sh's venv). NUDENET_ONNX=path adds the
+# real-corpus YOLOv8n detector (nudenet 3.4.2's 320n.onnx) when given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+step=${1:-}
+[ -n "$step" ] || { sed -n "2,20p" "$0"; exit 2; }
+shift
+py=${PYTHON:-}
+[ -n "$py" ] || py=$(bash scripts/setup-python.sh)
+
+prepare() {
+    local dir=${1:-target/fidelity}
+    local mix=${MIXPREC:-}
+    if [ -z "$mix" ]; then
+        cargo build --release --quiet
+        mix=${CARGO_TARGET_DIR:-$root/target}/release/mixprec
+    fi
+    rm -rf "$dir"
+    mkdir -p "$dir/device" "$dir/local" "$dir/models"
+    "$py" scripts/gen_models.py --out "$dir/models" --size bench --only cnn,transformer --no-ort >/dev/null
+    "$py" scripts/gen_models.py --out "$dir/models/small" --only cnn,planted_cnn,planted_transformer,planted_square,planted_addsub,decomposed_ln --no-ort >/dev/null
+    mv "$dir/models/small/cnn.onnx" "$dir/models/cnn_small.onnx"
+    for m in planted_cnn planted_transformer planted_square planted_addsub decomposed_ln; do
+        mv "$dir/models/small/$m.onnx" "$dir/models/$m.onnx"
+    done
+    cp examples/needs_constraints.onnx "$dir/models/"
+    # name | kind (elementwise: only pointwise ops; other) | planted (yes/no) | value range |
+    # input shapes | input sets (enough that a small output gives a stable median: the CNNs'
+    # 10 logits are too few for one; see docs/fidelity.md)
+    {
+        echo "cnn other no [-1,1] - 16"
+        echo "cnn_small other no [-1,1] - 64"
+        echo "transformer other no [-1,1] - 4"
+        echo "needs_constraints other yes [1,2] - 4"
+        echo "planted_addsub elementwise yes [1,2] - 4"
+        echo "planted_square other yes [-1,1] - 16"
+        echo "decomposed_ln other yes [-1,1] - 4"
+        echo "planted_cnn other yes [-1,1] - 16"
+        echo "planted_transformer other yes [-1,1] - 4"
+        if [ -n "${NUDENET_ONNX:-}" ]; then
+            cp "$NUDENET_ONNX" "$dir/models/nudenet_320n.onnx"
+            echo "nudenet_320n other no [0,1] images:[1,3,320,320] 4"
+        fi
+    } >"$dir/models.txt"
+    local fusion=no
+    if "$mix" run --help | grep -q -- '--fusion'; then fusion=yes; fi
+    echo "fusion=$fusion" >"$dir/local/config"
+    cp scripts/gpu_reference.py "$dir/device/"
+    cp "$dir/models.txt" "$dir/device/models.txt"
+    while read -r name kind planted range shapes iterations; do
+        local src=$dir/models/$name.onnx dev=$dir/device/$name loc=$dir/local/$name
+        mkdir -p "$dev" "$loc"
+        local shape_args=()
+        [ "$shapes" = "-" ] || shape_args=(--input-shapes "$shapes")
+        "$mix" run "$src" "${shape_args[@]}" --val-range "$range" --seed 1 --iterations "$iterations" \
+            --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
+        "$mix" run "$src" --fp16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_none.json" -q >/dev/null
+        if [ $fusion = yes ]; then
+            "$mix" run "$src" --fp16 --fusion tensorrt --load-inputs "$dev/inputs.json" \
+                --save-outputs "$loc/emu_tensorrt.json" -q >/dev/null
+        fi
+        "$mix" convert "$src" --fp16 -o "$dev/model_fp16.onnx" >/dev/null
+        # bfloat16 too, for the models small enough to carry twice and whose opset has bfloat16
+        # kernels for all their ops (opset 17 has no bfloat16 Conv: convert refuses, we skip).
+        if [ "$(stat -c %s "$src")" -lt 4000000 ] &&
+            "$mix" convert "$src" --bf16 -o "$dev/model_bf16.onnx" >/dev/null 2>"$loc/bf16.log"; then
+            "$mix" run "$src" --bf16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_bf16.json" -q >/dev/null
+        fi
+        # The FP32 model too (the GPU's FP32 run checks the executor), where it is small.
+        if [ "$(stat -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
+        echo "prepared $name"
+    done <"$dir/models.txt"
+    # Layer-wise investigation of the ResNet-like CNN: every layer of the emulation and of FP32,
+    # on the first input set.
+    "$py" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))[:1], open(sys.argv[2], "w"))' \
+        "$dir/device/cnn_small/inputs.json" "$dir/local/cnn_small/inputs_first.json"
+    "$mix" run "$dir/models/cnn_small.onnx" --fp16 --trt-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
+        --save-outputs "$dir/device/cnn_small/emu_layers.json" -q >/dev/null
+    "$mix" run "$dir/models/cnn_small.onnx" --onnx-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
+        --save-outputs "$dir/local/cnn_small/fp32_layers.json" -q >/dev/null
+    cat >"$dir/device/run_gpu.sh" <<'EOF'
+#!/usr/bin/env bash
+# Runs every prepared model on the GPU (eager, torch.compile, and FP32 eager where the FP32 model
+# is here) and the layer-wise CNN runs; writes OUT/<model>/*.json and OUT/results.tar.gz.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: run_gpu.sh OUT}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+"$py" -c 'import torch, onnx; print("torch", torch.__version__, "onnx", onnx.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$out/env.txt" 2>/dev/null
+date -u >>"$out/env.txt"
+run_model() {
+    local name=$1 d=$here/$1 o=$out/$1 mode t0 s
+    mkdir -p "$o"
+    for mode in eager compile; do
+        t0=$(date +%s)
+        if "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --mode $mode \
+            --save-outputs "$o/gpu_$mode.json" 2>"$o/gpu_$mode.log"; then s=ok; else s=FAILED; fi
+        echo "$name $mode $s $(($(date +%s) - t0))s"
+    done
+    if [ -f "$d/model_bf16.onnx" ]; then
+        "$py" "$here/gpu_reference.py" "$d/model_bf16.onnx" --load-inputs "$d/inputs.json" \
+            --save-outputs "$o/gpu_eager_bf16.json" 2>"$o/gpu_eager_bf16.log" || echo "$name bf16 eager FAILED"
+    fi
+    case $name in cnn*)
+        # The CNN again with cuDNN off (PyTorch's own convolution kernels), for the BN/conv question.
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --no-cudnn \
+            --save-outputs "$o/gpu_eager_nocudnn.json" 2>"$o/gpu_eager_nocudnn.log" || echo "$name eager no-cuDNN FAILED"
+        # Which kernels ran (their names tell the accumulator types), eager and compiled.
+        for mode in eager compile; do
+            "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mode $mode \
+                --list-kernels "$o/kernels_$mode.txt" --save-outputs /dev/null 2>"$o/kernels_$mode.log" || echo "$name kernels FAILED"
+        done
+    esac
+    case $name in transformer)
+        # cuBLAS allowed its reduced-precision (fp16) split-K reductions, PyTorch's default.
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --fp16-reduced-reduction \
+            --save-outputs "$o/gpu_eager_rr.json" 2>"$o/gpu_eager_rr.log" || echo "$name eager reduced-reduction FAILED"
+    esac
+    if [ -f "$d/model_fp32.onnx" ]; then
+        "$py" "$here/gpu_reference.py" "$d/model_fp32.onnx" --load-inputs "$d/inputs.json" \
+            --save-outputs "$o/gpu_fp32.json" 2>"$o/gpu_fp32.log" || echo "$name fp32 FAILED"
+    fi
+    if [ -f "$d/emu_layers.json" ]; then
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mark-all \
+            --save-outputs "$o/gpu_layers.json" 2>"$o/gpu_layers.log" || echo "$name layers FAILED"
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mark-all \
+            --isolate "$d/emu_layers.json" --save-outputs "$o/gpu_isolated.json" 2>"$o/gpu_isolated.log" \
+            || echo "$name isolated FAILED"
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mark-all --no-cudnn \
+            --isolate "$d/emu_layers.json" --save-outputs "$o/gpu_isolated_nocudnn.json" 2>"$o/gpu_isolated_nocudnn.log" \
+            || echo "$name isolated no-cuDNN FAILED"
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mark-all \
+            --isolate "$d/emu_layers.json" --isolate-f64 --save-outputs "$o/gpu_exact.json" 2>"$o/gpu_exact.log" \
+            || echo "$name isolated f64 FAILED"
+    fi
+}
+# Models in parallel (torch.compile spends its time on the CPU): JOBS at a time.
+jobs=${JOBS:-6}
+while read -r name _; do
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    run_model "$name" > "$out/$name.txt" 2>&1 &
+done <"$here/models.txt"
+wait
+cat "$out"/*.txt
+tmp=$(mktemp)
+tar -C "$out" -czf "$tmp" . && mv "$tmp" "$out/results.tar.gz"
+EOF
+    echo "wrote $dir/device ($(du -sh "$dir/device" | cut -f1)) and $dir/local"
+}
+
+compare() {
+    local dir=target/fidelity
+    if [ $# -ge 2 ]; then dir=$1; shift; fi
+    local res=${1:?usage: bench/fidelity.sh compare [DIR] RESULTS}
+    if [ -f "$res" ]; then
+        local unpacked=$dir/gpu_results
+        rm -rf "$unpacked" && mkdir -p "$unpacked"
+        tar -C "$unpacked" -xzf "$res"
+        res=$unpacked
+    fi
+    "$py" bench/fidelity_compare.py "$dir" "$res"
+}
+
+case $step in
+prepare) prepare "$@" ;;
+compare) compare "$@" ;;
+*) echo "unknown step '$step' (prepare or compare)" >&2; exit 2 ;;
+esac

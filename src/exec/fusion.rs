@@ -1,0 +1,1021 @@
+//! TensorRT-style fusion rules (`--fusion tensorrt`; docs/numerics.md, "Fusion rules").
+//!
+//! [`FusionAnalysis::new`] reads a graph once: what kind of kernel each node is, whether the
+//! rules can apply to it (float types, shapes of known rank without unknown dimensions),
+//! which reductions belong to a normalization or softmax, and who reads what.
+//! [`FusionAnalysis::regions`] then groups the nodes of one plan into regions, greedily in
+//! graph order, so that every plan (every candidate of a search) gets its own regions:
+//!
+//! - **epilogue**: a Conv/ConvTranspose/Gemm/MatMul and the pointwise chain after it (bias
+//!   Add, BatchNormalization, activation, residual Add), each link read by its next node
+//!   only;
+//! - **pointwise**: a connected group of elementwise and activation nodes (decomposed GELU,
+//!   SiLU, Mish included) with the data-only views (Reshape, Squeeze, ...) between them;
+//! - **normalization / softmax**: a reduction whose result is combined again with the values
+//!   it reduced (ReduceMean → Sub, ReduceSum → Div, ...), with the pointwise nodes around
+//!   it: decomposed LayerNorm/RMSNorm/GroupNorm/InstanceNorm and Softmax, their statistics
+//!   in f32;
+//! - **attention**: MatMul → pointwise (scale, mask) → Softmax → MatMul as one region.
+//!
+//! Nodes in different precisions never share a region, only float16/bfloat16 nodes are fused
+//! (a float32 region changes nothing; int8/fp8 kernels with their Q/DQ are not modelled), a
+//! region stays convex, and nodes inside subgraphs are not fused.
+
+use crate::graph::fact::Fact;
+use crate::graph::Graph;
+use crate::infer::{declared_input_facts, infer_graph, GraphFacts};
+use crate::ops::is_data_movement;
+use crate::precision::plan::ResolvedRegion;
+use crate::precision::Precision;
+use crate::tensor::DType;
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// What kind of kernel a node is, for the fusion rules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Never fused (or the rules cannot apply to it).
+    Other,
+    /// Conv, ConvTranspose, Gemm, MatMul: a kernel with a fusable epilogue.
+    Anchor,
+    /// Elementwise arithmetic and activations.
+    Pointwise,
+    /// A reduction over the values it is later combined with (normalization statistics,
+    /// softmax's max and sum).
+    NormReduce,
+    /// Softmax, LogSoftmax.
+    Softmax,
+    /// Reshape, Squeeze, Unsqueeze, Flatten, Identity: the same elements, another shape.
+    View,
+}
+
+const ANCHORS: &[&str] = &["Conv", "ConvTranspose", "Gemm", "MatMul"];
+const POINTWISE: &[&str] = &[
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "Neg",
+    "Abs",
+    "Exp",
+    "Log",
+    "Erf",
+    "Tanh",
+    "Sigmoid",
+    "Relu",
+    "LeakyRelu",
+    "Elu",
+    "Selu",
+    "Celu",
+    "HardSigmoid",
+    "HardSwish",
+    "Softplus",
+    "Softsign",
+    "ThresholdedRelu",
+    "Clip",
+    "Max",
+    "Min",
+    "Mean",
+    "Sum",
+    "PRelu",
+    "Gelu",
+    "Mish",
+    "BatchNormalization",
+    "Sin",
+    "Cos",
+    "Where",
+];
+const REDUCTIONS: &[&str] = &[
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceSumSquare",
+    "ReduceL2",
+];
+const VIEWS: &[&str] = &["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"];
+
+/// Who produces and who reads every value of a graph, by node index.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Topology {
+    /// Per node, per input: the node producing it (None: graph input, weight, absent).
+    pub producer_of_input: Vec<Vec<Option<usize>>>,
+    /// Per node, per output: the nodes reading it (subgraphs reading it by name included).
+    pub readers: Vec<Vec<Vec<usize>>>,
+    /// Per node, per output: a graph output.
+    pub graph_output: Vec<Vec<bool>>,
+    /// Per node: every node it reads from (implicit inputs of subgraphs included).
+    pub deps: Vec<Vec<usize>>,
+    /// Per node: compute node (not data movement, not a folded weight).
+    pub compute: Vec<bool>,
+}
+
+impl Topology {
+    pub fn new(graph: &Graph) -> Topology {
+        let n = graph.nodes.len();
+        let mut producer: HashMap<&str, (usize, usize)> = HashMap::new();
+        for (j, node) in graph.nodes.iter().enumerate() {
+            for (k, o) in node.outputs.iter().enumerate() {
+                if !o.is_empty() {
+                    producer.insert(o.as_str(), (j, k));
+                }
+            }
+        }
+        let mut t = Topology {
+            producer_of_input: Vec::with_capacity(n),
+            readers: graph
+                .nodes
+                .iter()
+                .map(|nd| vec![Vec::new(); nd.outputs.len()])
+                .collect(),
+            graph_output: graph
+                .nodes
+                .iter()
+                .map(|nd| {
+                    nd.outputs
+                        .iter()
+                        .map(|o| !o.is_empty() && graph.outputs.iter().any(|v| v.name == *o))
+                        .collect()
+                })
+                .collect(),
+            deps: Vec::with_capacity(n),
+            compute: graph
+                .nodes
+                .iter()
+                .map(|nd| !is_data_movement(&nd.op_type) && !graph.is_folded(nd))
+                .collect(),
+        };
+        for (j, node) in graph.nodes.iter().enumerate() {
+            let implicit = node.implicit_inputs();
+            let mut deps = Vec::new();
+            for name in node.inputs.iter().chain(&implicit) {
+                if let Some(&(u, k)) = producer.get(name.as_str()) {
+                    if !t.readers[u][k].contains(&j) {
+                        t.readers[u][k].push(j);
+                    }
+                    deps.push(u);
+                }
+            }
+            deps.sort_unstable();
+            deps.dedup();
+            t.deps.push(deps);
+            t.producer_of_input.push(
+                node.inputs
+                    .iter()
+                    .map(|name| producer.get(name.as_str()).map(|&(u, _)| u))
+                    .collect(),
+            );
+        }
+        t
+    }
+
+    /// The distinct nodes reading any output of node `u`, and whether one is a graph output.
+    fn consumers(&self, u: usize) -> (Vec<usize>, bool) {
+        let mut c: Vec<usize> = self.readers[u].iter().flatten().copied().collect();
+        c.sort_unstable();
+        c.dedup();
+        (c, self.graph_output[u].iter().any(|&b| b))
+    }
+}
+
+/// The precision-independent part of the TensorRT rules for one graph.
+#[derive(Clone, Debug)]
+pub(crate) struct FusionAnalysis {
+    pub topo: Topology,
+    kind: Vec<Kind>,
+    /// Node names and op types, for region names and rules (the graph is not kept).
+    names: Vec<String>,
+    ops: Vec<String>,
+    /// Notes for `-v`: nodes the rules could not apply to, and why.
+    pub notes: Vec<String>,
+}
+
+fn is_float(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Why the rules cannot apply to a value (None: they can).
+fn value_problem(name: &str, fact: Option<&Fact>) -> Option<String> {
+    let Some(f) = fact else {
+        return Some(format!("nothing is known about '{name}'"));
+    };
+    match &f.shape {
+        None => Some(format!("the rank of '{name}' is unknown")),
+        Some(s) => s
+            .iter()
+            .any(|d| {
+                d.symbols()
+                    .any(|s| s.starts_with('?') || s.starts_with("unk__"))
+            })
+            .then(|| {
+                format!(
+                    "'{name}' has a dimension nothing is known about ({})",
+                    f.shape_string()
+                )
+            }),
+    }
+}
+
+impl FusionAnalysis {
+    /// Reads `graph` (its declared inputs give the facts the rules check).
+    pub fn new(graph: &Graph) -> FusionAnalysis {
+        let topo = Topology::new(graph);
+        let mut notes = Vec::new();
+        let facts = match infer_graph(graph, &declared_input_facts(graph, &BTreeMap::new())) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                notes.push(format!(
+                    "fusion (tensorrt): no region is formed, the model's shapes cannot be inferred: {e}"
+                ));
+                None
+            }
+        };
+        let mut kind: Vec<Kind> = graph
+            .nodes
+            .iter()
+            .map(|n| {
+                let op = n.op_type.as_str();
+                let foreign = !n.domain.is_empty() && n.domain != "ai.onnx";
+                if foreign || n.has_subgraphs() || graph.is_folded(n) {
+                    Kind::Other
+                } else if ANCHORS.contains(&op) {
+                    Kind::Anchor
+                } else if op == "BatchNormalization" && n.outputs.len() > 1 {
+                    Kind::Other // training mode
+                } else if POINTWISE.contains(&op) {
+                    Kind::Pointwise
+                } else if REDUCTIONS.contains(&op) {
+                    Kind::NormReduce // confirmed below
+                } else if op == "Softmax" || op == "LogSoftmax" {
+                    Kind::Softmax
+                } else if VIEWS.contains(&op) {
+                    Kind::View
+                } else {
+                    Kind::Other
+                }
+            })
+            .collect();
+        for (i, node) in graph.nodes.iter().enumerate() {
+            if kind[i] == Kind::Other {
+                continue;
+            }
+            match check_node(graph, i, facts.as_ref()) {
+                Check::Ok => {}
+                Check::NotFloat => kind[i] = Kind::Other,
+                Check::Problem(why) => {
+                    kind[i] = Kind::Other;
+                    if facts.is_some() {
+                        notes.push(format!(
+                            "fusion (tensorrt): '{}' ({}) stays unfused: {why}",
+                            node.name, node.op_type
+                        ));
+                    }
+                }
+            }
+        }
+        let mut a = FusionAnalysis {
+            topo,
+            kind,
+            names: graph.nodes.iter().map(|n| n.name.clone()).collect(),
+            ops: graph.nodes.iter().map(|n| n.op_type.clone()).collect(),
+            notes,
+        };
+        for i in 0..graph.nodes.len() {
+            if a.kind[i] == Kind::NormReduce && !a.reduces_for_normalization(graph, i) {
+                a.kind[i] = Kind::Other;
+            }
+        }
+        a
+    }
+
+    /// A reduction belongs to a normalization or softmax when a pointwise node after it also
+    /// reads the values it reduced (or the values they were computed from): x → ReduceMean →
+    /// Sub(x, ·), exp → ReduceSum → Div(exp, ·), x² → ReduceMean → ... → Div(x, ·). A global
+    /// average pool feeding a classifier is not one.
+    fn reduces_for_normalization(&self, graph: &Graph, r: usize) -> bool {
+        const DEPTH: usize = 8;
+        let Some(&Some(x)) = self.topo.producer_of_input[r].first() else {
+            // Reducing a graph input: its readers are the nodes reading that input.
+            return self.reads_value_after(graph, r, &[graph.nodes[r].inputs[0].as_str()]);
+        };
+        // The values the reduced one is computed from, through pointwise steps.
+        let mut values: Vec<&str> = vec![graph.nodes[r].inputs[0].as_str()];
+        let mut frontier = vec![x];
+        for _ in 0..DEPTH {
+            let mut next = Vec::new();
+            for u in frontier {
+                if !matches!(
+                    self.kind[u],
+                    Kind::Pointwise | Kind::View | Kind::NormReduce
+                ) {
+                    continue;
+                }
+                for (k, name) in graph.nodes[u].inputs.iter().enumerate() {
+                    if name.is_empty() || graph.weight(name).is_some() {
+                        continue;
+                    }
+                    values.push(name.as_str());
+                    if let Some(p) = self.topo.producer_of_input[u][k] {
+                        next.push(p);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        self.reads_value_after(graph, r, &values)
+    }
+
+    /// Whether a pointwise node reached from `r` through pointwise steps reads one of `values`.
+    fn reads_value_after(&self, graph: &Graph, r: usize, values: &[&str]) -> bool {
+        let mut seen = HashSet::new();
+        let mut frontier = vec![r];
+        for _ in 0..8 {
+            let mut next = Vec::new();
+            for u in frontier {
+                for &c in self.topo.readers[u].iter().flatten() {
+                    if !seen.insert(c) {
+                        continue;
+                    }
+                    if !matches!(
+                        self.kind[c],
+                        Kind::Pointwise | Kind::View | Kind::NormReduce | Kind::Softmax
+                    ) {
+                        continue;
+                    }
+                    if self.kind[c] == Kind::Pointwise
+                        && graph.nodes[c]
+                            .inputs
+                            .iter()
+                            .any(|i| values.contains(&i.as_str()))
+                    {
+                        return true;
+                    }
+                    next.push(c);
+                }
+            }
+            frontier = next;
+        }
+        false
+    }
+
+    /// The regions the TensorRT rules form under `layers` (one precision per node), leaving
+    /// out the nodes in `taken` (explicit regions); region indices start at `first_index`.
+    pub fn regions(
+        &self,
+        layers: &[Precision],
+        taken: &[bool],
+        first_index: usize,
+    ) -> Vec<ResolvedRegion> {
+        let n = self.kind.len();
+        let mut gid: Vec<Option<usize>> = vec![None; n];
+        let mut groups: Vec<Group> = Vec::new();
+        for c in 0..n {
+            let kind = self.kind[c];
+            if kind == Kind::Other || taken.get(c).copied().unwrap_or(false) {
+                continue;
+            }
+            let p = layers[c];
+            let fusable_precision = matches!(p, Precision::Float16 | Precision::BFloat16);
+            if kind != Kind::View && !fusable_precision {
+                continue;
+            }
+            // Groups this node may join through one of its inputs, latest first.
+            let mut cands: Vec<usize> = Vec::new();
+            for &u in self.topo.producer_of_input[c].iter().flatten() {
+                let Some(g) = gid[u] else { continue };
+                let grp = &groups[g];
+                if cands.contains(&g) || !self.may_join(grp, u, c, kind, p) {
+                    continue;
+                }
+                cands.push(g);
+            }
+            if kind == Kind::View && cands.len() != 1 {
+                continue; // A view joins the group of its one data input, or none.
+            }
+            cands.sort_by_key(|&g| std::cmp::Reverse(groups[g].last));
+            let mut joined = None;
+            for &g in &cands {
+                if self.convex_with(&groups[g].nodes, &[c]) {
+                    joined = Some(g);
+                    break;
+                }
+            }
+            match joined {
+                Some(g) => {
+                    groups[g].add(c, kind, &self.ops[c]);
+                    gid[c] = Some(g);
+                    // Merge the other candidate groups when the result is still one kernel.
+                    for &h in cands.iter().filter(|&&h| h != g) {
+                        // A kernel with an epilogue has no prologue: groups holding a
+                        // Conv/Gemm/MatMul are not merged with others.
+                        if groups[h].nodes.is_empty()
+                            || groups[g].anchors > 0
+                            || groups[h].anchors > 0
+                            || groups[g].closed
+                            || groups[h].closed
+                            || !self.convex_with(&groups[g].nodes, &groups[h].nodes)
+                        {
+                            continue;
+                        }
+                        let moved = std::mem::take(&mut groups[h].nodes);
+                        for &m in &moved {
+                            gid[m] = Some(g);
+                        }
+                        let (anchors, softmax, last) =
+                            (groups[h].anchors, groups[h].softmax, groups[h].last);
+                        let op = groups[h].anchor_op.clone();
+                        let grp = &mut groups[g];
+                        grp.nodes.extend(moved);
+                        grp.nodes.sort_unstable();
+                        grp.anchors += anchors;
+                        grp.softmax |= softmax;
+                        grp.last = grp.last.max(last);
+                        if grp.anchor_op.is_none() {
+                            grp.anchor_op = op;
+                        }
+                    }
+                }
+                None if kind != Kind::View => {
+                    let mut grp = Group {
+                        nodes: Vec::new(),
+                        precision: p,
+                        anchors: 0,
+                        anchor_op: None,
+                        softmax: false,
+                        closed: false,
+                        last: c,
+                    };
+                    grp.add(c, kind, &self.ops[c]);
+                    gid[c] = Some(groups.len());
+                    groups.push(grp);
+                }
+                None => {}
+            }
+        }
+        let mut out = Vec::new();
+        for g in groups {
+            let compute = g.nodes.iter().filter(|&&i| self.topo.compute[i]).count();
+            if compute < 2 {
+                continue; // One kernel alone: the region would change nothing.
+            }
+            let first = &self.names[g.nodes[0]];
+            let last = &self.names[*g.nodes.last().expect("non-empty")];
+            let name = if g.nodes.len() == 2 {
+                format!("{first}+{last}")
+            } else {
+                format!("{first}..{last}")
+            };
+            out.push(ResolvedRegion {
+                index: first_index + out.len(),
+                name,
+                nodes: g.nodes,
+                precision: g.precision,
+            });
+        }
+        out
+    }
+
+    /// Whether node `c` (of `kind`, in precision `p`) may join `grp` through the value it reads
+    /// from `u`, a node of the group.
+    fn may_join(&self, grp: &Group, u: usize, c: usize, kind: Kind, p: Precision) -> bool {
+        if grp.closed || (kind != Kind::View && grp.precision != p) {
+            return false;
+        }
+        // An epilogue is a chain: the value the kernel passes on is read by the next node only.
+        let (readers, out) = self.topo.consumers(u);
+        let chain = readers == [c] && !out;
+        let matmul_anchor = grp.anchors == 1 && grp.anchor_op.as_deref() == Some("MatMul");
+        match kind {
+            Kind::View => grp.anchors == 0 || grp.softmax || chain,
+            Kind::Pointwise => grp.anchors == 0 || grp.softmax || chain,
+            Kind::NormReduce | Kind::Softmax => {
+                grp.anchors == 0 || (matmul_anchor && !grp.softmax && chain)
+            }
+            // Attention: the second MatMul reads the softmax of the first.
+            Kind::Anchor => matmul_anchor && grp.softmax && chain,
+            Kind::Other => false,
+        }
+    }
+
+    /// Whether `a ∪ b` is convex: no path leaves it and comes back (a backward walk from the
+    /// outside nodes it reads, within the set's span of the graph order).
+    fn convex_with(&self, a: &[usize], b: &[usize]) -> bool {
+        let set: HashSet<usize> = a.iter().chain(b).copied().collect();
+        let Some(&lo) = set.iter().min() else {
+            return true;
+        };
+        let mut stack: Vec<usize> = set
+            .iter()
+            .flat_map(|&s| self.topo.deps[s].iter().copied())
+            .filter(|u| !set.contains(u) && *u >= lo)
+            .collect();
+        let mut seen: HashSet<usize> = stack.iter().copied().collect();
+        while let Some(u) = stack.pop() {
+            for &d in &self.topo.deps[u] {
+                if d < lo {
+                    continue;
+                }
+                if set.contains(&d) {
+                    return false;
+                }
+                if seen.insert(d) {
+                    stack.push(d);
+                }
+            }
+        }
+        true
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Group {
+    nodes: Vec<usize>,
+    precision: Precision,
+    anchors: usize,
+    anchor_op: Option<String>,
+    /// Holds a softmax or a normalization's reduction.
+    softmax: bool,
+    /// Attention complete: nothing joins any more.
+    closed: bool,
+    last: usize,
+}
+
+impl Group {
+    fn add(&mut self, c: usize, kind: Kind, op: &str) {
+        self.nodes.push(c);
+        self.last = self.last.max(c);
+        match kind {
+            Kind::Anchor => {
+                self.anchors += 1;
+                if self.anchor_op.is_none() {
+                    self.anchor_op = Some(op.to_string());
+                }
+                if self.anchors == 2 {
+                    self.closed = true;
+                }
+            }
+            Kind::NormReduce | Kind::Softmax => self.softmax = true,
+            _ => {}
+        }
+    }
+}
+
+enum Check {
+    Ok,
+    /// Integer or boolean arithmetic: not a precision matter, no note.
+    NotFloat,
+    Problem(String),
+}
+
+/// Whether the rules can apply to node `i`: its float values have one element type and
+/// shapes of known rank with no unknown dimension.
+fn check_node(graph: &Graph, i: usize, facts: Option<&GraphFacts>) -> Check {
+    let Some(facts) = facts else {
+        return Check::NotFloat;
+    };
+    let node = &graph.nodes[i];
+    let out = node.outputs.first().map(String::as_str).unwrap_or("");
+    let Some(of) = facts.get(out) else {
+        return Check::Problem(format!("nothing is known about its output '{out}'"));
+    };
+    match of.dtype {
+        Some(d) if is_float(d) => {}
+        Some(_) => return Check::NotFloat,
+        None => return Check::Problem(format!("the element type of '{out}' is unknown")),
+    }
+    let mut types: Vec<DType> = Vec::new();
+    for name in node.inputs.iter().chain(node.outputs.iter().take(1)) {
+        if name.is_empty() {
+            continue;
+        }
+        let f = facts.get(name);
+        if let Some(d) = f.and_then(|f| f.dtype) {
+            if !is_float(d) {
+                continue; // Shapes, axes, Where's condition.
+            }
+            if !types.contains(&d) {
+                types.push(d);
+            }
+        }
+        if graph.weight(name).is_none() {
+            if let Some(p) = value_problem(name, f) {
+                return Check::Problem(p);
+            }
+        }
+    }
+    if types.len() > 1 {
+        let names: Vec<String> = types.iter().map(|d| format!("{d:?}")).collect();
+        return Check::Problem(format!("it mixes element types ({})", names.join(", ")));
+    }
+    Check::Ok
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::graph::testing::*;
+    use crate::graph::{Attribute, Node};
+    use crate::precision::Precision::{Float16 as H, Float32 as F};
+    use crate::tensor::Tensor;
+
+    /// The regions the TensorRT rules form for `g` with every layer in float16 except the
+    /// named ones (in float32), as lists of node names.
+    pub(crate) fn regions_of(g: &Graph, fp32: &[&str]) -> Vec<Vec<String>> {
+        let a = FusionAnalysis::new(g);
+        let layers: Vec<Precision> = g
+            .nodes
+            .iter()
+            .map(|n| {
+                if fp32.contains(&n.name.as_str()) {
+                    F
+                } else {
+                    H
+                }
+            })
+            .collect();
+        a.regions(&layers, &vec![false; g.nodes.len()], 0)
+            .into_iter()
+            .map(|r| r.nodes.iter().map(|&i| g.nodes[i].name.clone()).collect())
+            .collect()
+    }
+
+    fn w(shape: &[usize], v: f32) -> Tensor {
+        Tensor::from_f32(shape.to_vec(), vec![v; shape.iter().product()])
+    }
+
+    fn with_ints(mut n: Node, attr: &str, v: &[i64]) -> Node {
+        n.attrs.insert(attr.into(), Attribute::Ints(v.to_vec()));
+        n
+    }
+
+    fn with_int(mut n: Node, attr: &str, v: i64) -> Node {
+        n.attrs.insert(attr.into(), Attribute::Int(v));
+        n
+    }
+
+    fn bn(name: &str, x: &str, y: &str) -> Node {
+        node(name, "BatchNormalization", &[x, "s", "b", "m", "v"], &[y])
+    }
+
+    fn bn_inits() -> Vec<(&'static str, Tensor)> {
+        vec![
+            ("s", w(&[2], 1.5)),
+            ("b", w(&[2], 0.1)),
+            ("m", w(&[2], 0.2)),
+            ("v", w(&[2], 2.0)),
+            ("w1", w(&[2, 2, 1, 1], 0.5)),
+            ("w2", w(&[2, 2, 1, 1], 0.25)),
+        ]
+    }
+
+    /// x → conv1 → bn1 → relu1 → conv2 → bn2 → add(·, relu1) → relu2 → y.
+    pub(crate) fn conv_block() -> Graph {
+        graph(
+            vec![
+                node("conv1", "Conv", &["x", "w1"], &["c1"]),
+                bn("bn1", "c1", "n1"),
+                node("relu1", "Relu", &["n1"], &["r1"]),
+                node("conv2", "Conv", &["r1", "w2"], &["c2"]),
+                bn("bn2", "c2", "n2"),
+                node("add", "Add", &["n2", "r1"], &["a"]),
+                node("relu2", "Relu", &["a"], &["y"]),
+            ],
+            vec![vi("x", &[1, 2, 3, 3])],
+            vec![vi("y", &[1, 2, 3, 3])],
+            bn_inits(),
+        )
+    }
+
+    /// conv_block with conv1's output also a graph output.
+    fn conv_block_with_tap() -> Graph {
+        let mut g = conv_block();
+        g.outputs.push(vi("c1", &[1, 2, 3, 3]));
+        g
+    }
+
+    /// Polygraphy's needs_constraints: MatMul → Add(c) → Sub(c) → MatMul_1.
+    fn seed_model() -> Graph {
+        graph(
+            vec![
+                node("MatMul", "MatMul", &["x", "flip"], &["m"]),
+                node("Add", "Add", &["m", "c"], &["a"]),
+                node("Sub", "Sub", &["a", "c"], &["s"]),
+                node("MatMul_1", "MatMul", &["s", "flip"], &["y"]),
+            ],
+            vec![vi("x", &[2, 2])],
+            vec![vi("y", &[2, 2])],
+            vec![("flip", w(&[2, 2], 1.0)), ("c", w(&[1], 65504.0))],
+        )
+    }
+
+    fn gemm_relu() -> Graph {
+        graph(
+            vec![
+                node("gemm", "Gemm", &["x", "wt", "bias"], &["g"]),
+                node("relu", "Relu", &["g"], &["y"]),
+            ],
+            vec![vi("x", &[2, 2])],
+            vec![vi("y", &[2, 2])],
+            vec![("wt", w(&[2, 2], 1.0)), ("bias", w(&[2], 1.0))],
+        )
+    }
+
+    fn gelu_silu() -> Graph {
+        graph(
+            vec![
+                node("div", "Div", &["x", "sqrt2"], &["d"]),
+                node("erf", "Erf", &["d"], &["e"]),
+                node("add1", "Add", &["e", "one"], &["e1"]),
+                node("mul", "Mul", &["x", "e1"], &["xm"]),
+                node("half", "Mul", &["xm", "h"], &["gelu"]),
+                node("sig", "Sigmoid", &["gelu"], &["sg"]),
+                node("silu", "Mul", &["gelu", "sg"], &["y"]),
+            ],
+            vec![vi("x", &[4])],
+            vec![vi("y", &[4])],
+            vec![
+                ("sqrt2", w(&[1], std::f32::consts::SQRT_2)),
+                ("one", w(&[1], 1.0)),
+                ("h", w(&[1], 0.5)),
+            ],
+        )
+    }
+
+    fn mish() -> Graph {
+        graph(
+            vec![
+                node("sp", "Softplus", &["x"], &["s"]),
+                node("tanh", "Tanh", &["s"], &["t"]),
+                node("mish", "Mul", &["x", "t"], &["y"]),
+            ],
+            vec![vi("x", &[4])],
+            vec![vi("y", &[4])],
+            vec![],
+        )
+    }
+
+    /// A decomposed LayerNorm over the last axis of [2, 4].
+    pub(crate) fn layernorm_block() -> Graph {
+        graph(
+            vec![
+                with_ints(node("mean", "ReduceMean", &["x"], &["mu"]), "axes", &[-1]),
+                node("sub", "Sub", &["x", "mu"], &["d"]),
+                node("pow", "Pow", &["d", "two"], &["d2"]),
+                with_ints(node("var", "ReduceMean", &["d2"], &["v"]), "axes", &[-1]),
+                node("add_eps", "Add", &["v", "eps"], &["ve"]),
+                node("sqrt", "Sqrt", &["ve"], &["sd"]),
+                node("div", "Div", &["d", "sd"], &["n"]),
+                node("gamma", "Mul", &["n", "g"], &["ng"]),
+                node("beta", "Add", &["ng", "bt"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 4])],
+            vec![
+                ("two", w(&[1], 2.0)),
+                ("eps", w(&[1], 1e-5)),
+                ("g", w(&[4], 1.5)),
+                ("bt", w(&[4], 0.25)),
+            ],
+        )
+    }
+
+    fn rmsnorm_block() -> Graph {
+        graph(
+            vec![
+                node("sq", "Mul", &["x", "x"], &["x2"]),
+                with_ints(node("ms", "ReduceMean", &["x2"], &["m"]), "axes", &[-1]),
+                node("eps", "Add", &["m", "e"], &["me"]),
+                node("rsqrt", "Sqrt", &["me"], &["r"]),
+                node("norm", "Div", &["x", "r"], &["n"]),
+                node("scale", "Mul", &["n", "g"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 4])],
+            vec![("e", w(&[1], 1e-6)), ("g", w(&[4], 2.0))],
+        )
+    }
+
+    fn softmax_block() -> Graph {
+        graph(
+            vec![
+                with_ints(node("max", "ReduceMax", &["x"], &["mx"]), "axes", &[-1]),
+                node("sub", "Sub", &["x", "mx"], &["d"]),
+                node("exp", "Exp", &["d"], &["e"]),
+                node("sum", "ReduceSum", &["e", "ax"], &["s"]),
+                node("div", "Div", &["e", "s"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 4])],
+            vec![("ax", Tensor::from_i64(vec![1], vec![-1]))],
+        )
+    }
+
+    fn pool_block() -> Graph {
+        graph(
+            vec![
+                with_ints(node("pool", "ReduceMean", &["x"], &["p"]), "axes", &[-1]),
+                node("relu", "Relu", &["p"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 1])],
+            vec![],
+        )
+    }
+
+    /// softmax(q·kᵀ / s + mask)·v with kᵀ, v and mask graph inputs.
+    fn attention_block() -> Graph {
+        graph(
+            vec![
+                node("qk", "MatMul", &["q", "kt"], &["s"]),
+                node("scale", "Div", &["s", "sc"], &["ss"]),
+                node("mask", "Add", &["ss", "m"], &["sm"]),
+                with_int(node("softmax", "Softmax", &["sm"], &["p"]), "axis", -1),
+                node("av", "MatMul", &["p", "v"], &["y"]),
+            ],
+            vec![
+                vi("q", &[1, 3, 4]),
+                vi("kt", &[1, 4, 3]),
+                vi("m", &[1, 3, 3]),
+                vi("v", &[1, 3, 4]),
+            ],
+            vec![vi("y", &[1, 3, 4])],
+            vec![("sc", w(&[1], 2.0))],
+        )
+    }
+
+    /// relu → neg → floor → add(·, neg) → relu2: Floor is no fusable kernel, so add cannot
+    /// join relu's group (the path through floor would leave it and come back).
+    fn diamond() -> Graph {
+        graph(
+            vec![
+                node("relu", "Relu", &["x"], &["r"]),
+                node("neg", "Neg", &["r"], &["n"]),
+                node("floor", "Floor", &["n"], &["f"]),
+                node("add", "Add", &["f", "n"], &["a"]),
+                node("relu2", "Relu", &["a"], &["y"]),
+            ],
+            vec![vi("x", &[4])],
+            vec![vi("y", &[4])],
+            vec![],
+        )
+    }
+
+    fn unknown_shape_chain() -> Graph {
+        let mut g = graph(
+            vec![
+                node("relu", "Relu", &["x"], &["r"]),
+                node("neg", "Neg", &["r"], &["y"]),
+            ],
+            vec![vi("x", &[4])],
+            vec![vi("y", &[4])],
+            vec![],
+        );
+        g.inputs[0].shape = None;
+        g
+    }
+
+    fn mixed_types_chain() -> Graph {
+        let mut g = graph(
+            vec![
+                node("add", "Add", &["x", "x16"], &["a"]),
+                node("neg", "Neg", &["a"], &["y"]),
+            ],
+            vec![vi("x", &[4]), vi("x16", &[4])],
+            vec![vi("y", &[4])],
+            vec![],
+        );
+        g.inputs[1].dtype = Some(DType::F16);
+        g
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn conv_bias_batchnorm_activation_and_residual_add_are_one_epilogue() {
+        let g = conv_block();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![
+                names(&["conv1", "bn1", "relu1"]),
+                names(&["conv2", "bn2", "add", "relu2"])
+            ]
+        );
+        // conv1's output also a graph output: the epilogue cannot run inside conv1, its
+        // BatchNormalization and Relu are a pointwise kernel of their own.
+        let g = conv_block_with_tap();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![
+                names(&["bn1", "relu1"]),
+                names(&["conv2", "bn2", "add", "relu2"])
+            ]
+        );
+    }
+
+    #[test]
+    fn a_precision_boundary_splits_a_region() {
+        let g = seed_model();
+        assert_eq!(regions_of(&g, &[]), vec![names(&["MatMul", "Add", "Sub"])]);
+        assert_eq!(regions_of(&g, &["Sub"]), vec![names(&["MatMul", "Add"])]);
+        assert!(regions_of(&g, &["Add"]).is_empty());
+    }
+
+    #[test]
+    fn gemm_and_matmul_take_their_bias() {
+        let g = gemm_relu();
+        assert_eq!(regions_of(&g, &[]), vec![names(&["gemm", "relu"])]);
+    }
+
+    #[test]
+    fn pointwise_groups_are_maximal_and_include_decomposed_activations() {
+        // GELU (x/√2 → Erf → +1 → ·x → ·½) and SiLU (x·sigmoid(x)) on a graph input.
+        let g = gelu_silu();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["div", "erf", "add1", "mul", "half", "sig", "silu"])]
+        );
+        // Mish: x·tanh(softplus(x)).
+        let g = mish();
+        assert_eq!(regions_of(&g, &[]), vec![names(&["sp", "tanh", "mish"])]);
+    }
+
+    #[test]
+    fn decomposed_layernorm_and_rmsnorm_are_one_region_each() {
+        let g = layernorm_block();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&[
+                "mean", "sub", "pow", "var", "add_eps", "sqrt", "div", "gamma", "beta"
+            ])]
+        );
+        let g = rmsnorm_block();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["sq", "ms", "eps", "rsqrt", "norm", "scale"])]
+        );
+    }
+
+    #[test]
+    fn decomposed_softmax_is_one_region_and_a_pooling_reduction_is_not_fused() {
+        let g = softmax_block();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["max", "sub", "exp", "sum", "div"])]
+        );
+        // ReduceMean as global pooling feeding a Relu: no statistics combined with x again.
+        let g = pool_block();
+        assert!(regions_of(&g, &[]).is_empty(), "{:?}", regions_of(&g, &[]));
+    }
+
+    #[test]
+    fn attention_is_one_region() {
+        let g = attention_block();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["qk", "scale", "mask", "softmax", "av"])]
+        );
+        // The softmax in float32: the region stops before it.
+        assert_eq!(
+            regions_of(&g, &["softmax"]),
+            vec![names(&["qk", "scale", "mask"])]
+        );
+    }
+
+    #[test]
+    fn regions_stay_convex() {
+        // relu → conv → add and relu → add: add may not join relu's group around the conv.
+        let g = diamond();
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["relu", "neg"]), names(&["add", "relu2"])]
+        );
+    }
+
+    #[test]
+    fn unknown_shapes_and_mixed_types_leave_nodes_unfused_with_a_note() {
+        let g = unknown_shape_chain();
+        let a = FusionAnalysis::new(&g);
+        assert!(regions_of(&g, &[]).is_empty());
+        assert!(
+            a.notes
+                .iter()
+                .any(|n| n.contains("'relu'") && n.contains("rank of 'x' is unknown")),
+            "{:?}",
+            a.notes
+        );
+        let g = mixed_types_chain();
+        let a = FusionAnalysis::new(&g);
+        assert!(regions_of(&g, &[]).is_empty());
+        assert!(
+            a.notes
+                .iter()
+                .any(|n| n.contains("'add'") && n.contains("mixes element types")),
+            "{:?}",
+            a.notes
+        );
+    }
+}
