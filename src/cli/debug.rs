@@ -7,7 +7,8 @@ use super::precision_args::{fusion_line, fusion_table};
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
-use crate::compare::Criterion;
+use crate::compare::layerwise::LayerError;
+use crate::compare::{fmt_g, Criterion};
 use crate::event::Event;
 use crate::exec::cache::parse_bytes;
 use crate::exec::emulate::plan_regions;
@@ -525,6 +526,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             &run.result,
             &run.stats,
             (models.len() > 1).then_some(model_k),
+            (&run.reasons, criterion.stat.default.name()),
         )?;
         answers.push((run, low_k));
         if INTERRUPTED.load(Ordering::SeqCst) {
@@ -538,6 +540,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         stats,
         answer,
         layer_errors,
+        reasons,
     } = last_run;
     let fused_note = if last_low.fusion.is_none() {
         String::new()
@@ -576,6 +579,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             result,
             stats,
             layer_errors.as_deref(),
+            reasons,
         );
         html.write(path)?;
         out!(p, "[I] Saved report{fused_note} to {}", path.display());
@@ -593,7 +597,14 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
                     high,
                     low: low_k,
                 };
-                ResultFile::new(&setup, graph, &run.space, &run.result, &run.stats)
+                ResultFile::new(
+                    &setup,
+                    graph,
+                    &run.space,
+                    &run.result,
+                    &run.stats,
+                    &run.reasons,
+                )
             })
             .collect();
         let mut files = files.into_iter();
@@ -775,6 +786,7 @@ fn report(
     result: &SearchResult,
     stats: &SearchStats,
     fusion: Option<FusionModel>,
+    (reasons, stat): (&[LayerError], &str),
 ) -> Result<ExitCode> {
     let (marked, interrupted) = match &result.outcome {
         Outcome::Found(m) => (m.clone(), false),
@@ -860,6 +872,7 @@ fn report(
         );
     }
     out!(p, "[I]     Layers: {}", names(graph, &marked));
+    print_reasons(p, reasons, stat);
     let f = space.flops_of(&marked);
     out!(
         p,
@@ -901,6 +914,30 @@ fn report(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Why each layer of the answer is needed: its error alone in low precision and the cause.
+fn print_reasons(p: &Printer, reasons: &[LayerError], stat: &str) {
+    if reasons.is_empty() {
+        return;
+    }
+    out!(
+        p,
+        "[I]     Why: each layer alone back in its low precision, the rest as answered (emulated, first input set):"
+    );
+    for r in reasons {
+        out!(
+            p,
+            "[I]       {} ({}, {}): {} | {stat} abs {}, growth {} | {}",
+            r.layer,
+            r.op,
+            r.precision.map_or("carried", |p| p.name()),
+            r.cause.name(),
+            fmt_g(r.required_atol, 5),
+            fmt_g(r.growth, 5),
+            r.reason()
+        );
+    }
 }
 
 /// What `mixprec convert` needs besides the precisions: `--fusion` for a fused answer (the file

@@ -516,7 +516,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
                     &reference.as_ref().unwrap_or(&result).intermediates,
                     &result.intermediates,
                     &criterion,
-                    plan.map(|p| &p.plan),
+                    plan,
                     args.fail_fast,
                 );
                 let it = LayerIteration::new(i, rows);

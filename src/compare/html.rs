@@ -8,6 +8,7 @@
 //! (for instance a search history). Every string that comes from a model or a user (layer and
 //! output names, labels) is escaped.
 
+use super::cause::Cause;
 use super::layerwise::LayerError;
 use super::stats::Stats;
 use super::{fmt_g, Histogram, OutputComparison};
@@ -16,6 +17,16 @@ use crate::precision::Precision;
 use crate::tensor::fmt_shape;
 use std::fmt::Write as _;
 use std::path::Path;
+
+/// Which rows of a layer-wise table carry a pass/fail verdict.
+#[derive(Clone, Copy, Debug)]
+pub enum LayerVerdicts<'a> {
+    /// Every layer against the tolerance (`run --mark-all`, as Polygraphy's `--mark-all`).
+    EveryLayer,
+    /// Only the layers whose compared output is one of these graph outputs; the others are
+    /// shown, not judged (a search report: the criterion is the outputs').
+    OutputsOnly(&'a [String]),
+}
 
 /// One point of a [`PlotSeries`].
 #[derive(Clone, Debug, PartialEq)]
@@ -165,7 +176,12 @@ tr.first td{background:#ffe0e0;font-weight:600}
 td.pass{color:#2e7d32;font-weight:600}td.fail{color:#c62828;font-weight:600}
 .charts{display:flex;flex-wrap:wrap;gap:12px;margin-top:8px}
 .chart{background:#fff;border:1px solid #eee;border-radius:4px}
-.scroll{max-height:520px;overflow:auto;display:inline-block;max-width:100%}
+.scroll{max-height:520px;overflow:auto;display:block;width:max-content;max-width:100%;background:linear-gradient(to right,#fafafa 30%,rgba(250,250,250,0)) left/24px 100% no-repeat local,linear-gradient(to left,#fafafa 30%,rgba(250,250,250,0)) right/24px 100% no-repeat local,radial-gradient(farthest-side at 0 50%,rgba(0,0,0,.2),rgba(0,0,0,0)) left/10px 100% no-repeat scroll,radial-gradient(farthest-side at 100% 50%,rgba(0,0,0,.2),rgba(0,0,0,0)) right/10px 100% no-repeat scroll}
+.scroll table{margin:0;background:transparent}
+.scroll thead th{position:sticky;top:0;z-index:1}
+td.wrap{white-space:normal;min-width:320px;max-width:640px;overflow-wrap:anywhere}
+td.cause{font-weight:600}td.cause.overflow,td.cause.clipping{color:#c62828}td.cause.underflow,td.cause.accumulation{color:#ef6c00}td.cause.inherited,td.cause.none{color:#9e9e9e;font-weight:400}
+.chart{max-width:100%;height:auto}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:4px;vertical-align:middle}
 footer{margin-top:32px;color:#777;font-size:12px}
 "#;
@@ -244,7 +260,13 @@ impl HtmlReport {
         for r in rows {
             s.push_str("<tr>");
             for c in r {
-                let _ = write!(s, "<td class=\"l\">{}</td>", esc(c));
+                // Long text (an explanation) wraps instead of widening the table.
+                let class = if c.chars().count() > 80 {
+                    "l wrap"
+                } else {
+                    "l"
+                };
+                let _ = write!(s, "<td class=\"{class}\">{}</td>", esc(c));
             }
             s.push_str("</tr>\n");
         }
@@ -457,9 +479,8 @@ impl HtmlReport {
         s
     }
 
-    /// The layer-wise comparison: the required absolute tolerance of every compared layer
-    /// against its index (log y axis), coloured by the layer's precision, failing layers as
-    /// squares, the first failing layer ringed, the tolerance as a dashed line; then the table.
+    /// The layer-wise comparison, every layer judged against the tolerance (`run --mark-all`,
+    /// as Polygraphy's `--mark-all`): see [`layer_errors_with`](Self::layer_errors_with).
     pub fn layer_errors(
         &mut self,
         title: &str,
@@ -467,28 +488,93 @@ impl HtmlReport {
         stat: &str,
         atol: Option<f64>,
     ) -> &mut Self {
+        self.layer_errors_with(title, rows, stat, atol, LayerVerdicts::EveryLayer)
+    }
+
+    /// The layer-wise comparison: the required absolute tolerance of every compared layer
+    /// against its index (log y axis), coloured by the layer's precision, then the table of
+    /// every layer's error, growth and cause (hover the cause for what was measured).
+    /// `verdicts` says which rows are judged: with [`LayerVerdicts::EveryLayer`] failing
+    /// layers are squares and red rows and the first failing layer is ringed; with
+    /// [`LayerVerdicts::OutputsOnly`] only the graph outputs carry PASSED/FAILED and the
+    /// other layers are shown, not judged (the tolerance is the outputs' criterion).
+    pub fn layer_errors_with(
+        &mut self,
+        title: &str,
+        rows: &[LayerError],
+        stat: &str,
+        atol: Option<f64>,
+        verdicts: LayerVerdicts<'_>,
+    ) -> &mut Self {
+        let judged = |r: &LayerError| match verdicts {
+            LayerVerdicts::EveryLayer => true,
+            LayerVerdicts::OutputsOnly(outs) => outs.contains(&r.output),
+        };
         let mut s = format!("<h2>{}</h2>\n", esc(title));
-        let passed = rows.iter().all(|r| r.passed);
-        let first = rows.iter().find(|r| !r.passed);
-        let _ = writeln!(
-            s,
-            "<p class=\"meta\">{} {} of {} compared layers within tolerance, checking the {} error per layer.{}</p>",
-            badge(passed),
-            rows.iter().filter(|r| r.passed).count(),
-            rows.len(),
-            esc(stat),
-            match first {
-                Some(r) => format!(
-                    " First failing layer: <b>#{} <span class=\"mono\">{}</span></b> ({}), required [abs={}] OR [rel={}].",
-                    r.index,
-                    esc(&r.layer),
-                    esc(&r.op),
-                    g(r.required_atol),
-                    g(r.required_rtol)
-                ),
-                None => String::new(),
+        let verdict_rows: Vec<&LayerError> = rows.iter().filter(|r| judged(r)).collect();
+        let passed = verdict_rows.iter().all(|r| r.passed);
+        let first = rows.iter().find(|r| judged(r) && !r.passed);
+        let mut causes: Vec<(Cause, usize)> = Vec::new();
+        for r in rows.iter().filter(|r| r.growth > 0.0) {
+            match causes.iter_mut().find(|(c, _)| *c == r.cause) {
+                Some(e) => e.1 += 1,
+                None => causes.push((r.cause, 1)),
             }
-        );
+        }
+        let cause_summary = if causes.is_empty() {
+            " No layer adds error.".to_string()
+        } else {
+            format!(
+                " Layers that add error, by cause: {}.",
+                causes
+                    .iter()
+                    .map(|(c, k)| format!("{} {k}", c.name()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        match verdicts {
+            LayerVerdicts::EveryLayer => {
+                let _ = writeln!(
+                    s,
+                    "<p class=\"meta\">{} {} of {} compared layers within tolerance, checking the {} error per layer.{}{}</p>",
+                    badge(passed),
+                    verdict_rows.iter().filter(|r| r.passed).count(),
+                    verdict_rows.len(),
+                    esc(stat),
+                    match first {
+                        Some(r) => format!(
+                            " First failing layer: <b>#{} <span class=\"mono\">{}</span></b> ({}), required [abs={}] OR [rel={}].",
+                            r.index,
+                            esc(&r.layer),
+                            esc(&r.op),
+                            g(r.required_atol),
+                            g(r.required_rtol)
+                        ),
+                        None => String::new(),
+                    },
+                    esc(&cause_summary)
+                );
+            }
+            LayerVerdicts::OutputsOnly(_) => {
+                let _ = writeln!(
+                    s,
+                    "<p class=\"meta\">Each layer's {} error against the FP32 reference, the error it adds (growth) and its cause, for information: the criterion applies to the graph outputs only{}.{}</p>",
+                    esc(stat),
+                    if verdict_rows.is_empty() {
+                        String::new()
+                    } else {
+                        format!(
+                            " ({} {} of {} within tolerance)",
+                            badge(passed),
+                            verdict_rows.iter().filter(|r| r.passed).count(),
+                            verdict_rows.len()
+                        )
+                    },
+                    esc(&cause_summary)
+                );
+            }
+        }
         // One series per precision, in a fixed order.
         let mut keys: Vec<Option<Precision>> = rows.iter().map(|r| r.precision).collect();
         keys.sort_by_key(|p| p.map_or(usize::MAX, |p| p as usize));
@@ -506,9 +592,9 @@ impl HtmlReport {
                     .map(|r| PlotPoint {
                         x: r.index as f64,
                         y: r.required_atol,
-                        passed: Some(r.passed),
+                        passed: judged(r).then_some(r.passed),
                         label: Some(format!(
-                            "#{} {} ({}) {}: {stat} abs={} rel={} growth={} {}",
+                            "#{} {} ({}) {}: {stat} abs={} rel={} growth={} cause={}{}",
                             r.index,
                             r.layer,
                             r.op,
@@ -516,7 +602,16 @@ impl HtmlReport {
                             g(r.required_atol),
                             g(r.required_rtol),
                             g(r.growth),
-                            if r.passed { "PASSED" } else { "FAILED" }
+                            r.cause.name(),
+                            if judged(r) {
+                                if r.passed {
+                                    " PASSED"
+                                } else {
+                                    " FAILED"
+                                }
+                            } else {
+                                ""
+                            }
                         )),
                     })
                     .collect(),
@@ -527,7 +622,10 @@ impl HtmlReport {
             .into_iter()
             .map(|a| HLine {
                 y: a,
-                label: format!("atol {}", g(a)),
+                label: match verdicts {
+                    LayerVerdicts::EveryLayer => format!("atol {}", g(a)),
+                    LayerVerdicts::OutputsOnly(_) => format!("outputs' atol {}", g(a)),
+                },
             })
             .collect();
         let highlight = first.map(|r| Highlight {
@@ -545,7 +643,7 @@ impl HtmlReport {
             highlight.as_ref(),
         ));
         // The table.
-        s.push_str("<div class=\"scroll\"><table><thead><tr>");
+        s.push_str("<div class=\"scroll\"><table class=\"layers\"><thead><tr>");
         for (h, l) in [
             ("#", false),
             ("layer", true),
@@ -555,6 +653,7 @@ impl HtmlReport {
             (&*format!("{stat} abs"), false),
             (&*format!("{stat} rel"), false),
             ("growth", false),
+            ("cause", true),
             ("result", true),
         ] {
             let _ = write!(
@@ -569,15 +668,20 @@ impl HtmlReport {
             let is_first = first.is_some_and(|f| std::ptr::eq(f, r));
             let class = if is_first {
                 " class=\"first\""
-            } else if !r.passed {
+            } else if judged(r) && !r.passed {
                 " class=\"fail\""
             } else {
                 ""
             };
             let prec = r.precision;
+            let (result_class, result) = match (judged(r), r.passed) {
+                (false, _) => ("l", "–"),
+                (true, true) => ("pass", "PASSED"),
+                (true, false) => ("fail", "FAILED"),
+            };
             let _ = writeln!(
                 s,
-                "<tr{class}><td>{}</td><td class=\"name mono\" title=\"{}\">{}</td><td class=\"l\">{}</td><td class=\"name mono\">{}</td><td class=\"l\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"{}\">{}{}</td></tr>",
+                "<tr{class}><td>{}</td><td class=\"name mono\" title=\"{}\">{}</td><td class=\"l\">{}</td><td class=\"name mono\">{}</td><td class=\"l\"><span class=\"swatch\" style=\"background:{}\"></span>{}</td><td>{}</td><td>{}</td><td>{}</td><td class=\"l cause {}\" title=\"{}\">{}</td><td class=\"{result_class}\">{result}{}</td></tr>",
                 r.index,
                 esc(&r.layer),
                 esc(&r.layer),
@@ -588,8 +692,9 @@ impl HtmlReport {
                 g(r.required_atol),
                 g(r.required_rtol),
                 g(r.growth),
-                if r.passed { "pass" } else { "fail" },
-                if r.passed { "PASSED" } else { "FAILED" },
+                r.cause.name(),
+                esc(&r.reason()),
+                r.cause.name(),
                 if is_first { " ← first failing layer" } else { "" }
             );
         }
@@ -641,7 +746,7 @@ impl HtmlReport {
         highlight: Option<&Highlight>,
     ) -> String {
         self.plots += 1;
-        let legend_w = 190.0;
+        let legend_w = 230.0;
         let (w, h) = (1000.0, 400.0);
         let (left, top, bottom) = (78.0, 34.0, 50.0);
         let right = legend_w + 20.0;
@@ -1103,6 +1208,8 @@ mod tests {
                 required_rtol: a,
                 growth: a,
                 passed,
+                cause: crate::compare::cause::Cause::Rounding,
+                facts: None,
             };
         vec![
             row(0, "MatMul", Some(Precision::Float16), 2.4e-4, true),
@@ -1182,6 +1289,35 @@ mod tests {
         // Infinite and NaN tolerances land in the top band, zero in the bottom band.
         assert!(html.contains(">inf / nan</text>") && html.contains(">0</text>"));
         assert!(!html.contains("NaN"), "no NaN coordinates");
+    }
+
+    #[test]
+    fn outputs_only_judges_only_the_graph_outputs() {
+        let mut r = HtmlReport::new("search");
+        let outs = ["Sub_out".to_string()];
+        r.layer_errors_with(
+            "Layer-wise error of the final plan",
+            &rows(),
+            "median",
+            Some(1e-3),
+            LayerVerdicts::OutputsOnly(&outs),
+        );
+        let html = r.render();
+        check_well_formed(&html, &[]);
+        // Failing intermediate layers are shown, not judged; the passing output is.
+        assert!(
+            !html.contains("badge fail") && !html.contains("FAILED"),
+            "{html}"
+        );
+        assert!(!html.contains("first failing"));
+        assert!(html.contains("<td class=\"pass\">PASSED</td>"));
+        assert_eq!(html.matches("<td class=\"l\">–</td>").count(), 4);
+        assert!(html.contains("<th class=\"l\">cause</th>"));
+        assert!(html.contains("<td class=\"l cause rounding\""));
+        // Judging every layer, as run --mark-all does, marks them.
+        let mut r = HtmlReport::new("run");
+        r.layer_errors("Layer-wise comparison", &rows(), "median", Some(1e-3));
+        assert!(r.render().contains("badge fail"));
     }
 
     #[test]

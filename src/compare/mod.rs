@@ -7,6 +7,7 @@
 //! differences at `--error-quantile` (default 0.99). Defaults are Polygraphy's: atol = rtol =
 //! 1e-5, elemwise.
 
+pub mod cause;
 pub mod html;
 pub mod layerwise;
 pub mod metrics;

@@ -184,7 +184,6 @@ impl<'a> BuiltinOracle<'a> {
             keep_intermediates: true,
         };
         let prepared = self.prepared_for(marked)?;
-        let plan = prepared.plan.clone();
         let f = &self.feeds[0];
         let r = self.interp.run_cached(f, 0, &keep, None, &mut self.cache)?;
         let c = self
@@ -195,9 +194,42 @@ impl<'a> BuiltinOracle<'a> {
             &r.intermediates,
             &c.intermediates,
             &self.criterion,
-            Some(&plan),
+            Some(&prepared),
             false,
         ))
+    }
+
+    /// Why each layer of an answer must run in high precision: the row of layer `i` in the
+    /// plan with every other layer of `marked` in high precision and `i` in its low
+    /// precision (the counterfactual the search rejected), on the first input set.
+    pub fn answer_reasons(
+        &mut self,
+        marked: &[usize],
+    ) -> Result<Vec<crate::compare::layerwise::LayerError>> {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let f = &self.feeds[0];
+        let r = self.interp.run_cached(f, 0, &keep, None, &mut self.cache)?;
+        let mut rows = Vec::with_capacity(marked.len());
+        for &i in marked {
+            let others: Vec<usize> = marked.iter().copied().filter(|&j| j != i).collect();
+            let prepared = self.prepared_for(&others)?;
+            let c = self
+                .interp
+                .run_cached(f, 0, &keep, Some(&prepared), &mut self.cache)?;
+            if let Some(row) = crate::compare::layerwise::layer_row(
+                self.interp.graph(),
+                i,
+                &r.intermediates,
+                &c.intermediates,
+                &self.criterion,
+                Some(&prepared),
+            ) {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
     }
 
     /// The error growth of every layer in the all-low plan against the FP32 reference (the

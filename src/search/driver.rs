@@ -73,6 +73,10 @@ pub struct SearchRun {
     /// The layer-wise errors of the answer, or of the best plan of an interrupted search,
     /// when [`SearchJob::layer_errors`] asked for them.
     pub layer_errors: Option<Vec<LayerError>>,
+    /// Why each layer of the answer (or of an interrupted search's best plan) must run in high
+    /// precision: its row with that layer alone back in low precision
+    /// ([`BuiltinOracle::answer_reasons`]); empty without an answer.
+    pub reasons: Vec<LayerError>,
 }
 
 /// Runs the search `job` describes.
@@ -150,12 +154,17 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         }
         _ => None,
     };
+    let reasons = match &result.outcome {
+        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => oracle.answer_reasons(m)?,
+        _ => Vec::new(),
+    };
     Ok(SearchRun {
         space,
         result,
         stats,
         answer,
         layer_errors,
+        reasons,
     })
 }
 
@@ -251,6 +260,13 @@ mod tests {
             vec![Precision::Float16, Precision::Float32, Precision::Float32]
         );
         assert_eq!(run.layer_errors.map(|e| e.len()), Some(3));
+        // Why: each of the two alone in float16 overflows (the product is beyond 65504; the
+        // second reads it and rounds it to inf on entry).
+        let why: Vec<(usize, crate::compare::cause::Cause)> =
+            run.reasons.iter().map(|r| (r.index, r.cause)).collect();
+        use crate::compare::cause::Cause::Overflow;
+        assert_eq!(why, vec![(1, Overflow), (2, Overflow)], "{:?}", run.reasons);
+        assert_eq!(run.reasons[1].facts.as_ref().unwrap().overflowing_inputs, 4);
         assert!(hooks.events.is_empty() && hooks.log.is_empty());
     }
 }

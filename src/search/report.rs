@@ -56,6 +56,40 @@ pub struct LayerRef {
     pub name: String,
     pub op: String,
     pub flops: u64,
+    /// Why the layer must run in high precision: its error, growth and cause with it alone
+    /// back in low precision, the rest of the answer as found (first input set, emulated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<LayerReason>,
+}
+
+/// A layer's error alone in low precision and its cause (see [`crate::compare::cause`]).
+#[derive(Clone, Debug, Serialize)]
+pub struct LayerReason {
+    pub precision: Option<Precision>,
+    pub output: String,
+    pub required_atol: f64,
+    pub required_rtol: f64,
+    pub growth: f64,
+    pub cause: crate::compare::cause::Cause,
+    /// The cause and what was measured, in words.
+    pub explanation: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub facts: Option<crate::compare::cause::CauseFacts>,
+}
+
+impl LayerReason {
+    pub fn new(r: &crate::compare::layerwise::LayerError) -> LayerReason {
+        LayerReason {
+            precision: r.precision,
+            output: r.output.clone(),
+            required_atol: r.required_atol,
+            required_rtol: r.required_rtol,
+            growth: r.growth,
+            cause: r.cause,
+            explanation: r.reason(),
+            facts: r.facts.clone(),
+        }
+    }
 }
 
 /// The `--save-result` file (JSON).
@@ -99,6 +133,7 @@ impl<'a> ResultFile<'a> {
         space: &SearchSpace,
         result: &'a SearchResult,
         stats: &'a SearchStats,
+        reasons: &[crate::compare::layerwise::LayerError],
     ) -> ResultFile<'a> {
         ResultFile {
             model: setup.model.to_string(),
@@ -123,6 +158,7 @@ impl<'a> ResultFile<'a> {
                         name: graph.nodes[i].name.clone(),
                         op: graph.nodes[i].op_type.clone(),
                         flops: space.flops[i],
+                        reason: reasons.iter().find(|r| r.index == i).map(LayerReason::new),
                     })
                     .collect(),
                 _ => Vec::new(),
@@ -164,6 +200,7 @@ pub fn html_report(
     result: &SearchResult,
     stats: &SearchStats,
     layer_rows: Option<&[crate::compare::layerwise::LayerError]>,
+    reasons: &[crate::compare::layerwise::LayerError],
 ) -> HtmlReport {
     let mut r = HtmlReport::new(&format!("mixprec debug precision: {model}"));
     let execs = format!(
@@ -288,12 +325,46 @@ pub fn html_report(
         ],
         &rows,
     );
+    let stat = criterion.stat.default.name();
+    if !reasons.is_empty() {
+        let rows: Vec<Vec<String>> = reasons
+            .iter()
+            .map(|x| {
+                vec![
+                    x.index.to_string(),
+                    x.layer.clone(),
+                    x.op.clone(),
+                    x.precision.map_or("(carried)", |p| p.name()).to_string(),
+                    crate::compare::fmt_g(x.required_atol, 5),
+                    crate::compare::fmt_g(x.growth, 5),
+                    x.cause.name().to_string(),
+                    x.reason(),
+                ]
+            })
+            .collect();
+        r.table(
+            "Why these layers: each alone back in its low precision, the rest as answered (first input set)",
+            &[
+                "#",
+                "layer",
+                "op",
+                "low precision",
+                &format!("{stat} abs"),
+                "growth",
+                "cause",
+                "what was measured",
+            ],
+            &rows,
+        );
+    }
     if let Some(rows) = layer_rows {
-        r.layer_errors(
+        let outputs: Vec<String> = graph.outputs.iter().map(|v| v.name.clone()).collect();
+        r.layer_errors_with(
             "Layer-wise error of the final plan (first input set)",
             rows,
-            criterion.stat.default.name(),
+            stat,
             Some(criterion.atol.default),
+            crate::compare::html::LayerVerdicts::OutputsOnly(&outputs),
         );
     }
     r

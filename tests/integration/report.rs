@@ -251,6 +251,11 @@ fn json_replaces_the_log() {
         "{add}"
     );
     assert_eq!(l["aggregate"]["layers"][2]["precision"], "float32");
+    // Why: every sum of the Add lies just beyond float16's largest value and rounds down to
+    // it (65504); the float32 Sub adds nothing of its own.
+    assert_eq!(add["cause"], "overflow", "{add}");
+    assert_eq!(add["facts"]["saturated_outputs"], 65536, "{add}");
+    assert_eq!(l["aggregate"]["layers"][2]["cause"], "inherited");
     assert!(j["validation"].is_null());
 }
 
@@ -482,4 +487,132 @@ fn quantile_stat_matches_polygraphy() {
     let o = run(&["--error-quantile", "1.5"]);
     assert!(!o.status.success());
     assert!(text(&o).contains("--error-quantile"), "{}", text(&o));
+}
+
+/// The search report of a passing answer judges only the graph outputs (no red FAILED for
+/// intermediate layers held to the outputs' tolerance), every layer table has a cause
+/// column, the answer says why each layer is needed, and wide tables scroll inside their box
+/// instead of running off the page: checked in the HTML and, when Chromium is installed, in
+/// the rendered page (`scripts/check_report.sh --check`, 900 pixels wide).
+#[test]
+fn reports_inform_explain_and_scroll() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = crate::models::models_dir().join("planted_transformer.onnx");
+    let m = model.to_str().unwrap();
+    let (search, result, run) = (
+        path(tmp.path(), "search.html"),
+        path(tmp.path(), "result.json"),
+        path(tmp.path(), "run.html"),
+    );
+    // atol/rtol 1e-3 on the median: the outputs pass with the answer, while many float16
+    // layers in between need more than 1e-3 (the old report called them FAILED).
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        m,
+        "--fp16",
+        "--val-range",
+        "[-1,1]",
+        "--check-error-stat",
+        "median",
+        "--atol",
+        "1e-3",
+        "--rtol=1e-3",
+        "--mode",
+        "worst-first",
+        "--report",
+        &search,
+        "--save-result",
+        &result,
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains("[I]     Why: each layer alone back in its low precision"),
+        "{t}"
+    );
+    assert!(
+        t.lines()
+            .any(|l| l.contains("planted_scale_up (Mul, float16): overflow")),
+        "{t}"
+    );
+    let j: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let layers = j["layers"].as_array().unwrap();
+    let up = layers
+        .iter()
+        .find(|l| l["name"] == "planted_scale_up")
+        .unwrap_or_else(|| panic!("{j}"));
+    assert_eq!(up["reason"]["cause"], "overflow", "{up}");
+    assert!(
+        up["reason"]["facts"]["overflowing_inputs"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert!(
+        layers.iter().all(|l| l["reason"]["cause"].is_string()),
+        "{j}"
+    );
+    let html = std::fs::read_to_string(&search).unwrap();
+    well_formed(&html, &[]);
+    assert!(html.contains("<div class=\"verdict pass\" id=\"verdict\">"));
+    assert!(
+        !html.contains("badge fail") && !html.contains("<td class=\"fail\">"),
+        "a red FAILED in the report of a passing answer"
+    );
+    assert!(html.contains("the criterion applies to the graph outputs only"));
+    assert!(html.contains("<th class=\"l\">cause</th>"));
+    assert!(html.contains("Why these layers"));
+    // run --mark-all: the layer table has a cause column; the planted overflow is named.
+    let o = mixprec(&[
+        "run",
+        m,
+        "--fp16",
+        "--val-range",
+        "[-1,1]",
+        "--mark-all",
+        "--check-error-stat",
+        "median",
+        "--atol",
+        "1e-2",
+        "--report",
+        &run,
+    ]);
+    let t = text(&o);
+    assert!(
+        t.lines()
+            .any(|l| l.contains("planted_scale_up") && l.contains(" overflow ")),
+        "{t}"
+    );
+    let html = std::fs::read_to_string(&run).unwrap();
+    assert!(html.contains("<td class=\"l cause overflow\""));
+    // The rendered pages.
+    let have_chromium = Command::new("sh")
+        .args([
+            "-c",
+            "command -v chromium || command -v chromium-browser || command -v google-chrome",
+        ])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !have_chromium {
+        eprintln!("reports_inform_explain_and_scroll: Chromium not installed, layout not rendered");
+        return;
+    }
+    let script = crate::common::repo_root().join("scripts/check_report.sh");
+    for (file, passing) in [(&search, true), (&run, false)] {
+        let mut args = vec![script.to_str().unwrap(), "--check"];
+        if passing {
+            args.push("--passing");
+        }
+        args.extend([file.as_str(), "900"]);
+        let o = Command::new("bash").args(&args).output().unwrap();
+        let out = text(&o);
+        assert!(o.status.success(), "{file}: {out}");
+        assert!(
+            out.contains("clipped=0\n") && out.contains("page_overflow=0\n"),
+            "{out}"
+        );
+        // The layer table is wider than 900 pixels: it scrolls in its box.
+        assert!(!out.contains("scrolling=0\n"), "{out}");
+    }
 }
