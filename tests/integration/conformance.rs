@@ -20,7 +20,7 @@ enum Outcome {
 /// Conformance tests that passed when this was last raised: the count may only grow.
 const MIN_PASSED: usize = 1269;
 
-fn exclusions() -> BTreeMap<String, String> {
+pub(crate) fn exclusions() -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(repo_root().join("tests/conformance_exclusions.txt"))
         .unwrap_or_default();
     text.lines()
@@ -208,24 +208,25 @@ fn compare(got: &Tensor, want: &Tensor) -> Result<(), String> {
     Ok(())
 }
 
+/// The conformance test directories under `root` whose name contains `filter`, sorted.
+pub(crate) fn case_dirs(root: &std::path::Path, filter: &str) -> Vec<std::path::PathBuf> {
+    let mut cases: Vec<_> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.join("model.onnx").exists())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().contains(filter))
+        .collect();
+    cases.sort();
+    cases
+}
+
 #[test]
 fn onnx_node_conformance() {
     let root = onnx_node_dir();
     let filter = std::env::var("CONFORMANCE_FILTER").unwrap_or_default();
     let excluded = exclusions();
-    let mut cases: Vec<_> = std::fs::read_dir(&root)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("model.onnx").exists())
-        .filter(|p| {
-            p.file_name()
-                .unwrap()
-                .to_string_lossy()
-                .contains(filter.as_str())
-        })
-        .collect();
-    cases.sort();
+    let cases = case_dirs(&root, &filter);
     let (mut passed, mut failed, mut unsupported, mut excl) = (0, 0, 0, 0);
     let mut failures = Vec::new();
     let verbose = std::env::var("CONFORMANCE_VERBOSE").is_ok();

@@ -18,6 +18,7 @@
 //! that is a nonzero float16 subnormal there is not flushed to zero.
 
 use crate::common::{onnx_node_dir, python, repo_root};
+use crate::conformance::{case_dirs, exclusions};
 use mixprec::exec::{Feeds, PlanOptions, PreparedPlan, RunOptions};
 use mixprec::ops::{InputRole, Registry};
 use mixprec::precision::plan::PrecisionPlan;
@@ -477,16 +478,6 @@ fn float16_contract(got: &Tensor, reference: &Tensor, rounds: bool) -> Result<()
     }
 }
 
-/// The tests conformance.rs leaves out on purpose (tests/conformance_exclusions.txt).
-fn conformance_exclusions() -> Vec<String> {
-    std::fs::read_to_string(repo_root().join("tests/conformance_exclusions.txt"))
-        .unwrap_or_default()
-        .lines()
-        .map(|l| l.split('#').next().unwrap_or("").trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect()
-}
-
 /// What a test is reported under: its op, or for a function's expansion (several nodes) the
 /// test's name up to `_expanded`.
 fn op_key(c: &Case) -> String {
@@ -527,18 +518,11 @@ fn run_mixprec(c: &Case, v: &Variant) -> (Outs, Option<Outs>) {
 fn specials_propagate_as_in_onnxruntime() {
     let root = onnx_node_dir();
     let filter = std::env::var("NANPROP_FILTER").unwrap_or_default();
-    let excluded = conformance_exclusions();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.join("model.onnx").exists())
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().to_string();
-            name.contains(filter.as_str()) && !excluded.contains(&name)
-        })
+    let excluded = exclusions();
+    let dirs: Vec<PathBuf> = case_dirs(&root, &filter)
+        .into_iter()
+        .filter(|p| !excluded.contains_key(p.file_name().unwrap().to_string_lossy().as_ref()))
         .collect();
-    dirs.sort();
     let cases: Vec<Case> = dirs.iter().filter_map(|d| prepare(d)).collect();
     let work = tempfile::tempdir().unwrap();
     let base = |i: usize, v: usize| work.path().join(format!("{i}-{v}"));
