@@ -14,15 +14,10 @@ pub enum Error {
     },
     #[error("{}: not a valid ONNX model: {msg}", path.display())]
     Model { path: PathBuf, msg: String },
-    #[error(
-        "node '{node}': op '{op}' (domain '{domain}', opset {opset}) is not supported by mixprec"
-    )]
-    UnsupportedOp {
-        node: String,
-        op: String,
-        domain: String,
-        opset: i64,
-    },
+    /// Every op of the model (subgraphs included) that mixprec has no kernel for, all at
+    /// once: a user learns the whole list from one run, not one op per attempt.
+    #[error("{}", unsupported_message(.0))]
+    UnsupportedOps(Vec<UnsupportedOp>),
     #[error("node '{node}' ({op}): {msg}")]
     Op {
         node: String,
@@ -47,6 +42,43 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One op (domain, type, opset) mixprec does not support, with how often the model uses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsupportedOp {
+    /// `ai.onnx` for the default domain.
+    pub domain: String,
+    pub op: String,
+    pub opset: i64,
+    /// Nodes using it, subgraph bodies included.
+    pub count: usize,
+    /// The first such node, by path inside subgraphs (`If_0/then_branch/Conv_3`).
+    pub first_node: String,
+}
+
+fn unsupported_message(ops: &[UnsupportedOp]) -> String {
+    let items: Vec<String> = ops
+        .iter()
+        .map(|u| {
+            let nodes = if u.count == 1 {
+                format!("node '{}'", u.first_node)
+            } else {
+                format!("{} nodes, first '{}'", u.count, u.first_node)
+            };
+            format!(
+                "'{}' (domain '{}', opset {}): {nodes}",
+                u.op, u.domain, u.opset
+            )
+        })
+        .collect();
+    let n = ops.len();
+    let s = if n == 1 { "" } else { "s" };
+    format!(
+        "{n} op{s} of the model {} not supported by mixprec: {}",
+        if n == 1 { "is" } else { "are" },
+        items.join("; ")
+    )
+}
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Error {
@@ -75,17 +107,6 @@ impl Error {
     pub fn in_subgraph(self, outer: &str, attr: &str) -> Error {
         let path = |inner: String| format!("{outer}/{attr}/{inner}");
         match self {
-            Error::UnsupportedOp {
-                node,
-                op,
-                domain,
-                opset,
-            } => Error::UnsupportedOp {
-                node: path(node),
-                op,
-                domain,
-                opset,
-            },
             Error::Op { node, op, msg } => Error::Op {
                 node: path(node),
                 op,

@@ -130,5 +130,14 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
         si(summary.weight_bytes_fp16),
         si(summary.weight_bytes_int8)
     );
+    // inspect still shows such a model (what it holds, what is missing); run, convert and
+    // debug precision stop on it with the same list.
+    let unsupported = crate::ops::Registry::global().unsupported_in(&model.graph);
+    if !unsupported.is_empty() {
+        println!(
+            "Unsupported: {}",
+            crate::error::Error::UnsupportedOps(unsupported)
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

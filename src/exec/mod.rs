@@ -140,8 +140,13 @@ impl SubgraphRunner for ScopeRunner<'_, '_, '_> {
 }
 
 impl<'g> Interpreter<'g> {
-    /// Resolves every node's kernel; fails on the first op mixprec does not support.
+    /// Resolves every node's kernel; fails naming every op mixprec does not support, subgraph
+    /// bodies included.
     pub fn new(graph: &'g Graph) -> Result<Interpreter<'g>> {
+        let unsupported = Registry::global().unsupported_in(graph);
+        if !unsupported.is_empty() {
+            return Err(Error::UnsupportedOps(unsupported));
+        }
         Self::new_scoped(graph, Vec::new())
     }
 
@@ -167,19 +172,10 @@ impl<'g> Interpreter<'g> {
         let mut steps = Vec::with_capacity(graph.nodes.len());
         for node in &graph.nodes {
             let opset = graph.opset_of(&node.domain);
-            let kernel =
-                registry
-                    .get(&node.domain, &node.op_type)
-                    .ok_or_else(|| Error::UnsupportedOp {
-                        node: node.name.clone(),
-                        op: node.op_type.clone(),
-                        domain: if node.domain.is_empty() {
-                            "ai.onnx".into()
-                        } else {
-                            node.domain.clone()
-                        },
-                        opset,
-                    })?;
+            // `new` checked the whole model first; this names a subgraph's ops if reached.
+            let kernel = registry
+                .get(&node.domain, &node.op_type)
+                .ok_or_else(|| Error::UnsupportedOps(registry.unsupported_in(graph)))?;
             crate::ops::attrs::parse_node(node, opset)?;
             let implicit = node.implicit_inputs();
             let mut subs = Vec::new();

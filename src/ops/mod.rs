@@ -24,7 +24,7 @@ pub mod softmax;
 pub mod util;
 
 use crate::graph::fact::{DimFact, Fact};
-use crate::graph::Node;
+use crate::graph::{Graph, Node};
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -315,6 +315,42 @@ impl Registry {
         self.def(domain, op_type).map(|d| d.kernel)
     }
 
+    /// Every op of `graph` and its subgraphs that has no kernel here, each once, in order of
+    /// first use, with its node count and first node (by path inside subgraphs).
+    pub fn unsupported_in(&self, graph: &Graph) -> Vec<crate::error::UnsupportedOp> {
+        fn walk(r: &Registry, g: &Graph, prefix: &str, out: &mut Vec<crate::error::UnsupportedOp>) {
+            for n in &g.nodes {
+                if r.get(&n.domain, &n.op_type).is_none() {
+                    let domain = if n.domain.is_empty() || n.domain == "ai.onnx" {
+                        "ai.onnx".to_string()
+                    } else {
+                        n.domain.clone()
+                    };
+                    let opset = g.opset_of(&n.domain);
+                    match out
+                        .iter_mut()
+                        .find(|u| u.op == n.op_type && u.domain == domain && u.opset == opset)
+                    {
+                        Some(u) => u.count += 1,
+                        None => out.push(crate::error::UnsupportedOp {
+                            domain,
+                            op: n.op_type.clone(),
+                            opset,
+                            count: 1,
+                            first_node: format!("{prefix}{}", n.name),
+                        }),
+                    }
+                }
+                for (attr, sg) in n.subgraphs() {
+                    walk(r, sg, &format!("{prefix}{}/{attr}/", n.name), out);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(self, graph, "", &mut out);
+        out
+    }
+
     pub fn op_types(&self) -> Vec<&'static str> {
         let mut v: Vec<_> = self.defs.keys().copied().collect();
         v.sort_unstable();
@@ -347,6 +383,76 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every unsupported op is named once with its count and first node, subgraphs included.
+    #[test]
+    fn unsupported_ops_are_listed_all_at_once() {
+        use crate::graph::testing::{graph, node};
+        use crate::graph::Attribute;
+        let mut inner = graph(
+            vec![
+                node("deep", "FancyOp", &["a"], &["b"]),
+                node("ok", "Relu", &["b"], &["c"]),
+            ],
+            vec![],
+            vec![],
+            vec![],
+        );
+        inner.opsets.insert("com.microsoft".into(), 1);
+        let mut iff = node("if0", "If", &["cond"], &["y"]);
+        iff.attrs.insert(
+            "then_branch".into(),
+            Attribute::Graph(std::sync::Arc::new(inner)),
+        );
+        let mut ms = node("g1", "FastGelu", &["x"], &["a"]);
+        ms.domain = "com.microsoft".into();
+        let mut g = graph(
+            vec![
+                node("f1", "FancyOp", &["x"], &["x1"]),
+                ms,
+                iff,
+                node("r", "Relu", &["x"], &["z"]),
+            ],
+            vec![],
+            vec![],
+            vec![],
+        );
+        g.opsets.insert("com.microsoft".into(), 1);
+        let u = Registry::global().unsupported_in(&g);
+        let got: Vec<(&str, &str, i64, usize, &str)> = u
+            .iter()
+            .map(|u| {
+                (
+                    u.domain.as_str(),
+                    u.op.as_str(),
+                    u.opset,
+                    u.count,
+                    u.first_node.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("ai.onnx", "FancyOp", 17, 2, "f1"),
+                ("com.microsoft", "FastGelu", 1, 1, "g1"),
+            ]
+        );
+        let msg = crate::Error::UnsupportedOps(u).to_string();
+        assert!(
+            msg.starts_with("2 ops of the model are not supported"),
+            "{msg}"
+        );
+        assert!(msg.contains("2 nodes, first 'f1'"), "{msg}");
+        // A supported model lists nothing.
+        let fine = graph(
+            vec![node("r", "Relu", &["x"], &["y"])],
+            vec![],
+            vec![],
+            vec![],
+        );
+        assert!(Registry::global().unsupported_in(&fine).is_empty());
+    }
 
     /// Every op answers for its output shapes (Constant needs no rule: it is always folded).
     #[test]

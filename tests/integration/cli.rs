@@ -339,13 +339,23 @@ fn bad_input_gives_clear_errors_and_no_files() {
         &out_path,
     );
 
-    // An unsupported op names the op, the node and the opset.
+    // Unsupported ops are named all at once: each op, its domain and opset, its count and
+    // first node; inspect shows the model and lists them.
     let (_, odd) = p(d, "odd.onnx");
     std::fs::write(&odd, unsupported_op_model()).unwrap();
     fails_cleanly(&["run", &odd, "--save-outputs", &out], "FancyOp", &out_path);
     let o = mixprec(&["run", &odd]);
+    let t = text(&o);
     assert!(
-        text(&o).contains("'my_node'") && text(&o).contains("opset 13"),
+        t.contains("2 ops of the model are not supported")
+            && t.contains("'FancyOp' (domain 'ai.onnx', opset 13): 2 nodes, first 'my_node'")
+            && t.contains("'FastGelu' (domain 'com.microsoft', opset 1): node 'gelu'"),
+        "{t}"
+    );
+    let o = mixprec(&["inspect", &odd]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("Unsupported: 2 ops of the model"),
         "{}",
         text(&o)
     );
@@ -372,19 +382,42 @@ fn unsupported_op_model() -> Vec<u8> {
     };
     let model = ModelProto {
         ir_version: Some(8),
-        opset_import: vec![OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(13),
-        }],
+        opset_import: vec![
+            OperatorSetIdProto {
+                domain: Some(String::new()),
+                version: Some(13),
+            },
+            OperatorSetIdProto {
+                domain: Some("com.microsoft".into()),
+                version: Some(1),
+            },
+        ],
         graph: Some(GraphProto {
             name: Some("g".into()),
-            node: vec![NodeProto {
-                name: Some("my_node".into()),
-                op_type: Some("FancyOp".into()),
-                input: vec!["x".into()],
-                output: vec!["y".into()],
-                ..Default::default()
-            }],
+            node: vec![
+                NodeProto {
+                    name: Some("my_node".into()),
+                    op_type: Some("FancyOp".into()),
+                    input: vec!["x".into()],
+                    output: vec!["a".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    name: Some("gelu".into()),
+                    op_type: Some("FastGelu".into()),
+                    domain: Some("com.microsoft".into()),
+                    input: vec!["a".into()],
+                    output: vec!["b".into()],
+                    ..Default::default()
+                },
+                NodeProto {
+                    name: Some("again".into()),
+                    op_type: Some("FancyOp".into()),
+                    input: vec!["b".into()],
+                    output: vec!["y".into()],
+                    ..Default::default()
+                },
+            ],
             input: vec![vi("x")],
             output: vec![vi("y")],
             ..Default::default()
