@@ -403,7 +403,6 @@ fn same_specials(got: &Tensor, want: &Tensor) -> Result<(), String> {
     };
     const SUBNORMAL: f64 = 1.1754943508222875e-38;
     let mut bad = Vec::new();
-    let mut count = 0;
     for (i, (&x, &y)) in a.iter().zip(&b).enumerate() {
         let ok = if x.is_nan() || y.is_nan() {
             x.is_nan() && y.is_nan()
@@ -417,21 +416,23 @@ fn same_specials(got: &Tensor, want: &Tensor) -> Result<(), String> {
             (x - y).abs() <= atol + rtol * y.abs()
         };
         if !ok {
-            count += 1;
-            if bad.len() < 3 {
-                bad.push(format!("[{i}] {x:e} vs ORT {y:e}"));
-            }
+            bad.push(format!("[{i}] {x:e} vs ORT {y:e}"));
         }
     }
-    if count == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "{count} of {} elements differ: {}",
-            a.len(),
-            bad.join(", ")
-        ))
+    mismatch_report(&bad, a.len())
+}
+
+/// Ok when `bad` (one entry per differing element) is empty; else how many of `n` elements
+/// differ, with the first three.
+fn mismatch_report(bad: &[String], n: usize) -> Result<(), String> {
+    if bad.is_empty() {
+        return Ok(());
     }
+    Err(format!(
+        "{} of {n} elements differ: {}",
+        bad.len(),
+        bad[..bad.len().min(3)].join(", ")
+    ))
 }
 
 /// The float16 contract on one output: NaN and ±inf where the reference (ORT's f32 result on
@@ -445,7 +446,6 @@ fn float16_contract(got: &Tensor, reference: &Tensor, rounds: bool) -> Result<()
         return Err("shape differs".into());
     }
     let mut bad = Vec::new();
-    let mut count = 0;
     for (i, (&x, &r)) in a.iter().zip(b).enumerate() {
         let y = if rounds {
             half::f16::from_f32(r).to_f32()
@@ -461,21 +461,10 @@ fn float16_contract(got: &Tensor, reference: &Tensor, rounds: bool) -> Result<()
             !sub16 || x != 0.0
         };
         if !ok {
-            count += 1;
-            if bad.len() < 3 {
-                bad.push(format!("[{i}] {x:e} vs contract {y:e}"));
-            }
+            bad.push(format!("[{i}] {x:e} vs contract {y:e}"));
         }
     }
-    if count == 0 {
-        Ok(())
-    } else {
-        Err(format!(
-            "{count} of {} elements differ: {}",
-            a.len(),
-            bad.join(", ")
-        ))
-    }
+    mismatch_report(&bad, a.len())
 }
 
 /// What a test is reported under: its op, or for a function's expansion (several nodes) the
