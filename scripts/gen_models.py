@@ -398,8 +398,10 @@ def qdq_cnn(size):
     weights, minmax calibration on 8 inputs in [-1, 1]), then one activation range planted 64x too
     wide: the scale of the Q/DQ pair in front of '/Conv_7' (stage 3's second conv) is multiplied by
     64, as a calibration on the wrong data would leave it. The Q/DQ search must find '/Conv_7'."""
+    import logging
     import tempfile
 
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice on pre-processing
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     float_model = cnn(size)
