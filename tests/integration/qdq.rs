@@ -362,3 +362,22 @@ print(dq.name, wdq.name, prod[dq.input[0]].name)
         );
     }
 }
+
+#[test]
+fn a_debug_replay_answers_a_second_qdq_search() {
+    let tmp = tempfile::tempdir().unwrap();
+    let replay = tmp.path().join("replay.json");
+    let r = replay.to_str().unwrap();
+    let (ok, log, first, _) = search(tmp.path(), &["--mode", "minimal", "--save-debug-replay", r]);
+    assert!(ok, "{log}");
+    assert!(log.contains("Saved debug replay"), "{log}");
+    let (ok, log, again, json) =
+        search(tmp.path(), &["--mode", "minimal", "--load-debug-replay", r]);
+    assert!(ok, "{log}");
+    assert_eq!(first, again);
+    let n = json["stats"]["evaluations"].as_u64().unwrap();
+    assert!(
+        log.contains(&format!("{n} candidate(s) answered from the debug replay")),
+        "{log}"
+    );
+}
