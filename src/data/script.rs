@@ -53,7 +53,9 @@ try:
         for name, arr in items:
             if hasattr(arr, "numpy") and not isinstance(arr, np.ndarray):
                 arr = arr.detach().cpu().numpy() if hasattr(arr, "detach") else arr.numpy()
-            arr = np.ascontiguousarray(np.asarray(arr))
+            arr = np.asarray(arr)
+            if not arr.flags["C_CONTIGUOUS"]:  # ascontiguousarray would make a scalar 1-D
+                arr = np.ascontiguousarray(arr)
             if arr.dtype == object:
                 sys.stderr.write("MIXPREC: iteration %d, input '%s': an array of Python objects, not numbers\n" % (index, name))
                 sys.exit(3)

@@ -68,7 +68,7 @@ pub struct SearchRun {
     pub space: SearchSpace,
     pub result: SearchResult,
     pub stats: SearchStats,
-    /// The plan of the answer (`Outcome::Found`).
+    /// The plan of the answer (`Outcome::Found`; the all-low plan for `Outcome::NothingNeeded`).
     pub answer: Option<PrecisionPlan>,
     /// The layer-wise errors of the answer, or of the best plan of an interrupted search,
     /// when [`SearchJob::layer_errors`] asked for them.
@@ -146,6 +146,9 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
     let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
     let answer = match &result.outcome {
         Outcome::Found(marked) => Some(oracle.plan_for(marked)),
+        // Every candidate in low precision already passes: that plan is the answer (`-o`
+        // writes it; before, a search that needed no layer wrote no model and said nothing).
+        Outcome::NothingNeeded => Some(oracle.plan_for(&[])),
         _ => None,
     };
     let layer_errors = match &result.outcome {

@@ -560,3 +560,28 @@ fn debug_conventions_iter_artifact_artifacts_output_and_replay() {
     let o = run(&["--hide-fail-output", "--iter-artifact", "elsewhere.onnx"]);
     assert!(!text(&o).contains("CHECK-SAYS-HELLO"), "{}", text(&o));
 }
+
+#[test]
+fn data_loader_script_scalars_keep_their_shape() {
+    // np.ascontiguousarray turns a 0-d array into shape [1]; a scalar input (Silero VAD's
+    // sample rate) must arrive as shape [] and a transposed array with its values.
+    let tmp = tempfile::tempdir().unwrap();
+    let script = tmp.path().join("dl.py");
+    std::fs::write(
+        &script,
+        "import numpy as np\n\ndef load_data():\n    yield {\"sr\": np.array(16000, dtype=np.int64), \"t\": np.arange(6, dtype=np.float32).reshape(2, 3).T}\n",
+    )
+    .unwrap();
+    let mut feeds = mixprec::data::script::DataLoaderScript::parse(script.to_str().unwrap())
+        .start(&python())
+        .unwrap();
+    let feed = feeds.next().unwrap().unwrap();
+    assert_eq!(feed["sr"].shape(), &[] as &[usize]);
+    assert_eq!(feed["sr"].to_f64_vec().unwrap(), vec![16000.0]);
+    assert_eq!(feed["t"].shape(), &[3, 2]);
+    assert_eq!(
+        feed["t"].to_f64_vec().unwrap(),
+        vec![0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    );
+    assert!(feeds.next().is_none());
+}

@@ -325,6 +325,30 @@ fn writes_the_mixed_precision_model() {
 }
 
 #[test]
+fn writes_the_model_when_no_layer_needs_high_precision() {
+    // A criterion all-float16 meets: the answer is empty and -o still writes its model.
+    let dir = tempfile::tempdir().unwrap();
+    let out_model = dir.path().join("mixed.onnx");
+    let (ok, log, layers) = search(
+        "planted_cnn",
+        &[
+            "--mode",
+            "minimal",
+            "--atol",
+            "1e9",
+            "-o",
+            out_model.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{log}");
+    assert!(log.contains("no layer needs float32"), "{log}");
+    assert!(layers.is_empty(), "{layers:?}");
+    assert!(log.contains("Saved mixed-precision model"), "{log}");
+    let m = mixprec::load_model(&out_model).unwrap();
+    assert!(m.graph.nodes.iter().any(|n| n.op_type == "Cast"));
+}
+
+#[test]
 fn ctrl_c_prints_the_best_plan_so_far() {
     // Each evaluation sleeps, so the interrupt lands mid-search.
     let m = model("planted_cnn");

@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""The real-model corpus benchmark, driven by bench/corpus.sh (see there).
+
+Usage: corpus.py MIXPREC_BIN CACHE_DIR WORK_DIR THREADS
+
+For every model of tests/fixtures/real_models.json: does it load; FP32 max error against ONNX
+Runtime on the same inputs (max |mixprec - ort| / max |ort|); FP32 median latency of mixprec
+and ORT (benches/latency.rs and bench/ort_latency.py, same inputs and thread count); the
+emulated all-float16 run's verdict under the task-level criterion and its error against FP32;
+`debug precision --fp16 --mode minimal` with the strict and the task-level criterion: answer
+size, evaluations and wall time of the command. Prints a Markdown table.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+from polygraphy.json import load_json
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def gen_args(m):
+    a = ["--input-shapes", *m["shapes"]]
+    g = m["gen"]
+    if len(g) == 1 and g[0].startswith("@"):
+        a += ["--data-loader-script", f"{ROOT}/tests/fixtures/real_model_inputs.py:{g[0][1:]}"]
+    else:
+        a += ["--val-range", *g]
+    return a
+
+
+def run(cmd, env=None):
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    return p, time.perf_counter() - t
+
+
+def scaled(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    s = max(np.abs(b).max(initial=0.0), 1e-30)
+    return float(np.abs(a - b).max(initial=0.0) / s)
+
+
+def main():
+    mix, cache, work, threads = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    table = json.load(open(f"{ROOT}/tests/fixtures/real_models.json"))
+    os.makedirs(work, exist_ok=True)
+    rows, timed = [], []
+    for m in table:
+        name, path = m["name"], os.path.join(cache, m["file"])
+        row = {"name": name}
+        rows.append(row)
+        d = os.path.join(work, name)
+        os.makedirs(d, exist_ok=True)
+        link = os.path.join(work, f"{name}.onnx")
+        if os.path.lexists(link):
+            os.remove(link)
+        os.symlink(path, link)
+        npz, fp32_json = os.path.join(d, "inputs.npz"), os.path.join(d, "fp32.json")
+        p, _ = run([mix, "run", path, *gen_args(m), "--threads", threads, "--save-inputs", npz, "--save-outputs", fp32_json])
+        if p.returncode != 0:
+            err = (p.stdout + p.stderr).strip().splitlines()
+            row["loads"] = "no: " + ", ".join(re.findall(r"'([A-Za-z]+)' \(domain", err[-1] if err else "")) or "no"
+            continue
+        row["loads"] = "yes"
+        # Inputs as input_K.pb in the session's input order (benches/latency.rs, ort_latency.py).
+        feeds = dict(np.load(npz))
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = int(threads)
+        sess = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        for k, meta in enumerate(sess.get_inputs()):
+            with open(os.path.join(d, f"input_{k}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(feeds[meta.name], meta.name).SerializeToString())
+        want = sess.run(None, {i.name: feeds[i.name] for i in sess.get_inputs()})
+        results = load_json(fp32_json)
+        got = results[0][1][0]  # first runner, first iteration
+        row["fp32_err"] = max(scaled(got[o.name], w) for o, w in zip(sess.get_outputs(), want))
+        timed.append(name)
+        # Emulated float16 under the task-level criterion.
+        metrics = os.path.join(d, "fp16.json")
+        p, _ = run([mix, "run", path, "--load-inputs", npz, "--threads", threads, "--trt", "--fp16", "--onnxrt",
+                    *m["task"], "--save-error-metrics", metrics])
+        v = json.load(open(metrics))
+        row["fp16_pass"] = v["passed"]
+        errs = []
+        for o in v["iterations"][0]["outputs"]:
+            ref = o["reference_stats"]
+            mx = max(abs(ref["min"] or 0), abs(ref["max"] or 0), 1e-30)
+            errs.append(float("inf") if o["max_absdiff"] is None else o["max_absdiff"] / mx)
+        row["fp16_err"] = max(errs)
+        for kind in ("strict", "task"):
+            res = os.path.join(d, f"{kind}.json")
+            p, wall = run([mix, "debug", "precision", path, "--load-inputs", npz, "--threads", threads, "--fp16",
+                           "--mode", "minimal", *m[kind], "--save-result", res])
+            ev = re.search(r"Search: (\d+) evaluation", p.stdout)
+            layers = json.load(open(res))["layers"] if p.returncode == 0 and os.path.exists(res) else None
+            row[kind] = (None if layers is None else len(layers), ev and int(ev.group(1)), wall)
+    # Latency: both engines on the same input files and thread count.
+    lat_mix, lat_ort = {}, {}
+    if timed:
+        env = dict(os.environ, RAYON_NUM_THREADS=threads)
+        p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", work, *timed],
+                           capture_output=True, text=True, env=env, cwd=ROOT)
+        lat_mix = {j["model"]: j for j in map(json.loads, p.stdout.strip().splitlines())}
+        p = subprocess.run([sys.executable, f"{ROOT}/bench/ort_latency.py", work, threads, *timed],
+                           capture_output=True, text=True)
+        lat_ort = {j["model"]: j for j in map(json.loads, p.stdout.strip().splitlines())}
+
+    print(f"threads={threads}")
+    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | FP16 (task) | FP16 err | strict: layers / evals / s | task: layers / evals / s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        n = r["name"]
+        if r["loads"] != "yes":
+            print(f"| {n} | {r['loads']} | | | | | | | | |")
+            continue
+        a, o = lat_mix.get(n, {}).get("median_ms"), lat_ort.get(n, {}).get("median_ms")
+        lat = f"{a:.2f} | {o:.2f} | {a / o:.2f}" if a and o else "? | ? | ?"
+
+        def s(t):
+            k, e, w = t
+            return "failed" if k is None else f"{k} / {e} / {w:.1f}"
+
+        print(f"| {n} | yes | {r['fp32_err']:.1e} | {lat} | {'pass' if r['fp16_pass'] else 'fail'} | "
+              f"{r['fp16_err']:.1e} | {s(r['strict'])} | {s(r['task'])} |")
+
+
+if __name__ == "__main__":
+    main()
