@@ -580,3 +580,161 @@ fn bad_input_is_refused_without_writing_a_file() {
     ]);
     assert!(text(&o).contains("(QuantizeLinear)") || text(&o).contains("(DequantizeLinear)"));
 }
+
+/// The workflow: `debug precision --int8 --save-result` finds the layers to keep in float32 for
+/// a criterion; `quantize --exclude-from` writes the Q/DQ model without them; that model meets
+/// the criterion (and the fully quantized one does not).
+#[test]
+fn a_search_answer_excluded_by_quantize_meets_the_search_criterion() {
+    let dir = out_dir();
+    let model = models_dir().join("cnn.onnx");
+    let m = model.to_str().unwrap();
+    let calib = calib_data("cnn");
+    let c = calib.to_str().unwrap();
+    let cache = dir.join("workflow.cache");
+    let o = mixprec(&[
+        "calibrate",
+        m,
+        "--data",
+        c,
+        "--algo",
+        "minmax",
+        "--cache",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // The all-int8 error (max |int8 - fp32| over the input sets); the criterion asks for 60%.
+    let g = load_model(&model).unwrap().graph;
+    let feeds = mixprec::data::polygraphy::load_inputs(&calib).unwrap();
+    let amax = CalibrationCache::read(&cache).unwrap().amax_map();
+    let plan = PrecisionPlan::from_layers(
+        g.nodes
+            .iter()
+            .map(|n| {
+                if has_quantized_kernel(&n.op_type) {
+                    Precision::Int8
+                } else {
+                    Precision::Float32
+                }
+            })
+            .collect(),
+    );
+    let prepared = PreparedPlan::new(
+        &g,
+        &plan,
+        &PlanOptions {
+            amax: Some(&amax),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let interp = Interpreter::new(&g).unwrap();
+    let mut err: f64 = 0.0;
+    for f in &feeds {
+        let a = interp.run(f).unwrap();
+        let b = interp
+            .run_plan(f, &RunOptions::default(), &prepared)
+            .unwrap();
+        for ((_, x), (_, y)) in a.outputs.iter().zip(&b.outputs) {
+            let (x, y) = (x.to_f64_vec().unwrap(), y.to_f64_vec().unwrap());
+            err = err.max(
+                x.iter()
+                    .zip(&y)
+                    .fold(0f64, |m, (p, q)| m.max((p - q).abs())),
+            );
+        }
+    }
+    let atol = format!("{:.6}", err * 0.6);
+
+    let golden = dir.join("workflow_fp32.json");
+    let o = mixprec(&[
+        "run",
+        m,
+        "--load-inputs",
+        c,
+        "--save-outputs",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let result = dir.join("workflow_result.json");
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        m,
+        "--int8",
+        "--calibration-cache",
+        cache.to_str().unwrap(),
+        "--load-inputs",
+        c,
+        "--mode",
+        "minimal",
+        "--atol",
+        &atol,
+        "--rtol",
+        "0",
+        "--save-result",
+        result.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let answer = mixprec::quantize::result_file_layers(&result).unwrap();
+    assert!(
+        !answer.is_empty(),
+        "the criterion needs some layers in float32"
+    );
+
+    let check = |q: &Path| {
+        mixprec(&[
+            "run",
+            q.to_str().unwrap(),
+            "--load-inputs",
+            c,
+            "--load-outputs",
+            golden.to_str().unwrap(),
+            "--atol",
+            &atol,
+            "--rtol",
+            "0",
+        ])
+    };
+    let q = dir.join("workflow_q.onnx");
+    let o = mixprec(&[
+        "quantize",
+        m,
+        "-o",
+        q.to_str().unwrap(),
+        "--int8",
+        "--calibration-cache",
+        cache.to_str().unwrap(),
+        "--exclude-from",
+        result.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("{} excluded", answer.len())),
+        "{}",
+        text(&o)
+    );
+    let o = check(&q);
+    assert!(
+        o.status.success(),
+        "the quantized model misses the criterion: {}",
+        text(&o)
+    );
+
+    let all = dir.join("workflow_all.onnx");
+    let o = mixprec(&[
+        "quantize",
+        m,
+        "-o",
+        all.to_str().unwrap(),
+        "--int8",
+        "--calibration-cache",
+        cache.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        !check(&all).status.success(),
+        "the fully quantized model should miss the criterion"
+    );
+}
