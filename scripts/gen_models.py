@@ -23,6 +23,8 @@ Models (all weights from a fixed NumPy seed, so the files are identical on every
                     the MatMuls): float16 loses x when Add and Sub are separate kernels
   decomposed_ln     LayerNorm from ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add on activations
                     of magnitude ~300 (x * 300): Pow overflows float16 unless the statistics run in f32
+  qdq_cnn           cnn quantized by ONNX Runtime's quantize_static (QDQ, uint8/int8 per channel) with the
+                    range in front of '/Conv_7' planted 64x too wide: the Q/DQ search's planted fault
 
 Usage: gen_models.py --out DIR [--size test|bench] [--only NAME[,NAME]] [--no-ort]
 """
@@ -391,6 +393,45 @@ def decomposed_ln(size):
     )
 
 
+def qdq_cnn(size):
+    """cnn quantized by ONNX Runtime's quantize_static (QDQ, uint8 activations, per-channel int8
+    weights, minmax calibration on 8 inputs in [-1, 1]), then one activation range planted 64x too
+    wide: the scale of the Q/DQ pair in front of '/Conv_7' (stage 3's second conv) is multiplied by
+    64, as a calibration on the wrong data would leave it. The Q/DQ search must find '/Conv_7'."""
+    import logging
+    import tempfile
+
+    logging.getLogger().setLevel(logging.ERROR)  # quantize_static's advice on pre-processing
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    float_model = cnn(size)
+    shape = [d.dim_value for d in float_model.graph.input[0].type.tensor_type.shape.dim]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.RandomState(7)
+            self.data = iter([{"input": rng.uniform(-1, 1, size=shape).astype(np.float32)} for _ in range(8)])
+
+        def get_next(self):
+            return next(self.data, None)
+
+    with tempfile.TemporaryDirectory() as d:
+        src, dst = os.path.join(d, "float.onnx"), os.path.join(d, "qdq.onnx")
+        onnx.save(float_model, src)
+        quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        m = onnx.load(dst)
+    producers = {o: n for n in m.graph.node for o in n.output}
+    target = next(n for n in m.graph.node if n.name == "/Conv_7")
+    dq = producers[target.input[0]]
+    inits = {t.name: t for t in m.graph.initializer}
+    scale = inits[dq.input[1]]
+    scale.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(scale) * np.float32(64.0), scale.name))
+    m.producer_name = "onnxruntime.quantization (mixprec-gen, planted range)"
+    onnx.checker.check_model(m)
+    return m
+
+
 MODELS = {
     "cnn": cnn,
     "transformer": transformer,
@@ -403,6 +444,7 @@ MODELS = {
     "planted_addsub": planted_addsub,
     "decomposed_ln": decomposed_ln,
     "decomposed_layernorm": decomposed_layernorm,
+    "qdq_cnn": qdq_cnn,
 }
 INPUT_RANGES = {
     "cnn": (-1.0, 1.0),
@@ -416,6 +458,7 @@ INPUT_RANGES = {
     "planted_addsub": (1.0, 2.0),
     "decomposed_ln": (-1.0, 1.0),
     "decomposed_layernorm": (-1.0, 1.0),
+    "qdq_cnn": (-1.0, 1.0),
 }
 
 

@@ -233,6 +233,8 @@ macro_rules! out {
     };
 }
 
+mod qdq;
+
 /// Set by Ctrl-C; the search stops between evaluations and reports the best plan so far.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -366,12 +368,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             high.name()
         );
     }
-    if !(args.precision.fp16 || args.precision.bf16 || args.precision.int8 || args.precision.fp8) {
-        bail!("enable at least one precision besides float32 to search over (--fp16, --bf16, --int8 or --fp8)");
-    }
-    if high == Precision::Float16 && !args.precision.fp16 {
-        bail!("--precision float16 needs --fp16 as well (e.g. --int8 --fp16 --precision float16)");
-    }
+    let any_precision =
+        args.precision.fp16 || args.precision.bf16 || args.precision.int8 || args.precision.fp8;
     let budget = parse_bytes(&args.cache_budget).with_context(|| {
         format!(
             "--cache-budget '{}': expected a size such as 512M or 4G",
@@ -403,7 +401,46 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     };
     let model = load_model(&args.model)?;
     let graph = &model.graph;
+    // A Q/DQ model without a precision flag: search its quantized layers (docs/search.md,
+    // "Searching a Q/DQ model").
+    let qdq = crate::export::qdq::has_qdq(graph);
+    if qdq && any_precision {
+        bail!(
+            "{} holds QuantizeLinear/DequantizeLinear nodes: it is already quantized, so --fp16/--bf16/--int8/--fp8 do not apply. \
+             Two workflows: (1) leave the precision flags out to search which of its quantized layers must leave quantization \
+             (they then run in --precision, float32 or float16; the rest stays as quantized); \
+             (2) search precisions with the flags on the float model it was quantized from",
+            args.model.display()
+        );
+    }
+    if !qdq && !any_precision {
+        bail!("enable at least one precision besides float32 to search over (--fp16, --bf16, --int8 or --fp8), or give a Q/DQ model to search its quantized layers");
+    }
+    if !qdq && high == Precision::Float16 && !args.precision.fp16 {
+        bail!("--precision float16 needs --fp16 as well (e.g. --int8 --fp16 --precision float16)");
+    }
     let feeds = args.data.feeds(graph)?;
+    if qdq {
+        return qdq::search(
+            &args,
+            p,
+            qdq::Setup {
+                model: &model,
+                feeds: &feeds,
+                criterion,
+                high,
+                mode,
+                direction,
+                replay,
+                golden: golden_file.as_ref(),
+                check: if args.check.is_empty() {
+                    None
+                } else {
+                    Some((fail_regex, check_timeout))
+                },
+            },
+        );
+    }
     let interp = Interpreter::new(graph)?;
     let low = args.precision.plan(graph)?;
     if !args.check.is_empty() && !low.fusion.is_none() {
@@ -512,6 +549,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             say,
             bar: indicatif::ProgressBar::hidden(),
             best: None,
+            qdq: false,
         };
         let run = run_search(job, &mut hooks)?;
         hooks.bar.finish_and_clear();
@@ -641,6 +679,8 @@ struct CliHooks<'a> {
     say: bool,
     bar: indicatif::ProgressBar,
     best: Option<usize>,
+    /// Searching a Q/DQ model's quantized layers.
+    qdq: bool,
 }
 
 impl SearchHooks for CliHooks<'_> {
@@ -655,7 +695,25 @@ impl SearchHooks for CliHooks<'_> {
 
     fn started(&mut self, space: &SearchSpace) {
         let (p, args, criterion, high) = (self.p, self.args, self.criterion, self.high);
-        if self.say {
+        if self.say && self.qdq {
+            out!(p,
+                "[I] Q/DQ model: {} quantized layer(s) of {} are the candidates; a marked layer loses its input Q/DQ pairs and runs in {} | mode {}{} | {} input set(s)",
+                space.candidates.len(),
+                self.graph.nodes.len(),
+                high.name(),
+                self.mode.name(),
+                if self.mode.is_contiguous() {
+                    match self.direction {
+                        Direction::Forward => ", forward",
+                        Direction::Reverse => ", reverse",
+                    }
+                } else {
+                    ""
+                },
+                self.feeds
+            );
+        }
+        if self.say && !self.qdq {
             out!(p,
                 "[I] Using {} as higher precision | mode {}{} | {} candidate layer(s) of {} (data-movement layers and layers already in {} are not candidates) | {} input set(s)",
                 high.name(),
@@ -676,6 +734,8 @@ impl SearchHooks for CliHooks<'_> {
                 high.name(),
                 self.feeds
             );
+        }
+        if self.say {
             out!(
                 p,
                 "[I] Pass criterion: {}{}",

@@ -17,6 +17,7 @@
 //! model computes the values mixprec emulated.
 
 pub mod external;
+pub mod qdq;
 pub mod schema;
 mod schemas;
 pub mod types;

@@ -355,10 +355,7 @@ impl Oracle for BuiltinOracle<'_> {
         }
         self.evaluations += 1;
         let prepared = self.prepared_for(marked)?;
-        let mut passed = true;
-        // The worst output: (required atol, line describing it).
-        let mut worst: (f64, String) = (f64::NEG_INFINITY, String::new());
-        let mut failing_metrics: Vec<String> = Vec::new();
+        let mut verdict = Verdict::new();
         for (k, f) in self.feeds.iter().enumerate() {
             let r = self.interp.run_cached(
                 f,
@@ -369,50 +366,94 @@ impl Oracle for BuiltinOracle<'_> {
             )?;
             self.full_executions += self.nodes();
             let golden = &self.golden[k.min(self.golden.len() - 1)];
-            for (name, reference) in golden {
-                let out = r.output(name).ok_or_else(|| {
-                    Error::Invalid(format!(
-                        "golden output '{name}' is not an output of the model"
-                    ))
-                })?;
-                let c = check_output(name, out, reference, &self.criterion)?;
-                passed &= c.passed;
-                let e = if c.required_atol.is_nan() {
-                    f64::INFINITY
-                } else {
-                    c.required_atol
-                };
-                if e > worst.0 || worst.1.is_empty() {
-                    worst = (
-                        e,
-                        format!(
-                            "'{name}' {} error needs atol {} (have {}) or rtol {} (have {})",
-                            c.stat.name(),
-                            fmt_g(c.required_atol, 5),
-                            fmt_g(c.atol, 5),
-                            fmt_g(c.required_rtol, 5),
-                            fmt_g(c.rtol, 5)
-                        ),
-                    );
-                }
-                for m in c.metrics.iter().filter(|m| !m.passed) {
-                    failing_metrics.push(format!("'{name}' {}", m.line()));
-                }
-            }
-            if !passed {
+            if !verdict.add(&r.outputs, golden, &self.criterion)? {
                 // The verdict is known: the remaining input sets cannot make it pass.
                 break;
             }
         }
-        let mut summary = worst.1;
-        if !failing_metrics.is_empty() {
-            summary.push_str("; failing: ");
-            summary.push_str(&failing_metrics.join("; "));
+        Ok(verdict.finish())
+    }
+}
+
+/// The verdict on one candidate, built up over its input sets: every golden output compared
+/// under the criterion, the worst one described.
+pub struct Verdict {
+    passed: bool,
+    /// The worst output: (required atol, line describing it).
+    worst: (f64, String),
+    failing_metrics: Vec<String>,
+}
+
+impl Default for Verdict {
+    fn default() -> Self {
+        Verdict::new()
+    }
+}
+
+impl Verdict {
+    pub fn new() -> Verdict {
+        Verdict {
+            passed: true,
+            worst: (f64::NEG_INFINITY, String::new()),
+            failing_metrics: Vec::new(),
         }
-        Ok(Evaluation {
-            passed,
-            error: worst.0,
+    }
+
+    /// Compares the outputs of one input set with its golden outputs; returns whether the
+    /// candidate still passes.
+    pub fn add(
+        &mut self,
+        outputs: &[(String, Tensor)],
+        golden: &Golden,
+        criterion: &Criterion,
+    ) -> Result<bool> {
+        for (name, reference) in golden {
+            let out = outputs
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, t)| t)
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "golden output '{name}' is not an output of the model"
+                    ))
+                })?;
+            let c = check_output(name, out, reference, criterion)?;
+            self.passed &= c.passed;
+            let e = if c.required_atol.is_nan() {
+                f64::INFINITY
+            } else {
+                c.required_atol
+            };
+            if e > self.worst.0 || self.worst.1.is_empty() {
+                self.worst = (
+                    e,
+                    format!(
+                        "'{name}' {} error needs atol {} (have {}) or rtol {} (have {})",
+                        c.stat.name(),
+                        fmt_g(c.required_atol, 5),
+                        fmt_g(c.atol, 5),
+                        fmt_g(c.required_rtol, 5),
+                        fmt_g(c.rtol, 5)
+                    ),
+                );
+            }
+            for m in c.metrics.iter().filter(|m| !m.passed) {
+                self.failing_metrics.push(format!("'{name}' {}", m.line()));
+            }
+        }
+        Ok(self.passed)
+    }
+
+    pub fn finish(self) -> Evaluation {
+        let mut summary = self.worst.1;
+        if !self.failing_metrics.is_empty() {
+            summary.push_str("; failing: ");
+            summary.push_str(&self.failing_metrics.join("; "));
+        }
+        Evaluation {
+            passed: self.passed,
+            error: self.worst.0,
             summary,
-        })
+        }
     }
 }

@@ -165,7 +165,6 @@ impl CheckOracle<'_> {
 
 impl Oracle for CheckOracle<'_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        self.evaluations += 1;
         let plan = self.low.marking(marked, self.high);
         let exported = export(
             self.model,
@@ -176,11 +175,25 @@ impl Oracle for CheckOracle<'_> {
                 ..Default::default()
             },
         )?;
+        self.evaluate_model(marked, &exported.model)
+    }
+}
+
+impl CheckOracle<'_> {
+    /// Judges the candidate `marked` whose model is `candidate` (written for `{model}`):
+    /// [`Oracle::evaluate`] with the candidate's export, a Q/DQ search
+    /// ([`super::qdq`]) with the stripped model.
+    pub fn evaluate_model(
+        &mut self,
+        marked: &[usize],
+        candidate: &crate::onnx::proto::ModelProto,
+    ) -> Result<Evaluation> {
+        self.evaluations += 1;
         let model = self
             .iter_artifact
             .clone()
             .unwrap_or_else(|| self.workdir.join("mixprec_candidate.onnx"));
-        write_model(&model, &exported.model)?;
+        write_model(&model, candidate)?;
         let program = &self.command[0];
         let args = self.arguments(&model, marked);
         if self.verbose {

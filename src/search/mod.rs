@@ -21,6 +21,7 @@
 pub mod builtin;
 pub mod check;
 pub mod driver;
+pub mod qdq;
 pub mod replay;
 pub mod report;
 

@@ -113,6 +113,43 @@ pub struct ResultFile<'a> {
     /// top level is then the answer without fusion).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub with_fusion: Option<Box<ResultFile<'a>>>,
+    /// A search over a Q/DQ model's quantized layers (`debug precision` on a Q/DQ model
+    /// without a precision flag): what the answer takes out of quantization.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub qdq: Option<QdqResult>,
+}
+
+/// The Q/DQ part of a result file (docs/search.md, "Searching a Q/DQ model").
+#[derive(Clone, Debug, Serialize)]
+pub struct QdqResult {
+    /// Quantized layers of the model (the candidates).
+    pub quantized_layers: usize,
+    /// The answer's node names, as quantizers take them (ModelOpt `--nodes_to_exclude`, ONNX
+    /// Runtime `nodes_to_exclude`); the same names as `layers[].name`.
+    pub nodes_to_exclude: Vec<String>,
+    /// Per layer of the answer: the Q/DQ pairs and quantized weights it no longer reads.
+    pub removed: Vec<QdqRemoved>,
+    /// Where the stripped model was written (`-o`), if it was.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stripped_model: Option<String>,
+}
+
+/// One dequantized input of an answered layer that the stripped model no longer has.
+#[derive(Clone, Debug, Serialize)]
+pub struct QdqRemoved {
+    pub layer: String,
+    /// The layer's input (the DequantizeLinear's output).
+    pub input: String,
+    /// `activation` (a QuantizeLinear → DequantizeLinear pair) or `weight` (a stored
+    /// quantized weight, now a float initializer).
+    pub kind: &'static str,
+    /// The QuantizeLinear node (activations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantize: Option<String>,
+    pub dequantize: String,
+    /// The float tensor the layer reads instead (activations).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reads: Option<String>,
 }
 
 /// How the search was set up, as the result file records it.
@@ -167,6 +204,7 @@ impl<'a> ResultFile<'a> {
             trials: &result.trials,
             fusion: setup.low.fusion.name(),
             with_fusion: None,
+            qdq: None,
         }
     }
 }

@@ -17,6 +17,7 @@ mod models;
 mod nanprop;
 mod polygraphy_cli;
 mod precision;
+mod qdq;
 mod quantize;
 mod report;
 mod search;

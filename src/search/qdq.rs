@@ -1,0 +1,400 @@
+//! Searching a Q/DQ model (docs/search.md, "Searching a Q/DQ model"): which quantized layers
+//! must leave quantization for the model to stay accurate.
+//!
+//! The candidates are the model's quantized layers ([`crate::export::qdq::quantized_layers`]);
+//! marking one removes its input Q/DQ pairs so it runs in the high precision (float32, or
+//! float16 with Casts), everything else stays as quantized. Each candidate is the model
+//! [`strip`] writes, run as it is (under the plan's fusion model); the reference is the model
+//! with every Q/DQ pair removed ([`strip_all`]) run in float32, or golden outputs. The
+//! strategies, the `--check` oracle and the debug replay are the float search's; only what a
+//! candidate is differs. There is no incremental re-execution: each evaluation runs its
+//! candidate model whole.
+
+use super::builtin::{relative_error, Golden, Verdict};
+use super::check::CheckOracle;
+use super::replay::{DebugReplay, ReplayOracle};
+use super::report::SearchStats;
+use super::{search, Evaluation, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
+use crate::compare::Criterion;
+use crate::error::{Error, Result};
+use crate::exec::{Interpreter, PlanOptions, PreparedPlan, RunOptions, RunResult};
+use crate::export::qdq::{quantized_layers, strip, strip_all, QdqKind, QdqLayer, Stripped};
+use crate::golden::GoldenFile;
+use crate::onnx::Model;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::PrecisionPlan;
+use crate::precision::Precision;
+use crate::tensor::{Feeds, Tensor};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use super::driver::SearchHooks;
+
+/// Everything one Q/DQ search needs.
+pub struct QdqJob<'a> {
+    /// The Q/DQ model as loaded.
+    pub model: &'a Model,
+    pub feeds: &'a [Feeds],
+    pub criterion: Criterion,
+    /// The precision marked layers run in (float32 or float16).
+    pub high: Precision,
+    /// The fusion model every run uses (`--fusion`).
+    pub fusion: FusionModel,
+    /// Reference outputs from a file instead of the float32 run of the model without Q/DQ.
+    pub golden: Option<&'a GoldenFile>,
+    pub options: SearchOptions,
+    /// Candidates judged by a user command; `{model}` is each candidate's stripped model.
+    pub check: Option<CheckOracle<'a>>,
+    pub replay: Option<(DebugReplay, Option<PathBuf>)>,
+    pub stop: &'a AtomicBool,
+}
+
+/// What a finished Q/DQ search found.
+pub struct QdqRun {
+    /// Every quantized layer (the candidates, with how each input is quantized).
+    pub layers: Vec<QdqLayer>,
+    pub space: SearchSpace,
+    pub result: SearchResult,
+    pub stats: SearchStats,
+    /// The model of the answer (or of an interrupted search's best set): the Q/DQ model with
+    /// the answer's pairs removed, exactly as it was evaluated.
+    pub answer: Option<Stripped>,
+}
+
+/// Runs `model` as it is on `feeds` (under `fusion`; no precision is emulated besides it).
+fn run_with(
+    interp: &Interpreter<'_>,
+    model: &Model,
+    feeds: &Feeds,
+    fusion: FusionModel,
+    keep: bool,
+) -> Result<RunResult> {
+    let opts = RunOptions {
+        keep_intermediates: keep,
+    };
+    if fusion.is_none() {
+        return interp.run_with(feeds, &opts);
+    }
+    let mut plan = PrecisionPlan::uniform(&model.graph, Precision::Float32);
+    plan.fusion = fusion;
+    let prepared = PreparedPlan::new(&model.graph, &plan, &PlanOptions::default())?;
+    interp.run_plan(feeds, &opts, &prepared)
+}
+
+/// Evaluates candidate sets of quantized layers by running their stripped models.
+pub struct QdqOracle<'a> {
+    model: &'a Model,
+    feeds: &'a [Feeds],
+    golden: Vec<Golden>,
+    criterion: Criterion,
+    high: Precision,
+    fusion: FusionModel,
+    pub evaluations: usize,
+    /// Nodes executed by every run so far.
+    pub executions: u64,
+}
+
+impl<'a> QdqOracle<'a> {
+    /// Runs every input set through `model`, counting its nodes.
+    fn run_all(&mut self, model: &Model, keep: bool) -> Result<Vec<RunResult>> {
+        let interp = Interpreter::new(&model.graph)?;
+        let mut out = Vec::with_capacity(self.feeds.len());
+        for f in self.feeds {
+            out.push(run_with(&interp, model, f, self.fusion, keep)?);
+            self.executions += model.graph.nodes.len() as u64;
+        }
+        Ok(out)
+    }
+}
+
+impl Oracle for QdqOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        if self.golden.is_empty() {
+            return Err(Error::Invalid(
+                "no golden outputs were set for the search".into(),
+            ));
+        }
+        self.evaluations += 1;
+        let candidate = strip(self.model, marked, self.high)?;
+        let interp = Interpreter::new(&candidate.model.graph)?;
+        let mut verdict = Verdict::new();
+        for (k, f) in self.feeds.iter().enumerate() {
+            let r = run_with(&interp, &candidate.model, f, self.fusion, false)?;
+            self.executions += candidate.model.graph.nodes.len() as u64;
+            let golden = &self.golden[k.min(self.golden.len() - 1)];
+            if !verdict.add(&r.outputs, golden, &self.criterion)? {
+                break;
+            }
+        }
+        Ok(verdict.finish())
+    }
+}
+
+/// `--check` on a Q/DQ search: `{model}` is the candidate's stripped model.
+struct QdqCheck<'a, 'b> {
+    check: &'b mut CheckOracle<'a>,
+    model: &'a Model,
+    high: Precision,
+}
+
+impl Oracle for QdqCheck<'_, '_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let candidate = strip(self.model, marked, self.high)?;
+        self.check.evaluate_model(marked, &candidate.model.proto)
+    }
+}
+
+/// Per quantized layer: its output's relative error in the Q/DQ model minus the largest
+/// relative error of the float values it reads (for a quantized activation, the tensor in
+/// front of its QuantizeLinear: the quantization is the layer's own error), against the
+/// reference runs; the largest over input sets. Inf/NaN outputs rank as infinite.
+fn growth(
+    layers: &[QdqLayer],
+    model: &Model,
+    quantized: &[RunResult],
+    reference: &[RunResult],
+) -> HashMap<usize, f64> {
+    let graph = &model.graph;
+    let mut out: HashMap<usize, f64> = HashMap::new();
+    for (q, r) in quantized.iter().zip(reference) {
+        let err = |name: &str| -> Option<f64> {
+            relative_error(r.intermediates.get(name)?, q.intermediates.get(name)?)
+        };
+        for l in layers {
+            let node = &graph.nodes[l.node];
+            let Some(e) = node
+                .outputs
+                .iter()
+                .filter(|o| !o.is_empty())
+                .filter_map(|o| err(o))
+                .reduce(f64::max)
+            else {
+                continue;
+            };
+            let input = node
+                .inputs
+                .iter()
+                .enumerate()
+                .filter(|(_, n)| !n.is_empty())
+                .filter_map(|(slot, n)| match l.inputs.iter().find(|i| i.slot == slot) {
+                    Some(i) => match &i.kind {
+                        QdqKind::Activation { source, .. } => err(source),
+                        QdqKind::Weight => None,
+                    },
+                    None => err(n),
+                })
+                .fold(0.0f64, f64::max);
+            let g = if e.is_infinite() { e } else { e - input };
+            let slot = out.entry(l.node).or_insert(f64::NEG_INFINITY);
+            if g > *slot || g.is_nan() {
+                *slot = g;
+            }
+        }
+    }
+    out
+}
+
+/// FLOPs of every node, from the shapes of one run with its intermediates.
+fn flops_of(model: &Model, run: &RunResult, feeds: &Feeds) -> Vec<u64> {
+    let graph = &model.graph;
+    let shape = |n: &str| -> Option<Vec<usize>> {
+        run.intermediates
+            .get(n)
+            .or_else(|| feeds.get(n))
+            .or_else(|| graph.weight(n))
+            .map(|t: &Tensor| t.shape().to_vec())
+    };
+    graph
+        .nodes
+        .iter()
+        .map(|n| {
+            let ins: Vec<Option<Vec<usize>>> = n.inputs.iter().map(|i| shape(i)).collect();
+            let outs: Option<Vec<Vec<usize>>> = n.outputs.iter().map(|o| shape(o)).collect();
+            match outs {
+                Some(outs) => crate::inspect::node_flops(n, &ins, &outs),
+                None => 0,
+            }
+        })
+        .collect()
+}
+
+/// Runs the Q/DQ search `job` describes.
+pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<QdqRun> {
+    if job.feeds.is_empty() {
+        return Err(Error::Invalid(
+            "the search needs at least one input set".into(),
+        ));
+    }
+    if !matches!(job.high, Precision::Float32 | Precision::Float16) {
+        return Err(Error::Invalid(format!(
+            "--precision {}: layers taken out of quantization run in float32 or float16",
+            job.high.name()
+        )));
+    }
+    let model = job.model;
+    let graph = &model.graph;
+    let layers = quantized_layers(graph)?;
+    let mut oracle = QdqOracle {
+        model,
+        feeds: job.feeds,
+        golden: Vec::new(),
+        criterion: job.criterion,
+        high: job.high,
+        fusion: job.fusion,
+        evaluations: 0,
+        executions: 0,
+    };
+    let t0 = Instant::now();
+    let reference_model = strip_all(model)?;
+    let ranked = job.options.mode.needs_ranking();
+    let reference = oracle.run_all(&reference_model.model, ranked)?;
+    let fp32_inference = t0.elapsed().as_secs_f64() / job.feeds.len() as f64;
+    let golden: Vec<Golden> = match job.golden {
+        Some(g) => g.reference_for(&reference[0].outputs, &mut |e| hooks.event(e))?,
+        None => reference.iter().map(|r| r.outputs.clone()).collect(),
+    };
+    if golden.len() != 1 && golden.len() < job.feeds.len() {
+        return Err(Error::Invalid(format!(
+            "the golden outputs hold {} iterations but there are {} input sets",
+            golden.len(),
+            job.feeds.len()
+        )));
+    }
+    oracle.golden = golden;
+    // The Q/DQ model as it is: FLOPs from its shapes, and the ranking.
+    let quantized = if ranked {
+        oracle.run_all(model, true)?
+    } else {
+        let interp = Interpreter::new(graph)?;
+        let r = run_with(&interp, model, &job.feeds[0], job.fusion, true)?;
+        oracle.executions += graph.nodes.len() as u64;
+        vec![r]
+    };
+    let flops = flops_of(model, &quantized[0], &job.feeds[0]);
+    let growth = if ranked {
+        growth(&layers, model, &quantized, &reference)
+    } else {
+        HashMap::new()
+    };
+    drop(quantized);
+    drop(reference);
+    let space = SearchSpace {
+        candidates: layers.iter().map(|l| l.node).collect(),
+        flops,
+        growth,
+    };
+    hooks.started(&space);
+
+    let mut check = job.check;
+    let result = {
+        let mut qdq_check;
+        let inner: &mut dyn Oracle = match check.as_mut() {
+            Some(c) => {
+                qdq_check = QdqCheck {
+                    check: c,
+                    model,
+                    high: job.high,
+                };
+                &mut qdq_check
+            }
+            None => &mut oracle,
+        };
+        let mut on_trial = |t: &Trial| hooks.trial(&space, t);
+        match job.replay {
+            Some((replay, save_to)) => {
+                let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
+                let result = search(
+                    &space,
+                    &job.options,
+                    &mut replay_oracle,
+                    &mut on_trial,
+                    job.stop,
+                )?;
+                if let Some(path) = &save_to {
+                    replay_oracle.replay().save(path)?;
+                    hooks.log(format!(
+                        "[I] Saved debug replay ({} evaluation(s)) to {}",
+                        replay_oracle.replay().evaluations.len(),
+                        path.display()
+                    ));
+                }
+                if replay_oracle.replayed > 0 {
+                    hooks.log(format!(
+                        "[I] {} candidate(s) answered from the debug replay without evaluating them",
+                        replay_oracle.replayed
+                    ));
+                }
+                result
+            }
+            None => search(&space, &job.options, inner, &mut on_trial, job.stop)?,
+        }
+    };
+    drop(check);
+    let wall = t0.elapsed().as_secs_f64();
+    let stats = SearchStats {
+        evaluations: result.trials.len(),
+        layer_executions: oracle.executions,
+        layer_executions_without_cache: oracle.executions,
+        cache_peak_bytes: 0,
+        cache_evictions: 0,
+        wall_seconds: wall,
+        fp32_inference_seconds: fp32_inference,
+    };
+    let answer = match &result.outcome {
+        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(strip(model, m, job.high)?),
+        _ => None,
+    };
+    Ok(QdqRun {
+        layers,
+        space,
+        result,
+        stats,
+        answer,
+    })
+}
+
+/// Node names of `marked` as the quantizers' exclusion options take them: ModelOpt's
+/// `--nodes_to_exclude n1 n2` and ONNX Runtime's `quantize_static(..., nodes_to_exclude=[...])`.
+pub fn exclusion_lines(model: &Model, marked: &[usize]) -> Vec<String> {
+    let names: Vec<&str> = marked
+        .iter()
+        .map(|&i| model.graph.nodes[i].name.as_str())
+        .collect();
+    let shell: Vec<String> = names.iter().map(|n| super::report::shell_word(n)).collect();
+    let py: Vec<String> = names
+        .iter()
+        .map(|n| serde_json::to_string(n).unwrap_or_else(|_| format!("'{n}'")))
+        .collect();
+    vec![
+        format!(
+            "python -m modelopt.onnx.quantization --onnx_path <float model> ... --nodes_to_exclude {}",
+            shell.join(" ")
+        ),
+        format!(
+            "onnxruntime.quantization.quantize_static(..., nodes_to_exclude=[{}])",
+            py.join(", ")
+        ),
+    ]
+}
+
+/// Names of `marked` that the model file does not hold (the node is unnamed there; mixprec
+/// named it): a quantizer cannot exclude them by these names.
+pub fn unnamed_in_file(model: &Model, marked: &[usize]) -> Vec<String> {
+    let Some(g) = model.proto.graph.as_ref() else {
+        return Vec::new();
+    };
+    marked
+        .iter()
+        .filter_map(|&i| {
+            let n = &model.graph.nodes[i];
+            let pos = n.pos?;
+            let file_name = g.node.get(pos)?.name.clone().unwrap_or_default();
+            (file_name != n.name).then(|| n.name.clone())
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

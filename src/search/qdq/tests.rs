@@ -1,0 +1,164 @@
+use super::*;
+use crate::event::Event;
+use crate::export::qdq::tests::{i8s, index, model, node, x_feed};
+use crate::search::{Direction, Mode, Objective};
+use crate::tensor::TensorData;
+
+fn i16s(shape: &[usize], v: Vec<i16>) -> Tensor {
+    Tensor::from_parts(shape.to_vec(), TensorData::I16(v.into()))
+}
+
+/// x → [Q/DQ int16] → mm_a → [Q/DQ int16] → mm_b → [Q/DQ int8, scale 0.5] → mm_c → y: the
+/// last activation is quantized far too coarsely (a badly calibrated range), the others finely.
+fn planted() -> Model {
+    let pair = |name: &str, x: &str, s: &str, z: &str, out: &str| {
+        vec![
+            node(
+                "QuantizeLinear",
+                &format!("{name}_q"),
+                &[x, s, z],
+                &[&format!("{out}_q")],
+            ),
+            node(
+                "DequantizeLinear",
+                &format!("{name}_dq"),
+                &[&format!("{out}_q"), s, z],
+                &[out],
+            ),
+        ]
+    };
+    let mut nodes = Vec::new();
+    nodes.extend(pair("in", "x", "fine", "z16", "xd"));
+    nodes.push(node("DequantizeLinear", "wa_dq", &["wa", "ws"], &["wad"]));
+    nodes.push(node("MatMul", "mm_a", &["xd", "wad"], &["ha"]));
+    nodes.extend(pair("ha", "ha", "fine", "z16", "had"));
+    nodes.push(node("DequantizeLinear", "wb_dq", &["wb", "ws"], &["wbd"]));
+    nodes.push(node("MatMul", "mm_b", &["had", "wbd"], &["hb"]));
+    nodes.extend(pair("hb", "hb", "coarse", "z8", "hbd"));
+    nodes.push(node("DequantizeLinear", "wc_dq", &["wc", "ws"], &["wcd"]));
+    nodes.push(node("MatMul", "mm_c", &["hbd", "wcd"], &["y"]));
+    let w = |n: usize, k: i8| i8s(&[4, n], (0..4 * n).map(|i| (i as i8 % 7) * k - 9).collect());
+    model(
+        nodes,
+        vec![
+            ("fine", Tensor::scalar_f32(1e-3)),
+            ("z16", i16s(&[], vec![0])),
+            ("coarse", Tensor::scalar_f32(0.5)),
+            ("z8", i8s(&[], vec![0])),
+            ("ws", Tensor::scalar_f32(0.1)),
+            ("wa", w(4, 3)),
+            ("wb", w(4, 2)),
+            ("wc", w(3, 4)),
+        ],
+        &["y"],
+    )
+}
+
+#[derive(Default)]
+struct Recorder {
+    started: Vec<usize>,
+    trials: usize,
+    events: Vec<String>,
+}
+
+impl SearchHooks for Recorder {
+    fn event(&mut self, e: Event) {
+        self.events.push(format!("{e:?}"));
+    }
+    fn started(&mut self, space: &SearchSpace) {
+        self.started.push(space.candidates.len());
+    }
+    fn trial(&mut self, _space: &SearchSpace, _t: &Trial) {
+        self.trials += 1;
+    }
+    fn log(&mut self, _line: String) {}
+}
+
+fn search_planted(mode: Mode, direction: Direction, high: Precision) -> (Model, QdqRun) {
+    let m = planted();
+    let feeds = vec![x_feed()];
+    let stop = AtomicBool::new(false);
+    let criterion = Criterion {
+        atol: crate::compare::PerOutput::new(0.05),
+        rtol: crate::compare::PerOutput::new(0.0),
+        ..Default::default()
+    };
+    let mut hooks = Recorder::default();
+    let run = run_qdq_search(
+        QdqJob {
+            model: &m,
+            feeds: &feeds,
+            criterion,
+            high,
+            fusion: FusionModel::None,
+            golden: None,
+            options: SearchOptions {
+                mode,
+                direction,
+                objective: Objective::Layers,
+            },
+            check: None,
+            replay: None,
+            stop: &stop,
+        },
+        &mut hooks,
+    )
+    .unwrap();
+    assert_eq!(hooks.started, vec![3]);
+    assert_eq!(hooks.trials, run.result.trials.len());
+    assert!(hooks.events.is_empty(), "{:?}", hooks.events);
+    (m, run)
+}
+
+#[test]
+fn every_mode_finds_the_badly_calibrated_layer() {
+    let m = planted();
+    let c = index(&m, "mm_c");
+    for mode in [Mode::Minimal, Mode::WorstFirst] {
+        let (_, run) = search_planted(mode, Direction::Forward, Precision::Float32);
+        assert_eq!(run.result.outcome, Outcome::Found(vec![c]), "{mode:?}");
+    }
+    for mode in [Mode::Bisect, Mode::Linear] {
+        let (_, run) = search_planted(mode, Direction::Reverse, Precision::Float32);
+        assert_eq!(run.result.outcome, Outcome::Found(vec![c]), "{mode:?}");
+        // Forward, the first N up to it: all three.
+        let (_, run) = search_planted(mode, Direction::Forward, Precision::Float32);
+        let all = vec![index(&m, "mm_a"), index(&m, "mm_b"), c];
+        assert_eq!(run.result.outcome, Outcome::Found(all), "{mode:?}");
+    }
+}
+
+#[test]
+fn the_answer_is_the_stripped_model_and_ranks_the_planted_layer_first() {
+    let (m, run) = search_planted(Mode::Minimal, Direction::Forward, Precision::Float32);
+    let c = index(&m, "mm_c");
+    assert_eq!(run.space.ranking(Objective::Layers)[0], c);
+    let answer = run.answer.unwrap();
+    // mm_c reads the float hb; the other pairs stay.
+    let g = &answer.model.graph;
+    assert_eq!(g.nodes[index(&answer.model, "mm_c")].inputs[0], "hb");
+    assert!(g.nodes.iter().any(|n| n.name == "ha_q"));
+    assert!(!g.nodes.iter().any(|n| n.name == "hb_q"));
+    let lines = exclusion_lines(&m, &[c]);
+    assert!(lines[0].ends_with("--nodes_to_exclude mm_c"), "{lines:?}");
+    assert!(
+        lines[1].contains("nodes_to_exclude=[\"mm_c\"]"),
+        "{lines:?}"
+    );
+    assert!(unnamed_in_file(&m, &[c]).is_empty());
+    // FLOPs come from the shapes: a [2, 4] x [4, 4] MatMul is 2·2·4·4.
+    assert_eq!(run.space.flops[index(&m, "mm_a")], 64);
+}
+
+#[test]
+fn float16_marks_pass_too() {
+    let (m, run) = search_planted(Mode::Minimal, Direction::Forward, Precision::Float16);
+    assert_eq!(run.result.outcome, Outcome::Found(vec![index(&m, "mm_c")]));
+    let a = run.answer.unwrap();
+    let g = &a.model.graph;
+    let mm = &g.nodes[index(&a.model, "mm_c")];
+    assert_eq!(
+        g.initializers[&mm.inputs[1]].dtype(),
+        crate::tensor::DType::F16
+    );
+}
