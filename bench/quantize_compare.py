@@ -124,7 +124,7 @@ def mixprec_quantize(mixprec, model, out, data, work):
         raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-1])
 
 
-def search_column(mixprec, qmodel, work):
+def search_column(mixprec, qmodel, work, name):
     """HOOK for `mixprec debug precision` on a Q/DQ model (issue 13 item 1, being built by the
     qdqsearch helper): layers it must exclude to reach a criterion, and the search time.
     Enabled by QDQ_SEARCH_ARGS (arguments after the model, e.g.
@@ -134,7 +134,9 @@ def search_column(mixprec, qmodel, work):
         return "(hook: QDQ_SEARCH_ARGS)"
     result = os.path.join(work, os.path.basename(qmodel) + ".result.json")
     t0 = time.time()
-    r = subprocess.run([mixprec, "debug", "precision", qmodel, *args.split(), "--save-result", result],
+    lo, hi = RANGES.get(name.split("_")[0], (-1.0, 1.0))
+    r = subprocess.run([mixprec, "debug", "precision", qmodel, *args.split(), "--val-range", f"[{lo},{hi}]",
+                        "--save-result", result],
                        capture_output=True, text=True)
     secs = time.time() - t0
     if not os.path.exists(result):
@@ -186,7 +188,7 @@ def main():
             except Exception as e:
                 cos_s, top_s = f"ORT failed: {str(e).splitlines()[0][:60]}", "-"
             rows.append((name, tool, algo, str(len(layers)), op_counts(layers), f"{qsecs:.1f}", cos_s, top_s,
-                         search_column(args.mixprec, out, work)))
+                         search_column(args.mixprec, out, work, name)))
     head = ("model", "tool", "calibration", "quantized layers", "by op", "quantize s", "cosine vs FP32", "top-1 agree",
             "debug precision: excluded / time")
     print("| " + " | ".join(head) + " |")
