@@ -7,6 +7,7 @@ mod debug;
 mod inspect;
 mod precision_args;
 mod progress;
+mod quantize;
 mod ranges;
 mod run;
 mod style;
@@ -42,6 +43,8 @@ enum Command {
     Calibrate(Box<calibrate::CalibrateArgs>),
     /// Write a precision plan as a mixed-precision ONNX model (Casts for fp16/bf16, Q/DQ for int8/fp8).
     Convert(Box<convert::ConvertArgs>),
+    /// Insert explicit quantization (Q/DQ) into a float model: int8/fp8 with calibration, or int4/NVFP4 weight-only; exclusions by op type, name or a search's answer.
+    Quantize(Box<quantize::QuantizeArgs>),
     /// Debugging tools: `debug precision` finds the layers that must stay in higher precision.
     Debug(debug::DebugArgs),
     /// Polygraphy's older spelling of `debug precision`: `precision bisect|linear|worst-first|minimal MODEL --mode forward|reverse`.
@@ -69,6 +72,7 @@ pub fn main() -> ExitCode {
         Command::Run(a) => run::run(*a, trt_first),
         Command::Calibrate(a) => calibrate::run(*a),
         Command::Convert(a) => convert::run(*a),
+        Command::Quantize(a) => quantize::run(*a),
         Command::Debug(a) => debug::run(a),
         Command::Precision(a) => debug::run_legacy(*a),
         Command::VerifyEngine(a) => verify_engine::run(*a),

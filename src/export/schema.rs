@@ -110,7 +110,7 @@ pub fn check_upgrade(nodes: &[proto::NodeProto], from: i64, to: i64) -> Result<(
     }
     if from < MIN_UPGRADE_FROM {
         return Err(Error::Invalid(format!(
-            "the model uses ONNX opset {from}; its int8/fp8 layers need QuantizeLinear/DequantizeLinear of opset {to}, \
+            "the model uses ONNX opset {from}; its quantized layers need QuantizeLinear/DequantizeLinear of opset {to}, \
              and mixprec raises opsets only from {MIN_UPGRADE_FROM} on (many ops changed meaning before). \
              Upgrade the model first: onnx.version_converter.convert_version(model, {to})"
         )));
@@ -130,6 +130,17 @@ pub fn check_upgrade(nodes: &[proto::NodeProto], from: i64, to: i64) -> Result<(
             return;
         }
         let crosses = |v: i64| from < v && v <= to;
+        // Changed meaning without an adapter mixprec applies: DFT's axis became an input and
+        // GridSample's modes were renamed (20); GroupNormalization's scale and bias went from
+        // per group to per channel (21).
+        let changed = match op {
+            "DFT" | "GridSample" => crosses(20).then_some(20),
+            "GroupNormalization" => crosses(21).then_some(21),
+            _ => None,
+        };
+        if let Some(v) = changed {
+            problems.push(format!("node '{name}': {op} changed meaning at opset {v}"));
+        }
         if op == "BatchNormalization" && crosses(14) && n.output.len() > 3 {
             problems.push(format!(
                 "node '{name}': BatchNormalization with {} outputs has no opset-14 form",
@@ -141,7 +152,7 @@ pub fn check_upgrade(nodes: &[proto::NodeProto], from: i64, to: i64) -> Result<(
         Ok(())
     } else {
         Err(Error::Invalid(format!(
-            "cannot raise the model's opset from {from} to {to} (needed for int8/fp8 QuantizeLinear/DequantizeLinear): {}. \
+            "cannot raise the model's opset from {from} to {to} (needed for its QuantizeLinear/DequantizeLinear): {}. \
              Upgrade the model first with onnx.version_converter.convert_version(model, {to})",
             problems.join("; ")
         )))

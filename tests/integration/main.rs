@@ -18,6 +18,7 @@ mod nanprop;
 mod polygraphy_cli;
 mod precision;
 mod qdq;
+mod quantize;
 mod real_models;
 mod report;
 mod search;

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Quantizes models with ONNX Runtime's quantize_static (QDQ), NVIDIA ModelOpt
+(python -m modelopt.onnx.quantization --quantize_mode int8) and `mixprec quantize --int8`, on
+the same calibration data, and prints per model and tool: the quantized layers, the task-level
+error against FP32 (cosine similarity of the outputs; top-1 agreement on classifiers), all
+measured with one runner (ONNX Runtime CPU, graph optimizations disabled: docs/export.md), and
+the hook column for `mixprec debug precision` (layers excluded to reach a criterion, search
+time). Driven by bench/quantize.sh, which sets up the venv.
+
+Usage: quantize_compare.py --mixprec BIN --work DIR [--calib N] [--eval N] NAME=MODEL.onnx...
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+# Input ranges of the generated models (scripts/gen_models.py's INPUT_RANGES).
+RANGES = {"cnn": (-1.0, 1.0), "transformer": (-1.0, 1.0), "mlp": (-2.0, 2.0), "needs_constraints": (1.0, 2.0)}
+QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
+
+
+def inputs_of(model_path):
+    m = onnx.load(model_path, load_external_data=False)
+    inits = {t.name for t in m.graph.initializer}
+    out = []
+    for i in m.graph.input:
+        if i.name in inits:
+            continue
+        shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
+        out.append((i.name, shape))
+    return out
+
+
+def make_data(model_path, name, n, seed):
+    lo, hi = RANGES.get(name.split("_")[0], (-1.0, 1.0))
+    rng = np.random.RandomState(seed)
+    return [{k: rng.uniform(lo, hi, size=s).astype(np.float32) for k, s in inputs_of(model_path)} for _ in range(n)]
+
+
+def session(path):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def run_all(path, data):
+    s = session(path)
+    return [s.run(None, d) for d in data]
+
+
+def quantized_layers(path):
+    """Op types of the compute nodes (not Q/DQ) that read a DequantizeLinear output."""
+    m = onnx.load(path, load_external_data=False)
+    dq = {o for n in m.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    return [n.op_type for n in m.graph.node if n.op_type not in QDQ_OPS and any(i in dq for i in n.input)]
+
+
+def op_counts(ops):
+    counts = {}
+    for o in ops:
+        counts[o] = counts.get(o, 0) + 1
+    return " ".join(f"{o} {k}" for o, k in sorted(counts.items(), key=lambda x: (-x[1], x[0]))) or "none"
+
+
+def metrics(ref, got):
+    a = np.concatenate([np.asarray(o, np.float64).ravel() for r in ref for o in r])
+    b = np.concatenate([np.asarray(o, np.float64).ravel() for r in got for o in r])
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+    top1 = None
+    first = np.asarray(ref[0][0])
+    if first.ndim == 2 and first.shape[-1] > 1 and first.shape[-1] <= 1000:
+        agree = [np.argmax(np.asarray(r[0]), -1) == np.argmax(np.asarray(g[0]), -1) for r, g in zip(ref, got)]
+        top1 = float(np.mean(np.concatenate(agree)))
+    return cos, top1
+
+
+def ort_quantize(model, out, data):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(data)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    quantize_static(model, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                    extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
+
+
+def modelopt_quantize(model, out, data, work):
+    names = [k for k, _ in inputs_of(model)]
+    if len(names) == 1:
+        calib = os.path.join(work, "calib.npy")
+        np.save(calib, np.concatenate([d[names[0]] for d in data], axis=0))
+    else:
+        calib = os.path.join(work, "calib.npz")
+        np.savez(calib, **{k: np.concatenate([d[k] for d in data], axis=0) for k in names})
+    cmd = [sys.executable, "-m", "modelopt.onnx.quantization", "--onnx_path", model, "--quantize_mode", "int8",
+           "--calibration_data", calib, "--calibration_eps", "cpu", "--output_path", out]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not os.path.exists(out):
+        raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-1] if (r.stderr or r.stdout).strip() else f"exit {r.returncode}")
+
+
+def mixprec_quantize(mixprec, model, out, data, work):
+    files = []
+    for k, d in enumerate(data):
+        p = os.path.join(work, f"calib_{k}.npz")
+        np.savez(p, **d)
+        files.append(p)
+    cmd = [mixprec, "quantize", model, "-o", out, "--int8", "--data", *files]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError((r.stderr or r.stdout).strip().splitlines()[-1])
+
+
+def search_column(mixprec, qmodel, work, name):
+    """HOOK for `mixprec debug precision` on a Q/DQ model (issue 13 item 1, being built by the
+    qdqsearch helper): layers it must exclude to reach a criterion, and the search time.
+    Enabled by QDQ_SEARCH_ARGS (arguments after the model, e.g.
+    '--mode minimal --check-error cosine:0.999'); the integrator wires the default."""
+    args = os.environ.get("QDQ_SEARCH_ARGS")
+    if not args:
+        return "(hook: QDQ_SEARCH_ARGS)"
+    result = os.path.join(work, os.path.basename(qmodel) + ".result.json")
+    t0 = time.time()
+    lo, hi = RANGES.get(name.split("_")[0], (-1.0, 1.0))
+    r = subprocess.run([mixprec, "debug", "precision", qmodel, *args.split(), "--val-range", f"[{lo},{hi}]",
+                        "--save-result", result],
+                       capture_output=True, text=True)
+    secs = time.time() - t0
+    if not os.path.exists(result):
+        return f"failed (exit {r.returncode})"
+    layers = json.load(open(result)).get("layers", [])
+    return f"{len(layers)} in {secs:.1f} s"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mixprec", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
+    ap.add_argument("--eval", type=int, default=32, help="evaluation samples (default 32, another seed)")
+    ap.add_argument("models", nargs="+", metavar="NAME=MODEL")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    rows = []
+    for spec in args.models:
+        name, model = spec.split("=", 1)
+        work = os.path.join(args.work, name)
+        os.makedirs(work, exist_ok=True)
+        # The tools get a private copy: ModelOpt writes shape-inferred value_info back into
+        # the model file it is given.
+        copy = os.path.join(work, "fp32.onnx")
+        shutil.copyfile(model, copy)
+        model = copy
+        calib = make_data(model, name, args.calib, seed=1)
+        evald = make_data(model, name, args.eval, seed=2)
+        ref = run_all(model, evald)
+        tools = [
+            ("ort quantize_static", "minmax", lambda o: ort_quantize(model, o, calib)),
+            ("modelopt 0.47 int8", "entropy", lambda o: modelopt_quantize(model, o, calib, work)),
+            ("mixprec quantize", "entropy", lambda o: mixprec_quantize(args.mixprec, model, o, calib, work)),
+        ]
+        for tool, algo, fn in tools:
+            out = os.path.join(work, tool.split()[0] + ".onnx")
+            t0 = time.time()
+            try:
+                fn(out)
+            except Exception as e:  # report and go on with the next tool
+                rows.append((name, tool, algo, "-", "-", "-", "-", "-", f"failed: {str(e)[:80]}"))
+                continue
+            qsecs = time.time() - t0
+            layers = quantized_layers(out)
+            try:
+                cos, top1 = metrics(ref, run_all(out, evald))
+                cos_s, top_s = f"{cos:.6f}", "-" if top1 is None else f"{top1:.3f}"
+            except Exception as e:
+                cos_s, top_s = f"ORT failed: {str(e).splitlines()[0][:60]}", "-"
+            rows.append((name, tool, algo, str(len(layers)), op_counts(layers), f"{qsecs:.1f}", cos_s, top_s,
+                         search_column(args.mixprec, out, work, name)))
+    head = ("model", "tool", "calibration", "quantized layers", "by op", "quantize s", "cosine vs FP32", "top-1 agree",
+            "debug precision: excluded / time")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+if __name__ == "__main__":
+    main()
