@@ -17,6 +17,7 @@ mod models;
 mod nanprop;
 mod polygraphy_cli;
 mod precision;
+mod recurrent;
 mod report;
 mod search;
 mod seeds;
