@@ -124,6 +124,8 @@ def main():
     case(out, "lstm_opset7_no_bias", "LSTM", opset=7, bias=False, init_h=True, seed=7)
     case(out, "lstm_opset22_layout1", "LSTM", opset=22, layout=1, direction="reverse",
          init_h=True, init_c=True, seed=8)
+    case(out, "lstm_zero_length_entry", "LSTM", direction="bidirectional", lens=[0, 5, 2],
+         init_h=True, init_c=True, seed=9)
     # GRU
     case(out, "gru_bidirectional_linear_before_reset", "GRU", direction="bidirectional",
          linear_before_reset=1, lens=[5, 3, 1], init_h=True, seed=11)
@@ -140,6 +142,7 @@ def main():
          lens=[1, 5, 3], activations=["Relu", "Tanh"], init_h=True, seed=21)
     case(out, "rnn_reverse_clip_thresholded_relu", "RNN", direction="reverse", clip=0.9,
          activations=["ThresholdedRelu"], activation_alpha=[0.2], lens=[5, 4, 2], seed=22)
+    case(out, "rnn_zero_length_entry", "RNN", lens=[3, 0, 5], init_h=True, seed=26)
     case(out, "rnn_elu", "RNN", activations=["Elu"], activation_alpha=[0.5], seed=23)
     case(out, "rnn_softsign_bidirectional", "RNN", direction="bidirectional",
          activations=["Softsign", "Softsign"], opset=22, init_h=True, seed=24)

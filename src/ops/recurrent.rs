@@ -16,7 +16,8 @@
 //! 0.2/0.5 (HardSigmoid), 1.0 (Elu) and 0 for the others; `clip` bounds every gate's input
 //! before its activation; with `input_forget` the forget gate is `1 - i`; outputs of a batch
 //! entry past its sequence length are 0 and its final state is the one after its last step;
-//! the reverse direction of a shorter sequence starts at its last element.
+//! the reverse direction of a shorter sequence starts at its last element; an entry of length 0
+//! has final state 0.
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
@@ -689,6 +690,12 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         direction(
             ctx, attrs, &params, &dims, &x, &lens, &mut h, &mut c, d, dirs, &mut y,
         );
+        // A batch entry of length 0 runs no step: its final state is 0, as ONNX Runtime gives
+        // (the spec does not say).
+        for (bi, _) in lens.iter().enumerate().filter(|(_, &l)| l == 0) {
+            h[bi * hidden..(bi + 1) * hidden].fill(0.0);
+            c[bi * hidden..(bi + 1) * hidden].fill(0.0);
+        }
         y_h[d * sb..(d + 1) * sb].copy_from_slice(&h);
         y_c[d * sb..(d + 1) * sb].copy_from_slice(&c);
     }
@@ -730,7 +737,7 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// Runs one direction over the sequence: `h` and `c` (`[batch, hidden]`) hold the initial state
 /// and end holding the final one; each step's hidden state is written into `y`
 /// (`[seq, dirs, batch, hidden]`) at direction `d`.
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 fn direction(
     ctx: &OpCtx,
     attrs: &RecurrentAttrs,
