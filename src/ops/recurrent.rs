@@ -657,6 +657,9 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     } else {
         (None, None)
     };
+    // The buffers the kernel allocates: X·Wᵀ for every step and Y.
+    super::util::checked_len(&[seq, batch, gh])?;
+    super::util::checked_len(&[seq, dirs, batch, hidden])?;
     let dims = Dims {
         seq,
         batch,
@@ -1244,6 +1247,16 @@ mod tests {
             Some(&p),
         ]);
         assert!(e.starts_with("P has shape [1, 5], expected [1, 6]"), "{e}");
+        // A product too large to allocate is an error, not an abort.
+        // (2^21 steps x 2^11 hidden units of X·Wᵀ: 2^32 values.)
+        let big = node("RNN", &[], 2);
+        let xb = t(&[1 << 21, 1, 1], &vec![0.0; 1 << 21]);
+        let wb = t(&[1, 1 << 11, 1], &vec![0.0; 1 << 11]);
+        let rb = t(&[1, 1 << 11, 1 << 11], &vec![0.0; 1 << 22]);
+        let e = rnn(&OpCtx::new(&big, 14), &[Some(&xb), Some(&wb), Some(&rb)])
+            .unwrap_err()
+            .0;
+        assert!(e.contains("more than"), "{e}");
         let x2 = t(&[3, 4], &[0.0; 12]);
         assert!(err(&[Some(&x2), Some(&w), Some(&r)]).starts_with("X has shape [3, 4]"));
         let wi = Tensor::from_i64(vec![1, 8, 4], vec![0; 32]);
