@@ -25,3 +25,26 @@ impl Accumulator {
         }
     }
 }
+
+/// The float type a layer keeps its state in between the steps of a multi-step kernel (a
+/// recurrent layer's hidden and cell state): the layer's own type under a float16/bfloat16
+/// plan, f32 otherwise. Rounding is to nearest, ties to even, overflow to ±inf (as
+/// `precision::round_value`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StateType {
+    #[default]
+    F32,
+    F16,
+    BF16,
+}
+
+impl StateType {
+    /// `x` rounded to the state type.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            StateType::F32 => x,
+            StateType::F16 => half::f16::from_f32(x).to_f32(),
+            StateType::BF16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+}

@@ -452,6 +452,7 @@ fn rerun(
         opset: graph.opset_of(&node.domain),
         subgraphs: None,
         accumulate: acc,
+        state: crate::exec::emulate::state_type(Some(p)),
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

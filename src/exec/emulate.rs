@@ -659,6 +659,17 @@ pub(crate) fn through_f32(t: &Tensor, f: impl FnOnce(&mut [f32])) -> Option<Tens
     }
 }
 
+/// The type a layer of precision `p` keeps a multi-step kernel's state in (a recurrent layer's
+/// hidden and cell state are rounded to it after every step): float16/bfloat16 for those
+/// layers, f32 for float32, int8/fp8 (no recurrent op has a quantized kernel) and no plan.
+pub(crate) fn state_type(p: Option<Precision>) -> crate::numeric::StateType {
+    match p {
+        Some(Precision::Float16) => crate::numeric::StateType::F16,
+        Some(Precision::BFloat16) => crate::numeric::StateType::BF16,
+        _ => crate::numeric::StateType::F32,
+    }
+}
+
 /// Rounds a float layer's f32 outputs to its precision (quantized layers output f32).
 pub(crate) fn round_outputs(p: Precision, outs: &mut [Tensor]) {
     if p == Precision::Float32 || p.is_scaled() {

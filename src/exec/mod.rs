@@ -597,6 +597,7 @@ impl<'g> Interpreter<'g> {
                     opset: step.opset,
                     subgraphs: (!step.subs.is_empty()).then_some(&runner as &dyn SubgraphRunner),
                     accumulate: acc,
+                    state: emulate::state_type(layer.and_then(|l| l.precision)),
                 };
                 let outs = (step.kernel)(&ctx, args).map_err(|e| Error::Op {
                     node: node.name.clone(),

@@ -17,6 +17,7 @@ pub mod norm;
 pub mod pool;
 pub mod qlinear;
 pub mod quantize;
+pub mod recurrent;
 pub mod reduce;
 pub mod resize;
 pub mod shape;
@@ -40,6 +41,9 @@ pub struct OpCtx<'a> {
     /// What matmul/conv products and sums accumulate in: the layer's accumulator under a
     /// precision plan (`--accumulate`), f32 otherwise.
     pub accumulate: crate::numeric::Accumulator,
+    /// What a multi-step kernel (LSTM, GRU, RNN) rounds its state to after every step: the
+    /// layer's float16/bfloat16 under a precision plan, f32 otherwise.
+    pub state: crate::numeric::StateType,
 }
 
 impl<'a> OpCtx<'a> {
@@ -50,6 +54,7 @@ impl<'a> OpCtx<'a> {
             opset,
             subgraphs: None,
             accumulate: crate::numeric::Accumulator::F32,
+            state: crate::numeric::StateType::F32,
         }
     }
 
@@ -372,6 +377,7 @@ impl Registry {
             pool::register(&mut r);
             qlinear::register(&mut r);
             quantize::register(&mut r);
+            recurrent::register(&mut r);
             reduce::register(&mut r);
             resize::register(&mut r);
             softmax::register(&mut r);

@@ -218,6 +218,27 @@ mod tests {
         assert!(round_value(Precision::Float16, f32::NAN).is_nan());
     }
 
+    /// A recurrent kernel's state rounding (`numeric::StateType`, for `ops`) is this module's
+    /// rounding, bit for bit.
+    #[test]
+    fn state_rounding_equals_round_value() {
+        use crate::numeric::StateType;
+        for i in 0..200_000u32 {
+            let x = f32::from_bits(i.wrapping_mul(2_654_435_761));
+            for (st, p) in [
+                (StateType::F16, Precision::Float16),
+                (StateType::BF16, Precision::BFloat16),
+                (StateType::F32, Precision::Float32),
+            ] {
+                let (a, b) = (st.round(x), round_value(p, x));
+                assert!(
+                    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                    "{x:e}: {a:e} vs {b:e} ({p:?})"
+                );
+            }
+        }
+    }
+
     #[test]
     fn fast_rounding_equals_half_everywhere() {
         // Every f16 value, the midpoints between neighbours and points just around them,

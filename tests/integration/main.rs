@@ -20,6 +20,7 @@ mod precision;
 mod qdq;
 mod quantize;
 mod real_models;
+mod recurrent;
 mod report;
 mod search;
 mod seeds;

@@ -107,6 +107,26 @@ const ALLOWED: &[(&str, &str)] = &[
         "test_l1normalization_axis_last",
         "two elements finite here, NaN in ORT (not yet explained)",
     ),
+    // ORT's recurrent kernels lose NaN/inf where IEEE arithmetic keeps them: GRU's fast
+    // sigmoid/tanh clamp their inputs with min/max that turn a NaN into the bound (a NaN gate
+    // becomes 0 or 1), RNN skips the first step's H·Rᵀ when no initial_h is given (so 0·inf is
+    // never computed). mixprec propagates NaN (docs/numerics.md, "Recurrent layers").
+    (
+        "test_gru_*",
+        "ORT's GRU clamps gate inputs so that NaN becomes a bound (checked on generated models)",
+    ),
+    (
+        "test_rnn_*",
+        "ORT's RNN skips H·R at the first step without initial_h: 0·inf is never NaN there",
+    ),
+    (
+        "test_simple_rnn_*",
+        "ORT's RNN skips H·R at the first step without initial_h: 0·inf is never NaN there",
+    ),
+    (
+        "test_lstm_*",
+        "ORT's LSTM gives finite values where a NaN/inf reached a gate (not yet explained gate by gate)",
+    ),
     // A known gap of mixprec: float64 Einsum computes in f32.
     (
         "test_einsum_*",
