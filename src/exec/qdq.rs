@@ -999,3 +999,148 @@ mod graph_tests {
         assert_ne!(none, trt);
     }
 }
+
+#[cfg(test)]
+mod conv_tests {
+    use crate::exec::emulate::{PlanOptions, PreparedPlan};
+    use crate::exec::{Feeds, Interpreter, RunOptions};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph};
+    use crate::precision::fusion::FusionModel;
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::{Tensor, TensorData};
+
+    const SX: f32 = 0.05;
+
+    fn sw(c: usize) -> f32 {
+        0.011 * (c + 1) as f32
+    }
+
+    /// x [1, 2, 4, 4] → Q(SX) → DQ → MaxPool 2x2 → (Concat with a second DQ of scale `s2`
+    /// when given) → Conv 1x1 (int8 W [3, C, 1, 1] per output channel, bias) → y.
+    fn model(concat: Option<f32>) -> Graph {
+        let c_in = if concat.is_some() { 4 } else { 2 };
+        let mut pool = node("pool", "MaxPool", &["xd"], &["p"]);
+        pool.attrs
+            .insert("kernel_shape".into(), Attribute::Ints(vec![2, 2]));
+        pool.attrs
+            .insert("strides".into(), Attribute::Ints(vec![2, 2]));
+        let mut dqw = node("dqw", "DequantizeLinear", &["wq", "ws"], &["w"]);
+        dqw.attrs.insert("axis".into(), Attribute::Int(0));
+        let mut nodes = vec![
+            node("q", "QuantizeLinear", &["x", "sx"], &["xq"]),
+            node("dq", "DequantizeLinear", &["xq", "sx"], &["xd"]),
+            pool,
+            dqw,
+        ];
+        let mut conv_in = "p";
+        if concat.is_some() {
+            nodes.push(node("q2", "QuantizeLinear", &["x", "s2"], &["xq2"]));
+            nodes.push(node("dq2", "DequantizeLinear", &["xq2", "s2"], &["xd2"]));
+            let mut pool2 = node("pool2", "MaxPool", &["xd2"], &["p2"]);
+            pool2.attrs = nodes[2].attrs.clone();
+            nodes.push(pool2);
+            let mut cat = node("cat", "Concat", &["p", "p2"], &["pc"]);
+            cat.attrs.insert("axis".into(), Attribute::Int(1));
+            nodes.push(cat);
+            conv_in = "pc";
+        }
+        nodes.push(node("conv", "Conv", &[conv_in, "w", "b"], &["y"]));
+        let codes: Vec<i8> = (0..3 * c_in)
+            .map(|i| (i as i32 * 37 % 255 - 127) as i8)
+            .collect();
+        let mut g = graph(
+            nodes,
+            vec![vi("x", &[1, 2, 4, 4])],
+            vec![vi("y", &[1, 3, 2, 2])],
+            vec![
+                ("sx", Tensor::scalar_f32(SX)),
+                ("s2", Tensor::scalar_f32(concat.unwrap_or(SX))),
+                ("ws", Tensor::from_f32(vec![3], (0..3).map(sw).collect())),
+                (
+                    "wq",
+                    Tensor::from_parts(vec![3, c_in, 1, 1], TensorData::I8(codes.into())),
+                ),
+                ("b", Tensor::from_f32(vec![3], vec![0.5, -0.25, 0.125])),
+            ],
+        );
+        g.opsets.insert(String::new(), 21);
+        crate::fold::fold_weights(&mut g);
+        g
+    }
+
+    fn x() -> Vec<f32> {
+        (0..32)
+            .map(|i| ((i * 29 % 31) as f32 - 15.0) * 0.37)
+            .collect()
+    }
+
+    fn run(g: &Graph) -> (Vec<f32>, PreparedPlan) {
+        let mut plan = PrecisionPlan::uniform(g, Precision::Float32);
+        plan.fusion = FusionModel::TensorRt;
+        let p = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![1, 2, 4, 4], x()));
+        let r = Interpreter::new(g)
+            .unwrap()
+            .run_plan(&f, &RunOptions::default(), &p)
+            .unwrap();
+        (r.outputs[0].1.as_f32().unwrap().to_vec(), p)
+    }
+
+    #[test]
+    fn a_quantized_conv_reads_codes_through_max_pooling_with_per_channel_scales_and_bias() {
+        let g = model(None);
+        let (y, p) = run(&g);
+        let conv = g.nodes.iter().position(|n| n.name == "conv").unwrap();
+        assert!(p.layers[conv].integer.is_some());
+        // By hand: uint8 codes of x (QuantizeLinear without a zero point), 2x2 max over
+        // codes, 1x1 conv in i64, one rescale, bias.
+        let q: Vec<i64> = x()
+            .iter()
+            .map(|v| (v / SX).round_ties_even().clamp(0.0, 255.0) as i64)
+            .collect();
+        let wq = |m: usize, c: usize| ((m * 2 + c) as i64 * 37 % 255 - 127) as i8 as i64;
+        let bias = [0.5f32, -0.25, 0.125];
+        for m in 0..3 {
+            for oh in 0..2 {
+                for ow in 0..2 {
+                    let mut acc = 0i64;
+                    for c in 0..2 {
+                        let mx = (0..4)
+                            .map(|t| q[c * 16 + (oh * 2 + t / 2) * 4 + ow * 2 + t % 2])
+                            .max()
+                            .unwrap();
+                        acc += mx * wq(m, c);
+                    }
+                    let want = acc as f32 * (SX * sw(m)) + bias[m];
+                    assert_eq!(y[m * 4 + oh * 2 + ow], want, "channel {m} ({oh}, {ow})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_concat_of_differently_scaled_values_does_not_commute_and_falls_back_with_a_note() {
+        let (_, p) = run(&model(Some(SX)));
+        assert!(
+            p.layers.iter().any(|l| l.integer.is_some()),
+            "equal scales commute through Concat"
+        );
+        let g = model(Some(0.07));
+        let (_, p) = run(&g);
+        assert!(p.layers.iter().all(|l| l.integer.is_none()));
+        let notes: Vec<String> = p
+            .fusion_events()
+            .into_iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("'conv' (Conv) runs unfused") && n.contains("different scales")),
+            "{notes:?}"
+        );
+    }
+}
