@@ -373,12 +373,15 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         loaded.push((p.clone(), GoldenFile::load(p)?.results));
     }
     let polygraphy_style = args.onnxrt || args.trt;
+    // `--fusion tensorrt` alone also runs the emulated engine: a Q/DQ model runs TensorRT's
+    // quantized kernels (docs/numerics.md, "Q/DQ under TensorRT").
+    let fused = args.precision.fusion_model()? != crate::precision::fusion::FusionModel::None;
     let kinds: Vec<RunnerKind> = match (args.onnxrt, args.trt) {
         (true, true) if trt_first => vec![RunnerKind::Trt, RunnerKind::Onnxrt],
         (true, true) => vec![RunnerKind::Onnxrt, RunnerKind::Trt],
         (true, false) => vec![RunnerKind::Onnxrt],
         (false, true) => vec![RunnerKind::Trt],
-        (false, false) if args.precision.any() => vec![RunnerKind::Trt],
+        (false, false) if args.precision.any() || fused => vec![RunnerKind::Trt],
         (false, false) => vec![RunnerKind::Onnxrt],
     };
     let live_runs = kinds.len();
@@ -388,7 +391,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
     if args.runner_name.is_some() && live_runs > 1 {
         bail!("--runner-name names a single runner; with --trt and --onnxrt the names are Polygraphy's");
     }
-    if args.trt && !args.precision.any() {
+    if args.trt && !args.precision.any() && !fused {
         out.line("[W] --trt without --fp16/--bf16/--fp8/--int8/--layer-precisions: the emulated engine runs in float32");
     }
     if args.onnxrt && !args.trt && args.precision.any() {
@@ -409,7 +412,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
     }
     let interp = Interpreter::new(graph)?;
     let mut precision_summary = None;
-    let prepared = if kinds.contains(&RunnerKind::Trt) && args.precision.any() {
+    let prepared = if kinds.contains(&RunnerKind::Trt) && (args.precision.any() || fused) {
         let plan = args.precision.plan(graph)?;
         let amax = super::ranges::ranges_for_plan(&interp, &plan, &args.precision, &feeds)?;
         let counts = precision_counts_line(graph, &plan);

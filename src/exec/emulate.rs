@@ -60,6 +60,9 @@ pub(crate) struct LayerPrep {
     /// produced inside the layer's region kept as computed): what composing plans under a
     /// fusion model starts from when the regions change.
     pub outside: Vec<InputPrep>,
+    /// The quantized kernel that replaces the op's own (`--fusion tensorrt`: a Q/DQ model's
+    /// quantized Conv/MatMul/Gemm, or an int8/fp8 layer of the plan; `exec/qdq.rs`).
+    pub integer: Option<std::sync::Arc<super::qdq::IntegerKernel>>,
 }
 
 /// A layer of a fusion region (docs/numerics.md, "Fusion regions"): the region runs as one
@@ -155,6 +158,11 @@ impl PreparedPlan {
             // Data movement and folded weight nodes run untouched (their weights are
             // converted where a layer reads them).
             let untouched = is_data_movement(&node.op_type) || graph.is_folded(node);
+            // A Q/DQ model's quantized layer runs as TensorRT's quantized kernel.
+            let qdq_kernel = match &analysis {
+                Some(a) if !untouched && !p.is_scaled() => a.qdq[k].clone(),
+                _ => None,
+            };
             if untouched || p == Precision::Float32 {
                 layers.push(LayerPrep {
                     precision: (!untouched).then_some(p),
@@ -162,6 +170,7 @@ impl PreparedPlan {
                     subplans,
                     fusion,
                     outside: vec![InputPrep::Keep; node.inputs.len()],
+                    integer: qdq_kernel,
                 });
                 continue;
             }
@@ -228,12 +237,30 @@ impl PreparedPlan {
                 });
                 outside.push(prep);
             }
+            // Under TensorRT's fusion model an int8/fp8 layer runs the quantized kernel its
+            // exported Q/DQ model runs there: exact integer accumulation, then the rescale.
+            let integer = if p.is_scaled() && plan.fusion == FusionModel::TensorRt {
+                let operand = |i: usize| -> (Option<f32>, Option<&Tensor>) {
+                    match outside.get(i) {
+                        Some(InputPrep::Quantize { scale, .. }) => (Some(*scale), None),
+                        Some(InputPrep::Converted(_)) => {
+                            (None, node.inputs.get(i).and_then(|n| scope.resolve(n).0))
+                        }
+                        _ => (None, None),
+                    }
+                };
+                super::qdq::IntegerKernel::for_plan_layer(node, p, [operand(0), operand(1)])
+                    .map(std::sync::Arc::new)
+            } else {
+                qdq_kernel
+            };
             layers.push(LayerPrep {
                 precision: Some(p),
                 inputs,
                 subplans,
                 fusion,
                 outside,
+                integer,
             });
         }
         Ok(PreparedPlan {
@@ -260,11 +287,23 @@ impl PreparedPlan {
     /// Notes of the fusion model (nodes its rules could not apply to, and why): what `-v`
     /// shows, as events.
     pub fn fusion_events(&self) -> Vec<crate::event::Event> {
-        self.analysis
+        let mut out: Vec<crate::event::Event> = self
+            .analysis
             .iter()
             .flat_map(|a| a.notes.iter())
             .map(|n| crate::event::Event::Verbose(n.clone()))
-            .collect()
+            .collect();
+        for (k, l) in self.layers.iter().enumerate() {
+            if let (Some(q), Some(a)) = (&l.integer, &self.analysis) {
+                out.push(crate::event::Event::Verbose(format!(
+                    "fusion (tensorrt): '{}' ({}) runs as a quantized kernel: {}",
+                    a.names[k],
+                    a.ops[k],
+                    q.describe()
+                )));
+            }
+        }
+        out
     }
 
     /// Derives the regions again for the current precisions (a composed plan under a fusion

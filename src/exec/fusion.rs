@@ -186,10 +186,13 @@ pub(crate) struct FusionAnalysis {
     pub topo: Topology,
     kind: Vec<Kind>,
     /// Node names and op types, for region names and rules (the graph is not kept).
-    names: Vec<String>,
-    ops: Vec<String>,
+    pub(crate) names: Vec<String>,
+    pub(crate) ops: Vec<String>,
     /// Notes for `-v`: nodes the rules could not apply to, and why.
     pub notes: Vec<String>,
+    /// Per node: the quantized kernel TensorRT runs a Q/DQ model's Conv/MatMul/Gemm with
+    /// (`exec/qdq.rs`), for layers the plan gives a float precision.
+    pub qdq: Vec<Option<std::sync::Arc<super::qdq::IntegerKernel>>>,
 }
 
 fn is_float(d: DType) -> bool {
@@ -275,12 +278,21 @@ impl FusionAnalysis {
                 }
             }
         }
+        let dtype_of = |n: &str| {
+            graph
+                .weight(n)
+                .map(|t| t.dtype())
+                .or_else(|| facts.as_ref()?.get(n)?.dtype)
+        };
+        let qdq = super::qdq::analyze(graph, &dtype_of);
+        notes.extend(qdq.notes);
         let mut a = FusionAnalysis {
             topo,
             kind,
             names: graph.nodes.iter().map(|n| n.name.clone()).collect(),
             ops: graph.nodes.iter().map(|n| n.op_type.clone()).collect(),
             notes,
+            qdq: qdq.kernels,
         };
         for i in 0..graph.nodes.len() {
             if a.kind[i] == Kind::NormReduce && !a.reduces_for_normalization(graph, i) {

@@ -11,6 +11,7 @@
 pub mod cache;
 pub mod emulate;
 pub(crate) mod fusion;
+pub(crate) mod qdq;
 
 pub use cache::{CacheStats, ValueCache};
 
@@ -599,7 +600,12 @@ impl<'g> Interpreter<'g> {
                     accumulate: acc,
                     state: emulate::state_type(layer.and_then(|l| l.precision)),
                 };
-                let outs = (step.kernel)(&ctx, args).map_err(|e| Error::Op {
+                // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
+                let outs = match layer.and_then(|l| l.integer.as_deref()) {
+                    Some(k) => k.run(&ctx, args),
+                    None => (step.kernel)(&ctx, args),
+                }
+                .map_err(|e| Error::Op {
                     node: node.name.clone(),
                     op: node.op_type.clone(),
                     msg: e.0,
@@ -732,6 +738,9 @@ impl<'g> Interpreter<'g> {
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
             h = mix(h, emulate::fusion_signature(plan.map(|p| &p.layers[idx])));
+            if plan.is_some_and(|p| p.layers[idx].integer.is_some()) {
+                h = mix(h, 0x7164_7169_6e74);
+            }
             if matches!(precision, Some(Precision::Float16 | Precision::BFloat16))
                 || !step.subs.is_empty()
             {

@@ -136,6 +136,11 @@ pub struct ConvAttrs {
 }
 
 impl ConvAttrs {
+    /// Conv's, ConvTranspose's and ConvInteger's attributes (opset-independent).
+    pub(crate) fn parse_node(node: &Node) -> Result<ConvAttrs, AttrError> {
+        Self::parse(node)
+    }
+
     fn parse(node: &Node) -> Result<ConvAttrs, AttrError> {
         let a = Attrs::new(node);
         let window = WindowAttrs::parse(&a)?;
@@ -399,8 +404,15 @@ fn restore_dtype(t: Tensor, dtype: DType) -> Tensor {
     }
 }
 
-/// Fills `col` ([C·prod(k)] rows × prod(out) columns) from one image `x` ([C, *in]).
-fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
+/// Fills `col` ([C·prod(k)] rows × prod(out) columns) from one image `x` ([C, *in]); the
+/// padding reads `T::default()` (0: for ConvInteger's codes minus zero point, the zero point).
+pub(crate) fn im2col<T: Copy + Default + Send + Sync>(
+    x: &[T],
+    in_sp: &[usize],
+    w: &Window,
+    col: &mut [T],
+) {
+    let zero = T::default();
     let k_sz: usize = w.kernel.iter().product();
     let o_sz: usize = w.out.iter().product();
     let in_sz: usize = in_sp.iter().product();
@@ -420,7 +432,7 @@ fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
                             - w.pad_begin[0] as isize;
                         let dst = &mut row[oh * ow_n..(oh + 1) * ow_n];
                         if ih < 0 || ih >= ih_n {
-                            dst.fill(0.0);
+                            dst.fill(zero);
                             continue;
                         }
                         let src = &img[ih as usize * iw_n as usize..];
@@ -432,8 +444,8 @@ fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
                         let lo = ceil_div(-off, st).clamp(0, ow_n as isize) as usize;
                         let hi =
                             ceil_div(iw_n - off, st).clamp(lo as isize, ow_n as isize) as usize;
-                        dst[..lo].fill(0.0);
-                        dst[hi..].fill(0.0);
+                        dst[..lo].fill(zero);
+                        dst[hi..].fill(zero);
                         if hi == lo {
                             // The whole kernel column lies in the padding.
                             continue;
@@ -473,7 +485,7 @@ fn im2col(x: &[f32], in_sp: &[usize], w: &Window, col: &mut [f32]) {
                             off += i as usize * mul;
                             mul *= in_sp[d];
                         }
-                        *dst = if inside { img[off] } else { 0.0 };
+                        *dst = if inside { img[off] } else { zero };
                     }
                 }
             }
@@ -671,6 +683,60 @@ pub fn transpose_geometry(
     })
 }
 
+/// ConvTranspose's col2im: scatter-adds every entry of `col` ([M·prod(k)] rows × prod(in)
+/// columns, one group of one image) to its output position in `dst` ([M, *out]).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
+    col: &[T],
+    in_sp: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+    pb: &[usize],
+    out_sp: &[usize],
+    dst: &mut [T],
+) {
+    let r = in_sp.len();
+    let k_sz: usize = kernel.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let o_sz: usize = out_sp.iter().product();
+    dst.par_chunks_mut(o_sz)
+        .enumerate()
+        .for_each(|(oc, plane)| {
+            let mut kidx = vec![0usize; r];
+            let mut iidx = vec![0usize; r];
+            for ki in 0..k_sz {
+                let mut rem = ki;
+                for d in (0..r).rev() {
+                    kidx[d] = rem % kernel[d];
+                    rem /= kernel[d];
+                }
+                let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
+                for (ii, &v) in src.iter().enumerate() {
+                    let mut rem = ii;
+                    for d in (0..r).rev() {
+                        iidx[d] = rem % in_sp[d];
+                        rem /= in_sp[d];
+                    }
+                    let mut off = 0usize;
+                    let mut inside = true;
+                    for d in 0..r {
+                        let o = (iidx[d] * strides[d] + kidx[d] * dilations[d]) as isize
+                            - pb[d] as isize;
+                        if o < 0 || o >= out_sp[d] as isize {
+                            inside = false;
+                            break;
+                        }
+                        off = off * out_sp[d] + o as usize;
+                    }
+                    if inside {
+                        plane[off] += v;
+                    }
+                }
+            }
+        });
+}
+
 fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let wt = input(inputs, 1)?;
@@ -682,7 +748,6 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             wt.shape()
         )));
     }
-    let r = x.rank() - 2;
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let group = attrs.group;
     let (n, c) = (x.shape()[0], x.shape()[1]);
@@ -737,41 +802,9 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             );
             let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
             // col2im: scatter-add every column entry to its output position.
-            dst.par_chunks_mut(o_sz)
-                .enumerate()
-                .for_each(|(oc, plane)| {
-                    let mut kidx = vec![0usize; r];
-                    let mut iidx = vec![0usize; r];
-                    for ki in 0..k_sz {
-                        let mut rem = ki;
-                        for d in (0..r).rev() {
-                            kidx[d] = rem % kernel[d];
-                            rem /= kernel[d];
-                        }
-                        let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
-                        for (ii, &v) in src.iter().enumerate() {
-                            let mut rem = ii;
-                            for d in (0..r).rev() {
-                                iidx[d] = rem % in_sp[d];
-                                rem /= in_sp[d];
-                            }
-                            let mut off = 0usize;
-                            let mut inside = true;
-                            for d in 0..r {
-                                let o = (iidx[d] * strides[d] + kidx[d] * dilations[d]) as isize
-                                    - pb[d] as isize;
-                                if o < 0 || o >= out_sp[d] as isize {
-                                    inside = false;
-                                    break;
-                                }
-                                off = off * out_sp[d] + o as usize;
-                            }
-                            if inside {
-                                plane[off] += v;
-                            }
-                        }
-                    }
-                });
+            col2im(
+                &col, &in_sp, &kernel, &strides, &dilations, &pb, &out_sp, dst,
+            );
         }
     }
     if let Some(bt) = bias {

@@ -11,6 +11,7 @@ pub mod cast;
 pub mod control;
 pub mod conv;
 pub mod elementwise;
+pub mod integer;
 pub mod matmul;
 pub mod movement;
 pub mod norm;
@@ -371,6 +372,7 @@ impl Registry {
             control::register(&mut r);
             conv::register(&mut r);
             elementwise::register(&mut r);
+            integer::register(&mut r);
             matmul::register(&mut r);
             movement::register(&mut r);
             norm::register(&mut r);

@@ -113,10 +113,17 @@ fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Te
 fn matmul_integer(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = shifted(input(inputs, 0)?, opt_input(inputs, 2), Side::A, "A")?;
     let b = shifted(input(inputs, 1)?, opt_input(inputs, 3), Side::B, "B")?;
-    // Integer products are exact whatever the layer's accumulator (f32 holds them exactly
-    // up to 2^24).
-    let c = matmul(crate::numeric::Accumulator::F32, &a, &b)?;
-    Ok(vec![super::cast::cast_tensor(&c, DType::I32)])
+    // Exact i32 accumulation whatever the layer's accumulator: the kernel ConvInteger and the
+    // fused Q/DQ kernels share (ops/integer.rs).
+    let i32s = |t: &Tensor| -> Vec<i32> {
+        t.to_i64_vec()
+            .expect("integer")
+            .into_iter()
+            .map(|x| x as i32)
+            .collect()
+    };
+    let (c, shape) = super::integer::imatmul(&i32s(&a), a.shape(), &i32s(&b), b.shape())?;
+    Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))])
 }
 
 /// A float scale tensor as f32 values, rejecting other dtypes.

@@ -314,3 +314,51 @@ fn debug_precision_reports_both_answers_and_the_fused_one_reruns_as_passing() {
     let o = mixprec(&rerun);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// A Q/DQ model (`convert --int8` of the generated CNN) under `run --fusion tensorrt`: every
+/// quantized Conv/Gemm runs as TensorRT's integer kernel (`-v` lists them), the outputs differ
+/// from `--fusion none` (plain ONNX semantics) by f32 noise only, and no precision flag is
+/// needed (docs/numerics.md, "Q/DQ under TensorRT").
+#[test]
+fn qdq_export_runs_integer_kernels_under_tensorrt_and_differs_from_none_by_f32_noise() {
+    let dir = tempfile::tempdir().unwrap();
+    let cnn = models_dir().join("cnn.onnx");
+    let q = dir.path().join("cnn_int8.onnx");
+    let o = mixprec(&[
+        "convert",
+        cnn.to_str().unwrap(),
+        "--int8",
+        "-o",
+        q.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let outputs = |fusion: &str| -> (Vec<f32>, String) {
+        let out = dir.path().join(format!("{fusion}.json"));
+        let o = mixprec(&[
+            "run",
+            q.to_str().unwrap(),
+            "--fusion",
+            fusion,
+            "--seed",
+            "1",
+            "-v",
+            "--save-outputs",
+            out.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let golden = mixprec::golden::GoldenFile::load(&out).unwrap();
+        let t = golden.results.runners[0].1[0].outputs[0].1.clone();
+        (t.to_f32_vec().unwrap(), text(&o))
+    };
+    let (none, log_none) = outputs("none");
+    let (trt, log_trt) = outputs("tensorrt");
+    assert!(!log_none.contains("quantized kernel"), "{log_none}");
+    let kernels = log_trt.matches("runs as a quantized kernel").count();
+    assert_eq!(kernels, 13, "every Conv and the Gemm: {log_trt}");
+    assert!(!log_trt.contains("runs unfused"), "{log_trt}");
+    assert_ne!(none, trt, "the integer accumulation is visible");
+    let scale = none.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in none.iter().zip(&trt) {
+        assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
+    }
+}

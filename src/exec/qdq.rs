@@ -1,0 +1,1146 @@
+//! Q/DQ absorbed into integer kernels, as TensorRT runs explicitly quantized models
+//! (`--fusion tensorrt`; docs/numerics.md, "Q/DQ under TensorRT").
+//!
+//! A Conv, ConvTranspose, MatMul or Gemm whose two data operands are both quantized — an
+//! activation that arrives from a per-tensor DequantizeLinear (directly or through data
+//! movement and MaxPool, which commute with Q/DQ), a weight that is the DequantizeLinear of
+//! stored codes (per tensor or per output channel) — runs as one quantized kernel
+//! ([`IntegerKernel`]): the products of the codes (minus zero points) are summed exactly in
+//! i32 (`ops::integer`), or for float8 codes multiplied exactly and summed in f32, and the
+//! sum is rescaled once, `acc · (s_x · s_w[c])`, in f32, before the bias. The epilogue and a
+//! following QuantizeLinear then run on that value as the graph says (requantization of the
+//! f32 result). Under an int8/fp8 *plan* the same kernel runs the emulated quantized layers
+//! ([`IntegerKernel::for_plan_layer`]): they are what their exported Q/DQ model computes on
+//! TensorRT.
+//!
+//! The kernel reads activation codes back from the dequantized values it receives: a value
+//! `v = fl((q − zp) · s)` (or that value rounded to float16, or quantized by a plan with scale
+//! `s`) requantizes to exactly `q` with the same `s` and `zp`, since `|v/s − (q − zp)| ≤ 255 ·
+//! 2^-11 < 1/2` for 8-bit codes (test `codes_are_read_back_exactly`).
+
+use crate::graph::{Graph, Node};
+use crate::ops::conv::ConvAttrs;
+use crate::ops::integer::{iconv, iconv_transpose, imatmul};
+use crate::ops::{OpCtx, OpError, OpResult};
+use crate::precision::quant::{quantize, weight_channel_axis};
+use crate::precision::Precision;
+use crate::tensor::{DType, Tensor};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How the products of an operand pair are computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arith {
+    /// Integer codes, exact i32 accumulation.
+    Int,
+    /// float8 codes, exact products, f32 accumulation.
+    Fp8,
+}
+
+/// A quantization grid: integer codes in `[lo, hi]`, or a float8 type.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Grid {
+    Int { lo: i32, hi: i32 },
+    Float8(Precision),
+}
+
+impl Grid {
+    fn of(d: DType) -> Option<Grid> {
+        Some(match d {
+            DType::I8 => Grid::Int { lo: -128, hi: 127 },
+            DType::U8 => Grid::Int { lo: 0, hi: 255 },
+            DType::I4 => Grid::Int { lo: -8, hi: 7 },
+            DType::U4 => Grid::Int { lo: 0, hi: 15 },
+            DType::F8E4M3FN => Grid::Float8(Precision::Fp8E4M3),
+            DType::F8E5M2 => Grid::Float8(Precision::Fp8E5M2),
+            _ => return None,
+        })
+    }
+
+    fn arith(&self) -> Arith {
+        match self {
+            Grid::Int { .. } => Arith::Int,
+            Grid::Float8(_) => Arith::Fp8,
+        }
+    }
+}
+
+/// An activation operand quantized per tensor: its codes are read back from the dequantized
+/// values the kernel receives.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct ActQuant {
+    pub scale: f32,
+    pub zp: i32,
+    pub grid: Grid,
+}
+
+/// The codes of an operand (minus zero points) in the arithmetic of the kernel.
+#[derive(Clone, Debug)]
+pub(crate) enum Codes {
+    Int(Vec<i32>),
+    Float(Vec<f32>),
+}
+
+/// A weight operand: its codes (minus zero points) prepared once, and its scales (one, or one
+/// per slice along `axis`, the output-channel axis of the operand).
+#[derive(Clone, Debug)]
+pub(crate) struct WeightQuant {
+    pub codes: Codes,
+    pub shape: Vec<usize>,
+    pub scales: Vec<f32>,
+    pub axis: usize,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Operand {
+    Act(ActQuant),
+    Weight(WeightQuant),
+}
+
+/// One layer's quantized kernel: operands 0 and 1 of a Conv, ConvTranspose, MatMul or Gemm.
+#[derive(Clone, Debug)]
+pub(crate) struct IntegerKernel {
+    pub arith: Arith,
+    pub operands: [Operand; 2],
+}
+
+/// An operand's codes, shape and per-index scale lookup.
+struct Prepared {
+    codes: Codes,
+    shape: Vec<usize>,
+    scales: Vec<f32>,
+    /// The axis the scales run along (None: one scale).
+    axis: Option<usize>,
+}
+
+/// Reads the codes of a dequantized activation back (see the module documentation).
+fn act_codes(q: &ActQuant, t: &Tensor) -> Result<Codes, OpError> {
+    let v = t
+        .to_f32_vec()
+        .ok_or_else(|| OpError(format!("a quantized operand has dtype {}", t.dtype())))?;
+    Ok(match q.grid {
+        Grid::Int { lo, hi } => Codes::Int(
+            v.iter()
+                .map(|&x| {
+                    if x.is_nan() {
+                        return 0;
+                    }
+                    let r = (x / q.scale).round_ties_even().clamp(-1e6, 1e6) as i32;
+                    (r + q.zp).clamp(lo, hi) - q.zp
+                })
+                .collect(),
+        ),
+        Grid::Float8(p) => Codes::Float(v.iter().map(|&x| quantize(x, q.scale, p)).collect()),
+    })
+}
+
+impl Operand {
+    fn prepare(&self, t: Option<&Tensor>) -> Result<Prepared, OpError> {
+        match self {
+            Operand::Weight(w) => Ok(Prepared {
+                codes: w.codes.clone(),
+                shape: w.shape.clone(),
+                axis: (w.scales.len() > 1).then_some(w.axis),
+                scales: w.scales.clone(),
+            }),
+            Operand::Act(a) => {
+                let t = t.ok_or_else(|| OpError("a quantized operand is missing".into()))?;
+                Ok(Prepared {
+                    codes: act_codes(a, t)?,
+                    shape: t.shape().to_vec(),
+                    scales: vec![a.scale],
+                    axis: None,
+                })
+            }
+        }
+    }
+}
+
+impl Prepared {
+    fn ints(&self) -> &[i32] {
+        match &self.codes {
+            Codes::Int(v) => v,
+            Codes::Float(_) => &[],
+        }
+    }
+
+    fn floats(&self) -> Tensor {
+        let v = match &self.codes {
+            Codes::Float(v) => v.clone(),
+            Codes::Int(v) => v.iter().map(|&x| x as f32).collect(),
+        };
+        Tensor::from_f32(self.shape.clone(), v)
+    }
+
+    /// The scale of slice `i` along the operand's scale axis.
+    fn scale(&self, i: usize) -> f32 {
+        if self.scales.len() == 1 {
+            self.scales[0]
+        } else {
+            self.scales[i % self.scales.len()]
+        }
+    }
+
+    /// Transposed copy of a 2-D operand.
+    fn transposed(&self) -> Prepared {
+        let (r, c) = (self.shape[0], self.shape[1]);
+        let codes = match &self.codes {
+            Codes::Int(v) => Codes::Int((0..r * c).map(|i| v[(i % r) * c + i / r]).collect()),
+            Codes::Float(v) => Codes::Float((0..r * c).map(|i| v[(i % r) * c + i / r]).collect()),
+        };
+        Prepared {
+            codes,
+            shape: vec![c, r],
+            scales: self.scales.clone(),
+            axis: self.axis.map(|a| 1 - a),
+        }
+    }
+}
+
+/// The sum of products: exact i32 (as f32 values) or f32 over float8 codes.
+fn accumulate_matmul(
+    arith: Arith,
+    a: &Prepared,
+    b: &Prepared,
+) -> Result<(Vec<f32>, Vec<usize>), OpError> {
+    match arith {
+        Arith::Int => {
+            let (acc, shape) = imatmul(a.ints(), &a.shape, b.ints(), &b.shape)?;
+            Ok((acc.into_iter().map(|x| x as f32).collect(), shape))
+        }
+        Arith::Fp8 => {
+            let t = crate::ops::matmul::matmul(
+                crate::numeric::Accumulator::F32,
+                &a.floats(),
+                &b.floats(),
+            )?;
+            Ok((t.as_f32().expect("f32").to_vec(), t.shape().to_vec()))
+        }
+    }
+}
+
+impl IntegerKernel {
+    /// What the kernel computes, in words (`-v`).
+    pub fn describe(&self) -> &'static str {
+        match self.arith {
+            Arith::Int => "integer codes, exact i32 accumulation, rescaled in f32",
+            Arith::Fp8 => "float8 codes, f32 accumulation, rescaled in f32",
+        }
+    }
+
+    /// Runs the layer `ctx.node` on `args` (the layer's inputs as the interpreter prepared
+    /// them; weight operands are taken from the kernel).
+    pub fn run(&self, ctx: &OpCtx, args: &[Option<&Tensor>]) -> OpResult {
+        let node = ctx.node;
+        let out_dtype = args
+            .iter()
+            .take(2)
+            .flatten()
+            .map(|t| t.dtype())
+            .find(|d| matches!(d, DType::F16 | DType::BF16))
+            .unwrap_or(DType::F32);
+        let a = self.operands[0].prepare(args.first().copied().flatten())?;
+        let b = self.operands[1].prepare(args.get(1).copied().flatten())?;
+        let (y, shape) = match node.op_type.as_str() {
+            "Conv" | "ConvTranspose" => {
+                let attrs = ctx.attrs::<ConvAttrs>()?;
+                let transpose = node.op_type == "ConvTranspose";
+                let (acc, shape): (Vec<f32>, Vec<usize>) = match self.arith {
+                    Arith::Int => {
+                        let f = if transpose { iconv_transpose } else { iconv };
+                        let (acc, shape) = f(attrs, a.ints(), &a.shape, b.ints(), &b.shape)?;
+                        (acc.into_iter().map(|x| x as f32).collect(), shape)
+                    }
+                    Arith::Fp8 => {
+                        let def = crate::ops::Registry::global()
+                            .def("", &node.op_type)
+                            .ok_or_else(|| OpError("no float kernel".into()))?;
+                        let f32ctx = OpCtx::new(node, ctx.opset);
+                        let (xa, wb) = (a.floats(), b.floats());
+                        let t = (def.kernel)(&f32ctx, &[Some(&xa), Some(&wb)])?.remove(0);
+                        (t.as_f32().expect("f32").to_vec(), t.shape().to_vec())
+                    }
+                };
+                let m = shape[1];
+                let o_sz: usize = shape[2..].iter().product();
+                let bias = args
+                    .get(2)
+                    .copied()
+                    .flatten()
+                    .map(|t| t.to_f32_vec().unwrap_or_default());
+                if let Some(b) = &bias {
+                    if b.len() != m {
+                        return Err(OpError(format!(
+                            "bias has {} values, expected {m}",
+                            b.len()
+                        )));
+                    }
+                }
+                let sx = a.scale(0);
+                let mut y = acc;
+                for (i, ch) in y.chunks_mut(o_sz.max(1)).enumerate() {
+                    let c = i % m;
+                    let r = sx * b.scale(c);
+                    let bc = bias.as_ref().map(|b| b[c]);
+                    for v in ch.iter_mut() {
+                        *v *= r;
+                        if let Some(bc) = bc {
+                            *v += bc;
+                        }
+                    }
+                }
+                (y, shape)
+            }
+            "MatMul" => {
+                let (acc, shape) = accumulate_matmul(self.arith, &a, &b)?;
+                let n = if b.shape.len() == 1 {
+                    1
+                } else {
+                    b.shape[b.shape.len() - 1]
+                };
+                let m = if a.shape.len() == 1 {
+                    1
+                } else {
+                    a.shape[a.shape.len() - 2]
+                };
+                let mut y = acc;
+                for (i, v) in y.iter_mut().enumerate() {
+                    let (row, col) = ((i / n) % m, i % n);
+                    *v *= a.scale(row) * b.scale(col);
+                }
+                (y, shape)
+            }
+            "Gemm" => {
+                let attrs = ctx.attrs::<crate::ops::matmul::GemmAttrs>()?;
+                if a.shape.len() != 2 || b.shape.len() != 2 {
+                    return Err(OpError("Gemm operands must be 2-D".into()));
+                }
+                let a2 = if attrs.trans_a { a.transposed() } else { a };
+                let b2 = if attrs.trans_b { b.transposed() } else { b };
+                let (acc, shape) = accumulate_matmul(self.arith, &a2, &b2)?;
+                let n = shape[1];
+                let c = args.get(2).copied().flatten();
+                let cv = c.map(|t| t.to_f32_vec().unwrap_or_default());
+                let cs = c.map(|t| crate::ops::util::broadcast_strides(t.shape(), &shape));
+                let mut y = acc;
+                for (i, v) in y.iter_mut().enumerate() {
+                    let (row, col) = (i / n, i % n);
+                    *v *= a2.scale(row) * b2.scale(col);
+                    if attrs.alpha != 1.0 {
+                        *v *= attrs.alpha;
+                    }
+                    if let (Some(cv), Some(cs)) = (&cv, &cs) {
+                        let k = row * cs[0] + col * cs[1];
+                        *v += if attrs.beta == 1.0 {
+                            cv[k]
+                        } else {
+                            attrs.beta * cv[k]
+                        };
+                    }
+                }
+                (y, shape)
+            }
+            op => return Err(OpError(format!("{op} has no quantized kernel"))),
+        };
+        let t = Tensor::from_f32(shape, y);
+        Ok(vec![if out_dtype == DType::F32 {
+            t
+        } else {
+            crate::ops::cast::cast_tensor(&t, out_dtype)
+        }])
+    }
+
+    /// The kernel of an int8/fp8 layer of a plan, from its prepared operands: activations
+    /// quantized per tensor with `scale`, weights `w` (the original values) per channel.
+    pub fn for_plan_layer(
+        node: &Node,
+        p: Precision,
+        operands: [(Option<f32>, Option<&Tensor>); 2],
+    ) -> Option<IntegerKernel> {
+        let grid = match p {
+            Precision::Int8 => Grid::Int { lo: -128, hi: 127 },
+            Precision::Fp8E4M3 | Precision::Fp8E5M2 => Grid::Float8(p),
+            _ => return None,
+        };
+        let mut out = Vec::with_capacity(2);
+        for (idx, (scale, w)) in operands.into_iter().enumerate() {
+            out.push(match (scale, w) {
+                (Some(scale), _) => Operand::Act(ActQuant { scale, zp: 0, grid }),
+                (None, Some(w)) => {
+                    let axis = weight_channel_axis(node, idx, w.rank())?;
+                    let v = w.to_f32_vec()?;
+                    let scales = crate::precision::quant::channel_scales(&v, w.shape(), axis, p);
+                    let inner: usize = w.shape()[axis + 1..].iter().product();
+                    let ch = w.shape()[axis];
+                    let q = v
+                        .iter()
+                        .enumerate()
+                        .map(|(i, &x)| quantize(x, scales[(i / inner.max(1)) % ch], p));
+                    let codes = match grid {
+                        Grid::Int { .. } => Codes::Int(q.map(|x| x as i32).collect()),
+                        Grid::Float8(_) => Codes::Float(q.collect()),
+                    };
+                    Operand::Weight(WeightQuant {
+                        codes,
+                        shape: w.shape().to_vec(),
+                        scales,
+                        axis,
+                    })
+                }
+                _ => return None,
+            });
+        }
+        let b = out.pop()?;
+        let a = out.pop()?;
+        Some(IntegerKernel {
+            arith: grid.arith(),
+            operands: [a, b],
+        })
+    }
+}
+
+/// Ops that commute with Q/DQ (TensorRT's Q/DQ propagation: data movement and max-pooling),
+/// and the inputs their data comes from.
+fn commuting_inputs(node: &Node) -> Option<Vec<usize>> {
+    match node.op_type.as_str() {
+        "Reshape" | "Transpose" | "Flatten" | "Squeeze" | "Unsqueeze" | "Identity" | "Slice"
+        | "Gather" | "Split" | "Expand" | "Tile" | "DepthToSpace" | "SpaceToDepth" | "MaxPool" => {
+            Some(vec![0])
+        }
+        "Concat" => Some((0..node.inputs.len()).collect()),
+        _ => None,
+    }
+}
+
+/// A reading of a graph for Q/DQ fusion: the quantized kernel of every layer that has one,
+/// and notes (`-v`) for the layers the rules could not apply to.
+pub(crate) struct QdqAnalysis {
+    pub kernels: Vec<Option<Arc<IntegerKernel>>>,
+    pub notes: Vec<String>,
+}
+
+/// The type of a value: from the facts, or the value itself.
+type DtypeOf<'a> = dyn Fn(&str) -> Option<DType> + 'a;
+
+struct Tracer<'g> {
+    graph: &'g Graph,
+    producer: HashMap<&'g str, usize>,
+}
+
+impl<'g> Tracer<'g> {
+    fn param(&self, name: Option<&String>) -> Option<&'g Tensor> {
+        name.filter(|n| !n.is_empty())
+            .and_then(|n| self.graph.weight(n))
+    }
+
+    /// The per-tensor quantization an activation arrives with: Ok(None) when it is not
+    /// dequantized, Err(why) when it is but the rule cannot use it.
+    fn act(
+        &self,
+        name: &str,
+        dtype_of: &DtypeOf,
+        depth: usize,
+    ) -> Result<Option<ActQuant>, String> {
+        let Some(&p) = self.producer.get(name) else {
+            return Ok(None);
+        };
+        let node = &self.graph.nodes[p];
+        if depth > 32 {
+            return Ok(None);
+        }
+        if node.op_type == "DequantizeLinear" && node.domain.is_empty() {
+            let scale = self
+                .param(node.inputs.get(1))
+                .ok_or_else(|| format!("the scale of '{}' is not a constant", node.name))?;
+            let sv = scale.to_f32_vec().unwrap_or_default();
+            if sv.len() != 1 {
+                return Err(format!(
+                    "'{}' dequantizes an activation per axis or per block (TensorRT quantizes activations per tensor)",
+                    node.name
+                ));
+            }
+            let s = sv[0];
+            if !(s.is_finite() && s >= f32::MIN_POSITIVE) {
+                return Err(format!("'{}' has scale {s}", node.name));
+            }
+            let codes = node.inputs.first().map(String::as_str).unwrap_or("");
+            let dt = dtype_of(codes).ok_or_else(|| format!("the type of '{codes}' is unknown"))?;
+            let grid = Grid::of(dt).ok_or_else(|| {
+                format!(
+                    "'{}' dequantizes {dt}, which has no quantized kernel here",
+                    node.name
+                )
+            })?;
+            let zp = match self.param(node.inputs.get(2)) {
+                Some(z) => z
+                    .to_f32_vec()
+                    .and_then(|v| v.first().copied())
+                    .unwrap_or(0.0) as i32,
+                None => 0,
+            };
+            return Ok(Some(ActQuant { scale: s, zp, grid }));
+        }
+        let Some(ins) = commuting_inputs(node) else {
+            return Ok(None);
+        };
+        let mut found: Option<ActQuant> = None;
+        for i in ins {
+            let Some(n) = node.inputs.get(i).filter(|n| !n.is_empty()) else {
+                continue;
+            };
+            let q = match self.graph.weight(n) {
+                // A constant concatenated with quantized values is not dequantized.
+                Some(_) => None,
+                None => self.act(n, dtype_of, depth + 1)?,
+            };
+            let Some(q) = q else { return Ok(None) };
+            match &found {
+                Some(f) if *f != q => {
+                    return Err(format!(
+                        "the inputs of '{}' ({}) are dequantized with different scales",
+                        node.name, node.op_type
+                    ))
+                }
+                _ => found = Some(q),
+            }
+        }
+        Ok(found)
+    }
+
+    /// A weight operand that is the DequantizeLinear of stored codes: Ok(None) when the weight
+    /// is not quantized (plain float, or weight-only quantization the rule leaves to the float
+    /// kernel), Err(why) when the rule cannot use it.
+    fn weight(&self, anchor: &Node, idx: usize, name: &str) -> Result<Option<WeightQuant>, String> {
+        let Some(w) = self.graph.weight(name) else {
+            return Ok(None);
+        };
+        let Some(&p) = self.producer.get(name) else {
+            return Ok(None); // a float initializer
+        };
+        let dq = &self.graph.nodes[p];
+        if dq.op_type != "DequantizeLinear" {
+            // A DequantizeLinear further up (DQ → Transpose → MatMul) is not modelled.
+            let mut cur = dq;
+            for _ in 0..8 {
+                let Some(&u) = cur
+                    .inputs
+                    .first()
+                    .and_then(|i| self.producer.get(i.as_str()))
+                else {
+                    break;
+                };
+                cur = &self.graph.nodes[u];
+                if cur.op_type == "DequantizeLinear" {
+                    return Err(format!(
+                        "its weight '{name}' reaches it from '{}' through '{}' ({})",
+                        cur.name, dq.name, dq.op_type
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let attrs = crate::ops::attrs::of::<crate::ops::quantize::QuantAttrs>(
+            dq,
+            self.graph.opset_of(&dq.domain),
+        )
+        .map_err(|e| e.0)?;
+        let codes_t = self
+            .param(dq.inputs.first())
+            .ok_or_else(|| format!("the codes of '{}' are not constant", dq.name))?;
+        let grid = Grid::of(codes_t.dtype()).ok_or_else(|| {
+            format!(
+                "'{}' dequantizes {}, which has no quantized kernel here",
+                dq.name,
+                codes_t.dtype()
+            )
+        })?;
+        if attrs.block_size > 0 {
+            return Err(format!(
+                "'{}' has block-wise scales (block_size {}): weight-only quantization, run as DequantizeLinear then the float kernel",
+                dq.name, attrs.block_size
+            ));
+        }
+        let scale = self
+            .param(dq.inputs.get(1))
+            .ok_or_else(|| format!("the scale of '{}' is not a constant", dq.name))?;
+        let scales = scale.to_f32_vec().unwrap_or_default();
+        if let Some(s) = scales
+            .iter()
+            .find(|s| !(s.is_finite() && **s >= f32::MIN_POSITIVE))
+        {
+            return Err(format!("'{}' has scale {s}", dq.name));
+        }
+        let rank = codes_t.rank();
+        let axis = weight_channel_axis(anchor, idx, rank)
+            .ok_or_else(|| format!("weight '{name}' of rank {rank} has no output-channel axis"))?;
+        if scales.len() > 1 {
+            let dq_axis = if attrs.axis < 0 {
+                attrs.axis + rank as i64
+            } else {
+                attrs.axis
+            };
+            if dq_axis != axis as i64 || codes_t.shape()[axis] != scales.len() {
+                return Err(format!(
+                    "'{}' scales weight '{name}' along axis {dq_axis}, not its output-channel axis {axis}",
+                    dq.name
+                ));
+            }
+        }
+        let zps: Vec<f32> = match self.param(dq.inputs.get(2)) {
+            Some(z) => z.to_f32_vec().unwrap_or_default(),
+            None => vec![0.0],
+        };
+        if zps.len() != 1 && zps.len() != scales.len() {
+            return Err(format!(
+                "the zero point of '{}' does not fit its scale",
+                dq.name
+            ));
+        }
+        let inner: usize = codes_t.shape()[axis + 1..].iter().product();
+        let ch = codes_t.shape()[axis].max(1);
+        let zp_of = |i: usize| {
+            zps[if zps.len() == 1 {
+                0
+            } else {
+                (i / inner.max(1)) % ch
+            }]
+        };
+        let v = codes_t.to_f32_vec().ok_or("unreadable codes")?;
+        let codes = match grid {
+            Grid::Int { .. } => Codes::Int(
+                v.iter()
+                    .enumerate()
+                    .map(|(i, &x)| (x - zp_of(i)) as i32)
+                    .collect(),
+            ),
+            Grid::Float8(_) => {
+                if zps.iter().any(|&z| z != 0.0) {
+                    return Err(format!("'{}' has a nonzero float8 zero point", dq.name));
+                }
+                Codes::Float(v)
+            }
+        };
+        let _ = w;
+        Ok(Some(WeightQuant {
+            codes,
+            shape: codes_t.shape().to_vec(),
+            scales,
+            axis,
+        }))
+    }
+}
+
+/// Finds the layers of `graph` that TensorRT runs as quantized kernels (module documentation).
+pub(crate) fn analyze(graph: &Graph, dtype_of: &DtypeOf) -> QdqAnalysis {
+    let mut producer = HashMap::new();
+    for (j, node) in graph.nodes.iter().enumerate() {
+        for o in &node.outputs {
+            if !o.is_empty() {
+                producer.insert(o.as_str(), j);
+            }
+        }
+    }
+    let tracer = Tracer { graph, producer };
+    let mut kernels = vec![None; graph.nodes.len()];
+    let mut notes = Vec::new();
+    for (k, node) in graph.nodes.iter().enumerate() {
+        if !node.domain.is_empty()
+            || !matches!(
+                node.op_type.as_str(),
+                "Conv" | "ConvTranspose" | "MatMul" | "Gemm"
+            )
+        {
+            continue;
+        }
+        let mut ops: Vec<Option<Operand>> = Vec::new();
+        let mut problem = None;
+        for idx in 0..2 {
+            let name = node.inputs.get(idx).map(String::as_str).unwrap_or("");
+            let r = if graph.weight(name).is_some() {
+                tracer
+                    .weight(node, idx, name)
+                    .map(|w| w.map(Operand::Weight))
+            } else {
+                tracer.act(name, dtype_of, 0).map(|a| a.map(Operand::Act))
+            };
+            match r {
+                Ok(o) => ops.push(o),
+                Err(why) => {
+                    problem = Some(why);
+                    ops.push(None);
+                }
+            }
+        }
+        let quantized = ops.iter().filter(|o| o.is_some()).count();
+        if quantized == 0 {
+            continue;
+        }
+        let note = |why: String| {
+            format!(
+                "fusion (tensorrt): '{}' ({}) runs unfused (DequantizeLinear, then the float kernel): {why}",
+                node.name, node.op_type
+            )
+        };
+        if let Some(why) = problem {
+            notes.push(note(why));
+            continue;
+        }
+        if quantized == 1 {
+            // Weight-only quantization (or one quantized operand): TensorRT dequantizes the
+            // weight and runs the float kernel, which is the plain semantics.
+            continue;
+        }
+        let grid = |o: &Operand| match o {
+            Operand::Act(a) => a.grid.arith(),
+            Operand::Weight(w) => match w.codes {
+                Codes::Int(_) => Arith::Int,
+                Codes::Float(_) => Arith::Fp8,
+            },
+        };
+        let b = ops.pop().flatten().expect("quantized");
+        let a = ops.pop().flatten().expect("quantized");
+        if grid(&a) != grid(&b) {
+            notes.push(note("its operands mix integer and float8 codes".into()));
+            continue;
+        }
+        kernels[k] = Some(Arc::new(IntegerKernel {
+            arith: grid(&a),
+            operands: [a, b],
+        }));
+    }
+    QdqAnalysis { kernels, notes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_read_back_exactly() {
+        // Every int8/uint8 code, many scales, as DequantizeLinear computes the value, and that
+        // value rounded to float16: requantizing gives the code back.
+        let mut s = 1e-6f32;
+        while s < 1e4 {
+            for (lo, hi, zp) in [(-128, 127, 0), (0, 255, 128), (0, 255, 3), (-8, 7, 0)] {
+                let q = ActQuant {
+                    scale: s,
+                    zp,
+                    grid: Grid::Int { lo, hi },
+                };
+                let vals: Vec<f32> = (lo..=hi).map(|c| (c - zp) as f32 * s).collect();
+                let want: Vec<i32> = (lo..=hi).map(|c| c - zp).collect();
+                let t = Tensor::from_f32(vec![vals.len()], vals.clone());
+                let Codes::Int(got) = act_codes(&q, &t).unwrap() else {
+                    panic!()
+                };
+                assert_eq!(got, want, "scale {s}");
+                if s < 100.0 {
+                    let h: Vec<f32> = vals
+                        .iter()
+                        .map(|&v| half::f16::from_f32(v).to_f32())
+                        .collect();
+                    let t = Tensor::from_f32(vec![h.len()], h);
+                    let Codes::Int(got) = act_codes(&q, &t).unwrap() else {
+                        panic!()
+                    };
+                    assert_eq!(got, want, "scale {s}, float16");
+                }
+            }
+            s *= 1.37;
+        }
+        // float8 codes: every finite e4m3fn value.
+        let q = ActQuant {
+            scale: 0.013,
+            zp: 0,
+            grid: Grid::Float8(Precision::Fp8E4M3),
+        };
+        let codes: Vec<f32> = (0..=255u8)
+            .map(|b| float8::F8E4M3::from_bits(b).to_f32())
+            .filter(|v| v.is_finite())
+            .collect();
+        let vals: Vec<f32> = codes.iter().map(|c| c * 0.013).collect();
+        let Codes::Float(got) = act_codes(&q, &Tensor::from_f32(vec![vals.len()], vals)).unwrap()
+        else {
+            panic!()
+        };
+        for (g, c) in got.iter().zip(&codes) {
+            assert_eq!(g.to_bits() & 0x7fff_ffff, c.to_bits() & 0x7fff_ffff, "{c}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod graph_tests {
+    use crate::exec::emulate::{PlanOptions, PreparedPlan};
+    use crate::exec::{Feeds, Interpreter, RunOptions, ValueCache};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph};
+    use crate::precision::fusion::FusionModel;
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::{Tensor, TensorData};
+
+    const K: usize = 4096;
+    const N: usize = 3;
+    const SX: f32 = 0.0123;
+
+    fn sw(j: usize) -> f32 {
+        0.0071 + 0.0013 * j as f32
+    }
+
+    /// Weight codes: mostly near ±127 so that the sums pass 2^24.
+    fn wq(p: usize, j: usize) -> i8 {
+        let v = 100 + ((p * 31 + j * 17) % 28) as i32;
+        (if (p + j).is_multiple_of(7) { -v } else { v }) as i8
+    }
+
+    fn xq(p: usize) -> i8 {
+        (99 + (p * 13 % 29) as i32) as i8
+    }
+
+    /// x [1, K] → QuantizeLinear(SX) → DequantizeLinear → MatMul(DequantizeLinear(W int8
+    /// [K, N], per column)) → y [1, N], opset 21; `block`: the weight's scales are blocked.
+    fn qdq_matmul(block: bool) -> Graph {
+        let mut dqw = node("dqw", "DequantizeLinear", &["wq", "ws"], &["w"]);
+        dqw.attrs
+            .insert("axis".into(), Attribute::Int(if block { 0 } else { 1 }));
+        let ws = if block {
+            dqw.attrs.insert("block_size".into(), Attribute::Int(2048));
+            Tensor::from_f32(vec![2, N], (0..2 * N).map(|i| sw(i % N)).collect())
+        } else {
+            Tensor::from_f32(vec![N], (0..N).map(sw).collect())
+        };
+        let codes: Vec<i8> = (0..K * N).map(|i| wq(i / N, i % N)).collect();
+        let mut g = graph(
+            vec![
+                node("q", "QuantizeLinear", &["x", "sx", "zx"], &["xq"]),
+                node("dq", "DequantizeLinear", &["xq", "sx", "zx"], &["xd"]),
+                dqw,
+                node("mm", "MatMul", &["xd", "w"], &["y"]),
+            ],
+            vec![vi("x", &[1, K])],
+            vec![vi("y", &[1, N])],
+            vec![
+                ("sx", Tensor::scalar_f32(SX)),
+                (
+                    "zx",
+                    Tensor::from_parts(vec![], TensorData::I8(vec![0].into())),
+                ),
+                ("ws", ws),
+                (
+                    "wq",
+                    Tensor::from_parts(vec![K, N], TensorData::I8(codes.into())),
+                ),
+            ],
+        );
+        g.opsets.insert(String::new(), 21);
+        crate::fold::fold_weights(&mut g);
+        g
+    }
+
+    fn feeds() -> Feeds {
+        let mut f = Feeds::new();
+        let x: Vec<f32> = (0..K).map(|p| xq(p) as f32 * SX).collect();
+        f.insert("x".into(), Tensor::from_f32(vec![1, K], x));
+        f
+    }
+
+    fn run(g: &Graph, fusion: FusionModel) -> (Vec<f32>, PreparedPlan) {
+        let mut plan = PrecisionPlan::uniform(g, Precision::Float32);
+        plan.fusion = fusion;
+        let p = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+        let r = Interpreter::new(g)
+            .unwrap()
+            .run_plan(&feeds(), &RunOptions::default(), &p)
+            .unwrap();
+        (r.outputs[0].1.as_f32().unwrap().to_vec(), p)
+    }
+
+    /// The TensorRT result by hand: the exact sum of code products (i64), rescaled once.
+    fn reference() -> Vec<f32> {
+        (0..N)
+            .map(|j| {
+                let acc: i64 = (0..K).map(|p| xq(p) as i64 * wq(p, j) as i64).sum();
+                assert!(acc.abs() > 1 << 24);
+                acc as f32 * (SX * sw(j))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_qdq_matmul_runs_as_an_exact_integer_kernel_only_under_tensorrt() {
+        let g = qdq_matmul(false);
+        let (trt, p) = run(&g, FusionModel::TensorRt);
+        assert!(
+            p.layers[3].integer.is_some(),
+            "the MatMul has a quantized kernel"
+        );
+        assert_eq!(
+            trt.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            reference().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // Plain ONNX semantics: f32 products of dequantized values, summed in f32.
+        let (none, p) = run(&g, FusionModel::None);
+        assert!(p.layers.iter().all(|l| l.integer.is_none()));
+        let plain = Interpreter::new(&g).unwrap().run(&feeds()).unwrap();
+        let plain = plain.outputs[0].1.as_f32().unwrap().to_vec();
+        assert_eq!(none, plain);
+        assert_ne!(none, trt, "the two semantics differ on this model");
+        for (a, b) in none.iter().zip(&trt) {
+            assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn blocked_weight_scales_with_a_quantized_activation_fall_back_with_a_note() {
+        let g = qdq_matmul(true);
+        let (trt, p) = run(&g, FusionModel::TensorRt);
+        assert!(p.layers[3].integer.is_none());
+        let notes: Vec<String> = p
+            .fusion_events()
+            .into_iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("'mm' (MatMul) runs unfused") && n.contains("block")),
+            "{notes:?}"
+        );
+        let (none, _) = run(&g, FusionModel::None);
+        assert_eq!(trt, none, "unfused: the plain semantics");
+    }
+
+    #[test]
+    fn cached_runs_and_composed_plans_equal_fresh_runs_bit_for_bit() {
+        let g = qdq_matmul(false);
+        let mut low = PrecisionPlan::uniform(&g, Precision::Float32);
+        low.fusion = FusionModel::TensorRt;
+        let mut high = low.clone();
+        high.layers[3] = Precision::Float16;
+        let opts = PlanOptions::default();
+        let lp = PreparedPlan::new(&g, &low, &opts).unwrap();
+        let hp = PreparedPlan::new(&g, &high, &opts).unwrap();
+        assert!(
+            hp.layers[3].integer.is_some(),
+            "float16 plans keep the kernel"
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        let mut cache = ValueCache::new(1 << 30);
+        let ro = RunOptions::default();
+        for marked in [vec![], vec![3], vec![], vec![3], vec![1, 3]] {
+            let c = lp.with_layers_of(&hp, &marked).unwrap();
+            let fresh = PreparedPlan::new(&g, &c.plan, &opts).unwrap();
+            let cached = interp
+                .run_cached(&feeds(), 0, &ro, Some(&c), &mut cache)
+                .unwrap();
+            let plain = interp.run_plan(&feeds(), &ro, &fresh).unwrap();
+            let bits = |t: &Tensor| -> Vec<u32> {
+                t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(&cached.outputs[0].1),
+                bits(&plain.outputs[0].1),
+                "{marked:?}"
+            );
+        }
+        assert!(cache.stats.reused > 0);
+    }
+
+    #[test]
+    fn int8_plan_layers_use_the_integer_kernel_under_tensorrt() {
+        // A float MatMul marked int8: its exported Q/DQ model, run by TensorRT.
+        let w: Vec<f32> = (0..K * N).map(|i| wq(i / N, i % N) as f32 * 0.01).collect();
+        let g = graph(
+            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+            vec![vi("x", &[1, K])],
+            vec![vi("y", &[1, N])],
+            vec![("w", Tensor::from_f32(vec![K, N], w.clone()))],
+        );
+        let amax: std::collections::BTreeMap<String, f32> =
+            [("x".to_string(), 127.0 * SX)].into_iter().collect();
+        let opts = PlanOptions {
+            amax: Some(&amax),
+            ..Default::default()
+        };
+        let mut plan = PrecisionPlan::uniform(&g, Precision::Int8);
+        let out = |plan: &PrecisionPlan| {
+            let p = PreparedPlan::new(&g, plan, &opts).unwrap();
+            let r = Interpreter::new(&g)
+                .unwrap()
+                .run_plan(&feeds(), &RunOptions::default(), &p)
+                .unwrap();
+            r.outputs[0].1.as_f32().unwrap().to_vec()
+        };
+        let none = out(&plan);
+        plan.fusion = FusionModel::TensorRt;
+        let trt = out(&plan);
+        let sx = crate::precision::quant::scale_from_amax(127.0 * SX, Precision::Int8);
+        let want: Vec<f32> = (0..N)
+            .map(|j| {
+                let col: Vec<f32> = (0..K).map(|p| w[p * N + j]).collect();
+                let amax = col.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = crate::precision::quant::scale_from_amax(amax, Precision::Int8);
+                let acc: i64 = (0..K)
+                    .map(|p| {
+                        let q = crate::precision::quant::quantize(col[p], s, Precision::Int8);
+                        let xcode = crate::precision::quant::quantize(
+                            xq(p) as f32 * SX,
+                            sx,
+                            Precision::Int8,
+                        );
+                        xcode as i64 * q as i64
+                    })
+                    .sum();
+                acc as f32 * (sx * s)
+            })
+            .collect();
+        assert_eq!(trt, want);
+        assert_ne!(none, trt);
+    }
+}
+
+#[cfg(test)]
+mod conv_tests {
+    use crate::exec::emulate::{PlanOptions, PreparedPlan};
+    use crate::exec::{Feeds, Interpreter, RunOptions};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph};
+    use crate::precision::fusion::FusionModel;
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::{Tensor, TensorData};
+
+    const SX: f32 = 0.05;
+
+    fn sw(c: usize) -> f32 {
+        0.011 * (c + 1) as f32
+    }
+
+    /// x [1, 2, 4, 4] → Q(SX) → DQ → MaxPool 2x2 → (Concat with a second DQ of scale `s2`
+    /// when given) → Conv 1x1 (int8 W [3, C, 1, 1] per output channel, bias) → y.
+    fn model(concat: Option<f32>) -> Graph {
+        let c_in = if concat.is_some() { 4 } else { 2 };
+        let mut pool = node("pool", "MaxPool", &["xd"], &["p"]);
+        pool.attrs
+            .insert("kernel_shape".into(), Attribute::Ints(vec![2, 2]));
+        pool.attrs
+            .insert("strides".into(), Attribute::Ints(vec![2, 2]));
+        let mut dqw = node("dqw", "DequantizeLinear", &["wq", "ws"], &["w"]);
+        dqw.attrs.insert("axis".into(), Attribute::Int(0));
+        let mut nodes = vec![
+            node("q", "QuantizeLinear", &["x", "sx"], &["xq"]),
+            node("dq", "DequantizeLinear", &["xq", "sx"], &["xd"]),
+            pool,
+            dqw,
+        ];
+        let mut conv_in = "p";
+        if concat.is_some() {
+            nodes.push(node("q2", "QuantizeLinear", &["x", "s2"], &["xq2"]));
+            nodes.push(node("dq2", "DequantizeLinear", &["xq2", "s2"], &["xd2"]));
+            let mut pool2 = node("pool2", "MaxPool", &["xd2"], &["p2"]);
+            pool2.attrs = nodes[2].attrs.clone();
+            nodes.push(pool2);
+            let mut cat = node("cat", "Concat", &["p", "p2"], &["pc"]);
+            cat.attrs.insert("axis".into(), Attribute::Int(1));
+            nodes.push(cat);
+            conv_in = "pc";
+        }
+        nodes.push(node("conv", "Conv", &[conv_in, "w", "b"], &["y"]));
+        let codes: Vec<i8> = (0..3 * c_in)
+            .map(|i| (i as i32 * 37 % 255 - 127) as i8)
+            .collect();
+        let mut g = graph(
+            nodes,
+            vec![vi("x", &[1, 2, 4, 4])],
+            vec![vi("y", &[1, 3, 2, 2])],
+            vec![
+                ("sx", Tensor::scalar_f32(SX)),
+                ("s2", Tensor::scalar_f32(concat.unwrap_or(SX))),
+                ("ws", Tensor::from_f32(vec![3], (0..3).map(sw).collect())),
+                (
+                    "wq",
+                    Tensor::from_parts(vec![3, c_in, 1, 1], TensorData::I8(codes.into())),
+                ),
+                ("b", Tensor::from_f32(vec![3], vec![0.5, -0.25, 0.125])),
+            ],
+        );
+        g.opsets.insert(String::new(), 21);
+        crate::fold::fold_weights(&mut g);
+        g
+    }
+
+    fn x() -> Vec<f32> {
+        (0..32)
+            .map(|i| ((i * 29 % 31) as f32 - 15.0) * 0.37)
+            .collect()
+    }
+
+    fn run(g: &Graph) -> (Vec<f32>, PreparedPlan) {
+        let mut plan = PrecisionPlan::uniform(g, Precision::Float32);
+        plan.fusion = FusionModel::TensorRt;
+        let p = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![1, 2, 4, 4], x()));
+        let r = Interpreter::new(g)
+            .unwrap()
+            .run_plan(&f, &RunOptions::default(), &p)
+            .unwrap();
+        (r.outputs[0].1.as_f32().unwrap().to_vec(), p)
+    }
+
+    #[test]
+    fn a_quantized_conv_reads_codes_through_max_pooling_with_per_channel_scales_and_bias() {
+        let g = model(None);
+        let (y, p) = run(&g);
+        let conv = g.nodes.iter().position(|n| n.name == "conv").unwrap();
+        assert!(p.layers[conv].integer.is_some());
+        // By hand: uint8 codes of x (QuantizeLinear without a zero point), 2x2 max over
+        // codes, 1x1 conv in i64, one rescale, bias.
+        let q: Vec<i64> = x()
+            .iter()
+            .map(|v| (v / SX).round_ties_even().clamp(0.0, 255.0) as i64)
+            .collect();
+        let wq = |m: usize, c: usize| ((m * 2 + c) as i64 * 37 % 255 - 127) as i8 as i64;
+        let bias = [0.5f32, -0.25, 0.125];
+        for m in 0..3 {
+            for oh in 0..2 {
+                for ow in 0..2 {
+                    let mut acc = 0i64;
+                    for c in 0..2 {
+                        let mx = (0..4)
+                            .map(|t| q[c * 16 + (oh * 2 + t / 2) * 4 + ow * 2 + t % 2])
+                            .max()
+                            .unwrap();
+                        acc += mx * wq(m, c);
+                    }
+                    let want = acc as f32 * (SX * sw(m)) + bias[m];
+                    assert_eq!(y[m * 4 + oh * 2 + ow], want, "channel {m} ({oh}, {ow})");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_concat_of_differently_scaled_values_does_not_commute_and_falls_back_with_a_note() {
+        let (_, p) = run(&model(Some(SX)));
+        assert!(
+            p.layers.iter().any(|l| l.integer.is_some()),
+            "equal scales commute through Concat"
+        );
+        let g = model(Some(0.07));
+        let (_, p) = run(&g);
+        assert!(p.layers.iter().all(|l| l.integer.is_none()));
+        let notes: Vec<String> = p
+            .fusion_events()
+            .into_iter()
+            .map(|e| format!("{e:?}"))
+            .collect();
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains("'conv' (Conv) runs unfused") && n.contains("different scales")),
+            "{notes:?}"
+        );
+    }
+}

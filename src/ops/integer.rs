@@ -1,0 +1,466 @@
+//! Integer convolution and the integer accumulation kernel: ConvInteger, and the exact i32
+//! products MatMulInteger (`ops/qlinear.rs`) and the fused Q/DQ kernels of `--fusion tensorrt`
+//! (`exec/qdq.rs`) share.
+//!
+//! Operands are 8-bit (or 4-bit) codes minus their zero points, held as i32; their products
+//! are summed in an i32 accumulator, as int8 tensor cores and DP4A accumulate: exactly, with no
+//! rounding at any size (an f32 running sum of such products is exact only while the partial
+//! sums stay below 2^24). The accumulator wraps on overflow (two's complement, as the
+//! hardware's does), which needs more than 2^31 / 255² ≈ 33,000 products of extreme uint8
+//! codes in one sum.
+//!
+//! - `ConvInteger(x, w, x_zero_point?, w_zero_point?)`: `y = conv(x − x_zp, w − w_zp)` as
+//!   int32; x and w are uint8 or int8, `x_zero_point` one value, `w_zero_point` one value or
+//!   one per output channel. Padding reads the zero point (0 after the shift), as the ONNX
+//!   reference pads `x − x_zp` with zeros. Attributes: Conv's (`ConvAttrs`).
+
+use super::attrs::boxed;
+use super::conv::{col2im, im2col, transpose_geometry, window, ConvAttrs};
+use super::util::{broadcast_shapes, broadcast_strides, input, opt_input};
+use super::{OpCtx, OpError, OpResult, Registry};
+use crate::tensor::{DType, Tensor};
+use rayon::prelude::*;
+
+pub fn register(r: &mut Registry) {
+    r.add("ConvInteger", conv_integer_op);
+    use super::InputRole::{Data, ZeroPoint};
+    r.def_mut("ConvInteger")
+        .parse(|n, _| boxed(ConvAttrs::parse_node(n)))
+        .roles(&[Data, Data, ZeroPoint, ZeroPoint])
+        .infer(|ctx, ins| {
+            let conv = super::Registry::global()
+                .def("", "Conv")
+                .and_then(|d| d.infer)
+                .ok_or_else(|| OpError("Conv has no shape rule".into()))?;
+            let pair = [
+                super::shape::opt_fact(ins, 0),
+                super::shape::opt_fact(ins, 1),
+            ];
+            let mut out = conv(ctx, &pair)?;
+            for f in &mut out {
+                f.dtype = Some(DType::I32);
+            }
+            Ok(out)
+        });
+}
+
+/// `c[m, n] = Σ_k a[m, k] · b[k, n]` (row-major), summed exactly in i32 (wrapping on overflow,
+/// as a hardware i32 accumulator). `c` is overwritten.
+pub fn igemm(m: usize, n: usize, k: usize, a: &[i32], b: &[i32], c: &mut [i32]) {
+    let row = |(i, dst): (usize, &mut [i32])| {
+        dst.fill(0);
+        let ar = &a[i * k..(i + 1) * k];
+        for (p, &x) in ar.iter().enumerate() {
+            if x == 0 {
+                continue;
+            }
+            let br = &b[p * n..(p + 1) * n];
+            for (d, &y) in dst.iter_mut().zip(br) {
+                *d = d.wrapping_add(x.wrapping_mul(y));
+            }
+        }
+    };
+    if m * n * k >= 1 << 16 && m > 1 {
+        c[..m * n].par_chunks_mut(n).enumerate().for_each(row);
+    } else {
+        c[..m * n].chunks_mut(n).enumerate().for_each(row);
+    }
+}
+
+/// numpy-style matmul of integer codes (1-D operands promoted and the added axis dropped,
+/// batch axes broadcast), summed exactly in i32: the values and the output shape.
+pub fn imatmul(
+    a: &[i32],
+    a_shape: &[usize],
+    b: &[i32],
+    b_shape: &[usize],
+) -> Result<(Vec<i32>, Vec<usize>), OpError> {
+    if a_shape.is_empty() || b_shape.is_empty() {
+        return Err(OpError("MatMul operands must have rank >= 1".into()));
+    }
+    let mut ash = a_shape.to_vec();
+    let mut bsh = b_shape.to_vec();
+    let (a1, b1) = (ash.len() == 1, bsh.len() == 1);
+    if a1 {
+        ash.insert(0, 1);
+    }
+    if b1 {
+        bsh.push(1);
+    }
+    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
+    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
+    if k != k2 {
+        return Err(OpError(format!(
+            "inner dimensions differ: {a_shape:?} x {b_shape:?}"
+        )));
+    }
+    let batch_a = &ash[..ash.len() - 2];
+    let batch_b = &bsh[..bsh.len() - 2];
+    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let nb: usize = batch.iter().product();
+    let sa = broadcast_strides(batch_a, &batch);
+    let sb = broadcast_strides(batch_b, &batch);
+    let mut out = vec![0i32; nb * m * n];
+    for (i, dst) in out.chunks_mut((m * n).max(1)).enumerate().take(nb) {
+        let (mut oa, mut ob, mut rem) = (0, 0, i);
+        for d in (0..batch.len()).rev() {
+            let idx = rem % batch[d];
+            rem /= batch[d];
+            oa += idx * sa[d];
+            ob += idx * sb[d];
+        }
+        igemm(m, n, k, &a[oa * m * k..], &b[ob * k * n..], dst);
+    }
+    let mut shape = batch;
+    if !a1 {
+        shape.push(m);
+    }
+    if !b1 {
+        shape.push(n);
+    }
+    Ok((out, shape))
+}
+
+/// Conv of integer codes (`x` [N, C, *in], `w` [M, C/group, *k]) summed exactly in i32; the
+/// padding reads 0 (the zero point, once the codes are shifted). Values and output shape.
+pub fn iconv(
+    attrs: &ConvAttrs,
+    x: &[i32],
+    x_shape: &[usize],
+    w: &[i32],
+    w_shape: &[usize],
+) -> Result<(Vec<i32>, Vec<usize>), OpError> {
+    if x_shape.len() < 3 || w_shape.len() != x_shape.len() {
+        return Err(OpError(format!(
+            "X {x_shape:?} and W {w_shape:?} must have the same rank >= 3"
+        )));
+    }
+    let group = attrs.group;
+    let (n, c) = (x_shape[0], x_shape[1]);
+    let in_sp = &x_shape[2..];
+    let (m, cg) = (w_shape[0], w_shape[1]);
+    let kernel: Vec<usize> = match &attrs.window.kernel_shape {
+        Some(k) => k.clone(),
+        None => w_shape[2..].to_vec(),
+    };
+    if kernel.as_slice() != &w_shape[2..] {
+        return Err(OpError(format!(
+            "kernel_shape {kernel:?} does not match W {w_shape:?}"
+        )));
+    }
+    if c != cg * group || m % group != 0 {
+        return Err(OpError(format!(
+            "channels do not fit groups: X has {c} channels, W {w_shape:?}, group {group}"
+        )));
+    }
+    let win = window(&attrs.window, in_sp, &kernel, false)?;
+    let k_sz: usize = kernel.iter().product();
+    let o_sz: usize = win.out.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let mg = m / group;
+    let rows = cg * k_sz;
+    let mut out = vec![0i32; n * m * o_sz];
+    let mut col = vec![0i32; rows * o_sz];
+    for b in 0..n {
+        for g in 0..group {
+            let xg = &x[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
+            let wg = &w[g * mg * rows..(g + 1) * mg * rows];
+            let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
+            im2col(xg, in_sp, &win, &mut col);
+            igemm(mg, o_sz, rows, wg, &col, dst);
+        }
+    }
+    let mut shape = vec![n, m];
+    shape.extend(&win.out);
+    Ok((out, shape))
+}
+
+/// ConvTranspose of integer codes (`x` [N, C, *in], `w` [C, M/group, *k]) summed exactly in
+/// i32. Values and output shape.
+pub fn iconv_transpose(
+    attrs: &ConvAttrs,
+    x: &[i32],
+    x_shape: &[usize],
+    w: &[i32],
+    w_shape: &[usize],
+) -> Result<(Vec<i32>, Vec<usize>), OpError> {
+    if x_shape.len() < 3 || w_shape.len() != x_shape.len() {
+        return Err(OpError(format!(
+            "X {x_shape:?} and W {w_shape:?} must have the same rank >= 3"
+        )));
+    }
+    let group = attrs.group;
+    let (n, c) = (x_shape[0], x_shape[1]);
+    let in_sp = x_shape[2..].to_vec();
+    if w_shape[0] != c || c % group != 0 {
+        return Err(OpError(format!(
+            "W {w_shape:?} does not fit X {x_shape:?} with group {group}"
+        )));
+    }
+    let mg = w_shape[1];
+    let m = mg * group;
+    let cg = c / group;
+    let kernel: Vec<usize> = w_shape[2..].to_vec();
+    let geo = transpose_geometry(attrs, &in_sp, &kernel)?;
+    let k_sz: usize = kernel.iter().product();
+    let in_sz: usize = in_sp.iter().product();
+    let o_sz: usize = geo.out.iter().product();
+    let rows = mg * k_sz;
+    let mut out = vec![0i32; n * m * o_sz];
+    let mut col = vec![0i32; rows * in_sz];
+    let mut wt = vec![0i32; rows * cg];
+    for b in 0..n {
+        for g in 0..group {
+            let xg = &x[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
+            let wg = &w[g * cg * rows..(g + 1) * cg * rows];
+            // col[mg·k, in] = Wg^T [mg·k, cg] × Xg [cg, in]
+            for (ci, wrow) in wg.chunks(rows).enumerate() {
+                for (r, &v) in wrow.iter().enumerate() {
+                    wt[r * cg + ci] = v;
+                }
+            }
+            igemm(rows, in_sz, cg, &wt, xg, &mut col);
+            let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
+            col2im(
+                &col,
+                &in_sp,
+                &kernel,
+                &geo.strides,
+                &geo.dilations,
+                &geo.pad_begin,
+                &geo.out,
+                dst,
+            );
+        }
+    }
+    let mut shape = vec![n, m];
+    shape.extend(&geo.out);
+    Ok((out, shape))
+}
+
+/// The codes of a uint8/int8 tensor minus its zero point (one value, or one per slice along
+/// `axis` when `per_axis` allows it), as i32.
+fn shifted_codes(
+    t: &Tensor,
+    zp: Option<&Tensor>,
+    what: &str,
+    per_axis: Option<usize>,
+) -> Result<Vec<i32>, OpError> {
+    if !matches!(t.dtype(), DType::U8 | DType::I8) {
+        return Err(OpError(format!(
+            "{what} has dtype {}, expected uint8 or int8",
+            t.dtype()
+        )));
+    }
+    let mut v: Vec<i32> = t
+        .to_i64_vec()
+        .expect("integer")
+        .into_iter()
+        .map(|x| x as i32)
+        .collect();
+    let Some(z) = zp else { return Ok(v) };
+    if z.dtype() != t.dtype() {
+        return Err(OpError(format!(
+            "the zero point of {what} has dtype {} but {what} has dtype {}: they must match",
+            z.dtype(),
+            t.dtype()
+        )));
+    }
+    let zv: Vec<i32> = z
+        .to_i64_vec()
+        .expect("integer")
+        .into_iter()
+        .map(|x| x as i32)
+        .collect();
+    if zv.len() == 1 && z.rank() <= 1 {
+        v.iter_mut().for_each(|x| *x -= zv[0]);
+        return Ok(v);
+    }
+    match per_axis {
+        Some(axis) if z.rank() == 1 && t.rank() > axis && t.shape()[axis] == zv.len() => {
+            let inner: usize = t.shape()[axis + 1..].iter().product();
+            for (i, x) in v.iter_mut().enumerate() {
+                *x -= zv[(i / inner.max(1)) % zv.len()];
+            }
+            Ok(v)
+        }
+        _ => Err(OpError(format!(
+            "the zero point of {what} has shape {:?}, expected one value{}",
+            z.shape(),
+            if per_axis.is_some() {
+                " or one per output channel"
+            } else {
+                ""
+            }
+        ))),
+    }
+}
+
+fn conv_integer_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let w = input(inputs, 1)?;
+    let xv = shifted_codes(x, opt_input(inputs, 2), "x", None)?;
+    let wv = shifted_codes(w, opt_input(inputs, 3), "w", Some(0))?;
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let (out, shape) = iconv(attrs, &xv, x.shape(), &wv, w.shape())?;
+    Ok(vec![Tensor::from_parts(
+        shape,
+        crate::tensor::TensorData::I32(out.into()),
+    )])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A deterministic pseudo-random stream of codes in [lo, hi].
+    fn codes(n: usize, seed: u64, lo: i32, hi: i32) -> Vec<i32> {
+        let mut s = seed;
+        (0..n)
+            .map(|_| {
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                lo + ((s >> 33) % (hi - lo + 1) as u64) as i32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn igemm_is_exact_beyond_two_to_the_24_where_f32_rounds() {
+        // 4096 products of magnitude up to 127·128: partial sums far beyond 2^24.
+        let (m, n, k) = (3, 5, 4096);
+        let mut a = codes(m * k, 1, 100, 127);
+        let b = codes(k * n, 2, -128, -100);
+        a[7] = -128;
+        let mut c = vec![0i32; m * n];
+        igemm(m, n, k, &a, &b, &mut c);
+        let mut f32_differs = false;
+        for i in 0..m {
+            for j in 0..n {
+                let exact: i64 = (0..k)
+                    .map(|p| a[i * k + p] as i64 * b[p * n + j] as i64)
+                    .sum();
+                assert!(exact.abs() > 1 << 24, "the test must reach beyond 2^24");
+                assert_eq!(c[i * n + j] as i64, exact, "row {i} col {j}");
+                let f: f32 = (0..k)
+                    .map(|p| a[i * k + p] as f32 * b[p * n + j] as f32)
+                    .sum();
+                f32_differs |= f as f64 != exact as f64;
+            }
+        }
+        assert!(f32_differs, "an f32 running sum rounds some of these sums");
+    }
+
+    #[test]
+    fn imatmul_broadcasts_batches_and_matches_an_i64_reference() {
+        let a = codes(2 * 3 * 4, 3, -128, 127);
+        let b = codes(4 * 2, 4, -128, 127);
+        let (c, shape) = imatmul(&a, &[2, 3, 4], &b, &[4, 2]).unwrap();
+        assert_eq!(shape, vec![2, 3, 2]);
+        for bi in 0..2 {
+            for i in 0..3 {
+                for j in 0..2 {
+                    let r: i64 = (0..4)
+                        .map(|p| a[bi * 12 + i * 4 + p] as i64 * b[p * 2 + j] as i64)
+                        .sum();
+                    assert_eq!(c[bi * 6 + i * 2 + j] as i64, r);
+                }
+            }
+        }
+        // 1-D operands drop their axis.
+        let (c, shape) = imatmul(&[1, 2, 3], &[3], &[4, 5, 6], &[3]).unwrap();
+        assert_eq!((c, shape), (vec![32], vec![]));
+        assert!(imatmul(&[1, 2], &[2], &[1, 2, 3], &[3]).is_err());
+    }
+
+    #[test]
+    fn iconv_pads_with_the_zero_point_and_matches_a_direct_sum() {
+        // 1x1x3x3 image, 1x1x2x2 kernel, pads 1: every output is a direct sum over the taps
+        // inside the image.
+        let attrs = ConvAttrs {
+            window: super::super::conv::WindowAttrs {
+                kernel_shape: None,
+                strides: None,
+                dilations: None,
+                pads: Some(vec![1, 1, 1, 1]),
+                auto_pad: super::super::conv::AutoPad::NotSet,
+            },
+            group: 1,
+            output_padding: None,
+            output_shape: None,
+        };
+        let x: Vec<i32> = (1..=9).collect();
+        let w = vec![1, -2, 3, 100];
+        let (y, shape) = iconv(&attrs, &x, &[1, 1, 3, 3], &w, &[1, 1, 2, 2]).unwrap();
+        assert_eq!(shape, vec![1, 1, 4, 4]);
+        for oh in 0..4i32 {
+            for ow in 0..4i32 {
+                let mut r = 0;
+                for kh in 0..2 {
+                    for kw in 0..2 {
+                        let (ih, iw) = (oh + kh - 1, ow + kw - 1);
+                        if (0..3).contains(&ih) && (0..3).contains(&iw) {
+                            r += x[(ih * 3 + iw) as usize] * w[(kh * 2 + kw) as usize];
+                        }
+                    }
+                }
+                assert_eq!(y[(oh * 4 + ow) as usize], r, "({oh}, {ow})");
+            }
+        }
+    }
+
+    #[test]
+    fn iconv_transpose_matches_the_float_kernel_on_small_codes() {
+        let attrs = ConvAttrs {
+            window: super::super::conv::WindowAttrs {
+                kernel_shape: None,
+                strides: Some(vec![2, 2]),
+                dilations: None,
+                pads: None,
+                auto_pad: super::super::conv::AutoPad::NotSet,
+            },
+            group: 1,
+            output_padding: None,
+            output_shape: None,
+        };
+        let x = codes(2 * 3 * 3, 5, -20, 20);
+        let w = codes(2 * 2 * 3 * 3, 6, -20, 20);
+        let (y, shape) = iconv_transpose(&attrs, &x, &[1, 2, 3, 3], &w, &[2, 2, 3, 3]).unwrap();
+        assert_eq!(shape, vec![1, 2, 7, 7]);
+        // Direct definition: y[m, i·s + k] += x[c, i] · w[c, m, k].
+        let mut r = vec![0i32; 2 * 49];
+        for ci in 0..2 {
+            for m in 0..2 {
+                for ih in 0..3 {
+                    for iw in 0..3 {
+                        for kh in 0..3 {
+                            for kw in 0..3 {
+                                let (oh, ow) = (ih * 2 + kh, iw * 2 + kw);
+                                r[m * 49 + oh * 7 + ow] +=
+                                    x[ci * 9 + ih * 3 + iw] * w[((ci * 2 + m) * 3 + kh) * 3 + kw];
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(y, r);
+    }
+
+    #[test]
+    fn conv_integer_rejects_mismatched_zero_points() {
+        use crate::graph::testing::node;
+        use crate::tensor::TensorData;
+        let n = node("conv", "ConvInteger", &["x", "w", "xz"], &["y"]);
+        let ctx = OpCtx::new(&n, 10);
+        let x = Tensor::from_parts(vec![1, 1, 2, 2], TensorData::U8(vec![1, 2, 3, 4].into()));
+        let w = Tensor::from_parts(vec![1, 1, 1, 1], TensorData::U8(vec![2].into()));
+        let xz = Tensor::from_parts(vec![], TensorData::I8(vec![1].into()));
+        let e = conv_integer_op(&ctx, &[Some(&x), Some(&w), Some(&xz)]).unwrap_err();
+        assert!(e.0.contains("zero point of x"), "{e}");
+        let xz = Tensor::from_parts(vec![], TensorData::U8(vec![1].into()));
+        let y = conv_integer_op(&ctx, &[Some(&x), Some(&w), Some(&xz)]).unwrap();
+        assert_eq!(y[0].to_i64_vec().unwrap(), vec![0, 2, 4, 6]);
+    }
+}
