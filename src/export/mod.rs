@@ -372,41 +372,7 @@ impl<'a> Exporter<'a> {
     /// Element types of every tensor of the original model: declared ones (graph inputs,
     /// outputs, value_info, initializers) first, else inferred from the op.
     fn type_original(&mut self) -> Result<()> {
-        let g = self.graph;
-        let mut declared: HashMap<&str, DType> = HashMap::new();
-        for vi in g.value_info.values().chain(&g.outputs).chain(&g.inputs) {
-            if let Some(t) = vi.dtype {
-                declared.insert(&vi.name, t);
-            }
-        }
-        for (name, t) in &g.initializers {
-            self.orig.insert(name.clone(), t.dtype());
-        }
-        for vi in &g.inputs {
-            if let Some(t) = vi.dtype {
-                self.orig.insert(vi.name.clone(), t);
-            }
-        }
-        for node in &g.nodes {
-            let ins: Vec<Option<DType>> = node
-                .inputs
-                .iter()
-                .map(|s| self.orig.get(s).copied())
-                .collect();
-            let rule = types::infer_outputs(node, &ins);
-            for (j, o) in node.outputs.iter().enumerate() {
-                if o.is_empty() {
-                    continue;
-                }
-                let t = declared
-                    .get(o.as_str())
-                    .copied()
-                    .or_else(|| rule.as_ref().and_then(|r| r.get(j).copied().flatten()));
-                if let Some(t) = t {
-                    self.orig.insert(o.clone(), t);
-                }
-            }
-        }
+        self.orig = types::scope_types(self.graph, &HashMap::new());
         self.cur = self.orig.clone();
         Ok(())
     }
@@ -1757,6 +1723,58 @@ mod tests {
         assert_eq!(find(g, "conv").input, ["x4", "K"]);
         assert_eq!(find(g, "relu").input, ["c_bf16"]);
         assert!(e.notes[0].contains("stays float32"), "{:?}", e.notes);
+    }
+
+    #[test]
+    fn if_outputs_without_declared_types_are_typed_by_inference() {
+        // Exporters (silero-vad's) leave an If's branch outputs untyped; the export must still
+        // know the If's output is float32 and convert it for a float16 reader.
+        let untyped = |name: &str| proto::ValueInfoProto {
+            name: Some(name.into()),
+            ..Default::default()
+        };
+        let branch = |name: &str, op: &str| proto::GraphProto {
+            name: Some(name.into()),
+            node: vec![node(
+                op,
+                &format!("{name}_n"),
+                &["x"],
+                &[&format!("{name}_out")],
+            )],
+            output: vec![untyped(&format!("{name}_out"))],
+            ..Default::default()
+        };
+        let mut cond_if = node("If", "if", &["c"], &["i"]);
+        for (attr, g) in [
+            ("then_branch", branch("then", "Neg")),
+            ("else_branch", branch("else", "Abs")),
+        ] {
+            cond_if.attribute.push(proto::AttributeProto {
+                name: Some(attr.into()),
+                r#type: Some(proto::attribute_proto::AttributeType::Graph as i32),
+                g: Some(g),
+                ..Default::default()
+            });
+        }
+        let mut m = model(
+            vec![cond_if, node("Add", "add", &["i", "x"], &["y"])],
+            vec![],
+            &["y"],
+            17,
+        );
+        m.graph
+            .as_mut()
+            .unwrap()
+            .input
+            .push(vi("c", DType::Bool, &[1]));
+        let e = run(m, &[Float32, Float16], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        let add = find(g, "add");
+        let producer = |t: &str| g.node.iter().find(|n| n.output.iter().any(|o| o == t));
+        for input in &add.input {
+            let cast = producer(input).expect("a Cast feeds the float16 Add");
+            assert_eq!(cast.op_type.as_deref(), Some("Cast"), "input {input}");
+        }
     }
 
     #[test]

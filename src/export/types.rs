@@ -2,8 +2,9 @@
 //! default domain): enough static typing for the export to know which tensors are float32
 //! and what a node produces once some of its inputs change type.
 
-use crate::graph::{Attribute, Node};
+use crate::graph::{Attribute, Graph, Node};
 use crate::tensor::DType;
+use std::collections::HashMap;
 
 /// The element type of each output of `node` given its inputs' types (None: absent input or
 /// unknown type). Returns None when the op's typing is not known here (non-default domains,
@@ -90,6 +91,79 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
         }
         _ => all(input(0).or(first)),
     }
+}
+
+/// The element types of every value of `graph` that can be told statically: declared ones
+/// (inputs, outputs, value_info, initializers) first, else from the op's rule. `outer` holds
+/// the types of the enclosing scopes, which subgraph nodes read by name. Control flow whose
+/// body declares no output types (exporters often leave branch outputs untyped) is typed from
+/// its body, typed in turn with this scope's types as its outer scope.
+pub fn scope_types(graph: &Graph, outer: &HashMap<String, DType>) -> HashMap<String, DType> {
+    let mut known = outer.clone();
+    let mut declared: HashMap<&str, DType> = HashMap::new();
+    for vi in graph
+        .value_info
+        .values()
+        .chain(&graph.outputs)
+        .chain(&graph.inputs)
+    {
+        if let Some(t) = vi.dtype {
+            declared.insert(&vi.name, t);
+        }
+    }
+    for (name, t) in &graph.initializers {
+        known.insert(name.clone(), t.dtype());
+    }
+    for vi in &graph.inputs {
+        if let Some(t) = vi.dtype {
+            known.insert(vi.name.clone(), t);
+        }
+    }
+    for node in &graph.nodes {
+        let ins: Vec<Option<DType>> = node.inputs.iter().map(|s| known.get(s).copied()).collect();
+        let rule = infer_outputs(node, &ins).or_else(|| body_output_types(node, &known));
+        for (j, o) in node.outputs.iter().enumerate() {
+            if o.is_empty() {
+                continue;
+            }
+            let t = declared
+                .get(o.as_str())
+                .copied()
+                .or_else(|| rule.as_ref().and_then(|r| r.get(j).copied().flatten()));
+            if let Some(t) = t {
+                known.insert(o.clone(), t);
+            }
+        }
+    }
+    known
+}
+
+/// If/Loop/Scan output types from their bodies' values (If: the then branch, else the else
+/// branch; Loop: the outputs after the condition). None for other ops or unknown bodies.
+fn body_output_types(node: &Node, outer: &HashMap<String, DType>) -> Option<Vec<Option<DType>>> {
+    let (attrs, skip): (&[&str], usize) = match node.op_type.as_str() {
+        "If" => (&["then_branch", "else_branch"], 0),
+        "Loop" => (&["body"], 1),
+        "Scan" => (&["body"], 0),
+        _ => return None,
+    };
+    let n = node.outputs.len();
+    for attr in attrs {
+        let Some(g) = node.attr_graph(attr) else {
+            continue;
+        };
+        let types = scope_types(g, outer);
+        let v: Vec<Option<DType>> = g
+            .outputs
+            .iter()
+            .skip(skip)
+            .map(|o| types.get(&o.name).copied())
+            .collect();
+        if v.len() == n && v.iter().all(|t| t.is_some()) {
+            return Some(v);
+        }
+    }
+    None
 }
 
 fn constant_dtype(node: &Node) -> Option<DType> {

@@ -415,6 +415,11 @@ corpus_test!(ppocrv4_rec, "ppocrv4-rec");
 corpus_test!(ppocr_mobile_v2_cls, "ppocr-mobile-v2-cls");
 corpus_test!(magika_v3_3, "magika-v3.3");
 corpus_test!(silero_op18_ifless, "silero-op18-ifless");
+corpus_test!(silero, "silero");
+corpus_test!(silero_16k_op15, "silero-16k-op15");
+corpus_test!(silero_16k_sequence, "silero-16k-sequence");
+corpus_test!(silero_half, "silero-half");
+corpus_test!(silero_openvino_16k, "silero-openvino-16k");
 
 /// Every loadable model of the table has its test above (a model added to the table without
 /// one, or a pending model that loads, fails here or in `pending_models_name_exactly_their_missing_ops`).
@@ -427,6 +432,11 @@ fn every_loadable_corpus_model_has_a_test() {
         "ppocr-mobile-v2-cls",
         "magika-v3.3",
         "silero-op18-ifless",
+        "silero",
+        "silero-16k-op15",
+        "silero-16k-sequence",
+        "silero-half",
+        "silero-openvino-16k",
     ];
     for m in corpus() {
         assert_eq!(
