@@ -14,6 +14,7 @@ use crate::error::Result;
 use crate::event::Event;
 use crate::exec::{Interpreter, ValueCache};
 use crate::golden::GoldenFile;
+use crate::graph::Graph;
 use crate::numeric::Accumulator;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
@@ -109,36 +110,15 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
             Some(c) => c,
             None => &mut oracle,
         };
-        let mut on_trial = |t: &Trial| hooks.trial(&space, t);
-        match job.replay {
-            Some((replay, save_to)) => {
-                let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
-                let result = search(
-                    &space,
-                    &job.options,
-                    &mut replay_oracle,
-                    &mut on_trial,
-                    job.stop,
-                )?;
-                if let Some(path) = &save_to {
-                    // Also when nothing new was evaluated.
-                    replay_oracle.replay().save(path)?;
-                    hooks.log(format!(
-                        "[I] Saved debug replay ({} evaluation(s)) to {}",
-                        replay_oracle.replay().evaluations.len(),
-                        path.display()
-                    ));
-                }
-                if replay_oracle.replayed > 0 {
-                    hooks.log(format!(
-                        "[I] {} candidate(s) answered from the debug replay without evaluating them",
-                        replay_oracle.replayed
-                    ));
-                }
-                result
-            }
-            None => search(&space, &job.options, inner, &mut on_trial, job.stop)?,
-        }
+        search_with_replay(
+            &space,
+            &job.options,
+            inner,
+            graph,
+            job.replay,
+            job.stop,
+            hooks,
+        )?
     };
     drop(check);
     // The search's own time: from the reference run on (not loading or calibrating).
@@ -169,6 +149,52 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         layer_errors,
         reasons,
     })
+}
+
+/// Runs the search over `inner`, through the debug replay when there is one: known candidates
+/// are answered from it, and it is saved (also when nothing new was evaluated). Shared by the
+/// float search and the Q/DQ search (`search::qdq`).
+pub(crate) fn search_with_replay(
+    space: &SearchSpace,
+    options: &SearchOptions,
+    inner: &mut dyn Oracle,
+    graph: &Graph,
+    replay: Option<(DebugReplay, Option<PathBuf>)>,
+    stop: &AtomicBool,
+    hooks: &mut dyn SearchHooks,
+) -> Result<SearchResult> {
+    let Some((replay, save_to)) = replay else {
+        return search(
+            space,
+            options,
+            inner,
+            &mut |t: &Trial| hooks.trial(space, t),
+            stop,
+        );
+    };
+    let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
+    let result = search(
+        space,
+        options,
+        &mut replay_oracle,
+        &mut |t: &Trial| hooks.trial(space, t),
+        stop,
+    )?;
+    if let Some(path) = &save_to {
+        replay_oracle.replay().save(path)?;
+        hooks.log(format!(
+            "[I] Saved debug replay ({} evaluation(s)) to {}",
+            replay_oracle.replay().evaluations.len(),
+            path.display()
+        ));
+    }
+    if replay_oracle.replayed > 0 {
+        hooks.log(format!(
+            "[I] {} candidate(s) answered from the debug replay without evaluating them",
+            replay_oracle.replayed
+        ));
+    }
+    Ok(result)
 }
 
 #[cfg(test)]

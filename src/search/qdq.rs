@@ -12,9 +12,9 @@
 
 use super::builtin::{relative_error, Golden, Verdict};
 use super::check::CheckOracle;
-use super::replay::{DebugReplay, ReplayOracle};
+use super::replay::DebugReplay;
 use super::report::SearchStats;
-use super::{search, Evaluation, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
+use super::{Evaluation, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace};
 use crate::compare::Criterion;
 use crate::error::{Error, Result};
 use crate::exec::{Interpreter, PlanOptions, PreparedPlan, RunOptions, RunResult};
@@ -301,35 +301,15 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
             }
             None => &mut oracle,
         };
-        let mut on_trial = |t: &Trial| hooks.trial(&space, t);
-        match job.replay {
-            Some((replay, save_to)) => {
-                let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
-                let result = search(
-                    &space,
-                    &job.options,
-                    &mut replay_oracle,
-                    &mut on_trial,
-                    job.stop,
-                )?;
-                if let Some(path) = &save_to {
-                    replay_oracle.replay().save(path)?;
-                    hooks.log(format!(
-                        "[I] Saved debug replay ({} evaluation(s)) to {}",
-                        replay_oracle.replay().evaluations.len(),
-                        path.display()
-                    ));
-                }
-                if replay_oracle.replayed > 0 {
-                    hooks.log(format!(
-                        "[I] {} candidate(s) answered from the debug replay without evaluating them",
-                        replay_oracle.replayed
-                    ));
-                }
-                result
-            }
-            None => search(&space, &job.options, inner, &mut on_trial, job.stop)?,
-        }
+        super::driver::search_with_replay(
+            &space,
+            &job.options,
+            inner,
+            graph,
+            job.replay,
+            job.stop,
+            hooks,
+        )?
     };
     drop(check);
     let wall = t0.elapsed().as_secs_f64();

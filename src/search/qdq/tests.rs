@@ -1,7 +1,7 @@
 use super::*;
 use crate::event::Event;
 use crate::export::qdq::tests::{i8s, index, model, node, x_feed};
-use crate::search::{Direction, Mode, Objective};
+use crate::search::{Direction, Mode, Objective, Trial};
 use crate::tensor::TensorData;
 
 fn i16s(shape: &[usize], v: Vec<i16>) -> Tensor {
