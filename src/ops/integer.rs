@@ -16,7 +16,7 @@
 
 use super::attrs::boxed;
 use super::conv::{col2im, im2col, transpose_geometry, window, ConvAttrs};
-use super::util::{broadcast_shapes, broadcast_strides, input, opt_input};
+use super::util::{broadcast_strides, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
@@ -75,28 +75,17 @@ pub fn imatmul(
     b: &[i32],
     b_shape: &[usize],
 ) -> Result<(Vec<i32>, Vec<usize>), OpError> {
-    if a_shape.is_empty() || b_shape.is_empty() {
-        return Err(OpError("MatMul operands must have rank >= 1".into()));
-    }
-    let mut ash = a_shape.to_vec();
-    let mut bsh = b_shape.to_vec();
-    let (a1, b1) = (ash.len() == 1, bsh.len() == 1);
-    if a1 {
-        ash.insert(0, 1);
-    }
-    if b1 {
-        bsh.push(1);
-    }
-    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
-    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
-    if k != k2 {
-        return Err(OpError(format!(
-            "inner dimensions differ: {a_shape:?} x {b_shape:?}"
-        )));
-    }
-    let batch_a = &ash[..ash.len() - 2];
-    let batch_b = &bsh[..bsh.len() - 2];
-    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let super::matmul::MatMulDims {
+        m,
+        k,
+        n,
+        a1,
+        b1,
+        batch,
+        batch_a,
+        batch_b,
+    } = super::matmul::matmul_dims(a_shape, b_shape)?;
+    let (batch_a, batch_b) = (batch_a.as_slice(), batch_b.as_slice());
     let nb: usize = batch.iter().product();
     let sa = broadcast_strides(batch_a, &batch);
     let sb = broadcast_strides(batch_b, &batch);

@@ -436,28 +436,17 @@ pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpErro
     {
         return matmul_exact(a, b);
     }
-    let mut ash = a.shape().to_vec();
-    let mut bsh = b.shape().to_vec();
-    let a1 = ash.len() == 1;
-    let b1 = bsh.len() == 1;
-    if a1 {
-        ash.insert(0, 1);
-    }
-    if b1 {
-        bsh.push(1);
-    }
-    let (m, k) = (ash[ash.len() - 2], ash[ash.len() - 1]);
-    let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
-    if k != k2 {
-        return Err(OpError(format!(
-            "inner dimensions differ: {:?} x {:?}",
-            a.shape(),
-            b.shape()
-        )));
-    }
-    let batch_a = &ash[..ash.len() - 2];
-    let batch_b = &bsh[..bsh.len() - 2];
-    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let MatMulDims {
+        m,
+        k,
+        n,
+        a1,
+        b1,
+        batch,
+        batch_a,
+        batch_b,
+    } = matmul_dims(a.shape(), b.shape())?;
+    let (batch_a, batch_b) = (batch_a.as_slice(), batch_b.as_slice());
     let nb: usize = batch.iter().product();
     let av = f32_or_convert(a)?;
     let bv = f32_or_convert(b)?;
@@ -512,12 +501,26 @@ pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpErro
     Ok(to_dtype(shape, out, a.dtype()))
 }
 
-/// f64 and wide-integer matmul, computed exactly in their own type via f64/i64 (small sizes only
-/// appear in practice: shape arithmetic and conformance tests).
-fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
-    let is_int = a.dtype().is_int();
-    let mut ash = a.shape().to_vec();
-    let mut bsh = b.shape().to_vec();
+/// A numpy-style matmul's dimensions: 1-D operands promoted (`a1`/`b1`: the added axis is
+/// dropped from the output), inner dimensions checked, batch axes broadcast. Shared by the
+/// float, exact and integer (`ops/integer.rs`) products.
+pub(crate) struct MatMulDims {
+    pub m: usize,
+    pub k: usize,
+    pub n: usize,
+    pub a1: bool,
+    pub b1: bool,
+    pub batch: Vec<usize>,
+    pub batch_a: Vec<usize>,
+    pub batch_b: Vec<usize>,
+}
+
+pub(crate) fn matmul_dims(a_shape: &[usize], b_shape: &[usize]) -> Result<MatMulDims, OpError> {
+    if a_shape.is_empty() || b_shape.is_empty() {
+        return Err(OpError("MatMul operands must have rank >= 1".into()));
+    }
+    let mut ash = a_shape.to_vec();
+    let mut bsh = b_shape.to_vec();
     let (a1, b1) = (ash.len() == 1, bsh.len() == 1);
     if a1 {
         ash.insert(0, 1);
@@ -529,14 +532,39 @@ fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
     let (k2, n) = (bsh[bsh.len() - 2], bsh[bsh.len() - 1]);
     if k != k2 {
         return Err(OpError(format!(
-            "inner dimensions differ: {:?} x {:?}",
-            a.shape(),
-            b.shape()
+            "inner dimensions differ: {a_shape:?} x {b_shape:?}"
         )));
     }
-    let batch_a = &ash[..ash.len() - 2];
-    let batch_b = &bsh[..bsh.len() - 2];
-    let batch = broadcast_shapes(&[batch_a, batch_b])?;
+    let batch_a = ash[..ash.len() - 2].to_vec();
+    let batch_b = bsh[..bsh.len() - 2].to_vec();
+    let batch = broadcast_shapes(&[&batch_a, &batch_b])?;
+    Ok(MatMulDims {
+        m,
+        k,
+        n,
+        a1,
+        b1,
+        batch,
+        batch_a,
+        batch_b,
+    })
+}
+
+/// f64 and wide-integer matmul, computed exactly in their own type via f64/i64 (small sizes only
+/// appear in practice: shape arithmetic and conformance tests).
+fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    let is_int = a.dtype().is_int();
+    let MatMulDims {
+        m,
+        k,
+        n,
+        a1,
+        b1,
+        batch,
+        batch_a,
+        batch_b,
+    } = matmul_dims(a.shape(), b.shape())?;
+    let (batch_a, batch_b) = (batch_a.as_slice(), batch_b.as_slice());
     let nb: usize = batch.iter().product();
     let sa = super::util::broadcast_strides(batch_a, &batch);
     let sb = super::util::broadcast_strides(batch_b, &batch);
