@@ -5,8 +5,10 @@
 # (nvidia-modelopt[onnx]==0.47.0, CPU calibration) and `mixprec quantize --int8`, on the same
 # calibration data, and prints per model and tool the quantized layers and the error against
 # FP32 (cosine; top-1 agreement on classifiers), all run by ONNX Runtime with graph
-# optimizations disabled. The last column is the hook for `mixprec debug precision` on each
-# tool's Q/DQ model (set QDQ_SEARCH_ARGS to the arguments after the model).
+# optimizations disabled. The last column runs `mixprec debug precision` on each tool's Q/DQ
+# model against the FP32 model's outputs (criterion: cosine >= 0.9999; QDQ_SEARCH_ARGS replaces
+# the arguments after the model, QDQ_SEARCH_ARGS=off skips it): layers to exclude, evaluations,
+# seconds.
 #
 # The venv lives outside the repo: ${MIXPREC_BENCH_VENV:-~/.cache/mixprec/bench-quantize-venv}.
 # CALIB=N / EVAL=N: calibration and evaluation samples (default 16 and 32).
