@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # mixprec quantize against its peers (issue 13 item 4; by hand, not in CI): quantizes the
-# benchmark models (scripts/gen_models.py's CNN and transformer at bench size) and
-# examples/*.onnx with ONNX Runtime's quantize_static (QDQ), NVIDIA ModelOpt
+# benchmark models (scripts/gen_models.py's CNN and transformer at bench size), three CNNs
+# of the real-model corpus and examples/*.onnx with ONNX Runtime's quantize_static (QDQ), NVIDIA ModelOpt
 # (nvidia-modelopt[onnx]==0.47.0, CPU calibration) and `mixprec quantize --int8`, on the same
 # calibration data, and prints per model and tool the quantized layers and the error against
 # FP32 (cosine; top-1 agreement on classifiers), all run by ONNX Runtime with graph
@@ -33,7 +33,16 @@ dir=target/bench-models
 work=target/bench-quantize
 "$py" scripts/gen_models.py --out "$dir" --size bench --only cnn,transformer --no-ort >/dev/null
 echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -m), $(nproc) cores, $("$py" -c 'import onnxruntime, modelopt; print("onnxruntime", onnxruntime.__version__, "modelopt", modelopt.__version__)')"
-"$py" bench/quantize_compare.py --mixprec "$bin" --work "$work" --calib "${CALIB:-16}" --eval "${EVAL:-32}" \
+# The real-model corpus's CNNs (YOLOv8n, PP-OCRv4 det, the angle classifier) with the corpus's
+# input shapes and generators (tests/fixtures/real_models.json); CORPUS= leaves them out.
+corpus=${CORPUS-nudenet-320n ppocrv4-det ppocr-mobile-v2-cls}
+corpus_args=()
+if [ -n "$corpus" ]; then
+    cache=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh)
+    for c in $corpus; do corpus_args+=("corpus:$c"); done
+fi
+MIXPREC_PYTHON="$py" "$py" bench/quantize_compare.py --mixprec "$bin" --work "$work" --calib "${CALIB:-16}" --eval "${EVAL:-32}" \
+    --corpus-cache "${cache:-}" "${corpus_args[@]}" \
     cnn="$dir/cnn.onnx" transformer="$dir/transformer.onnx" \
     mlp_example=examples/mlp.onnx needs_constraints_example=examples/needs_constraints.onnx \
     transformer_example=examples/transformer.onnx

@@ -26,22 +26,72 @@ RANGES = {"cnn": (-1.0, 1.0), "transformer": (-1.0, 1.0), "mlp": (-2.0, 2.0), "n
 QDQ_OPS = {"QuantizeLinear", "DequantizeLinear"}
 
 
-def inputs_of(model_path):
-    m = onnx.load(model_path, load_external_data=False)
-    inits = {t.name for t in m.graph.initializer}
-    out = []
-    for i in m.graph.input:
-        if i.name in inits:
-            continue
-        shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
-        out.append((i.name, shape))
-    return out
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def make_data(model_path, name, n, seed):
-    lo, hi = RANGES.get(name.removesuffix("_example"), (-1.0, 1.0))
-    rng = np.random.RandomState(seed)
-    return [{k: rng.uniform(lo, hi, size=s).astype(np.float32) for k, s in inputs_of(model_path)} for _ in range(n)]
+class Spec:
+    """One model of the table: where it is, how to draw its inputs (as arrays, and as the
+    mixprec options that generate the same kind of input for the search column)."""
+
+    def __init__(self, name, path, shapes=None, gen=None):
+        self.name, self.path = name, path
+        self.shapes = shapes  # {input: shape} overriding the declared ones (corpus models)
+        self.gen = gen  # corpus "gen": ["[lo,hi]"] / ["name:[lo,hi]", ...] / ["@function"]
+
+    def inputs(self):
+        m = onnx.load(self.path, load_external_data=False)
+        inits = {t.name for t in m.graph.initializer}
+        out = []
+        for i in m.graph.input:
+            if i.name in inits:
+                continue
+            shape = [d.dim_value if d.dim_value > 0 else 1 for d in i.type.tensor_type.shape.dim]
+            out.append((i.name, (self.shapes or {}).get(i.name, shape)))
+        return out
+
+    def data(self, n, seed):
+        if self.gen and self.gen[0].startswith("@"):
+            sys.path.insert(0, os.path.join(ROOT, "tests", "fixtures"))
+            import real_model_inputs
+
+            fn = getattr(real_model_inputs, self.gen[0][1:])
+            return [next(iter(fn(seed=seed * 1000 + k))) for k in range(n)]
+        rng = np.random.RandomState(seed)
+        return [{k: rng.uniform(*self.range_of(k), size=s).astype(np.float32) for k, s in self.inputs()}
+                for _ in range(n)]
+
+    def range_of(self, inp):
+        if self.gen is None:
+            return RANGES.get(self.name.removesuffix("_example"), (-1.0, 1.0))
+        for g in self.gen:
+            key, _, rng = g.rpartition(":")
+            if key in ("", inp):
+                lo, hi = json.loads(rng)
+                return float(lo), float(hi)
+        return (-1.0, 1.0)
+
+    def mixprec_args(self):
+        """Options that make `mixprec run`/`debug precision` draw this model's kind of input."""
+        a = ["--input-shapes", *(f"{k}:{json.dumps(v).replace(' ', '')}" for k, v in self.shapes.items())] \
+            if self.shapes else []
+        if self.gen and self.gen[0].startswith("@"):
+            return a + ["--data-loader-script", f"{ROOT}/tests/fixtures/real_model_inputs.py:{self.gen[0][1:]}"]
+        if self.gen:
+            return a + ["--val-range", *self.gen]
+        lo, hi = self.range_of(None)
+        return a + ["--val-range", f"[{lo},{hi}]"]
+
+
+def corpus_spec(name, cache):
+    """A model of the real-model corpus (tests/fixtures/real_models.json, fetched into CACHE by
+    scripts/real_models.sh) with its input shapes and generator."""
+    table = {m["name"]: m for m in json.load(open(os.path.join(ROOT, "tests", "fixtures", "real_models.json")))}
+    m = table[name]
+    shapes = {}
+    for s in m["shapes"]:
+        k, _, v = s.rpartition(":")
+        shapes[k] = json.loads(v)
+    return Spec(name, os.path.join(cache, m["file"]), shapes, m["gen"])
 
 
 def session(path):
@@ -98,7 +148,7 @@ def ort_quantize(model, out, data):
 
 
 def modelopt_quantize(model, out, data, work):
-    names = [k for k, _ in inputs_of(model)]
+    names = list(data[0])
     if len(names) == 1:
         calib = os.path.join(work, "calib.npy")
         np.save(calib, np.concatenate([d[names[0]] for d in data], axis=0))
@@ -131,7 +181,7 @@ def mixprec_quantize(mixprec, model, out, data, work):
 DEFAULT_SEARCH_ARGS = "--mode minimal --atol 1e9 --metric cosine:0.9999"
 
 
-def search_column(mixprec, qmodel, fp32, work, name):
+def search_column(mixprec, qmodel, spec, work):
     """`mixprec debug precision` on a tool's Q/DQ model (no precision flag: the candidates are
     its quantized layers): how many layers must leave quantization to reach the criterion, the
     evaluations and the wall time of the whole command."""
@@ -140,14 +190,13 @@ def search_column(mixprec, qmodel, fp32, work, name):
         return "(off)"
     if not quantized_layers(qmodel):
         return "nothing quantized"
-    lo, hi = RANGES.get(name.removesuffix("_example"), (-1.0, 1.0))
-    vr = ["--val-range", f"[{lo},{hi}]"]
+    vr = spec.mixprec_args()
     # The reference is the user's float model (its outputs as a golden file, on the same
     # generated inputs), not the Q/DQ model with its pairs removed: that one keeps the weights'
     # quantization error, which no exclusion of activations can remove.
     golden = os.path.join(work, "fp32_golden.json")
     if not os.path.exists(golden):
-        subprocess.run([mixprec, "run", fp32, *vr, "--save-outputs", golden], capture_output=True, check=True)
+        subprocess.run([mixprec, "run", spec.path, *vr, "--save-outputs", golden], capture_output=True, check=True)
     result = os.path.join(work, os.path.basename(qmodel) + ".result.json")
     t0 = time.time()
     r = subprocess.run([mixprec, "debug", "precision", qmodel, *args.split(), *vr, "--golden", golden,
@@ -175,21 +224,27 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--calib", type=int, default=16, help="calibration samples (default 16)")
     ap.add_argument("--eval", type=int, default=32, help="evaluation samples (default 32, another seed)")
-    ap.add_argument("models", nargs="+", metavar="NAME=MODEL")
+    ap.add_argument("--corpus-cache", help="the real-model corpus cache (scripts/real_models.sh)")
+    ap.add_argument("models", nargs="+", metavar="NAME=MODEL | corpus:NAME")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     rows = []
-    for spec in args.models:
-        name, model = spec.split("=", 1)
+    for arg in args.models:
+        if arg.startswith("corpus:"):
+            spec = corpus_spec(arg.split(":", 1)[1], args.corpus_cache)
+        else:
+            name, path = arg.split("=", 1)
+            spec = Spec(name, path)
+        name = spec.name
         work = os.path.join(args.work, name)
         os.makedirs(work, exist_ok=True)
         # The tools get a private copy: ModelOpt writes shape-inferred value_info back into
         # the model file it is given.
         copy = os.path.join(work, "fp32.onnx")
-        shutil.copyfile(model, copy)
-        model = copy
-        calib = make_data(model, name, args.calib, seed=1)
-        evald = make_data(model, name, args.eval, seed=2)
+        shutil.copyfile(spec.path, copy)
+        model = spec.path = copy
+        calib = spec.data(args.calib, seed=1)
+        evald = spec.data(args.eval, seed=2)
         ref = run_all(model, evald)
         tools = [
             ("ort quantize_static", "minmax", lambda o: ort_quantize(model, o, calib)),
@@ -212,7 +267,7 @@ def main():
             except Exception as e:
                 cos_s, top_s = f"ORT failed: {str(e).splitlines()[0][:60]}", "-"
             rows.append((name, tool, algo, str(len(layers)), op_counts(layers), f"{qsecs:.1f}", cos_s, top_s,
-                         search_column(args.mixprec, out, model, work, name)))
+                         search_column(args.mixprec, out, spec, work)))
     head = ("model", "tool", "calibration", "quantized layers", "by op", "quantize s", "cosine vs FP32", "top-1 agree",
             "debug precision (cosine 0.9999): excluded / evals / s")
     print("| " + " | ".join(head) + " |")

@@ -432,6 +432,35 @@ def qdq_cnn(size):
     return m
 
 
+
+def opset11_cnn(size):
+    """A small CNN at ONNX opset 11 using every op whose meaning changed before 13 (PaddleOCR and
+    older exporters write opset 11): Split with a `split` attribute, ReduceSum/Squeeze/Unsqueeze
+    with `axes` attributes, Dropout with a `ratio` attribute, Softmax and LogSoftmax with the old
+    coerce-to-2-D `axis`. `mixprec quantize --int8` must raise it to 13 without changing it."""
+    b = Builder(11)
+    x = b.op("Conv", ["input", b.const(b.weight(8, 3, 3, 3), "conv_w")], kernel_shape=[3, 3], pads=[1] * 4)
+    x = b.op("Relu", [x])
+    x = b.op("Conv", [x, b.const(b.weight(8, 8, 3, 3), "conv_w")], kernel_shape=[3, 3], pads=[1] * 4)
+    a, c = b.op("Split", [x], n_out=2, axis=1, split=[3, 5])
+    r = b.op("ReduceSum", [c], axes=[2, 3], keepdims=0)
+    r = b.op("Squeeze", [b.op("Unsqueeze", [r], axes=[2])], axes=[2])
+    r = b.op("Dropout", [r], ratio=0.2)
+    logits = b.op("MatMul", [r, b.const(b.weight(5, 4), "fc_w")])
+    probs = b.op("Softmax", [logits])
+    maps = b.op("Conv", [a, b.const(b.weight(4, 3, 1, 1), "conv_w")], kernel_shape=[1, 1])
+    logp = b.op("LogSoftmax", [maps], axis=1)
+    b.nodes[-1].output[0] = "log_probs"
+    for n in b.nodes:
+        if n.output[0] == probs:
+            n.output[0] = "probs"
+    return b.model(
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("log_probs", TensorProto.FLOAT, [1, 4, 16, 16])],
+        opset=11,
+    )
+
 MODELS = {
     "cnn": cnn,
     "transformer": transformer,
@@ -445,6 +474,7 @@ MODELS = {
     "decomposed_ln": decomposed_ln,
     "decomposed_layernorm": decomposed_layernorm,
     "qdq_cnn": qdq_cnn,
+    "opset11_cnn": opset11_cnn,
 }
 INPUT_RANGES = {
     "cnn": (-1.0, 1.0),
@@ -459,6 +489,7 @@ INPUT_RANGES = {
     "decomposed_ln": (-1.0, 1.0),
     "decomposed_layernorm": (-1.0, 1.0),
     "qdq_cnn": (-1.0, 1.0),
+    "opset11_cnn": (-1.0, 1.0),
 }
 
 

@@ -1189,41 +1189,7 @@ mod tests {
     use super::*;
     use crate::onnx::tensor_from_proto;
 
-    fn vi(name: &str, elem: DType, dims: &[i64]) -> proto::ValueInfoProto {
-        proto::ValueInfoProto {
-            name: Some(name.into()),
-            r#type: Some(proto::TypeProto {
-                value: Some(proto::type_proto::Value::TensorType(
-                    proto::type_proto::Tensor {
-                        elem_type: Some(elem.onnx_code()),
-                        shape: Some(proto::TensorShapeProto {
-                            dim: dims
-                                .iter()
-                                .map(|&d| proto::tensor_shape_proto::Dimension {
-                                    value: Some(
-                                        proto::tensor_shape_proto::dimension::Value::DimValue(d),
-                                    ),
-                                    ..Default::default()
-                                })
-                                .collect(),
-                        }),
-                    },
-                )),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    fn node(op: &str, name: &str, ins: &[&str], outs: &[&str]) -> proto::NodeProto {
-        proto::NodeProto {
-            name: Some(name.into()),
-            op_type: Some(op.into()),
-            input: ins.iter().map(|s| s.to_string()).collect(),
-            output: outs.iter().map(|s| s.to_string()).collect(),
-            ..Default::default()
-        }
-    }
+    use crate::onnx::testing::{node, vi};
 
     fn model(
         nodes: Vec<proto::NodeProto>,
@@ -1231,22 +1197,8 @@ mod tests {
         outputs: &[&str],
         opset: i64,
     ) -> proto::ModelProto {
-        proto::ModelProto {
-            ir_version: Some(8),
-            opset_import: vec![proto::OperatorSetIdProto {
-                domain: Some(String::new()),
-                version: Some(opset),
-            }],
-            graph: Some(proto::GraphProto {
-                name: Some("g".into()),
-                node: nodes,
-                initializer: inits.iter().map(|(n, t)| tensor_to_proto(n, t)).collect(),
-                input: vec![vi("x", DType::F32, &[2, 2])],
-                output: outputs.iter().map(|o| vi(o, DType::F32, &[2, 2])).collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let outs: Vec<(&str, &[i64])> = outputs.iter().map(|o| (*o, &[2i64, 2][..])).collect();
+        crate::onnx::testing::model_proto(nodes, inits, &[("x", &[2, 2])], &outs, opset)
     }
 
     fn w() -> Tensor {
@@ -1661,9 +1613,9 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("1 layers") && e.contains("3"), "{e}");
-        // int8 below opset 13: refused with the way out.
+        // int8 below opset 11 (the oldest the upgrade adapts): refused with the way out.
         let mut m = mlp();
-        m.opset_import[0].version = Some(11);
+        m.opset_import[0].version = Some(10);
         let amax = BTreeMap::from([("x".to_string(), 1.0f32)]);
         let e = run(
             m,
@@ -1674,6 +1626,22 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("convert_version"), "{e}");
+        // From opset 11 it is raised to 13 (schema::upgrade_nodes adapts what changed).
+        let mut m = mlp();
+        m.opset_import[0].version = Some(11);
+        let e = run(
+            m,
+            &[Int8, Float32, Float32],
+            Some(&amax),
+            &ExportOptions::default(),
+        )
+        .unwrap();
+        assert_eq!(e.model.opset_import[0].version, Some(13));
+        assert!(
+            e.notes.iter().any(|n| n.contains("from 11 to 13")),
+            "{:?}",
+            e.notes
+        );
     }
 
     #[test]

@@ -96,9 +96,14 @@ const AXES_TO_INPUT_18: [&str; 9] = [
     "ReduceSumSquare",
 ];
 
-/// The oldest opset the upgrade knows how to raise from: below 13 many ops changed meaning
-/// (Softmax, Split, Squeeze, Unsqueeze, ReduceSum, Dropout, ...).
-pub const MIN_UPGRADE_FROM: i64 = 13;
+/// The oldest opset the upgrade knows how to raise from. From 11 on the changes of meaning
+/// have adapters here (Dropout's `ratio` became an input at 12; at 13 `split`, `axes` of
+/// Squeeze/Unsqueeze/ReduceSum became inputs and Softmax/LogSoftmax/Hardmax stopped coercing
+/// to 2-D); before 11 Resize/Upsample, Clip's bounds and Pad's pads changed too.
+pub const MIN_UPGRADE_FROM: i64 = 11;
+
+/// Ops whose `axes` attribute became an input in opset 13.
+const AXES_TO_INPUT_13: [&str; 3] = ["Squeeze", "Unsqueeze", "ReduceSum"];
 
 /// Checks that every node of the default domain (subgraphs included) keeps its meaning when the
 /// model's opset goes from `from` to `to`, following the ONNX version converter's adapters
@@ -203,6 +208,92 @@ pub fn upgrade_nodes(
             continue;
         }
         let op = n.op_type.clone().unwrap_or_default();
+        let base = n.name.clone().unwrap_or_else(|| op.clone());
+        // Dropout-12: `ratio` is an input (float scalar), no longer an attribute.
+        if crosses(12) && op == "Dropout" {
+            if let Some(pos) = n
+                .attribute
+                .iter()
+                .position(|a| a.name.as_deref() == Some("ratio"))
+            {
+                let a = n.attribute.remove(pos);
+                let name = fresh(&format!("{base}_ratio"));
+                let t = proto::TensorProto {
+                    data_type: Some(DType::F32.onnx_code()),
+                    name: Some(name.clone()),
+                    float_data: vec![a.f.unwrap_or(0.5)],
+                    ..Default::default()
+                };
+                attr_to_input(&mut n, t, &mut inits, &mut out, fresh, &base);
+            }
+        }
+        if crosses(13) && (AXES_TO_INPUT_13.contains(&op.as_str()) || op == "Split") {
+            let attr = if op == "Split" { "split" } else { "axes" };
+            if let Some(pos) = n
+                .attribute
+                .iter()
+                .position(|a| a.name.as_deref() == Some(attr))
+            {
+                let a = n.attribute.remove(pos);
+                let name = fresh(&format!("{base}_{attr}"));
+                let t = proto::TensorProto {
+                    dims: vec![a.ints.len() as i64],
+                    data_type: Some(DType::I64.onnx_code()),
+                    name: Some(name),
+                    int64_data: a.ints.clone(),
+                    ..Default::default()
+                };
+                attr_to_input(&mut n, t, &mut inits, &mut out, fresh, &base);
+            }
+        }
+        // Softmax-13 normalizes along one axis; before, it coerced the input to 2-D at `axis`
+        // (default 1) and normalized each row. As the ONNX version converter
+        // (adapters/softmax_12_13.h): Flatten at `axis`, Softmax over the last axis, Reshape
+        // back to the input's shape. An explicit `axis = -1` means the same in both.
+        if crosses(13) && matches!(op.as_str(), "Softmax" | "LogSoftmax" | "Hardmax") {
+            let pos = n
+                .attribute
+                .iter()
+                .position(|a| a.name.as_deref() == Some("axis"));
+            let axis = pos.and_then(|p| n.attribute[p].i).unwrap_or(1);
+            if axis != -1 && !n.input.is_empty() && !n.output.is_empty() {
+                if let Some(p) = pos {
+                    n.attribute.remove(p);
+                }
+                n.attribute.push(int_attr("axis", -1));
+                let x = n.input[0].clone();
+                let y = n.output[0].clone();
+                let shape = fresh(&format!("{base}_input_shape"));
+                let flat = fresh(&format!("{base}_flattened"));
+                let rows = fresh(&format!("{base}_2d"));
+                out.push(proto::NodeProto {
+                    name: Some(fresh(&format!("{base}_Shape"))),
+                    op_type: Some("Shape".into()),
+                    input: vec![x.clone()],
+                    output: vec![shape.clone()],
+                    ..Default::default()
+                });
+                out.push(proto::NodeProto {
+                    name: Some(fresh(&format!("{base}_Flatten"))),
+                    op_type: Some("Flatten".into()),
+                    input: vec![x],
+                    output: vec![flat.clone()],
+                    attribute: vec![int_attr("axis", axis)],
+                    ..Default::default()
+                });
+                n.input[0] = flat;
+                n.output[0] = rows.clone();
+                out.push(n);
+                out.push(proto::NodeProto {
+                    name: Some(fresh(&format!("{base}_Reshape"))),
+                    op_type: Some("Reshape".into()),
+                    input: vec![rows, shape],
+                    output: vec![y],
+                    ..Default::default()
+                });
+                continue;
+            }
+        }
         if crosses(18) && AXES_TO_INPUT_18.contains(&op.as_str()) {
             if let Some(pos) = n
                 .attribute
@@ -210,25 +301,15 @@ pub fn upgrade_nodes(
                 .position(|a| a.name.as_deref() == Some("axes"))
             {
                 let a = n.attribute.remove(pos);
-                let base = n.name.clone().unwrap_or_else(|| op.clone());
                 let name = fresh(&format!("{base}_axes"));
                 let t = proto::TensorProto {
                     dims: vec![a.ints.len() as i64],
                     data_type: Some(DType::I64.onnx_code()),
-                    name: Some(name.clone()),
+                    name: Some(name),
                     int64_data: a.ints.clone(),
                     ..Default::default()
                 };
-                match inits.as_deref_mut() {
-                    Some(list) => list.push(t),
-                    None => out.push(constant_node(fresh(&format!("{base}_axes_Constant")), t)),
-                }
-                while n.input.is_empty() {
-                    // A Reduce op always has its data input; keep the axes in slot 1 regardless.
-                    n.input.push(String::new());
-                }
-                n.input.truncate(1);
-                n.input.push(name);
+                attr_to_input(&mut n, t, &mut inits, &mut out, fresh, &base);
             }
         }
         if crosses(18)
@@ -260,6 +341,30 @@ pub fn upgrade_nodes(
         out.push(n);
     }
     *nodes = out;
+}
+
+/// Puts the constant `t` (an attribute's value) in input slot 1 of `n`: as an initializer of
+/// the main graph, or a Constant node in front of `n` inside a subgraph (so the value stays in
+/// scope).
+fn attr_to_input(
+    n: &mut proto::NodeProto,
+    t: proto::TensorProto,
+    inits: &mut Option<&mut Vec<proto::TensorProto>>,
+    out: &mut Vec<proto::NodeProto>,
+    fresh: &mut dyn FnMut(&str) -> String,
+    base: &str,
+) {
+    let name = t.name.clone().unwrap_or_default();
+    match inits.as_deref_mut() {
+        Some(list) => list.push(t),
+        None => out.push(constant_node(fresh(&format!("{base}_Constant")), t)),
+    }
+    while n.input.is_empty() {
+        // The op always has its data input; keep the new input in slot 1 regardless.
+        n.input.push(String::new());
+    }
+    n.input.truncate(1);
+    n.input.push(name);
 }
 
 fn constant_node(name: String, t: proto::TensorProto) -> proto::NodeProto {
@@ -348,15 +453,113 @@ mod tests {
 
     #[test]
     fn old_opsets_and_training_batchnorm_are_refused() {
-        let e = check_upgrade(&[node("Relu", &["x"], &["y"])], 11, 13)
+        let e = check_upgrade(&[node("Relu", &["x"], &["y"])], 10, 13)
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("opset 11") && e.contains("convert_version"),
+            e.contains("opset 10") && e.contains("convert_version"),
             "{e}"
         );
         let bn = node("BatchNormalization", &["x"], &["y", "m", "v", "sm", "sv"]);
         let e = check_upgrade(&[bn], 13, 19).unwrap_err().to_string();
         assert!(e.contains("BatchNormalization"), "{e}");
+    }
+
+    /// Every op whose meaning changed between opsets 11 and 13, run before and after the
+    /// upgrade: the same bits (the interpreter's kernels follow each opset's semantics).
+    #[test]
+    fn upgrade_from_11_to_13_keeps_every_changed_op_meaning() {
+        use crate::onnx::testing::{
+            load, model_proto, node as named, with_float, with_int, with_ints,
+        };
+        use crate::tensor::Tensor;
+        let nodes = vec![
+            with_int(named("Softmax", "sm", &["x"], &["s"]), "axis", 1),
+            with_ints(
+                with_int(named("Split", "split", &["s"], &["a", "b"]), "axis", 2),
+                "split",
+                &[1, 3],
+            ),
+            with_ints(named("Squeeze", "sq", &["a"], &["q"]), "axes", &[2]),
+            with_ints(named("Unsqueeze", "unsq", &["q"], &["u"]), "axes", &[0]),
+            with_ints(
+                with_int(named("ReduceSum", "rs", &["b"], &["r"]), "keepdims", 1),
+                "axes",
+                &[2],
+            ),
+            with_float(named("Dropout", "drop", &["r"], &["d"]), "ratio", 0.3),
+            named("LogSoftmax", "lsm", &["x"], &["l"]),
+            with_int(named("Hardmax", "hm", &["x"], &["h"]), "axis", -1),
+        ];
+        let outputs: [(&str, &[i64]); 4] = [
+            ("u", &[1, 2, 3]),
+            ("d", &[2, 3, 1]),
+            ("l", &[2, 3, 4]),
+            ("h", &[2, 3, 4]),
+        ];
+        let old = model_proto(nodes, vec![], &[("x", &[2, 3, 4])], &outputs, 11);
+        let x: Vec<f32> = (0..24).map(|i| (i as f32 * 0.71).sin() * 3.0).collect();
+        let feeds: crate::tensor::Feeds = [("x".to_string(), Tensor::from_f32(vec![2, 3, 4], x))]
+            .into_iter()
+            .collect();
+        let run = |p: proto::ModelProto| {
+            let m = load(p);
+            let r = crate::exec::Interpreter::new(&m.graph)
+                .unwrap()
+                .run(&feeds)
+                .unwrap();
+            r.outputs
+                .iter()
+                .map(|(n, t)| {
+                    (
+                        n.clone(),
+                        t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect(),
+                    )
+                })
+                .collect::<Vec<(String, Vec<u32>)>>()
+        };
+        let before = run(old.clone());
+
+        let mut new = old;
+        let g = new.graph.as_mut().unwrap();
+        check_upgrade(&g.node, 11, 13).unwrap();
+        let mut inits = Vec::new();
+        let mut k = 0;
+        let mut fresh = |b: &str| {
+            k += 1;
+            format!("{b}_{k}")
+        };
+        upgrade_nodes(&mut g.node, 11, 13, &mut fresh, Some(&mut inits));
+        g.initializer.extend(inits);
+        new.opset_import[0].version = Some(13);
+        let ops: Vec<&str> = g
+            .node
+            .iter()
+            .map(|n| n.op_type.as_deref().unwrap())
+            .collect();
+        // Softmax(axis=1) and LogSoftmax (default axis 1) went through Flatten/Reshape;
+        // Hardmax(axis=-1) means the same at both opsets and stays alone.
+        assert_eq!(
+            ops.iter().filter(|o| **o == "Flatten").count(),
+            2,
+            "{ops:?}"
+        );
+        for n in &g.node {
+            let op = n.op_type.as_deref().unwrap();
+            if matches!(
+                op,
+                "Split" | "Squeeze" | "Unsqueeze" | "ReduceSum" | "Dropout"
+            ) {
+                assert_eq!(n.input.len(), 2, "{op}: the attribute became input 1");
+                assert!(n
+                    .attribute
+                    .iter()
+                    .all(|a| !matches!(a.name.as_deref(), Some("split" | "axes" | "ratio"))));
+            }
+        }
+        assert_eq!(run(new), before);
+
+        let e = check_upgrade(&[node("Upsample", &["x"], &["y"])], 10, 13).unwrap_err();
+        assert!(e.to_string().contains("opset 10"), "{e}");
     }
 }

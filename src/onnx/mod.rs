@@ -1,6 +1,8 @@
 //! ONNX protobuf ⇄ graph IR: model loading (with external data), tensor conversion.
 
 pub mod proto;
+#[cfg(test)]
+pub(crate) mod testing;
 
 use crate::error::{Error, Result};
 use crate::graph::{Attribute, Dim, Graph, Node, ValueInfo};

@@ -4,40 +4,10 @@ use crate::onnx::model_from_proto;
 use crate::tensor::Tensor;
 use crate::{Feeds, Interpreter};
 
-fn vi(name: &str, dims: &[i64]) -> proto::ValueInfoProto {
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(DType::F32.onnx_code()),
-                    shape: Some(proto::TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|&d| proto::tensor_shape_proto::Dimension {
-                                value: Some(proto::tensor_shape_proto::dimension::Value::DimValue(
-                                    d,
-                                )),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                },
-            )),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+use crate::onnx::testing::node;
 
-fn node(op: &str, name: &str, ins: &[&str], outs: &[&str]) -> proto::NodeProto {
-    proto::NodeProto {
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
+fn vi(name: &str, dims: &[i64]) -> proto::ValueInfoProto {
+    crate::onnx::testing::vi(name, DType::F32, dims)
 }
 
 fn weight(k: usize, n: usize, seed: u32) -> Tensor {
@@ -58,26 +28,13 @@ fn mlp(nodes_extra: Vec<proto::NodeProto>, opset: i64) -> Model {
         node("MatMul", "mm3", &["x", "W1"], &["z"]),
     ];
     nodes.extend(nodes_extra);
-    let m = proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(opset),
-        }],
-        graph: Some(proto::GraphProto {
-            name: Some("g".into()),
-            node: nodes,
-            initializer: vec![
-                tensor_to_proto("W1", &weight(32, 32, 1)),
-                tensor_to_proto("W2", &weight(32, 8, 2)),
-            ],
-            input: vec![vi("x", &[2, 32])],
-            output: vec![vi("y", &[2, 8]), vi("z", &[2, 32])],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    model_from_proto(m, Path::new("t.onnx"), Path::new(".")).unwrap()
+    crate::onnx::testing::load(crate::onnx::testing::model_proto(
+        nodes,
+        vec![("W1", weight(32, 32, 1)), ("W2", weight(32, 8, 2))],
+        &[("x", &[2, 32])],
+        &[("y", &[2, 8]), ("z", &[2, 32])],
+        opset,
+    ))
 }
 
 fn names(graph: &Graph, idx: &[usize]) -> Vec<String> {

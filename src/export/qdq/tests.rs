@@ -2,51 +2,7 @@ use super::*;
 use crate::exec::Interpreter;
 use crate::tensor::{Feeds, TensorData};
 
-pub(crate) fn vi(name: &str, elem: DType, dims: &[i64]) -> proto::ValueInfoProto {
-    proto::ValueInfoProto {
-        name: Some(name.into()),
-        r#type: Some(proto::TypeProto {
-            value: Some(proto::type_proto::Value::TensorType(
-                proto::type_proto::Tensor {
-                    elem_type: Some(elem.onnx_code()),
-                    shape: Some(proto::TensorShapeProto {
-                        dim: dims
-                            .iter()
-                            .map(|&d| proto::tensor_shape_proto::Dimension {
-                                value: Some(proto::tensor_shape_proto::dimension::Value::DimValue(
-                                    d,
-                                )),
-                                ..Default::default()
-                            })
-                            .collect(),
-                    }),
-                },
-            )),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-pub(crate) fn node(op: &str, name: &str, ins: &[&str], outs: &[&str]) -> proto::NodeProto {
-    proto::NodeProto {
-        name: Some(name.into()),
-        op_type: Some(op.into()),
-        input: ins.iter().map(|s| s.to_string()).collect(),
-        output: outs.iter().map(|s| s.to_string()).collect(),
-        ..Default::default()
-    }
-}
-
-pub(crate) fn with_int(mut n: proto::NodeProto, attr: &str, v: i64) -> proto::NodeProto {
-    n.attribute.push(proto::AttributeProto {
-        name: Some(attr.into()),
-        r#type: Some(proto::attribute_proto::AttributeType::Int as i32),
-        i: Some(v),
-        ..Default::default()
-    });
-    n
-}
+pub(crate) use crate::onnx::testing::{node, with_int};
 
 /// A model with input x [2, 4] and outputs [2, 3] (every name in `outputs`).
 pub(crate) fn model(
@@ -54,23 +10,14 @@ pub(crate) fn model(
     inits: Vec<(&str, Tensor)>,
     outputs: &[&str],
 ) -> Model {
-    let p = proto::ModelProto {
-        ir_version: Some(8),
-        opset_import: vec![proto::OperatorSetIdProto {
-            domain: Some(String::new()),
-            version: Some(19),
-        }],
-        graph: Some(proto::GraphProto {
-            name: Some("g".into()),
-            node: nodes,
-            initializer: inits.iter().map(|(n, t)| tensor_to_proto(n, t)).collect(),
-            input: vec![vi("x", DType::F32, &[2, 4])],
-            output: outputs.iter().map(|o| vi(o, DType::F32, &[2, 3])).collect(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    model_from_proto(p, Path::new("t.onnx"), Path::new(".")).unwrap()
+    let outs: Vec<(&str, &[i64])> = outputs.iter().map(|o| (*o, &[2i64, 3][..])).collect();
+    crate::onnx::testing::load(crate::onnx::testing::model_proto(
+        nodes,
+        inits,
+        &[("x", &[2, 4])],
+        &outs,
+        19,
+    ))
 }
 
 pub(crate) fn i8s(shape: &[usize], v: Vec<i8>) -> Tensor {
