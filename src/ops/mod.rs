@@ -7,10 +7,12 @@
 //! kernels from the outside (see docs/numerics.md).
 
 pub mod attrs;
+pub mod bitwise;
 pub mod cast;
 pub mod control;
 pub mod conv;
 pub mod elementwise;
+pub mod indexing;
 pub mod integer;
 pub mod matmul;
 pub mod movement;
@@ -368,10 +370,12 @@ impl Registry {
         static REGISTRY: OnceLock<Registry> = OnceLock::new();
         REGISTRY.get_or_init(|| {
             let mut r = Registry::default();
+            bitwise::register(&mut r);
             cast::register(&mut r);
             control::register(&mut r);
             conv::register(&mut r);
             elementwise::register(&mut r);
+            indexing::register(&mut r);
             integer::register(&mut r);
             matmul::register(&mut r);
             movement::register(&mut r);

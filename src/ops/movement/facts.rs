@@ -53,6 +53,7 @@ pub(super) fn register(r: &mut Registry) {
         "Dropout",
         "Trilu",
         "CumSum",
+        "CumProd",
     ] {
         r.def_mut(op).roles(&[Data, Param, Param, Param, Param]);
     }
@@ -162,6 +163,7 @@ pub(super) fn register(r: &mut Registry) {
         .infer(|ctx, i| block_facts(ctx, i, false));
     r.def_mut("Trilu").infer(same_as_input);
     r.def_mut("CumSum").infer(same_as_input);
+    r.def_mut("CumProd").infer(same_as_input);
     r.def_mut("NonZero").infer(|ctx, i| {
         let x = fact(i, 0)?;
         Ok(vec![Fact::new(

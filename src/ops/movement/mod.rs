@@ -37,7 +37,8 @@ pub fn register(r: &mut Registry) {
     r.add("SpaceToDepth", space_to_depth);
     r.add("Trilu", trilu);
     r.add("NonZero", non_zero);
-    r.add("CumSum", cum_sum);
+    r.add("CumSum", |c, i| cumulate(c, i, false));
+    r.add("CumProd", |c, i| cumulate(c, i, true));
     for op in [
         "Reshape",
         "Transpose",
@@ -57,6 +58,7 @@ pub fn register(r: &mut Registry) {
         "SpaceToDepth",
         "Trilu",
         "CumSum",
+        "CumProd",
     ] {
         r.def_mut(op)
             .parse(|n, opset| super::attrs::boxed(MovementAttrs::parse(n, opset)));
@@ -98,7 +100,7 @@ pub struct MovementAttrs {
     pub constant_from: &'static str,
     /// ConstantOfShape's `value`: a one-element tensor (f32 0 when absent).
     pub fill: Option<Tensor>,
-    /// Trilu's `upper`; CumSum's `exclusive` and `reverse`.
+    /// Trilu's `upper`; CumSum's and CumProd's `exclusive` and `reverse`.
     pub upper: bool,
     pub exclusive: bool,
     pub reverse: bool,
@@ -1084,7 +1086,8 @@ fn non_zero(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )])
 }
 
-fn cum_sum(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+/// CumSum, or CumProd (`product`): running sums/products along an axis, in f64.
+fn cumulate(ctx: &OpCtx, inputs: &[Option<&Tensor>], product: bool) -> OpResult {
     let x = input(inputs, 0)?;
     let axis = input(inputs, 1)?
         .to_i64_vec()
@@ -1100,19 +1103,25 @@ fn cum_sum(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let len = x.shape()[axis];
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let mut out = vec![0f64; v.len()];
+    let step_with = |acc: f64, e: f64| if product { acc * e } else { acc + e };
     for o in 0..outer {
         for i in 0..inner {
             // Inclusive sums start from -0, so the first output is the first input to the
-            // sign of zero (as ONNX Runtime); an exclusive sum's first output is +0.
-            let mut acc = if exclusive { 0f64 } else { -0f64 };
+            // sign of zero (as ONNX Runtime); an exclusive sum's first output is +0, an
+            // exclusive product's 1.
+            let mut acc = match (product, exclusive) {
+                (true, _) => 1f64,
+                (false, true) => 0f64,
+                (false, false) => -0f64,
+            };
             for step in 0..len {
                 let k = if reverse { len - 1 - step } else { step };
                 let at = (o * len + k) * inner + i;
                 if exclusive {
                     out[at] = acc;
-                    acc += v[at];
+                    acc = step_with(acc, v[at]);
                 } else {
-                    acc += v[at];
+                    acc = step_with(acc, v[at]);
                     out[at] = acc;
                 }
             }
