@@ -112,8 +112,9 @@ pub struct SearchArgs {
     golden: Option<PathBuf>,
     #[command(flatten)]
     compare: CompareArgs,
-    /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables.
-    #[arg(long = "cache-budget", default_value = "2G", value_name = "SIZE")]
+    /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables;
+    /// auto (default): three times one FP32 run's values, within 32 MiB..2 GiB.
+    #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
     /// last option: everything after it belongs to the command). Placeholders: {model} (the
@@ -370,12 +371,15 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     }
     let any_precision =
         args.precision.fp16 || args.precision.bf16 || args.precision.int8 || args.precision.fp8;
-    let budget = parse_bytes(&args.cache_budget).with_context(|| {
-        format!(
-            "--cache-budget '{}': expected a size such as 512M or 4G",
-            args.cache_budget
-        )
-    })?;
+    let budget = match args.cache_budget.trim() {
+        "auto" => None,
+        b => Some(parse_bytes(b).with_context(|| {
+            format!(
+                "--cache-budget '{}': expected auto or a size such as 512M or 4G",
+                args.cache_budget
+            )
+        })?),
+    };
     let fail_regex = match &args.fail_regex {
         Some(r) => Some(regex::Regex::new(r).with_context(|| format!("--fail-regex '{r}'"))?),
         None => None,

@@ -104,6 +104,13 @@ impl ValueCache {
         self.entries.len()
     }
 
+    /// Changes the budget, evicting (least valuable first) until the held bytes fit.
+    pub fn set_budget(&mut self, budget: usize) {
+        self.budget = budget;
+        self.run += 1; // nothing is pinned between runs
+        while self.bytes > self.budget && self.evict_one() {}
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -236,6 +243,20 @@ mod tests {
         assert_eq!(parse_bytes("0"), Some(0));
         assert_eq!(parse_bytes("x"), None);
         assert_eq!(parse_bytes("5T"), None);
+    }
+
+    #[test]
+    fn a_lower_budget_evicts_the_cheapest_until_it_fits() {
+        let mut c = ValueCache::new(13_000);
+        c.begin_run();
+        c.insert(1, &t(1000), None, 1_000_000);
+        c.insert(2, &t(1000), None, 1_000);
+        c.insert(3, &t(1000), None, 500_000);
+        c.set_budget(9_000);
+        assert!(c.bytes() <= 9_000 && c.budget() == 9_000);
+        assert!(!c.contains(2) && c.contains(1) && c.contains(3));
+        c.set_budget(0);
+        assert!(c.is_empty());
     }
 
     #[test]

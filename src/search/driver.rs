@@ -35,8 +35,9 @@ pub struct SearchJob<'a> {
     pub high: Precision,
     pub accumulate: Accumulator,
     pub amax: Option<&'a BTreeMap<String, f32>>,
-    /// The re-execution cache's budget in bytes.
-    pub cache_budget: usize,
+    /// The re-execution cache's budget in bytes; None: adapted to the model
+    /// ([`auto_cache_budget`]).
+    pub cache_budget: Option<usize>,
     /// Reference outputs from a file instead of the FP32 run (`--golden`).
     pub golden: Option<&'a GoldenFile>,
     pub options: SearchOptions,
@@ -80,6 +81,21 @@ pub struct SearchRun {
     pub reasons: Vec<LayerError>,
 }
 
+/// The largest automatic cache budget (and the budget the reference run is measured under).
+pub const AUTO_BUDGET_MAX: usize = 2 << 30;
+/// The smallest automatic cache budget.
+pub const AUTO_BUDGET_MIN: usize = 32 << 20;
+
+/// The cache budget when `--cache-budget` is not given: three times what the FP32 reference
+/// run left in the cache (every value of one run, over all input sets), so the reference, the
+/// all-low ranking run and about one candidate stay cached and the cache follows the model
+/// (a 44 MB model no longer grows to 2 GB), within [32 MiB, 2 GiB].
+pub fn auto_cache_budget(reference_bytes: usize) -> usize {
+    reference_bytes
+        .saturating_mul(3)
+        .clamp(AUTO_BUDGET_MIN, AUTO_BUDGET_MAX)
+}
+
 /// Runs the search `job` describes.
 pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<SearchRun> {
     let graph = job.interp.graph();
@@ -91,10 +107,14 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         job.high,
         job.accumulate,
         job.amax,
-        ValueCache::new(job.cache_budget),
+        ValueCache::new(job.cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
     )?;
     let t0 = Instant::now();
     let reference = oracle.reference_outputs()?;
+    if job.cache_budget.is_none() {
+        let budget = auto_cache_budget(oracle.cache.bytes());
+        oracle.cache.set_budget(budget);
+    }
     let fp32_inference = t0.elapsed().as_secs_f64() / job.feeds.len() as f64;
     let golden: Vec<Golden> = match job.golden {
         Some(g) => g.reference_for(&reference[0], &mut |e| hooks.event(e))?,
@@ -199,6 +219,14 @@ pub(crate) fn search_with_replay(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_automatic_cache_budget_follows_the_reference_run() {
+        assert_eq!(auto_cache_budget(100 << 20), 300 << 20);
+        assert_eq!(auto_cache_budget(1 << 20), AUTO_BUDGET_MIN);
+        assert_eq!(auto_cache_budget(usize::MAX), AUTO_BUDGET_MAX);
+    }
+
     use super::*;
     use crate::graph::testing::{graph, node, vi};
     use crate::search::{Direction, Mode, Objective};
@@ -266,7 +294,7 @@ mod tests {
             high: Precision::Float32,
             accumulate: Accumulator::F32,
             amax: None,
-            cache_budget: 1 << 20,
+            cache_budget: Some(1 << 20),
             golden: None,
             options: SearchOptions {
                 mode: Mode::Minimal,
