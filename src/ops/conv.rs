@@ -492,6 +492,67 @@ pub(crate) fn im2col<T: Copy + Default + Send + Sync>(
         });
 }
 
+/// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
+/// ([N, C, oh, ow], zeroed): per channel, each kernel tap is added to every output it reaches
+/// (row by row, so the loops vectorize), taps in the same order as the im2col path's GEMM
+/// sums them (kh, then kw) — a product and an add where the GEMM fuses them, so values may
+/// differ from it by f32 rounding (docs/numerics.md). A tap in the padding adds `0 · w` only
+/// for an infinite or NaN weight (0 · inf = NaN, as the im2col path; for a finite weight
+/// adding ±0 to a sum that started at +0 changes nothing).
+fn depthwise_2d(x: &[f32], wt: &[f32], c: usize, in_sp: &[usize], w: &Window, out: &mut [f32]) {
+    let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+    let (oh_n, ow_n) = (w.out[0], w.out[1]);
+    let (kh_n, kw_n) = (w.kernel[0], w.kernel[1]);
+    let in_sz = ih_n * iw_n;
+    let o_sz = oh_n * ow_n;
+    let st = w.strides[1] as isize;
+    out.par_chunks_mut(o_sz).enumerate().for_each(|(bc, dst)| {
+        let img = &x[bc * in_sz..(bc + 1) * in_sz];
+        let ker = &wt[(bc % c) * kh_n * kw_n..(bc % c + 1) * kh_n * kw_n];
+        for oh in 0..oh_n {
+            let row = &mut dst[oh * ow_n..(oh + 1) * ow_n];
+            for kh in 0..kh_n {
+                let ih =
+                    (oh * w.strides[0] + kh * w.dilations[0]) as isize - w.pad_begin[0] as isize;
+                for kw in 0..kw_n {
+                    let k = ker[kh * kw_n + kw];
+                    let pad_term = 0.0 * k;
+                    if ih < 0 || ih >= ih_n as isize {
+                        if !k.is_finite() {
+                            row.iter_mut().for_each(|v| *v += pad_term);
+                        }
+                        continue;
+                    }
+                    let src = &img[ih as usize * iw_n..(ih as usize + 1) * iw_n];
+                    let off = (kw * w.dilations[1]) as isize - w.pad_begin[1] as isize;
+                    let ceil_div = |a: isize, b: isize| (a + b - 1).div_euclid(b);
+                    let lo = ceil_div(-off, st).clamp(0, ow_n as isize) as usize;
+                    let hi = ceil_div(iw_n as isize - off, st).clamp(lo as isize, ow_n as isize)
+                        as usize;
+                    if !k.is_finite() {
+                        row[..lo].iter_mut().for_each(|v| *v += pad_term);
+                        row[hi..].iter_mut().for_each(|v| *v += pad_term);
+                    }
+                    if hi == lo {
+                        continue;
+                    }
+                    let s0 = (lo as isize * st + off) as usize;
+                    if st == 1 {
+                        for (d, &xv) in row[lo..hi].iter_mut().zip(&src[s0..s0 + (hi - lo)]) {
+                            *d += xv * k;
+                        }
+                    } else {
+                        let st = st as usize;
+                        for (j, d) in row[lo..hi].iter_mut().enumerate() {
+                            *d += src[s0 + j * st] * k;
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
 fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let wt = input(inputs, 1)?;
@@ -547,12 +608,24 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let pointwise = k_sz == 1
         && w.strides.iter().all(|&s| s == 1)
         && w.pad_begin.iter().chain(&w.pad_end).all(|&p| p == 0);
-    let mut col = if pointwise {
+    // Depthwise (one input and one output channel per group, 2-D): a direct loop per channel,
+    // in parallel over channels, instead of an im2col and a one-row GEMM per channel.
+    // (The float16 accumulator keeps the GEMM path, which emulates it.)
+    let direct = group == c
+        && mg == 1
+        && cg == 1
+        && in_sp.len() == 2
+        && !pointwise
+        && ctx.accumulate == crate::numeric::Accumulator::F32;
+    if direct {
+        depthwise_2d(&xv, &wv, c, in_sp, &w, &mut out);
+    }
+    let mut col = if pointwise || direct {
         Vec::new()
     } else {
         vec![0f32; rows * o_sz]
     };
-    for b in 0..n {
+    for b in (0..n).filter(|_| !direct) {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
@@ -881,6 +954,84 @@ mod tests {
         assert_eq!(y.as_f32().unwrap()[4], 45.0);
         let y = run("Conv", &[("strides", Attribute::Ints(vec![2, 2]))], x, w);
         assert_eq!(y.shape(), &[1, 1, 1, 1]);
+    }
+
+    /// The direct depthwise kernel against a naive f64 convolution, with strides, dilations,
+    /// asymmetric padding and an infinite weight (0 · inf in the padding gives NaN).
+    #[test]
+    fn depthwise_matches_a_naive_convolution() {
+        let (n, c, h, wd) = (2usize, 3usize, 7usize, 6usize);
+        let x: Vec<f32> = (0..n * c * h * wd)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        for (strides, dil, pads, inf) in [
+            ([1, 1], [1, 1], [1, 1, 1, 1], false),
+            ([2, 1], [1, 2], [0, 2, 1, 0], false),
+            ([1, 2], [2, 1], [2, 1, 0, 1], true),
+        ] {
+            let mut wv: Vec<f32> = (0..c * 9)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+                .collect();
+            if inf {
+                wv[4] = f32::INFINITY;
+            }
+            let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
+            let out = run(
+                "Conv",
+                &[
+                    ("group", Attribute::Int(c as i64)),
+                    ("strides", ints(&strides)),
+                    ("dilations", ints(&dil)),
+                    ("pads", ints(&pads)),
+                ],
+                Tensor::from_f32(vec![n, c, h, wd], x.clone()),
+                Tensor::from_f32(vec![c, 1, 3, 3], wv.clone()),
+            );
+            let (oh, ow) = (out.shape()[2], out.shape()[3]);
+            let got = out.as_f32().unwrap();
+            for b in 0..n {
+                for ch in 0..c {
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let mut acc = 0f64;
+                            for kh in 0..3 {
+                                for kw in 0..3 {
+                                    let ih = (i * strides[0] as usize + kh * dil[0] as usize)
+                                        as isize
+                                        - pads[0] as isize;
+                                    let iw = (j * strides[1] as usize + kw * dil[1] as usize)
+                                        as isize
+                                        - pads[1] as isize;
+                                    let xv = if ih >= 0
+                                        && iw >= 0
+                                        && (ih as usize) < h
+                                        && (iw as usize) < wd
+                                    {
+                                        x[((b * c + ch) * h + ih as usize) * wd + iw as usize]
+                                            as f64
+                                    } else {
+                                        0.0
+                                    };
+                                    acc += xv * wv[ch * 9 + kh * 3 + kw] as f64;
+                                }
+                            }
+                            let g = got[((b * c + ch) * oh + i) * ow + j] as f64;
+                            if acc.is_nan() || acc.is_infinite() {
+                                assert!(
+                                    g.is_nan() == acc.is_nan() && (g.is_nan() || g == acc),
+                                    "{g} vs {acc}"
+                                );
+                            } else {
+                                assert!(
+                                    (g - acc).abs() <= 1e-5 * (1.0 + acc.abs()),
+                                    "{g} vs {acc}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
