@@ -11,6 +11,7 @@ pub mod bitwise;
 pub mod cast;
 pub mod control;
 pub mod conv;
+pub mod detection;
 pub mod elementwise;
 pub mod indexing;
 pub mod integer;
@@ -374,6 +375,7 @@ impl Registry {
             cast::register(&mut r);
             control::register(&mut r);
             conv::register(&mut r);
+            detection::register(&mut r);
             elementwise::register(&mut r);
             indexing::register(&mut r);
             integer::register(&mut r);
