@@ -48,7 +48,7 @@ pub fn fold_weights(graph: &mut Graph) {
         if !foldable_op(node) || node.outputs.iter().all(|o| o.is_empty()) {
             continue;
         }
-        let Some(def) = registry.def("", &node.op_type) else {
+        let Some(def) = registry.def(&node.domain, &node.op_type) else {
             continue;
         };
         let outs = {

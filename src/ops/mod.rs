@@ -287,36 +287,58 @@ impl OpDef {
     }
 }
 
-/// Maps op types of the default ONNX domain to their definitions.
+/// The registry's key for a domain: the default ONNX domain is `""` (also spelled `ai.onnx`).
+fn domain_key(domain: &str) -> &str {
+    if domain == "ai.onnx" {
+        ""
+    } else {
+        domain
+    }
+}
+
+/// Maps `(domain, op_type)` to op definitions: the default ONNX domain (`""`, also spelled
+/// `ai.onnx`) and others such as `com.microsoft`. An op of one domain is never found under
+/// another (com.microsoft `Gelu` is not ONNX `Gelu`).
 #[derive(Default)]
 pub struct Registry {
-    defs: HashMap<&'static str, OpDef>,
+    /// Domain (`""` for the default ONNX domain) → op type → definition.
+    defs: HashMap<&'static str, HashMap<&'static str, OpDef>>,
 }
 
 impl Registry {
-    /// Adds an op with its kernel; the returned definition takes the op's other facts.
+    /// Adds an op of the default ONNX domain with its kernel; the returned definition takes
+    /// the op's other facts.
     pub fn add(&mut self, op_type: &'static str, kernel: Kernel) -> &mut OpDef {
-        self.defs.insert(op_type, OpDef::new(op_type, kernel));
-        self.defs.get_mut(op_type).expect("just inserted")
+        self.add_in("", op_type, kernel)
     }
 
-    /// The definition of an op registered earlier, to add facts to it.
+    /// Adds an op of `domain` (`""` for the default ONNX domain) with its kernel.
+    pub fn add_in(
+        &mut self,
+        domain: &'static str,
+        op_type: &'static str,
+        kernel: Kernel,
+    ) -> &mut OpDef {
+        let ops = self.defs.entry(domain_key(domain)).or_default();
+        ops.insert(op_type, OpDef::new(op_type, kernel));
+        ops.get_mut(op_type).expect("just inserted")
+    }
+
+    /// The definition of an op of the default domain registered earlier, to add facts to it.
     ///
     /// # Panics
     /// When `op_type` was not registered: a mistake in mixprec's own registry, caught by
     /// `every_op_has_a_definition`.
     pub fn def_mut(&mut self, op_type: &str) -> &mut OpDef {
         self.defs
-            .get_mut(op_type)
+            .get_mut("")
+            .and_then(|ops| ops.get_mut(op_type))
             .unwrap_or_else(|| panic!("op {op_type} is not registered"))
     }
 
     /// The definition of an op of a domain, if mixprec has one.
     pub fn def(&self, domain: &str, op_type: &str) -> Option<&OpDef> {
-        if !(domain.is_empty() || domain == "ai.onnx") {
-            return None;
-        }
-        self.defs.get(op_type)
+        self.defs.get(domain_key(domain))?.get(op_type)
     }
 
     /// The kernel for an op of a domain, if mixprec has one.
@@ -360,8 +382,18 @@ impl Registry {
         out
     }
 
+    /// The op types of the default ONNX domain, sorted.
     pub fn op_types(&self) -> Vec<&'static str> {
-        let mut v: Vec<_> = self.defs.keys().copied().collect();
+        self.op_types_in("")
+    }
+
+    /// The op types of `domain` (`""` for the default ONNX domain), sorted.
+    pub fn op_types_in(&self, domain: &str) -> Vec<&'static str> {
+        let mut v: Vec<_> = self
+            .defs
+            .get(domain_key(domain))
+            .map(|ops| ops.keys().copied().collect())
+            .unwrap_or_default();
         v.sort_unstable();
         v
     }
@@ -495,5 +527,35 @@ mod tests {
         assert_eq!(r.def("", "Pad").unwrap().type_shared_inputs(4), vec![0, 2]);
         assert!(r.def("", "Shape").unwrap().type_shared_inputs(1).is_empty());
         assert!(r.def("com.microsoft", "Conv").is_none());
+        assert!(r.def("ai.onnx", "Conv").is_some());
+    }
+
+    /// Ops are keyed by (domain, op_type): an op of one domain is never found under another
+    /// of the same name, and `ai.onnx` is the default domain.
+    #[test]
+    fn ops_are_registered_per_domain() {
+        fn onnx(_: &OpCtx, _: &[Option<&Tensor>]) -> OpResult {
+            Ok(vec![Tensor::from_f32(vec![], vec![1.0])])
+        }
+        fn ms(_: &OpCtx, _: &[Option<&Tensor>]) -> OpResult {
+            Ok(vec![Tensor::from_f32(vec![], vec![2.0])])
+        }
+        let mut r = Registry::default();
+        r.add("Gelu", onnx);
+        assert!(r.def("com.microsoft", "Gelu").is_none());
+        r.add_in("com.microsoft", "Gelu", ms);
+        r.add_in("com.microsoft", "FusedMatMul", ms);
+        let run = |d: &str| {
+            let node = crate::graph::testing::node("n", "Gelu", &[], &["y"]);
+            let k = r.get(d, "Gelu").unwrap();
+            k(&OpCtx::new(&node, 1), &[]).unwrap()[0].clone()
+        };
+        assert_eq!(run(""), Tensor::from_f32(vec![], vec![1.0]));
+        assert_eq!(run("ai.onnx"), Tensor::from_f32(vec![], vec![1.0]));
+        assert_eq!(run("com.microsoft"), Tensor::from_f32(vec![], vec![2.0]));
+        assert!(r.def("", "FusedMatMul").is_none());
+        assert!(r.def("com.example", "Gelu").is_none());
+        assert_eq!(r.op_types(), vec!["Gelu"]);
+        assert_eq!(r.op_types_in("com.microsoft"), vec!["FusedMatMul", "Gelu"]);
     }
 }
