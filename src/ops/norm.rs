@@ -1,4 +1,4 @@
-//! BatchNormalization (inference), LayerNormalization, InstanceNormalization,
+//! BatchNormalization (inference), LayerNormalization, InstanceNormalization, LRN,
 //! GroupNormalization, RMSNormalization, MeanVarianceNormalization and LpNormalization.
 //!
 //! Means and variances are accumulated in f64 (two passes), so the reference stays accurate on
@@ -18,6 +18,9 @@ pub fn register(r: &mut Registry) {
     r.add("LpNormalization", lp_norm);
     r.add("RMSNormalization", rms_norm);
     r.add("MeanVarianceNormalization", mvn);
+    r.add("LRN", lrn)
+        .parse(|n, _| boxed(LrnAttrs::parse(n)))
+        .infer(same_as_input);
     use super::shape::same_as_input;
     for op in [
         "BatchNormalization",
@@ -476,6 +479,89 @@ fn lp_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
     }
     Ok(vec![back(Tensor::from_f32(shape.to_vec(), v), x.dtype())])
+}
+
+/// LRN's attributes (`size` required, odd or even, >= 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LrnAttrs {
+    pub alpha: f32,
+    pub beta: f32,
+    pub bias: f32,
+    pub size: usize,
+}
+
+impl LrnAttrs {
+    fn parse(node: &crate::graph::Node) -> Result<LrnAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let size = a.required_int("size")?;
+        if size < 1 {
+            return Err(AttrError::new("size", format!("must be >= 1, got {size}")));
+        }
+        Ok(LrnAttrs {
+            alpha: a.float_or("alpha", 1e-4)?,
+            beta: a.float_or("beta", 0.75)?,
+            bias: a.float_or("bias", 1.0)?,
+            size: size as usize,
+        })
+    }
+}
+
+/// Local response normalization across channels (AlexNet, GoogLeNet):
+/// `y = x · (bias + alpha/size · Σ x²)^(−beta)`, the sum over channels
+/// `c − ⌊(size−1)/2⌋ ..= c + ⌈(size−1)/2⌉` inside `[0, C)`. Computed as ONNX Runtime's CPU
+/// kernel does, in f32 with a running sum over channels (the next channel's square added, the
+/// one leaving the window subtracted), so an infinite square makes NaN (`inf − inf`) in the
+/// channels after it as in ORT (docs/numerics.md).
+fn lrn(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    let at = ctx.attrs::<LrnAttrs>()?;
+    if x.rank() < 3 {
+        return Err(OpError(format!(
+            "X must be [N, C, D1, ...], got shape {:?}",
+            x.shape()
+        )));
+    }
+    let xv = x
+        .to_f32_vec()
+        .ok_or_else(|| OpError(format!("X must be float, got {:?}", x.dtype())))?;
+    let c = x.shape()[1];
+    let inner: usize = x.shape()[2..].iter().product();
+    let pre = (at.size - 1) / 2;
+    let k = at.alpha / at.size as f32;
+    let mut out = vec![0f32; xv.len()];
+    out.par_chunks_mut(c * inner)
+        .zip(xv.par_chunks(c * inner))
+        .for_each(|(o, img)| {
+            // Squares with `pre` zero channels before and `size − 1 − pre` after.
+            let mut sq = vec![0f32; (c + at.size - 1) * inner];
+            for (d, v) in sq[pre * inner..(pre + c) * inner].iter_mut().zip(img) {
+                *d = v * v;
+            }
+            let mut scale = vec![at.bias; c * inner];
+            for ch in 0..at.size {
+                for (s, q) in scale[..inner].iter_mut().zip(&sq[ch * inner..]) {
+                    *s += k * q;
+                }
+            }
+            for ch in 1..c {
+                let (prev, cur) = scale.split_at_mut(ch * inner);
+                let cur = &mut cur[..inner];
+                cur.copy_from_slice(&prev[(ch - 1) * inner..]);
+                let head = &sq[(ch + at.size - 1) * inner..(ch + at.size) * inner];
+                let tail = &sq[(ch - 1) * inner..ch * inner];
+                for ((s, h), t) in cur.iter_mut().zip(head).zip(tail) {
+                    *s += k * h;
+                    *s += -k * t;
+                }
+            }
+            for ((y, s), v) in o.iter_mut().zip(&scale).zip(img) {
+                *y = s.powf(-at.beta) * v;
+            }
+        });
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), out),
+        x.dtype(),
+    )])
 }
 
 #[cfg(test)]
