@@ -229,22 +229,7 @@ pub fn upgrade_nodes(
         }
         if crosses(13) && (AXES_TO_INPUT_13.contains(&op.as_str()) || op == "Split") {
             let attr = if op == "Split" { "split" } else { "axes" };
-            if let Some(pos) = n
-                .attribute
-                .iter()
-                .position(|a| a.name.as_deref() == Some(attr))
-            {
-                let a = n.attribute.remove(pos);
-                let name = fresh(&format!("{base}_{attr}"));
-                let t = proto::TensorProto {
-                    dims: vec![a.ints.len() as i64],
-                    data_type: Some(DType::I64.onnx_code()),
-                    name: Some(name),
-                    int64_data: a.ints.clone(),
-                    ..Default::default()
-                };
-                attr_to_input(&mut n, t, &mut inits, &mut out, fresh, &base);
-            }
+            ints_attr_to_input(&mut n, attr, &mut inits, &mut out, fresh, &base);
         }
         // Softmax-13 normalizes along one axis; before, it coerced the input to 2-D at `axis`
         // (default 1) and normalized each row. As the ONNX version converter
@@ -295,22 +280,7 @@ pub fn upgrade_nodes(
             }
         }
         if crosses(18) && AXES_TO_INPUT_18.contains(&op.as_str()) {
-            if let Some(pos) = n
-                .attribute
-                .iter()
-                .position(|a| a.name.as_deref() == Some("axes"))
-            {
-                let a = n.attribute.remove(pos);
-                let name = fresh(&format!("{base}_axes"));
-                let t = proto::TensorProto {
-                    dims: vec![a.ints.len() as i64],
-                    data_type: Some(DType::I64.onnx_code()),
-                    name: Some(name),
-                    int64_data: a.ints.clone(),
-                    ..Default::default()
-                };
-                attr_to_input(&mut n, t, &mut inits, &mut out, fresh, &base);
-            }
+            ints_attr_to_input(&mut n, "axes", &mut inits, &mut out, fresh, &base);
         }
         if crosses(18)
             && op == "Split"
@@ -341,6 +311,34 @@ pub fn upgrade_nodes(
         out.push(n);
     }
     *nodes = out;
+}
+
+/// Moves the ints attribute `attr` of `n`, when present, to input slot 1 as an int64 tensor
+/// (`axes` of Reduce*/Squeeze/Unsqueeze, Split's `split`).
+fn ints_attr_to_input(
+    n: &mut proto::NodeProto,
+    attr: &str,
+    inits: &mut Option<&mut Vec<proto::TensorProto>>,
+    out: &mut Vec<proto::NodeProto>,
+    fresh: &mut dyn FnMut(&str) -> String,
+    base: &str,
+) {
+    let Some(pos) = n
+        .attribute
+        .iter()
+        .position(|a| a.name.as_deref() == Some(attr))
+    else {
+        return;
+    };
+    let a = n.attribute.remove(pos);
+    let t = proto::TensorProto {
+        dims: vec![a.ints.len() as i64],
+        data_type: Some(DType::I64.onnx_code()),
+        name: Some(fresh(&format!("{base}_{attr}"))),
+        int64_data: a.ints,
+        ..Default::default()
+    };
+    attr_to_input(n, t, inits, out, fresh, base);
 }
 
 /// Puts the constant `t` (an attribute's value) in input slot 1 of `n`: as an initializer of
