@@ -17,6 +17,17 @@ pub fn node(name: &str, op: &str, inputs: &[&str], outputs: &[&str]) -> Node {
     }
 }
 
+/// A default-domain node `n` of `op` with `attrs` and one output `y`, for kernel unit tests.
+pub fn node_with(op: &str, attrs: &[(&str, super::Attribute)]) -> Node {
+    Node {
+        attrs: attrs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+        ..node("n", op, &[], &["y"])
+    }
+}
+
 /// An f32 value of fixed shape.
 pub fn vi(name: &str, shape: &[usize]) -> ValueInfo {
     ValueInfo {

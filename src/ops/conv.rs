@@ -902,21 +902,9 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 mod tests {
     use super::*;
     use crate::graph::Attribute;
-    use std::collections::BTreeMap;
 
     fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
-        Node {
-            name: "n".into(),
-            op_type: op.into(),
-            domain: String::new(),
-            inputs: vec![],
-            outputs: vec![],
-            attrs: attrs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect::<BTreeMap<_, _>>(),
-            ..Default::default()
-        }
+        crate::graph::testing::node_with(op, attrs)
     }
 
     fn run(op: &str, attrs: &[(&str, Attribute)], x: Tensor, w: Tensor) -> Tensor {

@@ -184,17 +184,14 @@ fn nms(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{Attribute, Node};
+    use crate::graph::Attribute;
 
     #[test]
     fn nms_keeps_the_best_box_of_each_overlapping_cluster() {
-        let node = Node {
-            op_type: "NonMaxSuppression".into(),
-            attrs: [("center_point_box".to_string(), Attribute::Int(0))]
-                .into_iter()
-                .collect(),
-            ..Default::default()
-        };
+        let node = crate::graph::testing::node_with(
+            "NonMaxSuppression",
+            &[("center_point_box", Attribute::Int(0))],
+        );
         // Boxes 0 and 1 overlap (IoU 0.81), box 2 is apart, box 3 is flipped and equals box 2.
         let boxes = Tensor::from_f32(
             vec![1, 4, 4],

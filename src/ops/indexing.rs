@@ -473,6 +473,14 @@ fn compress_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     Ok(vec![Fact::new(x.dtype, shape)])
 }
 
+/// OneHot's depth: the first value of a float or integer tensor, as f64.
+fn depth_value(t: &Tensor) -> Option<f64> {
+    t.to_f32_vec()
+        .map(|v| v.first().map(|&x| x as f64))
+        .or_else(|| t.to_i64_vec().map(|v| v.first().map(|&x| x as f64)))
+        .flatten()
+}
+
 fn one_hot(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let ind = input(inputs, 0)?;
     let depth = input(inputs, 1)?;
@@ -483,11 +491,7 @@ fn one_hot(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             depth.shape()
         ));
     }
-    let d = depth
-        .to_f32_vec()
-        .map(|v| v[0] as f64)
-        .or_else(|| depth.to_i64_vec().map(|v| v[0] as f64))
-        .ok_or_else(|| OpError("depth must be numeric".into()))?;
+    let d = depth_value(depth).ok_or_else(|| OpError("depth must be numeric".into()))?;
     if d.is_nan() || d < 1.0 {
         return err(format!("depth must be >= 1, got {d}"));
     }
@@ -532,14 +536,8 @@ fn one_hot_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let (ind, depth, values) = (fact(ins, 0)?, fact(ins, 1)?, fact(ins, 2)?);
     let d = depth
         .value
-        .as_ref()
-        .and_then(|v| {
-            v.to_f32_vec().or_else(|| {
-                v.to_i64_vec()
-                    .map(|v| v.iter().map(|&x| x as f32).collect())
-            })
-        })
-        .and_then(|v| v.first().copied())
+        .as_deref()
+        .and_then(depth_value)
         .filter(|&v| v >= 1.0)
         .map(|v| DimFact::known(v as usize))
         .unwrap_or_else(|| ctx.unknown_dim());
@@ -561,15 +559,7 @@ mod tests {
     use crate::graph::{Attribute, Node};
 
     fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
-        Node {
-            name: "n".into(),
-            op_type: op.into(),
-            attrs: attrs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect(),
-            ..Default::default()
-        }
+        crate::graph::testing::node_with(op, attrs)
     }
 
     fn run(n: &Node, opset: i64, ins: &[&Tensor]) -> Result<Tensor, OpError> {

@@ -995,18 +995,7 @@ mod tests {
     use crate::graph::{Attribute, Node};
 
     fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
-        Node {
-            name: "n".into(),
-            op_type: op.into(),
-            domain: String::new(),
-            inputs: vec![],
-            outputs: vec!["y".into()],
-            attrs: attrs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect(),
-            ..Default::default()
-        }
+        crate::graph::testing::node_with(op, attrs)
     }
 
     fn call(
