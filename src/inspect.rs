@@ -157,7 +157,7 @@ pub fn summarize(graph: &Graph, facts: &GraphFacts) -> ModelSummary {
                 .collect(),
             flops,
             params,
-            computes: !is_data_movement(&node.op_type) && !folded,
+            computes: !is_data_movement(node) && !folded,
         });
     }
     ModelSummary {

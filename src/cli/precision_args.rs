@@ -190,7 +190,7 @@ pub fn fusion_line(
                 .iter()
                 .filter(|&&i| {
                     let n = &graph.nodes[i];
-                    !crate::ops::is_data_movement(&n.op_type) && !graph.is_folded(n)
+                    !crate::ops::is_data_movement(n) && !graph.is_folded(n)
                 })
                 .count()
         })
@@ -264,7 +264,7 @@ pub fn precision_table(graph: &Graph, plan: &PrecisionPlan) -> String {
         "#", "layer", "op"
     );
     for (i, (node, p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
-        let prec = if crate::ops::is_data_movement(&node.op_type) {
+        let prec = if crate::ops::is_data_movement(node) {
             "(carries its input's)".to_string()
         } else {
             p.name().to_string()

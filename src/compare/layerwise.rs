@@ -132,7 +132,7 @@ fn finish_row(
     } else {
         required_atol - input_err
     };
-    let precision = if crate::ops::is_data_movement(&node.op_type) || graph.is_folded(node) {
+    let precision = if crate::ops::is_data_movement(node) || graph.is_folded(node) {
         None
     } else {
         plan.and_then(|p| p.plan.layers.get(index).copied())

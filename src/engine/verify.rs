@@ -52,7 +52,7 @@ pub fn expected_from_plan(graph: &Graph, plan: &PrecisionPlan) -> Vec<Option<Pre
 }
 
 fn compared(graph: &Graph, n: &crate::graph::Node) -> bool {
-    !crate::ops::is_data_movement(&n.op_type)
+    !crate::ops::is_data_movement(n)
         && !graph.is_folded(n)
         && !NOT_COMPARED.contains(&n.op_type.as_str())
 }
@@ -83,7 +83,7 @@ pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
             if !compared(graph, n) {
                 return None;
             }
-            if has_quantized_kernel(&n.op_type) {
+            if has_quantized_kernel(n) {
                 for x in n.inputs.iter().take(2) {
                     let Some(dq) = producer.get(x.as_str()) else {
                         continue;

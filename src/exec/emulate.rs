@@ -157,7 +157,7 @@ impl PreparedPlan {
                 .collect::<Result<Vec<_>>>()?;
             // Data movement and folded weight nodes run untouched (their weights are
             // converted where a layer reads them).
-            let untouched = is_data_movement(&node.op_type) || graph.is_folded(node);
+            let untouched = is_data_movement(node) || graph.is_folded(node);
             // A Q/DQ model's quantized layer runs as TensorRT's quantized kernel.
             let qdq_kernel = match &analysis {
                 Some(a) if !untouched && !p.is_scaled() => a.qdq[k].clone(),
@@ -180,11 +180,10 @@ impl PreparedPlan {
                 // Initializers and folded values (a Transpose or DequantizeLinear of an
                 // initializer) are weights, converted here once.
                 let (init, path) = scope.resolve(name);
-                let prep = if name.is_empty() || !input_follows_layer_precision(&node.op_type, idx)
-                {
+                let prep = if name.is_empty() || !input_follows_layer_precision(node, idx) {
                     InputPrep::Keep
                 } else if p.is_scaled() {
-                    if !is_quantized_operand(&node.op_type, idx) {
+                    if !is_quantized_operand(node, idx) {
                         // Biases stay in f32, added after dequantization.
                         InputPrep::Keep
                     } else if let Some(w) = init.filter(|w| is_float_storage(w.dtype())) {
@@ -561,11 +560,11 @@ fn ranges_in(scope: &Scope, plan: &PrecisionPlan, out: &mut Vec<String>) {
             let sub = plan.subgraph_plan(node, attr, g, body);
             ranges_in(&scope.child(&node.name, attr, g), &sub, out);
         }
-        if !p.is_scaled() || is_data_movement(&node.op_type) || scope.graph.is_folded(node) {
+        if !p.is_scaled() || is_data_movement(node) || scope.graph.is_folded(node) {
             continue;
         }
         for (idx, name) in node.inputs.iter().enumerate() {
-            if name.is_empty() || !is_quantized_operand(&node.op_type, idx) {
+            if name.is_empty() || !is_quantized_operand(node, idx) {
                 continue;
             }
             if let (None, path) = scope.resolve(name) {

@@ -144,7 +144,7 @@ impl Topology {
             compute: graph
                 .nodes
                 .iter()
-                .map(|nd| !is_data_movement(&nd.op_type) && !graph.is_folded(nd))
+                .map(|nd| !is_data_movement(nd) && !graph.is_folded(nd))
                 .collect(),
         };
         for (j, node) in graph.nodes.iter().enumerate() {

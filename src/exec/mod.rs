@@ -732,9 +732,7 @@ impl<'g> Interpreter<'g> {
             // accumulator its kernels use, and how each input is prepared.
             let precision = match plan {
                 Some(p) => p.layers[idx].precision,
-                None => {
-                    (!crate::ops::is_data_movement(&node.op_type)).then_some(Precision::Float32)
-                }
+                None => (!crate::ops::is_data_movement(node)).then_some(Precision::Float32),
             };
             h = mix(h, precision.map_or(0, |p| p as u64 + 1));
             h = mix(h, emulate::fusion_signature(plan.map(|p| &p.layers[idx])));

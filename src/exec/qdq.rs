@@ -252,8 +252,7 @@ impl IntegerKernel {
                         (acc.into_iter().map(|x| x as f32).collect(), shape)
                     }
                     Arith::Fp8 => {
-                        let def = crate::ops::Registry::global()
-                            .def("", &node.op_type)
+                        let def = crate::ops::def_of(node)
                             .ok_or_else(|| OpError("no float kernel".into()))?;
                         let f32ctx = OpCtx::new(node, ctx.opset);
                         let (xa, wb) = (a.floats(), b.floats());

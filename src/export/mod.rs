@@ -268,9 +268,8 @@ fn proto_order(g: &proto::GraphProto, graph: &Graph) -> Result<Vec<usize>> {
 
 /// Which inputs of a data-movement op carry the data (share the output's type): the op's
 /// definition says.
-fn movement_data_inputs(op: &str, n: usize) -> Vec<usize> {
-    crate::ops::Registry::global()
-        .def("", op)
+fn movement_data_inputs(node: &Node, n: usize) -> Vec<usize> {
+    crate::ops::def_of(node)
         .map(|d| d.type_shared_inputs(n))
         .unwrap_or_else(|| vec![0])
 }
@@ -417,7 +416,7 @@ impl<'a> Exporter<'a> {
             let pnode = &self.model.graph.as_ref().expect("graph").node[self.order[k]];
             let op = node.op_type.as_str();
             // Folded weight nodes stay as they are: the layers reading them convert.
-            if is_data_movement(op) || self.graph.is_folded(node) {
+            if is_data_movement(node) || self.graph.is_folded(node) {
                 roles.push(Role::Movement);
                 continue;
             }
@@ -441,7 +440,7 @@ impl<'a> Exporter<'a> {
                 }
             }
             let role = if p.is_scaled() {
-                if has_quantized_kernel(op) {
+                if has_quantized_kernel(node) {
                     Role::Quant(p)
                 } else {
                     self.notes.push(format!(
@@ -456,7 +455,7 @@ impl<'a> Exporter<'a> {
                     let bad = node.inputs.iter().enumerate().find(|(i, name)| {
                         !name.is_empty()
                             && self.orig.get(name.as_str()) == Some(&DType::F32)
-                            && input_follows_layer_precision(op, *i)
+                            && input_follows_layer_precision(node, *i)
                             && !schema::input_accepts(op, self.opset, *i, t)
                     });
                     if let Some((i, name)) = bad {
@@ -729,12 +728,12 @@ impl<'a> Exporter<'a> {
             }
             return Ok(inputs);
         }
-        let data: Vec<usize> = movement_data_inputs(op, inputs.len())
+        let data: Vec<usize> = movement_data_inputs(node, inputs.len())
             .into_iter()
             .filter(|&i| {
                 inputs.get(i).is_some_and(|s| !s.is_empty())
                     && self.orig.get(&inputs[i]) == Some(&DType::F32)
-                    && input_follows_layer_precision(op, i)
+                    && input_follows_layer_precision(node, i)
             })
             .collect();
         if data.is_empty() {
@@ -777,7 +776,7 @@ impl<'a> Exporter<'a> {
                 continue;
             }
             match self.orig.get(name).copied() {
-                Some(DType::F32) if input_follows_layer_precision(&node.op_type, i) => {
+                Some(DType::F32) if input_follows_layer_precision(node, i) => {
                     inputs[i] = self.get_as(name, to, node)?;
                 }
                 Some(o) if o.is_float() => inputs[i] = self.get_as(name, o, node)?,
@@ -803,10 +802,9 @@ impl<'a> Exporter<'a> {
             if name.is_empty() {
                 continue;
             }
-            let op = node.op_type.as_str();
             match self.orig.get(name).copied() {
                 Some(DType::F32)
-                    if input_follows_layer_precision(op, i) && is_quantized_operand(op, i) =>
+                    if input_follows_layer_precision(node, i) && is_quantized_operand(node, i) =>
                 {
                     inputs[i] = if self.graph.weight(name).is_some() {
                         self.quant_weight(node, i, name, p)?
@@ -864,10 +862,7 @@ impl<'a> Exporter<'a> {
         // Target opset: per-axis DequantizeLinear needs 13, float8 types 19.
         let mut target = self.opset;
         for (k, node) in self.graph.nodes.iter().enumerate() {
-            if is_data_movement(&node.op_type)
-                || self.graph.is_folded(node)
-                || !has_quantized_kernel(&node.op_type)
-            {
+            if is_data_movement(node) || self.graph.is_folded(node) || !has_quantized_kernel(node) {
                 continue;
             }
             match self.plan.layers[k] {

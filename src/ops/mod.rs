@@ -97,10 +97,13 @@ macro_rules! op_bail {
 /// Ops that only move, select or reshape data, or compute shapes: they never change a value, so
 /// they carry their input's precision and are never candidates in a precision search. Derived
 /// from each op's definition ([`OpDef::movement`]).
-pub fn is_data_movement(op_type: &str) -> bool {
-    Registry::global()
-        .def("", op_type)
-        .is_some_and(|d| d.movement)
+pub fn is_data_movement(node: &Node) -> bool {
+    def_of(node).is_some_and(|d| d.movement)
+}
+
+/// The definition of a node's op, looked up by its domain and type.
+pub fn def_of(node: &Node) -> Option<&'static OpDef> {
+    Registry::global().def(&node.domain, &node.op_type)
 }
 
 /// What an input of an op is, for precision and quantization: only `Data` and `Bias` inputs
@@ -514,9 +517,14 @@ mod tests {
 
     #[test]
     fn facts_come_from_the_definitions() {
-        assert!(is_data_movement("Reshape") && is_data_movement("Cast"));
-        assert!(!is_data_movement("Conv") && !is_data_movement("CumSum"));
-        assert!(!is_data_movement("NoSuchOp"));
+        let moves = |op: &str| is_data_movement(&crate::graph::testing::node("n", op, &[], &[]));
+        assert!(moves("Reshape") && moves("Cast"));
+        assert!(!moves("Conv") && !moves("CumSum"));
+        assert!(!moves("NoSuchOp"));
+        // The domain decides: an op of another domain with a movement op's name is not one.
+        let mut foreign = crate::graph::testing::node("n", "Reshape", &[], &[]);
+        foreign.domain = "com.example".into();
+        assert!(!is_data_movement(&foreign));
         let r = Registry::global();
         let q = r.def("", "QuantizeLinear").unwrap();
         assert_eq!(q.role(1), InputRole::Scale);

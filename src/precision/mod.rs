@@ -98,20 +98,17 @@ pub use crate::numeric::Accumulator;
 
 /// Whether an op has int8/fp8 kernels (others fall back to a float type under `--int8`/`--fp8`);
 /// read from the op's definition.
-pub fn has_quantized_kernel(op_type: &str) -> bool {
-    crate::ops::Registry::global()
-        .def("", op_type)
-        .is_some_and(|d| d.has_quantized_kernel())
+pub fn has_quantized_kernel(node: &crate::graph::Node) -> bool {
+    crate::ops::def_of(node).is_some_and(|d| d.has_quantized_kernel())
 }
 
 /// Whether input `index` of an op carries the layer's data type, i.e. is converted to the
 /// layer's precision: data and bias inputs do; scales, zero points and parameters keep their
 /// type (ONNX gives them their own). Integer and bool inputs never are (callers check the
 /// dtype). Read from the op's input roles.
-pub fn input_follows_layer_precision(op_type: &str, index: usize) -> bool {
+pub fn input_follows_layer_precision(node: &crate::graph::Node, index: usize) -> bool {
     use crate::ops::InputRole;
-    crate::ops::Registry::global()
-        .def("", op_type)
+    crate::ops::def_of(node)
         .is_none_or(|d| matches!(d.role(index), InputRole::Data | InputRole::Bias))
 }
 

@@ -399,7 +399,7 @@ impl PrecisionPlan {
             let compute: Vec<usize> = top
                 .iter()
                 .copied()
-                .filter(|&i| !is_data_movement(&graph.nodes[i].op_type))
+                .filter(|&i| !is_data_movement(&graph.nodes[i]))
                 .collect();
             let precision = compute
                 .first()
@@ -561,7 +561,7 @@ impl PrecisionPlan {
                 }
             }
             for (path, node) in &inner {
-                if pat.matches(path) && !is_data_movement(&node.op_type) {
+                if pat.matches(path) && !is_data_movement(node) {
                     self.inner.insert(path.clone(), *p);
                     hit = true;
                 }
@@ -589,7 +589,7 @@ impl PrecisionPlan {
             .nodes
             .iter()
             .map(|n| match quant {
-                Some(q) if has_quantized_kernel(&n.op_type) => q,
+                Some(q) if has_quantized_kernel(n) => q,
                 _ => float,
             })
             .collect();
@@ -629,7 +629,7 @@ impl PrecisionPlan {
                     }
                 };
                 let folded = index.is_some() && graph.is_folded(node);
-                if is_data_movement(&node.op_type) || folded {
+                if is_data_movement(node) || folded {
                     // Exact names only: a glob that sweeps over Reshapes is not worth a warning.
                     if pat.text == name {
                         let what = if folded {
@@ -644,7 +644,7 @@ impl PrecisionPlan {
                     }
                     continue;
                 }
-                if p.is_scaled() && !has_quantized_kernel(&node.op_type) {
+                if p.is_scaled() && !has_quantized_kernel(node) {
                     let msg = format!(
                         "layer '{}' ({}) has no {} kernel (only Conv, ConvTranspose, MatMul and Gemm do)",
                         name, node.op_type, p
@@ -688,7 +688,7 @@ impl PrecisionPlan {
                     .iter()
                     .zip(&self.layers)
                     .filter(|(node, &q)| {
-                        q == p && !is_data_movement(&node.op_type) && !graph.is_folded(node)
+                        q == p && !is_data_movement(node) && !graph.is_folded(node)
                     })
                     .count();
                 (p, n)
@@ -703,7 +703,7 @@ impl PrecisionPlan {
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !is_data_movement(&n.op_type) && !graph.is_folded(n))
+            .filter(|(_, n)| !is_data_movement(n) && !graph.is_folded(n))
             .map(|(i, _)| i)
             .collect()
     }

@@ -62,10 +62,8 @@ pub fn weight_channel_axis(node: &Node, index: usize, rank: usize) -> Option<usi
 }
 
 /// Inputs of a quantized layer that are quantized at all (data operands; not biases).
-pub fn is_quantized_operand(op_type: &str, index: usize) -> bool {
-    crate::ops::Registry::global()
-        .def("", op_type)
-        .is_some_and(|d| d.is_quantized_operand(index))
+pub fn is_quantized_operand(node: &Node, index: usize) -> bool {
+    crate::ops::def_of(node).is_some_and(|d| d.is_quantized_operand(index))
 }
 
 /// Per-channel scales of a weight along `axis`.

@@ -133,13 +133,7 @@ fn plan_by(graph: &Graph, f: impl Fn(&mixprec::Node) -> Precision) -> PrecisionP
 
 /// Int8/fp8 on the ops with quantized kernels, `rest` elsewhere (TensorRT's --int8 [--fp16]).
 fn quantized(graph: &Graph, q: Precision, rest: Precision) -> PrecisionPlan {
-    plan_by(graph, |n| {
-        if has_quantized_kernel(&n.op_type) {
-            q
-        } else {
-            rest
-        }
-    })
+    plan_by(graph, |n| if has_quantized_kernel(n) { q } else { rest })
 }
 
 fn export_dir() -> PathBuf {

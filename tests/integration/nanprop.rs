@@ -321,10 +321,10 @@ fn float16_feeds(model: &Model, feeds: &Feeds) -> Option<Feeds> {
     {
         return None;
     }
-    let untouched = mixprec::ops::is_data_movement(&node.op_type) || g.is_folded(node);
+    let untouched = mixprec::ops::is_data_movement(node) || g.is_folded(node);
     let mut out = feeds.clone();
     for (k, name) in node.inputs.iter().enumerate() {
-        if untouched || !input_follows_layer_precision(&node.op_type, k) {
+        if untouched || !input_follows_layer_precision(node, k) {
             continue;
         }
         if let Some(t) = out.get_mut(name) {
@@ -604,8 +604,8 @@ fn specials_propagate_as_in_onnxruntime() {
             // The float16 plan, where the FP32 run agrees with ORT.
             if let (Some(Ok(m16)), Ok(r16)) = (mine16, ort_outputs(&base(i, k).join("out16"), n)) {
                 let node = &c.model.graph.nodes[0];
-                let rounds = !mixprec::ops::is_data_movement(&node.op_type)
-                    && !c.model.graph.is_folded(node);
+                let rounds =
+                    !mixprec::ops::is_data_movement(node) && !c.model.graph.is_folded(node);
                 f16_checked += 1;
                 let v = m16
                     .iter()

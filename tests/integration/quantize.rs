@@ -126,7 +126,7 @@ fn emulate(
         g.nodes
             .iter()
             .map(|n| {
-                if has_quantized_kernel(&n.op_type) && !excluded.contains(&n.name.as_str()) {
+                if has_quantized_kernel(n) && !excluded.contains(&n.name.as_str()) {
                     p
                 } else {
                     Precision::Float32
@@ -280,7 +280,7 @@ fn quantized_models_run_in_onnxruntime_and_equal_the_emulation_bit_for_bit() {
         // The excluded layers read no DequantizeLinear; every other quantizable one does.
         let readers = dq_readers(&out);
         let g = load_model(&model).unwrap().graph;
-        for n in g.nodes.iter().filter(|n| has_quantized_kernel(&n.op_type)) {
+        for n in g.nodes.iter().filter(|n| has_quantized_kernel(n)) {
             assert_eq!(
                 readers.contains(&n.name),
                 !c.excluded.contains(&n.name.as_str()),
@@ -624,7 +624,7 @@ fn a_search_answer_excluded_by_quantize_meets_the_search_criterion() {
         g.nodes
             .iter()
             .map(|n| {
-                if has_quantized_kernel(&n.op_type) {
+                if has_quantized_kernel(n) {
                     Precision::Int8
                 } else {
                     Precision::Float32

@@ -78,16 +78,16 @@ fn problems(
         original.nodes.iter().map(|n| n.name.as_str()).collect();
     let mut bad = Vec::new();
     for (node, &p) in original.nodes.iter().zip(&plan.layers) {
-        if mixprec::ops::is_data_movement(&node.op_type) || original.is_folded(node) {
+        if mixprec::ops::is_data_movement(node) || original.is_folded(node) {
             continue;
         }
         let Some(e) = by_name.get(node.name.as_str()) else {
             bad.push(format!("layer {} is missing from the export", node.name));
             continue;
         };
-        let quant = p.is_scaled() && has_quantized_kernel(&node.op_type);
+        let quant = p.is_scaled() && has_quantized_kernel(node);
         for (k, x) in e.inputs.iter().enumerate() {
-            if x.is_empty() || !input_follows_layer_precision(&node.op_type, k) {
+            if x.is_empty() || !input_follows_layer_precision(node, k) {
                 continue;
             }
             let Some(orig) = node.inputs.get(k).and_then(|v| orig_ty(v)) else {
@@ -97,7 +97,7 @@ fn problems(
                 continue;
             }
             let got = ty(x);
-            if quant && is_quantized_operand(&node.op_type, k) {
+            if quant && is_quantized_operand(node, k) {
                 let dq = producer.get(x.as_str());
                 let ok = dq.is_some_and(|dq| {
                     dq.op_type == "DequantizeLinear"
@@ -195,7 +195,7 @@ fn plans(graph: &Graph) -> Vec<(&'static str, PrecisionPlan)> {
     };
     let q = |p: Precision, rest: Precision| {
         by(&|_, n: &mixprec::Node| {
-            if has_quantized_kernel(&n.op_type) {
+            if has_quantized_kernel(n) {
                 p
             } else {
                 rest
