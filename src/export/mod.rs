@@ -423,12 +423,25 @@ impl<'a> Exporter<'a> {
             let p = self.plan.layers[k];
             if p != Precision::Float32 {
                 if !is_default_domain(&node.domain) {
-                    return Err(Self::op_err(
-                        node,
-                        format!(
-                            "cannot be exported in {p}: only ops of the default ONNX domain can change precision"
-                        ),
+                    // A contrib op's types are its runtime's business (ONNX Runtime's CPU
+                    // kernels of com.microsoft ops take float32 only): float32 is the one type
+                    // every runtime that has the op accepts.
+                    let why = format!(
+                        "ops of domain '{}' keep the types their runtime defines",
+                        node.domain
+                    );
+                    if !self.opts.fallback {
+                        return Err(Self::op_err(
+                            node,
+                            format!("cannot be exported in {p}: {why}; keep it in float32 (export fallback)"),
+                        ));
+                    }
+                    self.notes.push(format!(
+                        "layer '{}' ({}.{op}) stays float32: {why} (the emulation ran it in {p})",
+                        node.name, node.domain
                     ));
+                    roles.push(Role::Float(DType::F32));
+                    continue;
                 }
                 if node_has_subgraph(pnode) {
                     self.notes.push(format!(

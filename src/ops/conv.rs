@@ -7,7 +7,7 @@ use super::util::{input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
@@ -164,7 +164,7 @@ impl ConvAttrs {
 }
 
 /// Each output element: Cin/group * prod(kernel) multiply-adds, plus the bias.
-fn conv_flops(_: &Node, ins: &[Option<Vec<usize>>], outs: &[Vec<usize>]) -> u64 {
+pub(crate) fn conv_flops(_: &Node, ins: &[Option<Vec<usize>>], outs: &[Vec<usize>]) -> u64 {
     let out = outs
         .first()
         .map_or(0, |s| s.iter().product::<usize>() as u64);
@@ -199,7 +199,10 @@ fn conv_rank(x: &Fact, w: &Fact) -> Result<Option<usize>, OpError> {
 }
 
 /// X [N, C, spatial...] and W [M, C/group, kernel...] give [N, M, out...].
-fn conv_facts(ctx: &super::InferCtx, ins: &[Option<&Fact>]) -> super::shape::FactsResult {
+pub(crate) fn conv_facts(
+    ctx: &super::InferCtx,
+    ins: &[Option<&Fact>],
+) -> super::shape::FactsResult {
     let (x, w) = (super::shape::fact(ins, 0)?, super::shape::fact(ins, 1)?);
     let Some(rank) = conv_rank(x, w)? else {
         return Ok(vec![Fact::new(x.dtype, None)]);
@@ -396,13 +399,7 @@ fn f32_input<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [f32]
     }
 }
 
-fn restore_dtype(t: Tensor, dtype: DType) -> Tensor {
-    if dtype == DType::F32 {
-        t
-    } else {
-        super::cast::cast_tensor(&t, dtype)
-    }
-}
+use super::util::in_dtype as restore_dtype;
 
 /// Fills `col` ([C·prod(k)] rows × prod(out) columns) from one image `x` ([C, *in]); the
 /// padding reads `T::default()` (0: for ConvInteger's codes minus zero point, the zero point).
@@ -554,9 +551,25 @@ fn depthwise_2d(x: &[f32], wt: &[f32], c: usize, in_sp: &[usize], w: &Window, ou
 }
 
 fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let x = input(inputs, 0)?;
-    let wt = input(inputs, 1)?;
-    let bias = opt_input(inputs, 2);
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let y = conv(
+        ctx,
+        attrs,
+        input(inputs, 0)?,
+        input(inputs, 1)?,
+        opt_input(inputs, 2),
+    )?;
+    Ok(vec![y])
+}
+
+/// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops).
+pub fn conv(
+    ctx: &OpCtx,
+    attrs: &ConvAttrs,
+    x: &Tensor,
+    wt: &Tensor,
+    bias: Option<&Tensor>,
+) -> Result<Tensor, OpError> {
     if x.rank() < 3 || wt.rank() != x.rank() {
         return Err(OpError(format!(
             "X {:?} and W {:?} must have the same rank >= 3",
@@ -564,7 +577,6 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             wt.shape()
         )));
     }
-    let attrs = ctx.attrs::<ConvAttrs>()?;
     let group = attrs.group;
     let (n, c) = (x.shape()[0], x.shape()[1]);
     let in_sp = &x.shape()[2..];
@@ -580,7 +592,7 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             wt.shape()
         )));
     }
-    if c != cg * group || m % group != 0 {
+    if c != cg * group || !m.is_multiple_of(group) {
         return Err(OpError(format!(
             "channels do not fit groups: X has {c} channels, W {:?}, group {group}",
             wt.shape()
@@ -668,7 +680,7 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
     let mut shape = vec![n, m];
     shape.extend(&w.out);
-    Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())])
+    Ok(restore_dtype(Tensor::from_f32(shape, out), x.dtype()))
 }
 
 /// ConvTranspose's geometry as a [`Window`]: strides, dilations, the padding taken off the

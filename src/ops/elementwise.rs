@@ -379,7 +379,7 @@ fn sign<T: Float>(x: T) -> T {
 
 /// `max(x, 0)` as ONNX Runtime computes it: NaN stays NaN (Rust's `max` would drop it and give
 /// 0, healing an overflow the GPU reports) and -0 stays -0.
-fn relu<T: Float>(x: T) -> T {
+pub(crate) fn relu<T: Float>(x: T) -> T {
     if x < T::zero() {
         T::zero()
     } else {
@@ -433,7 +433,7 @@ fn acosh<T: Float>(x: T) -> T {
     }
 }
 
-fn sigmoid<T: Float>(x: T) -> T {
+pub(crate) fn sigmoid<T: Float>(x: T) -> T {
     // Stable for large |x|: never exponentiates a large positive number.
     if x >= T::zero() {
         T::one() / (T::one() + (-x).exp())

@@ -120,7 +120,7 @@ use super::InferCtx;
 use crate::graph::fact::{DimFact, Fact};
 
 /// NumPy matmul: 1-D operands promoted and the added axis removed, batch dims broadcast.
-fn matmul_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+pub(crate) fn matmul_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let (a, b) = (fact(ins, 0)?, fact(ins, 1)?);
     let (Some(sa), Some(sb)) = (&a.shape, &b.shape) else {
         return Ok(vec![Fact::new(a.dtype, None)]);

@@ -9,6 +9,7 @@
 pub mod attrs;
 pub mod bitwise;
 pub mod cast;
+pub mod contrib;
 pub mod control;
 pub mod conv;
 pub mod detection;
@@ -409,6 +410,7 @@ impl Registry {
             bitwise::register(&mut r);
             cast::register(&mut r);
             control::register(&mut r);
+            contrib::register(&mut r);
             conv::register(&mut r);
             detection::register(&mut r);
             elementwise::register(&mut r);
@@ -453,7 +455,7 @@ mod tests {
             "then_branch".into(),
             Attribute::Graph(std::sync::Arc::new(inner)),
         );
-        let mut ms = node("g1", "FastGelu", &["x"], &["a"]);
+        let mut ms = node("g1", "WordConvEmbedding", &["x"], &["a"]);
         ms.domain = "com.microsoft".into();
         let mut g = graph(
             vec![
@@ -484,7 +486,7 @@ mod tests {
             got,
             vec![
                 ("ai.onnx", "FancyOp", 17, 2, "f1"),
-                ("com.microsoft", "FastGelu", 1, 1, "g1"),
+                ("com.microsoft", "WordConvEmbedding", 1, 1, "g1"),
             ]
         );
         let msg = crate::Error::UnsupportedOps(u).to_string();

@@ -7,7 +7,7 @@
 use super::attrs::{boxed, AttrError, Attrs};
 use super::util::{input, norm_axes, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::Tensor;
 use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
@@ -140,24 +140,7 @@ fn layer_norm_facts(
     ])
 }
 
-fn floats(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
-    if t.dtype().is_float() {
-        Ok(t.to_f32_vec().expect("float"))
-    } else {
-        Err(OpError(format!(
-            "{what} has dtype {}, expected a float type",
-            t.dtype()
-        )))
-    }
-}
-
-fn back(t: Tensor, dtype: DType) -> Tensor {
-    if dtype == DType::F32 {
-        t
-    } else {
-        super::cast::cast_tensor(&t, dtype)
-    }
-}
+use super::util::{float_values as floats, in_dtype as back};
 
 fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;

@@ -45,6 +45,28 @@ pub fn input_f32<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a [f32
     })
 }
 
+/// A float tensor's values as f32 (float16/bfloat16/float64 converted), or an error naming
+/// `what` and the dtype found.
+pub fn float_values(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
+    if t.dtype().is_float() {
+        Ok(t.to_f32_vec().expect("float"))
+    } else {
+        Err(OpError(format!(
+            "{what} has dtype {}, expected a float type",
+            t.dtype()
+        )))
+    }
+}
+
+/// An f32 result handed back in the float type its input had.
+pub fn in_dtype(t: Tensor, dtype: crate::tensor::DType) -> Tensor {
+    if dtype == crate::tensor::DType::F32 {
+        t
+    } else {
+        super::cast::cast_tensor(&t, dtype)
+    }
+}
+
 /// Input `i` read as a list of integers (shape, axes, indices, pads...).
 pub fn input_i64s(inputs: &[Option<&Tensor>], i: usize) -> Result<Vec<i64>, OpError> {
     let t = input(inputs, i)?;

@@ -66,3 +66,110 @@ pub fn text(o: &std::process::Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Runs `scripts/GENERATOR OUT_DIR`, which writes one case per directory
+/// (`model.onnx`, `inputs/input_K.pb`, and `ort_model.onnx` where ONNX Runtime must run a
+/// different but equivalent model).
+pub fn generate_cases(generator: &str, dir: &std::path::Path) {
+    let status = std::process::Command::new(python())
+        .arg(repo_root().join("scripts").join(generator))
+        .arg(dir)
+        .status()
+        .unwrap_or_else(|e| panic!("run scripts/{generator}: {e}"));
+    assert!(status.success(), "{generator} failed");
+}
+
+/// The feeds of a case, read from its `input_K.pb` files in the graph's input order.
+pub fn feeds_of(graph: &mixprec::graph::Graph, dir: &std::path::Path) -> mixprec::exec::Feeds {
+    let mut feeds = mixprec::exec::Feeds::new();
+    for (k, vi) in graph.inputs.iter().enumerate() {
+        let (_, t) = mixprec::onnx::read_tensor_file(&dir.join(format!("input_{k}.pb"))).unwrap();
+        feeds.insert(vi.name.clone(), t);
+    }
+    feeds
+}
+
+/// Generates the cases of `generator` into `dir` (at least `min_cases` of them), runs them in
+/// ONNX Runtime (scripts/ort_batch.py) and in mixprec's FP32 interpreter, and returns every
+/// disagreement: an output further from ORT's than 1e-5 + 1e-4·|ORT| in any element, a
+/// different shape, or a case ONNX Runtime refused.
+pub fn cases_against_onnxruntime(
+    generator: &str,
+    dir: &std::path::Path,
+    min_cases: usize,
+) -> Vec<String> {
+    generate_cases(generator, dir);
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().join("model.onnx").exists())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= min_cases, "{names:?}");
+    let manifest: String = names
+        .iter()
+        .map(|n| {
+            let d = dir.join(n);
+            let model = if d.join("ort_model.onnx").exists() {
+                d.join("ort_model.onnx")
+            } else {
+                d.join("model.onnx")
+            };
+            format!(
+                "{}\t{}\t{}\n",
+                model.display(),
+                d.join("inputs").display(),
+                d.join("ort").display()
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("manifest.tsv"), manifest).unwrap();
+    let status = std::process::Command::new(python())
+        .arg(repo_root().join("scripts/ort_batch.py"))
+        .arg(dir.join("manifest.tsv"))
+        .status()
+        .expect("run scripts/ort_batch.py");
+    assert!(status.success());
+    let mut failures = Vec::new();
+    for n in &names {
+        let d = dir.join(n);
+        if let Ok(e) = std::fs::read_to_string(d.join("ort/error.txt")) {
+            failures.push(format!("{n}: ONNX Runtime refused it: {e}"));
+            continue;
+        }
+        let m = mixprec::load_model(d.join("model.onnx")).unwrap();
+        let feeds = feeds_of(&m.graph, &d.join("inputs"));
+        let got = match mixprec::Interpreter::new(&m.graph).and_then(|i| i.run(&feeds)) {
+            Ok(r) => r,
+            Err(e) => {
+                failures.push(format!("{n}: mixprec failed: {e}"));
+                continue;
+            }
+        };
+        for (k, (name, t)) in got.outputs.iter().enumerate() {
+            let (_, want) =
+                mixprec::onnx::read_tensor_file(&d.join(format!("ort/output_{k}.pb"))).unwrap();
+            if t.shape() != want.shape() {
+                failures.push(format!(
+                    "{n}/{name}: shape {:?}, ORT {:?}",
+                    t.shape(),
+                    want.shape()
+                ));
+                continue;
+            }
+            let (g, w) = (t.to_f32_vec().unwrap(), want.to_f32_vec().unwrap());
+            let worst = g
+                .iter()
+                .zip(&w)
+                .map(|(a, b)| (a - b).abs() / (1e-5 + 1e-4 * b.abs()))
+                .fold(0f32, f32::max);
+            if worst.is_nan() || worst > 1.0 {
+                failures.push(format!(
+                    "{n}/{name}: differs from ORT ({worst:.2} x tolerance)"
+                ));
+            }
+        }
+    }
+    failures
+}

@@ -6,6 +6,7 @@ mod calib;
 mod cli;
 mod common;
 mod conformance;
+mod contrib;
 mod control;
 mod deploy;
 mod dtypes;

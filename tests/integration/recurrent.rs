@@ -6,7 +6,7 @@
 //! layout-0 node between exact Transposes), mixprec must agree. Then the reduced-precision
 //! contract of docs/numerics.md ("Recurrent layers") end to end through a precision plan.
 
-use crate::common::{python, repo_root};
+use crate::common::{cases_against_onnxruntime, feeds_of, generate_cases, python};
 use mixprec::exec::{Feeds, PlanOptions, PreparedPlan, RunOptions};
 use mixprec::precision::plan::PrecisionPlan;
 use mixprec::precision::Precision;
@@ -14,101 +14,14 @@ use mixprec::{load_model, Interpreter, Tensor};
 use std::path::Path;
 use std::process::Command;
 
-/// Every case of the generator, by name.
-fn cases(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.path().join("model.onnx").exists())
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
-
-fn feeds_of(graph: &mixprec::graph::Graph, dir: &Path) -> Feeds {
-    let mut feeds = Feeds::new();
-    for (k, vi) in graph.inputs.iter().enumerate() {
-        let (_, t) = mixprec::onnx::read_tensor_file(&dir.join(format!("input_{k}.pb"))).unwrap();
-        feeds.insert(vi.name.clone(), t);
-    }
-    feeds
-}
-
 fn generate(dir: &Path) {
-    let status = Command::new(python())
-        .arg(repo_root().join("scripts/gen_recurrent_cases.py"))
-        .arg(dir)
-        .status()
-        .expect("run scripts/gen_recurrent_cases.py");
-    assert!(status.success(), "gen_recurrent_cases.py failed");
+    generate_cases("gen_recurrent_cases.py", dir);
 }
 
 #[test]
 fn recurrent_ops_match_onnxruntime() {
     let tmp = tempfile::tempdir().unwrap();
-    let dir = tmp.path();
-    generate(dir);
-    let names = cases(dir);
-    assert!(names.len() >= 20, "{names:?}");
-    let manifest: String = names
-        .iter()
-        .map(|n| {
-            let d = dir.join(n);
-            let model = if d.join("ort_model.onnx").exists() {
-                d.join("ort_model.onnx")
-            } else {
-                d.join("model.onnx")
-            };
-            format!(
-                "{}\t{}\t{}\n",
-                model.display(),
-                d.join("inputs").display(),
-                d.join("ort").display()
-            )
-        })
-        .collect();
-    std::fs::write(dir.join("manifest.tsv"), manifest).unwrap();
-    let status = Command::new(python())
-        .arg(repo_root().join("scripts/ort_batch.py"))
-        .arg(dir.join("manifest.tsv"))
-        .status()
-        .expect("run scripts/ort_batch.py");
-    assert!(status.success());
-    let mut failures = Vec::new();
-    for n in &names {
-        let d = dir.join(n);
-        if let Ok(e) = std::fs::read_to_string(d.join("ort/error.txt")) {
-            failures.push(format!("{n}: ONNX Runtime refused it: {e}"));
-            continue;
-        }
-        let m = load_model(d.join("model.onnx")).unwrap();
-        let feeds = feeds_of(&m.graph, &d.join("inputs"));
-        let got = Interpreter::new(&m.graph).unwrap().run(&feeds).unwrap();
-        for (k, (name, t)) in got.outputs.iter().enumerate() {
-            let (_, want) =
-                mixprec::onnx::read_tensor_file(&d.join(format!("ort/output_{k}.pb"))).unwrap();
-            if t.shape() != want.shape() {
-                failures.push(format!(
-                    "{n}/{name}: shape {:?}, ORT {:?}",
-                    t.shape(),
-                    want.shape()
-                ));
-                continue;
-            }
-            let (g, w) = (t.as_f32().unwrap(), want.as_f32().unwrap());
-            let worst = g
-                .iter()
-                .zip(w)
-                .map(|(a, b)| (a - b).abs() / (1e-5 + 1e-4 * b.abs()))
-                .fold(0f32, f32::max);
-            if worst.is_nan() || worst > 1.0 {
-                failures.push(format!(
-                    "{n}/{name}: differs from ORT ({worst:.2} x tolerance)"
-                ));
-            }
-        }
-    }
+    let failures = cases_against_onnxruntime("gen_recurrent_cases.py", tmp.path(), 20);
     assert!(failures.is_empty(), "{failures:#?}");
 }
 

@@ -1,0 +1,156 @@
+#!/usr/bin/env python3
+"""Writes one-node models of the com.microsoft ops mixprec runs, for comparison with ONNX Runtime.
+
+Usage: gen_contrib_cases.py OUT_DIR
+
+For each case: OUT_DIR/<name>/model.onnx and OUT_DIR/<name>/inputs/input_K.pb (deterministic
+random data, NumPy seed fixed per case). tests/integration/contrib.rs runs ONNX Runtime on them
+through scripts/ort_batch.py and compares mixprec's outputs with ORT's. Covered: the Gelu family,
+FusedConv with every activation but Silu and the residual Z (ONNX Runtime 1.32's CPU provider
+rewrites FusedConv to its NCHWc kernel, which refuses Silu; BiasAdd has no CPU kernel at all:
+unit tests check those two), FusedMatMul with every
+transpose flag, SkipLayerNormalization / SkipSimplifiedLayerNormalization with their optional
+inputs and outputs, SimplifiedLayerNormalization.
+"""
+import os
+import sys
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+MS = "com.microsoft"
+
+
+def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(), **attrs):
+    """inputs: list of (name, shape) or None for an omitted optional input; names in
+    `weights` become initializers."""
+    rng = np.random.default_rng(seed)
+    d = os.path.join(out, name)
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    names, graph_inputs, inits, k = [], [], [], 0
+    for spec in inputs:
+        if spec is None:
+            names.append("")
+            continue
+        n, shape = spec
+        v = rng.uniform(-2.0, 2.0, shape).astype(np.float32)
+        names.append(n)
+        if n in weights:
+            inits.append(numpy_helper.from_array(v, n))
+        else:
+            graph_inputs.append(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, shape))
+            with open(os.path.join(d, "inputs", f"input_{k}.pb"), "wb") as f:
+                f.write(numpy_helper.from_array(v, n).SerializeToString())
+            k += 1
+    while names and names[-1] == "":
+        names.pop()
+    outs = [f"y{i}" for i in range(n_outputs)]
+    node = helper.make_node(op, names, outs, name=name, domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], name, graph_inputs,
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
+        initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+
+
+def main():
+    out = sys.argv[1]
+    x = ("X", [2, 3, 8])
+    # Activations.
+    case(out, "gelu", "Gelu", [x])
+    case(out, "fast_gelu", "FastGelu", [x])
+    case(out, "fast_gelu_bias", "FastGelu", [x, ("bias", [8])], weights=("bias",))
+    case(out, "bias_gelu", "BiasGelu", [x, ("B", [8])], weights=("B",))
+    case(out, "quick_gelu", "QuickGelu", [x])
+    case(out, "quick_gelu_alpha", "QuickGelu", [x], alpha=1.3)
+    # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
+    # FusedConv.
+    conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]
+    for act, params in [(None, None), ("Relu", None), ("Tanh", None),
+                        ("Sigmoid", None), ("LeakyRelu", [0.2]), ("Clip", [-0.5, 0.8]),
+                        ("HardSigmoid", [0.3, 0.4])]:
+        kw = {"pads": [1, 1, 1, 1]}
+        if act:
+            kw["activation"] = act
+        if params:
+            kw["activation_params"] = params
+        case(out, f"fused_conv_{(act or 'none').lower()}", "FusedConv", conv,
+             weights=("W", "B"), **kw)
+    case(out, "fused_conv_relu_z", "FusedConv", conv + [("Z", [1, 6, 4, 3])],
+         weights=("W", "B"), activation="Relu", strides=[2, 2], pads=[1, 1, 1, 1])
+    case(out, "fused_conv_grouped_no_bias", "FusedConv",
+         [("X", [2, 4, 5, 5]), ("W", [4, 2, 3, 3])], weights=("W",), group=2,
+         activation="LeakyRelu", activation_params=[0.01])
+    # FusedMatMul.
+    case(out, "fused_matmul_alpha", "FusedMatMul", [("A", [2, 3, 4]), ("B", [4, 5])], alpha=0.125)
+    case(out, "fused_matmul_trans", "FusedMatMul", [("A", [2, 4, 3]), ("B", [2, 5, 4])],
+         transA=1, transB=1)
+    case(out, "fused_matmul_trans_batch_a", "FusedMatMul",
+         [("A", [2, 3, 4, 5]), ("B", [3, 4, 5, 6])], transBatchA=1)
+    case(out, "fused_matmul_trans_batch_both", "FusedMatMul",
+         [("A", [2, 3, 5, 4]), ("B", [6, 3, 5, 2])], transBatchA=1, transA=1, transBatchB=1,
+         transB=1, alpha=0.5)
+    # Normalizations.
+    h = [2, 3, 16]
+    case(out, "skip_layer_norm", "SkipLayerNormalization",
+         [("input", h), ("skip", h), ("gamma", [16]), ("beta", [16])],
+         weights=("gamma", "beta"), epsilon=1e-5)
+    case(out, "skip_layer_norm_all_outputs", "SkipLayerNormalization",
+         [("input", h), ("skip", [3, 16]), ("gamma", [16]), ("beta", [16]), ("bias", [16])],
+         n_outputs=4, weights=("gamma", "beta", "bias"))
+    case(out, "skip_layer_norm_no_beta_bias", "SkipLayerNormalization",
+         [("input", [5, 16]), ("skip", [5, 16]), ("gamma", [16]), None, ("bias", [16])],
+         weights=("gamma", "bias"))
+    case(out, "skip_simplified_layer_norm", "SkipSimplifiedLayerNormalization",
+         [("input", h), ("skip", [1, 3, 16]), ("gamma", [16]), ("bias", [16])],
+         n_outputs=4, weights=("gamma", "bias"), epsilon=1e-6)
+    case(out, "simplified_layer_norm", "SimplifiedLayerNormalization",
+         [("X", h), ("scale", [16])], n_outputs=2, domain="", weights=("scale",))
+    case(out, "simplified_layer_norm_axis1", "SimplifiedLayerNormalization",
+         [("X", [2, 3, 4]), ("scale", [3, 4])], domain="", weights=("scale",), axis=1,
+         epsilon=1e-3)
+    chain(out)
+
+
+def chain(out):
+    """The ops chained as an optimized transformer block holds them, then a FusedConv: for
+    the float16 plan, the search and the export (tests/integration/contrib.rs)."""
+    rng = np.random.default_rng(7)
+    d = os.path.join(out, "chain")
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+
+    def w(n, shape):
+        return numpy_helper.from_array(rng.uniform(-1, 1, shape).astype(np.float32), n)
+
+    inits = [w("W", [16, 16]), w("b", [16]), w("g", [16]), w("be", [16]), w("s", [16]),
+             w("CW", [8, 8, 1, 1]), w("CB", [8]),
+             numpy_helper.from_array(np.array([3], np.int64), "ax")]
+    nodes = [
+        helper.make_node("FusedMatMul", ["X", "W"], ["mm"], domain=MS, name="mm", alpha=0.5),
+        helper.make_node("BiasGelu", ["mm", "b"], ["bg"], domain=MS, name="bg"),
+        helper.make_node("SkipLayerNormalization", ["bg", "X", "g", "be"], ["ln"], domain=MS,
+                         name="ln"),
+        helper.make_node("FastGelu", ["ln"], ["fg"], domain=MS, name="fg"),
+        helper.make_node("SimplifiedLayerNormalization", ["fg", "s"], ["sl"], name="sl"),
+        helper.make_node("Unsqueeze", ["sl", "ax"], ["u"], name="u"),
+        helper.make_node("FusedConv", ["u", "CW", "CB"], ["Y"], domain=MS, name="fc",
+                         activation="Relu"),
+    ]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [1, 8, 16])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    x = rng.uniform(-1, 1, [1, 8, 16]).astype(np.float32)
+    with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(x, "X").SerializeToString())
+
+
+if __name__ == "__main__":
+    main()

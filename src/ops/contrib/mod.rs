@@ -1,0 +1,75 @@
+//! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
+//! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
+//! activations, fused Conv/MatMul, the skip/simplified layer normalizations. Each computes what
+//! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
+//! ONNX Runtime (tests/integration/contrib.rs).
+//!
+//! Under a precision plan a contrib op is one layer like any other: its inputs are rounded to
+//! the layer's type, it computes in f32 (the fused steps are not materialized, as in ONNX
+//! Runtime's and TensorRT's fused kernels), its outputs are rounded (docs/numerics.md,
+//! "Contrib ops").
+
+mod activation;
+mod fused;
+mod norm;
+
+use super::Registry;
+
+/// The `com.microsoft` domain's name.
+pub const MS_DOMAIN: &str = "com.microsoft";
+
+pub fn register(r: &mut Registry) {
+    activation::register(r);
+    fused::register(r);
+    norm::register(r);
+}
+
+/// The last dimension of `x`, which a 1-D `bias` of a fused op must have; an error naming the
+/// bias otherwise.
+fn check_bias(x: &[usize], bias: &[usize], what: &str) -> Result<usize, super::OpError> {
+    let c = x.last().copied().unwrap_or(1);
+    if bias != [c] {
+        return Err(super::OpError(format!(
+            "{what} {bias:?} must be 1-D with the input's last dimension {c} (input {x:?})"
+        )));
+    }
+    Ok(c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every contrib op has a shape rule and is found only under its domain.
+    #[test]
+    fn contrib_ops_are_registered_under_their_domain() {
+        let r = Registry::global();
+        let ms = r.op_types_in(MS_DOMAIN);
+        for op in [
+            "FusedConv",
+            "FusedMatMul",
+            "Gelu",
+            "FastGelu",
+            "BiasGelu",
+            "QuickGelu",
+            "BiasAdd",
+            "SkipLayerNormalization",
+            "SkipSimplifiedLayerNormalization",
+        ] {
+            assert!(ms.contains(&op), "{op} is missing from {ms:?}");
+        }
+        for op in &ms {
+            let d = r.def(MS_DOMAIN, op).unwrap();
+            assert!(d.infer.is_some(), "{op} has no shape rule");
+        }
+        assert!(r.def("", "FusedConv").is_none());
+        assert!(r.def("", "SimplifiedLayerNormalization").is_some());
+    }
+
+    #[test]
+    fn a_bias_must_match_the_last_dimension() {
+        assert_eq!(check_bias(&[2, 3, 4], &[4], "bias").unwrap(), 4);
+        let e = check_bias(&[2, 3, 4], &[3], "bias").unwrap_err();
+        assert!(e.0.contains("bias [3]") && e.0.contains('4'), "{e}");
+    }
+}
