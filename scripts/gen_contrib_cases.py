@@ -10,7 +10,9 @@ FusedConv with every activation but Silu and the residual Z (ONNX Runtime 1.32's
 rewrites FusedConv to its NCHWc kernel, which refuses Silu; BiasAdd has no CPU kernel at all:
 unit tests check those two), FusedMatMul with every
 transpose flag, SkipLayerNormalization / SkipSimplifiedLayerNormalization with their optional
-inputs and outputs, SimplifiedLayerNormalization.
+inputs and outputs, SimplifiedLayerNormalization, Attention and MultiHeadAttention with every
+mask form, causality, past/present, attention bias, scale and filter value, RotaryEmbedding
+(3-D and 4-D, interleaved, partial, position offset).
 """
 import os
 import sys
@@ -33,13 +35,14 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(), **at
         if spec is None:
             names.append("")
             continue
-        n, shape = spec
-        v = rng.uniform(-2.0, 2.0, shape).astype(np.float32)
+        n, shape = spec[:2]
+        v = spec[2] if len(spec) > 2 else rng.uniform(-2.0, 2.0, shape).astype(np.float32)
         names.append(n)
         if n in weights:
             inits.append(numpy_helper.from_array(v, n))
         else:
-            graph_inputs.append(helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, shape))
+            elem = helper.np_dtype_to_tensor_dtype(v.dtype)
+            graph_inputs.append(helper.make_tensor_value_info(n, elem, list(v.shape)))
             with open(os.path.join(d, "inputs", f"input_{k}.pb"), "wb") as f:
                 f.write(numpy_helper.from_array(v, n).SerializeToString())
             k += 1
@@ -113,7 +116,59 @@ def main():
     case(out, "simplified_layer_norm_axis1", "SimplifiedLayerNormalization",
          [("X", [2, 3, 4]), ("scale", [3, 4])], domain="", weights=("scale",), axis=1,
          epsilon=1e-3)
+    attention_cases(out)
     chain(out)
+
+
+def attention_cases(out):
+    i32 = lambda v: np.array(v, dtype=np.int32)
+    x = ("input", [2, 3, 8])
+    w = [("weights", [8, 24]), ("bias", [24])]
+    att = dict(weights=("weights", "bias"), num_heads=2)
+    case(out, "attention", "Attention", [x] + w, **att)
+    case(out, "attention_mask_lengths", "Attention",
+         [x] + w + [("mask_index", [2], i32([3, 2]))], **att)
+    case(out, "attention_mask_end_start", "Attention",
+         [x] + w + [("mask_index", [4], i32([3, 3, 0, 1]))], **att)
+    case(out, "attention_mask_raw", "Attention",
+         [x] + w + [("mask_index", [2, 3], i32([[1, 1, 0], [0, 1, 1]]))], **att)
+    case(out, "attention_mask_3d", "Attention",
+         [x] + w + [("mask_index", [2, 3, 3], i32(np.tril(np.ones([2, 3, 3]))))], **att)
+    case(out, "attention_unidirectional", "Attention", [x] + w, unidirectional=1, **att)
+    case(out, "attention_scale_filter", "Attention",
+         [x] + w + [("mask_index", [2, 3], i32([[1, 0, 0], [0, 0, 0]]))], scale=0.3,
+         mask_filter_value=-100.0, **att)
+    case(out, "attention_qkv_hidden_sizes", "Attention",
+         [x, ("weights", [8, 20]), ("bias", [20])], qkv_hidden_sizes=[8, 8, 4], **att)
+    case(out, "attention_past_present", "Attention",
+         [x] + w + [None, ("past", [2, 2, 2, 4, 4])], n_outputs=2, unidirectional=1, **att)
+    case(out, "attention_bias", "Attention",
+         [x] + w + [None, None, ("attention_bias", [1, 2, 3, 3])], **att)
+    q, k, v = ("query", [2, 3, 8]), ("key", [2, 5, 8]), ("value", [2, 5, 4])
+    case(out, "mha", "MultiHeadAttention", [q, k, v], num_heads=2)
+    case(out, "mha_bias_padding", "MultiHeadAttention",
+         [q, k, v, ("bias", [20]),
+          ("key_padding_mask", [2, 5], i32([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]))],
+         weights=("bias",), num_heads=2, scale=0.5)
+    case(out, "mha_lengths_bias", "MultiHeadAttention",
+         [q, k, v, None, ("key_padding_mask", [2], i32([4, 2])),
+          ("attention_bias", [2, 2, 3, 5])], num_heads=2)
+    case(out, "mha_past", "MultiHeadAttention",
+         [("query", [2, 1, 8]), ("key", [2, 1, 8]), ("value", [2, 1, 8]), None, None, None,
+          ("past_key", [2, 2, 4, 4]), ("past_value", [2, 2, 4, 4])], n_outputs=3, num_heads=2)
+    case(out, "mha_bnsh_key_value", "MultiHeadAttention",
+         [q, ("key", [2, 2, 5, 4]), ("value", [2, 2, 5, 4])], num_heads=2)
+    # RotaryEmbedding.
+    pos = ("position_ids", [2, 3], np.array([[0, 1, 2], [5, 3, 9]], dtype=np.int64))
+    cache = [("cos_cache", [10, 4]), ("sin_cache", [10, 4])]
+    case(out, "rotary", "RotaryEmbedding", [("input", [2, 3, 16]), pos] + cache, num_heads=2)
+    case(out, "rotary_interleaved", "RotaryEmbedding", [("input", [2, 3, 16]), pos] + cache,
+         interleaved=1, num_heads=2)
+    case(out, "rotary_4d_offset", "RotaryEmbedding",
+         [("input", [2, 2, 3, 8]), ("position_ids", [1], np.array([4], dtype=np.int64))] + cache)
+    case(out, "rotary_partial", "RotaryEmbedding",
+         [("input", [2, 3, 16]), pos, ("cos_cache", [10, 2]), ("sin_cache", [10, 2])],
+         num_heads=2, rotary_embedding_dim=4)
 
 
 def chain(out):

@@ -47,6 +47,11 @@ enum Kind {
     Hardmax,
 }
 
+/// Softmax of one contiguous row in place (the attention kernels' probabilities).
+pub(crate) fn softmax_row(v: &mut [f32]) {
+    lane(v, 0, v.len(), 1, Kind::Softmax);
+}
+
 /// Normalizes one strided lane of `len` values.
 fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
     let at = |k: usize| base + k * stride;

@@ -1,6 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
-//! activations, fused Conv/MatMul, the skip/simplified layer normalizations. Each computes what
+//! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention and
+//! rotary embeddings. Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -10,6 +11,7 @@
 //! "Contrib ops").
 
 mod activation;
+mod attention;
 mod fused;
 mod norm;
 
@@ -20,6 +22,7 @@ pub const MS_DOMAIN: &str = "com.microsoft";
 
 pub fn register(r: &mut Registry) {
     activation::register(r);
+    attention::register(r);
     fused::register(r);
     norm::register(r);
 }
@@ -55,6 +58,9 @@ mod tests {
             "BiasAdd",
             "SkipLayerNormalization",
             "SkipSimplifiedLayerNormalization",
+            "Attention",
+            "MultiHeadAttention",
+            "RotaryEmbedding",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
