@@ -516,7 +516,7 @@ fn one_hot(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let axis = norm_axis(ctx.attrs::<IndexAttrs>()?.axis.unwrap_or(-1), rank)?;
     let outer: usize = ind.shape()[..axis].iter().product();
     let inner: usize = ind.shape()[axis..].iter().product();
-    let mut pick = vec![0usize; outer * depth * inner];
+    let mut pick = vec![0usize; super::util::checked_len(&[outer, depth, inner])?];
     for o in 0..outer {
         for i in 0..inner {
             let v = iv[o * inner + i];

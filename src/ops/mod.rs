@@ -6,6 +6,7 @@
 //! precision of their inputs' dtype (f32 for f32 tensors); reduced-precision emulation wraps
 //! kernels from the outside (see docs/numerics.md).
 
+pub mod attention;
 pub mod attrs;
 pub mod bitwise;
 pub mod cast;
@@ -407,6 +408,7 @@ impl Registry {
         static REGISTRY: OnceLock<Registry> = OnceLock::new();
         REGISTRY.get_or_init(|| {
             let mut r = Registry::default();
+            attention::register(&mut r);
             bitwise::register(&mut r);
             cast::register(&mut r);
             control::register(&mut r);

@@ -8,6 +8,11 @@ use crate::tensor::{strides_of, Tensor};
 /// allocation that takes the machine down.
 pub const MAX_ELEMENTS: usize = 1 << 31;
 
+/// The most axes a tensor's shape may have: a declared shape input longer than this is an
+/// error, not a rank to allocate dimensions for (ONNX itself sets no limit; real models stay
+/// far below it).
+pub const MAX_RANK: usize = 1024;
+
 /// The element count of `shape`, or an error when it exceeds [`MAX_ELEMENTS`].
 pub fn checked_len(shape: &[usize]) -> Result<usize, OpError> {
     shape

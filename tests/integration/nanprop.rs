@@ -68,8 +68,16 @@ const ALLOWED: &[(&str, &str)] = &[
         "product in f64: 1e30 * 1e30 * 0 is 0 in f64, inf * 0 = NaN in f32",
     ),
     (
-        "test_attention_3d_diff_heads_sizes_softcap_expanded",
+        "test_attention_3d_diff_heads_sizes_softcap*",
         "1e30-sized terms cancel in a different summation order",
+    ),
+    (
+        "test_attention_4d_gqa_softcap",
+        "1e30-sized products overflow (inf - inf) in a different summation order",
+    ),
+    (
+        "test_attention_4d_attn_mask_4d_causal",
+        "float16 plan: a NaN score in a row whose other keys are masked: 0 in ORT's kernel, NaN here",
     ),
     // Tiny negative inputs: mixprec evaluates e^x - 1 with expm1, ORT as exp(x) - 1, which
     // cancels to 0 for |x| < 6e-8 (a subnormal input gives a subnormal output here, 0 there).
@@ -91,6 +99,14 @@ const ALLOWED: &[(&str, &str)] = &[
         "ORT's pick in a lane with a NaN depends on the NaN's position",
     ),
     // Not yet explained (one element each): recorded so that any new difference fails.
+    (
+        "test_rotary_embedding_no_position_ids",
+        "sign of one zero: +0 here, -0 in ORT's MLAS rotary kernel (not yet explained)",
+    ),
+    (
+        "test_rotary_embedding_with_rotary_dim",
+        "sign of two zeros: +0 here, -0 in ORT's MLAS rotary kernel (not yet explained)",
+    ),
     (
         "test_gemm_transposeB",
         "one element: IEEE 0*inf = NaN here, -inf in ORT (not yet explained)",

@@ -13,18 +13,18 @@
 //! shared past/present buffers and Attention's `do_rotary` are refused with an error, as
 //! ONNX Runtime's CPU kernel refuses most of them.
 
+use super::super::attention::{
+    attend, rotary_caches, rotate, Heads, RotaryAttrs, RotaryInput, ScoreRule,
+};
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::matmul::sgemm;
 use super::super::shape::{fact, FactsResult};
-use super::super::softmax::softmax_row;
-use super::super::util::{float_values, in_dtype, input, input_i64s, opt_input};
+use super::super::util::{checked_len, float_values, in_dtype, input, input_i64s, opt_input};
 use super::super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
 use super::MS_DOMAIN;
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
-use crate::numeric::Accumulator;
 use crate::tensor::Tensor;
-use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
     use InputRole::{Bias, Data, Param};
@@ -96,81 +96,6 @@ impl AttentionAttrs {
     }
 }
 
-/// Q, K or V split into heads: `[B, N, len, H]`, row-major.
-struct Heads {
-    b: usize,
-    n: usize,
-    len: usize,
-    h: usize,
-    v: Vec<f32>,
-}
-
-impl Heads {
-    /// Columns `offset..offset + n·h` of a `[B, len, width]` buffer, plus `bias[offset..]`,
-    /// as heads.
-    fn split(
-        x: &[f32],
-        (b, len, width): (usize, usize, usize),
-        offset: usize,
-        (n, h): (usize, usize),
-        bias: Option<&[f32]>,
-    ) -> Heads {
-        let mut v = vec![0f32; b * n * len * h];
-        v.par_chunks_mut(len * h).enumerate().for_each(|(bn, dst)| {
-            let (bi, ni) = (bn / n, bn % n);
-            for s in 0..len {
-                let src = &x[(bi * len + s) * width + offset + ni * h..][..h];
-                let d = &mut dst[s * h..(s + 1) * h];
-                d.copy_from_slice(src);
-                if let Some(bias) = bias {
-                    let bias = &bias[offset + ni * h..][..h];
-                    d.iter_mut().zip(bias).for_each(|(d, b)| *d += b);
-                }
-            }
-        });
-        Heads { b, n, len, h, v }
-    }
-
-    /// Heads given as a `[B, N, len, H]` tensor.
-    fn from_bnsh(t: &Tensor, what: &str) -> Result<Heads, OpError> {
-        let s = t.shape();
-        if s.len() != 4 {
-            return Err(OpError(format!("{what} {s:?} must be 4-D [B, N, len, H]")));
-        }
-        Ok(Heads {
-            b: s[0],
-            n: s[1],
-            len: s[2],
-            h: s[3],
-            v: float_values(t, what)?,
-        })
-    }
-
-    /// `past` then `self` along the sequence axis (the present state).
-    fn after(self, past: Option<Heads>, what: &str) -> Result<Heads, OpError> {
-        let Some(p) = past else {
-            return Ok(self);
-        };
-        if (p.b, p.n, p.h) != (self.b, self.n, self.h) {
-            return Err(OpError(format!(
-                "{what} [{}, {}, {}, {}] does not fit the new keys/values [{}, {}, {}, {}]",
-                p.b, p.n, p.len, p.h, self.b, self.n, self.len, self.h
-            )));
-        }
-        let len = p.len + self.len;
-        let mut v = Vec::with_capacity(self.b * self.n * len * self.h);
-        for bn in 0..self.b * self.n {
-            v.extend_from_slice(&p.v[bn * p.len * p.h..(bn + 1) * p.len * p.h]);
-            v.extend_from_slice(&self.v[bn * self.len * self.h..(bn + 1) * self.len * self.h]);
-        }
-        Ok(Heads { len, v, ..self })
-    }
-
-    fn tensor(&self) -> Tensor {
-        Tensor::from_f32(vec![self.b, self.n, self.len, self.h], self.v.clone())
-    }
-}
-
 /// The additive mask `[B, S, T]` ONNX Runtime builds from `mask` and causality (None: neither).
 fn additive_mask(
     mask: Option<&Tensor>,
@@ -185,7 +110,7 @@ fn additive_mask(
     if mask.is_none() && !causal {
         return Ok(None);
     }
-    let mut out = vec![0f32; b * s * t];
+    let mut out = vec![0f32; checked_len(&[b, s, t])?];
     if let Some(m) = mask {
         let idx = input_i64s(&[Some(m)], 0)
             .map_err(|_| OpError(format!("the mask has dtype {}, expected int32", m.dtype())))?;
@@ -244,104 +169,27 @@ fn additive_mask(
     Ok(Some(out))
 }
 
-/// Softmax attention of every head; returns `[B, S, N·H_v]`.
-fn attend(
-    acc: Accumulator,
+/// ONNX Runtime's attention on heads: `scale·Q·Kᵀ + attention_bias + mask`, softmax, ·V;
+/// returns `[B, S, N·H_v]`.
+fn ort_attend(
+    ctx: &OpCtx,
     q: &Heads,
     k: &Heads,
     v: &Heads,
     mask: Option<&[f32]>,
-    attn_bias: Option<&Tensor>,
+    attention_bias: Option<&Tensor>,
     scale: f32,
 ) -> Result<Vec<f32>, OpError> {
-    let (b, n, s, h, t, hv) = (q.b, q.n, q.len, q.h, k.len, v.h);
-    if (k.b, k.n, k.h) != (b, n, h) || (v.b, v.n, v.len) != (b, n, t) {
-        return Err(OpError(format!(
-            "Q [{b}, {n}, {s}, {h}], K [{}, {}, {t}, {}] and V [{}, {}, {}, {hv}] do not fit",
-            k.b, k.n, k.h, v.b, v.n, v.len
-        )));
-    }
-    let scale = if scale == 0.0 {
-        1.0 / (h as f32).sqrt()
-    } else {
-        scale
+    let rule = ScoreRule {
+        scale,
+        scale_operands: false,
+        softcap: 0.0,
+        mask,
+        bias: attention_bias,
+        keep: None,
+        masked_rows_zero: false,
     };
-    let bias = match attn_bias {
-        Some(t_) => {
-            let d = t_.shape();
-            let fits = d.len() == 4
-                && (d[0] == 1 || d[0] == b)
-                && (d[1] == 1 || d[1] == n)
-                && d[2] == s
-                && d[3] == t;
-            if !fits {
-                return Err(OpError(format!(
-                    "attention_bias {d:?} must be [B or 1, N or 1, S, T] = [{b}, {n}, {s}, {t}]"
-                )));
-            }
-            Some((float_values(t_, "attention_bias")?, d[0] != 1, d[1] != 1))
-        }
-        None => None,
-    };
-    let mut out = vec![0f32; b * s * n * hv];
-    let heads: Vec<Vec<f32>> = (0..b * n)
-        .into_par_iter()
-        .map(|bn| {
-            let (bi, ni) = (bn / n, bn % n);
-            let mut scores = vec![0f32; s * t];
-            sgemm(
-                acc,
-                s,
-                t,
-                h,
-                &q.v[bn * s * h..],
-                false,
-                &k.v[bn * t * h..],
-                true,
-                &mut scores,
-                false,
-            );
-            scores.iter_mut().for_each(|x| *x *= scale);
-            if let Some((bias, per_batch, per_head)) = &bias {
-                let off =
-                    (if *per_batch { bi * n } else { 0 } + if *per_head { ni } else { 0 }) * s * t;
-                scores
-                    .iter_mut()
-                    .zip(&bias[off..])
-                    .for_each(|(x, b)| *x += b);
-            }
-            if let Some(m) = mask {
-                scores
-                    .iter_mut()
-                    .zip(&m[bi * s * t..])
-                    .for_each(|(x, m)| *x += m);
-            }
-            if t > 0 {
-                scores.chunks_mut(t).for_each(softmax_row);
-            }
-            let mut o = vec![0f32; s * hv];
-            sgemm(
-                acc,
-                s,
-                hv,
-                t,
-                &scores,
-                false,
-                &v.v[bn * t * hv..],
-                false,
-                &mut o,
-                false,
-            );
-            o
-        })
-        .collect();
-    for (bn, o) in heads.iter().enumerate() {
-        let (bi, ni) = (bn / n, bn % n);
-        for si in 0..s {
-            out[((bi * s + si) * n + ni) * hv..][..hv].copy_from_slice(&o[si * hv..][..hv]);
-        }
-    }
-    Ok(out)
+    Ok(attend(ctx.accumulate, q, k, v, &rule)?.0.merged())
 }
 
 /// Attention: `input [B, S, D_in]` × `weights [D_in, D_q + D_k + D_v]` + `bias` gives Q, K, V;
@@ -368,7 +216,7 @@ fn attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     // One product for Q, K and V together: [B·S, D_in] × [D_in, width].
     let xv = float_values(x, "input")?;
     let wv = float_values(w, "weights")?;
-    let mut qkv = vec![0f32; b * s * width];
+    let mut qkv = vec![0f32; checked_len(&[b, s, width])?];
     sgemm(
         ctx.accumulate,
         b * s,
@@ -418,8 +266,8 @@ fn attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         attrs.unidirectional,
         attrs.mask_filter_value,
     )?;
-    let out = attend(
-        ctx.accumulate,
+    let out = ort_attend(
+        ctx,
         &q,
         &k,
         &v,
@@ -554,8 +402,8 @@ fn multi_head_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         attrs.unidirectional,
         attrs.mask_filter_value,
     )?;
-    let out = attend(
-        ctx.accumulate,
+    let out = ort_attend(
+        ctx,
         &q,
         &k,
         &v,
@@ -647,99 +495,43 @@ fn mha_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     ])
 }
 
-/// RotaryEmbedding's attributes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct RotaryAttrs {
-    pub interleaved: bool,
-    /// 0: taken from the input (4-D) or the caches.
-    pub num_heads: usize,
-    /// 0: the whole head.
-    pub rotary_dim: usize,
-}
-
-impl RotaryAttrs {
-    fn parse(node: &Node) -> Result<RotaryAttrs, AttrError> {
-        let a = Attrs::new(node);
-        if a.flag("is_packed_batching", false)? {
-            return Err(AttrError::new("is_packed_batching", "is not supported"));
-        }
-        let nonneg = |name: &str| -> Result<usize, AttrError> {
-            let v = a.int_or(name, 0)?;
-            usize::try_from(v).map_err(|_| AttrError::new(name, format!("must be >= 0, got {v}")))
-        };
-        Ok(RotaryAttrs {
-            interleaved: a.flag("interleaved", false)?,
-            num_heads: nonneg("num_heads")?,
-            rotary_dim: nonneg("rotary_embedding_dim")?,
-        })
-    }
-}
-
-/// Rotates the first `rotary_dim` features of every head by the angle of its position:
-/// pairs `(x[i], x[i + r/2])` (or `(x[2i], x[2i+1])` when interleaved) become
-/// `(x1·cos − x2·sin, x2·cos + x1·sin)` with `cos_cache[pos, i]`, `sin_cache[pos, i]`.
-/// Input `[B, S, N·H]` or `[B, N, S, H]`; `position_ids` `[B, S]`, or `[1]`: an offset added
-/// to each sequence position.
+/// com.microsoft RotaryEmbedding: input, position_ids (`[B, S]`, or `[1]`: an offset added to
+/// each sequence position), cos_cache and sin_cache `[max_position, r/2]`. A 3-D input without
+/// `num_heads` takes its head size from the rotary dimension (ONNX Runtime's rule).
 fn rotary_embedding(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<RotaryAttrs>()?;
     let x = input(inputs, 0)?;
     let pos = input_i64s(inputs, 1)?;
-    let (cos_t, sin_t) = (input(inputs, 2)?, input(inputs, 3)?);
-    let cs = cos_t.shape();
-    if cs.len() != 2 || sin_t.shape() != cs {
-        return Err(OpError(format!(
-            "cos_cache {cs:?} and sin_cache {:?} must be the same [max_position, rotary_dim / 2]",
-            sin_t.shape()
-        )));
-    }
-    let (max_pos, half) = (cs[0], cs[1]);
-    let xs = x.shape();
-    // (batch, seq, heads, head size) and whether heads come before the sequence.
-    let (b, s, n, h, bnsh) = match *xs {
-        [b, n, s, h] => (b, s, n, h, true),
-        [b, s, d] => {
-            let n = if attrs.num_heads > 0 {
-                attrs.num_heads
+    let (cos, sin, half) = rotary_caches(input(inputs, 2)?, input(inputs, 3)?, 2)?;
+    let max_pos = cos.len() / half.max(1);
+    let num_heads = match (attrs.num_heads, x.shape()) {
+        (0, &[_, _, d]) => {
+            let rd = if attrs.rotary_dim > 0 {
+                attrs.rotary_dim
             } else {
-                let rd = if attrs.rotary_dim > 0 {
-                    attrs.rotary_dim
-                } else {
-                    2 * half
-                };
-                d / rd.max(1)
+                2 * half
             };
-            if n == 0 || d % n != 0 {
-                return Err(OpError(format!(
-                    "input {xs:?}: hidden size {d} does not split into {n} heads"
-                )));
-            }
-            (b, s, n, d / n, false)
+            Some(d / rd.max(1))
         }
-        _ => {
-            return Err(OpError(format!(
-                "input {xs:?} must be [B, S, D] or [B, N, S, H]"
-            )))
-        }
+        (0, _) => None,
+        (n, _) => Some(n),
     };
-    let rd = if attrs.rotary_dim > 0 {
-        attrs.rotary_dim
-    } else {
-        h
+    let r = RotaryInput {
+        x,
+        num_heads,
+        rotary_dim: attrs.rotary_dim,
+        interleaved: attrs.interleaved,
+        cos: &cos,
+        sin: &sin,
+        half,
     };
-    if rd > h || rd % 2 != 0 || rd / 2 != half {
-        return Err(OpError(format!(
-            "rotary dimension {rd} must be even, at most the head size {h} and twice the caches' width {half}"
-        )));
-    }
-    let position = |bi: usize, si: usize| -> Result<usize, OpError> {
+    let y = rotate(&r, |bi, si, s| {
         let p = match pos.len() {
             1 => pos[0] + si as i64,
-            _ if pos.len() == b * s => pos[bi * s + si],
-            _ => {
+            n if n == x.shape()[0] * s => pos[bi * s + si],
+            n => {
                 return Err(OpError(format!(
-                    "position_ids has {} values, expected 1 or B·S = {}",
-                    pos.len(),
-                    b * s
+                    "position_ids has {n} values, expected 1 or B·S"
                 )))
             }
         };
@@ -751,42 +543,14 @@ fn rotary_embedding(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                     "position {p} is outside the caches' {max_pos} rows"
                 ))
             })
-    };
-    let (cos, sin) = (
-        float_values(cos_t, "cos_cache")?,
-        float_values(sin_t, "sin_cache")?,
-    );
-    let mut v = float_values(x, "input")?;
-    for bi in 0..b {
-        for si in 0..s {
-            let p = position(bi, si)?;
-            let (c, sn) = (&cos[p * half..][..half], &sin[p * half..][..half]);
-            for ni in 0..n {
-                let off = if bnsh {
-                    ((bi * n + ni) * s + si) * h
-                } else {
-                    ((bi * s + si) * n + ni) * h
-                };
-                let head = &mut v[off..off + rd];
-                for i in 0..half {
-                    let (a, bb) = if attrs.interleaved {
-                        (2 * i, 2 * i + 1)
-                    } else {
-                        (i, i + half)
-                    };
-                    let (x1, x2) = (head[a], head[bb]);
-                    head[a] = x1 * c[i] - x2 * sn[i];
-                    head[bb] = x2 * c[i] + x1 * sn[i];
-                }
-            }
-        }
-    }
-    Ok(vec![in_dtype(Tensor::from_f32(xs.to_vec(), v), x.dtype())])
+    })?;
+    Ok(vec![y])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::numeric::Accumulator;
 
     /// One head, two keys: the softmax weights follow the scaled scores, a masked key gets
     /// exp(-10000) ≈ 0, a causal position gets none.
@@ -802,7 +566,19 @@ mod tests {
         let q = heads(2, vec![1.0, 2.0]);
         let k = heads(2, vec![1.0, -1.0]);
         let v = heads(2, vec![10.0, 20.0]);
-        let out = attend(Accumulator::F32, &q, &k, &v, None, None, 1.0).unwrap();
+        let run = |mask: Option<&[f32]>| {
+            let rule = ScoreRule {
+                scale: 1.0,
+                scale_operands: false,
+                softcap: 0.0,
+                mask,
+                bias: None,
+                keep: None,
+                masked_rows_zero: false,
+            };
+            attend(Accumulator::F32, &q, &k, &v, &rule).unwrap().0.v
+        };
+        let out = run(None);
         // Row 0: scores (1, -1) → weights e/(e + 1/e).
         let w0 = 1.0 / (1.0 + (-2f32).exp());
         assert!((out[0] - (10.0 * w0 + 20.0 * (1.0 - w0))).abs() < 1e-5);
@@ -811,7 +587,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(m, vec![0.0, -10000.0, 0.0, -10000.0]);
-        let out = attend(Accumulator::F32, &q, &k, &v, Some(&m), None, 1.0).unwrap();
+        let out = run(Some(&m));
         assert_eq!(out, vec![10.0, 10.0]);
         let causal = additive_mask(None, (1, 2, 0, 2), true, -10000.0)
             .unwrap()

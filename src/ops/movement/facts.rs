@@ -241,6 +241,12 @@ fn reshape_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
                 Some([n]) => Some(*n),
                 _ => None,
             });
+        if let Some(r) = rank.filter(|&r| r > super::super::util::MAX_RANK) {
+            return Err(OpError(format!(
+                "the shape input has {r} entries: more axes than any tensor has (at most {})",
+                super::super::util::MAX_RANK
+            )));
+        }
         return Ok(vec![match rank {
             Some(r) => super::super::shape::unknown_dims(ctx, x.dtype, r),
             None => Fact::new(x.dtype, None),
