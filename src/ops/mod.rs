@@ -28,6 +28,7 @@ pub mod reduce;
 pub mod resize;
 pub mod shape;
 pub mod softmax;
+pub mod unique;
 pub mod util;
 
 use crate::graph::fact::{DimFact, Fact};
@@ -428,6 +429,7 @@ impl Registry {
             reduce::register(&mut r);
             resize::register(&mut r);
             softmax::register(&mut r);
+            unique::register(&mut r);
             r
         })
     }
