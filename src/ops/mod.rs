@@ -26,6 +26,7 @@ pub mod quantize;
 pub mod recurrent;
 pub mod reduce;
 pub mod resize;
+pub mod sampling;
 pub mod shape;
 pub mod softmax;
 pub mod unique;
@@ -428,6 +429,7 @@ impl Registry {
             recurrent::register(&mut r);
             reduce::register(&mut r);
             resize::register(&mut r);
+            sampling::register(&mut r);
             softmax::register(&mut r);
             unique::register(&mut r);
             r
