@@ -1,4 +1,6 @@
-//! GridSample (opsets 16 and 20): samples `X [N, C, D1..Dk]` at the normalized coordinates of
+//! GridSample and RoiAlign.
+//!
+//! GridSample (opsets 16 and 20) samples `X [N, C, D1..Dk]` at the normalized coordinates of
 //! `grid [N, O1..Om, k]` (the last axis in reverse order: x first, the innermost spatial axis),
 //! as the onnx reference implementation and PyTorch's grid_sample compute it.
 //!
@@ -10,6 +12,13 @@
 //! conformance data's rule in 2-D and 3-D; PyTorch's 3-D kernel rounds half away from zero);
 //! `linear`/`bilinear` interpolates the 2^k
 //! neighbours, `cubic`/`bicubic` the 4^k with Keys' coefficients (a = −0.75).
+//!
+//! RoiAlign (opsets 10 and 16) follows ONNX Runtime's CPU kernel (cpu/object_detection/
+//! roialign.cc): each output bin averages (or, in `max` mode, takes the largest weighted
+//! corner of) a grid of bilinear samples — `sampling_ratio` per side, or `ceil(roi size /
+//! output size)`; a sample more than one pixel outside the image reads 0, one within clamps to
+//! the edge; `half_pixel` (opset 16's default) shifts the box by half a pixel, the legacy
+//! `output_half_pixel` makes every box at least one pixel wide.
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::shape::{fact, FactsResult};
@@ -25,6 +34,204 @@ pub fn register(r: &mut Registry) {
         .parse(|n, _| boxed(GridSampleAttrs::parse(n)))
         .roles(&[InputRole::Data, InputRole::Param])
         .infer(grid_sample_facts);
+    r.add("RoiAlign", roi_align)
+        .parse(|n, opset| boxed(RoiAlignAttrs::parse(n, opset)))
+        .roles(&[InputRole::Data, InputRole::Param, InputRole::Param])
+        .infer(roi_align_facts);
+}
+
+/// RoiAlign's attributes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoiAlignAttrs {
+    pub max: bool,
+    pub out_h: usize,
+    pub out_w: usize,
+    pub sampling_ratio: usize,
+    pub spatial_scale: f32,
+    pub half_pixel: bool,
+}
+
+impl RoiAlignAttrs {
+    fn parse(node: &Node, opset: i64) -> Result<RoiAlignAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let max = a.choice("mode", false, &[("avg", false), ("max", true)])?;
+        let positive = |name: &str| -> Result<usize, AttrError> {
+            let v = a.int_or(name, 1)?;
+            if v < 1 {
+                return Err(AttrError::new(name, format!("must be >= 1, got {v}")));
+            }
+            Ok(v as usize)
+        };
+        let ratio = a.int_or("sampling_ratio", 0)?;
+        if ratio < 0 {
+            return Err(AttrError::new(
+                "sampling_ratio",
+                format!("must be >= 0, got {ratio}"),
+            ));
+        }
+        let half_pixel = a.choice(
+            "coordinate_transformation_mode",
+            opset >= 16,
+            &[("half_pixel", true), ("output_half_pixel", false)],
+        )?;
+        Ok(RoiAlignAttrs {
+            max,
+            out_h: positive("output_height")?,
+            out_w: positive("output_width")?,
+            sampling_ratio: ratio as usize,
+            spatial_scale: a.float_or("spatial_scale", 1.0)?,
+            half_pixel,
+        })
+    }
+}
+
+/// One bilinear sample of RoiAlign: its four corners' offsets and weights.
+type Corners = ([usize; 4], [f32; 4]);
+
+/// One bilinear sample of RoiAlign, or None (outside the image).
+fn roi_sample(y: f32, x: f32, h: usize, w: usize) -> Option<Corners> {
+    if y < -1.0 || y > h as f32 || x < -1.0 || x > w as f32 {
+        return None;
+    }
+    // Clamped to the image: at or past the last row/column both taps are that edge.
+    let corner = |v: f32, len: usize| -> (usize, usize, f32) {
+        let v = v.max(0.0);
+        let low = v as usize;
+        if low >= len - 1 {
+            (len - 1, len - 1, (len - 1) as f32)
+        } else {
+            (low, low + 1, v)
+        }
+    };
+    let (y_low, y_high, y) = corner(y, h);
+    let (x_low, x_high, x) = corner(x, w);
+    let (ly, lx) = (y - y_low as f32, x - x_low as f32);
+    let (hy, hx) = (1.0 - ly, 1.0 - lx);
+    Some((
+        [
+            y_low * w + x_low,
+            y_low * w + x_high,
+            y_high * w + x_low,
+            y_high * w + x_high,
+        ],
+        [hy * hx, hy * lx, ly * hx, ly * lx],
+    ))
+}
+
+fn roi_align(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let attrs = ctx.attrs::<RoiAlignAttrs>()?;
+    let (x, rois, idx) = (input(inputs, 0)?, input(inputs, 1)?, input(inputs, 2)?);
+    let xs = x.shape();
+    if xs.len() != 4 {
+        return Err(OpError(format!("X {xs:?} must be [N, C, H, W]")));
+    }
+    let (n, c, h, w) = (xs[0], xs[1], xs[2], xs[3]);
+    let r = rois.shape().first().copied().unwrap_or(0);
+    if rois.shape() != [r, 4] || idx.shape() != [r] {
+        return Err(OpError(format!(
+            "rois {:?} must be [R, 4] and batch_indices {:?} [R]",
+            rois.shape(),
+            idx.shape()
+        )));
+    }
+    let batch = super::util::input_i64s(inputs, 2)?;
+    if let Some(&b) = batch.iter().find(|&&b| b < 0 || b as usize >= n) {
+        return Err(OpError(format!(
+            "batch index {b} is outside X's {n} images"
+        )));
+    }
+    let boxes = float_values(rois, "rois")?;
+    let xv = float_values(x, "X")?;
+    let (oh, ow) = (attrs.out_h, attrs.out_w);
+    let out_shape = vec![r, c, oh, ow];
+    let mut out = vec![0f32; checked_len(&out_shape)?];
+    if h == 0 || w == 0 {
+        return Ok(vec![in_dtype(Tensor::from_f32(out_shape, out), x.dtype())]);
+    }
+    let offset = if attrs.half_pixel { 0.5 } else { 0.0 };
+    out.par_chunks_mut((c * oh * ow).max(1))
+        .enumerate()
+        .for_each(|(ri, dst)| {
+            let b = &boxes[ri * 4..ri * 4 + 4];
+            let s = attrs.spatial_scale;
+            let (x0, y0) = (b[0] * s - offset, b[1] * s - offset);
+            let (x1, y1) = (b[2] * s - offset, b[3] * s - offset);
+            let (mut rw, mut rh) = (x1 - x0, y1 - y0);
+            if !attrs.half_pixel {
+                rw = rw.max(1.0);
+                rh = rh.max(1.0);
+            }
+            let (bh, bw) = (rh / oh as f32, rw / ow as f32);
+            let grid = |size: f32, out: usize| -> usize {
+                if attrs.sampling_ratio > 0 {
+                    attrs.sampling_ratio
+                } else {
+                    (size / out as f32).ceil().max(0.0) as usize
+                }
+            };
+            let (gh, gw) = (grid(rh, oh), grid(rw, ow));
+            let count = (gh * gw).max(1) as f32;
+            // The samples of every bin: the same for all channels.
+            let samples: Vec<Vec<Option<Corners>>> = (0..oh * ow)
+                .map(|bin| {
+                    let (ph, pw) = (bin / ow, bin % ow);
+                    let mut v = Vec::with_capacity(gh * gw);
+                    for iy in 0..gh {
+                        let yy = y0 + ph as f32 * bh + (iy as f32 + 0.5) * bh / gh as f32;
+                        for ix in 0..gw {
+                            let xx = x0 + pw as f32 * bw + (ix as f32 + 0.5) * bw / gw as f32;
+                            v.push(roi_sample(yy, xx, h, w));
+                        }
+                    }
+                    v
+                })
+                .collect();
+            let img0 = batch[ri] as usize * c;
+            for ch in 0..c {
+                let img = &xv[(img0 + ch) * h * w..][..h * w];
+                for (bin, ss) in samples.iter().enumerate() {
+                    let y = &mut dst[ch * oh * ow + bin];
+                    if attrs.max {
+                        let mut m: Option<f32> = None;
+                        for (o, wt) in ss.iter().flatten() {
+                            let v = (0..4)
+                                .map(|k| wt[k] * img[o[k]])
+                                .fold(f32::NEG_INFINITY, f32::max);
+                            m = Some(m.map_or(v, |m| m.max(v)));
+                        }
+                        *y = m.unwrap_or(0.0);
+                    } else {
+                        let sum: f32 = ss
+                            .iter()
+                            .flatten()
+                            .map(|(o, wt)| (0..4).map(|k| wt[k] * img[o[k]]).sum::<f32>())
+                            .sum();
+                        *y = sum / count;
+                    }
+                }
+            }
+        });
+    Ok(vec![in_dtype(Tensor::from_f32(out_shape, out), x.dtype())])
+}
+
+fn roi_align_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+    let (x, rois) = (fact(ins, 0)?, fact(ins, 1)?);
+    let attrs = ctx.attrs::<RoiAlignAttrs>()?;
+    let dim = |f: &Fact, i: usize| {
+        f.shape
+            .as_ref()
+            .and_then(|s| s.get(i).cloned())
+            .unwrap_or_else(|| ctx.unknown_dim())
+    };
+    Ok(vec![Fact::new(
+        x.dtype,
+        Some(vec![
+            dim(rois, 0),
+            dim(x, 1),
+            crate::graph::fact::DimFact::known(attrs.out_h),
+            crate::graph::fact::DimFact::known(attrs.out_w),
+        ]),
+    )])
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -315,6 +522,22 @@ mod tests {
         ];
         // x = 3 is column 2: reflected at 1 it is 0, and at 0 it stays; (1 + 3) / 2.
         assert_eq!(run(&refl, &x, &grid).unwrap().as_f32().unwrap()[2], 2.0);
+    }
+
+    /// One box over a 2x2 image with one sample per bin at its center: bilinear by hand.
+    #[test]
+    fn roi_align_averages_bilinear_samples() {
+        let x = Tensor::from_f32(vec![1, 1, 2, 2], vec![1.0, 2.0, 3.0, 4.0]);
+        let rois = Tensor::from_f32(vec![1, 4], vec![0.0, 0.0, 2.0, 2.0]);
+        let idx = Tensor::from_i64(vec![1], vec![0]);
+        let n = node_with("RoiAlign", &[("sampling_ratio", Attribute::Int(1))]);
+        let y = roi_align(&OpCtx::new(&n, 16), &[Some(&x), Some(&rois), Some(&idx)]).unwrap();
+        // half_pixel: box (-0.5, -0.5)..(1.5, 1.5), its center (0.5, 0.5): the mean 2.5.
+        assert_eq!(y[0].shape(), &[1, 1, 1, 1]);
+        assert_eq!(y[0].as_f32().unwrap(), &[2.5]);
+        let bad = Tensor::from_i64(vec![1], vec![3]);
+        let e = roi_align(&OpCtx::new(&n, 16), &[Some(&x), Some(&rois), Some(&bad)]).unwrap_err();
+        assert!(e.0.contains("batch index 3"), "{e}");
     }
 
     #[test]
