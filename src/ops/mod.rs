@@ -28,6 +28,7 @@ pub mod reduce;
 pub mod resize;
 pub mod sampling;
 pub mod shape;
+pub mod signal;
 pub mod softmax;
 pub mod unique;
 pub mod util;
@@ -430,6 +431,7 @@ impl Registry {
             reduce::register(&mut r);
             resize::register(&mut r);
             sampling::register(&mut r);
+            signal::register(&mut r);
             softmax::register(&mut r);
             unique::register(&mut r);
             r

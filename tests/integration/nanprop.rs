@@ -99,6 +99,15 @@ const ALLOWED: &[(&str, &str)] = &[
         "test_gridsample_reflection_padding",
         "float16 plan: which neighbours a zero-weight tap reads is implementation-specific",
     ),
+    // An infinite or 1e30 sample reaches every frequency through the twiddle factors.
+    (
+        "test_dft*",
+        "inf·cos − inf·sin (±inf or NaN) and the cancellation of 1e30 terms depend on the FFT algorithm (ORT: f32 radix-2; mixprec: direct f64 sums)",
+    ),
+    (
+        "test_stft*",
+        "inf·cos − inf·sin (±inf or NaN) and the cancellation of 1e30 terms depend on the FFT algorithm (ORT: f32 radix-2; mixprec: direct f64 sums)",
+    ),
     // Integer results of NaN/inf: undefined behaviour in C++ (ORT on x86 gives INT_MIN).
     (
         "test_pow_types_int*",
