@@ -111,27 +111,37 @@ impl NormAttrs {
 
 /// Y like X; the optional Mean and InvStdDev keep X's leading dims up to `axis`, 1 after, in
 /// the stash type.
+/// The shape of a normalization's saved statistics: the input's dimensions before `axis`, 1
+/// from it on.
+pub(crate) fn stats_dims(
+    s: &[crate::graph::fact::DimFact],
+    axis: i64,
+) -> Result<Vec<crate::graph::fact::DimFact>, OpError> {
+    let axis = super::util::norm_axis(axis, s.len())?;
+    Ok(s.iter()
+        .enumerate()
+        .map(|(i, d)| {
+            if i < axis {
+                d.clone()
+            } else {
+                crate::graph::fact::DimFact::known(1)
+            }
+        })
+        .collect())
+}
+
 fn layer_norm_facts(
     ctx: &super::InferCtx,
     ins: &[Option<&crate::graph::fact::Fact>],
 ) -> super::shape::FactsResult {
-    use crate::graph::fact::{DimFact, Fact};
+    use crate::graph::fact::Fact;
     let x = super::shape::fact(ins, 0)?;
     let attrs = ctx.attrs::<NormAttrs>()?;
-    let stats = x.shape.as_ref().map(|s| -> Result<Vec<DimFact>, OpError> {
-        let axis = super::util::norm_axis(attrs.axis, s.len())?;
-        Ok(s.iter()
-            .enumerate()
-            .map(|(i, d)| {
-                if i < axis {
-                    d.clone()
-                } else {
-                    DimFact::known(1)
-                }
-            })
-            .collect())
-    });
-    let stats = stats.transpose()?;
+    let stats = x
+        .shape
+        .as_ref()
+        .map(|s| stats_dims(s, attrs.axis))
+        .transpose()?;
     let stash = crate::tensor::DType::from_onnx(attrs.stash_type as i32);
     Ok(vec![
         Fact::new(x.dtype, x.shape.clone()),

@@ -22,7 +22,7 @@
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
 use super::shape::{fact, opt_fact, FactsResult};
-use super::util::{input, opt_input};
+use super::util::{float_values as floats, input, opt_input};
 use super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
@@ -454,17 +454,6 @@ fn recurrent_flops(_: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u6
     let rows = (x[0] * x[1]) as u64;
     let (dirs, gh, input, hidden) = (w[0] as u64, w[1] as u64, w[2] as u64, r[2] as u64);
     rows * dirs * gh * (2 * (input + hidden) + 8)
-}
-
-fn floats(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
-    if t.dtype().is_float() {
-        Ok(t.to_f32_vec().expect("float"))
-    } else {
-        Err(OpError(format!(
-            "{what} has dtype {}, expected a float type",
-            t.dtype()
-        )))
-    }
 }
 
 /// Checks that tensor `what` has `want` as its shape, naming it otherwise.

@@ -169,22 +169,27 @@ fn additive_mask(
     Ok(Some(out))
 }
 
-/// ONNX Runtime's attention on heads: `scale·Q·Kᵀ + attention_bias + mask`, softmax, ·V;
-/// returns `[B, S, N·H_v]`.
+/// ONNX Runtime's attention on heads: `scale·Q·Kᵀ + attention_bias + mask`, softmax, ·V, the
+/// additive mask built from the mask input and causality; returns `[B, S, N·H_v]`.
 fn ort_attend(
     ctx: &OpCtx,
-    q: &Heads,
-    k: &Heads,
-    v: &Heads,
-    mask: Option<&[f32]>,
+    attrs: &AttentionAttrs,
+    (q, k, v): (&Heads, &Heads, &Heads),
+    past_len: usize,
+    mask: Option<&Tensor>,
     attention_bias: Option<&Tensor>,
-    scale: f32,
 ) -> Result<Vec<f32>, OpError> {
+    let mask = additive_mask(
+        mask,
+        (q.b, q.len, past_len, k.len),
+        attrs.unidirectional,
+        attrs.mask_filter_value,
+    )?;
     let rule = ScoreRule {
-        scale,
+        scale: attrs.scale,
         scale_operands: false,
         softcap: 0.0,
-        mask,
+        mask: mask.as_deref(),
         bias: attention_bias,
         keep: None,
         masked_rows_zero: false,
@@ -260,20 +265,13 @@ fn attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let past_len = past_k.as_ref().map_or(0, |p| p.len);
     let k = k.after(past_k, "past")?;
     let v = v.after(past_v, "past")?;
-    let mask = additive_mask(
-        opt_input(inputs, 3),
-        (b, s, past_len, k.len),
-        attrs.unidirectional,
-        attrs.mask_filter_value,
-    )?;
     let out = ort_attend(
         ctx,
-        &q,
-        &k,
-        &v,
-        mask.as_deref(),
+        attrs,
+        (&q, &k, &v),
+        past_len,
+        opt_input(inputs, 3),
         opt_input(inputs, 5),
-        attrs.scale,
     )?;
     let mut outs = vec![in_dtype(Tensor::from_f32(vec![b, s, dv], out), x.dtype())];
     if ctx.node.outputs.get(1).is_some_and(|o| !o.is_empty()) {
@@ -396,20 +394,13 @@ fn multi_head_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             past_len,
         )
     };
-    let mask = additive_mask(
-        opt_input(inputs, 4),
-        (b, s, past_len, k.len),
-        attrs.unidirectional,
-        attrs.mask_filter_value,
-    )?;
     let out = ort_attend(
         ctx,
-        &q,
-        &k,
-        &v,
-        mask.as_deref(),
+        attrs,
+        (&q, &k, &v),
+        past_len,
+        opt_input(inputs, 4),
         opt_input(inputs, 5),
-        attrs.scale,
     )?;
     let dv = v.n * v.h;
     let dtype = query.dtype();

@@ -211,19 +211,7 @@ fn simplified_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let stats = x
         .shape
         .as_ref()
-        .map(|s| -> Result<Vec<DimFact>, OpError> {
-            let axis = norm_axis(attrs.axis, s.len())?;
-            Ok(s.iter()
-                .enumerate()
-                .map(|(i, d)| {
-                    if i < axis {
-                        d.clone()
-                    } else {
-                        DimFact::known(1)
-                    }
-                })
-                .collect())
-        })
+        .map(|s| super::super::norm::stats_dims(s, attrs.axis))
         .transpose()?;
     Ok(vec![
         Fact::new(x.dtype, x.shape.clone()),
