@@ -24,7 +24,8 @@ from onnx import helper, numpy_helper
 MS = "com.microsoft"
 
 
-def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(), **attrs):
+def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
+         out_type=onnx.TensorProto.FLOAT, **attrs):
     """inputs: list of (name, shape) or None for an omitted optional input; names in
     `weights` become initializers."""
     rng = np.random.default_rng(seed)
@@ -52,7 +53,7 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(), **at
     node = helper.make_node(op, names, outs, name=name, domain=domain, **attrs)
     graph = helper.make_graph(
         [node], name, graph_inputs,
-        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in outs],
+        [helper.make_tensor_value_info(o, out_type, None) for o in outs],
         initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
@@ -117,7 +118,31 @@ def main():
          [("X", [2, 3, 4]), ("scale", [3, 4])], domain="", weights=("scale",), axis=1,
          epsilon=1e-3)
     attention_cases(out)
+    qlinear_cases(out)
     chain(out)
+
+
+def qlinear_cases(out):
+    rng = np.random.default_rng(3)
+    f32 = lambda v: np.array(v, dtype=np.float32)
+    for t, lo, hi in [(np.uint8, 0, 256), (np.int8, -128, 128)]:
+        x = ("X", [2, 3, 8], rng.integers(lo, hi, [2, 3, 8]).astype(t))
+        zp = lambda v: np.array(v, dtype=t)
+        name = t.__name__
+        code = helper.np_dtype_to_tensor_dtype(np.dtype(t))
+        case(out, f"qlinear_sigmoid_{name}", "QLinearSigmoid",
+             [x, ("X_scale", [], f32(0.05)), ("X_zero_point", [], zp(3)),
+              ("Y_scale", [], f32(1 / 256)), ("Y_zero_point", [], zp(lo))], out_type=code)
+        case(out, f"qlinear_leaky_relu_{name}", "QLinearLeakyRelu",
+             [x, ("X_scale", [], f32(0.07)), ("X_zero_point", [], zp(-5 if lo else 100)),
+              ("Y_scale", [], f32(0.05)), ("Y_zero_point", [], zp(10))], alpha=0.13,
+             out_type=code)
+    # X_zero_point omitted (ONNX Runtime 1.32 aborts when the trailing Y_zero_point is).
+    case(out, "qlinear_sigmoid_no_x_zero_point", "QLinearSigmoid",
+         [("X", [4, 5], rng.integers(0, 256, [4, 5]).astype(np.uint8)),
+          ("X_scale", [], f32(0.1)), None, ("Y_scale", [], f32(1 / 255)),
+          ("Y_zero_point", [], np.array(0, dtype=np.uint8))],
+         out_type=onnx.TensorProto.UINT8)
 
 
 def attention_cases(out):

@@ -14,6 +14,7 @@ mod activation;
 mod attention;
 mod fused;
 mod norm;
+mod qlinear;
 
 use super::Registry;
 
@@ -25,6 +26,7 @@ pub fn register(r: &mut Registry) {
     attention::register(r);
     fused::register(r);
     norm::register(r);
+    qlinear::register(r);
 }
 
 /// The last dimension of `x`, which a 1-D `bias` of a fused op must have; an error naming the
@@ -61,6 +63,8 @@ mod tests {
             "Attention",
             "MultiHeadAttention",
             "RotaryEmbedding",
+            "QLinearSigmoid",
+            "QLinearLeakyRelu",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
