@@ -119,6 +119,8 @@ def main():
          epsilon=1e-3)
     attention_cases(out)
     qlinear_cases(out)
+    qlinear_binary_cases(out)
+    qlinear_concat_pool_cases(out)
     chain(out)
 
 
@@ -143,6 +145,78 @@ def qlinear_cases(out):
           ("X_scale", [], f32(0.1)), None, ("Y_scale", [], f32(1 / 255)),
           ("Y_zero_point", [], np.array(0, dtype=np.uint8))],
          out_type=onnx.TensorProto.UINT8)
+
+
+def qlinear_binary_cases(out):
+    """QLinearAdd / QLinearMul: every broadcast loop of ONNX Runtime (both operands spanning,
+    B or A constant along the innermost axis, a scalar), scale ratios that make exact ties
+    (0.1 / 0.2 / 0.25) and ones that do not, more than 32 elements (the AVX2 loop and its
+    tail)."""
+    rng = np.random.default_rng(5)
+    f32 = lambda v: np.array(v, dtype=np.float32)
+    shapes = {"same": ([8, 16, 64], [8, 16, 64]), "row": ([2, 3, 40], [40]),
+              "col": ([2, 3, 40], [2, 3, 1]), "scalar_a": ([], [2, 3, 40]),
+              "col_a": ([2, 3, 1], [2, 3, 40])}
+    scales = {"ties": (0.1, 0.2, 0.25), "odd": (0.0371, 0.0523, 0.0611)}
+    for t, lo, hi in [(np.uint8, 0, 256), (np.int8, -128, 128)]:
+        code = helper.np_dtype_to_tensor_dtype(np.dtype(t))
+        zp = lambda v: np.array(v, dtype=t)
+        for sname, (sa, sb, sc) in scales.items():
+            for shname, (ash, bsh) in shapes.items():
+                a = rng.integers(lo, hi, ash).astype(t)
+                b = rng.integers(lo, hi, bsh).astype(t)
+                zs = (zp(lo + 7), zp(lo + 130), zp(lo + 100))
+                for op in ["QLinearAdd", "QLinearMul"]:
+                    case(out, f"{op}_{t.__name__}_{sname}_{shname}".lower(), op,
+                         [("A", ash, a), ("A_scale", [], f32(sa)), ("A_zero_point", [], zs[0]),
+                          ("B", bsh, b), ("B_scale", [], f32(sb)), ("B_zero_point", [], zs[1]),
+                          ("C_scale", [], f32(sc)), ("C_zero_point", [], zs[2])],
+                         out_type=code)
+
+
+def qlinear_concat_pool_cases(out):
+    """QLinearConcat (an input on the output's grid is copied, others requantized) and the two
+    quantized average pools: NCHW and channels_last, pads, strides, ceil_mode,
+    count_include_pad, 1-D and 2-D windows, and a window covering the whole image (ONNX
+    Runtime's integer global path)."""
+    rng = np.random.default_rng(6)
+    f32 = lambda v: np.array(v, dtype=np.float32)
+    for t, lo, hi in [(np.uint8, 0, 256), (np.int8, -128, 128)]:
+        code = helper.np_dtype_to_tensor_dtype(np.dtype(t))
+        zp = lambda v: np.array(v, dtype=t)
+        name = t.__name__
+        xs = [rng.integers(lo, hi, [2, c, 5]).astype(t) for c in (3, 1, 4)]
+        case(out, f"qlinear_concat_{name}", "QLinearConcat",
+             [("Y_scale", [], f32(0.05)), ("Y_zero_point", [], zp(lo + 120)),
+              ("X0", [2, 3, 5], xs[0]), ("S0", [], f32(0.05)), ("Z0", [], zp(lo + 120)),
+              ("X1", [2, 1, 5], xs[1]), ("S1", [], f32(0.1)), ("Z1", [], zp(lo + 3)),
+              ("X2", [2, 4, 5], xs[2]), ("S2", [], f32(0.0377)), ("Z2", [], zp(lo + 200))],
+             out_type=code, axis=1)
+        q = lambda xs_, xz, ys_, yz: [("x_scale", [], f32(xs_)), ("x_zero_point", [], zp(xz)),
+                                     ("y_scale", [], f32(ys_)), ("y_zero_point", [], zp(yz))]
+        for last, shape in [(0, [2, 3, 5, 7]), (1, [2, 5, 7, 3])]:
+            x = ("X", shape, rng.integers(lo, hi, shape).astype(t))
+            case(out, f"qlinear_global_avg_pool_{name}_{last}", "QLinearGlobalAveragePool",
+                 [x] + q(0.07, lo + 50, 0.05, lo + 9), out_type=code, channels_last=last)
+        pool_shapes = {0: [1, 3, 9, 8], 1: [1, 9, 8, 3]}
+        for last, shape in pool_shapes.items():
+            x = ("X", shape, rng.integers(lo, hi, shape).astype(t))
+            for k, attrs in enumerate([
+                    dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2]),
+                    dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2],
+                         count_include_pad=1),
+                    dict(kernel_shape=[2, 3], strides=[2, 2], ceil_mode=1),
+                    dict(kernel_shape=[3, 2], auto_pad="SAME_UPPER")]):
+                case(out, f"qlinear_avg_pool_{name}_{last}_{k}", "QLinearAveragePool",
+                     [x] + q(0.03, lo + 40, 0.02, lo + 100), out_type=code,
+                     channels_last=last, **attrs)
+        x = ("X", [1, 2, 10], rng.integers(lo, hi, [1, 2, 10]).astype(t))
+        case(out, f"qlinear_avg_pool_{name}_1d", "QLinearAveragePool",
+             [x] + q(0.1, lo + 10, 0.3, lo + 20), out_type=code, kernel_shape=[3], strides=[2],
+             pads=[1, 1])
+        x = ("X", [1, 2, 4, 4], rng.integers(lo, hi, [1, 2, 4, 4]).astype(t))
+        case(out, f"qlinear_avg_pool_{name}_whole", "QLinearAveragePool",
+             [x] + q(0.1, lo + 10, 0.03, lo + 20), out_type=code, kernel_shape=[4, 4])
 
 
 def attention_cases(out):

@@ -68,7 +68,7 @@ pub struct PoolAttrs {
 }
 
 impl PoolAttrs {
-    fn parse(node: &crate::graph::Node) -> Result<PoolAttrs, AttrError> {
+    pub(crate) fn parse(node: &crate::graph::Node) -> Result<PoolAttrs, AttrError> {
         let a = Attrs::new(node);
         let window = WindowAttrs::parse(&a)?;
         let kernel = window

@@ -15,6 +15,8 @@ mod attention;
 mod fused;
 mod norm;
 mod qlinear;
+mod qlinear_binary;
+mod qlinear_pool;
 
 use super::Registry;
 
@@ -27,6 +29,8 @@ pub fn register(r: &mut Registry) {
     fused::register(r);
     norm::register(r);
     qlinear::register(r);
+    qlinear_binary::register(r);
+    qlinear_pool::register(r);
 }
 
 /// The last dimension of `x`, which a 1-D `bias` of a fused op must have; an error naming the
@@ -65,6 +69,11 @@ mod tests {
             "RotaryEmbedding",
             "QLinearSigmoid",
             "QLinearLeakyRelu",
+            "QLinearConcat",
+            "QLinearAdd",
+            "QLinearMul",
+            "QLinearGlobalAveragePool",
+            "QLinearAveragePool",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }

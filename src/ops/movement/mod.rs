@@ -107,7 +107,7 @@ pub struct MovementAttrs {
 }
 
 impl MovementAttrs {
-    fn parse(
+    pub(crate) fn parse(
         node: &crate::graph::Node,
         opset: i64,
     ) -> Result<MovementAttrs, super::attrs::AttrError> {
