@@ -25,9 +25,10 @@ MS = "com.microsoft"
 
 
 def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
-         out_type=onnx.TensorProto.FLOAT, **attrs):
+         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), **attrs):
     """inputs: list of (name, shape) or None for an omitted optional input; names in
-    `weights` become initializers."""
+    `weights` become initializers; outputs whose index is in `omit_outputs` are not asked
+    for."""
     rng = np.random.default_rng(seed)
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
@@ -49,11 +50,11 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
             k += 1
     while names and names[-1] == "":
         names.pop()
-    outs = [f"y{i}" for i in range(n_outputs)]
+    outs = ["" if i in omit_outputs else f"y{i}" for i in range(n_outputs)]
     node = helper.make_node(op, names, outs, name=name, domain=domain, **attrs)
     graph = helper.make_graph(
         [node], name, graph_inputs,
-        [helper.make_tensor_value_info(o, out_type, None) for o in outs],
+        [helper.make_tensor_value_info(o, out_type, None) for o in outs if o],
         initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
@@ -121,6 +122,7 @@ def main():
     qlinear_cases(out)
     qlinear_binary_cases(out)
     qlinear_concat_pool_cases(out)
+    dq_lstm_cases(out)
     chain(out)
 
 
@@ -217,6 +219,64 @@ def qlinear_concat_pool_cases(out):
         x = ("X", [1, 2, 4, 4], rng.integers(lo, hi, [1, 2, 4, 4]).astype(t))
         case(out, f"qlinear_avg_pool_{name}_whole", "QLinearAveragePool",
              [x] + q(0.1, lo + 10, 0.03, lo + 20), out_type=code, kernel_shape=[4, 4])
+
+
+def dq_lstm_cases(out):
+    """DynamicQuantizeLSTM as ONNX Runtime's quantize_dynamic writes it: uint8 weights per
+    direction or per column (constant zero point), int8 per column (zero point 0); every
+    direction, sequence_lens (Y's zero rows enter the next step's quantized product),
+    initial states, peepholes, clip, input_forget, and Y not asked for."""
+    rng = np.random.default_rng(7)
+
+    def quant(w, signed, per_column):
+        # w: [dirs, K, 4H] floats -> codes, scales, zero points.
+        axis = (1,) if per_column else (1, 2)
+        lo = np.minimum(w.min(axis=axis, keepdims=True), 0)
+        hi = np.maximum(w.max(axis=axis, keepdims=True), 0)
+        if signed:
+            scale = np.maximum(hi, -lo) / 127
+            zp = np.zeros_like(scale)
+            q = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+        else:
+            scale = (hi - lo) / 255
+            zp = np.round(-lo / scale).max(axis=axis, keepdims=True) if per_column \
+                else np.round(-lo / scale)
+            zp = np.broadcast_to(zp.max(axis=-1, keepdims=True), scale.shape) \
+                if per_column else zp
+            q = np.clip(np.round(w / scale) + zp, 0, 255).astype(np.uint8)
+        shape = (w.shape[0], w.shape[2]) if per_column else (w.shape[0],)
+        zt = np.int8 if signed else np.uint8
+        return (q, scale.reshape(shape).astype(np.float32),
+                np.ascontiguousarray(zp.reshape(shape)).astype(zt))
+
+    def lstm(name, seq, batch, inp, hid, direction, signed, per_column, lens=None,
+             states=False, peep=False, omit=(), **attrs):
+        dirs = 2 if direction == "bidirectional" else 1
+        w = rng.uniform(-0.6, 0.6, [dirs, inp, 4 * hid]).astype(np.float32)
+        r = rng.uniform(-0.6, 0.6, [dirs, hid, 4 * hid]).astype(np.float32)
+        wq, ws, wz = quant(w, signed, per_column)
+        rq, rs, rz = quant(r, signed, per_column)
+        f32 = lambda shape: rng.uniform(-1, 1, shape).astype(np.float32)
+        ins = [("X", [seq, batch, inp], f32([seq, batch, inp])),
+               ("W", list(wq.shape), wq), ("R", list(rq.shape), rq),
+               ("B", [dirs, 8 * hid], f32([dirs, 8 * hid])),
+               ("sequence_lens", [batch], np.array(lens, dtype=np.int32))
+               if lens is not None else None,
+               ("initial_h", [dirs, batch, hid], f32([dirs, batch, hid])) if states else None,
+               ("initial_c", [dirs, batch, hid], f32([dirs, batch, hid])) if states else None,
+               ("P", [dirs, 3 * hid], f32([dirs, 3 * hid])) if peep else None,
+               ("W_scale", list(ws.shape), ws), ("W_zero_point", list(wz.shape), wz),
+               ("R_scale", list(rs.shape), rs), ("R_zero_point", list(rz.shape), rz)]
+        case(out, name, "DynamicQuantizeLSTM", ins, n_outputs=3, omit_outputs=omit,
+             weights=("W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point"),
+             hidden_size=hid, direction=direction, **attrs)
+
+    lstm("dq_lstm_forward_u8", 5, 2, 4, 3, "forward", False, False, states=True)
+    lstm("dq_lstm_bidirectional_i8_per_column", 6, 2, 5, 4, "bidirectional", True, True,
+         lens=[6, 3], peep=True, clip=2.5)
+    lstm("dq_lstm_reverse_u8_per_column", 4, 3, 3, 2, "reverse", False, True, lens=[4, 1, 3],
+         states=True, input_forget=1, omit=(0,))
+    lstm("dq_lstm_forward_lens_u8", 5, 3, 4, 3, "forward", False, False, lens=[5, 2, 4])
 
 
 def attention_cases(out):

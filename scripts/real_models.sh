@@ -75,4 +75,23 @@ PY
   done <<<"$PINS"
   [ "$bad" = 0 ] || exit 1
 fi
+# Models derived from the pinned ones by ONNX Runtime's own quantizer (the venv's pinned
+# onnxruntime, so the output is reproducible): quantize_dynamic writes the QOperator ops users
+# meet in such models (DynamicQuantizeLSTM, ConvInteger, DynamicQuantizeLinear). Written once
+# under a temporary name and renamed.
+derive() { # $1 source under the cache, $2 output under the cache
+  [ -f "$cache/$2" ] && return 0
+  echo "real_models.sh: deriving $2 (onnxruntime quantize_dynamic) ..." >&2
+  mkdir -p "$(dirname "$cache/$2")"
+  "$py" - "$cache/$1" "$cache/$2" <<'PY' >&2
+import logging, os, sys
+logging.disable(logging.WARNING)
+from onnxruntime.quantization import QuantType, quantize_dynamic
+src, dst = sys.argv[1], sys.argv[2]
+quantize_dynamic(src, dst + ".part.onnx", weight_type=QuantType.QUInt8)
+os.replace(dst + ".part.onnx", dst)
+PY
+}
+derive silero-vad-6.2.3/silero_vad/data/silero_vad_16k_sequence.onnx \
+  derived/silero_vad_16k_sequence.dynamic_uint8.onnx
 echo "$cache"

@@ -61,7 +61,7 @@ pub enum Cell {
 impl Cell {
     fn of(op: &str) -> Cell {
         match op {
-            "LSTM" => Cell::Lstm,
+            "LSTM" | "DynamicQuantizeLSTM" => Cell::Lstm,
             "GRU" => Cell::Gru,
             _ => Cell::Rnn,
         }
@@ -249,6 +249,9 @@ pub struct RecurrentAttrs {
     pub linear_before_reset: bool,
     /// LSTM's `input_forget`: the forget gate is `1 - i`.
     pub input_forget: bool,
+    /// com.microsoft DynamicQuantizeLSTM: W and R are 8-bit codes laid out
+    /// `[num_directions, K, 4*hidden_size]` (see `contrib/dynamic_quantize_lstm.rs`).
+    pub quantized: bool,
 }
 
 impl RecurrentAttrs {
@@ -260,7 +263,7 @@ impl RecurrentAttrs {
         }
     }
 
-    fn parse(node: &Node, opset: i64) -> Result<RecurrentAttrs, AttrError> {
+    pub(crate) fn parse(node: &Node, opset: i64) -> Result<RecurrentAttrs, AttrError> {
         let a = Attrs::new(node);
         let cell = Cell::of(&node.op_type);
         let direction = a.choice(
@@ -375,20 +378,22 @@ impl RecurrentAttrs {
             batch_first,
             linear_before_reset,
             input_forget,
+            quantized: node.op_type == "DynamicQuantizeLSTM",
         })
     }
 }
 
 /// Output facts: Y `[seq, dirs, batch, hidden]` (layout 1: `[batch, seq, dirs, hidden]`), Y_h
 /// and Y_c `[dirs, batch, hidden]` (layout 1: `[batch, dirs, hidden]`), in X's type.
-fn recurrent_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
+pub(crate) fn recurrent_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
     let a = ctx.attrs::<RecurrentAttrs>()?;
     let x = fact(ins, 0)?;
     let dirs = DimFact::known(a.num_directions());
     let hidden = match a.hidden_size {
         Some(h) => DimFact::known(h),
         None => match fact(ins, 2)?.shape.as_deref() {
-            Some([_, _, h]) => h.clone(),
+            Some([_, h, _]) if a.quantized => h.clone(),
+            Some([_, _, h]) if !a.quantized => h.clone(),
             _ => ctx.unknown_dim(),
         },
     };
@@ -443,7 +448,7 @@ fn recurrent_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
 
 /// 2 FLOPs per multiply-add of `X·Wᵀ` and `H·Rᵀ` over every step and direction, plus the gate
 /// arithmetic (about 8 per gate element).
-fn recurrent_flops(_: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u64 {
+pub(crate) fn recurrent_flops(node: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u64 {
     let (Some(Some(x)), Some(Some(w)), Some(Some(r))) = (ins.first(), ins.get(1), ins.get(2))
     else {
         return 0;
@@ -452,7 +457,11 @@ fn recurrent_flops(_: &Node, ins: &[Option<Vec<usize>>], _: &[Vec<usize>]) -> u6
         return 0;
     }
     let rows = (x[0] * x[1]) as u64;
-    let (dirs, gh, input, hidden) = (w[0] as u64, w[1] as u64, w[2] as u64, r[2] as u64);
+    let (dirs, gh, input, hidden) = if node.op_type == "DynamicQuantizeLSTM" {
+        (w[0] as u64, w[2] as u64, w[1] as u64, r[1] as u64)
+    } else {
+        (w[0] as u64, w[1] as u64, w[2] as u64, r[2] as u64)
+    };
     rows * dirs * gh * (2 * (input + hidden) + 8)
 }
 
@@ -492,10 +501,88 @@ fn rnn(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     run(ctx, inputs)
 }
 
-/// One direction's parameters, as f32 slices.
+/// A direction's weight matrix `W` or `R`.
+pub(crate) enum Weights<'a> {
+    /// ONNX's layout: f32 `[gates·hidden, K]`, multiplied transposed.
+    Float(&'a [f32]),
+    /// DynamicQuantizeLSTM's: codes `[K, gates·hidden]`, multiplied after the rows of the
+    /// other operand are quantized (`contrib/dynamic_quantize_lstm.rs`).
+    Quant(QuantWeights<'a>),
+}
+
+/// One direction's quantized weights.
+pub(crate) struct QuantWeights<'a> {
+    /// Codes minus the zero point, `[K, gates·hidden]`.
+    pub shifted: &'a [i32],
+    /// One scale, or one per column.
+    pub scales: &'a [f32],
+}
+
+impl Weights<'_> {
+    /// `C[m×n] (+)= A[m×k] · W`: the f32 product accumulating in `acc`, or the dynamically
+    /// quantized integer product.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        &self,
+        acc: crate::numeric::Accumulator,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        c: &mut [f32],
+        accumulate: bool,
+    ) {
+        match self {
+            Weights::Float(w) => sgemm(acc, m, n, k, a, false, w, true, c, accumulate),
+            Weights::Quant(q) => super::contrib::dynamic_quantize_lstm::quantized_product(
+                m, n, k, a, q, c, accumulate,
+            ),
+        }
+    }
+
+    /// The f32 weights; only LSTM takes quantized ones, and only through this type's product.
+    fn float(&self) -> &[f32] {
+        match self {
+            Weights::Float(w) => w,
+            Weights::Quant(_) => unreachable!("quantized weights are LSTM-only"),
+        }
+    }
+}
+
+/// All directions' `W` or `R`: f32 values or quantized codes.
+#[derive(Debug)]
+pub(crate) enum WeightSet {
+    Float(Vec<f32>),
+    Quant {
+        /// Codes minus their direction's zero point, `[dirs, K, gates·hidden]`.
+        shifted: Vec<i32>,
+        /// `[dirs, 1]` or `[dirs, gates·hidden]`.
+        scales: Vec<f32>,
+    },
+}
+
+impl WeightSet {
+    fn dir(&self, d: usize, dirs: usize) -> Weights<'_> {
+        match self {
+            WeightSet::Float(v) => {
+                let n = v.len() / dirs;
+                Weights::Float(&v[d * n..(d + 1) * n])
+            }
+            WeightSet::Quant { shifted, scales } => {
+                let (n, ns) = (shifted.len() / dirs, scales.len() / dirs);
+                Weights::Quant(QuantWeights {
+                    shifted: &shifted[d * n..(d + 1) * n],
+                    scales: &scales[d * ns..(d + 1) * ns],
+                })
+            }
+        }
+    }
+}
+
+/// One direction's parameters, as f32 slices (the weights possibly quantized).
 struct DirParams<'a> {
-    w: &'a [f32],
-    r: &'a [f32],
+    w: Weights<'a>,
+    r: Weights<'a>,
     /// `Wb` and `Rb`, each `gates × hidden` (zeros when B is omitted).
     wb: &'a [f32],
     rb: &'a [f32],
@@ -513,7 +600,7 @@ struct Dims {
     hidden: usize,
 }
 
-fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<RecurrentAttrs>()?;
     let cell = attrs.cell;
     let g = cell.gates();
@@ -540,6 +627,7 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let r_t = input(inputs, 2)?;
     let hidden = match attrs.hidden_size {
         Some(h) => h,
+        None if r_t.rank() == 3 && attrs.quantized => r_t.shape()[1],
         None if r_t.rank() == 3 => r_t.shape()[2],
         None => {
             return Err(OpError(format!(
@@ -549,24 +637,34 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
     };
     let gh = g * hidden;
-    expect_shape(
-        w_t,
-        "W",
-        &[dirs, gh, input_size],
-        &format!("[num_directions, {g}*hidden_size, input_size]"),
-    )?;
-    expect_shape(
-        r_t,
-        "R",
-        &[dirs, gh, hidden],
-        &format!("[num_directions, {g}*hidden_size, hidden_size]"),
-    )?;
+    let (w, r) = if attrs.quantized {
+        use super::contrib::dynamic_quantize_lstm::quantized_weights;
+        (
+            quantized_weights(inputs, 1, "W", [dirs, input_size, gh], "input_size")?,
+            quantized_weights(inputs, 2, "R", [dirs, hidden, gh], "hidden_size")?,
+        )
+    } else {
+        expect_shape(
+            w_t,
+            "W",
+            &[dirs, gh, input_size],
+            &format!("[num_directions, {g}*hidden_size, input_size]"),
+        )?;
+        expect_shape(
+            r_t,
+            "R",
+            &[dirs, gh, hidden],
+            &format!("[num_directions, {g}*hidden_size, hidden_size]"),
+        )?;
+        (
+            WeightSet::Float(floats(w_t, "W")?),
+            WeightSet::Float(floats(r_t, "R")?),
+        )
+    };
     let mut x = floats(x_t, "X")?;
     if attrs.batch_first {
         x = swap01(&x, batch, seq, input_size);
     }
-    let w = floats(w_t, "W")?;
-    let r = floats(r_t, "R")?;
     let b = match opt_input(inputs, 3) {
         Some(t) => {
             expect_shape(
@@ -660,8 +758,8 @@ fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let mut y_c = vec![0.0f32; dirs * batch * hidden];
     for d in 0..dirs {
         let params = DirParams {
-            w: &w[d * gh * input_size..(d + 1) * gh * input_size],
-            r: &r[d * gh * hidden..(d + 1) * gh * hidden],
+            w: w.dir(d, dirs),
+            r: r.dir(d, dirs),
             wb: &b[d * 2 * gh..d * 2 * gh + gh],
             rb: &b[d * 2 * gh + gh..(d + 1) * 2 * gh],
             p: p.as_ref().map(|p| &p[d * 3 * hidden..(d + 1) * 3 * hidden]),
@@ -765,20 +863,23 @@ fn direction(
         }
         None => v,
     };
-    // X·Wᵀ for every step at once: [seq*batch, gates*hidden].
+    // X·Wᵀ for every step at once, [seq*batch, gates*hidden]: the rows of the steps any
+    // sequence reaches (ONNX Runtime's quantized kernel takes its input range from those).
+    let steps = lens.iter().copied().max().unwrap_or(0);
     let mut xw = vec![0.0f32; seq * batch * gh];
-    sgemm(
+    p.w.product(
         acc,
-        seq * batch,
+        steps * batch,
         gh,
         input,
-        x,
-        false,
-        p.w,
-        true,
-        &mut xw,
+        &x[..steps * batch * input],
+        &mut xw[..steps * batch * gh],
         false,
     );
+    // ONNX Runtime writes 0 as the state of an entry past its length when Y is an output, and
+    // that row enters the next step's product (and a quantized product's input range).
+    let zero_finished =
+        matches!(p.r, Weights::Quant(_)) && ctx.node.outputs.first().is_some_and(|o| !o.is_empty());
     let mut gates = vec![0.0f32; batch * gh];
     // GRU: the hidden gate's recurrent product, [batch, hidden].
     let mut hr = vec![0.0f32; batch * hidden];
@@ -808,9 +909,18 @@ fn direction(
         }
         match cell {
             Cell::Rnn | Cell::Lstm => {
-                sgemm(
-                    acc, batch, gh, hidden, h, false, p.r, true, &mut gates, true,
-                );
+                let zeroed;
+                let h_in: &[f32] = if zero_finished && lens.iter().any(|&l| l < s) {
+                    let mut z = h.to_vec();
+                    for (bi, _) in lens.iter().enumerate().filter(|(_, &l)| l < s) {
+                        z[bi * hidden..(bi + 1) * hidden].fill(0.0);
+                    }
+                    zeroed = z;
+                    &zeroed
+                } else {
+                    h
+                };
+                p.r.product(acc, batch, gh, hidden, h_in, &mut gates, true);
             }
             Cell::Gru => {
                 // z and r take H·R[zr]ᵀ into their running sums; the hidden gate's product
@@ -827,7 +937,7 @@ fn direction(
                     hidden,
                     h,
                     false,
-                    &p.r[..2 * hidden * hidden],
+                    &p.r.float()[..2 * hidden * hidden],
                     true,
                     &mut zr,
                     true,
@@ -839,7 +949,7 @@ fn direction(
             }
         }
         if cell == Cell::Gru {
-            let rh_w = &p.r[2 * hidden * hidden..];
+            let rh_w = &p.r.float()[2 * hidden * hidden..];
             // z and r first (the reset gate feeds the hidden gate).
             for bi in 0..batch {
                 let row = &mut gates[bi * gh..(bi + 1) * gh];

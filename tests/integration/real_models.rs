@@ -418,6 +418,10 @@ corpus_test!(silero_op18_ifless, "silero-op18-ifless");
 corpus_test!(silero, "silero");
 corpus_test!(silero_16k_op15, "silero-16k-op15");
 corpus_test!(silero_16k_sequence, "silero-16k-sequence");
+corpus_test!(
+    silero_16k_sequence_dynamic_u8,
+    "silero-16k-sequence-dynamic-u8"
+);
 corpus_test!(silero_half, "silero-half");
 corpus_test!(silero_openvino_16k, "silero-openvino-16k");
 
@@ -435,6 +439,7 @@ fn every_loadable_corpus_model_has_a_test() {
         "silero",
         "silero-16k-op15",
         "silero-16k-sequence",
+        "silero-16k-sequence-dynamic-u8",
         "silero-half",
         "silero-openvino-16k",
     ];

@@ -12,6 +12,7 @@
 
 mod activation;
 mod attention;
+pub(crate) mod dynamic_quantize_lstm;
 mod fused;
 mod norm;
 mod qlinear;
@@ -26,6 +27,7 @@ pub const MS_DOMAIN: &str = "com.microsoft";
 pub fn register(r: &mut Registry) {
     activation::register(r);
     attention::register(r);
+    dynamic_quantize_lstm::register(r);
     fused::register(r);
     norm::register(r);
     qlinear::register(r);
@@ -74,6 +76,7 @@ mod tests {
             "QLinearMul",
             "QLinearGlobalAveragePool",
             "QLinearAveragePool",
+            "DynamicQuantizeLSTM",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
