@@ -123,6 +123,7 @@ def main():
     qlinear_binary_cases(out)
     qlinear_concat_pool_cases(out)
     dq_lstm_cases(out)
+    qlinear_conv_cases(out)
     chain(out)
 
 
@@ -219,6 +220,34 @@ def qlinear_concat_pool_cases(out):
         x = ("X", [1, 2, 4, 4], rng.integers(lo, hi, [1, 2, 4, 4]).astype(t))
         case(out, f"qlinear_avg_pool_{name}_whole", "QLinearAveragePool",
              [x] + q(0.1, lo + 10, 0.03, lo + 20), out_type=code, kernel_shape=[4, 4])
+
+
+def qlinear_conv_cases(out):
+    """ONNX's QLinearConv against ONNX Runtime's kernel: uint8 per tensor with bias, pads and
+    strides; int8 activations with per-channel int8 weights (zero point 0) and groups."""
+    rng = np.random.default_rng(8)
+    f32 = lambda v: np.array(v, dtype=np.float32)
+    x = rng.integers(0, 256, [1, 4, 9, 8]).astype(np.uint8)
+    w = rng.integers(0, 256, [6, 4, 3, 3]).astype(np.uint8)
+    b = rng.integers(-2000, 2000, [6]).astype(np.int32)
+    case(out, "qlinear_conv_uint8", "QLinearConv",
+         [("x", [1, 4, 9, 8], x), ("x_scale", [], f32(0.02)),
+          ("x_zero_point", [], np.array(120, np.uint8)), ("w", [6, 4, 3, 3], w),
+          ("w_scale", [], f32(0.005)), ("w_zero_point", [], np.array(131, np.uint8)),
+          ("y_scale", [], f32(0.03)), ("y_zero_point", [], np.array(100, np.uint8)),
+          ("B", [6], b)],
+         domain="", weights=("w", "w_scale", "w_zero_point", "B"),
+         out_type=onnx.TensorProto.UINT8, pads=[1, 1, 1, 1], strides=[2, 1])
+    x = rng.integers(-128, 128, [2, 4, 7, 7]).astype(np.int8)
+    w = rng.integers(-127, 128, [8, 2, 3, 3]).astype(np.int8)
+    ws = rng.uniform(0.002, 0.01, [8]).astype(np.float32)
+    case(out, "qlinear_conv_int8_per_channel_group", "QLinearConv",
+         [("x", [2, 4, 7, 7], x), ("x_scale", [], f32(0.05)),
+          ("x_zero_point", [], np.array(-3, np.int8)), ("w", [8, 2, 3, 3], w),
+          ("w_scale", [8], ws), ("w_zero_point", [8], np.zeros(8, np.int8)),
+          ("y_scale", [], f32(0.04)), ("y_zero_point", [], np.array(5, np.int8))],
+         domain="", weights=("w", "w_scale", "w_zero_point"),
+         out_type=onnx.TensorProto.INT8, group=2, pads=[1, 1, 1, 1])
 
 
 def dq_lstm_cases(out):

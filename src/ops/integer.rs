@@ -23,25 +23,45 @@ use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
     r.add("ConvInteger", conv_integer_op);
-    use super::InputRole::{Data, ZeroPoint};
+    use super::InputRole::{Bias, Data, Scale, ZeroPoint};
     r.def_mut("ConvInteger")
         .parse(|n, _| boxed(ConvAttrs::parse_node(n)))
         .roles(&[Data, Data, ZeroPoint, ZeroPoint])
         .infer(|ctx, ins| {
-            let conv = super::Registry::global()
-                .def("", "Conv")
-                .and_then(|d| d.infer)
-                .ok_or_else(|| OpError("Conv has no shape rule".into()))?;
-            let pair = [
-                super::shape::opt_fact(ins, 0),
-                super::shape::opt_fact(ins, 1),
-            ];
-            let mut out = conv(ctx, &pair)?;
-            for f in &mut out {
-                f.dtype = Some(DType::I32);
-            }
+            let mut out = conv_facts(ctx, ins, 0, 1)?;
+            out[0].dtype = Some(DType::I32);
             Ok(out)
         });
+    r.add("QLinearConv", qlinear_conv)
+        .parse(|n, _| boxed(ConvAttrs::parse_node(n)))
+        .roles(&[
+            Data, Scale, ZeroPoint, Data, Scale, ZeroPoint, Scale, ZeroPoint, Bias,
+        ])
+        .infer(|ctx, ins| {
+            let mut out = conv_facts(ctx, ins, 0, 3)?;
+            out[0].dtype = super::shape::opt_fact(ins, 7)
+                .or(super::shape::opt_fact(ins, 0))
+                .and_then(|f| f.dtype);
+            Ok(out)
+        });
+}
+
+/// Conv's shape rule on the data (`x`) and weight (`w`) inputs.
+fn conv_facts(
+    ctx: &super::InferCtx,
+    ins: &[Option<&crate::graph::fact::Fact>],
+    x: usize,
+    w: usize,
+) -> super::shape::FactsResult {
+    let conv = super::Registry::global()
+        .def("", "Conv")
+        .and_then(|d| d.infer)
+        .ok_or_else(|| OpError("Conv has no shape rule".into()))?;
+    let pair = [
+        super::shape::opt_fact(ins, x),
+        super::shape::opt_fact(ins, w),
+    ];
+    conv(ctx, &pair)
 }
 
 /// `c[m, n] = Σ_k a[m, k] · b[k, n]` (row-major), summed exactly in i32 (wrapping on overflow,
@@ -296,6 +316,81 @@ fn conv_integer_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         shape,
         crate::tensor::TensorData::I32(out.into()),
     )])
+}
+
+/// QLinearConv(x, x_scale, x_zp, w, w_scale, w_zp, y_scale, y_zp, B?): the integer
+/// convolution of the shifted codes (exact in i32) plus the int32 bias, requantized as ONNX
+/// Runtime's kernel does (MlasRequantizeOutput): `acc · (x_scale·w_scale[m] / y_scale)` in
+/// f32, clamped to the code range less `y_zp` (NaN to the lower bound), rounded half to even,
+/// plus `y_zp`. `w_scale` and `w_zp` may be per output channel.
+fn qlinear_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    use super::contrib::qlinear::CodeType;
+    let (x, w) = (input(inputs, 0)?, input(inputs, 3)?);
+    let xv = shifted_codes(x, opt_input(inputs, 2), "x", None)?;
+    let wv = shifted_codes(w, opt_input(inputs, 5), "w", Some(0))?;
+    let attrs = ctx.attrs::<ConvAttrs>()?;
+    let (mut acc, shape) = iconv(attrs, &xv, x.shape(), &wv, w.shape())?;
+    let m = shape[1];
+    let per_channel = |i: usize, what: &str| -> Result<Vec<f32>, OpError> {
+        let t = input(inputs, i)?;
+        let v = t
+            .as_f32()
+            .ok_or_else(|| OpError(format!("{what} has dtype {}, expected float32", t.dtype())))?;
+        if v.len() != 1 && v.len() != m {
+            return Err(OpError(format!(
+                "{what} has {} values, expected 1 or one per output channel ({m})",
+                v.len()
+            )));
+        }
+        Ok(v.to_vec())
+    };
+    let (xs, ws, ys) = (
+        per_channel(1, "x_scale")?,
+        per_channel(4, "w_scale")?,
+        per_channel(6, "y_scale")?,
+    );
+    if xs.len() != 1 || ys.len() != 1 {
+        return Err(OpError(
+            "x_scale and y_scale must be one value each (per tensor)".into(),
+        ));
+    }
+    let yzp = opt_input(inputs, 7);
+    let ct = CodeType::of(yzp.unwrap_or(x), "y_zero_point")?;
+    let yz = match yzp {
+        Some(z) if z.len() == 1 => super::contrib::qlinear::codes(z)[0],
+        Some(z) => {
+            return Err(OpError(format!(
+                "y_zero_point has shape {:?}, expected one value",
+                z.shape()
+            )))
+        }
+        None => 0,
+    };
+    let plane = acc.len() / (shape[0] * m).max(1);
+    if let Some(b) = opt_input(inputs, 8) {
+        let bv = match (b.dtype(), b.to_i64_vec()) {
+            (DType::I32, Some(v)) if v.len() == m => v,
+            _ => {
+                return Err(OpError(format!(
+                    "B is {} {:?}, expected int32 [{m}]",
+                    b.dtype(),
+                    b.shape()
+                )))
+            }
+        };
+        for (i, a) in acc.iter_mut().enumerate() {
+            *a = a.wrapping_add(bv[(i / plane) % m] as i32);
+        }
+    }
+    let scales: Vec<f32> = (0..m)
+        .map(|c| xs[0] * ws[if ws.len() == 1 { 0 } else { c }] / ys[0])
+        .collect();
+    let out = acc
+        .iter()
+        .enumerate()
+        .map(|(i, &a)| ct.quantize(a as f32 * scales[(i / plane) % m], yz))
+        .collect();
+    Ok(vec![ct.tensor(shape, out)])
 }
 
 #[cfg(test)]

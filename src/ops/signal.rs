@@ -10,8 +10,9 @@
 //! points, as numpy's irfft. STFT cuts `[batch, length, 1|2]` into
 //! `1 + (length − frame_length) / frame_step` frames of the window's length, weights them by
 //! the window (ones when absent), and transforms each with `frame_length` points:
-//! `[batch, frames, bins, 2]`. The window functions and MelWeightMatrix run as their ONNX
-//! function bodies.
+//! `[batch, frames, bins, 2]`. The window functions (HannWindow, HammingWindow,
+//! BlackmanWindow; `periodic` divides by the size, else by size − 1) and MelWeightMatrix are
+//! computed as the onnx reference computes them, in f64 converted to `output_datatype` once.
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::shape::{fact, FactsResult};
@@ -33,6 +34,181 @@ pub fn register(r: &mut Registry) {
         .parse(|n, _| boxed(Attrs::new(n).flag("onesided", true)))
         .roles(&[Data, Param, Data, Param])
         .infer(unknown_complex);
+    for (op, k) in [
+        ("HannWindow", hann as super::Kernel),
+        ("HammingWindow", hamming),
+        ("BlackmanWindow", blackman),
+    ] {
+        r.add(op, k)
+            .parse(|n, _| boxed(WindowAttrs::parse(n)))
+            .roles(&[Param])
+            .own_output_type()
+            .infer(|ctx, _| {
+                let a = ctx.attrs::<WindowAttrs>()?;
+                Ok(vec![Fact::new(
+                    Some(a.dtype),
+                    Some(vec![ctx.unknown_dim()]),
+                )])
+            });
+    }
+    r.add("MelWeightMatrix", mel_weight_matrix)
+        .parse(|n, _| boxed(WindowAttrs::parse(n)))
+        .roles(&[Param, Param, Param, Param, Param])
+        .own_output_type()
+        .infer(|ctx, _| {
+            let a = ctx.attrs::<WindowAttrs>()?;
+            Ok(vec![Fact::new(
+                Some(a.dtype),
+                Some(vec![ctx.unknown_dim(), ctx.unknown_dim()]),
+            )])
+        });
+}
+
+/// The window functions' and MelWeightMatrix's attributes: `output_datatype` (default
+/// float32) and the windows' `periodic` (default 1).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WindowAttrs {
+    pub dtype: crate::tensor::DType,
+    pub periodic: bool,
+}
+
+impl WindowAttrs {
+    fn parse(node: &Node) -> Result<WindowAttrs, AttrError> {
+        let a = Attrs::new(node);
+        let dtype = a
+            .dtype("output_datatype")?
+            .unwrap_or(crate::tensor::DType::F32);
+        if !(dtype.is_float() || dtype.is_int()) {
+            return Err(AttrError::new(
+                "output_datatype",
+                format!("{dtype} is not a numeric type"),
+            ));
+        }
+        Ok(WindowAttrs {
+            dtype,
+            periodic: a.flag("periodic", true)?,
+        })
+    }
+}
+
+/// A scalar integer input (a size or a rate), or an error naming it.
+fn scalar_int(inputs: &[Option<&Tensor>], i: usize, what: &str) -> Result<i64, OpError> {
+    let t = input(inputs, i)?;
+    match (t.dtype().is_int(), t.to_i64_vec().as_deref()) {
+        (true, Some([v])) => Ok(*v),
+        _ => Err(OpError(format!(
+            "{what} must be one integer, got {} {:?}",
+            t.dtype(),
+            t.shape()
+        ))),
+    }
+}
+
+/// A window of `size` points from `f(n, N)` (N the size, or size − 1 when not periodic), as
+/// the onnx reference computes it: in f64, converted to the output type once.
+fn window_op(ctx: &OpCtx, inputs: &[Option<&Tensor>], f: fn(f64, f64) -> f64) -> OpResult {
+    let a = ctx.attrs::<WindowAttrs>()?;
+    let size = scalar_int(inputs, 0, "size")?;
+    if size < 0 {
+        return Err(OpError(format!("size is {size}, expected >= 0")));
+    }
+    let size = checked_len(&[size as usize])?;
+    let n = if a.periodic { size } else { size - 1 } as f64;
+    let v: Vec<f64> = (0..size).map(|i| f(i as f64, n)).collect();
+    Ok(vec![f64_as(vec![size], v, a.dtype)])
+}
+
+fn f64_as(shape: Vec<usize>, v: Vec<f64>, dtype: crate::tensor::DType) -> Tensor {
+    let t = Tensor::from_parts(shape, crate::tensor::TensorData::F64(v.into()));
+    super::cast::cast_tensor(&t, dtype)
+}
+
+/// `sin²(π·n/N)`.
+fn hann(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    window_op(ctx, inputs, |i, n| (PI * i / n).sin().powi(2))
+}
+
+/// `25/46 − (21/46)·cos(2π·n/N)`.
+fn hamming(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    window_op(ctx, inputs, |i, n| {
+        let alpha = 25.0 / 46.0;
+        alpha - (2.0 * PI * i / n).cos() * (1.0 - alpha)
+    })
+}
+
+/// `0.42 − 0.5·cos(2π·n/N) + 0.08·cos(4π·n/N)`.
+fn blackman(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    window_op(ctx, inputs, |i, n| {
+        0.42 - 0.5 * (2.0 * PI * i / n).cos() + 0.08 * (4.0 * PI * i / n).cos()
+    })
+}
+
+/// MelWeightMatrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz):
+/// `[dft_length/2 + 1, num_mel_bins]` triangular filters, as the onnx reference builds them —
+/// the band edges in mel in f32 (the inputs' type), the bin positions in f64, floored to
+/// spectrogram bins.
+fn mel_weight_matrix(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let a = ctx.attrs::<WindowAttrs>()?;
+    let mels = scalar_int(inputs, 0, "num_mel_bins")?;
+    let dft = scalar_int(inputs, 1, "dft_length")?;
+    let rate = scalar_int(inputs, 2, "sample_rate")?;
+    let edge = |i: usize, what: &str| -> Result<f32, OpError> {
+        let t = input(inputs, i)?;
+        match (t.dtype().is_float(), t.to_f32_vec().as_deref()) {
+            (true, Some([v])) => Ok(*v),
+            _ => Err(OpError(format!(
+                "{what} must be one float, got {} {:?}",
+                t.dtype(),
+                t.shape()
+            ))),
+        }
+    };
+    let (lo, hi) = (edge(3, "lower_edge_hertz")?, edge(4, "upper_edge_hertz")?);
+    if mels < 1 || dft < 1 || rate < 1 {
+        return Err(OpError(format!(
+            "num_mel_bins {mels}, dft_length {dft} and sample_rate {rate} must be >= 1"
+        )));
+    }
+    let (mels, bins) = (mels as usize, dft as usize / 2 + 1);
+    checked_len(&[bins, mels])?;
+    let mel = |hz: f32| 2595.0f32 * (1.0 + hz / 700.0).log10();
+    let (mel_lo, mel_hi) = (mel(lo), mel(hi));
+    // The reference divides the mel range by the number of band edges (mels + 2), not by the
+    // number of gaps between them; the conformance data follows it.
+    let step = (mel_hi - mel_lo) / (mels + 2) as f32;
+    let points: Vec<i64> = (0..mels + 2)
+        .map(|i| {
+            let m = i as f64 * step as f64 + mel_lo as f64;
+            let hz = 700.0 * (10f64.powf(m / 2595.0) - 1.0);
+            (((dft + 1) as f64 * hz) / rate as f64).floor() as i64
+        })
+        .collect();
+    let mut out = vec![0f64; bins * mels];
+    let mut set = |j: i64, i: usize, v: f64| -> Result<(), OpError> {
+        if j < 0 || j as usize >= bins {
+            return Err(OpError(format!(
+                "mel band {i} reaches spectrogram bin {j}, outside 0..{bins}: the edges                  {lo} and {hi} Hz do not fit sample_rate {rate}"
+            )));
+        }
+        out[j as usize * mels + i] = v;
+        Ok(())
+    };
+    for i in 0..mels {
+        let (left, center, right) = (points[i], points[i + 1], points[i + 2]);
+        if center == left {
+            set(center, i, 1.0)?;
+        } else {
+            for j in left..=center {
+                set(j, i, (j - left) as f64 / (center - left) as f64)?;
+            }
+        }
+        if right > center {
+            for j in center..right {
+                set(j, i, (right - j) as f64 / (right - center) as f64)?;
+            }
+        }
+    }
+    Ok(vec![f64_as(vec![bins, mels], out, a.dtype)])
 }
 
 /// DFT's attributes (opset 17's `axis` attribute; opset 20 takes it as an input).
@@ -323,6 +499,32 @@ fn stft(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn run_window(op: &str, periodic: i64, size: i64) -> Vec<f32> {
+        use crate::graph::Attribute;
+        let node = crate::graph::testing::node_with(op, &[("periodic", Attribute::Int(periodic))]);
+        let k = Registry::global().get("", op).unwrap();
+        let n = Tensor::from_i64(vec![], vec![size]);
+        k(&OpCtx::new(&node, 17), &[Some(&n)]).unwrap()[0]
+            .as_f32()
+            .unwrap()
+            .to_vec()
+    }
+
+    #[test]
+    fn windows_are_periodic_or_symmetric() {
+        // Symmetric Hann of 5 points: 0, 0.5, 1, 0.5, 0; periodic: sin²(πn/5).
+        let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+        assert!(close(
+            &run_window("HannWindow", 0, 5),
+            &[0.0, 0.5, 1.0, 0.5, 0.0]
+        ));
+        let p = run_window("HannWindow", 1, 5);
+        assert!((p[1] - (std::f32::consts::PI / 5.0).sin().powi(2)).abs() < 1e-6);
+        // Hamming's ends are 25/46 − 21/46 = 2/23; Blackman's 0.42 − 0.5 + 0.08 = 0.
+        assert!((run_window("HammingWindow", 0, 4)[3] - 2.0 / 23.0).abs() < 1e-6);
+        assert!(run_window("BlackmanWindow", 0, 4)[0].abs() < 1e-6);
+    }
 
     #[test]
     fn dft_of_an_impulse_and_back() {

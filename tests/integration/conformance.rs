@@ -18,7 +18,7 @@ enum Outcome {
 }
 
 /// Conformance tests that passed when this was last raised: the count may only grow.
-const MIN_PASSED: usize = 1453;
+const MIN_PASSED: usize = 1461;
 
 pub(crate) fn exclusions() -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(repo_root().join("tests/conformance_exclusions.txt"))

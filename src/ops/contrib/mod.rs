@@ -15,7 +15,7 @@ mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
 mod norm;
-mod qlinear;
+pub(crate) mod qlinear;
 mod qlinear_binary;
 mod qlinear_pool;
 

@@ -40,7 +40,7 @@ pub(super) type Quant = (f32, i32);
 
 /// The code type of a quantized tensor: its range and element type.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct CodeType {
+pub(crate) struct CodeType {
     pub lo: i32,
     pub hi: i32,
     pub dtype: DType,
@@ -102,7 +102,7 @@ impl CodeType {
 }
 
 /// The codes of an integer tensor as i32.
-pub(super) fn codes(t: &Tensor) -> Vec<i32> {
+pub(crate) fn codes(t: &Tensor) -> Vec<i32> {
     match t.data() {
         TensorData::U8(v) => v.iter().map(|&x| x as i32).collect(),
         TensorData::I8(v) => v.iter().map(|&x| x as i32).collect(),
