@@ -346,6 +346,15 @@ def attention_cases(out):
           ("past_key", [2, 2, 4, 4]), ("past_value", [2, 2, 4, 4])], n_outputs=3, num_heads=2)
     case(out, "mha_bnsh_key_value", "MultiHeadAttention",
          [q, ("key", [2, 2, 5, 4]), ("value", [2, 2, 5, 4])], num_heads=2)
+    # The qk output (scores after bias and mask), with a padding mask and attention bias, and
+    # causal with a past.
+    case(out, "mha_qk_output", "MultiHeadAttention",
+         [q, k, v, None, ("key_padding_mask", [2, 5], i32([[1, 1, 0, 1, 1], [1, 1, 1, 1, 1]])),
+          ("attention_bias", [1, 2, 3, 5])], n_outputs=4, omit_outputs=(1, 2), num_heads=2)
+    case(out, "mha_qk_output_causal_past", "MultiHeadAttention",
+         [("query", [2, 2, 8]), ("key", [2, 2, 8]), ("value", [2, 2, 8]), None, None, None,
+          ("past_key", [2, 2, 3, 4]), ("past_value", [2, 2, 3, 4])], n_outputs=4,
+         num_heads=2, unidirectional=1)
     # RotaryEmbedding.
     pos = ("position_ids", [2, 3], np.array([[0, 1, 2], [5, 3, 9]], dtype=np.int64))
     cache = [("cos_cache", [10, 4]), ("sin_cache", [10, 4])]

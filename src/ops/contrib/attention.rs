@@ -9,12 +9,14 @@
 //! a causal (`unidirectional`) position adds the lowest f32. Mask forms: 1-D `[B]` key lengths
 //! (positions from the length on are masked), 1-D `[2B]` end then start positions, 2-D
 //! `[B, T]` 0/1 key padding (`[B, 1]`/`[1, 1]` is ONNX Runtime's dummy: no mask), 3-D
-//! `[B, S, T]`. The 4-D Megatron mask, packed QKV/KV inputs, beam-search cache indirection,
-//! shared past/present buffers and Attention's `do_rotary` are refused with an error, as
-//! ONNX Runtime's CPU kernel refuses most of them.
+//! `[B, S, T]`. MultiHeadAttention's `qk` output is the scores after bias and mask, before the
+//! softmax (`[B, N, S, T]`, as ONNX Runtime 1.32's CPU kernel writes it). The 4-D Megatron
+//! mask, packed QKV/KV inputs, beam-search cache indirection, shared past/present buffers and
+//! Attention's `do_rotary` are refused with an error; ONNX Runtime 1.32's CPU kernel refuses
+//! packed QKV and KV too ("not implemented for CPU").
 
 use super::super::attention::{
-    attend, rotary_caches, rotate, Heads, RotaryAttrs, RotaryInput, ScoreRule,
+    attend, rotary_caches, rotate, Heads, QkStage, RotaryAttrs, RotaryInput, ScoreRule,
 };
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::matmul::sgemm;
@@ -178,7 +180,8 @@ fn ort_attend(
     past_len: usize,
     mask: Option<&Tensor>,
     attention_bias: Option<&Tensor>,
-) -> Result<Vec<f32>, OpError> {
+    keep_scores: bool,
+) -> Result<(Vec<f32>, Option<Vec<f32>>), OpError> {
     let mask = additive_mask(
         mask,
         (q.b, q.len, past_len, k.len),
@@ -191,10 +194,13 @@ fn ort_attend(
         softcap: 0.0,
         mask: mask.as_deref(),
         bias: attention_bias,
-        keep: None,
+        // MultiHeadAttention's qk output: the scores after bias and mask, before the softmax
+        // (what ONNX Runtime 1.32's CPU kernel writes).
+        keep: keep_scores.then_some(QkStage::Masked),
         masked_rows_zero: false,
     };
-    Ok(attend(ctx.accumulate, q, k, v, &rule)?.0.merged())
+    let (heads, kept) = attend(ctx.accumulate, q, k, v, &rule)?;
+    Ok((heads.merged(), kept))
 }
 
 /// Attention: `input [B, S, D_in]` × `weights [D_in, D_q + D_k + D_v]` + `bias` gives Q, K, V;
@@ -265,13 +271,14 @@ fn attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let past_len = past_k.as_ref().map_or(0, |p| p.len);
     let k = k.after(past_k, "past")?;
     let v = v.after(past_v, "past")?;
-    let out = ort_attend(
+    let (out, _) = ort_attend(
         ctx,
         attrs,
         (&q, &k, &v),
         past_len,
         opt_input(inputs, 3),
         opt_input(inputs, 5),
+        false,
     )?;
     let mut outs = vec![in_dtype(Tensor::from_f32(vec![b, s, dv], out), x.dtype())];
     if ctx.node.outputs.get(1).is_some_and(|o| !o.is_empty()) {
@@ -307,9 +314,7 @@ fn multi_head_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             "cache_indirection (beam search) is not supported".into(),
         ));
     }
-    if ctx.node.outputs.get(3).is_some_and(|o| !o.is_empty()) {
-        return Err(OpError("the qk output is not supported".into()));
-    }
+    let want_qk = ctx.node.outputs.get(3).is_some_and(|o| !o.is_empty());
     let qs = query.shape();
     if qs.len() != 3 || qs[2] % n != 0 {
         return Err(OpError(format!(
@@ -394,21 +399,26 @@ fn multi_head_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             past_len,
         )
     };
-    let out = ort_attend(
+    let (out, scores) = ort_attend(
         ctx,
         attrs,
         (&q, &k, &v),
         past_len,
         opt_input(inputs, 4),
         opt_input(inputs, 5),
+        want_qk,
     )?;
     let dv = v.n * v.h;
     let dtype = query.dtype();
-    Ok(vec![
+    let mut outs = vec![
         in_dtype(Tensor::from_f32(vec![b, s, dv], out), dtype),
         in_dtype(k.tensor(), dtype),
         in_dtype(v.tensor(), dtype),
-    ])
+    ];
+    if let Some(qk) = scores {
+        outs.push(in_dtype(Tensor::from_f32(vec![b, n, s, k.len], qk), dtype));
+    }
+    Ok(outs)
 }
 
 fn known(f: &Fact, i: usize) -> Option<usize> {
@@ -479,10 +489,20 @@ fn mha_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
             ]),
         )
     };
+    let qk = Fact::new(
+        q.dtype,
+        Some(vec![
+            batch(),
+            DimFact::known(n),
+            seq.clone(),
+            ctx.unknown_dim(),
+        ]),
+    );
     Ok(vec![
         Fact::new(q.dtype, Some(vec![batch(), seq, dim(ctx, dv)])),
         present(dk),
         present(dv),
+        qk,
     ])
 }
 
