@@ -624,6 +624,20 @@ impl TensorData {
         map_data!(self, v => indices.iter().map(|&i| v[i].clone()).collect())
     }
 
+    /// Concatenates runs of consecutive elements, each `(start, len)` (in range: kernels check
+    /// before calling); a row copy instead of one index per element.
+    #[allow(clippy::clone_on_copy)]
+    pub fn gather_runs(&self, runs: &[(usize, usize)]) -> TensorData {
+        let total = runs.iter().map(|r| r.1).sum();
+        map_data!(self, v => {
+            let mut out = Vec::with_capacity(total);
+            for &(start, len) in runs {
+                out.extend(v[start..start + len].iter().cloned());
+            }
+            out.into()
+        })
+    }
+
     /// Every element as f64 (bool as 0/1). Strings have no numeric value.
     pub fn to_f64_vec(&self) -> Option<Vec<f64>> {
         Some(match self {

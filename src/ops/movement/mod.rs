@@ -637,24 +637,75 @@ fn slice(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         step[a] = s;
         count[a] = n.max(0) as usize;
     }
-    let st = strides_of(x.shape());
-    let total: usize = count.iter().product();
-    let mut idx = Vec::with_capacity(total);
-    let mut pos = vec![0usize; r];
-    for _ in 0..total {
-        let off: i64 = (0..r)
-            .map(|d| (begin[d] + pos[d] as i64 * step[d]) * st[d] as i64)
-            .sum();
-        idx.push(off as usize);
-        for d in (0..r).rev() {
+    let r = x.rank();
+    if r > 0 && step[r - 1] == 1 {
+        // Unit-step rows: copied whole.
+        let mut runs = Vec::new();
+        let inner = count[r - 1];
+        slice_rows(x.shape(), &begin, &step, &count, |row| {
+            runs.push((row, inner))
+        });
+        return Ok(vec![Tensor::from_parts(count, x.data().gather_runs(&runs))]);
+    }
+    let idx = slice_offsets(x.shape(), &begin, &step, &count);
+    Ok(vec![gathered(x, count, &idx)])
+}
+
+/// Calls `f` with the source offset of the first element of every row (innermost axis) of a
+/// strided slice (`begin`, `step` and `count` per axis), in order; the offset is carried from
+/// row to row, so a row costs one addition.
+fn slice_rows(
+    shape: &[usize],
+    begin: &[i64],
+    step: &[i64],
+    count: &[usize],
+    mut f: impl FnMut(usize),
+) {
+    let r = shape.len();
+    if count.contains(&0) {
+        return;
+    }
+    if r == 0 {
+        return f(0);
+    }
+    let st = strides_of(shape);
+    // Per axis: the offset delta of one step.
+    let delta: Vec<i64> = (0..r).map(|d| step[d] * st[d] as i64).collect();
+    let mut row: i64 = (0..r).map(|d| begin[d] * st[d] as i64).sum();
+    let mut pos = vec![0usize; r - 1];
+    loop {
+        f(row as usize);
+        // The next row: advance the odometer over the outer axes.
+        let mut d = r - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
             pos[d] += 1;
+            row += delta[d];
             if pos[d] < count[d] {
                 break;
             }
+            row -= delta[d] * count[d] as i64;
             pos[d] = 0;
         }
     }
-    Ok(vec![gathered(x, count, &idx)])
+}
+
+/// The source offset of every element of a strided slice, in order.
+fn slice_offsets(shape: &[usize], begin: &[i64], step: &[i64], count: &[usize]) -> Vec<usize> {
+    let r = shape.len();
+    let mut idx = Vec::with_capacity(count.iter().product());
+    if r == 0 {
+        idx.push(0);
+        return idx;
+    }
+    let (inner, inner_delta) = (count[r - 1], step[r - 1] * strides_of(shape)[r - 1] as i64);
+    slice_rows(shape, begin, step, count, |row| {
+        idx.extend((0..inner as i64).map(|k| (row as i64 + k * inner_delta) as usize))
+    });
+    idx
 }
 
 fn gather(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -1138,6 +1189,42 @@ fn cumulate(ctx: &OpCtx, inputs: &[Option<&Tensor>], product: bool) -> OpResult 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The row-wise slice offsets equal the per-element formula for every sign of step.
+    #[test]
+    fn slice_offsets_equal_the_per_element_formula() {
+        let shape = [3usize, 4, 5];
+        for (begin, step, count) in [
+            ([0i64, 0, 0], [1i64, 1, 1], [3usize, 4, 5]),
+            ([2, 3, 4], [-1, -2, -3], [3, 2, 2]),
+            ([1, 0, 1], [1, 3, 2], [2, 2, 2]),
+            ([0, 1, 0], [2, 1, 1], [2, 0, 5]),
+        ] {
+            let st = strides_of(&shape);
+            let mut want = Vec::new();
+            for a in 0..count[0] {
+                for b in 0..count[1] {
+                    for c in 0..count[2] {
+                        let p = [a, b, c];
+                        let off: i64 = (0..3)
+                            .map(|d| (begin[d] + p[d] as i64 * step[d]) * st[d] as i64)
+                            .sum();
+                        want.push(off as usize);
+                    }
+                }
+            }
+            assert_eq!(slice_offsets(&shape, &begin, &step, &count), want);
+            // Row starts expand to the same offsets when the innermost step is 1.
+            if step[2] == 1 {
+                let mut rows = Vec::new();
+                slice_rows(&shape, &begin, &step, &count, |r| {
+                    rows.extend(r..r + count[2])
+                });
+                assert_eq!(rows, want);
+            }
+        }
+        assert_eq!(slice_offsets(&[], &[], &[], &[]), vec![0]);
+    }
     use crate::graph::Node;
 
     fn run(op: &str, opset: i64, attrs: &[(&str, Attribute)], inputs: &[&Tensor]) -> Vec<Tensor> {
