@@ -600,15 +600,17 @@ impl TensorData {
         macro_rules! join {
             ($($v:ident),*) => {
                 match first {
-                    $(TensorData::$v(_) => TensorData::$v(
-                        parts
-                            .iter()
-                            .flat_map(|p| match p {
-                                TensorData::$v(x) => x.iter().cloned(),
+                    $(TensorData::$v(_) => {
+                        // One allocation, each part appended whole.
+                        let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
+                        for p in parts {
+                            match p {
+                                TensorData::$v(x) => out.extend(x.iter().cloned()),
                                 _ => unreachable!("dtypes checked above"),
-                            })
-                            .collect(),
-                    ),)*
+                            }
+                        }
+                        TensorData::$v(out.into())
+                    },)*
                 }
             };
         }

@@ -551,8 +551,9 @@ impl Weights<'_> {
 
 /// All directions' `W` or `R`: f32 values or quantized codes.
 #[derive(Debug)]
-pub(crate) enum WeightSet {
-    Float(Vec<f32>),
+pub(crate) enum WeightSet<'t> {
+    /// Borrowed from an f32 tensor, converted from other float types.
+    Float(std::borrow::Cow<'t, [f32]>),
     Quant {
         /// Codes minus their direction's zero point, `[dirs, K, gates·hidden]`.
         shifted: Vec<i32>,
@@ -561,7 +562,7 @@ pub(crate) enum WeightSet {
     },
 }
 
-impl WeightSet {
+impl WeightSet<'_> {
     fn dir(&self, d: usize, dirs: usize) -> Weights<'_> {
         match self {
             WeightSet::Float(v) => {
@@ -657,8 +658,8 @@ pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             &format!("[num_directions, {g}*hidden_size, hidden_size]"),
         )?;
         (
-            WeightSet::Float(floats(w_t, "W")?),
-            WeightSet::Float(floats(r_t, "R")?),
+            WeightSet::Float(super::util::float_slice(w_t, "W")?),
+            WeightSet::Float(super::util::float_slice(r_t, "R")?),
         )
     };
     let mut x = floats(x_t, "X")?;

@@ -63,6 +63,15 @@ pub fn float_values(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
     }
 }
 
+/// A float tensor's values as f32, borrowed when they are f32 already (weights are not copied
+/// on every run), converted otherwise; an error naming `what` for other dtypes.
+pub fn float_slice<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [f32]>, OpError> {
+    match t.as_f32() {
+        Some(v) => Ok(std::borrow::Cow::Borrowed(v)),
+        None => float_values(t, what).map(std::borrow::Cow::Owned),
+    }
+}
+
 /// An f32 result handed back in the float type its input had.
 pub fn in_dtype(t: Tensor, dtype: crate::tensor::DType) -> Tensor {
     if dtype == crate::tensor::DType::F32 {

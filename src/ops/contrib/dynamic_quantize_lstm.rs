@@ -39,7 +39,7 @@ pub(crate) fn quantized_weights(
     what: &str,
     want: [usize; 3],
     k_name: &str,
-) -> Result<WeightSet, OpError> {
+) -> Result<WeightSet<'static>, OpError> {
     let t = input(inputs, data)?;
     let ct = CodeType::of(t, what)?;
     if t.shape() != want {

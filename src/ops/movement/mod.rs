@@ -479,20 +479,25 @@ fn concat(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let inner: usize = first.shape()[axis + 1..].iter().product();
     let all = TensorData::concat(&parts.iter().map(|p| p.data()).collect::<Vec<_>>())
         .expect("same dtype");
+    if outer == 1 {
+        // The parts follow each other whole.
+        return Ok(vec![Tensor::from_parts(out_shape, all)]);
+    }
+    // Each part's block of each outer index, in output order, copied whole.
     let mut bases = Vec::with_capacity(parts.len());
     let mut acc = 0;
     for p in &parts {
         bases.push(acc);
         acc += p.len();
     }
-    let mut idx = Vec::with_capacity(acc);
+    let mut runs = Vec::with_capacity(outer * parts.len());
     for o in 0..outer {
         for (p, &base) in parts.iter().zip(&bases) {
             let block = p.shape()[axis] * inner;
-            idx.extend(base + o * block..base + (o + 1) * block);
+            runs.push((base + o * block, block));
         }
     }
-    Ok(vec![Tensor::from_parts(out_shape, all.gather(&idx))])
+    Ok(vec![Tensor::from_parts(out_shape, all.gather_runs(&runs))])
 }
 
 /// Copies the sub-range `[start, start+len)` of `axis`.
