@@ -121,7 +121,8 @@ fn add(_: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let fixed =
         |(r1, z1): (f32, i32), (r2, z2): (f32, i32)| zc as f32 - (r1 * z1 as f32 + r2 * z2 as f32);
     let out_shape = super::super::util::broadcast_shapes(&[o.a.shape(), o.b.shape()])?;
-    let (shape, out) = match span(o.a.shape(), o.b.shape(), &out_shape) {
+    let span_kind = span(o.a.shape(), o.b.shape(), &out_shape);
+    let (shape, out) = match span_kind {
         Span::Both => {
             let f = fixed((ra, za), (rb, zb));
             broadcast_binary(&ca, o.a.shape(), &cb, o.b.shape(), |x, y| {
@@ -129,18 +130,25 @@ fn add(_: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 ct.convert_saturate((x as f32).mul_add(ra, t))
             })?
         }
-        Span::ScalarB => {
-            let f = fixed((ra, za), (rb, zb));
+        // One operand constant over the span: ORT's scalar loop folds it into the fixed part
+        // by a product and a sum (and swaps the operands when it is A).
+        Span::ScalarB | Span::ScalarA => {
+            let (spanning, constant) = if span_kind == Span::ScalarB {
+                ((ra, za), (rb, zb))
+            } else {
+                ((rb, zb), (ra, za))
+            };
+            let f = fixed(spanning, constant);
+            let code = |s: i32, c: i32| {
+                let t = f + c as f32 * constant.0;
+                ct.convert_saturate((s as f32).mul_add(spanning.0, t))
+            };
             broadcast_binary(&ca, o.a.shape(), &cb, o.b.shape(), |x, y| {
-                let t = f + y as f32 * rb;
-                ct.convert_saturate((x as f32).mul_add(ra, t))
-            })?
-        }
-        Span::ScalarA => {
-            let f = fixed((rb, zb), (ra, za));
-            broadcast_binary(&ca, o.a.shape(), &cb, o.b.shape(), |x, y| {
-                let t = f + x as f32 * ra;
-                ct.convert_saturate((y as f32).mul_add(rb, t))
+                if span_kind == Span::ScalarB {
+                    code(x, y)
+                } else {
+                    code(y, x)
+                }
             })?
         }
     };
