@@ -28,7 +28,7 @@ pub fn register(r: &mut Registry) {
         .parse(|n, _| boxed(ConvAttrs::parse_node(n)))
         .roles(&[Data, Data, ZeroPoint, ZeroPoint])
         .infer(|ctx, ins| {
-            let mut out = conv_facts(ctx, ins, 0, 1)?;
+            let mut out = super::shape::infer_as("Conv", ctx, ins, [0, 1])?;
             out[0].dtype = Some(DType::I32);
             Ok(out)
         });
@@ -38,30 +38,12 @@ pub fn register(r: &mut Registry) {
             Data, Scale, ZeroPoint, Data, Scale, ZeroPoint, Scale, ZeroPoint, Bias,
         ])
         .infer(|ctx, ins| {
-            let mut out = conv_facts(ctx, ins, 0, 3)?;
+            let mut out = super::shape::infer_as("Conv", ctx, ins, [0, 3])?;
             out[0].dtype = super::shape::opt_fact(ins, 7)
                 .or(super::shape::opt_fact(ins, 0))
                 .and_then(|f| f.dtype);
             Ok(out)
         });
-}
-
-/// Conv's shape rule on the data (`x`) and weight (`w`) inputs.
-fn conv_facts(
-    ctx: &super::InferCtx,
-    ins: &[Option<&crate::graph::fact::Fact>],
-    x: usize,
-    w: usize,
-) -> super::shape::FactsResult {
-    let conv = super::Registry::global()
-        .def("", "Conv")
-        .and_then(|d| d.infer)
-        .ok_or_else(|| OpError("Conv has no shape rule".into()))?;
-    let pair = [
-        super::shape::opt_fact(ins, x),
-        super::shape::opt_fact(ins, w),
-    ];
-    conv(ctx, &pair)
 }
 
 /// `c[m, n] = Σ_k a[m, k] · b[k, n]` (row-major), summed exactly in i32 (wrapping on overflow,

@@ -15,7 +15,7 @@ pub fn register(r: &mut Registry) {
     r.def_mut("MatMulInteger")
         .roles(&[Data, Data, ZeroPoint, ZeroPoint])
         .infer(|ctx, ins| {
-            let mut out = matmul_shape(ctx, ins, 0, 1)?;
+            let mut out = super::shape::infer_as("MatMul", ctx, ins, [0, 1])?.remove(0);
             out.dtype = Some(DType::I32);
             Ok(vec![out])
         });
@@ -24,28 +24,10 @@ pub fn register(r: &mut Registry) {
             Data, Scale, ZeroPoint, Data, Scale, ZeroPoint, Scale, ZeroPoint,
         ])
         .infer(|ctx, ins| {
-            let mut out = matmul_shape(ctx, ins, 0, 3)?;
+            let mut out = super::shape::infer_as("MatMul", ctx, ins, [0, 3])?.remove(0);
             out.dtype = super::shape::opt_fact(ins, 7).and_then(|f| f.dtype);
             Ok(vec![out])
         });
-}
-
-/// The shape of the product of inputs `a` and `b` (MatMul's rule).
-fn matmul_shape(
-    ctx: &super::InferCtx,
-    ins: &[Option<&crate::graph::fact::Fact>],
-    a: usize,
-    b: usize,
-) -> Result<crate::graph::fact::Fact, OpError> {
-    let mm = super::Registry::global()
-        .def("", "MatMul")
-        .and_then(|d| d.infer)
-        .ok_or_else(|| OpError("MatMul has no shape rule".into()))?;
-    let pair = [
-        super::shape::opt_fact(ins, a),
-        super::shape::opt_fact(ins, b),
-    ];
-    Ok(mm(ctx, &pair)?.remove(0))
 }
 
 /// Which operand a zero point or scale belongs to: A's parameters may be per row (axis -2),

@@ -56,6 +56,23 @@ pub fn broadcast_dim(ctx: &InferCtx, a: &DimFact, b: &DimFact) -> Result<DimFact
     }
 }
 
+/// Another default-domain op's shape rule applied to the inputs `pick` of `ins`: for ops whose
+/// output is shaped as a standard op's (ConvInteger and QLinearConv as Conv, MatMulInteger and
+/// QLinearMatMul as MatMul, QLinearConcat as Concat).
+pub fn infer_as(
+    op: &str,
+    ctx: &InferCtx,
+    ins: &[Option<&Fact>],
+    pick: impl IntoIterator<Item = usize>,
+) -> FactsResult {
+    let rule = super::Registry::global()
+        .def("", op)
+        .and_then(|d| d.infer)
+        .ok_or_else(|| OpError(format!("{op} has no shape rule")))?;
+    let picked: Vec<Option<&Fact>> = pick.into_iter().map(|i| opt_fact(ins, i)).collect();
+    rule(ctx, &picked)
+}
+
 /// The NumPy-broadcast shape of several shapes (None when any rank is unknown).
 pub fn broadcast(
     ctx: &InferCtx,

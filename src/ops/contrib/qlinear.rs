@@ -229,12 +229,7 @@ fn concat_data(n: usize) -> Result<impl Iterator<Item = usize>, OpError> {
 }
 
 fn concat_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
-    let data: Vec<Option<&Fact>> = concat_data(ins.len())?.map(|i| opt_fact(ins, i)).collect();
-    let rule = Registry::global()
-        .def("", "Concat")
-        .and_then(|d| d.infer)
-        .ok_or_else(|| OpError("Concat has no shape rule".into()))?;
-    let mut out = rule(ctx, &data)?;
+    let mut out = super::super::shape::infer_as("Concat", ctx, ins, concat_data(ins.len())?)?;
     if let Some(zp) = opt_fact(ins, 1) {
         out[0].dtype = zp.dtype;
     }
