@@ -253,19 +253,9 @@ fn empty_scan_output(g: &Graph, output: usize, axis: Option<i64>) -> Result<Tens
 fn loop_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let g = body(ctx, "body")?;
     let run = runner(ctx)?;
-    let trip = match opt_input(inputs, 0) {
-        Some(m) => {
-            if m.len() != 1 || !m.dtype().is_int() {
-                return err(format!(
-                    "M must be one integer, it is {} {:?}",
-                    m.dtype(),
-                    m.shape()
-                ));
-            }
-            Some(m.to_i64_vec().expect("integer")[0])
-        }
-        None => None,
-    };
+    let trip = opt_input(inputs, 0)
+        .map(|m| super::util::scalar_int(m, "M"))
+        .transpose()?;
     let mut cond = match opt_input(inputs, 1) {
         Some(c) => truth(c, "cond")?,
         None => true,

@@ -16,7 +16,7 @@
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::shape::{fact, FactsResult};
-use super::util::{checked_len, in_dtype, input, input_i64s, opt_input};
+use super::util::{checked_len, in_dtype, input, input_i64s, opt_input, scalar_int};
 use super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::Fact;
 use crate::graph::Node;
@@ -91,24 +91,11 @@ impl WindowAttrs {
     }
 }
 
-/// A scalar integer input (a size or a rate), or an error naming it.
-fn scalar_int(inputs: &[Option<&Tensor>], i: usize, what: &str) -> Result<i64, OpError> {
-    let t = input(inputs, i)?;
-    match (t.dtype().is_int(), t.to_i64_vec().as_deref()) {
-        (true, Some([v])) => Ok(*v),
-        _ => Err(OpError(format!(
-            "{what} must be one integer, got {} {:?}",
-            t.dtype(),
-            t.shape()
-        ))),
-    }
-}
-
 /// A window of `size` points from `f(n, N)` (N the size, or size − 1 when not periodic), as
 /// the onnx reference computes it: in f64, converted to the output type once.
 fn window_op(ctx: &OpCtx, inputs: &[Option<&Tensor>], f: fn(f64, f64) -> f64) -> OpResult {
     let a = ctx.attrs::<WindowAttrs>()?;
-    let size = scalar_int(inputs, 0, "size")?;
+    let size = scalar_int(input(inputs, 0)?, "size")?;
     if size < 0 {
         return Err(OpError(format!("size is {size}, expected >= 0")));
     }
@@ -149,9 +136,9 @@ fn blackman(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// spectrogram bins.
 fn mel_weight_matrix(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<WindowAttrs>()?;
-    let mels = scalar_int(inputs, 0, "num_mel_bins")?;
-    let dft = scalar_int(inputs, 1, "dft_length")?;
-    let rate = scalar_int(inputs, 2, "sample_rate")?;
+    let mels = scalar_int(input(inputs, 0)?, "num_mel_bins")?;
+    let dft = scalar_int(input(inputs, 1)?, "dft_length")?;
+    let rate = scalar_int(input(inputs, 2)?, "sample_rate")?;
     let edge = |i: usize, what: &str| -> Result<f32, OpError> {
         let t = input(inputs, i)?;
         match (t.dtype().is_float(), t.to_f32_vec().as_deref()) {

@@ -81,6 +81,18 @@ pub fn in_dtype(t: Tensor, dtype: crate::tensor::DType) -> Tensor {
     }
 }
 
+/// A one-element integer tensor's value (a count, size or rate), or an error naming `what`.
+pub fn scalar_int(t: &Tensor, what: &str) -> Result<i64, OpError> {
+    match (t.dtype().is_int(), t.to_i64_vec().as_deref()) {
+        (true, Some([v])) => Ok(*v),
+        _ => Err(OpError(format!(
+            "{what} must be one integer, got {} {:?}",
+            t.dtype(),
+            t.shape()
+        ))),
+    }
+}
+
 /// Input `i` read as a list of integers (shape, axes, indices, pads...).
 pub fn input_i64s(inputs: &[Option<&Tensor>], i: usize) -> Result<Vec<i64>, OpError> {
     let t = input(inputs, i)?;
