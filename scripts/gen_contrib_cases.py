@@ -25,10 +25,11 @@ MS = "com.microsoft"
 
 
 def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
-         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), **attrs):
+         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), exact=False, **attrs):
     """inputs: list of (name, shape) or None for an omitted optional input; names in
     `weights` become initializers; outputs whose index is in `omit_outputs` are not asked
-    for."""
+    for; `exact` asks the harness to compare float outputs bit for bit (an `exact` file in the
+    case's directory)."""
     rng = np.random.default_rng(seed)
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
@@ -60,6 +61,8 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
                                                     helper.make_opsetid(MS, 1)])
     model.ir_version = 8
     onnx.save(model, os.path.join(d, "model.onnx"))
+    if exact:
+        open(os.path.join(d, "exact"), "w").close()
 
 
 def main():
@@ -72,6 +75,12 @@ def main():
     case(out, "bias_gelu", "BiasGelu", [x, ("B", [8])], weights=("B",))
     case(out, "quick_gelu", "QuickGelu", [x])
     case(out, "quick_gelu_alpha", "QuickGelu", [x], alpha=1.3)
+    # Sigmoid and QuickGelu through MLAS's logistic (ops/logistic.rs): bit for bit, over the
+    # whole clamp range and beyond, with NaN and infinities.
+    wide = np.concatenate([np.random.default_rng(7).uniform(-25.0, 25.0, 4093),
+                           [np.nan, np.inf, -np.inf]]).astype(np.float32)
+    case(out, "sigmoid_bitexact", "Sigmoid", [("X", None, wide)], domain="", exact=True)
+    case(out, "quick_gelu_bitexact", "QuickGelu", [("X", None, wide)], exact=True, alpha=1.702)
     # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
     # FusedConv.
     conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]

@@ -49,7 +49,7 @@ pub fn register(r: &mut Registry) {
     // Activations.
     r.add("Relu", |_, i| unary_int(i, relu, relu, |x: i64| x.max(0)));
     r.add("Tanh", |_, i| unary(i, f64::tanh, f32::tanh));
-    r.add("Sigmoid", |_, i| unary(i, sigmoid, sigmoid));
+    r.add("Sigmoid", |_, i| sigmoid_op(i));
     r.add("Softplus", |_, i| unary(i, softplus, softplus));
     r.add("Softsign", |_, i| {
         unary(
@@ -441,6 +441,19 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
         let e = x.exp();
         e / (T::one() + e)
     }
+}
+
+/// Sigmoid: float32 as ONNX Runtime computes it (MLAS's rational approximation, see
+/// `ops::logistic`), float64 exactly; float16/bfloat16 through float32.
+fn sigmoid_op(inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if let TensorData::F32(v) = x.data() {
+        return Ok(vec![Tensor::from_f32(
+            x.shape().to_vec(),
+            super::logistic::logistic_slice(v),
+        )]);
+    }
+    unary(inputs, sigmoid, super::logistic::logistic)
 }
 
 fn softplus<T: Float>(x: T) -> T {

@@ -17,6 +17,7 @@ pub mod detection;
 pub mod elementwise;
 pub mod indexing;
 pub mod integer;
+pub(crate) mod logistic;
 pub mod matmul;
 pub mod movement;
 pub mod norm;

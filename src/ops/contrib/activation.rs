@@ -76,8 +76,10 @@ fn quick_gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let alpha = *ctx.attrs::<f32>()?;
     let x = input(inputs, 0)?;
     let mut v = float_values(x, "X")?;
-    v.par_iter_mut()
-        .for_each(|x| *x *= super::super::elementwise::sigmoid(alpha * *x));
+    // ORT scales, takes MLAS's logistic of the whole buffer, then multiplies by x.
+    let mut s: Vec<f32> = v.iter().map(|&x| alpha * x).collect();
+    super::super::logistic::logistic_in_place(&mut s);
+    v.iter_mut().zip(&s).for_each(|(x, s)| *x *= s);
     Ok(vec![in_dtype(
         Tensor::from_f32(x.shape().to_vec(), v),
         x.dtype(),

@@ -111,7 +111,7 @@ impl FusedActivation {
             FusedActivation::Relu => relu(x),
             FusedActivation::Silu => x * sigmoid(x),
             FusedActivation::Tanh => x.tanh(),
-            FusedActivation::Sigmoid => sigmoid(x),
+            FusedActivation::Sigmoid => super::super::logistic::logistic(x),
             FusedActivation::LeakyRelu { alpha } => {
                 if x < 0.0 {
                     alpha * x

@@ -21,7 +21,7 @@ use crate::tensor::{DType, Tensor, TensorData};
 pub fn register(r: &mut Registry) {
     use InputRole::{Data, Scale, ZeroPoint};
     r.add_in(MS_DOMAIN, "QLinearSigmoid", |_, i| {
-        lookup(i, &super::super::elementwise::sigmoid::<f32>)
+        lookup(i, &super::super::logistic::logistic)
     })
     .roles(&[Data, Scale, ZeroPoint, Scale, ZeroPoint])
     .infer(same_codes);
@@ -287,7 +287,7 @@ mod tests {
         let ys = Tensor::from_f32(vec![], vec![1.0 / 256.0]);
         let y0 = Tensor::from_parts(vec![], TensorData::U8(vec![0u8].into()));
         let ins = [Some(&x), Some(&s), Some(&zp), Some(&ys), Some(&y0)];
-        let y = lookup(&ins, &super::super::super::elementwise::sigmoid::<f32>).unwrap();
+        let y = lookup(&ins, &super::super::super::logistic::logistic).unwrap();
         // sigmoid(-4)·256 = 4.6 → 5; sigmoid(0)·256 = 128; sigmoid(3.97)·256 = 251.3 → 251.
         assert_eq!(y[0].to_i64_vec().unwrap(), vec![5, 128, 251]);
         let bad = Tensor::from_f32(vec![1], vec![0.0]);
