@@ -453,6 +453,9 @@ fn rerun(
         subgraphs: None,
         accumulate: acc,
         state: crate::exec::emulate::state_type(Some(p)),
+        // The caller rounds (or not) as the fusion says.
+        round_to: None,
+        rounded: Default::default(),
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

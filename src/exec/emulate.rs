@@ -813,6 +813,108 @@ mod tests {
         }
     }
 
+    /// Kernels that round their own outputs as they write them (map, binary, Sigmoid, Conv,
+    /// BatchNormalization: `OpCtx::rounder`) give the bits of the plain rule — every input
+    /// and weight rounded, the op in f32, every output rounded — which the reference here
+    /// applies node by node with kernels that do not round. Tensors of 73 728 values take the
+    /// kernels' parallel paths.
+    #[test]
+    fn kernels_that_round_as_they_write_equal_a_rounding_pass() {
+        use crate::graph::Attribute;
+        let (c, hw) = (8usize, 96usize);
+        let shape = [1, c, hw, hw];
+        let n = c * hw * hw;
+        let with = |mut nd: Node, attrs: &[(&str, Attribute)]| {
+            for (k, v) in attrs {
+                nd.attrs.insert(k.to_string(), v.clone());
+            }
+            nd
+        };
+        let pads = ("pads", Attribute::Ints(vec![1, 1, 1, 1]));
+        let nodes = vec![
+            with(
+                node("conv", "Conv", &["x", "w", "b"], &["c1"]),
+                std::slice::from_ref(&pads),
+            ),
+            with(
+                node("dw", "Conv", &["c1", "wd"], &["c2"]),
+                &[pads, ("group", Attribute::Int(c as i64))],
+            ),
+            node(
+                "bn",
+                "BatchNormalization",
+                &["c2", "s", "bb", "m", "v"],
+                &["c3"],
+            ),
+            with(
+                node("clip", "Clip", &["c3"], &["c4"]),
+                &[
+                    ("min", Attribute::Float(-3.0)),
+                    ("max", Attribute::Float(3.0)),
+                ],
+            ),
+            node("sig", "Sigmoid", &["c4"], &["c5"]),
+            node("mul", "Mul", &["c4", "c5"], &["c6"]),
+            node("add", "Add", &["c6", "x"], &["c7"]),
+            node("tanh", "Tanh", &["c7"], &["y"]),
+        ];
+        let per_c = |seed: u32, lo: f32| -> Tensor {
+            let v = values(c, seed)
+                .iter()
+                .map(|x| lo + x.abs().min(4.0))
+                .collect();
+            Tensor::from_f32(vec![c], v)
+        };
+        let inits = vec![
+            (
+                "w",
+                Tensor::from_f32(vec![c, c, 3, 3], values(c * c * 9, 3)),
+            ),
+            ("b", per_c(4, -1.0)),
+            ("wd", Tensor::from_f32(vec![c, 1, 3, 3], values(c * 9, 5))),
+            ("s", per_c(6, 0.5)),
+            ("bb", per_c(7, -1.0)),
+            ("m", per_c(8, -0.5)),
+            ("v", per_c(9, 0.1)),
+        ];
+        let mut g = graph(nodes, vec![vi("x", &shape)], vi("y", &shape), inits);
+        // Clip's bounds as attributes (opset 6).
+        g.opsets.insert(String::new(), 10);
+        let x = Tensor::from_f32(shape.to_vec(), values(n, 10));
+        for p in [Precision::Float16, Precision::BFloat16] {
+            let mut feeds = Feeds::new();
+            feeds.insert("x".into(), x.clone());
+            let got = run(&g, vec![p; g.nodes.len()], &PlanOptions::default(), feeds).unwrap();
+            // The reference, node by node.
+            let rounded = |t: &Tensor| {
+                let mut v = t.as_f32().unwrap().to_vec();
+                crate::precision::round_slice(p, &mut v);
+                Tensor::from_f32(t.shape().to_vec(), v)
+            };
+            let mut env: BTreeMap<String, Tensor> = g
+                .initializers
+                .iter()
+                .map(|(k, t)| (k.clone(), rounded(t)))
+                .collect();
+            env.insert("x".into(), rounded(&x));
+            for nd in &g.nodes {
+                let kernel = crate::ops::Registry::global().get("", &nd.op_type).unwrap();
+                let args: Vec<Option<&Tensor>> = nd.inputs.iter().map(|i| env.get(i)).collect();
+                let ctx = crate::ops::OpCtx::new(nd, 10);
+                let out = kernel(&ctx, &args).unwrap().remove(0);
+                assert!(!ctx.did_round(), "{}: a reference kernel rounded", nd.name);
+                env.insert(nd.outputs[0].clone(), rounded(&out));
+            }
+            let want = env["y"].as_f32().unwrap();
+            let differ = want
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(differ, 0, "{p:?}: {differ} of {n} values differ");
+        }
+    }
+
     fn ones_matmul(k: usize) -> Graph {
         graph(
             vec![node("mm", "MatMul", &["x", "w"], &["y"])],

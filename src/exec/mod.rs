@@ -527,7 +527,7 @@ impl<'g> Interpreter<'g> {
                 Some(Precision::Float16 | Precision::BFloat16) => accumulate,
                 _ => crate::precision::Accumulator::F32,
             };
-            let (mut outs, movement_mark, cost) = {
+            let (mut outs, movement_mark, cost, kernel_rounded) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
                 let base: Vec<Option<&Tensor>> = step
                     .inputs
@@ -616,6 +616,17 @@ impl<'g> Interpreter<'g> {
                     subgraphs: (!step.subs.is_empty()).then_some(&runner as &dyn SubgraphRunner),
                     accumulate: acc,
                     state: emulate::state_type(layer.and_then(|l| l.precision)),
+                    // Kernels may round as they write only where the interpreter would round
+                    // every output afterwards: a plain (unfused, not quantized) layer in float16
+                    // or bfloat16.
+                    round_to: layer
+                        .filter(|l| l.fusion.is_none() && l.integer.is_none())
+                        .and_then(|l| match l.precision {
+                            Some(Precision::Float16) => Some(crate::numeric::Rounding::F16),
+                            Some(Precision::BFloat16) => Some(crate::numeric::Rounding::BF16),
+                            _ => None,
+                        }),
+                    rounded: Default::default(),
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let outs = match layer.and_then(|l| l.integer.as_deref()) {
@@ -637,7 +648,7 @@ impl<'g> Interpreter<'g> {
                     }
                     None => 0,
                 };
-                (outs, movement_mark, cost)
+                (outs, movement_mark, cost, ctx.did_round())
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was.
@@ -653,7 +664,9 @@ impl<'g> Interpreter<'g> {
                 }
                 Some(l) => match l.precision {
                     Some(p) => {
-                        emulate::round_outputs(p, &mut outs);
+                        if !kernel_rounded {
+                            emulate::round_outputs(p, &mut outs);
+                        }
                         let m = (!p.is_scaled() && p != Precision::Float32).then_some(p);
                         (vec![m; outs.len()], Vec::new())
                     }

@@ -4,7 +4,7 @@
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
 use super::util::{input, opt_input};
-use super::{OpCtx, OpError, OpResult, Registry};
+use super::{Finish, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
 use crate::tensor::Tensor;
@@ -552,23 +552,35 @@ fn depthwise_2d(x: &[f32], wt: &[f32], c: usize, in_sp: &[usize], w: &Window, ou
 
 fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
+    let x = input(inputs, 0)?;
+    let round = ctx.rounder();
+    let finish: Option<&Finish> = match ctx.round_to {
+        Some(_) if x.dtype() == crate::tensor::DType::F32 => Some(&round),
+        _ => None,
+    };
     let y = conv(
         ctx,
         attrs,
-        input(inputs, 0)?,
+        x,
         input(inputs, 1)?,
         opt_input(inputs, 2),
+        finish,
     )?;
+    if finish.is_some() {
+        ctx.outputs_rounded();
+    }
     Ok(vec![y])
 }
 
-/// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops).
+/// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops);
+/// each finished output plane goes through `finish` (a layer's output rounding) while in cache.
 pub fn conv(
     ctx: &OpCtx,
     attrs: &ConvAttrs,
     x: &Tensor,
     wt: &Tensor,
     bias: Option<&Tensor>,
+    finish: Option<&Finish>,
 ) -> Result<Tensor, OpError> {
     if x.rank() < 3 || wt.rank() != x.rank() {
         return Err(OpError(format!(
@@ -672,10 +684,16 @@ pub fn conv(
             }
         }
     }
-    if let Some(bv) = bv {
+    // The bias, then `finish`, one channel plane at a time.
+    if bv.is_some() || finish.is_some() {
         out.par_chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
-            let bias = bv[i % m];
-            ch.iter_mut().for_each(|v| *v += bias);
+            if let Some(bv) = &bv {
+                let bias = bv[i % m];
+                ch.iter_mut().for_each(|v| *v += bias);
+            }
+            if let Some(f) = finish {
+                f(ch);
+            }
         });
     }
     let mut shape = vec![n, m];

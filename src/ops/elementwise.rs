@@ -14,59 +14,72 @@ use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
     // Unary math.
-    r.add("Abs", |_, i| {
-        unary_int(i, |x: f64| x.abs(), |x| x.abs(), |x: i64| x.wrapping_abs())
+    r.add("Abs", |c, i| {
+        unary_int(
+            c,
+            i,
+            |x: f64| x.abs(),
+            |x| x.abs(),
+            |x: i64| x.wrapping_abs(),
+        )
     });
-    r.add("Neg", |_, i| {
-        unary_int(i, |x: f64| -x, |x: f32| -x, |x: i64| x.wrapping_neg())
+    r.add("Neg", |c, i| {
+        unary_int(c, i, |x: f64| -x, |x: f32| -x, |x: i64| x.wrapping_neg())
     });
-    r.add("Sign", |_, i| unary_int(i, sign, sign, |x: i64| x.signum()));
-    r.add("Reciprocal", |_, i| {
-        unary(i, |x: f64| 1.0 / x, |x: f32| 1.0 / x)
+    r.add("Sign", |c, i| {
+        unary_int(c, i, sign, sign, |x: i64| x.signum())
     });
-    r.add("Sqrt", |_, i| unary(i, f64::sqrt, f32::sqrt));
-    r.add("Exp", |_, i| unary(i, f64::exp, f32::exp));
-    r.add("Log", |_, i| unary(i, f64::ln, f32::ln));
-    r.add("Floor", |_, i| unary(i, f64::floor, f32::floor));
-    r.add("Ceil", |_, i| unary(i, f64::ceil, f32::ceil));
-    r.add("Round", |_, i| {
-        unary(i, f64::round_ties_even, f32::round_ties_even)
+    r.add("Reciprocal", |c, i| {
+        unary(c, i, |x: f64| 1.0 / x, |x: f32| 1.0 / x)
     });
-    r.add("Sin", |_, i| unary(i, f64::sin, f32::sin));
-    r.add("Cos", |_, i| unary(i, f64::cos, f32::cos));
-    r.add("Tan", |_, i| unary(i, f64::tan, f32::tan));
-    r.add("Asin", |_, i| unary(i, f64::asin, f32::asin));
-    r.add("Acos", |_, i| unary(i, f64::acos, f32::acos));
-    r.add("Atan", |_, i| unary(i, f64::atan, f32::atan));
-    r.add("Sinh", |_, i| unary(i, f64::sinh, f32::sinh));
-    r.add("Cosh", |_, i| unary(i, f64::cosh, f32::cosh));
-    r.add("Asinh", |_, i| unary(i, asinh, asinh));
-    r.add("Acosh", |_, i| unary(i, acosh, acosh));
-    r.add("Atanh", |_, i| unary(i, f64::atanh, f32::atanh));
-    r.add("Erf", |_, i| unary(i, libm::erf, libm::erff));
+    r.add("Sqrt", |c, i| unary(c, i, f64::sqrt, f32::sqrt));
+    r.add("Exp", |c, i| unary(c, i, f64::exp, f32::exp));
+    r.add("Log", |c, i| unary(c, i, f64::ln, f32::ln));
+    r.add("Floor", |c, i| unary(c, i, f64::floor, f32::floor));
+    r.add("Ceil", |c, i| unary(c, i, f64::ceil, f32::ceil));
+    r.add("Round", |c, i| {
+        unary(c, i, f64::round_ties_even, f32::round_ties_even)
+    });
+    r.add("Sin", |c, i| unary(c, i, f64::sin, f32::sin));
+    r.add("Cos", |c, i| unary(c, i, f64::cos, f32::cos));
+    r.add("Tan", |c, i| unary(c, i, f64::tan, f32::tan));
+    r.add("Asin", |c, i| unary(c, i, f64::asin, f32::asin));
+    r.add("Acos", |c, i| unary(c, i, f64::acos, f32::acos));
+    r.add("Atan", |c, i| unary(c, i, f64::atan, f32::atan));
+    r.add("Sinh", |c, i| unary(c, i, f64::sinh, f32::sinh));
+    r.add("Cosh", |c, i| unary(c, i, f64::cosh, f32::cosh));
+    r.add("Asinh", |c, i| unary(c, i, asinh, asinh));
+    r.add("Acosh", |c, i| unary(c, i, acosh, acosh));
+    r.add("Atanh", |c, i| unary(c, i, f64::atanh, f32::atanh));
+    r.add("Erf", |c, i| unary(c, i, libm::erf, libm::erff));
     r.add("IsNaN", |_, i| predicate(i, |x| x.is_nan()));
     r.add("IsInf", is_inf);
     // Activations.
-    r.add("Relu", |_, i| unary_int(i, relu, relu, |x: i64| x.max(0)));
-    r.add("Tanh", |_, i| unary(i, f64::tanh, f32::tanh));
-    r.add("Sigmoid", |_, i| sigmoid_op(i));
-    r.add("Softplus", |_, i| unary(i, softplus, softplus));
-    r.add("Softsign", |_, i| {
+    r.add("Relu", |c, i| {
+        unary_int(c, i, relu, relu, |x: i64| x.max(0))
+    });
+    r.add("Tanh", |c, i| unary(c, i, f64::tanh, f32::tanh));
+    r.add("Sigmoid", sigmoid_op);
+    r.add("Softplus", |c, i| unary(c, i, softplus, softplus));
+    r.add("Softsign", |c, i| {
         unary(
+            c,
             i,
             |x: f64| x / (1.0 + x.abs()),
             |x: f32| x / (1.0 + x.abs()),
         )
     });
-    r.add("Mish", |_, i| {
+    r.add("Mish", |c, i| {
         unary(
+            c,
             i,
             |x: f64| x * softplus(x).tanh(),
             |x: f32| x * softplus(x).tanh(),
         )
     });
-    r.add("HardSwish", |_, i| {
+    r.add("HardSwish", |c, i| {
         unary(
+            c,
             i,
             |x: f64| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
             |x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
@@ -83,17 +96,36 @@ pub fn register(r: &mut Registry) {
     r.add("ThresholdedRelu", thresholded_relu);
     r.add("Gelu", gelu);
     // Binary arithmetic.
-    r.add("Add", |_, i| {
-        arith(i, |a, b| a + b, |a, b| a + b, |a, b| Ok(a.wrapping_add(b)))
-    });
-    r.add("Sub", |_, i| {
-        arith(i, |a, b| a - b, |a, b| a - b, |a, b| Ok(a.wrapping_sub(b)))
-    });
-    r.add("Mul", |_, i| {
-        arith(i, |a, b| a * b, |a, b| a * b, |a, b| Ok(a.wrapping_mul(b)))
-    });
-    r.add("Div", |_, i| {
+    r.add("Add", |c, i| {
         arith(
+            c,
+            i,
+            |a, b| a + b,
+            |a, b| a + b,
+            |a, b| Ok(a.wrapping_add(b)),
+        )
+    });
+    r.add("Sub", |c, i| {
+        arith(
+            c,
+            i,
+            |a, b| a - b,
+            |a, b| a - b,
+            |a, b| Ok(a.wrapping_sub(b)),
+        )
+    });
+    r.add("Mul", |c, i| {
+        arith(
+            c,
+            i,
+            |a, b| a * b,
+            |a, b| a * b,
+            |a, b| Ok(a.wrapping_mul(b)),
+        )
+    });
+    r.add("Div", |c, i| {
+        arith(
+            c,
             i,
             |a, b| a / b,
             |a, b| a / b,
@@ -445,15 +477,14 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
 
 /// Sigmoid: float32 as ONNX Runtime computes it (MLAS's rational approximation, see
 /// `ops::logistic`), float64 exactly; float16/bfloat16 through float32.
-fn sigmoid_op(inputs: &[Option<&Tensor>]) -> OpResult {
+fn sigmoid_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     if let TensorData::F32(v) = x.data() {
-        return Ok(vec![Tensor::from_f32(
-            x.shape().to_vec(),
-            super::logistic::logistic_slice(v),
-        )]);
+        let y = super::logistic::logistic_slice(v, &ctx.rounder());
+        ctx.outputs_rounded();
+        return Ok(vec![Tensor::from_f32(x.shape().to_vec(), y)]);
     }
-    unary(inputs, sigmoid, super::logistic::logistic)
+    unary(ctx, inputs, sigmoid, super::logistic::logistic)
 }
 
 fn softplus<T: Float>(x: T) -> T {
@@ -461,28 +492,49 @@ fn softplus<T: Float>(x: T) -> T {
     x.max(T::zero()) + (-x.abs()).exp().ln_1p()
 }
 
-/// Parallel map for big f32 buffers (the hot path of CNN and transformer activations).
-fn map_f32(v: &[f32], f: impl Fn(f32) -> f32 + Sync) -> Vec<f32> {
-    if v.len() >= 1 << 16 {
-        v.par_iter().map(|&x| f(x)).collect()
-    } else {
-        v.iter().map(|&x| f(x)).collect()
+/// Elements per task of the parallel maps (below twice this, one task).
+const MAP_CHUNK: usize = 1 << 15;
+
+/// Parallel map for big f32 buffers (the hot path of CNN and transformer activations); each
+/// finished piece goes through `finish` (the layer's output rounding) while still in cache.
+pub(crate) fn map_f32(
+    v: &[f32],
+    f: impl Fn(f32) -> f32 + Sync,
+    finish: &super::Finish,
+) -> Vec<f32> {
+    if v.len() < 2 * MAP_CHUNK {
+        let mut out: Vec<f32> = v.iter().map(|&x| f(x)).collect();
+        finish(&mut out);
+        return out;
     }
+    let mut out = vec![0f32; v.len()];
+    out.par_chunks_mut(MAP_CHUNK)
+        .zip(v.par_chunks(MAP_CHUNK))
+        .for_each(|(d, s)| {
+            d.iter_mut().zip(s).for_each(|(d, &x)| *d = f(x));
+            finish(d);
+        });
+    out
 }
 
-/// Applies a float function, keeping the dtype.
+/// Applies a float function, keeping the dtype; the pieces of a float32 result go through
+/// `finish` as they are written.
 fn map_float(
     t: &Tensor,
     f64f: impl Fn(f64) -> f64,
     f32f: impl Fn(f32) -> f32 + Sync,
+    finish: &super::Finish,
 ) -> Result<Tensor, OpError> {
     let shape = t.shape().to_vec();
     Ok(match t.data() {
-        TensorData::F32(v) => Tensor::from_f32(shape, map_f32(v, f32f)),
+        TensorData::F32(v) => Tensor::from_f32(shape, map_f32(v, f32f, finish)),
         TensorData::F64(v) => Tensor::from_f64(shape, v.iter().map(|&x| f64f(x)).collect()),
         TensorData::F16(_) | TensorData::BF16(_) => {
             let v = t.to_f32_vec().expect("float");
-            cast_tensor(&Tensor::from_f32(shape, map_f32(&v, f32f)), t.dtype())
+            cast_tensor(
+                &Tensor::from_f32(shape, map_f32(&v, f32f, &|_| {})),
+                t.dtype(),
+            )
         }
         _ => {
             return Err(OpError(format!(
@@ -494,15 +546,32 @@ fn map_float(
 }
 
 fn unary(
+    ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     f64f: impl Fn(f64) -> f64,
     f32f: impl Fn(f32) -> f32 + Sync,
 ) -> OpResult {
-    Ok(vec![map_float(input(inputs, 0)?, f64f, f32f)?])
+    map_op(ctx, input(inputs, 0)?, f64f, f32f)
+}
+
+/// A float map as a layer's kernel: a float32 output is rounded to the layer's precision as
+/// it is written.
+fn map_op(
+    ctx: &OpCtx,
+    x: &Tensor,
+    f64f: impl Fn(f64) -> f64,
+    f32f: impl Fn(f32) -> f32 + Sync,
+) -> OpResult {
+    let y = map_float(x, f64f, f32f, &ctx.rounder())?;
+    if x.dtype() == DType::F32 {
+        ctx.outputs_rounded();
+    }
+    Ok(vec![y])
 }
 
 /// Unary op that also accepts integer tensors.
 fn unary_int(
+    ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     f64f: impl Fn(f64) -> f64,
     f32f: impl Fn(f32) -> f32 + Sync,
@@ -516,7 +585,7 @@ fn unary_int(
             x.dtype(),
         )]);
     }
-    Ok(vec![map_float(x, f64f, f32f)?])
+    map_op(ctx, x, f64f, f32f)
 }
 
 fn predicate(inputs: &[Option<&Tensor>], f: impl Fn(f64) -> bool) -> OpResult {
@@ -541,6 +610,7 @@ fn is_inf(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
+        ctx,
         inputs,
         |x| if x >= 0.0 { x } else { a as f64 * x },
         |x| if x >= 0.0 { x } else { a * x },
@@ -550,6 +620,7 @@ fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
+        ctx,
         inputs,
         |x| if x >= 0.0 { x } else { a as f64 * x.exp_m1() },
         |x| if x >= 0.0 { x } else { a * x.exp_m1() },
@@ -559,6 +630,7 @@ fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn celu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
+        ctx,
         inputs,
         // NaN stays NaN (`max`/`min` would drop it).
         |x| {
@@ -582,6 +654,7 @@ fn selu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ElementwiseAttrs>()?;
     let (a, g) = (attrs.alpha, attrs.gamma);
     unary(
+        ctx,
         inputs,
         // `+ 0.0`: Selu(-0) is +0 as in the spec's gamma·(alpha·e^x − alpha) (and ORT); it
         // changes no other value.
@@ -601,6 +674,7 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ElementwiseAttrs>()?;
     let (a, b) = (attrs.alpha, attrs.beta);
     unary(
+        ctx,
         inputs,
         |x| (a as f64 * x + b as f64).clamp(0.0, 1.0),
         |x| (a * x + b).clamp(0.0, 1.0),
@@ -611,6 +685,7 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn swish(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
+        ctx,
         inputs,
         |x| x * sigmoid(a as f64 * x),
         |x| x * sigmoid(a * x),
@@ -631,6 +706,7 @@ fn shrink(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
     };
     unary_int(
+        ctx,
         inputs,
         f,
         move |x: f32| f(x as f64) as f32,
@@ -641,6 +717,7 @@ fn shrink(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
     unary(
+        ctx,
         inputs,
         |x| if x > a as f64 { x } else { 0.0 },
         |x| if x > a { x } else { 0.0 },
@@ -650,6 +727,7 @@ fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     match ctx.attrs::<ElementwiseAttrs>()?.gelu_tanh {
         false => unary(
+            ctx,
             inputs,
             |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
             |x| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
@@ -657,6 +735,7 @@ fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         true => {
             let c = (2.0 / std::f64::consts::PI).sqrt();
             unary(
+                ctx,
                 inputs,
                 move |x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()),
                 move |x| 0.5 * x * (1.0 + (c as f32 * (x + 0.044715 * x * x * x)).tanh()),
@@ -665,8 +744,9 @@ fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
 }
 
-fn prelu(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+fn prelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     arith(
+        ctx,
         inputs,
         |x, s| if x < 0.0 { x * s } else { x },
         |x, s| if x < 0.0 { x * s } else { x },
@@ -688,12 +768,15 @@ fn same_dtype(a: &Tensor, b: &Tensor) -> Result<(), OpError> {
 /// Binary op on two tensors of one dtype, with broadcasting.
 /// Generic over the element functions (not `dyn`) so each op's loops are monomorphized and
 /// vectorized.
+/// A broadcasting binary op; the pieces of a float32 result go through `finish` as they are
+/// written.
 fn binary<F64F, F32F, IntF>(
     a: &Tensor,
     b: &Tensor,
     f64f: &F64F,
     f32f: &F32F,
     intf: &IntF,
+    finish: &super::Finish,
 ) -> Result<Tensor, OpError>
 where
     F64F: Fn(f64, f64) -> f64,
@@ -704,15 +787,20 @@ where
     let dtype = a.dtype();
     match (a.data(), b.data()) {
         (TensorData::F32(x), TensorData::F32(y)) => {
-            if a.shape() == b.shape() && x.len() >= 1 << 16 {
-                let v: Vec<f32> = x
-                    .par_iter()
-                    .zip(y.par_iter())
-                    .map(|(&p, &q)| f32f(p, q))
-                    .collect();
+            if a.shape() == b.shape() && x.len() >= 2 * MAP_CHUNK {
+                let mut v = vec![0f32; x.len()];
+                v.par_chunks_mut(MAP_CHUNK)
+                    .zip(x.par_chunks(MAP_CHUNK).zip(y.par_chunks(MAP_CHUNK)))
+                    .for_each(|(d, (p, q))| {
+                        for (d, (&p, &q)) in d.iter_mut().zip(p.iter().zip(q)) {
+                            *d = f32f(p, q);
+                        }
+                        finish(d);
+                    });
                 return Ok(Tensor::from_f32(a.shape().to_vec(), v));
             }
-            let (s, v) = broadcast_binary(x, a.shape(), y, b.shape(), f32f)?;
+            let (s, mut v) = broadcast_binary(x, a.shape(), y, b.shape(), f32f)?;
+            finish(&mut v);
             Ok(Tensor::from_f32(s, v))
         }
         (TensorData::F64(x), TensorData::F64(y)) => {
@@ -737,19 +825,27 @@ where
     }
 }
 
+/// A binary op as a layer's kernel: a float32 output is rounded to the layer's precision as
+/// it is written.
 fn arith(
+    ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     f64f: impl Fn(f64, f64) -> f64,
     f32f: impl Fn(f32, f32) -> f32 + Sync,
     intf: impl Fn(i64, i64) -> Result<i64, OpError>,
 ) -> OpResult {
-    Ok(vec![binary(
+    let y = binary(
         input(inputs, 0)?,
         input(inputs, 1)?,
         &f64f,
         &f32f,
         &intf,
-    )?])
+        &ctx.rounder(),
+    )?;
+    if y.dtype() == DType::F32 {
+        ctx.outputs_rounded();
+    }
+    Ok(vec![y])
 }
 
 /// Max/Min/Sum/Mean over any number of inputs (Mean divides by `mean_of` at the end).
@@ -762,20 +858,20 @@ fn variadic(
 ) -> OpResult {
     let mut acc = input(inputs, 0)?.clone();
     for i in 1..inputs.len() {
-        acc = binary(&acc, input(inputs, i)?, &f64f, &f32f, &intf)?;
+        acc = binary(&acc, input(inputs, i)?, &f64f, &f32f, &intf, &|_| {})?;
     }
     if let Some(n) = mean_of {
         let n = n as f64;
-        acc = map_float(&acc, |x| x / n, |x| x / n as f32)?;
+        acc = map_float(&acc, |x| x / n, |x| x / n as f32, &|_| {})?;
     }
     Ok(vec![acc])
 }
 
-fn pow(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+fn pow(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let a = input(inputs, 0)?;
     let b = input(inputs, 1)?;
     if a.dtype() == DType::F32 && b.dtype() == DType::F32 {
-        return arith(inputs, f64::powf, pow_f32, |x, y| Ok(int_pow(x, y)));
+        return arith(ctx, inputs, f64::powf, pow_f32, |x, y| Ok(int_pow(x, y)));
     }
     // Mixed dtypes (e.g. float base, int exponent): compute in f64, keep the base's dtype.
     let x = a
@@ -823,6 +919,7 @@ fn mod_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         return Err(OpError("Mod on floats requires fmod=1".into()));
     }
     arith(
+        ctx,
         inputs,
         |x, y| x % y,
         |x, y| x % y,
@@ -999,11 +1096,12 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         )]);
     }
     let (lo32, hi32) = (lo as f32, hi as f32);
-    Ok(vec![map_float(
+    map_op(
+        ctx,
         x,
         |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
         |v| if v.is_nan() { v } else { v.max(lo32).min(hi32) },
-    )?])
+    )
 }
 
 #[cfg(test)]

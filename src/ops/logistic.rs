@@ -86,15 +86,20 @@ fn logistic_into(src: &[f32], dst: &mut [f32]) {
     logistic_into_generic(src, dst)
 }
 
-/// The logistic of every value, in parallel chunks for big tensors.
-pub(crate) fn logistic_slice(src: &[f32]) -> Vec<f32> {
+/// The logistic of every value, in parallel chunks for big tensors; each finished chunk goes
+/// through `finish` (the layer's output rounding) while still in cache.
+pub(crate) fn logistic_slice(src: &[f32], finish: &super::Finish) -> Vec<f32> {
     let mut out = vec![0.0f32; src.len()];
     if src.len() <= CHUNK {
         logistic_into(src, &mut out);
+        finish(&mut out);
     } else {
         out.par_chunks_mut(CHUNK)
             .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| logistic_into(s, d));
+            .for_each(|(d, s)| {
+                logistic_into(s, d);
+                finish(d);
+            });
     }
     out
 }
@@ -130,7 +135,7 @@ mod tests {
     #[test]
     fn close_to_the_exact_logistic_and_in_range() {
         let xs: Vec<f32> = (-4000..=4000).map(|i| i as f32 * 0.01).collect();
-        let ys = logistic_slice(&xs);
+        let ys = logistic_slice(&xs, &|_| {});
         for (&x, &y) in xs.iter().zip(&ys) {
             assert!(
                 (y - exact(x)).abs() <= 2e-7,
@@ -146,7 +151,10 @@ mod tests {
 
     #[test]
     fn special_values_as_in_onnxruntime() {
-        let ys = logistic_slice(&[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 18.5, -30.0]);
+        let ys = logistic_slice(
+            &[f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 18.5, -30.0],
+            &|_| {},
+        );
         assert!(ys[0].is_nan());
         assert_eq!(ys[1], logistic(18.0));
         assert_eq!(ys[2], logistic(-18.0));
@@ -163,7 +171,10 @@ mod tests {
         let mut out = vec![0.0; xs.len()];
         logistic_into_generic(&xs, &mut out);
         assert!(out.iter().map(|y| y.to_bits()).eq(scalar.iter().copied()));
-        let par: Vec<u32> = logistic_slice(&xs).iter().map(|y| y.to_bits()).collect();
+        let par: Vec<u32> = logistic_slice(&xs, &|_| {})
+            .iter()
+            .map(|y| y.to_bits())
+            .collect();
         assert_eq!(par, scalar);
         let mut inplace = xs.clone();
         logistic_in_place(&mut inplace);

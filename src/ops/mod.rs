@@ -40,6 +40,10 @@ use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::OnceLock;
 
+/// What a kernel applies to each finished piece of a float32 output while it is still in
+/// cache: a layer's output rounding ([`OpCtx::rounder`]), or nothing.
+pub type Finish = dyn Fn(&mut [f32]) + Sync;
+
 /// What a kernel knows about the node it runs.
 pub struct OpCtx<'a> {
     pub node: &'a Node,
@@ -54,6 +58,16 @@ pub struct OpCtx<'a> {
     /// What a multi-step kernel (LSTM, GRU, RNN) rounds its state to after every step: the
     /// layer's float16/bfloat16 under a precision plan, f32 otherwise.
     pub state: crate::numeric::StateType,
+    /// What the layer's float32 outputs are rounded to: float16 or bfloat16 under a precision
+    /// plan, None otherwise. A kernel may round each piece of its output as it finishes it,
+    /// while the piece is still in the cache of the thread that wrote it
+    /// ([`OpCtx::rounder`]), and then say so ([`OpCtx::outputs_rounded`]); the interpreter
+    /// rounds the outputs of every other kernel in a pass of its own. The values are the same
+    /// either way (rounding is elementwise); a separate pass reads every output once more,
+    /// mostly from the other core's cache.
+    pub round_to: Option<crate::numeric::Rounding>,
+    /// Set by [`OpCtx::outputs_rounded`].
+    pub rounded: std::sync::atomic::AtomicBool,
 }
 
 impl<'a> OpCtx<'a> {
@@ -65,7 +79,33 @@ impl<'a> OpCtx<'a> {
             subgraphs: None,
             accumulate: crate::numeric::Accumulator::F32,
             state: crate::numeric::StateType::F32,
+            round_to: None,
+            rounded: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// What rounds a finished piece of a float32 output to the layer's precision (nothing
+    /// outside a reduced-precision layer); `Sync`, for a kernel's parallel loops.
+    pub fn rounder(&self) -> impl Fn(&mut [f32]) + Sync + Send + Copy {
+        let p = self.round_to;
+        move |v: &mut [f32]| {
+            if let Some(p) = p {
+                p.round_slice(v);
+            }
+        }
+    }
+
+    /// The kernel has rounded every float32 output it returns with [`OpCtx::rounder`].
+    pub fn outputs_rounded(&self) {
+        if self.round_to.is_some() {
+            self.rounded
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the kernel rounded its outputs itself.
+    pub fn did_round(&self) -> bool {
+        self.rounded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The node's typed attributes (see [`attrs`]), parsed once.

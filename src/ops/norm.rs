@@ -193,11 +193,20 @@ fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .collect();
     let sp: usize = x.shape()[2..].iter().product();
     let mut v = floats(x, "X")?;
+    // A float32 output is rounded to the layer's precision plane by plane, as it is written.
+    let f32_out = x.dtype() == crate::tensor::DType::F32;
+    let round = ctx.rounder();
     if sp > 0 {
         v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
             let (ai, bi) = (a[i % c], b[i % c]);
             plane.iter_mut().for_each(|p| *p = *p * ai + bi);
+            if f32_out {
+                round(plane);
+            }
         });
+    }
+    if f32_out {
+        ctx.outputs_rounded();
     }
     Ok(vec![back(
         Tensor::from_f32(x.shape().to_vec(), v),
