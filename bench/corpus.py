@@ -114,21 +114,23 @@ def main():
         lat_ort = {j["model"]: j for j in map(json.loads, p.stdout.strip().splitlines())}
 
     print(f"threads={threads}")
-    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | FP16 (task) | FP16 err | strict: layers / evals / s | task: layers / evals / s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / INT8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals / s | task: layers / evals / s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         n = r["name"]
         if r["loads"] != "yes":
-            print(f"| {n} | {r['loads']} | | | | | | | | |")
+            print(f"| {n} | {r['loads']} | | | | | | | | | |")
             continue
         a, o = lat_mix.get(n, {}).get("median_ms"), lat_ort.get(n, {}).get("median_ms")
         lat = f"{a:.2f} | {o:.2f} | {a / o:.2f}" if a and o else "? | ? | ?"
+        h, q = lat_mix.get(n, {}).get("fp16_median_ms"), lat_mix.get(n, {}).get("int8_median_ms")
+        emul = f"{h / a:.2f} / {q / a:.2f}" if a and h and q else (f"{h / a:.2f} / -" if a and h else "?")
 
         def s(t):
             k, e, w = t
             return "failed" if k is None else f"{k} / {e} / {w:.1f}"
 
-        print(f"| {n} | yes | {r['fp32_err']:.1e} | {lat} | {'pass' if r['fp16_pass'] else 'fail'} | "
+        print(f"| {n} | yes | {r['fp32_err']:.1e} | {lat} | {emul} | {'pass' if r['fp16_pass'] else 'fail'} | "
               f"{r['fp16_err']:.1e} | {s(r['strict'])} | {s(r['task'])} |")
 
 

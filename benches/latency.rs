@@ -2,8 +2,10 @@
 //! Driven by bench/run.sh, which also times ONNX Runtime in the same run and prints ratios.
 //!
 //! Usage: cargo bench --bench latency -- DIR NAME [NAME...]   (reads DIR/NAME.onnx and DIR/NAME/input_K.pb)
-//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms"}:
-//! the FP32 reference run and the emulated all-FP16 run of the same inputs.
+//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms",
+//! "int8_median_ms"}: the FP32 reference run, the emulated all-FP16 run and the emulated
+//! all-INT8 run (ranges calibrated with minmax on the same inputs; null where the plan cannot
+//! be prepared) of the same inputs.
 
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_input_set;
@@ -38,8 +40,36 @@ fn main() {
                 .run_plan(&feeds, &RunOptions::default(), &prepared)
                 .expect("run");
         });
+        let cache = mixprec::calib::calibrate(
+            &interp,
+            std::slice::from_ref(&feeds),
+            mixprec::calib::CalibAlgo::MinMax,
+            &mixprec::event::NoProgress,
+        )
+        .expect("calibrate");
+        let amax = cache.amax_map();
+        let int8 = PreparedPlan::new(
+            &model.graph,
+            &PrecisionPlan::uniform(&model.graph, Precision::Int8),
+            &PlanOptions {
+                amax: Some(&amax),
+                ..PlanOptions::default()
+            },
+        )
+        .ok()
+        .and_then(|prepared| {
+            interp
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .ok()?;
+            Some(time(|| {
+                interp
+                    .run_plan(&feeds, &RunOptions::default(), &prepared)
+                    .expect("run");
+            }))
+        });
+        let int8 = int8.map_or("null".to_string(), |t| format!("{:.4}", t.0));
         println!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}}}",
+            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}, \"int8_median_ms\": {int8}}}",
             fp32.0, fp32.1, fp32.2, fp16.0
         );
     }

@@ -152,14 +152,20 @@ pub fn round_slice(p: Precision, v: &mut [f32]) {
     }
 }
 
-/// Round half to even (banker's rounding), as `QuantizeLinear` and TensorRT use.
+/// Round half to even (banker's rounding), as `QuantizeLinear` and TensorRT use. Branch-free,
+/// so quantization loops vectorize: below 2²³ adding 2²³ leaves no fraction bits, and the
+/// addition rounds to nearest even; from 2²³ on every f32 is an integer (and NaN, ±inf pass
+/// through). The sign is kept, so −0.4 and −0.5 → −0: IEEE 754's roundTiesToEven
+/// (`f32::round_ties_even`, which the baseline x86-64 target can only call out of line).
 #[inline]
 pub fn round_half_even(x: f32) -> f32 {
-    let r = x.round();
-    if (x - x.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
-        r - x.signum()
-    } else {
+    const TWO_23: f32 = 8_388_608.0;
+    let a = x.abs();
+    let r = ((a + TWO_23) - TWO_23).copysign(x);
+    if a < TWO_23 {
         r
+    } else {
+        x
     }
 }
 
@@ -262,6 +268,31 @@ mod tests {
                 let want = round_to_f16(*x);
                 assert_eq!(g.to_bits(), want.to_bits(), "{x:e} ({:#x})", x.to_bits());
             }
+        }
+    }
+
+    #[test]
+    fn round_half_even_is_ieee_round_ties_even() {
+        let textbook = f32::round_ties_even;
+        let mut r = crate::data::loader::Mt19937::new(3);
+        let halves = (-600..600).map(|i| i as f32 * 0.5);
+        let near = (0..200_000).map(|_| (r.next_u32() as f32 / 4e6) - 512.0);
+        let any = (0..2_000_000).map(|i| f32::from_bits(i * 2147));
+        for x in halves.chain(near).chain(any).chain([
+            8_388_607.5,
+            -8_388_607.5,
+            8_388_608.0,
+            16_777_217.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            -0.4,
+        ]) {
+            let (got, want) = (round_half_even(x), textbook(x));
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{x:e}: {got:e}, textbook {want:e}"
+            );
         }
     }
 
