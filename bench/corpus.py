@@ -11,10 +11,12 @@ emulated all-float16 run's verdict under the task-level criterion and its error 
 size, evaluations and wall time of the command. Prints a Markdown table.
 """
 import json
+import math
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -37,9 +39,23 @@ def gen_args(m):
 
 
 def run(cmd, env=None):
+    """Runs `cmd`; returns the completed process, its wall time and its peak RSS in MB."""
     t = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    return p, time.perf_counter() - t
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        # wait4 (not proc.wait) to read the child's peak RSS as it is reaped.
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
+        out.seek(0)
+        err.seek(0)
+        p = subprocess.CompletedProcess(cmd, os.waitstatus_to_exitcode(status), out.read(), err.read())
+    p.rss_mb = usage.ru_maxrss / 1024
+    return p, wall
+
+
+def search_bound(k, n):
+    """Issue 10's evaluation bound for an answer of k of n candidates: 1.2·(k·log2(n/k) + k)."""
+    return 1.2 * (k * math.log2(n / k) + k) if k else 1.2
 
 
 def scaled(a, b):
@@ -65,6 +81,7 @@ def main():
         os.symlink(path, link)
         npz, fp32_json = os.path.join(d, "inputs.npz"), os.path.join(d, "fp32.json")
         p, _ = run([mix, "run", path, *gen_args(m), "--threads", threads, "--save-inputs", npz, "--save-outputs", fp32_json])
+        row["run_rss"] = p.rss_mb
         if p.returncode != 0:
             err = (p.stdout + p.stderr).strip().splitlines()
             row["loads"] = "no: " + ", ".join(re.findall(r"'([A-Za-z]+)' \(domain", err[-1] if err else "")) or "no"
@@ -100,8 +117,10 @@ def main():
             p, wall = run([mix, "debug", "precision", path, "--load-inputs", npz, "--threads", threads, "--fp16",
                            "--mode", "minimal", *m[kind], "--save-result", res])
             ev = re.search(r"Search: (\d+) evaluation", p.stdout)
-            layers = json.load(open(res))["layers"] if p.returncode == 0 and os.path.exists(res) else None
-            row[kind] = (None if layers is None else len(layers), ev and int(ev.group(1)), wall)
+            saved = json.load(open(res)) if p.returncode == 0 and os.path.exists(res) else None
+            layers = None if saved is None else saved["layers"]
+            row[kind] = (None if layers is None else len(layers), ev and int(ev.group(1)), wall,
+                         saved and saved.get("candidates"), p.rss_mb)
     # Latency: both engines on the same input files and thread count.
     lat_mix, lat_ort = {}, {}
     if timed:
@@ -114,7 +133,7 @@ def main():
         lat_ort = {j["model"]: j for j in map(json.loads, p.stdout.strip().splitlines())}
 
     print(f"threads={threads}")
-    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / INT8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals / s | task: layers / evals / s |")
+    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / INT8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals (bound) / s / RSS × run | task: layers / evals (bound) / s / RSS × run |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         n = r["name"]
@@ -127,8 +146,12 @@ def main():
         emul = f"{h / a:.2f} / {q / a:.2f}" if a and h and q else (f"{h / a:.2f} / -" if a and h else "?")
 
         def s(t):
-            k, e, w = t
-            return "failed" if k is None else f"{k} / {e} / {w:.1f}"
+            k, e, w, cands, rss = t
+            if k is None:
+                return "failed"
+            bound = f" ({search_bound(k, cands):.0f})" if cands else ""
+            rel = f" / {rss / r['run_rss']:.1f}" if rss and r.get("run_rss") else ""
+            return f"{k} / {e}{bound} / {w:.1f}{rel}"
 
         print(f"| {n} | yes | {r['fp32_err']:.1e} | {lat} | {emul} | {'pass' if r['fp16_pass'] else 'fail'} | "
               f"{r['fp16_err']:.1e} | {s(r['strict'])} | {s(r['task'])} |")

@@ -306,6 +306,7 @@ impl<'g> Interpreter<'g> {
             observer,
             None,
             nested,
+            None,
         )?;
         Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
     }
@@ -331,7 +332,18 @@ impl<'g> Interpreter<'g> {
     }
 
     pub fn run_with(&self, feeds: &Feeds, opts: &RunOptions) -> Result<RunResult> {
-        on_pool(|| self.run_impl(self.feed_values(feeds)?, &[], opts, None, None, None, false))
+        on_pool(|| {
+            self.run_impl(
+                self.feed_values(feeds)?,
+                &[],
+                opts,
+                None,
+                None,
+                None,
+                false,
+                None,
+            )
+        })
     }
 
     /// [`run_cached`](Self::run_cached) showing `observer` every graph input and every value
@@ -353,7 +365,34 @@ impl<'g> Interpreter<'g> {
             Some(observer),
             Some((cache, feed_key)),
             false,
+            None,
         )
+    }
+
+    /// [`run_cached_observed`](Self::run_cached_observed) that stops after node `last` (in
+    /// topological order): the observer sees every value up to there, and nothing downstream
+    /// is executed. For questions about one layer (why it must stay in high precision), whose
+    /// upstream the cache mostly holds.
+    pub fn run_cached_until(
+        &self,
+        feeds: &Feeds,
+        feed_key: u64,
+        plan: Option<&PreparedPlan>,
+        cache: &mut ValueCache,
+        last: usize,
+        observer: &mut dyn FnMut(&str, &Tensor),
+    ) -> Result<()> {
+        self.run_impl(
+            self.feed_values(feeds)?,
+            &[],
+            &RunOptions::default(),
+            plan,
+            Some(observer),
+            Some((cache, feed_key)),
+            false,
+            Some(last),
+        )
+        .map(|_| ())
     }
 
     /// Runs the graph under `plan` (None: plain FP32), taking every layer whose output
@@ -378,6 +417,7 @@ impl<'g> Interpreter<'g> {
                 None,
                 Some((cache, feed_key)),
                 false,
+                None,
             )
         })
     }
@@ -398,6 +438,7 @@ impl<'g> Interpreter<'g> {
                 None,
                 None,
                 false,
+                None,
             )
         })
     }
@@ -420,6 +461,7 @@ impl<'g> Interpreter<'g> {
             Some(observer),
             None,
             true,
+            None,
         )
     }
 
@@ -435,6 +477,7 @@ impl<'g> Interpreter<'g> {
         mut observer: Option<Observer>,
         mut cache: Option<(&mut ValueCache, u64)>,
         nested: bool,
+        stop_after: Option<usize>,
     ) -> Result<RunResult> {
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
@@ -501,6 +544,11 @@ impl<'g> Interpreter<'g> {
             }
         }
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
+            if stop_after.is_some_and(|last| idx > last) {
+                // A partial run ([`Interpreter::run_cached_until`]): the observer has seen
+                // what it asked for; the graph outputs are not computed.
+                return Ok(RunResult::default());
+            }
             let layer = plan.map(|p| &p.layers[idx]);
             if let (Some((c, _)), true) = (cache.as_mut(), hit.get(idx).copied().unwrap_or(false)) {
                 c.stats.reused += 1;
