@@ -223,15 +223,9 @@ impl<'a> BuiltinOracle<'a> {
                 .filter(|n| !n.is_empty())
                 .collect()
         };
-        // Graph inputs are values too (a run's observer sees node outputs only).
-        let start = |names: &HashSet<&str>| -> HashMap<String, Tensor> {
-            f.iter()
-                .filter(|(n, _)| names.contains(n.as_str()))
-                .map(|(n, t)| (n.clone(), t.clone()))
-                .collect()
-        };
+        // The observer sees the graph inputs and every value up to the stop.
         let all: HashSet<&str> = marked.iter().flat_map(|&i| values_of(i)).collect();
-        let mut r = start(&all);
+        let mut r = HashMap::new();
         self.interp
             .run_cached_observed(f, 0, None, &mut self.cache, &mut |name, t| {
                 if all.contains(name) {
@@ -243,7 +237,7 @@ impl<'a> BuiltinOracle<'a> {
             let others: Vec<usize> = marked.iter().copied().filter(|&j| j != i).collect();
             let prepared = self.prepared_for(&others)?;
             let names = values_of(i);
-            let mut c = start(&names);
+            let mut c = HashMap::new();
             self.interp.run_cached_until(
                 f,
                 0,
