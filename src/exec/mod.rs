@@ -357,16 +357,7 @@ impl<'g> Interpreter<'g> {
         cache: &mut ValueCache,
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<RunResult> {
-        self.run_impl(
-            self.feed_values(feeds)?,
-            &[],
-            &RunOptions::default(),
-            plan,
-            Some(observer),
-            Some((cache, feed_key)),
-            false,
-            None,
-        )
+        self.run_cached_observed_to(feeds, feed_key, plan, cache, None, observer)
     }
 
     /// [`run_cached_observed`](Self::run_cached_observed) that stops after node `last` (in
@@ -382,6 +373,20 @@ impl<'g> Interpreter<'g> {
         last: usize,
         observer: &mut dyn FnMut(&str, &Tensor),
     ) -> Result<()> {
+        self.run_cached_observed_to(feeds, feed_key, plan, cache, Some(last), observer)
+            .map(|_| ())
+    }
+
+    /// The observed cached run of both of the above: to the end, or to `stop_after`.
+    fn run_cached_observed_to(
+        &self,
+        feeds: &Feeds,
+        feed_key: u64,
+        plan: Option<&PreparedPlan>,
+        cache: &mut ValueCache,
+        stop_after: Option<usize>,
+        observer: &mut dyn FnMut(&str, &Tensor),
+    ) -> Result<RunResult> {
         self.run_impl(
             self.feed_values(feeds)?,
             &[],
@@ -390,9 +395,8 @@ impl<'g> Interpreter<'g> {
             Some(observer),
             Some((cache, feed_key)),
             false,
-            Some(last),
+            stop_after,
         )
-        .map(|_| ())
     }
 
     /// Runs the graph under `plan` (None: plain FP32), taking every layer whose output
