@@ -95,6 +95,7 @@ fn main() {
                         mode,
                         direction: dir_,
                         objective: Objective::Layers,
+                        jobs: 1,
                     },
                     &mut oracle,
                     &mut |_| {},

@@ -106,6 +106,12 @@ pub struct SearchArgs {
     /// mode ranks and prunes by it; every mode reports both).
     #[arg(long, value_enum, default_value = "layers")]
     objective: Objective,
+    /// Candidates evaluated at the same time: besides the one the search needs next, the ones
+    /// it would need after the likeliest verdicts (bisection probes, pruning groups). The
+    /// answer and the trials are the same for any N; with --check each command runs in its
+    /// own working directory. 1 (default): one at a time.
+    #[arg(long, short = 'j', default_value_t = 1, value_name = "N", value_parser = parse_jobs)]
+    jobs: usize,
     /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or
     /// `mixprec run --save-outputs`); default: mixprec's FP32 run on the same inputs.
     #[arg(long, alias = "load-outputs", value_name = "FILE")]
@@ -113,7 +119,7 @@ pub struct SearchArgs {
     #[command(flatten)]
     compare: CompareArgs,
     /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables;
-    /// auto (default): three times one FP32 run's values, within 32 MiB..2 GiB.
+    /// auto (default): 1.25 times one FP32 run's values, within 32 MiB..2 GiB.
     #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
@@ -245,6 +251,16 @@ extern "C" fn on_sigint(_: libc::c_int) {
 
 /// First Ctrl-C: stop after the current evaluation; a second one kills as usual
 /// (SA_RESETHAND restores the default action once the handler ran).
+/// `--jobs`: a whole number of at least 1.
+fn parse_jobs(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a number of jobs (a whole number, at least 1)"
+        )),
+    }
+}
+
 fn install_interrupt_handler() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
@@ -394,6 +410,22 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     {
         bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
     }
+    if args.jobs > 1 {
+        // Commands running at the same time each work in their own directory; a file named
+        // by an absolute path would be written by all of them.
+        let absolute = args
+            .iter_artifact
+            .iter()
+            .chain(&args.artifacts)
+            .find(|p| p.is_absolute());
+        if let Some(p) = absolute {
+            bail!(
+                "--jobs {}: {} is an absolute path, which every command running at once would write; give it relative to the command's working directory (each job has its own)",
+                args.jobs,
+                p.display()
+            );
+        }
+    }
     let check_timeout = match args.check_timeout {
         Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
         Some(s) => bail!("--check-timeout {s}: expected a positive number of seconds"),
@@ -471,6 +503,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
             fail_regex,
             timeout: check_timeout,
             workdir: workdir.0.clone(),
+            jobs: args.jobs,
             verbose: args.verbose,
             evaluations: 0,
             iter_artifact: args.iter_artifact.clone().or_else(|| {
@@ -531,6 +564,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
                 mode,
                 direction,
                 objective: args.objective,
+                jobs: args.jobs,
             },
             check: if last { check.take() } else { None },
             replay: if last {
@@ -1078,8 +1112,12 @@ fn convert_calibration(
 }
 
 fn print_stats(p: &Printer, s: &SearchStats) {
+    let ahead = match s.speculative_evaluations {
+        0 => String::new(),
+        n => format!(" (+{n} evaluated ahead and not needed)"),
+    };
     out!(p,
-        "[I] Search: {} evaluation(s), {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
+        "[I] Search: {} evaluation(s){ahead}, {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
         s.evaluations,
         s.layer_executions,
         s.layer_executions_without_cache,

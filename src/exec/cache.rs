@@ -115,6 +115,61 @@ impl ValueCache {
         self.entries.is_empty()
     }
 
+    /// A cache for a run made at the same time as this one's (`--jobs`): it starts with every
+    /// entry of this one, sharing their tensors, under the same budget. [`absorb`](Self::absorb)
+    /// brings back what its runs added.
+    pub fn fork(&self) -> ValueCache {
+        ValueCache {
+            entries: self
+                .entries
+                .iter()
+                .map(|(s, e)| {
+                    (
+                        *s,
+                        Entry {
+                            tensor: e.tensor.clone(),
+                            pinned: 0,
+                            ..*e
+                        },
+                    )
+                })
+                .collect(),
+            bytes: self.bytes,
+            budget: self.budget,
+            run: self.run,
+            stats: CacheStats::default(),
+            layer_flops: self.layer_flops.clone(),
+        }
+    }
+
+    /// Takes in a [`fork`](Self::fork)'s new entries (in signature order, so what is kept
+    /// does not depend on hash order), its reuse counts and its counters.
+    pub fn absorb(&mut self, fork: ValueCache) {
+        self.run += 1; // nothing is pinned between runs
+        let mut fresh = Vec::new();
+        for (sig, e) in fork.entries {
+            match self.entries.get_mut(&sig) {
+                Some(mine) => mine.reuses = mine.reuses.max(e.reuses),
+                None => fresh.push((sig, e)),
+            }
+        }
+        fresh.sort_unstable_by_key(|(sig, _)| *sig);
+        for (sig, e) in fresh {
+            self.insert(sig, &e.tensor, e.mark, e.cost);
+            if let Some(mine) = self.entries.get_mut(&sig) {
+                mine.reuses = e.reuses;
+            }
+        }
+        let f = fork.stats;
+        self.stats.executed += f.executed;
+        self.stats.reused += f.reused;
+        self.stats.evictions += f.evictions;
+        self.stats.too_large += f.too_large;
+        // The fork's peak counts the tensors it shared with this cache, once.
+        self.stats.peak_bytes = self.stats.peak_bytes.max(f.peak_bytes);
+        self.layer_flops.extend(fork.layer_flops);
+    }
+
     pub(crate) fn contains(&self, sig: Signature) -> bool {
         self.entries.contains_key(&sig)
     }
@@ -243,6 +298,36 @@ mod tests {
         assert_eq!(parse_bytes("0"), Some(0));
         assert_eq!(parse_bytes("x"), None);
         assert_eq!(parse_bytes("5T"), None);
+    }
+
+    #[test]
+    fn a_fork_shares_the_entries_and_gives_back_what_it_added() {
+        let mut c = ValueCache::new(10_000);
+        c.begin_run();
+        c.insert(1, &t(500), None, 1_000);
+        let mut f = c.fork();
+        assert!(f.contains(1) && f.bytes() == c.bytes());
+        f.begin_run();
+        assert!(f.fetch(1).is_some());
+        f.insert(2, &t(500), None, 1_000);
+        f.stats.executed = 3;
+        // The main cache meanwhile stores something else.
+        c.insert(3, &t(500), None, 1_000);
+        assert!(!c.contains(2) && !f.contains(3));
+        c.absorb(f);
+        assert!(c.contains(1) && c.contains(2) && c.contains(3));
+        assert_eq!(c.stats.executed, 3);
+        // Shared tensors are not copied: the fork held the main cache's Arc.
+        assert_eq!(c.entries[&1].reuses, 1);
+        // Absorbing stays within the budget.
+        let mut small = ValueCache::new(2_200);
+        small.insert(1, &t(500), None, 1);
+        let mut f = small.fork();
+        f.set_budget(10_000);
+        f.insert(5, &t(500), None, 1);
+        f.insert(4, &t(500), None, 1);
+        small.absorb(f);
+        assert!(small.bytes() <= 2_200);
     }
 
     #[test]

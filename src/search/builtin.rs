@@ -378,33 +378,123 @@ pub fn relative_growth(graph: &crate::Graph, err: &HashMap<String, f64>) -> Vec<
     out
 }
 
-impl Oracle for BuiltinOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        if self.golden.is_empty() {
-            return Err(Error::Invalid(
-                "no golden outputs were set for the search".into(),
-            ));
-        }
-        self.evaluations += 1;
-        let prepared = self.prepared_for(marked)?;
+/// What judging a candidate reads, shared by the evaluations of a batch.
+struct Judge<'j> {
+    interp: &'j Interpreter<'j>,
+    feeds: &'j [Feeds],
+    golden: &'j [Golden],
+    criterion: &'j Criterion,
+}
+
+impl Judge<'_> {
+    /// Runs `prepared` on the input sets (until the verdict is known) through `cache`;
+    /// returns the verdict and the input sets run.
+    fn judge(&self, prepared: &PreparedPlan, cache: &mut ValueCache) -> Result<(Evaluation, u64)> {
         let mut verdict = Verdict::new();
+        let mut sets = 0;
         for (k, f) in self.feeds.iter().enumerate() {
             let r = self.interp.run_cached(
                 f,
                 k as u64,
                 &RunOptions::default(),
-                Some(&prepared),
-                &mut self.cache,
+                Some(prepared),
+                cache,
             )?;
-            self.full_executions += self.nodes();
+            sets += 1;
             let golden = &self.golden[k.min(self.golden.len() - 1)];
-            if !verdict.add(&r.outputs, golden, &self.criterion)? {
+            if !verdict.add(&r.outputs, golden, self.criterion)? {
                 // The verdict is known: the remaining input sets cannot make it pass.
                 break;
             }
         }
-        Ok(verdict.finish())
+        Ok((verdict.finish(), sets))
     }
+}
+
+impl BuiltinOracle<'_> {
+    fn check_golden(&self) -> Result<()> {
+        if self.golden.is_empty() {
+            return Err(Error::Invalid(
+                "no golden outputs were set for the search".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Oracle for BuiltinOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        self.check_golden()?;
+        self.evaluations += 1;
+        let prepared = self.prepared_for(marked)?;
+        let judge = Judge {
+            interp: self.interp,
+            feeds: self.feeds,
+            golden: &self.golden,
+            criterion: &self.criterion,
+        };
+        let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
+        self.full_executions += sets * self.nodes();
+        Ok(e)
+    }
+
+    /// The sets run at the same time on the thread pool, the first through the search's
+    /// cache, the others each through a [`fork`](ValueCache::fork) of it whose new values
+    /// join the cache afterwards. Verdicts do not depend on the cache (a cached value has the
+    /// bits a run would compute).
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        if sets.len() < 2 {
+            return sets.iter().map(|s| self.evaluate(s)).collect();
+        }
+        if let Err(e) = self.check_golden() {
+            return sets.iter().map(|_| Err(clone_error(&e))).collect();
+        }
+        let prepared: Vec<Result<PreparedPlan>> =
+            sets.iter().map(|s| self.prepared_for(s)).collect();
+        let mut forks: Vec<ValueCache> = (1..sets.len()).map(|_| self.cache.fork()).collect();
+        let judge = Judge {
+            interp: self.interp,
+            feeds: self.feeds,
+            golden: &self.golden,
+            criterion: &self.criterion,
+        };
+        let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> =
+            (0..sets.len()).map(|_| None).collect();
+        let caches = std::iter::once(&mut self.cache).chain(forks.iter_mut());
+        rayon::scope(|scope| {
+            for ((slot, plan), cache) in verdicts.iter_mut().zip(&prepared).zip(caches) {
+                let judge = &judge;
+                scope.spawn(move |_| {
+                    *slot = Some(match plan {
+                        Ok(p) => judge.judge(p, cache),
+                        Err(e) => Err(clone_error(e)),
+                    });
+                });
+            }
+        });
+        for fork in forks {
+            self.cache.absorb(fork);
+        }
+        let nodes = self.nodes();
+        verdicts
+            .into_iter()
+            .map(|v| {
+                let (e, sets) = v.expect("every spawned evaluation ran")?;
+                self.evaluations += 1;
+                self.full_executions += sets * nodes;
+                Ok(e)
+            })
+            .collect()
+    }
+
+    fn parallel(&self) -> bool {
+        true
+    }
+}
+
+/// The same error again (errors are not `Clone`: they may hold an I/O error).
+fn clone_error(e: &Error) -> Error {
+    Error::Invalid(e.to_string())
 }
 
 /// The verdict on one candidate, built up over its input sets: every golden output compared

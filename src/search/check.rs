@@ -72,6 +72,10 @@ pub struct CheckOracle<'a> {
     pub timeout: Option<Duration>,
     /// Where candidate models are written.
     pub workdir: PathBuf,
+    /// Candidates judged at the same time (`--jobs`). Above 1, the k-th command of a batch
+    /// runs in its own working directory `workdir/job<k>`, where its candidate model,
+    /// a relative `iter_artifact` and relative `artifacts` are too.
+    pub jobs: usize,
     /// Report each command and its output.
     pub verbose: bool,
     pub evaluations: usize,
@@ -99,10 +103,11 @@ pub struct CheckOracle<'a> {
 impl CheckOracle<'_> {
     /// Moves every `--artifacts` file into `good/` or `bad/`; returns what happened, a line
     /// per file.
-    fn sort_artifacts(&self, passed: bool) -> Vec<String> {
+    fn sort_artifacts(&self, passed: bool, dir: Option<&Path>, iteration: usize) -> Vec<String> {
         let sub = self.artifacts_dir.join(if passed { "good" } else { "bad" });
         let mut notes = Vec::new();
         for art in &self.artifacts {
+            let art = &in_dir(dir, art);
             let stem = art
                 .file_stem()
                 .map_or_else(String::new, |s| s.to_string_lossy().into_owned());
@@ -111,7 +116,7 @@ impl CheckOracle<'_> {
                 .map_or_else(String::new, |e| format!(".{}", e.to_string_lossy()));
             let dest = sub.join(format!(
                 "{stem}_{}_N{}{ext}",
-                self.artifact_stamp, self.evaluations
+                self.artifact_stamp, iteration
             ));
             if !art.exists() {
                 notes.push(format!(
@@ -142,7 +147,7 @@ impl CheckOracle<'_> {
 }
 
 impl CheckOracle<'_> {
-    fn arguments(&self, model: &Path, marked: &[usize]) -> Vec<String> {
+    fn arguments(&self, model: &Path, marked: &[usize], iteration: usize) -> Vec<String> {
         let items = polygraphy_items(self.graph, marked, self.high);
         let trt = trtexec_spec(self.graph, marked, self.high);
         let mut out = Vec::new();
@@ -155,7 +160,7 @@ impl CheckOracle<'_> {
                 arg.replace("{model}", &model.display().to_string())
                     .replace("{layer_precisions}", &items.join(" "))
                     .replace("{trtexec_layer_precisions}", &trt)
-                    .replace("{iteration}", &self.evaluations.to_string())
+                    .replace("{iteration}", &iteration.to_string())
                     .replace("{marked_count}", &marked.len().to_string()),
             );
         }
@@ -163,8 +168,30 @@ impl CheckOracle<'_> {
     }
 }
 
-impl Oracle for CheckOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+/// `path` inside a job's directory when it is relative (and there is one).
+fn in_dir(dir: Option<&Path>, path: &Path) -> PathBuf {
+    match dir {
+        Some(d) if path.is_relative() => d.join(path),
+        _ => path.to_path_buf(),
+    }
+}
+
+/// A command started for one candidate.
+struct Launched {
+    child: std::process::Child,
+    stdout: std::thread::JoinHandle<Vec<u8>>,
+    stderr: std::thread::JoinHandle<Vec<u8>>,
+    started: Instant,
+    /// The candidate's model file.
+    model: PathBuf,
+    /// The job's working directory (`--jobs` > 1).
+    dir: Option<PathBuf>,
+    iteration: usize,
+}
+
+impl CheckOracle<'_> {
+    /// The candidate's export (the model `{model}` names).
+    fn candidate(&self, marked: &[usize]) -> Result<crate::onnx::proto::ModelProto> {
         let plan = self.low.marking(marked, self.high);
         let exported = export(
             self.model,
@@ -175,46 +202,62 @@ impl Oracle for CheckOracle<'_> {
                 ..Default::default()
             },
         )?;
-        self.evaluate_model(marked, &exported.model)
+        Ok(exported.model)
     }
-}
 
-impl CheckOracle<'_> {
-    /// Judges the candidate `marked` whose model is `candidate` (written for `{model}`):
-    /// [`Oracle::evaluate`] with the candidate's export, a Q/DQ search
-    /// ([`super::qdq`]) with the stripped model.
-    pub fn evaluate_model(
+    /// Writes the candidate and starts the command on it, in the job's own directory when
+    /// `slot` is given (`--jobs` > 1).
+    fn launch(
         &mut self,
         marked: &[usize],
         candidate: &crate::onnx::proto::ModelProto,
-    ) -> Result<Evaluation> {
+        slot: Option<usize>,
+    ) -> Result<Launched> {
         self.evaluations += 1;
-        let model = self
-            .iter_artifact
-            .clone()
-            .unwrap_or_else(|| self.workdir.join("mixprec_candidate.onnx"));
+        let iteration = self.evaluations;
+        let dir = match slot {
+            Some(k) => {
+                let d = self.workdir.join(format!("job{k}"));
+                std::fs::create_dir_all(&d).map_err(|e| Error::io(&d, e))?;
+                Some(d)
+            }
+            None => None,
+        };
+        let model = match &self.iter_artifact {
+            Some(a) => in_dir(dir.as_deref(), a),
+            None => dir
+                .as_deref()
+                .unwrap_or(&self.workdir)
+                .join("mixprec_candidate.onnx"),
+        };
         write_model(&model, candidate)?;
         let program = &self.command[0];
-        let args = self.arguments(&model, marked);
+        let args = self.arguments(&model, marked, iteration);
         if self.verbose {
+            let place = dir
+                .as_ref()
+                .map_or_else(String::new, |d| format!(" (in {})", d.display()));
             (self.events)(Event::Verbose(format!(
-                "--check: {program} {}",
+                "--check: {program} {}{place}",
                 args.join(" ")
             )));
         }
-        let mut child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(&args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                Error::Invalid(if e.kind() == std::io::ErrorKind::NotFound {
-                    format!("--check: command '{program}' not found")
-                } else {
-                    format!("--check: cannot run '{program}': {e}")
-                })
-            })?;
+            .stderr(Stdio::piped());
+        if let Some(d) = &dir {
+            command.current_dir(d);
+        }
+        let mut child = command.spawn().map_err(|e| {
+            Error::Invalid(if e.kind() == std::io::ErrorKind::NotFound {
+                format!("--check: command '{program}' not found")
+            } else {
+                format!("--check: cannot run '{program}': {e}")
+            })
+        })?;
         // Drain both pipes on threads so a chatty command cannot block on a full pipe.
         let drain = |r: Option<Box<dyn Read + Send>>| {
             std::thread::spawn(move || {
@@ -225,37 +268,51 @@ impl CheckOracle<'_> {
                 buf
             })
         };
-        let out_t = drain(
+        let stdout = drain(
             child
                 .stdout
                 .take()
                 .map(|s| Box::new(s) as Box<dyn Read + Send>),
         );
-        let err_t = drain(
+        let stderr = drain(
             child
                 .stderr
                 .take()
                 .map(|s| Box::new(s) as Box<dyn Read + Send>),
         );
-        let started = Instant::now();
+        Ok(Launched {
+            child,
+            stdout,
+            stderr,
+            started: Instant::now(),
+            model,
+            dir,
+            iteration,
+        })
+    }
+
+    /// Waits for a launched command (or its timeout) and judges its result.
+    fn conclude(&mut self, mut run: Launched) -> Result<Evaluation> {
+        let program = &self.command[0];
         let mut timed_out = false;
         let status = loop {
-            if let Some(s) = child
+            if let Some(s) = run
+                .child
                 .try_wait()
                 .map_err(|e| Error::Invalid(format!("--check: waiting for '{program}': {e}")))?
             {
                 break Some(s);
             }
-            if self.timeout.is_some_and(|t| started.elapsed() > t) {
-                let _ = child.kill();
-                let _ = child.wait();
+            if self.timeout.is_some_and(|t| run.started.elapsed() > t) {
+                let _ = run.child.kill();
+                let _ = run.child.wait();
                 timed_out = true;
                 break None;
             }
             std::thread::sleep(Duration::from_millis(5));
         };
-        let stdout = out_t.join().unwrap_or_default();
-        let stderr = err_t.join().unwrap_or_default();
+        let stdout = run.stdout.join().unwrap_or_default();
+        let stderr = run.stderr.join().unwrap_or_default();
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&stdout),
@@ -266,7 +323,7 @@ impl CheckOracle<'_> {
                 false,
                 format!(
                     "--check timed out after {:.1}s: counted as failing",
-                    started.elapsed().as_secs_f64()
+                    run.started.elapsed().as_secs_f64()
                 ),
             ),
             Some(s) => {
@@ -296,9 +353,9 @@ impl CheckOracle<'_> {
             (self.events)(Event::Warning(summary.clone()));
         }
         if self.iter_artifact.is_some() && !self.keep_iter_artifact {
-            let _ = std::fs::remove_file(&model);
+            let _ = std::fs::remove_file(&run.model);
         }
-        for note in self.sort_artifacts(passed) {
+        for note in self.sort_artifacts(passed, run.dir.as_deref(), run.iteration) {
             (self.events)(Event::Info(note));
         }
         Ok(Evaluation {
@@ -306,5 +363,51 @@ impl CheckOracle<'_> {
             error: f64::NAN,
             summary,
         })
+    }
+
+    /// Judges the candidate `marked` whose model is `candidate` (written for `{model}`):
+    /// [`Oracle::evaluate`] with the candidate's export, a Q/DQ search
+    /// ([`super::qdq`]) with the stripped model.
+    pub fn evaluate_model(
+        &mut self,
+        marked: &[usize],
+        candidate: &crate::onnx::proto::ModelProto,
+    ) -> Result<Evaluation> {
+        let slot = (self.jobs > 1).then_some(0);
+        let run = self.launch(marked, candidate, slot)?;
+        self.conclude(run)
+    }
+
+    /// Judges several candidates at once, each command in its own working directory; the
+    /// commands' output and notes are reported in batch order.
+    pub fn evaluate_models<M: std::borrow::Borrow<crate::onnx::proto::ModelProto>>(
+        &mut self,
+        candidates: Vec<(Vec<usize>, Result<M>)>,
+    ) -> Vec<Result<Evaluation>> {
+        let launched: Vec<Result<Launched>> = candidates
+            .into_iter()
+            .enumerate()
+            .map(|(k, (marked, model))| self.launch(&marked, model?.borrow(), Some(k)))
+            .collect();
+        launched.into_iter().map(|l| self.conclude(l?)).collect()
+    }
+}
+
+impl Oracle for CheckOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let candidate = self.candidate(marked)?;
+        self.evaluate_model(marked, &candidate)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let candidates = sets
+            .iter()
+            .map(|s| (s.clone(), self.candidate(s)))
+            .collect();
+        self.evaluate_models(candidates)
+    }
+
+    fn parallel(&self) -> bool {
+        self.jobs > 1
     }
 }

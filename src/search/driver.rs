@@ -301,6 +301,7 @@ mod tests {
                 mode: Mode::Minimal,
                 direction: Direction::Forward,
                 objective: Objective::Layers,
+                jobs: 1,
             },
             check: None,
             replay: None,

@@ -93,6 +93,19 @@ pub struct Evaluation {
 /// Judges candidate sets of marked layers (node indices, ascending).
 pub trait Oracle {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation>;
+
+    /// Judges several independent sets (`--jobs`): the first is the one the search needs now,
+    /// the others are speculative. One result per set, in order; an oracle that can work in
+    /// parallel overrides this (the default evaluates them one after another).
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        sets.iter().map(|s| self.evaluate(s)).collect()
+    }
+
+    /// Whether [`evaluate_batch`](Self::evaluate_batch) evaluates its sets at the same time;
+    /// the search speculates (`--jobs` > 1) only with such an oracle.
+    fn parallel(&self) -> bool {
+        false
+    }
 }
 
 /// One evaluated candidate.
@@ -191,6 +204,10 @@ pub struct SearchOptions {
     pub mode: Mode,
     pub direction: Direction,
     pub objective: Objective,
+    /// Candidate sets evaluated at the same time (`--jobs`): besides the set the strategy
+    /// needs next, the sets it would need after each likely verdict. The strategy consumes
+    /// verdicts in its own order, so answers and trials are the same for any value.
+    pub jobs: usize,
 }
 
 /// A finished search: the outcome and every evaluation made.
@@ -200,6 +217,8 @@ pub struct SearchResult {
     pub trials: Vec<Trial>,
     /// For bisect/linear: the number of layers marked from the chosen end.
     pub contiguous_count: Option<usize>,
+    /// Sets evaluated ahead of need (`--jobs` > 1) that the strategy never asked for.
+    pub speculative: usize,
 }
 
 impl SearchResult {
@@ -209,8 +228,10 @@ impl SearchResult {
     }
 }
 
-/// Runs the search. `on_trial` sees every evaluation as it completes (progress display);
-/// `stop` interrupts between evaluations (Ctrl-C), returning the best passing set so far.
+/// Runs the search. `on_trial` sees every evaluation as the strategy takes it (progress
+/// display); `stop` interrupts between evaluations (Ctrl-C), returning the best passing set so
+/// far. With `opts.jobs` > 1 and a [`parallel`](Oracle::parallel) oracle, sets are evaluated
+/// in batches (see [`SearchOptions::jobs`]).
 pub fn search(
     space: &SearchSpace,
     opts: &SearchOptions,
@@ -218,9 +239,12 @@ pub fn search(
     on_trial: &mut dyn FnMut(&Trial),
     stop: &AtomicBool,
 ) -> Result<SearchResult> {
+    if opts.jobs > 1 && oracle.parallel() {
+        return search_in_batches(space, opts, oracle, on_trial, stop);
+    }
     let mut s = Searcher {
         space,
-        oracle,
+        answers: Answers::Oracle(oracle),
         on_trial,
         stop,
         trials: Vec::new(),
@@ -230,17 +254,180 @@ pub fn search(
         Ok(r) => r,
         Err(Stop::Interrupted) => (Outcome::Interrupted(s.best()), None),
         Err(Stop::Failed(e)) => return Err(e),
+        Err(Stop::Need(..)) => unreachable!("an oracle answers every set"),
     };
     Ok(SearchResult {
         outcome,
         trials: s.trials,
         contiguous_count,
+        speculative: 0,
     })
+}
+
+/// The strategy replayed over the verdicts known so far (and some assumed ones).
+enum Replay {
+    /// It finished: the outcome, the contiguous count and the trials it took.
+    Done(Outcome, Option<usize>, Vec<Trial>),
+    /// It needs this unknown set next (in this phase); the trials it took before.
+    Need(Vec<usize>, &'static str, Vec<Trial>),
+}
+
+/// Replays the strategy from the start: every set in `known` is answered with its verdict
+/// (and becomes a trial), every set in `assumed` with the assumed verdict (no trial); the
+/// first other set stops it. Strategies are deterministic functions of their verdicts, so
+/// the replay with every needed verdict known is the search a single evaluator would make.
+fn replay(
+    space: &SearchSpace,
+    opts: &SearchOptions,
+    known: &HashMap<Vec<usize>, Evaluation>,
+    assumed: &HashMap<Vec<usize>, bool>,
+) -> Replay {
+    let never = AtomicBool::new(false);
+    let mut ignore = |_: &Trial| {};
+    let mut s = Searcher {
+        space,
+        answers: Answers::Known { known, assumed },
+        on_trial: &mut ignore,
+        stop: &never,
+        trials: Vec::new(),
+        memo: HashMap::new(),
+    };
+    match s.run(opts) {
+        Ok((outcome, count)) => Replay::Done(outcome, count, s.trials),
+        Err(Stop::Need(set, phase)) => Replay::Need(set, phase, s.trials),
+        Err(Stop::Interrupted | Stop::Failed(_)) => {
+            unreachable!("a replay neither evaluates nor watches the stop flag")
+        }
+    }
+}
+
+/// The search with `opts.jobs` evaluations at a time. Each round replays the strategy over
+/// the verdicts known so far to find the set it needs next, then looks ahead: it assumes a
+/// verdict for a needed set and replays again to find the set needed after it, most probable
+/// branch first (each phase's verdicts so far give the odds of a pass), until the batch holds
+/// `jobs` sets. The batch is evaluated at once; verdicts the strategy never asks for are
+/// counted as speculative and otherwise ignored.
+fn search_in_batches(
+    space: &SearchSpace,
+    opts: &SearchOptions,
+    oracle: &mut dyn Oracle,
+    on_trial: &mut dyn FnMut(&Trial),
+    stop: &AtomicBool,
+) -> Result<SearchResult> {
+    let mut known: HashMap<Vec<usize>, Evaluation> = HashMap::new();
+    let mut reported = 0usize;
+    let no_assumptions = HashMap::new();
+    loop {
+        let (need, phase, trials) = match replay(space, opts, &known, &no_assumptions) {
+            Replay::Done(outcome, contiguous_count, trials) => {
+                trials[reported..].iter().for_each(&mut *on_trial);
+                let speculative = known.len() - trials.len();
+                return Ok(SearchResult {
+                    outcome,
+                    trials,
+                    contiguous_count,
+                    speculative,
+                });
+            }
+            Replay::Need(set, phase, trials) => (set, phase, trials),
+        };
+        trials[reported..].iter().for_each(&mut *on_trial);
+        reported = trials.len();
+        if stop.load(Ordering::SeqCst) {
+            let best = best_of(&trials);
+            let speculative = known.len() - trials.len();
+            return Ok(SearchResult {
+                outcome: Outcome::Interrupted(best),
+                trials,
+                contiguous_count: None,
+                speculative,
+            });
+        }
+        let batch = look_ahead(space, opts, &known, &trials, need, phase, opts.jobs);
+        let verdicts = oracle.evaluate_batch(&batch);
+        for (k, (set, verdict)) in batch.into_iter().zip(verdicts).enumerate() {
+            match verdict {
+                Ok(e) => {
+                    known.insert(set, e);
+                }
+                // The needed set's error ends the search as it would without --jobs; a
+                // speculative set's is forgotten (should the strategy need that set, it is
+                // evaluated again as the needed one).
+                Err(e) if k == 0 => return Err(e),
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// The sets to evaluate together: `need` first, then the sets needed after the most probable
+/// assumed verdicts, up to `jobs` sets.
+fn look_ahead(
+    space: &SearchSpace,
+    opts: &SearchOptions,
+    known: &HashMap<Vec<usize>, Evaluation>,
+    trials: &[Trial],
+    need: Vec<usize>,
+    phase: &'static str,
+    jobs: usize,
+) -> Vec<Vec<usize>> {
+    // The odds of a pass in a phase, from its trials so far (Laplace's rule: 1/2 at first).
+    let pass_odds = |phase: &str| -> f64 {
+        let (n, passed) = trials
+            .iter()
+            .filter(|t| t.phase == phase)
+            .fold((0usize, 0usize), |(n, p), t| (n + 1, p + t.passed as usize));
+        (passed as f64 + 1.0) / (n as f64 + 2.0)
+    };
+    // Open branches: (probability, assumed verdicts); the likeliest is explored first, ties
+    // in the order they were opened.
+    let mut open: Vec<(f64, HashMap<Vec<usize>, bool>)> = Vec::new();
+    let branch = |open: &mut Vec<(f64, HashMap<Vec<usize>, bool>)>,
+                  p: f64,
+                  assumed: &HashMap<Vec<usize>, bool>,
+                  set: &[usize],
+                  phase: &str| {
+        let odds = pass_odds(phase);
+        for (verdict, q) in [(false, 1.0 - odds), (true, odds)] {
+            let mut a = assumed.clone();
+            a.insert(set.to_vec(), verdict);
+            open.push((p * q, a));
+        }
+    };
+    branch(&mut open, 1.0, &HashMap::new(), &need, phase);
+    let mut batch = vec![need];
+    // Each replay costs microseconds; the bound only guards against branches that all end.
+    let mut replays = 0usize;
+    while batch.len() < jobs && !open.is_empty() && replays < 16 * jobs {
+        let best = (0..open.len())
+            .max_by(|&a, &b| open[a].0.total_cmp(&open[b].0).then(b.cmp(&a)))
+            .expect("not empty");
+        let (p, assumed) = open.remove(best);
+        replays += 1;
+        if let Replay::Need(set, phase, _) = replay(space, opts, known, &assumed) {
+            if !batch.contains(&set) {
+                batch.push(set.clone());
+            }
+            branch(&mut open, p, &assumed, &set, phase);
+        }
+    }
+    batch
+}
+
+/// The passing trial with the fewest marked layers (then FLOPs).
+fn best_of(trials: &[Trial]) -> Option<Vec<usize>> {
+    trials
+        .iter()
+        .filter(|t| t.passed)
+        .min_by_key(|t| (t.marked.len(), t.marked_flops, t.iteration))
+        .map(|t| t.marked.clone())
 }
 
 enum Stop {
     Interrupted,
     Failed(Error),
+    /// A replay reached a set whose verdict is unknown (and which phase asked for it).
+    Need(Vec<usize>, &'static str),
 }
 
 impl From<Error> for Stop {
@@ -249,9 +436,20 @@ impl From<Error> for Stop {
     }
 }
 
+/// Where a strategy's verdicts come from.
+enum Answers<'a> {
+    /// The oracle, one set at a time.
+    Oracle(&'a mut dyn Oracle),
+    /// Verdicts evaluated so far, and verdicts assumed while looking ahead.
+    Known {
+        known: &'a HashMap<Vec<usize>, Evaluation>,
+        assumed: &'a HashMap<Vec<usize>, bool>,
+    },
+}
+
 struct Searcher<'a> {
     space: &'a SearchSpace,
-    oracle: &'a mut dyn Oracle,
+    answers: Answers<'a>,
     on_trial: &'a mut dyn FnMut(&Trial),
     stop: &'a AtomicBool,
     trials: Vec<Trial>,
@@ -266,10 +464,22 @@ impl Searcher<'_> {
         if let Some(&p) = self.memo.get(&key) {
             return Ok(p);
         }
-        if self.stop.load(Ordering::SeqCst) {
-            return Err(Stop::Interrupted);
-        }
-        let e = self.oracle.evaluate(&key)?;
+        let e = match &mut self.answers {
+            Answers::Oracle(oracle) => {
+                if self.stop.load(Ordering::SeqCst) {
+                    return Err(Stop::Interrupted);
+                }
+                oracle.evaluate(&key)?
+            }
+            Answers::Known { known, assumed } => match (known.get(&key), assumed.get(&key)) {
+                (Some(e), _) => e.clone(),
+                (None, Some(&p)) => {
+                    self.memo.insert(key, p);
+                    return Ok(p);
+                }
+                (None, None) => return Err(Stop::Need(key, phase)),
+            },
+        };
         let trial = Trial {
             iteration: self.trials.len() + 1,
             phase,
@@ -287,11 +497,7 @@ impl Searcher<'_> {
 
     /// The passing trial with the fewest marked layers (then FLOPs).
     fn best(&self) -> Option<Vec<usize>> {
-        self.trials
-            .iter()
-            .filter(|t| t.passed)
-            .min_by_key(|t| (t.marked.len(), t.marked_flops, t.iteration))
-            .map(|t| t.marked.clone())
+        best_of(&self.trials)
     }
 
     fn run(&mut self, opts: &SearchOptions) -> std::result::Result<(Outcome, Option<usize>), Stop> {
@@ -494,6 +700,7 @@ mod tests {
                 mode,
                 direction: dir,
                 objective: Objective::Layers,
+                jobs: 1,
             },
             &mut o,
             &mut |_| {},
@@ -589,6 +796,7 @@ mod tests {
                 mode: Mode::Bisect,
                 direction: Direction::Forward,
                 objective: Objective::Layers,
+                jobs: 1,
             },
             &mut o,
             &mut |_| {},
@@ -624,6 +832,7 @@ mod tests {
                 mode: Mode::Minimal,
                 direction: Direction::Forward,
                 objective: Objective::Flops,
+                jobs: 1,
             },
             &mut Either,
             &mut |_| {},
@@ -631,5 +840,187 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.outcome, Outcome::Found(vec![7]));
+    }
+
+    /// Passes when every needed layer is marked and, to make the criterion non-monotone, the
+    /// set's hash is not a multiple of `quirk` (0: monotone); evaluates batches "in parallel".
+    struct Batching {
+        needed: Vec<usize>,
+        quirk: u64,
+        batches: usize,
+        evaluated: usize,
+        fail_on: Option<Vec<usize>>,
+    }
+
+    impl Oracle for Batching {
+        fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+            self.evaluated += 1;
+            if self.fail_on.as_deref() == Some(marked) {
+                return Err(Error::Invalid("the oracle broke".into()));
+            }
+            let h = marked
+                .iter()
+                .fold(17u64, |h, &m| h.wrapping_mul(31).wrapping_add(m as u64));
+            let quirky = self.quirk > 0 && !marked.is_empty() && h % self.quirk == 0;
+            let missing = self.needed.iter().filter(|n| !marked.contains(n)).count();
+            Ok(Evaluation {
+                passed: missing == 0 && !quirky,
+                error: missing as f64,
+                summary: format!("{missing} missing"),
+            })
+        }
+        fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+            self.batches += 1;
+            sets.iter().map(|s| self.evaluate(s)).collect()
+        }
+        fn parallel(&self) -> bool {
+            true
+        }
+    }
+
+    fn batching(needed: &[usize], quirk: u64) -> Batching {
+        Batching {
+            needed: needed.to_vec(),
+            quirk,
+            batches: 0,
+            evaluated: 0,
+            fail_on: None,
+        }
+    }
+
+    fn run_jobs(
+        sp: &SearchSpace,
+        mode: Mode,
+        dir: Direction,
+        o: &mut Batching,
+        jobs: usize,
+    ) -> Result<(SearchResult, Vec<usize>)> {
+        let stop = AtomicBool::new(false);
+        let mut seen = Vec::new();
+        let r = search(
+            sp,
+            &SearchOptions {
+                mode,
+                direction: dir,
+                objective: Objective::Layers,
+                jobs,
+            },
+            o,
+            &mut |t| seen.push(t.iteration),
+            &stop,
+        )?;
+        Ok((r, seen))
+    }
+
+    #[test]
+    fn any_number_of_jobs_gives_the_same_search() {
+        let growth: Vec<(usize, f64)> = (0..48).map(|i| (i, ((i * 37) % 11) as f64)).collect();
+        let sp = space(48, &growth);
+        let modes = [
+            (Mode::Bisect, Direction::Forward),
+            (Mode::Bisect, Direction::Reverse),
+            (Mode::Linear, Direction::Forward),
+            (Mode::WorstFirst, Direction::Forward),
+            (Mode::Minimal, Direction::Forward),
+        ];
+        let planted: [&[usize]; 4] = [&[], &[5], &[3, 17, 40], &[0, 1, 2, 9, 20, 21, 33, 47]];
+        for (mode, dir) in modes {
+            for needed in planted {
+                for quirk in [0u64, 3, 7] {
+                    let mut one = batching(needed, quirk);
+                    let (base, _) = run_jobs(&sp, mode, dir, &mut one, 1).unwrap();
+                    assert_eq!(base.speculative, 0);
+                    let key = |r: &SearchResult| -> Vec<(usize, &'static str, Vec<usize>, bool)> {
+                        r.trials
+                            .iter()
+                            .map(|t| (t.iteration, t.phase, t.marked.clone(), t.passed))
+                            .collect()
+                    };
+                    for jobs in [2, 3, 4, 8] {
+                        let mut o = batching(needed, quirk);
+                        let (r, seen) = run_jobs(&sp, mode, dir, &mut o, jobs).unwrap();
+                        let what = format!("{mode:?} {dir:?} {needed:?} quirk {quirk} jobs {jobs}");
+                        assert_eq!(r.outcome, base.outcome, "{what}");
+                        assert_eq!(r.contiguous_count, base.contiguous_count, "{what}");
+                        assert_eq!(key(&r), key(&base), "{what}");
+                        // Every trial reported once, in order.
+                        assert_eq!(seen, (1..=r.trials.len()).collect::<Vec<_>>(), "{what}");
+                        assert_eq!(o.evaluated, r.trials.len() + r.speculative, "{what}");
+                        assert!(o.batches <= r.trials.len(), "{what}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn batches_take_fewer_rounds_than_evaluations() {
+        let sp = space(64, &[]);
+        let mut one = batching(&[37], 0);
+        let (base, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut one, 1).unwrap();
+        let mut three = batching(&[37], 0);
+        let (r, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut three, 3).unwrap();
+        assert_eq!(r.outcome, base.outcome);
+        // Both verdicts of each probe are looked ahead: two bisection steps per round.
+        assert!(
+            three.batches * 2 <= base.trials.len() + 2,
+            "{} rounds for {} evaluations",
+            three.batches,
+            base.trials.len()
+        );
+    }
+
+    #[test]
+    fn only_the_needed_sets_error_ends_a_batched_search() {
+        let sp = space(32, &[]);
+        // With two jobs the first round looks ahead at the first 16 layers while the ends are
+        // checked; make a set the strategy never needs break: the search is unaffected.
+        let mut base = batching(&[3], 0);
+        let (want, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut base, 1).unwrap();
+        let taken: Vec<Vec<usize>> = want.trials.iter().map(|t| t.marked.clone()).collect();
+        let mut o = batching(&[3], 0);
+        let mut probe = batching(&[3], 0);
+        let (r, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut probe, 4).unwrap();
+        assert!(r.speculative > 0);
+        // A speculative set: evaluated with four jobs but not taken.
+        let all_sets: Vec<Vec<usize>> = (0..=32).map(|n| (0..n).collect()).collect();
+        let spare = all_sets
+            .into_iter()
+            .find(|s| !taken.contains(s))
+            .expect("bisection takes few prefixes");
+        o.fail_on = Some(spare);
+        let (r, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut o, 4).unwrap();
+        assert_eq!(r.outcome, want.outcome);
+        // A needed set's error is the search's error.
+        let mut o = batching(&[3], 0);
+        o.fail_on = Some(taken[2].clone());
+        let e = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut o, 4).unwrap_err();
+        assert!(e.to_string().contains("the oracle broke"), "{e}");
+    }
+
+    #[test]
+    fn a_sequential_oracle_is_not_asked_to_speculate() {
+        let sp = space(40, &[]);
+        let mut o = Planted {
+            needed: vec![23],
+            calls: 0,
+            stop_after: None,
+        };
+        let stop = AtomicBool::new(false);
+        let r = search(
+            &sp,
+            &SearchOptions {
+                mode: Mode::Bisect,
+                direction: Direction::Forward,
+                objective: Objective::Layers,
+                jobs: 4,
+            },
+            &mut o,
+            &mut |_| {},
+            &stop,
+        )
+        .unwrap();
+        assert_eq!(r.speculative, 0);
+        assert_eq!(o.calls, r.trials.len());
     }
 }

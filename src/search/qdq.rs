@@ -109,26 +109,57 @@ impl<'a> QdqOracle<'a> {
     }
 }
 
-impl Oracle for QdqOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+impl QdqOracle<'_> {
+    /// The verdict on `marked` and the nodes its runs executed.
+    fn judge(&self, marked: &[usize]) -> Result<(Evaluation, u64)> {
         if self.golden.is_empty() {
             return Err(Error::Invalid(
                 "no golden outputs were set for the search".into(),
             ));
         }
-        self.evaluations += 1;
         let candidate = strip(self.model, marked, self.high)?;
         let interp = Interpreter::new(&candidate.model.graph)?;
         let mut verdict = Verdict::new();
+        let mut executions = 0;
         for (k, f) in self.feeds.iter().enumerate() {
             let r = run_with(&interp, &candidate.model, f, self.fusion, false)?;
-            self.executions += candidate.model.graph.nodes.len() as u64;
+            executions += candidate.model.graph.nodes.len() as u64;
             let golden = &self.golden[k.min(self.golden.len() - 1)];
             if !verdict.add(&r.outputs, golden, &self.criterion)? {
                 break;
             }
         }
-        Ok(verdict.finish())
+        Ok((verdict.finish(), executions))
+    }
+}
+
+impl Oracle for QdqOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        self.evaluations += 1;
+        let (e, executions) = self.judge(marked)?;
+        self.executions += executions;
+        Ok(e)
+    }
+
+    /// The sets run at the same time on the thread pool (each candidate is its own model:
+    /// there is no cache to share).
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        use rayon::prelude::*;
+        let verdicts: Vec<Result<(Evaluation, u64)>> =
+            sets.par_iter().map(|s| self.judge(s)).collect();
+        verdicts
+            .into_iter()
+            .map(|v| {
+                self.evaluations += 1;
+                let (e, executions) = v?;
+                self.executions += executions;
+                Ok(e)
+            })
+            .collect()
+    }
+
+    fn parallel(&self) -> bool {
+        true
     }
 }
 
@@ -143,6 +174,21 @@ impl Oracle for QdqCheck<'_, '_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
         let candidate = strip(self.model, marked, self.high)?;
         self.check.evaluate_model(marked, &candidate.model.proto)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let candidates = sets
+            .iter()
+            .map(|s| {
+                let model = strip(self.model, s, self.high).map(|c| c.model.proto);
+                (s.clone(), model)
+            })
+            .collect();
+        self.check.evaluate_models(candidates)
+    }
+
+    fn parallel(&self) -> bool {
+        self.check.parallel()
     }
 }
 
@@ -315,6 +361,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let wall = t0.elapsed().as_secs_f64();
     let stats = SearchStats {
         evaluations: result.trials.len(),
+        speculative_evaluations: result.speculative,
         layer_executions: oracle.executions,
         layer_executions_without_cache: oracle.executions,
         cache_peak_bytes: 0,

@@ -193,15 +193,9 @@ impl<'a> ReplayOracle<'a> {
     }
 }
 
-impl Oracle for ReplayOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        let mut key = marked.to_vec();
-        key.sort_unstable();
-        if let Some(e) = self.known.get(&key) {
-            self.replayed += 1;
-            return Ok(e.clone());
-        }
-        let e = self.inner.evaluate(marked)?;
+impl ReplayOracle<'_> {
+    /// Records a new evaluation of `key` (sorted).
+    fn record(&mut self, key: Vec<usize>, e: &Evaluation) {
         self.replay.evaluations.push(Record {
             marked: key
                 .iter()
@@ -212,10 +206,82 @@ impl Oracle for ReplayOracle<'_> {
             summary: e.summary.clone(),
         });
         self.known.insert(key, e.clone());
-        if let Some(p) = &self.save_to {
-            self.replay.save(p)?;
+    }
+
+    fn save(&self) -> Result<()> {
+        match &self.save_to {
+            Some(p) => self.replay.save(p),
+            None => Ok(()),
         }
+    }
+}
+
+fn sorted(marked: &[usize]) -> Vec<usize> {
+    let mut key = marked.to_vec();
+    key.sort_unstable();
+    key
+}
+
+impl Oracle for ReplayOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let key = sorted(marked);
+        if let Some(e) = self.known.get(&key) {
+            self.replayed += 1;
+            return Ok(e.clone());
+        }
+        let e = self.inner.evaluate(marked)?;
+        self.record(key, &e);
+        self.save()?;
         Ok(e)
+    }
+
+    /// Known sets are answered from the replay, the others go to the inner oracle as one
+    /// batch; the replay is saved once after it.
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let mut out: Vec<Option<Result<Evaluation>>> = Vec::with_capacity(sets.len());
+        let mut unknown = Vec::new();
+        for s in sets {
+            match self.known.get(&sorted(s)) {
+                Some(e) => {
+                    self.replayed += 1;
+                    out.push(Some(Ok(e.clone())));
+                }
+                None => {
+                    unknown.push(s.clone());
+                    out.push(None);
+                }
+            }
+        }
+        if unknown.is_empty() {
+            return out.into_iter().flatten().collect();
+        }
+        let mut fresh = self.inner.evaluate_batch(&unknown).into_iter();
+        for (slot, set) in out.iter_mut().filter(|o| o.is_none()).zip(&unknown) {
+            let r = fresh
+                .next()
+                .unwrap_or_else(|| Err(Error::Invalid("an oracle answered a batch short".into())));
+            if let Ok(e) = &r {
+                self.record(sorted(set), e);
+            }
+            *slot = Some(r);
+        }
+        if let Err(e) = self.save() {
+            // Without a saved replay the search must not go on as if it had one: the error
+            // goes to the needed (first) set, which ends the search.
+            let mut e = Some(e);
+            return (0..sets.len())
+                .map(|_| {
+                    Err(e.take().unwrap_or_else(|| {
+                        Error::Invalid("the debug replay could not be saved".into())
+                    }))
+                })
+                .collect();
+        }
+        out.into_iter().flatten().collect()
+    }
+
+    fn parallel(&self) -> bool {
+        self.inner.parallel()
     }
 }
 
@@ -287,5 +353,34 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("another model"), "{e}");
+    }
+
+    #[test]
+    fn batches_are_answered_from_the_replay_and_recorded() {
+        let g = chain(4, 2);
+        let mut inner = Counting { calls: 0 };
+        let id = ModelId {
+            bytes: 1,
+            fnv1a: "0".into(),
+        };
+        let mut replay = DebugReplay::new(id, settings("a"));
+        replay.evaluations.push(Record {
+            marked: vec![g.nodes[1].name.clone()],
+            passed: true,
+            error: None,
+            summary: "known".into(),
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("replay.json");
+        let mut o = ReplayOracle::new(&mut inner, &g, replay, Some(path.clone())).unwrap();
+        let r = o.evaluate_batch(&[vec![0], vec![1], vec![2, 3]]);
+        assert_eq!(r.len(), 3);
+        assert!(r[1].as_ref().unwrap().summary.contains("(replayed) known"));
+        assert_eq!(o.replayed, 1);
+        assert_eq!(o.replay().evaluations.len(), 3);
+        drop(o);
+        assert_eq!(inner.calls, 2);
+        let saved = std::fs::read_to_string(&path).unwrap();
+        assert!(saved.contains(&g.nodes[3].name), "{saved}");
     }
 }

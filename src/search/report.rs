@@ -16,7 +16,10 @@ use serde::Serialize;
 /// Counters of one search, for the report, the JSON result and the benchmark.
 #[derive(Clone, Debug, Serialize)]
 pub struct SearchStats {
+    /// Evaluations the strategy took (the trials).
     pub evaluations: usize,
+    /// Evaluations made ahead of need (`--jobs` > 1) that the strategy never took.
+    pub speculative_evaluations: usize,
     /// Layers executed, with the incremental cache.
     pub layer_executions: u64,
     /// Layers the same runs execute without it.
@@ -39,6 +42,7 @@ impl SearchStats {
     ) -> SearchStats {
         SearchStats {
             evaluations: result.trials.len(),
+            speculative_evaluations: result.speculative,
             layer_executions: oracle.cache.stats.executed,
             layer_executions_without_cache: oracle.full_executions,
             cache_peak_bytes: oracle.cache.stats.peak_bytes,

@@ -479,3 +479,128 @@ fn golden_outputs_from_polygraphy_drive_the_search() {
         "{log}"
     );
 }
+
+/// The trials of a `--save-result` file: (phase, marked layers, passed).
+fn trials_of(result: &std::path::Path) -> Vec<(String, Vec<u64>, bool)> {
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();
+    v["trials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["phase"].as_str().unwrap().to_string(),
+                t["marked"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|m| m.as_u64().unwrap())
+                    .collect(),
+                t["passed"].as_bool().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn jobs_evaluate_ahead_without_changing_the_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = model("planted_transformer");
+    let mut trials = Vec::new();
+    for jobs in ["1", "3"] {
+        let result = dir.path().join(format!("result{jobs}.json"));
+        let mut args = vec![
+            "debug",
+            "precision",
+            m.as_str(),
+            "--fp16",
+            "--mode",
+            "minimal",
+        ];
+        args.extend(CRITERION);
+        args.extend(["--jobs", jobs, "--save-result", result.to_str().unwrap()]);
+        let out = mixprec(&args);
+        assert!(out.status.success(), "{}", text(&out));
+        let ahead = text(&out).contains("evaluated ahead and not needed");
+        assert_eq!(ahead, jobs != "1", "{}", text(&out));
+        trials.push(trials_of(&result));
+    }
+    assert!(trials[0].len() > 4, "{:?}", trials[0]);
+    assert_eq!(trials[0], trials[1]);
+    let out = mixprec(&["debug", "precision", m.as_str(), "--fp16", "--jobs", "0"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out).contains("is not a number of jobs"),
+        "{}",
+        text(&out)
+    );
+}
+
+#[test]
+fn check_commands_run_at_once_each_in_its_own_directory() {
+    let shared = tempfile::tempdir().unwrap();
+    let s = shared.path().display().to_string();
+    // Each command notes its working directory, holds a marker while it runs and counts the
+    // markers it sees (more than one: commands overlapped); it writes a relative artifact.
+    // It passes exactly when planted_div runs in float32.
+    let script = format!(
+        "pwd >> {s}/dirs; touch {s}/running.$$; sleep 0.3; ls {s} | grep -c running >> {s}/overlap; rm {s}/running.$$; \
+         echo engine > engine.plan; echo \"$*\" | grep -q 'planted_div:float32'"
+    );
+    let artifacts = shared.path().join("sorted");
+    let (ok, log, layers) = search(
+        "planted_cnn",
+        &[
+            "--mode",
+            "minimal",
+            "--jobs",
+            "3",
+            "--artifacts",
+            "engine.plan",
+            "--artifacts-dir",
+            artifacts.to_str().unwrap(),
+            "--check",
+            "sh",
+            "-c",
+            &script,
+            "check",
+            "{layer_precisions}",
+        ],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(layers, vec!["planted_div"], "{log}");
+    let dirs = std::fs::read_to_string(shared.path().join("dirs")).unwrap();
+    let distinct: std::collections::BTreeSet<&str> = dirs.lines().collect();
+    assert_eq!(distinct.len(), 3, "{dirs}");
+    assert!(distinct
+        .iter()
+        .all(|d| d.ends_with("job0") || d.ends_with("job1") || d.ends_with("job2")));
+    let overlap = std::fs::read_to_string(shared.path().join("overlap")).unwrap();
+    assert!(
+        overlap
+            .lines()
+            .any(|n| n.trim().parse::<usize>().unwrap() > 1),
+        "{overlap}"
+    );
+    // Every command's artifact was sorted (none overwritten by another job's).
+    let sorted = ["good", "bad"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(artifacts.join(d)).ok())
+        .map(|r| r.count())
+        .sum::<usize>();
+    assert_eq!(sorted, dirs.lines().count(), "{log}");
+    // A file every job would write is refused.
+    let (ok, log, _) = search(
+        "planted_cnn",
+        &[
+            "--jobs",
+            "2",
+            "--iter-artifact",
+            "/tmp/x.onnx",
+            "--check",
+            "true",
+        ],
+    );
+    assert!(!ok);
+    assert!(log.contains("is an absolute path"), "{log}");
+}

@@ -66,6 +66,7 @@ pub(super) fn search(args: &SearchArgs, p: &Printer, s: Setup<'_>) -> Result<Exi
                 fail_regex,
                 timeout,
                 workdir: workdir.0.clone(),
+                jobs: args.jobs,
                 verbose: args.verbose,
                 evaluations: 0,
                 iter_artifact: args.iter_artifact.clone().or_else(|| {
@@ -94,6 +95,7 @@ pub(super) fn search(args: &SearchArgs, p: &Printer, s: Setup<'_>) -> Result<Exi
             mode: s.mode,
             direction: s.direction,
             objective: args.objective,
+            jobs: args.jobs,
         },
         check,
         replay: s.replay.map(|r| (r, args.save_debug_replay.clone())),

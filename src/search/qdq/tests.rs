@@ -75,6 +75,15 @@ impl SearchHooks for Recorder {
 }
 
 fn search_planted(mode: Mode, direction: Direction, high: Precision) -> (Model, QdqRun) {
+    search_planted_jobs(mode, direction, high, 1)
+}
+
+fn search_planted_jobs(
+    mode: Mode,
+    direction: Direction,
+    high: Precision,
+    jobs: usize,
+) -> (Model, QdqRun) {
     let m = planted();
     let feeds = vec![x_feed()];
     let stop = AtomicBool::new(false);
@@ -96,6 +105,7 @@ fn search_planted(mode: Mode, direction: Direction, high: Precision) -> (Model, 
                 mode,
                 direction,
                 objective: Objective::Layers,
+                jobs,
             },
             check: None,
             replay: None,
@@ -125,6 +135,31 @@ fn every_mode_finds_the_badly_calibrated_layer() {
         let (_, run) = search_planted(mode, Direction::Forward, Precision::Float32);
         let all = vec![index(&m, "mm_a"), index(&m, "mm_b"), c];
         assert_eq!(run.result.outcome, Outcome::Found(all), "{mode:?}");
+    }
+}
+
+#[test]
+fn jobs_evaluate_candidates_together_with_the_same_trials() {
+    let phases = |r: &QdqRun| -> Vec<(Vec<usize>, bool)> {
+        r.result
+            .trials
+            .iter()
+            .map(|t| (t.marked.clone(), t.passed))
+            .collect()
+    };
+    for (mode, direction) in [
+        (Mode::Minimal, Direction::Forward),
+        (Mode::Bisect, Direction::Forward),
+        (Mode::Linear, Direction::Reverse),
+    ] {
+        let (_, one) = search_planted(mode, direction, Precision::Float32);
+        let (_, three) = search_planted_jobs(mode, direction, Precision::Float32, 3);
+        assert_eq!(three.result.outcome, one.result.outcome, "{mode:?}");
+        assert_eq!(phases(&three), phases(&one), "{mode:?}");
+        assert_eq!(
+            three.stats.evaluations + three.stats.speculative_evaluations,
+            three.result.trials.len() + three.result.speculative
+        );
     }
 }
 
