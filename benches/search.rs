@@ -81,17 +81,12 @@ fn main() {
                     Precision::Float32,
                     Accumulator::F32,
                     None,
-                    ValueCache::new(2 << 30),
+                    ValueCache::new(budget),
                 )
                 .expect("oracle");
                 let golden = oracle.reference_outputs().expect("reference");
                 oracle.set_golden(golden).expect("golden");
-                // The ranking keeps reference values only within the budget: rank with the
-                // cache, so both runs search the same order, then evaluate under `budget`.
-                let space = oracle
-                    .search_space(mode.needs_ranking(), &mut |_| {})
-                    .expect("space");
-                oracle.cache.set_budget(budget);
+                let space = oracle.search_space(mode.needs_ranking()).expect("space");
                 let result = search(
                     &space,
                     &SearchOptions {

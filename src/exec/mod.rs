@@ -360,6 +360,24 @@ impl<'g> Interpreter<'g> {
         self.run_cached_observed_to(feeds, feed_key, plan, cache, None, observer)
     }
 
+    /// The most bytes of values a plain run holds at once: graph inputs, and every node
+    /// output from its step until its last reader (as [`run`](Self::run) frees them; graph
+    /// outputs until the end), with each value's size given by name (0 when unknown). Weights
+    /// are not values. What a search's cache budget is measured against.
+    pub fn peak_value_bytes(&self, size: &dyn Fn(&str) -> usize) -> usize {
+        let of = |s: usize| size(&self.slot_names[s]);
+        let mut live: usize = self.input_slots.iter().map(|(_, s)| of(*s)).sum();
+        let mut peak = live;
+        for step in &self.steps {
+            live += step.outputs.iter().flatten().map(|&s| of(s)).sum::<usize>();
+            peak = peak.max(live);
+            for &s in &step.frees {
+                live = live.saturating_sub(of(s));
+            }
+        }
+        peak
+    }
+
     /// [`run_cached_observed`](Self::run_cached_observed) that stops after node `last` (in
     /// topological order): the observer sees every value up to there, and nothing downstream
     /// is executed. For questions about one layer (why it must stay in high precision), whose

@@ -4,7 +4,6 @@
 use super::{Evaluation, Oracle};
 use crate::compare::{check_output, fmt_g, Criterion};
 use crate::error::{Error, Result};
-use crate::event::Event;
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::{Accumulator, Precision};
@@ -70,6 +69,27 @@ impl<'a> BuiltinOracle<'a> {
 
     fn nodes(&self) -> u64 {
         self.interp.graph().nodes.len() as u64
+    }
+
+    /// What one FP32 run on the first input set holds: the bytes of all its values, and the
+    /// most it holds at once ([`Interpreter::peak_value_bytes`]). One uncached run, before the
+    /// reference run, so the cache budget can be set from it.
+    pub fn value_bytes(&mut self) -> Result<(usize, usize)> {
+        let mut sizes: HashMap<String, usize> = HashMap::new();
+        self.interp.run_cached_observed(
+            &self.feeds[0],
+            0,
+            None,
+            &mut ValueCache::new(0),
+            &mut |name, t| {
+                sizes.insert(name.to_string(), t.len() * t.dtype().size().max(1));
+            },
+        )?;
+        self.full_executions += self.nodes();
+        let peak = self
+            .interp
+            .peak_value_bytes(&|name| sizes.get(name).copied().unwrap_or(0));
+        Ok((sizes.values().sum(), peak))
     }
 
     /// Runs the FP32 reference on every input set (seeding the cache) and returns its outputs.
@@ -141,12 +161,7 @@ impl<'a> BuiltinOracle<'a> {
     /// What the search runs over: the compute layers whose low precision differs from the high
     /// one, their FLOPs (known after [`reference_outputs`](Self::reference_outputs)) and, when
     /// `ranked`, their error growth.
-    /// A ranking cut short by the cache budget is reported to `events` as a warning.
-    pub fn search_space(
-        &mut self,
-        ranked: bool,
-        events: &mut dyn FnMut(Event),
-    ) -> Result<super::SearchSpace> {
+    pub fn search_space(&mut self, ranked: bool) -> Result<super::SearchSpace> {
         let graph = self.interp.graph();
         let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
             .into_iter()
@@ -156,14 +171,7 @@ impl<'a> BuiltinOracle<'a> {
             .map(|i| self.cache.layer_flops.get(&i).copied().unwrap_or(0))
             .collect();
         let growth = if ranked {
-            let (g, left_out) = self.growth()?;
-            if left_out > 0 {
-                events(Event::Warning(format!(
-                    "the layer ranking covers only the values that fit in --cache-budget {} MiB ({left_out} left out, ranked last); raise it for a complete ranking",
-                    self.cache.budget() >> 20
-                )));
-            }
-            g
+            self.growth()?
         } else {
             HashMap::new()
         };
@@ -269,60 +277,111 @@ impl<'a> BuiltinOracle<'a> {
     /// relative (mean |low − ref| over mean |ref|), so that a layer that only rescales its
     /// input does not look like it adds error; see [`relative_growth`].
     ///
-    /// Memory stays bounded: the reference values are kept (in topological order) only up to
-    /// the cache budget; layers beyond it get no growth figure (ranked last) and the returned
-    /// count says how many float values were left out.
-    pub fn growth(&mut self) -> Result<(HashMap<usize, f64>, usize)> {
+    /// Memory stays bounded and the ranking complete: the reference values are compared in
+    /// windows of at most the cache budget (at least [`RANKING_WINDOW_MIN`]), in execution
+    /// order: a pass keeps the reference values of one window, then runs the low plan up to
+    /// the window's last layer, comparing each value as it appears and dropping its reference.
+    /// A model whose values fit in the budget (the automatic budget is sized so) takes one
+    /// pass; a smaller budget takes more passes (more runs), never a shorter ranking.
+    pub fn growth(&mut self) -> Result<HashMap<usize, f64>> {
+        self.growth_in_windows(self.cache.budget().max(RANKING_WINDOW_MIN))
+    }
+
+    /// [`growth`](Self::growth) comparing at most `window` bytes of reference values at once.
+    fn growth_in_windows(&mut self, window: usize) -> Result<HashMap<usize, f64>> {
         let prepared = self.prepared_for(&[])?;
-        let budget = self.cache.budget();
+        let graph = self.interp.graph();
+        let producer: HashMap<&str, usize> = graph
+            .nodes
+            .iter()
+            .enumerate()
+            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
+            .collect();
         let mut growth: HashMap<usize, f64> = HashMap::new();
-        let mut left_out = 0usize;
         for (k, f) in self.feeds.iter().enumerate() {
-            let mut refs: HashMap<String, Tensor> = HashMap::new();
-            let mut bytes = 0usize;
-            let mut skipped = 0usize;
-            self.interp.run_cached_observed(
-                f,
-                k as u64,
-                None,
-                &mut self.cache,
-                &mut |name, t| {
-                    if !t.dtype().is_float() {
-                        return;
-                    }
-                    let size = t.len() * t.dtype().size();
-                    if bytes + size <= budget {
+            let mut err: HashMap<String, f64> = HashMap::new();
+            // Ordinal (among observed float values) of the first value this pass keeps.
+            let mut start = 0usize;
+            loop {
+                let mut refs: HashMap<String, Tensor> = HashMap::new();
+                let mut bytes = 0usize;
+                let mut ordinal = 0usize;
+                let mut next: Option<usize> = None;
+                let mut last_node: Option<usize> = None;
+                self.interp.run_cached_observed(
+                    f,
+                    k as u64,
+                    None,
+                    &mut self.cache,
+                    &mut |name, t| {
+                        if !t.dtype().is_float() {
+                            return;
+                        }
+                        let at = ordinal;
+                        ordinal += 1;
+                        if at < start || next.is_some() {
+                            return;
+                        }
+                        let size = t.len() * t.dtype().size();
+                        // The first value of a pass is kept even alone above the window.
+                        if bytes + size > window && !refs.is_empty() {
+                            next = Some(at);
+                            return;
+                        }
                         bytes += size;
                         refs.insert(name.to_string(), t.clone());
-                    } else {
-                        skipped += 1;
-                    }
-                },
-            )?;
-            let mut err: HashMap<String, f64> = HashMap::new();
-            self.interp.run_cached_observed(
-                f,
-                k as u64,
-                Some(&prepared),
-                &mut self.cache,
-                &mut |name, t| {
-                    if let Some(e) = refs.get(name).and_then(|r| relative_error(r, t)) {
+                        if let Some(&i) = producer.get(name) {
+                            last_node = Some(last_node.map_or(i, |l: usize| l.max(i)));
+                        }
+                    },
+                )?;
+                self.full_executions += self.nodes();
+                let mut compare = |name: &str, t: &Tensor| {
+                    // Each value appears once: its reference goes as soon as it is compared.
+                    if let Some(e) = refs.remove(name).and_then(|r| relative_error(&r, t)) {
                         err.insert(name.to_string(), e);
                     }
-                },
-            )?;
-            self.full_executions += 2 * self.nodes();
-            left_out = left_out.max(skipped);
-            for (i, g) in relative_growth(self.interp.graph(), &err) {
+                };
+                match (next, last_node) {
+                    // More windows follow: nothing past this one's last layer is needed.
+                    (Some(_), Some(last)) => self.interp.run_cached_until(
+                        f,
+                        k as u64,
+                        Some(&prepared),
+                        &mut self.cache,
+                        last,
+                        &mut compare,
+                    )?,
+                    _ => {
+                        self.interp.run_cached_observed(
+                            f,
+                            k as u64,
+                            Some(&prepared),
+                            &mut self.cache,
+                            &mut compare,
+                        )?;
+                    }
+                }
+                self.full_executions += self.nodes();
+                match next {
+                    Some(n) => start = n,
+                    None => break,
+                }
+            }
+            for (i, g) in relative_growth(graph, &err) {
                 let e = growth.entry(i).or_insert(f64::NEG_INFINITY);
                 if g > *e {
                     *e = g;
                 }
             }
         }
-        Ok((growth, left_out))
+        Ok(growth)
     }
 }
+
+/// The smallest window of reference values the ranking compares at once (see
+/// [`BuiltinOracle::growth`]): below it, passes would multiply for little memory saved.
+pub const RANKING_WINDOW_MIN: usize = 16 << 20;
 
 /// Mean absolute difference over mean absolute reference value; infinite when the candidate
 /// is NaN or infinite where the reference is finite. None for non-float or mismatched values.
@@ -652,5 +711,68 @@ mod tests {
         }
         assert_eq!(got.len(), marked.len());
         assert_eq!(format!("{got:?}"), format!("{want:?}"));
+    }
+
+    /// The ranking in small windows (one value per pass, a few values per pass) equals the
+    /// ranking in one pass, bit for bit, over two input sets; the value sizes give a plain
+    /// run's peak as its liveness says.
+    #[test]
+    fn the_ranking_in_windows_equals_the_ranking_in_one_pass() {
+        let g = graph(
+            vec![
+                node("relu", "Relu", &["x"], &["r"]),
+                node("mul_big", "Mul", &["r", "big"], &["m"]),
+                node("mul_small", "Mul", &["m", "small"], &["s"]),
+                node("add", "Add", &["s", "x"], &["a"]),
+                node("tanh", "Tanh", &["a"], &["y"]),
+            ],
+            vec![vi("x", &[6])],
+            vec![vi("y", &[6])],
+            vec![
+                ("big", Tensor::from_f32(vec![1], vec![1000.0])),
+                ("small", Tensor::from_f32(vec![1], vec![0.0013])),
+            ],
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds: Vec<Feeds> = [[70.0f32, -3.3, 71.0, 0.1234, 72.0, 5.678], [0.5; 6]]
+            .iter()
+            .map(|x| {
+                let mut f = Feeds::new();
+                f.insert("x".into(), Tensor::from_f32(vec![6], x.to_vec()));
+                f
+            })
+            .collect();
+        let growth = |window: usize, budget: usize| {
+            let mut oracle = BuiltinOracle::new(
+                &interp,
+                &feeds,
+                Criterion::default(),
+                PrecisionPlan::uniform(&g, Precision::Float16),
+                Precision::Float32,
+                Accumulator::F32,
+                None,
+                ValueCache::new(budget),
+            )
+            .unwrap();
+            oracle.reference_outputs().unwrap();
+            let mut g: Vec<(usize, u64)> = oracle
+                .growth_in_windows(window)
+                .unwrap()
+                .into_iter()
+                .map(|(i, e)| (i, e.to_bits()))
+                .collect();
+            g.sort_unstable();
+            (g, oracle.full_executions)
+        };
+        let (whole, runs_whole) = growth(1 << 20, 1 << 20);
+        assert_eq!(whole.len(), 5);
+        for (window, budget) in [(1, 1 << 20), (30, 0), (60, 1 << 20)] {
+            let (parts, runs) = growth(window, budget);
+            assert_eq!(parts, whole, "window {window}");
+            assert!(runs > runs_whole, "window {window}: {runs} runs");
+        }
+        // x, r, m, s: 24 bytes each; x is read by add, so x, s and a are alive together.
+        let sizes = |_: &str| 24usize;
+        assert_eq!(interp.peak_value_bytes(&sizes), 72);
     }
 }
