@@ -299,6 +299,75 @@ fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
     }
 }
 
+/// A strided view of a row-major matrix for [`sgemm_strided`]: element (i, j) is
+/// `data[offset + i·row + j·col]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Strided<'a> {
+    pub data: &'a [f32],
+    pub offset: usize,
+    pub row: usize,
+    pub col: usize,
+}
+
+impl Strided<'_> {
+    /// Whether every element of a `rows × cols` view lies inside `data`.
+    fn fits(&self, rows: usize, cols: usize) -> bool {
+        rows == 0
+            || cols == 0
+            || self.offset + (rows - 1) * self.row + (cols - 1) * self.col < self.data.len()
+    }
+}
+
+/// `C[m×n] (+)= A[m×k] · B[k×n]` in float32 with any strides for A and B and rows of C
+/// `ldc` apart (products summed as [`sgemm`] sums them, k in order within each block).
+/// For convolutions read tap by tap straight from their input.
+#[allow(clippy::too_many_arguments)]
+pub fn sgemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Strided<'_>,
+    b: Strided<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    assert!(a.fits(m, k) && b.fits(k, n));
+    assert!(m == 0 || n == 0 || (m - 1) * ldc + n <= c.len());
+    if m == 0 || n == 0 || k == 0 {
+        if !accumulate && k == 0 {
+            for r in 0..m {
+                c[r * ldc..r * ldc + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    // SAFETY: the asserts bound every index the strides reach; C does not alias A or B.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            ldc as isize,
+            accumulate,
+            a.data.as_ptr().add(a.offset),
+            a.col as isize,
+            a.row as isize,
+            b.data.as_ptr().add(b.offset),
+            b.col as isize,
+            b.row as isize,
+            1.0f32,
+            1.0f32,
+            false,
+            false,
+            false,
+            parallelism(m, n, k),
+        );
+    }
+}
+
 /// Row-major `C[m×n] = beta·C + A·B` with optional transposes (`A` is `m×k`, or `k×m` when
 /// `trans_a`; `B` is `k×n`, or `n×k` when `trans_b`). `accumulate` false overwrites C.
 /// Products accumulate in `acc` (the layer's accumulator, from the kernel's context).
