@@ -520,92 +520,6 @@ fn give_back_scratch(v: Vec<f32>) {
     }
 }
 
-/// One image and group of a stride-1, undilated 2-D convolution without im2col: the input
-/// is copied once into a zero-padded buffer [cg, hp, wp], and each kernel tap (kh, kw) is a
-/// GEMM of the weights' tap column (mg × cg) with that buffer read from offset kh·wp + kw,
-/// rows hp·wp apart — an output row then spans wp columns, the last kw − 1 of them past the
-/// image's edge (computed and dropped). The taps accumulate in a [mg, oh·wp] buffer, copied
-/// into `dst` ([mg, oh, ow]) without the dropped columns. Each output is its taps' sum, tap
-/// by tap (channels summed within a tap), where the im2col GEMM sums (channel, tap) pairs in
-/// one running sum: equal up to float32 reassociation (docs/numerics.md).
-#[allow(clippy::too_many_arguments)]
-fn conv_by_taps(
-    x: &[f32],
-    wt: &[f32],
-    cg: usize,
-    mg: usize,
-    in_sp: &[usize],
-    kernel: &[usize],
-    w: &Window,
-    dst: &mut [f32],
-) {
-    use super::matmul::{sgemm_strided, Strided};
-    let (h, wi) = (in_sp[0], in_sp[1]);
-    let (kh, kw) = (kernel[0], kernel[1]);
-    let (pt, pl) = (w.pad_begin[0], w.pad_begin[1]);
-    let (hp, wp) = (h + pt + w.pad_end[0], wi + pl + w.pad_end[1]);
-    let (oh, ow) = (w.out[0], w.out[1]);
-    debug_assert!(oh + kh - 1 == hp && ow + kw - 1 == wp);
-    let plane = hp * wp;
-    // The last tap's last row reads kw − 1 values past the last plane (dropped columns).
-    let mut padded = take_scratch(cg * plane + kw - 1);
-    let padded_len = cg * plane + kw - 1;
-    {
-        let buf = &mut padded[..padded_len];
-        let (planes, slack) = buf.split_at_mut(cg * plane);
-        slack.fill(0.0);
-        planes
-            .par_chunks_mut(plane)
-            .enumerate()
-            .for_each(|(ci, p)| {
-                let img = &x[ci * h * wi..(ci + 1) * h * wi];
-                p[..pt * wp].fill(0.0);
-                p[(pt + h) * wp..].fill(0.0);
-                for r in 0..h {
-                    let row = &mut p[(pt + r) * wp..(pt + r + 1) * wp];
-                    row[..pl].fill(0.0);
-                    row[pl..pl + wi].copy_from_slice(&img[r * wi..(r + 1) * wi]);
-                    row[pl + wi..].fill(0.0);
-                }
-            });
-    }
-    let wide = oh * wp;
-    let mut acc = take_scratch(mg * wide);
-    let k_sz = kh * kw;
-    for t in 0..k_sz {
-        let (th, tw) = (t / kw, t % kw);
-        sgemm_strided(
-            mg,
-            wide,
-            cg,
-            Strided {
-                data: wt,
-                offset: t,
-                row: cg * k_sz,
-                col: k_sz,
-            },
-            Strided {
-                data: &padded[..padded_len],
-                offset: th * wp + tw,
-                row: plane,
-                col: 1,
-            },
-            &mut acc[..mg * wide],
-            wide,
-            t > 0,
-        );
-    }
-    dst.par_chunks_mut(oh * ow)
-        .zip(acc[..mg * wide].par_chunks(wide))
-        .for_each(|(d, a)| {
-            for r in 0..oh {
-                d[r * ow..(r + 1) * ow].copy_from_slice(&a[r * wp..r * wp + ow]);
-            }
-        });
-    give_back_scratch(acc);
-    give_back_scratch(padded);
-}
-
 /// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
 /// ([N, C, oh, ow], zeroed): per channel, each kernel tap is added to every output it reaches
 /// (row by row, so the loops vectorize), taps in the same order as the im2col path's GEMM
@@ -758,38 +672,16 @@ pub fn conv(
         && in_sp.len() == 2
         && !pointwise
         && ctx.accumulate == crate::numeric::Accumulator::F32;
-    // Stride 1, no dilation, 2-D: sum the kernel's taps as GEMMs reading a padded copy of
-    // the input in place (see `conv_by_taps`) instead of writing im2col's k-fold copy.
-    let by_taps = !pointwise
-        && !direct
-        && in_sp.len() == 2
-        && (2..=5).contains(&kernel[0])
-        && (2..=5).contains(&kernel[1])
-        && cg >= 4
-        && w.strides.iter().all(|&s| s == 1)
-        && w.dilations.iter().all(|&d| d == 1)
-        && ctx.accumulate == crate::numeric::Accumulator::F32;
     if direct {
         depthwise_2d(&xv, &wv, c, in_sp, &w, &mut out);
     }
-    let im2col_needed = !(pointwise || direct || by_taps);
-    let mut scratch = if im2col_needed {
-        take_scratch(rows * o_sz)
-    } else {
+    let mut scratch = if pointwise || direct {
         Vec::new()
+    } else {
+        take_scratch(rows * o_sz)
     };
-    let col = &mut scratch[..if im2col_needed { rows * o_sz } else { 0 }];
-    if by_taps {
-        for b in 0..n {
-            for g in 0..group {
-                let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
-                let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
-                let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
-                conv_by_taps(xg, wg, cg, mg, in_sp, &kernel, &w, dst);
-            }
-        }
-    }
-    for b in (0..n).filter(|_| !direct && !by_taps) {
+    let col = &mut scratch[..if pointwise || direct { 0 } else { rows * o_sz }];
+    for b in (0..n).filter(|_| !direct) {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
@@ -1087,106 +979,6 @@ mod tests {
             conv_transpose_op
         };
         k(&ctx, &[Some(&x), Some(&w)]).unwrap().remove(0)
-    }
-
-    /// The tap-by-tap path (stride 1, 2-D, at least 4 channels per group) against a naive
-    /// convolution in f64 that multiplies the padding's zeros too (so 0 · inf = NaN where
-    /// im2col's GEMM gives it): kernels 2..5, symmetric and SAME_UPPER (asymmetric) padding,
-    /// groups, a batch of two, and infinite weights.
-    #[test]
-    fn convolution_by_taps_equals_a_naive_convolution() {
-        let naive = |x: &Tensor, wt: &Tensor, group: usize, pads: [usize; 4]| -> Vec<f64> {
-            let (n, c, h, wi) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
-            let (m, cg, kh, kw) = (wt.shape()[0], wt.shape()[1], wt.shape()[2], wt.shape()[3]);
-            let (oh, ow) = (
-                h + pads[0] + pads[2] - kh + 1,
-                wi + pads[1] + pads[3] - kw + 1,
-            );
-            let (xv, wv) = (x.as_f32().unwrap(), wt.as_f32().unwrap());
-            let mg = m / group;
-            let mut out = vec![0f64; n * m * oh * ow];
-            for b in 0..n {
-                for o in 0..m {
-                    let g = o / mg;
-                    for y in 0..oh {
-                        for z in 0..ow {
-                            let mut acc = 0f64;
-                            for ci in 0..cg {
-                                for a in 0..kh {
-                                    for e in 0..kw {
-                                        let (iy, iz) = (y + a, z + e);
-                                        let inside = iy >= pads[0]
-                                            && iy < pads[0] + h
-                                            && iz >= pads[1]
-                                            && iz < pads[1] + wi;
-                                        let v = if inside {
-                                            let ch = g * cg + ci;
-                                            xv[((b * c + ch) * h + iy - pads[0]) * wi + iz
-                                                - pads[1]]
-                                        } else {
-                                            0.0
-                                        };
-                                        let k = wv[((o * cg + ci) * kh + a) * kw + e];
-                                        acc += v as f64 * k as f64;
-                                    }
-                                }
-                            }
-                            out[((b * m + o) * oh + y) * ow + z] = acc;
-                        }
-                    }
-                }
-            }
-            out
-        };
-        let mut seed = 7u32;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
-        };
-        for (k, group, cg, same) in [
-            (3, 1, 4, false),
-            (2, 1, 5, true),
-            (4, 2, 4, true),
-            (5, 1, 6, false),
-            (3, 2, 4, false),
-        ] {
-            let (n, h, wi, mg) = (2, 7, 9, 3);
-            let c = cg * group;
-            let m = mg * group;
-            let x = Tensor::from_f32(
-                vec![n, c, h, wi],
-                (0..n * c * h * wi).map(|_| rnd()).collect(),
-            );
-            let mut wv: Vec<f32> = (0..m * cg * k * k).map(|_| rnd()).collect();
-            wv[1] = f32::INFINITY;
-            let wt = Tensor::from_f32(vec![m, cg, k, k], wv);
-            let (mut attrs, pads) = if same {
-                // SAME_UPPER: the extra padding goes at the end.
-                let total = k - 1;
-                (
-                    vec![("auto_pad", Attribute::String("SAME_UPPER".into()))],
-                    [total / 2, total / 2, total - total / 2, total - total / 2],
-                )
-            } else {
-                let p = k / 2;
-                (vec![("pads", Attribute::Ints(vec![p as i64; 4]))], [p; 4])
-            };
-            attrs.push(("group", Attribute::Int(group as i64)));
-            let y = run("Conv", &attrs, x.clone(), wt.clone());
-            let want = naive(&x, &wt, group, pads);
-            let got = y.as_f32().unwrap();
-            assert_eq!(got.len(), want.len(), "k {k} group {group}");
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let what = format!("k {k} group {group} same {same} at {i}: {g} vs {w}");
-                if w.is_nan() {
-                    assert!(g.is_nan(), "{what}");
-                } else if w.is_infinite() {
-                    assert_eq!(*g as f64, *w, "{what}");
-                } else {
-                    assert!((*g as f64 - w).abs() <= 1e-5 * (1.0 + w.abs()), "{what}");
-                }
-            }
-        }
     }
 
     /// im2col's reused buffers hold stale values (here NaN, and a larger earlier image's):
