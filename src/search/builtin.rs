@@ -644,12 +644,9 @@ mod tests {
     use super::*;
     use crate::graph::testing::{graph, node, vi};
 
-    /// The partial runs of `answer_reasons` (only the layer's values, stopping after it) give
-    /// the rows that whole runs keeping every value give: the same errors, growth and cause,
-    /// for layers fed by the graph input, by an initializer and by other marked layers.
-    #[test]
-    fn answer_reasons_from_partial_runs_equal_whole_runs() {
-        let g = graph(
+    /// x → Relu → ×1000 → ×0.0013 → + x → Tanh: the product overflows float16 for x ≈ 70.
+    fn overflow_chain() -> crate::Graph {
+        graph(
             vec![
                 node("relu", "Relu", &["x"], &["r"]),
                 node("mul_big", "Mul", &["r", "big"], &["m"]),
@@ -663,7 +660,15 @@ mod tests {
                 ("big", Tensor::from_f32(vec![1], vec![1000.0])),
                 ("small", Tensor::from_f32(vec![1], vec![0.0013])),
             ],
-        );
+        )
+    }
+
+    /// The partial runs of `answer_reasons` (only the layer's values, stopping after it) give
+    /// the rows that whole runs keeping every value give: the same errors, growth and cause,
+    /// for layers fed by the graph input, by an initializer and by other marked layers.
+    #[test]
+    fn answer_reasons_from_partial_runs_equal_whole_runs() {
+        let g = overflow_chain();
         let interp = Interpreter::new(&g).unwrap();
         let mut feeds = Feeds::new();
         let x = vec![70.0, -3.3, 71.0, 0.1234, 72.0, 5.678];
@@ -718,21 +723,7 @@ mod tests {
     /// run's peak as its liveness says.
     #[test]
     fn the_ranking_in_windows_equals_the_ranking_in_one_pass() {
-        let g = graph(
-            vec![
-                node("relu", "Relu", &["x"], &["r"]),
-                node("mul_big", "Mul", &["r", "big"], &["m"]),
-                node("mul_small", "Mul", &["m", "small"], &["s"]),
-                node("add", "Add", &["s", "x"], &["a"]),
-                node("tanh", "Tanh", &["a"], &["y"]),
-            ],
-            vec![vi("x", &[6])],
-            vec![vi("y", &[6])],
-            vec![
-                ("big", Tensor::from_f32(vec![1], vec![1000.0])),
-                ("small", Tensor::from_f32(vec![1], vec![0.0013])),
-            ],
-        );
+        let g = overflow_chain();
         let interp = Interpreter::new(&g).unwrap();
         let feeds: Vec<Feeds> = [[70.0f32, -3.3, 71.0, 0.1234, 72.0, 5.678], [0.5; 6]]
             .iter()

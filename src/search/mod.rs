@@ -674,6 +674,15 @@ mod tests {
         }
     }
 
+    fn opts(mode: Mode, direction: Direction, jobs: usize) -> SearchOptions {
+        SearchOptions {
+            mode,
+            direction,
+            objective: Objective::Layers,
+            jobs,
+        }
+    }
+
     fn space(n: usize, growth: &[(usize, f64)]) -> SearchSpace {
         SearchSpace {
             candidates: (0..n).collect(),
@@ -694,19 +703,7 @@ mod tests {
             stop_after: None,
         };
         let stop = AtomicBool::new(false);
-        let r = search(
-            space,
-            &SearchOptions {
-                mode,
-                direction: dir,
-                objective: Objective::Layers,
-                jobs: 1,
-            },
-            &mut o,
-            &mut |_| {},
-            &stop,
-        )
-        .unwrap();
+        let r = search(space, &opts(mode, dir, 1), &mut o, &mut |_| {}, &stop).unwrap();
         (r, o.calls)
     }
 
@@ -792,12 +789,7 @@ mod tests {
         };
         let r = search(
             &sp,
-            &SearchOptions {
-                mode: Mode::Bisect,
-                direction: Direction::Forward,
-                objective: Objective::Layers,
-                jobs: 1,
-            },
+            &opts(Mode::Bisect, Direction::Forward, 1),
             &mut o,
             &mut |_| {},
             &STOP,
@@ -899,12 +891,7 @@ mod tests {
         let mut seen = Vec::new();
         let r = search(
             sp,
-            &SearchOptions {
-                mode,
-                direction: dir,
-                objective: Objective::Layers,
-                jobs,
-            },
+            &opts(mode, dir, jobs),
             o,
             &mut |t| seen.push(t.iteration),
             &stop,
@@ -1009,12 +996,7 @@ mod tests {
         let stop = AtomicBool::new(false);
         let r = search(
             &sp,
-            &SearchOptions {
-                mode: Mode::Bisect,
-                direction: Direction::Forward,
-                objective: Objective::Layers,
-                jobs: 4,
-            },
+            &opts(Mode::Bisect, Direction::Forward, 4),
             &mut o,
             &mut |_| {},
             &stop,

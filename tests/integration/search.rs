@@ -446,30 +446,11 @@ fn the_cache_budget_bounds_memory_without_changing_the_answer() {
     );
     // The ranking compares in windows of the budget (at least 16 MiB, several passes on a
     // larger model): the same ranking, so the same trials, for any budget.
-    let dir = tempfile::tempdir().unwrap();
-    let m = model("planted_transformer");
     let mut trials = Vec::new();
     for budget in ["auto", "0", "2G"] {
-        let result = dir.path().join(format!("result-{budget}.json"));
-        let mut args = vec![
-            "debug",
-            "precision",
-            m.as_str(),
-            "--fp16",
-            "--mode",
-            "minimal",
-        ];
-        args.extend(CRITERION);
-        args.extend([
-            "--cache-budget",
-            budget,
-            "--save-result",
-            result.to_str().unwrap(),
-        ]);
-        let out = mixprec(&args);
-        assert!(out.status.success(), "{}", text(&out));
-        assert!(!text(&out).contains("ranked last"), "{}", text(&out));
-        trials.push(trials_of(&result));
+        let (log, t) = minimal_trials("planted_transformer", &["--cache-budget", budget]);
+        assert!(!log.contains("ranked last"), "{log}");
+        trials.push(t);
     }
     assert_eq!(trials[0], trials[1]);
     assert_eq!(trials[0], trials[2]);
@@ -504,6 +485,27 @@ fn golden_outputs_from_polygraphy_drive_the_search() {
     );
 }
 
+/// `debug precision --fp16 --mode minimal` with `extra` (must pass): its log and trials.
+fn minimal_trials(model_name: &str, extra: &[&str]) -> (String, Vec<(String, Vec<u64>, bool)>) {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let m = model(model_name);
+    let mut args = vec![
+        "debug",
+        "precision",
+        m.as_str(),
+        "--fp16",
+        "--mode",
+        "minimal",
+    ];
+    args.extend(CRITERION);
+    args.extend(extra);
+    args.extend(["--save-result", result.to_str().unwrap()]);
+    let out = mixprec(&args);
+    assert!(out.status.success(), "{}", text(&out));
+    (text(&out), trials_of(&result))
+}
+
 /// The trials of a `--save-result` file: (phase, marked layers, passed).
 fn trials_of(result: &std::path::Path) -> Vec<(String, Vec<u64>, bool)> {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();
@@ -528,29 +530,16 @@ fn trials_of(result: &std::path::Path) -> Vec<(String, Vec<u64>, bool)> {
 
 #[test]
 fn jobs_evaluate_ahead_without_changing_the_search() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = model("planted_transformer");
     let mut trials = Vec::new();
     for jobs in ["1", "3"] {
-        let result = dir.path().join(format!("result{jobs}.json"));
-        let mut args = vec![
-            "debug",
-            "precision",
-            m.as_str(),
-            "--fp16",
-            "--mode",
-            "minimal",
-        ];
-        args.extend(CRITERION);
-        args.extend(["--jobs", jobs, "--save-result", result.to_str().unwrap()]);
-        let out = mixprec(&args);
-        assert!(out.status.success(), "{}", text(&out));
-        let ahead = text(&out).contains("evaluated ahead and not needed");
-        assert_eq!(ahead, jobs != "1", "{}", text(&out));
-        trials.push(trials_of(&result));
+        let (log, t) = minimal_trials("planted_transformer", &["--jobs", jobs]);
+        let ahead = log.contains("evaluated ahead and not needed");
+        assert_eq!(ahead, jobs != "1", "{log}");
+        trials.push(t);
     }
     assert!(trials[0].len() > 4, "{:?}", trials[0]);
     assert_eq!(trials[0], trials[1]);
+    let m = model("planted_transformer");
     let out = mixprec(&["debug", "precision", m.as_str(), "--fp16", "--jobs", "0"]);
     assert!(!out.status.success());
     assert!(
