@@ -199,7 +199,8 @@ pub(crate) fn search_with_replay(
             stop,
         );
     };
-    let mut replay_oracle = ReplayOracle::new(inner, graph, replay, save_to.clone())?;
+    let mut replay_oracle =
+        ReplayOracle::new(inner, graph, replay, save_to.clone())?.stopping_on(stop);
     let result = search(
         space,
         options,

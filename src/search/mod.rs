@@ -345,6 +345,11 @@ fn search_in_batches(
         }
         let batch = look_ahead(space, opts, &known, &trials, need, phase, opts.jobs);
         let verdicts = oracle.evaluate_batch(&batch);
+        if stop.load(Ordering::SeqCst) {
+            // Interrupted during the batch: its verdicts may come from cut-short evaluations
+            // and are not taken; the next round reports the best so far.
+            continue;
+        }
         for (k, (set, verdict)) in batch.into_iter().zip(verdicts).enumerate() {
             match verdict {
                 Ok(e) => {
@@ -469,7 +474,13 @@ impl Searcher<'_> {
                 if self.stop.load(Ordering::SeqCst) {
                     return Err(Stop::Interrupted);
                 }
-                oracle.evaluate(&key)?
+                let e = oracle.evaluate(&key)?;
+                // Interrupted meanwhile: the evaluation may have been cut short (Ctrl-C reaches
+                // a --check command too, which then fails), so its verdict is not taken.
+                if self.stop.load(Ordering::SeqCst) {
+                    return Err(Stop::Interrupted);
+                }
+                e
             }
             Answers::Known { known, assumed } => match (known.get(&key), assumed.get(&key)) {
                 (Some(e), _) => e.clone(),
@@ -796,8 +807,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(o.calls, 4);
-        // check-all (40) passed, none failed, first 20 passed, first 10 failed; then stopped.
+        // check-all (40) passed, none failed, first 20 passed; the interrupt came during the
+        // fourth evaluation (first 10), whose verdict is not taken.
         assert_eq!(r.outcome, Outcome::Interrupted(Some((0..20).collect())));
+        assert_eq!(r.trials.len(), 3);
     }
 
     #[test]
@@ -842,6 +855,8 @@ mod tests {
         batches: usize,
         evaluated: usize,
         fail_on: Option<Vec<usize>>,
+        /// Sets this flag during the given batch (1-based).
+        stop_in_batch: Option<(usize, &'static AtomicBool)>,
     }
 
     impl Oracle for Batching {
@@ -863,6 +878,11 @@ mod tests {
         }
         fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
             self.batches += 1;
+            if let Some((b, flag)) = self.stop_in_batch {
+                if self.batches == b {
+                    flag.store(true, Ordering::SeqCst);
+                }
+            }
             sets.iter().map(|s| self.evaluate(s)).collect()
         }
         fn parallel(&self) -> bool {
@@ -877,6 +897,7 @@ mod tests {
             batches: 0,
             evaluated: 0,
             fail_on: None,
+            stop_in_batch: None,
         }
     }
 
@@ -983,6 +1004,34 @@ mod tests {
         o.fail_on = Some(taken[2].clone());
         let e = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut o, 4).unwrap_err();
         assert!(e.to_string().contains("the oracle broke"), "{e}");
+    }
+
+    #[test]
+    fn an_interrupted_batch_is_not_taken() {
+        static STOP: AtomicBool = AtomicBool::new(false);
+        let sp = space(40, &[]);
+        let mut o = batching(&[23], 0);
+        o.stop_in_batch = Some((3, &STOP));
+        let r = search(
+            &sp,
+            &opts(Mode::Bisect, Direction::Forward, 3),
+            &mut o,
+            &mut |_| {},
+            &STOP,
+        )
+        .unwrap();
+        // Two batches taken; the third one's verdicts (evaluated) are dropped.
+        let mut full = batching(&[23], 0);
+        let (all, _) = run_jobs(&sp, Mode::Bisect, Direction::Forward, &mut full, 3).unwrap();
+        assert!(matches!(r.outcome, Outcome::Interrupted(_)));
+        assert!(r.trials.len() < all.trials.len());
+        let taken: Vec<_> = r.trials.iter().map(|t| t.marked.clone()).collect();
+        let prefix: Vec<_> = all.trials[..taken.len()]
+            .iter()
+            .map(|t| t.marked.clone())
+            .collect();
+        assert_eq!(taken, prefix);
+        assert!(o.evaluated > r.trials.len() + r.speculative);
     }
 
     #[test]

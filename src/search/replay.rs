@@ -142,6 +142,8 @@ pub struct ReplayOracle<'a> {
     save_to: Option<PathBuf>,
     /// Candidates answered from the replay.
     pub replayed: usize,
+    /// The search's stop flag: verdicts that come in after it is set are not recorded.
+    stop: Option<&'a std::sync::atomic::AtomicBool>,
 }
 
 impl<'a> ReplayOracle<'a> {
@@ -184,7 +186,21 @@ impl<'a> ReplayOracle<'a> {
             known,
             save_to,
             replayed: 0,
+            stop: None,
         })
+    }
+
+    /// Records nothing once `stop` is set: an evaluation running when the user interrupts
+    /// may have been cut short (Ctrl-C reaches a `--check` command too, which then fails),
+    /// and a resumed search would trust its verdict. The search drops it too.
+    pub fn stopping_on(mut self, stop: &'a std::sync::atomic::AtomicBool) -> Self {
+        self.stop = Some(stop);
+        self
+    }
+
+    fn interrupted(&self) -> bool {
+        self.stop
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
     }
 
     /// The replay with every evaluation so far.
@@ -194,8 +210,11 @@ impl<'a> ReplayOracle<'a> {
 }
 
 impl ReplayOracle<'_> {
-    /// Records a new evaluation of `key` (sorted).
+    /// Records a new evaluation of `key` (sorted), unless the search was interrupted.
     fn record(&mut self, key: Vec<usize>, e: &Evaluation) {
+        if self.interrupted() {
+            return;
+        }
         self.replay.evaluations.push(Record {
             marked: key
                 .iter()
@@ -353,6 +372,26 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("another model"), "{e}");
+    }
+
+    #[test]
+    fn nothing_is_recorded_after_an_interrupt() {
+        let g = chain(4, 2);
+        let mut inner = Counting { calls: 0 };
+        let id = ModelId {
+            bytes: 1,
+            fnv1a: "0".into(),
+        };
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let replay = DebugReplay::new(id, settings("a"));
+        let mut o = ReplayOracle::new(&mut inner, &g, replay, None)
+            .unwrap()
+            .stopping_on(&stop);
+        o.evaluate(&[0]).unwrap();
+        stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        o.evaluate(&[1]).unwrap();
+        o.evaluate_batch(&[vec![2], vec![3]]);
+        assert_eq!(o.replay().evaluations.len(), 1);
     }
 
     #[test]
