@@ -489,37 +489,6 @@ pub(crate) fn im2col<T: Copy + Default + Send + Sync>(
         });
 }
 
-/// im2col buffers kept between convolutions: a fresh zeroed buffer per Conv cost a memset or
-/// page faults (about 16 % of YOLOv8n's Conv time); im2col writes every element it is given,
-/// so a reused buffer needs no clearing. At most [`SCRATCH_KEPT`] buffers stay (convolutions
-/// of candidates evaluated at once each hold one).
-static SCRATCH: std::sync::Mutex<Vec<Vec<f32>>> = std::sync::Mutex::new(Vec::new());
-const SCRATCH_KEPT: usize = 4;
-
-/// A buffer of at least `n` values (their contents are stale).
-fn take_scratch(n: usize) -> Vec<f32> {
-    let mut v = SCRATCH
-        .lock()
-        .map(|mut pool| pool.pop())
-        .unwrap_or_default()
-        .unwrap_or_default();
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
-    v
-}
-
-fn give_back_scratch(v: Vec<f32>) {
-    if v.is_empty() {
-        return;
-    }
-    if let Ok(mut pool) = SCRATCH.lock() {
-        if pool.len() < SCRATCH_KEPT {
-            pool.push(v);
-        }
-    }
-}
-
 /// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
 /// ([N, C, oh, ow], zeroed): per channel, each kernel tap is added to every output it reaches
 /// (row by row, so the loops vectorize), taps in the same order as the im2col path's GEMM
@@ -675,12 +644,11 @@ pub fn conv(
     if direct {
         depthwise_2d(&xv, &wv, c, in_sp, &w, &mut out);
     }
-    let mut scratch = if pointwise || direct {
+    let mut col = if pointwise || direct {
         Vec::new()
     } else {
-        take_scratch(rows * o_sz)
+        vec![0f32; rows * o_sz]
     };
-    let col = &mut scratch[..if pointwise || direct { 0 } else { rows * o_sz }];
     for b in (0..n).filter(|_| !direct) {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
@@ -700,7 +668,7 @@ pub fn conv(
                     false,
                 );
             } else {
-                im2col(xg, in_sp, &w, col);
+                im2col(xg, in_sp, &w, &mut col);
                 sgemm(
                     ctx.accumulate,
                     mg,
@@ -708,7 +676,7 @@ pub fn conv(
                     rows,
                     wg,
                     false,
-                    col,
+                    &col,
                     false,
                     dst,
                     false,
@@ -716,7 +684,6 @@ pub fn conv(
             }
         }
     }
-    give_back_scratch(scratch);
     // The bias, then `finish`, one channel plane at a time.
     if bv.is_some() || finish.is_some() {
         out.par_chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
@@ -979,28 +946,6 @@ mod tests {
             conv_transpose_op
         };
         k(&ctx, &[Some(&x), Some(&w)]).unwrap().remove(0)
-    }
-
-    /// im2col's reused buffers hold stale values (here NaN, and a larger earlier image's):
-    /// every value a convolution reads is written first, so results equal a fresh buffer's.
-    #[test]
-    fn reused_im2col_buffers_never_leak_stale_values() {
-        // Two input channels: one is depthwise, which takes no im2col.
-        let x = Tensor::from_f32(vec![1, 2, 3, 3], (1..=18).map(|v| v as f32).collect());
-        let w = Tensor::from_f32(vec![1, 2, 3, 3], vec![1.0; 18]);
-        let pads = [("pads", Attribute::Ints(vec![1, 1, 1, 1]))];
-        let fresh = run("Conv", &pads, x.clone(), w.clone());
-        assert_eq!(fresh.as_f32().unwrap()[0], 12.0 + 48.0);
-        let poisoned: Vec<Vec<f32>> = (0..SCRATCH_KEPT).map(|_| vec![f32::NAN; 4096]).collect();
-        for v in poisoned {
-            give_back_scratch(v);
-        }
-        let big = Tensor::from_f32(vec![1, 2, 40, 40], vec![7.0; 3200]);
-        run("Conv", &pads, big, w.clone());
-        for _ in 0..SCRATCH_KEPT + 1 {
-            let again = run("Conv", &pads, x.clone(), w.clone());
-            assert_eq!(again.as_f32().unwrap(), fresh.as_f32().unwrap());
-        }
     }
 
     #[test]
