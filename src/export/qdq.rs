@@ -86,17 +86,6 @@ fn is_dq(n: &crate::graph::Node) -> bool {
     default_domain(n) && n.op_type == "DequantizeLinear"
 }
 
-/// Producer of every value of the main graph (node index).
-fn producers(graph: &Graph) -> HashMap<&str, usize> {
-    let mut m = HashMap::new();
-    for (i, n) in graph.nodes.iter().enumerate() {
-        for o in n.outputs.iter().filter(|o| !o.is_empty()) {
-            m.insert(o.as_str(), i);
-        }
-    }
-    m
-}
-
 /// The dequantized input of `node`'s slot, if it is one.
 fn dequantized_input(
     graph: &Graph,
@@ -146,7 +135,7 @@ fn dequantized_input(
 /// QuantizeLinear/DequantizeLinear node ([`check_qdq`]).
 pub fn quantized_layers(graph: &Graph) -> Result<Vec<QdqLayer>> {
     check_qdq(graph)?;
-    let prod = producers(graph);
+    let prod = graph.producers();
     let mut out = Vec::new();
     for (i, n) in graph.nodes.iter().enumerate() {
         if is_q(n) || is_dq(n) || graph.is_folded(n) {
@@ -220,7 +209,7 @@ fn op_error(n: &crate::graph::Node, msg: String) -> Error {
 ///   `block_size` along it (weights: the model's own kernel decides; activations: when
 ///   shape inference knows the shape).
 pub fn check_qdq(graph: &Graph) -> Result<()> {
-    let prod = producers(graph);
+    let prod = graph.producers();
     let facts = crate::infer::infer_graph(
         graph,
         &crate::infer::declared_input_facts(graph, &BTreeMap::new()),
@@ -421,7 +410,7 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
         )));
     }
     let graph = &model.graph;
-    let prod = producers(graph);
+    let prod = graph.producers();
     let mut edges = Vec::new();
     for &i in marked {
         let node = graph.nodes.get(i).ok_or_else(|| {
@@ -492,7 +481,7 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
 pub fn strip_all(model: &Model) -> Result<Stripped> {
     check_qdq(&model.graph)?;
     let graph = &model.graph;
-    let prod = producers(graph);
+    let prod = graph.producers();
     let mut edges = Vec::new();
     // Every reader, folded weight nodes too (a DequantizeLinear feeding a Transpose of the
     // weight: the Transpose then reads the float weight).
@@ -526,7 +515,7 @@ fn rewrite(model: &Model, edges: &[(usize, QdqInput)], through: bool) -> Result<
         .graph
         .as_mut()
         .ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
-    let prod = producers(graph);
+    let prod = graph.producers();
     // Every name in use, for the names of new initializers.
     let mut used: HashSet<String> = HashSet::new();
     for n in &graph.nodes {

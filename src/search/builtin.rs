@@ -291,12 +291,7 @@ impl<'a> BuiltinOracle<'a> {
     fn growth_in_windows(&mut self, window: usize) -> Result<HashMap<usize, f64>> {
         let prepared = self.prepared_for(&[])?;
         let graph = self.interp.graph();
-        let producer: HashMap<&str, usize> = graph
-            .nodes
-            .iter()
-            .enumerate()
-            .flat_map(|(i, n)| n.outputs.iter().map(move |o| (o.as_str(), i)))
-            .collect();
+        let producer = graph.producers();
         let mut growth: HashMap<usize, f64> = HashMap::new();
         for (k, f) in self.feeds.iter().enumerate() {
             let mut err: HashMap<String, f64> = HashMap::new();
