@@ -218,6 +218,21 @@ fn complete(f: &mut Fact, graph: &Graph, name: &str) {
     }
 }
 
+/// Per node: the element type of its first output as the model declares it (inferred from
+/// the declared inputs; None where unknown). A node whose output is float16 or bfloat16
+/// computes in that type whatever precision plan runs it (a strongly typed 16-bit model).
+pub fn declared_output_types(graph: &Graph) -> Vec<Option<DType>> {
+    let facts = infer_graph(graph, &declared_input_facts(graph, &BTreeMap::new())).ok();
+    graph
+        .nodes
+        .iter()
+        .map(|n| {
+            let out = n.outputs.first()?;
+            facts.as_ref()?.get(out)?.dtype
+        })
+        .collect()
+}
+
 /// The facts of concrete feeds: types and static shapes (not values: a feed changes from run
 /// to run, so nothing computed from it is folded).
 pub fn feed_facts(feeds: &BTreeMap<String, Tensor>) -> BTreeMap<String, Fact> {

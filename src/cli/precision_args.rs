@@ -6,7 +6,7 @@ use crate::precision::fusion::FusionModel;
 use crate::precision::plan::{
     parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan, ResolvedRegion,
 };
-use crate::precision::Accumulator;
+use crate::precision::{Accumulator, Precision};
 use crate::Graph;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -227,12 +227,29 @@ pub fn fusion_table(graph: &Graph, regions: &[ResolvedRegion]) -> String {
 
 /// One line: how many compute layers run in each precision.
 pub fn precision_counts_line(graph: &Graph, plan: &PrecisionPlan) -> String {
-    let counts = plan.counts(graph);
-    let total: usize = counts.iter().map(|(_, n)| n).sum();
-    let parts: Vec<String> = counts
-        .iter()
-        .map(|(p, n)| format!("{n} {}", p.name()))
-        .collect();
+    // Layers the plan leaves in float32 but the model declares in a 16-bit type compute in it.
+    let declared = declared_16bit(graph, plan);
+    let mut parts: Vec<String> = Vec::new();
+    let mut total = 0;
+    for (p, n) in plan.counts(graph) {
+        let native = |q: Precision| declared.iter().filter(|d| **d == Some(q)).count();
+        let n = if p == Precision::Float32 {
+            n - native(Precision::Float16) - native(Precision::BFloat16)
+        } else {
+            n
+        };
+        total += n;
+        if n > 0 {
+            parts.push(format!("{n} {}", p.name()));
+        }
+    }
+    for q in [Precision::Float16, Precision::BFloat16] {
+        let n = declared.iter().filter(|d| **d == Some(q)).count();
+        total += n;
+        if n > 0 {
+            parts.push(format!("{n} {} (declared in the model)", q.name()));
+        }
+    }
     let inner = if plan.inner.is_empty() {
         String::new()
     } else {
@@ -250,6 +267,31 @@ pub fn precision_counts_line(graph: &Graph, plan: &PrecisionPlan) -> String {
     )
 }
 
+/// Per node: the 16-bit float type a compute layer the plan leaves in float32 is declared
+/// in by the model (it computes in that type: a strongly typed float16/bfloat16 model).
+fn declared_16bit(graph: &Graph, plan: &PrecisionPlan) -> Vec<Option<Precision>> {
+    let types = crate::infer::declared_output_types(graph);
+    graph
+        .nodes
+        .iter()
+        .zip(&plan.layers)
+        .zip(types)
+        .map(|((node, &p), d)| {
+            if p != Precision::Float32
+                || crate::ops::is_data_movement(node)
+                || graph.is_folded(node)
+            {
+                return None;
+            }
+            match d {
+                Some(crate::tensor::DType::F16) => Some(Precision::Float16),
+                Some(crate::tensor::DType::BF16) => Some(Precision::BFloat16),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// A table of every layer and the precision it ran in.
 pub fn precision_table(graph: &Graph, plan: &PrecisionPlan) -> String {
     let name_w = graph
@@ -263,9 +305,12 @@ pub fn precision_table(graph: &Graph, plan: &PrecisionPlan) -> String {
         "{:>5}  {:<name_w$}  {:<22}  precision\n",
         "#", "layer", "op"
     );
+    let declared = declared_16bit(graph, plan);
     for (i, (node, p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
         let prec = if crate::ops::is_data_movement(node) {
             "(carries its input's)".to_string()
+        } else if let Some(d) = declared[i] {
+            format!("{} (declared)", d.name())
         } else {
             p.name().to_string()
         };

@@ -82,6 +82,11 @@ pub(crate) struct RegionPrep {
     pub shared: Vec<bool>,
     /// Per input: produced inside the region (read as computed, in f32).
     pub internal: Vec<bool>,
+    /// The node's values are declared in this 16-bit type (a strongly typed float16 or
+    /// bfloat16 model): its 16-bit inputs are widened to f32 for the kernel, the values it
+    /// passes inside the region stay f32 tensors and those that leave are stored back in
+    /// this type (rounded once, as the region's precision says).
+    pub native: Option<DType>,
 }
 
 /// Options of a plan that are not per layer.
@@ -137,8 +142,8 @@ impl PreparedPlan {
             vec![None; graph.nodes.len()]
         } else {
             match &analysis {
-                Some(a) => region_preps(&a.topo, &regions),
-                None => region_preps(&Topology::new(graph), &regions),
+                Some(a) => region_preps(&a.topo, &regions, &a.native),
+                None => region_preps(&Topology::new(graph), &regions, &[]),
             }
         };
         let mut layers = Vec::with_capacity(graph.nodes.len());
@@ -331,7 +336,7 @@ impl PreparedPlan {
             r.precision = p;
         }
         self.regions = with_derived(Some(&a), &self.plan.layers, explicit);
-        let preps = region_preps(&a.topo, &self.regions);
+        let preps = region_preps(&a.topo, &self.regions, &a.native);
         for (l, f) in self.layers.iter_mut().zip(preps) {
             l.inputs = l
                 .outside
@@ -438,8 +443,13 @@ fn with_derived(
     all
 }
 
-/// The fusion-region treatment of every node (None outside regions) for resolved `regions`.
-fn region_preps(topo: &Topology, regions: &[ResolvedRegion]) -> Vec<Option<RegionPrep>> {
+/// The fusion-region treatment of every node (None outside regions) for resolved `regions`;
+/// `native` gives the declared 16-bit type of natively typed nodes (empty: none is).
+fn region_preps(
+    topo: &Topology,
+    regions: &[ResolvedRegion],
+    native: &[Option<Precision>],
+) -> Vec<Option<RegionPrep>> {
     let n = topo.deps.len();
     let mut out: Vec<Option<RegionPrep>> = vec![None; n];
     let mut region_of: Vec<Option<usize>> = vec![None; n];
@@ -469,6 +479,11 @@ fn region_preps(topo: &Topology, regions: &[ResolvedRegion]) -> Vec<Option<Regio
                 exits,
                 shared,
                 internal,
+                native: match native.get(i).copied().flatten() {
+                    Some(Precision::Float16) => Some(DType::F16),
+                    Some(Precision::BFloat16) => Some(DType::BF16),
+                    _ => None,
+                },
             });
         }
     }
@@ -496,7 +511,13 @@ pub(crate) fn finish_fused_outputs(
             .push((exit && rounds && f.shared.get(i).copied().unwrap_or(false)).then(|| t.clone()));
         let unrounded = if compute { None } else { carried };
         if exit && rounds {
-            round_outputs(p, std::slice::from_mut(t));
+            match f.native {
+                // Stored back in the declared type: the conversion rounds it once.
+                Some(d) if t.dtype() == DType::F32 => {
+                    *t = crate::ops::cast::cast_tensor(t, d);
+                }
+                _ => round_outputs(p, std::slice::from_mut(t)),
+            }
             marks.push(Some(p));
         } else {
             marks.push(unrounded);

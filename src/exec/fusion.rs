@@ -193,6 +193,21 @@ pub(crate) struct FusionAnalysis {
     /// Per node: the quantized kernel TensorRT runs a Q/DQ model's Conv/MatMul/Gemm with
     /// (`exec/qdq.rs`), for layers the plan gives a float precision.
     pub qdq: Vec<Option<std::sync::Arc<super::qdq::IntegerKernel>>>,
+    /// Per node: the 16-bit float type its values are declared in (a strongly typed float16
+    /// or bfloat16 model: `convert --fp16` exports, ModelOpt's float16 Q/DQ models), None for
+    /// float32 or unknown. Such a node computes in that type whatever the plan says.
+    pub native: Vec<Option<Precision>>,
+}
+
+/// The precision node computes in for the fusion rules: its declared 16-bit type when the
+/// plan leaves it in float32 or says the same type, else the plan's (None: a plan that asks
+/// a natively 16-bit node for another type, which the rules do not fuse).
+pub(crate) fn effective_precision(plan: Precision, native: Option<Precision>) -> Option<Precision> {
+    match native {
+        None => Some(plan),
+        Some(n) if plan == Precision::Float32 || plan == n => Some(n),
+        Some(_) => None,
+    }
 }
 
 fn is_float(d: DType) -> bool {
@@ -260,12 +275,20 @@ impl FusionAnalysis {
                 }
             })
             .collect();
+        let mut native = vec![None; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             if kind[i] == Kind::Other {
                 continue;
             }
             match check_node(graph, i, facts.as_ref()) {
-                Check::Ok => {}
+                Check::Ok => {
+                    let out = node.outputs.first().map(String::as_str).unwrap_or("");
+                    native[i] = match facts.as_ref().and_then(|f| f.get(out)?.dtype) {
+                        Some(DType::F16) => Some(Precision::Float16),
+                        Some(DType::BF16) => Some(Precision::BFloat16),
+                        _ => None,
+                    };
+                }
                 Check::NotFloat => kind[i] = Kind::Other,
                 Check::Problem(why) => {
                     kind[i] = Kind::Other;
@@ -293,6 +316,7 @@ impl FusionAnalysis {
             ops: graph.nodes.iter().map(|n| n.op_type.clone()).collect(),
             notes,
             qdq: qdq.kernels,
+            native,
         };
         for i in 0..graph.nodes.len() {
             if a.kind[i] == Kind::NormReduce && !a.reduces_for_normalization(graph, i) {
@@ -388,11 +412,13 @@ impl FusionAnalysis {
             if kind == Kind::Other || taken.get(c).copied().unwrap_or(false) {
                 continue;
             }
-            let p = layers[c];
-            let fusable_precision = matches!(p, Precision::Float16 | Precision::BFloat16);
+            let p = effective_precision(layers[c], self.native[c]);
+            let fusable_precision = matches!(p, Some(Precision::Float16 | Precision::BFloat16));
             if kind != Kind::View && !fusable_precision {
                 continue;
             }
+            // A view carries its input's values: its own precision is never compared.
+            let p = p.unwrap_or(layers[c]);
             // Groups this node may join through one of its inputs, latest first.
             let mut cands: Vec<usize> = Vec::new();
             for &u in self.topo.producer_of_input[c].iter().flatten() {

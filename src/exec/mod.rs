@@ -645,6 +645,27 @@ impl<'g> Interpreter<'g> {
                         *t
                     })
                     .collect();
+                // A natively 16-bit layer inside a region computes in f32 (the fused kernel's
+                // accumulator type): its 16-bit inputs are widened, exactly.
+                let widened: Vec<Option<Tensor>> = match fusion.and_then(|f| f.native) {
+                    Some(d) => args
+                        .iter()
+                        .map(|t| {
+                            t.filter(|t| t.dtype() == d).map(|t| {
+                                crate::ops::cast::cast_tensor(t, crate::tensor::DType::F32)
+                            })
+                        })
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let args: Vec<Option<&Tensor>> = if widened.is_empty() {
+                    args
+                } else {
+                    args.iter()
+                        .zip(&widened)
+                        .map(|(t, w)| w.as_ref().or(*t))
+                        .collect()
+                };
                 // A data-movement layer's outputs are rounded to p when every f32 value it
                 // reads is.
                 let mut movement_mark = None;

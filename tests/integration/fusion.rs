@@ -362,3 +362,131 @@ fn qdq_export_runs_integer_kernels_under_tensorrt_and_differs_from_none_by_f32_n
         assert!((a - b).abs() <= 1e-5 * scale, "{a} vs {b}");
     }
 }
+
+/// A strongly typed float16 model (what TensorRT 11 builds, here `convert --fp16`'s export)
+/// is fused as the float32 model under a float16 plan is: the same regions, and the outputs
+/// equal bit for bit — its nodes compute in the type they declare, and inside a region in
+/// f32 (docs/numerics.md, "Strongly typed 16-bit models"). Without `--fusion` the export
+/// rounds every node's output, and on the seed's model that overflows.
+#[test]
+fn a_float16_export_is_fused_as_the_float16_plan_is_and_gives_the_same_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let models = [
+        example("needs_constraints.onnx"),
+        example("transformer.onnx"),
+        models_dir().join("cnn.onnx").to_string_lossy().into_owned(),
+        models_dir()
+            .join("decomposed_layernorm.onnx")
+            .to_string_lossy()
+            .into_owned(),
+    ];
+    for (k, m) in models.iter().enumerate() {
+        let exported = dir.path().join(format!("m{k}_fp16.onnx"));
+        let o = mixprec(&["convert", m, "--fp16", "-o", exported.to_str().unwrap()]);
+        assert!(o.status.success(), "{}", text(&o));
+        let original = load_model(m).unwrap();
+        let native = load_model(&exported).unwrap();
+        let feeds = if k == 0 {
+            // The seed's inputs are in [1, 2].
+            let mut f = feeds_of(&original.graph);
+            for t in f.values_mut() {
+                let v: Vec<f32> = t
+                    .to_f32_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|x| 1.5 + x / 2.0)
+                    .collect();
+                *t = mixprec::Tensor::from_f32(t.shape().to_vec(), v);
+            }
+            f
+        } else {
+            feeds_of(&original.graph)
+        };
+        let run = |g: &Graph, p: Precision, fusion: FusionModel| {
+            let mut plan = PrecisionPlan::uniform(g, p);
+            plan.fusion = fusion;
+            let prepared = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+            let regions: Vec<Vec<String>> = prepared
+                .derived_regions()
+                .iter()
+                .map(|r| r.nodes.iter().map(|&i| g.nodes[i].name.clone()).collect())
+                .collect();
+            let r = Interpreter::new(g)
+                .unwrap()
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .unwrap();
+            let outs: Vec<Vec<u32>> = r
+                .outputs
+                .iter()
+                .map(|(_, t)| {
+                    t.to_f32_vec()
+                        .unwrap()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .collect()
+                })
+                .collect();
+            (regions, outs)
+        };
+        let (want_regions, want) = run(&original.graph, Precision::Float16, FusionModel::TensorRt);
+        let (regions, got) = run(&native.graph, Precision::Float32, FusionModel::TensorRt);
+        assert!(!want_regions.is_empty(), "{m}");
+        assert_eq!(regions, want_regions, "{m}: the same regions");
+        assert!(
+            got == want,
+            "{m}: the fused export must equal the fused float16 plan"
+        );
+        // Unfused, the export equals the unfused plan, and the regions made a difference.
+        let (_, unfused) = run(&native.graph, Precision::Float32, FusionModel::None);
+        let (_, plan_unfused) = run(&original.graph, Precision::Float16, FusionModel::None);
+        assert!(
+            unfused == plan_unfused,
+            "{m}: unfused export = unfused plan"
+        );
+        assert!(unfused != got, "{m}: fusion changes the export's result");
+        // Only values that stay inside a region are f32 tensors; every value that leaves one
+        // is stored in its declared float16 type.
+        let g = &native.graph;
+        let region_of: std::collections::HashMap<&str, usize> = regions
+            .iter()
+            .enumerate()
+            .flat_map(|(k, r)| r.iter().map(move |n| (n.as_str(), k)))
+            .collect();
+        let values = |fusion: FusionModel| {
+            let mut plan = PrecisionPlan::uniform(g, Precision::Float32);
+            plan.fusion = fusion;
+            let prepared = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+            let opts = RunOptions {
+                keep_intermediates: true,
+            };
+            Interpreter::new(g)
+                .unwrap()
+                .run_plan(&feeds, &opts, &prepared)
+                .unwrap()
+                .intermediates
+        };
+        let (fused, plain) = (values(FusionModel::TensorRt), values(FusionModel::None));
+        let mut inside = 0;
+        for n in &g.nodes {
+            for o in &n.outputs {
+                let (Some(a), Some(b)) = (fused.get(o), plain.get(o)) else {
+                    continue;
+                };
+                let stays = region_of.get(n.name.as_str()).is_some_and(|&k| {
+                    !g.outputs.iter().any(|v| v.name == *o)
+                        && g.nodes
+                            .iter()
+                            .filter(|r| r.inputs.contains(o))
+                            .all(|r| region_of.get(r.name.as_str()) == Some(&k))
+                });
+                if stays {
+                    inside += 1;
+                    assert_eq!(a.dtype(), mixprec::DType::F32, "{m}: {o} stays inside");
+                } else {
+                    assert_eq!(a.dtype(), b.dtype(), "{m}: {o} leaves in its declared type");
+                }
+            }
+        }
+        assert!(inside > 0, "{m}");
+    }
+}
