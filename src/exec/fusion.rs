@@ -18,8 +18,12 @@
 //! - **attention**: MatMul → pointwise (scale, mask) → Softmax → MatMul as one region.
 //!
 //! Nodes in different precisions never share a region, only float16/bfloat16 nodes are fused
-//! (a float32 region changes nothing; int8/fp8 kernels with their Q/DQ are not modelled), a
-//! region stays convex, and nodes inside subgraphs are not fused.
+//! (a float32 region changes nothing; int8/fp8 layers of a plan are not grouped), a
+//! region stays convex, and nodes inside subgraphs are not fused. A node the model declares in
+//! float16/bfloat16 computes in that type whatever the plan says; in a 16-bit region a
+//! per-tensor QuantizeLinear reading the kernel's value and the DequantizeLinears feeding it
+//! join it as its int8 output and input stages (docs/numerics.md, rule 7 of "Q/DQ under
+//! TensorRT").
 
 use crate::graph::fact::Fact;
 use crate::graph::Graph;
@@ -46,6 +50,12 @@ pub(crate) enum Kind {
     Softmax,
     /// Reshape, Squeeze, Unsqueeze, Flatten, Identity: the same elements, another shape.
     View,
+    /// A per-tensor QuantizeLinear of a float activation: the int8/fp8 output stage of the
+    /// kernel whose value it reads (TensorRT fuses `… → Q` into that kernel).
+    Quantize,
+    /// A per-tensor DequantizeLinear of an activation: the input stage of the kernel that
+    /// reads it (`DQ → …`).
+    Dequantize,
 }
 
 const ANCHORS: &[&str] = &["Conv", "ConvTranspose", "Gemm", "MatMul"];
@@ -270,24 +280,47 @@ impl FusionAnalysis {
                     Kind::Softmax
                 } else if VIEWS.contains(&op) {
                     Kind::View
+                } else if op == "QuantizeLinear" {
+                    Kind::Quantize
+                } else if op == "DequantizeLinear" {
+                    Kind::Dequantize
                 } else {
                     Kind::Other
                 }
             })
             .collect();
+        let dtype = |n: &str| facts.as_ref().and_then(|f| f.get(n)?.dtype);
+        let sixteen = |d: Option<DType>| match d {
+            Some(DType::F16) => Some(Precision::Float16),
+            Some(DType::BF16) => Some(Precision::BFloat16),
+            _ => None,
+        };
         let mut native = vec![None; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             if kind[i] == Kind::Other {
                 continue;
             }
+            if matches!(kind[i], Kind::Quantize | Kind::Dequantize) {
+                // Per tensor only (one scale), between a float value and its codes.
+                let per_tensor = node
+                    .inputs
+                    .get(1)
+                    .and_then(|s| graph.weight(s))
+                    .is_some_and(|s| s.len() == 1);
+                let float = if kind[i] == Kind::Quantize {
+                    node.inputs.first().map(|x| dtype(x))
+                } else {
+                    node.outputs.first().map(|y| dtype(y))
+                };
+                match float.flatten() {
+                    Some(d) if per_tensor && is_float(d) => native[i] = sixteen(Some(d)),
+                    _ => kind[i] = Kind::Other,
+                }
+                continue;
+            }
             match check_node(graph, i, facts.as_ref()) {
                 Check::Ok => {
-                    let out = node.outputs.first().map(String::as_str).unwrap_or("");
-                    native[i] = match facts.as_ref().and_then(|f| f.get(out)?.dtype) {
-                        Some(DType::F16) => Some(Precision::Float16),
-                        Some(DType::BF16) => Some(Precision::BFloat16),
-                        _ => None,
-                    };
+                    native[i] = sixteen(node.outputs.first().and_then(|o| dtype(o)));
                 }
                 Check::NotFloat => kind[i] = Kind::Other,
                 Check::Problem(why) => {
@@ -412,16 +445,31 @@ impl FusionAnalysis {
             if kind == Kind::Other || taken.get(c).copied().unwrap_or(false) {
                 continue;
             }
+            if kind == Kind::Dequantize {
+                continue; // Joins the kernel that reads it, below.
+            }
             let p = effective_precision(layers[c], self.native[c]);
             let fusable_precision = matches!(p, Some(Precision::Float16 | Precision::BFloat16));
-            if kind != Kind::View && !fusable_precision {
+            let carrier = matches!(kind, Kind::View | Kind::Quantize);
+            if !carrier && !fusable_precision {
                 continue;
             }
-            // A view carries its input's values: its own precision is never compared.
+            // A view carries its input's values and a QuantizeLinear turns them into codes:
+            // their own precision is never compared.
             let p = p.unwrap_or(layers[c]);
-            // Groups this node may join through one of its inputs, latest first.
+            // Groups this node may join through one of its inputs, latest first (a
+            // QuantizeLinear through its data input only).
+            let data_inputs = if kind == Kind::Quantize {
+                1
+            } else {
+                usize::MAX
+            };
             let mut cands: Vec<usize> = Vec::new();
-            for &u in self.topo.producer_of_input[c].iter().flatten() {
+            for &u in self.topo.producer_of_input[c]
+                .iter()
+                .take(data_inputs)
+                .flatten()
+            {
                 let Some(g) = gid[u] else { continue };
                 let grp = &groups[g];
                 if cands.contains(&g) || !self.may_join(grp, u, c, kind, p) {
@@ -429,7 +477,7 @@ impl FusionAnalysis {
                 }
                 cands.push(g);
             }
-            if kind == Kind::View && cands.len() != 1 {
+            if carrier && cands.len() != 1 {
                 continue; // A view joins the group of its one data input, or none.
             }
             cands.sort_by_key(|&g| std::cmp::Reverse(groups[g].last));
@@ -475,7 +523,7 @@ impl FusionAnalysis {
                         }
                     }
                 }
-                None if kind != Kind::View => {
+                None if !carrier => {
                     let mut grp = Group {
                         nodes: Vec::new(),
                         precision: p,
@@ -491,6 +539,28 @@ impl FusionAnalysis {
                 }
                 None => {}
             }
+        }
+        // A DequantizeLinear of an activation read only by one group is that kernel's input
+        // stage: the dequantized values stay f32 inside it (TensorRT fuses `DQ → kernel`).
+        for d in 0..n {
+            if self.kind[d] != Kind::Dequantize || taken.get(d).copied().unwrap_or(false) {
+                continue;
+            }
+            let (readers, out) = self.topo.consumers(d);
+            let Some(&first) = readers.first() else {
+                continue;
+            };
+            let Some(g) = gid[first] else { continue };
+            if out
+                || readers.iter().any(|&r| gid[r] != Some(g))
+                || !self.convex_with(&groups[g].nodes, &[d])
+            {
+                continue;
+            }
+            let grp = &mut groups[g];
+            grp.nodes.push(d);
+            grp.nodes.sort_unstable();
+            gid[d] = Some(g);
         }
         let mut out = Vec::new();
         for g in groups {
@@ -518,7 +588,8 @@ impl FusionAnalysis {
     /// Whether node `c` (of `kind`, in precision `p`) may join `grp` through the value it reads
     /// from `u`, a node of the group.
     fn may_join(&self, grp: &Group, u: usize, c: usize, kind: Kind, p: Precision) -> bool {
-        if grp.closed || (kind != Kind::View && grp.precision != p) {
+        let carrier = matches!(kind, Kind::View | Kind::Quantize);
+        if grp.closed || (!carrier && grp.precision != p) {
             return false;
         }
         // An epilogue is a chain: the value the kernel passes on is read by the next node only.
@@ -533,7 +604,9 @@ impl FusionAnalysis {
             }
             // Attention: the second MatMul reads the softmax of the first.
             Kind::Anchor => matmul_anchor && grp.softmax && chain,
-            Kind::Other => false,
+            // The kernel's output stage: it quantizes the value the kernel would write.
+            Kind::Quantize => chain,
+            Kind::Other | Kind::Dequantize => false,
         }
     }
 
@@ -595,6 +668,8 @@ impl Group {
                 }
             }
             Kind::NormReduce | Kind::Softmax => self.softmax = true,
+            // Codes leave the kernel: nothing computes after them in it.
+            Kind::Quantize => self.closed = true,
             _ => {}
         }
     }

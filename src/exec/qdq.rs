@@ -1143,3 +1143,234 @@ mod conv_tests {
         );
     }
 }
+
+/// A float16 Q/DQ model as ModelOpt writes it (float16 activations, scales and biases around
+/// int8 codes) under `--fusion tensorrt`: the kernel's input DequantizeLinear, its epilogue and
+/// its output QuantizeLinear are one region, so the value quantized is the f32 result, not
+/// that value rounded to float16 (docs/numerics.md, "Q/DQ under TensorRT", rule 7).
+#[cfg(test)]
+mod float16_tests {
+    use crate::exec::emulate::{PlanOptions, PreparedPlan};
+    use crate::exec::{Feeds, Interpreter, RunOptions};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph};
+    use crate::ops::cast::cast_tensor;
+    use crate::precision::fusion::FusionModel;
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::{DType, Tensor, TensorData};
+    use half::f16;
+
+    const K: usize = 64;
+    const N: usize = 512;
+
+    fn h(v: f32) -> f32 {
+        f16::from_f32(v).to_f32()
+    }
+    fn half(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
+        cast_tensor(&Tensor::from_f32(shape, v), DType::F16)
+    }
+    fn i8s(shape: Vec<usize>, v: Vec<i8>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::I8(v.into()))
+    }
+    fn f16_vi(name: &str, shape: &[usize]) -> crate::graph::ValueInfo {
+        let mut v = vi(name, shape);
+        v.dtype = Some(DType::F16);
+        v
+    }
+    fn sx() -> f32 {
+        h(0.0123)
+    }
+    fn sy() -> f32 {
+        h(0.0377)
+    }
+    fn sw(j: usize) -> f32 {
+        h(0.0041 + 0.00003 * j as f32)
+    }
+    fn wq(p: usize, j: usize) -> i8 {
+        ((p * 31 + j * 17) % 255) as i32 as u8 as i8
+    }
+    fn bias(j: usize) -> f32 {
+        h(0.5 - (j % 13) as f32 * 0.07)
+    }
+    fn xq(p: usize) -> i8 {
+        ((p * 13 % 61) as i32 - 30) as i8
+    }
+
+    /// x (float16) → Q → DQ → MatMul(DQ(W int8, per column)) → Add(bias) → Relu → Q → DQ → y.
+    fn matmul_block() -> Graph {
+        let mut dqw = node("dqw", "DequantizeLinear", &["wq", "ws"], &["w"]);
+        dqw.attrs.insert("axis".into(), Attribute::Int(1));
+        let codes: Vec<i8> = (0..K * N).map(|i| wq(i / N, i % N)).collect();
+        let mut g = graph(
+            vec![
+                node("q_x", "QuantizeLinear", &["x", "sx", "z"], &["xq"]),
+                node("dq_x", "DequantizeLinear", &["xq", "sx", "z"], &["xd"]),
+                dqw,
+                node("mm", "MatMul", &["xd", "w"], &["m"]),
+                node("add", "Add", &["m", "b"], &["mb"]),
+                node("relu", "Relu", &["mb"], &["r"]),
+                node("q_y", "QuantizeLinear", &["r", "sy", "z"], &["rq"]),
+                node("dq_y", "DequantizeLinear", &["rq", "sy", "z"], &["y"]),
+            ],
+            vec![f16_vi("x", &[1, K])],
+            vec![f16_vi("y", &[1, N])],
+            vec![
+                ("sx", half(vec![], vec![sx()])),
+                ("sy", half(vec![], vec![sy()])),
+                ("z", i8s(vec![], vec![0])),
+                ("ws", half(vec![N], (0..N).map(sw).collect())),
+                ("wq", i8s(vec![K, N], codes)),
+                ("b", half(vec![N], (0..N).map(bias).collect())),
+            ],
+        );
+        g.opsets.insert(String::new(), 21);
+        crate::fold::fold_weights(&mut g);
+        g
+    }
+
+    fn run(
+        g: &Graph,
+        feeds: &Feeds,
+        fusion: FusionModel,
+    ) -> (crate::exec::RunResult, PreparedPlan) {
+        let mut plan = PrecisionPlan::uniform(g, Precision::Float32);
+        plan.fusion = fusion;
+        let p = PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap();
+        let opts = RunOptions {
+            keep_intermediates: true,
+        };
+        let r = Interpreter::new(g)
+            .unwrap()
+            .run_plan(feeds, &opts, &p)
+            .unwrap();
+        (r, p)
+    }
+
+    fn codes(r: &crate::exec::RunResult, name: &str) -> Vec<i64> {
+        r.intermediates[name].to_i64_vec().unwrap()
+    }
+
+    fn region_names(g: &Graph, p: &PreparedPlan) -> Vec<Vec<String>> {
+        p.derived_regions()
+            .iter()
+            .map(|r| r.nodes.iter().map(|&i| g.nodes[i].name.clone()).collect())
+            .collect()
+    }
+
+    #[test]
+    fn the_output_quantizer_reads_the_f32_result_of_the_integer_kernel() {
+        let g = matmul_block();
+        let mut feeds = Feeds::new();
+        let x: Vec<f32> = (0..K).map(|p| xq(p) as f32 * sx()).collect();
+        feeds.insert("x".into(), half(vec![1, K], x));
+        let (trt, p) = run(&g, &feeds, FusionModel::TensorRt);
+        assert_eq!(
+            region_names(&g, &p),
+            vec![vec!["dq_x", "mm", "add", "relu", "q_y"]],
+            "the weight's DequantizeLinear is folded; the last DequantizeLinear feeds the output"
+        );
+        assert!(p.layers[3].integer.is_some(), "mm is a quantized kernel");
+        // By hand: the exact sum of code products, rescaled once, the bias and Relu in f32,
+        // then quantized from the f32 value.
+        let want: Vec<i64> = (0..N)
+            .map(|j| {
+                let acc: i64 = (0..K).map(|k| xq(k) as i64 * wq(k, j) as i64).sum();
+                let y = (acc as f32 * (sx() * sw(j)) + bias(j)).max(0.0);
+                ((y / sy()).round_ties_even() as i64).clamp(-128, 127)
+            })
+            .collect();
+        assert_eq!(codes(&trt, "rq"), want);
+        // Inside the region the values are f32 tensors; the region's exit is the codes.
+        assert_eq!(trt.intermediates["r"].dtype(), DType::F32);
+        assert_eq!(trt.intermediates["rq"].dtype(), DType::I8);
+        assert_eq!(
+            trt.outputs[0].1.dtype(),
+            DType::F16,
+            "y keeps its declared type"
+        );
+        // Per node (`none`: what ONNX Runtime computes) the Relu output is a float16 value
+        // and the quantizer divides in float16: some codes differ.
+        let (plain, _) = run(&g, &feeds, FusionModel::None);
+        assert_eq!(plain.intermediates["r"].dtype(), DType::F16);
+        let differ = codes(&plain, "rq")
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(differ > 0 && differ < N / 4, "{differ} of {N} codes differ");
+    }
+
+    #[test]
+    fn a_residual_add_of_two_dequantized_values_runs_with_int8_io() {
+        let (sa, sb, ss) = (h(0.0133), h(0.0219), h(0.0311));
+        let mut g = graph(
+            vec![
+                node("q_a", "QuantizeLinear", &["a", "sa", "z"], &["aq"]),
+                node("dq_a", "DequantizeLinear", &["aq", "sa", "z"], &["ad"]),
+                node("q_b", "QuantizeLinear", &["b", "sb", "z"], &["bq"]),
+                node("dq_b", "DequantizeLinear", &["bq", "sb", "z"], &["bd"]),
+                node("add", "Add", &["ad", "bd"], &["s"]),
+                node("q_s", "QuantizeLinear", &["s", "ss", "z"], &["sq"]),
+                node("dq_s", "DequantizeLinear", &["sq", "ss", "z"], &["y"]),
+            ],
+            vec![f16_vi("a", &[1, N]), f16_vi("b", &[1, N])],
+            vec![f16_vi("y", &[1, N])],
+            vec![
+                ("sa", half(vec![], vec![sa])),
+                ("sb", half(vec![], vec![sb])),
+                ("ss", half(vec![], vec![ss])),
+                ("z", i8s(vec![], vec![0])),
+            ],
+        );
+        g.opsets.insert(String::new(), 21);
+        let qa = |i: usize| ((i * 7 % 251) as i32 - 125) as i8;
+        let qb = |i: usize| ((i * 11 % 241) as i32 - 120) as i8;
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "a".into(),
+            half(vec![1, N], (0..N).map(|i| qa(i) as f32 * sa).collect()),
+        );
+        feeds.insert(
+            "b".into(),
+            half(vec![1, N], (0..N).map(|i| qb(i) as f32 * sb).collect()),
+        );
+        let (trt, p) = run(&g, &feeds, FusionModel::TensorRt);
+        assert_eq!(
+            region_names(&g, &p),
+            vec![vec!["dq_a", "dq_b", "add", "q_s"]]
+        );
+        let want: Vec<i64> = (0..N)
+            .map(|i| {
+                let s = qa(i) as f32 * sa + qb(i) as f32 * sb;
+                ((s / ss).round_ties_even() as i64).clamp(-128, 127)
+            })
+            .collect();
+        assert_eq!(codes(&trt, "sq"), want);
+        let (plain, p) = run(&g, &feeds, FusionModel::None);
+        assert!(p.derived_regions().is_empty());
+        let differ = codes(&plain, "sq")
+            .iter()
+            .zip(&want)
+            .filter(|(a, b)| a != b)
+            .count();
+        assert!(differ > 0, "float16 dequantized inputs move some codes");
+        // A float32 Q/DQ model forms no region: its per-node run already is the f32 result.
+        let mut g32 = g.clone();
+        for t in g32.initializers.values_mut() {
+            if t.dtype() == DType::F16 {
+                *t = cast_tensor(t, DType::F32);
+            }
+        }
+        for v in g32.inputs.iter_mut().chain(g32.outputs.iter_mut()) {
+            v.dtype = Some(DType::F32);
+        }
+        let feeds32: Feeds = feeds
+            .iter()
+            .map(|(k, t)| (k.clone(), cast_tensor(t, DType::F32)))
+            .collect();
+        let (r32, p32) = run(&g32, &feeds32, FusionModel::TensorRt);
+        assert!(p32.derived_regions().is_empty());
+        assert_eq!(codes(&r32, "sq"), want);
+    }
+}
