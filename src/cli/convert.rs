@@ -85,7 +85,7 @@ pub fn run(args: ConvertArgs) -> Result<ExitCode> {
     }
     if !plan.fusion.is_none() {
         // The exported model cannot state fusion: the engine decides it when it builds.
-        let (regions, events) = plan_regions(graph, &plan)?;
+        let (regions, events) = plan_regions(graph, &plan, &args.data.shape_overrides()?)?;
         if let Some(line) = fusion_line(graph, plan.fusion, &regions) {
             println!("[I] {line}");
         }

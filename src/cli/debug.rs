@@ -540,7 +540,8 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         low_k.fusion = model_k;
         if models.len() > 1 {
             out!(p, "[I] ==== {} ====", answer_label(model_k));
-            let (regions, events) = plan_regions(graph, &low_k)?;
+            let (regions, events) =
+                plan_regions(graph, &low_k, &crate::exec::feed_shapes(&feeds[0]))?;
             if let Some(line) = fusion_line(graph, model_k, &regions) {
                 out!(p, "[I] {line}, in the plan with no layer marked");
             }

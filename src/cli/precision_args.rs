@@ -155,12 +155,13 @@ impl PrecisionArgs {
         plan.layers.iter().any(|p| p.is_scaled()) || plan.inner.values().any(|p| p.is_scaled())
     }
 
-    /// Prepares the plan with the given activation ranges.
+    /// Prepares the plan with the given activation ranges, for inputs of `input_shapes`.
     pub fn prepare(
         &self,
         graph: &Graph,
         plan: &PrecisionPlan,
         amax: Option<&BTreeMap<String, f32>>,
+        input_shapes: &BTreeMap<String, Vec<usize>>,
     ) -> Result<PreparedPlan> {
         Ok(PreparedPlan::new(
             graph,
@@ -168,6 +169,7 @@ impl PrecisionArgs {
             &PlanOptions {
                 accumulate: self.accumulator()?,
                 amax,
+                input_shapes: Some(input_shapes),
             },
         )?)
     }

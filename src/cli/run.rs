@@ -72,6 +72,16 @@ impl DataArgs {
 
     /// The input sets: loaded, from a data-loader script, or generated from the model's
     /// declared inputs.
+    /// The input shapes `--input-shapes` and `--trt-opt-shapes` set (TensorRT's
+    /// optimization-profile shapes: opt is the shape the engine is tuned for).
+    pub fn shape_overrides(&self) -> Result<std::collections::BTreeMap<String, Vec<usize>>> {
+        let mut shapes = std::collections::BTreeMap::new();
+        for s in self.trt.trt_opt_shapes.iter().chain(&self.input_shapes) {
+            shapes.extend(loader::parse_input_shapes(s)?);
+        }
+        Ok(shapes)
+    }
+
     pub fn feeds(&self, graph: &crate::Graph) -> Result<Vec<Feeds>> {
         if let Some(spec) = &self.data_loader_script {
             if !self.load_inputs.is_empty() {
@@ -113,10 +123,7 @@ impl DataArgs {
         for r in &self.val_range {
             loader::parse_val_range_into(r, &mut cfg.val_ranges)?;
         }
-        // TensorRT's optimization-profile shapes: opt is the shape the engine is tuned for.
-        for s in self.trt.trt_opt_shapes.iter().chain(&self.input_shapes) {
-            cfg.input_shapes.extend(loader::parse_input_shapes(s)?);
-        }
+        cfg.input_shapes = self.shape_overrides()?;
         let (feeds, warnings) = loader::generate(&graph.inputs, &cfg)?;
         for w in warnings {
             eprintln!("warning: {w}");
@@ -421,7 +428,13 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         if args.verbose {
             out.log(&precision_table(graph, &plan));
         }
-        let prepared = args.precision.prepare(graph, &plan, amax.as_ref())?;
+        let shapes = match feeds.first() {
+            Some(f) => crate::exec::feed_shapes(f),
+            None => args.data.shape_overrides()?,
+        };
+        let prepared = args
+            .precision
+            .prepare(graph, &plan, amax.as_ref(), &shapes)?;
         if let Some(line) = fusion_line(graph, plan.fusion, prepared.regions()) {
             out.line(&format!("[I] {line}"));
             if args.verbose {

@@ -95,6 +95,11 @@ pub struct PlanOptions<'a> {
     pub accumulate: Accumulator,
     /// Activation ranges (absolute max per tensor name) for int8/fp8 layers.
     pub amax: Option<&'a BTreeMap<String, f32>>,
+    /// The shapes of the graph inputs the plan runs on (TensorRT's optimization profile):
+    /// the fusion rules read the shapes inference gives from them. None: the declared shapes,
+    /// where a dimension computed from a symbolic one (a convolution's output height) is
+    /// unknown and leaves its nodes unfused.
+    pub input_shapes: Option<&'a BTreeMap<String, Vec<usize>>>,
 }
 
 /// A precision plan made ready to run on one graph.
@@ -135,7 +140,10 @@ impl PreparedPlan {
         let n_explicit = explicit.len();
         let analysis = match plan.fusion {
             FusionModel::None => None,
-            FusionModel::TensorRt => Some(std::sync::Arc::new(FusionAnalysis::new(graph))),
+            FusionModel::TensorRt => Some(std::sync::Arc::new(FusionAnalysis::new(
+                graph,
+                opts.input_shapes.unwrap_or(&BTreeMap::new()),
+            ))),
         };
         let regions = with_derived(analysis.as_deref(), &plan.layers, explicit);
         let mut fusion = if regions.is_empty() {
@@ -404,11 +412,12 @@ impl PreparedPlan {
 pub fn plan_regions(
     graph: &Graph,
     plan: &PrecisionPlan,
+    input_shapes: &BTreeMap<String, Vec<usize>>,
 ) -> Result<(Vec<ResolvedRegion>, Vec<crate::event::Event>)> {
     let explicit = plan.resolve_regions(graph)?;
     let analysis = match plan.fusion {
         FusionModel::None => None,
-        FusionModel::TensorRt => Some(FusionAnalysis::new(graph)),
+        FusionModel::TensorRt => Some(FusionAnalysis::new(graph, input_shapes)),
     };
     let events = analysis
         .iter()
@@ -1028,6 +1037,7 @@ mod tests {
         let opts = PlanOptions {
             accumulate: Accumulator::F16,
             amax: None,
+            input_shapes: None,
         };
         let f16acc = run(&g, vec![Precision::Float16], &opts, feeds).unwrap();
         assert_eq!(f16acc, vec![2048.0]);
@@ -1045,6 +1055,7 @@ mod tests {
         let opts = PlanOptions {
             accumulate: Accumulator::F16,
             amax: None,
+            input_shapes: None,
         };
         let got = run(&g, vec![Precision::Float16], &opts, feeds.clone()).unwrap();
         assert_eq!(got, vec![2048.0]);
@@ -1068,6 +1079,7 @@ mod tests {
         let opts = PlanOptions {
             accumulate: Accumulator::F32,
             amax: Some(&amax),
+            input_shapes: None,
         };
         let got = run(&g, vec![Precision::Int8], &opts, feeds.clone()).unwrap();
         // By hand: s_x = 1/127; column scales 0.5/127 and 2/127.

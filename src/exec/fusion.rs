@@ -247,11 +247,13 @@ fn value_problem(name: &str, fact: Option<&Fact>) -> Option<String> {
 }
 
 impl FusionAnalysis {
-    /// Reads `graph` (its declared inputs give the facts the rules check).
-    pub fn new(graph: &Graph) -> FusionAnalysis {
+    /// Reads `graph`: its inputs, with the shapes of `input_shapes` where given (the shapes a
+    /// run uses: TensorRT builds for them) and the declared ones otherwise, give the facts the
+    /// rules check.
+    pub fn new(graph: &Graph, input_shapes: &BTreeMap<String, Vec<usize>>) -> FusionAnalysis {
         let topo = Topology::new(graph);
         let mut notes = Vec::new();
-        let facts = match infer_graph(graph, &declared_input_facts(graph, &BTreeMap::new())) {
+        let facts = match infer_graph(graph, &declared_input_facts(graph, input_shapes)) {
             Ok(f) => Some(f),
             Err(e) => {
                 notes.push(format!(
@@ -729,14 +731,14 @@ fn check_node(graph: &Graph, i: usize, facts: Option<&GraphFacts>) -> Check {
 pub(crate) mod tests {
     use super::*;
     use crate::graph::testing::*;
-    use crate::graph::{Attribute, Node};
+    use crate::graph::{Attribute, Dim, Node};
     use crate::precision::Precision::{Float16 as H, Float32 as F};
     use crate::tensor::Tensor;
 
     /// The regions the TensorRT rules form for `g` with every layer in float16 except the
     /// named ones (in float32), as lists of node names.
     pub(crate) fn regions_of(g: &Graph, fp32: &[&str]) -> Vec<Vec<String>> {
-        let a = FusionAnalysis::new(g);
+        let a = FusionAnalysis::new(g, &BTreeMap::new());
         let layers: Vec<Precision> = g
             .nodes
             .iter()
@@ -1111,7 +1113,7 @@ pub(crate) mod tests {
     #[test]
     fn unknown_shapes_and_mixed_types_leave_nodes_unfused_with_a_note() {
         let g = unknown_shape_chain();
-        let a = FusionAnalysis::new(&g);
+        let a = FusionAnalysis::new(&g, &BTreeMap::new());
         assert!(regions_of(&g, &[]).is_empty());
         assert!(
             a.notes
@@ -1121,7 +1123,7 @@ pub(crate) mod tests {
             a.notes
         );
         let g = mixed_types_chain();
-        let a = FusionAnalysis::new(&g);
+        let a = FusionAnalysis::new(&g, &BTreeMap::new());
         assert!(regions_of(&g, &[]).is_empty());
         assert!(
             a.notes
@@ -1129,6 +1131,39 @@ pub(crate) mod tests {
                 .any(|n| n.contains("'add'") && n.contains("mixes element types")),
             "{:?}",
             a.notes
+        );
+    }
+
+    /// A convolution's output height computed from a symbolic input height is unknown to
+    /// shape inference; the shapes a run uses (TensorRT's optimization profile) make it known.
+    #[test]
+    fn the_shapes_of_the_run_make_dimensions_computed_from_symbols_known() {
+        let mut g = conv_block();
+        g.inputs[0].shape = Some(vec![
+            Dim::Fixed(1),
+            Dim::Fixed(2),
+            Dim::Param("h".into()),
+            Dim::Param("w".into()),
+        ]);
+        let layers = vec![H; g.nodes.len()];
+        let declared = FusionAnalysis::new(&g, &BTreeMap::new());
+        assert!(declared
+            .regions(&layers, &vec![false; g.nodes.len()], 0)
+            .is_empty());
+        assert!(
+            declared
+                .notes
+                .iter()
+                .any(|n| n.contains("'conv1'") && n.contains("nothing is known about")),
+            "{:?}",
+            declared.notes
+        );
+        let shapes: BTreeMap<String, Vec<usize>> = [("x".to_string(), vec![1, 2, 3, 3])].into();
+        let run = FusionAnalysis::new(&g, &shapes);
+        assert!(run.notes.is_empty(), "{:?}", run.notes);
+        assert_eq!(
+            run.regions(&layers, &vec![false; g.nodes.len()], 0).len(),
+            regions_of(&conv_block(), &[]).len()
         );
     }
 }

@@ -26,6 +26,15 @@ use emulate::InputPrep;
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The shape of every tensor of an input set, by name: what a plan prepared for these inputs
+/// reads its fusion facts from ([`PlanOptions::input_shapes`]).
+pub fn feed_shapes(feeds: &Feeds) -> std::collections::BTreeMap<String, Vec<usize>> {
+    feeds
+        .iter()
+        .map(|(k, t)| (k.clone(), t.shape().to_vec()))
+        .collect()
+}
+
 /// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
 pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 

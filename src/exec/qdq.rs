@@ -1149,7 +1149,7 @@ mod conv_tests {
 /// its output QuantizeLinear are one region, so the value quantized is the f32 result, not
 /// that value rounded to float16 (docs/numerics.md, "Q/DQ under TensorRT", rule 7).
 #[cfg(test)]
-mod float16_tests {
+pub(crate) mod float16_tests {
     use crate::exec::emulate::{PlanOptions, PreparedPlan};
     use crate::exec::{Feeds, Interpreter, RunOptions};
     use crate::graph::testing::{graph, node, vi};
@@ -1247,7 +1247,7 @@ mod float16_tests {
         (r, p)
     }
 
-    fn codes(r: &crate::exec::RunResult, name: &str) -> Vec<i64> {
+    pub(crate) fn codes(r: &crate::exec::RunResult, name: &str) -> Vec<i64> {
         r.intermediates[name].to_i64_vec().unwrap()
     }
 
@@ -1301,8 +1301,9 @@ mod float16_tests {
         assert!(differ > 0 && differ < N / 4, "{differ} of {N} codes differ");
     }
 
-    #[test]
-    fn a_residual_add_of_two_dequantized_values_runs_with_int8_io() {
+    /// float16 a, b → Q → DQ each → Add → Q → DQ → y, its inputs, and the codes of the Add's
+    /// QuantizeLinear as TensorRT's int8-I/O addition computes them: round((q_a s_a + q_b s_b) / s_s).
+    pub(crate) fn residual_add() -> (Graph, Feeds, Vec<i64>) {
         let (sa, sb, ss) = (h(0.0133), h(0.0219), h(0.0311));
         let mut g = graph(
             vec![
@@ -1335,17 +1336,23 @@ mod float16_tests {
             "b".into(),
             half(vec![1, N], (0..N).map(|i| qb(i) as f32 * sb).collect()),
         );
-        let (trt, p) = run(&g, &feeds, FusionModel::TensorRt);
-        assert_eq!(
-            region_names(&g, &p),
-            vec![vec!["dq_a", "dq_b", "add", "q_s"]]
-        );
         let want: Vec<i64> = (0..N)
             .map(|i| {
                 let s = qa(i) as f32 * sa + qb(i) as f32 * sb;
                 ((s / ss).round_ties_even() as i64).clamp(-128, 127)
             })
             .collect();
+        (g, feeds, want)
+    }
+
+    #[test]
+    fn a_residual_add_of_two_dequantized_values_runs_with_int8_io() {
+        let (g, feeds, want) = residual_add();
+        let (trt, p) = run(&g, &feeds, FusionModel::TensorRt);
+        assert_eq!(
+            region_names(&g, &p),
+            vec![vec!["dq_a", "dq_b", "add", "q_s"]]
+        );
         assert_eq!(codes(&trt, "sq"), want);
         let (plain, p) = run(&g, &feeds, FusionModel::None);
         assert!(p.derived_regions().is_empty());

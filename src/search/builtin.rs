@@ -154,6 +154,7 @@ impl<'a> BuiltinOracle<'a> {
             &PlanOptions {
                 accumulate: self.accumulate,
                 amax: self.amax,
+                input_shapes: Some(&crate::exec::feed_shapes(&self.feeds[0])),
             },
         )
     }

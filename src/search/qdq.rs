@@ -63,10 +63,10 @@ pub struct QdqRun {
     pub answer: Option<Stripped>,
 }
 
-/// Runs `model` as it is on `feeds` (under `fusion`; no precision is emulated besides it).
+/// Runs the graph of `interp` as it is on `feeds` (under `fusion`, its regions derived for
+/// these inputs' shapes; no precision is emulated besides it).
 fn run_with(
     interp: &Interpreter<'_>,
-    model: &Model,
     feeds: &Feeds,
     fusion: FusionModel,
     keep: bool,
@@ -77,9 +77,15 @@ fn run_with(
     if fusion.is_none() {
         return interp.run_with(feeds, &opts);
     }
-    let mut plan = PrecisionPlan::uniform(&model.graph, Precision::Float32);
+    let graph = interp.graph();
+    let mut plan = PrecisionPlan::uniform(graph, Precision::Float32);
     plan.fusion = fusion;
-    let prepared = PreparedPlan::new(&model.graph, &plan, &PlanOptions::default())?;
+    let shapes = crate::exec::feed_shapes(feeds);
+    let plan_opts = PlanOptions {
+        input_shapes: Some(&shapes),
+        ..PlanOptions::default()
+    };
+    let prepared = PreparedPlan::new(graph, &plan, &plan_opts)?;
     interp.run_plan(feeds, &opts, &prepared)
 }
 
@@ -102,7 +108,7 @@ impl<'a> QdqOracle<'a> {
         let interp = Interpreter::new(&model.graph)?;
         let mut out = Vec::with_capacity(self.feeds.len());
         for f in self.feeds {
-            out.push(run_with(&interp, model, f, self.fusion, keep)?);
+            out.push(run_with(&interp, f, self.fusion, keep)?);
             self.executions += model.graph.nodes.len() as u64;
         }
         Ok(out)
@@ -122,7 +128,7 @@ impl QdqOracle<'_> {
         let mut verdict = Verdict::new();
         let mut executions = 0;
         for (k, f) in self.feeds.iter().enumerate() {
-            let r = run_with(&interp, &candidate.model, f, self.fusion, false)?;
+            let r = run_with(&interp, f, self.fusion, false)?;
             executions += candidate.model.graph.nodes.len() as u64;
             let golden = &self.golden[k.min(self.golden.len() - 1)];
             if !verdict.add(&r.outputs, golden, &self.criterion)? {
@@ -314,7 +320,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         oracle.run_all(model, true)?
     } else {
         let interp = Interpreter::new(graph)?;
-        let r = run_with(&interp, model, &job.feeds[0], job.fusion, true)?;
+        let r = run_with(&interp, &job.feeds[0], job.fusion, true)?;
         oracle.executions += graph.nodes.len() as u64;
         vec![r]
     };

@@ -197,3 +197,23 @@ fn float16_marks_pass_too() {
         crate::tensor::DType::F16
     );
 }
+
+/// Under a fusion model every run derives its regions for the shapes of the inputs it runs
+/// on (TensorRT's optimization profile): a model whose declared dimensions are unknown still
+/// runs its float16 Q/DQ addition as one region.
+#[test]
+fn runs_derive_their_regions_from_the_shapes_of_their_inputs() {
+    use crate::exec::qdq::float16_tests::{codes, residual_add};
+    let (mut g, feeds, want) = residual_add();
+    for v in &mut g.inputs {
+        v.shape = Some(vec![
+            crate::graph::Dim::Unknown,
+            crate::graph::Dim::Fixed(want.len()),
+        ]);
+    }
+    let interp = Interpreter::new(&g).unwrap();
+    let fused = run_with(&interp, &feeds, FusionModel::TensorRt, true).unwrap();
+    assert_eq!(codes(&fused, "sq"), want);
+    let plain = run_with(&interp, &feeds, FusionModel::None, true).unwrap();
+    assert_ne!(codes(&plain, "sq"), want);
+}
