@@ -594,9 +594,11 @@ impl FusionAnalysis {
         if grp.closed || (!carrier && grp.precision != p) {
             return false;
         }
-        // An epilogue is a chain: the value the kernel passes on is read by the next node only.
+        // An epilogue is a chain: the value the kernel passes on is read by the next node only,
+        // or also by pointwise nodes that combine it with the next node's result (x·σ(x),
+        // x·Φ(x): the decomposed SiLU and GELU after a convolution).
         let (readers, out) = self.topo.consumers(u);
-        let chain = readers == [c] && !out;
+        let chain = !out && (readers == [c] || self.rejoins(&readers, c));
         let matmul_anchor = grp.anchors == 1 && grp.anchor_op.as_deref() == Some("MatMul");
         match kind {
             Kind::View => grp.anchors == 0 || grp.softmax || chain,
@@ -610,6 +612,36 @@ impl FusionAnalysis {
             Kind::Quantize => chain,
             Kind::Other | Kind::Dequantize => false,
         }
+    }
+
+    /// Whether every reader but `c` of a value is a pointwise node that reads, within a few
+    /// pointwise steps, what `c` computes: the value forks into `c` and joins again after it.
+    fn rejoins(&self, readers: &[usize], c: usize) -> bool {
+        const DEPTH: usize = 4;
+        if self.kind[c] != Kind::Pointwise {
+            return false;
+        }
+        readers.iter().filter(|&&r| r != c).all(|&r| {
+            let mut frontier = vec![r];
+            for _ in 0..DEPTH {
+                if self.kind[r] != Kind::Pointwise {
+                    return false;
+                }
+                let mut next = Vec::new();
+                for &f in &frontier {
+                    for &d in &self.topo.deps[f] {
+                        if d == c {
+                            return true;
+                        }
+                        if d > c && self.kind[d] == Kind::Pointwise {
+                            next.push(d);
+                        }
+                    }
+                }
+                frontier = next;
+            }
+            false
+        })
     }
 
     /// Whether `a ∪ b` is convex: no path leaves it and comes back (a backward walk from the
@@ -1164,6 +1196,32 @@ pub(crate) mod tests {
         assert_eq!(
             run.regions(&layers, &vec![false; g.nodes.len()], 0).len(),
             regions_of(&conv_block(), &[]).len()
+        );
+    }
+
+    /// Conv → Sigmoid → Mul(conv, sigmoid): YOLOv8's SiLU is the convolution's epilogue, though
+    /// the convolution's output is read twice (both readers are in the region).
+    #[test]
+    fn a_decomposed_silu_after_a_convolution_is_its_epilogue() {
+        let g = graph(
+            vec![
+                node("conv", "Conv", &["x", "w1"], &["c"]),
+                node("sig", "Sigmoid", &["c"], &["sg"]),
+                node("silu", "Mul", &["c", "sg"], &["mo"]),
+                node("conv2", "Conv", &["mo", "w2"], &["c2"]),
+                node("sig2", "Sigmoid", &["c2"], &["sg2"]),
+                node("silu2", "Mul", &["c2", "sg2"], &["y"]),
+                node("tap", "Relu", &["c2"], &["t"]),
+            ],
+            vec![vi("x", &[1, 2, 3, 3])],
+            vec![vi("y", &[1, 2, 3, 3]), vi("t", &[1, 2, 3, 3])],
+            bn_inits(),
+        );
+        // The second convolution's output is also read by a node outside the activation (the
+        // kernel would have to write it): its SiLU is a pointwise region of its own.
+        assert_eq!(
+            regions_of(&g, &[]),
+            vec![names(&["conv", "sig", "silu"]), names(&["sig2", "silu2"])]
         );
     }
 }
