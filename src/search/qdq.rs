@@ -13,7 +13,7 @@
 use super::builtin::{relative_error, Golden, Verdict};
 use super::check::CheckOracle;
 use super::replay::DebugReplay;
-use super::report::SearchStats;
+use super::report::{QdqInputError, QdqReason, SearchStats};
 use super::{Evaluation, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace};
 use crate::compare::Criterion;
 use crate::error::{Error, Result};
@@ -24,7 +24,7 @@ use crate::onnx::Model;
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
-use crate::tensor::{Feeds, Tensor};
+use crate::tensor::{DType, Feeds, Tensor};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -61,6 +61,8 @@ pub struct QdqRun {
     /// The model of the answer (or of an interrupted search's best set): the Q/DQ model with
     /// the answer's pairs removed, exactly as it was evaluated.
     pub answer: Option<Stripped>,
+    /// Why each layer of a found answer must leave quantization (empty otherwise).
+    pub reasons: Vec<QdqReason>,
 }
 
 /// Runs the graph of `interp` as it is on `feeds` (under `fusion`, its regions derived for
@@ -379,13 +381,229 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(strip(model, m, job.high)?),
         _ => None,
     };
+    let reasons = match (&result.outcome, &answer) {
+        (Outcome::Found(m), Some(a)) => answer_reasons(
+            model,
+            &layers,
+            &job.feeds[0],
+            job.high,
+            job.fusion,
+            m,
+            a,
+            &result,
+        )?,
+        _ => Vec::new(),
+    };
     Ok(QdqRun {
         layers,
         space,
         result,
         stats,
         answer,
+        reasons,
     })
+}
+
+/// Why each layer of `answer` must leave quantization: the model with `answer` stripped
+/// against the same without that one layer (it alone back in quantization), on one input
+/// set: how far the layer's output moves, and what quantizing each of its activations costs
+/// (saturated values, rounding error). Each layer's model runs only up to that layer, the
+/// layers on the thread pool.
+#[allow(clippy::too_many_arguments)]
+fn answer_reasons(
+    model: &Model,
+    layers: &[QdqLayer],
+    feeds: &Feeds,
+    high: Precision,
+    fusion: FusionModel,
+    answer: &[usize],
+    stripped: &Stripped,
+    result: &SearchResult,
+) -> Result<Vec<QdqReason>> {
+    use rayon::prelude::*;
+    let graph = &model.graph;
+    let outputs: std::collections::HashSet<String> = answer
+        .iter()
+        .flat_map(|&i| graph.nodes[i].outputs.iter().cloned())
+        .collect();
+    let reference = observe(&stripped.model, feeds, fusion, None, &outputs)?;
+    let reasons: Vec<Result<Option<QdqReason>>> = answer
+        .par_iter()
+        .map(|&i| {
+            let Some(layer) = layers.iter().find(|l| l.node == i) else {
+                return Ok(None);
+            };
+            let node = &graph.nodes[i];
+            let others: Vec<usize> = answer.iter().copied().filter(|&j| j != i).collect();
+            let back = strip(model, &others, high)?;
+            let mut names: std::collections::HashSet<String> =
+                node.inputs.iter().chain(&node.outputs).cloned().collect();
+            for q in &layer.inputs {
+                if let QdqKind::Activation { source, .. } = &q.kind {
+                    names.insert(source.clone());
+                }
+            }
+            let last = back
+                .model
+                .graph
+                .nodes
+                .iter()
+                .position(|n| n.name == node.name);
+            let values = observe(&back.model, feeds, fusion, last, &names)?;
+            let value = |m: &HashMap<String, Tensor>, name: &str| -> Option<Tensor> {
+                m.get(name).or_else(|| feeds.get(name)).cloned()
+            };
+            let Some((output, atol, rel)) = node.outputs.iter().find_map(|o| {
+                let (a, b) = (value(&reference, o)?, value(&values, o)?);
+                let rel = relative_error(&a, &b)?;
+                let (a, b) = (a.to_f64_vec()?, b.to_f64_vec()?);
+                let atol = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0f64, |m, d| if d.is_nan() { f64::NAN } else { m.max(d) });
+                Some((o.clone(), atol, rel))
+            }) else {
+                return Ok(None);
+            };
+            let mut inputs = Vec::new();
+            for q in &layer.inputs {
+                let QdqKind::Activation { q: qn, source } = &q.kind else {
+                    continue;
+                };
+                let (Some(x), Some(y)) =
+                    (value(&values, source), value(&values, &node.inputs[q.slot]))
+                else {
+                    continue;
+                };
+                let Some(relative_error) = relative_error(&x, &y) else {
+                    continue;
+                };
+                let qnode = &graph.nodes[*qn];
+                let scale = qnode
+                    .inputs
+                    .get(1)
+                    .and_then(|n| graph.weight(n))
+                    .and_then(|t| t.to_f64_vec())
+                    .map(|v| v.iter().fold(0.0f64, |m, s| m.max(s.abs())))
+                    .unwrap_or(f64::NAN);
+                inputs.push(QdqInputError {
+                    tensor: source.clone(),
+                    scale,
+                    clipped: clipped_fraction(&x, scale, qnode, graph),
+                    relative_error,
+                });
+            }
+            let alone = result.trial_of(&others).map(|t| {
+                format!(
+                    "{}: {}",
+                    if t.passed { "passes" } else { "fails" },
+                    t.summary
+                )
+            });
+            Ok(Some(QdqReason {
+                layer: node.name.clone(),
+                op: node.op_type.clone(),
+                output,
+                required_atol: atol,
+                relative_error: rel,
+                inputs,
+                alone,
+            }))
+        })
+        .collect();
+    let mut out = Vec::with_capacity(answer.len());
+    for r in reasons {
+        out.extend(r?);
+    }
+    Ok(out)
+}
+
+/// The values `names` of one run of `model` as it is (under `fusion`), up to node `last` of
+/// its graph (None: the whole graph); graph inputs included.
+fn observe(
+    model: &Model,
+    feeds: &Feeds,
+    fusion: FusionModel,
+    last: Option<usize>,
+    names: &std::collections::HashSet<String>,
+) -> Result<HashMap<String, Tensor>> {
+    let graph = &model.graph;
+    let interp = Interpreter::new(graph)?;
+    let prepared = if fusion.is_none() {
+        None
+    } else {
+        let mut plan = PrecisionPlan::uniform(graph, Precision::Float32);
+        plan.fusion = fusion;
+        let shapes = crate::exec::feed_shapes(feeds);
+        let opts = PlanOptions {
+            input_shapes: Some(&shapes),
+            ..PlanOptions::default()
+        };
+        Some(PreparedPlan::new(graph, &plan, &opts)?)
+    };
+    let mut cache = crate::exec::ValueCache::new(0);
+    let mut got = HashMap::new();
+    let mut keep = |name: &str, t: &Tensor| {
+        if names.contains(name) {
+            got.insert(name.to_string(), t.clone());
+        }
+    };
+    match last {
+        Some(last) => {
+            interp.run_cached_until(feeds, 0, prepared.as_ref(), &mut cache, last, &mut keep)?
+        }
+        None => {
+            interp.run_cached_observed(feeds, 0, prepared.as_ref(), &mut cache, &mut keep)?;
+        }
+    }
+    Ok(got)
+}
+
+/// The fraction of `x` that an integer grid saturates: values beyond its range
+/// `[(qmin − zp)·s, (qmax − zp)·s]` by more than half a step. A grid that starts at zero
+/// (uint8 with zero point 0) maps negative values to zero on purpose — ONNX Runtime's
+/// quantizer drops a Relu in front of such a pair — so only its top counts. None for a grid
+/// that is not integer (float8) or per axis, or a scale that is not known.
+fn clipped_fraction(
+    x: &Tensor,
+    scale: f64,
+    q: &crate::graph::Node,
+    graph: &crate::graph::Graph,
+) -> Option<f64> {
+    let (dtype, zp) = match q.inputs.get(2).filter(|n| !n.is_empty()) {
+        Some(z) => {
+            let z = graph.weight(z)?;
+            if z.len() != 1 {
+                return None;
+            }
+            (z.dtype(), z.to_f64_vec()?[0])
+        }
+        // Without a zero point the codes are uint8 unless `output_dtype` says otherwise.
+        None if !q.attrs.contains_key("output_dtype") => (DType::U8, 0.0),
+        None => return None,
+    };
+    let (qmin, qmax) = match dtype {
+        DType::I8 => (-128.0, 127.0),
+        DType::U8 => (0.0, 255.0),
+        DType::I16 => (-32768.0, 32767.0),
+        DType::U16 => (0.0, 65535.0),
+        DType::I4 => (-8.0, 7.0),
+        DType::U4 => (0.0, 15.0),
+        _ => return None,
+    };
+    if !scale.is_finite() || scale <= 0.0 {
+        return None;
+    }
+    let x = x.to_f64_vec()?;
+    if x.is_empty() {
+        return None;
+    }
+    let half = 0.5 * scale;
+    let (lo, hi) = ((qmin - zp) * scale - half, (qmax - zp) * scale + half);
+    let relu = qmin == zp;
+    let n = x.iter().filter(|&&v| v > hi || (!relu && v < lo)).count();
+    Some(n as f64 / x.len() as f64)
 }
 
 /// Node names of `marked` as the quantizers' exclusion options take them: ModelOpt's

@@ -136,6 +136,76 @@ pub struct QdqResult {
     /// Where the stripped model was written (`-o`), if it was.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stripped_model: Option<String>,
+    /// Per layer of the answer: why it must leave quantization.
+    pub reasons: Vec<QdqReason>,
+}
+
+/// Why a layer of a Q/DQ answer must leave quantization: the layer alone back in
+/// quantization, the rest as answered (the first input set, emulated).
+#[derive(Clone, Debug, Serialize)]
+pub struct QdqReason {
+    pub layer: String,
+    pub op: String,
+    /// The layer's first float output, and how far it moves: the absolute error that a
+    /// tolerance would have to allow there, and the error relative to its mean magnitude.
+    pub output: String,
+    pub required_atol: f64,
+    pub relative_error: f64,
+    /// Its quantized activations: what quantizing each costs.
+    pub inputs: Vec<QdqInputError>,
+    /// The criterion's verdict on the answer without this layer, when the search evaluated
+    /// that set (minimal mode's last phase does, for every layer of its answer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub alone: Option<String>,
+}
+
+/// The quantization of one activation of a layer: `source → QuantizeLinear →
+/// DequantizeLinear`, measured on the values the layer reads.
+#[derive(Clone, Debug, Serialize)]
+pub struct QdqInputError {
+    /// The float value in front of the QuantizeLinear.
+    pub tensor: String,
+    /// The quantization step (the largest scale, for a per-axis pair).
+    pub scale: f64,
+    /// Fraction of values the grid saturates (outside `[(qmin − zp)·s, (qmax − zp)·s]` by
+    /// more than half a step; for a grid starting at zero only above it, since negative
+    /// values there stand for a dropped Relu): the range is too small. None for float8 and
+    /// per-axis grids.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clipped: Option<f64>,
+    /// mean |DQ(Q(x)) − x| over mean |x|: the rounding (and clipping) error.
+    pub relative_error: f64,
+}
+
+impl QdqReason {
+    /// The likelier cause, in words: saturation when more than 0.1 % of an input's values
+    /// are clipped, else the rounding of the input with the largest relative error.
+    pub fn cause(&self) -> String {
+        let clipped = self
+            .inputs
+            .iter()
+            .filter(|i| i.clipped.is_some_and(|c| c > 1e-3))
+            .max_by(|a, b| a.clipped.partial_cmp(&b.clipped).expect("finite"));
+        if let Some(i) = clipped {
+            return format!(
+                "saturation: {:.1}% of '{}' clipped (its range is too small)",
+                100.0 * i.clipped.unwrap_or(0.0),
+                i.tensor
+            );
+        }
+        match self
+            .inputs
+            .iter()
+            .max_by(|a, b| a.relative_error.total_cmp(&b.relative_error))
+        {
+            Some(i) => format!(
+                "rounding of '{}' (relative error {})",
+                i.tensor,
+                crate::compare::fmt_g(i.relative_error, 3)
+            ),
+            None => "its quantized weights".to_string(),
+        }
+    }
 }
 
 /// One dequantized input of an answered layer that the stripped model no longer has.

@@ -189,6 +189,20 @@ fn the_stripped_model_runs_in_onnxruntime_and_passes_and_the_exclusions_are_prin
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert_eq!(removed[0]["kind"], "activation");
     assert_eq!(removed[1]["kind"], "weight");
+    // Why: the planted layer's activation is rounded with a 64x too coarse step.
+    assert!(
+        log.contains("Why: each layer alone back in quantization"),
+        "{log}"
+    );
+    let why = &json["qdq"]["reasons"][0];
+    assert_eq!(why["layer"], PLANTED, "{why}");
+    let input = &why["inputs"][0];
+    assert_eq!(input["clipped"].as_f64(), Some(0.0), "{why}");
+    assert!(input["relative_error"].as_f64().unwrap() > 0.01, "{why}");
+    assert!(
+        log.contains(&format!("{PLANTED} (Conv): rounding of ")),
+        "{log}"
+    );
     let html = std::fs::read_to_string(&report).unwrap();
     assert!(html.contains(PLANTED));
     // ONNX Runtime: the stripped model is within the criterion of the float model, the

@@ -4,7 +4,7 @@
 use super::{
     install_interrupt_handler, print_stats, CliHooks, Printer, SearchArgs, TempDir, INTERRUPTED,
 };
-use crate::compare::Criterion;
+use crate::compare::{fmt_g, Criterion};
 use crate::export::qdq::QdqKind;
 use crate::export::write_model;
 use crate::golden::GoldenFile;
@@ -231,6 +231,48 @@ fn report(
     if let Some(t) = result.trial_of(&marked) {
         out!(p, "[I]     Achieved: {}", t.summary);
     }
+    if !run.reasons.is_empty() {
+        out!(
+            p,
+            "[I]     Why: each layer alone back in quantization, the rest as answered (first input set):"
+        );
+        for r in &run.reasons {
+            let inputs: Vec<String> = r
+                .inputs
+                .iter()
+                .map(|i| {
+                    let clipped = i
+                        .clipped
+                        .map(|c| format!("{:.2}% clipped, ", 100.0 * c))
+                        .unwrap_or_default();
+                    format!(
+                        "'{}' step {}: {clipped}rounding {}",
+                        i.tensor,
+                        fmt_g(i.scale, 3),
+                        fmt_g(i.relative_error, 3)
+                    )
+                })
+                .collect();
+            out!(
+                p,
+                "[I]       {} ({}): {} | output '{}' abs {}, relative {}{}",
+                r.layer,
+                r.op,
+                r.cause(),
+                r.output,
+                fmt_g(r.required_atol, 5),
+                fmt_g(r.relative_error, 3),
+                if inputs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" | {}", inputs.join("; "))
+                }
+            );
+            if let Some(a) = &r.alone {
+                out!(p, "[I]         without it the answer {a}");
+            }
+        }
+    }
     out!(
         p,
         "[I]     Re-quantize the float model without them (node names as the quantizers take them):"
@@ -369,6 +411,7 @@ fn write_files(
                 .collect(),
             removed,
             stripped_model: written,
+            reasons: run.reasons.clone(),
         });
         let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
         crate::data::write_atomic(path, &json)?;

@@ -11,6 +11,11 @@ fn i16s(shape: &[usize], v: Vec<i16>) -> Tensor {
 /// x → [Q/DQ int16] → mm_a → [Q/DQ int16] → mm_b → [Q/DQ int8, scale 0.5] → mm_c → y: the
 /// last activation is quantized far too coarsely (a badly calibrated range), the others finely.
 fn planted() -> Model {
+    planted_with(0.5)
+}
+
+/// [`planted`] with the last activation's int8 scale `coarse`.
+fn planted_with(coarse: f32) -> Model {
     let pair = |name: &str, x: &str, s: &str, z: &str, out: &str| {
         vec![
             node(
@@ -43,7 +48,7 @@ fn planted() -> Model {
         vec![
             ("fine", Tensor::scalar_f32(1e-3)),
             ("z16", i16s(&[], vec![0])),
-            ("coarse", Tensor::scalar_f32(0.5)),
+            ("coarse", Tensor::scalar_f32(coarse)),
             ("z8", i8s(&[], vec![0])),
             ("ws", Tensor::scalar_f32(0.1)),
             ("wa", w(4, 3)),
@@ -84,7 +89,16 @@ fn search_planted_jobs(
     high: Precision,
     jobs: usize,
 ) -> (Model, QdqRun) {
-    let m = planted();
+    search_model(planted(), mode, direction, high, jobs)
+}
+
+fn search_model(
+    m: Model,
+    mode: Mode,
+    direction: Direction,
+    high: Precision,
+    jobs: usize,
+) -> (Model, QdqRun) {
     let feeds = vec![x_feed()];
     let stop = AtomicBool::new(false);
     let criterion = Criterion {
@@ -216,4 +230,38 @@ fn runs_derive_their_regions_from_the_shapes_of_their_inputs() {
     assert_eq!(codes(&fused, "sq"), want);
     let plain = run_with(&interp, &feeds, FusionModel::None, true).unwrap();
     assert_ne!(codes(&plain, "sq"), want);
+}
+
+/// The answer says why: the layer's quantized activation, its step, the clipped share and the
+/// rounding error, and what the criterion said without it.
+#[test]
+fn answered_layers_come_with_their_quantization_error() {
+    let (m, run) = search_planted(Mode::Minimal, Direction::Forward, Precision::Float32);
+    assert_eq!(run.reasons.len(), 1);
+    let r = &run.reasons[0];
+    assert_eq!((r.layer.as_str(), r.output.as_str()), ("mm_c", "y"));
+    assert!(r.required_atol > 0.05, "{r:?}");
+    assert_eq!(r.inputs.len(), 1, "{r:?}");
+    let i = &r.inputs[0];
+    assert_eq!(i.tensor, "hb");
+    assert_eq!(i.scale, 0.5);
+    assert_eq!(i.clipped, Some(0.0));
+    assert!(i.relative_error > 0.05, "{i:?}");
+    assert!(r.cause().starts_with("rounding of 'hb'"), "{}", r.cause());
+    assert!(
+        r.alone.as_deref().is_some_and(|a| a.starts_with("fails")),
+        "{r:?}"
+    );
+    // A range far too small saturates most values instead.
+    let (_, run) = search_model(
+        planted_with(1e-4),
+        Mode::Minimal,
+        Direction::Forward,
+        Precision::Float32,
+        1,
+    );
+    assert_eq!(run.result.outcome, Outcome::Found(vec![index(&m, "mm_c")]));
+    let r = &run.reasons[0];
+    assert!(r.inputs[0].clipped.is_some_and(|c| c > 0.5), "{r:?}");
+    assert!(r.cause().starts_with("saturation"), "{}", r.cause());
 }
