@@ -69,6 +69,25 @@ pub struct QdqLayer {
     pub inputs: Vec<QdqInput>,
 }
 
+/// Whether a node computes on quantized codes itself, without Q/DQ pairs to remove
+/// ("operator-oriented" quantization: QLinearConv/QLinearMatMul and com.microsoft's QLinear*
+/// and QGemm, dynamic quantization's DynamicQuantizeLinear, MatMulInteger, ConvInteger,
+/// MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM, weight-only MatMulNBits).
+pub fn is_operator_quantized(n: &crate::graph::Node) -> bool {
+    let op = n.op_type.as_str();
+    matches!(
+        op,
+        "DynamicQuantizeLinear"
+            | "MatMulInteger"
+            | "ConvInteger"
+            | "QGemm"
+            | "MatMulNBits"
+            | "MatMulIntegerToFloat"
+            | "DynamicQuantizeMatMul"
+            | "DynamicQuantizeLSTM"
+    ) || op.starts_with("QLinear")
+}
+
 /// Whether the main graph holds QuantizeLinear or DequantizeLinear nodes.
 pub fn has_qdq(graph: &Graph) -> bool {
     graph.nodes.iter().any(|n| is_q(n) || is_dq(n))

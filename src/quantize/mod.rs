@@ -141,21 +141,10 @@ pub struct Quantized {
 
 /// Ops that make a model "already quantized".
 fn is_quantization_op(n: &Node) -> bool {
-    let op = n.op_type.as_str();
-    matches!(
-        op,
-        "QuantizeLinear"
-            | "DequantizeLinear"
-            | "DynamicQuantizeLinear"
-            | "MatMulInteger"
-            | "ConvInteger"
-            | "QGemm"
-            | "MatMulNBits"
-            | "MatMulIntegerToFloat"
-            | "DynamicQuantizeMatMul"
-    ) || op.starts_with("QLinear")
-        || (op.starts_with("TRT_") && op.contains("Quantize"))
-        || op == "TRT_FP4QDQ"
+    matches!(n.op_type.as_str(), "QuantizeLinear" | "DequantizeLinear")
+        || crate::export::qdq::is_operator_quantized(n)
+        || (n.op_type.starts_with("TRT_") && n.op_type.contains("Quantize"))
+        || n.op_type == "TRT_FP4QDQ"
 }
 
 fn qdq_nodes<'a>(graph: &'a Graph, prefix: &str, out: &mut Vec<(String, &'a str)>) {

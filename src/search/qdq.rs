@@ -290,6 +290,39 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let model = job.model;
     let graph = &model.graph;
     let layers = quantized_layers(graph)?;
+    // Operator-style quantized nodes have no pair to remove: not candidates.
+    let operator_style: Vec<String> = graph
+        .nodes
+        .iter()
+        .filter(|n| crate::export::qdq::is_operator_quantized(n))
+        .map(|n| format!("'{}' ({})", n.name, n.op_type))
+        .collect();
+    if !operator_style.is_empty() {
+        let shown = format!(
+            "{}{}",
+            operator_style[..operator_style.len().min(6)].join(", "),
+            if operator_style.len() > 6 {
+                ", ..."
+            } else {
+                ""
+            }
+        );
+        if layers.is_empty() {
+            return Err(Error::Invalid(format!(
+                "no layer of the model is quantized with Q/DQ pairs: its quantization is operator-style ({} node(s): {shown}), which computes on codes with no pair to remove. Search the float model with --int8, or quantize it with Q/DQ pairs (ONNX Runtime's QuantFormat.QDQ, ModelOpt, `mixprec quantize`)",
+                operator_style.len()
+            )));
+        }
+        hooks.event(crate::event::Event::Warning(format!(
+            "the model mixes quantization styles: {} operator-style quantized node(s) ({shown}) are not candidates and stay quantized in every candidate{}",
+            operator_style.len(),
+            if job.golden.is_none() {
+                " and in the reference (the model with its Q/DQ pairs removed); give --golden outputs of the float model to judge against it"
+            } else {
+                ""
+            }
+        )));
+    }
     let mut oracle = QdqOracle {
         model,
         feeds: job.feeds,

@@ -265,3 +265,98 @@ fn answered_layers_come_with_their_quantization_error() {
     assert!(r.inputs[0].clipped.is_some_and(|c| c > 0.5), "{r:?}");
     assert!(r.cause().starts_with("saturation"), "{}", r.cause());
 }
+
+/// x → Q/DQ → MatMul (a Q/DQ layer), then dynamic quantization: DynamicQuantizeLinear →
+/// MatMulInteger → Cast → Mul (operator-style: computes on codes, no pair to remove). With
+/// `qdq` false only the dynamic part.
+fn mixed_styles(qdq: bool) -> Model {
+    use crate::onnx::testing::with_int;
+    let mut nodes = Vec::new();
+    let mut src = "x";
+    if qdq {
+        nodes.push(node("QuantizeLinear", "x_q", &["x", "s", "z8"], &["xq"]));
+        nodes.push(node(
+            "DequantizeLinear",
+            "x_dq",
+            &["xq", "s", "z8"],
+            &["xd"],
+        ));
+        nodes.push(node("DequantizeLinear", "w_dq", &["wq", "ws"], &["wd"]));
+        nodes.push(node("MatMul", "mm", &["xd", "wd"], &["h"]));
+        src = "h";
+    }
+    nodes.push(node(
+        "DynamicQuantizeLinear",
+        "dyn",
+        &[src],
+        &["hq", "hs", "hz"],
+    ));
+    nodes.push(node("MatMulInteger", "mmi", &["hq", "w2", "hz"], &["acc"]));
+    nodes.push(with_int(node("Cast", "cast", &["acc"], &["accf"]), "to", 1));
+    nodes.push(node("Mul", "mul", &["accf", "hs"], &["y"]));
+    let w = |n: usize| i8s(&[4, n], (0..4 * n).map(|i| (i as i8 % 5) * 3 - 6).collect());
+    model(
+        nodes,
+        vec![
+            ("s", Tensor::scalar_f32(0.05)),
+            ("z8", i8s(&[], vec![0])),
+            ("ws", Tensor::scalar_f32(0.1)),
+            ("wq", w(4)),
+            ("w2", w(3)),
+        ],
+        &["y"],
+    )
+}
+
+/// Runs a minimal Q/DQ search on `m` (default criterion, no golden outputs).
+fn search_with_events(m: &Model) -> (Result<QdqRun>, Vec<String>) {
+    let feeds = vec![x_feed()];
+    let stop = AtomicBool::new(false);
+    let mut hooks = Recorder::default();
+    let run = run_qdq_search(
+        QdqJob {
+            model: m,
+            feeds: &feeds,
+            criterion: Criterion::default(),
+            high: Precision::Float32,
+            fusion: FusionModel::None,
+            golden: None,
+            options: SearchOptions {
+                mode: Mode::Minimal,
+                direction: Direction::Forward,
+                objective: Objective::Layers,
+                jobs: 1,
+            },
+            check: None,
+            replay: None,
+            stop: &stop,
+        },
+        &mut hooks,
+    );
+    (run, hooks.events)
+}
+
+#[test]
+fn operator_style_quantization_is_named_a_warning_when_mixed_and_an_error_alone() {
+    let (run, events) = search_with_events(&mixed_styles(true));
+    assert_eq!(
+        run.unwrap().space.candidates.len(),
+        1,
+        "the Q/DQ MatMul only"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("mixes quantization styles")
+                && e.contains("'dyn' (DynamicQuantizeLinear)")
+                && e.contains("'mmi' (MatMulInteger)")
+                && e.contains("--golden")),
+        "{events:?}"
+    );
+    let (run, _) = search_with_events(&mixed_styles(false));
+    let e = run.err().expect("no Q/DQ layer").to_string();
+    assert!(
+        e.contains("operator-style") && e.contains("'mmi' (MatMulInteger)"),
+        "{e}"
+    );
+}
