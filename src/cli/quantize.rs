@@ -52,7 +52,8 @@ pub struct QuantizeArgs {
     #[arg(long = "exclude-from", value_name = "RESULT.json")]
     exclude_from: Option<PathBuf>,
     /// TensorRT calibration cache with the activation ranges (int8/fp8). A path that does not
-    /// exist yet is written with the ranges calibrated now.
+    /// exist yet is written with the ranges calibrated now. Here the calibration algorithm
+    /// defaults to minmax (docs/quantize.md, "Calibration"), not entropy.
     #[arg(long = "calibration-cache", value_name = "FILE")]
     calibration_cache: Option<PathBuf>,
     #[command(flatten)]
@@ -179,6 +180,12 @@ pub fn run(mut args: QuantizeArgs) -> Result<ExitCode> {
                 feeds
             };
             let mut calib = args.calib.clone();
+            // quantize's default is minmax, not the entropy the TensorRT-calibration commands
+            // default to: on all eight models of bench/quantize.sh it was as close to FP32 or
+            // closer (docs/quantize.md, "Calibration").
+            if calib.calibration_algo.is_none() && calib.base_class.is_none() {
+                calib.calibration_algo = Some("minmax".into());
+            }
             if let Some(p) = args.percentile {
                 match calib.algo(None)? {
                     CalibAlgo::Percentile(_) => {

@@ -353,6 +353,15 @@ fn run_of_the_quantized_model_equals_run_int8_with_the_exclusions_in_float32() {
         "^/Conv_[34]$",
     ]);
     assert!(o.status.success(), "{}", text(&o));
+    // quantize calibrates with minmax unless told otherwise (docs/quantize.md).
+    assert!(
+        text(&o).contains("Calibrating int8/fp8 ranges (minmax)"),
+        "{}",
+        text(&o)
+    );
+    assert!(std::fs::read_to_string(&cache)
+        .unwrap()
+        .starts_with("TRT-8601-MinMaxCalibration\n"));
     let a = dir.join("cnn_cli_int8_q.json");
     let b = dir.join("cnn_cli_int8_emu.json");
     let o = mixprec(&[
