@@ -76,19 +76,30 @@ fn run_with(
     let opts = RunOptions {
         keep_intermediates: keep,
     };
-    if fusion.is_none() {
-        return interp.run_with(feeds, &opts);
+    match fusion_plan(interp.graph(), feeds, fusion)? {
+        None => interp.run_with(feeds, &opts),
+        Some(prepared) => interp.run_plan(feeds, &opts, &prepared),
     }
-    let graph = interp.graph();
+}
+
+/// The plan a Q/DQ model runs with: none without a fusion model, else float32 everywhere
+/// under `fusion`, its regions derived for the shapes of `feeds`.
+fn fusion_plan(
+    graph: &crate::graph::Graph,
+    feeds: &Feeds,
+    fusion: FusionModel,
+) -> Result<Option<PreparedPlan>> {
+    if fusion.is_none() {
+        return Ok(None);
+    }
     let mut plan = PrecisionPlan::uniform(graph, Precision::Float32);
     plan.fusion = fusion;
     let shapes = crate::exec::feed_shapes(feeds);
-    let plan_opts = PlanOptions {
+    let opts = PlanOptions {
         input_shapes: Some(&shapes),
         ..PlanOptions::default()
     };
-    let prepared = PreparedPlan::new(graph, &plan, &plan_opts)?;
-    interp.run_plan(feeds, &opts, &prepared)
+    Ok(Some(PreparedPlan::new(graph, &plan, &opts)?))
 }
 
 /// Evaluates candidate sets of quantized layers by running their stripped models.
@@ -563,18 +574,7 @@ fn observe(
 ) -> Result<HashMap<String, Tensor>> {
     let graph = &model.graph;
     let interp = Interpreter::new(graph)?;
-    let prepared = if fusion.is_none() {
-        None
-    } else {
-        let mut plan = PrecisionPlan::uniform(graph, Precision::Float32);
-        plan.fusion = fusion;
-        let shapes = crate::exec::feed_shapes(feeds);
-        let opts = PlanOptions {
-            input_shapes: Some(&shapes),
-            ..PlanOptions::default()
-        };
-        Some(PreparedPlan::new(graph, &plan, &opts)?)
-    };
+    let prepared = fusion_plan(graph, feeds, fusion)?;
     let mut cache = crate::exec::ValueCache::new(0);
     let mut got = HashMap::new();
     let mut keep = |name: &str, t: &Tensor| {

@@ -99,17 +99,34 @@ fn search_model(
     high: Precision,
     jobs: usize,
 ) -> (Model, QdqRun) {
-    let feeds = vec![x_feed()];
-    let stop = AtomicBool::new(false);
     let criterion = Criterion {
         atol: crate::compare::PerOutput::new(0.05),
         rtol: crate::compare::PerOutput::new(0.0),
         ..Default::default()
     };
+    let (run, hooks) = run_search(&m, criterion, mode, direction, high, jobs);
+    let run = run.unwrap();
+    assert_eq!(hooks.started, vec![3]);
+    assert_eq!(hooks.trials, run.result.trials.len());
+    assert!(hooks.events.is_empty(), "{:?}", hooks.events);
+    (m, run)
+}
+
+/// One Q/DQ search on `m` over [`x_feed`], no fusion, golden outputs or `--check`.
+fn run_search(
+    m: &Model,
+    criterion: Criterion,
+    mode: Mode,
+    direction: Direction,
+    high: Precision,
+    jobs: usize,
+) -> (Result<QdqRun>, Recorder) {
+    let feeds = vec![x_feed()];
+    let stop = AtomicBool::new(false);
     let mut hooks = Recorder::default();
     let run = run_qdq_search(
         QdqJob {
-            model: &m,
+            model: m,
             feeds: &feeds,
             criterion,
             high,
@@ -126,12 +143,8 @@ fn search_model(
             stop: &stop,
         },
         &mut hooks,
-    )
-    .unwrap();
-    assert_eq!(hooks.started, vec![3]);
-    assert_eq!(hooks.trials, run.result.trials.len());
-    assert!(hooks.events.is_empty(), "{:?}", hooks.events);
-    (m, run)
+    );
+    (run, hooks)
 }
 
 #[test]
@@ -310,28 +323,13 @@ fn mixed_styles(qdq: bool) -> Model {
 
 /// Runs a minimal Q/DQ search on `m` (default criterion, no golden outputs).
 fn search_with_events(m: &Model) -> (Result<QdqRun>, Vec<String>) {
-    let feeds = vec![x_feed()];
-    let stop = AtomicBool::new(false);
-    let mut hooks = Recorder::default();
-    let run = run_qdq_search(
-        QdqJob {
-            model: m,
-            feeds: &feeds,
-            criterion: Criterion::default(),
-            high: Precision::Float32,
-            fusion: FusionModel::None,
-            golden: None,
-            options: SearchOptions {
-                mode: Mode::Minimal,
-                direction: Direction::Forward,
-                objective: Objective::Layers,
-                jobs: 1,
-            },
-            check: None,
-            replay: None,
-            stop: &stop,
-        },
-        &mut hooks,
+    let (run, hooks) = run_search(
+        m,
+        Criterion::default(),
+        Mode::Minimal,
+        Direction::Forward,
+        Precision::Float32,
+        1,
     );
     (run, hooks.events)
 }
