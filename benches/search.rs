@@ -18,6 +18,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 fn main() {
+    // What the mixprec binary runs with (src/alloc.rs).
+    mixprec::alloc::keep_freed_memory_for_reuse();
     let args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")

@@ -3,6 +3,7 @@
 //! Data flows one way: `onnx` (protobuf ⇄ IR) → `graph` → `exec` (interpreter over `ops`
 //! kernels) → comparison, search and export. The CLI in `main.rs` only parses and prints.
 
+pub mod alloc;
 pub mod calib;
 pub mod cli;
 pub mod compare;

@@ -8,5 +8,6 @@ fn main() -> std::process::ExitCode {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    mixprec::alloc::keep_freed_memory_for_reuse();
     mixprec::cli::main()
 }
