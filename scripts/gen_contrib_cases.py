@@ -81,6 +81,9 @@ def main():
                            [np.nan, np.inf, -np.inf]]).astype(np.float32)
     case(out, "sigmoid_bitexact", "Sigmoid", [("X", None, wide)], domain="", exact=True)
     case(out, "quick_gelu_bitexact", "QuickGelu", [("X", None, wide)], exact=True, alpha=1.702)
+    # Tanh through MLAS's tanh (ops/logistic.rs): bit for bit, over its clamp range [-9, 9]
+    # and beyond, with NaN and infinities.
+    case(out, "tanh_bitexact", "Tanh", [("X", None, wide)], domain="", exact=True)
     # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
     # FusedConv.
     conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]

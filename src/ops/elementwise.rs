@@ -58,7 +58,7 @@ pub fn register(r: &mut Registry) {
     r.add("Relu", |c, i| {
         unary_int(c, i, relu, relu, |x: i64| x.max(0))
     });
-    r.add("Tanh", |c, i| unary(c, i, f64::tanh, f32::tanh));
+    r.add("Tanh", tanh_op);
     r.add("Sigmoid", sigmoid_op);
     r.add("Softplus", |c, i| unary(c, i, softplus, softplus));
     r.add("Softsign", |c, i| {
@@ -485,6 +485,18 @@ fn sigmoid_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         return Ok(vec![Tensor::from_f32(x.shape().to_vec(), y)]);
     }
     unary(ctx, inputs, sigmoid, super::logistic::logistic)
+}
+
+/// Tanh: float32 as ONNX Runtime computes it (MLAS's rational approximation, see
+/// `ops::logistic`), float64 exactly; float16/bfloat16 through float32.
+fn tanh_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let x = input(inputs, 0)?;
+    if let TensorData::F32(v) = x.data() {
+        let y = super::logistic::tanh_slice(v, &ctx.rounder());
+        ctx.outputs_rounded();
+        return Ok(vec![Tensor::from_f32(x.shape().to_vec(), y)]);
+    }
+    unary(ctx, inputs, f64::tanh, super::logistic::tanh)
 }
 
 fn softplus<T: Float>(x: T) -> T {
