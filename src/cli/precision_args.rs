@@ -285,11 +285,7 @@ fn declared_16bit(graph: &Graph, plan: &PrecisionPlan) -> Vec<Option<Precision>>
             {
                 return None;
             }
-            match d {
-                Some(crate::tensor::DType::F16) => Some(Precision::Float16),
-                Some(crate::tensor::DType::BF16) => Some(Precision::BFloat16),
-                _ => None,
-            }
+            d.and_then(Precision::of_16bit_dtype)
         })
         .collect()
 }

@@ -488,11 +488,11 @@ fn region_preps(
                 exits,
                 shared,
                 internal,
-                native: match native.get(i).copied().flatten() {
-                    Some(Precision::Float16) => Some(DType::F16),
-                    Some(Precision::BFloat16) => Some(DType::BF16),
-                    _ => None,
-                },
+                native: native
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .and_then(Precision::dtype_16bit),
             });
         }
     }
@@ -681,10 +681,8 @@ fn narrow(r: Tensor, p: Precision) -> Tensor {
     if r.len() < NARROW_MIN_ELEMENTS {
         return r;
     }
-    let to = match p {
-        Precision::Float16 => DType::F16,
-        Precision::BFloat16 => DType::BF16,
-        _ => return r,
+    let Some(to) = p.dtype_16bit() else {
+        return r;
     };
     match r.as_f32() {
         Some(v) if !v.iter().any(|x| x.is_nan()) => crate::ops::cast::cast_tensor(&r, to),

@@ -292,11 +292,7 @@ impl FusionAnalysis {
             })
             .collect();
         let dtype = |n: &str| facts.as_ref().and_then(|f| f.get(n)?.dtype);
-        let sixteen = |d: Option<DType>| match d {
-            Some(DType::F16) => Some(Precision::Float16),
-            Some(DType::BF16) => Some(Precision::BFloat16),
-            _ => None,
-        };
+        let sixteen = |d: Option<DType>| d.and_then(Precision::of_16bit_dtype);
         let mut native = vec![None; graph.nodes.len()];
         for (i, node) in graph.nodes.iter().enumerate() {
             if kind[i] == Kind::Other {

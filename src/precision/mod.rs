@@ -65,6 +65,25 @@ impl Precision {
         }
     }
 
+    /// The 16-bit float precision values of element type `d` are in (float16, bfloat16), if
+    /// `d` is one of those: a strongly typed 16-bit model's layers compute in it.
+    pub fn of_16bit_dtype(d: crate::tensor::DType) -> Option<Precision> {
+        match d {
+            crate::tensor::DType::F16 => Some(Precision::Float16),
+            crate::tensor::DType::BF16 => Some(Precision::BFloat16),
+            _ => None,
+        }
+    }
+
+    /// The element type that stores values of this precision when it is a 16-bit float one.
+    pub fn dtype_16bit(self) -> Option<crate::tensor::DType> {
+        match self {
+            Precision::Float16 => Some(crate::tensor::DType::F16),
+            Precision::BFloat16 => Some(crate::tensor::DType::BF16),
+            _ => None,
+        }
+    }
+
     /// Largest finite value (for the scaled types: the quantization range).
     pub fn max_finite(self) -> f32 {
         match self {
