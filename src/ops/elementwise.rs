@@ -478,25 +478,43 @@ pub(crate) fn sigmoid<T: Float>(x: T) -> T {
 /// Sigmoid: float32 as ONNX Runtime computes it (MLAS's rational approximation, see
 /// `ops::logistic`), float64 exactly; float16/bfloat16 through float32.
 fn sigmoid_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let x = input(inputs, 0)?;
-    if let TensorData::F32(v) = x.data() {
-        let y = super::logistic::logistic_slice(v, &ctx.rounder());
-        ctx.outputs_rounded();
-        return Ok(vec![Tensor::from_f32(x.shape().to_vec(), y)]);
-    }
-    unary(ctx, inputs, sigmoid, super::logistic::logistic)
+    mlas_unary(
+        ctx,
+        inputs,
+        super::logistic::logistic_slice,
+        sigmoid,
+        super::logistic::logistic,
+    )
 }
 
 /// Tanh: float32 as ONNX Runtime computes it (MLAS's rational approximation, see
 /// `ops::logistic`), float64 exactly; float16/bfloat16 through float32.
 fn tanh_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    mlas_unary(
+        ctx,
+        inputs,
+        super::logistic::tanh_slice,
+        f64::tanh,
+        super::logistic::tanh,
+    )
+}
+
+/// A unary op whose float32 values go through one of `ops::logistic`'s vectorized slice
+/// kernels (rounding each finished chunk as it is written); other types as [`unary`] does.
+fn mlas_unary(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    slice: fn(&[f32], &super::Finish) -> Vec<f32>,
+    f64f: fn(f64) -> f64,
+    f32f: fn(f32) -> f32,
+) -> OpResult {
     let x = input(inputs, 0)?;
     if let TensorData::F32(v) = x.data() {
-        let y = super::logistic::tanh_slice(v, &ctx.rounder());
+        let y = slice(v, &ctx.rounder());
         ctx.outputs_rounded();
         return Ok(vec![Tensor::from_f32(x.shape().to_vec(), y)]);
     }
-    unary(ctx, inputs, f64::tanh, super::logistic::tanh)
+    unary(ctx, inputs, f64f, f32f)
 }
 
 fn softplus<T: Float>(x: T) -> T {
