@@ -618,11 +618,11 @@ impl FusionAnalysis {
             return false;
         }
         readers.iter().filter(|&&r| r != c).all(|&r| {
+            if self.kind[r] != Kind::Pointwise {
+                return false;
+            }
             let mut frontier = vec![r];
             for _ in 0..DEPTH {
-                if self.kind[r] != Kind::Pointwise {
-                    return false;
-                }
                 let mut next = Vec::new();
                 for &f in &frontier {
                     for &d in &self.topo.deps[f] {
