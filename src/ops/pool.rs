@@ -309,10 +309,31 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                 }
             })
             .collect();
-        out.par_chunks_mut(o_sz.max(1))
-            .enumerate()
-            .for_each(|(p, plane)| {
+        out.par_chunks_mut(o_sz.max(1)).enumerate().for_each_init(
+            Vec::new,
+            |phases, (p, plane)| {
                 let img = &xv[p * in_sz..(p + 1) * in_sz];
+                // With a column stride s, each input row is split into its s phases (columns
+                // j·s + r for r < s), so every tap reads a contiguous run and the loops below
+                // vectorize; with stride 1 the row is its only phase.
+                let row_len = iw.div_ceil(sw) * sw;
+                let img: &[f32] = if sw == 1 {
+                    img
+                } else {
+                    phases.clear();
+                    phases.resize(in_sp[0] * row_len, 0.0);
+                    let per = row_len / sw;
+                    for (src, dst) in img.chunks_exact(iw).zip(phases.chunks_exact_mut(row_len)) {
+                        for (r, dst) in dst.chunks_exact_mut(per).enumerate() {
+                            for (d, &v) in dst.iter_mut().zip(src[r..].iter().step_by(sw)) {
+                                *d = v;
+                            }
+                        }
+                    }
+                    phases
+                };
+                let row_w = if sw == 1 { iw } else { row_len };
+                let per = row_w / sw;
                 for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
                     // Accumulate a whole output row at once: independent accumulators per
                     // column instead of one dependent chain per output.
@@ -324,16 +345,27 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     });
                     for a in a_lo..a_hi {
                         let iy = y * sh + a * dh - ph;
-                        let row = &img[iy * iw..(iy + 1) * iw];
+                        let row = &img[iy * row_w..(iy + 1) * row_w];
                         for (b, &(lo, hi)) in col_range.iter().enumerate() {
-                            let base = b * dw;
-                            for (x0, d) in acc.iter_mut().enumerate().take(hi).skip(lo) {
-                                let v = row[x0 * sw + base - pw];
-                                if kind == Kind::Max {
-                                    if v > *d || v.is_nan() {
-                                        *d = v;
-                                    }
-                                } else {
+                            if lo == hi {
+                                continue;
+                            }
+                            // Output column x reads input column x·s + b·dw − pw: phase r,
+                            // index x + t within it.
+                            let first = lo * sw + b * dw - pw;
+                            let (r, t) = (first % sw, first / sw);
+                            let acc = &mut acc[lo..hi];
+                            let src = &row[r * per + t..r * per + t + (hi - lo)];
+                            if kind == Kind::Max {
+                                // Branch-free (a compare and a select per column): which of two
+                                // values is larger is unpredictable, a branch on it mispredicts
+                                // about half the time. A NaN wins (IEEE maximum, docs/numerics.md).
+                                for (d, &v) in acc.iter_mut().zip(src) {
+                                    let take = (v > *d) | v.is_nan();
+                                    *d = if take { v } else { *d };
+                                }
+                            } else {
+                                for (d, &v) in acc.iter_mut().zip(src) {
                                     *d += v;
                                 }
                             }
@@ -351,7 +383,8 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                         }
                     }
                 }
-            });
+            },
+        );
     } else if want_indices {
         out.par_chunks_mut(o_sz.max(1))
             .zip(idx_out.par_chunks_mut(o_sz.max(1)))
