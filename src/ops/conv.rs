@@ -1,5 +1,8 @@
-//! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad) via im2col / col2im
-//! and the shared [`sgemm`](super::matmul::sgemm).
+//! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad). A 2-D Conv in f32 is
+//! an implicit GEMM: [`super::sgemm::gemm`] packs its panels straight from the padded image
+//! (no im2col buffer); pointwise ones multiply the image in place, depthwise ones loop
+//! directly, other ranks and the float16 accumulator go through im2col / col2im and the shared
+//! [`sgemm`](super::matmul::sgemm).
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
@@ -489,6 +492,142 @@ pub(crate) fn im2col<T: Copy + Default + Send + Sync>(
         });
 }
 
+/// The B operand of a 2-D convolution's product, read from one image of one group padded
+/// once ([`PaddedImage`]): row p is (channel, kernel row, kernel column) as im2col orders them,
+/// column j the output position. Every tap lies inside the padded image and reads a
+/// contiguous run, so packing a panel is a few short copies.
+struct Im2colPanels<'a> {
+    image: &'a PaddedImage,
+    /// Per row p: where its tap for output (0, 0) lies in `image.data`.
+    offsets: Vec<usize>,
+    out_w: usize,
+    stride_h: usize,
+    n: usize,
+}
+
+impl<'a> Im2colPanels<'a> {
+    fn new(image: &'a PaddedImage, channels: usize, w: &Window) -> Self {
+        let (kh_n, kw_n) = (w.kernel[0], w.kernel[1]);
+        let mut offsets = Vec::with_capacity(channels * kh_n * kw_n);
+        for ci in 0..channels {
+            for kh in 0..kh_n {
+                for kw in 0..kw_n {
+                    offsets.push(
+                        ci * image.plane
+                            + kh * w.dilations[0] * image.row
+                            + image.column(kw * w.dilations[1]),
+                    );
+                }
+            }
+        }
+        Im2colPanels {
+            image,
+            offsets,
+            out_w: w.out[1],
+            stride_h: w.strides[0],
+            n: w.out[0] * w.out[1],
+        }
+    }
+}
+
+impl super::sgemm::PackB for Im2colPanels<'_> {
+    fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]) {
+        use super::sgemm::NR;
+        let cols = NR.min(self.n - j0);
+        // The panel's columns as runs within one output row: (offset of output (oh, ow0) from
+        // output (0, 0) in the image, length, offset in the panel).
+        let mut runs = [(0usize, 0usize, 0usize); NR];
+        let mut n_runs = 0;
+        let mut j = j0;
+        while j < j0 + cols {
+            let (oh, ow) = (j / self.out_w, j % self.out_w);
+            let len = (self.out_w - ow).min(j0 + cols - j);
+            runs[n_runs] = (oh * self.stride_h * self.image.row + ow, len, j - j0);
+            n_runs += 1;
+            j += len;
+        }
+        let src = &self.image.data;
+        let rows = dst.chunks_exact_mut(NR).zip(&self.offsets[p0..p0 + kc]);
+        if n_runs == 1 && cols == NR {
+            // The common case: the whole panel in one output row.
+            let at = runs[0].0;
+            for (row, &base) in rows {
+                super::sgemm::copy_panel_row(row, &src[base + at..]);
+            }
+            return;
+        }
+        for (row, &base) in rows {
+            row[cols..].fill(0.0);
+            for &(at, len, d0) in &runs[..n_runs] {
+                for (d, &v) in row[d0..d0 + len].iter_mut().zip(&src[base + at..]) {
+                    *d = v;
+                }
+            }
+        }
+    }
+}
+
+/// Channels of one image with the convolution's zero padding around each plane and each row
+/// split into its column-stride phases (columns x·s + r for r < s: phase r), so a kernel tap
+/// reads, for consecutive output columns, consecutive values.
+struct PaddedImage {
+    data: Vec<f32>,
+    /// Values per padded row (all phases) and per padded plane.
+    row: usize,
+    plane: usize,
+    /// Values per phase of a row, and the column stride.
+    phase: usize,
+    stride_w: usize,
+}
+
+impl PaddedImage {
+    fn new(x: &[f32], channels: usize, in_sp: &[usize], w: &Window) -> Self {
+        let (ih, iw) = (in_sp[0], in_sp[1]);
+        let (ph, pw) = (w.pad_begin[0], w.pad_begin[1]);
+        // Rows and columns any tap reads: the padding on both sides (the window's output size
+        // keeps every tap inside them).
+        let hp = ih + ph + w.pad_end[0];
+        let wp = iw + pw + w.pad_end[1];
+        let sw = w.strides[1];
+        let phase = wp.div_ceil(sw);
+        let row = phase * sw;
+        let plane = hp * row;
+        let mut data = vec![0f32; channels * plane];
+        let fill = |(ci, dst): (usize, &mut [f32])| {
+            let src = &x[ci * ih * iw..(ci + 1) * ih * iw];
+            for (y, line) in src.chunks_exact(iw).enumerate() {
+                let out = &mut dst[(y + ph) * row..(y + ph + 1) * row];
+                if sw == 1 {
+                    out[pw..pw + iw].copy_from_slice(line);
+                } else {
+                    for (c, &v) in line.iter().enumerate() {
+                        let xp = c + pw;
+                        out[(xp % sw) * phase + xp / sw] = v;
+                    }
+                }
+            }
+        };
+        if channels * plane >= 1 << 16 {
+            data.par_chunks_mut(plane).enumerate().for_each(fill);
+        } else {
+            data.chunks_mut(plane).enumerate().for_each(fill);
+        }
+        PaddedImage {
+            data,
+            row,
+            plane,
+            phase,
+            stride_w: sw,
+        }
+    }
+
+    /// Where padded column `x0 + ow·s` lies in a row, less `ow`: the same for every output
+    /// column ow.
+    fn column(&self, x0: usize) -> usize {
+        (x0 % self.stride_w) * self.phase + x0 / self.stride_w
+    }
+}
+
 /// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
 /// ([N, C, oh, ow], zeroed): per channel, each kernel tap is added to every output it reaches
 /// (row by row, so the loops vectorize), taps in the same order as the im2col path's GEMM
@@ -644,7 +783,10 @@ pub fn conv(
     if direct {
         depthwise_2d(&xv, &wv, c, in_sp, &w, &mut out);
     }
-    let mut col = if pointwise || direct {
+    let mut col = if pointwise
+        || direct
+        || (in_sp.len() == 2 && ctx.accumulate == crate::numeric::Accumulator::F32)
+    {
         Vec::new()
     } else {
         vec![0f32; rows * o_sz]
@@ -667,6 +809,11 @@ pub fn conv(
                     dst,
                     false,
                 );
+            } else if in_sp.len() == 2 && ctx.accumulate == crate::numeric::Accumulator::F32 {
+                // 2-D: the product packs its B panels straight from the image.
+                let image = PaddedImage::new(xg, cg, in_sp, &w);
+                let panels = Im2colPanels::new(&image, cg, &w);
+                super::sgemm::gemm(mg, o_sz, rows, wg, rows, 1, &panels, dst, o_sz, false);
             } else {
                 im2col(xg, in_sp, &w, &mut col);
                 sgemm(
@@ -1045,6 +1192,138 @@ mod tests {
                                     "{g} vs {acc}"
                                 );
                             }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The implicit GEMM (panels packed from the padded, stride-phased image) against the
+    /// chain it promises: per output, fused multiply-adds over (channel, kh, kw) in order from
+    /// +0, then the bias — bit for bit, with strides 1–3, dilations, asymmetric and SAME
+    /// padding, groups, batches, output rows narrower and wider than a panel, and an infinite
+    /// weight (0 · inf in the padding gives NaN, as the im2col path).
+    #[test]
+    fn implicit_gemm_is_the_in_order_chain_of_every_tap() {
+        let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
+        for (shape, group, m, kernel, strides, dil, pads, inf) in [
+            (
+                [1usize, 3, 9, 23],
+                1usize,
+                5usize,
+                [3usize, 3],
+                [1i64, 1],
+                [1i64, 1],
+                [1i64, 1, 1, 1],
+                false,
+            ),
+            (
+                [2, 4, 11, 10],
+                2,
+                8,
+                [3, 2],
+                [2, 3],
+                [1, 2],
+                [0, 2, 1, 0],
+                true,
+            ),
+            (
+                [1, 2, 20, 37],
+                1,
+                7,
+                [7, 7],
+                [2, 2],
+                [1, 1],
+                [3, 3, 3, 3],
+                false,
+            ),
+            (
+                [1, 3, 6, 5],
+                1,
+                4,
+                [2, 3],
+                [3, 1],
+                [2, 1],
+                [2, 0, 1, 2],
+                false,
+            ),
+        ] {
+            let [n, c, h, wd] = shape;
+            let cg = c / group;
+            let x: Vec<f32> = (0..n * c * h * wd)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                .collect();
+            let ksz = kernel[0] * kernel[1];
+            let mut wv: Vec<f32> = (0..m * cg * ksz)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+                .collect();
+            if inf {
+                wv[1] = f32::INFINITY;
+            }
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.25 - 0.5).collect();
+            let node = node(
+                "Conv",
+                &[
+                    ("group", Attribute::Int(group as i64)),
+                    ("strides", ints(&strides)),
+                    ("dilations", ints(&dil)),
+                    ("pads", ints(&pads)),
+                ],
+            );
+            let out = conv_op(
+                &OpCtx::new(&node, 17),
+                &[
+                    Some(&Tensor::from_f32(shape.to_vec(), x.clone())),
+                    Some(&Tensor::from_f32(
+                        vec![m, cg, kernel[0], kernel[1]],
+                        wv.clone(),
+                    )),
+                    Some(&Tensor::from_f32(vec![m], bias.clone())),
+                ],
+            )
+            .unwrap()
+            .remove(0);
+            let (oh, ow) = (out.shape()[2], out.shape()[3]);
+            let got = out.as_f32().unwrap();
+            let mg = m / group;
+            for b in 0..n {
+                for o in 0..m {
+                    let g = o / mg;
+                    for i in 0..oh {
+                        for j in 0..ow {
+                            let mut acc = 0f32;
+                            for ci in 0..cg {
+                                for kh in 0..kernel[0] {
+                                    for kw in 0..kernel[1] {
+                                        let ih = (i * strides[0] as usize + kh * dil[0] as usize)
+                                            as isize
+                                            - pads[0] as isize;
+                                        let iw = (j * strides[1] as usize + kw * dil[1] as usize)
+                                            as isize
+                                            - pads[1] as isize;
+                                        let inside = ih >= 0
+                                            && iw >= 0
+                                            && (ih as usize) < h
+                                            && (iw as usize) < wd;
+                                        let xv = if inside {
+                                            x[((b * c + g * cg + ci) * h + ih as usize) * wd
+                                                + iw as usize]
+                                        } else {
+                                            0.0
+                                        };
+                                        let wt = wv[(o * cg + ci) * ksz + kh * kernel[1] + kw];
+                                        acc = xv.mul_add(wt, acc);
+                                    }
+                                }
+                            }
+                            let want = acc + bias[o];
+                            let got = got[((b * m + o) * oh + i) * ow + j];
+                            assert_eq!(
+                                got.to_bits(),
+                                want.to_bits(),
+                                "{shape:?} out ({b}, {o}, {i}, {j}): {got} vs {want}"
+                            );
                         }
                     }
                 }

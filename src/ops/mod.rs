@@ -28,6 +28,7 @@ pub mod recurrent;
 pub mod reduce;
 pub mod resize;
 pub mod sampling;
+pub mod sgemm;
 pub mod shape;
 pub mod signal;
 pub mod softmax;

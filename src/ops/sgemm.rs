@@ -1,0 +1,589 @@
+//! The f32 matrix product every float kernel runs on (MatMul, Gemm, Conv, the recurrent and
+//! attention ops): `C (+)= A·B` over packed panels and a 6×16 register tile, AVX2 + FMA where
+//! the CPU has them, a scalar loop of fused multiply-adds elsewhere.
+//!
+//! **Every output element is one chain of fused multiply-adds over k in order**, starting from
+//! +0 (or from C's value when accumulating): `c = fma(a[k-1], b[k-1], … fma(a[0], b[0], 0))`.
+//! Tiling, k blocking (a partial sum stored to C and loaded again is exact), the panel a
+//! column falls in and the thread that computes it change nothing, so the result is the same
+//! bits for any thread count, on every code path and every machine (docs/numerics.md,
+//! "Summation order"). The B operand comes through [`PackB`], so a convolution packs its
+//! panels straight from the image (no im2col buffer).
+
+use rayon::prelude::*;
+
+/// Rows of the register tile (A panel height).
+pub const MR: usize = 6;
+/// Columns of the register tile (B panel width): two 8-lane vectors.
+pub const NR: usize = 16;
+/// Depth of one k block: a 16-column B panel of KC rows (16 KiB) stays in L1.
+const KC: usize = 256;
+/// A panels up to which a B in rows is read in place rather than packed: packing pays only
+/// when enough A panels reuse the packed copy (measured with examples of Conv and MatMul
+/// shapes: in place is faster for m <= 64, packed for m >= 128).
+const DIRECT_B_PANELS: usize = 12;
+/// Work (m·n·k) above which a product is split over threads.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// Where B's panels come from: a strided matrix ([`StridedB`]) or a convolution's image.
+pub trait PackB: Sync {
+    /// Writes rows `p0..p0 + kc` of B's columns `j0..j0 + NR` into `dst` (`kc × NR`, row p at
+    /// `dst[(p - p0)·NR..]`), zeros in the columns at or past n.
+    fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]);
+
+    /// B as rows in memory (element (p, j) at `data[p·stride + j]`), when it is: a product
+    /// with a single A panel reads such a B in place instead of packing it.
+    fn rows(&self) -> Option<(&[f32], usize)> {
+        None
+    }
+}
+
+/// B as a strided matrix: element (p, j) at `data[p·rs + j·cs]`.
+pub struct StridedB<'a> {
+    pub data: &'a [f32],
+    pub n: usize,
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl PackB for StridedB<'_> {
+    fn rows(&self) -> Option<(&[f32], usize)> {
+        (self.cs == 1).then_some((self.data, self.rs))
+    }
+
+    fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]) {
+        let cols = NR.min(self.n - j0);
+        if self.cs == 1 && cols == NR {
+            for (p, d) in (p0..p0 + kc).zip(dst.chunks_exact_mut(NR)) {
+                copy_panel_row(d, &self.data[p * self.rs + j0..]);
+            }
+        } else if self.cs == 1 {
+            for (p, d) in (p0..p0 + kc).zip(dst.chunks_exact_mut(NR)) {
+                let s = p * self.rs + j0;
+                d[..cols].copy_from_slice(&self.data[s..s + cols]);
+                d[cols..].fill(0.0);
+            }
+        } else {
+            // Column by column: each column's k run is contiguous when B is transposed.
+            for j in 0..NR {
+                if j < cols {
+                    let base = (j0 + j) * self.cs;
+                    for (p, d) in (p0..p0 + kc).zip(dst.chunks_exact_mut(NR)) {
+                        d[j] = self.data[base + p * self.rs];
+                    }
+                } else {
+                    dst.chunks_exact_mut(NR).for_each(|d| d[j] = 0.0);
+                }
+            }
+        }
+    }
+}
+
+/// Copies NR values of `src` into a panel row `dst` (NR long): a fixed-size copy the compiler
+/// inlines (two vector moves), where a slice copy of a run-time length calls memmove.
+#[inline(always)]
+pub(crate) fn copy_panel_row(dst: &mut [f32], src: &[f32]) {
+    let dst: &mut [f32; NR] = dst.try_into().expect("a panel row is NR long");
+    let src: &[f32; NR] = src[..NR].try_into().expect("NR values");
+    *dst = *src;
+}
+
+/// `C[m×n] (+)= A·B`, C row-major with row stride `ldc`, A element (i, p) at
+/// `a[i·a_rs + p·a_cs]`. `accumulate` false overwrites C.
+#[allow(clippy::too_many_arguments)]
+pub fn gemm(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &dyn PackB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= (m - 1) * ldc + n && ldc >= n);
+    if k == 0 {
+        if !accumulate {
+            c.chunks_mut(ldc).take(m).for_each(|r| r[..n].fill(0.0));
+        }
+        return;
+    }
+    assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
+    let m_panels = m.div_ceil(MR);
+    let n_panels = n.div_ceil(NR);
+    // A packed once (panel i holds, for each p, rows i·MR.. of column p), unless each of its
+    // values is used by at most two B panels: then the tiles read it where it lies.
+    let packed_a = n_panels > 2;
+    let mut a_pack = vec![0f32; if packed_a { m_panels * MR * k } else { 0 }];
+    let pack_a = |(ip, dst): (usize, &mut [f32])| {
+        let rows = MR.min(m - ip * MR);
+        let first = ip * MR * a_rs;
+        for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
+            let at = first + p * a_cs;
+            if a_rs == 1 {
+                d[..rows].copy_from_slice(&a[at..at + rows]);
+            } else {
+                for (r, v) in d[..rows].iter_mut().enumerate() {
+                    *v = a[at + r * a_rs];
+                }
+            }
+        }
+    };
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
+    if parallel && m * k >= 1 << 16 {
+        a_pack.par_chunks_mut(MR * k).enumerate().for_each(pack_a);
+    } else {
+        a_pack.chunks_mut(MR * k).enumerate().for_each(pack_a);
+    }
+    // Tasks: blocks of B panels (about 128 KiB of packed B each, L2-resident while every A
+    // panel passes over them), split over A's rows too when there are too few for the threads.
+    let nb = (32 * 1024 / (k.min(KC * 4) * NR)).clamp(1, n_panels);
+    let n_blocks = n_panels.div_ceil(nb);
+    let m_split = if parallel {
+        (2 * threads).div_ceil(n_blocks).clamp(1, m_panels)
+    } else {
+        1
+    };
+    let mb = m_panels.div_ceil(m_split);
+    let tasks = n_blocks * m_panels.div_ceil(mb);
+    let c_ptr = SendPtr(c.as_mut_ptr());
+    let kernel = Kernel::detect();
+    // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS).
+    let direct = match b.rows() {
+        Some((data, rs)) if m_panels <= DIRECT_B_PANELS => {
+            assert!(data.len() >= (k - 1) * rs + n);
+            Some((data, rs))
+        }
+        _ => None,
+    };
+    let run = |b_pack: &mut Vec<f32>, t: usize| {
+        let (jb, ib) = (t % n_blocks, t / n_blocks);
+        let (jp0, jp1) = (jb * nb, ((jb + 1) * nb).min(n_panels));
+        let (ip0, ip1) = (ib * mb, ((ib + 1) * mb).min(m_panels));
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            if direct.is_none() {
+                b_pack.resize((jp1 - jp0) * kc * NR, 0.0);
+                for (jp, dst) in (jp0..jp1).zip(b_pack.chunks_exact_mut(kc * NR)) {
+                    b.pack(jp * NR, p0, kc, dst);
+                }
+            }
+            for jp in jp0..jp1 {
+                let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
+                let (bp, b_stride): (*const f32, usize) = match direct {
+                    Some((data, rs)) if cols == NR => (data[p0 * rs + j0..].as_ptr(), rs),
+                    Some(_) => {
+                        b_pack.resize(kc * NR, 0.0);
+                        b.pack(j0, p0, kc, b_pack);
+                        (b_pack.as_ptr(), NR)
+                    }
+                    None => (b_pack[(jp - jp0) * kc * NR..].as_ptr(), NR),
+                };
+                for ip in ip0..ip1 {
+                    let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
+                    let ap = if packed_a {
+                        StridedA {
+                            data: a_pack[ip * MR * k + p0 * MR..][..kc * MR].as_ptr(),
+                            rs: 1,
+                            cs: MR,
+                        }
+                    } else {
+                        StridedA {
+                            data: a[i0 * a_rs + p0 * a_cs..].as_ptr(),
+                            rs: a_rs,
+                            cs: a_cs,
+                        }
+                    };
+                    // SAFETY: `ap` reaches rows i0..i0 + rows of columns p0..p0 + kc of A (in
+                    // A, or its packed panel), inside A as asserted above; `bp` holds kc rows of NR values at stride `b_stride` (a packed
+                    // panel, or B's own rows with j0 + NR <= n, asserted above); tasks write
+                    // disjoint tiles of C (their own rows i0.. and columns j0..), each inside
+                    // C's bounds asserted above.
+                    unsafe {
+                        kernel.run(
+                            kc,
+                            ap,
+                            bp,
+                            b_stride,
+                            c_ptr.get().add(i0 * ldc + j0),
+                            ldc,
+                            rows,
+                            cols,
+                            accumulate || p0 > 0,
+                        );
+                    }
+                }
+            }
+        }
+    };
+    if parallel {
+        (0..tasks).into_par_iter().for_each_init(Vec::new, run);
+    } else {
+        let mut b_pack = Vec::new();
+        (0..tasks).for_each(|t| run(&mut b_pack, t));
+    }
+}
+
+/// Where a tile reads A: element (r, p) of the tile at `data[r·rs + p·cs]`.
+#[derive(Clone, Copy)]
+struct StridedA {
+    data: *const f32,
+    rs: usize,
+    cs: usize,
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: used only to hand each task its own disjoint tiles of C.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// The register-tile kernel this CPU runs (both give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+    Scalar,
+}
+
+impl Kernel {
+    fn detect() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Kernel::Avx2Fma;
+        }
+        Kernel::Scalar
+    }
+
+    /// One tile: `C[rows×cols] (+)= A_panel·B_panel` over `kc` steps.
+    ///
+    /// # Safety
+    /// `c` must be valid for `rows` rows of `cols` values at row stride `ldc`; `a` for `rows`
+    /// rows of `kc` values, `b` for `kc` rows of NR values at stride `b_stride`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        self,
+        kc: usize,
+        a: StridedA,
+        b: *const f32,
+        b_stride: usize,
+        c: *mut f32,
+        ldc: usize,
+        rows: usize,
+        cols: usize,
+        accumulate: bool,
+    ) {
+        debug_assert!((1..=MR).contains(&rows));
+        if cols == NR {
+            return self.tile(rows, kc, a, b, b_stride, c, ldc, accumulate);
+        }
+        // An edge tile goes through a full-width one on the stack.
+        let mut tile = [0f32; MR * NR];
+        if accumulate {
+            for r in 0..rows {
+                std::ptr::copy_nonoverlapping(c.add(r * ldc), tile.as_mut_ptr().add(r * NR), cols);
+            }
+        }
+        self.tile(rows, kc, a, b, b_stride, tile.as_mut_ptr(), NR, accumulate);
+        for r in 0..rows {
+            std::ptr::copy_nonoverlapping(tile.as_ptr().add(r * NR), c.add(r * ldc), cols);
+        }
+    }
+
+    /// `rows` full-width rows at `c` (row stride `ldc`), starting from their values or zero.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn tile(
+        self,
+        rows: usize,
+        kc: usize,
+        a: StridedA,
+        b: *const f32,
+        b_stride: usize,
+        c: *mut f32,
+        ldc: usize,
+        load: bool,
+    ) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2Fma => {
+                let f = match rows {
+                    1 => tile_avx2_fma::<1>,
+                    2 => tile_avx2_fma::<2>,
+                    3 => tile_avx2_fma::<3>,
+                    4 => tile_avx2_fma::<4>,
+                    5 => tile_avx2_fma::<5>,
+                    _ => tile_avx2_fma::<6>,
+                };
+                f(kc, a, b, b_stride, c, ldc, load)
+            }
+            Kernel::Scalar => tile_scalar(rows, kc, a, b, b_stride, c, ldc, load),
+        }
+    }
+}
+
+/// The portable tile: the same chains of fused multiply-adds as the vector kernel.
+///
+/// # Safety
+/// As [`Kernel::tile`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_scalar(
+    rows: usize,
+    kc: usize,
+    a: StridedA,
+    b: *const f32,
+    b_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    for r in 0..rows {
+        let mut acc = [0f32; NR];
+        if load {
+            std::ptr::copy_nonoverlapping(c.add(r * ldc), acc.as_mut_ptr(), NR);
+        }
+        for p in 0..kc {
+            let av = *a.data.add(r * a.rs + p * a.cs);
+            for (j, t) in acc.iter_mut().enumerate() {
+                *t = av.mul_add(*b.add(p * b_stride + j), *t);
+            }
+        }
+        std::ptr::copy_nonoverlapping(acc.as_ptr(), c.add(r * ldc), NR);
+    }
+}
+
+/// The AVX2 + FMA tile of R ≤ MR rows: 2·R accumulator registers, per k step two loads of B,
+/// R broadcasts of A and 2·R fused multiply-adds.
+///
+/// # Safety
+/// As [`Kernel::tile`]; the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2_fma<const R: usize>(
+    kc: usize,
+    a: StridedA,
+    b: *const f32,
+    b_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    if load {
+        for (r, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm256_loadu_ps(c.add(r * ldc));
+            row[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
+        }
+    }
+    for p in 0..kc {
+        let b0 = _mm256_loadu_ps(b.add(p * b_stride));
+        let b1 = _mm256_loadu_ps(b.add(p * b_stride + 8));
+        for (r, row) in acc.iter_mut().enumerate() {
+            let av = _mm256_broadcast_ss(&*a.data.add(r * a.rs + p * a.cs));
+            row[0] = _mm256_fmadd_ps(av, b0, row[0]);
+            row[1] = _mm256_fmadd_ps(av, b1, row[1]);
+        }
+    }
+    for (r, row) in acc.iter().enumerate() {
+        _mm256_storeu_ps(c.add(r * ldc), row[0]);
+        _mm256_storeu_ps(c.add(r * ldc + 8), row[1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The chain the module promises, element by element.
+    fn reference(
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &[f32],
+        b: &[f32],
+        c0: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let mut c = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = c0.map_or(0.0, |c0| c0[i * n + j]);
+                for p in 0..k {
+                    s = a[i * k + p].mul_add(b[p * n + j], s);
+                }
+                c[i * n + j] = s;
+            }
+        }
+        c
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                (x % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn every_element_is_one_in_order_chain_of_fused_multiply_adds() {
+        // Edge tiles in both directions, k across several blocks, single and multi task.
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (3, 40, 300),
+            (20, 30, 300),
+            (7, 17, 3),
+            (13, 40, 300),
+            (64, 200, 600),
+            (5, 3, 0),
+        ] {
+            let a = values(m * k, 1);
+            let b = values(k * n, 2);
+            let want = reference(m, n, k, &a, &b, None);
+            let mut c = vec![f32::NAN; m * n];
+            gemm(
+                m,
+                n,
+                k,
+                &a,
+                k,
+                1,
+                &StridedB {
+                    data: &b,
+                    n,
+                    rs: n,
+                    cs: 1,
+                },
+                &mut c,
+                n,
+                false,
+            );
+            assert_eq!(bits(&c), bits(&want), "{m}x{n}x{k}");
+            // Accumulating into C, B transposed, A transposed.
+            let c0 = values(m * n, 3);
+            let want = reference(m, n, k, &a, &b, Some(&c0));
+            let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
+            let at: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
+            let mut c = c0.clone();
+            gemm(
+                m,
+                n,
+                k,
+                &at,
+                1,
+                m,
+                &StridedB {
+                    data: &bt,
+                    n,
+                    rs: 1,
+                    cs: k,
+                },
+                &mut c,
+                n,
+                true,
+            );
+            assert_eq!(
+                bits(&c),
+                bits(&want),
+                "{m}x{n}x{k} transposed, accumulating"
+            );
+        }
+    }
+
+    #[test]
+    fn the_vector_and_scalar_tiles_and_any_thread_count_give_the_same_bits() {
+        let (m, n, k) = (30, 100, 700);
+        let (a, b) = (values(m * k, 4), values(k * n, 5));
+        let run = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut c = vec![0f32; m * n];
+            pool.install(|| {
+                gemm(
+                    m,
+                    n,
+                    k,
+                    &a,
+                    k,
+                    1,
+                    &StridedB {
+                        data: &b,
+                        n,
+                        rs: n,
+                        cs: 1,
+                    },
+                    &mut c,
+                    n,
+                    false,
+                )
+            });
+            c
+        };
+        assert_eq!(bits(&run(1)), bits(&run(3)));
+        let mut scalar = values(MR * NR, 8);
+        let mut vector = scalar.clone();
+        let (ap, bp) = (values(MR * k, 6), values(NR * k, 7));
+        let a = StridedA {
+            data: ap.as_ptr(),
+            rs: 1,
+            cs: MR,
+        };
+        for rows in 1..=MR {
+            unsafe {
+                Kernel::Scalar.tile(rows, k, a, bp.as_ptr(), NR, scalar.as_mut_ptr(), NR, true);
+                Kernel::detect().tile(rows, k, a, bp.as_ptr(), NR, vector.as_mut_ptr(), NR, true);
+            }
+            assert_eq!(bits(&scalar), bits(&vector), "{rows} rows");
+        }
+    }
+
+    #[test]
+    fn nan_and_infinity_propagate_and_zero_columns_past_n_stay_out_of_c() {
+        let (m, n, k) = (2, 3, 2);
+        let a = [f32::INFINITY, 1.0, 0.0, 1.0];
+        let b = [0.0, 1.0, 2.0, f32::NAN, 1.0, 1.0];
+        let mut c = vec![7f32; m * n + 1];
+        gemm(
+            m,
+            n,
+            k,
+            &a,
+            k,
+            1,
+            &StridedB {
+                data: &b,
+                n,
+                rs: n,
+                cs: 1,
+            },
+            &mut c,
+            n,
+            false,
+        );
+        assert!(c[0].is_nan()); // inf·0
+        assert_eq!(c[1], f32::INFINITY);
+        assert!(c[3].is_nan()); // 0·0 + 1·NaN
+        assert_eq!(c[4..], [1.0, 1.0, 7.0]); // the value past C untouched
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+}
