@@ -84,6 +84,13 @@ def main():
     # Tanh through MLAS's tanh (ops/logistic.rs): bit for bit, over its clamp range [-9, 9]
     # and beyond, with NaN and infinities.
     case(out, "tanh_bitexact", "Tanh", [("X", None, wide)], domain="", exact=True)
+    # Erf through MLAS's erf (ops/logistic.rs): bit for bit around both branches, the split
+    # at 0.921875, where erf reaches 1 (3.7-3.95), NaN and infinities.
+    erf_x = np.concatenate([np.random.default_rng(8).uniform(-5.0, 5.0, 3790),
+                            np.linspace(3.7, 3.95, 300),
+                            [0.921875, -0.921875, np.nextafter(0.921875, 0), 3.725, -0.0,
+                             np.nan, np.inf, -np.inf]]).astype(np.float32)
+    case(out, "erf_bitexact", "Erf", [("X", None, erf_x)], domain="", exact=True)
     # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
     # FusedConv.
     conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]

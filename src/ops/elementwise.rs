@@ -51,7 +51,15 @@ pub fn register(r: &mut Registry) {
     r.add("Asinh", |c, i| unary(c, i, asinh, asinh));
     r.add("Acosh", |c, i| unary(c, i, acosh, acosh));
     r.add("Atanh", |c, i| unary(c, i, f64::atanh, f32::atanh));
-    r.add("Erf", |c, i| unary(c, i, libm::erf, libm::erff));
+    r.add("Erf", |c, i| {
+        mlas_unary(
+            c,
+            i,
+            super::logistic::erf_slice,
+            libm::erf,
+            super::logistic::erf,
+        )
+    });
     r.add("IsNaN", |_, i| predicate(i, |x| x.is_nan()));
     r.add("IsInf", is_inf);
     // Activations.
