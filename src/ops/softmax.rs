@@ -40,7 +40,7 @@ pub struct SoftmaxAttrs {
     pub axis: i64,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 enum Kind {
     Softmax,
     LogSoftmax,
@@ -50,6 +50,21 @@ enum Kind {
 /// Softmax of one contiguous row in place (the attention kernels' probabilities).
 pub(crate) fn softmax_row(v: &mut [f32]) {
     lane(v, 0, v.len(), 1, Kind::Softmax);
+}
+
+/// Lanes a task of a softmax along an inner axis walks at once.
+const COLUMNS: usize = 256;
+
+/// A block's values shared by tasks that each touch only their own columns.
+#[derive(Clone, Copy)]
+struct SharedRows(*mut f32);
+// SAFETY: handed only to tasks over disjoint columns (see `softmax_like`).
+unsafe impl Send for SharedRows {}
+unsafe impl Sync for SharedRows {}
+impl SharedRows {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
 }
 
 /// Normalizes one strided lane of `len` values.
@@ -113,7 +128,45 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
         )
     };
     let mut v = x.to_f32_vec().expect("float");
-    if len > 0 && outer * inner > 0 {
+    if len > 0 && outer * inner > 0 && inner >= COLUMNS && kind == Kind::Softmax {
+        // An axis before the last (YOLOv8's DFL: [1, 16, 4, 8400] along 16): the lanes run
+        // down the columns of each [len × inner] block, so walk its rows, COLUMNS lanes at a
+        // time (contiguous reads, tasks over columns as well as blocks). Each lane sees the
+        // same operations in the same order as `lane`, so the bits are the same.
+        let block = len * inner;
+        v.par_chunks_mut(block).for_each(|b| {
+            let cols: Vec<usize> = (0..inner).step_by(COLUMNS).collect();
+            let b = SharedRows(b.as_mut_ptr());
+            cols.par_iter().for_each(|&c0| {
+                let w = COLUMNS.min(inner - c0);
+                // SAFETY: each task reads and writes only its own columns c0..c0 + w of every
+                // row of this block, disjoint from the other tasks'.
+                let row = |k: usize| unsafe {
+                    std::slice::from_raw_parts_mut(b.get().add(k * inner + c0), w)
+                };
+                let mut max = [f32::NEG_INFINITY; COLUMNS];
+                for k in 0..len {
+                    for (m, &x) in max.iter_mut().zip(row(k).iter()) {
+                        *m = m.max(x);
+                    }
+                }
+                let mut sum = [0f64; COLUMNS];
+                for k in 0..len {
+                    for ((s, x), &m) in sum.iter_mut().zip(row(k).iter_mut()).zip(&max) {
+                        let e = (*x - m).exp();
+                        *x = e;
+                        *s += e as f64;
+                    }
+                }
+                let inv: Vec<f32> = sum.iter().map(|&s| (1.0 / s) as f32).collect();
+                for k in 0..len {
+                    for (x, &i) in row(k).iter_mut().zip(&inv) {
+                        *x *= i;
+                    }
+                }
+            });
+        });
+    } else if len > 0 && outer * inner > 0 {
         let block = len * inner;
         v.par_chunks_mut(block).for_each(|b| {
             for i in 0..inner {
@@ -148,6 +201,41 @@ mod tests {
         k(&OpCtx::new(&node, opset), &[Some(x)]).unwrap()[0]
             .to_f32_vec()
             .unwrap()
+    }
+
+    /// Along an inner axis (columns walked in blocks, in parallel) the bits are those of the
+    /// lane-by-lane loop, with a NaN, infinities and a partial last block of columns.
+    #[test]
+    fn softmax_along_an_inner_axis_is_the_lane_by_lane_result() {
+        let (outer, len, inner) = (2, 5, 3 * COLUMNS + 7);
+        let mut x: Vec<f32> = (0..outer * len * inner)
+            .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 40.0)
+            .collect();
+        x[3] = f32::NAN;
+        x[inner + 9] = f32::INFINITY;
+        x[2 * inner + 10] = f32::NEG_INFINITY;
+        let mut node = Node {
+            name: "n".into(),
+            op_type: "Softmax".into(),
+            outputs: vec!["y".into()],
+            ..Default::default()
+        };
+        node.attrs
+            .insert("axis".into(), crate::graph::Attribute::Int(1));
+        let k = Registry::global().get("", "Softmax").unwrap();
+        let t = Tensor::from_f32(vec![outer, len, inner], x.clone());
+        let got = k(&OpCtx::new(&node, 13), &[Some(&t)]).unwrap()[0]
+            .to_f32_vec()
+            .unwrap();
+        let mut want = x;
+        for b in want.chunks_mut(len * inner) {
+            for i in 0..inner {
+                lane(b, i, len, inner, Kind::Softmax);
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want));
+        assert!(got[3].is_nan() && got[inner + 9].is_nan());
     }
 
     #[test]
