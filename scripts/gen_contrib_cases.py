@@ -91,6 +91,10 @@ def main():
                             [0.921875, -0.921875, np.nextafter(0.921875, 0), 3.725, -0.0,
                              np.nan, np.inf, -np.inf]]).astype(np.float32)
     case(out, "erf_bitexact", "Erf", [("X", None, erf_x)], domain="", exact=True)
+    # Gelu/BiasGelu (erf) and FastGelu (tanh) through the same MLAS functions: bit for bit.
+    gelu_x = (erf_x * np.float32(1.41421356)).astype(np.float32)
+    case(out, "gelu_bitexact", "Gelu", [("X", None, gelu_x)], exact=True)
+    case(out, "fast_gelu_bitexact", "FastGelu", [("X", None, wide)], exact=True)
     # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
     # FusedConv.
     conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]

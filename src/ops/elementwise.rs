@@ -762,23 +762,28 @@ fn thresholded_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )
 }
 
+/// Gelu: float32 as ONNX Runtime's kernel computes it (`logistic::gelu_erf`/`gelu_tanh`, MLAS's
+/// erf and tanh), other types by the formula in f64.
 fn gelu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    use super::logistic::{gelu_erf, gelu_erf_slice, gelu_tanh, gelu_tanh_slice};
     match ctx.attrs::<ElementwiseAttrs>()?.gelu_tanh {
-        false => unary(
+        false => mlas_unary(
             ctx,
             inputs,
+            gelu_erf_slice,
             |x| 0.5 * x * (1.0 + libm::erf(x / std::f64::consts::SQRT_2)),
-            |x| 0.5 * x * (1.0 + libm::erff(x / std::f32::consts::SQRT_2)),
+            gelu_erf,
         ),
-        true => {
-            let c = (2.0 / std::f64::consts::PI).sqrt();
-            unary(
-                ctx,
-                inputs,
-                move |x| 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh()),
-                move |x| 0.5 * x * (1.0 + (c as f32 * (x + 0.044715 * x * x * x)).tanh()),
-            )
-        }
+        true => mlas_unary(
+            ctx,
+            inputs,
+            gelu_tanh_slice,
+            |x| {
+                let c = (2.0 / std::f64::consts::PI).sqrt();
+                0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh())
+            },
+            gelu_tanh,
+        ),
     }
 }
 

@@ -192,6 +192,22 @@ pub(crate) fn erf(x: f32) -> f32 {
     }
 }
 
+/// GELU with erf as ONNX Runtime's Gelu kernels (ai.onnx Gelu and com.microsoft
+/// Gelu/BiasGelu) compute it: `0.5·x·(erf(x·(1/√2)) + 1)`, erf as above.
+#[inline(always)]
+pub(crate) fn gelu_erf(x: f32) -> f32 {
+    0.5 * x * (erf(x * std::f32::consts::FRAC_1_SQRT_2) + 1.0)
+}
+
+/// GELU's tanh approximation as ONNX Runtime's Gelu(approximate="tanh") and FastGelu compute
+/// it: `0.5·x·(tanh(x·(C·x·x + B)) + 1)` with B = √(2/π), C = 0.044715·B, tanh as above.
+#[inline(always)]
+pub(crate) fn gelu_tanh(x: f32) -> f32 {
+    const B: f32 = 0.797_884_560_802_865_4_f64 as f32;
+    const C: f32 = 0.035_677_408_136_300_125_f64 as f32;
+    0.5 * x * (tanh(x * (C * x * x + B)) + 1.0)
+}
+
 #[inline(always)]
 fn map_into_generic<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [f32], f: &F) {
     for (d, &s) in dst.iter_mut().zip(src) {
@@ -249,8 +265,24 @@ pub(crate) fn erf_slice(src: &[f32], finish: &super::Finish) -> Vec<f32> {
     map_slice(src, finish, &erf)
 }
 
+/// GELU (erf) of every value (see [`map_slice`]).
+pub(crate) fn gelu_erf_slice(src: &[f32], finish: &super::Finish) -> Vec<f32> {
+    map_slice(src, finish, &gelu_erf)
+}
+
+/// GELU (tanh approximation) of every value (see [`map_slice`]).
+pub(crate) fn gelu_tanh_slice(src: &[f32], finish: &super::Finish) -> Vec<f32> {
+    map_slice(src, finish, &gelu_tanh)
+}
+
 /// The logistic of every value, in place.
 pub(crate) fn logistic_in_place(v: &mut [f32]) {
+    map_in_place(v, &logistic)
+}
+
+/// `f` of every value in place, in parallel chunks for big buffers (`f` one of this file's
+/// functions, inlined into the AVX2+FMA loop where the CPU has it).
+pub(crate) fn map_in_place<F: Fn(f32) -> f32 + Sync>(v: &mut [f32], f: &F) {
     let run = |chunk: &mut [f32]| {
         // The kernel reads a source and writes a destination; in place goes through a small
         // stack buffer so the vector loop still sees two slices.
@@ -258,7 +290,7 @@ pub(crate) fn logistic_in_place(v: &mut [f32]) {
         for part in chunk.chunks_mut(buf.len()) {
             let b = &mut buf[..part.len()];
             b.copy_from_slice(part);
-            map_into(b, part, &logistic);
+            map_into(b, part, f);
         }
     };
     if v.len() <= CHUNK {

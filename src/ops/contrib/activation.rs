@@ -10,7 +10,6 @@ use super::super::{OpCtx, OpError, OpResult, Registry};
 use super::{check_bias, MS_DOMAIN};
 use crate::tensor::Tensor;
 use rayon::prelude::*;
-use std::f32::consts::FRAC_1_SQRT_2;
 
 pub fn register(r: &mut Registry) {
     r.add_in(MS_DOMAIN, "Gelu", |_, i| {
@@ -32,25 +31,14 @@ pub fn register(r: &mut Registry) {
         .infer(same_as_input);
 }
 
-/// `0.5·x·(1 + erf(x/√2))` (ONNX Runtime's Gelu and BiasGelu).
-fn erf_gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
-}
-
-/// FastGelu's tanh approximation in ONNX Runtime's order of operations:
-/// `0.5·x·(1 + tanh(x·(0.0356774·x² + 0.7978846)))`.
-fn tanh_gelu(x: f32) -> f32 {
-    const B: f32 = 0.797_884_560_802_865_4_f64 as f32;
-    const C: f32 = 0.035_677_408_136_300_125_f64 as f32;
-    0.5 * x * (1.0 + (x * (C * x * x + B)).tanh())
-}
+use super::super::logistic::{gelu_erf as erf_gelu, gelu_tanh as tanh_gelu, map_in_place};
 
 /// Applies `f` to input 0 plus the optional 1-D `bias` (along the last axis), elementwise.
 fn with_bias(
     inputs: &[Option<&Tensor>],
     bias: Option<&Tensor>,
     bias_name: &str,
-    f: fn(f32) -> f32,
+    f: impl Fn(f32) -> f32 + Sync,
 ) -> OpResult {
     let x = input(inputs, 0)?;
     let mut v = float_values(x, "X")?;
@@ -59,12 +47,12 @@ fn with_bias(
         let bv = float_values(b, bias_name)?;
         if c > 0 {
             v.par_chunks_mut(c).for_each(|row| {
-                row.iter_mut().zip(&bv).for_each(|(x, b)| *x = f(*x + b));
+                row.iter_mut().zip(&bv).for_each(|(x, b)| *x += b);
             });
         }
-    } else {
-        v.par_iter_mut().for_each(|x| *x = f(*x));
     }
+    // Bias first, then the activation through the vector loop.
+    map_in_place(&mut v, &f);
     Ok(vec![in_dtype(
         Tensor::from_f32(x.shape().to_vec(), v),
         x.dtype(),
