@@ -428,6 +428,21 @@ mod tests {
         c
     }
 
+    /// `gemm` with A and B given by their (row, column) strides, C row-major m×n.
+    #[allow(clippy::too_many_arguments)]
+    fn product(
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        (a_rs, a_cs): (usize, usize),
+        b: &[f32],
+        (rs, cs): (usize, usize),
+        c: &mut [f32],
+        accumulate: bool,
+    ) {
+        let b = StridedB { data: b, n, rs, cs };
+        gemm(m, n, k, a, a_rs, a_cs, &b, c, n, accumulate);
+    }
+
     fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut x = seed.wrapping_mul(2654435761).wrapping_add(1);
         (0..len)
@@ -456,23 +471,7 @@ mod tests {
             let b = values(k * n, 2);
             let want = reference(m, n, k, &a, &b, None);
             let mut c = vec![f32::NAN; m * n];
-            gemm(
-                m,
-                n,
-                k,
-                &a,
-                k,
-                1,
-                &StridedB {
-                    data: &b,
-                    n,
-                    rs: n,
-                    cs: 1,
-                },
-                &mut c,
-                n,
-                false,
-            );
+            product((m, n, k), &a, (k, 1), &b, (n, 1), &mut c, false);
             assert_eq!(bits(&c), bits(&want), "{m}x{n}x{k}");
             // Accumulating into C, B transposed, A transposed.
             let c0 = values(m * n, 3);
@@ -480,23 +479,7 @@ mod tests {
             let bt: Vec<f32> = (0..n * k).map(|i| b[(i % k) * n + i / k]).collect();
             let at: Vec<f32> = (0..m * k).map(|i| a[(i % m) * k + i / m]).collect();
             let mut c = c0.clone();
-            gemm(
-                m,
-                n,
-                k,
-                &at,
-                1,
-                m,
-                &StridedB {
-                    data: &bt,
-                    n,
-                    rs: 1,
-                    cs: k,
-                },
-                &mut c,
-                n,
-                true,
-            );
+            product((m, n, k), &at, (1, m), &bt, (1, k), &mut c, true);
             assert_eq!(
                 bits(&c),
                 bits(&want),
@@ -515,25 +498,7 @@ mod tests {
                 .build()
                 .unwrap();
             let mut c = vec![0f32; m * n];
-            pool.install(|| {
-                gemm(
-                    m,
-                    n,
-                    k,
-                    &a,
-                    k,
-                    1,
-                    &StridedB {
-                        data: &b,
-                        n,
-                        rs: n,
-                        cs: 1,
-                    },
-                    &mut c,
-                    n,
-                    false,
-                )
-            });
+            pool.install(|| product((m, n, k), &a, (k, 1), &b, (n, 1), &mut c, false));
             c
         };
         assert_eq!(bits(&run(1)), bits(&run(3)));
@@ -560,23 +525,7 @@ mod tests {
         let a = [f32::INFINITY, 1.0, 0.0, 1.0];
         let b = [0.0, 1.0, 2.0, f32::NAN, 1.0, 1.0];
         let mut c = vec![7f32; m * n + 1];
-        gemm(
-            m,
-            n,
-            k,
-            &a,
-            k,
-            1,
-            &StridedB {
-                data: &b,
-                n,
-                rs: n,
-                cs: 1,
-            },
-            &mut c,
-            n,
-            false,
-        );
+        product((m, n, k), &a, (k, 1), &b, (n, 1), &mut c, false);
         assert!(c[0].is_nan()); // inf·0
         assert_eq!(c[1], f32::INFINITY);
         assert!(c[3].is_nan()); // 0·0 + 1·NaN
