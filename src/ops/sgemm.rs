@@ -152,7 +152,7 @@ pub fn gemm(
     };
     let mb = m_panels.div_ceil(m_split);
     let tasks = n_blocks * m_panels.div_ceil(mb);
-    let c_ptr = SendPtr(c.as_mut_ptr());
+    let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
     let kernel = Kernel::detect();
     // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS).
     let direct = match b.rows() {
@@ -236,17 +236,6 @@ struct StridedA {
     data: *const f32,
     rs: usize,
     cs: usize,
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only to hand each task its own disjoint tiles of C.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 /// The register-tile kernel this CPU runs (both give the same bits).

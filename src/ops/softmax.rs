@@ -55,18 +55,6 @@ pub(crate) fn softmax_row(v: &mut [f32]) {
 /// Lanes a task of a softmax along an inner axis walks at once.
 const COLUMNS: usize = 256;
 
-/// A block's values shared by tasks that each touch only their own columns.
-#[derive(Clone, Copy)]
-struct SharedRows(*mut f32);
-// SAFETY: handed only to tasks over disjoint columns (see `softmax_like`).
-unsafe impl Send for SharedRows {}
-unsafe impl Sync for SharedRows {}
-impl SharedRows {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
-}
-
 /// Normalizes one strided lane of `len` values.
 fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
     let at = |k: usize| base + k * stride;
@@ -136,7 +124,7 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
         let block = len * inner;
         v.par_chunks_mut(block).for_each(|b| {
             let cols: Vec<usize> = (0..inner).step_by(COLUMNS).collect();
-            let b = SharedRows(b.as_mut_ptr());
+            let b = super::util::DisjointPtr(b.as_mut_ptr());
             cols.par_iter().for_each(|&c0| {
                 let w = COLUMNS.min(inner - c0);
                 // SAFETY: each task reads and writes only its own columns c0..c0 + w of every

@@ -369,3 +369,17 @@ mod tests {
         assert!(norm_axes(&[1, -3], 4).is_err());
     }
 }
+
+/// A raw pointer into a buffer whose disjoint parts parallel tasks write (the tiles of a
+/// product, the column groups of a softmax): each user documents why its tasks never touch
+/// the same element.
+#[derive(Clone, Copy)]
+pub(crate) struct DisjointPtr(pub(crate) *mut f32);
+// SAFETY: shared only between tasks that access disjoint elements (see each use).
+unsafe impl Send for DisjointPtr {}
+unsafe impl Sync for DisjointPtr {}
+impl DisjointPtr {
+    pub(crate) fn get(self) -> *mut f32 {
+        self.0
+    }
+}
