@@ -1121,6 +1121,24 @@ mod tests {
         assert_eq!(y.shape(), &[1, 1, 1, 1]);
     }
 
+    /// What output (i, j) reads at kernel tap (kh, kw) of one [h, w] `plane` under
+    /// (strides, dilations, pads): the input value, or 0 in the padding.
+    fn tap(
+        plane: &[f32],
+        (h, w): (usize, usize),
+        (i, j): (usize, usize),
+        (kh, kw): (usize, usize),
+        (strides, dil, pads): (&[i64], &[i64], &[i64]),
+    ) -> f32 {
+        let ih = (i as i64 * strides[0] + kh as i64 * dil[0]) - pads[0];
+        let iw = (j as i64 * strides[1] + kw as i64 * dil[1]) - pads[1];
+        if (0..h as i64).contains(&ih) && (0..w as i64).contains(&iw) {
+            plane[ih as usize * w + iw as usize]
+        } else {
+            0.0
+        }
+    }
+
     /// The direct depthwise kernel against a naive f64 convolution, with strides, dilations,
     /// asymmetric padding and an infinite weight (0 · inf in the padding gives NaN).
     #[test]
@@ -1161,22 +1179,9 @@ mod tests {
                             let mut acc = 0f64;
                             for kh in 0..3 {
                                 for kw in 0..3 {
-                                    let ih = (i * strides[0] as usize + kh * dil[0] as usize)
-                                        as isize
-                                        - pads[0] as isize;
-                                    let iw = (j * strides[1] as usize + kw * dil[1] as usize)
-                                        as isize
-                                        - pads[1] as isize;
-                                    let xv = if ih >= 0
-                                        && iw >= 0
-                                        && (ih as usize) < h
-                                        && (iw as usize) < wd
-                                    {
-                                        x[((b * c + ch) * h + ih as usize) * wd + iw as usize]
-                                            as f64
-                                    } else {
-                                        0.0
-                                    };
+                                    let plane = &x[(b * c + ch) * h * wd..][..h * wd];
+                                    let geometry = (&strides[..], &dil[..], &pads[..]);
+                                    let xv = tap(plane, (h, wd), (i, j), (kh, kw), geometry) as f64;
                                     acc += xv * wv[ch * 9 + kh * 3 + kw] as f64;
                                 }
                             }
@@ -1296,22 +1301,9 @@ mod tests {
                             for ci in 0..cg {
                                 for kh in 0..kernel[0] {
                                     for kw in 0..kernel[1] {
-                                        let ih = (i * strides[0] as usize + kh * dil[0] as usize)
-                                            as isize
-                                            - pads[0] as isize;
-                                        let iw = (j * strides[1] as usize + kw * dil[1] as usize)
-                                            as isize
-                                            - pads[1] as isize;
-                                        let inside = ih >= 0
-                                            && iw >= 0
-                                            && (ih as usize) < h
-                                            && (iw as usize) < wd;
-                                        let xv = if inside {
-                                            x[((b * c + g * cg + ci) * h + ih as usize) * wd
-                                                + iw as usize]
-                                        } else {
-                                            0.0
-                                        };
+                                        let plane = &x[(b * c + g * cg + ci) * h * wd..][..h * wd];
+                                        let geometry = (&strides[..], &dil[..], &pads[..]);
+                                        let xv = tap(plane, (h, wd), (i, j), (kh, kw), geometry);
                                         let wt = wv[(o * cg + ci) * ksz + kh * kernel[1] + kw];
                                         acc = xv.mul_add(wt, acc);
                                     }
