@@ -309,20 +309,20 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                 }
             })
             .collect();
+        // With a column stride s, each input row is split into its s phases (columns j·s + r
+        // for r < s, `per` values each), so every tap reads a contiguous run and the loops
+        // below vectorize; with stride 1 the row is its only phase.
+        let per = iw.div_ceil(sw);
+        let row_len = per * sw;
         out.par_chunks_mut(o_sz.max(1)).enumerate().for_each_init(
             Vec::new,
             |phases, (p, plane)| {
                 let img = &xv[p * in_sz..(p + 1) * in_sz];
-                // With a column stride s, each input row is split into its s phases (columns
-                // j·s + r for r < s), so every tap reads a contiguous run and the loops below
-                // vectorize; with stride 1 the row is its only phase.
-                let row_len = iw.div_ceil(sw) * sw;
                 let img: &[f32] = if sw == 1 {
                     img
                 } else {
                     phases.clear();
                     phases.resize(in_sp[0] * row_len, 0.0);
-                    let per = row_len / sw;
                     for (src, dst) in img.chunks_exact(iw).zip(phases.chunks_exact_mut(row_len)) {
                         for (r, dst) in dst.chunks_exact_mut(per).enumerate() {
                             for (d, &v) in dst.iter_mut().zip(src[r..].iter().step_by(sw)) {
@@ -332,8 +332,6 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     }
                     phases
                 };
-                let row_w = if sw == 1 { iw } else { row_len };
-                let per = row_w / sw;
                 for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
                     // Accumulate a whole output row at once: independent accumulators per
                     // column instead of one dependent chain per output.
@@ -345,7 +343,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     });
                     for a in a_lo..a_hi {
                         let iy = y * sh + a * dh - ph;
-                        let row = &img[iy * row_w..(iy + 1) * row_w];
+                        let row = &img[iy * row_len..(iy + 1) * row_len];
                         for (b, &(lo, hi)) in col_range.iter().enumerate() {
                             if lo == hi {
                                 continue;
