@@ -185,7 +185,7 @@ mod tests {
             // Converted when the plan was prepared, not quantized on every run.
             assert!(matches!(
                 plan.layers[1].inputs[1],
-                crate::exec::emulate::InputPrep::Converted(_)
+                crate::exec::emulate::InputPrep::Converted(..)
             ));
             assert_eq!(plan.layer_precision(0), None);
         }
@@ -244,7 +244,7 @@ mod tests {
             assert_eq!(a, b, "{p}");
             assert!(matches!(
                 plan.layers[1].inputs[1],
-                crate::exec::emulate::InputPrep::Converted(_)
+                crate::exec::emulate::InputPrep::Converted(..)
             ));
         }
         let plan = PrecisionPlan::uniform(&through, Precision::Int8);

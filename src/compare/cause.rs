@@ -343,7 +343,7 @@ pub fn measure(
             continue;
         };
         match layer.inputs.get(k) {
-            Some(InputPrep::Round(_) | InputPrep::Converted(_)) if !p.is_scaled() => {
+            Some(InputPrep::Round(_) | InputPrep::Converted(..)) if !p.is_scaled() => {
                 let Some(v) = floats(value) else { continue };
                 let max = p.max_finite();
                 for x in v.into_iter().filter(|x| x.is_finite()) {
@@ -441,7 +441,7 @@ fn rerun(
             .or_else(|| graph.weight(name))?;
         let prep = layer.inputs.get(k).unwrap_or(&InputPrep::Keep);
         let arg = match prep {
-            InputPrep::Converted(c) if c.dtype() == base.dtype() => (**c).clone(),
+            InputPrep::Converted(c, _) if c.dtype() == base.dtype() => (**c).clone(),
             _ => prepare_input(prep, base).unwrap_or_else(|| base.clone()),
         };
         args.push(Some(arg));
@@ -456,6 +456,7 @@ fn rerun(
         // The caller rounds (or not) as the fusion says.
         round_to: None,
         rounded: Default::default(),
+        prepacked: &[],
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

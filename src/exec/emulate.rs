@@ -38,8 +38,19 @@ pub(crate) enum InputPrep {
     /// A weight converted in advance (shared: plans composed from other plans reuse it).
     /// An f32 weight rounded to float16/bfloat16 is kept in that 16-bit type (half the
     /// memory) and widened back to f32, exactly, only for the kernel call
-    /// ([`prepare_input`]).
-    Converted(std::sync::Arc<Tensor>),
+    /// ([`prepare_input`]). With it, what kernels derive from it once (their packed weights;
+    /// shared as the weight is).
+    Converted(
+        std::sync::Arc<Tensor>,
+        std::sync::Arc<crate::ops::prepacked::Prepacked>,
+    ),
+}
+
+impl InputPrep {
+    /// A weight converted in advance.
+    pub(crate) fn converted(t: Tensor) -> InputPrep {
+        InputPrep::Converted(std::sync::Arc::new(t), Default::default())
+    }
 }
 
 /// One layer's treatment.
@@ -214,7 +225,7 @@ impl PreparedPlan {
                             fake_quant_channels(v, w.shape(), axis, &scales, p);
                         })
                         .expect("float weight");
-                        InputPrep::Converted(std::sync::Arc::new(q))
+                        InputPrep::converted(q)
                     } else if init.is_some() {
                         InputPrep::Keep
                     } else {
@@ -232,9 +243,7 @@ impl PreparedPlan {
                     }
                 } else if let Some(w) = init {
                     match through_f32(w, |v| round_slice(p, v)) {
-                        Some(r) if !already_in(w.dtype(), p) => {
-                            InputPrep::Converted(std::sync::Arc::new(narrow(r, p)))
-                        }
+                        Some(r) if !already_in(w.dtype(), p) => InputPrep::converted(narrow(r, p)),
                         _ => InputPrep::Keep,
                     }
                 } else {
@@ -255,7 +264,7 @@ impl PreparedPlan {
                 let operand = |i: usize| -> (Option<f32>, Option<&Tensor>) {
                     match outside.get(i) {
                         Some(InputPrep::Quantize { scale, .. }) => (Some(*scale), None),
-                        Some(InputPrep::Converted(_)) => {
+                        Some(InputPrep::Converted(..)) => {
                             (None, node.inputs.get(i).and_then(|n| scope.resolve(n).0))
                         }
                         _ => (None, None),
@@ -656,10 +665,10 @@ impl<'s> Scope<'s> {
 /// narrower than the original: then the widened copy, dropped after the kernel call).
 pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
     match prep {
-        InputPrep::Converted(c) if c.dtype() != t.dtype() => {
+        InputPrep::Converted(c, _) if c.dtype() != t.dtype() => {
             Some(crate::ops::cast::cast_tensor(c, t.dtype()))
         }
-        InputPrep::Keep | InputPrep::Converted(_) => None,
+        InputPrep::Keep | InputPrep::Converted(..) => None,
         InputPrep::Round(p) if already_in(t.dtype(), *p) => None,
         InputPrep::Round(p) => through_f32(t, |v| round_slice(*p, v)),
         InputPrep::Quantize { scale, precision } => {
@@ -943,6 +952,66 @@ mod tests {
         }
     }
 
+    /// A convolution keeps its packed weights with the weight they were packed from: the
+    /// graph's initializer for float32 runs, the plan's converted copy for float16. One
+    /// interpreter alternating the two plans gives what fresh interpreters give, and the
+    /// float16 result differs from the float32 one (so a pack reused across them would show).
+    #[test]
+    fn packed_weights_are_kept_with_the_weight_they_were_packed_from() {
+        use crate::graph::Attribute;
+        let (c, m, hw) = (3usize, 16usize, 9usize);
+        let mut conv = node("conv", "Conv", &["x", "w", "b"], &["y"]);
+        conv.attrs
+            .insert("pads".into(), Attribute::Ints(vec![1, 1, 1, 1]));
+        let g = graph(
+            vec![conv],
+            vec![vi("x", &[1, c, hw, hw])],
+            vi("y", &[1, m, hw, hw]),
+            vec![
+                (
+                    "w",
+                    Tensor::from_f32(vec![m, c, 3, 3], values(m * c * 9, 3)),
+                ),
+                ("b", Tensor::from_f32(vec![m], values(m, 4))),
+            ],
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![1, c, hw, hw], values(c * hw * hw, 5)),
+        );
+        let fp16 = PreparedPlan::new(
+            &g,
+            &PrecisionPlan::uniform(&g, Precision::Float16),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        let bits = |r: crate::exec::RunResult| -> Vec<u32> {
+            let y = r.outputs[0].1.as_f32().unwrap();
+            y.iter().map(|v| v.to_bits()).collect()
+        };
+        let opts = RunOptions::default();
+        let interp = Interpreter::new(&g).unwrap();
+        let f32_first = bits(interp.run(&feeds).unwrap());
+        let f16_first = bits(interp.run_plan(&feeds, &opts, &fp16).unwrap());
+        assert_eq!(bits(interp.run(&feeds).unwrap()), f32_first);
+        assert_eq!(
+            bits(interp.run_plan(&feeds, &opts, &fp16).unwrap()),
+            f16_first
+        );
+        let fresh = Interpreter::new(&g).unwrap();
+        assert_eq!(
+            bits(fresh.run_plan(&feeds, &opts, &fp16).unwrap()),
+            f16_first
+        );
+        assert_ne!(f32_first, f16_first);
+        assert_eq!(interp.steps[0].prepacked[1].len(), 1);
+        let InputPrep::Converted(_, kept) = &fp16.layers[0].inputs[1] else {
+            panic!("the float16 plan converts the weight in advance")
+        };
+        assert_eq!(kept.len(), 1);
+    }
+
     fn ones_matmul(k: usize) -> Graph {
         graph(
             vec![node("mm", "MatMul", &["x", "w"], &["y"])],
@@ -978,7 +1047,7 @@ mod tests {
                 &PlanOptions::default(),
             )
             .unwrap();
-            let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
+            let InputPrep::Converted(c, _) = &plan.layers[0].inputs[1] else {
                 panic!("the weight is converted in advance")
             };
             assert_eq!(c.dtype(), dt);
@@ -1010,7 +1079,7 @@ mod tests {
                 &PlanOptions::default(),
             )
             .unwrap();
-            let InputPrep::Converted(c) = &plan.layers[0].inputs[1] else {
+            let InputPrep::Converted(c, _) = &plan.layers[0].inputs[1] else {
                 panic!("converted")
             };
             assert_eq!(c.dtype(), DType::F32);

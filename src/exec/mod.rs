@@ -106,6 +106,9 @@ struct Step<'g> {
     /// Slots whose last reader is this step.
     frees: Vec<usize>,
     subs: Vec<Sub<'g>>,
+    /// Per explicit input: what the kernel derived from it, where it is a graph initializer
+    /// passed as it is ([`crate::ops::prepacked`]).
+    prepacked: Vec<crate::ops::prepacked::Prepacked>,
 }
 
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
@@ -254,6 +257,7 @@ impl<'g> Interpreter<'g> {
                 outputs,
                 frees: Vec::new(),
                 subs,
+                prepacked: node.inputs.iter().map(|_| Default::default()).collect(),
             });
         }
         let output_slots: Vec<(String, Option<usize>)> = graph
@@ -648,7 +652,9 @@ impl<'g> Interpreter<'g> {
                         if let Some(Some(o)) = owned.get(i) {
                             return Some(o);
                         }
-                        if let Some(InputPrep::Converted(c)) = layer.and_then(|l| l.inputs.get(i)) {
+                        if let Some(InputPrep::Converted(c, _)) =
+                            layer.and_then(|l| l.inputs.get(i))
+                        {
                             return Some(&**c);
                         }
                         *t
@@ -710,6 +716,19 @@ impl<'g> Interpreter<'g> {
                     node: &node.name,
                     observer: nested_observer.as_ref(),
                 };
+                // Where the kernel may keep what it derives from an input (packed weights):
+                // with the plan's converted weight, or with the step for a graph initializer
+                // passed as it is.
+                let prepacked: Vec<Option<&crate::ops::prepacked::Prepacked>> = (0..step.explicit)
+                    .map(|i| match layer.and_then(|l| l.inputs.get(i)) {
+                        Some(InputPrep::Converted(_, kept)) => Some(&**kept),
+                        None | Some(InputPrep::Keep) => match step.inputs[i] {
+                            Source::Initializer(_) => step.prepacked.get(i),
+                            _ => None,
+                        },
+                        _ => None,
+                    })
+                    .collect();
                 let ctx = OpCtx {
                     node,
                     opset: step.opset,
@@ -727,6 +746,7 @@ impl<'g> Interpreter<'g> {
                             _ => None,
                         }),
                     rounded: Default::default(),
+                    prepacked: &prepacked,
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let outs = match layer.and_then(|l| l.integer.as_deref()) {
@@ -891,7 +911,7 @@ impl<'g> Interpreter<'g> {
                         Some(InputPrep::Quantize { scale, precision }) => {
                             mix(mix(3, scale.to_bits() as u64), *precision as u64)
                         }
-                        Some(InputPrep::Converted(_)) => mix(4, precision.map_or(0, |p| p as u64)),
+                        Some(InputPrep::Converted(..)) => mix(4, precision.map_or(0, |p| p as u64)),
                     },
                 );
                 h = mix(

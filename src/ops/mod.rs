@@ -22,6 +22,7 @@ pub mod matmul;
 pub mod movement;
 pub mod norm;
 pub mod pool;
+pub mod prepacked;
 pub mod qlinear;
 pub mod quantize;
 pub mod recurrent;
@@ -69,6 +70,10 @@ pub struct OpCtx<'a> {
     pub round_to: Option<crate::numeric::Rounding>,
     /// Set by [`OpCtx::outputs_rounded`].
     pub rounded: std::sync::atomic::AtomicBool,
+    /// Per input of the node: where the kernel may keep forms derived from it, for an input
+    /// whose values are the same on every run ([`prepacked`]); shorter than the inputs, or
+    /// None, where there is no such place.
+    pub prepacked: &'a [Option<&'a prepacked::Prepacked>],
 }
 
 impl<'a> OpCtx<'a> {
@@ -82,7 +87,13 @@ impl<'a> OpCtx<'a> {
             state: crate::numeric::StateType::F32,
             round_to: None,
             rounded: std::sync::atomic::AtomicBool::new(false),
+            prepacked: &[],
         }
+    }
+
+    /// Where forms derived from input `i` may be kept, if its values are constant.
+    pub fn prepacked(&self, i: usize) -> Option<&'a prepacked::Prepacked> {
+        self.prepacked.get(i).copied().flatten()
     }
 
     /// What rounds a finished piece of a float32 output to the layer's precision (nothing

@@ -230,12 +230,156 @@ pub fn gemm(
     }
 }
 
-/// Where a tile reads A: element (r, p) of the tile at `data[r·rs + p·cs]`.
+/// B packed whole into NR-column panels of all k rows (panel jp's row p at
+/// `data[(jp·k + p)·NR..]`, zeros in the columns past n): packed once and read by every tile
+/// of a product with many rows of A (a convolution's weights, [`gemm_gathered`]).
+pub struct PackedB {
+    data: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedB {
+    /// Packs the k×n matrix `b`.
+    pub fn new(k: usize, n: usize, b: &dyn PackB) -> PackedB {
+        let mut data = vec![0f32; n.div_ceil(NR) * k * NR];
+        if k > 0 {
+            let pack = |(jp, dst): (usize, &mut [f32])| b.pack(jp * NR, 0, k, dst);
+            if data.len() >= 1 << 16 {
+                data.par_chunks_mut(k * NR).enumerate().for_each(pack);
+            } else {
+                data.chunks_mut(k * NR).enumerate().for_each(pack);
+            }
+        }
+        PackedB { data, k, n }
+    }
+}
+
+/// Tiles of A rows one task of [`gemm_gathered`] takes at most (its C block and the image
+/// rows its tiles read stay in L2).
+const GATHERED_TILES_PER_TASK: usize = 64;
+
+/// `C[m×n] = A·B`, C row-major with row stride `ldc`, where row i of A is gathered from
+/// `image`: element (i, p) at `image[rows[i] + offsets[p]]` (m = `rows.len()`,
+/// k = `offsets.len()`). A convolution's im2col matrix, transposed, is such an A, read where
+/// the padded image lies: no copy of it is made. Every element is the same in-order chain as
+/// in [`gemm`].
+pub fn gemm_gathered(
+    image: &[f32],
+    rows: &[usize],
+    offsets: &[usize],
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let (m, k, n) = (rows.len(), offsets.len(), b.n);
+    assert_eq!(b.k, k, "B has {} rows, A {k} columns", b.k);
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(c.len() >= (m - 1) * ldc + n && ldc >= n);
+    if k == 0 {
+        c.chunks_mut(ldc).take(m).for_each(|r| r[..n].fill(0.0));
+        return;
+    }
+    let reach = rows.iter().max().unwrap_or(&0) + offsets.iter().max().unwrap_or(&0);
+    assert!(reach < image.len(), "a gathered row reads past the image");
+    let (m_tiles, n_panels) = (m.div_ceil(MR), n.div_ceil(NR));
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
+    // Tasks: blocks of row tiles, split over B's panels too when there are too few for the
+    // threads (a few output pixels of many channels).
+    let target = if parallel { 4 * threads } else { 1 };
+    let row_blocks = m_tiles
+        .min(target)
+        .max(m_tiles.div_ceil(GATHERED_TILES_PER_TASK));
+    let tb = m_tiles.div_ceil(row_blocks);
+    let row_blocks = m_tiles.div_ceil(tb);
+    let cb = n_panels.div_ceil((target / row_blocks).clamp(1, n_panels));
+    let col_blocks = n_panels.div_ceil(cb);
+    let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
+    let kernel = Kernel::detect();
+    let run = |t: usize| {
+        let (tr, tc) = (t % row_blocks, t / row_blocks);
+        let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
+        let (jp0, jp1) = (tc * cb, ((tc + 1) * cb).min(n_panels));
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            for jp in jp0..jp1 {
+                let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
+                let bp = b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
+                for it in it0..it1 {
+                    let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
+                    let mut origins = [image.as_ptr(); MR];
+                    for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
+                        *o = image[row..].as_ptr();
+                    }
+                    let a = GatheredA {
+                        rows: origins,
+                        offsets: offsets[p0..].as_ptr(),
+                    };
+                    // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
+                    // `bp` holds kc rows of NR values of a panel; tasks write disjoint tiles
+                    // of C (rows i0.., columns j0..), inside C's bounds asserted above.
+                    unsafe {
+                        kernel.run(
+                            kc,
+                            a,
+                            bp,
+                            NR,
+                            c_ptr.get().add(i0 * ldc + j0),
+                            ldc,
+                            tile_rows,
+                            cols,
+                            p0 > 0,
+                        );
+                    }
+                }
+            }
+        }
+    };
+    let tasks = row_blocks * col_blocks;
+    if parallel {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
+}
+
+/// Where a tile reads its A values: element (r, p) of the tile (row r < MR, step p < kc).
+trait TileA: Copy {
+    /// # Safety
+    /// (r, p) lies inside the tile the value was made for.
+    unsafe fn at(self, r: usize, p: usize) -> *const f32;
+}
+
+/// A strided matrix: element (r, p) of the tile at `data[r·rs + p·cs]`.
 #[derive(Clone, Copy)]
 struct StridedA {
     data: *const f32,
     rs: usize,
     cs: usize,
+}
+
+impl TileA for StridedA {
+    #[inline(always)]
+    unsafe fn at(self, r: usize, p: usize) -> *const f32 {
+        self.data.add(r * self.rs + p * self.cs)
+    }
+}
+
+/// Rows gathered from an image: element (r, p) at `rows[r] + offsets[p]`.
+#[derive(Clone, Copy)]
+struct GatheredA {
+    rows: [*const f32; MR],
+    offsets: *const usize,
+}
+
+impl TileA for GatheredA {
+    #[inline(always)]
+    unsafe fn at(self, r: usize, p: usize) -> *const f32 {
+        self.rows[r].add(*self.offsets.add(p))
+    }
 }
 
 /// The register-tile kernel this CPU runs (both give the same bits).
@@ -262,10 +406,10 @@ impl Kernel {
     /// `c` must be valid for `rows` rows of `cols` values at row stride `ldc`; `a` for `rows`
     /// rows of `kc` values, `b` for `kc` rows of NR values at stride `b_stride`.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn run(
+    unsafe fn run<A: TileA>(
         self,
         kc: usize,
-        a: StridedA,
+        a: A,
         b: *const f32,
         b_stride: usize,
         c: *mut f32,
@@ -293,11 +437,11 @@ impl Kernel {
 
     /// `rows` full-width rows at `c` (row stride `ldc`), starting from their values or zero.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn tile(
+    unsafe fn tile<A: TileA>(
         self,
         rows: usize,
         kc: usize,
-        a: StridedA,
+        a: A,
         b: *const f32,
         b_stride: usize,
         c: *mut f32,
@@ -308,12 +452,12 @@ impl Kernel {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2Fma => {
                 let f = match rows {
-                    1 => tile_avx2_fma::<1>,
-                    2 => tile_avx2_fma::<2>,
-                    3 => tile_avx2_fma::<3>,
-                    4 => tile_avx2_fma::<4>,
-                    5 => tile_avx2_fma::<5>,
-                    _ => tile_avx2_fma::<6>,
+                    1 => tile_avx2_fma::<1, A>,
+                    2 => tile_avx2_fma::<2, A>,
+                    3 => tile_avx2_fma::<3, A>,
+                    4 => tile_avx2_fma::<4, A>,
+                    5 => tile_avx2_fma::<5, A>,
+                    _ => tile_avx2_fma::<6, A>,
                 };
                 f(kc, a, b, b_stride, c, ldc, load)
             }
@@ -327,10 +471,10 @@ impl Kernel {
 /// # Safety
 /// As [`Kernel::tile`].
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_scalar(
+unsafe fn tile_scalar<A: TileA>(
     rows: usize,
     kc: usize,
-    a: StridedA,
+    a: A,
     b: *const f32,
     b_stride: usize,
     c: *mut f32,
@@ -343,7 +487,7 @@ unsafe fn tile_scalar(
             std::ptr::copy_nonoverlapping(c.add(r * ldc), acc.as_mut_ptr(), NR);
         }
         for p in 0..kc {
-            let av = *a.data.add(r * a.rs + p * a.cs);
+            let av = *a.at(r, p);
             for (j, t) in acc.iter_mut().enumerate() {
                 *t = av.mul_add(*b.add(p * b_stride + j), *t);
             }
@@ -359,9 +503,9 @@ unsafe fn tile_scalar(
 /// As [`Kernel::tile`]; the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_fma<const R: usize>(
+unsafe fn tile_avx2_fma<const R: usize, A: TileA>(
     kc: usize,
-    a: StridedA,
+    a: A,
     b: *const f32,
     b_stride: usize,
     c: *mut f32,
@@ -380,7 +524,7 @@ unsafe fn tile_avx2_fma<const R: usize>(
         let b0 = _mm256_loadu_ps(b.add(p * b_stride));
         let b1 = _mm256_loadu_ps(b.add(p * b_stride + 8));
         for (r, row) in acc.iter_mut().enumerate() {
-            let av = _mm256_broadcast_ss(&*a.data.add(r * a.rs + p * a.cs));
+            let av = _mm256_broadcast_ss(&*a.at(r, p));
             row[0] = _mm256_fmadd_ps(av, b0, row[0]);
             row[1] = _mm256_fmadd_ps(av, b1, row[1]);
         }
@@ -519,6 +663,44 @@ mod tests {
         assert_eq!(c[1], f32::INFINITY);
         assert!(c[3].is_nan()); // 0·0 + 1·NaN
         assert_eq!(c[4..], [1.0, 1.0, 7.0]); // the value past C untouched
+    }
+
+    #[test]
+    fn gathered_rows_give_the_chain_of_the_matrix_they_form() {
+        // Overlapping rows out of order, edge tiles both ways, k over two blocks, 1 and 3
+        // threads; C's row stride wider than n (the gap untouched).
+        for &(m, n, k) in &[(1, 1, 1), (7, 17, 3), (13, 40, 300), (50, 37, 520)] {
+            let image = values(3 * m + 2 * k + 5, 9);
+            let rows: Vec<usize> = (0..m).map(|i| i * 3 % (m + 1)).collect();
+            let offsets: Vec<usize> = (0..k).map(|p| 2 * p + p % 3).collect();
+            let a: Vec<f32> = (0..m * k)
+                .map(|x| image[rows[x / k] + offsets[x % k]])
+                .collect();
+            let b = values(k * n, 2);
+            let want = reference(m, n, k, &a, &b, None);
+            let packed = PackedB::new(
+                k,
+                n,
+                &StridedB {
+                    data: &b,
+                    n,
+                    rs: n,
+                    cs: 1,
+                },
+            );
+            let ldc = n + 1;
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut c = vec![7f32; m * ldc];
+                pool.install(|| gemm_gathered(&image, &rows, &offsets, &packed, &mut c, ldc));
+                let got: Vec<f32> = c.chunks(ldc).flat_map(|r| r[..n].to_vec()).collect();
+                assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}, {threads} threads");
+                assert!(c.chunks(ldc).all(|r| r[n] == 7.0));
+            }
+        }
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {

@@ -143,7 +143,15 @@ fn fused_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let act = FusedActivation::parse(ctx.node).map_err(|e| OpError(e.to_string()))?;
     let x = input(inputs, 0)?;
-    let y = conv(ctx, attrs, x, input(inputs, 1)?, opt_input(inputs, 2), None)?;
+    let y = conv(
+        ctx,
+        attrs,
+        x,
+        input(inputs, 1)?,
+        opt_input(inputs, 2),
+        None,
+        ctx.prepacked(1),
+    )?;
     let mut v = float_values(&y, "Y")?;
     if let Some(z) = opt_input(inputs, 3) {
         if z.shape() != y.shape() {

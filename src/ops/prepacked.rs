@@ -1,0 +1,82 @@
+//! Forms of a constant input that a kernel derives once and keeps: a convolution's weights
+//! packed into the panels its product reads (ONNX Runtime's PrePack). The interpreter hands a
+//! kernel one [`Prepacked`] per input whose values are the same on every run (a graph
+//! initializer, or a weight a precision plan converted in advance), and none for any other
+//! input, so a kept form can never outlive or mismatch the values it was derived from.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Derived forms of one constant input, by the tag of the kernel's layout.
+#[derive(Default)]
+pub struct Prepacked(Mutex<HashMap<u64, Arc<dyn Any + Send + Sync>>>);
+
+impl Prepacked {
+    /// The form kept under `tag`, made by `make` the first time. A `make` that fails keeps
+    /// nothing; a form of another type under the same tag is made afresh and not kept.
+    pub fn get_or_try_insert<T, E>(
+        &self,
+        tag: u64,
+        make: impl FnOnce() -> Result<T, E>,
+    ) -> Result<Arc<T>, E>
+    where
+        T: Any + Send + Sync,
+    {
+        // One kernel makes the form while any other waits for it (a poisoned lock only means
+        // a panic elsewhere: the map itself is never left half-written).
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(form) = kept.get(&tag) {
+            if let Ok(form) = Arc::clone(form).downcast::<T>() {
+                return Ok(form);
+            }
+            return make().map(Arc::new);
+        }
+        let form = Arc::new(make()?);
+        kept.insert(tag, form.clone());
+        Ok(form)
+    }
+
+    /// How many forms are kept.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl std::fmt::Debug for Prepacked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Prepacked({} forms)", self.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_form_is_made_once_per_tag_and_a_failure_keeps_nothing() {
+        let kept = Prepacked::default();
+        let mut made = 0;
+        for _ in 0..3 {
+            let v = kept
+                .get_or_try_insert::<_, ()>(1, || {
+                    made += 1;
+                    Ok(vec![1.0f32, 2.0])
+                })
+                .unwrap();
+            assert_eq!(*v, [1.0, 2.0]);
+        }
+        assert_eq!(made, 1);
+        assert!(kept
+            .get_or_try_insert::<Vec<f32>, _>(2, || Err("bad"))
+            .is_err());
+        assert_eq!(kept.len(), 1);
+        // Another type under a kept tag: made, not kept, the kept form untouched.
+        assert_eq!(*kept.get_or_try_insert::<_, ()>(1, || Ok(7u8)).unwrap(), 7);
+        assert_eq!(kept.len(), 1);
+    }
+}
