@@ -95,6 +95,14 @@ def main():
     gelu_x = (erf_x * np.float32(1.41421356)).astype(np.float32)
     case(out, "gelu_bitexact", "Gelu", [("X", None, gelu_x)], exact=True)
     case(out, "fast_gelu_bitexact", "FastGelu", [("X", None, wide)], exact=True)
+    # Softmax along the last axis: MLAS's exponentials (each one ORT's bits); the sum they are
+    # divided by is f64 in a fixed order in mixprec, f32 in the CPU's vector-lane order in ORT,
+    # so a row's probabilities may differ from ORT's by the last bit of the normalizer.
+    rows = np.random.default_rng(9).uniform(-30.0, 30.0, (64, 128)).astype(np.float32)
+    rows[5, 7] = -np.inf
+    case(out, "softmax_rows", "Softmax", [("X", None, rows)], domain="")
+    long_rows = np.random.default_rng(10).normal(0.0, 4.0, (7, 1000)).astype(np.float32)
+    case(out, "softmax_long_rows", "Softmax", [("X", None, long_rows)], domain="")
     # BiasAdd has no CPU kernel in ONNX Runtime (CUDA only): its unit test checks the formula.
     # FusedConv.
     conv = [("X", [1, 4, 7, 6]), ("W", [6, 4, 3, 3]), ("B", [6])]

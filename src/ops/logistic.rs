@@ -149,6 +149,39 @@ const EXP_POLY: [f32; 7] = [
 /// 1.5·2^23: adding and subtracting it rounds an f32 to an integer (ties to even).
 const EXP_ROUND: f32 = 12_582_912.0;
 
+/// MLAS's softmax exponential polynomial (`MlasExpConstants.poly_0..poly_4`, hex floats there).
+const SOFTMAX_EXP_POLY: [f32; 5] = [
+    f32::from_bits(0x3ab4_a000), // 0x1.694000p-10
+    f32::from_bits(0x3c09_2f6e), // 0x1.125edcp-7
+    f32::from_bits(0x3d2a_adad), // 0x1.555b5ap-5
+    f32::from_bits(0x3e2a_aa28), // 0x1.555450p-3
+    f32::from_bits(0x3eff_fffb), // 0x1.fffff6p-2
+];
+
+/// `exp(x − max)` as MLAS's softmax computes it (`MlasComputeSumExpVector`, given
+/// `neg_max` = −max): `x + neg_max` clamped below at −88.376 (a NaN passes, as through
+/// MAXPS), reduced by m·ln 2 in two fma steps (the range reduction erf uses), a degree-6
+/// polynomial in fmas, scaled by 2^m built from the exponent bits. Branch-free, so row loops
+/// vectorize; every step one IEEE f32 operation, so every machine gives the same bits.
+#[inline(always)]
+pub(crate) fn softmax_exp(x: f32, neg_max: f32) -> f32 {
+    let v = x + neg_max;
+    let v = if EXP_LOWER > v { EXP_LOWER } else { v };
+    let biased = v.mul_add(EXP_LOG2_RECIPROCAL, EXP_ROUND);
+    let m = biased - EXP_ROUND;
+    let v = m.mul_add(EXP_LOG2_HI, v);
+    let v = m.mul_add(EXP_LOG2_LO, v);
+    // The low bits of `biased` are m: shifted into the exponent field and biased by 127.
+    let scale = ((biased.to_bits() as i32) << 23).wrapping_add(0x3F80_0000);
+    let mut p = SOFTMAX_EXP_POLY[0].mul_add(v, SOFTMAX_EXP_POLY[1]);
+    for c in &SOFTMAX_EXP_POLY[2..] {
+        p = p.mul_add(v, *c);
+    }
+    p = p.mul_add(v, 1.0);
+    p = p.mul_add(v, 1.0);
+    p * f32::from_bits(scale as u32)
+}
+
 /// The error function of one value, as MLAS's AVX2+FMA kernel computes it: every step is one
 /// IEEE f32 operation (fused where MLAS fuses), so the vector loop and the scalar fallback give
 /// the same bits. NaN stays NaN (as in ONNX Runtime 1.32); ±inf → ±1.

@@ -910,26 +910,11 @@ pub fn permute(t: &Tensor, perm: &[usize]) -> Tensor {
         return t.clone();
     }
     let out_shape: Vec<usize> = perm.iter().map(|&p| shape[p]).collect();
-    let st = strides_of(shape);
-    let src_st: Vec<usize> = perm.iter().map(|&p| st[p]).collect();
     let v = t.as_f32().expect("f32");
-    let n = v.len();
-    let mut out = Vec::with_capacity(n);
-    let mut idx = vec![0usize; out_shape.len()];
-    let mut off = 0usize;
-    for _ in 0..n {
-        out.push(v[off]);
-        for d in (0..out_shape.len()).rev() {
-            idx[d] += 1;
-            off += src_st[d];
-            if idx[d] < out_shape[d] {
-                break;
-            }
-            off -= src_st[d] * out_shape[d];
-            idx[d] = 0;
-        }
-    }
-    Tensor::from_f32(out_shape, out)
+    Tensor::from_f32(
+        out_shape,
+        super::movement::permute::permute_f32(v, shape, perm),
+    )
 }
 
 /// Contracts two operands: letters in both and needed later are batch, letters in both and not

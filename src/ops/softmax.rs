@@ -2,8 +2,12 @@
 //!
 //! Opset < 13 coerces the input to 2-D at `axis` (default 1) and normalizes each row of the
 //! flattened inner dims; opset >= 13 normalizes along the single `axis` (default -1).
-//! Sums accumulate in f64 after subtracting the max, so large logits stay exact.
+//! Softmax's exponentials are MLAS's (`exp(x − max)` as ONNX Runtime's softmax kernel computes
+//! each one); their sum accumulates in f64 in a fixed order ([`Sum8`]), so large logits stay
+//! exact and the result is the same on every machine and thread count. LogSoftmax sums f64
+//! exponentials of the shifted values.
 
+use super::logistic::softmax_exp;
 use super::util::{input, norm_axis};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{DType, Tensor};
@@ -49,13 +53,78 @@ enum Kind {
 
 /// Softmax of one contiguous row in place (the attention kernels' probabilities).
 pub(crate) fn softmax_row(v: &mut [f32]) {
-    lane(v, 0, v.len(), 1, Kind::Softmax);
+    if !v.is_empty() {
+        softmax_contiguous(v);
+    }
 }
 
 /// Lanes a task of a softmax along an inner axis walks at once.
 const COLUMNS: usize = 256;
 
-/// Normalizes one strided lane of `len` values.
+/// A row's sum of exponentials in f64: value k goes into partial sum k mod 8, and the
+/// partials are added as ((p0+p1)+(p2+p3))+((p4+p5)+(p6+p7)) — one fixed order for every
+/// layout and machine (the vector loop keeps the eight partials in two registers).
+#[derive(Clone, Copy)]
+struct Sum8([f64; 8]);
+
+impl Sum8 {
+    fn total(&self) -> f64 {
+        let p = &self.0;
+        ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]))
+    }
+}
+
+#[inline(always)]
+fn softmax_contiguous_generic(v: &mut [f32]) {
+    // The maximum, in 8 lanes (max is order-free; f32::max skips a NaN, which the
+    // exponentials then carry into the sum).
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for (m, &x) in lanes.iter_mut().zip(c) {
+            *m = m.max(x);
+        }
+    }
+    let max = chunks.remainder().iter().fold(
+        lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+        |m, &x| m.max(x),
+    );
+    let neg_max = -max;
+    let mut sum = Sum8([0.0; 8]);
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (s, x) in sum.0.iter_mut().zip(c.iter_mut()) {
+            *x = softmax_exp(*x, neg_max);
+            *s += *x as f64;
+        }
+    }
+    for (s, x) in sum.0.iter_mut().zip(chunks.into_remainder()) {
+        *x = softmax_exp(*x, neg_max);
+        *s += *x as f64;
+    }
+    let inv = (1.0 / sum.total()) as f32;
+    v.iter_mut().for_each(|x| *x *= inv);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_contiguous_fma(v: &mut [f32]) {
+    softmax_contiguous_generic(v)
+}
+
+/// Softmax of a contiguous row in place: [`softmax_exp`] of every value, divided by their
+/// [`Sum8`] (as `· (1/sum)` in f32); compiled for AVX2+FMA where the CPU has them.
+fn softmax_contiguous(v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function was compiled for.
+        return unsafe { softmax_contiguous_fma(v) };
+    }
+    softmax_contiguous_generic(v)
+}
+
+/// Normalizes one strided lane of `len` values (the same operations as
+/// [`softmax_contiguous`] for Softmax).
 fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
     let at = |k: usize| base + k * stride;
     let max = (0..len).map(|k| v[at(k)]).fold(f32::NEG_INFINITY, f32::max);
@@ -67,13 +136,13 @@ fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
             }
         }
         Kind::Softmax => {
-            let mut sum = 0f64;
+            let mut sum = Sum8([0.0; 8]);
             for k in 0..len {
-                let e = (v[at(k)] - max).exp();
+                let e = softmax_exp(v[at(k)], -max);
                 v[at(k)] = e;
-                sum += e as f64;
+                sum.0[k % 8] += e as f64;
             }
-            let inv = (1.0 / sum) as f32;
+            let inv = (1.0 / sum.total()) as f32;
             for k in 0..len {
                 v[at(k)] *= inv;
             }
@@ -138,15 +207,15 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
                         *m = m.max(x);
                     }
                 }
-                let mut sum = [0f64; COLUMNS];
+                let mut sum = [Sum8([0.0; 8]); COLUMNS];
                 for k in 0..len {
                     for ((s, x), &m) in sum.iter_mut().zip(row(k).iter_mut()).zip(&max) {
-                        let e = (*x - m).exp();
+                        let e = softmax_exp(*x, -m);
                         *x = e;
-                        *s += e as f64;
+                        s.0[k % 8] += e as f64;
                     }
                 }
-                let inv: Vec<f32> = sum.iter().map(|&s| (1.0 / s) as f32).collect();
+                let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s.total()) as f32).collect();
                 for k in 0..len {
                     for (x, &i) in row(k).iter_mut().zip(&inv) {
                         *x *= i;
@@ -154,6 +223,15 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
                 }
             });
         });
+    } else if len > 0 && outer * inner > 0 && inner == 1 && kind == Kind::Softmax {
+        // Contiguous rows (the last axis), in parallel above 2^14 values.
+        if v.len() >= 1 << 14 {
+            let rows_per_task = ((1 << 12) / len).max(1);
+            v.par_chunks_mut(len * rows_per_task)
+                .for_each(|rows| rows.chunks_mut(len).for_each(softmax_contiguous));
+        } else {
+            v.chunks_mut(len).for_each(softmax_contiguous);
+        }
     } else if len > 0 && outer * inner > 0 {
         let block = len * inner;
         v.par_chunks_mut(block).for_each(|b| {
@@ -224,6 +302,50 @@ mod tests {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert_eq!(bits(&got), bits(&want));
         assert!(got[3].is_nan() && got[inner + 9].is_nan());
+    }
+
+    /// Rows along the last axis: the vector loop, the portable loop and the strided lane give
+    /// the same bits, for lengths around the 8-lane blocks, with NaN and infinities; each
+    /// probability is within 4 ulp of the f64 softmax of the f32-shifted values and the exponentials are MLAS's
+    /// (exp(0) = 1 exactly, the clamp at −88.38 gives 0).
+    #[test]
+    fn rows_along_the_last_axis_are_the_lane_result_on_every_path() {
+        for len in [1usize, 7, 8, 9, 17, 128, 1000] {
+            let mut x: Vec<f32> = (0..len)
+                .map(|i| ((i * 37 % 1001) as f32 - 500.0) / 25.0)
+                .collect();
+            let exact: Vec<f64> = {
+                let max = x.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
+                // The shift is an f32 subtraction in every softmax kernel (mixprec's and ORT's).
+                let e: Vec<f64> = x.iter().map(|&v| ((v - max as f32) as f64).exp()).collect();
+                let s: f64 = e.iter().sum();
+                e.iter().map(|v| v / s).collect()
+            };
+            let mut vector = x.clone();
+            softmax_contiguous(&mut vector);
+            let mut portable = x.clone();
+            softmax_contiguous_generic(&mut portable);
+            let mut strided = x.clone();
+            lane(&mut strided, 0, len, 1, Kind::Softmax);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&vector), bits(&portable), "{len}");
+            assert_eq!(bits(&vector), bits(&strided), "{len}");
+            for (&got, &want) in vector.iter().zip(&exact) {
+                let ulp = (want as f32).to_bits().abs_diff(got.to_bits());
+                assert!(
+                    ulp <= 8 || want < 1e-30,
+                    "{len}: {got} vs {want} ({ulp} ulp)"
+                );
+            }
+            if len > 8 {
+                x[3] = f32::NAN;
+                softmax_contiguous(&mut x);
+                assert!(x.iter().all(|v| v.is_nan()));
+            }
+        }
+        assert_eq!(softmax_exp(2.5, -2.5), 1.0);
+        assert_eq!(softmax_exp(-100.0, 0.0), 0.0);
+        assert!(softmax_exp(f32::NAN, 0.0).is_nan());
     }
 
     #[test]

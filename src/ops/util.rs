@@ -322,6 +322,107 @@ pub fn broadcast_to<T: Clone>(data: &[T], shape: &[usize], out_shape: &[usize]) 
     out
 }
 
+/// How [`transpose_8x8`] moves values: AVX shuffles where the CPU has them.
+#[derive(Clone, Copy)]
+pub(crate) enum Transpose8 {
+    #[cfg(target_arch = "x86_64")]
+    Avx,
+    Scalar,
+}
+
+impl Transpose8 {
+    pub(crate) fn detect() -> Transpose8 {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx") {
+            return Transpose8::Avx;
+        }
+        Transpose8::Scalar
+    }
+}
+
+/// `dst[j·ld_dst + i] = src[i·ld_src + j] (+ bias[j])` for i, j < 8.
+///
+/// # Safety
+/// `src` holds 8 rows of 8 values at stride `ld_src`, `dst` 8 rows of 8 at `ld_dst`.
+pub(crate) unsafe fn transpose_8x8(
+    src: *const f32,
+    ld_src: usize,
+    dst: *mut f32,
+    ld_dst: usize,
+    bias: Option<&[f32; 8]>,
+    how: Transpose8,
+) {
+    match how {
+        #[cfg(target_arch = "x86_64")]
+        Transpose8::Avx => transpose_8x8_avx(src, ld_src, dst, ld_dst, bias),
+        Transpose8::Scalar => {
+            for j in 0..8 {
+                for i in 0..8 {
+                    let v = *src.add(i * ld_src + j);
+                    *dst.add(j * ld_dst + i) = match bias {
+                        Some(b) => v + b[j],
+                        None => v,
+                    };
+                }
+            }
+        }
+    }
+}
+
+/// [`transpose_8x8`] in AVX registers: unpack pairs, shuffle quads, swap 128-bit halves.
+///
+/// # Safety
+/// As [`transpose_8x8`]; the CPU has AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+unsafe fn transpose_8x8_avx(
+    src: *const f32,
+    ld_src: usize,
+    dst: *mut f32,
+    ld_dst: usize,
+    bias: Option<&[f32; 8]>,
+) {
+    use std::arch::x86_64::*;
+    let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * ld_src)));
+    let t = [
+        _mm256_unpacklo_ps(r[0], r[1]),
+        _mm256_unpackhi_ps(r[0], r[1]),
+        _mm256_unpacklo_ps(r[2], r[3]),
+        _mm256_unpackhi_ps(r[2], r[3]),
+        _mm256_unpacklo_ps(r[4], r[5]),
+        _mm256_unpackhi_ps(r[4], r[5]),
+        _mm256_unpacklo_ps(r[6], r[7]),
+        _mm256_unpackhi_ps(r[6], r[7]),
+    ];
+    let u = [
+        _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+        _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+        _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+        _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+        _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+        _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+        _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+        _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+    ];
+    let out = [
+        _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x20>(u[3], u[7]),
+        _mm256_permute2f128_ps::<0x31>(u[0], u[4]),
+        _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
+        _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
+        _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
+    ];
+    for (j, &v) in out.iter().enumerate() {
+        let v = match bias {
+            Some(b) => _mm256_add_ps(v, _mm256_set1_ps(b[j])),
+            None => v,
+        };
+        _mm256_storeu_ps(dst.add(j * ld_dst), v);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 //! computed, by building a list of source indices and gathering them (`TensorData::gather`).
 
 mod facts;
+pub mod permute;
 
 use super::util::{
     broadcast_shapes, broadcast_to, input, input_i64s, norm_axes, norm_axis, opt_input,
