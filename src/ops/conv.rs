@@ -600,55 +600,60 @@ fn prepacked_or<T: Send + Sync + 'static>(
     }
 }
 
-/// Writes `ct` ([position, channel], `channels` per row) into `planes` ([channel, position]),
-/// adding each channel's bias as it goes: blocks of positions in parallel, each read from L1.
-fn into_planes(ct: &[f32], channels: usize, bias: Option<&[f32]>, planes: &mut [f32]) {
-    const BLOCK: usize = 256;
-    let positions = ct.len() / channels.max(1);
-    let dst = super::util::DisjointPtr(planes.as_mut_ptr());
+/// Moves block (`positions` × `chans`) of `ct` ([position, channel], `channels` per row) into
+/// `planes` ([channel, position], `n_pos` per plane), adding each channel's bias, then puts each
+/// finished run of a plane through `finish`: 8 positions × 8 channels at a time through
+/// registers, the rest one by one. With no bias the value is stored as it is (v + 0 would turn
+/// −0 into +0).
+///
+/// # Safety
+/// `ct` holds `n_pos` rows of `channels` values, this block of them final; `planes` holds
+/// `channels · n_pos` values; no other thread writes either block.
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_into_planes(
+    ct: *const f32,
+    channels: usize,
+    bias: Option<&[f32]>,
+    planes: *mut f32,
+    n_pos: usize,
+    positions: std::ops::Range<usize>,
+    chans: std::ops::Range<usize>,
+    finish: Option<&Finish>,
+) {
     let bias_of = |ch: usize| bias.map_or(0.0, |b| b[ch]);
-    let transpose = super::util::Transpose8::detect();
-    let block = |b: usize| {
-        let (p0, p1) = (b * BLOCK, ((b + 1) * BLOCK).min(positions));
-        // SAFETY: block b writes positions p0..p1 of every plane: disjoint across blocks,
-        // inside `planes` (channels · positions values, asserted below).
-        let put = |ch: usize, pos: usize, v: f32| unsafe {
-            *dst.get().add(ch * positions + pos) = v;
-        };
-        // 8 positions × 8 channels at a time through registers; the rest one by one. With no
-        // bias, v + 0 would turn -0 into +0: the value is stored as it is.
-        let (c8, q8) = (channels / 8 * 8, p0 + (p1 - p0) / 8 * 8);
-        for c0 in (0..c8).step_by(8) {
-            let b8: Option<[f32; 8]> = bias.map(|_| std::array::from_fn(|j| bias_of(c0 + j)));
-            for q0 in (p0..q8).step_by(8) {
-                // SAFETY: rows q0..q0 + 8 of ct hold channels c0..c0 + 8; planes c0..c0 + 8
-                // hold positions q0..q0 + 8, written by this block only (see `put`).
-                unsafe {
-                    super::util::transpose_8x8(
-                        ct[q0 * channels + c0..].as_ptr(),
-                        channels,
-                        dst.get().add(c0 * positions + q0),
-                        positions,
-                        b8.as_ref(),
-                        transpose,
-                    );
-                }
-            }
+    let how = super::util::Transpose8::detect();
+    let (p0, p1) = (positions.start, positions.end);
+    let (c0, c1) = (chans.start, chans.end);
+    let c8 = c0 + (c1 - c0) / 8 * 8;
+    let q8 = p0 + (p1 - p0) / 8 * 8;
+    assert!(p1 <= n_pos && c1 <= channels);
+    for cb in (c0..c8).step_by(8) {
+        let b8: Option<[f32; 8]> = bias.map(|_| std::array::from_fn(|j| bias_of(cb + j)));
+        for q0 in (p0..q8).step_by(8) {
+            super::util::transpose_8x8(
+                ct.add(q0 * channels + cb),
+                channels,
+                planes.add(cb * n_pos + q0),
+                n_pos,
+                b8.as_ref(),
+                how,
+            );
         }
-        for pos in p0..p1 {
-            let chans = if pos < q8 { c8..channels } else { 0..channels };
-            for ch in chans {
-                let v = ct[pos * channels + ch];
-                put(ch, pos, if bias.is_some() { v + bias_of(ch) } else { v });
-            }
+    }
+    for pos in p0..p1 {
+        let rest = if pos < q8 { c8..c1 } else { c0..c1 };
+        for ch in rest {
+            let v = *ct.add(pos * channels + ch);
+            *planes.add(ch * n_pos + pos) = if bias.is_some() { v + bias_of(ch) } else { v };
         }
-    };
-    let blocks = positions.div_ceil(BLOCK);
-    assert!(planes.len() >= channels * positions);
-    if ct.len() >= 1 << 15 {
-        (0..blocks).into_par_iter().for_each(block);
-    } else {
-        (0..blocks).for_each(block);
+    }
+    if let Some(f) = finish {
+        for ch in c0..c1 {
+            f(std::slice::from_raw_parts_mut(
+                planes.add(ch * n_pos + p0),
+                p1 - p0,
+            ));
+        }
     }
 }
 
@@ -911,7 +916,8 @@ pub fn conv(
     } else {
         vec![0f32; rows * o_sz]
     };
-    let mut transposed_bias = false;
+    // The gathered path adds the bias and applies `finish` as it writes the planes.
+    let mut finished = false;
     let mut packed_weights: Option<std::sync::Arc<Vec<super::sgemm::PackedB>>> = None;
     for b in (0..n).filter(|_| !direct) {
         for g in 0..group {
@@ -946,6 +952,31 @@ pub fn conv(
                     })
                 });
                 let mut ct = vec![0f32; o_sz * mg];
+                let bias = bv.as_deref().map(|b| &b[g * mg..(g + 1) * mg]);
+                assert!(dst.len() >= mg * o_sz);
+                let planes = super::util::DisjointPtr(dst.as_mut_ptr());
+                // Each finished block of the product goes into the planes (bias added, output
+                // rounded) while in the cache of the thread that computed it.
+                let done = |positions: std::ops::Range<usize>,
+                            chans: std::ops::Range<usize>,
+                            ct: *const f32| {
+                    // SAFETY: the product hands each block of ct ([o_sz, mg]) once, after its
+                    // last write to it; blocks are disjoint, so no other thread writes these
+                    // values of ct or of the planes (dst holds mg planes of o_sz, asserted
+                    // above).
+                    unsafe {
+                        block_into_planes(
+                            ct,
+                            mg,
+                            bias,
+                            planes.get(),
+                            o_sz,
+                            positions,
+                            chans,
+                            finish,
+                        );
+                    }
+                };
                 super::sgemm::gemm_gathered(
                     &image.data,
                     &origins,
@@ -953,10 +984,9 @@ pub fn conv(
                     &packed[g],
                     &mut ct,
                     mg,
+                    &done,
                 );
-                let bias = bv.as_deref().map(|b| &b[g * mg..(g + 1) * mg]);
-                into_planes(&ct, mg, bias, dst);
-                transposed_bias = true;
+                finished = true;
             } else if in_sp.len() == 2 && ctx.accumulate == crate::numeric::Accumulator::F32 {
                 // 2-D: the product packs its B panels straight from the image.
                 let image = PaddedImage::new(xg, cg, in_sp, &w);
@@ -980,9 +1010,9 @@ pub fn conv(
         }
     }
     // The bias, then `finish`, one channel plane at a time.
-    if (bv.is_some() && !transposed_bias) || finish.is_some() {
+    if (bv.is_some() || finish.is_some()) && !finished {
         out.par_chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
-            if let (Some(bv), false) = (&bv, transposed_bias) {
+            if let Some(bv) = &bv {
                 let bias = bv[i % m];
                 ch.iter_mut().for_each(|v| *v += bias);
             }
@@ -1230,6 +1260,39 @@ mod tests {
 
     fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
         crate::graph::testing::node_with(op, attrs)
+    }
+
+    /// A convolution that rounds as it writes (float16 layer) gives its unrounded output
+    /// rounded, bias included, on both orientations (4 and 24 output channels), and says so.
+    #[test]
+    fn rounding_as_the_planes_are_written_is_rounding_afterwards() {
+        for m in [4usize, 24] {
+            let (c, h, w) = (3usize, 19usize, 21usize);
+            let x: Vec<f32> = (0..c * h * w)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                .collect();
+            let wv: Vec<f32> = (0..m * c * 9)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.3)
+                .collect();
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.31 - 0.5).collect();
+            let n = node("Conv", &[("pads", Attribute::Ints(vec![1, 1, 1, 1]))]);
+            let args = [
+                Tensor::from_f32(vec![1, c, h, w], x),
+                Tensor::from_f32(vec![m, c, 3, 3], wv),
+                Tensor::from_f32(vec![m], bias),
+            ];
+            let args: Vec<Option<&Tensor>> = args.iter().map(Some).collect();
+            let plain = conv_op(&OpCtx::new(&n, 17), &args).unwrap().remove(0);
+            let mut want = plain.as_f32().unwrap().to_vec();
+            crate::numeric::Rounding::F16.round_slice(&mut want);
+            let mut ctx = OpCtx::new(&n, 17);
+            ctx.round_to = Some(crate::numeric::Rounding::F16);
+            let got = conv_op(&ctx, &args).unwrap().remove(0);
+            assert!(ctx.did_round());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{m} channels");
+            assert_ne!(bits(plain.as_f32().unwrap()), bits(&want));
+        }
     }
 
     fn run(op: &str, attrs: &[(&str, Attribute)], x: Tensor, w: Tensor) -> Tensor {

@@ -263,7 +263,9 @@ const GATHERED_TILES_PER_TASK: usize = 64;
 /// `image`: element (i, p) at `image[rows[i] + offsets[p]]` (m = `rows.len()`,
 /// k = `offsets.len()`). A convolution's im2col matrix, transposed, is such an A, read where
 /// the padded image lies: no copy of it is made. Every element is the same in-order chain as
-/// in [`gemm`].
+/// in [`gemm`]. Each task, once its block of C (rows × columns) is final, hands it to `done`
+/// while it is still in its cache, with C's start (a convolution moves the block into channel
+/// planes there; it must read only that block).
 pub fn gemm_gathered(
     image: &[f32],
     rows: &[usize],
@@ -271,6 +273,7 @@ pub fn gemm_gathered(
     b: &PackedB,
     c: &mut [f32],
     ldc: usize,
+    done: &(dyn Fn(std::ops::Range<usize>, std::ops::Range<usize>, *const f32) + Sync),
 ) {
     let (m, k, n) = (rows.len(), offsets.len(), b.n);
     assert_eq!(b.k, k, "B has {} rows, A {k} columns", b.k);
@@ -337,6 +340,11 @@ pub fn gemm_gathered(
                 }
             }
         }
+        done(
+            it0 * MR..(it1 * MR).min(m),
+            jp0 * NR..(jp1 * NR).min(n),
+            c_ptr.get(),
+        );
     };
     let tasks = row_blocks * col_blocks;
     if parallel {
@@ -695,7 +703,21 @@ mod tests {
                     .build()
                     .unwrap();
                 let mut c = vec![7f32; m * ldc];
-                pool.install(|| gemm_gathered(&image, &rows, &offsets, &packed, &mut c, ldc));
+                let blocks = std::sync::Mutex::new(Vec::new());
+                let done = |r: std::ops::Range<usize>, c: std::ops::Range<usize>, _: *const f32| {
+                    blocks.lock().unwrap().push((r, c));
+                };
+                pool.install(|| {
+                    gemm_gathered(&image, &rows, &offsets, &packed, &mut c, ldc, &done)
+                });
+                // The finished blocks cover C once.
+                let mut seen = vec![0; m * n];
+                for (r, cs) in blocks.into_inner().unwrap() {
+                    for i in r {
+                        cs.clone().for_each(|j| seen[i * n + j] += 1);
+                    }
+                }
+                assert!(seen.iter().all(|&s| s == 1), "{m}x{n}x{k}");
                 let got: Vec<f32> = c.chunks(ldc).flat_map(|r| r[..n].to_vec()).collect();
                 assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}, {threads} threads");
                 assert!(c.chunks(ldc).all(|r| r[n] == 7.0));
