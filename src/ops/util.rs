@@ -322,6 +322,32 @@ pub fn broadcast_to<T: Clone>(data: &[T], shape: &[usize], out_shape: &[usize]) 
     out
 }
 
+/// Splits a row into its `s` column phases: `dst[r·per + j] = src[j·s + r]` for every
+/// `j·s + r < src.len()` (`dst` holds `s · per` values, `per ≥ ⌈len / s⌉`; the values past a
+/// short phase are left as they are). Stride 2 deinterleaves pairs (a loop the compiler turns
+/// into vector shuffles); other strides go value by value.
+pub(crate) fn split_phases(src: &[f32], s: usize, per: usize, dst: &mut [f32]) {
+    assert!(s >= 1 && per * s >= src.len() && dst.len() >= s * per);
+    if s == 2 {
+        let (even, odd) = dst.split_at_mut(per);
+        let pairs = src.chunks_exact(2);
+        let tail = pairs.remainder();
+        for ((e, o), p) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
+            *e = p[0];
+            *o = p[1];
+        }
+        if let [last] = tail {
+            even[src.len() / 2] = *last;
+        }
+        return;
+    }
+    for (r, dst) in dst.chunks_exact_mut(per).enumerate().take(s) {
+        dst.iter_mut()
+            .zip(src.iter().skip(r).step_by(s))
+            .for_each(|(d, &v)| *d = v);
+    }
+}
+
 /// How [`transpose_8x8`] moves values: AVX shuffles where the CPU has them.
 #[derive(Clone, Copy)]
 pub(crate) enum Transpose8 {
@@ -426,6 +452,23 @@ unsafe fn transpose_8x8_avx(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn split_phases_puts_column_j_s_plus_r_at_phase_r_index_j() {
+        for s in 1..=4 {
+            for len in 0usize..12 {
+                let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                let per = len.div_ceil(s).max(1);
+                let mut dst = vec![-1.0; s * per];
+                split_phases(&src, s, per, &mut dst);
+                for (i, &v) in src.iter().enumerate() {
+                    assert_eq!(dst[(i % s) * per + i / s], v, "s {s} len {len}");
+                }
+                let written = src.len();
+                assert_eq!(dst.iter().filter(|&&v| v >= 0.0).count(), written);
+            }
+        }
+    }
 
     #[test]
     fn broadcasting_matches_numpy() {
