@@ -216,19 +216,57 @@ fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 /// Normalizes each row of `width` values: (x - mean) / sqrt(var + eps); returns mean and
 /// inverse std-dev per row.
-fn normalize_rows(v: &mut [f32], width: usize, eps: f64) -> (Vec<f32>, Vec<f32>) {
+/// Rows a task of [`normalize_rows`] takes at once: their sums are independent chains, so the
+/// core adds eight of them in the time of one.
+const ROWS_AT_ONCE: usize = 8;
+
+/// Normalizes each row of `width` values in place, `(x − mean) · (1/√(var + eps))` with mean
+/// and variance summed in f64 in order, then (LayerNormalization) `· scale[i] + bias[i]` in f32
+/// in the same pass; returns each row's mean and 1/√(var + eps).
+fn normalize_rows(
+    v: &mut [f32],
+    width: usize,
+    eps: f64,
+    affine: Option<(&[f32], Option<&[f32]>)>,
+) -> (Vec<f32>, Vec<f32>) {
     if width == 0 {
         return (Vec::new(), Vec::new());
     }
     let stats: Vec<(f32, f32)> = v
-        .par_chunks_mut(width)
-        .map(|row| {
-            let mean = row.iter().map(|&x| x as f64).sum::<f64>() / width as f64;
-            let var = row.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / width as f64;
-            let inv = 1.0 / (var + eps).sqrt();
-            row.iter_mut()
-                .for_each(|x| *x = ((*x as f64 - mean) * inv) as f32);
-            (mean as f32, inv as f32)
+        .par_chunks_mut(width * ROWS_AT_ONCE)
+        .flat_map_iter(|group| {
+            let n = group.len() / width;
+            // Sequential f64 sums per row, the rows' chains interleaved.
+            let mut sum = [0f64; ROWS_AT_ONCE];
+            for k in 0..width {
+                for (r, s) in sum.iter_mut().enumerate().take(n) {
+                    *s += group[r * width + k] as f64;
+                }
+            }
+            let mean: [f64; ROWS_AT_ONCE] = std::array::from_fn(|r| sum[r] / width as f64);
+            let mut sq = [0f64; ROWS_AT_ONCE];
+            for k in 0..width {
+                for (r, s) in sq.iter_mut().enumerate().take(n) {
+                    *s += (group[r * width + k] as f64 - mean[r]).powi(2);
+                }
+            }
+            let inv: [f64; ROWS_AT_ONCE] =
+                std::array::from_fn(|r| 1.0 / (sq[r] / width as f64 + eps).sqrt());
+            for (r, row) in group.chunks_exact_mut(width).enumerate() {
+                let (m, i) = (mean[r], inv[r]);
+                match affine {
+                    Some((scale, bias)) => {
+                        for (k, x) in row.iter_mut().enumerate() {
+                            let y = ((*x as f64 - m) * i) as f32;
+                            *x = y * scale[k] + bias.map_or(0.0, |b| b[k]);
+                        }
+                    }
+                    None => row
+                        .iter_mut()
+                        .for_each(|x| *x = ((*x as f64 - m) * i) as f32),
+                }
+            }
+            (0..n).map(move |r| (mean[r] as f32, inv[r] as f32))
         })
         .collect();
     stats.into_iter().unzip()
@@ -244,7 +282,6 @@ fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let width: usize = x.shape()[axis..].iter().product();
     let inner = &x.shape()[axis..];
     let mut v = floats(x, "X")?;
-    let (mean, inv) = normalize_rows(&mut v, width, eps);
     let bcast = |t: &Tensor, what: &str| -> Result<Vec<f32>, OpError> {
         let tv = floats(t, what)?;
         let shape = super::util::broadcast_shapes(&[t.shape(), inner])?;
@@ -261,13 +298,7 @@ fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         Some(b) => Some(bcast(b, "B")?),
         None => None,
     };
-    if width > 0 {
-        v.par_chunks_mut(width).for_each(|row| {
-            for (i, x) in row.iter_mut().enumerate() {
-                *x = *x * s[i] + b.as_ref().map_or(0.0, |b| b[i]);
-            }
-        });
-    }
+    let (mean, inv) = normalize_rows(&mut v, width, eps, Some((&s, b.as_deref())));
     let mut stat_shape = x.shape().to_vec();
     for d in stat_shape.iter_mut().skip(axis) {
         *d = 1;
@@ -394,7 +425,7 @@ fn instance_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let eps = ctx.attrs::<NormAttrs>()?.epsilon;
     let sp: usize = x.shape()[2..].iter().product();
     let mut v = floats(x, "X")?;
-    normalize_rows(&mut v, sp, eps);
+    normalize_rows(&mut v, sp, eps, None);
     if sp > 0 {
         v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
             let (s, b) = (scale[i % c], bias[i % c]);
@@ -435,7 +466,7 @@ fn group_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let sp: usize = x.shape()[2..].iter().product();
     let cpg = c / groups;
     let mut v = floats(x, "X")?;
-    normalize_rows(&mut v, cpg * sp, eps);
+    normalize_rows(&mut v, cpg * sp, eps, None);
     if sp > 0 {
         v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
             let ch = i % c;
@@ -629,6 +660,37 @@ mod tests {
         let v = y.as_f32().unwrap();
         for (got, want) in v.iter().zip([-1., 1., -1., 1.]) {
             assert!((got - want).abs() < 1e-6, "{v:?}");
+        }
+    }
+
+    /// Rows normalized eight at a time are, bit for bit, each row on its own: mean and
+    /// variance summed in f64 in order, then the scale and bias (row counts around 8).
+    #[test]
+    fn rows_taken_together_are_normalized_as_each_on_its_own() {
+        for (rows, width) in [(1usize, 5usize), (7, 33), (8, 256), (19, 100)] {
+            let x: Vec<f32> = (0..rows * width)
+                .map(|i| ((i * 37 % 1009) as f32 - 500.0) / 13.0)
+                .collect();
+            let scale: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 / 64.0).collect();
+            let bias: Vec<f32> = (0..width).map(|i| i as f32 / 32.0 - 1.0).collect();
+            let mut want = x.clone();
+            let mut want_stats = Vec::new();
+            for row in want.chunks_mut(width) {
+                let mean = row.iter().map(|&v| v as f64).sum::<f64>() / width as f64;
+                let var =
+                    row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / width as f64;
+                let inv = 1.0 / (var + 1e-5).sqrt();
+                for (k, v) in row.iter_mut().enumerate() {
+                    *v = ((*v as f64 - mean) * inv) as f32 * scale[k] + bias[k];
+                }
+                want_stats.push((mean as f32, inv as f32));
+            }
+            let mut got = x.clone();
+            let (mean, inv) = normalize_rows(&mut got, width, 1e-5, Some((&scale, Some(&bias))));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{rows}x{width}");
+            let stats: Vec<(f32, f32)> = mean.into_iter().zip(inv).collect();
+            assert_eq!(stats, want_stats);
         }
     }
 
