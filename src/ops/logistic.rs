@@ -208,14 +208,17 @@ pub(crate) fn erf(x: f32) -> f32 {
     q = q.mul_add(b, b);
     let e = -q;
     let e = if e > EXP_LOWER { e } else { EXP_LOWER };
-    let n = EXP_LOG2_RECIPROCAL.mul_add(e, EXP_ROUND) - EXP_ROUND;
+    let biased = EXP_LOG2_RECIPROCAL.mul_add(e, EXP_ROUND);
+    let n = biased - EXP_ROUND;
     let f = EXP_LOG2_HI.mul_add(n, e);
     let f = n.mul_add(EXP_LOG2_LO, f);
     let mut p = EXP_POLY[0].mul_add(f, EXP_POLY[1]);
     for c in &EXP_POLY[2..] {
         p = p.mul_add(f, *c);
     }
-    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    // 2^n from the low bits of `biased` (n in [-127, 0]: e is clamped and never NaN), which
+    // vectorizes, where `n as i32` (a saturating conversion) is checked lane by lane.
+    let scale = f32::from_bits((biased.to_bits() << 23).wrapping_add(0x3F80_0000));
     let y = 1.0 - p * scale;
     let y = f32::from_bits(y.to_bits() | small.to_bits() | sign);
     if x.is_nan() {
