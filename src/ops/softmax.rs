@@ -123,6 +123,61 @@ fn softmax_contiguous(v: &mut [f32]) {
     softmax_contiguous_generic(v)
 }
 
+/// Softmax down `w ≤ COLUMNS` columns of `len` rows (row k at `b + k·inner`): each column the
+/// operations of [`lane`] in its order — MLAS's exponential, value k into partial sum k mod 8
+/// ([`Sum8`]) — with the partials kept as 8 rows of COLUMNS sums, so the loops over a row run
+/// across columns and vectorize.
+///
+/// # Safety
+/// `b` is valid for reads and writes of `w` values at `k·inner` for every k < len, and no other
+/// thread touches them.
+#[inline(always)]
+unsafe fn softmax_columns_generic(b: *mut f32, inner: usize, len: usize, w: usize) {
+    let row = |k: usize| std::slice::from_raw_parts_mut(b.add(k * inner), w);
+    let mut max = [f32::NEG_INFINITY; COLUMNS];
+    for k in 0..len {
+        for (m, &x) in max.iter_mut().zip(row(k).iter()) {
+            *m = m.max(x);
+        }
+    }
+    let neg_max: [f32; COLUMNS] = std::array::from_fn(|c| -max[c]);
+    let mut partial = [[0f64; COLUMNS]; 8];
+    for k in 0..len {
+        for ((s, x), &m) in partial[k % 8].iter_mut().zip(row(k)).zip(&neg_max) {
+            let e = softmax_exp(*x, m);
+            *x = e;
+            *s += e as f64;
+        }
+    }
+    let inv: [f32; COLUMNS] = std::array::from_fn(|c| {
+        let p: [f64; 8] = std::array::from_fn(|i| partial[i][c]);
+        (1.0 / Sum8(p).total()) as f32
+    });
+    for k in 0..len {
+        for (x, &i) in row(k).iter_mut().zip(&inv) {
+            *x *= i;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_columns_fma(b: *mut f32, inner: usize, len: usize, w: usize) {
+    softmax_columns_generic(b, inner, len, w)
+}
+
+/// [`softmax_columns_generic`], compiled for AVX2+FMA where the CPU has them (same bits).
+///
+/// # Safety
+/// As [`softmax_columns_generic`].
+unsafe fn softmax_columns(b: *mut f32, inner: usize, len: usize, w: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        return softmax_columns_fma(b, inner, len, w);
+    }
+    softmax_columns_generic(b, inner, len, w)
+}
+
 /// Normalizes one strided lane of `len` values (the same operations as
 /// [`softmax_contiguous`] for Softmax).
 fn lane(v: &mut [f32], base: usize, len: usize, stride: usize, kind: Kind) {
@@ -198,29 +253,7 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
                 let w = COLUMNS.min(inner - c0);
                 // SAFETY: each task reads and writes only its own columns c0..c0 + w of every
                 // row of this block, disjoint from the other tasks'.
-                let row = |k: usize| unsafe {
-                    std::slice::from_raw_parts_mut(b.get().add(k * inner + c0), w)
-                };
-                let mut max = [f32::NEG_INFINITY; COLUMNS];
-                for k in 0..len {
-                    for (m, &x) in max.iter_mut().zip(row(k).iter()) {
-                        *m = m.max(x);
-                    }
-                }
-                let mut sum = [Sum8([0.0; 8]); COLUMNS];
-                for k in 0..len {
-                    for ((s, x), &m) in sum.iter_mut().zip(row(k).iter_mut()).zip(&max) {
-                        let e = softmax_exp(*x, -m);
-                        *x = e;
-                        s.0[k % 8] += e as f64;
-                    }
-                }
-                let inv: Vec<f32> = sum.iter().map(|s| (1.0 / s.total()) as f32).collect();
-                for k in 0..len {
-                    for (x, &i) in row(k).iter_mut().zip(&inv) {
-                        *x *= i;
-                    }
-                }
+                unsafe { softmax_columns(b.get().add(c0), inner, len, w) };
             });
         });
     } else if len > 0 && outer * inner > 0 && inner == 1 && kind == Kind::Softmax {
