@@ -584,22 +584,6 @@ fn weight_panels(wv: &[f32], group: usize, mg: usize, rows: usize) -> Vec<super:
         .collect()
 }
 
-/// `make`'s value, kept in `prepacked` under `tag` when there is such a place.
-fn prepacked_or<T: Send + Sync + 'static>(
-    prepacked: Option<&super::prepacked::Prepacked>,
-    tag: u64,
-    make: impl FnOnce() -> T,
-) -> std::sync::Arc<T> {
-    match prepacked {
-        Some(kept) => {
-            match kept.get_or_try_insert::<T, std::convert::Infallible>(tag, || Ok(make())) {
-                Ok(v) => v,
-            }
-        }
-        None => std::sync::Arc::new(make()),
-    }
-}
-
 /// Moves block (`positions` × `chans`) of `ct` ([position, channel], `channels` per row) into
 /// `planes` ([channel, position], `n_pos` per plane), adding each channel's bias, then puts each
 /// finished run of a plane through `finish`: 8 positions × 8 channels at a time through
@@ -686,20 +670,9 @@ impl PaddedImage {
         let fill = |(ci, dst): (usize, &mut [f32])| {
             let src = &x[ci * ih * iw..(ci + 1) * ih * iw];
             for (y, line) in src.chunks_exact(iw).enumerate() {
+                // Input column c is padded column c + pw.
                 let out = &mut dst[(y + ph) * row..(y + ph + 1) * row];
-                if sw == 1 {
-                    out[pw..pw + iw].copy_from_slice(line);
-                } else {
-                    // Phase r holds padded columns q·s + r: input columns q·s + r - pw.
-                    for (r, dst) in out.chunks_exact_mut(phase).enumerate() {
-                        let q0 = pw.saturating_sub(r).div_ceil(sw);
-                        let c0 = q0 * sw + r - pw;
-                        if c0 < iw {
-                            let src = line[c0..].iter().step_by(sw);
-                            dst[q0..].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
-                        }
-                    }
-                }
+                super::util::split_phases(line, pw, sw, phase, out);
             }
         };
         if channels * plane >= 1 << 16 {
@@ -947,7 +920,7 @@ pub fn conv(
                 let offsets = image.tap_offsets(cg, &w);
                 let origins = image.window_origins(&w);
                 let packed = packed_weights.get_or_insert_with(|| {
-                    prepacked_or(prepacked, GATHERED_WEIGHTS, || {
+                    super::prepacked::kept_or_made(prepacked, GATHERED_WEIGHTS, || {
                         weight_panels(&wv, group, mg, rows)
                     })
                 });

@@ -368,7 +368,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     phases.clear();
                     phases.resize(in_sp[0] * row_len, 0.0);
                     for (src, dst) in img.chunks_exact(iw).zip(phases.chunks_exact_mut(row_len)) {
-                        super::util::split_phases(src, sw, per, dst);
+                        super::util::split_phases(src, 0, sw, per, dst);
                     }
                     phases
                 };

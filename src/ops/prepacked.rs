@@ -37,6 +37,19 @@ impl Prepacked {
         Ok(form)
     }
 
+    /// The form kept under `tag`, made by `make` the first time (see
+    /// [`get_or_try_insert`](Self::get_or_try_insert)).
+    pub fn get_or_insert<T: Any + Send + Sync>(
+        &self,
+        tag: u64,
+        make: impl FnOnce() -> T,
+    ) -> Arc<T> {
+        match self.get_or_try_insert::<T, std::convert::Infallible>(tag, || Ok(make())) {
+            Ok(form) => form,
+            Err(never) => match never {},
+        }
+    }
+
     /// How many forms are kept.
     pub fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -44,6 +57,19 @@ impl Prepacked {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// `make`'s value, kept in `kept` under `tag` when the input has such a place (a constant),
+/// made afresh otherwise.
+pub fn kept_or_made<T: Any + Send + Sync>(
+    kept: Option<&Prepacked>,
+    tag: u64,
+    make: impl FnOnce() -> T,
+) -> Arc<T> {
+    match kept {
+        Some(kept) => kept.get_or_insert(tag, make),
+        None => Arc::new(make()),
     }
 }
 

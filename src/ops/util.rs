@@ -322,29 +322,45 @@ pub fn broadcast_to<T: Clone>(data: &[T], shape: &[usize], out_shape: &[usize]) 
     out
 }
 
-/// Splits a row into its `s` column phases: `dst[r·per + j] = src[j·s + r]` for every
-/// `j·s + r < src.len()` (`dst` holds `s · per` values, `per ≥ ⌈len / s⌉`; the values past a
-/// short phase are left as they are). Stride 2 deinterleaves pairs (a loop the compiler turns
-/// into vector shuffles); other strides go value by value.
-pub(crate) fn split_phases(src: &[f32], s: usize, per: usize, dst: &mut [f32]) {
-    assert!(s >= 1 && per * s >= src.len() && dst.len() >= s * per);
+/// Splits a row into its `s` column phases: `src[c]`, the row's column `first + c`, goes to
+/// `dst[r·per + j]` where `j·s + r = first + c` (`dst` holds `s · per` values,
+/// `per · s ≥ first + src.len()`; values no column reaches are left as they are — a
+/// convolution's padding). Stride 1 is a copy; stride 2 deinterleaves pairs (a loop the
+/// compiler turns into vector shuffles); other strides go value by value.
+pub(crate) fn split_phases(src: &[f32], first: usize, s: usize, per: usize, dst: &mut [f32]) {
+    assert!(s >= 1 && per * s >= first + src.len() && dst.len() >= s * per);
+    if s == 1 {
+        dst[first..first + src.len()].copy_from_slice(src);
+        return;
+    }
     if s == 2 {
         let (even, odd) = dst.split_at_mut(per);
+        // src[0] lands in phase first % 2 at index first / 2, src[1] in the other phase.
+        let (to0, to1) = if first.is_multiple_of(2) {
+            (even, odd)
+        } else {
+            (odd, even)
+        };
+        let (j0, j1) = (first / 2, first.div_ceil(2));
         let pairs = src.chunks_exact(2);
         let tail = pairs.remainder();
-        for ((e, o), p) in even.iter_mut().zip(odd.iter_mut()).zip(pairs) {
-            *e = p[0];
-            *o = p[1];
+        for ((a, b), p) in to0[j0..].iter_mut().zip(to1[j1..].iter_mut()).zip(pairs) {
+            *a = p[0];
+            *b = p[1];
         }
         if let [last] = tail {
-            even[src.len() / 2] = *last;
+            to0[j0 + src.len() / 2] = *last;
         }
         return;
     }
     for (r, dst) in dst.chunks_exact_mut(per).enumerate().take(s) {
-        dst.iter_mut()
-            .zip(src.iter().skip(r).step_by(s))
-            .for_each(|(d, &v)| *d = v);
+        // The phase's first column at or after `first`: q0·s + r.
+        let q0 = first.saturating_sub(r).div_ceil(s);
+        let c0 = q0 * s + r - first;
+        if c0 < src.len() {
+            let src = src[c0..].iter().step_by(s);
+            dst[q0..].iter_mut().zip(src).for_each(|(d, &v)| *d = v);
+        }
     }
 }
 
@@ -457,15 +473,22 @@ mod tests {
     fn split_phases_puts_column_j_s_plus_r_at_phase_r_index_j() {
         for s in 1..=4 {
             for len in 0usize..12 {
-                let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
-                let per = len.div_ceil(s).max(1);
-                let mut dst = vec![-1.0; s * per];
-                split_phases(&src, s, per, &mut dst);
-                for (i, &v) in src.iter().enumerate() {
-                    assert_eq!(dst[(i % s) * per + i / s], v, "s {s} len {len}");
+                for first in 0..4 {
+                    let src: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                    let per = (first + len).div_ceil(s).max(1);
+                    let mut dst = vec![-1.0; s * per];
+                    split_phases(&src, first, s, per, &mut dst);
+                    for (i, &v) in src.iter().enumerate() {
+                        let col = first + i;
+                        assert_eq!(
+                            dst[(col % s) * per + col / s],
+                            v,
+                            "s {s} len {len} first {first}"
+                        );
+                    }
+                    let written = src.len();
+                    assert_eq!(dst.iter().filter(|&&v| v >= 0.0).count(), written);
                 }
-                let written = src.len();
-                assert_eq!(dst.iter().filter(|&&v| v >= 0.0).count(), written);
             }
         }
     }
