@@ -457,6 +457,7 @@ fn rerun(
         round_to: None,
         rounded: Default::default(),
         prepacked: &[],
+        epilogue: None,
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

@@ -10,6 +10,7 @@
 
 pub mod cache;
 pub mod emulate;
+mod epilogue;
 pub(crate) mod fusion;
 pub(crate) mod qdq;
 
@@ -123,6 +124,8 @@ pub struct Interpreter<'g> {
     outer_names: Vec<String>,
     /// Input shapes whose inferred graph shapes were already checked.
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
+    /// Per step: the pointwise layers after it that may run as its epilogue.
+    chains: Vec<Option<epilogue::Chain>>,
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
@@ -282,7 +285,10 @@ impl<'g> Interpreter<'g> {
         for (s, i) in last_reader {
             steps[i].frees.push(s);
         }
+        let outputs: Vec<Option<usize>> = output_slots.iter().map(|(_, s)| *s).collect();
+        let chains = epilogue::find_chains(graph, &steps, &outputs);
         Ok(Interpreter {
+            chains,
             graph,
             steps,
             slot_names,
@@ -578,7 +584,17 @@ impl<'g> Interpreter<'g> {
                 }
             }
         }
+        // Epilogues run where nothing can tell their layers' values were never stored.
+        let epilogues = observer.is_none() && cache.is_none() && !opts.keep_intermediates;
+        // Steps whose work an epilogue did.
+        let mut done_in_epilogue = vec![false; self.steps.len()];
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
+            if done_in_epilogue[idx] {
+                for &s in &step.frees {
+                    values[s] = None;
+                }
+                continue;
+            }
             if stop_after.is_some_and(|last| idx > last) {
                 // A partial run ([`Interpreter::run_cached_until`]): the observer has seen
                 // what it asked for; the graph outputs are not computed.
@@ -610,6 +626,7 @@ impl<'g> Interpreter<'g> {
                 Some(Precision::Float16 | Precision::BFloat16) => accumulate,
                 _ => crate::precision::Accumulator::F32,
             };
+            let mut chain_result = None;
             let (mut outs, movement_mark, cost, kernel_rounded) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
                 let base: Vec<Option<&Tensor>> = step
@@ -729,6 +746,35 @@ impl<'g> Interpreter<'g> {
                         _ => None,
                     })
                     .collect();
+                // The pointwise layers after this one, as its epilogue.
+                let fused_epilogue = match (&self.chains[idx], args.first().copied().flatten()) {
+                    (Some(chain), Some(x))
+                        if epilogues && x.dtype() == crate::tensor::DType::F32 =>
+                    {
+                        let shape = Registry::global()
+                            .def(&node.domain, &node.op_type)
+                            .and_then(|d| d.epilogue)
+                            .and_then(|f| f(args));
+                        match shape {
+                            Some(shape) => epilogue::Epilogue::prepare(
+                                chain,
+                                idx,
+                                self.graph,
+                                &self.steps,
+                                plan.map(|p| p.layers.as_slice()),
+                                shape,
+                            )?
+                            .map(|e| (chain, e)),
+                            None => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let apply = |ch: usize, v: &mut [f32]| {
+                    if let Some((_, e)) = &fused_epilogue {
+                        e.apply(ch, v)
+                    }
+                };
                 let ctx = OpCtx {
                     node,
                     opset: step.opset,
@@ -740,6 +786,7 @@ impl<'g> Interpreter<'g> {
                     // or bfloat16.
                     round_to: layer
                         .filter(|l| l.fusion.is_none() && l.integer.is_none())
+                        .filter(|_| fused_epilogue.is_none())
                         .and_then(|l| match l.precision {
                             Some(Precision::Float16) => Some(crate::numeric::Rounding::F16),
                             Some(Precision::BFloat16) => Some(crate::numeric::Rounding::BF16),
@@ -747,6 +794,9 @@ impl<'g> Interpreter<'g> {
                         }),
                     rounded: Default::default(),
                     prepacked: &prepacked,
+                    epilogue: fused_epilogue
+                        .as_ref()
+                        .map(|_| &apply as &crate::ops::ChannelFn),
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let outs = match layer.and_then(|l| l.integer.as_deref()) {
@@ -758,6 +808,19 @@ impl<'g> Interpreter<'g> {
                     op: node.op_type.clone(),
                     msg: e.0,
                 })?;
+                if let Some((chain, _)) = &fused_epilogue {
+                    if !ctx.did_round() {
+                        return Err(Error::Op {
+                            node: node.name.clone(),
+                            op: node.op_type.clone(),
+                            msg: "the kernel did not apply the epilogue it was given".into(),
+                        });
+                    }
+                    for s in chain.steps() {
+                        done_in_epilogue[s] = true;
+                    }
+                    chain_result = Some(chain.result(&self.steps));
+                }
                 let cost = match cache {
                     Some(_) => {
                         let ins: Vec<Option<Vec<usize>>> =
@@ -817,7 +880,12 @@ impl<'g> Interpreter<'g> {
                 }
             }
             let mut inner = inner.into_iter();
-            for ((slot, t), mark) in step.outputs.iter().zip(outs).zip(marks) {
+            // An epilogue's output is its last layer's.
+            let out_slots = match &chain_result {
+                Some(result) => std::slice::from_ref(result),
+                None => step.outputs.as_slice(),
+            };
+            for ((slot, t), mark) in out_slots.iter().zip(outs).zip(marks) {
                 let f32_copy = inner.next().flatten();
                 if let Some(s) = slot {
                     if let Some(obs) = observer.as_mut() {

@@ -7,7 +7,7 @@
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
 use super::util::{input, opt_input};
-use super::{Finish, OpCtx, OpError, OpResult, Registry};
+use super::{ChannelFn, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
 use crate::tensor::Tensor;
@@ -22,7 +22,14 @@ pub fn register(r: &mut Registry) {
         .roles(&[Data, Data, Bias])
         .quantized(&[0, 1], |_, i, _| (i == 1).then_some(0))
         .infer(conv_facts)
-        .flops(conv_flops);
+        .flops(conv_flops)
+        .epilogue(|inputs| {
+            let (x, w) = (inputs.first()?.as_ref()?, inputs.get(1)?.as_ref()?);
+            Some(super::ChainShape {
+                rank: x.rank(),
+                channels: *w.shape().first()?,
+            })
+        });
     r.def_mut("ConvTranspose")
         .parse(|n, _| boxed(ConvAttrs::parse(n)))
         .roles(&[Data, Data, Bias])
@@ -586,7 +593,8 @@ fn weight_panels(wv: &[f32], group: usize, mg: usize, rows: usize) -> Vec<super:
 
 /// Moves block (`positions` × `chans`) of `ct` ([position, channel], `channels` per row) into
 /// `planes` ([channel, position], `n_pos` per plane), adding each channel's bias, then puts each
-/// finished run of a plane through `finish`: 8 positions × 8 channels at a time through
+/// finished run of a plane through `finish` (with its channel index, counted from
+/// `first_channel`): 8 positions × 8 channels at a time through
 /// registers, the rest one by one. With no bias the value is stored as it is (v + 0 would turn
 /// −0 into +0).
 ///
@@ -602,7 +610,7 @@ unsafe fn block_into_planes(
     n_pos: usize,
     positions: std::ops::Range<usize>,
     chans: std::ops::Range<usize>,
-    finish: Option<&Finish>,
+    finish: Option<(&ChannelFn, usize)>,
 ) {
     let bias_of = |ch: usize| bias.map_or(0.0, |b| b[ch]);
     let how = super::util::Transpose8::detect();
@@ -631,12 +639,12 @@ unsafe fn block_into_planes(
             *planes.add(ch * n_pos + pos) = if bias.is_some() { v + bias_of(ch) } else { v };
         }
     }
-    if let Some(f) = finish {
+    if let Some((f, first_channel)) = finish {
         for ch in c0..c1 {
-            f(std::slice::from_raw_parts_mut(
-                planes.add(ch * n_pos + p0),
-                p1 - p0,
-            ));
+            f(
+                first_channel + ch,
+                std::slice::from_raw_parts_mut(planes.add(ch * n_pos + p0), p1 - p0),
+            );
         }
     }
 }
@@ -789,9 +797,13 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let x = input(inputs, 0)?;
     let round = ctx.rounder();
-    let finish: Option<&Finish> = match ctx.round_to {
-        Some(_) if x.dtype() == crate::tensor::DType::F32 => Some(&round),
-        _ => None,
+    let round_channel = move |_: usize, v: &mut [f32]| round(v);
+    // A float32 output: the fused pointwise layers after it, or the layer's rounding.
+    let finish: Option<&ChannelFn> = match (ctx.epilogue, ctx.round_to) {
+        _ if x.dtype() != crate::tensor::DType::F32 => None,
+        (Some(e), _) => Some(e),
+        (None, Some(_)) => Some(&round_channel),
+        (None, None) => None,
     };
     let y = conv(
         ctx,
@@ -804,19 +816,21 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )?;
     if finish.is_some() {
         ctx.outputs_rounded();
+        ctx.epilogue_applied();
     }
     Ok(vec![y])
 }
 
 /// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops);
-/// each finished output plane goes through `finish` (a layer's output rounding) while in cache.
+/// each finished run of an output plane goes through `finish` with its channel (a layer's
+/// output rounding, or its epilogue) while in cache.
 pub fn conv(
     ctx: &OpCtx,
     attrs: &ConvAttrs,
     x: &Tensor,
     wt: &Tensor,
     bias: Option<&Tensor>,
-    finish: Option<&Finish>,
+    finish: Option<&ChannelFn>,
     prepacked: Option<&super::prepacked::Prepacked>,
 ) -> Result<Tensor, OpError> {
     if x.rank() < 3 || wt.rank() != x.rank() {
@@ -946,7 +960,7 @@ pub fn conv(
                             o_sz,
                             positions,
                             chans,
-                            finish,
+                            finish.map(|f| (f, g * mg)),
                         );
                     }
                 };
@@ -990,7 +1004,7 @@ pub fn conv(
                 ch.iter_mut().for_each(|v| *v += bias);
             }
             if let Some(f) = finish {
-                f(ch);
+                f(i % m, ch);
             }
         });
     }

@@ -6,7 +6,7 @@
 
 use super::cast::cast_tensor;
 use super::util::{broadcast_binary, broadcast_ternary, input, opt_input};
-use super::{OpCtx, OpError, OpResult, Registry};
+use super::{OpCtx, OpError, OpResult, Registry, Stage};
 use crate::graph::fact::{DimFact, Fact};
 use crate::tensor::{DType, Tensor, TensorData};
 use num_traits::Float;
@@ -90,7 +90,7 @@ pub fn register(r: &mut Registry) {
             c,
             i,
             |x: f64| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
-            |x: f32| x * (x / 6.0 + 0.5).clamp(0.0, 1.0),
+            hard_swish,
         )
     });
     r.add("LeakyRelu", leaky_relu);
@@ -105,38 +105,20 @@ pub fn register(r: &mut Registry) {
     r.add("Gelu", gelu);
     // Binary arithmetic.
     r.add("Add", |c, i| {
-        arith(
-            c,
-            i,
-            |a, b| a + b,
-            |a, b| a + b,
-            |a, b| Ok(a.wrapping_add(b)),
-        )
+        arith(c, i, |a, b| a + b, f32_add, |a, b| Ok(a.wrapping_add(b)))
     });
     r.add("Sub", |c, i| {
-        arith(
-            c,
-            i,
-            |a, b| a - b,
-            |a, b| a - b,
-            |a, b| Ok(a.wrapping_sub(b)),
-        )
+        arith(c, i, |a, b| a - b, f32_sub, |a, b| Ok(a.wrapping_sub(b)))
     });
     r.add("Mul", |c, i| {
-        arith(
-            c,
-            i,
-            |a, b| a * b,
-            |a, b| a * b,
-            |a, b| Ok(a.wrapping_mul(b)),
-        )
+        arith(c, i, |a, b| a * b, f32_mul, |a, b| Ok(a.wrapping_mul(b)))
     });
     r.add("Div", |c, i| {
         arith(
             c,
             i,
             |a, b| a / b,
-            |a, b| a / b,
+            f32_div,
             |a, b| {
                 if b == 0 {
                     Err(OpError("integer division by zero".into()))
@@ -205,6 +187,7 @@ pub fn register(r: &mut Registry) {
             .parse(|n, opset| super::attrs::boxed(ElementwiseAttrs::parse(n, opset)));
     }
     facts(r);
+    register_stages(r);
 }
 
 /// Shape rules and costs of the elementwise family.
@@ -651,8 +634,12 @@ fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx,
         inputs,
         |x| if x >= 0.0 { x } else { a as f64 * x },
-        |x| if x >= 0.0 { x } else { a * x },
+        leaky_relu_f32(a),
     )
+}
+
+fn leaky_relu_f32(a: f32) -> impl Fn(f32) -> f32 + Send + Sync + 'static {
+    move |x| if x >= 0.0 { x } else { a * x }
 }
 
 fn elu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -715,8 +702,104 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx,
         inputs,
         |x| (a as f64 * x + b as f64).clamp(0.0, 1.0),
-        |x| (a * x + b).clamp(0.0, 1.0),
+        hard_sigmoid_f32(a, b),
     )
+}
+
+fn hard_sigmoid_f32(a: f32, b: f32) -> impl Fn(f32) -> f32 + Send + Sync + 'static {
+    move |x| (a * x + b).clamp(0.0, 1.0)
+}
+
+fn hard_swish(x: f32) -> f32 {
+    x * (x / 6.0 + 0.5).clamp(0.0, 1.0)
+}
+
+fn f32_add(a: f32, b: f32) -> f32 {
+    a + b
+}
+
+fn f32_sub(a: f32, b: f32) -> f32 {
+    a - b
+}
+
+fn f32_mul(a: f32, b: f32) -> f32 {
+    a * b
+}
+
+fn f32_div(a: f32, b: f32) -> f32 {
+    a / b
+}
+
+/// Epilogue stages (docs/architecture.md, "Epilogues"): each the float32 function its kernel
+/// maps with, so a fused layer computes the same bits.
+fn register_stages(r: &mut Registry) {
+    use super::logistic::{logistic_in_place, map_in_place, tanh};
+    r.def_mut("Relu")
+        .stage(|_, _, chained, _| Ok(map_stage(chained, relu::<f32>)));
+    r.def_mut("Sigmoid").stage(|_, _, chained, _| {
+        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| logistic_in_place(v)))))
+    });
+    r.def_mut("Tanh").stage(|_, _, chained, _| {
+        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| map_in_place(v, &tanh)))))
+    });
+    r.def_mut("HardSwish")
+        .stage(|_, _, chained, _| Ok(map_stage(chained, hard_swish)));
+    r.def_mut("LeakyRelu").stage(|ctx, _, chained, _| {
+        let a = ctx.attrs::<ElementwiseAttrs>()?.alpha;
+        Ok(map_stage(chained, leaky_relu_f32(a)))
+    });
+    r.def_mut("HardSigmoid").stage(|ctx, _, chained, _| {
+        let attrs = ctx.attrs::<ElementwiseAttrs>()?;
+        Ok(map_stage(
+            chained,
+            hard_sigmoid_f32(attrs.alpha, attrs.beta),
+        ))
+    });
+    r.def_mut("Add")
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_add)));
+    r.def_mut("Sub")
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_sub)));
+    r.def_mut("Mul")
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_mul)));
+    r.def_mut("Div")
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_div)));
+}
+
+/// A unary float map on its one chained input.
+fn map_stage(chained: &[bool], f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Option<Stage> {
+    (chained == [true]).then(|| {
+        Stage::Map(Box::new(move |_, v: &mut [f32]| {
+            v.iter_mut().for_each(|x| *x = f(*x))
+        }))
+    })
+}
+
+/// A binary op on two chained values, or on one and a float32 constant with one value per
+/// channel (or one value): the constant on the side its input is on.
+fn binary_stage(
+    inputs: &[Option<&Tensor>],
+    chained: &[bool],
+    shape: super::ChainShape,
+    f: fn(f32, f32) -> f32,
+) -> Option<Stage> {
+    match chained {
+        [true, true] => Some(Stage::Combine(f)),
+        [true, false] => {
+            let c = super::util::per_channel(inputs.get(1).copied().flatten()?, shape)?;
+            Some(Stage::Map(Box::new(move |ch, v| {
+                let k = c[ch];
+                v.iter_mut().for_each(|x| *x = f(*x, k))
+            })))
+        }
+        [false, true] => {
+            let c = super::util::per_channel(inputs.first().copied().flatten()?, shape)?;
+            Some(Stage::Map(Box::new(move |ch, v| {
+                let k = c[ch];
+                v.iter_mut().for_each(|x| *x = f(k, *x))
+            })))
+        }
+        _ => None,
+    }
 }
 
 /// Swish (opset 24): `x * sigmoid(alpha * x)`.

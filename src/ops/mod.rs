@@ -46,6 +46,37 @@ use std::sync::OnceLock;
 /// cache: a layer's output rounding ([`OpCtx::rounder`]), or nothing.
 pub type Finish = dyn Fn(&mut [f32]) + Sync;
 
+/// A pointwise function applied in place to finished float32 values of one output channel
+/// (channel index, values): a layer's epilogue ([`OpCtx::epilogue`]).
+pub type ChannelFn<'a> = dyn Fn(usize, &mut [f32]) + Sync + 'a;
+
+/// What a pointwise op computes as a stage of the epilogue of the kernel before it
+/// (docs/architecture.md, "Epilogues"): exactly the float32 values its own kernel computes,
+/// before the layer's output rounding.
+pub enum Stage {
+    /// In place on the values of one channel of the chained value (channel index, values).
+    Map(Box<ChannelFn<'static>>),
+    /// Two chained values of the same shape combined, `a = f(a, b)`, `a` the op's first input.
+    Combine(fn(f32, f32) -> f32),
+}
+
+/// The chained values of an epilogue: float32 tensors of this rank, [N, C, ...], C channels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainShape {
+    pub rank: usize,
+    pub channels: usize,
+}
+
+/// Makes a node's epilogue stage: `inputs` as its kernel would get them, None for the inputs
+/// that are chained values (`chained[i]`, of shape `shape`, never materialized). None where
+/// the op cannot be a stage on these inputs (its kernel then runs on its own); an error where
+/// its kernel would fail.
+pub type StageFn =
+    fn(&OpCtx, &[Option<&Tensor>], &[bool], ChainShape) -> Result<Option<Stage>, OpError>;
+
+/// The shape of the output an epilogue anchor will produce from these inputs.
+pub type EpilogueShapeFn = fn(&[Option<&Tensor>]) -> Option<ChainShape>;
+
 /// What a kernel knows about the node it runs.
 pub struct OpCtx<'a> {
     pub node: &'a Node,
@@ -74,6 +105,11 @@ pub struct OpCtx<'a> {
     /// whose values are the same on every run ([`prepacked`]); shorter than the inputs, or
     /// None, where there is no such place.
     pub prepacked: &'a [Option<&'a prepacked::Prepacked>],
+    /// The pointwise layers after this one, fused into it (a kernel registered with
+    /// [`OpDef::epilogue`] only): applied to each finished channel of its float32 output in
+    /// place of `round_to`, which the interpreter puts into it. The kernel says it did with
+    /// [`OpCtx::epilogue_applied`].
+    pub epilogue: Option<&'a ChannelFn<'a>>,
 }
 
 impl<'a> OpCtx<'a> {
@@ -88,6 +124,7 @@ impl<'a> OpCtx<'a> {
             round_to: None,
             rounded: std::sync::atomic::AtomicBool::new(false),
             prepacked: &[],
+            epilogue: None,
         }
     }
 
@@ -115,7 +152,15 @@ impl<'a> OpCtx<'a> {
         }
     }
 
-    /// Whether the kernel rounded its outputs itself.
+    /// The kernel has applied [`OpCtx::epilogue`] to every value of its output.
+    pub fn epilogue_applied(&self) {
+        if self.epilogue.is_some() {
+            self.rounded
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the kernel rounded its outputs (or applied its epilogue) itself.
     pub fn did_round(&self) -> bool {
         self.rounded.load(std::sync::atomic::Ordering::Relaxed)
     }
@@ -245,6 +290,11 @@ pub struct OpDef {
     quantized: Option<(&'static [usize], ChannelAxisFn)>,
     /// The output type is set by the op (an attribute or a fixed type), not by its data inputs.
     own_output_type: bool,
+    /// How the op runs as a stage of the epilogue of the kernel before it.
+    pub stage: Option<StageFn>,
+    /// The kernel applies [`OpCtx::epilogue`] (it may anchor an epilogue), to an output of
+    /// this shape.
+    pub epilogue: Option<EpilogueShapeFn>,
 }
 
 impl OpDef {
@@ -259,7 +309,22 @@ impl OpDef {
             roles: &[],
             quantized: None,
             own_output_type: false,
+            stage: None,
+            epilogue: None,
         }
+    }
+
+    /// How the op runs as an epilogue stage.
+    pub fn stage(&mut self, f: StageFn) -> &mut Self {
+        self.stage = Some(f);
+        self
+    }
+
+    /// Marks the kernel as applying [`OpCtx::epilogue`] to its float32 output, whose shape
+    /// `shape` tells before it runs.
+    pub fn epilogue(&mut self, shape: EpilogueShapeFn) -> &mut Self {
+        self.epilogue = Some(shape);
+        self
     }
 
     pub fn parse(&mut self, f: attrs::ParseFn) -> &mut Self {

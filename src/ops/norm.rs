@@ -11,7 +11,8 @@ use crate::tensor::Tensor;
 use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
-    r.add("BatchNormalization", batch_norm);
+    r.add("BatchNormalization", batch_norm)
+        .stage(batch_norm_stage);
     r.add("LayerNormalization", layer_norm);
     r.add("InstanceNormalization", instance_norm);
     r.add("GroupNormalization", group_norm);
@@ -154,13 +155,6 @@ use super::util::{float_values as floats, in_dtype as back};
 
 fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let attrs = ctx.attrs::<NormAttrs>()?;
-    if attrs.training_mode {
-        return Err(OpError(
-            "training_mode=1 is not supported (inference only)".into(),
-        ));
-    }
-    let eps = attrs.epsilon;
     if x.rank() < 2 {
         return Err(OpError(format!(
             "input must have rank >= 2, got {:?}",
@@ -168,6 +162,43 @@ fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         )));
     }
     let c = x.shape()[1];
+    let (a, b) = batch_norm_coefficients(ctx, inputs, c)?;
+    let sp: usize = x.shape()[2..].iter().product();
+    let mut v = floats(x, "X")?;
+    // A float32 output is rounded to the layer's precision plane by plane, as it is written.
+    let f32_out = x.dtype() == crate::tensor::DType::F32;
+    let round = ctx.rounder();
+    if sp > 0 {
+        v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
+            affine(plane, a[i % c], b[i % c]);
+            if f32_out {
+                round(plane);
+            }
+        });
+    }
+    if f32_out {
+        ctx.outputs_rounded();
+    }
+    Ok(vec![back(
+        Tensor::from_f32(x.shape().to_vec(), v),
+        x.dtype(),
+    )])
+}
+
+/// BatchNormalization (inference) folded per channel into `y = a·x + b`:
+/// `a = scale / √(var + eps)`, `b = bias − mean·a`, each in f64 and rounded to f32 once.
+fn batch_norm_coefficients(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    c: usize,
+) -> Result<(Vec<f32>, Vec<f32>), OpError> {
+    let attrs = ctx.attrs::<NormAttrs>()?;
+    if attrs.training_mode {
+        return Err(OpError(
+            "training_mode=1 is not supported (inference only)".into(),
+        ));
+    }
+    let eps = attrs.epsilon;
     let get = |i: usize, what: &str| -> Result<Vec<f32>, OpError> {
         let t = input(inputs, i)?;
         if t.len() != c {
@@ -184,34 +215,35 @@ fn batch_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         get(3, "mean")?,
         get(4, "var")?,
     );
-    // y = (x - mean) / sqrt(var + eps) * scale + bias, folded per channel into y = a·x + b.
     let a: Vec<f32> = (0..c)
         .map(|i| (scale[i] as f64 / (var[i] as f64 + eps).sqrt()) as f32)
         .collect();
     let b: Vec<f32> = (0..c)
         .map(|i| (bias[i] as f64 - mean[i] as f64 * a[i] as f64) as f32)
         .collect();
-    let sp: usize = x.shape()[2..].iter().product();
-    let mut v = floats(x, "X")?;
-    // A float32 output is rounded to the layer's precision plane by plane, as it is written.
-    let f32_out = x.dtype() == crate::tensor::DType::F32;
-    let round = ctx.rounder();
-    if sp > 0 {
-        v.par_chunks_mut(sp).enumerate().for_each(|(i, plane)| {
-            let (ai, bi) = (a[i % c], b[i % c]);
-            plane.iter_mut().for_each(|p| *p = *p * ai + bi);
-            if f32_out {
-                round(plane);
-            }
-        });
+    Ok((a, b))
+}
+
+/// `x·a + b` for every value of one channel: a product and a sum, each rounded (no fused
+/// multiply-add), in the kernel and as an epilogue stage alike.
+fn affine(plane: &mut [f32], a: f32, b: f32) {
+    plane.iter_mut().for_each(|p| *p = *p * a + b);
+}
+
+/// BatchNormalization as an epilogue stage: the same `x·a + b` per channel as its kernel.
+fn batch_norm_stage(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    chained: &[bool],
+    shape: super::ChainShape,
+) -> Result<Option<super::Stage>, OpError> {
+    if shape.rank < 2 || chained.first() != Some(&true) || chained[1..].contains(&true) {
+        return Ok(None);
     }
-    if f32_out {
-        ctx.outputs_rounded();
-    }
-    Ok(vec![back(
-        Tensor::from_f32(x.shape().to_vec(), v),
-        x.dtype(),
-    )])
+    let (a, b) = batch_norm_coefficients(ctx, inputs, shape.channels)?;
+    Ok(Some(super::Stage::Map(Box::new(move |ch, v| {
+        affine(v, a[ch], b[ch])
+    }))))
 }
 
 /// Normalizes each row of `width` values: (x - mean) / sqrt(var + eps); returns mean and

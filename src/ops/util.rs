@@ -52,6 +52,33 @@ pub fn input_f32<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a [f32
 
 /// A float tensor's values as f32 (float16/bfloat16/float64 converted), or an error naming
 /// `what` and the dtype found.
+/// The values of a float32 tensor that, broadcast against a tensor of shape `shape`
+/// ([N, C, ...]), gives one value per channel and leaves the shape as it is: one value per
+/// channel index, or None.
+pub fn per_channel(t: &Tensor, shape: super::ChainShape) -> Option<Vec<f32>> {
+    let v = t.as_f32()?;
+    let (r, q) = (shape.rank, t.rank());
+    if r < 2 || q > r || v.is_empty() {
+        return None;
+    }
+    let c = shape.channels;
+    let mut along_channels = false;
+    for (j, &d) in t.shape().iter().enumerate() {
+        let axis = j + r - q;
+        if d != 1 {
+            if axis != 1 || d != c {
+                return None;
+            }
+            along_channels = true;
+        }
+    }
+    Some(if along_channels {
+        v.to_vec()
+    } else {
+        vec![v[0]; c]
+    })
+}
+
 pub fn float_values(t: &Tensor, what: &str) -> Result<Vec<f32>, OpError> {
     if t.dtype().is_float() {
         Ok(t.to_f32_vec().expect("float"))

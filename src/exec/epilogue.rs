@@ -1,0 +1,553 @@
+//! Epilogues: the pointwise layers after a convolution run inside it, on each finished channel
+//! of its output while that is still in the cache of the core that computed it, instead of as
+//! passes of their own over the whole tensor (ONNX Runtime fuses Conv + activation, TensorRT
+//! Conv + BatchNormalization + activation the same way).
+//!
+//! [`find_chains`] reads a graph once: after each kernel that applies an epilogue
+//! ([`crate::ops::OpDef::epilogue`]), the longest run of pointwise nodes with an epilogue stage
+//! ([`crate::ops::OpDef::stage`]) whose values nothing else reads: their other inputs are
+//! weights, the values they pass each other are read only inside the chain and are not graph
+//! outputs, so no one can tell they were never stored (Conv → BatchNormalization → Relu;
+//! Conv → Sigmoid, Mul = SiLU; a decomposed HardSwish). [`Epilogue::prepare`] makes a chain's
+//! stages for one run where that run cannot tell either: no observer, no cache, no kept
+//! intermediates, and every layer of the chain in the same float precision without fusion
+//! regions or int8/fp8. Each stage computes exactly its kernel's float32 values, and each
+//! layer's output is rounded as the interpreter would round it, so the results are the same
+//! bits as running the layers one by one (`tests`).
+
+use super::emulate::{prepare_input, InputPrep, LayerPrep};
+use super::{Source, Step};
+use crate::graph::Graph;
+use crate::numeric::Rounding;
+use crate::ops::{ChainShape, OpCtx, Registry, Stage};
+use crate::precision::Precision;
+use crate::tensor::Tensor;
+use std::borrow::Cow;
+use std::collections::HashMap;
+
+/// Most layers one epilogue takes.
+const MAX_STAGES: usize = 8;
+
+/// Values an epilogue works on at a time (per register).
+const CHUNK: usize = 64;
+
+/// A run of pointwise layers fused into the kernel before them.
+#[derive(Clone, Debug)]
+pub(super) struct Chain {
+    pub stages: Vec<ChainStage>,
+}
+
+/// One layer of a chain. Register 0 holds the kernel's output, register k + 1 stage k's.
+#[derive(Clone, Debug)]
+pub(super) struct ChainStage {
+    /// The layer's step (node index).
+    pub step: usize,
+    /// Per explicit input: the register holding it, where it is a value of the chain.
+    pub regs: Vec<Option<usize>>,
+}
+
+impl Chain {
+    /// Every step whose work the chain does, the anchor's excluded.
+    pub fn steps(&self) -> impl Iterator<Item = usize> + '_ {
+        self.stages.iter().map(|s| s.step)
+    }
+
+    /// The slot the chain's result goes to.
+    pub fn result(&self, steps: &[Step]) -> Option<usize> {
+        steps[self.stages.last()?.step].outputs[0]
+    }
+}
+
+/// Per step: the chain fused into it, if it anchors one.
+pub(super) fn find_chains(
+    graph: &Graph,
+    steps: &[Step],
+    outputs: &[Option<usize>],
+) -> Vec<Option<Chain>> {
+    let registry = Registry::global();
+    let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
+    for (i, st) in steps.iter().enumerate() {
+        for src in &st.inputs {
+            if let Source::Slot(s) = src {
+                readers.entry(*s).or_default().push(i);
+            }
+        }
+    }
+    let graph_output = |s: usize| outputs.contains(&Some(s));
+    let single_output = |i: usize| -> Option<usize> {
+        match steps[i].outputs.as_slice() {
+            [Some(s)] if steps[i].subs.is_empty() && steps[i].explicit == steps[i].inputs.len() => {
+                Some(*s)
+            }
+            _ => None,
+        }
+    };
+    (0..steps.len())
+        .map(|a| {
+            let node = &graph.nodes[a];
+            let def = registry.def(&node.domain, &node.op_type)?;
+            def.epilogue?;
+            let first = single_output(a)?;
+            // Chain values by slot → register.
+            let mut reg_of: HashMap<usize, usize> = HashMap::from([(first, 0)]);
+            let mut stages: Vec<ChainStage> = Vec::new();
+            let mut best = 0;
+            while stages.len() < MAX_STAGES {
+                let inside = |i: usize| i == a || stages.iter().any(|s| s.step == i);
+                let Some(next) = reg_of
+                    .keys()
+                    .flat_map(|s| readers.get(s).into_iter().flatten())
+                    .copied()
+                    .filter(|&i| !inside(i))
+                    .min()
+                else {
+                    break;
+                };
+                let node = &graph.nodes[next];
+                let staged = registry
+                    .def(&node.domain, &node.op_type)
+                    .is_some_and(|d| d.stage.is_some());
+                let Some(out) = single_output(next).filter(|_| staged) else {
+                    break;
+                };
+                let mut regs = Vec::new();
+                let mut ok = true;
+                for src in &steps[next].inputs {
+                    regs.push(match src {
+                        Source::Slot(s) => match reg_of.get(s) {
+                            Some(&r) => Some(r),
+                            None => {
+                                ok = false;
+                                None
+                            }
+                        },
+                        Source::Initializer(_) | Source::Absent => None,
+                        Source::Outer(_) => {
+                            ok = false;
+                            None
+                        }
+                    });
+                }
+                if !ok || regs.iter().all(Option::is_none) {
+                    break;
+                }
+                stages.push(ChainStage { step: next, regs });
+                reg_of.insert(out, stages.len());
+                // Whole: every value but the newest read only inside the chain.
+                let whole = reg_of.keys().filter(|&&s| s != out).all(|&s| {
+                    !graph_output(s)
+                        && readers.get(&s).is_some_and(|r| {
+                            r.iter()
+                                .all(|&i| i == a || stages.iter().any(|st| st.step == i))
+                        })
+                });
+                if whole {
+                    best = stages.len();
+                }
+            }
+            stages.truncate(best);
+            (!stages.is_empty()).then_some(Chain { stages })
+        })
+        .collect()
+}
+
+/// A chain's stages made for one run: what the anchor's kernel applies to each finished
+/// channel ([`crate::ops::OpCtx::epilogue`]).
+pub(super) struct Epilogue {
+    ops: Vec<Op>,
+    /// Buffers besides the output itself (buffer 0) the stages need: values read again
+    /// after a stage that does not end their life (SiLU's input).
+    temps: usize,
+    /// Where the result is (moved to buffer 0 at the end).
+    result: usize,
+    /// Every layer's output rounding (the chain's layers share one precision).
+    round: Option<Rounding>,
+}
+
+/// A stage with the buffers it reads (its chained inputs, in input order) and writes.
+struct Op {
+    stage: Stage,
+    inputs: Vec<usize>,
+    out: usize,
+}
+
+/// Most temporary buffers an epilogue uses.
+const MAX_TEMPS: usize = 4;
+
+/// The rounding a layer's outputs get under a plan, for the layers an epilogue may take:
+/// Some(None) for float32 (or no plan), Some(Some(r)) for float16/bfloat16, None for the rest.
+fn output_rounding(layer: Option<&LayerPrep>) -> Option<Option<Rounding>> {
+    let Some(l) = layer else {
+        return Some(None);
+    };
+    if l.fusion.is_some() || l.integer.is_some() {
+        return None;
+    }
+    match l.precision {
+        Some(Precision::Float32) => Some(None),
+        Some(Precision::Float16) => Some(Some(Rounding::F16)),
+        Some(Precision::BFloat16) => Some(Some(Rounding::BF16)),
+        _ => None,
+    }
+}
+
+impl Epilogue {
+    /// The chain's stages for this run, or None where the run must execute its layers one
+    /// by one (see the module's introduction); `layers`: the plan's layers, if any; `shape`:
+    /// the anchor's output.
+    pub fn prepare(
+        chain: &Chain,
+        anchor: usize,
+        graph: &Graph,
+        steps: &[Step],
+        layers: Option<&[LayerPrep]>,
+        shape: ChainShape,
+    ) -> crate::error::Result<Option<Epilogue>> {
+        let round = output_rounding(layers.map(|l| &l[anchor]));
+        let Some(round) = round else {
+            return Ok(None);
+        };
+        let mut stages = Vec::with_capacity(chain.stages.len());
+        for st in &chain.stages {
+            let layer = layers.map(|l| &l[st.step]);
+            if output_rounding(layer) != Some(round) {
+                return Ok(None);
+            }
+            let node = &graph.nodes[st.step];
+            let step = &steps[st.step];
+            // The layer's constant inputs as its kernel would get them under the plan.
+            let mut args: Vec<Option<Cow<Tensor>>> = Vec::with_capacity(st.regs.len());
+            for (i, (src, reg)) in step.inputs.iter().zip(&st.regs).enumerate() {
+                let prep = layer.and_then(|l| l.inputs.get(i));
+                if reg.is_some() {
+                    // A chain value, already rounded to the layer's precision.
+                    match prep {
+                        None | Some(InputPrep::Keep) => {}
+                        Some(InputPrep::Round(p)) if rounding_of(*p) == round => {}
+                        _ => return Ok(None),
+                    }
+                    args.push(None);
+                    continue;
+                }
+                let base = match src {
+                    Source::Initializer(n) => graph.initializers.get(n),
+                    _ => None,
+                };
+                args.push(base.map(
+                    |t| match prep.and_then(|p| prepare_input(p, t).map(|o| (p, o))) {
+                        Some((_, owned)) => Cow::Owned(owned),
+                        None => match prep {
+                            Some(InputPrep::Converted(c, _)) => Cow::Borrowed(&**c),
+                            _ => Cow::Borrowed(t),
+                        },
+                    },
+                ));
+            }
+            let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
+            let chained: Vec<bool> = st.regs.iter().map(Option::is_some).collect();
+            let def = Registry::global()
+                .def(&node.domain, &node.op_type)
+                .and_then(|d| d.stage)
+                .expect("chains hold staged ops");
+            let ctx = OpCtx::new(node, step.opset);
+            let stage = def(&ctx, &refs, &chained, shape).map_err(|e| crate::error::Error::Op {
+                node: node.name.clone(),
+                op: node.op_type.clone(),
+                msg: e.0,
+            })?;
+            match stage {
+                Some(s) => stages.push((s, st.regs.iter().flatten().copied().collect())),
+                None => return Ok(None),
+            }
+        }
+        Ok(assign_buffers(stages).map(|(ops, temps, result)| Epilogue {
+            ops,
+            temps,
+            result,
+            round,
+        }))
+    }
+
+    /// Applies the anchor's rounding and every stage to one channel's finished values.
+    pub fn apply(&self, channel: usize, values: &mut [f32]) {
+        if self.temps == 0 {
+            // Every stage in place on the output itself.
+            return self.run(channel, values, &mut []);
+        }
+        let mut temps = [[0f32; CHUNK]; MAX_TEMPS];
+        for part in values.chunks_mut(CHUNK) {
+            self.run(channel, part, &mut temps[..self.temps]);
+        }
+    }
+
+    /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries).
+    fn run(&self, channel: usize, part: &mut [f32], temps: &mut [[f32; CHUNK]]) {
+        let n = part.len();
+        let round = |v: &mut [f32]| {
+            if let Some(r) = self.round {
+                r.round_slice(v)
+            }
+        };
+        round(part);
+        // A copy of buffer `b`'s values (only with temporaries: then n <= CHUNK).
+        let copy = |b: usize, part: &[f32], temps: &[[f32; CHUNK]]| -> [f32; CHUNK] {
+            let mut c = [0f32; CHUNK];
+            c[..n].copy_from_slice(if b == 0 { part } else { &temps[b - 1][..n] });
+            c
+        };
+        for op in &self.ops {
+            match &op.stage {
+                Stage::Map(f) => {
+                    if op.inputs[0] != op.out {
+                        let c = copy(op.inputs[0], part, temps);
+                        buffer(part, temps, op.out).copy_from_slice(&c[..n]);
+                    }
+                    let out = buffer(part, temps, op.out);
+                    f(channel, out);
+                    round(out);
+                }
+                Stage::Combine(f) if op.inputs[0] == op.out && op.inputs[1] == op.out => {
+                    let out = buffer(part, temps, op.out);
+                    out.iter_mut().for_each(|v| *v = f(*v, *v));
+                    round(out);
+                }
+                Stage::Combine(f) => {
+                    let (a, b) = (
+                        copy(op.inputs[0], part, temps),
+                        copy(op.inputs[1], part, temps),
+                    );
+                    let out = buffer(part, temps, op.out);
+                    for (i, v) in out.iter_mut().enumerate() {
+                        *v = f(a[i], b[i]);
+                    }
+                    round(out);
+                }
+            }
+        }
+        if self.result != 0 {
+            part.copy_from_slice(&temps[self.result - 1][..n]);
+        }
+    }
+}
+
+/// Buffer `b` of an epilogue: the output's values (0) or a temporary.
+fn buffer<'a>(part: &'a mut [f32], temps: &'a mut [[f32; CHUNK]], b: usize) -> &'a mut [f32] {
+    let n = part.len();
+    if b == 0 {
+        part
+    } else {
+        &mut temps[b - 1][..n]
+    }
+}
+
+/// Buffers for a chain's values: a stage writes over its first chained input where it is that
+/// value's last reader, otherwise into a free temporary. Returns the ops, the temporaries used
+/// and the result's buffer; None past [`MAX_TEMPS`].
+fn assign_buffers(stages: Vec<(Stage, Vec<usize>)>) -> Option<(Vec<Op>, usize, usize)> {
+    // Register 0: the anchor's output; register k + 1: stage k's.
+    let mut last_read = vec![0usize; stages.len() + 1];
+    for (k, (_, regs)) in stages.iter().enumerate() {
+        for &r in regs {
+            last_read[r] = last_read[r].max(k);
+        }
+    }
+    let mut buf_of = vec![0usize; stages.len() + 1];
+    let (mut free, mut temps) = (Vec::new(), 0);
+    let mut ops = Vec::with_capacity(stages.len());
+    for (k, (stage, regs)) in stages.into_iter().enumerate() {
+        let first = regs[0];
+        let out = if last_read[first] == k {
+            buf_of[first]
+        } else if let Some(b) = free.pop() {
+            b
+        } else {
+            temps += 1;
+            temps
+        };
+        for &r in &regs {
+            if last_read[r] == k && buf_of[r] != out && !free.contains(&buf_of[r]) && buf_of[r] != 0
+            {
+                free.push(buf_of[r]);
+            }
+        }
+        buf_of[k + 1] = out;
+        let inputs = regs.iter().map(|&r| buf_of[r]).collect();
+        ops.push(Op { stage, inputs, out });
+    }
+    (temps <= MAX_TEMPS).then(|| (ops, temps, buf_of[buf_of.len() - 1]))
+}
+
+fn rounding_of(p: Precision) -> Option<Rounding> {
+    match p {
+        Precision::Float16 => Some(Rounding::F16),
+        Precision::BFloat16 => Some(Rounding::BF16),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph, Node};
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::Tensor;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut rng = crate::data::loader::Mt19937::new(seed);
+        (0..n)
+            .map(|_| (rng.random_sample() * 4.0 - 2.0) as f32)
+            .collect()
+    }
+
+    fn conv(name: &str, inputs: &[&str], out: &str, pad: i64) -> Node {
+        let mut n = node(name, "Conv", inputs, &[out]);
+        n.attrs.insert("pads".into(), Attribute::Ints(vec![pad; 4]));
+        n
+    }
+
+    /// Four convolutions, each followed by a chain: BatchNormalization → Relu; Sigmoid, Mul of it
+    /// by its input
+    /// (SiLU); Mul, Add by constants → HardSigmoid, Mul (a decomposed HardSwish); Sub from a
+    /// per-channel constant → Div by a scalar → Tanh. `extra`: more nodes and outputs.
+    fn model(extra: Vec<Node>, outputs: &[&str]) -> Graph {
+        let (c, hw) = (3usize, 9usize);
+        let mut hs = node("hsig", "HardSigmoid", &["u3"], &["u4"]);
+        hs.attrs.insert("alpha".into(), Attribute::Float(0.2));
+        let mut nodes = vec![
+            conv("c1", &["x", "w1", "b1"], "y1", 1),
+            node(
+                "bn",
+                "BatchNormalization",
+                &["y1", "s", "bb", "mu", "var"],
+                &["y2"],
+            ),
+            node("relu", "Relu", &["y2"], &["y3"]),
+            conv("c2", &["y3", "w2"], "z1", 1),
+            node("sig", "Sigmoid", &["z1"], &["z2"]),
+            node("silu", "Mul", &["z2", "z1"], &["z3"]),
+            conv("c3", &["z3", "w3"], "u1", 0),
+            node("scale", "Mul", &["u1", "k"], &["u2"]),
+            node("shift", "Add", &["u2", "three"], &["u3"]),
+            hs,
+            node("hswish", "Mul", &["u3", "u4"], &["u5"]),
+            conv("c4", &["u5", "w4"], "v1", 1),
+            node("sub", "Sub", &["d", "v1"], &["v2"]),
+            node("div", "Div", &["v2", "two"], &["v3"]),
+            node("tanh", "Tanh", &["v3"], &["out"]),
+        ];
+        nodes.extend(extra);
+        let t = |shape: Vec<usize>, seed| {
+            let n = shape.iter().product();
+            Tensor::from_f32(shape, values(n, seed))
+        };
+        let positive = |n: usize, seed| {
+            Tensor::from_f32(
+                vec![n],
+                values(n, seed).iter().map(|v| v.abs() + 0.1).collect(),
+            )
+        };
+        graph(
+            nodes,
+            vec![vi("x", &[1, c, hw, hw])],
+            outputs.iter().map(|o| vi(o, &[])).collect(),
+            vec![
+                ("w1", t(vec![16, c, 3, 3], 1)),
+                ("b1", t(vec![16], 2)),
+                ("s", t(vec![16], 3)),
+                ("bb", t(vec![16], 4)),
+                ("mu", t(vec![16], 5)),
+                ("var", positive(16, 6)),
+                ("w2", t(vec![20, 16, 3, 3], 7)),
+                ("w3", t(vec![16, 20, 1, 1], 8)),
+                ("k", t(vec![1, 16, 1, 1], 9)),
+                ("three", Tensor::from_f32(vec![], vec![3.0])),
+                ("w4", t(vec![4, 16, 3, 3], 10)),
+                ("d", t(vec![4, 1, 1], 11)),
+                ("two", Tensor::from_f32(vec![1], vec![2.0])),
+            ],
+        )
+    }
+
+    fn feeds() -> Feeds {
+        let mut f = Feeds::new();
+        f.insert(
+            "x".into(),
+            Tensor::from_f32(vec![1, 3, 9, 9], values(243, 12)),
+        );
+        f
+    }
+
+    fn chain_lengths(interp: &Interpreter) -> Vec<(String, usize)> {
+        interp
+            .chains
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                Some((interp.graph.nodes[i].name.clone(), c.as_ref()?.stages.len()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chains_take_the_pointwise_layers_whose_values_nothing_else_reads() {
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let want = [("c1", 2), ("c2", 2), ("c3", 4), ("c4", 3)];
+        let want: Vec<(String, usize)> = want.iter().map(|(n, k)| (n.to_string(), *k)).collect();
+        assert_eq!(chain_lengths(&interp), want);
+        // A value read outside (the BatchNormalization's by a second output, the SiLU's
+        // product input by another node) ends the chain before the layer that needs it.
+        let g = model(
+            vec![node("peek", "Neg", &["z1"], &["p"])],
+            &["out", "y2", "p"],
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        let got = chain_lengths(&interp);
+        assert_eq!(got[0], ("c1".to_string(), 1));
+        assert_eq!(got[1].0, "c3");
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// A run with epilogues gives the bits of the run that executes every layer on its own
+    /// (kept intermediates turn epilogues off): float32, float16, bfloat16, and a plan that
+    /// mixes precisions inside chains.
+    #[test]
+    fn an_epilogue_computes_the_bits_of_its_layers_run_one_by_one() {
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds = feeds();
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let fused = interp.run(&feeds).unwrap();
+        let alone = interp.run_with(&feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+        let mut mixed: Vec<Precision> = vec![Precision::Float16; g.nodes.len()];
+        mixed[1] = Precision::Float32; // the BatchNormalization
+        mixed[4] = Precision::BFloat16; // the SiLU's Sigmoid
+        let plans = [
+            PrecisionPlan::uniform(&g, Precision::Float16),
+            PrecisionPlan::uniform(&g, Precision::BFloat16),
+            PrecisionPlan::from_layers(mixed),
+        ];
+        let mut seen = vec![bits(&fused.outputs[0].1)];
+        for plan in plans {
+            let p = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+            let fused = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
+            let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
+            assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+            seen.push(bits(&fused.outputs[0].1));
+        }
+        // The plans' results differ, so each compared what its precision computes.
+        for i in 0..seen.len() {
+            for j in 0..i {
+                assert_ne!(seen[i], seen[j], "plans {i} and {j}");
+            }
+        }
+    }
+}
