@@ -19,7 +19,7 @@ use super::emulate::{prepare_input, InputPrep, LayerPrep};
 use super::{Source, Step};
 use crate::graph::Graph;
 use crate::numeric::Rounding;
-use crate::ops::{ChainShape, OpCtx, Registry, Stage};
+use crate::ops::{ChainShape, Channels, OpCtx, Registry, Stage};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
 use std::borrow::Cow;
@@ -29,7 +29,7 @@ use std::collections::HashMap;
 const MAX_STAGES: usize = 8;
 
 /// Values an epilogue works on at a time (per register).
-const CHUNK: usize = 64;
+const CHUNK: usize = 256;
 
 /// A run of pointwise layers fused into the kernel before them.
 #[derive(Clone, Debug)]
@@ -269,19 +269,19 @@ impl Epilogue {
     }
 
     /// Applies the anchor's rounding and every stage to one channel's finished values.
-    pub fn apply(&self, channel: usize, values: &mut [f32]) {
+    pub fn apply(&self, channels: Channels, values: &mut [f32]) {
         if self.temps == 0 {
             // Every stage in place on the output itself.
-            return self.run(channel, values, &mut []);
+            return self.run(channels, values, &mut []);
         }
         let mut temps = [[0f32; CHUNK]; MAX_TEMPS];
-        for part in values.chunks_mut(CHUNK) {
-            self.run(channel, part, &mut temps[..self.temps]);
+        for (k, part) in values.chunks_mut(CHUNK).enumerate() {
+            self.run(channels.skip(k * CHUNK), part, &mut temps[..self.temps]);
         }
     }
 
     /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries).
-    fn run(&self, channel: usize, part: &mut [f32], temps: &mut [[f32; CHUNK]]) {
+    fn run(&self, channel: Channels, part: &mut [f32], temps: &mut [[f32; CHUNK]]) {
         let n = part.len();
         let round = |v: &mut [f32]| {
             if let Some(r) = self.round {
@@ -289,43 +289,55 @@ impl Epilogue {
             }
         };
         round(part);
-        // A copy of buffer `b`'s values (only with temporaries: then n <= CHUNK).
-        let copy = |b: usize, part: &[f32], temps: &[[f32; CHUNK]]| -> [f32; CHUNK] {
-            let mut c = [0f32; CHUNK];
-            c[..n].copy_from_slice(if b == 0 { part } else { &temps[b - 1][..n] });
-            c
-        };
         for op in &self.ops {
+            let first = op.inputs[0];
+            if first != op.out {
+                // Into a temporary (only with temporaries: n <= CHUNK): the value is read again.
+                let (to, from) = pair(part, temps, op.out, first);
+                to.copy_from_slice(from);
+            }
             match &op.stage {
-                Stage::Map(f) => {
-                    if op.inputs[0] != op.out {
-                        let c = copy(op.inputs[0], part, temps);
-                        buffer(part, temps, op.out).copy_from_slice(&c[..n]);
+                Stage::Map(f) => f(channel, buffer(part, temps, op.out)),
+                Stage::Combine(f) if op.inputs[1] == op.out => {
+                    // Both operands one value (x·x): the second through a copy.
+                    let out = buffer(part, temps, op.out);
+                    for piece in out.chunks_mut(CHUNK) {
+                        let mut b = [0f32; CHUNK];
+                        b[..piece.len()].copy_from_slice(piece);
+                        f(piece, &b[..piece.len()]);
                     }
-                    let out = buffer(part, temps, op.out);
-                    f(channel, out);
-                    round(out);
-                }
-                Stage::Combine(f) if op.inputs[0] == op.out && op.inputs[1] == op.out => {
-                    let out = buffer(part, temps, op.out);
-                    out.iter_mut().for_each(|v| *v = f(*v, *v));
-                    round(out);
                 }
                 Stage::Combine(f) => {
-                    let (a, b) = (
-                        copy(op.inputs[0], part, temps),
-                        copy(op.inputs[1], part, temps),
-                    );
-                    let out = buffer(part, temps, op.out);
-                    for (i, v) in out.iter_mut().enumerate() {
-                        *v = f(a[i], b[i]);
-                    }
-                    round(out);
+                    let (a, b) = pair(part, temps, op.out, op.inputs[1]);
+                    f(a, b);
                 }
             }
+            round(buffer(part, temps, op.out));
         }
         if self.result != 0 {
             part.copy_from_slice(&temps[self.result - 1][..n]);
+        }
+    }
+}
+
+/// Two different buffers of an epilogue: `x` to write, `y` to read.
+fn pair<'a>(
+    part: &'a mut [f32],
+    temps: &'a mut [[f32; CHUNK]],
+    x: usize,
+    y: usize,
+) -> (&'a mut [f32], &'a [f32]) {
+    let n = part.len();
+    match (x, y) {
+        (0, y) => (part, &temps[y - 1][..n]),
+        (x, 0) => (&mut temps[x - 1][..n], part),
+        (x, y) if x < y => {
+            let (lo, hi) = temps.split_at_mut(y - 1);
+            (&mut lo[x - 1][..n], &hi[0][..n])
+        }
+        (x, y) => {
+            let (lo, hi) = temps.split_at_mut(x - 1);
+            (&mut hi[0][..n], &lo[y - 1][..n])
         }
     }
 }
@@ -507,6 +519,65 @@ mod tests {
         let got = chain_lengths(&interp);
         assert_eq!(got[0], ("c1".to_string(), 1));
         assert_eq!(got[1].0, "c3");
+    }
+
+    /// A matrix product with a decomposed GELU after it: bias Add, Div by √2, Erf, Add 1, Mul
+    /// by the biased product, Mul by ½ — then a per-column Mul.
+    fn gelu_model() -> Graph {
+        let (k, n) = (8usize, 80usize);
+        let nodes = vec![
+            node("mm", "MatMul", &["x", "w"], &["h"]),
+            node("bias", "Add", &["bv", "h"], &["hb"]),
+            node("div", "Div", &["hb", "sqrt2"], &["q"]),
+            node("erf", "Erf", &["q"], &["e"]),
+            node("one", "Add", &["e", "one_c"], &["e1"]),
+            node("gate", "Mul", &["hb", "e1"], &["g"]),
+            node("half", "Mul", &["g", "half_c"], &["g2"]),
+            node("cols", "Mul", &["g2", "colw"], &["out"]),
+        ];
+        let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
+        graph(
+            nodes,
+            vec![vi("x", &[2, 5, k])],
+            vec![vi("out", &[2, 5, n])],
+            vec![
+                ("w", Tensor::from_f32(vec![k, n], values(k * n, 20))),
+                ("bv", Tensor::from_f32(vec![n], values(n, 21))),
+                ("sqrt2", scalar(std::f32::consts::SQRT_2)),
+                ("one_c", scalar(1.0)),
+                ("half_c", scalar(0.5)),
+                ("colw", Tensor::from_f32(vec![1, n], values(n, 22))),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_matrix_product_takes_its_columns_constants_and_gelu_as_its_epilogue() {
+        let g = gelu_model();
+        let interp = Interpreter::new(&g).unwrap();
+        assert_eq!(chain_lengths(&interp), vec![("mm".to_string(), 7)]);
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], values(80, 23)));
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let fused = interp.run(&feeds).unwrap();
+        let alone = interp.run_with(&feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+        for p in [Precision::Float16, Precision::BFloat16] {
+            let plan =
+                PreparedPlan::new(&g, &PrecisionPlan::uniform(&g, p), &PlanOptions::default())
+                    .unwrap();
+            let fused = interp
+                .run_plan(&feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
+            assert_eq!(
+                bits(&fused.outputs[0].1),
+                bits(&alone.outputs[0].1),
+                "{p:?}"
+            );
+        }
     }
 
     fn bits(t: &Tensor) -> Vec<u32> {

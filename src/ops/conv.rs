@@ -28,6 +28,7 @@ pub fn register(r: &mut Registry) {
             Some(super::ChainShape {
                 rank: x.rank(),
                 channels: *w.shape().first()?,
+                axis: 1,
             })
         });
     r.def_mut("ConvTranspose")
@@ -642,7 +643,7 @@ unsafe fn block_into_planes(
     if let Some((f, first_channel)) = finish {
         for ch in c0..c1 {
             f(
-                first_channel + ch,
+                super::Channels::One(first_channel + ch),
                 std::slice::from_raw_parts_mut(planes.add(ch * n_pos + p0), p1 - p0),
             );
         }
@@ -797,7 +798,7 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let x = input(inputs, 0)?;
     let round = ctx.rounder();
-    let round_channel = move |_: usize, v: &mut [f32]| round(v);
+    let round_channel = move |_: super::Channels, v: &mut [f32]| round(v);
     // A float32 output: the fused pointwise layers after it, or the layer's rounding.
     let finish: Option<&ChannelFn> = match (ctx.epilogue, ctx.round_to) {
         _ if x.dtype() != crate::tensor::DType::F32 => None,
@@ -1004,7 +1005,7 @@ pub fn conv(
                 ch.iter_mut().for_each(|v| *v += bias);
             }
             if let Some(f) = finish {
-                f(i % m, ch);
+                f(super::Channels::One(i % m), ch);
             }
         });
     }

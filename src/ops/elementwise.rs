@@ -733,7 +733,7 @@ fn f32_div(a: f32, b: f32) -> f32 {
 /// Epilogue stages (docs/architecture.md, "Epilogues"): each the float32 function its kernel
 /// maps with, so a fused layer computes the same bits.
 fn register_stages(r: &mut Registry) {
-    use super::logistic::{logistic_in_place, map_in_place, tanh};
+    use super::logistic::{erf, logistic_in_place, map_in_place, tanh};
     r.def_mut("Relu")
         .stage(|_, _, chained, _| Ok(map_stage(chained, relu::<f32>)));
     r.def_mut("Sigmoid").stage(|_, _, chained, _| {
@@ -741,6 +741,9 @@ fn register_stages(r: &mut Registry) {
     });
     r.def_mut("Tanh").stage(|_, _, chained, _| {
         Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| map_in_place(v, &tanh)))))
+    });
+    r.def_mut("Erf").stage(|_, _, chained, _| {
+        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| map_in_place(v, &erf)))))
     });
     r.def_mut("HardSwish")
         .stage(|_, _, chained, _| Ok(map_stage(chained, hard_swish)));
@@ -765,6 +768,20 @@ fn register_stages(r: &mut Registry) {
         .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_div)));
 }
 
+/// `x = g(x, c[channel of x])` for values of the given channels.
+fn per_channel_map(chans: super::Channels, v: &mut [f32], c: &[f32], g: impl Fn(f32, f32) -> f32) {
+    match chans {
+        super::Channels::One(ch) => {
+            let k = c[ch];
+            v.iter_mut().for_each(|x| *x = g(*x, k))
+        }
+        super::Channels::From(first) => v
+            .iter_mut()
+            .zip(&c[first..])
+            .for_each(|(x, &k)| *x = g(*x, k)),
+    }
+}
+
 /// A unary float map on its one chained input.
 fn map_stage(chained: &[bool], f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Option<Stage> {
     (chained == [true]).then(|| {
@@ -776,26 +793,28 @@ fn map_stage(chained: &[bool], f: impl Fn(f32) -> f32 + Send + Sync + 'static) -
 
 /// A binary op on two chained values, or on one and a float32 constant with one value per
 /// channel (or one value): the constant on the side its input is on.
-fn binary_stage(
+fn binary_stage<F: Fn(f32, f32) -> f32 + Copy + Send + Sync + 'static>(
     inputs: &[Option<&Tensor>],
     chained: &[bool],
     shape: super::ChainShape,
-    f: fn(f32, f32) -> f32,
+    f: F,
 ) -> Option<Stage> {
     match chained {
-        [true, true] => Some(Stage::Combine(f)),
+        [true, true] => Some(Stage::Combine(Box::new(move |a: &mut [f32], b: &[f32]| {
+            for (x, &y) in a.iter_mut().zip(b) {
+                *x = f(*x, y);
+            }
+        }))),
         [true, false] => {
             let c = super::util::per_channel(inputs.get(1).copied().flatten()?, shape)?;
-            Some(Stage::Map(Box::new(move |ch, v| {
-                let k = c[ch];
-                v.iter_mut().for_each(|x| *x = f(*x, k))
+            Some(Stage::Map(Box::new(move |chans, v| {
+                per_channel_map(chans, v, &c, f)
             })))
         }
         [false, true] => {
             let c = super::util::per_channel(inputs.first().copied().flatten()?, shape)?;
-            Some(Stage::Map(Box::new(move |ch, v| {
-                let k = c[ch];
-                v.iter_mut().for_each(|x| *x = f(k, *x))
+            Some(Stage::Map(Box::new(move |chans, v| {
+                per_channel_map(chans, v, &c, move |x, k| f(k, x))
             })))
         }
         _ => None,

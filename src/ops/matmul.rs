@@ -32,6 +32,11 @@ pub fn register(r: &mut Registry) {
                 .flatten()
                 .and_then(|s| s.last().copied());
             2 * out * k.unwrap_or(0) as u64
+        })
+        .epilogue(if std::env::var_os("NOMM").is_some() {
+            |_| None
+        } else {
+            matmul_epilogue_shape
         });
     r.def_mut("Gemm")
         .parse(|n, _| boxed(GemmAttrs::parse(n)))
@@ -627,11 +632,37 @@ fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
 }
 
 fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    Ok(vec![matmul(
-        ctx.accumulate,
-        input(inputs, 0)?,
-        input(inputs, 1)?,
-    )?])
+    use rayon::prelude::*;
+    let mut y = matmul(ctx.accumulate, input(inputs, 0)?, input(inputs, 1)?)?;
+    if let (Some(epilogue), [.., n]) = (ctx.epilogue, y.shape()) {
+        let n = *n;
+        if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
+            // Rows (a column is a channel), a few hundred kilobytes per task.
+            let rows = (1usize << 16).div_ceil(n).max(1);
+            v.par_chunks_mut(rows * n).for_each(|block| {
+                block
+                    .chunks_mut(n)
+                    .for_each(|row| epilogue(super::Channels::From(0), row))
+            });
+            ctx.epilogue_applied();
+        }
+    }
+    Ok(vec![y])
+}
+
+/// The output of a MatMul of two operands of rank >= 2, for its epilogue: its columns are the
+/// channels.
+fn matmul_epilogue_shape(inputs: &[Option<&Tensor>]) -> Option<super::ChainShape> {
+    let (a, b) = (inputs.first()?.as_ref()?, inputs.get(1)?.as_ref()?);
+    if a.rank() < 2 || b.rank() < 2 {
+        return None;
+    }
+    let rank = a.rank().max(b.rank());
+    Some(super::ChainShape {
+        rank,
+        channels: b.shape()[b.rank() - 1],
+        axis: rank - 1,
+    })
 }
 
 fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {

@@ -46,25 +46,50 @@ use std::sync::OnceLock;
 /// cache: a layer's output rounding ([`OpCtx::rounder`]), or nothing.
 pub type Finish = dyn Fn(&mut [f32]) + Sync;
 
-/// A pointwise function applied in place to finished float32 values of one output channel
-/// (channel index, values): a layer's epilogue ([`OpCtx::epilogue`]).
-pub type ChannelFn<'a> = dyn Fn(usize, &mut [f32]) + Sync + 'a;
+/// Which channels the values handed to an epilogue belong to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channels {
+    /// Every value is of this channel (a plane of an [N, C, ...] output).
+    One(usize),
+    /// Value i is of channel `first + i` (a row of an output whose last axis is the channel).
+    From(usize),
+}
+
+impl Channels {
+    /// The channels of the values from `offset` on.
+    pub fn skip(self, offset: usize) -> Channels {
+        match self {
+            Channels::One(c) => Channels::One(c),
+            Channels::From(f) => Channels::From(f + offset),
+        }
+    }
+}
+
+/// A pointwise function applied in place to finished float32 values (their channels, values):
+/// a layer's epilogue ([`OpCtx::epilogue`]).
+pub type ChannelFn<'a> = dyn Fn(Channels, &mut [f32]) + Sync + 'a;
 
 /// What a pointwise op computes as a stage of the epilogue of the kernel before it
 /// (docs/architecture.md, "Epilogues"): exactly the float32 values its own kernel computes,
 /// before the layer's output rounding.
 pub enum Stage {
-    /// In place on the values of one channel of the chained value (channel index, values).
+    /// In place on values of the chained value (their channels, values).
     Map(Box<ChannelFn<'static>>),
-    /// Two chained values of the same shape combined, `a = f(a, b)`, `a` the op's first input.
-    Combine(fn(f32, f32) -> f32),
+    /// Two chained values of the same shape combined elementwise, `a[i] = f(a[i], b[i])`, `a`
+    /// the op's first input (slices of the same length).
+    Combine(Box<CombineFn>),
 }
 
-/// The chained values of an epilogue: float32 tensors of this rank, [N, C, ...], C channels.
+/// `a[i] = f(a[i], b[i])` for an epilogue's two-input stage.
+pub type CombineFn = dyn Fn(&mut [f32], &[f32]) + Sync;
+
+/// The chained values of an epilogue: float32 tensors of this rank with `channels` values
+/// along `axis` (1 for [N, C, ...], rank − 1 for a matrix product's columns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChainShape {
     pub rank: usize,
     pub channels: usize,
+    pub axis: usize,
 }
 
 /// Makes a node's epilogue stage: `inputs` as its kernel would get them, None for the inputs

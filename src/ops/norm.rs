@@ -237,13 +237,24 @@ fn batch_norm_stage(
     chained: &[bool],
     shape: super::ChainShape,
 ) -> Result<Option<super::Stage>, OpError> {
-    if shape.rank < 2 || chained.first() != Some(&true) || chained[1..].contains(&true) {
+    if shape.rank < 2
+        || shape.axis != 1
+        || chained.first() != Some(&true)
+        || chained[1..].contains(&true)
+    {
         return Ok(None);
     }
     let (a, b) = batch_norm_coefficients(ctx, inputs, shape.channels)?;
-    Ok(Some(super::Stage::Map(Box::new(move |ch, v| {
-        affine(v, a[ch], b[ch])
-    }))))
+    Ok(Some(super::Stage::Map(Box::new(
+        move |chans, v| match chans {
+            super::Channels::One(ch) => affine(v, a[ch], b[ch]),
+            super::Channels::From(first) => {
+                for (i, x) in v.iter_mut().enumerate() {
+                    *x = *x * a[first + i] + b[first + i];
+                }
+            }
+        },
+    ))))
 }
 
 /// Normalizes each row of `width` values: (x - mean) / sqrt(var + eps); returns mean and

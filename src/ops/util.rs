@@ -52,8 +52,8 @@ pub fn input_f32<'a>(inputs: &[Option<&'a Tensor>], i: usize) -> Result<&'a [f32
 
 /// A float tensor's values as f32 (float16/bfloat16/float64 converted), or an error naming
 /// `what` and the dtype found.
-/// The values of a float32 tensor that, broadcast against a tensor of shape `shape`
-/// ([N, C, ...]), gives one value per channel and leaves the shape as it is: one value per
+/// The values of a float32 tensor that, broadcast against the chained values of `shape`, gives
+/// one value per channel (along `shape.axis`) and leaves the shape as it is: one value per
 /// channel index, or None.
 pub fn per_channel(t: &Tensor, shape: super::ChainShape) -> Option<Vec<f32>> {
     let v = t.as_f32()?;
@@ -66,7 +66,7 @@ pub fn per_channel(t: &Tensor, shape: super::ChainShape) -> Option<Vec<f32>> {
     for (j, &d) in t.shape().iter().enumerate() {
         let axis = j + r - q;
         if d != 1 {
-            if axis != 1 || d != c {
+            if axis != shape.axis || d != c {
                 return None;
             }
             along_channels = true;
