@@ -213,6 +213,12 @@ pub struct RunArgs {
     /// that fails, and compare no further input sets; with --mark-all, at the first failing layer.
     #[arg(long = "fail-fast")]
     fail_fast: bool,
+    /// Time every layer (as ORT's profiler or trtexec --dumpProfile): per runner, the layers
+    /// by average time per iteration, then the totals per op type. Layers that ran inside
+    /// another as its epilogue are listed with it. The first iteration includes one-time work
+    /// (weights packed for the kernels): pass several iterations.
+    #[arg(long)]
+    profile: bool,
     /// Write a self-contained HTML report (verdict, output comparisons with histograms,
     /// layer-wise plot and table) to this file.
     #[arg(long, value_name = "FILE")]
@@ -369,6 +375,59 @@ fn select_outputs(
     }
 }
 
+/// The `--profile` table: layers by average milliseconds per iteration (the layers that ran
+/// inside one as its epilogue after its name), then the totals per op type.
+fn profile_log(graph: &crate::Graph, times: &[(f64, Vec<usize>)], iterations: usize) -> String {
+    let total: f64 = times.iter().map(|t| t.0).sum();
+    let share = |s: f64| if total > 0.0 { 100.0 * s / total } else { 0.0 };
+    let ms = |s: f64| s * 1e3 / iterations as f64;
+    let mut order: Vec<usize> = (0..times.len()).filter(|&i| times[i].0 > 0.0).collect();
+    order.sort_by(|&a, &b| times[b].0.total_cmp(&times[a].0).then(a.cmp(&b)));
+    let mut lines = vec![format!(
+        "[I]     Layer profile: {} layer(s), {} ms per iteration (average of {iterations})",
+        order.len(),
+        fmt_g(ms(total), 4)
+    )];
+    for &i in &order {
+        let node = &graph.nodes[i];
+        let fused: Vec<&str> = times[i]
+            .1
+            .iter()
+            .map(|&j| graph.nodes[j].op_type.as_str())
+            .collect();
+        let with = if fused.is_empty() {
+            String::new()
+        } else {
+            format!(" + {}", fused.join(" + "))
+        };
+        lines.push(format!(
+            "[I]         {:>9.4} ms {:>5.1} %  {} ({}{with})",
+            ms(times[i].0),
+            share(times[i].0),
+            node.name,
+            node.op_type
+        ));
+    }
+    let mut by_op: Vec<(&str, f64)> = Vec::new();
+    for &i in &order {
+        let op = graph.nodes[i].op_type.as_str();
+        match by_op.iter_mut().find(|(o, _)| *o == op) {
+            Some(e) => e.1 += times[i].0,
+            None => by_op.push((op, times[i].0)),
+        }
+    }
+    by_op.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    lines.push("[I]     By op type:".to_string());
+    for (op, s) in by_op {
+        lines.push(format!(
+            "[I]         {:>9.4} ms {:>5.1} %  {op}",
+            ms(s),
+            share(s)
+        ));
+    }
+    lines.join("\n") + "\n"
+}
+
 pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
     let started = Instant::now();
     let out = Out::new(&args.style, args.json);
@@ -501,6 +560,16 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         .map(|_| Vec::with_capacity(feeds.len()))
         .collect();
     let mut totals = vec![0.0f64; runners.len()];
+    // --profile: per runner, per node, its summed time and the layers fused into it.
+    let mut profiles: Vec<Vec<(f64, Vec<usize>)>> = runners
+        .iter()
+        .map(|_| vec![(0.0, Vec::new()); graph.nodes.len()])
+        .collect();
+    if args.profile && (args.mark_all || runners.iter().any(|r| r.marked.is_some())) {
+        bail!(
+            "--profile times plain runs: it cannot be combined with --mark-all or marked outputs"
+        );
+    }
     let mut layer_iters: Vec<LayerIteration> = Vec::new();
     for (i, f) in feeds.iter().enumerate() {
         let stopped = args.fail_fast && layer_iters.iter().any(|it| !it.passed);
@@ -516,6 +585,15 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
             };
             let start = Instant::now();
             let result = match plan {
+                _ if args.profile => {
+                    let (result, times) = interp.run_profiled(f, plan)?;
+                    for t in times {
+                        let slot = &mut profiles[r][t.node];
+                        slot.0 += t.seconds;
+                        slot.1 = t.fused;
+                    }
+                    result
+                }
                 Some(p) => interp.run_plan(f, &opts, p)?,
                 None => interp.run_with(f, &opts)?,
             };
@@ -563,7 +641,9 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         out.log(&aggregate_log(lr, &runner_name));
     }
     let mut output_info: Vec<OutputInfo> = Vec::new();
-    for ((runner, iterations), total) in runners.iter().zip(&per_runner).zip(&totals) {
+    for (r, ((runner, iterations), total)) in
+        runners.iter().zip(&per_runner).zip(&totals).enumerate()
+    {
         out.line(&format!(
             "[I] {} | Completed {} iteration(s) in {} ms | Average inference time: {} ms.",
             runner.name,
@@ -571,6 +651,9 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
             fmt_g(total * 1e3, 4),
             fmt_g(total * 1e3 / iterations.len().max(1) as f64, 4)
         ));
+        if args.profile {
+            out.log(&profile_log(graph, &profiles[r], iterations.len().max(1)));
+        }
         let info: Vec<OutputInfo> = iterations
             .first()
             .map(|it| {

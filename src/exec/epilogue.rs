@@ -580,6 +580,28 @@ mod tests {
         }
     }
 
+    /// A profiled run gives the same outputs and times each executed layer once, the fused ones
+    /// listed with the layer they ran in.
+    #[test]
+    fn a_profiled_run_times_each_layer_once_with_its_epilogue() {
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds = feeds();
+        let (r, times) = interp.run_profiled(&feeds, None).unwrap();
+        assert_eq!(
+            bits(&r.outputs[0].1),
+            bits(&interp.run(&feeds).unwrap().outputs[0].1)
+        );
+        let ran: Vec<usize> = times.iter().map(|t| t.node).collect();
+        assert_eq!(ran, vec![0, 3, 6, 11]);
+        let fused: Vec<Vec<usize>> = times.iter().map(|t| t.fused.clone()).collect();
+        assert_eq!(
+            fused,
+            vec![vec![1, 2], vec![4, 5], vec![7, 8, 9, 10], vec![12, 13, 14]]
+        );
+        assert!(times.iter().all(|t| t.seconds >= 0.0));
+    }
+
     fn bits(t: &Tensor) -> Vec<u32> {
         t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
     }

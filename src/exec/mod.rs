@@ -64,6 +64,17 @@ pub struct RunOptions {
     pub keep_intermediates: bool,
 }
 
+/// The time one step of a run took ([`Interpreter::run_profiled`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerTime {
+    /// The node (index into the graph's nodes) whose kernel ran.
+    pub node: usize,
+    /// The kernel's wall time, its subgraphs and epilogue included.
+    pub seconds: f64,
+    /// The nodes that ran inside it as its epilogue (their own time is in `seconds`).
+    pub fused: Vec<usize>,
+}
+
 /// Outputs of one run.
 #[derive(Clone, Debug, Default)]
 pub struct RunResult {
@@ -326,6 +337,7 @@ impl<'g> Interpreter<'g> {
             None,
             nested,
             None,
+            None,
         )?;
         Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
     }
@@ -360,6 +372,7 @@ impl<'g> Interpreter<'g> {
                 None,
                 None,
                 false,
+                None,
                 None,
             )
         })
@@ -433,6 +446,7 @@ impl<'g> Interpreter<'g> {
             Some((cache, feed_key)),
             false,
             stop_after,
+            None,
         )
     }
 
@@ -459,8 +473,35 @@ impl<'g> Interpreter<'g> {
                 Some((cache, feed_key)),
                 false,
                 None,
+                None,
             )
         })
+    }
+
+    /// Runs the graph (under `plan`, if given) as [`run`](Self::run) and
+    /// [`run_plan`](Self::run_plan) do, and returns with its outputs the wall time of every
+    /// layer it executed, in execution order (a per-layer profile, as ORT's profiler or
+    /// trtexec's `--dumpProfile` give it).
+    pub fn run_profiled(
+        &self,
+        feeds: &Feeds,
+        plan: Option<&PreparedPlan>,
+    ) -> Result<(RunResult, Vec<LayerTime>)> {
+        let mut times = Vec::with_capacity(self.steps.len());
+        let r = on_pool(|| {
+            self.run_impl(
+                self.feed_values(feeds)?,
+                &[],
+                &RunOptions::default(),
+                plan,
+                None,
+                None,
+                false,
+                None,
+                Some(&mut times),
+            )
+        })?;
+        Ok((r, times))
     }
 
     /// Runs the graph under a prepared precision plan (see [`emulate`]).
@@ -479,6 +520,7 @@ impl<'g> Interpreter<'g> {
                 None,
                 None,
                 false,
+                None,
                 None,
             )
         })
@@ -503,6 +545,7 @@ impl<'g> Interpreter<'g> {
             None,
             true,
             None,
+            None,
         )
     }
 
@@ -519,6 +562,7 @@ impl<'g> Interpreter<'g> {
         mut cache: Option<(&mut ValueCache, u64)>,
         nested: bool,
         stop_after: Option<usize>,
+        mut profile: Option<&mut Vec<LayerTime>>,
     ) -> Result<RunResult> {
         if let Some(p) = plan {
             if p.layers.len() != self.steps.len() {
@@ -799,6 +843,7 @@ impl<'g> Interpreter<'g> {
                         .map(|_| &apply as &crate::ops::ChannelFn),
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
+                let started = profile.is_some().then(std::time::Instant::now);
                 let outs = match layer.and_then(|l| l.integer.as_deref()) {
                     Some(k) => k.run(&ctx, args),
                     None => (step.kernel)(&ctx, args),
@@ -815,6 +860,19 @@ impl<'g> Interpreter<'g> {
                         done_in_epilogue[s] = true;
                     }
                     chain_result = Some(chain.result(&self.steps));
+                }
+                if let (Some(times), Some(t0)) = (profile.as_deref_mut(), started) {
+                    times.push(LayerTime {
+                        node: idx,
+                        seconds: t0.elapsed().as_secs_f64(),
+                        fused: match &chain_result {
+                            Some(_) => fused_epilogue
+                                .as_ref()
+                                .map(|(c, _)| c.steps().collect())
+                                .unwrap_or_default(),
+                            None => Vec::new(),
+                        },
+                    });
                 }
                 let cost = match cache {
                     Some(_) => {

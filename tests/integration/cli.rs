@@ -675,3 +675,53 @@ fn run_and_debug_precision_reject_the_same_malformed_golden_file() {
         );
     }
 }
+
+/// `run --profile` lists every executed layer once with the layers fused into it (the
+/// transformer's bias Adds and GELUs run inside their MatMuls), then the totals per op type;
+/// it refuses what would make the timed runs something else (--mark-all).
+#[test]
+fn profile_lists_each_layer_with_what_ran_inside_it() {
+    let o = mixprec(&[
+        "run",
+        &example("transformer.onnx"),
+        "--profile",
+        "--iterations",
+        "2",
+        "--val-range",
+        "[-1,1]",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let header = t
+        .lines()
+        .find(|l| l.contains("Layer profile:"))
+        .unwrap_or_else(|| panic!("no profile in:\n{t}"));
+    let count: usize = header
+        .split("Layer profile: ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    let rows: Vec<&str> = t.lines().filter(|l| l.contains(" %  /")).collect();
+    assert_eq!(rows.len(), count, "{t}");
+    assert!(
+        rows.iter()
+            .any(|r| r.contains("(MatMul + Add + Mul + Div + Erf + Add + Mul)")),
+        "{t}"
+    );
+    // A layer that ran inside another has no row of its own.
+    assert!(!rows.iter().any(|r| r.contains("(Erf)")), "{t}");
+    assert!(t.contains("By op type:"), "{t}");
+    let o = mixprec(&[
+        "run",
+        &example("transformer.onnx"),
+        "--profile",
+        "--mark-all",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--profile times plain runs"),
+        "{}",
+        text(&o)
+    );
+}
