@@ -736,15 +736,12 @@ fn register_stages(r: &mut Registry) {
     use super::logistic::{erf, logistic_in_place, map_in_place, tanh};
     r.def_mut("Relu")
         .stage(|_, _, chained, _| Ok(map_stage(chained, relu::<f32>)));
-    r.def_mut("Sigmoid").stage(|_, _, chained, _| {
-        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| logistic_in_place(v)))))
-    });
-    r.def_mut("Tanh").stage(|_, _, chained, _| {
-        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| map_in_place(v, &tanh)))))
-    });
-    r.def_mut("Erf").stage(|_, _, chained, _| {
-        Ok((chained == [true]).then(|| Stage::Map(Box::new(|_, v| map_in_place(v, &erf)))))
-    });
+    r.def_mut("Sigmoid")
+        .stage(|_, _, chained, _| Ok(slice_stage(chained, logistic_in_place)));
+    r.def_mut("Tanh")
+        .stage(|_, _, chained, _| Ok(slice_stage(chained, |v| map_in_place(v, &tanh))));
+    r.def_mut("Erf")
+        .stage(|_, _, chained, _| Ok(slice_stage(chained, |v| map_in_place(v, &erf))));
     r.def_mut("HardSwish")
         .stage(|_, _, chained, _| Ok(map_stage(chained, hard_swish)));
     r.def_mut("LeakyRelu").stage(|ctx, _, chained, _| {
@@ -780,6 +777,12 @@ fn per_channel_map(chans: super::Channels, v: &mut [f32], c: &[f32], g: impl Fn(
             .zip(&c[first..])
             .for_each(|(x, &k)| *x = g(*x, k)),
     }
+}
+
+/// A unary op whose kernel runs one of `ops::logistic`'s vectorized slice loops, on its one
+/// chained input.
+fn slice_stage(chained: &[bool], f: fn(&mut [f32])) -> Option<Stage> {
+    (chained == [true]).then(|| Stage::Map(Box::new(move |_, v: &mut [f32]| f(v))))
 }
 
 /// A unary float map on its one chained input.
