@@ -183,11 +183,9 @@ fn output_rounding(layer: Option<&LayerPrep>) -> Option<Option<Rounding>> {
     if l.fusion.is_some() || l.integer.is_some() {
         return None;
     }
-    match l.precision {
-        Some(Precision::Float32) => Some(None),
-        Some(Precision::Float16) => Some(Some(Rounding::F16)),
-        Some(Precision::BFloat16) => Some(Some(Rounding::BF16)),
-        _ => None,
+    match l.precision? {
+        Precision::Float32 => Some(None),
+        p => p.float_rounding().map(Some),
     }
 }
 
@@ -223,7 +221,7 @@ impl Epilogue {
                     // A chain value, already rounded to the layer's precision.
                     match prep {
                         None | Some(InputPrep::Keep) => {}
-                        Some(InputPrep::Round(p)) if rounding_of(*p) == round => {}
+                        Some(InputPrep::Round(p)) if p.float_rounding() == round => {}
                         _ => return Ok(None),
                     }
                     args.push(None);
@@ -387,14 +385,6 @@ fn assign_buffers(stages: Vec<(Stage, Vec<usize>)>) -> Option<(Vec<Op>, usize, u
         ops.push(Op { stage, inputs, out });
     }
     (temps <= MAX_TEMPS).then(|| (ops, temps, buf_of[buf_of.len() - 1]))
-}
-
-fn rounding_of(p: Precision) -> Option<Rounding> {
-    match p {
-        Precision::Float16 => Some(Rounding::F16),
-        Precision::BFloat16 => Some(Rounding::BF16),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -831,11 +831,7 @@ impl<'g> Interpreter<'g> {
                     round_to: layer
                         .filter(|l| l.fusion.is_none() && l.integer.is_none())
                         .filter(|_| fused_epilogue.is_none())
-                        .and_then(|l| match l.precision {
-                            Some(Precision::Float16) => Some(crate::numeric::Rounding::F16),
-                            Some(Precision::BFloat16) => Some(crate::numeric::Rounding::BF16),
-                            _ => None,
-                        }),
+                        .and_then(|l| l.precision?.float_rounding()),
                     rounded: Default::default(),
                     prepacked: &prepacked,
                     epilogue: fused_epilogue

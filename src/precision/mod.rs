@@ -161,6 +161,18 @@ pub fn round_value(p: Precision, x: f32) -> f32 {
 
 pub use crate::numeric::{round_to_bf16, round_to_f16};
 
+impl Precision {
+    /// The kernels' rounding of a 16-bit float precision (what a layer in it rounds its
+    /// float32 outputs to); None for every other precision.
+    pub fn float_rounding(self) -> Option<crate::numeric::Rounding> {
+        match self {
+            Precision::Float16 => Some(crate::numeric::Rounding::F16),
+            Precision::BFloat16 => Some(crate::numeric::Rounding::BF16),
+            _ => None,
+        }
+    }
+}
+
 /// Rounds every value of a buffer in place.
 pub fn round_slice(p: Precision, v: &mut [f32]) {
     match p {
