@@ -216,9 +216,14 @@ pub struct RunArgs {
     /// Time every layer (as ORT's profiler or trtexec --dumpProfile): per runner, the layers
     /// by average time per iteration, then the totals per op type. Layers that ran inside
     /// another as its epilogue are listed with it. The first iteration includes one-time work
-    /// (weights packed for the kernels): pass several iterations.
+    /// (weights packed for the kernels): pass --warm-up or several iterations.
     #[arg(long)]
     profile: bool,
+    /// Runs of every runner on the first input set before the timed ones (Polygraphy's
+    /// `--warm-up`): their results are discarded, and one-time work (weights packed for the
+    /// kernels) leaves the reported times and --profile.
+    #[arg(long = "warm-up", value_name = "N", default_value_t = 0)]
+    warm_up: usize,
     /// Write a self-contained HTML report (verdict, output comparisons with histograms,
     /// layer-wise plot and table) to this file.
     #[arg(long, value_name = "FILE")]
@@ -569,6 +574,20 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         bail!(
             "--profile times plain runs: it cannot be combined with --mark-all or marked outputs"
         );
+    }
+    if let Some(first) = feeds.first() {
+        for runner in &runners {
+            let plan = match runner.kind {
+                RunnerKind::Trt => prepared.as_ref(),
+                RunnerKind::Onnxrt => None,
+            };
+            for _ in 0..args.warm_up {
+                match plan {
+                    Some(p) => interp.run_plan(first, &RunOptions::default(), p)?,
+                    None => interp.run(first)?,
+                };
+            }
+        }
     }
     let mut layer_iters: Vec<LayerIteration> = Vec::new();
     for (i, f) in feeds.iter().enumerate() {

@@ -99,7 +99,6 @@ trt_only_args! {
         workspace = "workspace";
         save_engine = "save-engine";
         max_batch_size = "max-batch-size";
-        warm_up = "warm-up";
     }
     lists {
         tactic_sources = "tactic-sources";

@@ -712,6 +712,19 @@ fn profile_lists_each_layer_with_what_ran_inside_it() {
     // A layer that ran inside another has no row of its own.
     assert!(!rows.iter().any(|r| r.contains("(Erf)")), "{t}");
     assert!(t.contains("By op type:"), "{t}");
+    // Warm-up runs (Polygraphy's --warm-up) are neither timed nor reported as iterations.
+    let o = mixprec(&[
+        "run",
+        &example("transformer.onnx"),
+        "--profile",
+        "--warm-up",
+        "3",
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("(average of 1)"), "{t}");
+    assert!(t.contains("Completed 1 iteration(s)"), "{t}");
+    assert!(!t.contains("no effect"), "{t}");
     let o = mixprec(&[
         "run",
         &example("transformer.onnx"),

@@ -431,7 +431,7 @@ fn tensorrt_only_options_warn_once_and_unknown_flags_fail() {
     let warnings: Vec<&str> = t.lines().filter(|l| l.starts_with("warning:")).collect();
     assert_eq!(
         warnings,
-        ["warning: --use-subprocess, --timing-cache, --builder-optimization-level, --warm-up, --tactic-sources, --pool-limit, --trt-max-shapes are TensorRT/ONNX-Runtime options with no effect on mixprec's emulation (accepted so Polygraphy commands run unchanged)"],
+        ["warning: --use-subprocess, --timing-cache, --builder-optimization-level, --tactic-sources, --pool-limit, --trt-max-shapes are TensorRT/ONNX-Runtime options with no effect on mixprec's emulation (accepted so Polygraphy commands run unchanged)"],
         "{t}"
     );
     let o = mixprec_in(tmp.path(), &["run", &m, "--trt", "--no-such-flag"]);
