@@ -121,6 +121,10 @@ struct Step<'g> {
     /// Per explicit input: what the kernel derived from it, where it is a graph initializer
     /// passed as it is ([`crate::ops::prepacked`]).
     prepacked: Vec<crate::ops::prepacked::Prepacked>,
+    /// The node only computes folded weights ([`crate::fold`]) and none of them is a graph
+    /// output: its readers take the folded values as weights, so a run that shows no
+    /// intermediates skips it.
+    folded: bool,
 }
 
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
@@ -246,6 +250,11 @@ impl<'g> Interpreter<'g> {
                 .map(|name| {
                     if name.is_empty() {
                         Source::Absent
+                    } else if graph.folded.contains_key(name) {
+                        // A folded weight (a Constant's value, a transposed initializer): read
+                        // as an initializer, so kernels keep what they derive from it
+                        // (packed panels) and epilogues take it as a constant operand.
+                        Source::Initializer(name.clone())
                     } else if let Some(&s) = slots.get(name) {
                         Source::Slot(s)
                     } else if graph.initializers.contains_key(name) {
@@ -272,6 +281,11 @@ impl<'g> Interpreter<'g> {
                 frees: Vec::new(),
                 subs,
                 prepacked: node.inputs.iter().map(|_| Default::default()).collect(),
+                folded: graph.is_folded(node)
+                    && !node
+                        .outputs
+                        .iter()
+                        .any(|o| graph.outputs.iter().any(|v| &v.name == o)),
             });
         }
         let output_slots: Vec<(String, Option<usize>)> = graph
@@ -632,8 +646,10 @@ impl<'g> Interpreter<'g> {
         let epilogues = observer.is_none() && cache.is_none() && !opts.keep_intermediates;
         // Steps whose work an epilogue did.
         let mut done_in_epilogue = vec![false; self.steps.len()];
+        // Folded weight nodes run only where their values are shown.
+        let skip_folded = observer.is_none() && !opts.keep_intermediates;
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
-            if done_in_epilogue[idx] {
+            if done_in_epilogue[idx] || (step.folded && skip_folded) {
                 for &s in &step.frees {
                     values[s] = None;
                 }
@@ -678,7 +694,7 @@ impl<'g> Interpreter<'g> {
                     .iter()
                     .enumerate()
                     .map(|(i, src)| match src {
-                        Source::Initializer(n) => self.graph.initializers.get(n),
+                        Source::Initializer(n) => self.graph.weight(n),
                         Source::Slot(s) if fusion.is_some_and(|f| f.internal[i]) => {
                             fused[*s].as_deref().or(values[*s].as_deref())
                         }

@@ -592,40 +592,37 @@ fn weight_panels(wv: &[f32], group: usize, mg: usize, rows: usize) -> Vec<super:
         .collect()
 }
 
-/// Moves block (`positions` × `chans`) of `ct` ([position, channel], `channels` per row) into
+/// Moves a finished block of the product (positions × channels, [position, channel]) into
 /// `planes` ([channel, position], `n_pos` per plane), adding each channel's bias, then puts each
 /// finished run of a plane through `finish` (with its channel index, counted from
-/// `first_channel`): 8 positions × 8 channels at a time through
-/// registers, the rest one by one. With no bias the value is stored as it is (v + 0 would turn
-/// −0 into +0).
+/// `first_channel`): 8 positions × 8 channels at a time through registers, the rest one by
+/// one. With no bias the value is stored as it is (v + 0 would turn −0 into +0).
 ///
 /// # Safety
-/// `ct` holds `n_pos` rows of `channels` values, this block of them final; `planes` holds
-/// `channels · n_pos` values; no other thread writes either block.
-#[allow(clippy::too_many_arguments)]
+/// `planes` holds the block's channels' planes of `n_pos` values each, and no other thread
+/// writes the block's part of them.
 unsafe fn block_into_planes(
-    ct: *const f32,
-    channels: usize,
+    block: &super::sgemm::GatheredBlock,
     bias: Option<&[f32]>,
     planes: *mut f32,
     n_pos: usize,
-    positions: std::ops::Range<usize>,
-    chans: std::ops::Range<usize>,
     finish: Option<(&ChannelFn, usize)>,
 ) {
     let bias_of = |ch: usize| bias.map_or(0.0, |b| b[ch]);
     let how = super::util::Transpose8::detect();
-    let (p0, p1) = (positions.start, positions.end);
-    let (c0, c1) = (chans.start, chans.end);
+    let (p0, p1) = (block.rows.start, block.rows.end);
+    let (c0, c1) = (block.columns.start, block.columns.end);
     let c8 = c0 + (c1 - c0) / 8 * 8;
     let q8 = p0 + (p1 - p0) / 8 * 8;
-    assert!(p1 <= n_pos && c1 <= channels);
+    assert!(p1 <= n_pos && (p1 - p0 - 1) * block.ld + (c1 - c0) <= block.values.len());
+    let ct = block.values.as_ptr();
+    let at = |pos: usize, ch: usize| (pos - p0) * block.ld + ch - c0;
     for cb in (c0..c8).step_by(8) {
         let b8: Option<[f32; 8]> = bias.map(|_| std::array::from_fn(|j| bias_of(cb + j)));
         for q0 in (p0..q8).step_by(8) {
             super::util::transpose_8x8(
-                ct.add(q0 * channels + cb),
-                channels,
+                ct.add(at(q0, cb)),
+                block.ld,
                 planes.add(cb * n_pos + q0),
                 n_pos,
                 b8.as_ref(),
@@ -636,7 +633,7 @@ unsafe fn block_into_planes(
     for pos in p0..p1 {
         let rest = if pos < q8 { c8..c1 } else { c0..c1 };
         for ch in rest {
-            let v = *ct.add(pos * channels + ch);
+            let v = block.values[at(pos, ch)];
             *planes.add(ch * n_pos + pos) = if bias.is_some() { v + bias_of(ch) } else { v };
         }
     }
@@ -939,41 +936,26 @@ pub fn conv(
                         weight_panels(&wv, group, mg, rows)
                     })
                 });
-                let mut ct = vec![0f32; o_sz * mg];
                 let bias = bv.as_deref().map(|b| &b[g * mg..(g + 1) * mg]);
                 assert!(dst.len() >= mg * o_sz);
                 let planes = super::util::DisjointPtr(dst.as_mut_ptr());
                 // Each finished block of the product goes into the planes (bias added, output
                 // rounded) while in the cache of the thread that computed it.
-                let done = |positions: std::ops::Range<usize>,
-                            chans: std::ops::Range<usize>,
-                            ct: *const f32| {
-                    // SAFETY: the product hands each block of ct ([o_sz, mg]) once, after its
-                    // last write to it; blocks are disjoint, so no other thread writes these
-                    // values of ct or of the planes (dst holds mg planes of o_sz, asserted
-                    // above).
+                let done = |block: super::sgemm::GatheredBlock| {
+                    // SAFETY: the product hands each block of positions × channels once, and
+                    // blocks are disjoint, so no other thread writes these values of the planes
+                    // (dst holds mg planes of o_sz, asserted above).
                     unsafe {
                         block_into_planes(
-                            ct,
-                            mg,
+                            &block,
                             bias,
                             planes.get(),
                             o_sz,
-                            positions,
-                            chans,
                             finish.map(|f| (f, g * mg)),
                         );
                     }
                 };
-                super::sgemm::gemm_gathered(
-                    &image.data,
-                    &origins,
-                    &offsets,
-                    &packed[g],
-                    &mut ct,
-                    mg,
-                    &done,
-                );
+                super::sgemm::gemm_gathered(&image.data, &origins, &offsets, &packed[g], &done);
                 finished = true;
             } else if in_sp.len() == 2 && ctx.accumulate == crate::numeric::Accumulator::F32 {
                 // 2-D: the product packs its B panels straight from the image.

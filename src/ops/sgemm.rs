@@ -260,30 +260,49 @@ impl PackedB {
 /// rows its tiles read stay in L2).
 const GATHERED_TILES_PER_TASK: usize = 64;
 
-/// `C[m×n] = A·B`, C row-major with row stride `ldc`, where row i of A is gathered from
-/// `image`: element (i, p) at `image[rows[i] + offsets[p]]` (m = `rows.len()`,
-/// k = `offsets.len()`). A convolution's im2col matrix, transposed, is such an A, read where
-/// the padded image lies: no copy of it is made. Every element is the same in-order chain as
-/// in [`gemm`]. Each task, once its block of C (rows × columns) is final, hands it to `done`
-/// while it is still in its cache, with C's start (a convolution moves the block into channel
-/// planes there; it must read only that block).
+/// A finished block of [`gemm_gathered`]'s C: rows × columns of C, row-major in `values`
+/// with `ld` values per row (element (i, j) of C at `values[(i − rows.start)·ld + j −
+/// columns.start]`).
+pub struct GatheredBlock<'a> {
+    pub rows: std::ops::Range<usize>,
+    pub columns: std::ops::Range<usize>,
+    pub values: &'a [f32],
+    pub ld: usize,
+}
+
+thread_local! {
+    /// Each thread's C block for [`gemm_gathered`]: grown, never zeroed again (every tile
+    /// overwrites its part before anything reads it).
+    static GATHERED_C: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `C[m×n] = A·B`, where row i of A is gathered from `image`: element (i, p) at
+/// `image[rows[i] + offsets[p]]` (m = `rows.len()`, k = `offsets.len()`). A convolution's
+/// im2col matrix, transposed, is such an A, read where the padded image lies: no copy of it is
+/// made. Every element is the same in-order chain as in [`gemm`]. C is never whole: each task
+/// computes its block in a buffer of its thread and hands it, final, to `done` while it is
+/// still in the cache (a convolution moves it into channel planes there); the blocks cover C
+/// once.
 pub fn gemm_gathered(
     image: &[f32],
     rows: &[usize],
     offsets: &[usize],
     b: &PackedB,
-    c: &mut [f32],
-    ldc: usize,
-    done: &(dyn Fn(std::ops::Range<usize>, std::ops::Range<usize>, *const f32) + Sync),
+    done: &(dyn Fn(GatheredBlock) + Sync),
 ) {
     let (m, k, n) = (rows.len(), offsets.len(), b.n);
     assert_eq!(b.k, k, "B has {} rows, A {k} columns", b.k);
     if m == 0 || n == 0 {
         return;
     }
-    assert!(c.len() >= (m - 1) * ldc + n && ldc >= n);
     if k == 0 {
-        c.chunks_mut(ldc).take(m).for_each(|r| r[..n].fill(0.0));
+        let zeros = vec![0f32; m * n];
+        done(GatheredBlock {
+            rows: 0..m,
+            columns: 0..n,
+            values: &zeros,
+            ld: n,
+        });
         return;
     }
     let reach = rows.iter().max().unwrap_or(&0) + offsets.iter().max().unwrap_or(&0);
@@ -311,73 +330,84 @@ pub fn gemm_gathered(
     let cu = col_units.div_ceil(target.div_ceil(row_blocks).clamp(1, col_units));
     let col_blocks = col_units.div_ceil(cu);
     let cb = cu * group;
-    let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
     let run = |t: usize| {
-        let (tr, tc) = (t % row_blocks, t / row_blocks);
-        let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
-        let (jp0, jp1) = (tc * cb, ((tc + 1) * cb).min(n_panels));
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
-            let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
-            let mut jp = jp0;
-            while jp < jp1 {
-                // Two full panels at once where the CPU has AVX-512: a 6×32 tile.
-                let pair = wide && jp + 1 < jp1 && (jp + 2) * NR <= n;
-                for it in it0..it1 {
-                    let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
-                    let mut origins = [image.as_ptr(); MR];
-                    for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
-                        *o = image[row..].as_ptr();
-                    }
-                    let c_at = |jq: usize| c_ptr.get().wrapping_add(i0 * ldc + jq * NR);
-                    // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
-                    // a panel holds kc rows of NR values; tasks write disjoint tiles of C
-                    // (rows i0.., columns jp·NR..), inside C's bounds asserted above.
-                    #[cfg(target_arch = "x86_64")]
-                    if pair && tile_rows == MR {
-                        unsafe {
-                            tile_avx512_wide(
-                                kc,
-                                &origins,
-                                offsets[p0..].as_ptr(),
-                                panel(jp),
-                                panel(jp + 1),
-                                c_at(jp),
-                                ldc,
-                                p0 > 0,
-                            );
-                        }
-                        continue;
-                    }
-                    let a = GatheredA {
-                        rows: origins,
-                        offsets: offsets[p0..].as_ptr(),
-                    };
-                    for jq in jp..jp + 1 + pair as usize {
-                        let cols = NR.min(n - jq * NR);
-                        unsafe {
-                            kernel.run(
-                                kc,
-                                a,
-                                panel(jq),
-                                NR,
-                                c_at(jq),
-                                ldc,
-                                tile_rows,
-                                cols,
-                                p0 > 0,
-                            );
-                        }
-                    }
-                }
-                jp += 1 + pair as usize;
+        GATHERED_C.with_borrow_mut(|block| {
+            let (tr, tc) = (t % row_blocks, t / row_blocks);
+            let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
+            let (jp0, jp1) = (tc * cb, ((tc + 1) * cb).min(n_panels));
+            // The block's rows hold whole panels: ldc = their width.
+            let ldc = (jp1 - jp0) * NR;
+            let size = (it1 - it0) * MR * ldc;
+            if block.len() < size {
+                block.resize(size, 0.0);
             }
-        }
-        done(
-            it0 * MR..(it1 * MR).min(m),
-            jp0 * NR..(jp1 * NR).min(n),
-            c_ptr.get(),
-        );
+            let c_base = block.as_mut_ptr();
+            for p0 in (0..k).step_by(KC) {
+                let kc = KC.min(k - p0);
+                let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
+                let mut jp = jp0;
+                while jp < jp1 {
+                    // Two full panels at once where the CPU has AVX-512: a 6×32 tile.
+                    let pair = wide && jp + 1 < jp1 && (jp + 2) * NR <= n;
+                    for it in it0..it1 {
+                        let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
+                        let mut origins = [image.as_ptr(); MR];
+                        for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
+                            *o = image[row..].as_ptr();
+                        }
+                        let c_at = |jq: usize| {
+                            c_base.wrapping_add((i0 - it0 * MR) * ldc + (jq - jp0) * NR)
+                        };
+                        // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
+                        // a panel holds kc rows of NR values; the tile (at most MR rows of its
+                        // panels' columns) lies inside this thread's block, sized above.
+                        #[cfg(target_arch = "x86_64")]
+                        if pair && tile_rows == MR {
+                            unsafe {
+                                tile_avx512_wide(
+                                    kc,
+                                    &origins,
+                                    offsets[p0..].as_ptr(),
+                                    panel(jp),
+                                    panel(jp + 1),
+                                    c_at(jp),
+                                    ldc,
+                                    p0 > 0,
+                                );
+                            }
+                            continue;
+                        }
+                        let a = GatheredA {
+                            rows: origins,
+                            offsets: offsets[p0..].as_ptr(),
+                        };
+                        for jq in jp..jp + 1 + pair as usize {
+                            let cols = NR.min(n - jq * NR);
+                            unsafe {
+                                kernel.run(
+                                    kc,
+                                    a,
+                                    panel(jq),
+                                    NR,
+                                    c_at(jq),
+                                    ldc,
+                                    tile_rows,
+                                    cols,
+                                    p0 > 0,
+                                );
+                            }
+                        }
+                    }
+                    jp += 1 + pair as usize;
+                }
+            }
+            done(GatheredBlock {
+                rows: it0 * MR..(it1 * MR).min(m),
+                columns: jp0 * NR..(jp1 * NR).min(n),
+                values: &block[..size],
+                ld: ldc,
+            });
+        })
     };
     let tasks = row_blocks * col_blocks;
     if parallel {
@@ -755,7 +785,7 @@ mod tests {
     #[test]
     fn gathered_rows_give_the_chain_of_the_matrix_they_form() {
         // Overlapping rows out of order, edge tiles both ways, k over two blocks, 1 and 3
-        // threads; C's row stride wider than n (the gap untouched).
+        // threads.
         for &(m, n, k) in &[
             (1, 1, 1),
             (7, 17, 3),
@@ -781,31 +811,31 @@ mod tests {
                     cs: 1,
                 },
             );
-            let ldc = n + 1;
             for threads in [1, 3] {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let mut c = vec![7f32; m * ldc];
-                let blocks = std::sync::Mutex::new(Vec::new());
-                let done = |r: std::ops::Range<usize>, c: std::ops::Range<usize>, _: *const f32| {
-                    blocks.lock().unwrap().push((r, c));
-                };
-                pool.install(|| {
-                    gemm_gathered(&image, &rows, &offsets, &packed, &mut c, ldc, &done)
-                });
-                // The finished blocks cover C once.
-                let mut seen = vec![0; m * n];
-                for (r, cs) in blocks.into_inner().unwrap() {
-                    for i in r {
-                        cs.clone().for_each(|j| seen[i * n + j] += 1);
+                let c = std::sync::Mutex::new(vec![7f32; m * n]);
+                let seen = std::sync::Mutex::new(vec![0; m * n]);
+                let done = |blk: GatheredBlock| {
+                    let (mut c, mut seen) = (c.lock().unwrap(), seen.lock().unwrap());
+                    for i in blk.rows.clone() {
+                        for j in blk.columns.clone() {
+                            let at = (i - blk.rows.start) * blk.ld + j - blk.columns.start;
+                            c[i * n + j] = blk.values[at];
+                            seen[i * n + j] += 1;
+                        }
                     }
-                }
-                assert!(seen.iter().all(|&s| s == 1), "{m}x{n}x{k}");
-                let got: Vec<f32> = c.chunks(ldc).flat_map(|r| r[..n].to_vec()).collect();
+                };
+                pool.install(|| gemm_gathered(&image, &rows, &offsets, &packed, &done));
+                // The finished blocks cover C once.
+                assert!(
+                    seen.into_inner().unwrap().iter().all(|&s| s == 1),
+                    "{m}x{n}x{k}"
+                );
+                let got = c.into_inner().unwrap();
                 assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}, {threads} threads");
-                assert!(c.chunks(ldc).all(|r| r[n] == 7.0));
             }
         }
     }
