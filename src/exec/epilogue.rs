@@ -605,6 +605,62 @@ mod tests {
         t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
+    /// paddle2onnx's HardSwish, `x · Clip(x + 3, 0, 6) / 6`, then a Clip with only a lower
+    /// bound: the Clips take their bounds from inputs, keep NaN, and fuse bit for bit.
+    #[test]
+    fn clips_with_constant_bounds_run_as_stages() {
+        let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
+        let g = graph(
+            vec![
+                conv("c", &["x", "w"], "y", 1),
+                node("add", "Add", &["y", "three"], &["a"]),
+                node("clip", "Clip", &["a", "zero", "six"], &["b"]),
+                node("mul", "Mul", &["y", "b"], &["m"]),
+                node("div", "Div", &["m", "six"], &["d"]),
+                node("floor", "Clip", &["d", "low"], &["out"]),
+            ],
+            vec![vi("x", &[1, 3, 9, 9])],
+            vec![vi("out", &[])],
+            vec![
+                ("w", Tensor::from_f32(vec![16, 3, 3, 3], values(432, 30))),
+                ("three", scalar(3.0)),
+                ("zero", scalar(0.0)),
+                ("six", scalar(6.0)),
+                ("low", scalar(-0.25)),
+            ],
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        assert_eq!(chain_lengths(&interp), vec![("c".to_string(), 5)]);
+        let mut x = values(243, 31);
+        x[40] = f32::NAN;
+        x[41] = 1e30;
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let fused = interp.run(&feeds).unwrap();
+        let alone = interp.run_with(&feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+        let out = fused.outputs[0].1.as_f32().unwrap();
+        assert!(out.iter().any(|v| v.is_nan()));
+        assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
+        for p in [Precision::Float16, Precision::BFloat16] {
+            let plan =
+                PreparedPlan::new(&g, &PrecisionPlan::uniform(&g, p), &PlanOptions::default())
+                    .unwrap();
+            let fused = interp
+                .run_plan(&feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
+            assert_eq!(
+                bits(&fused.outputs[0].1),
+                bits(&alone.outputs[0].1),
+                "{p:?}"
+            );
+        }
+    }
+
     /// Weights given as Constant nodes (as paddle2onnx writes them) are folded weights: the
     /// chains fuse as with initializers, the Constant nodes do not run, the values are the
     /// same; a run that keeps intermediates still runs them and shows their values.

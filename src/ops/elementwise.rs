@@ -755,6 +755,16 @@ fn register_stages(r: &mut Registry) {
             hard_sigmoid_f32(attrs.alpha, attrs.beta),
         ))
     });
+    r.def_mut("Clip").stage(|ctx, i, chained, _| {
+        if chained.first() != Some(&true) || chained[1..].contains(&true) {
+            return Ok(None);
+        }
+        let (lo, hi) = clip_bounds(ctx, i, DType::F32)?;
+        let (lo, hi) = (lo as f32, hi as f32);
+        Ok(Some(Stage::Map(Box::new(move |_, v: &mut [f32]| {
+            v.iter_mut().for_each(|x| *x = clip_f32(*x, lo, hi))
+        }))))
+    });
     r.def_mut("Add")
         .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_add)));
     r.def_mut("Sub")
@@ -1203,6 +1213,44 @@ fn where_op(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
+    let (lo, hi) = clip_bounds(ctx, inputs, x.dtype())?;
+    if x.dtype().is_int() {
+        let v: Vec<i64> = x
+            .to_i64_vec()
+            .expect("int")
+            .into_iter()
+            .map(|v| (v as f64).max(lo).min(hi) as i64)
+            .collect();
+        return Ok(vec![cast_tensor(
+            &Tensor::from_i64(x.shape().to_vec(), v),
+            x.dtype(),
+        )]);
+    }
+    let (lo32, hi32) = (lo as f32, hi as f32);
+    map_op(
+        ctx,
+        x,
+        |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
+        move |v| clip_f32(v, lo32, hi32),
+    )
+}
+
+/// Clip in float32: NaN stays NaN (`max`/`min` would drop it).
+fn clip_f32(v: f32, lo: f32, hi: f32) -> f32 {
+    if v.is_nan() {
+        v
+    } else {
+        v.max(lo).min(hi)
+    }
+}
+
+/// Clip's bounds for values of `dtype`: attributes before opset 11, optional scalar inputs
+/// from 11; a missing bound is the type's lowest/largest finite value.
+fn clip_bounds(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    dtype: DType,
+) -> Result<(f64, f64), OpError> {
     // Opset < 11: min/max attributes; from 11: optional scalar inputs.
     let (lo, hi) = if ctx.opset < 11 {
         let attrs = ctx.attrs::<ElementwiseAttrs>()?;
@@ -1222,34 +1270,14 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     };
     // A missing bound is the type's lowest/largest finite value (the spec's
     // numeric_limits::lowest()/max(), as ONNX Runtime): Clip(-inf) without `min` is -MAX.
-    let (lowest, largest) = match x.dtype() {
+    let (lowest, largest) = match dtype {
         DType::F32 => (f32::MIN as f64, f32::MAX as f64),
         DType::F16 => (half::f16::MIN.to_f64(), half::f16::MAX.to_f64()),
         DType::BF16 => (half::bf16::MIN.to_f64(), half::bf16::MAX.to_f64()),
         DType::F64 => (f64::MIN, f64::MAX),
         _ => (f64::NEG_INFINITY, f64::INFINITY),
     };
-    let lo = lo.unwrap_or(lowest);
-    let hi = hi.unwrap_or(largest);
-    if x.dtype().is_int() {
-        let v: Vec<i64> = x
-            .to_i64_vec()
-            .expect("int")
-            .into_iter()
-            .map(|v| (v as f64).max(lo).min(hi) as i64)
-            .collect();
-        return Ok(vec![cast_tensor(
-            &Tensor::from_i64(x.shape().to_vec(), v),
-            x.dtype(),
-        )]);
-    }
-    let (lo32, hi32) = (lo as f32, hi as f32);
-    map_op(
-        ctx,
-        x,
-        |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
-        |v| if v.is_nan() { v } else { v.max(lo32).min(hi32) },
-    )
+    Ok((lo.unwrap_or(lowest), hi.unwrap_or(largest)))
 }
 
 #[cfg(test)]
