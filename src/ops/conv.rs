@@ -1,7 +1,7 @@
 //! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad). A 2-D Conv in f32 is
 //! an implicit GEMM: [`super::sgemm::gemm`] packs its panels straight from the padded image
-//! (no im2col buffer); pointwise ones multiply the image in place, depthwise ones loop
-//! directly, other ranks and the float16 accumulator go through im2col / col2im and the shared
+//! (no im2col buffer); pointwise ones multiply the image in place, depthwise ones sum 16
+//! outputs per vector from a padded copy of each channel, other ranks and the float16 accumulator go through im2col / col2im and the shared
 //! [`sgemm`](super::matmul::sgemm).
 
 use super::attrs::{boxed, AttrError, Attrs};
@@ -672,7 +672,9 @@ impl PaddedImage {
         let phase = wp.div_ceil(sw);
         let row = phase * sw;
         let plane = hp * row;
-        let mut data = vec![0f32; channels * plane];
+        // DW_LANES values of slack: the depthwise kernel reads whole vectors past a row's end
+        // (into lanes it does not store).
+        let mut data = vec![0f32; channels * plane + DW_LANES];
         let fill = |(ci, dst): (usize, &mut [f32])| {
             let src = &x[ci * ih * iw..(ci + 1) * ih * iw];
             for (y, line) in src.chunks_exact(iw).enumerate() {
@@ -681,10 +683,11 @@ impl PaddedImage {
                 super::util::split_phases(line, pw, sw, phase, out);
             }
         };
+        let planes = &mut data[..channels * plane];
         if channels * plane >= 1 << 16 {
-            data.par_chunks_mut(plane).enumerate().for_each(fill);
+            planes.par_chunks_mut(plane).enumerate().for_each(fill);
         } else {
-            data.chunks_mut(plane).enumerate().for_each(fill);
+            planes.chunks_mut(plane).enumerate().for_each(fill);
         }
         PaddedImage {
             data,
@@ -730,65 +733,162 @@ impl PaddedImage {
     }
 }
 
+/// Output columns a depthwise block computes at once (one AVX-512 vector, two AVX2 ones).
+const DW_LANES: usize = 16;
+/// Depthwise blocks computed together: independent add chains the core overlaps.
+const DW_BLOCKS: usize = 4;
+
 /// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
-/// ([N, C, oh, ow], zeroed): per channel, each kernel tap is added to every output it reaches
-/// (row by row, so the loops vectorize), taps in the same order as the im2col path's GEMM
-/// sums them (kh, then kw) — a product and an add where the GEMM fuses them, so values may
-/// differ from it by f32 rounding (docs/numerics.md). A tap in the padding adds `0 · w` only
-/// for an infinite or NaN weight (0 · inf = NaN, as the im2col path; for a finite weight
-/// adding ±0 to a sum that started at +0 changes nothing).
-fn depthwise_2d(x: &[f32], wt: &[f32], c: usize, in_sp: &[usize], w: &Window, out: &mut [f32]) {
-    let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+/// ([N, C, oh, ow]), then per channel plane its bias and `finish`, while the plane is in cache.
+/// Per channel (in parallel): the plane is padded and split into column-stride phases
+/// ([`PaddedImage`]), so every tap of 16 consecutive outputs is 16 consecutive values; each
+/// output is a sum from +0 of its taps' products in the GEMM's order (kh, then kw), a product
+/// and an add where the GEMM fuses them — values may differ from that path in the last bit
+/// (docs/numerics.md). A tap in the padding adds `0 · w`: nothing for a finite weight (the sum,
+/// from +0, is never −0), NaN for an infinite or NaN one, as the im2col path.
+#[allow(clippy::too_many_arguments)]
+fn depthwise_2d(
+    x: &[f32],
+    wt: &[f32],
+    c: usize,
+    in_sp: &[usize],
+    w: &Window,
+    bias: Option<&[f32]>,
+    finish: Option<&ChannelFn>,
+    out: &mut [f32],
+) {
+    let in_sz = in_sp[0] * in_sp[1];
     let (oh_n, ow_n) = (w.out[0], w.out[1]);
-    let (kh_n, kw_n) = (w.kernel[0], w.kernel[1]);
-    let in_sz = ih_n * iw_n;
-    let o_sz = oh_n * ow_n;
-    let st = w.strides[1] as isize;
-    out.par_chunks_mut(o_sz).enumerate().for_each(|(bc, dst)| {
-        let img = &x[bc * in_sz..(bc + 1) * in_sz];
-        let ker = &wt[(bc % c) * kh_n * kw_n..(bc % c + 1) * kh_n * kw_n];
-        for oh in 0..oh_n {
-            let row = &mut dst[oh * ow_n..(oh + 1) * ow_n];
-            for kh in 0..kh_n {
-                let ih =
-                    (oh * w.strides[0] + kh * w.dilations[0]) as isize - w.pad_begin[0] as isize;
-                for kw in 0..kw_n {
-                    let k = ker[kh * kw_n + kw];
-                    let pad_term = 0.0 * k;
-                    if ih < 0 || ih >= ih_n as isize {
-                        if !k.is_finite() {
-                            row.iter_mut().for_each(|v| *v += pad_term);
-                        }
-                        continue;
-                    }
-                    let src = &img[ih as usize * iw_n..(ih as usize + 1) * iw_n];
-                    let off = (kw * w.dilations[1]) as isize - w.pad_begin[1] as isize;
-                    let ceil_div = |a: isize, b: isize| (a + b - 1).div_euclid(b);
-                    let lo = ceil_div(-off, st).clamp(0, ow_n as isize) as usize;
-                    let hi = ceil_div(iw_n as isize - off, st).clamp(lo as isize, ow_n as isize)
-                        as usize;
-                    if !k.is_finite() {
-                        row[..lo].iter_mut().for_each(|v| *v += pad_term);
-                        row[hi..].iter_mut().for_each(|v| *v += pad_term);
-                    }
-                    if hi == lo {
-                        continue;
-                    }
-                    let s0 = (lo as isize * st + off) as usize;
-                    if st == 1 {
-                        for (d, &xv) in row[lo..hi].iter_mut().zip(&src[s0..s0 + (hi - lo)]) {
-                            *d += xv * k;
-                        }
-                    } else {
-                        let st = st as usize;
-                        for (j, d) in row[lo..hi].iter_mut().enumerate() {
-                            *d += src[s0 + j * st] * k;
-                        }
-                    }
-                }
+    let kt = w.kernel[0] * w.kernel[1];
+    out.par_chunks_mut(oh_n * ow_n)
+        .enumerate()
+        .for_each(|(bc, dst)| {
+            let ch = bc % c;
+            let image = PaddedImage::new(&x[bc * in_sz..(bc + 1) * in_sz], 1, in_sp, w);
+            let taps = image.tap_offsets(1, w);
+            let ker = &wt[ch * kt..(ch + 1) * kt];
+            // Every block of DW_LANES outputs: where its window origins start, where it goes.
+            let blocks: Vec<(usize, usize, usize)> = (0..oh_n)
+                .flat_map(|oh| {
+                    (0..ow_n).step_by(DW_LANES).map(move |ow| {
+                        (
+                            oh * w.strides[0] * image.row + ow,
+                            oh * ow_n + ow,
+                            DW_LANES.min(ow_n - ow),
+                        )
+                    })
+                })
+                .collect();
+            depthwise_plane(&image.data, &taps, ker, &blocks, dst);
+            if let Some(b) = bias {
+                let b = b[ch];
+                dst.iter_mut().for_each(|v| *v += b);
+            }
+            if let Some(f) = finish {
+                f(super::Channels::One(ch), dst);
+            }
+        });
+}
+
+/// One channel's blocks ([`depthwise_2d`]), compiled for the widest vectors the CPU has.
+fn depthwise_plane(
+    data: &[f32],
+    taps: &[usize],
+    ker: &[f32],
+    blocks: &[(usize, usize, usize)],
+    dst: &mut [f32],
+) {
+    // Every tap of every block reads DW_LANES values inside `data` (PaddedImage keeps that
+    // many values of slack past its last plane).
+    let reach = blocks.iter().map(|b| b.0).max().unwrap_or(0) + taps.iter().max().unwrap_or(&0);
+    assert!(reach + DW_LANES <= data.len() && taps.len() == ker.len());
+    assert!(blocks.iter().all(|&(_, at, n)| at + n <= dst.len()));
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature; the reads and writes were bounded above.
+            return unsafe { depthwise_plane_avx512(data, taps, ker, blocks, dst) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { depthwise_plane_avx2(data, taps, ker, blocks, dst) };
+        }
+    }
+    // SAFETY: the reads and writes were bounded above.
+    unsafe { depthwise_plane_generic(data, taps, ker, blocks, dst) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn depthwise_plane_avx512(
+    data: &[f32],
+    taps: &[usize],
+    ker: &[f32],
+    blocks: &[(usize, usize, usize)],
+    dst: &mut [f32],
+) {
+    depthwise_plane_generic(data, taps, ker, blocks, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn depthwise_plane_avx2(
+    data: &[f32],
+    taps: &[usize],
+    ker: &[f32],
+    blocks: &[(usize, usize, usize)],
+    dst: &mut [f32],
+) {
+    depthwise_plane_generic(data, taps, ker, blocks, dst)
+}
+
+/// # Safety
+/// Every block's origin plus every tap plus DW_LANES lies inside `data`, and every block's
+/// destination inside `dst` (checked by [`depthwise_plane`]).
+#[inline(always)]
+unsafe fn depthwise_plane_generic(
+    data: &[f32],
+    taps: &[usize],
+    ker: &[f32],
+    blocks: &[(usize, usize, usize)],
+    dst: &mut [f32],
+) {
+    let mut groups = blocks.chunks_exact(DW_BLOCKS);
+    for g in groups.by_ref() {
+        let origins: [usize; DW_BLOCKS] = std::array::from_fn(|b| g[b].0);
+        let acc = depthwise_sums(data, origins, taps, ker);
+        for (sum, &(_, at, n)) in acc.iter().zip(g) {
+            dst[at..at + n].copy_from_slice(&sum[..n]);
+        }
+    }
+    for &(origin, at, n) in groups.remainder() {
+        let [sum] = depthwise_sums(data, [origin], taps, ker);
+        dst[at..at + n].copy_from_slice(&sum[..n]);
+    }
+}
+
+/// The sums of `N` blocks of DW_LANES outputs, each tap's products added in tap order.
+///
+/// # Safety
+/// `origin + tap + DW_LANES <= data.len()` for every origin and tap.
+#[inline(always)]
+unsafe fn depthwise_sums<const N: usize>(
+    data: &[f32],
+    origins: [usize; N],
+    taps: &[usize],
+    ker: &[f32],
+) -> [[f32; DW_LANES]; N] {
+    let mut acc = [[0f32; DW_LANES]; N];
+    let base = data.as_ptr();
+    for (&off, &k) in taps.iter().zip(ker) {
+        for (sum, &origin) in acc.iter_mut().zip(&origins) {
+            let src = &*(base.add(origin + off) as *const [f32; DW_LANES]);
+            for (s, &v) in sum.iter_mut().zip(src) {
+                *s += v * k;
             }
         }
-    });
+    }
+    acc
 }
 
 fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -891,7 +991,7 @@ pub fn conv(
         && !pointwise
         && ctx.accumulate == crate::numeric::Accumulator::F32;
     if direct {
-        depthwise_2d(&xv, &wv, c, in_sp, &w, &mut out);
+        depthwise_2d(&xv, &wv, c, in_sp, &w, bv.as_deref(), finish, &mut out);
     }
     let mut col = if pointwise
         || direct
@@ -901,8 +1001,8 @@ pub fn conv(
     } else {
         vec![0f32; rows * o_sz]
     };
-    // The gathered path adds the bias and applies `finish` as it writes the planes.
-    let mut finished = false;
+    // The gathered and depthwise paths add the bias and apply `finish` as they write the planes.
+    let mut finished = direct;
     let mut packed_weights: Option<std::sync::Arc<Vec<super::sgemm::PackedB>>> = None;
     for b in (0..n).filter(|_| !direct) {
         for g in 0..group {
@@ -1317,6 +1417,141 @@ mod tests {
             plane[ih as usize * w + iw as usize]
         } else {
             0.0
+        }
+    }
+
+    /// The depthwise kernel as it was first written (2026-11-23): each tap's product added to
+    /// the output rows it reaches, row by row. The vector kernel must give its bits.
+    fn depthwise_rows(
+        x: &[f32],
+        wt: &[f32],
+        c: usize,
+        in_sp: &[usize],
+        w: &Window,
+        out: &mut [f32],
+    ) {
+        let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+        let (oh_n, ow_n) = (w.out[0], w.out[1]);
+        let (kh_n, kw_n) = (w.kernel[0], w.kernel[1]);
+        let in_sz = ih_n * iw_n;
+        let o_sz = oh_n * ow_n;
+        let st = w.strides[1] as isize;
+        out.par_chunks_mut(o_sz).enumerate().for_each(|(bc, dst)| {
+            let img = &x[bc * in_sz..(bc + 1) * in_sz];
+            let ker = &wt[(bc % c) * kh_n * kw_n..(bc % c + 1) * kh_n * kw_n];
+            for oh in 0..oh_n {
+                let row = &mut dst[oh * ow_n..(oh + 1) * ow_n];
+                for kh in 0..kh_n {
+                    let ih = (oh * w.strides[0] + kh * w.dilations[0]) as isize
+                        - w.pad_begin[0] as isize;
+                    for kw in 0..kw_n {
+                        let k = ker[kh * kw_n + kw];
+                        let pad_term = 0.0 * k;
+                        if ih < 0 || ih >= ih_n as isize {
+                            if !k.is_finite() {
+                                row.iter_mut().for_each(|v| *v += pad_term);
+                            }
+                            continue;
+                        }
+                        let src = &img[ih as usize * iw_n..(ih as usize + 1) * iw_n];
+                        let off = (kw * w.dilations[1]) as isize - w.pad_begin[1] as isize;
+                        let ceil_div = |a: isize, b: isize| (a + b - 1).div_euclid(b);
+                        let lo = ceil_div(-off, st).clamp(0, ow_n as isize) as usize;
+                        let hi = ceil_div(iw_n as isize - off, st).clamp(lo as isize, ow_n as isize)
+                            as usize;
+                        if !k.is_finite() {
+                            row[..lo].iter_mut().for_each(|v| *v += pad_term);
+                            row[hi..].iter_mut().for_each(|v| *v += pad_term);
+                        }
+                        if hi == lo {
+                            continue;
+                        }
+                        let s0 = (lo as isize * st + off) as usize;
+                        if st == 1 {
+                            for (d, &xv) in row[lo..hi].iter_mut().zip(&src[s0..s0 + (hi - lo)]) {
+                                *d += xv * k;
+                            }
+                        } else {
+                            let st = st as usize;
+                            for (j, d) in row[lo..hi].iter_mut().enumerate() {
+                                *d += src[s0 + j * st] * k;
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    }
+
+    /// The vector depthwise kernel gives the row loop's bits, bias added after: kernels 3×3,
+    /// 5×5 and 1×4, strides 1–3, dilations, asymmetric padding, rows narrower and wider than a
+    /// vector and not a multiple of it, batches, NaN and infinite inputs and weights.
+    #[test]
+    fn the_vector_depthwise_kernel_gives_the_bits_of_the_row_loop() {
+        let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
+        let cases = [
+            ([7, 6], [3, 3], [1, 1], [1, 1], [1, 1, 1, 1], false),
+            ([12, 40], [5, 5], [1, 1], [1, 1], [2, 2, 2, 2], true),
+            ([9, 37], [3, 3], [2, 2], [1, 1], [1, 0, 0, 1], false),
+            ([11, 16], [3, 3], [1, 3], [2, 1], [2, 1, 0, 2], true),
+            ([5, 70], [1, 4], [1, 2], [1, 2], [0, 3, 0, 1], false),
+            ([3, 3], [3, 3], [1, 1], [1, 1], [2, 2, 2, 2], true),
+            ([16, 33], [3, 3], [2, 1], [1, 1], [0, 0, 0, 0], false),
+        ];
+        for (sp, k, strides, dil, pads, special) in cases {
+            let (n, c) = (2usize, 5usize);
+            let len = n * c * sp[0] * sp[1];
+            let mut x: Vec<f32> = (0..len)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+                .collect();
+            let mut wv: Vec<f32> = (0..c * k[0] * k[1])
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0)
+                .collect();
+            let bias: Vec<f32> = (0..c).map(|i| i as f32 * 0.37 - 0.5).collect();
+            if special {
+                x[3] = f32::NAN;
+                x[len / 2] = f32::INFINITY;
+                wv[1] = f32::NEG_INFINITY;
+                wv[k[0] * k[1] + 2] = f32::NAN;
+            }
+            let attrs = [
+                ("group", Attribute::Int(c as i64)),
+                ("strides", ints(&strides)),
+                ("dilations", ints(&dil)),
+                ("pads", ints(&pads)),
+            ];
+            let node = node("Conv", &attrs);
+            let ctx = OpCtx::new(&node, 17);
+            let (xt, wt) = (
+                Tensor::from_f32(vec![n, c, sp[0], sp[1]], x.clone()),
+                Tensor::from_f32(vec![c, 1, k[0], k[1]], wv.clone()),
+            );
+            let bt = Tensor::from_f32(vec![c], bias.clone());
+            let got = conv_op(&ctx, &[Some(&xt), Some(&wt), Some(&bt)])
+                .unwrap()
+                .remove(0);
+            let attrs = ConvAttrs::parse(&node).unwrap();
+            let w = window(&attrs.window, &sp, &k, false).unwrap();
+            let mut want = vec![0f32; n * c * w.out[0] * w.out[1]];
+            depthwise_rows(&x, &wv, c, &sp, &w, &mut want);
+            for (i, plane) in want.chunks_mut(w.out[0] * w.out[1]).enumerate() {
+                plane.iter_mut().for_each(|v| *v += bias[i % c]);
+            }
+            // Any NaN is a NaN: which operand's sign and payload an add keeps is the
+            // compiler's choice (LLVM may commute an fadd).
+            let bits = |v: &[f32]| {
+                v.iter()
+                    .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                    .collect::<Vec<u32>>()
+            };
+            assert_eq!(
+                bits(got.as_f32().unwrap()),
+                bits(&want),
+                "{sp:?} {k:?} {strides:?} {dil:?} {pads:?}"
+            );
+            if special {
+                assert!(want.iter().any(|v| v.is_nan()));
+            }
         }
     }
 
