@@ -115,6 +115,13 @@ pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
         DType::F32 => TensorData::F32(match d {
             TensorData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
             TensorData::BF16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            // Exact in f64 and in f32 alike: straight, without the f64 copy (a one-hot
+            // mask's bool → float is a large tensor in Magika).
+            TensorData::Bool(v) => v.iter().map(|&x| x as u8 as f32).collect(),
+            TensorData::U8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I8(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I16(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U16(v) => v.iter().map(|&x| x as f32).collect(),
             _ => num(d).into_iter().map(|x| x as f32).collect(),
         }),
         DType::F64 => TensorData::F64(num(d).into()),

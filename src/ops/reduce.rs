@@ -8,6 +8,7 @@ use super::cast::cast_tensor;
 use super::util::{input, norm_axes, norm_axis, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{strides_of, Tensor};
+use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
     r.add("ReduceSum", |c, i| reduce(c, i, Red::Sum, 13));
@@ -313,6 +314,53 @@ fn plan(shape: &[usize], axes: &[usize], keepdims: bool) -> Plan {
     }
 }
 
+/// Rows a task of [`trailing_f32_sums`] sums at once: independent chains the core overlaps.
+const ROWS_AT_ONCE: usize = 8;
+
+/// The sums (Sum, Mean, SumSquare, L1, L2) of a float32 tensor over its trailing axes,
+/// straight from its values: each row's f64 chain in order from its first term, as the
+/// general path adds them (the same bits), eight rows' chains interleaved, rows in parallel.
+/// None where the general path is needed (other reductions or axes, f16 accumulation,
+/// empty rows).
+fn trailing_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
+    let r = x.rank();
+    let term: fn(f64) -> f64 = match red {
+        Red::Sum | Red::Mean => |v| v,
+        Red::SumSquare | Red::L2 => |v| v * v,
+        Red::L1 => f64::abs,
+        _ => return None,
+    };
+    let trailing = axes.iter().all(|&a| a >= r - axes.len());
+    let width: usize = axes.iter().map(|&a| x.shape()[a]).product();
+    let v = x.as_f32()?;
+    if f16_acc || !trailing || width == 0 {
+        return None;
+    }
+    let sums = |group: &[f32]| {
+        let n = group.len() / width;
+        let mut acc = [0f64; ROWS_AT_ONCE];
+        for (a, row) in acc.iter_mut().zip(group.chunks_exact(width)) {
+            *a = term(row[0] as f64);
+        }
+        for k in 1..width {
+            for (rw, a) in acc.iter_mut().enumerate().take(n) {
+                *a += term(group[rw * width + k] as f64);
+            }
+        }
+        acc.into_iter().take(n).map(move |a| match red {
+            Red::Mean => a / width as f64,
+            Red::L2 => a.sqrt(),
+            _ => a,
+        })
+    };
+    let chunk = width * ROWS_AT_ONCE;
+    Some(if v.len() >= 1 << 16 {
+        v.par_chunks(chunk).flat_map_iter(sums).collect()
+    } else {
+        v.chunks(chunk).flat_map(sums).collect()
+    })
+}
+
 fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i64) -> OpResult {
     let x = input(inputs, 0)?;
     let attrs = ctx.attrs::<ReduceAttrs>()?;
@@ -335,6 +383,19 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
     } else {
         norm_axes(&axes, x.rank())?
     };
+    let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
+    if let Some(out) = trailing_f32_sums(x, &axes, red, f16_acc) {
+        let out_shape = (0..x.rank())
+            .filter_map(|d| match axes.contains(&d) {
+                false => Some(x.shape()[d]),
+                true => keepdims.then_some(1),
+            })
+            .collect();
+        return Ok(vec![cast_tensor(
+            &Tensor::from_f64(out_shape, out),
+            x.dtype(),
+        )]);
+    }
     let p = plan(x.shape(), &axes, keepdims);
     let n = p.r_offsets.len();
     let dtype = x.dtype();
@@ -370,7 +431,6 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
         .ok_or_else(|| OpError(format!("dtype {dtype} is not supported")))?;
     // Sums accumulate in f64 (the reference), or in an f16 register when a reduced-precision
     // layer asks for f16 accumulation (`--accumulate f16`): each addition rounded to f16.
-    let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
     // An empty sum is +0 (ONNX Runtime, numpy); `Iterator::sum` starts from -0.0, so it is
     // folded from the first element instead (the same additions, the same bits otherwise).
     let total = |it: &mut dyn Iterator<Item = f64>| -> f64 {
@@ -569,6 +629,54 @@ mod tests {
             &[&x],
         );
         assert_eq!(y[0], x);
+    }
+
+    /// Float32 sums over trailing axes (rows summed straight from the f32 values, eight at
+    /// once, in parallel when large) give the general path's bits: the same reduction of the
+    /// values as float64, rounded to f32. Rows of one −0 keep it; NaN and inf propagate.
+    #[test]
+    fn trailing_float32_sums_are_the_general_paths() {
+        for (shape, axes) in [
+            (vec![13usize, 7], vec![1i64]),
+            (vec![3, 1, 5], vec![1, 2]),
+            (vec![5, 1], vec![-1]),
+            (vec![300, 230], vec![1]),
+            (vec![4, 6], vec![0, 1]),
+        ] {
+            let len: usize = shape.iter().product();
+            let mut v: Vec<f32> = (0..len)
+                .map(|i| ((i * 7919 % 1013) as f32 - 500.0) / 37.0)
+                .collect();
+            v[0] = -0.0;
+            if len > 40 {
+                v[20] = f32::NAN;
+                v[33] = f32::INFINITY;
+            }
+            let x = Tensor::from_f32(shape.clone(), v.clone());
+            let x64 = Tensor::from_f64(shape.clone(), v.iter().map(|&a| a as f64).collect());
+            let axes = Tensor::from_i64(vec![axes.len()], axes.clone());
+            for op in [
+                "ReduceSum",
+                "ReduceMean",
+                "ReduceSumSquare",
+                "ReduceL1",
+                "ReduceL2",
+            ] {
+                let got = run(op, 18, &[], &[&x, &axes]).remove(0);
+                let want = run(op, 18, &[], &[&x64, &axes]).remove(0);
+                let want = cast_tensor(&want, DType::F32);
+                assert_eq!(got.shape(), want.shape(), "{op} {shape:?}");
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.as_f32().unwrap().iter().map(|a| a.to_bits()).collect()
+                };
+                assert_eq!(bits(&got), bits(&want), "{op} {shape:?}");
+            }
+        }
+        // One −0 summed over a row of one stays −0 (the chain starts from its first term).
+        let x = Tensor::from_f32(vec![2, 1], vec![-0.0, 1.0]);
+        let axes = Tensor::from_i64(vec![1], vec![1]);
+        let y = run("ReduceSum", 18, &[], &[&x, &axes]);
+        assert!(y[0].as_f32().unwrap()[0].is_sign_negative());
     }
 
     #[test]

@@ -644,12 +644,38 @@ fn slice(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         count[a] = n.max(0) as usize;
     }
     let r = x.rank();
-    if r > 0 && step[r - 1] == 1 {
-        // Unit-step rows: copied whole.
+    // Trailing axes taken whole (from 0, step 1, every index) are contiguous in each row:
+    // they fold into one axis, so a row is one run however small the innermost axis is
+    // (Magika's [1, 512, 508, 1] slices were 260,000 runs of one value).
+    let shape = x.shape();
+    let whole = |d: usize| begin[d] == 0 && step[d] == 1 && count[d] == shape[d];
+    let k = (0..r).rev().find(|&d| !whole(d)).map_or(0, |d| d + 1);
+    if k == 0 {
+        return Ok(vec![x.clone()]);
+    }
+    let inner: usize = shape[k..].iter().product();
+    if step[k - 1] == 1 || inner > 1 {
+        // Rows of the folded slice: its last axis has step 1.
+        let (mut f_shape, mut f_begin, mut f_step, mut f_count) = (
+            shape[..k].to_vec(),
+            begin[..k].to_vec(),
+            step[..k].to_vec(),
+            count[..k].to_vec(),
+        );
+        if step[k - 1] == 1 {
+            f_shape[k - 1] *= inner;
+            f_begin[k - 1] *= inner as i64;
+            f_count[k - 1] *= inner;
+        } else {
+            f_shape.push(inner);
+            f_begin.push(0);
+            f_step.push(1);
+            f_count.push(inner);
+        }
+        let run = *f_count.last().expect("k > 0");
         let mut runs = Vec::new();
-        let inner = count[r - 1];
-        slice_rows(x.shape(), &begin, &step, &count, |row| {
-            runs.push((row, inner))
+        slice_rows(&f_shape, &f_begin, &f_step, &f_count, |row| {
+            runs.push((row, run))
         });
         return Ok(vec![Tensor::from_parts(count, x.data().gather_runs(&runs))]);
     }
@@ -1260,6 +1286,52 @@ mod tests {
         let x = Tensor::from_f32(vec![2, 3, 4], vec![0.0; 24]);
         let y = run("Reshape", 14, &[], &[&x, &i64s(&[0, -1])]);
         assert_eq!(y[0].shape(), &[2, 12]);
+    }
+
+    /// Slices whose trailing axes are taken whole (folded into one run per row), with and
+    /// without a step on the axis before them, the whole tensor, and an empty slice: the values
+    /// of the per-element offsets.
+    #[test]
+    fn slices_with_whole_trailing_axes_take_the_values_of_every_offset() {
+        let shape = [2usize, 5, 3, 1];
+        let x = Tensor::from_i64(shape.to_vec(), (0..30).collect());
+        for (starts, ends, steps) in [
+            ([0i64, 0, 0, 0], [2i64, 5, 3, 1], [1i64, 1, 1, 1]),
+            ([0, 1, 0, 0], [2, 4, 3, 1], [1, 1, 1, 1]),
+            ([1, 4, 0, 0], [0, 0, 3, 1], [-1, -2, 1, 1]),
+            ([0, 0, 1, 0], [2, 5, 3, 1], [1, 2, 1, 1]),
+            ([0, 0, 0, 0], [2, 5, 2, 1], [1, 1, 2, 1]),
+            ([0, 2, 0, 0], [2, 2, 3, 1], [1, 1, 1, 1]),
+        ] {
+            let y = run(
+                "Slice",
+                13,
+                &[],
+                &[
+                    &x,
+                    &i64s(&starts),
+                    &i64s(&ends),
+                    &i64s(&[0, 1, 2, 3]),
+                    &i64s(&steps),
+                ],
+            );
+            let count: Vec<usize> = (0..4)
+                .map(|d| {
+                    let n = (ends[d] - starts[d] + steps[d] - steps[d].signum()) / steps[d];
+                    n.max(0) as usize
+                })
+                .collect();
+            let want: Vec<i64> = slice_offsets(&shape, &starts, &steps, &count)
+                .into_iter()
+                .map(|o| o as i64)
+                .collect();
+            assert_eq!(y[0].shape(), count.as_slice(), "{starts:?} {steps:?}");
+            assert_eq!(
+                y[0].as_i64().unwrap(),
+                want.as_slice(),
+                "{starts:?} {steps:?}"
+            );
+        }
     }
 
     #[test]
