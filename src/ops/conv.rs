@@ -1198,6 +1198,35 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
     let k_sz: usize = kernel.iter().product();
     let in_sz: usize = in_sp.iter().product();
     let o_sz: usize = out_sp.iter().product();
+    if r == 2 {
+        // 2-D: rows and columns walked directly (no index division per value); the same
+        // additions in the same order.
+        let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+        let (oh_n, ow_n) = (out_sp[0] as isize, out_sp[1] as isize);
+        dst.par_chunks_mut(o_sz)
+            .enumerate()
+            .for_each(|(oc, plane)| {
+                for ki in 0..k_sz {
+                    let (kh, kw) = (ki / kernel[1], ki % kernel[1]);
+                    let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
+                    let col0 = (kw * dilations[1]) as isize - pb[1] as isize;
+                    for (ih, line) in src.chunks_exact(iw_n).enumerate().take(ih_n) {
+                        let o = (ih * strides[0] + kh * dilations[0]) as isize - pb[0] as isize;
+                        if o < 0 || o >= oh_n {
+                            continue;
+                        }
+                        let row = &mut plane[o as usize * ow_n as usize..][..ow_n as usize];
+                        for (iw, &v) in line.iter().enumerate() {
+                            let x = (iw * strides[1]) as isize + col0;
+                            if x >= 0 && x < ow_n {
+                                row[x as usize] += v;
+                            }
+                        }
+                    }
+                }
+            });
+        return;
+    }
     dst.par_chunks_mut(o_sz)
         .enumerate()
         .for_each(|(oc, plane)| {
@@ -1794,6 +1823,50 @@ mod tests {
         let w = Tensor::from_f32(vec![2, 1, 1, 1], vec![10., 100.]);
         let y = run("Conv", &[("group", Attribute::Int(2))], x, w);
         assert_eq!(y.as_f32().unwrap(), &[10., 20., 300., 400.]);
+    }
+
+    /// The 2-D col2im walk adds what the N-D one adds, in the same order: the same result
+    /// as the 2-D problem posed in 3-D (a leading axis of one), with strides, dilations and
+    /// pads that crop.
+    #[test]
+    fn col2im_in_2d_is_the_general_walk() {
+        for (in_sp, kernel, strides, dil, pb, out_sp) in [
+            (
+                [3usize, 4usize],
+                [2usize, 2usize],
+                [2usize, 2usize],
+                [1usize, 1usize],
+                [0usize, 0usize],
+                [6usize, 8usize],
+            ),
+            ([4, 3], [3, 2], [1, 2], [2, 1], [1, 0], [6, 6]),
+            ([5, 5], [3, 3], [2, 3], [1, 1], [1, 2], [9, 11]),
+        ] {
+            let (k_sz, in_sz) = (kernel[0] * kernel[1], in_sp[0] * in_sp[1]);
+            let planes = 3;
+            let col: Vec<f32> = (0..planes * k_sz * in_sz)
+                .map(|i| ((i * 7919 % 211) as f32 - 100.0) / 13.0)
+                .collect();
+            let o_sz = out_sp[0] * out_sp[1];
+            let mut got = vec![0.5f32; planes * o_sz];
+            col2im(
+                &col, &in_sp, &kernel, &strides, &dil, &pb, &out_sp, &mut got,
+            );
+            let mut want = vec![0.5f32; planes * o_sz];
+            let three = |a: [usize; 2], lead: usize| [lead, a[0], a[1]];
+            col2im(
+                &col,
+                &three(in_sp, 1),
+                &three(kernel, 1),
+                &three(strides, 1),
+                &three(dil, 1),
+                &three(pb, 0),
+                &three(out_sp, 1),
+                &mut want,
+            );
+            assert_eq!(got, want, "{in_sp:?} {kernel:?} {strides:?}");
+            assert!(got.iter().any(|&v| v != 0.5));
+        }
     }
 
     #[test]

@@ -347,8 +347,11 @@ pub fn gemm_gathered(
                 let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
                 let mut jp = jp0;
                 while jp < jp1 {
-                    // Two full panels at once where the CPU has AVX-512: a 6×32 tile.
-                    let pair = wide && jp + 1 < jp1 && (jp + 2) * NR <= n;
+                    // Two panels at once where the CPU has AVX-512: a 6×32 tile. The second
+                    // may be partial (24 channels): its columns past n are zeros in B, and the
+                    // block's rows hold whole panels, so the tile writes them where nothing
+                    // reads them.
+                    let pair = wide && jp + 1 < jp1;
                     for it in it0..it1 {
                         let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
                         let mut origins = [image.as_ptr(); MR];
@@ -791,6 +794,7 @@ mod tests {
             (7, 17, 3),
             (13, 40, 300),
             (50, 37, 520),
+            (30, 24, 50),
             (48, 64, 9),
         ] {
             let image = values(3 * m + 2 * k + 5, 9);
