@@ -605,7 +605,7 @@ impl TensorData {
                         let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
                         for p in parts {
                             match p {
-                                TensorData::$v(x) => out.extend(x.iter().cloned()),
+                                TensorData::$v(x) => out.extend_from_slice(x),
                                 _ => unreachable!("dtypes checked above"),
                             }
                         }
@@ -634,7 +634,7 @@ impl TensorData {
         map_data!(self, v => {
             let mut out = Vec::with_capacity(total);
             for &(start, len) in runs {
-                out.extend(v[start..start + len].iter().cloned());
+                out.extend_from_slice(&v[start..start + len]);
             }
             out.into()
         })

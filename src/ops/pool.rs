@@ -358,9 +358,13 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         // below vectorize; with stride 1 the row is its only phase.
         let per = iw.div_ceil(sw);
         let row_len = per * sw;
-        out.par_chunks_mut(o_sz.max(1)).enumerate().for_each_init(
-            Vec::new,
-            |phases, (p, plane)| {
+        // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
+        // plane cost more in scheduling than the pooling.
+        let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
+        out.par_chunks_mut(o_sz.max(1))
+            .with_min_len(planes_per_task)
+            .enumerate()
+            .for_each_init(Vec::new, |phases, (p, plane)| {
                 let img = &xv[p * in_sz..(p + 1) * in_sz];
                 let img: &[f32] = if sw == 1 {
                     img
@@ -394,7 +398,10 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                             let (r, t) = (first % sw, first / sw);
                             let acc = &mut acc[lo..hi];
                             let src = &row[r * per + t..r * per + t + (hi - lo)];
-                            if kind == Kind::Max {
+                            if kind == Kind::Max && acc.len() < 8 {
+                                // Shorter than a vector: inline, no dispatch per call.
+                                max_into_generic(acc, src);
+                            } else if kind == Kind::Max {
                                 max_into(acc, src);
                             } else {
                                 for (d, &v) in acc.iter_mut().zip(src) {
@@ -415,8 +422,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                         }
                     }
                 }
-            },
-        );
+            });
     } else if want_indices {
         out.par_chunks_mut(o_sz.max(1))
             .zip(idx_out.par_chunks_mut(o_sz.max(1)))

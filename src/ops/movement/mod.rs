@@ -506,14 +506,13 @@ fn take_range(x: &Tensor, axis: usize, start: usize, len: usize) -> Tensor {
     let outer: usize = x.shape()[..axis].iter().product();
     let inner: usize = x.shape()[axis + 1..].iter().product();
     let dim = x.shape()[axis];
-    let mut idx = Vec::with_capacity(outer * len * inner);
-    for o in 0..outer {
-        let base = (o * dim + start) * inner;
-        idx.extend(base..base + len * inner);
-    }
+    // One contiguous run per outer index (not an index per value).
+    let runs: Vec<(usize, usize)> = (0..outer)
+        .map(|o| ((o * dim + start) * inner, len * inner))
+        .collect();
     let mut shape = x.shape().to_vec();
     shape[axis] = len;
-    gathered(x, shape, &idx)
+    Tensor::from_parts(shape, x.data().gather_runs(&runs))
 }
 
 fn split(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
