@@ -49,23 +49,102 @@ pub fn register(r: &mut Registry) {
 /// `c[m, n] = Σ_k a[m, k] · b[k, n]` (row-major), summed exactly in i32 (wrapping on overflow,
 /// as a hardware i32 accumulator). `c` is overwritten.
 pub fn igemm(m: usize, n: usize, k: usize, a: &[i32], b: &[i32], c: &mut [i32]) {
-    let row = |(i, dst): (usize, &mut [i32])| {
-        dst.fill(0);
-        let ar = &a[i * k..(i + 1) * k];
-        for (p, &x) in ar.iter().enumerate() {
-            if x == 0 {
-                continue;
-            }
-            let br = &b[p * n..(p + 1) * n];
-            for (d, &y) in dst.iter_mut().zip(br) {
-                *d = d.wrapping_add(x.wrapping_mul(y));
+    if n < 16 {
+        // Few columns (a convolution over a handful of positions): dot products of A's rows
+        // with B's columns, which vectorize along k. Wrapping i32 sums are exact in any order.
+        let mut bt = vec![0i32; n * k];
+        for (p, br) in b[..k * n].chunks_exact(n.max(1)).enumerate() {
+            for (j, &v) in br.iter().enumerate() {
+                bt[j * k + p] = v;
             }
         }
-    };
+        let row = |(i, dst): (usize, &mut [i32])| {
+            let ar = &a[i * k..(i + 1) * k];
+            for (j, d) in dst.iter_mut().enumerate() {
+                *d = idot(ar, &bt[j * k..(j + 1) * k]);
+            }
+        };
+        if m * n * k >= 1 << 16 && m > 1 {
+            c[..m * n]
+                .par_chunks_mut(n.max(1))
+                .enumerate()
+                .for_each(row);
+        } else {
+            c[..m * n].chunks_mut(n.max(1)).enumerate().for_each(row);
+        }
+        return;
+    }
+    let row = |(i, dst): (usize, &mut [i32])| igemm_row(&a[i * k..(i + 1) * k], b, n, dst);
     if m * n * k >= 1 << 16 && m > 1 {
         c[..m * n].par_chunks_mut(n).enumerate().for_each(row);
     } else {
         c[..m * n].chunks_mut(n).enumerate().for_each(row);
+    }
+}
+
+/// One row of [`igemm`]: `dst = Σ_p ar[p] · b[p, ..]`, compiled for AVX2 where the CPU has it
+/// (8 lanes of 32-bit multiplies; the baseline target has no packed 32-bit multiply, and
+/// integer arithmetic gives the same values either way).
+fn igemm_row(ar: &[i32], b: &[i32], n: usize, dst: &mut [i32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        return unsafe { igemm_row_avx2(ar, b, n, dst) };
+    }
+    igemm_row_generic(ar, b, n, dst)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn igemm_row_avx2(ar: &[i32], b: &[i32], n: usize, dst: &mut [i32]) {
+    igemm_row_generic(ar, b, n, dst)
+}
+
+/// `Σ a[p]·b[p]` wrapping in i32, compiled for AVX2 where the CPU has it.
+fn idot(a: &[i32], b: &[i32]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        return unsafe { idot_avx2(a, b) };
+    }
+    idot_generic(a, b)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn idot_avx2(a: &[i32], b: &[i32]) -> i32 {
+    idot_generic(a, b)
+}
+
+/// Eight lanes of partial sums (the compiler keeps them in one vector), added at the end.
+#[inline(always)]
+fn idot_generic(a: &[i32], b: &[i32]) -> i32 {
+    let mut acc = [0i32; 8];
+    let (ca, cb) = (a.chunks_exact(8), b.chunks_exact(8));
+    let (ra, rb) = (ca.remainder(), cb.remainder());
+    for (x, y) in ca.zip(cb) {
+        for l in 0..8 {
+            acc[l] = acc[l].wrapping_add(x[l].wrapping_mul(y[l]));
+        }
+    }
+    let tail = ra
+        .iter()
+        .zip(rb)
+        .fold(0i32, |s, (&x, &y)| s.wrapping_add(x.wrapping_mul(y)));
+    acc.iter().fold(tail, |s, &v| s.wrapping_add(v))
+}
+
+#[inline(always)]
+fn igemm_row_generic(ar: &[i32], b: &[i32], n: usize, dst: &mut [i32]) {
+    dst.fill(0);
+    for (p, &x) in ar.iter().enumerate() {
+        if x == 0 {
+            continue;
+        }
+        let br = &b[p * n..(p + 1) * n];
+        for (d, &y) in dst.iter_mut().zip(br) {
+            *d = d.wrapping_add(x.wrapping_mul(y));
+        }
     }
 }
 
@@ -243,12 +322,12 @@ fn shifted_codes(
             t.dtype()
         )));
     }
-    let mut v: Vec<i32> = t
-        .to_i64_vec()
-        .expect("integer")
-        .into_iter()
-        .map(|x| x as i32)
-        .collect();
+    // Straight to i32 (no i64 copy): a weight's codes are converted on every run.
+    let mut v: Vec<i32> = match t.data() {
+        crate::tensor::TensorData::U8(c) => c.iter().map(|&x| x as i32).collect(),
+        crate::tensor::TensorData::I8(c) => c.iter().map(|&x| x as i32).collect(),
+        _ => unreachable!("dtype checked above"),
+    };
     let Some(z) = zp else { return Ok(v) };
     if z.dtype() != t.dtype() {
         return Err(OpError(format!(
@@ -438,6 +517,37 @@ mod tests {
         let (c, shape) = imatmul(&[1, 2, 3], &[3], &[4, 5, 6], &[3]).unwrap();
         assert_eq!((c, shape), (vec![32], vec![]));
         assert!(imatmul(&[1, 2], &[2], &[1, 2, 3], &[3]).is_err());
+    }
+
+    /// Both orientations of the integer product (rows of axpys; dot products for fewer than
+    /// 16 columns) give the wrapping i32 sum of a direct triple loop, overflow included.
+    #[test]
+    fn igemm_is_the_wrapping_sum_in_both_orientations() {
+        for (m, n, k) in [
+            (3, 1, 5),
+            (5, 4, 37),
+            (2, 15, 9),
+            (4, 16, 33),
+            (3, 17, 260),
+            (300, 4, 260),
+        ] {
+            let a = codes(m * k, 7, -255, 255);
+            let mut b = codes(k * n, 11, -255, 255);
+            // Values whose products overflow i32: the sums wrap as a hardware accumulator.
+            b[0] = i32::MAX / 3;
+            let mut want = vec![0i32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    for p in 0..k {
+                        want[i * n + j] =
+                            want[i * n + j].wrapping_add(a[i * k + p].wrapping_mul(b[p * n + j]));
+                    }
+                }
+            }
+            let mut got = vec![7i32; m * n];
+            igemm(m, n, k, &a, &b, &mut got);
+            assert_eq!(got, want, "{m}x{n}x{k}");
+        }
     }
 
     #[test]
