@@ -280,10 +280,16 @@ impl Epilogue {
             // Every stage in place on the output itself.
             return self.run(channels, values, &mut []);
         }
-        TEMPS.with_borrow_mut(|temps| {
+        let mut apply = |temps: &mut [[f32; CHUNK]; MAX_TEMPS]| {
             for (k, part) in values.chunks_mut(CHUNK).enumerate() {
                 self.run(channels.skip(k * CHUNK), part, &mut temps[..self.temps]);
             }
+        };
+        TEMPS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut temps) => apply(&mut temps),
+            // Reached again on this thread while the buffers are in use (a stage that waits
+            // on rayon and runs another apply meanwhile): buffers of its own.
+            Err(_) => apply(&mut [[0.0; CHUNK]; MAX_TEMPS]),
         })
     }
 
@@ -557,26 +563,7 @@ mod tests {
         assert_eq!(chain_lengths(&interp), vec![("mm".to_string(), 7)]);
         let mut feeds = Feeds::new();
         feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], values(80, 23)));
-        let keep = RunOptions {
-            keep_intermediates: true,
-        };
-        let fused = interp.run(&feeds).unwrap();
-        let alone = interp.run_with(&feeds, &keep).unwrap();
-        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
-        for p in [Precision::Float16, Precision::BFloat16] {
-            let plan =
-                PreparedPlan::new(&g, &PrecisionPlan::uniform(&g, p), &PlanOptions::default())
-                    .unwrap();
-            let fused = interp
-                .run_plan(&feeds, &RunOptions::default(), &plan)
-                .unwrap();
-            let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
-            assert_eq!(
-                bits(&fused.outputs[0].1),
-                bits(&alone.outputs[0].1),
-                "{p:?}"
-            );
-        }
+        fused_is_alone(&g, &interp, &feeds);
     }
 
     /// A profiled run gives the same outputs and times each executed layer once, the fused ones
@@ -599,6 +586,28 @@ mod tests {
             vec![vec![1, 2], vec![4, 5], vec![7, 8, 9, 10], vec![12, 13, 14]]
         );
         assert!(times.iter().all(|t| t.seconds >= 0.0));
+    }
+
+    /// Asserts that the fused run of `g` gives the bits of its layers run one by one (kept
+    /// intermediates turn epilogues off), in float32 and under all-float16 and all-bfloat16
+    /// plans; returns the fused float32 output.
+    fn fused_is_alone(g: &Graph, interp: &Interpreter, feeds: &Feeds) -> Tensor {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let mut fused = interp.run(feeds).unwrap();
+        let alone = interp.run_with(feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+        for p in [Precision::Float16, Precision::BFloat16] {
+            let plan = PreparedPlan::new(g, &PrecisionPlan::uniform(g, p), &PlanOptions::default())
+                .unwrap();
+            let f = interp
+                .run_plan(feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            let a = interp.run_plan(feeds, &keep, &plan).unwrap();
+            assert_eq!(bits(&f.outputs[0].1), bits(&a.outputs[0].1), "{p:?}");
+        }
+        fused.outputs.remove(0).1
     }
 
     fn bits(t: &Tensor) -> Vec<u32> {
@@ -636,29 +645,10 @@ mod tests {
         x[41] = 1e30;
         let mut feeds = Feeds::new();
         feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
-        let keep = RunOptions {
-            keep_intermediates: true,
-        };
-        let fused = interp.run(&feeds).unwrap();
-        let alone = interp.run_with(&feeds, &keep).unwrap();
-        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
-        let out = fused.outputs[0].1.as_f32().unwrap();
+        let fused = fused_is_alone(&g, &interp, &feeds);
+        let out = fused.as_f32().unwrap();
         assert!(out.iter().any(|v| v.is_nan()));
         assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
-        for p in [Precision::Float16, Precision::BFloat16] {
-            let plan =
-                PreparedPlan::new(&g, &PrecisionPlan::uniform(&g, p), &PlanOptions::default())
-                    .unwrap();
-            let fused = interp
-                .run_plan(&feeds, &RunOptions::default(), &plan)
-                .unwrap();
-            let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
-            assert_eq!(
-                bits(&fused.outputs[0].1),
-                bits(&alone.outputs[0].1),
-                "{p:?}"
-            );
-        }
     }
 
     /// Weights given as Constant nodes (as paddle2onnx writes them) are folded weights: the

@@ -330,86 +330,91 @@ pub fn gemm_gathered(
     let cu = col_units.div_ceil(target.div_ceil(row_blocks).clamp(1, col_units));
     let col_blocks = col_units.div_ceil(cu);
     let cb = cu * group;
-    let run = |t: usize| {
-        GATHERED_C.with_borrow_mut(|block| {
-            let (tr, tc) = (t % row_blocks, t / row_blocks);
-            let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
-            let (jp0, jp1) = (tc * cb, ((tc + 1) * cb).min(n_panels));
-            // The block's rows hold whole panels: ldc = their width.
-            let ldc = (jp1 - jp0) * NR;
-            let size = (it1 - it0) * MR * ldc;
-            if block.len() < size {
-                block.resize(size, 0.0);
-            }
-            let c_base = block.as_mut_ptr();
-            for p0 in (0..k).step_by(KC) {
-                let kc = KC.min(k - p0);
-                let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
-                let mut jp = jp0;
-                while jp < jp1 {
-                    // Two panels at once where the CPU has AVX-512: a 6×32 tile. The second
-                    // may be partial (24 channels): its columns past n are zeros in B, and the
-                    // block's rows hold whole panels, so the tile writes them where nothing
-                    // reads them.
-                    let pair = wide && jp + 1 < jp1;
-                    for it in it0..it1 {
-                        let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
-                        let mut origins = [image.as_ptr(); MR];
-                        for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
-                            *o = image[row..].as_ptr();
+    let task = |t: usize, block: &mut Vec<f32>| {
+        let (tr, tc) = (t % row_blocks, t / row_blocks);
+        let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
+        let (jp0, jp1) = (tc * cb, ((tc + 1) * cb).min(n_panels));
+        // The block's rows hold whole panels: ldc = their width.
+        let ldc = (jp1 - jp0) * NR;
+        let size = (it1 - it0) * MR * ldc;
+        if block.len() < size {
+            block.resize(size, 0.0);
+        }
+        let c_base = block.as_mut_ptr();
+        for p0 in (0..k).step_by(KC) {
+            let kc = KC.min(k - p0);
+            let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
+            let mut jp = jp0;
+            while jp < jp1 {
+                // Two panels at once where the CPU has AVX-512: a 6×32 tile. The second
+                // may be partial (24 channels): its columns past n are zeros in B, and the
+                // block's rows hold whole panels, so the tile writes them where nothing
+                // reads them.
+                let pair = wide && jp + 1 < jp1;
+                for it in it0..it1 {
+                    let (i0, tile_rows) = (it * MR, MR.min(m - it * MR));
+                    let mut origins = [image.as_ptr(); MR];
+                    for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
+                        *o = image[row..].as_ptr();
+                    }
+                    let c_at =
+                        |jq: usize| c_base.wrapping_add((i0 - it0 * MR) * ldc + (jq - jp0) * NR);
+                    // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
+                    // a panel holds kc rows of NR values; the tile (at most MR rows of its
+                    // panels' columns) lies inside this thread's block, sized above.
+                    #[cfg(target_arch = "x86_64")]
+                    if pair && tile_rows == MR {
+                        unsafe {
+                            tile_avx512_wide(
+                                kc,
+                                &origins,
+                                offsets[p0..].as_ptr(),
+                                panel(jp),
+                                panel(jp + 1),
+                                c_at(jp),
+                                ldc,
+                                p0 > 0,
+                            );
                         }
-                        let c_at = |jq: usize| {
-                            c_base.wrapping_add((i0 - it0 * MR) * ldc + (jq - jp0) * NR)
-                        };
-                        // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
-                        // a panel holds kc rows of NR values; the tile (at most MR rows of its
-                        // panels' columns) lies inside this thread's block, sized above.
-                        #[cfg(target_arch = "x86_64")]
-                        if pair && tile_rows == MR {
-                            unsafe {
-                                tile_avx512_wide(
-                                    kc,
-                                    &origins,
-                                    offsets[p0..].as_ptr(),
-                                    panel(jp),
-                                    panel(jp + 1),
-                                    c_at(jp),
-                                    ldc,
-                                    p0 > 0,
-                                );
-                            }
-                            continue;
-                        }
-                        let a = GatheredA {
-                            rows: origins,
-                            offsets: offsets[p0..].as_ptr(),
-                        };
-                        for jq in jp..jp + 1 + pair as usize {
-                            let cols = NR.min(n - jq * NR);
-                            unsafe {
-                                kernel.run(
-                                    kc,
-                                    a,
-                                    panel(jq),
-                                    NR,
-                                    c_at(jq),
-                                    ldc,
-                                    tile_rows,
-                                    cols,
-                                    p0 > 0,
-                                );
-                            }
+                        continue;
+                    }
+                    let a = GatheredA {
+                        rows: origins,
+                        offsets: offsets[p0..].as_ptr(),
+                    };
+                    for jq in jp..jp + 1 + pair as usize {
+                        let cols = NR.min(n - jq * NR);
+                        unsafe {
+                            kernel.run(
+                                kc,
+                                a,
+                                panel(jq),
+                                NR,
+                                c_at(jq),
+                                ldc,
+                                tile_rows,
+                                cols,
+                                p0 > 0,
+                            );
                         }
                     }
-                    jp += 1 + pair as usize;
                 }
+                jp += 1 + pair as usize;
             }
-            done(GatheredBlock {
-                rows: it0 * MR..(it1 * MR).min(m),
-                columns: jp0 * NR..(jp1 * NR).min(n),
-                values: &block[..size],
-                ld: ldc,
-            });
+        }
+        done(GatheredBlock {
+            rows: it0 * MR..(it1 * MR).min(m),
+            columns: jp0 * NR..(jp1 * NR).min(n),
+            values: &block[..size],
+            ld: ldc,
+        });
+    };
+    let run = |t: usize| {
+        GATHERED_C.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut block) => task(t, &mut block),
+            // A task this thread took up while waiting inside another task's `done` (should
+            // a callback ever wait on rayon): a buffer of its own.
+            Err(_) => task(t, &mut Vec::new()),
         })
     };
     let tasks = row_blocks * col_blocks;
