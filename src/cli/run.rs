@@ -380,45 +380,44 @@ fn select_outputs(
     }
 }
 
+/// One layer of the `--profile` table: its path (subgraph layers as `If_0/then_branch/Add`),
+/// op type, the op types that ran inside it as its epilogue, and its summed time.
+struct ProfiledLayer {
+    path: String,
+    op_type: String,
+    fused_ops: Vec<String>,
+    seconds: f64,
+}
+
 /// The `--profile` table: layers by average milliseconds per iteration (the layers that ran
 /// inside one as its epilogue after its name), then the totals per op type.
-fn profile_log(graph: &crate::Graph, times: &[(f64, Vec<usize>)], iterations: usize) -> String {
-    let total: f64 = times.iter().map(|t| t.0).sum();
+fn profile_log(layers: &[ProfiledLayer], iterations: usize) -> String {
+    let total: f64 = layers.iter().map(|t| t.seconds).sum();
     let share = |s: f64| if total > 0.0 { 100.0 * s / total } else { 0.0 };
     let ms = |s: f64| s * 1e3 / iterations as f64;
-    let mut order: Vec<usize> = (0..times.len()).filter(|&i| times[i].0 > 0.0).collect();
-    order.sort_by(|&a, &b| times[b].0.total_cmp(&times[a].0).then(a.cmp(&b)));
+    let mut order: Vec<&ProfiledLayer> = layers.iter().filter(|l| l.seconds > 0.0).collect();
+    // By time, ties in execution order (the sort is stable).
+    order.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
     let mut lines = vec![format!(
         "[I]     Layer profile: {} layer(s), {} ms per iteration (average of {iterations})",
         order.len(),
         fmt_g(ms(total), 4)
     )];
-    for &i in &order {
-        let node = &graph.nodes[i];
-        let fused: Vec<&str> = times[i]
-            .1
-            .iter()
-            .map(|&j| graph.nodes[j].op_type.as_str())
-            .collect();
-        let with = if fused.is_empty() {
-            String::new()
-        } else {
-            format!(" + {}", fused.join(" + "))
-        };
+    for l in &order {
+        let with: String = l.fused_ops.iter().map(|o| format!(" + {o}")).collect();
         lines.push(format!(
             "[I]         {:>9.4} ms {:>5.1} %  {} ({}{with})",
-            ms(times[i].0),
-            share(times[i].0),
-            node.name,
-            node.op_type
+            ms(l.seconds),
+            share(l.seconds),
+            l.path,
+            l.op_type
         ));
     }
     let mut by_op: Vec<(&str, f64)> = Vec::new();
-    for &i in &order {
-        let op = graph.nodes[i].op_type.as_str();
-        match by_op.iter_mut().find(|(o, _)| *o == op) {
-            Some(e) => e.1 += times[i].0,
-            None => by_op.push((op, times[i].0)),
+    for l in &order {
+        match by_op.iter_mut().find(|(o, _)| *o == l.op_type) {
+            Some(e) => e.1 += l.seconds,
+            None => by_op.push((&l.op_type, l.seconds)),
         }
     }
     by_op.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
@@ -565,11 +564,8 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         .map(|_| Vec::with_capacity(feeds.len()))
         .collect();
     let mut totals = vec![0.0f64; runners.len()];
-    // --profile: per runner, per node, its summed time and the layers fused into it.
-    let mut profiles: Vec<Vec<(f64, Vec<usize>)>> = runners
-        .iter()
-        .map(|_| vec![(0.0, Vec::new()); graph.nodes.len()])
-        .collect();
+    // --profile: per runner, per layer (by path: subgraph layers too), its summed time.
+    let mut profiles: Vec<Vec<ProfiledLayer>> = runners.iter().map(|_| Vec::new()).collect();
     if args.profile && (args.mark_all || runners.iter().any(|r| r.marked.is_some())) {
         bail!(
             "--profile times plain runs: it cannot be combined with --mark-all or marked outputs"
@@ -607,9 +603,17 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
                 _ if args.profile => {
                     let (result, times) = interp.run_profiled(f, plan)?;
                     for t in times {
-                        let slot = &mut profiles[r][t.node];
-                        slot.0 += t.seconds;
-                        slot.1 = t.fused;
+                        let path = format!("{}{}", t.scope, t.name);
+                        let layers = &mut profiles[r];
+                        match layers.iter_mut().find(|l| l.path == path) {
+                            Some(l) => l.seconds += t.seconds,
+                            None => layers.push(ProfiledLayer {
+                                path,
+                                op_type: t.op_type,
+                                fused_ops: t.fused_ops,
+                                seconds: t.seconds,
+                            }),
+                        }
                     }
                     result
                 }
@@ -671,7 +675,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
             fmt_g(total * 1e3 / iterations.len().max(1) as f64, 4)
         ));
         if args.profile {
-            out.log(&profile_log(graph, &profiles[r], iterations.len().max(1)));
+            out.log(&profile_log(&profiles[r], iterations.len().max(1)));
         }
         let info: Vec<OutputInfo> = iterations
             .first()

@@ -67,12 +67,22 @@ pub struct RunOptions {
 /// The time one step of a run took ([`Interpreter::run_profiled`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerTime {
-    /// The node (index into the graph's nodes) whose kernel ran.
+    /// The node (index into the nodes of its graph: the main graph's, or the subgraph's that
+    /// `scope` names) whose kernel ran.
     pub node: usize,
-    /// The kernel's wall time, its subgraphs and epilogue included.
+    /// Where the node is: empty in the main graph, the path of its subgraph in one
+    /// (`If_0/then_branch/`, `Loop_0/body/If_1/else_branch/`).
+    pub scope: String,
+    /// The node's name and op type.
+    pub name: String,
+    pub op_type: String,
+    /// The kernel's wall time, its epilogue included; for a control-flow node, less the
+    /// layers of its subgraphs (listed on their own), so the times of a run add up to it.
     pub seconds: f64,
-    /// The nodes that ran inside it as its epilogue (their own time is in `seconds`).
+    /// The nodes that ran inside it as its epilogue (their own time is in `seconds`), and
+    /// their op types.
     pub fused: Vec<usize>,
+    pub fused_ops: Vec<String>,
 }
 
 /// Outputs of one run.
@@ -144,7 +154,7 @@ pub struct Interpreter<'g> {
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
-struct ScopeRunner<'r, 'g, 'o> {
+struct ScopeRunner<'r, 'g, 'o, 'p> {
     subs: &'r [Sub<'g>],
     plans: Option<&'r [PreparedPlan]>,
     /// The node's implicit inputs.
@@ -153,9 +163,11 @@ struct ScopeRunner<'r, 'g, 'o> {
     /// [`Interpreter::run_observed`]).
     node: &'r str,
     observer: Option<&'r std::cell::RefCell<Observer<'o>>>,
+    /// A profiled run's layer times, which the subgraphs' layers join.
+    profile: Option<&'r std::cell::RefCell<Option<&'p mut Vec<LayerTime>>>>,
 }
 
-impl SubgraphRunner for ScopeRunner<'_, '_, '_> {
+impl SubgraphRunner for ScopeRunner<'_, '_, '_, '_> {
     fn run(&self, attr: &str, inputs: Vec<Tensor>) -> std::result::Result<Vec<Tensor>, OpError> {
         let (k, sub) = self
             .subs
@@ -177,9 +189,25 @@ impl SubgraphRunner for ScopeRunner<'_, '_, '_> {
             Some(_) => Some(&mut nested),
             None => None,
         };
-        sub.interp
-            .run_subgraph(inputs, &outer, plan, observer)
-            .map_err(|e| OpError(format!("{attr}: {e}")))
+        let mut times = self.profile.map(|p| p.borrow_mut());
+        let first = times
+            .as_deref()
+            .and_then(|t| t.as_deref())
+            .map_or(0, Vec::len);
+        let r = sub.interp.run_subgraph(
+            inputs,
+            &outer,
+            plan,
+            observer,
+            times.as_deref_mut().and_then(|t| t.as_deref_mut()),
+        );
+        // The subgraph's layers (and those of subgraphs inside it) are named by path.
+        if let Some(t) = times.as_deref_mut().and_then(|t| t.as_deref_mut()) {
+            for lt in &mut t[first..] {
+                lt.scope.insert_str(0, &prefix);
+            }
+        }
+        r.map_err(|e| OpError(format!("{attr}: {e}")))
     }
 }
 
@@ -332,6 +360,7 @@ impl<'g> Interpreter<'g> {
         outer: &[Option<&Tensor>],
         plan: Option<&PreparedPlan>,
         observer: Option<Observer>,
+        profile: Option<&mut Vec<LayerTime>>,
     ) -> Result<Vec<Tensor>> {
         if inputs.len() != self.input_slots.len() {
             return Err(Error::Invalid(format!(
@@ -351,7 +380,7 @@ impl<'g> Interpreter<'g> {
             None,
             nested,
             None,
-            None,
+            profile,
         )?;
         Ok(r.outputs.into_iter().map(|(_, t)| t).collect())
     }
@@ -786,12 +815,17 @@ impl<'g> Interpreter<'g> {
                     }
                     _ => None,
                 };
+                // A profiled run lends its layer times to the node's subgraphs while it runs.
+                let before = profile.as_ref().map_or(0, |t| t.len());
+                let nested_profile = (!step.subs.is_empty() && profile.is_some())
+                    .then(|| std::cell::RefCell::new(profile.take()));
                 let runner = ScopeRunner {
                     subs: &step.subs,
                     plans: layer.map(|l| l.subplans.as_slice()),
                     implicit,
                     node: &node.name,
                     observer: nested_observer.as_ref(),
+                    profile: nested_profile.as_ref(),
                 };
                 // Where the kernel may keep what it derives from an input (packed weights):
                 // with the plan's converted weight, or with the step for a graph initializer
@@ -873,17 +907,31 @@ impl<'g> Interpreter<'g> {
                     }
                     chain_result = Some(chain.result(&self.steps));
                 }
-                if let (Some(times), Some(t0)) = (profile.as_deref_mut(), started) {
+                let elapsed = started.map(|t0| t0.elapsed().as_secs_f64());
+                if let Some(cell) = nested_profile.as_ref() {
+                    profile = cell.borrow_mut().take();
+                }
+                if let (Some(times), Some(elapsed)) = (profile.as_deref_mut(), elapsed) {
+                    let fused: Vec<usize> = match &chain_result {
+                        Some(_) => fused_epilogue
+                            .as_ref()
+                            .map(|(c, _)| c.steps().collect())
+                            .unwrap_or_default(),
+                        None => Vec::new(),
+                    };
+                    // Its subgraphs' layers were listed while it ran: its own time is the rest.
+                    let nested: f64 = times[before..].iter().map(|t| t.seconds).sum();
                     times.push(LayerTime {
                         node: idx,
-                        seconds: t0.elapsed().as_secs_f64(),
-                        fused: match &chain_result {
-                            Some(_) => fused_epilogue
-                                .as_ref()
-                                .map(|(c, _)| c.steps().collect())
-                                .unwrap_or_default(),
-                            None => Vec::new(),
-                        },
+                        scope: String::new(),
+                        name: node.name.clone(),
+                        op_type: node.op_type.clone(),
+                        seconds: (elapsed - nested).max(0.0),
+                        fused_ops: fused
+                            .iter()
+                            .map(|&j| self.graph.nodes[j].op_type.clone())
+                            .collect(),
+                        fused,
                     });
                 }
                 let cost = match cache {

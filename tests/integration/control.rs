@@ -57,6 +57,56 @@ fn control_flow_runs_in_float16_deterministically() {
     }
 }
 
+/// A profiled run lists the layers inside If and Loop bodies by path, every body iteration
+/// summed into one row, and times the control nodes without them: the times add up.
+#[test]
+fn a_profile_lists_subgraph_layers_by_path() {
+    let dir = models_dir();
+    let m = load_model(dir.join("control_flow.onnx")).unwrap();
+    let feeds = read_input_set(&m.graph, &dir.join("control_flow")).unwrap();
+    let interp = Interpreter::new(&m.graph).unwrap();
+    let (r, times) = interp.run_profiled(&feeds, None).unwrap();
+    let plain = interp.run(&feeds).unwrap();
+    assert_eq!(r.outputs, plain.outputs);
+    let nested: Vec<&mixprec::exec::LayerTime> =
+        times.iter().filter(|t| !t.scope.is_empty()).collect();
+    assert!(!nested.is_empty(), "{times:?}");
+    for t in &nested {
+        // The scope names the control node and its subgraph attribute, outermost first.
+        let owner = t.scope.split('/').next().unwrap();
+        assert!(
+            m.graph
+                .nodes
+                .iter()
+                .any(|n| n.name == owner && n.has_subgraphs()),
+            "{t:?}"
+        );
+        assert!(t.scope.ends_with('/'), "{t:?}");
+    }
+    // The Loop's body holds an If: a path two subgraphs deep.
+    assert!(
+        nested.iter().any(|t| t.scope.matches('/').count() >= 4),
+        "{times:?}"
+    );
+    // Top-level rows are the main graph's nodes, each executed once.
+    let top: Vec<usize> = times
+        .iter()
+        .filter(|t| t.scope.is_empty())
+        .map(|t| t.node)
+        .collect();
+    let mut unique = top.clone();
+    unique.dedup();
+    assert_eq!(top, unique);
+    assert!(times.iter().all(|t| t.seconds >= 0.0));
+    // The CLI prints the paths.
+    let model = dir.join("control_flow.onnx");
+    let o = mixprec(&["run", model.to_str().unwrap(), "--profile", "--seed", "1"]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let path = format!("{}{}", nested[0].scope, nested[0].name);
+    assert!(t.contains(&path), "{path} not in:\n{t}");
+}
+
 #[test]
 fn control_flow_cli_run_fp16_and_inspect() {
     let model = models_dir().join("control_flow.onnx");
