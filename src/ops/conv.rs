@@ -1,7 +1,8 @@
-//! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad). A 2-D Conv in f32 is
-//! an implicit GEMM: [`super::sgemm::gemm`] packs its panels straight from the padded image
-//! (no im2col buffer); pointwise ones multiply the image in place, depthwise ones sum 16
-//! outputs per vector from a padded copy of each channel, other ranks and the float16 accumulator go through im2col / col2im and the shared
+//! Conv and ConvTranspose (1-D, 2-D, 3-D, groups, dilations, auto_pad). A 2-D Conv in f32 (and
+//! a 1-D one, as 2-D on a [N, C, 1, W] view) is an implicit GEMM: [`super::sgemm::gemm`]
+//! packs its panels straight from the padded image (no im2col buffer); pointwise ones
+//! multiply the image in place, depthwise ones sum 16 outputs per vector from a padded copy of
+//! each channel; 3-D and the float16 accumulator go through im2col / col2im and the shared
 //! [`sgemm`](super::matmul::sgemm).
 
 use super::attrs::{boxed, AttrError, Attrs};
@@ -937,6 +938,33 @@ pub fn conv(
             x.shape(),
             wt.shape()
         )));
+    }
+    if x.rank() == 3 && ctx.accumulate == crate::numeric::Accumulator::F32 {
+        // 1-D: the 2-D kernels on a [N, C, 1, W] view with a [1, k] kernel (the same taps in
+        // the same order; views share the buffers).
+        let lift = |v: &Option<Vec<usize>>| v.as_ref().map(|v| [&[1][..], v].concat());
+        let window = &attrs.window;
+        let attrs2 = ConvAttrs {
+            window: WindowAttrs {
+                kernel_shape: lift(&window.kernel_shape),
+                strides: lift(&window.strides),
+                dilations: lift(&window.dilations),
+                pads: window.pads.as_ref().map(|p| vec![0, p[0], 0, p[1]]),
+                auto_pad: window.auto_pad,
+            },
+            ..attrs.clone()
+        };
+        let view = |t: &Tensor| {
+            let s = t.shape();
+            t.clone()
+                .reshaped(vec![s[0], s[1], 1, s[2]])
+                .expect("one more axis of 1")
+        };
+        let y = conv(ctx, &attrs2, &view(x), &view(wt), bias, finish, prepacked)?;
+        let s = y.shape().to_vec();
+        return Ok(y
+            .reshaped(vec![s[0], s[1], s[3]])
+            .expect("the axis of 1 dropped"));
     }
     let group = attrs.group;
     let (n, c) = (x.shape()[0], x.shape()[1]);
