@@ -628,7 +628,6 @@ impl TensorData {
 
     /// Concatenates runs of consecutive elements, each `(start, len)` (in range: kernels check
     /// before calling); a row copy instead of one index per element.
-    #[allow(clippy::clone_on_copy)]
     pub fn gather_runs(&self, runs: &[(usize, usize)]) -> TensorData {
         let total = runs.iter().map(|r| r.1).sum();
         map_data!(self, v => {

@@ -566,6 +566,11 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
     let mut totals = vec![0.0f64; runners.len()];
     // --profile: per runner, per layer (by path: subgraph layers too), its summed time.
     let mut profiles: Vec<Vec<ProfiledLayer>> = runners.iter().map(|_| Vec::new()).collect();
+    // Per runner: where each layer path is in its profile (a Loop body's layers recur).
+    let mut profile_rows: Vec<std::collections::HashMap<String, usize>> = runners
+        .iter()
+        .map(|_| std::collections::HashMap::new())
+        .collect();
     if args.profile && (args.mark_all || runners.iter().any(|r| r.marked.is_some())) {
         bail!(
             "--profile times plain runs: it cannot be combined with --mark-all or marked outputs"
@@ -605,15 +610,16 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
                     for t in times {
                         let path = format!("{}{}", t.scope, t.name);
                         let layers = &mut profiles[r];
-                        match layers.iter_mut().find(|l| l.path == path) {
-                            Some(l) => l.seconds += t.seconds,
-                            None => layers.push(ProfiledLayer {
+                        let row = *profile_rows[r].entry(path.clone()).or_insert_with(|| {
+                            layers.push(ProfiledLayer {
                                 path,
                                 op_type: t.op_type,
                                 fused_ops: t.fused_ops,
-                                seconds: t.seconds,
-                            }),
-                        }
+                                seconds: 0.0,
+                            });
+                            layers.len() - 1
+                        });
+                        layers[row].seconds += t.seconds;
                     }
                     result
                 }

@@ -280,17 +280,12 @@ impl Epilogue {
             // Every stage in place on the output itself.
             return self.run(channels, values, &mut []);
         }
-        let mut apply = |temps: &mut [[f32; CHUNK]; MAX_TEMPS]| {
+        let apply = |temps: &mut [[f32; CHUNK]; MAX_TEMPS]| {
             for (k, part) in values.chunks_mut(CHUNK).enumerate() {
                 self.run(channels.skip(k * CHUNK), part, &mut temps[..self.temps]);
             }
         };
-        TEMPS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut temps) => apply(&mut temps),
-            // Reached again on this thread while the buffers are in use (a stage that waits
-            // on rayon and runs another apply meanwhile): buffers of its own.
-            Err(_) => apply(&mut [[0.0; CHUNK]; MAX_TEMPS]),
-        })
+        crate::ops::util::with_scratch(&TEMPS, || [[0.0; CHUNK]; MAX_TEMPS], apply)
     }
 
     /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries).

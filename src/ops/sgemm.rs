@@ -409,14 +409,7 @@ pub fn gemm_gathered(
             ld: ldc,
         });
     };
-    let run = |t: usize| {
-        GATHERED_C.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut block) => task(t, &mut block),
-            // A task this thread took up while waiting inside another task's `done` (should
-            // a callback ever wait on rayon): a buffer of its own.
-            Err(_) => task(t, &mut Vec::new()),
-        })
-    };
+    let run = |t: usize| super::util::with_scratch(&GATHERED_C, Vec::new, |c| task(t, c));
     let tasks = row_blocks * col_blocks;
     if parallel {
         (0..tasks).into_par_iter().for_each(run);

@@ -13,6 +13,20 @@ pub const MAX_ELEMENTS: usize = 1 << 31;
 /// far below it).
 pub const MAX_RANK: usize = 1024;
 
+/// Runs `f` with this thread's scratch buffer in `key` (kept between calls, so hot loops do not
+/// allocate and zero one each time), or with a fresh one from `make` where this thread is
+/// already using it (a task it took up while waiting on rayon inside `f`).
+pub fn with_scratch<T: 'static, R>(
+    key: &'static std::thread::LocalKey<std::cell::RefCell<T>>,
+    make: impl FnOnce() -> T,
+    f: impl FnOnce(&mut T) -> R,
+) -> R {
+    key.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut kept) => f(&mut kept),
+        Err(_) => f(&mut make()),
+    })
+}
+
 /// The element count of `shape`, or an error when it exceeds [`MAX_ELEMENTS`].
 pub fn checked_len(shape: &[usize]) -> Result<usize, OpError> {
     shape
