@@ -4,7 +4,7 @@
 //! Usage: cargo bench --bench latency -- [--fp32-only] DIR NAME [NAME...]   (reads DIR/NAME.onnx and
 //! DIR/NAME/input_K.pb; `--fp32-only` skips the emulated runs, for profiling the FP32 interpreter)
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms",
-//! "int8_median_ms"}: the FP32 reference run, the emulated all-FP16 run and the emulated
+//! "fp16_min_ms", "int8_median_ms", "int8_min_ms"}: the FP32 reference run, the emulated all-FP16 run and the emulated
 //! all-INT8 run (ranges calibrated with minmax on the same inputs; null where the plan cannot
 //! be prepared) of the same inputs.
 
@@ -79,10 +79,12 @@ fn main() {
                     .expect("run");
             }))
         });
-        let int8 = int8.map_or("null".to_string(), |t| format!("{:.4}", t.0));
+        let (int8, int8_min) = int8.map_or(("null".to_string(), "null".to_string()), |t| {
+            (format!("{:.4}", t.0), format!("{:.4}", t.1))
+        });
         println!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}, \"int8_median_ms\": {int8}}}",
-            fp32.0, fp32.1, fp32.2, fp16.0
+            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}, \"fp16_min_ms\": {:.4}, \"int8_median_ms\": {int8}, \"int8_min_ms\": {int8_min}}}",
+            fp32.0, fp32.1, fp32.2, fp16.0, fp16.1
         );
     }
 }

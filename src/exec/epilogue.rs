@@ -10,8 +10,9 @@
 //! outputs, so no one can tell they were never stored (Conv → BatchNormalization → Relu;
 //! Conv → Sigmoid, Mul = SiLU; a decomposed HardSwish). [`Epilogue::prepare`] makes a chain's
 //! stages for one run where that run cannot tell either: no observer, no cache, no kept
-//! intermediates, and every layer of the chain in the same float precision without fusion
-//! regions or int8/fp8. Each stage computes exactly its kernel's float32 values, and each
+//! intermediates, and every layer of the chain writing the same float precision without fusion
+//! regions or a quantized kernel of its own (an int8/fp8 layer writes float32: its inputs are
+//! quantized before the kernel, so an int8 Conv takes its float32 Relu as an epilogue). Each stage computes exactly its kernel's float32 values, and each
 //! layer's output is rounded as the interpreter would round it, so the results are the same
 //! bits as running the layers one by one (`tests`).
 
@@ -184,6 +185,9 @@ thread_local! {
 
 /// The rounding a layer's outputs get under a plan, for the layers an epilogue may take:
 /// Some(None) for float32 (or no plan), Some(Some(r)) for float16/bfloat16, None for the rest.
+/// An int8/fp8 layer outside fusion regions writes float32 (its quantized inputs are prepared
+/// before the kernel; its output is the f32 accumulation, unrounded: docs/numerics.md), so it
+/// counts as float32; one that runs a quantized kernel of its own does not take epilogues.
 fn output_rounding(layer: Option<&LayerPrep>) -> Option<Option<Rounding>> {
     let Some(l) = layer else {
         return Some(None);
@@ -193,6 +197,7 @@ fn output_rounding(layer: Option<&LayerPrep>) -> Option<Option<Rounding>> {
     }
     match l.precision? {
         Precision::Float32 => Some(None),
+        p if p.is_scaled() => Some(None),
         p => p.float_rounding().map(Some),
     }
 }
@@ -714,6 +719,37 @@ mod tests {
             assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
             seen.push(bits(&fused.outputs[0].1));
         }
+        // Int8 convolutions with their chains in int8 (which writes float32) or float32:
+        // the chains are epilogues, and give the bits of the layers run alone.
+        let amax: std::collections::BTreeMap<String, f32> = ["x", "y3", "z3", "u5"]
+            .iter()
+            .map(|n| (n.to_string(), 3.0))
+            .collect();
+        let opts = PlanOptions {
+            amax: Some(&amax),
+            ..Default::default()
+        };
+        let mut int8_convs = vec![Precision::Float32; g.nodes.len()];
+        for c in [0, 3, 6, 11] {
+            int8_convs[c] = Precision::Int8;
+        }
+        for plan in [
+            PrecisionPlan::uniform(&g, Precision::Int8),
+            PrecisionPlan::from_layers(int8_convs),
+        ] {
+            let p = PreparedPlan::new(&g, &plan, &opts).unwrap();
+            let (fused, times) = interp.run_profiled(&feeds, Some(&p)).unwrap();
+            let in_epilogues: usize = times.iter().map(|t| t.fused.len()).sum();
+            assert_eq!(in_epilogues, 11);
+            let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
+            assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+            seen.push(bits(&fused.outputs[0].1));
+        }
+        assert_eq!(
+            seen[4], seen[5],
+            "int8 layers without a kernel of their own are float32"
+        );
+        seen.pop();
         // The plans' results differ, so each compared what its precision computes.
         for i in 0..seen.len() {
             for j in 0..i {
