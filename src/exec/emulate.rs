@@ -671,9 +671,13 @@ pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
         InputPrep::Keep | InputPrep::Converted(..) => None,
         InputPrep::Round(p) if already_in(t.dtype(), *p) => None,
         InputPrep::Round(p) => through_f32(t, |v| round_slice(*p, v)),
-        InputPrep::Quantize { scale, precision } => {
-            through_f32(t, |v| fake_quant(v, *scale, *precision))
-        }
+        InputPrep::Quantize { scale, precision } => match t.as_f32() {
+            Some(v) => Some(Tensor::from_f32(
+                t.shape().to_vec(),
+                crate::precision::quant::fake_quantized(v, *scale, *precision),
+            )),
+            None => through_f32(t, |v| fake_quant(v, *scale, *precision)),
+        },
     }
 }
 

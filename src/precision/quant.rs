@@ -43,22 +43,28 @@ pub fn quantize(x: f32, scale: f32, p: Precision) -> f32 {
     }
 }
 
+/// `quantize(x)·scale` for int8, spelled out branch-free so that loops over it vectorize
+/// (same values: `fake_quant_is_quantize_times_scale`).
+#[inline(always)]
+fn fake_quant_int8(x: f32, scale: f32) -> f32 {
+    let q = x / scale;
+    let r = super::round_half_even(q);
+    let r = if q.is_nan() {
+        0.0
+    } else {
+        r.clamp(-128.0, 127.0)
+    };
+    r * scale
+}
+
 /// Quantizes and dequantizes a buffer in place with one scale: `quantize(x)·scale` for every
-/// value, in parallel pieces for big buffers. The int8 loop spells `quantize` out branch-free
-/// so that it vectorizes (same values: `fake_quant_is_quantize_times_scale`).
+/// value, in parallel pieces for big buffers.
 pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
     use rayon::prelude::*;
     let piece = |v: &mut [f32]| {
         if p == Precision::Int8 {
             for x in v.iter_mut() {
-                let q = *x / scale;
-                let r = super::round_half_even(q);
-                let r = if q.is_nan() {
-                    0.0
-                } else {
-                    r.clamp(-128.0, 127.0)
-                };
-                *x = r * scale;
+                *x = fake_quant_int8(*x, scale);
             }
         } else {
             for x in v.iter_mut() {
@@ -71,6 +77,17 @@ pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
         piece(v);
     } else {
         v.par_chunks_mut(PIECE).for_each(piece);
+    }
+}
+
+/// [`fake_quant`] of a copy, in one pass that reads `v` and writes the copy (an int8 layer's
+/// activation input: the copy is what its kernel reads).
+pub fn fake_quantized(v: &[f32], scale: f32, p: Precision) -> Vec<f32> {
+    let keep = |_: &mut [f32]| {};
+    if p == Precision::Int8 {
+        crate::ops::elementwise::map_f32(v, |x| fake_quant_int8(x, scale), &keep)
+    } else {
+        crate::ops::elementwise::map_f32(v, |x| quantize(x, scale, p) * scale, &keep)
     }
 }
 
@@ -143,14 +160,17 @@ mod tests {
         ]);
         for p in [Precision::Int8, Precision::Fp8E4M3, Precision::Fp8E5M2] {
             for scale in [0.37f32, 1.0, 3e-3] {
-                let mut got = v.clone();
-                fake_quant(&mut got, scale, p);
-                for (x, g) in v.iter().zip(&got) {
-                    let want = quantize(*x, scale, p) * scale;
-                    assert!(
-                        g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
-                        "{p:?} {x:e} / {scale}: {g:e} vs {want:e}"
-                    );
+                let mut in_place = v.clone();
+                fake_quant(&mut in_place, scale, p);
+                let copied = fake_quantized(&v, scale, p);
+                for got in [in_place, copied] {
+                    for (x, g) in v.iter().zip(&got) {
+                        let want = quantize(*x, scale, p) * scale;
+                        assert!(
+                            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                            "{p:?} {x:e} / {scale}: {g:e} vs {want:e}"
+                        );
+                    }
                 }
             }
         }
