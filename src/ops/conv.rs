@@ -1005,7 +1005,14 @@ pub fn conv(
     let in_sz: usize = in_sp.iter().product();
     let mg = m / group;
     let rows = cg * k_sz;
-    let mut out = vec![0f32; n * m * o_sz];
+    // The output is not zeroed first: every path below writes each of its values before
+    // anything reads it (the depthwise loop each plane's blocks, the products each (channel,
+    // position) of their group's planes, a k = 0 product zeros), and the groups and images
+    // cover it.
+    let total = n * m * o_sz;
+    let mut out: Vec<f32> = Vec::with_capacity(total);
+    // SAFETY: written whole before read (above); set_len below, once the products are done.
+    let out_values = unsafe { super::util::assume_written(&mut out.spare_capacity_mut()[..total]) };
     let pointwise = k_sz == 1
         && w.strides.iter().all(|&s| s == 1)
         && w.pad_begin.iter().chain(&w.pad_end).all(|&p| p == 0);
@@ -1019,7 +1026,7 @@ pub fn conv(
         && !pointwise
         && ctx.accumulate == crate::numeric::Accumulator::F32;
     if direct {
-        depthwise_2d(&xv, &wv, c, in_sp, &w, bv.as_deref(), finish, &mut out);
+        depthwise_2d(&xv, &wv, c, in_sp, &w, bv.as_deref(), finish, out_values);
     }
     let mut col = if pointwise
         || direct
@@ -1036,7 +1043,7 @@ pub fn conv(
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
-            let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
+            let dst = &mut out_values[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
             if pointwise {
                 sgemm(
                     ctx.accumulate,
@@ -1107,6 +1114,8 @@ pub fn conv(
             }
         }
     }
+    // SAFETY: every value is written (see where `out` is made).
+    unsafe { out.set_len(total) };
     // The bias, then `finish`, one channel plane at a time.
     if (bv.is_some() || finish.is_some()) && !finished {
         out.par_chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {

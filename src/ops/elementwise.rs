@@ -528,14 +528,20 @@ pub(crate) fn map_f32(
         finish(&mut out);
         return out;
     }
-    let mut out = vec![0f32; v.len()];
-    out.par_chunks_mut(MAP_CHUNK)
-        .zip(v.par_chunks(MAP_CHUNK))
-        .for_each(|(d, s)| {
-            d.iter_mut().zip(s).for_each(|(d, &x)| *d = f(x));
-            finish(d);
-        });
-    out
+    let fill = |out: &mut [std::mem::MaybeUninit<f32>]| {
+        out.par_chunks_mut(MAP_CHUNK)
+            .zip(v.par_chunks(MAP_CHUNK))
+            .for_each(|(d, s)| {
+                d.iter_mut().zip(s).for_each(|(d, &x)| {
+                    d.write(f(x));
+                });
+                // SAFETY: every value of `d` was written just now (d and s have one length).
+                let d = unsafe { super::util::assume_written(d) };
+                finish(d);
+            });
+    };
+    // SAFETY: the chunks of `out` cover it and each is written whole (s as long as d).
+    unsafe { super::util::unzeroed_f32(v.len(), fill) }
 }
 
 /// Applies a float function, keeping the dtype; the pieces of a float32 result go through
@@ -946,15 +952,20 @@ where
     match (a.data(), b.data()) {
         (TensorData::F32(x), TensorData::F32(y)) => {
             if a.shape() == b.shape() && x.len() >= 2 * MAP_CHUNK {
-                let mut v = vec![0f32; x.len()];
-                v.par_chunks_mut(MAP_CHUNK)
-                    .zip(x.par_chunks(MAP_CHUNK).zip(y.par_chunks(MAP_CHUNK)))
-                    .for_each(|(d, (p, q))| {
-                        for (d, (&p, &q)) in d.iter_mut().zip(p.iter().zip(q)) {
-                            *d = f32f(p, q);
-                        }
-                        finish(d);
-                    });
+                let fill = |v: &mut [std::mem::MaybeUninit<f32>]| {
+                    v.par_chunks_mut(MAP_CHUNK)
+                        .zip(x.par_chunks(MAP_CHUNK).zip(y.par_chunks(MAP_CHUNK)))
+                        .for_each(|(d, (p, q))| {
+                            for (d, (&p, &q)) in d.iter_mut().zip(p.iter().zip(q)) {
+                                d.write(f32f(p, q));
+                            }
+                            // SAFETY: every value of `d` was written just now.
+                            let d = unsafe { super::util::assume_written(d) };
+                            finish(d);
+                        });
+                };
+                // SAFETY: the chunks cover the buffer; x, y and it have one length.
+                let v = unsafe { super::util::unzeroed_f32(x.len(), fill) };
                 return Ok(Tensor::from_f32(a.shape().to_vec(), v));
             }
             let (s, mut v) = broadcast_binary(x, a.shape(), y, b.shape(), f32f)?;

@@ -24,6 +24,7 @@
 #![allow(clippy::excessive_precision)]
 
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 // Eigen's / MLAS's coefficients (onnxruntime/core/mlas/lib/logistic.cpp), written as there so
 // they round to the same f32.
@@ -245,21 +246,21 @@ pub(crate) fn gelu_tanh(x: f32) -> f32 {
 }
 
 #[inline(always)]
-fn map_into_generic<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [f32], f: &F) {
+fn map_into_generic<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F) {
     for (d, &s) in dst.iter_mut().zip(src) {
-        *d = f(s);
+        d.write(f(s));
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn map_into_fma<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [f32], f: &F) {
+unsafe fn map_into_fma<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F) {
     map_into_generic(src, dst, f)
 }
 
 /// `dst[i] = f(src[i])`, the loop compiled for AVX2+FMA where the CPU has them (`f` is one of
 /// this file's branch-free functions, inlined into the vector loop).
-fn map_into<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [f32], f: &F) {
+fn map_into<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features the function was compiled for.
@@ -271,19 +272,23 @@ fn map_into<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [f32], f: &F) {
 /// `f` of every value, in parallel chunks for big tensors; each finished chunk goes through
 /// `finish` (the layer's output rounding) while still in cache.
 fn map_slice<F: Fn(f32) -> f32 + Sync>(src: &[f32], finish: &super::Finish, f: &F) -> Vec<f32> {
-    let mut out = vec![0.0f32; src.len()];
-    if src.len() <= CHUNK {
-        map_into(src, &mut out, f);
-        finish(&mut out);
-    } else {
-        out.par_chunks_mut(CHUNK)
-            .zip(src.par_chunks(CHUNK))
-            .for_each(|(d, s)| {
-                map_into(s, d, f);
-                finish(d);
-            });
-    }
-    out
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        if src.len() <= CHUNK {
+            map_into(src, out, f);
+            // SAFETY: map_into wrote every value (out is as long as src).
+            finish(unsafe { super::util::assume_written(out) });
+        } else {
+            out.par_chunks_mut(CHUNK)
+                .zip(src.par_chunks(CHUNK))
+                .for_each(|(d, s)| {
+                    map_into(s, d, f);
+                    // SAFETY: as above, chunk by chunk.
+                    finish(unsafe { super::util::assume_written(d) });
+                });
+        }
+    };
+    // SAFETY: the map writes every value (see above).
+    unsafe { super::util::unzeroed_f32(src.len(), fill) }
 }
 
 /// The logistic of every value (see [`map_slice`]).
@@ -326,6 +331,8 @@ pub(crate) fn map_in_place<F: Fn(f32) -> f32 + Sync>(v: &mut [f32], f: &F) {
         for part in chunk.chunks_mut(buf.len()) {
             let b = &mut buf[..part.len()];
             b.copy_from_slice(part);
+            // SAFETY: MaybeUninit<f32> has f32's layout, and map_into only writes values.
+            let part = unsafe { &mut *(part as *mut [f32] as *mut [MaybeUninit<f32>]) };
             map_into(b, part, f);
         }
     };
@@ -381,9 +388,12 @@ mod tests {
             .map(|i| ((i as f32) * 0.618_034).sin() * 25.0)
             .collect();
         let scalar: Vec<u32> = xs.iter().map(|&x| logistic(x).to_bits()).collect();
-        let mut out = vec![0.0; xs.len()];
+        let mut out = vec![MaybeUninit::new(f32::NAN); xs.len()];
         map_into_generic(&xs, &mut out, &logistic);
-        assert!(out.iter().map(|y| y.to_bits()).eq(scalar.iter().copied()));
+        assert!(out
+            .iter()
+            .map(|y| unsafe { y.assume_init() }.to_bits())
+            .eq(scalar.iter().copied()));
         let par: Vec<u32> = logistic_slice(&xs, &|_| {})
             .iter()
             .map(|y| y.to_bits())

@@ -90,16 +90,17 @@ fn softmax_contiguous_generic(v: &mut [f32]) {
         |m, &x| m.max(x),
     );
     let neg_max = -max;
+    // The exponentials, then their sum: two loops, each of which vectorizes whole (one loop
+    // doing both ran at a third of the speed).
+    v.iter_mut().for_each(|x| *x = softmax_exp(*x, neg_max));
     let mut sum = Sum8([0.0; 8]);
-    let mut chunks = v.chunks_exact_mut(8);
+    let mut chunks = v.chunks_exact(8);
     for c in &mut chunks {
-        for (s, x) in sum.0.iter_mut().zip(c.iter_mut()) {
-            *x = softmax_exp(*x, neg_max);
+        for (s, x) in sum.0.iter_mut().zip(c) {
             *s += *x as f64;
         }
     }
-    for (s, x) in sum.0.iter_mut().zip(chunks.into_remainder()) {
-        *x = softmax_exp(*x, neg_max);
+    for (s, x) in sum.0.iter_mut().zip(chunks.remainder()) {
         *s += *x as f64;
     }
     let inv = (1.0 / sum.total()) as f32;

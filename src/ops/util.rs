@@ -27,6 +27,32 @@ pub fn with_scratch<T: 'static, R>(
     })
 }
 
+/// A float32 buffer of `n` values that `fill` writes, without zeroing it first: a kernel's
+/// fresh output made with `vec![0.0; n]` and then overwritten cost a memset of every value
+/// (23 % of a chain of Relus on [1, 64, 32, 32], 5 % of YOLOv8n's run).
+///
+/// # Safety
+/// `fill` writes every one of the `n` values (through the slice or a pointer into it).
+pub unsafe fn unzeroed_f32(
+    n: usize,
+    fill: impl FnOnce(&mut [std::mem::MaybeUninit<f32>]),
+) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    fill(&mut v.spare_capacity_mut()[..n]);
+    // SAFETY: the caller's promise: all n values are written.
+    unsafe { v.set_len(n) };
+    v
+}
+
+/// `values` as the floats they hold.
+///
+/// # Safety
+/// Every value of `values` has been written.
+pub unsafe fn assume_written(values: &mut [std::mem::MaybeUninit<f32>]) -> &mut [f32] {
+    // SAFETY: MaybeUninit<f32> has f32's layout; the caller's promise: all are initialized.
+    unsafe { &mut *(values as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) }
+}
+
 /// The element count of `shape`, or an error when it exceeds [`MAX_ELEMENTS`].
 pub fn checked_len(shape: &[usize]) -> Result<usize, OpError> {
     shape
