@@ -74,10 +74,10 @@ impl Sum8 {
     }
 }
 
+/// The maximum of a row, in 8 lanes (max is order-free; f32::max skips a NaN, which the
+/// exponentials then carry into the sum).
 #[inline(always)]
-fn softmax_contiguous_generic(v: &mut [f32]) {
-    // The maximum, in 8 lanes (max is order-free; f32::max skips a NaN, which the
-    // exponentials then carry into the sum).
+fn row_max(v: &[f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; 8];
     let mut chunks = v.chunks_exact(8);
     for c in &mut chunks {
@@ -85,14 +85,16 @@ fn softmax_contiguous_generic(v: &mut [f32]) {
             *m = m.max(x);
         }
     }
-    let max = chunks.remainder().iter().fold(
+    chunks.remainder().iter().fold(
         lanes.iter().copied().fold(f32::NEG_INFINITY, f32::max),
         |m, &x| m.max(x),
-    );
-    let neg_max = -max;
-    // The exponentials, then their sum: two loops, each of which vectorizes whole (one loop
-    // doing both ran at a third of the speed).
-    v.iter_mut().for_each(|x| *x = softmax_exp(*x, neg_max));
+    )
+}
+
+/// Divides a row of exponentials by their [`Sum8`] (as `· (1/sum)` in f32). The sum is a loop
+/// of its own after the exponentials' (one loop doing both ran at a third of the speed).
+#[inline(always)]
+fn normalize(v: &mut [f32]) {
     let mut sum = Sum8([0.0; 8]);
     let mut chunks = v.chunks_exact(8);
     for c in &mut chunks {
@@ -107,21 +109,49 @@ fn softmax_contiguous_generic(v: &mut [f32]) {
     v.iter_mut().for_each(|x| *x *= inv);
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn softmax_contiguous_fma(v: &mut [f32]) {
-    softmax_contiguous_generic(v)
+/// Softmax of the rows of `len` values of `dst`, read from the same rows of `src` (or from
+/// `dst` itself, in place).
+#[inline(always)]
+fn softmax_rows_generic(src: Option<&[f32]>, dst: &mut [f32], len: usize) {
+    for (r, row) in dst.chunks_mut(len).enumerate() {
+        match src {
+            Some(src) => {
+                let src = &src[r * len..(r + 1) * len];
+                let neg_max = -row_max(src);
+                for (d, &x) in row.iter_mut().zip(src) {
+                    *d = softmax_exp(x, neg_max);
+                }
+            }
+            None => {
+                let neg_max = -row_max(row);
+                row.iter_mut().for_each(|x| *x = softmax_exp(*x, neg_max));
+            }
+        }
+        normalize(row);
+    }
 }
 
-/// Softmax of a contiguous row in place: [`softmax_exp`] of every value, divided by their
-/// [`Sum8`] (as `· (1/sum)` in f32); compiled for AVX2+FMA where the CPU has them.
-fn softmax_contiguous(v: &mut [f32]) {
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn softmax_rows_fma(src: Option<&[f32]>, dst: &mut [f32], len: usize) {
+    softmax_rows_generic(src, dst, len)
+}
+
+/// Softmax of contiguous rows: [`softmax_exp`] of every value, divided by their [`Sum8`] (as
+/// `· (1/sum)` in f32), from `src` into `dst` or in place in `dst`; compiled for AVX2+FMA
+/// where the CPU has them.
+fn softmax_rows(src: Option<&[f32]>, dst: &mut [f32], len: usize) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features the function was compiled for.
-        return unsafe { softmax_contiguous_fma(v) };
+        return unsafe { softmax_rows_fma(src, dst, len) };
     }
-    softmax_contiguous_generic(v)
+    softmax_rows_generic(src, dst, len)
+}
+
+/// Softmax of one contiguous row in place.
+fn softmax_contiguous(v: &mut [f32]) {
+    softmax_rows(None, v, v.len())
 }
 
 /// Softmax down `w ≤ COLUMNS` columns of `len` rows (row k at `b + k·inner`): each column the
@@ -240,6 +270,25 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
             dims[axis + 1..].iter().product::<usize>(),
         )
     };
+    if let (Some(src), true) = (x.as_f32(), len > 0 && inner == 1 && kind == Kind::Softmax) {
+        // Contiguous rows (the last axis), read from the input into an output that is not
+        // zeroed or copied first (every row is written whole), in parallel above 2^14 values.
+        let fill = |out: &mut [std::mem::MaybeUninit<f32>]| {
+            // SAFETY: each row is written by its exponentials before the sum reads it.
+            let out = unsafe { super::util::assume_written(out) };
+            if out.len() >= 1 << 14 {
+                let rows = ((1 << 12) / len).max(1) * len;
+                out.par_chunks_mut(rows)
+                    .zip(src.par_chunks(rows))
+                    .for_each(|(d, s)| softmax_rows(Some(s), d, len));
+            } else {
+                softmax_rows(Some(src), out, len);
+            }
+        };
+        // SAFETY: as above; the row chunks of `out` and `src` match and cover both.
+        let out = unsafe { super::util::unzeroed_f32(src.len(), fill) };
+        return Ok(vec![Tensor::from_f32(shape, out)]);
+    }
     let mut v = x.to_f32_vec().expect("float");
     if len > 0 && outer * inner > 0 && inner >= COLUMNS && kind == Kind::Softmax {
         // An axis before the last (YOLOv8's DFL: [1, 16, 4, 8400] along 16): the lanes run
@@ -262,9 +311,9 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
         if v.len() >= 1 << 14 {
             let rows_per_task = ((1 << 12) / len).max(1);
             v.par_chunks_mut(len * rows_per_task)
-                .for_each(|rows| rows.chunks_mut(len).for_each(softmax_contiguous));
+                .for_each(|rows| softmax_rows(None, rows, len));
         } else {
-            v.chunks_mut(len).for_each(softmax_contiguous);
+            softmax_rows(None, &mut v, len);
         }
     } else if len > 0 && outer * inner > 0 {
         let block = len * inner;
@@ -358,12 +407,19 @@ mod tests {
             let mut vector = x.clone();
             softmax_contiguous(&mut vector);
             let mut portable = x.clone();
-            softmax_contiguous_generic(&mut portable);
+            softmax_rows_generic(None, &mut portable, len);
             let mut strided = x.clone();
             lane(&mut strided, 0, len, 1, Kind::Softmax);
+            // Three rows, read from a source into another buffer.
+            let rows: Vec<f32> = x.iter().chain(&x).chain(&x).copied().collect();
+            let mut copied = vec![0f32; 3 * len];
+            softmax_rows(Some(&rows), &mut copied, len);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&vector), bits(&portable), "{len}");
             assert_eq!(bits(&vector), bits(&strided), "{len}");
+            for row in copied.chunks(len) {
+                assert_eq!(bits(&vector), bits(row), "{len}");
+            }
             for (&got, &want) in vector.iter().zip(&exact) {
                 let ulp = (want as f32).to_bits().abs_diff(got.to_bits());
                 assert!(
