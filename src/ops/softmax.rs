@@ -149,6 +149,24 @@ fn softmax_rows(src: Option<&[f32]>, dst: &mut [f32], len: usize) {
     softmax_rows_generic(src, dst, len)
 }
 
+/// [`softmax_rows`] over a whole tensor, in parallel tasks of about 2^12 values (whole rows)
+/// above 2^14 values.
+fn softmax_last_axis(src: Option<&[f32]>, dst: &mut [f32], len: usize) {
+    if dst.len() < 1 << 14 {
+        return softmax_rows(src, dst, len);
+    }
+    let rows = ((1 << 12) / len).max(1) * len;
+    match src {
+        Some(src) => dst
+            .par_chunks_mut(rows)
+            .zip(src.par_chunks(rows))
+            .for_each(|(d, s)| softmax_rows(Some(s), d, len)),
+        None => dst
+            .par_chunks_mut(rows)
+            .for_each(|d| softmax_rows(None, d, len)),
+    }
+}
+
 /// Softmax of one contiguous row in place.
 fn softmax_contiguous(v: &mut [f32]) {
     softmax_rows(None, v, v.len())
@@ -275,15 +293,7 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
         // zeroed or copied first (every row is written whole), in parallel above 2^14 values.
         let fill = |out: &mut [std::mem::MaybeUninit<f32>]| {
             // SAFETY: each row is written by its exponentials before the sum reads it.
-            let out = unsafe { super::util::assume_written(out) };
-            if out.len() >= 1 << 14 {
-                let rows = ((1 << 12) / len).max(1) * len;
-                out.par_chunks_mut(rows)
-                    .zip(src.par_chunks(rows))
-                    .for_each(|(d, s)| softmax_rows(Some(s), d, len));
-            } else {
-                softmax_rows(Some(src), out, len);
-            }
+            softmax_last_axis(Some(src), unsafe { super::util::assume_written(out) }, len)
         };
         // SAFETY: as above; the row chunks of `out` and `src` match and cover both.
         let out = unsafe { super::util::unzeroed_f32(src.len(), fill) };
@@ -307,14 +317,8 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
             });
         });
     } else if len > 0 && outer * inner > 0 && inner == 1 && kind == Kind::Softmax {
-        // Contiguous rows (the last axis), in parallel above 2^14 values.
-        if v.len() >= 1 << 14 {
-            let rows_per_task = ((1 << 12) / len).max(1);
-            v.par_chunks_mut(len * rows_per_task)
-                .for_each(|rows| softmax_rows(None, rows, len));
-        } else {
-            softmax_rows(None, &mut v, len);
-        }
+        // Contiguous rows (the last axis) of a 16-bit or f64 input, in place in its f32 copy.
+        softmax_last_axis(None, &mut v, len);
     } else if len > 0 && outer * inner > 0 {
         let block = len * inner;
         v.par_chunks_mut(block).for_each(|b| {

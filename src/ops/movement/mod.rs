@@ -1024,6 +1024,14 @@ fn pad(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         .map(|d| (x.shape()[d] as i64 + before[d] + after[d]).max(0) as usize)
         .collect();
     let mode = PadMode::parse(&mode)?;
+    if let Some(d) = (0..r).find(|&d| x.shape()[d] == 0 && (before[d] > 0 || after[d] > 0)) {
+        if mode != PadMode::Constant {
+            return err(format!(
+                "axis {d} of X {:?} is empty: there is nothing to pad it with in mode {mode:?}",
+                x.shape()
+            ));
+        }
+    }
     // Gather from x's buffer, followed by the fill value where the mode has one.
     let fill = match value {
         Some(v) if !v.is_empty() => v.data().gather(&[0]),
@@ -1316,6 +1324,15 @@ mod tests {
     use crate::graph::Node;
 
     fn run(op: &str, opset: i64, attrs: &[(&str, Attribute)], inputs: &[&Tensor]) -> Vec<Tensor> {
+        try_run(op, opset, attrs, inputs).unwrap()
+    }
+
+    fn try_run(
+        op: &str,
+        opset: i64,
+        attrs: &[(&str, Attribute)],
+        inputs: &[&Tensor],
+    ) -> Result<Vec<Tensor>, OpError> {
         let node = Node {
             name: "n".into(),
             op_type: op.into(),
@@ -1330,7 +1347,7 @@ mod tests {
         };
         let k = Registry::global().get("", op).unwrap();
         let args: Vec<Option<&Tensor>> = inputs.iter().map(|t| Some(*t)).collect();
-        k(&OpCtx::new(&node, opset), &args).unwrap()
+        k(&OpCtx::new(&node, opset), &args)
     }
 
     fn i64s(v: &[i64]) -> Tensor {
@@ -1423,6 +1440,15 @@ mod tests {
         let c = Tensor::scalar_f32(9.0);
         let y = run("Pad", 13, &[], &[&x, &i64s(&[1, 0]), &c]);
         assert_eq!(y[0].as_f32().unwrap(), &[9., 1., 2., 3.]);
+        // An empty axis pads with the constant only: the other modes have nothing to copy.
+        let empty = Tensor::from_f32(vec![0], vec![]);
+        let y = run("Pad", 13, &[], &[&empty, &i64s(&[1, 1]), &c]);
+        assert_eq!(y[0].as_f32().unwrap(), &[9., 9.]);
+        for mode in ["edge", "reflect", "wrap"] {
+            let attrs = [("mode", Attribute::String(mode.into()))];
+            let e = try_run("Pad", 13, &attrs, &[&empty, &i64s(&[1, 1])]).unwrap_err();
+            assert!(e.0.contains("empty"), "{mode}: {}", e.0);
+        }
     }
 
     /// The runs give, for every output element, the input element (or the fill) that the
