@@ -270,8 +270,14 @@ fn map_into<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F)
 }
 
 /// `f` of every value, in parallel chunks for big tensors; each finished chunk goes through
-/// `finish` (the layer's output rounding) while still in cache.
-fn map_slice<F: Fn(f32) -> f32 + Sync>(src: &[f32], finish: &super::Finish, f: &F) -> Vec<f32> {
+/// `finish` (the layer's output rounding) while still in cache. The loop is compiled for
+/// AVX2+FMA where the CPU has them: `f` must be branch-free IEEE steps (as this file's
+/// functions, or int8 fake quantization) to vectorize and give the same bits everywhere.
+pub(crate) fn map_slice<F: Fn(f32) -> f32 + Sync>(
+    src: &[f32],
+    finish: &super::Finish,
+    f: &F,
+) -> Vec<f32> {
     let fill = |out: &mut [MaybeUninit<f32>]| {
         if src.len() <= CHUNK {
             map_into(src, out, f);

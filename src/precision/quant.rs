@@ -81,11 +81,12 @@ pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
 }
 
 /// [`fake_quant`] of a copy, in one pass that reads `v` and writes the copy (an int8 layer's
-/// activation input: the copy is what its kernel reads).
+/// activation input: the copy is what its kernel reads); the int8 loop in AVX2 vectors where
+/// the CPU has them (it ran in SSE ones, 15 % of an int8 run of PP-OCR's classifier).
 pub fn fake_quantized(v: &[f32], scale: f32, p: Precision) -> Vec<f32> {
     let keep = |_: &mut [f32]| {};
     if p == Precision::Int8 {
-        crate::ops::elementwise::map_f32(v, |x| fake_quant_int8(x, scale), &keep)
+        crate::ops::logistic::map_slice(v, &keep, &|x| fake_quant_int8(x, scale))
     } else {
         crate::ops::elementwise::map_f32(v, |x| quantize(x, scale, p) * scale, &keep)
     }
