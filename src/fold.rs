@@ -1,7 +1,8 @@
 //! Weight folding: the weight-only subgraphs of a graph are evaluated once, at load.
 //!
 //! A node of a [`FOLDABLE`] op (Constant, Identity, Cast, Transpose, Reshape, Unsqueeze,
-//! Squeeze, Flatten, DequantizeLinear) whose inputs are all initializers or values folded
+//! Squeeze, Flatten, DequantizeLinear, Slice, Concat — the last two re-order an LSTM's gate
+//! weights in Silero's exports) whose inputs are all initializers or values folded
 //! before it has its outputs computed here and stored in [`Graph::folded`]. A value there is a
 //! *weight* like an initializer: precision plans convert or quantize it once when they are
 //! prepared (per channel for int8/fp8), calibration needs no range for it, inspect counts it as
@@ -30,6 +31,8 @@ pub const FOLDABLE: &[&str] = &[
     "Squeeze",
     "Flatten",
     "DequantizeLinear",
+    "Slice",
+    "Concat",
 ];
 
 fn foldable_op(node: &Node) -> bool {
@@ -120,6 +123,47 @@ mod tests {
         assert!(!g.is_folded(&g.nodes[2]) && !g.is_folded(&g.nodes[3]));
         assert_eq!(g.weight("wt2").map(|t| t.len()), Some(6));
         assert!(g.weight("y").is_none());
+    }
+
+    /// Silero's exports re-order an LSTM's gate weights with Slices of the weight and a Concat
+    /// of them: weight-only, so folded, with the values the nodes compute; a Slice of an
+    /// activation is not.
+    #[test]
+    fn slices_and_concats_of_weights_are_folded() {
+        let i64s = |v: &[i64]| Tensor::from_i64(vec![v.len()], v.to_vec());
+        let mut g = graph(
+            vec![
+                node("lo", "Slice", &["w", "zero", "two"], &["w_lo"]),
+                node("hi", "Slice", &["w", "two", "four"], &["w_hi"]),
+                {
+                    let mut c = node("cat", "Concat", &["w_hi", "w_lo"], &["w2"]);
+                    c.attrs.insert("axis".into(), Attribute::Int(0));
+                    c
+                },
+                node("act", "Slice", &["x", "zero", "two"], &["x2"]),
+                node("mm", "MatMul", &["x2", "w2"], &["y"]),
+            ],
+            vec![vi("x", &[4, 4])],
+            vec![vi("y", &[2, 2])],
+            vec![
+                (
+                    "w",
+                    Tensor::from_f32(vec![4, 2], (0..8).map(|v| v as f32).collect()),
+                ),
+                ("zero", i64s(&[0])),
+                ("two", i64s(&[2])),
+                ("four", i64s(&[4])),
+            ],
+        );
+        fold_weights(&mut g);
+        let mut keys: Vec<&str> = g.folded.keys().map(|s| s.as_str()).collect();
+        keys.sort();
+        assert_eq!(keys, ["w2", "w_hi", "w_lo"]);
+        assert_eq!(
+            g.folded["w2"].as_f32().unwrap(),
+            &[4.0, 5.0, 6.0, 7.0, 0.0, 1.0, 2.0, 3.0]
+        );
+        assert!(!g.is_folded(&g.nodes[3]));
     }
 
     use crate::exec::emulate::{required_ranges, PlanOptions, PreparedPlan};
