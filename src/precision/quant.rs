@@ -58,25 +58,13 @@ fn fake_quant_int8(x: f32, scale: f32) -> f32 {
 }
 
 /// Quantizes and dequantizes a buffer in place with one scale: `quantize(x)·scale` for every
-/// value, in parallel pieces for big buffers.
+/// value, through the logistic family's in-place map (AVX2 vectors where the CPU has them,
+/// parallel pieces for big buffers).
 pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
-    use rayon::prelude::*;
-    let piece = |v: &mut [f32]| {
-        if p == Precision::Int8 {
-            for x in v.iter_mut() {
-                *x = fake_quant_int8(*x, scale);
-            }
-        } else {
-            for x in v.iter_mut() {
-                *x = quantize(*x, scale, p) * scale;
-            }
-        }
-    };
-    const PIECE: usize = 1 << 15;
-    if v.len() < 2 * PIECE {
-        piece(v);
+    if p == Precision::Int8 {
+        crate::ops::logistic::map_in_place(v, &|x| fake_quant_int8(x, scale))
     } else {
-        v.par_chunks_mut(PIECE).for_each(piece);
+        crate::ops::logistic::map_in_place(v, &|x| quantize(x, scale, p) * scale)
     }
 }
 
