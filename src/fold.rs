@@ -16,9 +16,10 @@
 //! A node whose kernel rejects its constant inputs is simply not folded: it stays an ordinary
 //! node, and running it reports the error with its name.
 
-use crate::graph::{Graph, Node};
+use crate::graph::{Attribute, Graph, Node};
 use crate::ops::{OpCtx, Registry};
 use crate::tensor::Tensor;
+use std::sync::Arc;
 
 /// The ops whose weight-only instances are folded.
 pub const FOLDABLE: &[&str] = &[
@@ -41,12 +42,24 @@ fn foldable_op(node: &Node) -> bool {
         && !node.has_subgraphs()
 }
 
-/// Fills `graph.folded` (see the module docs). Subgraphs are folded when they are loaded, each
-/// over its own initializers.
+/// Fills `graph.folded` (see the module docs), and that of every subgraph inside it: a
+/// subgraph's node folds over its own weights and those of the graphs enclosing it (Silero's
+/// exports slice an LSTM's gate weights, initializers of the main graph, inside an If branch).
 pub fn fold_weights(graph: &mut Graph) {
+    fold_in(graph, &[]);
+}
+
+/// Folds `graph`, whose enclosing graphs are `enclosing` (outermost first), then its subgraphs.
+fn fold_in(graph: &mut Graph, enclosing: &[&Graph]) {
     let registry = Registry::global();
     let mut folded = std::mem::take(&mut graph.folded);
     folded.clear();
+    // Names this graph reads from enclosing graphs; anything else it defines itself.
+    let outer_refs: Vec<String> = if enclosing.is_empty() {
+        Vec::new()
+    } else {
+        graph.outer_refs()
+    };
     for node in &graph.nodes {
         if !foldable_op(node) || node.outputs.iter().all(|o| o.is_empty()) {
             continue;
@@ -61,6 +74,8 @@ pub fn fold_weights(graph: &mut Graph) {
                 .map(|n| {
                     if n.is_empty() {
                         Some(None)
+                    } else if outer_refs.contains(n) {
+                        enclosing_weight(enclosing, n).map(Some)
                     } else {
                         graph
                             .initializers
@@ -84,13 +99,64 @@ pub fn fold_weights(graph: &mut Graph) {
         }
     }
     graph.folded = folded;
+    for i in 0..graph.nodes.len() {
+        if !graph.nodes[i].has_subgraphs() {
+            continue;
+        }
+        // Each subgraph is taken out of its node while it folds, so this graph can be read
+        // as one of its enclosing graphs meanwhile.
+        let attrs = std::mem::take(&mut graph.nodes[i].attrs);
+        let mut subs: Vec<(String, Attribute)> = Vec::new();
+        let mut rest = std::collections::BTreeMap::new();
+        for (k, a) in attrs {
+            match a {
+                Attribute::Graph(_) | Attribute::Graphs(_) => subs.push((k, a)),
+                other => {
+                    rest.insert(k, other);
+                }
+            }
+        }
+        {
+            let mut scope: Vec<&Graph> = enclosing.to_vec();
+            scope.push(graph);
+            for (_, a) in &mut subs {
+                match a {
+                    Attribute::Graph(g) => fold_in(Arc::make_mut(g), &scope),
+                    Attribute::Graphs(gs) => {
+                        for g in gs {
+                            fold_in(Arc::make_mut(g), &scope);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        rest.extend(subs);
+        graph.nodes[i].attrs = rest;
+    }
+}
+
+/// The weight (initializer or folded value) an enclosing graph holds under `name`, looking
+/// from the innermost graph out; None where the innermost graph that knows the name computes
+/// it or takes it as an input.
+fn enclosing_weight<'g>(enclosing: &[&'g Graph], name: &str) -> Option<&'g Tensor> {
+    for g in enclosing.iter().rev() {
+        if let Some(t) = g.weight(name) {
+            return Some(t);
+        }
+        if g.inputs.iter().any(|v| v.name == name)
+            || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))
+        {
+            return None;
+        }
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::graph::testing::{graph, node, vi};
-    use crate::graph::Attribute;
 
     #[test]
     fn folds_chains_of_weight_only_nodes_and_nothing_else() {
@@ -296,6 +362,111 @@ mod tests {
         assert_eq!(PrecisionPlan::candidates(&through), [1]);
         // The int8 weight was not counted before folding (not float); now the Conv has it.
         assert_eq!(param_count(&through), (vec![0, 4], 4));
+    }
+
+    /// Silero's decoder slices the main graph's LSTM weights inside an If branch: the branch
+    /// folds over the enclosing graph's initializers (a Slice of an outer activation does not
+    /// fold), and runs give the bits they gave unfolded — the FP16 plan converts the folded
+    /// weight once, as it converts an initializer.
+    #[test]
+    fn a_subgraph_folds_over_the_weights_of_enclosing_graphs() {
+        let i64s = |v: &[i64]| Tensor::from_i64(vec![v.len()], v.to_vec());
+        let then_branch = graph(
+            vec![
+                node("lo", "Slice", &["w", "zero", "two"], &["w_lo"]),
+                node("hi", "Slice", &["w", "two", "four"], &["w_hi"]),
+                {
+                    let mut c = node("cat", "Concat", &["w_hi", "w_lo"], &["w2"]);
+                    c.attrs.insert("axis".into(), Attribute::Int(0));
+                    c
+                },
+                node("act", "Slice", &["x", "zero", "two"], &["x2"]),
+                node("mm", "MatMul", &["x2", "w2"], &["y_then"]),
+            ],
+            vec![],
+            vec![vi("y_then", &[2, 2])],
+            vec![],
+        );
+        let else_branch = graph(
+            vec![node("mm_else", "MatMul", &["x", "w"], &["y_else"])],
+            vec![],
+            vec![vi("y_else", &[3, 2])],
+            vec![],
+        );
+        let mut cf = node("if", "If", &["cond"], &["y"]);
+        cf.attrs.insert(
+            "then_branch".into(),
+            Attribute::Graph(Arc::new(then_branch)),
+        );
+        cf.attrs.insert(
+            "else_branch".into(),
+            Attribute::Graph(Arc::new(else_branch)),
+        );
+        let cond = crate::graph::ValueInfo {
+            name: "cond".into(),
+            dtype: Some(crate::tensor::DType::Bool),
+            shape: Some(vec![]),
+        };
+        let w: Vec<f32> = (0..8).map(|v| v as f32 * 0.3337 - 1.1).collect();
+        let plain = graph(
+            vec![cf],
+            vec![cond, vi("x", &[3, 4])],
+            vec![vi("y", &[2, 2])],
+            vec![
+                ("w", Tensor::from_f32(vec![4, 2], w)),
+                ("zero", i64s(&[0])),
+                ("two", i64s(&[2])),
+                ("four", i64s(&[4])),
+            ],
+        );
+        let mut g = plain.clone();
+        fold_weights(&mut g);
+        assert!(g.folded.is_empty());
+        let branch = |g: &Graph| -> Graph {
+            g.nodes[0]
+                .subgraphs()
+                .find(|(a, _)| *a == "then_branch")
+                .unwrap()
+                .1
+                .clone()
+        };
+        let then_folded = branch(&g);
+        let mut keys: Vec<&str> = then_folded.folded.keys().map(|s| s.as_str()).collect();
+        keys.sort();
+        assert_eq!(keys, ["w2", "w_hi", "w_lo"]);
+        assert!(!then_folded.is_folded(&then_folded.nodes[3]));
+        assert!(branch(&plain).folded.is_empty());
+
+        let mut feeds = Feeds::new();
+        feeds.insert("cond".into(), Tensor::from_bool(vec![], vec![true]));
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![3, 4], (0..12).map(|i| i as f32 * 0.71 - 3.3).collect()),
+        );
+        let run = |g: &Graph, p: Precision| -> (Vec<f32>, PreparedPlan) {
+            let plan =
+                PreparedPlan::new(g, &PrecisionPlan::uniform(g, p), &Default::default()).unwrap();
+            let r = Interpreter::new(g)
+                .unwrap()
+                .run_plan(&feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            (r.outputs[0].1.as_f32().unwrap().to_vec(), plan)
+        };
+        for p in [Precision::Float32, Precision::Float16] {
+            let (a, plan) = run(&g, p);
+            let (b, plain_plan) = run(&plain, p);
+            assert_eq!(a, b, "{p}");
+            // Subplans follow the attribute names: else_branch, then_branch.
+            let mm_input = |plan: &PreparedPlan| {
+                matches!(
+                    plan.layers[0].subplans[1].layers[4].inputs[1],
+                    crate::exec::emulate::InputPrep::Converted(..)
+                )
+            };
+            if p == Precision::Float16 {
+                assert!(mm_input(&plan) && !mm_input(&plain_plan));
+            }
+        }
     }
 
     #[test]

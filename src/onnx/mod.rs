@@ -272,7 +272,10 @@ fn graph_from_proto(
         Some(_) => format!("in subgraph '{}': {e}", graph.name),
     })?;
     graph.name_unnamed_nodes();
-    crate::fold::fold_weights(&mut graph);
+    // Folding starts at the main graph: a subgraph folds over its enclosing graphs' weights too.
+    if outer.is_none() {
+        crate::fold::fold_weights(&mut graph);
+    }
     Ok(graph)
 }
 
