@@ -75,7 +75,7 @@ fn fold_in(graph: &mut Graph, enclosing: &[&Graph]) {
                     if n.is_empty() {
                         Some(None)
                     } else if outer_refs.contains(n) {
-                        enclosing_weight(enclosing, n).map(Some)
+                        crate::graph::enclosing_weight(enclosing, n).map(Some)
                     } else {
                         graph
                             .initializers
@@ -134,23 +134,6 @@ fn fold_in(graph: &mut Graph, enclosing: &[&Graph]) {
         rest.extend(subs);
         graph.nodes[i].attrs = rest;
     }
-}
-
-/// The weight (initializer or folded value) an enclosing graph holds under `name`, looking
-/// from the innermost graph out; None where the innermost graph that knows the name computes
-/// it or takes it as an input.
-fn enclosing_weight<'g>(enclosing: &[&'g Graph], name: &str) -> Option<&'g Tensor> {
-    for g in enclosing.iter().rev() {
-        if let Some(t) = g.weight(name) {
-            return Some(t);
-        }
-        if g.inputs.iter().any(|v| v.name == name)
-            || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))
-        {
-            return None;
-        }
-    }
-    None
 }
 
 #[cfg(test)]

@@ -207,10 +207,11 @@ impl Epilogue {
     /// The chain's stages for this run, or None where the run must execute its layers one
     /// by one (see the module's introduction); `layers`: the plan's layers, if any; `shape`:
     /// the anchor's output.
-    pub fn prepare(
+    pub fn prepare<'w>(
         chain: &Chain,
         anchor: usize,
         graph: &Graph,
+        weight: &dyn Fn(&str) -> Option<&'w Tensor>,
         steps: &[Step],
         layers: Option<&[LayerPrep]>,
         shape: ChainShape,
@@ -242,7 +243,7 @@ impl Epilogue {
                     continue;
                 }
                 let base = match src {
-                    Source::Initializer(n) => graph.weight(n),
+                    Source::Initializer(n) => weight(n),
                     _ => None,
                 };
                 args.push(base.map(

@@ -147,6 +147,9 @@ pub struct Interpreter<'g> {
     /// For a subgraph: the values of enclosing graphs it reads, in the order the caller
     /// passes them.
     outer_names: Vec<String>,
+    /// For a subgraph: the outer names that are weights of enclosing graphs (initializers or
+    /// folded values), read as initializers (`Source::Initializer`).
+    outer_weights: HashMap<String, &'g Tensor>,
     /// Input shapes whose inferred graph shapes were already checked.
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
     /// Per step: the pointwise layers after it that may run as its epilogue.
@@ -219,12 +222,24 @@ impl<'g> Interpreter<'g> {
         if !unsupported.is_empty() {
             return Err(Error::UnsupportedOps(unsupported));
         }
-        Self::new_scoped(graph, Vec::new())
+        Self::new_scoped(graph, Vec::new(), &[])
     }
 
-    /// An interpreter for a subgraph that reads `outer_names` from enclosing graphs.
-    fn new_scoped(graph: &'g Graph, outer_names: Vec<String>) -> Result<Interpreter<'g>> {
+    /// An interpreter for a subgraph that reads `outer_names` from `enclosing` graphs
+    /// (outermost first).
+    fn new_scoped(
+        graph: &'g Graph,
+        outer_names: Vec<String>,
+        enclosing: &[&'g Graph],
+    ) -> Result<Interpreter<'g>> {
         let registry = Registry::global();
+        // An enclosing graph's weight is a weight here too: kernels keep what they derive
+        // from it (packed panels) instead of re-deriving it on every run of the subgraph.
+        let outer_weights: HashMap<String, &'g Tensor> = outer_names
+            .iter()
+            .filter_map(|n| Some((n.clone(), crate::graph::enclosing_weight(enclosing, n)?)))
+            .collect();
+        let scope: Vec<&'g Graph> = enclosing.iter().copied().chain([graph]).collect();
         let mut slots: HashMap<String, usize> = HashMap::new();
         let mut slot_names = Vec::new();
         let mut slot_of = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
@@ -263,7 +278,7 @@ impl<'g> Interpreter<'g> {
                     })
                     .collect();
                 // A node inside a subgraph is named by its path (`If_0/then_branch/Conv_3`).
-                let interp = Interpreter::new_scoped(g, names)
+                let interp = Interpreter::new_scoped(g, names, &scope)
                     .map_err(|e| e.in_subgraph(&node.name, attr))?;
                 subs.push(Sub {
                     attr: attr.to_string(),
@@ -285,7 +300,9 @@ impl<'g> Interpreter<'g> {
                         Source::Initializer(name.clone())
                     } else if let Some(&s) = slots.get(name) {
                         Source::Slot(s)
-                    } else if graph.initializers.contains_key(name) {
+                    } else if graph.initializers.contains_key(name)
+                        || outer_weights.contains_key(name)
+                    {
                         Source::Initializer(name.clone())
                     } else if let Some(i) = outer_names.iter().position(|o| o == name) {
                         Source::Outer(i)
@@ -348,8 +365,16 @@ impl<'g> Interpreter<'g> {
             input_slots,
             output_slots,
             outer_names,
+            outer_weights,
             checked_shapes: Default::default(),
         })
+    }
+
+    /// The weight a step reads as `Source::Initializer`: this graph's, or an enclosing one's.
+    fn weight(&self, name: &str) -> Option<&'g Tensor> {
+        self.graph
+            .weight(name)
+            .or_else(|| self.outer_weights.get(name).copied())
     }
 
     /// Runs this subgraph with its formal inputs bound to `inputs` and its outer names to
@@ -723,7 +748,7 @@ impl<'g> Interpreter<'g> {
                     .iter()
                     .enumerate()
                     .map(|(i, src)| match src {
-                        Source::Initializer(n) => self.graph.weight(n),
+                        Source::Initializer(n) => self.weight(n),
                         Source::Slot(s) if fusion.is_some_and(|f| f.internal[i]) => {
                             fused[*s].as_deref().or(values[*s].as_deref())
                         }
@@ -854,6 +879,7 @@ impl<'g> Interpreter<'g> {
                                 chain,
                                 idx,
                                 self.graph,
+                                &|n| self.weight(n),
                                 &self.steps,
                                 plan.map(|p| p.layers.as_slice()),
                                 shape,
@@ -1155,5 +1181,77 @@ impl<'g> Interpreter<'g> {
             check_against(vi, t)?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, ValueInfo};
+
+    /// A subgraph reads an enclosing graph's initializer as a weight (`Source::Initializer`,
+    /// so a kernel keeps its packed panels across runs), an enclosing activation as an outer
+    /// value; the result is the bits of the same layer in the main graph.
+    #[test]
+    fn a_subgraph_reads_enclosing_weights_as_initializers() {
+        let branch = |out: &str| {
+            graph(
+                vec![node("mm", "MatMul", &["x", "w"], &[out])],
+                vec![],
+                vec![vi(out, &[3, 2])],
+                vec![],
+            )
+        };
+        let mut cf = node("if", "If", &["cond"], &["y"]);
+        cf.attrs.insert(
+            "then_branch".into(),
+            Attribute::Graph(Arc::new(branch("y_then"))),
+        );
+        cf.attrs.insert(
+            "else_branch".into(),
+            Attribute::Graph(Arc::new(branch("y_else"))),
+        );
+        let w = Tensor::from_f32(vec![4, 2], (0..8).map(|v| v as f32 * 0.377 - 1.3).collect());
+        let inputs = vec![
+            ValueInfo {
+                name: "cond".into(),
+                dtype: Some(crate::tensor::DType::Bool),
+                shape: Some(vec![]),
+            },
+            vi("x", &[3, 4]),
+        ];
+        let nested = graph(
+            vec![cf],
+            inputs.clone(),
+            vec![vi("y", &[3, 2])],
+            vec![("w", w.clone())],
+        );
+        let flat = graph(
+            vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+            inputs,
+            vec![vi("y", &[3, 2])],
+            vec![("w", w)],
+        );
+        let interp = Interpreter::new(&nested).unwrap();
+        let sub = &interp.steps[0].subs[1].interp;
+        assert!(matches!(&sub.steps[0].inputs[0], Source::Outer(_)));
+        assert!(matches!(&sub.steps[0].inputs[1], Source::Initializer(n) if n == "w"));
+        let mut feeds = Feeds::new();
+        feeds.insert("cond".into(), Tensor::from_bool(vec![], vec![true]));
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![3, 4], (0..12).map(|i| i as f32 * 0.71 - 3.3).collect()),
+        );
+        let y = |interp: &Interpreter| {
+            // Twice: the second run reads the panels the first one packed.
+            (0..2)
+                .map(|_| {
+                    let r = interp.run(&feeds).unwrap();
+                    r.outputs[0].1.as_f32().unwrap().to_vec()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(y(&interp), y(&Interpreter::new(&flat).unwrap()));
     }
 }

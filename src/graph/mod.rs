@@ -232,6 +232,23 @@ impl ValueInfo {
     }
 }
 
+/// The weight (initializer or folded value) that enclosing graphs (outermost first) hold under
+/// `name`, looking from the innermost out; None where the innermost graph that knows the name
+/// computes it or takes it as an input.
+pub fn enclosing_weight<'g>(enclosing: &[&'g Graph], name: &str) -> Option<&'g Tensor> {
+    for g in enclosing.iter().rev() {
+        if let Some(t) = g.weight(name) {
+            return Some(t);
+        }
+        if g.inputs.iter().any(|v| v.name == name)
+            || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))
+        {
+            return None;
+        }
+    }
+    None
+}
+
 /// A model's main graph, or a subgraph (then `inputs` are its formal parameters, in order).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Graph {
