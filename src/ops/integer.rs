@@ -46,9 +46,37 @@ pub fn register(r: &mut Registry) {
         });
 }
 
+/// Work (m·n·k) from which [`igemm`] takes the f32 product when it is exact: below it the
+/// conversions cost more than they save.
+const F32_PRODUCT_WORK: usize = 1 << 12;
+
 /// `c[m, n] = Σ_k a[m, k] · b[k, n]` (row-major), summed exactly in i32 (wrapping on overflow,
 /// as a hardware i32 accumulator). `c` is overwritten.
 pub fn igemm(m: usize, n: usize, k: usize, a: &[i32], b: &[i32], c: &mut [i32]) {
+    if m * n * k >= F32_PRODUCT_WORK && exact_in_f32(m, n, k, a, b) {
+        // Every partial sum is an integer below 2^24 in magnitude, which f32 holds exactly: the
+        // f32 product (the MatMul kernel, in whatever order it sums) is the i32 sum itself, and
+        // no i32 sum can wrap.
+        let to_f32 = |v: &[i32]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+        let (af, bf) = (to_f32(&a[..m * k]), to_f32(&b[..k * n]));
+        let mut cf = vec![0f32; m * n];
+        super::matmul::sgemm(
+            crate::numeric::Accumulator::F32,
+            m,
+            n,
+            k,
+            &af,
+            false,
+            &bf,
+            false,
+            &mut cf,
+            false,
+        );
+        for (d, &v) in c[..m * n].iter_mut().zip(&cf) {
+            *d = v as i32;
+        }
+        return;
+    }
     if n < 16 {
         // Few columns (a convolution over a handful of positions): dot products of A's rows
         // with B's columns, which vectorize along k. Wrapping i32 sums are exact in any order.
@@ -80,6 +108,22 @@ pub fn igemm(m: usize, n: usize, k: usize, a: &[i32], b: &[i32], c: &mut [i32]) 
     } else {
         c[..m * n].chunks_mut(n).enumerate().for_each(row);
     }
+}
+
+/// Whether every partial sum of `a · b` (in any order) is at most 2^24 in magnitude: the
+/// largest row sum of |a| times the largest |b| bounds them all.
+fn exact_in_f32(m: usize, n: usize, k: usize, a: &[i32], b: &[i32]) -> bool {
+    let max_b = b[..k * n]
+        .iter()
+        .map(|v| v.unsigned_abs() as u64)
+        .max()
+        .unwrap_or(0);
+    let max_row = a[..m * k]
+        .chunks(k.max(1))
+        .map(|r| r.iter().map(|v| v.unsigned_abs() as u64).sum::<u64>())
+        .max()
+        .unwrap_or(0);
+    max_row.saturating_mul(max_b) <= 1 << 24
 }
 
 /// One row of [`igemm`]: `dst = Σ_p ar[p] · b[p, ..]`, compiled for AVX2 where the CPU has it
@@ -366,13 +410,80 @@ fn shifted_codes(
     }
 }
 
+/// The tag of a convolution's shifted weight codes kept as f32 ([`FloatWeights`]).
+const FLOAT_WEIGHTS: u64 = 2;
+
+/// A convolution's weight codes minus their zero points as f32 (exact: they are integers of
+/// at most 510 in magnitude), and the largest sum of their magnitudes over one output channel.
+struct FloatWeights {
+    w: Tensor,
+    max_channel_sum: u64,
+}
+
+/// The integer convolution of the shifted codes `xv` (of `x`) by the weight codes at input
+/// `wi` less the zero point at input `zi`, exactly in i32: through the float32 convolution
+/// kernel (its packed panels kept with a constant weight) where every partial sum stays within
+/// 2^24 in magnitude — the largest |x| times the largest per-channel sum of |w| bounds them, and
+/// f32 holds such integers exactly, so the f32 sums are the i32 sums in any order — and through
+/// [`iconv`] otherwise. Values and output shape.
+fn iconv_op(
+    ctx: &OpCtx,
+    attrs: &ConvAttrs,
+    inputs: &[Option<&Tensor>],
+    xv: &[i32],
+    x_shape: &[usize],
+    (wi, zi): (usize, usize),
+) -> Result<(Vec<i32>, Vec<usize>), OpError> {
+    let w = input(inputs, wi)?;
+    let wz = opt_input(inputs, zi);
+    if ctx.accumulate != crate::numeric::Accumulator::F32 {
+        let wv = shifted_codes(w, wz, "w", Some(0))?;
+        return iconv(attrs, xv, x_shape, &wv, w.shape());
+    }
+    // Kept with the weight only while the zero point is constant too.
+    let keep = ctx
+        .prepacked(wi)
+        .filter(|_| wz.is_none() || ctx.prepacked(zi).is_some());
+    let make = || -> Result<FloatWeights, OpError> {
+        let wv = shifted_codes(w, wz, "w", Some(0))?;
+        let per_channel = w.shape().iter().skip(1).product::<usize>().max(1);
+        let max_channel_sum = wv
+            .chunks(per_channel)
+            .map(|c| c.iter().map(|v| v.unsigned_abs() as u64).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let w = Tensor::from_f32(w.shape().to_vec(), wv.iter().map(|&v| v as f32).collect());
+        Ok(FloatWeights { w, max_channel_sum })
+    };
+    let fw = match keep {
+        Some(kept) => kept.get_or_try_insert(FLOAT_WEIGHTS, make)?,
+        None => std::sync::Arc::new(make()?),
+    };
+    let max_x = xv
+        .iter()
+        .map(|v| v.unsigned_abs() as u64)
+        .max()
+        .unwrap_or(0);
+    if max_x.saturating_mul(fw.max_channel_sum) > 1 << 24 {
+        let wv: Vec<i32> =
+            fw.w.as_f32()
+                .expect("f32")
+                .iter()
+                .map(|&v| v as i32)
+                .collect();
+        return iconv(attrs, xv, x_shape, &wv, w.shape());
+    }
+    let x = Tensor::from_f32(x_shape.to_vec(), xv.iter().map(|&v| v as f32).collect());
+    let y = super::conv::conv(ctx, attrs, &x, &fw.w, None, None, keep)?;
+    let out = y.as_f32().expect("f32").iter().map(|&v| v as i32).collect();
+    Ok((out, y.shape().to_vec()))
+}
+
 fn conv_integer_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
-    let w = input(inputs, 1)?;
     let xv = shifted_codes(x, opt_input(inputs, 2), "x", None)?;
-    let wv = shifted_codes(w, opt_input(inputs, 3), "w", Some(0))?;
     let attrs = ctx.attrs::<ConvAttrs>()?;
-    let (out, shape) = iconv(attrs, &xv, x.shape(), &wv, w.shape())?;
+    let (out, shape) = iconv_op(ctx, attrs, inputs, &xv, x.shape(), (1, 3))?;
     Ok(vec![Tensor::from_parts(
         shape,
         crate::tensor::TensorData::I32(out.into()),
@@ -386,11 +497,10 @@ fn conv_integer_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 /// plus `y_zp`. `w_scale` and `w_zp` may be per output channel.
 fn qlinear_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     use super::contrib::qlinear::CodeType;
-    let (x, w) = (input(inputs, 0)?, input(inputs, 3)?);
+    let x = input(inputs, 0)?;
     let xv = shifted_codes(x, opt_input(inputs, 2), "x", None)?;
-    let wv = shifted_codes(w, opt_input(inputs, 5), "w", Some(0))?;
     let attrs = ctx.attrs::<ConvAttrs>()?;
-    let (mut acc, shape) = iconv(attrs, &xv, x.shape(), &wv, w.shape())?;
+    let (mut acc, shape) = iconv_op(ctx, attrs, inputs, &xv, x.shape(), (3, 5))?;
     let m = shape[1];
     let per_channel = |i: usize, what: &str| -> Result<Vec<f32>, OpError> {
         let t = input(inputs, i)?;
@@ -471,6 +581,102 @@ mod tests {
             .collect()
     }
 
+    /// ConvInteger through the float32 convolution (codes within the f32 bound) and through
+    /// the i32 one (beyond it) is the i32 convolution of the shifted codes: 1-D and 2-D,
+    /// strides, pads, groups, per-channel zero points, a kept weight on a second run.
+    #[test]
+    fn conv_integer_through_f32_is_the_integer_convolution() {
+        use crate::graph::testing::node;
+        use crate::graph::Attribute;
+        use crate::ops::prepacked::Prepacked;
+        use crate::tensor::TensorData;
+        let u8s = |shape: Vec<usize>, v: Vec<i32>| {
+            Tensor::from_parts(shape, TensorData::U8(v.iter().map(|&x| x as u8).collect()))
+        };
+        // x shape, w shape, strides, pads, group, weight codes' range, f32 path.
+        type Case<'a> = (
+            &'a [usize],
+            &'a [usize],
+            &'a [i64],
+            &'a [i64],
+            i64,
+            (i32, i32),
+            bool,
+        );
+        let cases: [Case; 4] = [
+            (
+                &[2, 1, 600],
+                &[6, 1, 256],
+                &[128],
+                &[0, 0],
+                1,
+                (0, 255),
+                true,
+            ),
+            (
+                &[1, 6, 9, 7],
+                &[4, 3, 3, 3],
+                &[2, 1],
+                &[1, 1, 0, 1],
+                2,
+                (0, 255),
+                true,
+            ),
+            (&[1, 5, 11], &[7, 5, 3], &[1], &[1, 1], 1, (120, 136), true),
+            // 4096 taps of codes far from their zero points: partial sums beyond 2^24.
+            (
+                &[1, 1, 4100],
+                &[2, 1, 4096],
+                &[1],
+                &[0, 0],
+                1,
+                (250, 255),
+                false,
+            ),
+        ];
+        for (i, (xs, ws, strides, pads, group, (lo, hi), f32_path)) in cases.into_iter().enumerate()
+        {
+            let mut n = node("conv", "ConvInteger", &["x", "w", "xz", "wz"], &["y"]);
+            n.attrs
+                .insert("strides".into(), Attribute::Ints(strides.to_vec()));
+            n.attrs
+                .insert("pads".into(), Attribute::Ints(pads.to_vec()));
+            n.attrs.insert("group".into(), Attribute::Int(group));
+            let kept: Vec<Prepacked> = (0..4).map(|_| Prepacked::default()).collect();
+            let kept: Vec<Option<&Prepacked>> = kept.iter().map(Some).collect();
+            let mut ctx = OpCtx::new(&n, 10);
+            ctx.prepacked = &kept;
+            let xn: usize = xs.iter().product();
+            let wn: usize = ws.iter().product();
+            let x = u8s(xs.to_vec(), codes(xn, 31 + i as u64, 0, 255));
+            let w = u8s(ws.to_vec(), codes(wn, 37 + i as u64, lo, hi));
+            let xz = u8s(vec![], vec![3]);
+            let wz = u8s(vec![ws[0]], codes(ws[0], 41, 0, 9));
+            let ins = [Some(&x), Some(&w), Some(&xz), Some(&wz)];
+            let xv = shifted_codes(&x, Some(&xz), "x", None).unwrap();
+            let wv = shifted_codes(&w, Some(&wz), "w", Some(0)).unwrap();
+            let max_sum = wv
+                .chunks(wn / ws[0])
+                .map(|c| c.iter().map(|v| v.unsigned_abs() as u64).sum::<u64>())
+                .max()
+                .unwrap();
+            assert_eq!(max_sum * 252 <= 1 << 24, f32_path, "case {i}");
+            let attrs = ctx.attrs::<ConvAttrs>().unwrap();
+            let (want, shape) = iconv(attrs, &xv, xs, &wv, ws).unwrap();
+            for run in 0..2 {
+                let y = conv_integer_op(&ctx, &ins).unwrap();
+                assert_eq!(y[0].shape(), &shape[..], "case {i}");
+                let got: Vec<i32> = y[0]
+                    .to_i64_vec()
+                    .unwrap()
+                    .iter()
+                    .map(|&v| v as i32)
+                    .collect();
+                assert_eq!(got, want, "case {i} run {run}");
+            }
+        }
+    }
+
     #[test]
     fn igemm_is_exact_beyond_two_to_the_24_where_f32_rounds() {
         // 4096 products of magnitude up to 127·128: partial sums far beyond 2^24.
@@ -495,6 +701,37 @@ mod tests {
             }
         }
         assert!(f32_differs, "an f32 running sum rounds some of these sums");
+    }
+
+    /// Products whose partial sums stay within 2^24 run through the f32 MatMul kernel, the
+    /// others in i32: both give the exact sum, right at the bound and just beyond it (where an
+    /// f32 product would round: a bound set too high fails here).
+    #[test]
+    fn igemm_is_exact_on_both_sides_of_the_f32_bound() {
+        for (m, n, k, lo, hi, f32_path) in [
+            // Row sums of |a| up to 256·255, |b| up to 255: 16,646,400 ≤ 2^24.
+            (8, 64, 256, 251, 255, true),
+            (5, 33, 256, -255, 255, true),
+            // 1024 products of ~253·255: sums near 2^26, beyond what f32 holds exactly.
+            (2, 64, 1024, 251, 255, false),
+        ] {
+            let a = codes(m * k, 21, lo, hi);
+            let b = codes(k * n, 22, lo, hi);
+            assert_eq!(exact_in_f32(m, n, k, &a, &b), f32_path, "{m}x{n}x{k}");
+            let mut c = vec![0i32; m * n];
+            igemm(m, n, k, &a, &b, &mut c);
+            let mut f32_rounds = false;
+            for i in 0..m {
+                for j in 0..n {
+                    let exact: i64 = (0..k)
+                        .map(|p| a[i * k + p] as i64 * b[p * n + j] as i64)
+                        .sum();
+                    assert_eq!(c[i * n + j] as i64, exact, "{m}x{n}x{k} row {i} col {j}");
+                    f32_rounds |= exact as f32 as i64 != exact;
+                }
+            }
+            assert_eq!(f32_rounds, !f32_path, "{m}x{n}x{k}");
+        }
     }
 
     #[test]

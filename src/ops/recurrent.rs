@@ -514,6 +514,11 @@ pub(crate) enum Weights<'a> {
 pub(crate) struct QuantWeights<'a> {
     /// Codes minus the zero point, `[K, gates·hidden]`.
     pub shifted: &'a [i32],
+    /// The same integers as f32 (exact: at most 510 in magnitude).
+    pub float: &'a [f32],
+    /// The largest sum of |shifted| over one column: with the largest |code| of the other
+    /// operand, a bound of every partial sum of the product.
+    pub max_column_sum: u64,
     /// One scale, or one per column.
     pub scales: &'a [f32],
 }
@@ -554,12 +559,47 @@ impl Weights<'_> {
 pub(crate) enum WeightSet<'t> {
     /// Borrowed from an f32 tensor, converted from other float types.
     Float(std::borrow::Cow<'t, [f32]>),
-    Quant {
-        /// Codes minus their direction's zero point, `[dirs, K, gates·hidden]`.
-        shifted: Vec<i32>,
-        /// `[dirs, 1]` or `[dirs, gates·hidden]`.
-        scales: Vec<f32>,
-    },
+    /// Kept with the weight where its codes, scales and zero points are constants.
+    Quant(std::sync::Arc<QuantSet>),
+}
+
+/// All directions' quantized `W` or `R` (DynamicQuantizeLSTM).
+#[derive(Debug)]
+pub(crate) struct QuantSet {
+    /// Codes minus their direction's zero point, `[dirs, K, gates·hidden]`.
+    pub shifted: Vec<i32>,
+    /// `shifted` as f32 (exact).
+    pub float: Vec<f32>,
+    /// Per direction: the largest sum of |shifted| over one column.
+    pub max_column_sums: Vec<u64>,
+    /// `[dirs, 1]` or `[dirs, gates·hidden]`.
+    pub scales: Vec<f32>,
+}
+
+impl QuantSet {
+    /// The set of `dirs` directions of `[K, cols]` codes minus their zero points.
+    pub fn new(shifted: Vec<i32>, scales: Vec<f32>, dirs: usize, cols: usize) -> QuantSet {
+        let per_dir = shifted.len() / dirs.max(1);
+        let max_column_sums = shifted
+            .chunks(per_dir.max(1))
+            .map(|d| {
+                let mut sums = vec![0u64; cols];
+                for row in d.chunks(cols.max(1)) {
+                    for (s, v) in sums.iter_mut().zip(row) {
+                        *s += v.unsigned_abs() as u64;
+                    }
+                }
+                sums.into_iter().max().unwrap_or(0)
+            })
+            .collect();
+        let float = shifted.iter().map(|&v| v as f32).collect();
+        QuantSet {
+            shifted,
+            float,
+            max_column_sums,
+            scales,
+        }
+    }
 }
 
 impl WeightSet<'_> {
@@ -569,11 +609,13 @@ impl WeightSet<'_> {
                 let n = v.len() / dirs;
                 Weights::Float(&v[d * n..(d + 1) * n])
             }
-            WeightSet::Quant { shifted, scales } => {
-                let (n, ns) = (shifted.len() / dirs, scales.len() / dirs);
+            WeightSet::Quant(q) => {
+                let (n, ns) = (q.shifted.len() / dirs, q.scales.len() / dirs);
                 Weights::Quant(QuantWeights {
-                    shifted: &shifted[d * n..(d + 1) * n],
-                    scales: &scales[d * ns..(d + 1) * ns],
+                    shifted: &q.shifted[d * n..(d + 1) * n],
+                    float: &q.float[d * n..(d + 1) * n],
+                    max_column_sum: q.max_column_sums[d],
+                    scales: &q.scales[d * ns..(d + 1) * ns],
                 })
             }
         }
@@ -641,8 +683,8 @@ pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let (w, r) = if attrs.quantized {
         use super::contrib::dynamic_quantize_lstm::quantized_weights;
         (
-            quantized_weights(inputs, 1, "W", [dirs, input_size, gh], "input_size")?,
-            quantized_weights(inputs, 2, "R", [dirs, hidden, gh], "hidden_size")?,
+            quantized_weights(ctx, inputs, 1, "W", [dirs, input_size, gh], "input_size")?,
+            quantized_weights(ctx, inputs, 2, "R", [dirs, hidden, gh], "hidden_size")?,
         )
     } else {
         expect_shape(

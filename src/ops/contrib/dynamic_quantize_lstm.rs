@@ -15,7 +15,8 @@ use super::super::util::{input, opt_input};
 use super::super::{InputRole, OpError, Registry};
 use super::qlinear::{codes, CodeType};
 use super::MS_DOMAIN;
-use crate::ops::recurrent::{QuantWeights, WeightSet};
+use crate::ops::recurrent::{QuantSet, QuantWeights, WeightSet};
+use crate::ops::OpCtx;
 use crate::tensor::{DType, Tensor};
 
 pub fn register(r: &mut Registry) {
@@ -32,8 +33,10 @@ pub fn register(r: &mut Registry) {
 }
 
 /// W (`data` 1, parameters 8 and 9) or R (2; 10 and 11) of a DynamicQuantizeLSTM: its codes
-/// minus their zero point and its scales, checked as ONNX Runtime checks them.
+/// minus their zero point and its scales, checked as ONNX Runtime checks them; derived once
+/// and kept with the weight where the codes, scales and zero points are all constants.
 pub(crate) fn quantized_weights(
+    ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     data: usize,
     what: &str,
@@ -41,7 +44,7 @@ pub(crate) fn quantized_weights(
     k_name: &str,
 ) -> Result<WeightSet<'static>, OpError> {
     let t = input(inputs, data)?;
-    let ct = CodeType::of(t, what)?;
+    // Checked on every run: the expected shape follows X's.
     if t.shape() != want {
         return Err(OpError(format!(
             "{what} has shape {:?}, expected {want:?} ([num_directions, {k_name}, \
@@ -49,6 +52,30 @@ pub(crate) fn quantized_weights(
             t.shape()
         )));
     }
+    let (si, zi) = if data == 1 { (8, 9) } else { (10, 11) };
+    let keep = ctx.prepacked(data).filter(|_| {
+        ctx.prepacked(si).is_some()
+            && (opt_input(inputs, zi).is_none() || ctx.prepacked(zi).is_some())
+    });
+    let make = || quantized_set(inputs, data, what, want);
+    Ok(WeightSet::Quant(match keep {
+        Some(kept) => kept.get_or_try_insert(QUANTIZED_WEIGHTS, make)?,
+        None => std::sync::Arc::new(make()?),
+    }))
+}
+
+/// The tag of a DynamicQuantizeLSTM weight's [`QuantSet`] kept with it.
+const QUANTIZED_WEIGHTS: u64 = 3;
+
+/// [`quantized_weights`]' set, made from the inputs.
+fn quantized_set(
+    inputs: &[Option<&Tensor>],
+    data: usize,
+    what: &str,
+    want: [usize; 3],
+) -> Result<QuantSet, OpError> {
+    let t = input(inputs, data)?;
+    let ct = CodeType::of(t, what)?;
     let [dirs, k, gh] = want;
     let (si, zi) = if data == 1 { (8, 9) } else { (10, 11) };
     let (sname, zname) = (format!("{what}_scale"), format!("{what}_zero_point"));
@@ -113,7 +140,7 @@ pub(crate) fn quantized_weights(
         .enumerate()
         .map(|(i, &q)| q - dir_zero[i / per_dir])
         .collect();
-    Ok(WeightSet::Quant { shifted, scales })
+    Ok(QuantSet::new(shifted, scales, dirs, gh))
 }
 
 /// ONNX Runtime's dynamic uint8 quantization parameters of `a` (core/util/qmath.h).
@@ -147,11 +174,38 @@ pub(crate) fn quantized_product(
         .iter()
         .map(|&v| u8s.quantize(v / scale, zero) - zero)
         .collect();
-    let mut prod = vec![0i32; m * n];
-    super::super::integer::igemm(m, n, k, &qa, w.shifted, &mut prod);
+    let max_qa = qa
+        .iter()
+        .map(|v| v.unsigned_abs() as u64)
+        .max()
+        .unwrap_or(0);
+    // The exact integer products as f32 values: where every partial sum stays within 2^24
+    // in magnitude, the f32 product of the same integers (the MatMul kernel, with the kept f32
+    // weights) holds each exactly, in any order; the i32 product otherwise.
+    let prod: Vec<f32> = if max_qa.saturating_mul(w.max_column_sum) <= 1 << 24 {
+        let qf: Vec<f32> = qa.iter().map(|&v| v as f32).collect();
+        let mut prod = vec![0f32; m * n];
+        crate::ops::matmul::sgemm(
+            crate::numeric::Accumulator::F32,
+            m,
+            n,
+            k,
+            &qf,
+            false,
+            w.float,
+            false,
+            &mut prod,
+            false,
+        );
+        prod
+    } else {
+        let mut prod = vec![0i32; m * n];
+        super::super::integer::igemm(m, n, k, &qa, w.shifted, &mut prod);
+        prod.into_iter().map(|p| p as f32).collect()
+    };
     for (i, (dst, &p)) in c[..m * n].iter_mut().zip(&prod).enumerate() {
         let s = scale * w.scales[if w.scales.len() == 1 { 0 } else { i % n }];
-        let v = p as f32 * s;
+        let v = p * s;
         *dst = if accumulate { *dst + v } else { v };
     }
 }
@@ -186,31 +240,93 @@ mod tests {
             v[9] = Some(z);
             v
         }
-        let ok =
-            quantized_weights(&ins(&w, &scales, &good), 1, "W", [1, 1, 4], "input_size").unwrap();
-        let WeightSet::Quant { shifted, .. } = ok else {
+        let node = crate::graph::testing::node_with("DynamicQuantizeLSTM", &[]);
+        let ctx = OpCtx::new(&node, 17);
+        let ok = quantized_weights(
+            &ctx,
+            &ins(&w, &scales, &good),
+            1,
+            "W",
+            [1, 1, 4],
+            "input_size",
+        )
+        .unwrap();
+        let WeightSet::Quant(q) = ok else {
             panic!("quantized weights expected")
         };
-        assert_eq!(shifted, vec![-4, -3, -2, -1]);
-        let e = quantized_weights(&ins(&w, &scales, &mixed), 1, "W", [1, 1, 4], "input_size")
-            .unwrap_err();
+        assert_eq!(q.shifted, vec![-4, -3, -2, -1]);
+        assert_eq!(q.float, vec![-4.0, -3.0, -2.0, -1.0]);
+        assert_eq!(q.max_column_sums, vec![4]);
+        let e = quantized_weights(
+            &ctx,
+            &ins(&w, &scales, &mixed),
+            1,
+            "W",
+            [1, 1, 4],
+            "input_size",
+        )
+        .unwrap_err();
         assert!(e.0.contains("W_zero_point differs"), "{e}");
-        let e = quantized_weights(&ins(&w, &scales, &good), 1, "W", [1, 2, 4], "input_size")
-            .unwrap_err();
+        let e = quantized_weights(
+            &ctx,
+            &ins(&w, &scales, &good),
+            1,
+            "W",
+            [1, 2, 4],
+            "input_size",
+        )
+        .unwrap_err();
         assert!(e.0.contains("W has shape [1, 1, 4]"), "{e}");
     }
 
     #[test]
     fn the_product_is_exact_on_the_quantized_grid() {
         // A = [[0, 1]] (scale 1/255, zero point 0): codes 0 and 255; W = [[2], [-3]] · 0.5.
-        let shifted = [2, -3];
+        let set = QuantSet::new(vec![2, -3], vec![0.5], 1, 1);
         let w = QuantWeights {
-            shifted: &shifted,
+            shifted: &set.shifted,
+            float: &set.float,
+            max_column_sum: set.max_column_sums[0],
             scales: &[0.5],
         };
         let mut c = [10.0f32];
         quantized_product(1, 1, 2, &[0.0, 1.0], &w, &mut c, true);
         // 10 + (255 · −3) · (1/255 · 0.5) = 10 − 1.5.
         assert!((c[0] - 8.5).abs() < 1e-6, "{}", c[0]);
+    }
+
+    /// The f32 product of the codes (taken while every partial sum stays within 2^24) gives
+    /// the bits of the i32 one, per-column scales included.
+    #[test]
+    fn the_f32_product_of_the_codes_is_the_integer_product() {
+        let (m, n, k) = (4, 64, 128);
+        let mut s = 7u64;
+        let mut next = || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 33) as u32
+        };
+        let shifted: Vec<i32> = (0..k * n).map(|_| (next() % 511) as i32 - 255).collect();
+        let scales: Vec<f32> = (0..n).map(|j| 0.001 + j as f32 * 1e-4).collect();
+        let a: Vec<f32> = (0..m * k).map(|_| next() as f32 / 4e8 - 3.0).collect();
+        let set = QuantSet::new(shifted, scales.clone(), 1, n);
+        assert!(
+            set.max_column_sums[0] * 255 <= 1 << 24,
+            "the f32 path must be taken"
+        );
+        let product = |max_column_sum: u64| {
+            let w = QuantWeights {
+                shifted: &set.shifted,
+                float: &set.float,
+                max_column_sum,
+                scales: &scales,
+            };
+            let mut c = vec![0.5f32; m * n];
+            quantized_product(m, n, k, &a, &w, &mut c, true);
+            c
+        };
+        // A bound beyond 2^24 forces the i32 product.
+        assert_eq!(product(set.max_column_sums[0]), product(1 << 30));
     }
 }
