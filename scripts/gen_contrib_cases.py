@@ -327,9 +327,11 @@ def dq_lstm_cases(out):
                ("P", [dirs, 3 * hid], f32([dirs, 3 * hid])) if peep else None,
                ("W_scale", list(ws.shape), ws), ("W_zero_point", list(wz.shape), wz),
                ("R_scale", list(rs.shape), rs), ("R_zero_point", list(rz.shape), rz)]
+        # Bit for bit: the products are exact integer sums (any order), the gates follow ORT's
+        # kernel expression for expression (MLAS sigmoid/tanh, Wb + Rb summed first).
         case(out, name, "DynamicQuantizeLSTM", ins, n_outputs=3, omit_outputs=omit,
              weights=("W", "R", "W_scale", "W_zero_point", "R_scale", "R_zero_point"),
-             hidden_size=hid, direction=direction, **attrs)
+             exact=True, hidden_size=hid, direction=direction, **attrs)
 
     lstm("dq_lstm_forward_u8", 5, 2, 4, 3, "forward", False, False, states=True)
     lstm("dq_lstm_bidirectional_i8_per_column", 6, 2, 5, 4, "bidirectional", True, True,

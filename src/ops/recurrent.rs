@@ -215,6 +215,20 @@ impl Activation {
     }
 }
 
+impl Activation {
+    /// The function over a gate's row as ONNX Runtime's LSTM applies it
+    /// (rnn_helpers.cc `ActivationFuncByName` / `LstmMergeGatesFuncByName`): sigmoid and tanh
+    /// are MLAS's `MlasComputeLogistic` / `MlasComputeTanh` (`ops::logistic`, bit for bit, in
+    /// vectors), the others the scalar functions.
+    fn apply_ort_lstm(&self, v: &mut [f32]) {
+        match self.kind {
+            ActKind::Sigmoid => super::logistic::map_in_place(v, &super::logistic::logistic),
+            ActKind::Tanh => super::logistic::map_in_place(v, &super::logistic::tanh),
+            _ => v.iter_mut().for_each(|x| *x = self.apply(*x)),
+        }
+    }
+}
+
 fn sigmoid(x: f32) -> f32 {
     if x >= 0.0 {
         1.0 / (1.0 + (-x).exp())
@@ -924,6 +938,14 @@ fn direction(
     let zero_finished =
         matches!(p.r, Weights::Quant(_)) && ctx.node.outputs.first().is_some_and(|o| !o.is_empty());
     let mut gates = vec![0.0f32; batch * gh];
+    // LSTM: Wb + Rb (summed once, as ONNX Runtime does), the gates' activations of one batch
+    // entry and h(C).
+    let bias: Vec<f32> = match cell {
+        Cell::Lstm => p.wb.iter().zip(p.rb).map(|(w, r)| w + r).collect(),
+        _ => Vec::new(),
+    };
+    let mut pre = vec![0.0f32; if cell == Cell::Lstm { gh } else { 0 }];
+    let mut c_act = vec![0.0f32; if cell == Cell::Lstm { hidden } else { 0 }];
     // GRU: the hidden gate's recurrent product, [batch, hidden].
     let mut hr = vec![0.0f32; batch * hidden];
     let mut rh = vec![0.0f32; batch * hidden];
@@ -1045,26 +1067,47 @@ fn direction(
                     }
                 }
                 Cell::Lstm => {
-                    // Gate blocks in W/R/B: i, o, f, c.
-                    let gate = |blk: usize, k: usize| {
-                        row[blk * hidden + k] + p.wb[blk * hidden + k] + p.rb[blk * hidden + k]
+                    // As ONNX Runtime's LSTM (deep_cpu_lstm.cc GateComputations): a gate's
+                    // pre-activation is (X·Wᵀ + H·Rᵀ + peephole) + (Wb + Rb), clipped; each gate's
+                    // row then goes through its activation at once (sigmoid and tanh as MLAS
+                    // computes them, in vectors); C = C·f + i·g, then H = h(C)·o.
+                    // Gate blocks in W/R/B: i, o, f, c; peepholes P: i, o, f.
+                    let gate = |blk: usize, k: usize, peep_c: Option<f32>| {
+                        let at = blk * hidden + k;
+                        let peep = match (p.p, peep_c) {
+                            (Some(pp), Some(cv)) => pp[at] * cv,
+                            _ => 0.0,
+                        };
+                        clip(row[at] + peep + bias[at])
                     };
-                    let peep = |blk: usize, k: usize, cv: f32| {
-                        p.p.map_or(0.0, |pp| pp[blk * hidden + k] * cv)
-                    };
+                    let (i_pre, rest) = pre.split_at_mut(hidden);
+                    let (o_pre, rest) = rest.split_at_mut(hidden);
+                    let (f_pre, c_pre) = rest.split_at_mut(hidden);
                     for k in 0..hidden {
                         let cp = cb[k];
-                        let i = f.apply(clip(gate(0, k) + peep(0, k, cp)));
-                        let fg = if attrs.input_forget {
-                            1.0 - i
-                        } else {
-                            f.apply(clip(gate(2, k) + peep(2, k, cp)))
-                        };
-                        let cand = g2.apply(clip(gate(3, k)));
-                        let cn = st.round(fg * cp + i * cand);
-                        let o = f.apply(clip(gate(1, k) + peep(1, k, cn)));
+                        i_pre[k] = gate(0, k, Some(cp));
+                        f_pre[k] = gate(2, k, Some(cp));
+                        c_pre[k] = gate(3, k, None);
+                    }
+                    f.apply_ort_lstm(i_pre);
+                    if attrs.input_forget {
+                        for (fg, &i) in f_pre.iter_mut().zip(i_pre.iter()) {
+                            *fg = 1.0 - i;
+                        }
+                    } else {
+                        f.apply_ort_lstm(f_pre);
+                    }
+                    g2.apply_ort_lstm(c_pre);
+                    for k in 0..hidden {
+                        let cn = st.round(cb[k] * f_pre[k] + i_pre[k] * c_pre[k]);
                         cb[k] = cn;
-                        hb[k] = st.round(o * h_act.apply(cn));
+                        o_pre[k] = gate(1, k, Some(cn));
+                    }
+                    f.apply_ort_lstm(o_pre);
+                    c_act.copy_from_slice(cb);
+                    h_act.apply_ort_lstm(&mut c_act);
+                    for k in 0..hidden {
+                        hb[k] = st.round(c_act[k] * o_pre[k]);
                     }
                 }
             }
