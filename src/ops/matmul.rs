@@ -33,11 +33,7 @@ pub fn register(r: &mut Registry) {
                 .and_then(|s| s.last().copied());
             2 * out * k.unwrap_or(0) as u64
         })
-        .epilogue(if std::env::var_os("NOMM").is_some() {
-            |_| None
-        } else {
-            matmul_epilogue_shape
-        });
+        .epilogue(matmul_epilogue_shape);
     r.def_mut("Gemm")
         .parse(|n, _| boxed(GemmAttrs::parse(n)))
         .roles(&[Data, Data, Bias])
