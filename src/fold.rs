@@ -174,6 +174,20 @@ mod tests {
         assert!(g.weight("y").is_none());
     }
 
+    /// Silero's re-ordering of gate weights: the halves of `w` swapped by two Slices and a
+    /// Concat (`w2`), a Slice of the activation `x` (`x2`) and their MatMul into `out`.
+    fn gate_reorder(out: &str) -> Vec<Node> {
+        let mut cat = node("cat", "Concat", &["w_hi", "w_lo"], &["w2"]);
+        cat.attrs.insert("axis".into(), Attribute::Int(0));
+        vec![
+            node("lo", "Slice", &["w", "zero", "two"], &["w_lo"]),
+            node("hi", "Slice", &["w", "two", "four"], &["w_hi"]),
+            cat,
+            node("act", "Slice", &["x", "zero", "two"], &["x2"]),
+            node("mm", "MatMul", &["x2", "w2"], &[out]),
+        ]
+    }
+
     /// Silero's exports re-order an LSTM's gate weights with Slices of the weight and a Concat
     /// of them: weight-only, so folded, with the values the nodes compute; a Slice of an
     /// activation is not.
@@ -181,17 +195,7 @@ mod tests {
     fn slices_and_concats_of_weights_are_folded() {
         let i64s = |v: &[i64]| Tensor::from_i64(vec![v.len()], v.to_vec());
         let mut g = graph(
-            vec![
-                node("lo", "Slice", &["w", "zero", "two"], &["w_lo"]),
-                node("hi", "Slice", &["w", "two", "four"], &["w_hi"]),
-                {
-                    let mut c = node("cat", "Concat", &["w_hi", "w_lo"], &["w2"]);
-                    c.attrs.insert("axis".into(), Attribute::Int(0));
-                    c
-                },
-                node("act", "Slice", &["x", "zero", "two"], &["x2"]),
-                node("mm", "MatMul", &["x2", "w2"], &["y"]),
-            ],
+            gate_reorder("y"),
             vec![vi("x", &[4, 4])],
             vec![vi("y", &[2, 2])],
             vec![
@@ -355,17 +359,7 @@ mod tests {
     fn a_subgraph_folds_over_the_weights_of_enclosing_graphs() {
         let i64s = |v: &[i64]| Tensor::from_i64(vec![v.len()], v.to_vec());
         let then_branch = graph(
-            vec![
-                node("lo", "Slice", &["w", "zero", "two"], &["w_lo"]),
-                node("hi", "Slice", &["w", "two", "four"], &["w_hi"]),
-                {
-                    let mut c = node("cat", "Concat", &["w_hi", "w_lo"], &["w2"]);
-                    c.attrs.insert("axis".into(), Attribute::Int(0));
-                    c
-                },
-                node("act", "Slice", &["x", "zero", "two"], &["x2"]),
-                node("mm", "MatMul", &["x2", "w2"], &["y_then"]),
-            ],
+            gate_reorder("y_then"),
             vec![],
             vec![vi("y_then", &[2, 2])],
             vec![],

@@ -677,6 +677,13 @@ mod tests {
         }
     }
 
+    /// Entry (i, j) of a[m×k]·b[k×n], summed in i64.
+    fn exact_entry(a: &[i32], b: &[i32], (n, k): (usize, usize), (i, j): (usize, usize)) -> i64 {
+        (0..k)
+            .map(|p| a[i * k + p] as i64 * b[p * n + j] as i64)
+            .sum()
+    }
+
     #[test]
     fn igemm_is_exact_beyond_two_to_the_24_where_f32_rounds() {
         // 4096 products of magnitude up to 127·128: partial sums far beyond 2^24.
@@ -689,9 +696,7 @@ mod tests {
         let mut f32_differs = false;
         for i in 0..m {
             for j in 0..n {
-                let exact: i64 = (0..k)
-                    .map(|p| a[i * k + p] as i64 * b[p * n + j] as i64)
-                    .sum();
+                let exact = exact_entry(&a, &b, (n, k), (i, j));
                 assert!(exact.abs() > 1 << 24, "the test must reach beyond 2^24");
                 assert_eq!(c[i * n + j] as i64, exact, "row {i} col {j}");
                 let f: f32 = (0..k)
@@ -723,9 +728,7 @@ mod tests {
             let mut f32_rounds = false;
             for i in 0..m {
                 for j in 0..n {
-                    let exact: i64 = (0..k)
-                        .map(|p| a[i * k + p] as i64 * b[p * n + j] as i64)
-                        .sum();
+                    let exact = exact_entry(&a, &b, (n, k), (i, j));
                     assert_eq!(c[i * n + j] as i64, exact, "{m}x{n}x{k} row {i} col {j}");
                     f32_rounds |= exact as f32 as i64 != exact;
                 }

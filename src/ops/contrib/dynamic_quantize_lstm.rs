@@ -242,40 +242,18 @@ mod tests {
         }
         let node = crate::graph::testing::node_with("DynamicQuantizeLSTM", &[]);
         let ctx = OpCtx::new(&node, 17);
-        let ok = quantized_weights(
-            &ctx,
-            &ins(&w, &scales, &good),
-            1,
-            "W",
-            [1, 1, 4],
-            "input_size",
-        )
-        .unwrap();
-        let WeightSet::Quant(q) = ok else {
+        let w_of = |z: &Tensor, want: [usize; 3]| {
+            quantized_weights(&ctx, &ins(&w, &scales, z), 1, "W", want, "input_size")
+        };
+        let WeightSet::Quant(q) = w_of(&good, [1, 1, 4]).unwrap() else {
             panic!("quantized weights expected")
         };
         assert_eq!(q.shifted, vec![-4, -3, -2, -1]);
         assert_eq!(q.float, vec![-4.0, -3.0, -2.0, -1.0]);
         assert_eq!(q.max_column_sums, vec![4]);
-        let e = quantized_weights(
-            &ctx,
-            &ins(&w, &scales, &mixed),
-            1,
-            "W",
-            [1, 1, 4],
-            "input_size",
-        )
-        .unwrap_err();
+        let e = w_of(&mixed, [1, 1, 4]).unwrap_err();
         assert!(e.0.contains("W_zero_point differs"), "{e}");
-        let e = quantized_weights(
-            &ctx,
-            &ins(&w, &scales, &good),
-            1,
-            "W",
-            [1, 2, 4],
-            "input_size",
-        )
-        .unwrap_err();
+        let e = w_of(&good, [1, 2, 4]).unwrap_err();
         assert!(e.0.contains("W has shape [1, 1, 4]"), "{e}");
     }
 
