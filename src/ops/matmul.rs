@@ -451,14 +451,19 @@ pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpErro
     let nb: usize = batch.iter().product();
     let av = f32_or_convert(a)?;
     let bv = f32_or_convert(b)?;
-    let mut out = vec![0f32; nb * m * n];
+    // The output is not zeroed first: every product below overwrites its m×n block
+    // (`accumulate` false) and the blocks cover it.
+    let total = nb * m * n;
+    let mut out: Vec<f32> = Vec::with_capacity(total);
+    // SAFETY: written whole before read (above); set_len below, once the products are done.
+    let out_values = unsafe { super::util::assume_written(&mut out.spare_capacity_mut()[..total]) };
     let sa = super::util::broadcast_strides(batch_a, &batch);
     let sb = super::util::broadcast_strides(batch_b, &batch);
     let bst = strides_of(&batch);
     // A batch whose B is shared and A contiguous is one big product (m·batch rows).
     if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
-        sgemm(acc, nb * m, n, k, &av, false, &bv, false, &mut out, false);
-    } else {
+        sgemm(acc, nb * m, n, k, &av, false, &bv, false, out_values, false);
+    } else if m * n > 0 {
         let run = |i: usize, dst: &mut [f32]| {
             let (mut oa, mut ob) = (0, 0);
             let mut rem = i;
@@ -483,15 +488,18 @@ pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpErro
         };
         if nb > 1 && m * n * k < PARALLEL_WORK && nb * m * n * k >= PARALLEL_WORK {
             use rayon::prelude::*;
-            out.par_chunks_mut(m * n)
+            out_values
+                .par_chunks_mut(m * n)
                 .enumerate()
                 .for_each(|(i, dst)| run(i, dst));
         } else {
-            for (i, dst) in out.chunks_mut(m * n).enumerate() {
+            for (i, dst) in out_values.chunks_mut(m * n).enumerate() {
                 run(i, dst);
             }
         }
     }
+    // SAFETY: the products wrote all `total` values (an empty block writes none and has none).
+    unsafe { out.set_len(total) };
     let mut shape = batch;
     if !a1 {
         shape.push(m);
@@ -699,8 +707,13 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
     let av = f32_or_convert(a)?;
     let bv = f32_or_convert(b)?;
-    let mut out = vec![0f32; m * n];
-    sgemm(ctx.accumulate, m, n, k, &av, ta, &bv, tb, &mut out, false);
+    // SAFETY: the product (`accumulate` false) overwrites all m×n values.
+    let mut out = unsafe {
+        super::util::unzeroed_f32(m * n, |o| {
+            let o = super::util::assume_written(o);
+            sgemm(ctx.accumulate, m, n, k, &av, ta, &bv, tb, o, false)
+        })
+    };
     if alpha != 1.0 {
         out.iter_mut().for_each(|x| *x *= alpha);
     }
@@ -1072,6 +1085,43 @@ mod tests {
         let c = matmul(Accumulator::F32, &a, &b).unwrap();
         assert_eq!(c.shape(), &[2, 3, 1, 1]);
         assert_eq!(c.as_f32().unwrap(), &[3., 6., 9., 7., 14., 21.]);
+    }
+
+    /// Every output value is written by a product (the output is not zeroed first): empty
+    /// blocks, k = 0 (zeros) and batches of either kind, checked against a direct sum.
+    #[test]
+    fn every_output_value_is_written() {
+        let direct = |a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)| -> Vec<f32> {
+            let mut c = vec![0.0f32; m * n];
+            for i in 0..m {
+                for j in 0..n {
+                    c[i * n + j] = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                }
+            }
+            c
+        };
+        for (m, k, n) in [(3, 4, 5), (2, 0, 3), (0, 3, 2), (3, 2, 0)] {
+            let a: Vec<f32> = (0..2 * m * k).map(|v| v as f32 * 0.5 - 1.0).collect();
+            let b: Vec<f32> = (0..2 * k * n).map(|v| 2.0 - v as f32 * 0.25).collect();
+            // B shared by the batch (one product), then a batch of B (one product each).
+            let shared = matmul(
+                Accumulator::F32,
+                &t(&[2, m, k], &a),
+                &t(&[k, n], &b[..k * n]),
+            );
+            let shared = shared.unwrap();
+            assert_eq!(shared.shape(), &[2, m, n]);
+            let want: Vec<f32> = (0..2)
+                .flat_map(|i| direct(&a[i * m * k..], &b[..k * n], (m, k, n)))
+                .collect();
+            assert_eq!(shared.as_f32().unwrap(), &want[..], "{m}x{k}x{n} shared");
+            let each = matmul(Accumulator::F32, &t(&[2, m, k], &a), &t(&[2, k, n], &b)).unwrap();
+            assert_eq!(each.shape(), &[2, m, n]);
+            let want: Vec<f32> = (0..2)
+                .flat_map(|i| direct(&a[i * m * k..], &b[i * k * n..], (m, k, n)))
+                .collect();
+            assert_eq!(each.as_f32().unwrap(), &want[..], "{m}x{k}x{n} batched");
+        }
     }
 
     #[test]
