@@ -158,6 +158,18 @@ impl Activation {
         }
     }
 
+    /// The function over a gate's row as ONNX Runtime's LSTM applies it
+    /// (rnn_helpers.cc `ActivationFuncByName` / `LstmMergeGatesFuncByName`): sigmoid and tanh
+    /// are MLAS's `MlasComputeLogistic` / `MlasComputeTanh` (`ops::logistic`, bit for bit, in
+    /// vectors), the others the scalar functions.
+    fn apply_ort_lstm(&self, v: &mut [f32]) {
+        match self.kind {
+            ActKind::Sigmoid => super::logistic::map_in_place(v, &super::logistic::logistic),
+            ActKind::Tanh => super::logistic::map_in_place(v, &super::logistic::tanh),
+            _ => v.iter_mut().for_each(|x| *x = self.apply(*x)),
+        }
+    }
+
     /// The function at `x`, in f32 (NaN propagates; see docs/numerics.md).
     pub fn apply(&self, x: f32) -> f32 {
         let (a, b) = (self.alpha, self.beta);
@@ -211,20 +223,6 @@ impl Activation {
                     x.exp().ln_1p()
                 }
             }
-        }
-    }
-}
-
-impl Activation {
-    /// The function over a gate's row as ONNX Runtime's LSTM applies it
-    /// (rnn_helpers.cc `ActivationFuncByName` / `LstmMergeGatesFuncByName`): sigmoid and tanh
-    /// are MLAS's `MlasComputeLogistic` / `MlasComputeTanh` (`ops::logistic`, bit for bit, in
-    /// vectors), the others the scalar functions.
-    fn apply_ort_lstm(&self, v: &mut [f32]) {
-        match self.kind {
-            ActKind::Sigmoid => super::logistic::map_in_place(v, &super::logistic::logistic),
-            ActKind::Tanh => super::logistic::map_in_place(v, &super::logistic::tanh),
-            _ => v.iter_mut().for_each(|x| *x = self.apply(*x)),
         }
     }
 }
@@ -1074,11 +1072,11 @@ fn direction(
                     // Gate blocks in W/R/B: i, o, f, c; peepholes P: i, o, f.
                     let gate = |blk: usize, k: usize, peep_c: Option<f32>| {
                         let at = blk * hidden + k;
-                        let peep = match (p.p, peep_c) {
-                            (Some(pp), Some(cv)) => pp[at] * cv,
-                            _ => 0.0,
+                        let sum = match (p.p, peep_c) {
+                            (Some(pp), Some(cv)) => row[at] + pp[at] * cv,
+                            _ => row[at],
                         };
-                        clip(row[at] + peep + bias[at])
+                        clip(sum + bias[at])
                     };
                     let (i_pre, rest) = pre.split_at_mut(hidden);
                     let (o_pre, rest) = rest.split_at_mut(hidden);
