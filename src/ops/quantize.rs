@@ -275,6 +275,59 @@ fn round_to(d: DType, x: f32) -> f32 {
     }
 }
 
+/// `code(x / s)` of every value for an 8-bit type of `range` with zero point `z`:
+/// `clamp(round_half_even(x / s) + z, range)`, NaN to the range's minimum (ONNX Runtime's
+/// rule, as the general loop of [`quantize_linear`]); the loop compiled for AVX2 where the CPU
+/// has it (`roundps`: the baseline target rounds through a libm call per value), in parallel
+/// pieces above 64K values.
+fn quantize_8bit<T: Copy + Default + Send + Sync>(
+    xs: &[f32],
+    s: f32,
+    z: f32,
+    (lo, hi): (f32, f32),
+    to: impl Fn(f32) -> T + Sync + Copy,
+) -> Vec<T> {
+    #[inline(always)]
+    fn fill<T>(src: &[f32], dst: &mut [T], code: impl Fn(f32) -> T) {
+        for (d, &x) in dst.iter_mut().zip(src) {
+            *d = code(x);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn fill_avx2<T>(src: &[f32], dst: &mut [T], code: impl Fn(f32) -> T) {
+        fill(src, dst, code)
+    }
+    let code = move |x: f32| {
+        let q = x / s;
+        let r = if q.is_nan() {
+            lo - z
+        } else {
+            q.round_ties_even()
+        };
+        to((r + z).max(lo).min(hi))
+    };
+    let piece = |src: &[f32], dst: &mut [T]| {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            return unsafe { fill_avx2(src, dst, code) };
+        }
+        fill(src, dst, code)
+    };
+    const PIECE: usize = 1 << 14;
+    let mut out = vec![T::default(); xs.len()];
+    if xs.len() > 4 * PIECE {
+        use rayon::prelude::*;
+        out.par_chunks_mut(PIECE)
+            .zip(xs.par_chunks(PIECE))
+            .for_each(|(d, s)| piece(s, d));
+    } else {
+        piece(xs, &mut out);
+    }
+    out
+}
+
 fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
@@ -295,7 +348,6 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         None => attrs.output_dtype.unwrap_or(DType::U8),
     };
     let (qmin, qmax) = quant_range(out_dtype)?;
-    let xv = float_values(x, "input x", true)?;
     let sv = float_values(scale, "y_scale", false)?;
     let layout = layout(ctx, x.shape(), scale)?;
     let zv = zero_points(zp, scale)?;
@@ -311,6 +363,23 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     } else {
         DType::F32
     });
+    // The common case, a float32 tensor to 8-bit codes with one scale: the same arithmetic
+    // in f32 (below 2^24 every step is exact, beyond it the code saturates either way), in
+    // vectors.
+    if let (Some(xs), [s], DType::F32, DType::F32, DType::U8 | DType::I8) =
+        (x.as_f32(), &sv[..], scale.dtype(), div_type, out_dtype)
+    {
+        let z = zv.as_ref().map_or(0.0, |z| z[0]) as f32;
+        let range = (qmin as f32, qmax as f32);
+        // The codes are integers inside the type's range: the casts are exact.
+        let data = if out_dtype == DType::U8 {
+            TensorData::U8(quantize_8bit(xs, *s, z, range, |v| v as u8).into())
+        } else {
+            TensorData::I8(quantize_8bit(xs, *s, z, range, |v| v as i8).into())
+        };
+        return Ok(vec![Tensor::from_parts(x.shape().to_vec(), data)]);
+    }
+    let xv = float_values(x, "input x", true)?;
     let idx = param_indices(x.shape(), layout);
     let mut q = Vec::with_capacity(xv.len());
     for (i, &xi) in xv.iter().enumerate() {
@@ -496,6 +565,73 @@ mod tests {
         inputs: &[Option<&Tensor>],
     ) -> OpResult {
         f(&OpCtx::new(n, opset), inputs)
+    }
+
+    /// The vector path of float32 → 8-bit per-tensor QuantizeLinear gives the codes of the
+    /// general loop's arithmetic (f64 after the f32 division): ties, NaN, ±inf, values far
+    /// beyond the range, a zero scale, uint8 and int8 with zero points, small and parallel sizes.
+    #[test]
+    fn eight_bit_codes_of_the_vector_path_are_the_general_loops() {
+        let mut seed = 11u64;
+        let mut next = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) as u32
+        };
+        for (n, s) in [(1000usize, 0.037f32), (70_000, 0.5), (300, 0.0)] {
+            let mut x: Vec<f32> = (0..n)
+                .map(|_| (next() as f32 / u32::MAX as f32 - 0.5) * 20.0)
+                .collect();
+            let specials = [
+                f32::NAN,
+                f32::INFINITY,
+                -f32::INFINITY,
+                2.5 * s,
+                -0.5 * s,
+                1e30,
+                -1e30,
+            ];
+            x[..specials.len()].copy_from_slice(&specials);
+            for (dtype, z) in [(DType::U8, 128i64), (DType::I8, -3), (DType::U8, 0)] {
+                let (qmin, qmax) = quant_range(dtype).unwrap();
+                let zt = Tensor::from_parts(
+                    vec![],
+                    match dtype {
+                        DType::U8 => TensorData::U8(vec![z as u8].into()),
+                        _ => TensorData::I8(vec![z as i8].into()),
+                    },
+                );
+                let xt = Tensor::from_f32(vec![n], x.clone());
+                let st = Tensor::from_f32(vec![], vec![s]);
+                let y = run(
+                    quantize_linear,
+                    &node("QuantizeLinear", &[]),
+                    19,
+                    &[Some(&xt), Some(&st), Some(&zt)],
+                )
+                .unwrap();
+                let want: Vec<i64> = x
+                    .iter()
+                    .map(|&v| {
+                        let quot = (v / s) as f64;
+                        let z = z as f64;
+                        let r = if quot.is_nan() {
+                            qmin - z
+                        } else {
+                            quot.round_ties_even()
+                        };
+                        (r + z).clamp(qmin, qmax) as i64
+                    })
+                    .collect();
+                assert_eq!(y[0].dtype(), dtype);
+                assert_eq!(
+                    y[0].to_i64_vec().unwrap(),
+                    want,
+                    "{n} values, scale {s}, {dtype}"
+                );
+            }
+        }
     }
 
     fn u8s(v: &[u8]) -> Tensor {
