@@ -474,39 +474,29 @@ fn dequantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         require_zero(zv.as_deref(), x.dtype())?;
     }
     // As the ONNX reference: x and the zero point as f32, subtract, multiply in f32.
-    if let [s] = sv[..] {
-        // 8-bit codes with one scale (activations; weights are folded at load): straight from
-        // the codes, one pass the compiler vectorizes.
-        let z = zv.as_ref().map_or(0.0, |z| z[0] as f32);
-        let y: Option<Vec<f32>> = match x.data() {
-            TensorData::U8(v) => Some(v.iter().map(|&c| (c as f32 - z) * s).collect()),
-            TensorData::I8(v) => Some(v.iter().map(|&c| (c as f32 - z) * s).collect()),
-            _ => None,
-        };
-        if let Some(y) = y {
-            let t = Tensor::from_f32(x.shape().to_vec(), y);
-            return Ok(vec![if out_dtype == DType::F32 {
-                t
-            } else {
-                super::cast::cast_tensor(&t, out_dtype)
-            }]);
+    // 8-bit codes with one scale (activations; weights are folded at load) are read straight
+    // from the codes, one pass the compiler vectorizes; the rest through the general loop.
+    let z0 = zv.as_ref().map_or(0.0, |z| z[0] as f32);
+    let y: Vec<f32> = match (x.data(), &sv[..]) {
+        (TensorData::U8(v), &[s]) => v.iter().map(|&c| (c as f32 - z0) * s).collect(),
+        (TensorData::I8(v), &[s]) => v.iter().map(|&c| (c as f32 - z0) * s).collect(),
+        _ => {
+            let xv = x.to_f32_vec().ok_or_else(|| {
+                OpError(format!(
+                    "input has dtype {}, which is not numeric",
+                    x.dtype()
+                ))
+            })?;
+            let idx = param_indices(x.shape(), layout);
+            xv.iter()
+                .zip(&idx)
+                .map(|(&xi, &p)| {
+                    let z = zv.as_ref().map_or(0.0, |z| z[p] as f32);
+                    (xi - z) * sv[p]
+                })
+                .collect()
         }
-    }
-    let xv = x.to_f32_vec().ok_or_else(|| {
-        OpError(format!(
-            "input has dtype {}, which is not numeric",
-            x.dtype()
-        ))
-    })?;
-    let idx = param_indices(x.shape(), layout);
-    let y: Vec<f32> = xv
-        .iter()
-        .zip(&idx)
-        .map(|(&xi, &p)| {
-            let z = zv.as_ref().map_or(0.0, |z| z[p] as f32);
-            (xi - z) * sv[p]
-        })
-        .collect();
+    };
     let t = Tensor::from_f32(x.shape().to_vec(), y);
     Ok(vec![if out_dtype == DType::F32 {
         t
