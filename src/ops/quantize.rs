@@ -275,7 +275,8 @@ fn round_to(d: DType, x: f32) -> f32 {
     }
 }
 
-/// `code(x / s)` of every value for an 8-bit type of `range` with zero point `z`:
+/// `code(x / s)` of every value for an 8-bit type of `range` with zero point `z`, handed to `to`
+/// as an i32 inside the range:
 /// `clamp(round_half_even(x / s) + z, range)`, NaN to the range's minimum (ONNX Runtime's
 /// rule, as the general loop of [`quantize_linear`]); the loop compiled for AVX2 where the CPU
 /// has it (`roundps`: the baseline target rounds through a libm call per value), in parallel
@@ -285,7 +286,7 @@ fn quantize_8bit<T: Copy + Default + Send + Sync>(
     s: f32,
     z: f32,
     (lo, hi): (f32, f32),
-    to: impl Fn(f32) -> T + Sync + Copy,
+    to: impl Fn(i32) -> T + Sync + Copy,
 ) -> Vec<T> {
     #[inline(always)]
     fn fill<T>(src: &[f32], dst: &mut [T], code: impl Fn(f32) -> T) {
@@ -305,7 +306,11 @@ fn quantize_8bit<T: Copy + Default + Send + Sync>(
         } else {
             q.round_ties_even()
         };
-        to((r + z).max(lo).min(hi))
+        let code = (r + z).max(lo).min(hi);
+        // SAFETY: `code` is a finite integer inside the 8-bit range (NaN went to `lo`, an
+        // infinity saturates), which i32 holds: the unchecked conversion vectorizes, where a
+        // saturating `as u8` went lane by lane.
+        to(unsafe { code.to_int_unchecked::<i32>() })
     };
     let piece = |src: &[f32], dst: &mut [T]| {
         #[cfg(target_arch = "x86_64")]
