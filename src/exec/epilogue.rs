@@ -188,12 +188,14 @@ thread_local! {
 /// Some(None) for float32 (or no plan), Some(Some(r)) for float16/bfloat16, None for the rest.
 /// An int8/fp8 layer outside fusion regions writes float32 (its quantized inputs are prepared
 /// before the kernel; its output is the f32 accumulation, unrounded: docs/numerics.md), so it
-/// counts as float32; one that runs a quantized kernel of its own does not take epilogues.
+/// counts as float32, as does one that runs a quantized kernel of its own (`exec/qdq.rs`:
+/// the rescaled accumulation in f32; the kernel applies an epilogue only where it writes
+/// float32 and leaves the layers to run on their own otherwise).
 fn output_rounding(layer: Option<&LayerPrep>) -> Option<Option<Rounding>> {
     let Some(l) = layer else {
         return Some(None);
     };
-    if l.fusion.is_some() || l.integer.is_some() {
+    if l.fusion.is_some() {
         return None;
     }
     match l.precision? {

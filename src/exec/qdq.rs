@@ -20,8 +20,9 @@
 
 use crate::graph::{Graph, Node};
 use crate::ops::conv::ConvAttrs;
-use crate::ops::integer::{iconv, iconv_transpose, imatmul};
-use crate::ops::{OpCtx, OpError, OpResult};
+use crate::ops::integer::{iconv, iconv_transpose, imatmul, FloatWeights};
+use crate::ops::prepacked::{tag, tag::FLOAT_WEIGHTS, Prepacked};
+use crate::ops::{Channels, OpCtx, OpError, OpResult};
 use crate::precision::quant::{quantize, weight_channel_axis};
 use crate::precision::Precision;
 use crate::tensor::{DType, Tensor};
@@ -102,6 +103,9 @@ pub(crate) enum Operand {
 pub(crate) struct IntegerKernel {
     pub arith: Arith,
     pub operands: [Operand; 2],
+    /// Forms of the weight operand derived once (its codes as f32, the convolution's packed
+    /// panels of them), shared by every plan that holds the kernel.
+    kept: Arc<Prepacked>,
 }
 
 /// An operand's codes, shape and per-index scale lookup.
@@ -132,6 +136,66 @@ fn act_codes(q: &ActQuant, t: &Tensor) -> Result<Codes, OpError> {
         ),
         Grid::Float8(p) => Codes::Float(v.iter().map(|&x| quantize(x, q.scale, p)).collect()),
     })
+}
+
+impl ActQuant {
+    /// The codes (minus the zero point) of an integer grid read back from `t` as f32 values:
+    /// the same codes as [`act_codes`], in the vectorized map (a branch-free select instead of
+    /// the early return for NaN).
+    fn float_codes(&self, t: &Tensor, lo: i32, hi: i32) -> Result<Tensor, OpError> {
+        let owned;
+        let v = match t.as_f32() {
+            Some(v) => v,
+            None => {
+                owned = t.to_f32_vec().ok_or_else(|| {
+                    OpError(format!("a quantized operand has dtype {}", t.dtype()))
+                })?;
+                &owned[..]
+            }
+        };
+        let (s, zp) = (self.scale, self.zp as f32);
+        let (lo, hi) = (lo as f32, hi as f32);
+        let code = |x: f32| {
+            let q = x / s;
+            // Integers below 2^24 in magnitude are exact in every step; beyond, the code
+            // saturates as the i32 path's does.
+            let c = (q.round_ties_even() + zp).max(lo).min(hi) - zp;
+            if q.is_nan() {
+                0.0
+            } else {
+                c
+            }
+        };
+        let codes = crate::ops::logistic::map_slice(v, &|_| {}, &code);
+        Ok(Tensor::from_f32(t.shape().to_vec(), codes))
+    }
+}
+
+/// The largest magnitude among float codes (integers, no NaN): compared as the bits of |c|,
+/// which order as the values do and reduce in integer vectors (an f32 `max` fold runs one
+/// value at a time).
+fn largest_code(codes: &[f32]) -> u64 {
+    let bits = codes.iter().map(|c| c.to_bits() & 0x7fff_ffff).max();
+    f32::from_bits(bits.unwrap_or(0)) as u64
+}
+
+/// An operand's integer codes as f32 values, and a bound on their magnitudes.
+struct FloatOperand {
+    codes: Tensor,
+    max_abs: u64,
+    /// Whether `max_abs` is the largest magnitude itself (not only a bound).
+    scanned: bool,
+}
+
+impl FloatOperand {
+    /// The largest magnitude among the codes.
+    fn largest(&self) -> u64 {
+        if self.scanned {
+            self.max_abs
+        } else {
+            largest_code(self.codes.as_f32().expect("f32"))
+        }
+    }
 }
 
 impl Operand {
@@ -197,12 +261,11 @@ impl Prepared {
     }
 }
 
+/// A product's accumulation (as f32 values) and its shape.
+type Accumulation = (Vec<f32>, Vec<usize>);
+
 /// The sum of products: exact i32 (as f32 values) or f32 over float8 codes.
-fn accumulate_matmul(
-    arith: Arith,
-    a: &Prepared,
-    b: &Prepared,
-) -> Result<(Vec<f32>, Vec<usize>), OpError> {
+fn accumulate_matmul(arith: Arith, a: &Prepared, b: &Prepared) -> Result<Accumulation, OpError> {
     match arith {
         Arith::Int => {
             let (acc, shape) = imatmul(a.ints(), &a.shape, b.ints(), &b.shape)?;
@@ -239,10 +302,18 @@ impl IntegerKernel {
             .map(|t| t.dtype())
             .find(|d| matches!(d, DType::F16 | DType::BF16))
             .unwrap_or(DType::F32);
-        let a = self.operands[0].prepare(args.first().copied().flatten())?;
-        let b = self.operands[1].prepare(args.get(1).copied().flatten())?;
+        if let Some(y) = self.conv_in_f32(ctx, args, out_dtype == DType::F32)? {
+            return Ok(vec![output_in(y, out_dtype)]);
+        }
+        let prepare = || -> Result<(Prepared, Prepared), OpError> {
+            Ok((
+                self.operands[0].prepare(args.first().copied().flatten())?,
+                self.operands[1].prepare(args.get(1).copied().flatten())?,
+            ))
+        };
         let (y, shape) = match node.op_type.as_str() {
             "Conv" | "ConvTranspose" => {
+                let (a, b) = prepare()?;
                 let attrs = ctx.attrs::<ConvAttrs>()?;
                 let transpose = node.op_type == "ConvTranspose";
                 let (acc, shape): (Vec<f32>, Vec<usize>) = match self.arith {
@@ -291,40 +362,58 @@ impl IntegerKernel {
                 (y, shape)
             }
             "MatMul" => {
-                let (acc, shape) = accumulate_matmul(self.arith, &a, &b)?;
-                let n = if b.shape.len() == 1 {
-                    1
-                } else {
-                    b.shape[b.shape.len() - 1]
+                let (acc, shape) = match self.matmul_in_f32(args, None)? {
+                    Some(product) => product,
+                    None => {
+                        let (a, b) = prepare()?;
+                        accumulate_matmul(self.arith, &a, &b)?
+                    }
                 };
-                let m = if a.shape.len() == 1 {
+                let shape_of = |i: usize| self.operand_shape(i, args);
+                let (a_shape, b_shape) = (shape_of(0)?, shape_of(1)?);
+                let n = if b_shape.len() == 1 {
                     1
                 } else {
-                    a.shape[a.shape.len() - 2]
+                    b_shape[b_shape.len() - 1]
+                };
+                let m = if a_shape.len() == 1 {
+                    1
+                } else {
+                    a_shape[a_shape.len() - 2]
                 };
                 let mut y = acc;
-                for (i, v) in y.iter_mut().enumerate() {
-                    let (row, col) = ((i / n) % m, i % n);
-                    *v *= a.scale(row) * b.scale(col);
+                let col_scales: Vec<f32> = (0..n).map(|col| self.scale(1, col)).collect();
+                for (r, row) in y.chunks_mut(n.max(1)).enumerate() {
+                    let row_scale = self.scale(0, r % m.max(1));
+                    for (v, &col_scale) in row.iter_mut().zip(&col_scales) {
+                        *v *= row_scale * col_scale;
+                    }
                 }
                 (y, shape)
             }
             "Gemm" => {
                 let attrs = ctx.attrs::<crate::ops::matmul::GemmAttrs>()?;
-                if a.shape.len() != 2 || b.shape.len() != 2 {
-                    return Err(OpError("Gemm operands must be 2-D".into()));
-                }
-                let a2 = if attrs.trans_a { a.transposed() } else { a };
-                let b2 = if attrs.trans_b { b.transposed() } else { b };
-                let (acc, shape) = accumulate_matmul(self.arith, &a2, &b2)?;
+                let (acc, shape) = match self.matmul_in_f32(args, Some(attrs))? {
+                    Some(product) => product,
+                    None => {
+                        let (a, b) = prepare()?;
+                        if a.shape.len() != 2 || b.shape.len() != 2 {
+                            return Err(OpError("Gemm operands must be 2-D".into()));
+                        }
+                        let a2 = if attrs.trans_a { a.transposed() } else { a };
+                        let b2 = if attrs.trans_b { b.transposed() } else { b };
+                        accumulate_matmul(self.arith, &a2, &b2)?
+                    }
+                };
                 let n = shape[1];
                 let c = args.get(2).copied().flatten();
                 let cv = c.map(|t| t.to_f32_vec().unwrap_or_default());
                 let cs = c.map(|t| crate::ops::util::broadcast_strides(t.shape(), &shape));
                 let mut y = acc;
+                let col_scales: Vec<f32> = (0..n).map(|col| self.scale(1, col)).collect();
                 for (i, v) in y.iter_mut().enumerate() {
                     let (row, col) = (i / n, i % n);
-                    *v *= a2.scale(row) * b2.scale(col);
+                    *v *= self.scale(0, row) * col_scales[col];
                     if attrs.alpha != 1.0 {
                         *v *= attrs.alpha;
                     }
@@ -341,12 +430,224 @@ impl IntegerKernel {
             }
             op => return Err(OpError(format!("{op} has no quantized kernel"))),
         };
-        let t = Tensor::from_f32(shape, y);
-        Ok(vec![if out_dtype == DType::F32 {
-            t
-        } else {
-            crate::ops::cast::cast_tensor(&t, out_dtype)
-        }])
+        Ok(vec![output_in(Tensor::from_f32(shape, y), out_dtype)])
+    }
+
+    /// The scale of slice `i` of operand `idx` along its scale axis (a transposed operand's
+    /// axis moves with it: the index is the same).
+    fn scale(&self, idx: usize, i: usize) -> f32 {
+        match &self.operands[idx] {
+            Operand::Act(a) => a.scale,
+            Operand::Weight(w) if w.scales.len() == 1 => w.scales[0],
+            Operand::Weight(w) => w.scales[i % w.scales.len()],
+        }
+    }
+
+    /// The shape of operand `idx` (a weight's, or the input's), before any transposition.
+    fn operand_shape(&self, idx: usize, args: &[Option<&Tensor>]) -> Result<Vec<usize>, OpError> {
+        match &self.operands[idx] {
+            Operand::Weight(w) => Ok(w.shape.clone()),
+            Operand::Act(_) => args
+                .get(idx)
+                .copied()
+                .flatten()
+                .map(|t| t.shape().to_vec())
+                .ok_or_else(|| OpError("a quantized operand is missing".into())),
+        }
+    }
+
+    /// The codes of operand `idx` of an integer grid as f32 (transposed for Gemm's `trans`)
+    /// and a bound on their magnitudes: a weight's made once and kept with the kernel, an
+    /// activation's read back from its input with the grid's farthest code as the bound.
+    fn float_operand(
+        &self,
+        idx: usize,
+        args: &[Option<&Tensor>],
+        transpose: bool,
+    ) -> Result<Option<Arc<FloatOperand>>, OpError> {
+        match &self.operands[idx] {
+            Operand::Weight(w) => {
+                let Codes::Int(codes) = &w.codes else {
+                    return Ok(None);
+                };
+                let make = || {
+                    let t = Tensor::from_f32(
+                        w.shape.clone(),
+                        codes.iter().map(|&c| c as f32).collect(),
+                    );
+                    let t = if transpose {
+                        crate::ops::matmul::permute(&t, &[1, 0])
+                    } else {
+                        t
+                    };
+                    let max_abs = codes
+                        .iter()
+                        .map(|c| c.unsigned_abs() as u64)
+                        .max()
+                        .unwrap_or(0);
+                    FloatOperand {
+                        codes: t,
+                        max_abs,
+                        scanned: true,
+                    }
+                };
+                Ok(Some(
+                    self.kept.get_or_insert(tag::QDQ_OPERAND_CODES[idx], make),
+                ))
+            }
+            Operand::Act(a) => {
+                let Grid::Int { lo, hi } = a.grid else {
+                    return Ok(None);
+                };
+                let x = args
+                    .get(idx)
+                    .copied()
+                    .flatten()
+                    .ok_or_else(|| OpError("a quantized operand is missing".into()))?;
+                let t = a.float_codes(x, lo, hi)?;
+                let t = if transpose {
+                    if t.rank() != 2 {
+                        return Err(OpError("Gemm operands must be 2-D".into()));
+                    }
+                    crate::ops::matmul::permute(&t, &[1, 0])
+                } else {
+                    t
+                };
+                let max_abs = (hi - a.zp).max(a.zp - lo).unsigned_abs() as u64;
+                Ok(Some(Arc::new(FloatOperand {
+                    codes: t,
+                    max_abs,
+                    scanned: false,
+                })))
+            }
+        }
+    }
+
+    /// The exact integer product of a MatMul (or Gemm, with its transpositions) of integer
+    /// codes through the float32 MatMul kernel, where every partial sum is an integer f32
+    /// holds exactly (at most 2^24: the operands' largest magnitudes times the inner
+    /// dimension bound them; an activation's codes are scanned where its grid's bound is not
+    /// enough). The accumulation (as f32) and its shape, None where this does not apply.
+    fn matmul_in_f32(
+        &self,
+        args: &[Option<&Tensor>],
+        gemm: Option<&crate::ops::matmul::GemmAttrs>,
+    ) -> Result<Option<Accumulation>, OpError> {
+        if self.arith != Arith::Int {
+            return Ok(None);
+        }
+        let (ta, tb) = gemm.map_or((false, false), |g| (g.trans_a, g.trans_b));
+        let (Some(a), Some(b)) = (
+            self.float_operand(0, args, ta)?,
+            self.float_operand(1, args, tb)?,
+        ) else {
+            return Ok(None);
+        };
+        if gemm.is_some() && (a.codes.rank() != 2 || b.codes.rank() != 2) {
+            return Err(OpError("Gemm operands must be 2-D".into()));
+        }
+        let a_shape = a.codes.shape();
+        let k = a_shape[a_shape.len() - 1] as u64;
+        let exact = |ma: u64, mb: u64| ma.saturating_mul(mb).saturating_mul(k) <= 1 << 24;
+        if !exact(a.max_abs, b.max_abs) && !exact(a.largest(), b.largest()) {
+            return Ok(None);
+        }
+        let y = crate::ops::matmul::matmul(crate::numeric::Accumulator::F32, &a.codes, &b.codes)?;
+        let (shape, data) = y.into_parts();
+        let crate::tensor::TensorData::F32(v) = data else {
+            unreachable!("a float32 product");
+        };
+        Ok(Some((v.into_vec(), shape)))
+    }
+
+    /// A Conv of activation codes by weight codes of an integer grid through the float32
+    /// convolution kernel, where that is exact ([`FloatWeights::exact_with`]: the f32 sums
+    /// are the i32 sums): the codes as f32, the weight's (and its packed panels) kept with the
+    /// kernel, the rescale `acc · (s_x · s_w[c])` and the bias applied to each finished plane
+    /// in the kernel's output loop — the values of the i32 path — then, for a float32 output
+    /// (`f32_out`), the layer's epilogue (the pointwise layers after it). None where it does
+    /// not apply.
+    fn conv_in_f32(
+        &self,
+        ctx: &OpCtx,
+        args: &[Option<&Tensor>],
+        f32_out: bool,
+    ) -> Result<Option<Tensor>, OpError> {
+        let (Arith::Int, "Conv", [Operand::Act(aq), Operand::Weight(wq)]) =
+            (self.arith, ctx.node.op_type.as_str(), &self.operands)
+        else {
+            return Ok(None);
+        };
+        let (Grid::Int { lo, hi }, Codes::Int(w_codes)) = (aq.grid, &wq.codes) else {
+            return Ok(None);
+        };
+        // The float kernel's sums must be f32 sums (exact below 2^24), not float16 ones.
+        if ctx.accumulate != crate::numeric::Accumulator::F32 {
+            return Ok(None);
+        }
+        let x = args
+            .first()
+            .copied()
+            .flatten()
+            .ok_or_else(|| OpError("a quantized operand is missing".into()))?;
+        let fw = self
+            .kept
+            .get_or_insert(FLOAT_WEIGHTS, || FloatWeights::new(w_codes, &wq.shape));
+        let xc = aq.float_codes(x, lo, hi)?;
+        // No code is farther from the zero point than the grid's ends: where that bound
+        // already makes the product exact, the codes need no scan.
+        let grid_max = (hi - aq.zp).max(aq.zp - lo).unsigned_abs() as u64;
+        if !fw.exact_with(grid_max) && !fw.exact_with(largest_code(xc.as_f32().expect("f32"))) {
+            return Ok(None);
+        }
+        let m = wq.shape[0];
+        let bias = args
+            .get(2)
+            .copied()
+            .flatten()
+            .map(|t| t.to_f32_vec().unwrap_or_default());
+        if let Some(b) = &bias {
+            if b.len() != m {
+                return Err(OpError(format!(
+                    "bias has {} values, expected {m}",
+                    b.len()
+                )));
+            }
+        }
+        let rescale: Vec<f32> = (0..m)
+            .map(|c| aq.scale * wq.scales[c % wq.scales.len()])
+            .collect();
+        let epilogue = ctx.epilogue.filter(|_| f32_out);
+        let finish = |ch: Channels, v: &mut [f32]| {
+            let channel = |i: usize| match ch {
+                Channels::One(c) => c,
+                Channels::From(f) => f + i,
+            };
+            for (i, v) in v.iter_mut().enumerate() {
+                let c = channel(i);
+                *v *= rescale[c];
+                if let Some(b) = &bias {
+                    *v += b[c];
+                }
+            }
+            if let Some(e) = epilogue {
+                e(ch, v);
+            }
+        };
+        let attrs = ctx.attrs::<ConvAttrs>()?;
+        let y = crate::ops::conv::conv(
+            ctx,
+            attrs,
+            &xc,
+            &fw.w,
+            None,
+            Some(&finish),
+            Some(&self.kept),
+        )?;
+        if epilogue.is_some() {
+            ctx.epilogue_applied();
+        }
+        Ok(Some(y))
     }
 
     /// The kernel of an int8/fp8 layer of a plan, from its prepared operands: activations
@@ -394,7 +695,17 @@ impl IntegerKernel {
         Some(IntegerKernel {
             arith: grid.arith(),
             operands: [a, b],
+            kept: Default::default(),
         })
+    }
+}
+
+/// A float32 result in the layer's output type (float16/bfloat16 where its operands are).
+fn output_in(t: Tensor, dtype: DType) -> Tensor {
+    if dtype == DType::F32 {
+        t
+    } else {
+        crate::ops::cast::cast_tensor(&t, dtype)
     }
 }
 
@@ -705,6 +1016,7 @@ pub(crate) fn analyze(graph: &Graph, dtype_of: &DtypeOf) -> QdqAnalysis {
         kernels[k] = Some(Arc::new(IntegerKernel {
             arith: grid(&a),
             operands: [a, b],
+            kept: Default::default(),
         }));
     }
     QdqAnalysis { kernels, notes }
@@ -733,6 +1045,18 @@ mod tests {
                     panic!()
                 };
                 assert_eq!(got, want, "scale {s}");
+                // The vectorized f32 codes are the same codes, also beyond the grid, for
+                // infinities and NaN.
+                let mut odd = vals.clone();
+                odd.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30]);
+                odd.extend([(hi - zp) as f32 + 0.5, (lo - zp) as f32 - 0.5].map(|c| c * s));
+                let t = Tensor::from_f32(vec![odd.len()], odd);
+                let Codes::Int(ints) = act_codes(&q, &t).unwrap() else {
+                    panic!()
+                };
+                let floats = q.float_codes(&t, lo, hi).unwrap();
+                let floats: Vec<i32> = floats.as_f32().unwrap().iter().map(|&c| c as i32).collect();
+                assert_eq!(floats, ints, "scale {s}, f32 codes");
                 if s < 100.0 {
                     let h: Vec<f32> = vals
                         .iter()
@@ -764,6 +1088,96 @@ mod tests {
         };
         for (g, c) in got.iter().zip(&codes) {
             assert_eq!(g.to_bits() & 0x7fff_ffff, c.to_bits() & 0x7fff_ffff, "{c}");
+        }
+    }
+
+    const SX: f32 = 0.031;
+
+    fn sw(m: usize) -> f32 {
+        0.002 + m as f32 * 0.0007
+    }
+
+    /// An int8 activation (codes `x`, zero point 0) and per-channel int8 weights (`w`, output
+    /// channel first) as an integer kernel.
+    fn kernel(w: Vec<i32>, w_shape: Vec<usize>) -> IntegerKernel {
+        let m = w_shape[0];
+        IntegerKernel {
+            arith: Arith::Int,
+            operands: [
+                Operand::Act(ActQuant {
+                    scale: SX,
+                    zp: 0,
+                    grid: Grid::Int { lo: -128, hi: 127 },
+                }),
+                Operand::Weight(WeightQuant {
+                    codes: Codes::Int(w),
+                    shape: w_shape,
+                    scales: (0..m).map(sw).collect(),
+                    axis: 0,
+                }),
+            ],
+            kept: Default::default(),
+        }
+    }
+
+    /// Codes for the three regimes of the float32 paths: products exact by the grid's bound
+    /// alone (`small` weights), exact once the activation's codes are scanned (large weights,
+    /// activations of magnitude <= 40) and beyond 2^24, where only the i32 sums are exact
+    /// (large weights, activations near 127: partial sums up to 127 · 127 · taps, and f32 would
+    /// round them).
+    fn regimes(taps: usize) -> [(Vec<i32>, Vec<i32>); 3] {
+        let act = |amp: i32| (0..taps).map(|i| amp - (i as i32 * 7 % 5)).collect();
+        let weights = |amp: i32| (0..2 * taps).map(|i| amp - (i as i32 * 3 % 4)).collect();
+        [
+            (act(127), weights(9)),
+            (act(40), weights(127)),
+            (act(127), weights(127)),
+        ]
+    }
+
+    #[test]
+    fn the_float32_paths_of_conv_and_matmul_give_the_exact_integer_sums() {
+        // 2048 taps: 127 · 127 · 2048 ≈ 3.3e7 > 2^24 in the third regime.
+        let taps = 2048;
+        for (i, (x, w)) in regimes(taps).into_iter().enumerate() {
+            let want = |m: usize| {
+                let acc: i64 = (0..taps)
+                    .map(|p| x[p] as i64 * w[m * taps + p] as i64)
+                    .sum();
+                acc as f32 * (SX * sw(m))
+            };
+            if i == 2 {
+                let f32_sum = (0..taps).fold(0f32, |a, p| a + (x[p] * w[p]) as f32);
+                let exact: i64 = (0..taps).map(|p| x[p] as i64 * w[p] as i64).sum();
+                assert_ne!(f32_sum as i64, exact, "the third regime must round in f32");
+            }
+            let xs: Vec<f32> = x.iter().map(|&c| c as f32 * SX).collect();
+            // Conv: x [1, taps, 2, 8] (each channel one value) by w [2, taps, 1, 1]: 16
+            // positions, so that the product runs through the kernel's tiles, which sum each
+            // output along the taps in one accumulator.
+            let conv_node = crate::graph::testing::node("c", "Conv", &["x", "w"], &["y"]);
+            let ctx = OpCtx::new(&conv_node, 21);
+            let k = kernel(w.clone(), vec![2, taps, 1, 1]);
+            let planes: Vec<f32> = xs.iter().flat_map(|&v| [v; 16]).collect();
+            let xt = Tensor::from_f32(vec![1, taps, 2, 8], planes);
+            let y = k.run(&ctx, &[Some(&xt), None]).unwrap().remove(0);
+            let planes_want: Vec<f32> = [want(0), want(1)].iter().flat_map(|&v| [v; 16]).collect();
+            assert_eq!(y.as_f32().unwrap(), planes_want, "Conv, regime {i}");
+            // MatMul: x [1, taps] by w [taps, 2] (scales along the columns).
+            let mm_node = crate::graph::testing::node("m", "MatMul", &["x", "w"], &["y"]);
+            let ctx = OpCtx::new(&mm_node, 21);
+            let wt: Vec<i32> = (0..2 * taps).map(|j| w[(j % 2) * taps + j / 2]).collect();
+            let mut k = kernel(wt, vec![taps, 2]);
+            if let Operand::Weight(wq) = &mut k.operands[1] {
+                wq.axis = 1;
+            }
+            let xt = Tensor::from_f32(vec![1, taps], xs);
+            let y = k.run(&ctx, &[Some(&xt), None]).unwrap().remove(0);
+            assert_eq!(
+                y.as_f32().unwrap(),
+                [want(0), want(1)],
+                "MatMul, regime {i}"
+            );
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
+use super::prepacked::tag::GATHERED_WEIGHTS;
 use super::util::{input, opt_input};
 use super::{ChannelFn, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
@@ -573,9 +574,6 @@ fn channels_across_lanes(mg: usize) -> bool {
     let nr = super::sgemm::NR;
     4 * mg >= 3 * mg.div_ceil(nr) * nr
 }
-
-/// The tag of a convolution's weights packed as [`weight_panels`] packs them.
-const GATHERED_WEIGHTS: u64 = 1;
 
 /// Per group, the group's weights ([mg, rows] of `wv`) transposed and packed as the B operand
 /// of [`super::sgemm::gemm_gathered`]: row p (a tap), column an output channel.

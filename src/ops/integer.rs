@@ -16,6 +16,7 @@
 
 use super::attrs::boxed;
 use super::conv::{col2im, im2col, transpose_geometry, window, ConvAttrs};
+use super::prepacked::tag::FLOAT_WEIGHTS;
 use super::util::{broadcast_strides, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
 use crate::tensor::{DType, Tensor};
@@ -410,22 +411,45 @@ fn shifted_codes(
     }
 }
 
-/// The tag of a convolution's shifted weight codes kept as f32 ([`FloatWeights`]).
-const FLOAT_WEIGHTS: u64 = 2;
-
 /// A convolution's weight codes minus their zero points as f32 (exact: they are integers of
 /// at most 510 in magnitude), and the largest sum of their magnitudes over one output channel.
-struct FloatWeights {
-    w: Tensor,
+pub(crate) struct FloatWeights {
+    pub w: Tensor,
     max_channel_sum: u64,
+}
+
+impl FloatWeights {
+    /// The shifted codes `codes` of a weight of `shape` ([M, ...]: output channel first).
+    pub(crate) fn new(codes: &[i32], shape: &[usize]) -> FloatWeights {
+        let per_channel = shape.iter().skip(1).product::<usize>().max(1);
+        let max_channel_sum = codes
+            .chunks(per_channel)
+            .map(|c| c.iter().map(|v| v.unsigned_abs() as u64).sum::<u64>())
+            .max()
+            .unwrap_or(0);
+        let w = Tensor::from_f32(shape.to_vec(), codes.iter().map(|&v| v as f32).collect());
+        FloatWeights { w, max_channel_sum }
+    }
+
+    /// Whether the float32 convolution of integer activations of magnitude at most `max_x` by
+    /// these weights is exact: every partial sum of an output, in any order, is bounded by
+    /// `max_x` times its channel's sum of |w|, and f32 holds integers up to 2^24 exactly, so
+    /// the f32 sums are the i32 sums.
+    pub(crate) fn exact_with(&self, max_x: u64) -> bool {
+        max_x.saturating_mul(self.max_channel_sum) <= 1 << 24
+    }
+
+    /// The codes as i32 again (for [`iconv`], where the f32 product is not exact).
+    fn ints(&self) -> Vec<i32> {
+        let w = self.w.as_f32().expect("f32");
+        w.iter().map(|&v| v as i32).collect()
+    }
 }
 
 /// The integer convolution of the shifted codes `xv` (of `x`) by the weight codes at input
 /// `wi` less the zero point at input `zi`, exactly in i32: through the float32 convolution
-/// kernel (its packed panels kept with a constant weight) where every partial sum stays within
-/// 2^24 in magnitude — the largest |x| times the largest per-channel sum of |w| bounds them, and
-/// f32 holds such integers exactly, so the f32 sums are the i32 sums in any order — and through
-/// [`iconv`] otherwise. Values and output shape.
+/// kernel (its packed panels kept with a constant weight) where that is exact
+/// ([`FloatWeights::exact_with`]), through [`iconv`] otherwise. Values and output shape.
 fn iconv_op(
     ctx: &OpCtx,
     attrs: &ConvAttrs,
@@ -445,15 +469,10 @@ fn iconv_op(
         .prepacked(wi)
         .filter(|_| wz.is_none() || ctx.prepacked(zi).is_some());
     let make = || -> Result<FloatWeights, OpError> {
-        let wv = shifted_codes(w, wz, "w", Some(0))?;
-        let per_channel = w.shape().iter().skip(1).product::<usize>().max(1);
-        let max_channel_sum = wv
-            .chunks(per_channel)
-            .map(|c| c.iter().map(|v| v.unsigned_abs() as u64).sum::<u64>())
-            .max()
-            .unwrap_or(0);
-        let w = Tensor::from_f32(w.shape().to_vec(), wv.iter().map(|&v| v as f32).collect());
-        Ok(FloatWeights { w, max_channel_sum })
+        Ok(FloatWeights::new(
+            &shifted_codes(w, wz, "w", Some(0))?,
+            w.shape(),
+        ))
     };
     let fw = match keep {
         Some(kept) => kept.get_or_try_insert(FLOAT_WEIGHTS, make)?,
@@ -464,14 +483,8 @@ fn iconv_op(
         .map(|v| v.unsigned_abs() as u64)
         .max()
         .unwrap_or(0);
-    if max_x.saturating_mul(fw.max_channel_sum) > 1 << 24 {
-        let wv: Vec<i32> =
-            fw.w.as_f32()
-                .expect("f32")
-                .iter()
-                .map(|&v| v as i32)
-                .collect();
-        return iconv(attrs, xv, x_shape, &wv, w.shape());
+    if !fw.exact_with(max_x) {
+        return iconv(attrs, xv, x_shape, &fw.ints(), w.shape());
     }
     let x = Tensor::from_f32(x_shape.to_vec(), xv.iter().map(|&v| v as f32).collect());
     let y = super::conv::conv(ctx, attrs, &x, &fw.w, None, None, keep)?;

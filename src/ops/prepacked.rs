@@ -5,6 +5,18 @@
 //! input, so a kept form can never outlive or mismatch the values it was derived from.
 
 use std::any::Any;
+
+/// The tags of the kept forms, in one place so that no two kernels' forms of one input collide.
+pub mod tag {
+    /// A convolution's weights packed as `conv::weight_panels` packs them.
+    pub const GATHERED_WEIGHTS: u64 = 1;
+    /// Integer weight codes minus their zero points as f32 (`integer::FloatWeights`).
+    pub const FLOAT_WEIGHTS: u64 = 2;
+    /// A DynamicQuantizeLSTM weight's `QuantSet`.
+    pub const QUANTIZED_WEIGHTS: u64 = 3;
+    /// A quantized MatMul/Gemm operand's integer codes as f32, by operand (`exec/qdq.rs`).
+    pub const QDQ_OPERAND_CODES: [u64; 2] = [4, 5];
+}
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -15,6 +15,7 @@ use super::super::util::{input, opt_input};
 use super::super::{InputRole, OpError, Registry};
 use super::qlinear::{codes, CodeType};
 use super::MS_DOMAIN;
+use crate::ops::prepacked::tag::QUANTIZED_WEIGHTS;
 use crate::ops::recurrent::{QuantSet, QuantWeights, WeightSet};
 use crate::ops::OpCtx;
 use crate::tensor::{DType, Tensor};
@@ -63,9 +64,6 @@ pub(crate) fn quantized_weights(
         None => std::sync::Arc::new(make()?),
     }))
 }
-
-/// The tag of a DynamicQuantizeLSTM weight's [`QuantSet`] kept with it.
-const QUANTIZED_WEIGHTS: u64 = 3;
 
 /// [`quantized_weights`]' set, made from the inputs.
 fn quantized_set(
