@@ -365,6 +365,29 @@ pub fn sgemm(
     }
 }
 
+/// A constant k×n B (`b` holds it transposed, n×k, when `transposed`) packed whole into the
+/// product's panels, once: kept with the weight (one tag per orientation, since one weight
+/// may be read both ways).
+fn packed_b(
+    kept: &super::prepacked::Prepacked,
+    b: &[f32],
+    k: usize,
+    n: usize,
+    transposed: bool,
+) -> std::sync::Arc<super::sgemm::PackedB> {
+    use super::prepacked::tag::{PACKED_B, PACKED_B_TRANSPOSED};
+    let tag = if transposed {
+        PACKED_B_TRANSPOSED
+    } else {
+        PACKED_B
+    };
+    kept.get_or_insert(tag, || {
+        let (rs, cs) = if transposed { (1, k) } else { (n, 1) };
+        let strided = super::sgemm::StridedB { data: b, n, rs, cs };
+        super::sgemm::PackedB::new(k, n, &strided)
+    })
+}
+
 /// A product whose running sum is an f16 register: each step is one fused multiply-add rounded
 /// to f16 (the product of two f16 values is exact in f64, so the sum is rounded once per step),
 /// as fp16-accumulating GPU kernels compute. Scalar and slow; used only with `--accumulate f16`.
@@ -428,6 +451,16 @@ fn to_dtype(shape: Vec<usize>, v: Vec<f32>, dtype: DType) -> Tensor {
 /// NumPy matmul semantics: 1-D operands are promoted and the added dim removed afterwards;
 /// batch dims broadcast.
 pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
+    matmul_kept(acc, a, b, None)
+}
+
+/// [`matmul`], with a constant B's packed panels kept in `kept` (made on the first run).
+pub fn matmul_kept(
+    acc: Accumulator,
+    a: &Tensor,
+    b: &Tensor,
+    kept: Option<&super::prepacked::Prepacked>,
+) -> Result<Tensor, OpError> {
     if a.rank() == 0 || b.rank() == 0 {
         return Err(OpError("MatMul operands must have rank >= 1".into()));
     }
@@ -462,7 +495,13 @@ pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpErro
     let bst = strides_of(&batch);
     // A batch whose B is shared and A contiguous is one big product (m·batch rows).
     if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
-        sgemm(acc, nb * m, n, k, &av, false, &bv, false, out_values, false);
+        match kept.filter(|_| acc == Accumulator::F32) {
+            Some(kept) => {
+                let packed = packed_b(kept, &bv, k, n, false);
+                super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
+            }
+            None => sgemm(acc, nb * m, n, k, &av, false, &bv, false, out_values, false),
+        }
     } else if m * n > 0 {
         let run = |i: usize, dst: &mut [f32]| {
             let (mut oa, mut ob) = (0, 0);
@@ -637,7 +676,12 @@ fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
 
 fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     use rayon::prelude::*;
-    let mut y = matmul(ctx.accumulate, input(inputs, 0)?, input(inputs, 1)?)?;
+    let mut y = matmul_kept(
+        ctx.accumulate,
+        input(inputs, 0)?,
+        input(inputs, 1)?,
+        ctx.prepacked(1),
+    )?;
     if let (Some(epilogue), [.., n]) = (ctx.epilogue, y.shape()) {
         let n = *n;
         if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
@@ -711,7 +755,18 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let mut out = unsafe {
         super::util::unzeroed_f32(m * n, |o| {
             let o = super::util::assume_written(o);
-            sgemm(ctx.accumulate, m, n, k, &av, ta, &bv, tb, o, false)
+            match ctx
+                .prepacked(1)
+                .filter(|_| ctx.accumulate == Accumulator::F32)
+            {
+                // A constant B (a weight) packed once, in its orientation.
+                Some(kept) => {
+                    let packed = packed_b(kept, &bv, k, n, tb);
+                    let (a_rs, a_cs) = if ta { (1, m) } else { (k, 1) };
+                    super::sgemm::gemm(m, n, k, &av, a_rs, a_cs, &*packed, o, n, false)
+                }
+                None => sgemm(ctx.accumulate, m, n, k, &av, ta, &bv, tb, o, false),
+            }
         })
     };
     if alpha != 1.0 {

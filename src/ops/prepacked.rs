@@ -16,6 +16,10 @@ pub mod tag {
     pub const QUANTIZED_WEIGHTS: u64 = 3;
     /// A quantized MatMul/Gemm operand's integer codes as f32, by operand (`exec/qdq.rs`).
     pub const QDQ_OPERAND_CODES: [u64; 2] = [4, 5];
+    /// A MatMul's or Gemm's constant B packed whole into panels (`sgemm::PackedB`), as
+    /// stored and as stored transposed (Gemm's `transB`).
+    pub const PACKED_B: u64 = 6;
+    pub const PACKED_B_TRANSPOSED: u64 = 7;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
