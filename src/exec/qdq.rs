@@ -383,11 +383,20 @@ impl IntegerKernel {
                 };
                 let mut y = acc;
                 let col_scales: Vec<f32> = (0..n).map(|col| self.scale(1, col)).collect();
+                // A float32 output takes the layer's epilogue row by row (a column is a
+                // channel), as the float MatMul's does.
+                let epilogue = ctx.epilogue.filter(|_| out_dtype == DType::F32);
                 for (r, row) in y.chunks_mut(n.max(1)).enumerate() {
                     let row_scale = self.scale(0, r % m.max(1));
                     for (v, &col_scale) in row.iter_mut().zip(&col_scales) {
                         *v *= row_scale * col_scale;
                     }
+                    if let Some(e) = epilogue {
+                        e(Channels::From(0), row);
+                    }
+                }
+                if epilogue.is_some() {
+                    ctx.epilogue_applied();
                 }
                 (y, shape)
             }
@@ -1305,6 +1314,42 @@ mod graph_tests {
     }
 
     #[test]
+    fn a_quantized_matmul_takes_its_pointwise_layers_as_an_epilogue_with_the_same_bits() {
+        // MatMul (quantized kernel) → Add bias → Sigmoid → Mul (SiLU, the Mul reads the Add).
+        let mut g = qdq_matmul(false);
+        g.nodes[3].outputs = vec!["mm".into()];
+        g.nodes.push(node("add", "Add", &["mm", "bias"], &["a"]));
+        g.nodes.push(node("sig", "Sigmoid", &["a"], &["s"]));
+        g.nodes.push(node("silu", "Mul", &["a", "s"], &["y"]));
+        g.initializers.insert(
+            "bias".into(),
+            Tensor::from_f32(vec![N], (0..N).map(|j| j as f32 * 0.25 - 1.0).collect()),
+        );
+        let mut plan = PrecisionPlan::uniform(&g, Precision::Float32);
+        plan.fusion = FusionModel::TensorRt;
+        let p = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+        let interp = Interpreter::new(&g).unwrap();
+        assert!(p.layers[3].integer.is_some());
+        let (fused, times) = interp.run_profiled(&feeds(), Some(&p)).unwrap();
+        let mm = times.iter().find(|t| t.name == "mm").unwrap();
+        assert_eq!(
+            mm.fused_ops,
+            ["Add", "Sigmoid", "Mul"],
+            "the chain ran as its epilogue"
+        );
+        // Kept intermediates: every layer on its own.
+        let opts = RunOptions {
+            keep_intermediates: true,
+        };
+        let alone = interp.run_plan(&feeds(), &opts, &p).unwrap();
+        let bits = |r: &crate::exec::RunResult| -> Vec<u32> {
+            let y = r.outputs.iter().find(|(n, _)| n == "y").unwrap();
+            y.1.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&fused), bits(&alone));
+    }
+
+    #[test]
     fn blocked_weight_scales_with_a_quantized_activation_fall_back_with_a_note() {
         let g = qdq_matmul(true);
         let (trt, p) = run(&g, FusionModel::TensorRt);
@@ -1532,6 +1577,39 @@ mod conv_tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_quantized_conv_takes_its_pointwise_layers_as_an_epilogue_with_the_same_bits() {
+        // Conv (quantized kernel) → Sigmoid → Mul (SiLU).
+        let mut g = model(None);
+        let conv = g.nodes.iter().position(|n| n.name == "conv").unwrap();
+        g.nodes[conv].outputs = vec!["c".into()];
+        g.nodes.push(node("sig", "Sigmoid", &["c"], &["s"]));
+        g.nodes.push(node("silu", "Mul", &["c", "s"], &["y"]));
+        let mut plan = PrecisionPlan::uniform(&g, Precision::Float32);
+        plan.fusion = FusionModel::TensorRt;
+        let p = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+        assert!(p.layers[conv].integer.is_some());
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![1, 2, 4, 4], x()));
+        let interp = Interpreter::new(&g).unwrap();
+        let (fused, times) = interp.run_profiled(&f, Some(&p)).unwrap();
+        let c = times.iter().find(|t| t.name == "conv").unwrap();
+        assert_eq!(
+            c.fused_ops,
+            ["Sigmoid", "Mul"],
+            "the chain ran as its epilogue"
+        );
+        let opts = RunOptions {
+            keep_intermediates: true,
+        };
+        let alone = interp.run_plan(&f, &opts, &p).unwrap();
+        let bits = |r: &crate::exec::RunResult| -> Vec<u32> {
+            let y = r.outputs.iter().find(|(n, _)| n == "y").unwrap();
+            y.1.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(bits(&fused), bits(&alone));
     }
 
     #[test]
