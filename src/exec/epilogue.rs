@@ -11,8 +11,9 @@
 //! Conv → Sigmoid, Mul = SiLU; a decomposed HardSwish). [`Epilogue::prepare`] makes a chain's
 //! stages for one run where that run cannot tell either: no observer, no cache, no kept
 //! intermediates, and every layer of the chain writing the same float precision without fusion
-//! regions or a quantized kernel of its own (an int8/fp8 layer writes float32: its inputs are
-//! quantized before the kernel, so an int8 Conv takes its float32 Relu as an epilogue). Each
+//! regions (an int8/fp8 layer writes float32: its inputs are quantized before the kernel, so an
+//! int8 Conv takes its float32 Relu as an epilogue; so does a quantized kernel of `exec/qdq.rs`
+//! that writes float32). Each
 //! stage computes exactly its kernel's float32 values, and each layer's output is rounded as
 //! the interpreter would round it, so the results are the same bits as running the layers one
 //! by one (`tests`).

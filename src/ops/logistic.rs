@@ -258,9 +258,22 @@ unsafe fn map_into_fma<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f3
     map_into_generic(src, dst, f)
 }
 
-/// `dst[i] = f(src[i])`, the loop compiled for AVX2+FMA where the CPU has them (`f` is one of
-/// this file's branch-free functions, inlined into the vector loop).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn map_into_avx512<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F) {
+    map_into_generic(src, dst, f)
+}
+
+/// `dst[i] = f(src[i])`, the loop compiled for AVX-512 or AVX2+FMA where the CPU has them (`f`
+/// is one of this file's branch-free functions, inlined into the vector loop; the same IEEE
+/// steps in lanes of either width, so the same bits).
 fn map_into<F: Fn(f32) -> f32>(src: &[f32], dst: &mut [MaybeUninit<f32>], f: &F) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has the features the function was compiled for.
+        return unsafe { map_into_avx512(src, dst, f) };
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         // SAFETY: the CPU has the features the function was compiled for.
@@ -440,6 +453,53 @@ mod tests {
             .map(|y| y.to_bits())
             .collect();
         assert_eq!(par, scalar);
+    }
+
+    #[test]
+    fn every_function_gives_the_same_bits_in_scalar_avx2_and_avx512_loops() {
+        let mut xs: Vec<f32> = (0..4099)
+            .map(|i| ((i as f32) * 0.618_034).sin() * 12.0)
+            .collect();
+        xs.extend([
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -88.5,
+            88.5,
+        ]);
+        /// The function's loop on every path the CPU has (generic over `F`, so that `f` is
+        /// inlined into each loop and vectorized with its features).
+        fn check<F: Fn(f32) -> f32>(name: &str, xs: &[f32], f: F) {
+            let bits = |out: &mut [MaybeUninit<f32>]| -> Vec<u32> {
+                // SAFETY: every path writes every value.
+                unsafe { crate::ops::util::assume_written(out) }
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect()
+            };
+            let mut out = vec![MaybeUninit::<f32>::uninit(); xs.len()];
+            map_into_generic(xs, &mut out, &f);
+            let scalar = bits(&mut out);
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                // SAFETY: the CPU has the features.
+                unsafe { map_into_fma(xs, &mut out, &f) };
+                assert_eq!(bits(&mut out), scalar, "{name}: AVX2");
+                if is_x86_feature_detected!("avx512f") {
+                    // SAFETY: as above.
+                    unsafe { map_into_avx512(xs, &mut out, &f) };
+                    assert_eq!(bits(&mut out), scalar, "{name}: AVX-512");
+                }
+            }
+        }
+        check("logistic", &xs, logistic);
+        check("tanh", &xs, tanh);
+        check("erf", &xs, erf);
+        check("gelu_erf", &xs, gelu_erf);
+        check("gelu_tanh", &xs, gelu_tanh);
     }
 
     #[test]
