@@ -139,6 +139,11 @@ fn act_codes(q: &ActQuant, t: &Tensor) -> Result<Codes, OpError> {
 }
 
 impl ActQuant {
+    /// The largest magnitude a code minus the zero point can have on the grid `lo..=hi`.
+    fn farthest_code(&self, lo: i32, hi: i32) -> u64 {
+        (hi - self.zp).max(self.zp - lo).unsigned_abs() as u64
+    }
+
     /// The codes (minus the zero point) of an integer grid read back from `t` as f32 values:
     /// the same codes as [`act_codes`], in the vectorized map (a branch-free select instead of
     /// the early return for NaN).
@@ -333,19 +338,7 @@ impl IntegerKernel {
                 };
                 let m = shape[1];
                 let o_sz: usize = shape[2..].iter().product();
-                let bias = args
-                    .get(2)
-                    .copied()
-                    .flatten()
-                    .map(|t| t.to_f32_vec().unwrap_or_default());
-                if let Some(b) = &bias {
-                    if b.len() != m {
-                        return Err(OpError(format!(
-                            "bias has {} values, expected {m}",
-                            b.len()
-                        )));
-                    }
-                }
+                let bias = conv_bias(args, m)?;
                 let sx = a.scale(0);
                 let mut y = acc;
                 for (i, ch) in y.chunks_mut(o_sz.max(1)).enumerate() {
@@ -522,7 +515,7 @@ impl IntegerKernel {
                 } else {
                     t
                 };
-                let max_abs = (hi - a.zp).max(a.zp - lo).unsigned_abs() as u64;
+                let max_abs = a.farthest_code(lo, hi);
                 Ok(Some(Arc::new(FloatOperand {
                     codes: t,
                     max_abs,
@@ -605,24 +598,13 @@ impl IntegerKernel {
         let xc = aq.float_codes(x, lo, hi)?;
         // No code is farther from the zero point than the grid's ends: where that bound
         // already makes the product exact, the codes need no scan.
-        let grid_max = (hi - aq.zp).max(aq.zp - lo).unsigned_abs() as u64;
-        if !fw.exact_with(grid_max) && !fw.exact_with(largest_code(xc.as_f32().expect("f32"))) {
+        if !fw.exact_with(aq.farthest_code(lo, hi))
+            && !fw.exact_with(largest_code(xc.as_f32().expect("f32")))
+        {
             return Ok(None);
         }
         let m = wq.shape[0];
-        let bias = args
-            .get(2)
-            .copied()
-            .flatten()
-            .map(|t| t.to_f32_vec().unwrap_or_default());
-        if let Some(b) = &bias {
-            if b.len() != m {
-                return Err(OpError(format!(
-                    "bias has {} values, expected {m}",
-                    b.len()
-                )));
-            }
-        }
+        let bias = conv_bias(args, m)?;
         let rescale: Vec<f32> = (0..m)
             .map(|c| aq.scale * wq.scales[c % wq.scales.len()])
             .collect();
@@ -706,6 +688,22 @@ impl IntegerKernel {
             operands: [a, b],
             kept: Default::default(),
         })
+    }
+}
+
+/// A convolution's bias (input 2) as f32 values, checked to hold one per output channel.
+fn conv_bias(args: &[Option<&Tensor>], channels: usize) -> Result<Option<Vec<f32>>, OpError> {
+    let bias = args
+        .get(2)
+        .copied()
+        .flatten()
+        .map(|t| t.to_f32_vec().unwrap_or_default());
+    match &bias {
+        Some(b) if b.len() != channels => Err(OpError(format!(
+            "bias has {} values, expected {channels}",
+            b.len()
+        ))),
+        _ => Ok(bias),
     }
 }
 
