@@ -1,7 +1,9 @@
 //! The f32 matrix product every float kernel runs on (MatMul, Gemm, Conv, the recurrent and
 //! attention ops): `C (+)= A·B` over packed panels and a 6×16 register tile, AVX2 + FMA where
-//! the CPU has them, a scalar loop of fused multiply-adds elsewhere; the gathered product
-//! (convolutions) takes two panels at once in a 6×32 AVX-512 tile where the CPU has AVX-512F.
+//! the CPU has them, a scalar loop of fused multiply-adds elsewhere; both the plain and the
+//! gathered product (convolutions) take two full panels at once in a 6×32 AVX-512 tile where
+//! the CPU has AVX-512F. A B packed whole once ([`PackedB`]: a convolution's or a MatMul's
+//! weights) is read where its panels lie.
 //!
 //! **Every output element is one chain of fused multiply-adds over k in order**, starting from
 //! +0 (or from C's value when accumulating): `c = fma(a[k-1], b[k-1], … fma(a[0], b[0], 0))`.
