@@ -365,6 +365,19 @@ pub fn sgemm(
     }
 }
 
+/// Most bytes of a weight kept packed a second time (see [`keeps_packed_b`]).
+const MAX_PACKED_B_BYTES: usize = 16 << 20;
+
+/// Whether a product of `rows` rows by a constant k×n weight keeps the weight packed (a copy
+/// beside it, as ONNX Runtime's prepacking keeps one): only where the product packs B on every
+/// run anyway (more rows than `sgemm::gemm` reads B in place for) and the copy is at most
+/// [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its weights' (a 3 GB chain of
+/// one-row MatMuls, `bench/bigmodel.sh`, keeps none); the other products run as before.
+fn keeps_packed_b(rows: usize, k: usize, n: usize) -> bool {
+    rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
+        && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES
+}
+
 /// A constant k×n B (`b` holds it transposed, n×k, when `transposed`) packed whole into the
 /// product's panels, once: kept with the weight (one tag per orientation, since one weight
 /// may be read both ways).
@@ -495,7 +508,7 @@ pub fn matmul_kept(
     let bst = strides_of(&batch);
     // A batch whose B is shared and A contiguous is one big product (m·batch rows).
     if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
-        match kept.filter(|_| acc == Accumulator::F32) {
+        match kept.filter(|_| acc == Accumulator::F32 && keeps_packed_b(nb * m, k, n)) {
             Some(kept) => {
                 let packed = packed_b(kept, &bv, k, n, false);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
@@ -757,7 +770,7 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             let o = super::util::assume_written(o);
             match ctx
                 .prepacked(1)
-                .filter(|_| ctx.accumulate == Accumulator::F32)
+                .filter(|_| ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n))
             {
                 // A constant B (a weight) packed once, in its orientation.
                 Some(kept) => {
@@ -1140,6 +1153,43 @@ mod tests {
         let c = matmul(Accumulator::F32, &a, &b).unwrap();
         assert_eq!(c.shape(), &[2, 3, 1, 1]);
         assert_eq!(c.as_f32().unwrap(), &[3., 6., 9., 7., 14., 21.]);
+    }
+
+    /// A constant weight is packed a second time only where the product would pack it on every
+    /// run anyway (more than 72 rows) and the copy is small; the products agree either way.
+    #[test]
+    fn a_weight_is_kept_packed_only_where_the_product_packs_it_anyway() {
+        let (k, n) = (40, 48);
+        let b = Tensor::from_f32(
+            vec![k, n],
+            (0..k * n)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                .collect(),
+        );
+        let rows = |m: usize| {
+            Tensor::from_f32(
+                vec![m, k],
+                (0..m * k)
+                    .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
+                    .collect(),
+            )
+        };
+        for (m, packed) in [(1, false), (72, false), (73, true), (200, true)] {
+            let kept = crate::ops::prepacked::Prepacked::default();
+            let y = matmul_kept(Accumulator::F32, &rows(m), &b, Some(&kept)).unwrap();
+            assert_eq!(kept.len(), packed as usize, "{m} rows");
+            let want = matmul(Accumulator::F32, &rows(m), &b).unwrap();
+            for (a, w) in y.as_f32().unwrap().iter().zip(want.as_f32().unwrap()) {
+                assert!(
+                    (a - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{m} rows: {a} vs {w}"
+                );
+            }
+        }
+        // A weight of more than 16 MiB is not copied, whatever the rows.
+        assert!(keeps_packed_b(1000, 2048, 2048));
+        assert!(!keeps_packed_b(1000, 2048, 2049));
+        assert!(!keeps_packed_b(72, 16, 16));
     }
 
     /// Every output value is written by a product (the output is not zeroed first): empty

@@ -24,7 +24,7 @@ const KC: usize = 256;
 /// A panels up to which a B in rows is read in place rather than packed: packing pays only
 /// when enough A panels reuse the packed copy (measured with examples of Conv and MatMul
 /// shapes: in place is faster for m <= 64, packed for m >= 128).
-const DIRECT_B_PANELS: usize = 12;
+pub const DIRECT_B_PANELS: usize = 12;
 /// Work (m·n·k) above which a product is split over threads.
 const PARALLEL_WORK: usize = 1 << 18;
 
