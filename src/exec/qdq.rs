@@ -117,24 +117,22 @@ struct Prepared {
     axis: Option<usize>,
 }
 
-/// Reads the codes of a dequantized activation back (see the module documentation).
+/// Reads the codes of a dequantized activation back (see the module documentation): integer
+/// grids through [`ActQuant::float_codes`] (one rule for both paths).
 fn act_codes(q: &ActQuant, t: &Tensor) -> Result<Codes, OpError> {
-    let v = t
-        .to_f32_vec()
-        .ok_or_else(|| OpError(format!("a quantized operand has dtype {}", t.dtype())))?;
     Ok(match q.grid {
-        Grid::Int { lo, hi } => Codes::Int(
-            v.iter()
-                .map(|&x| {
-                    if x.is_nan() {
-                        return 0;
-                    }
-                    let r = (x / q.scale).round_ties_even().clamp(-1e6, 1e6) as i32;
-                    (r + q.zp).clamp(lo, hi) - q.zp
-                })
-                .collect(),
-        ),
-        Grid::Float8(p) => Codes::Float(v.iter().map(|&x| quantize(x, q.scale, p)).collect()),
+        Grid::Int { lo, hi } => {
+            let codes = q.float_codes(t, lo, hi)?;
+            // The codes are integers inside the grid less the zero point: exact as i32.
+            let codes = codes.as_f32().expect("f32");
+            Codes::Int(codes.iter().map(|&c| c as i32).collect())
+        }
+        Grid::Float8(p) => {
+            let v = t
+                .to_f32_vec()
+                .ok_or_else(|| OpError(format!("a quantized operand has dtype {}", t.dtype())))?;
+            Codes::Float(v.iter().map(|&x| quantize(x, q.scale, p)).collect())
+        }
     })
 }
 
@@ -1052,18 +1050,16 @@ mod tests {
                     panic!()
                 };
                 assert_eq!(got, want, "scale {s}");
-                // The vectorized f32 codes are the same codes, also beyond the grid, for
-                // infinities and NaN.
-                let mut odd = vals.clone();
-                odd.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30]);
-                odd.extend([(hi - zp) as f32 + 0.5, (lo - zp) as f32 - 0.5].map(|c| c * s));
-                let t = Tensor::from_f32(vec![odd.len()], odd);
-                let Codes::Int(ints) = act_codes(&q, &t).unwrap() else {
+                // Beyond the grid the codes saturate; NaN reads as the zero point.
+                let odd = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e30, -1e30]
+                    .into_iter()
+                    .chain([(hi - zp) as f32 + 0.6, (lo - zp) as f32 - 0.6].map(|c| c * s));
+                let t = Tensor::from_f32(vec![7], odd.collect());
+                let Codes::Int(got) = act_codes(&q, &t).unwrap() else {
                     panic!()
                 };
-                let floats = q.float_codes(&t, lo, hi).unwrap();
-                let floats: Vec<i32> = floats.as_f32().unwrap().iter().map(|&c| c as i32).collect();
-                assert_eq!(floats, ints, "scale {s}, f32 codes");
+                let (top, bottom) = (hi - zp, lo - zp);
+                assert_eq!(got, [0, top, bottom, top, bottom, top, bottom], "scale {s}");
                 if s < 100.0 {
                     let h: Vec<f32> = vals
                         .iter()
