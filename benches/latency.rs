@@ -17,8 +17,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    // What the mixprec binary runs with (src/alloc.rs).
+    // What the mixprec binary runs with (src/alloc.rs, src/threads.rs).
     mixprec::alloc::keep_freed_memory_for_reuse();
+    mixprec::threads::run_kernels_on_the_calling_thread(None).expect("the kernels' pool");
     let mut args: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| a != "--bench")

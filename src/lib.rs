@@ -26,6 +26,7 @@ pub mod precision;
 pub mod quantize;
 pub mod search;
 pub mod tensor;
+pub mod threads;
 
 pub use error::{Error, Result};
 pub use exec::{Feeds, Interpreter, RunOptions, RunResult};

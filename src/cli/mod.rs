@@ -59,13 +59,9 @@ pub fn main() -> ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Polygraphy runs and compares runners in command-line order.
     let trt_first = matches.subcommand_matches("run").is_none_or(run::trt_first);
-    if let Some(n) = cli.threads {
-        if let Err(e) = rayon::ThreadPoolBuilder::new()
-            .num_threads(n.max(1))
-            .build_global()
-        {
-            eprintln!("warning: --threads {n} not applied: {e}");
-        }
+    // Models run on this thread, as worker 0 of the kernels' pool (crate::threads).
+    if let Err(e) = crate::threads::run_kernels_on_the_calling_thread(cli.threads) {
+        eprintln!("warning: the kernels' thread pool was not set up: {e}");
     }
     let result = match cli.command {
         Command::Inspect(a) => inspect::run(a),

@@ -42,8 +42,10 @@ pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 /// Runs `f` on a thread of rayon's pool (it is run where it is when already there). The
 /// kernels' parallel loops then start from a worker, which shares work through its own queue,
 /// instead of handing every loop from an outside thread to the pool and sleeping until it is
-/// done — on small models that hand-off was a quarter of the time. Results do not depend on
-/// the thread (kernels are deterministic for any thread count).
+/// done — on small models that hand-off was a quarter of the time. The binaries make their
+/// main thread worker 0 of the pool ([`crate::threads`]), so that a run starts where it is
+/// called. Results do not depend on the thread (kernels are deterministic for any thread
+/// count).
 fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
         f()

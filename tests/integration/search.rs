@@ -531,14 +531,20 @@ fn trials_of(result: &std::path::Path) -> Vec<(String, Vec<u64>, bool)> {
 #[test]
 fn jobs_evaluate_ahead_without_changing_the_search() {
     let mut trials = Vec::new();
-    for jobs in ["1", "3"] {
-        let (log, t) = minimal_trials("planted_transformer", &["--jobs", jobs]);
+    // `--threads 1`: the kernels' pool is the main thread alone (src/threads.rs), which must
+    // then run the jobs it hands out itself.
+    for (jobs, threads) in [("1", "2"), ("3", "2"), ("3", "1")] {
+        let (log, t) = minimal_trials(
+            "planted_transformer",
+            &["--jobs", jobs, "--threads", threads],
+        );
         let ahead = log.contains("evaluated ahead and not needed");
         assert_eq!(ahead, jobs != "1", "{log}");
         trials.push(t);
     }
     assert!(trials[0].len() > 4, "{:?}", trials[0]);
     assert_eq!(trials[0], trials[1]);
+    assert_eq!(trials[0], trials[2]);
     let m = model("planted_transformer");
     let out = mixprec(&["debug", "precision", m.as_str(), "--fp16", "--jobs", "0"]);
     assert!(!out.status.success());
