@@ -126,6 +126,8 @@ pub struct PreparedPlan {
     /// The fusion model's reading of the graph (None without one), kept to derive the regions
     /// of composed plans.
     analysis: Option<std::sync::Arc<FusionAnalysis>>,
+    /// The epilogues this plan's runs made (empty in a clone).
+    pub(super) epilogues: super::epilogue::Cache,
 }
 
 impl PreparedPlan {
@@ -291,6 +293,7 @@ impl PreparedPlan {
             regions,
             explicit: n_explicit,
             analysis,
+            epilogues: Default::default(),
         })
     }
 
@@ -330,6 +333,8 @@ impl PreparedPlan {
     /// Derives the regions again for the current precisions (a composed plan under a fusion
     /// model) and updates every layer's region treatment.
     fn rederive_regions(&mut self) -> Result<()> {
+        // Epilogues made under the old regions may no longer apply.
+        self.epilogues = Default::default();
         let Some(a) = self.analysis.clone() else {
             return Ok(());
         };

@@ -156,6 +156,8 @@ pub struct Interpreter<'g> {
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
     /// Per step: the pointwise layers after it that may run as its epilogue.
     chains: Vec<Option<epilogue::Chain>>,
+    /// The epilogues runs without a plan made (a plan keeps its own).
+    epilogues: epilogue::Cache,
 }
 
 /// The [`SubgraphRunner`] a control-flow node's kernel gets.
@@ -369,6 +371,7 @@ impl<'g> Interpreter<'g> {
             outer_names,
             outer_weights,
             checked_shapes: Default::default(),
+            epilogues: Default::default(),
         })
     }
 
@@ -877,16 +880,20 @@ impl<'g> Interpreter<'g> {
                             .and_then(|d| d.epilogue)
                             .and_then(|f| f(args));
                         match shape {
-                            Some(shape) => epilogue::Epilogue::prepare(
-                                chain,
-                                idx,
-                                self.graph,
-                                &|n| self.weight(n),
-                                &self.steps,
-                                plan.map(|p| p.layers.as_slice()),
-                                shape,
-                            )?
-                            .map(|e| (chain, e)),
+                            Some(shape) => plan
+                                .map_or(&self.epilogues, |p| &p.epilogues)
+                                .get_or_make(idx, shape, || {
+                                    epilogue::Epilogue::prepare(
+                                        chain,
+                                        idx,
+                                        self.graph,
+                                        &|n| self.weight(n),
+                                        &self.steps,
+                                        plan.map(|p| p.layers.as_slice()),
+                                        shape,
+                                    )
+                                })?
+                                .map(|e| (chain, e)),
                             None => None,
                         }
                     }

@@ -74,18 +74,22 @@ pub type ChannelFn<'a> = dyn Fn(Channels, &mut [f32]) + Sync + 'a;
 /// before the layer's output rounding.
 pub enum Stage {
     /// In place on values of the chained value (their channels, values).
-    Map(Box<ChannelFn<'static>>),
+    Map(Box<MapFn>),
     /// Two chained values of the same shape combined elementwise, `a[i] = f(a[i], b[i])`, `a`
     /// the op's first input (slices of the same length).
     Combine(Box<CombineFn>),
 }
 
+/// `v[i] = f(v[i])` for an epilogue's one-input stage, told the values' channels (Send:
+/// interpreters keep epilogues for later runs, `exec::epilogue::Cache`).
+pub type MapFn = dyn Fn(Channels, &mut [f32]) + Send + Sync;
+
 /// `a[i] = f(a[i], b[i])` for an epilogue's two-input stage.
-pub type CombineFn = dyn Fn(&mut [f32], &[f32]) + Sync;
+pub type CombineFn = dyn Fn(&mut [f32], &[f32]) + Send + Sync;
 
 /// The chained values of an epilogue: float32 tensors of this rank with `channels` values
 /// along `axis` (1 for [N, C, ...], rank − 1 for a matrix product's columns).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ChainShape {
     pub rank: usize,
     pub channels: usize,
