@@ -408,10 +408,7 @@ pub fn gemm_gathered(
                     // accumulators of 16 lanes (the 6×16 AVX2 tile fills half of each FMA).
                     #[cfg(target_arch = "x86_64")]
                     if wide && !pair && it + 1 < it1 && i0 + 2 * MR <= m {
-                        let mut origins = [image.as_ptr(); 2 * MR];
-                        for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + 2 * MR]) {
-                            *o = image[row..].as_ptr();
-                        }
+                        let origins: [*const f32; 2 * MR] = row_starts(image, &rows[i0..]);
                         // SAFETY: as below; the block holds the 12 rows (it + 1 < it1) of
                         // whole panels (columns past n are zeros in B, written where nothing
                         // reads them).
@@ -430,10 +427,7 @@ pub fn gemm_gathered(
                         continue;
                     }
                     it += 1;
-                    let mut origins = [image.as_ptr(); MR];
-                    for (o, &row) in origins.iter_mut().zip(&rows[i0..i0 + tile_rows]) {
-                        *o = image[row..].as_ptr();
-                    }
+                    let origins: [*const f32; MR] = row_starts(image, &rows[i0..i0 + tile_rows]);
                     // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
                     // a panel holds kc rows of NR values; the tile (at most MR rows of its
                     // panels' columns) lies inside this thread's block, sized above.
@@ -491,6 +485,16 @@ pub fn gemm_gathered(
     } else {
         (0..tasks).for_each(run);
     }
+}
+
+/// Where each of a tile's gathered rows starts in `image`: the first R of `rows` (fewer
+/// rows: the rest start at the image's start, rows the tile computes but nothing reads).
+fn row_starts<const R: usize>(image: &[f32], rows: &[usize]) -> [*const f32; R] {
+    let mut starts = [image.as_ptr(); R];
+    for (s, &row) in starts.iter_mut().zip(rows) {
+        *s = image[row..].as_ptr();
+    }
+    starts
 }
 
 /// Where a tile reads its A values: element (r, p) of the tile (row r < MR, step p < kc).
