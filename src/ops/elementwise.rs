@@ -644,7 +644,7 @@ fn leaky_relu(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )
 }
 
-fn leaky_relu_f32(a: f32) -> impl Fn(f32) -> f32 + Send + Sync + 'static {
+fn leaky_relu_f32(a: f32) -> impl Fn(f32) -> f32 + Copy + Send + Sync + 'static {
     move |x| if x >= 0.0 { x } else { a * x }
 }
 
@@ -712,7 +712,7 @@ fn hard_sigmoid(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )
 }
 
-fn hard_sigmoid_f32(a: f32, b: f32) -> impl Fn(f32) -> f32 + Send + Sync + 'static {
+fn hard_sigmoid_f32(a: f32, b: f32) -> impl Fn(f32) -> f32 + Copy + Send + Sync + 'static {
     move |x| (a * x + b).clamp(0.0, 1.0)
 }
 
@@ -768,7 +768,7 @@ fn register_stages(r: &mut Registry) {
         let (lo, hi) = clip_bounds(ctx, i, DType::F32)?;
         let (lo, hi) = (lo as f32, hi as f32);
         Ok(Some(Stage::Map(Box::new(move |_, v: &mut [f32]| {
-            v.iter_mut().for_each(|x| *x = clip_f32(*x, lo, hi))
+            super::vector::map_in_place(v, move |x| clip_f32(x, lo, hi))
         }))))
     });
     r.def_mut("Add")
@@ -786,12 +786,9 @@ fn per_channel_map(chans: super::Channels, v: &mut [f32], c: &[f32], g: impl Fn(
     match chans {
         super::Channels::One(ch) => {
             let k = c[ch];
-            v.iter_mut().for_each(|x| *x = g(*x, k))
+            super::vector::map_in_place(v, move |x| g(x, k))
         }
-        super::Channels::From(first) => v
-            .iter_mut()
-            .zip(&c[first..])
-            .for_each(|(x, &k)| *x = g(*x, k)),
+        super::Channels::From(first) => super::vector::zip_in_place(v, &c[first..], g),
     }
 }
 
@@ -802,10 +799,13 @@ fn slice_stage(chained: &[bool], f: fn(&mut [f32])) -> Option<Stage> {
 }
 
 /// A unary float map on its one chained input.
-fn map_stage(chained: &[bool], f: impl Fn(f32) -> f32 + Send + Sync + 'static) -> Option<Stage> {
+fn map_stage(
+    chained: &[bool],
+    f: impl Fn(f32) -> f32 + Copy + Send + Sync + 'static,
+) -> Option<Stage> {
     (chained == [true]).then(|| {
         Stage::Map(Box::new(move |_, v: &mut [f32]| {
-            v.iter_mut().for_each(|x| *x = f(*x))
+            super::vector::map_in_place(v, f)
         }))
     })
 }

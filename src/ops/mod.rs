@@ -35,6 +35,7 @@ pub mod signal;
 pub mod softmax;
 pub mod unique;
 pub mod util;
+pub(crate) mod vector;
 
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::{Graph, Node};

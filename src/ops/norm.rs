@@ -227,7 +227,7 @@ fn batch_norm_coefficients(
 /// `x·a + b` for every value of one channel: a product and a sum, each rounded (no fused
 /// multiply-add), in the kernel and as an epilogue stage alike.
 fn affine(plane: &mut [f32], a: f32, b: f32) {
-    plane.iter_mut().for_each(|p| *p = *p * a + b);
+    super::vector::map_in_place(plane, move |p| p * a + b);
 }
 
 /// BatchNormalization as an epilogue stage: the same `x·a + b` per channel as its kernel.
