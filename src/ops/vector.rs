@@ -100,19 +100,33 @@ mod tests {
         let clip = move |x: f32| if x.is_nan() { x } else { x.max(lo).min(hi) };
         let hard_swish = |x: f32| x * ((x + 3.0).clamp(0.0, 6.0) / 6.0);
         let divide = |a: f32, b: f32| a / b;
+        // A product and a sum, each rounded (BatchNormalization's): the FMA loop must not fuse
+        // them (0.1 · 3 + c differs from fma(0.1, 3, c) in the last bit for many c).
+        let affine = |x: f32| x * 0.1 + 0.3;
         let (mut clip_base, mut swish_base, mut zip_base) = (xs.clone(), xs.clone(), xs.clone());
+        let mut affine_base = xs.clone();
         map_body(&mut clip_base, &clip);
         map_body(&mut swish_base, &hard_swish);
         zip_body(&mut zip_base, &ys, &divide);
+        map_body(&mut affine_base, &affine);
+        let fused: Vec<u32> = xs.iter().map(|x| x.mul_add(0.1, 0.3).to_bits()).collect();
+        assert_ne!(
+            bits(&affine_base),
+            fused,
+            "the values tell a fused multiply-add apart"
+        );
         #[cfg(target_arch = "x86_64")]
         if avx2_fma() {
             let (mut clip_got, mut swish_got, mut zip_got) = (xs.clone(), xs.clone(), xs.clone());
+            let mut affine_got = xs.clone();
             // SAFETY: the CPU has the features (checked above).
             unsafe {
                 map_avx2(&mut clip_got, &clip);
                 map_avx2(&mut swish_got, &hard_swish);
                 zip_avx2(&mut zip_got, &ys, &divide);
+                map_avx2(&mut affine_got, &affine);
             }
+            assert_eq!(bits(&affine_got), bits(&affine_base), "affine");
             assert_eq!(bits(&clip_got), bits(&clip_base), "clip");
             assert_eq!(bits(&swish_got), bits(&swish_base), "hard swish");
             assert_eq!(bits(&zip_got), bits(&zip_base), "division");
