@@ -20,6 +20,9 @@ pub mod tag {
     /// stored and as stored transposed (Gemm's `transB`).
     pub const PACKED_B: u64 = 6;
     pub const PACKED_B_TRANSPOSED: u64 = 7;
+    /// Depthwise weights tap by tap, every channel's weight of a tap together
+    /// (`conv::depthwise::TapMajor`).
+    pub const DEPTHWISE_TAP_MAJOR: u64 = 8;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -7,13 +7,16 @@
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
-use super::prepacked::tag::GATHERED_WEIGHTS;
+use super::prepacked::tag::{DEPTHWISE_TAP_MAJOR, GATHERED_WEIGHTS};
 use super::util::{input, opt_input};
 use super::{ChannelFn, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
 use crate::tensor::Tensor;
 use rayon::prelude::*;
+
+mod depthwise;
+use depthwise::{depthwise_2d, DW_LANES};
 
 pub fn register(r: &mut Registry) {
     r.add("Conv", conv_op);
@@ -722,164 +725,6 @@ impl PaddedImage {
     }
 }
 
-/// Output columns a depthwise block computes at once (one AVX-512 vector, two AVX2 ones).
-const DW_LANES: usize = 16;
-/// Depthwise blocks computed together: independent add chains the core overlaps.
-const DW_BLOCKS: usize = 4;
-
-/// Depthwise 2-D convolution of `x` ([N, C, H, W], weights [C, 1, kh, kw]) into `out`
-/// ([N, C, oh, ow]), then per channel plane its bias and `finish`, while the plane is in cache.
-/// Per channel (in parallel): the plane is padded and split into column-stride phases
-/// ([`PaddedImage`]), so every tap of 16 consecutive outputs is 16 consecutive values; each
-/// output is a sum from +0 of its taps' products in the GEMM's order (kh, then kw), a product
-/// and an add where the GEMM fuses them — values may differ from that path in the last bit
-/// (docs/numerics.md). A tap in the padding adds `0 · w`: nothing for a finite weight (the sum,
-/// from +0, is never −0), NaN for an infinite or NaN one, as the im2col path.
-#[allow(clippy::too_many_arguments)]
-fn depthwise_2d(
-    x: &[f32],
-    wt: &[f32],
-    c: usize,
-    in_sp: &[usize],
-    w: &Window,
-    bias: Option<&[f32]>,
-    finish: Option<&ChannelFn>,
-    out: &mut [f32],
-) {
-    let in_sz = in_sp[0] * in_sp[1];
-    let (oh_n, ow_n) = (w.out[0], w.out[1]);
-    let kt = w.kernel[0] * w.kernel[1];
-    out.par_chunks_mut(oh_n * ow_n)
-        .enumerate()
-        .for_each(|(bc, dst)| {
-            let ch = bc % c;
-            let image = PaddedImage::new(&x[bc * in_sz..(bc + 1) * in_sz], 1, in_sp, w);
-            let taps = image.tap_offsets(1, w);
-            let ker = &wt[ch * kt..(ch + 1) * kt];
-            // Every block of DW_LANES outputs: where its window origins start, where it goes.
-            let blocks: Vec<(usize, usize, usize)> = (0..oh_n)
-                .flat_map(|oh| {
-                    (0..ow_n).step_by(DW_LANES).map(move |ow| {
-                        (
-                            oh * w.strides[0] * image.row + ow,
-                            oh * ow_n + ow,
-                            DW_LANES.min(ow_n - ow),
-                        )
-                    })
-                })
-                .collect();
-            depthwise_plane(&image.data, &taps, ker, &blocks, dst);
-            if let Some(b) = bias {
-                let b = b[ch];
-                dst.iter_mut().for_each(|v| *v += b);
-            }
-            if let Some(f) = finish {
-                f(super::Channels::One(ch), dst);
-            }
-        });
-}
-
-/// One channel's blocks ([`depthwise_2d`]), compiled for the widest vectors the CPU has.
-fn depthwise_plane(
-    data: &[f32],
-    taps: &[usize],
-    ker: &[f32],
-    blocks: &[(usize, usize, usize)],
-    dst: &mut [f32],
-) {
-    // Every tap of every block reads DW_LANES values inside `data` (PaddedImage keeps that
-    // many values of slack past its last plane).
-    let reach = blocks.iter().map(|b| b.0).max().unwrap_or(0) + taps.iter().max().unwrap_or(&0);
-    assert!(reach + DW_LANES <= data.len() && taps.len() == ker.len());
-    assert!(blocks.iter().all(|&(_, at, n)| at + n <= dst.len()));
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has the feature; the reads and writes were bounded above.
-            return unsafe { depthwise_plane_avx512(data, taps, ker, blocks, dst) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: as above.
-            return unsafe { depthwise_plane_avx2(data, taps, ker, blocks, dst) };
-        }
-    }
-    // SAFETY: the reads and writes were bounded above.
-    unsafe { depthwise_plane_generic(data, taps, ker, blocks, dst) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn depthwise_plane_avx512(
-    data: &[f32],
-    taps: &[usize],
-    ker: &[f32],
-    blocks: &[(usize, usize, usize)],
-    dst: &mut [f32],
-) {
-    depthwise_plane_generic(data, taps, ker, blocks, dst)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn depthwise_plane_avx2(
-    data: &[f32],
-    taps: &[usize],
-    ker: &[f32],
-    blocks: &[(usize, usize, usize)],
-    dst: &mut [f32],
-) {
-    depthwise_plane_generic(data, taps, ker, blocks, dst)
-}
-
-/// # Safety
-/// Every block's origin plus every tap plus DW_LANES lies inside `data`, and every block's
-/// destination inside `dst` (checked by [`depthwise_plane`]).
-#[inline(always)]
-unsafe fn depthwise_plane_generic(
-    data: &[f32],
-    taps: &[usize],
-    ker: &[f32],
-    blocks: &[(usize, usize, usize)],
-    dst: &mut [f32],
-) {
-    let mut groups = blocks.chunks_exact(DW_BLOCKS);
-    for g in groups.by_ref() {
-        let origins: [usize; DW_BLOCKS] = std::array::from_fn(|b| g[b].0);
-        let acc = depthwise_sums(data, origins, taps, ker);
-        for (sum, &(_, at, n)) in acc.iter().zip(g) {
-            dst[at..at + n].copy_from_slice(&sum[..n]);
-        }
-    }
-    for &(origin, at, n) in groups.remainder() {
-        let [sum] = depthwise_sums(data, [origin], taps, ker);
-        dst[at..at + n].copy_from_slice(&sum[..n]);
-    }
-}
-
-/// The sums of `N` blocks of DW_LANES outputs, each tap's products added in tap order.
-///
-/// # Safety
-/// `origin + tap + DW_LANES <= data.len()` for every origin and tap.
-#[inline(always)]
-unsafe fn depthwise_sums<const N: usize>(
-    data: &[f32],
-    origins: [usize; N],
-    taps: &[usize],
-    ker: &[f32],
-) -> [[f32; DW_LANES]; N] {
-    let mut acc = [[0f32; DW_LANES]; N];
-    let base = data.as_ptr();
-    for (&off, &k) in taps.iter().zip(ker) {
-        for (sum, &origin) in acc.iter_mut().zip(&origins) {
-            let src = &*(base.add(origin + off) as *const [f32; DW_LANES]);
-            for (s, &v) in sum.iter_mut().zip(src) {
-                *s += v * k;
-            }
-        }
-    }
-    acc
-}
-
 fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let x = input(inputs, 0)?;
@@ -1014,7 +859,15 @@ pub fn conv(
         && in_sp.len() == 2
         && !pointwise
         && ctx.accumulate == crate::numeric::Accumulator::F32;
-    if direct {
+    if direct && depthwise::channels_last_pays(c) {
+        let weights = super::prepacked::kept_or_made(prepacked, DEPTHWISE_TAP_MAJOR, || {
+            depthwise::TapMajor::new(&wv, c, k_sz)
+        });
+        let bias = bv.as_deref();
+        depthwise::depthwise_2d_channels_last(
+            &xv, &weights, n, c, in_sp, &w, bias, finish, out_values,
+        );
+    } else if direct {
         depthwise_2d(&xv, &wv, c, in_sp, &w, bv.as_deref(), finish, out_values);
     }
     let mut col = if pointwise
@@ -1549,9 +1402,13 @@ mod tests {
         });
     }
 
-    /// The vector depthwise kernel gives the row loop's bits, bias added after: kernels 3×3,
+    /// Both vector depthwise kernels give the row loop's bits, bias added after: kernels 3×3,
     /// 5×5 and 1×4, strides 1–3, dilations, asymmetric padding, rows narrower and wider than a
-    /// vector and not a multiple of it, batches, NaN and infinite inputs and weights.
+    /// vector and not a multiple of it, batches, NaN and infinite inputs and weights; 5
+    /// channels (one plane at a time), 20 and 37 (channels across the lanes: a partial vector
+    /// of channels, channels and columns beyond the copy's 8×8 blocks). Rounded to float16 as
+    /// the planes are written (a float16 layer), the output is the same values rounded, on
+    /// rows of channels (planes smaller than the channel count) or on planes.
     #[test]
     fn the_vector_depthwise_kernel_gives_the_bits_of_the_row_loop() {
         let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
@@ -1564,8 +1421,11 @@ mod tests {
             ([3, 3], [3, 3], [1, 1], [1, 1], [2, 2, 2, 2], true),
             ([16, 33], [3, 3], [2, 1], [1, 1], [0, 0, 0, 0], false),
         ];
-        for (sp, k, strides, dil, pads, special) in cases {
-            let (n, c) = (2usize, 5usize);
+        for ((sp, k, strides, dil, pads, special), c) in cases
+            .into_iter()
+            .flat_map(|case| [5usize, 20, 37].map(|c| (case, c)))
+        {
+            let n = 2usize;
             let len = n * c * sp[0] * sp[1];
             let mut x: Vec<f32> = (0..len)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
@@ -1610,10 +1470,19 @@ mod tests {
                     .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
                     .collect::<Vec<u32>>()
             };
+            let case = format!("{c} channels {sp:?} {k:?} {strides:?} {dil:?} {pads:?}");
+            assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
+            let mut ctx = OpCtx::new(&node, 17);
+            ctx.round_to = Some(crate::numeric::Rounding::F16);
+            let rounded = conv_op(&ctx, &[Some(&xt), Some(&wt), Some(&bt)])
+                .unwrap()
+                .remove(0);
+            assert!(ctx.did_round());
+            crate::numeric::Rounding::F16.round_slice(&mut want);
             assert_eq!(
-                bits(got.as_f32().unwrap()),
+                bits(rounded.as_f32().unwrap()),
                 bits(&want),
-                "{sp:?} {k:?} {strides:?} {dil:?} {pads:?}"
+                "{case}, float16"
             );
             if special {
                 assert!(want.iter().any(|v| v.is_nan()));
