@@ -170,18 +170,38 @@ unsafe fn max_into_avx2(acc: &mut [f32], src: &[f32]) {
     use std::arch::x86_64::*;
     let n = acc.len().min(src.len());
     let n8 = n / 8 * 8;
-    for i in (0..n8).step_by(8) {
+    if n < 8 {
+        return max_into_short(&mut acc[..n], &src[..n]);
+    }
+    let mut step = |i: usize| {
         let d = _mm256_loadu_ps(acc.as_ptr().add(i));
         let v = _mm256_loadu_ps(src.as_ptr().add(i));
         // MAXPS(v, d) is `v > d ? v : d`, d when either is NaN: then v where v is NaN.
         let r = _mm256_max_ps(v, d);
         let r = _mm256_blendv_ps(r, v, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
         _mm256_storeu_ps(acc.as_mut_ptr().add(i), r);
+    };
+    for i in (0..n8).step_by(8) {
+        step(i);
     }
-    max_into_generic(&mut acc[n8..n], &src[n8..n]);
+    if n8 < n {
+        // The last 8 columns again, overlapping: a maximum taken twice with the same values
+        // is the same (a NaN stays the NaN of `src`), and no masked store (microcoded on AMD)
+        // or scalar tail is needed.
+        step(n - 8);
+    }
 }
 
-/// [`max_into_generic`] compiled for 8-lane AVX2 where the CPU has it (the same values).
+/// [`max_into_generic`] for fewer than 8 columns, compiled for the baseline: inlined into AVX2
+/// code the compare-and-select loop would be vectorized with masked stores (see above).
+#[inline(never)]
+fn max_into_short(acc: &mut [f32], src: &[f32]) {
+    max_into_generic(acc, src)
+}
+
+/// [`max_into_generic`] compiled for 8-lane AVX2 where the CPU has it (the same values; the
+/// pooling calls the AVX2 loop from its own AVX2 code, `Rows2d::plane_avx2`).
+#[cfg(test)]
 fn max_into(acc: &mut [f32], src: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
@@ -376,52 +396,17 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     }
                     phases
                 };
-                for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
-                    // Accumulate a whole output row at once: independent accumulators per
-                    // column instead of one dependent chain per output.
-                    let acc = &mut plane[y * ow..(y + 1) * ow];
-                    acc.fill(if kind == Kind::Max {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    });
-                    for a in a_lo..a_hi {
-                        let iy = y * sh + a * dh - ph;
-                        let row = &img[iy * row_len..(iy + 1) * row_len];
-                        for (b, &(lo, hi)) in col_range.iter().enumerate() {
-                            if lo == hi {
-                                continue;
-                            }
-                            // Output column x reads input column x·s + b·dw − pw: phase r,
-                            // index x + t within it.
-                            let first = lo * sw + b * dw - pw;
-                            let (r, t) = (first % sw, first / sw);
-                            let acc = &mut acc[lo..hi];
-                            let src = &row[r * per + t..r * per + t + (hi - lo)];
-                            if kind == Kind::Max && acc.len() < 8 {
-                                // Shorter than a vector: inline, no dispatch per call.
-                                max_into_generic(acc, src);
-                            } else if kind == Kind::Max {
-                                max_into(acc, src);
-                            } else {
-                                for (d, &v) in acc.iter_mut().zip(src) {
-                                    *d += v;
-                                }
-                            }
-                        }
-                    }
-                    if let Kind::Avg { count_pad } = kind {
-                        for (x0, d) in acc.iter_mut().enumerate() {
-                            let ((b_lo, b_hi), b_pad) = cols[x0];
-                            let n = if count_pad {
-                                a_pad * b_pad
-                            } else {
-                                (a_hi - a_lo) * (b_hi - b_lo)
-                            };
-                            *d /= n.max(1) as f32;
-                        }
-                    }
-                }
+                let rows2d = Rows2d {
+                    kind,
+                    rows: &rows,
+                    cols: &cols,
+                    col_range: &col_range,
+                    ow,
+                    steps: (sh, dh, ph, sw, dw, pw),
+                    per,
+                    row_len,
+                };
+                rows2d.plane(img, plane);
             });
     } else if want_indices {
         out.par_chunks_mut(o_sz.max(1))
@@ -440,6 +425,143 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         res.push(Tensor::from_i64(shape, idx_out));
     }
     Ok(res)
+}
+
+thread_local! {
+    /// Each thread's row maxima of the separable max pooling (`Rows2d::plane_with`).
+    static ROW_MAXIMA: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// The 2-D pooling of one plane, row by row (see `pool`): the window's rows and columns inside
+/// the image per output row and column, per kernel column the output columns it reaches, the
+/// steps (row stride, dilation, padding; column stride, dilation, padding) and the phase split
+/// of the input rows.
+struct Rows2d<'a> {
+    kind: Kind,
+    rows: &'a [((usize, usize), usize)],
+    cols: &'a [((usize, usize), usize)],
+    col_range: &'a [(usize, usize)],
+    ow: usize,
+    steps: (usize, usize, usize, usize, usize, usize),
+    per: usize,
+    row_len: usize,
+}
+
+impl Rows2d<'_> {
+    /// Pools `img` (the plane, phase-split when the column stride is above 1) into `plane`.
+    fn plane(&self, img: &[f32], plane: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            return unsafe { self.plane_avx2(img, plane) };
+        }
+        self.plane_with(img, plane, max_into_generic)
+    }
+
+    /// [`Rows2d::plane`] compiled for AVX2 once per plane: the row maxima inline (a dispatch
+    /// per kernel tap and output row cost more than the maxima on YOLOv8n's 10×10 SPPF planes).
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn plane_avx2(&self, img: &[f32], plane: &mut [f32]) {
+        // SAFETY (of the call): this function runs only where the CPU has AVX2.
+        self.plane_with(img, plane, |acc, src| unsafe { max_into_avx2(acc, src) })
+    }
+
+    #[inline(always)]
+    fn plane_with(&self, img: &[f32], plane: &mut [f32], max: impl Fn(&mut [f32], &[f32])) {
+        let Rows2d {
+            kind,
+            rows,
+            cols,
+            col_range,
+            ow,
+            per,
+            row_len,
+            ..
+        } = *self;
+        let (sh, dh, ph, sw, dw, pw) = self.steps;
+        // Input row iy's maxima over the kernel's columns, into `into` (one value per output
+        // column): taps in the kernel's column order.
+        let row_maxima = |iy: usize, into: &mut [f32]| {
+            into.fill(f32::NEG_INFINITY);
+            let row = &img[iy * row_len..(iy + 1) * row_len];
+            for (b, &(lo, hi)) in col_range.iter().enumerate() {
+                if lo < hi {
+                    let first = lo * sw + b * dw - pw;
+                    let (r, t) = (first % sw, first / sw);
+                    max(
+                        &mut into[lo..hi],
+                        &row[r * per + t..r * per + t + (hi - lo)],
+                    );
+                }
+            }
+        };
+        if kind == Kind::Max && sh == 1 && rows.iter().any(|r| r.0 .1 - r.0 .0 > 1) {
+            // Separable: each input row's maxima over the kernel's columns once, then per
+            // output row the maximum of its kernel rows' maxima (ONNX Runtime's pooling works
+            // the same way). Each output is still the first largest value of its window in
+            // (kernel row, column) order, or its last NaN: the operation keeps the first of
+            // equal values and the last NaN, so grouping the taps by rows changes nothing.
+            let ih = img.len() / row_len;
+            return crate::ops::util::with_scratch(&ROW_MAXIMA, Vec::new, |h: &mut Vec<f32>| {
+                h.resize(ih * ow, 0.0);
+                for (iy, into) in h.chunks_exact_mut(ow).enumerate() {
+                    row_maxima(iy, into);
+                }
+                for (y, &((a_lo, a_hi), _)) in rows.iter().enumerate() {
+                    let acc = &mut plane[y * ow..(y + 1) * ow];
+                    acc.fill(f32::NEG_INFINITY);
+                    for a in a_lo..a_hi {
+                        let iy = y * sh + a * dh - ph;
+                        max(acc, &h[iy * ow..(iy + 1) * ow]);
+                    }
+                }
+            });
+        }
+        for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
+            // Accumulate a whole output row at once: independent accumulators per
+            // column instead of one dependent chain per output.
+            let acc = &mut plane[y * ow..(y + 1) * ow];
+            acc.fill(if kind == Kind::Max {
+                f32::NEG_INFINITY
+            } else {
+                0.0
+            });
+            for a in a_lo..a_hi {
+                let iy = y * sh + a * dh - ph;
+                let row = &img[iy * row_len..(iy + 1) * row_len];
+                for (b, &(lo, hi)) in col_range.iter().enumerate() {
+                    if lo == hi {
+                        continue;
+                    }
+                    // Output column x reads input column x·s + b·dw − pw: phase r,
+                    // index x + t within it.
+                    let first = lo * sw + b * dw - pw;
+                    let (r, t) = (first % sw, first / sw);
+                    let acc = &mut acc[lo..hi];
+                    let src = &row[r * per + t..r * per + t + (hi - lo)];
+                    if kind == Kind::Max {
+                        max(acc, src);
+                    } else {
+                        for (d, &v) in acc.iter_mut().zip(src) {
+                            *d += v;
+                        }
+                    }
+                }
+            }
+            if let Kind::Avg { count_pad } = kind {
+                for (x0, d) in acc.iter_mut().enumerate() {
+                    let ((b_lo, b_hi), b_pad) = cols[x0];
+                    let n = if count_pad {
+                        a_pad * b_pad
+                    } else {
+                        (a_hi - a_lo) * (b_hi - b_lo)
+                    };
+                    *d /= n.max(1) as f32;
+                }
+            }
+        }
+    }
 }
 
 fn max_pool(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
@@ -552,6 +674,64 @@ mod tests {
             max_into(&mut vector, &src);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&vector), bits(&scalar), "{len}");
+        }
+    }
+
+    /// Every 2-D max pooling path (separable with stride 1, row by row otherwise; AVX2 rows
+    /// and short rows) gives each output the first largest value of its window in (kernel
+    /// row, column) order, or its last NaN — bit for bit, with NaN payloads, signed zeros,
+    /// padding, dilations, strides and rows narrower and wider than a vector.
+    #[test]
+    fn max_pooling_is_the_windows_tap_order_maximum() {
+        let (h, w) = (11usize, 13usize);
+        let x: Vec<f32> = (0..2 * h * w)
+            .map(|i| match i % 17 {
+                3 => f32::from_bits(0x7fc0_0000 | i as u32), // NaNs told apart by payload
+                5 | 11 => 0.0,
+                7 => -0.0,
+                _ => ((i * 37 % 23) as f32 - 11.0) / 4.0,
+            })
+            .collect();
+        let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
+        for (k, strides, dil, pads) in [
+            ([3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+            ([5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+            ([2, 3], [1, 1], [2, 1], [0, 1, 1, 0]),
+            ([3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+            ([3, 2], [1, 2], [1, 2], [1, 0, 1, 2]),
+        ] {
+            let n = node(
+                "MaxPool",
+                &[
+                    ("kernel_shape", ints(&k)),
+                    ("strides", ints(&strides)),
+                    ("dilations", ints(&dil)),
+                    ("pads", ints(&pads)),
+                ],
+            );
+            let xt = Tensor::from_f32(vec![1, 2, h, w], x.clone());
+            let y = max_pool(&OpCtx::new(&n, 12), &[Some(&xt)])
+                .unwrap()
+                .remove(0);
+            let (oh, ow) = (y.shape()[2], y.shape()[3]);
+            let got = y.as_f32().unwrap();
+            for c in 0..2 {
+                for (oy, ox) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                    let mut acc = f32::NEG_INFINITY;
+                    for (a, b) in (0..k[0]).flat_map(|a| (0..k[1]).map(move |b| (a, b))) {
+                        let iy = (oy as i64 * strides[0] + a * dil[0]) - pads[0];
+                        let ix = (ox as i64 * strides[1] + b * dil[1]) - pads[1];
+                        if (0..h as i64).contains(&iy) && (0..w as i64).contains(&ix) {
+                            let v = x[c * h * w + iy as usize * w + ix as usize];
+                            if v > acc || v.is_nan() {
+                                acc = v;
+                            }
+                        }
+                    }
+                    let g = got[(c * oh + oy) * ow + ox];
+                    assert_eq!(g.to_bits(), acc.to_bits(), "{k:?} {strides:?} ({oy}, {ox})");
+                }
+            }
         }
     }
 

@@ -760,6 +760,11 @@ fn nearest(
         dt => from_f64(dt, vec![p.extrapolation])
             .ok_or_else(|| OpError(format!("dtype {dt} is not supported")))?,
     };
+    if let (TensorData::F32(src), true) = (x.data(), tables.iter().all(|t| !t.contains(&MISSING))) {
+        return Ok(TensorData::F32(
+            gather_rows_f32(src, out_shape, &tables).into(),
+        ));
+    }
     macro_rules! by_dtype {
         ($($v:ident),*) => {
             match (x.data(), fill) {
@@ -773,6 +778,60 @@ fn nearest(
     Ok(by_dtype!(
         F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str
     ))
+}
+
+/// [`gather_nd`] of float32 values where no table entry is MISSING (no extrapolation): the
+/// output is not filled first, and a row that reads the same input row as the row before it
+/// (an upsampled axis) is a copy of that row instead of a gather — YOLOv8n's and PP-OCRv4
+/// det's nearest ×2…×8 upsamplings took 3.5× ONNX Runtime's time element by element.
+fn gather_rows_f32(src: &[f32], out_shape: &[usize], tables: &[Vec<usize>]) -> Vec<f32> {
+    let Some((&row_len, outer_shape)) = out_shape.split_last() else {
+        return src.to_vec(); // a scalar
+    };
+    let n: usize = out_shape.iter().product();
+    let last = &tables[out_shape.len() - 1];
+    let reach = last.iter().max().copied().unwrap_or(0);
+    let base_of = |r: usize| {
+        let mut rem = r;
+        let mut base = 0usize;
+        for (d, &len) in outer_shape.iter().enumerate().rev() {
+            base += tables[d][rem % len];
+            rem /= len;
+        }
+        base
+    };
+    let gather = |first_row: usize, rows: &mut [f32]| {
+        let mut previous = None;
+        for j in 0..rows.len() / row_len {
+            let base = base_of(first_row + j);
+            assert!(base + reach < src.len());
+            let (done, row) = rows.split_at_mut(j * row_len);
+            let row = &mut row[..row_len];
+            if previous == Some(base) {
+                row.copy_from_slice(&done[(j - 1) * row_len..]);
+                continue;
+            }
+            let from = &src[base..];
+            for (d, &t) in row.iter_mut().zip(last) {
+                *d = from[t];
+            }
+            previous = Some(base);
+        }
+    };
+    let per_task = (TASK_ELEMS / row_len.max(1)).max(1);
+    // SAFETY: every row is written below (gathered or copied) before the vector is returned.
+    unsafe {
+        super::util::unzeroed_f32(n, |out| {
+            let out = super::util::assume_written(out);
+            if n < PARALLEL_MIN || n == row_len {
+                gather(0, out);
+            } else {
+                out.par_chunks_mut(row_len * per_task)
+                    .enumerate()
+                    .for_each(|(t, chunk)| gather(t * per_task, chunk));
+            }
+        })
+    }
 }
 
 /// `out[o] = src[sum_d tables[d][o_d]]`, or `fill` where any table entry is MISSING.
