@@ -407,11 +407,11 @@ pub fn gemm_gathered(
                     // the CPU has AVX-512: two full row tiles at once in a 12×16 tile, 12
                     // accumulators of 16 lanes (the 6×16 AVX2 tile fills half of each FMA).
                     #[cfg(target_arch = "x86_64")]
-                    if wide && !pair && it + 1 < it1 && i0 + 2 * MR <= m {
+                    if wide && !pair && it + 1 < it1 {
                         let origins: [*const f32; 2 * MR] = row_starts(image, &rows[i0..]);
                         // SAFETY: as below; the block holds the 12 rows (it + 1 < it1) of
-                        // whole panels (columns past n are zeros in B, written where nothing
-                        // reads them).
+                        // whole panels (columns past n are zeros in B, rows past m start at
+                        // the image's start: both written where nothing reads them).
                         unsafe {
                             tile_avx512_tall(
                                 kc,
@@ -431,8 +431,12 @@ pub fn gemm_gathered(
                     // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
                     // a panel holds kc rows of NR values; the tile (at most MR rows of its
                     // panels' columns) lies inside this thread's block, sized above.
+                    // A partial row tile too (rows past m start at the image's start and are
+                    // written into the block's spare rows, where nothing reads them): at full
+                    // width instead of the 6×16 tile twice (PP-OCRv4 det's 384-channel
+                    // pointwise convolutions on 3×3 planes are 9 rows).
                     #[cfg(target_arch = "x86_64")]
-                    if pair && tile_rows == MR {
+                    if pair {
                         unsafe {
                             tile_avx512_wide(
                                 kc,
