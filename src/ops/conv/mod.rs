@@ -713,9 +713,12 @@ impl PaddedImage {
     /// `data` (add a tap's offset to reach the tap).
     fn window_origins(&self, w: &Window) -> Vec<usize> {
         let (oh_n, ow_n) = (w.out[0], w.out[1]);
-        (0..oh_n * ow_n)
-            .map(|i| (i / ow_n) * w.strides[0] * self.row + i % ow_n)
-            .collect()
+        let mut origins = Vec::with_capacity(oh_n * ow_n);
+        for oh in 0..oh_n {
+            let first = oh * w.strides[0] * self.row;
+            origins.extend(first..first + ow_n);
+        }
+        origins
     }
 
     /// Where padded column `x0 + ow·s` lies in a row, less `ow`: the same for every output
