@@ -323,13 +323,25 @@ const ROWS_AT_ONCE: usize = 8;
 /// None where the general path is needed (other reductions or axes, f16 accumulation,
 /// empty rows).
 fn trailing_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
+    // Each term function its own loop (through a function pointer, a call per value cost 10×
+    // ONNX Runtime's time on a [1, 2048, 64] sum).
+    match red {
+        Red::Sum | Red::Mean => trailing_f32_sums_of(x, axes, red, f16_acc, |v| v),
+        Red::SumSquare | Red::L2 => trailing_f32_sums_of(x, axes, red, f16_acc, |v| v * v),
+        Red::L1 => trailing_f32_sums_of(x, axes, red, f16_acc, f64::abs),
+        _ => None,
+    }
+}
+
+/// [`trailing_f32_sums`] with each value's term `term`.
+fn trailing_f32_sums_of(
+    x: &Tensor,
+    axes: &[usize],
+    red: Red,
+    f16_acc: bool,
+    term: impl Fn(f64) -> f64 + Sync + Copy,
+) -> Option<Vec<f64>> {
     let r = x.rank();
-    let term: fn(f64) -> f64 = match red {
-        Red::Sum | Red::Mean => |v| v,
-        Red::SumSquare | Red::L2 => |v| v * v,
-        Red::L1 => f64::abs,
-        _ => return None,
-    };
     let trailing = axes.iter().all(|&a| a >= r - axes.len());
     let width: usize = axes.iter().map(|&a| x.shape()[a]).product();
     let v = x.as_f32()?;
@@ -361,6 +373,72 @@ fn trailing_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Opt
     })
 }
 
+/// The sums (as [`trailing_f32_sums`]) of a float32 tensor over one run of consecutive axes
+/// followed by others (`[outer, reduced, inner]`, inner > 1: Magika's LayerNorm sums a
+/// [1, 2048, 64] tensor over its middle axis): per output the same f64 chain in order from its
+/// first term as the general path (the same bits), but a whole inner row of chains at a time,
+/// reading the input's rows in place instead of a strided gather per output from an f64 copy
+/// (0.12 → 0.02 ms; ONNX Runtime 0.036). None where it does not apply.
+fn middle_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
+    match red {
+        Red::Sum | Red::Mean => middle_f32_sums_of(x, axes, red, f16_acc, |v| v),
+        Red::SumSquare | Red::L2 => middle_f32_sums_of(x, axes, red, f16_acc, |v| v * v),
+        Red::L1 => middle_f32_sums_of(x, axes, red, f16_acc, f64::abs),
+        _ => None,
+    }
+}
+
+/// [`middle_f32_sums`] with each value's term `term`.
+fn middle_f32_sums_of(
+    x: &Tensor,
+    axes: &[usize],
+    red: Red,
+    f16_acc: bool,
+    term: impl Fn(f64) -> f64 + Sync + Copy,
+) -> Option<Vec<f64>> {
+    let (first, last) = (*axes.iter().min()?, *axes.iter().max()?);
+    let v = x.as_f32()?;
+    let shape = x.shape();
+    if f16_acc || last + 1 - first != axes.len() || last + 1 >= shape.len() {
+        return None;
+    }
+    let outer: usize = shape[..first].iter().product();
+    let reduced: usize = shape[first..=last].iter().product();
+    let inner: usize = shape[last + 1..].iter().product();
+    if reduced == 0 || inner < 2 {
+        return None;
+    }
+    let finish = move |a: f64| match red {
+        Red::Mean => a / reduced as f64,
+        Red::L2 => a.sqrt(),
+        _ => a,
+    };
+    // Per outer block and a part of its inner columns: every chain over the reduced rows.
+    let columns = |o: usize, cols: std::ops::Range<usize>| -> Vec<f64> {
+        let block = &v[o * reduced * inner..(o + 1) * reduced * inner];
+        let mut acc: Vec<f64> = block[cols.clone()]
+            .iter()
+            .map(|&x| term(x as f64))
+            .collect();
+        for row in block.chunks_exact(inner).skip(1) {
+            for (a, &x) in acc.iter_mut().zip(&row[cols.clone()]) {
+                *a += term(x as f64);
+            }
+        }
+        acc.into_iter().map(finish).collect()
+    };
+    const PART: usize = 256;
+    let parts: Vec<(usize, usize)> = (0..outer)
+        .flat_map(|o| (0..inner).step_by(PART).map(move |c| (o, c)))
+        .collect();
+    let part = |&(o, c): &(usize, usize)| columns(o, c..(c + PART).min(inner));
+    Some(if v.len() >= 1 << 16 && parts.len() > 1 {
+        parts.par_iter().flat_map_iter(part).collect()
+    } else {
+        parts.iter().flat_map(part).collect()
+    })
+}
+
 fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i64) -> OpResult {
     let x = input(inputs, 0)?;
     let attrs = ctx.attrs::<ReduceAttrs>()?;
@@ -384,7 +462,9 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
         norm_axes(&axes, x.rank())?
     };
     let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
-    if let Some(out) = trailing_f32_sums(x, &axes, red, f16_acc) {
+    let fast = trailing_f32_sums(x, &axes, red, f16_acc)
+        .or_else(|| middle_f32_sums(x, &axes, red, f16_acc));
+    if let Some(out) = fast {
         let out_shape = (0..x.rank())
             .filter_map(|d| match axes.contains(&d) {
                 false => Some(x.shape()[d]),
@@ -635,13 +715,20 @@ mod tests {
     /// once, in parallel when large) give the general path's bits: the same reduction of the
     /// values as float64, rounded to f32. Rows of one −0 keep it; NaN and inf propagate.
     #[test]
-    fn trailing_float32_sums_are_the_general_paths() {
+    fn float32_sums_are_the_general_paths() {
+        // Trailing axes, then a run of axes in the middle (inner rows narrower and wider than
+        // a part, serial and in parallel), then axes that are no run (the general path).
         for (shape, axes) in [
             (vec![13usize, 7], vec![1i64]),
             (vec![3, 1, 5], vec![1, 2]),
             (vec![5, 1], vec![-1]),
             (vec![300, 230], vec![1]),
             (vec![4, 6], vec![0, 1]),
+            (vec![2, 300, 70], vec![1]),
+            (vec![1, 2048, 64], vec![1]),
+            (vec![3, 4, 5, 6], vec![1, 2]),
+            (vec![2, 3, 300], vec![0, 1]),
+            (vec![3, 4, 5], vec![0, 2]),
         ] {
             let len: usize = shape.iter().product();
             let mut v: Vec<f32> = (0..len)
