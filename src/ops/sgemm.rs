@@ -126,8 +126,15 @@ pub fn gemm(
     let m_panels = m.div_ceil(MR);
     let n_panels = n.div_ceil(NR);
     // A packed once (panel i holds, for each p, rows i·MR.. of column p), unless each of its
-    // values is used by at most two B panels: then the tiles read it where it lies.
-    let packed_a = n_panels > 2;
+    // values is read by at most two tiles: then the tiles read it where it lies. With AVX-512
+    // a tile takes two panels (Magika's one-hot [2048, 257] × [257, 64]: two passes, the
+    // packing was 40 % of the product).
+    let passes = if Kernel::detect().has_avx512() {
+        n_panels.div_ceil(2)
+    } else {
+        n_panels
+    };
+    let packed_a = passes > 2;
     let mut a_pack = vec![0f32; if packed_a { m_panels * MR * k } else { 0 }];
     let pack_a = |(ip, dst): (usize, &mut [f32])| {
         let rows = MR.min(m - ip * MR);
