@@ -317,24 +317,34 @@ fn plan(shape: &[usize], axes: &[usize], keepdims: bool) -> Plan {
 /// Rows a task of [`trailing_f32_sums`] sums at once: independent chains the core overlaps.
 const ROWS_AT_ONCE: usize = 8;
 
-/// The sums (Sum, Mean, SumSquare, L1, L2) of a float32 tensor over its trailing axes,
-/// straight from its values: each row's f64 chain in order from its first term, as the
-/// general path adds them (the same bits), eight rows' chains interleaved, rows in parallel.
-/// None where the general path is needed (other reductions or axes, f16 accumulation,
-/// empty rows).
-fn trailing_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
-    // Each term function its own loop (through a function pointer, a call per value cost 10×
-    // ONNX Runtime's time on a [1, 2048, 64] sum).
+/// The sums (Sum, Mean, SumSquare, L1, L2) of a float32 tensor straight from its values,
+/// where the axes allow ([`trailing_f32_sums`], [`middle_f32_sums`]); None where the general
+/// path is needed (other reductions or axes, f16 accumulation, empty rows). Each term function
+/// gets its own loops: through a function pointer, a call per value cost 10× ONNX Runtime's
+/// time on a [1, 2048, 64] sum.
+fn f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
+    fn with<T: Fn(f64) -> f64 + Sync + Copy>(
+        x: &Tensor,
+        axes: &[usize],
+        red: Red,
+        f16_acc: bool,
+        term: T,
+    ) -> Option<Vec<f64>> {
+        trailing_f32_sums(x, axes, red, f16_acc, term)
+            .or_else(|| middle_f32_sums(x, axes, red, f16_acc, term))
+    }
     match red {
-        Red::Sum | Red::Mean => trailing_f32_sums_of(x, axes, red, f16_acc, |v| v),
-        Red::SumSquare | Red::L2 => trailing_f32_sums_of(x, axes, red, f16_acc, |v| v * v),
-        Red::L1 => trailing_f32_sums_of(x, axes, red, f16_acc, f64::abs),
+        Red::Sum | Red::Mean => with(x, axes, red, f16_acc, |v| v),
+        Red::SumSquare | Red::L2 => with(x, axes, red, f16_acc, |v| v * v),
+        Red::L1 => with(x, axes, red, f16_acc, f64::abs),
         _ => None,
     }
 }
 
-/// [`trailing_f32_sums`] with each value's term `term`.
-fn trailing_f32_sums_of(
+/// The sums of a float32 tensor over its trailing axes, each value's term `term`: each row's
+/// f64 chain in order from its first term, as the general path adds them (the same bits),
+/// eight rows' chains interleaved, rows in parallel.
+fn trailing_f32_sums(
     x: &Tensor,
     axes: &[usize],
     red: Red,
@@ -378,18 +388,8 @@ fn trailing_f32_sums_of(
 /// [1, 2048, 64] tensor over its middle axis): per output the same f64 chain in order from its
 /// first term as the general path (the same bits), but a whole inner row of chains at a time,
 /// reading the input's rows in place instead of a strided gather per output from an f64 copy
-/// (0.12 → 0.02 ms; ONNX Runtime 0.036). None where it does not apply.
-fn middle_f32_sums(x: &Tensor, axes: &[usize], red: Red, f16_acc: bool) -> Option<Vec<f64>> {
-    match red {
-        Red::Sum | Red::Mean => middle_f32_sums_of(x, axes, red, f16_acc, |v| v),
-        Red::SumSquare | Red::L2 => middle_f32_sums_of(x, axes, red, f16_acc, |v| v * v),
-        Red::L1 => middle_f32_sums_of(x, axes, red, f16_acc, f64::abs),
-        _ => None,
-    }
-}
-
-/// [`middle_f32_sums`] with each value's term `term`.
-fn middle_f32_sums_of(
+/// (0.12 → 0.02 ms; ONNX Runtime 0.036).
+fn middle_f32_sums(
     x: &Tensor,
     axes: &[usize],
     red: Red,
@@ -462,9 +462,7 @@ fn reduce(ctx: &OpCtx, inputs: &[Option<&Tensor>], red: Red, axes_input_from: i6
         norm_axes(&axes, x.rank())?
     };
     let f16_acc = ctx.accumulate == crate::numeric::Accumulator::F16;
-    let fast = trailing_f32_sums(x, &axes, red, f16_acc)
-        .or_else(|| middle_f32_sums(x, &axes, red, f16_acc));
-    if let Some(out) = fast {
+    if let Some(out) = f32_sums(x, &axes, red, f16_acc) {
         let out_shape = (0..x.rank())
             .filter_map(|d| match axes.contains(&d) {
                 false => Some(x.shape()[d]),
