@@ -1409,7 +1409,8 @@ mod tests {
     /// 5×5 and 1×4, strides 1–3, dilations, asymmetric padding, rows narrower and wider than a
     /// vector and not a multiple of it, batches, NaN and infinite inputs and weights; 5
     /// channels (one plane at a time), 20 and 37 (channels across the lanes: a partial vector
-    /// of channels, channels and columns beyond the copy's 8×8 blocks). Rounded to float16 as
+    /// of channels, channels and columns beyond the copy's 8×8 blocks, tasks over blocks and
+    /// over rows). Rounded to float16 as
     /// the planes are written (a float16 layer), the output is the same values rounded, on
     /// rows of channels (planes smaller than the channel count) or on planes.
     #[test]
@@ -1424,11 +1425,12 @@ mod tests {
             ([3, 3], [3, 3], [1, 1], [1, 1], [2, 2, 2, 2], true),
             ([16, 33], [3, 3], [2, 1], [1, 1], [0, 0, 0, 0], false),
         ];
-        for ((sp, k, strides, dil, pads, special), c) in cases
+        // (channels, batch): one image of 20 channels splits its rows over tasks too.
+        let sizes = [(5usize, 2usize), (20, 2), (37, 2), (20, 1)];
+        for ((sp, k, strides, dil, pads, special), (c, n)) in cases
             .into_iter()
-            .flat_map(|case| [5usize, 20, 37].map(|c| (case, c)))
+            .flat_map(|case| sizes.map(|size| (case, size)))
         {
-            let n = 2usize;
             let len = n * c * sp[0] * sp[1];
             let mut x: Vec<f32> = (0..len)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
