@@ -246,7 +246,12 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
     let k_sz: usize = kernel.iter().product();
     let want_indices = kind == Kind::Max && node.outputs.len() > 1 && !node.outputs[1].is_empty();
     let storage_col_major = attrs.storage_col_major;
-    let mut out = vec![0f32; n * c * o_sz];
+    // Not zeroed first: every path below writes each output value (the 2-D rows fill their
+    // accumulators, `compute_plane` assigns every output).
+    let total = n * c * o_sz;
+    let mut out_buffer: Vec<f32> = Vec::with_capacity(total);
+    // SAFETY: written whole before it is read (above); set_len below, once the planes are done.
+    let out = unsafe { super::util::assume_written(&mut out_buffer.spare_capacity_mut()[..total]) };
     let mut idx_out = vec![0i64; if want_indices { n * c * o_sz } else { 0 }];
     let compute_plane = |p: usize, plane: &mut [f32], idx_plane: Option<&mut [i64]>| {
         let img = &xv[p * in_sz..(p + 1) * in_sz];
@@ -420,7 +425,9 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
     }
     let mut shape = vec![n, c];
     shape.extend(&w.out);
-    let mut res = vec![back(Tensor::from_f32(shape.clone(), out), x.dtype())];
+    // SAFETY: every value was written above.
+    unsafe { out_buffer.set_len(total) };
+    let mut res = vec![back(Tensor::from_f32(shape.clone(), out_buffer), x.dtype())];
     if want_indices {
         res.push(Tensor::from_i64(shape, idx_out));
     }
