@@ -279,6 +279,10 @@ pub(super) fn depthwise_2d_channels_last(
             })
         })
         .collect();
+    // Per tap (kernel row, then column): its offset from a window's start in a block's image.
+    let taps: Vec<usize> = (0..kh_n)
+        .flat_map(|kh| (0..kw_n).map(move |kw| (kh * dh * wp + kw * dw) * L))
+        .collect();
     let how = crate::ops::util::Transpose8::detect();
     let planes = crate::ops::util::DisjointPtr(out.as_mut_ptr());
     let task = |&(img, b0, r0): &(usize, usize, usize)| {
@@ -316,6 +320,9 @@ pub(super) fn depthwise_2d_channels_last(
                     kernel: (kh_n, kw_n),
                     step: (sh, dh),
                 };
+                // Where each output's window starts in a block's image: the same for every
+                // block of the task, made once where the sliding kernel does not apply.
+                let mut origins: Option<Vec<usize>> = None;
                 for b in b0..b1 {
                     let image = &image[(b - b0) * block..(b - b0 + 1) * block];
                     let bias = bias.map(|v| &v[b * L..(b + 1) * L]);
@@ -324,16 +331,15 @@ pub(super) fn depthwise_2d_channels_last(
                         && dw == 1
                         && sliding_rows(image, &geometry, weights.block(b), bias, sums, to, ld);
                     if !slid {
-                        let origins: Vec<usize> = (r0..r1)
-                            .flat_map(|oh| {
-                                (0..ow_n).map(move |ow| ((oh * sh - y0) * wp + ow * sw) * L)
-                            })
-                            .collect();
-                        let taps: Vec<usize> = (0..kh_n)
-                            .flat_map(|kh| (0..kw_n).map(move |kw| (kh * dh * wp + kw * dw) * L))
-                            .collect();
+                        let origins = origins.get_or_insert_with(|| {
+                            (r0..r1)
+                                .flat_map(|oh| {
+                                    (0..ow_n).map(move |ow| ((oh * sh - y0) * wp + ow * sw) * L)
+                                })
+                                .collect()
+                        });
                         let weights = weights.block(b);
-                        channels_last_sums(image, &taps, weights, bias, &origins, sums, to, ld);
+                        channels_last_sums(image, &taps, weights, bias, origins, sums, to, ld);
                     }
                 }
                 let rowwise = finish.is_some() && positions < c1 - c0;
