@@ -573,6 +573,26 @@ impl super::sgemm::PackB for Im2colPanels<'_> {
 /// packed on every run): when its channels fill at least 3/4 of the lanes they take. Measured:
 /// a 3×3 conv of [1,256,7,7] 0.80 → 0.35 ms, of [1,128,14,14] 0.52 → 0.35 ms, bench CNN
 /// −15 %, YOLOv8n −25 % (2 threads; same bits either way).
+/// Per output position (row-major): where its one tap lies in an unpadded input plane of
+/// shape `in_sp`, read at `strides`.
+fn strided_origins(in_sp: &[usize], strides: &[usize], out: &[usize]) -> Vec<usize> {
+    // Each axis's step in the plane: its stride times the values per index of that axis.
+    let mut steps = vec![0; in_sp.len()];
+    let mut per_index = 1;
+    for a in (0..in_sp.len()).rev() {
+        steps[a] = strides[a] * per_index;
+        per_index *= in_sp[a];
+    }
+    let mut origins = vec![0usize];
+    for (&n, &step) in out.iter().zip(&steps) {
+        origins = origins
+            .iter()
+            .flat_map(|&o| (0..n).map(move |i| o + i * step))
+            .collect();
+    }
+    origins
+}
+
 fn channels_across_lanes(mg: usize) -> bool {
     let nr = super::sgemm::NR;
     4 * mg >= 3 * mg.div_ceil(nr) * nr
@@ -850,9 +870,10 @@ pub fn conv(
     let mut out: Vec<f32> = Vec::with_capacity(total);
     // SAFETY: written whole before read (above); set_len below, once the products are done.
     let out_values = unsafe { super::util::assume_written(&mut out.spare_capacity_mut()[..total]) };
-    let pointwise = k_sz == 1
-        && w.strides.iter().all(|&s| s == 1)
-        && w.pad_begin.iter().chain(&w.pad_end).all(|&p| p == 0);
+    // A 1×…×1 kernel without padding reads one value per input channel at each output's
+    // origin: the image itself serves as the gathered product's A, at any stride.
+    let unpadded_1x1 = k_sz == 1 && w.pad_begin.iter().chain(&w.pad_end).all(|&p| p == 0);
+    let pointwise = unpadded_1x1 && w.strides.iter().all(|&s| s == 1);
     // Depthwise (one input and one output channel per group, 2-D): a direct loop per channel,
     // in parallel over channels, instead of an im2col and a one-row GEMM per channel.
     // (The float16 accumulator keeps the GEMM path, which emulates it.)
@@ -890,7 +911,7 @@ pub fn conv(
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
             let dst = &mut out_values[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
-            if (pointwise || in_sp.len() == 2)
+            if (unpadded_1x1 || in_sp.len() == 2)
                 && ctx.accumulate == crate::numeric::Accumulator::F32
                 && channels_across_lanes(mg)
             {
@@ -899,13 +920,16 @@ pub fn conv(
                 // convolution reads a padded, stride-phased copy of the image; a pointwise
                 // one (any rank) the image itself, one tap per channel. (Pointwise ones ran
                 // the `gemm` crate on [channel, position] before 2026-11-27: the gathered
-                // product took YOLOv8n's 1×1 convolutions 0.56–0.89×, PP-OCRv4 rec −15 %.)
+                // product took YOLOv8n's 1×1 convolutions 0.56–0.89×, PP-OCRv4 rec −15 %.
+                // Strided ones read a phase-split copy of the whole image, 4× the values
+                // they use at stride 2, before 2026-11-27: the bench CNN's three 1×1 stride-2
+                // shortcuts 34–38 µs, ORT 11.)
                 let padded;
-                let (image, offsets, origins): (&[f32], Vec<usize>, Vec<usize>) = if pointwise {
+                let (image, offsets, origins): (&[f32], Vec<usize>, Vec<usize>) = if unpadded_1x1 {
                     (
                         xg,
                         (0..cg).map(|ci| ci * in_sz).collect(),
-                        (0..o_sz).collect(),
+                        strided_origins(in_sp, &w.strides, &w.out),
                     )
                 } else {
                     padded = PaddedImage::new(xg, cg, in_sp, &w);
@@ -1683,6 +1707,18 @@ mod tests {
                 [1, 1],
                 [0, 0, 0, 0],
                 false,
+            ),
+            // Strided 1×1 (the image read in place at the stride): groups, batches, an
+            // infinite weight, rows and columns of different strides.
+            (
+                [2, 8, 9, 11],
+                2,
+                32,
+                [1, 1],
+                [2, 3],
+                [1, 1],
+                [0, 0, 0, 0],
+                true,
             ),
         ] {
             for with_bias in [true, false] {
