@@ -199,6 +199,52 @@ fn max_into_short(acc: &mut [f32], src: &[f32]) {
     max_into_generic(acc, src)
 }
 
+/// `out[x]` = the maximum over `taps` (in their order, from −∞) of `tap[x]`, under
+/// [`max_into_generic`]'s rule: every tap's run as long as `out`.
+#[inline(always)]
+fn fold_max_generic(taps: &[&[f32]], out: &mut [f32]) {
+    out.fill(f32::NEG_INFINITY);
+    for tap in taps {
+        max_into_generic(out, tap);
+    }
+}
+
+/// [`fold_max_generic`] 8 columns at a time in one register across all taps: each output is
+/// loaded from no accumulator and stored once (the tap-by-tap passes stored and re-read every
+/// column once per tap). The same values: the same maxima and blends in the same tap order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn fold_max_avx2(taps: &[&[f32]], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = out.len();
+    if n < 8 {
+        out.fill(f32::NEG_INFINITY);
+        for tap in taps {
+            max_into_short(out, tap);
+        }
+        return;
+    }
+    assert!(taps.iter().all(|t| t.len() >= n));
+    let step = |i: usize| {
+        let mut d = _mm256_set1_ps(f32::NEG_INFINITY);
+        for tap in taps {
+            let v = _mm256_loadu_ps(tap.as_ptr().add(i));
+            // As in `max_into_avx2`.
+            let r = _mm256_max_ps(v, d);
+            d = _mm256_blendv_ps(r, v, _mm256_cmp_ps::<_CMP_UNORD_Q>(v, v));
+        }
+        d
+    };
+    let n8 = n / 8 * 8;
+    for i in (0..n8).step_by(8) {
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), step(i));
+    }
+    if n8 < n {
+        // The last 8 columns again, overlapping: recomputed from the taps, the same values.
+        _mm256_storeu_ps(out.as_mut_ptr().add(n - 8), step(n - 8));
+    }
+}
+
 /// [`max_into_generic`] compiled for 8-lane AVX2 where the CPU has it (the same values; the
 /// pooling calls the AVX2 loop from its own AVX2 code, `Rows2d::plane_avx2`).
 #[cfg(test)]
@@ -368,21 +414,29 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         let (sh, sw) = (w.strides[0], w.strides[1]);
         let (dh, dw) = (w.dilations[0], w.dilations[1]);
         let (ph, pw) = (w.pad_begin[0], w.pad_begin[1]);
-        // For each kernel column b, the output columns whose tap lies inside the image.
-        let col_range: Vec<(usize, usize)> = (0..kernel[1])
-            .map(|b| {
-                let mut inside = (0..ow).filter(|&x0| cols[x0].0 .0 <= b && b < cols[x0].0 .1);
-                match inside.next() {
-                    Some(lo) => (lo, inside.next_back().unwrap_or(lo) + 1),
-                    None => (0, 0),
-                }
-            })
-            .collect();
         // With a column stride s, each input row is split into its s phases (columns j·s + r
         // for r < s, `per` values each), so every tap reads a contiguous run and the loops
         // below vectorize; with stride 1 the row is its only phase.
         let per = iw.div_ceil(sw);
         let row_len = per * sw;
+        // For each kernel column b, the output columns whose tap lies inside the image, and
+        // where the first one's tap lies in a phase-split row: output column x reads input
+        // column x·s + b·dw − pw, phase r, index x + t within it. (Worked out per output row
+        // and tap before 2026-11-27: two integer divisions per row and tap, a third of the
+        // bench CNN's 3×3/2 MaxPool.)
+        let col_range: Vec<(usize, usize, usize)> = (0..kernel[1])
+            .map(|b| {
+                let mut inside = (0..ow).filter(|&x0| cols[x0].0 .0 <= b && b < cols[x0].0 .1);
+                match inside.next() {
+                    Some(lo) => {
+                        let hi = inside.next_back().unwrap_or(lo) + 1;
+                        let first = lo * sw + b * dw - pw;
+                        (lo, hi, first % sw * per + first / sw)
+                    }
+                    None => (0, 0, 0),
+                }
+            })
+            .collect();
         // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
         // plane cost more in scheduling than the pooling.
         let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
@@ -394,7 +448,8 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                 let img: &[f32] = if sw == 1 {
                     img
                 } else {
-                    phases.clear();
+                    // Not zeroed again for each plane: every column a tap reads is written
+                    // below (the slots past a row's end hold another plane's values, unread).
                     phases.resize(in_sp[0] * row_len, 0.0);
                     for (src, dst) in img.chunks_exact(iw).zip(phases.chunks_exact_mut(row_len)) {
                         super::util::split_phases(src, 0, sw, per, dst);
@@ -407,8 +462,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     cols: &cols,
                     col_range: &col_range,
                     ow,
-                    steps: (sh, dh, ph, sw, dw, pw),
-                    per,
+                    steps: (sh, dh, ph),
                     row_len,
                 };
                 rows2d.plane(img, plane);
@@ -434,6 +488,11 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
     Ok(res)
 }
 
+/// The most kernel rows inside the image of any output row.
+fn kh_max(rows: &[((usize, usize), usize)]) -> usize {
+    rows.iter().map(|r| r.0 .1 - r.0 .0).max().unwrap_or(0)
+}
+
 thread_local! {
     /// Each thread's row maxima of the separable max pooling (`Rows2d::plane_with`).
     static ROW_MAXIMA: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -447,10 +506,9 @@ struct Rows2d<'a> {
     kind: Kind,
     rows: &'a [((usize, usize), usize)],
     cols: &'a [((usize, usize), usize)],
-    col_range: &'a [(usize, usize)],
+    col_range: &'a [(usize, usize, usize)],
     ow: usize,
-    steps: (usize, usize, usize, usize, usize, usize),
-    per: usize,
+    steps: (usize, usize, usize),
     row_len: usize,
 }
 
@@ -462,7 +520,7 @@ impl Rows2d<'_> {
             // SAFETY: the CPU has the feature the function was compiled for.
             return unsafe { self.plane_avx2(img, plane) };
         }
-        self.plane_with(img, plane, max_into_generic)
+        self.plane_with(img, plane, max_into_generic, fold_max_generic)
     }
 
     /// [`Rows2d::plane`] compiled for AVX2 once per plane: the row maxima inline (a dispatch
@@ -470,36 +528,41 @@ impl Rows2d<'_> {
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn plane_avx2(&self, img: &[f32], plane: &mut [f32]) {
-        // SAFETY (of the call): this function runs only where the CPU has AVX2.
-        self.plane_with(img, plane, |acc, src| unsafe { max_into_avx2(acc, src) })
+        // SAFETY (of the calls): this function runs only where the CPU has AVX2.
+        self.plane_with(
+            img,
+            plane,
+            |acc, src| unsafe { max_into_avx2(acc, src) },
+            |taps, out| unsafe { fold_max_avx2(taps, out) },
+        )
     }
 
     #[inline(always)]
-    fn plane_with(&self, img: &[f32], plane: &mut [f32], max: impl Fn(&mut [f32], &[f32])) {
+    fn plane_with(
+        &self,
+        img: &[f32],
+        plane: &mut [f32],
+        max: impl Fn(&mut [f32], &[f32]),
+        fold_max: impl Fn(&[&[f32]], &mut [f32]),
+    ) {
         let Rows2d {
             kind,
             rows,
             cols,
             col_range,
             ow,
-            per,
             row_len,
             ..
         } = *self;
-        let (sh, dh, ph, sw, dw, pw) = self.steps;
+        let (sh, dh, ph) = self.steps;
         // Input row iy's maxima over the kernel's columns, into `into` (one value per output
         // column): taps in the kernel's column order.
         let row_maxima = |iy: usize, into: &mut [f32]| {
             into.fill(f32::NEG_INFINITY);
             let row = &img[iy * row_len..(iy + 1) * row_len];
-            for (b, &(lo, hi)) in col_range.iter().enumerate() {
+            for &(lo, hi, src) in col_range {
                 if lo < hi {
-                    let first = lo * sw + b * dw - pw;
-                    let (r, t) = (first % sw, first / sw);
-                    max(
-                        &mut into[lo..hi],
-                        &row[r * per + t..r * per + t + (hi - lo)],
-                    );
+                    max(&mut into[lo..hi], &row[src..src + (hi - lo)]);
                 }
             }
         };
@@ -525,33 +588,65 @@ impl Rows2d<'_> {
                 }
             });
         }
+        // Max pooling's interior columns, where every kernel column's tap lies inside the
+        // image: all of an output's taps at once (`fold_max`), each output stored once. The
+        // columns outside it (the padding's) take their taps one by one below. (Tap by tap
+        // everywhere before 2026-11-27: a tap's run one column short of a whole number of
+        // vectors re-read the values the run before had just stored across two stores, a
+        // store-forwarding stall per tap and row.)
+        let interior = match kind {
+            Kind::Max => col_range
+                .iter()
+                .fold((0, ow), |(l, h), &(lo, hi, _)| (l.max(lo), h.min(hi))),
+            _ => (0, 0),
+        };
+        let (x_lo, x_hi) = if interior.0 < interior.1 {
+            interior
+        } else {
+            (0, 0)
+        };
+        let mut taps: Vec<&[f32]> = Vec::with_capacity(kh_max(rows) * col_range.len());
         for (y, &((a_lo, a_hi), a_pad)) in rows.iter().enumerate() {
             // Accumulate a whole output row at once: independent accumulators per
             // column instead of one dependent chain per output.
             let acc = &mut plane[y * ow..(y + 1) * ow];
-            acc.fill(if kind == Kind::Max {
+            if x_lo < x_hi {
+                taps.clear();
+                for a in a_lo..a_hi {
+                    let iy = y * sh + a * dh - ph;
+                    let row = &img[iy * row_len..(iy + 1) * row_len];
+                    taps.extend(col_range.iter().map(|&(lo, _, src)| {
+                        let at = src + x_lo - lo;
+                        &row[at..at + (x_hi - x_lo)]
+                    }));
+                }
+                fold_max(&taps, &mut acc[x_lo..x_hi]);
+            }
+            let init = if kind == Kind::Max {
                 f32::NEG_INFINITY
             } else {
                 0.0
-            });
+            };
+            acc[..x_lo].fill(init);
+            acc[x_hi.max(x_lo)..].fill(init);
             for a in a_lo..a_hi {
                 let iy = y * sh + a * dh - ph;
                 let row = &img[iy * row_len..(iy + 1) * row_len];
-                for (b, &(lo, hi)) in col_range.iter().enumerate() {
-                    if lo == hi {
-                        continue;
-                    }
-                    // Output column x reads input column x·s + b·dw − pw: phase r,
-                    // index x + t within it.
-                    let first = lo * sw + b * dw - pw;
-                    let (r, t) = (first % sw, first / sw);
-                    let acc = &mut acc[lo..hi];
-                    let src = &row[r * per + t..r * per + t + (hi - lo)];
-                    if kind == Kind::Max {
-                        max(acc, src);
-                    } else {
-                        for (d, &v) in acc.iter_mut().zip(src) {
-                            *d += v;
+                for &(lo, hi, src) in col_range {
+                    // This tap's columns outside the interior (done above).
+                    for (from, to) in [(lo, hi.min(x_lo)), (lo.max(x_hi), hi)] {
+                        if from >= to {
+                            continue;
+                        }
+                        let acc = &mut acc[from..to];
+                        let at = src + from - lo;
+                        let src = &row[at..at + (to - from)];
+                        if kind == Kind::Max {
+                            max(acc, src);
+                        } else {
+                            for (d, &v) in acc.iter_mut().zip(src) {
+                                *d += v;
+                            }
                         }
                     }
                 }
@@ -690,7 +785,14 @@ mod tests {
     /// padding, dilations, strides and rows narrower and wider than a vector.
     #[test]
     fn max_pooling_is_the_windows_tap_order_maximum() {
-        let (h, w) = (11usize, 13usize);
+        // 13 columns: interiors under a vector; 45: interiors of whole vectors and a partial
+        // one (the all-taps fold of the interior columns, its last vector overlapping).
+        for (h, w) in [(11usize, 13usize), (9, 45)] {
+            max_pooling_is_the_windows_tap_order_maximum_on(h, w);
+        }
+    }
+
+    fn max_pooling_is_the_windows_tap_order_maximum_on(h: usize, w: usize) {
         let x: Vec<f32> = (0..2 * h * w)
             .map(|i| match i % 17 {
                 3 => f32::from_bits(0x7fc0_0000 | i as u32), // NaNs told apart by payload
@@ -706,6 +808,7 @@ mod tests {
             ([2, 3], [1, 1], [2, 1], [0, 1, 1, 0]),
             ([3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
             ([3, 2], [1, 2], [1, 2], [1, 0, 1, 2]),
+            ([3, 3], [1, 3], [1, 1], [0, 2, 1, 1]),
         ] {
             let n = node(
                 "MaxPool",
@@ -736,7 +839,11 @@ mod tests {
                         }
                     }
                     let g = got[(c * oh + oy) * ow + ox];
-                    assert_eq!(g.to_bits(), acc.to_bits(), "{k:?} {strides:?} ({oy}, {ox})");
+                    assert_eq!(
+                        g.to_bits(),
+                        acc.to_bits(),
+                        "{w} {k:?} {strides:?} ({oy}, {ox})"
+                    );
                 }
             }
         }
