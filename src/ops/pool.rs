@@ -451,9 +451,7 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                     // Not zeroed again for each plane: every column a tap reads is written
                     // below (the slots past a row's end hold another plane's values, unread).
                     phases.resize(in_sp[0] * row_len, 0.0);
-                    for (src, dst) in img.chunks_exact(iw).zip(phases.chunks_exact_mut(row_len)) {
-                        super::util::split_phases(src, 0, sw, per, dst);
-                    }
+                    super::util::split_rows(img, iw, 0, sw, per, phases, row_len);
                     phases
                 };
                 let rows2d = Rows2d {

@@ -689,11 +689,9 @@ impl PaddedImage {
         let mut data = vec![0f32; channels * plane + DW_LANES];
         let fill = |(ci, dst): (usize, &mut [f32])| {
             let src = &x[ci * ih * iw..(ci + 1) * ih * iw];
-            for (y, line) in src.chunks_exact(iw).enumerate() {
-                // Input column c is padded column c + pw.
-                let out = &mut dst[(y + ph) * row..(y + ph + 1) * row];
-                super::util::split_phases(line, pw, sw, phase, out);
-            }
+            // Input column c is padded column c + pw.
+            let out = &mut dst[ph * row..(ph + ih) * row];
+            super::util::split_rows(src, iw, pw, sw, phase, out, row);
         };
         let planes = &mut data[..channels * plane];
         if channels * plane >= 1 << 16 {
