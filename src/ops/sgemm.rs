@@ -415,7 +415,7 @@ pub fn gemm_gathered(
                         let c_at = c_base.wrapping_add((i0 - it0 * MR) * ldc + (jp - jp0) * NR);
                         // SAFETY: as the pair tile's below, over four panels.
                         unsafe {
-                            tile_avx512_quad(
+                            tile_avx512_gathered(
                                 kc,
                                 &origins,
                                 offsets[p0..].as_ptr(),
@@ -444,11 +444,11 @@ pub fn gemm_gathered(
                         // whole panels (columns past n are zeros in B, rows past m start at
                         // the image's start: both written where nothing reads them).
                         unsafe {
-                            tile_avx512_tall(
+                            tile_avx512_gathered(
                                 kc,
                                 &origins,
                                 offsets[p0..].as_ptr(),
-                                panel(jp),
+                                [panel(jp)],
                                 c_at(jp),
                                 ldc,
                                 p0 > 0,
@@ -469,12 +469,11 @@ pub fn gemm_gathered(
                     #[cfg(target_arch = "x86_64")]
                     if pair {
                         unsafe {
-                            tile_avx512_wide(
+                            tile_avx512_gathered(
                                 kc,
                                 &origins,
                                 offsets[p0..].as_ptr(),
-                                panel(jp),
-                                panel(jp + 1),
+                                [panel(jp), panel(jp + 1)],
                                 c_at(jp),
                                 ldc,
                                 p0 > 0,
@@ -771,72 +770,32 @@ unsafe fn tile_avx512_pair<const R: usize, A: TileA>(
     }
 }
 
-/// R rows × 32 columns (two B panels) in AVX-512 registers: 2·R accumulators; per k step two
-/// loads of B, R broadcasts of A and 2·R fused multiply-adds, the same chains as the 6×16 tile.
-/// (Measured on Zen 4, 1 thread: 5–10 % faster than two 6×16 AVX2 tiles on 3×3 and 7×7
-/// convolutions; 12 rows were no faster than 6.)
-///
-/// # Safety
-/// `rows[r] + offsets[p]` readable for r < R, p < kc; `b0`, `b1` kc rows of NR values; `c`
-/// R rows of 32 values at stride `ldc`; the CPU has AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx512_wide<const R: usize>(
-    kc: usize,
-    rows: &[*const f32; R],
-    offsets: *const usize,
-    b0: *const f32,
-    b1: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    load: bool,
-) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
-    if load {
-        for (r, row) in acc.iter_mut().enumerate() {
-            row[0] = _mm512_loadu_ps(c.add(r * ldc));
-            row[1] = _mm512_loadu_ps(c.add(r * ldc + NR));
-        }
-    }
-    let rows = *rows;
-    for p in 0..kc {
-        let off = *offsets.add(p);
-        let v0 = _mm512_loadu_ps(b0.add(p * NR));
-        let v1 = _mm512_loadu_ps(b1.add(p * NR));
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*rows[r].add(off));
-            row[0] = _mm512_fmadd_ps(av, v0, row[0]);
-            row[1] = _mm512_fmadd_ps(av, v1, row[1]);
-        }
-    }
-    for (r, row) in acc.iter().enumerate() {
-        _mm512_storeu_ps(c.add(r * ldc), row[0]);
-        _mm512_storeu_ps(c.add(r * ldc + NR), row[1]);
-    }
-}
-
-/// R rows × 64 columns (four B panels) in AVX-512 registers: 4·R accumulators; per k step
-/// four loads of B, R broadcasts of A and 4·R fused multiply-adds, the same chains as the
-/// 6×16 tile.
+/// R rows × P B panels (16·P columns) of a gathered product in AVX-512 registers: R·P
+/// accumulators; per k step P loads of B, R broadcasts of A and R·P fused multiply-adds, the
+/// same chains as the 6×16 tile. Three shapes run: 6×64 (P = 4: 4 + 6 loads per 24 FMAs),
+/// 6×32 (P = 2; on Zen 4, 1 thread, 5–10 % faster than two 6×16 AVX2 tiles on 3×3 and 7×7
+/// convolutions) and, for a lone panel, 12×16 (P = 1; on Zen 5 with a SiLU, YOLOv8n's
+/// [1,3,160,160] → 16 stride-2 stem 73.9 → 60.0 µs, its [1,16,40,40] → 16 3×3 45.7 → 35.3 µs
+/// against the 6×16 AVX2 tile). (12 rows × 32 columns, 24 accumulators, was 1.3–1.7× slower
+/// than 6×32 on 3×3 and pointwise shapes; the same tile through [`TileA`]'s `GatheredA`,
+/// which reloads the tap offset per row, 1.2× slower than with the row starts in registers.)
 ///
 /// # Safety
 /// `rows[r] + offsets[p]` readable for r < R, p < kc; each of `b` kc rows of NR values; `c`
-/// R rows of 64 values at stride `ldc`; the CPU has AVX-512F.
+/// R rows of 16·P values at stride `ldc`; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512_quad<const R: usize>(
+unsafe fn tile_avx512_gathered<const R: usize, const P: usize>(
     kc: usize,
     rows: &[*const f32; R],
     offsets: *const usize,
-    b: [*const f32; 4],
+    b: [*const f32; P],
     c: *mut f32,
     ldc: usize,
     load: bool,
 ) {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm512_setzero_ps(); 4]; R];
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
     if load {
         for (r, row) in acc.iter_mut().enumerate() {
             for (q, v) in row.iter_mut().enumerate() {
@@ -847,15 +806,13 @@ unsafe fn tile_avx512_quad<const R: usize>(
     let rows = *rows;
     for p in 0..kc {
         let off = *offsets.add(p);
-        let v = [
-            _mm512_loadu_ps(b[0].add(p * NR)),
-            _mm512_loadu_ps(b[1].add(p * NR)),
-            _mm512_loadu_ps(b[2].add(p * NR)),
-            _mm512_loadu_ps(b[3].add(p * NR)),
-        ];
+        let mut v = [_mm512_setzero_ps(); P];
+        for (q, v) in v.iter_mut().enumerate() {
+            *v = _mm512_loadu_ps(b[q].add(p * NR));
+        }
         for (r, row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_ps(*rows[r].add(off));
-            for q in 0..4 {
+            for q in 0..P {
                 row[q] = _mm512_fmadd_ps(av, v[q], row[q]);
             }
         }
@@ -864,47 +821,6 @@ unsafe fn tile_avx512_quad<const R: usize>(
         for (q, v) in row.iter().enumerate() {
             _mm512_storeu_ps(c.add(r * ldc + q * NR), *v);
         }
-    }
-}
-
-/// R rows × 16 columns (one B panel) in AVX-512 registers: R accumulators; per k step one
-/// load of B, R broadcasts of A and R fused multiply-adds, the same chains as the 6×16 tile.
-/// Measured on Zen 5, 2 threads, with a SiLU: YOLOv8n's [1,3,160,160] → 16 stride-2 stem
-/// 73.9 → 60.0 µs, its [1,16,40,40] → 16 3×3 45.7 → 35.3 µs. (12 rows × 32 columns, 24
-/// accumulators, was 1.3–1.7× slower than the 6×32 tile on 3×3 and pointwise shapes.)
-///
-/// # Safety
-/// `rows[r] + offsets[p]` readable for r < R, p < kc; `b` kc rows of NR values; `c` R rows of
-/// NR values at stride `ldc`; the CPU has AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512_tall<const R: usize>(
-    kc: usize,
-    rows: &[*const f32; R],
-    offsets: *const usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    load: bool,
-) {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm512_setzero_ps(); R];
-    if load {
-        for (r, row) in acc.iter_mut().enumerate() {
-            *row = _mm512_loadu_ps(c.add(r * ldc));
-        }
-    }
-    let rows = *rows;
-    for p in 0..kc {
-        let off = *offsets.add(p);
-        let v = _mm512_loadu_ps(b.add(p * NR));
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = _mm512_set1_ps(*rows[r].add(off));
-            *row = _mm512_fmadd_ps(av, v, *row);
-        }
-    }
-    for (r, row) in acc.iter().enumerate() {
-        _mm512_storeu_ps(c.add(r * ldc), *row);
     }
 }
 

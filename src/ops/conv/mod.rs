@@ -567,12 +567,6 @@ impl super::sgemm::PackB for Im2colPanels<'_> {
     }
 }
 
-/// Whether a 2-D f32 convolution with `mg` output channels per group puts its channels
-/// across the vector lanes ([`super::sgemm::gemm_gathered`]: the image read where it lies, the
-/// weights packed once per model) rather than its output positions ([`Im2colPanels`]: the image
-/// packed on every run): when its channels fill at least 3/4 of the lanes they take. Measured:
-/// a 3×3 conv of [1,256,7,7] 0.80 → 0.35 ms, of [1,128,14,14] 0.52 → 0.35 ms, bench CNN
-/// −15 %, YOLOv8n −25 % (2 threads; same bits either way).
 /// Per output position (row-major): where its one tap lies in an unpadded input plane of
 /// shape `in_sp`, read at `strides`.
 fn strided_origins(in_sp: &[usize], strides: &[usize], out: &[usize]) -> Vec<usize> {
@@ -593,6 +587,12 @@ fn strided_origins(in_sp: &[usize], strides: &[usize], out: &[usize]) -> Vec<usi
     origins
 }
 
+/// Whether a 2-D f32 convolution with `mg` output channels per group puts its channels
+/// across the vector lanes ([`super::sgemm::gemm_gathered`]: the image read where it lies, the
+/// weights packed once per model) rather than its output positions ([`Im2colPanels`]: the image
+/// packed on every run): when its channels fill at least 3/4 of the lanes they take. Measured:
+/// a 3×3 conv of [1,256,7,7] 0.80 → 0.35 ms, of [1,128,14,14] 0.52 → 0.35 ms, bench CNN
+/// −15 %, YOLOv8n −25 % (2 threads; same bits either way).
 fn channels_across_lanes(mg: usize) -> bool {
     let nr = super::sgemm::NR;
     4 * mg >= 3 * mg.div_ceil(nr) * nr
