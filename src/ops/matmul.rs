@@ -516,6 +516,16 @@ pub fn matmul_kept(
             None => sgemm(acc, nb * m, n, k, &av, false, &bv, false, out_values, false),
         }
     } else if m * n > 0 {
+        // Products of more than one row panel run mixprec's kernel (the in-order chain, the
+        // same bits however they are split); the `gemm` crate keeps the few-row ones, where it
+        // was faster. The choice depends on the shape only, never on the thread count.
+        let own_kernel = acc == Accumulator::F32 && m > super::sgemm::MR;
+        // The batch's products in parallel, one per task: where each is too small to split
+        // or the batch alone fills the threads (attention's heads).
+        let threads = rayon::current_num_threads();
+        let split_batch = nb > 1
+            && nb * m * n * k >= PARALLEL_WORK
+            && (m * n * k < PARALLEL_WORK || (own_kernel && nb >= 2 * threads));
         let run = |i: usize, dst: &mut [f32]| {
             let (mut oa, mut ob) = (0, 0);
             let mut rem = i;
@@ -525,20 +535,24 @@ pub fn matmul_kept(
                 oa += idx * sa[d];
                 ob += idx * sb[d];
             }
-            sgemm(
-                acc,
-                m,
-                n,
-                k,
-                &av[oa * m * k..],
-                false,
-                &bv[ob * k * n..],
-                false,
-                dst,
-                false,
-            );
+            let (a, b) = (&av[oa * m * k..], &bv[ob * k * n..]);
+            if own_kernel {
+                let b = super::sgemm::StridedB {
+                    data: b,
+                    n,
+                    rs: n,
+                    cs: 1,
+                };
+                if split_batch {
+                    super::sgemm::gemm_on_this_thread(m, n, k, a, k, 1, &b, dst, n, false);
+                } else {
+                    super::sgemm::gemm(m, n, k, a, k, 1, &b, dst, n, false);
+                }
+            } else {
+                sgemm(acc, m, n, k, a, false, b, false, dst, false);
+            }
         };
-        if nb > 1 && m * n * k < PARALLEL_WORK && nb * m * n * k >= PARALLEL_WORK {
+        if split_batch {
             use rayon::prelude::*;
             out_values
                 .par_chunks_mut(m * n)
@@ -1153,6 +1167,48 @@ mod tests {
         let c = matmul(Accumulator::F32, &a, &b).unwrap();
         assert_eq!(c.shape(), &[2, 3, 1, 1]);
         assert_eq!(c.as_f32().unwrap(), &[3., 6., 9., 7., 14., 21.]);
+    }
+
+    /// A batched product with a computed B of more than one row panel (attention's heads) is
+    /// the in-order chain of fused multiply-adds per output, on one thread or split over the
+    /// batch or within each product.
+    #[test]
+    fn batched_products_are_the_in_order_chain_for_any_thread_count() {
+        // Serial products; small products split over the batch; large ones over the batch
+        // (1 or 2 threads) or each within itself (3 or 11 threads).
+        for (batch, m, k, n) in [(5, 13, 37, 21), (5, 40, 64, 50), (5, 70, 67, 64)] {
+            let values = |len: usize, seed: u32| -> Vec<f32> {
+                (0..len as u32)
+                    .map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 250.0 - 2.0)
+                    .collect()
+            };
+            let (av, bv) = (values(batch * m * k, 7), values(batch * k * n, 11));
+            let a = t(&[batch, m, k], &av);
+            let b = t(&[batch, k, n], &bv);
+            let mut expected = vec![];
+            for h in 0..batch {
+                for i in 0..m {
+                    for j in 0..n {
+                        expected.push((0..k).fold(0f32, |c, p| {
+                            av[(h * m + i) * k + p].mul_add(bv[(h * k + p) * n + j], c)
+                        }));
+                    }
+                }
+            }
+            for threads in [1, 2, 3, 11] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let c = pool.install(|| matmul(Accumulator::F32, &a, &b).unwrap());
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(c.as_f32().unwrap()),
+                    bits(&expected),
+                    "{threads} threads"
+                );
+            }
+        }
     }
 
     /// A constant weight is packed a second time only where the product would pack it on every

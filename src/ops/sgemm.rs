@@ -112,6 +112,42 @@ pub fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
+    product(m, n, k, a, a_rs, a_cs, b, c, ldc, accumulate, true)
+}
+
+/// [`gemm`] on the calling thread only: for the products of a batch that runs its products
+/// in parallel (attention's per-head Q·Kᵀ and softmax·V), where splitting each small product
+/// again would cost more than it gains. The same bits as [`gemm`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_on_this_thread(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &dyn PackB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+) {
+    product(m, n, k, a, a_rs, a_cs, b, c, ldc, accumulate, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &dyn PackB,
+    c: &mut [f32],
+    ldc: usize,
+    accumulate: bool,
+    may_split: bool,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -151,7 +187,7 @@ pub fn gemm(
         }
     };
     let threads = rayon::current_num_threads();
-    let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
+    let parallel = may_split && threads > 1 && m * n * k >= PARALLEL_WORK;
     if parallel && m * k >= 1 << 16 {
         a_pack.par_chunks_mut(MR * k).enumerate().for_each(pack_a);
     } else {
