@@ -161,38 +161,12 @@ fn product(
     assert!(a.len() > (m - 1) * a_rs + (k - 1) * a_cs);
     let m_panels = m.div_ceil(MR);
     let n_panels = n.div_ceil(NR);
-    // A packed once (panel i holds, for each p, rows i·MR.. of column p), unless each of its
-    // values is read by at most two tiles: then the tiles read it where it lies. With AVX-512
-    // a tile takes two panels (Magika's one-hot [2048, 257] × [257, 64]: two passes, the
-    // packing was 40 % of the product).
-    let passes = if Kernel::detect().has_avx512() {
-        n_panels.div_ceil(2)
-    } else {
-        n_panels
-    };
-    let packed_a = passes > 2;
-    let mut a_pack = vec![0f32; if packed_a { m_panels * MR * k } else { 0 }];
-    let pack_a = |(ip, dst): (usize, &mut [f32])| {
-        let rows = MR.min(m - ip * MR);
-        let first = ip * MR * a_rs;
-        for (p, d) in dst.chunks_exact_mut(MR).enumerate() {
-            let at = first + p * a_cs;
-            if a_rs == 1 {
-                d[..rows].copy_from_slice(&a[at..at + rows]);
-            } else {
-                for (r, v) in d[..rows].iter_mut().enumerate() {
-                    *v = a[at + r * a_rs];
-                }
-            }
-        }
-    };
+    // A is read where it lies, never packed: its MR rows stream through the cache as the
+    // tile broadcasts them (either of its strides 1 in every caller). Packing it, as before
+    // 2026-11-27, cost 10-23 % of the bench transformer's products on two threads
+    // (128×256×1024: 170 -> 137 us) and was never faster on the shapes measured.
     let threads = rayon::current_num_threads();
     let parallel = may_split && threads > 1 && m * n * k >= PARALLEL_WORK;
-    if parallel && m * k >= 1 << 16 {
-        a_pack.par_chunks_mut(MR * k).enumerate().for_each(pack_a);
-    } else {
-        a_pack.chunks_mut(MR * k).enumerate().for_each(pack_a);
-    }
     // Tasks: blocks of B panels (about 128 KiB of packed B each, L2-resident while every A
     // panel passes over them), split over A's rows too when there are too few for the threads.
     let nb = (32 * 1024 / (k.min(KC * 4) * NR)).clamp(1, n_panels);
@@ -260,21 +234,13 @@ fn product(
                 };
                 for ip in ip0..ip1 {
                     let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
-                    let ap = if packed_a {
-                        StridedA {
-                            data: a_pack[ip * MR * k + p0 * MR..][..kc * MR].as_ptr(),
-                            rs: 1,
-                            cs: MR,
-                        }
-                    } else {
-                        StridedA {
-                            data: a[i0 * a_rs + p0 * a_cs..].as_ptr(),
-                            rs: a_rs,
-                            cs: a_cs,
-                        }
+                    let ap = StridedA {
+                        data: a[i0 * a_rs + p0 * a_cs..].as_ptr(),
+                        rs: a_rs,
+                        cs: a_cs,
                     };
-                    // SAFETY: `ap` reaches rows i0..i0 + rows of columns p0..p0 + kc of A (in
-                    // A, or its packed panel), inside A as asserted above; `bp` holds kc rows of NR values at stride `b_stride` (a packed
+                    // SAFETY: `ap` reaches rows i0..i0 + rows of columns p0..p0 + kc of A,
+                    // inside A as asserted above; `bp` holds kc rows of NR values at stride `b_stride` (a packed
                     // panel, or B's own rows with j0 + NR <= n, asserted above); tasks write
                     // disjoint tiles of C (their own rows i0.. and columns j0..), each inside
                     // C's bounds asserted above.
