@@ -712,8 +712,9 @@ fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if let (Some(epilogue), [.., n]) = (ctx.epilogue, y.shape()) {
         let n = *n;
         if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
-            // Rows (a column is a channel), a few hundred kilobytes per task.
-            let rows = (1usize << 16).div_ceil(n).max(1);
+            // Rows (a column is a channel), about 64 KiB per task: an epilogue costs a few
+            // operations per value (a GELU a few dozen), so even a 64 Ki-value output splits.
+            let rows = (1usize << 14).div_ceil(n).max(1);
             v.par_chunks_mut(rows * n).for_each(|block| {
                 block
                     .chunks_mut(n)
