@@ -328,6 +328,14 @@ impl Epilogue {
                 None => return Ok(None),
             }
         }
+        let ops: Vec<Option<&str>> = (chain.stages.iter())
+            .map(|st| {
+                let node = &graph.nodes[st.step];
+                (node.domain.is_empty() || node.domain == "ai.onnx")
+                    .then_some(node.op_type.as_str())
+            })
+            .collect();
+        let stages = fuse_silu(stages, &ops, round);
         Ok(assign_buffers(stages).map(|(ops, temps, result)| Epilogue {
             ops,
             temps,
@@ -388,6 +396,63 @@ impl Epilogue {
             part.copy_from_slice(&temps[self.result - 1][..n]);
         }
     }
+}
+
+/// SiLU (`x·σ(x)`, exported as a Sigmoid and a Mul of its input and output: YOLO's every
+/// convolution) as one stage: the product in the pass that computes σ, no register between
+/// them. The same bits: σ's values rounded as its layer writes them (`round`), then the Mul's
+/// product of the same two operands in the same order. `ops[k]`: stage k's op (default
+/// domain). Stages after the pair read registers one lower (register k + 1 is stage k's).
+fn fuse_silu(
+    stages: Vec<(Stage, Vec<usize>)>,
+    ops: &[Option<&str>],
+    round: Option<Rounding>,
+) -> Vec<(Stage, Vec<usize>)> {
+    let regs: Vec<Vec<usize>> = stages.iter().map(|(_, r)| r.clone()).collect();
+    // Stage k is a Sigmoid of x whose output only stage k + 1, a Mul of x and it, reads.
+    let pair_at = |k: usize| -> Option<bool> {
+        if k + 1 >= regs.len() {
+            return None;
+        }
+        let (sig, x) = (k + 1, *regs[k].first()?);
+        let read_later = regs[k + 2..].iter().flatten().any(|&r| r == sig);
+        match (ops[k], ops.get(k + 1).copied().flatten(), regs.get(k + 1)) {
+            (Some("Sigmoid"), Some("Mul"), Some(m)) if !read_later && regs[k].len() == 1 => {
+                // The Mul's operand order: x·σ(x) or σ(x)·x.
+                if m[..] == [x, sig] {
+                    Some(true)
+                } else if m[..] == [sig, x] {
+                    Some(false)
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        }
+    };
+    let mut out: Vec<(Stage, Vec<usize>)> = Vec::with_capacity(stages.len());
+    // Registers of the input stages → of the output's (None: the fused Sigmoid's).
+    let mut new_reg: Vec<usize> = vec![0];
+    let mut it = stages.into_iter().enumerate().peekable();
+    while let Some((k, (stage, r))) = it.next() {
+        let remap = |r: &[usize], new_reg: &[usize]| r.iter().map(|&q| new_reg[q]).collect();
+        if let Some(x_first) = pair_at(k) {
+            let x = new_reg[r[0]];
+            it.next();
+            let fused = Stage::Map(Box::new(move |_, v: &mut [f32]| {
+                crate::ops::logistic::silu_in_place(v, round, x_first)
+            }));
+            out.push((fused, vec![x]));
+            // The Sigmoid's register is read by nothing now; the Mul's is the fused stage's.
+            new_reg.push(usize::MAX);
+            new_reg.push(out.len());
+            continue;
+        }
+        let r = remap(&r, &new_reg);
+        out.push((stage, r));
+        new_reg.push(out.len());
+    }
+    out
 }
 
 /// Two different buffers of an epilogue: `x` to write, `y` to read.
@@ -669,6 +734,84 @@ mod tests {
 
     fn bits(t: &Tensor) -> Vec<u32> {
         t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// A Sigmoid and a Mul of its input and output become one SiLU stage (either operand
+    /// order) where nothing else reads the sigmoid, with the bits of the two stages run one by
+    /// one, rounded or not; where a later stage reads the sigmoid they stay two.
+    #[test]
+    fn sigmoid_then_mul_of_its_input_is_one_silu_stage_with_the_same_bits() {
+        use super::{assign_buffers, fuse_silu, Epilogue};
+        use crate::numeric::Rounding;
+        use crate::ops::logistic::logistic_in_place;
+        use crate::ops::{Channels, Stage};
+        let stage = |op: &str| -> Stage {
+            match op {
+                "Sigmoid" => Stage::Map(Box::new(|_, v: &mut [f32]| logistic_in_place(v))),
+                "Mul" => Stage::Combine(Box::new(|a: &mut [f32], b: &[f32]| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x *= *y)
+                })),
+                "Add" => Stage::Combine(Box::new(|a: &mut [f32], b: &[f32]| {
+                    a.iter_mut().zip(b).for_each(|(x, y)| *x += *y)
+                })),
+                _ => Stage::Map(Box::new(|_, v: &mut [f32]| {
+                    v.iter_mut().for_each(|x| *x = x.max(0.0))
+                })),
+            }
+        };
+        // (op, registers read) per stage, register k + 1 being stage k's output; the number
+        // of stages after fusion.
+        type Spec<'a> = Vec<(&'a str, Vec<usize>)>;
+        let cases: Vec<(Spec, usize)> = vec![
+            // Relu, then SiLU of its output (σ·x order), then Relu.
+            (
+                vec![
+                    ("Relu", vec![0]),
+                    ("Sigmoid", vec![1]),
+                    ("Mul", vec![2, 1]),
+                    ("Relu", vec![3]),
+                ],
+                3,
+            ),
+            // x·σ(x) on the kernel's output.
+            (vec![("Sigmoid", vec![0]), ("Mul", vec![0, 1])], 1),
+            // σ read again later: no fusion.
+            (
+                vec![
+                    ("Sigmoid", vec![0]),
+                    ("Mul", vec![0, 1]),
+                    ("Add", vec![2, 1]),
+                ],
+                3,
+            ),
+        ];
+        let values: Vec<f32> = (0..1000)
+            .map(|i| (i as f32 * 0.37).sin() * 12.0)
+            .chain([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -0.0, 1e-40])
+            .collect();
+        for (spec, fused_len) in cases {
+            let ops: Vec<Option<&str>> = spec.iter().map(|(op, _)| Some(*op)).collect();
+            let make = || -> Vec<(Stage, Vec<usize>)> {
+                spec.iter().map(|(op, r)| (stage(op), r.clone())).collect()
+            };
+            for round in [None, Some(Rounding::F16), Some(Rounding::BF16)] {
+                let run = |stages: Vec<(Stage, Vec<usize>)>| {
+                    let (ops, temps, result) = assign_buffers(stages).unwrap();
+                    let e = Epilogue {
+                        ops,
+                        temps,
+                        result,
+                        round,
+                    };
+                    let mut v = values.clone();
+                    e.apply(Channels::One(0), &mut v);
+                    v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let fused = fuse_silu(make(), &ops, round);
+                assert_eq!(fused.len(), fused_len, "{ops:?}");
+                assert_eq!(run(fused), run(make()), "{ops:?} {round:?}");
+            }
+        }
     }
 
     /// paddle2onnx's HardSwish, `x · Clip(x + 3, 0, 6) / 6`, then a Clip with only a lower

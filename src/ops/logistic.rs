@@ -340,6 +340,30 @@ pub(crate) fn logistic_in_place(v: &mut [f32]) {
     map_in_place(v, &logistic)
 }
 
+/// SiLU as its exported Sigmoid and Mul compute it, in place: `x·s` (`x_first`) or `s·x` with
+/// `s` = [`logistic`]`(x)` rounded by `round` (the Sigmoid layer's output rounding), each
+/// product one IEEE multiplication: the bits of the two layers run one by one.
+pub(crate) fn silu_in_place(v: &mut [f32], round: Option<crate::numeric::Rounding>, x_first: bool) {
+    let mut buf = [0.0f32; 256];
+    for part in v.chunks_mut(buf.len()) {
+        let s = &mut buf[..part.len()];
+        // SAFETY: MaybeUninit<f32> has f32's layout, and map_into only writes values.
+        map_into(
+            part,
+            unsafe { &mut *(s as *mut [f32] as *mut [MaybeUninit<f32>]) },
+            &logistic,
+        );
+        if let Some(r) = round {
+            r.round_slice(s);
+        }
+        if x_first {
+            super::vector::zip_in_place(part, s, |x, s| x * s);
+        } else {
+            super::vector::zip_in_place(part, s, |x, s| s * x);
+        }
+    }
+}
+
 /// `f` of every value in place, in parallel chunks for big buffers (`f` one of this file's
 /// functions, inlined into the AVX2+FMA loop where the CPU has it).
 pub(crate) fn map_in_place<F: Fn(f32) -> f32 + Sync>(v: &mut [f32], f: &F) {
