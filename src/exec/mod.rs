@@ -13,6 +13,7 @@ pub mod emulate;
 mod epilogue;
 pub(crate) mod fusion;
 pub(crate) mod qdq;
+mod spin;
 
 pub use cache::{CacheStats, ValueCache};
 
@@ -48,9 +49,9 @@ pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 /// count).
 fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
-        f()
+        spin::with_spinning_workers(f)
     } else {
-        rayon::scope(|_| f())
+        rayon::scope(|_| spin::with_spinning_workers(f))
     }
 }
 
