@@ -4,10 +4,11 @@
 //! woken again for the next loop — in a virtual machine each wake-up costs microseconds. A
 //! spinning worker takes the next loop's tasks as soon as they are pushed (it asks the pool
 //! for work in a loop, `rayon::yield_now`). Measured 2026-11-27 on the 2-core Zen 5 machine
-//! (in-process harness, min of 4 alternating rounds): YOLOv8n −9 %, PP-OCRv4 det −6 to −15 %,
-//! Magika −8 %, the bench CNN −2 %, the transformer −1 %.
+//! (in-process harness, min of 3 alternating rounds): Magika and PP-OCRv4 det −6 %, Silero
+//! kernels −12 %, the classifier −2 %, YOLOv8n and the bench models within noise.
 //!
-//! Only one run at a time spins the workers: a spinner stops when its run ends or when another
+//! Only pools of two threads spin (the CI machine's and the measured case; see
+//! `with_spinning_workers` for why not more), and only one run at a time: a spinner stops when its run ends or when another
 //! run starts anywhere in the process (`--jobs N` evaluations run side by side, and a spinner
 //! that a worker picked up while waiting inside another run would hold that run up until it
 //! stopped). Nothing here changes what a kernel computes.
@@ -32,10 +33,17 @@ pub(super) fn with_spinning_workers<R>(f: impl FnOnce() -> R) -> R {
     let generation = GENERATION.fetch_add(1, Ordering::SeqCst) + 1;
     let _end = End;
     let starter = rayon::current_thread_index();
-    if alone && starter.is_some() && rayon::current_num_threads() > 1 {
-        // One copy per thread of the pool; the starter's returns at once when it runs.
-        rayon::spawn_broadcast(move |ctx| {
-            if Some(ctx.index()) != starter {
+    if alone && starter.is_some() && rayon::current_num_threads() == 2 {
+        // Pushed onto the starter's own deque before any of the run's work: the other thread
+        // steals the oldest job first, so it takes the spinner before any job of the run and
+        // runs it from its idle loop, never nested inside a job the run waits for (which
+        // would deadlock: the spinner waits for the run, the run for that job). A broadcast
+        // job gives no such order — a worker runs it from inside whatever it is waiting on —
+        // and with three or more threads a worker can steal a job of the run from another
+        // worker before the spinner, so only two-thread pools spin. Taken by the starter
+        // itself, it returns at once.
+        rayon::spawn(move || {
+            if rayon::current_thread_index() != starter {
                 spin(generation)
             }
         });
