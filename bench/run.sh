@@ -5,6 +5,7 @@
 # all-FP16 and all-INT8 runs of mixprec against its own FP32 run; the last column is the ratio
 # of the two engines' fastest runs (steadier than the medians' on a shared machine).
 # THREADS=N overrides the thread count (default 2, the CI machine's core count).
+# ROUNDS=N alternating rounds of the two engines (default 3), each engine's lowest median kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads=${THREADS:-2}
