@@ -93,6 +93,41 @@ mod tests {
         }
     }
 
+    /// Many short runs of nested parallel loops in a two-thread pool (the shape of a model's
+    /// run: a few dozen parallel kernels, each a tree of joins) all finish. The first
+    /// version's hang (a broadcast spinner run from inside one of the run's own jobs, seen
+    /// once in ~10⁴ model runs) is a race this test does not reproduce reliably: the ordering
+    /// argument in `with_spinning_workers` is what rules it out.
+    #[test]
+    fn back_to_back_runs_of_nested_loops_finish() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        // Each leaf a microsecond or so of work, as a kernel's task is: the other thread must
+        // have time to steal while the starter works.
+        let leaf = |j: u64| (0..300u64).fold(j, |a, k| std::hint::black_box(a ^ k)) & 1;
+        let expected: u64 = (0..48u64).map(|i| (0..i).map(leaf).sum::<u64>()).sum();
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            pool.install(|| {
+                for _ in 0..3000 {
+                    let run = || {
+                        (0..48u64)
+                            .into_par_iter()
+                            .map(|i| (0..i).into_par_iter().map(leaf).sum::<u64>())
+                            .sum::<u64>()
+                    };
+                    assert_eq!(with_spinning_workers(run), expected);
+                }
+            });
+            done.send(()).unwrap();
+        });
+        finished
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("every run finished");
+    }
+
     /// A spinner returns when the generation it was given is over.
     #[test]
     fn a_spinner_stops_when_its_run_ends() {
