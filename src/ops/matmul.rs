@@ -543,11 +543,7 @@ pub fn matmul_kept(
                     rs: n,
                     cs: 1,
                 };
-                if split_batch {
-                    super::sgemm::gemm_on_this_thread(m, n, k, a, k, 1, &b, dst, n, false);
-                } else {
-                    super::sgemm::gemm(m, n, k, a, k, 1, &b, dst, n, false);
-                }
+                super::sgemm::gemm_threads(m, n, k, a, k, 1, &b, dst, n, false, !split_batch);
             } else {
                 sgemm(acc, m, n, k, a, false, b, false, dst, false);
             }

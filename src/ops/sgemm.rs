@@ -112,30 +112,15 @@ pub fn gemm(
     ldc: usize,
     accumulate: bool,
 ) {
-    product(m, n, k, a, a_rs, a_cs, b, c, ldc, accumulate, true)
+    gemm_threads(m, n, k, a, a_rs, a_cs, b, c, ldc, accumulate, true)
 }
 
-/// [`gemm`] on the calling thread only: for the products of a batch that runs its products
-/// in parallel (attention's per-head Q·Kᵀ and softmax·V), where splitting each small product
-/// again would cost more than it gains. The same bits as [`gemm`].
+/// [`gemm`], split over the pool's threads only where `may_split` (false: on the calling
+/// thread, for the products of a batch that runs its products in parallel — attention's
+/// per-head Q·Kᵀ and softmax·V —, where splitting each small product again costs more than it
+/// gains). The same bits either way.
 #[allow(clippy::too_many_arguments)]
-pub fn gemm_on_this_thread(
-    m: usize,
-    n: usize,
-    k: usize,
-    a: &[f32],
-    a_rs: usize,
-    a_cs: usize,
-    b: &dyn PackB,
-    c: &mut [f32],
-    ldc: usize,
-    accumulate: bool,
-) {
-    product(m, n, k, a, a_rs, a_cs, b, c, ldc, accumulate, false)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn product(
+pub fn gemm_threads(
     m: usize,
     n: usize,
     k: usize,
