@@ -431,9 +431,10 @@ fn fuse_silu(
         }
     };
     let mut out: Vec<(Stage, Vec<usize>)> = Vec::with_capacity(stages.len());
-    // Registers of the input stages → of the output's (None: the fused Sigmoid's).
+    // Registers of the input stages → of the output's (usize::MAX: a fused Sigmoid's, which
+    // nothing reads).
     let mut new_reg: Vec<usize> = vec![0];
-    let mut it = stages.into_iter().enumerate().peekable();
+    let mut it = stages.into_iter().enumerate();
     while let Some((k, (stage, r))) = it.next() {
         let remap = |r: &[usize], new_reg: &[usize]| r.iter().map(|&q| new_reg[q]).collect();
         if let Some(x_first) = pair_at(k) {
