@@ -12,8 +12,11 @@
 //! constant, BatchNormalization's `x·a + b`, Relu, LeakyRelu, HardSigmoid, HardSwish): a
 //! decomposed HardSwish after each convolution made them ~24 % of PP-OCRv4 rec's single-thread
 //! run in SSE2 loops; in AVX2 ones rec −10 % and the angle classifier −3 to −10 % (min of 3
-//! alternating, 1 and 2 threads; 2026-11-27). Measured and not taken: the two-operand stage
-//! (SiLU's product) in this AVX2 loop made YOLOv8n +8 % (two A/Bs; not understood), and an
+//! alternating, 1 and 2 threads; 2026-11-27). The fused SiLU stage's product
+//! (`logistic::silu_in_place`, since 2026-11-27 09:50) runs in `zip_in_place`: that stage, σ
+//! and product in one pass, made YOLOv8n −3.6 %. Measured and not taken: the generic
+//! two-operand stage (`Stage::Combine`, then also SiLU's product) in this AVX2 loop made
+//! YOLOv8n +8 % (two A/Bs; not understood), and an
 //! AVX-512 build of these loops was no faster (det +3 %, cls −3 %: their selects become masked
 //! stores, which AMD microcodes).
 
