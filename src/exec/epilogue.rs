@@ -125,7 +125,7 @@ pub(super) fn find_chains(
                                 None
                             }
                         },
-                        Source::Initializer(_) | Source::Absent => None,
+                        Source::Initializer(..) | Source::Absent => None,
                         Source::Outer(_) => {
                             ok = false;
                             None
@@ -262,11 +262,10 @@ impl Epilogue {
     /// The chain's stages for this run, or None where the run must execute its layers one
     /// by one (see the module's introduction); `layers`: the plan's layers, if any; `shape`:
     /// the anchor's output.
-    pub fn prepare<'w>(
+    pub fn prepare(
         chain: &Chain,
         anchor: usize,
         graph: &Graph,
-        weight: &dyn Fn(&str) -> Option<&'w Tensor>,
         steps: &[Step],
         layers: Option<&[LayerPrep]>,
         shape: ChainShape,
@@ -298,7 +297,7 @@ impl Epilogue {
                     continue;
                 }
                 let base = match src {
-                    Source::Initializer(n) => weight(n),
+                    Source::Initializer(_, t) => Some(*t),
                     _ => None,
                 };
                 args.push(base.map(

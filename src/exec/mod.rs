@@ -103,8 +103,10 @@ impl RunResult {
     }
 }
 
-enum Source {
-    Initializer(String),
+enum Source<'g> {
+    /// A weight (an initializer or folded value of this or an enclosing graph), by name and
+    /// resolved once here: a run reads it without a lookup.
+    Initializer(String, &'g Tensor),
     Slot(usize),
     /// A value of an enclosing graph (a subgraph's outer-scope reference), by index in
     /// [`Interpreter::outer_names`].
@@ -122,9 +124,11 @@ struct Sub<'g> {
 
 struct Step<'g> {
     kernel: Kernel,
+    /// Where the op may anchor an epilogue: the shape of the output it would apply it to.
+    epilogue_shape: Option<crate::ops::EpilogueShapeFn>,
     opset: i64,
     /// The node's inputs, then its implicit inputs (what its subgraphs read from this scope).
-    inputs: Vec<Source>,
+    inputs: Vec<Source<'g>>,
     /// How many of `inputs` are the node's own (the kernel's arguments).
     explicit: usize,
     outputs: Vec<Option<usize>>,
@@ -150,9 +154,6 @@ pub struct Interpreter<'g> {
     /// For a subgraph: the values of enclosing graphs it reads, in the order the caller
     /// passes them.
     outer_names: Vec<String>,
-    /// For a subgraph: the outer names that are weights of enclosing graphs (initializers or
-    /// folded values), read as initializers (`Source::Initializer`).
-    outer_weights: HashMap<String, &'g Tensor>,
     /// Input shapes whose inferred graph shapes were already checked.
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
     /// Per step: the pointwise layers after it that may run as its epilogue.
@@ -187,7 +188,12 @@ impl SubgraphRunner for ScopeRunner<'_, '_, '_, '_> {
         let plan = self.plans.and_then(|p| p.get(k));
         // The subgraph's values are shown by path (`Loop_0/body/x`), every iteration.
         let mut guard = self.observer.map(|o| o.borrow_mut());
-        let prefix = format!("{}/{attr}/", self.node);
+        // Formatted only where something shows the names (a loop body runs per iteration).
+        let prefix = if self.observer.is_some() || self.profile.is_some() {
+            format!("{}/{attr}/", self.node)
+        } else {
+            String::new()
+        };
         let mut nested = |name: &str, t: &Tensor| {
             if let Some(obs) = guard.as_mut() {
                 obs(&format!("{prefix}{name}"), t);
@@ -265,8 +271,8 @@ impl<'g> Interpreter<'g> {
         for node in &graph.nodes {
             let opset = graph.opset_of(&node.domain);
             // `new` checked the whole model first; this names a subgraph's ops if reached.
-            let kernel = registry
-                .get(&node.domain, &node.op_type)
+            let def = registry
+                .def(&node.domain, &node.op_type)
                 .ok_or_else(|| Error::UnsupportedOps(registry.unsupported_in(graph)))?;
             crate::ops::attrs::parse_node(node, opset)?;
             let implicit = node.implicit_inputs();
@@ -298,17 +304,19 @@ impl<'g> Interpreter<'g> {
                 .map(|name| {
                     if name.is_empty() {
                         Source::Absent
-                    } else if graph.folded.contains_key(name) {
+                    } else if let Some(t) = graph.folded.get(name) {
                         // A folded weight (a Constant's value, a transposed initializer): read
                         // as an initializer, so kernels keep what they derive from it
                         // (packed panels) and epilogues take it as a constant operand.
-                        Source::Initializer(name.clone())
+                        Source::Initializer(name.clone(), t)
                     } else if let Some(&s) = slots.get(name) {
                         Source::Slot(s)
-                    } else if graph.initializers.contains_key(name)
-                        || outer_weights.contains_key(name)
+                    } else if let Some(t) = graph
+                        .initializers
+                        .get(name)
+                        .or_else(|| outer_weights.get(name).copied())
                     {
-                        Source::Initializer(name.clone())
+                        Source::Initializer(name.clone(), t)
                     } else if let Some(i) = outer_names.iter().position(|o| o == name) {
                         Source::Outer(i)
                     } else {
@@ -323,7 +331,8 @@ impl<'g> Interpreter<'g> {
                 .map(|name| (!name.is_empty()).then(|| slot_of(name, &mut slots)))
                 .collect();
             steps.push(Step {
-                kernel,
+                kernel: def.kernel,
+                epilogue_shape: def.epilogue,
                 opset,
                 inputs,
                 explicit: node.inputs.len(),
@@ -370,17 +379,9 @@ impl<'g> Interpreter<'g> {
             input_slots,
             output_slots,
             outer_names,
-            outer_weights,
             checked_shapes: Default::default(),
             epilogues: Default::default(),
         })
-    }
-
-    /// The weight a step reads as `Source::Initializer`: this graph's, or an enclosing one's.
-    fn weight(&self, name: &str) -> Option<&'g Tensor> {
-        self.graph
-            .weight(name)
-            .or_else(|| self.outer_weights.get(name).copied())
     }
 
     /// Runs this subgraph with its formal inputs bound to `inputs` and its outer names to
@@ -754,7 +755,7 @@ impl<'g> Interpreter<'g> {
                     .iter()
                     .enumerate()
                     .map(|(i, src)| match src {
-                        Source::Initializer(n) => self.weight(n),
+                        Source::Initializer(_, t) => Some(*t),
                         Source::Slot(s) if fusion.is_some_and(|f| f.internal[i]) => {
                             fused[*s].as_deref().or(values[*s].as_deref())
                         }
@@ -865,7 +866,7 @@ impl<'g> Interpreter<'g> {
                     .map(|i| match layer.and_then(|l| l.inputs.get(i)) {
                         Some(InputPrep::Converted(_, kept)) => Some(&**kept),
                         None | Some(InputPrep::Keep) => match step.inputs[i] {
-                            Source::Initializer(_) => step.prepacked.get(i),
+                            Source::Initializer(..) => step.prepacked.get(i),
                             _ => None,
                         },
                         _ => None,
@@ -876,10 +877,7 @@ impl<'g> Interpreter<'g> {
                     (Some(chain), Some(x))
                         if epilogues && x.dtype() == crate::tensor::DType::F32 =>
                     {
-                        let shape = Registry::global()
-                            .def(&node.domain, &node.op_type)
-                            .and_then(|d| d.epilogue)
-                            .and_then(|f| f(args));
+                        let shape = step.epilogue_shape.and_then(|f| f(args));
                         match shape {
                             Some(shape) => plan
                                 .map_or(&self.epilogues, |p| &p.epilogues)
@@ -888,7 +886,6 @@ impl<'g> Interpreter<'g> {
                                         chain,
                                         idx,
                                         self.graph,
-                                        &|n| self.weight(n),
                                         &self.steps,
                                         plan.map(|p| p.layers.as_slice()),
                                         shape,
@@ -1134,7 +1131,7 @@ impl<'g> Interpreter<'g> {
                 h = mix(
                     h,
                     match src {
-                        Source::Initializer(n) => mix(hash_str(n), 2),
+                        Source::Initializer(n, _) => mix(hash_str(n), 2),
                         Source::Slot(s) => sig[*s],
                         Source::Outer(i) => mix(*i as u64, 4),
                         Source::Absent => 3,
@@ -1246,7 +1243,7 @@ mod tests {
         let interp = Interpreter::new(&nested).unwrap();
         let sub = &interp.steps[0].subs[1].interp;
         assert!(matches!(&sub.steps[0].inputs[0], Source::Outer(_)));
-        assert!(matches!(&sub.steps[0].inputs[1], Source::Initializer(n) if n == "w"));
+        assert!(matches!(&sub.steps[0].inputs[1], Source::Initializer(n, _) if n == "w"));
         let mut feeds = Feeds::new();
         feeds.insert("cond".into(), Tensor::from_bool(vec![], vec![true]));
         feeds.insert(
