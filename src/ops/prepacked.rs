@@ -23,6 +23,9 @@ pub mod tag {
     /// Depthwise weights tap by tap, every channel's weight of a tap together
     /// (`conv::depthwise::TapMajor`).
     pub const DEPTHWISE_TAP_MAJOR: u64 = 8;
+    /// A recurrent layer's W or R, each direction's `[gates·hidden, K]` transposed to
+    /// `[K, gates·hidden]` (`recurrent::Weights::Float`).
+    pub const RECURRENT_TRANSPOSED: u64 = 9;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -515,8 +515,9 @@ fn rnn(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 
 /// A direction's weight matrix `W` or `R`.
 pub(crate) enum Weights<'a> {
-    /// ONNX's layout: f32 `[gates·hidden, K]`, multiplied transposed.
-    Float(&'a [f32]),
+    /// ONNX's layout: f32 `[gates·hidden, K]`, multiplied transposed; with its transpose
+    /// `[K, gates·hidden]` where the kernel keeps one (an f32 accumulator).
+    Float(&'a [f32], Option<&'a [f32]>),
     /// DynamicQuantizeLSTM's: codes `[K, gates·hidden]`, multiplied after the rows of the
     /// other operand are quantized (`contrib/dynamic_quantize_lstm.rs`).
     Quant(QuantWeights<'a>),
@@ -550,7 +551,29 @@ impl Weights<'_> {
         accumulate: bool,
     ) {
         match self {
-            Weights::Float(w) => sgemm(acc, m, n, k, a, false, w, true, c, accumulate),
+            Weights::Float(_, Some(wt)) if acc == crate::numeric::Accumulator::F32 => {
+                // mixprec's product, B's rows read where they lie: each element the in-order
+                // chain over k, then added to C (product first, as the `gemm` crate and
+                // ORT's MLAS add it). The `gemm` crate's one-row path ran Silero's
+                // [1,128]·[128,512] at ~16 GFLOP/s.
+                let b = super::sgemm::StridedB {
+                    data: wt,
+                    n,
+                    rs: n,
+                    cs: 1,
+                };
+                if accumulate {
+                    let mut product = vec![0f32; m * n];
+                    super::sgemm::gemm(m, n, k, a, k, 1, &b, &mut product, n, false);
+                    c[..m * n]
+                        .iter_mut()
+                        .zip(&product)
+                        .for_each(|(c, p)| *c += p);
+                } else {
+                    super::sgemm::gemm(m, n, k, a, k, 1, &b, c, n, false);
+                }
+            }
+            Weights::Float(w, _) => sgemm(acc, m, n, k, a, false, w, true, c, accumulate),
             Weights::Quant(q) => super::contrib::dynamic_quantize_lstm::quantized_product(
                 m, n, k, a, q, c, accumulate,
             ),
@@ -560,7 +583,7 @@ impl Weights<'_> {
     /// The f32 weights; only LSTM takes quantized ones, and only through this type's product.
     fn float(&self) -> &[f32] {
         match self {
-            Weights::Float(w) => w,
+            Weights::Float(w, _) => w,
             Weights::Quant(_) => unreachable!("quantized weights are LSTM-only"),
         }
     }
@@ -569,8 +592,12 @@ impl Weights<'_> {
 /// All directions' `W` or `R`: f32 values or quantized codes.
 #[derive(Debug)]
 pub(crate) enum WeightSet<'t> {
-    /// Borrowed from an f32 tensor, converted from other float types.
-    Float(std::borrow::Cow<'t, [f32]>),
+    /// Borrowed from an f32 tensor, converted from other float types; with every direction's
+    /// transpose where the kernel keeps one.
+    Float(
+        std::borrow::Cow<'t, [f32]>,
+        Option<std::sync::Arc<Vec<f32>>>,
+    ),
     /// Kept with the weight where its codes, scales and zero points are constants.
     Quant(std::sync::Arc<QuantSet>),
 }
@@ -617,9 +644,12 @@ impl QuantSet {
 impl WeightSet<'_> {
     fn dir(&self, d: usize, dirs: usize) -> Weights<'_> {
         match self {
-            WeightSet::Float(v) => {
+            WeightSet::Float(v, t) => {
                 let n = v.len() / dirs;
-                Weights::Float(&v[d * n..(d + 1) * n])
+                Weights::Float(
+                    &v[d * n..(d + 1) * n],
+                    t.as_ref().map(|t| &t[d * n..(d + 1) * n]),
+                )
             }
             WeightSet::Quant(q) => {
                 let (n, ns) = (q.shifted.len() / dirs, q.scales.len() / dirs);
@@ -645,6 +675,24 @@ struct DirParams<'a> {
     p: Option<&'a [f32]>,
     acts: &'a [Activation],
     reverse: bool,
+}
+
+/// `dirs` matrices of `[rows, cols]` (row-major, one after the other) each transposed to
+/// `[cols, rows]`.
+fn transpose_directions(v: &[f32], dirs: usize, rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0f32; v.len()];
+    for d in 0..dirs {
+        let (src, dst) = (
+            &v[d * rows * cols..(d + 1) * rows * cols],
+            &mut t[d * rows * cols..(d + 1) * rows * cols],
+        );
+        for (i, row) in src.chunks_exact(cols.max(1)).enumerate() {
+            for (j, &x) in row.iter().enumerate() {
+                dst[j * rows + i] = x;
+            }
+        }
+    }
+    t
 }
 
 /// Shapes of one call.
@@ -711,10 +759,23 @@ pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             &[dirs, gh, hidden],
             &format!("[num_directions, {g}*hidden_size, hidden_size]"),
         )?;
-        (
-            WeightSet::Float(super::util::float_slice(w_t, "W")?),
-            WeightSet::Float(super::util::float_slice(r_t, "R")?),
-        )
+        let (w, r) = (
+            super::util::float_slice(w_t, "W")?,
+            super::util::float_slice(r_t, "R")?,
+        );
+        // Each direction's [gh, K] as [K, gh], for mixprec's product (kept with a constant
+        // weight, made per run otherwise; an f16 accumulator keeps the emulating product).
+        let transposed = |v: &[f32], k: usize, i: usize| {
+            (ctx.accumulate == crate::numeric::Accumulator::F32).then(|| {
+                super::prepacked::kept_or_made(
+                    ctx.prepacked(i),
+                    super::prepacked::tag::RECURRENT_TRANSPOSED,
+                    || transpose_directions(v, dirs, gh, k),
+                )
+            })
+        };
+        let (wt, rt) = (transposed(&w, input_size, 1), transposed(&r, hidden, 2));
+        (WeightSet::Float(w, wt), WeightSet::Float(r, rt))
     };
     let mut x = floats(x_t, "X")?;
     if attrs.batch_first {

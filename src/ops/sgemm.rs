@@ -198,8 +198,17 @@ pub fn gemm_threads(
             let mut jp = jp0;
             while jp < jp1 {
                 let (j0, cols) = (jp * NR, NR.min(n - jp * NR));
-                // Two full panels at once where the CPU has AVX-512: the 6×32 tile.
-                let pair = wide && jp + 1 < jp1 && (jp + 2) * NR <= n;
+                // Several full panels at once where the CPU has AVX-512: eight for a product
+                // of one row (1×128), else two (the 6×32 tile).
+                let group = if !wide {
+                    1
+                } else if m == 1 && jp + 8 <= jp1 && (jp + 8) * NR <= n {
+                    8
+                } else if jp + 1 < jp1 && (jp + 2) * NR <= n {
+                    2
+                } else {
+                    1
+                };
                 let (bp, b_stride): (*const f32, usize) = match (whole, direct) {
                     (Some(pb), _) => (pb.data[(jp * k + p0) * NR..].as_ptr(), NR),
                     (None, Some((data, rs))) if cols == NR => (data[p0 * rs + j0..].as_ptr(), rs),
@@ -210,12 +219,13 @@ pub fn gemm_threads(
                     }
                     (None, None) => (b_pack[(jp - jp0) * kc * NR..].as_ptr(), NR),
                 };
-                // The second panel: the next NR columns of B's rows, or the next packed panel
-                // (of all k rows when B is packed whole, of this k block otherwise).
-                let bp1 = match (whole, direct) {
-                    (Some(_), _) => bp.wrapping_add(k * NR),
-                    (None, Some(_)) => bp.wrapping_add(NR),
-                    (None, None) => bp.wrapping_add(kc * NR),
+                // From one panel to the next: the next NR columns of B's rows, or the next
+                // packed panel (of all k rows when B is packed whole, of this k block
+                // otherwise).
+                let panel_step = match (whole, direct) {
+                    (Some(_), _) => k * NR,
+                    (None, Some(_)) => NR,
+                    (None, None) => kc * NR,
                 };
                 for ip in ip0..ip1 {
                     let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
@@ -233,26 +243,29 @@ pub fn gemm_threads(
                         let c_tile = c_ptr.get().add(i0 * ldc + j0);
                         let load = accumulate || p0 > 0;
                         #[cfg(target_arch = "x86_64")]
-                        if pair {
+                        if group == 8 {
+                            tile_avx512_panels::<1, 8, StridedA>(
+                                kc, ap, bp, panel_step, b_stride, c_tile, ldc, load,
+                            );
+                            continue;
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        if group == 2 {
                             let f = match rows {
-                                1 => tile_avx512_pair::<1, StridedA>,
-                                2 => tile_avx512_pair::<2, StridedA>,
-                                3 => tile_avx512_pair::<3, StridedA>,
-                                4 => tile_avx512_pair::<4, StridedA>,
-                                5 => tile_avx512_pair::<5, StridedA>,
-                                _ => tile_avx512_pair::<6, StridedA>,
+                                1 => tile_avx512_panels::<1, 2, StridedA>,
+                                2 => tile_avx512_panels::<2, 2, StridedA>,
+                                3 => tile_avx512_panels::<3, 2, StridedA>,
+                                4 => tile_avx512_panels::<4, 2, StridedA>,
+                                5 => tile_avx512_panels::<5, 2, StridedA>,
+                                _ => tile_avx512_panels::<6, 2, StridedA>,
                             };
-                            f(kc, ap, [bp, bp1], b_stride, c_tile, ldc, load);
+                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
                             continue;
                         }
                         kernel.run(kc, ap, bp, b_stride, c_tile, ldc, rows, cols, load);
                     }
                 }
-                if pair {
-                    // The second panel's columns are done too.
-                    jp += 1;
-                }
-                jp += 1;
+                jp += group;
             }
         }
     };
@@ -716,44 +729,53 @@ unsafe fn tile_avx2_fma<const R: usize, A: TileA>(
     }
 }
 
-/// R rows × 32 columns (two B panels, `b[0]` and `b[1]`, kc rows each at stride `b_stride`) of
-/// a product whose A the tile reads through `a`, in AVX-512 registers: the same chains as the
-/// 6×16 tile. On Zen 5 (full-width 512-bit FMA units) the transformer's MatMuls run ~1.6× as
-/// fast as through the `gemm` crate's AVX2 kernel.
+/// R rows × P B panels (16·P columns; panel q at `b.add(q·panel_step)`, kc rows each at
+/// stride `b_stride`) of a product whose A the tile reads through `a`, in AVX-512 registers:
+/// the same chains as the 6×16 tile. Two shapes run: R×32 (P = 2; on Zen 5, with full-width
+/// 512-bit FMA units, the transformer's MatMuls ~1.6× as fast as through the `gemm` crate's
+/// AVX2 kernel) and, for a product of one row, 1×128 (P = 8: eight independent chains hide
+/// the FMA latency that a one-row 1×32 tile waits on; Silero's LSTM step [1,128]·[128,512]
+/// was 1.5× slower on 1×32 than on the `gemm` crate's one-row path).
 ///
 /// # Safety
-/// As [`Kernel::tile`] for both panels (32 full columns of C); the CPU has AVX-512F.
+/// As [`Kernel::tile`] for each of the P panels (16·P full columns of C); the CPU has
+/// AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512_pair<const R: usize, A: TileA>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_avx512_panels<const R: usize, const P: usize, A: TileA>(
     kc: usize,
     a: A,
-    b: [*const f32; 2],
+    b: *const f32,
+    panel_step: usize,
     b_stride: usize,
     c: *mut f32,
     ldc: usize,
     load: bool,
 ) {
     use std::arch::x86_64::*;
-    let mut acc = [[_mm512_setzero_ps(); 2]; R];
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
     if load {
         for (r, row) in acc.iter_mut().enumerate() {
-            row[0] = _mm512_loadu_ps(c.add(r * ldc));
-            row[1] = _mm512_loadu_ps(c.add(r * ldc + NR));
+            for (q, v) in row.iter_mut().enumerate() {
+                *v = _mm512_loadu_ps(c.add(r * ldc + q * NR));
+            }
         }
     }
     for p in 0..kc {
-        let v0 = _mm512_loadu_ps(b[0].add(p * b_stride));
-        let v1 = _mm512_loadu_ps(b[1].add(p * b_stride));
+        let bv: [__m512; P] =
+            std::array::from_fn(|q| _mm512_loadu_ps(b.add(q * panel_step + p * b_stride)));
         for (r, row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_ps(*a.at(r, p));
-            row[0] = _mm512_fmadd_ps(av, v0, row[0]);
-            row[1] = _mm512_fmadd_ps(av, v1, row[1]);
+            for (v, w) in row.iter_mut().zip(&bv) {
+                *v = _mm512_fmadd_ps(av, *w, *v);
+            }
         }
     }
     for (r, row) in acc.iter().enumerate() {
-        _mm512_storeu_ps(c.add(r * ldc), row[0]);
-        _mm512_storeu_ps(c.add(r * ldc + NR), row[1]);
+        for (q, v) in row.iter().enumerate() {
+            _mm512_storeu_ps(c.add(r * ldc + q * NR), *v);
+        }
     }
 }
 
@@ -876,6 +898,9 @@ mod tests {
             (64, 200, 600),
             (100, 64, 520),
             (5, 3, 0),
+            // One row: 1×128 tiles (eight panels), then pairs and a lone partial panel.
+            (1, 300, 600),
+            (1, 512, 128),
         ] {
             let a = values(m * k, 1);
             let b = values(k * n, 2);
