@@ -144,6 +144,10 @@ struct Step<'g> {
     folded: bool,
 }
 
+/// A step's inputs, arguments or outputs: on the stack up to eight (a vector per step and run
+/// was a tenth of a small model's run time in malloc and free).
+type Args<T> = smallvec::SmallVec<[T; 8]>;
+
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
 pub struct Interpreter<'g> {
     graph: &'g Graph,
@@ -750,7 +754,10 @@ impl<'g> Interpreter<'g> {
             let mut chain_result = None;
             let (mut outs, movement_mark, cost, kernel_rounded) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
-                let base: Vec<Option<&Tensor>> = step
+                // Declared first, so dropped last: the argument lists below may borrow it
+                // (their type, a SmallVec, does not let a borrow end before its drop).
+                let widened: Vec<Option<Tensor>>;
+                let base: Args<Option<&Tensor>> = step
                     .inputs
                     .iter()
                     .enumerate()
@@ -765,8 +772,8 @@ impl<'g> Interpreter<'g> {
                     })
                     .collect();
                 // Converted copies of activations, where the layer's precision asks for them.
-                let owned: Vec<Option<Tensor>> = match layer {
-                    None => Vec::new(),
+                let owned: Args<Option<Tensor>> = match layer {
+                    None => Args::new(),
                     Some(l) => base
                         .iter()
                         .zip(&l.inputs)
@@ -783,7 +790,7 @@ impl<'g> Interpreter<'g> {
                         })
                         .collect(),
                 };
-                let args: Vec<Option<&Tensor>> = base
+                let args: Args<Option<&Tensor>> = base
                     .iter()
                     .enumerate()
                     .map(|(i, t)| {
@@ -800,7 +807,7 @@ impl<'g> Interpreter<'g> {
                     .collect();
                 // A natively 16-bit layer inside a region computes in f32 (the fused kernel's
                 // accumulator type): its 16-bit inputs are widened, exactly.
-                let widened: Vec<Option<Tensor>> = match fusion.and_then(|f| f.native) {
+                widened = match fusion.and_then(|f| f.native) {
                     Some(d) => args
                         .iter()
                         .map(|t| {
@@ -811,7 +818,7 @@ impl<'g> Interpreter<'g> {
                         .collect(),
                     None => Vec::new(),
                 };
-                let args: Vec<Option<&Tensor>> = if widened.is_empty() {
+                let args: Args<Option<&Tensor>> = if widened.is_empty() {
                     args
                 } else {
                     args.iter()
@@ -862,7 +869,7 @@ impl<'g> Interpreter<'g> {
                 // Where the kernel may keep what it derives from an input (packed weights):
                 // with the plan's converted weight, or with the step for a graph initializer
                 // passed as it is.
-                let prepacked: Vec<Option<&crate::ops::prepacked::Prepacked>> = (0..step.explicit)
+                let prepacked: Args<Option<&crate::ops::prepacked::Prepacked>> = (0..step.explicit)
                     .map(|i| match layer.and_then(|l| l.inputs.get(i)) {
                         Some(InputPrep::Converted(_, kept)) => Some(&**kept),
                         None | Some(InputPrep::Keep) => match step.inputs[i] {
@@ -1015,7 +1022,7 @@ impl<'g> Interpreter<'g> {
                 });
             }
             // Shared from here on: the cache keeps a reference instead of a copy.
-            let outs: Vec<Arc<Tensor>> = outs.into_iter().map(Arc::new).collect();
+            let outs: Args<Arc<Tensor>> = outs.into_iter().map(Arc::new).collect();
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
