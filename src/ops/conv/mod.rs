@@ -910,15 +910,22 @@ pub fn conv(
     // gathered path adds the bias.
     let mut bias_added = direct;
     let mut packed_weights: Option<std::sync::Arc<Vec<super::sgemm::PackedB>>> = None;
-    for b in (0..n).filter(|_| !direct) {
+    // The gathered product (output channels across the vector lanes), where it applies.
+    let gathered = (unpadded_1x1 || in_sp.len() == 2)
+        && ctx.accumulate == crate::numeric::Accumulator::F32
+        && channels_across_lanes(mg);
+    // With one group, a batch's images are one gathered product: their output positions are
+    // rows of one A (Silero's batches of four short sequences were four products of 4 rows,
+    // in tiles of 6 and 12 rows and too small to split over threads). Each output is the
+    // same chain either way.
+    let images = if gathered && group == 1 { n } else { 1 };
+    for b in (0..n).step_by(images).filter(|_| !direct) {
         for g in 0..group {
-            let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
+            let xg = &xv[(b * c + g * cg) * in_sz..((b + images - 1) * c + (g + 1) * cg) * in_sz];
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
-            let dst = &mut out_values[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
-            if (unpadded_1x1 || in_sp.len() == 2)
-                && ctx.accumulate == crate::numeric::Accumulator::F32
-                && channels_across_lanes(mg)
-            {
+            let dst = &mut out_values
+                [(b * m + g * mg) * o_sz..((b + images - 1) * m + (g + 1) * mg) * o_sz];
+            if gathered {
                 // Output channels across the vector lanes: the product reads the image's taps
                 // where they lie and writes [position, channel]; then into planes. A 2-D
                 // convolution reads a padded, stride-phased copy of the image; a pointwise
@@ -929,16 +936,32 @@ pub fn conv(
                 // they use at stride 2, before 2026-11-27: the bench CNN's three 1×1 stride-2
                 // shortcuts 34–38 µs, ORT 11.)
                 let padded;
-                let (image, offsets, origins): (&[f32], Vec<usize>, Vec<usize>) = if unpadded_1x1 {
-                    (
-                        xg,
-                        (0..cg).map(|ci| ci * in_sz).collect(),
-                        strided_origins(in_sp, &w.strides, &w.out),
-                    )
+                // Rows of one image's positions, then the next image's (`images` > 1 only
+                // with one group: an image's channels are `cg` = c planes).
+                let (image, offsets, origins, image_step): (&[f32], Vec<usize>, Vec<usize>, usize) =
+                    if unpadded_1x1 {
+                        (
+                            xg,
+                            (0..cg).map(|ci| ci * in_sz).collect(),
+                            strided_origins(in_sp, &w.strides, &w.out),
+                            cg * in_sz,
+                        )
+                    } else {
+                        padded = PaddedImage::new(xg, images * cg, in_sp, &w);
+                        let offsets = padded.tap_offsets(cg, &w);
+                        (
+                            &padded.data,
+                            offsets,
+                            padded.window_origins(&w),
+                            cg * padded.plane,
+                        )
+                    };
+                let origins: Vec<usize> = if images == 1 {
+                    origins
                 } else {
-                    padded = PaddedImage::new(xg, cg, in_sp, &w);
-                    let offsets = padded.tap_offsets(cg, &w);
-                    (&padded.data, offsets, padded.window_origins(&w))
+                    (0..images)
+                        .flat_map(|i| origins.iter().map(move |&o| o + i * image_step))
+                        .collect()
                 };
                 let packed = packed_weights.get_or_insert_with(|| {
                     super::prepacked::kept_or_made(prepacked, GATHERED_WEIGHTS, || {
@@ -946,7 +969,7 @@ pub fn conv(
                     })
                 });
                 let bias = bv.as_deref().map(|b| &b[g * mg..(g + 1) * mg]);
-                assert!(dst.len() >= mg * o_sz);
+                assert!(dst.len() >= ((images - 1) * m + mg) * o_sz);
                 let planes = super::util::DisjointPtr(dst.as_mut_ptr());
                 // Each finished block of the product goes into the planes, bias added, while in
                 // the cache of the thread that computed it. `finish` runs afterwards on whole
@@ -955,10 +978,26 @@ pub fn conv(
                 // [1,64,20,20] 3×3 Conv 28 % of the convolution; run per plane, YOLOv8n's
                 // convolutions −6 %, bench CNN −1 %, its FP16 −4 %).
                 let done = |block: super::sgemm::GatheredBlock| {
-                    // SAFETY: the product hands each block of positions × channels once, and
-                    // blocks are disjoint, so no other thread writes these values of the planes
-                    // (dst holds mg planes of o_sz, asserted above).
-                    unsafe { block_into_planes(&block, bias, planes.get(), o_sz) };
+                    // A block's rows may span images: each image's part into its planes.
+                    let mut r = block.rows.start;
+                    while r < block.rows.end {
+                        let image = r / o_sz;
+                        let end = block.rows.end.min((image + 1) * o_sz);
+                        let part = super::sgemm::GatheredBlock {
+                            rows: r - image * o_sz..end - image * o_sz,
+                            columns: block.columns.clone(),
+                            values: &block.values[(r - block.rows.start) * block.ld..],
+                            ld: block.ld,
+                        };
+                        // SAFETY: the product hands each block of positions × channels once,
+                        // and blocks are disjoint, so no other thread writes these values of
+                        // the planes (dst holds, per image, mg planes of o_sz at m planes
+                        // from the previous image's, asserted above).
+                        unsafe {
+                            block_into_planes(&part, bias, planes.get().add(image * m * o_sz), o_sz)
+                        };
+                        r = end;
+                    }
                 };
                 super::sgemm::gemm_gathered(image, &origins, &offsets, &packed[g], &done);
                 bias_added = true;
@@ -1684,6 +1723,28 @@ mod tests {
                 [2, 2],
                 [1, 1],
                 [3, 3, 3, 3],
+                false,
+            ),
+            // Channels across the lanes, batches of one group as one product (blocks of rows
+            // spanning images): strided 3×3, and a 1-D-like [1, 3] kernel on rows of 9.
+            (
+                [3, 5, 7, 6],
+                1,
+                24,
+                [3, 3],
+                [2, 1],
+                [1, 1],
+                [1, 1, 1, 0],
+                true,
+            ),
+            (
+                [4, 16, 1, 9],
+                1,
+                40,
+                [1, 3],
+                [1, 1],
+                [1, 1],
+                [0, 1, 0, 1],
                 false,
             ),
             // Pointwise, channels across the lanes (the image read in place): batches with an
