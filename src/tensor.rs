@@ -628,12 +628,19 @@ impl TensorData {
 
     /// Concatenates runs of consecutive elements, each `(start, len)` (in range: kernels check
     /// before calling); a row copy instead of one index per element.
+    #[allow(clippy::clone_on_copy)] // one generic body serves Copy and String buffers
     pub fn gather_runs(&self, runs: &[(usize, usize)]) -> TensorData {
         let total = runs.iter().map(|r| r.1).sum();
         map_data!(self, v => {
             let mut out = Vec::with_capacity(total);
             for &(start, len) in runs {
-                out.extend_from_slice(&v[start..start + len]);
+                // A lone value pushed, not copied as a slice (a memcpy call per value of
+                // Pad's reflected borders).
+                if len == 1 {
+                    out.push(v[start].clone());
+                } else {
+                    out.extend_from_slice(&v[start..start + len]);
+                }
             }
             out.into()
         })

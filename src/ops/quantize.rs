@@ -277,15 +277,17 @@ fn round_to(d: DType, x: f32) -> f32 {
 
 /// `code(x / s)` of every value for an 8-bit type of `range` with zero point `z`, handed to `to`
 /// as an i32 inside the range:
-/// `clamp(round_half_even(x / s) + z, range)`, NaN to the range's minimum (ONNX Runtime's
-/// rule, as the general loop of [`quantize_linear`]); the loop compiled for AVX2 where the CPU
-/// has it (`roundps`: the baseline target rounds through a libm call per value), in parallel
-/// pieces above 64K values.
+/// `clamp(round_half_even(x / s) + z, range)`, NaN to `nan + z` (clamped: QuantizeLinear's
+/// NaN goes to the range's minimum, ONNX Runtime's rule, as the general loop of
+/// [`quantize_linear`]; DynamicQuantizeLinear's to the zero point); the loop compiled for AVX2
+/// where the CPU has it (`roundps`: the baseline target rounds through a libm call per
+/// value), in parallel pieces above 64K values.
 fn quantize_8bit<T: Copy + Default + Send + Sync>(
     xs: &[f32],
     s: f32,
     z: f32,
     (lo, hi): (f32, f32),
+    nan: f32,
     to: impl Fn(i32) -> T + Sync + Copy,
 ) -> Vec<T> {
     #[inline(always)]
@@ -301,11 +303,7 @@ fn quantize_8bit<T: Copy + Default + Send + Sync>(
     }
     let code = move |x: f32| {
         let q = x / s;
-        let r = if q.is_nan() {
-            lo - z
-        } else {
-            q.round_ties_even()
-        };
+        let r = if q.is_nan() { nan } else { q.round_ties_even() };
         let code = (r + z).max(lo).min(hi);
         // SAFETY: `code` is a finite integer inside the 8-bit range (NaN went to `lo`, an
         // infinity saturates), which i32 holds: the unchecked conversion vectorizes, where a
@@ -378,9 +376,9 @@ fn quantize_linear(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         let range = (qmin as f32, qmax as f32);
         // The codes are integers inside the type's range: the casts are exact.
         let data = if out_dtype == DType::U8 {
-            TensorData::U8(quantize_8bit(xs, *s, z, range, |v| v as u8).into())
+            TensorData::U8(quantize_8bit(xs, *s, z, range, range.0 - z, |v| v as u8).into())
         } else {
-            TensorData::I8(quantize_8bit(xs, *s, z, range, |v| v as i8).into())
+            TensorData::I8(quantize_8bit(xs, *s, z, range, range.0 - z, |v| v as i8).into())
         };
         return Ok(vec![Tensor::from_parts(x.shape().to_vec(), data)]);
     }
@@ -531,19 +529,24 @@ fn dynamic_quantize_linear(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult
         ));
     }
     let (qmin, qmax) = (0.0f32, 255.0f32);
-    // The range always includes 0 so that 0 is exactly representable.
-    let maxx = xv.iter().copied().fold(0.0f32, f32::max);
-    let minx = xv.iter().copied().fold(0.0f32, f32::min);
+    // The range always includes 0 so that 0 is exactly representable. Sixteen running
+    // extremes, not one (a chain of dependent max/min was most of the op): NaNs are skipped
+    // either way, so the extremes are the same.
+    let (mut lo, mut hi) = ([0.0f32; 16], [0.0f32; 16]);
+    let chunks = xv.chunks_exact(16);
+    let rest = chunks.remainder();
+    for ch in chunks {
+        for i in 0..16 {
+            lo[i] = lo[i].min(ch[i]);
+            hi[i] = hi[i].max(ch[i]);
+        }
+    }
+    let maxx = hi.iter().chain(rest).copied().fold(0.0f32, f32::max);
+    let minx = lo.iter().chain(rest).copied().fold(0.0f32, f32::min);
     let scale = if maxx == minx { 1.0 } else { maxx - minx } / (qmax - qmin);
     let zp = (qmin - minx / scale).clamp(qmin, qmax).round_ties_even();
-    let y: Vec<u8> = xv
-        .iter()
-        .map(|&v| {
-            let q = v / scale;
-            let q = if q.is_nan() { 0.0 } else { q.round_ties_even() };
-            (q + zp).clamp(qmin, qmax) as u8
-        })
-        .collect();
+    // NaN to the zero point (its quotient taken as 0).
+    let y = quantize_8bit(xv, scale, zp, (qmin, qmax), 0.0, |v| v as u8);
     Ok(vec![
         Tensor::from_parts(x.shape().to_vec(), TensorData::U8(y.into())),
         Tensor::scalar_f32(scale),

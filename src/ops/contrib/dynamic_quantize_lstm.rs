@@ -183,18 +183,15 @@ pub(crate) fn quantized_product(
     let prod: Vec<f32> = if max_qa.saturating_mul(w.max_column_sum) <= 1 << 24 {
         let qf: Vec<f32> = qa.iter().map(|&v| v as f32).collect();
         let mut prod = vec![0f32; m * n];
-        crate::ops::matmul::sgemm(
-            crate::numeric::Accumulator::F32,
-            m,
+        // mixprec's product, the weights' rows read where they lie (exact, so the order is
+        // free; one-row steps run the 1×128 tiles: Silero's quantized LSTM 26.6 → 21.5 µs).
+        let b = crate::ops::sgemm::StridedB {
+            data: w.float,
             n,
-            k,
-            &qf,
-            false,
-            w.float,
-            false,
-            &mut prod,
-            false,
-        );
+            rs: n,
+            cs: 1,
+        };
+        crate::ops::sgemm::gemm(m, n, k, &qf, k, 1, &b, &mut prod, n, false);
         prod
     } else {
         let mut prod = vec![0i32; m * n];
