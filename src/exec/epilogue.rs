@@ -551,7 +551,12 @@ mod tests {
     /// (SiLU); Mul, Add by constants → HardSigmoid, Mul (a decomposed HardSwish); Sub from a
     /// per-channel constant → Div by a scalar → Tanh. `extra`: more nodes and outputs.
     fn model(extra: Vec<Node>, outputs: &[&str]) -> Graph {
-        let (c, hw) = (3usize, 9usize);
+        model_of(extra, outputs, 9)
+    }
+
+    /// [`model`] on a [1, 3, hw, hw] input.
+    fn model_of(extra: Vec<Node>, outputs: &[&str], hw: usize) -> Graph {
+        let c = 3usize;
         let mut hs = node("hsig", "HardSigmoid", &["u3"], &["u4"]);
         hs.attrs.insert("alpha".into(), Attribute::Float(0.2));
         let mut nodes = vec![
@@ -610,10 +615,14 @@ mod tests {
     }
 
     fn feeds() -> Feeds {
+        feeds_of(9)
+    }
+
+    fn feeds_of(hw: usize) -> Feeds {
         let mut f = Feeds::new();
         f.insert(
             "x".into(),
-            Tensor::from_f32(vec![1, 3, 9, 9], values(243, 12)),
+            Tensor::from_f32(vec![1, 3, hw, hw], values(3 * hw * hw, 12)),
         );
         f
     }
@@ -924,31 +933,43 @@ mod tests {
 
     #[test]
     fn an_epilogue_computes_the_bits_of_its_layers_run_one_by_one() {
-        let g = model(Vec::new(), &["out"]);
-        let interp = Interpreter::new(&g).unwrap();
-        let feeds = feeds();
         let keep = RunOptions {
             keep_intermediates: true,
         };
-        let fused = interp.run(&feeds).unwrap();
-        let alone = interp.run_with(&feeds, &keep).unwrap();
-        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
-        let mut mixed: Vec<Precision> = vec![Precision::Float16; g.nodes.len()];
-        mixed[1] = Precision::Float32; // the BatchNormalization
-        mixed[4] = Precision::BFloat16; // the SiLU's Sigmoid
-        let plans = [
-            PrecisionPlan::uniform(&g, Precision::Float16),
-            PrecisionPlan::uniform(&g, Precision::BFloat16),
-            PrecisionPlan::from_layers(mixed),
-        ];
-        let mut seen = vec![bits(&fused.outputs[0].1)];
-        for plan in plans {
-            let p = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
-            let fused = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
-            let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
+        // 7×7 planes (49 positions): the convolutions apply their chains in the product's
+        // blocks, a position's channels at a time, instead of per plane.
+        let mut seen_at_9 = Vec::new();
+        for hw in [9, 7] {
+            let g = model_of(Vec::new(), &["out"], hw);
+            let interp = Interpreter::new(&g).unwrap();
+            let feeds = feeds_of(hw);
+            let fused = interp.run(&feeds).unwrap();
+            let alone = interp.run_with(&feeds, &keep).unwrap();
             assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
-            seen.push(bits(&fused.outputs[0].1));
+            let mut mixed: Vec<Precision> = vec![Precision::Float16; g.nodes.len()];
+            mixed[1] = Precision::Float32; // the BatchNormalization
+            mixed[4] = Precision::BFloat16; // the SiLU's Sigmoid
+            let plans = [
+                PrecisionPlan::uniform(&g, Precision::Float16),
+                PrecisionPlan::uniform(&g, Precision::BFloat16),
+                PrecisionPlan::from_layers(mixed),
+            ];
+            let mut seen = vec![bits(&fused.outputs[0].1)];
+            for plan in plans {
+                let p = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+                let fused = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
+                let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
+                assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1), "{hw}");
+                seen.push(bits(&fused.outputs[0].1));
+            }
+            if hw == 9 {
+                seen_at_9 = seen;
+            }
         }
+        let mut seen = seen_at_9;
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds = feeds();
         // Int8 convolutions with their chains in int8 (which writes float32) or float32:
         // the chains are epilogues, and give the bits of the layers run alone.
         let amax: std::collections::BTreeMap<String, f32> = ["x", "y3", "z3", "u5"]

@@ -323,7 +323,7 @@ const GATHERED_TILES_PER_TASK: usize = 64;
 pub struct GatheredBlock<'a> {
     pub rows: std::ops::Range<usize>,
     pub columns: std::ops::Range<usize>,
-    pub values: &'a [f32],
+    pub values: &'a mut [f32],
     pub ld: usize,
 }
 
@@ -353,11 +353,11 @@ pub fn gemm_gathered(
         return;
     }
     if k == 0 {
-        let zeros = vec![0f32; m * n];
+        let mut zeros = vec![0f32; m * n];
         done(GatheredBlock {
             rows: 0..m,
             columns: 0..n,
-            values: &zeros,
+            values: &mut zeros,
             ld: n,
         });
         return;
@@ -508,7 +508,7 @@ pub fn gemm_gathered(
         done(GatheredBlock {
             rows: it0 * MR..(it1 * MR).min(m),
             columns: jp0 * NR..(jp1 * NR).min(n),
-            values: &block[..size],
+            values: &mut block[..size],
             ld: ldc,
         });
     };

@@ -919,6 +919,9 @@ pub fn conv(
     // in tiles of 6 and 12 rows and too small to split over threads). Each output is the
     // same chain either way.
     let images = if gathered && group == 1 { n } else { 1 };
+    // Planes shorter than this take `finish` in the gathered product's blocks (above).
+    const SHORT_PLANE: usize = 64;
+    let finish_in_blocks = gathered && finish.is_some() && o_sz < SHORT_PLANE;
     for b in (0..n).step_by(images).filter(|_| !direct) {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..((b + images - 1) * c + (g + 1) * cg) * in_sz];
@@ -978,16 +981,35 @@ pub fn conv(
                 // [1,64,20,20] 3×3 Conv 28 % of the convolution; run per plane, YOLOv8n's
                 // convolutions −6 %, bench CNN −1 %, its FP16 −4 %).
                 let done = |block: super::sgemm::GatheredBlock| {
+                    let (r0, c0, ld) = (block.rows.start, block.columns.start, block.ld);
+                    let width = block.columns.len();
+                    // Short planes: the bias and `finish` on the block's rows (a position's
+                    // channels, `Channels::From`), the same values in the same order; per
+                    // plane they were thousands of calls of a few values each (Silero's planes
+                    // of 4: the emulated float16 run 1.4× its FP32 one).
+                    let bias = match (finish_in_blocks, finish) {
+                        (true, Some(f)) => {
+                            for row in block.values.chunks_mut(ld).take(block.rows.len()) {
+                                let row = &mut row[..width];
+                                if let Some(b) = bias {
+                                    row.iter_mut().zip(&b[c0..]).for_each(|(v, b)| *v += b);
+                                }
+                                f(super::Channels::From(g * mg + c0), row);
+                            }
+                            None
+                        }
+                        _ => bias,
+                    };
                     // A block's rows may span images: each image's part into its planes.
-                    let mut r = block.rows.start;
+                    let mut r = r0;
                     while r < block.rows.end {
                         let image = r / o_sz;
                         let end = block.rows.end.min((image + 1) * o_sz);
                         let part = super::sgemm::GatheredBlock {
                             rows: r - image * o_sz..end - image * o_sz,
                             columns: block.columns.clone(),
-                            values: &block.values[(r - block.rows.start) * block.ld..],
-                            ld: block.ld,
+                            values: &mut block.values[(r - r0) * ld..],
+                            ld,
                         };
                         // SAFETY: the product hands each block of positions × channels once,
                         // and blocks are disjoint, so no other thread writes these values of
@@ -1040,6 +1062,7 @@ pub fn conv(
     unsafe { out.set_len(total) };
     // The bias (where not added yet), then `finish`, one channel plane at a time.
     let bias = bv.as_ref().filter(|_| !bias_added);
+    let finish = finish.filter(|_| !finish_in_blocks);
     if !direct && (bias.is_some() || finish.is_some()) {
         // Tasks of whole planes and at least 8 Ki values: a small output's planes in one
         // task (Silero's [1,128,4] planes were a fork each).
