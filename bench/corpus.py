@@ -151,6 +151,13 @@ def main():
                     b["median_ms"] = min(b["median_ms"], j["median_ms"])
                     b["min_ms"] = min(b["min_ms"], j["min_ms"])
 
+        def round_trip():
+            # benches/latency.rs `round_trip`: 40-110 ns with a shared L3, ~350 in the slow mode.
+            p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", "--core-round-trip"],
+                               capture_output=True, text=True, cwd=ROOT)
+            return json.loads(p.stdout)["core_round_trip_ns"] if p.returncode == 0 else None
+
+        trips = [round_trip()]
         for r in range(int(os.environ.get("ROUNDS", "3"))):
             only = [] if r == 0 else ["--fp32-only"]
             p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", *only, work, *timed],
@@ -159,8 +166,14 @@ def main():
             p = subprocess.run([sys.executable, f"{ROOT}/bench/ort_latency.py", work, threads, *timed],
                                capture_output=True, text=True)
             keep_lowest(lat_ort, p.stdout, r == 0)
+        trips.append(round_trip())
 
     print(f"threads={threads}")
+    if timed and None not in trips:
+        slow = max(trips) >= 250
+        print(f"core round trip before / after the latency runs: {trips[0]:.0f} / {trips[1]:.0f} ns"
+              + (" (>= 250: the cores have separate L3 caches, the machine's slow mode; mixprec's two-thread"
+                 " times inflate ~1.4x, ORT's ~1.1x)" if slow else ""))
     print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / INT8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals (bound) / s / RSS × run | task: layers / evals (bound) / s / RSS × run |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -18,13 +18,18 @@ cargo build --release --bench latency --quiet 2>/dev/null || cargo build --relea
 # slower (both engines alike); one run each can land one engine in it and not the other. The
 # emulated runs are timed in the first round, against that round's own FP32 run.
 rounds=${ROUNDS:-3}
+# The cores' cache-line round trip before and after (benches/latency.rs `round_trip`): 40-110 ns
+# when the two cores share an L3 cache, ~350 ns in the machine's slow mode.
+trip() { cargo bench --quiet --bench latency -- --core-round-trip | sed 's/.*: \([0-9]*\)}/\1/'; }
+trip_before=$(trip)
 mix=$(RAYON_NUM_THREADS=$threads cargo bench --quiet --bench latency -- "$dir" cnn transformer)
 ort=$("$py" bench/ort_latency.py "$dir" "$threads" cnn transformer)
 for _ in $(seq 2 "$rounds"); do
   mix_fp32+=$(RAYON_NUM_THREADS=$threads cargo bench --quiet --bench latency -- --fp32-only "$dir" cnn transformer)$'\n'
   ort+=$'\n'$("$py" bench/ort_latency.py "$dir" "$threads" cnn transformer)
 done
-"$py" - "$threads" "$rounds" <<PY
+trip_after=$(trip)
+"$py" - "$threads" "$rounds" "$trip_before" "$trip_after" <<PY
 import json, sys
 def lowest(text):
     best = {}
@@ -40,6 +45,9 @@ for m, j in lowest("""${mix_fp32:-}""").items():
     mix[m]["median_ms"], mix[m]["min_ms"] = min(mix[m]["median_ms"], j["median_ms"]), min(mix[m]["min_ms"], j["min_ms"])
 ort = lowest("""$ort""")
 print(f"threads={sys.argv[1]} rounds={sys.argv[2]} (lowest median of each engine)")
+trips = sorted(int(t) for t in sys.argv[3:5])
+print(f"core round trip before / after: {sys.argv[3]} / {sys.argv[4]} ns"
+      + (" (>= 250: the cores have separate L3 caches, the machine's slow mode; mixprec's two-thread times inflate ~1.4x, ORT's ~1.1x)" if trips[-1] >= 250 else ""))
 print(f"{'model':<12} {'mixprec ms':>11} {'onnxruntime ms':>15} {'mixprec/ORT':>12} {'mixprec fp16 ms':>16} {'fp16/fp32':>10} {'int8/fp32':>10} {'min ratio':>10}")
 for m in mix:
     a, o, h, q = mix[m]['median_ms'], ort[m]['median_ms'], mix[m]['fp16_median_ms'], mix[m]['int8_median_ms']

@@ -3,6 +3,8 @@
 //!
 //! Usage: cargo bench --bench latency -- [--fp32-only] DIR NAME [NAME...]   (reads DIR/NAME.onnx and
 //! DIR/NAME/input_K.pb; `--fp32-only` skips the emulated runs, for profiling the FP32 interpreter)
+//!        cargo bench --bench latency -- --core-round-trip   (prints {"core_round_trip_ns": X}: a
+//! cache line passed between CPUs 0 and 1 and back, median of 20 × 20,000; see [`round_trip`])
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms",
 //! "fp16_min_ms", "int8_median_ms", "int8_min_ms"}: the FP32 reference run, the emulated all-FP16 run and the emulated
 //! all-INT8 run (ranges calibrated with minmax on the same inputs; null where the plan cannot
@@ -24,6 +26,10 @@ fn main() {
         .skip(1)
         .filter(|a| a != "--bench")
         .collect();
+    if args.iter().any(|a| a == "--core-round-trip") {
+        println!("{{\"core_round_trip_ns\": {:.0}}}", round_trip());
+        return;
+    }
     let fp32_only = args.iter().any(|a| a == "--fp32-only");
     args.retain(|a| a != "--fp32-only");
     let Some((dir, names)) = args.split_first() else {
@@ -92,6 +98,56 @@ fn main() {
 
 /// Median and minimum milliseconds and the number of runs: 3 warm-up runs, then at least 20
 /// runs and at least 2 seconds (at most 500 runs).
+/// Nanoseconds for a cache line to go from CPU 0 to CPU 1 and back (two threads pinned there,
+/// handing a flag to each other), the median of 20 rounds of 20,000. On the 2-core benchmark
+/// machine it reads ~40–110 ns when the two cores share an L3 cache and ~350 ns in its "slow
+/// mode", when they do not (then every two-thread hand-over inside a run costs a trip across
+/// the chips: mixprec's two-thread runs take ~1.4× as long, ONNX Runtime's ~1.1×). The
+/// benchmarks print it so that a table says which mode it was measured in.
+fn round_trip() -> f64 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::Arc;
+    #[cfg(not(target_os = "linux"))]
+    fn pin(_: usize) {}
+    #[cfg(target_os = "linux")]
+    fn pin(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is an empty set; CPU_SET and sched_setaffinity only read
+        // and write that set (pid 0: the calling thread). Unpinned where the call fails.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        }
+    }
+    const TRIPS: u32 = 20_000;
+    let flag = Arc::new(AtomicU32::new(0));
+    let other = Arc::clone(&flag);
+    let echo = std::thread::spawn(move || {
+        pin(1);
+        for i in 0..20 * TRIPS {
+            while other.load(Ordering::Acquire) != 2 * i + 1 {
+                std::hint::spin_loop();
+            }
+            other.store(2 * i + 2, Ordering::Release);
+        }
+    });
+    pin(0);
+    let mut rounds = Vec::new();
+    for r in 0..20 {
+        let t0 = Instant::now();
+        for i in r * TRIPS..(r + 1) * TRIPS {
+            flag.store(2 * i + 1, Ordering::Release);
+            while flag.load(Ordering::Acquire) != 2 * i + 2 {
+                std::hint::spin_loop();
+            }
+        }
+        rounds.push(t0.elapsed().as_secs_f64() * 1e9 / TRIPS as f64);
+    }
+    echo.join().expect("the echo thread");
+    rounds.sort_by(f64::total_cmp);
+    rounds[rounds.len() / 2]
+}
+
 fn time(mut f: impl FnMut()) -> (f64, f64, usize) {
     for _ in 0..3 {
         f();
