@@ -774,7 +774,13 @@ pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 )
             })
         };
-        let (wt, rt) = (transposed(&w, input_size, 1), transposed(&r, hidden, 2));
+        // GRU's recurrent products read R's gate blocks as stored (`direction`): no transpose.
+        let rt = if cell == Cell::Gru {
+            None
+        } else {
+            transposed(&r, hidden, 2)
+        };
+        let wt = transposed(&w, input_size, 1);
         (WeightSet::Float(w, wt), WeightSet::Float(r, rt))
     };
     let mut x = floats(x_t, "X")?;
