@@ -819,6 +819,38 @@ mod tests {
         assert_eq!(out[0].data(), &TensorData::U8(vec![0, 0].into()));
     }
 
+    /// Sixteen running extremes and the vector code loop give the scalar definition's codes:
+    /// extremes in the lanes and in the tail, a NaN (its code is the zero point).
+    #[test]
+    fn dynamic_quantize_of_many_values_is_the_scalar_definition() {
+        let n = node("DynamicQuantizeLinear", &[]);
+        for (lo_at, hi_at) in [(3usize, 37usize), (36, 5), (20, 21)] {
+            let mut v: Vec<f32> = (0..38).map(|i| ((i * 7 % 11) as f32 - 5.0) * 0.3).collect();
+            v[lo_at] = -4.25;
+            v[hi_at] = 6.5;
+            v[9] = f32::NAN;
+            let x = Tensor::from_f32(vec![38], v.clone());
+            let out = run(dynamic_quantize_linear, &n, 11, &[Some(&x)]).unwrap();
+            let scale = (6.5f32 - -4.25) / 255.0;
+            let zp = (0.0 - -4.25f32 / scale).clamp(0.0, 255.0).round_ties_even();
+            let want: Vec<u8> = v
+                .iter()
+                .map(|&x| {
+                    let q = x / scale;
+                    let q = if q.is_nan() { 0.0 } else { q.round_ties_even() };
+                    (q + zp).clamp(0.0, 255.0) as u8
+                })
+                .collect();
+            assert_eq!(
+                out[0].data(),
+                &TensorData::U8(want.into()),
+                "{lo_at} {hi_at}"
+            );
+            assert_eq!(out[1].as_f32().unwrap()[0], scale);
+            assert_eq!(out[2].data(), &TensorData::U8(vec![zp as u8].into()));
+        }
+    }
+
     #[test]
     fn int4_saturates_and_float8_follows_saturate() {
         let n = node("QuantizeLinear", &[]);

@@ -918,8 +918,8 @@ pub fn conv(
     // rows of one A (Silero's batches of four short sequences were four products of 4 rows,
     // in tiles of 6 and 12 rows and too small to split over threads). Each output is the
     // same chain either way.
-    let images = if gathered && group == 1 { n } else { 1 };
-    // Planes shorter than this take `finish` in the gathered product's blocks (above).
+    let images = if gathered && group == 1 { n.max(1) } else { 1 };
+    // Planes shorter than this take `finish` in the gathered product's blocks (below).
     const SHORT_PLANE: usize = 64;
     let finish_in_blocks = gathered && finish.is_some() && o_sz < SHORT_PLANE;
     for b in (0..n).step_by(images).filter(|_| !direct) {
@@ -1392,6 +1392,15 @@ mod tests {
             conv_transpose_op
         };
         k(&ctx, &[Some(&x), Some(&w)]).unwrap().remove(0)
+    }
+
+    /// A batch of no images (the gathered product takes a batch as one product: none here).
+    #[test]
+    fn an_empty_batch_gives_an_empty_output() {
+        let x = Tensor::from_f32(vec![0, 4, 5, 5], vec![]);
+        let w = Tensor::from_f32(vec![16, 4, 3, 3], vec![0.5; 16 * 4 * 9]);
+        let y = run("Conv", &[("pads", Attribute::Ints(vec![1, 1, 1, 1]))], x, w);
+        assert_eq!(y.shape(), &[0, 16, 5, 5]);
     }
 
     #[test]
