@@ -235,10 +235,12 @@ pub fn gemm_threads(
                         cs: a_cs,
                     };
                     // SAFETY: `ap` reaches rows i0..i0 + rows of columns p0..p0 + kc of A,
-                    // inside A as asserted above; `bp` holds kc rows of NR values at stride `b_stride` (a packed
-                    // panel, or B's own rows with j0 + NR <= n, asserted above); tasks write
-                    // disjoint tiles of C (their own rows i0.. and columns j0..), each inside
-                    // C's bounds asserted above.
+                    // inside A as asserted above; `bp` holds kc rows of NR values at stride
+                    // `b_stride` (a packed panel, or B's own rows with j0 + NR <= n, asserted
+                    // above), and so does each of the group's next panels, `panel_step` apart
+                    // (a group of 2 or 8 only where (jp + group)·NR <= n and jp + group <= jp1);
+                    // tasks write disjoint tiles of C (their own rows i0.. and columns j0..),
+                    // each inside C's bounds asserted above.
                     unsafe {
                         let c_tile = c_ptr.get().add(i0 * ldc + j0);
                         let load = accumulate || p0 > 0;
