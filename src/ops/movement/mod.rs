@@ -1118,6 +1118,19 @@ fn pad_runs(
         _ if len > 0 => runs.push((start, len)),
         _ => {}
     };
+    // Output columns j read input column j − before: inside [0, dim) for j in lo..hi. The
+    // columns outside it read the same input columns (or the fill) in every row: worked out
+    // once, not per row and value (a `rem_euclid` per padded value was most of a reflect Pad).
+    let lo = before[last].clamp(0, width as i64) as usize;
+    let hi = (dim + before[last]).clamp(lo as i64, width as i64) as usize;
+    let border: Vec<Option<usize>> = (0..lo)
+        .chain(hi..width)
+        .map(|j| {
+            mode.source(j as i64 - before[last], dim)
+                .map(|i| i as usize)
+        })
+        .collect();
+    let (border_before, border_after) = border.split_at(lo);
     for row in 0..rows {
         // The row's offset in the input, or None where an outer axis reads the fill.
         let mut base = Some(0usize);
@@ -1134,18 +1147,12 @@ fn pad_runs(
             (0..width).for_each(|_| push(end, 1));
             continue;
         };
-        // Output columns j read input column j − before: inside [0, dim) for j in lo..hi.
-        let lo = before[last].clamp(0, width as i64) as usize;
-        let hi = (dim + before[last]).clamp(lo as i64, width as i64) as usize;
-        let one = |j: usize| match mode.source(j as i64 - before[last], dim) {
-            Some(i) => base + i as usize,
-            None => end,
-        };
-        (0..lo).for_each(|j| push(one(j), 1));
+        let one = |i: &Option<usize>| i.map_or(end, |i| base + i);
+        border_before.iter().for_each(|i| push(one(i), 1));
         if hi > lo {
             push(base + (lo as i64 - before[last]) as usize, hi - lo);
         }
-        (hi..width).for_each(|j| push(one(j), 1));
+        border_after.iter().for_each(|i| push(one(i), 1));
     }
     runs
 }
