@@ -87,14 +87,18 @@ pub fn round_slice_to_f16(v: &mut [f32]) {
 #[target_feature(enable = "avx,f16c")]
 unsafe fn round_slice_to_f16_f16c(v: &mut [f32]) {
     use std::arch::x86_64::*;
-    let mut chunks = v.chunks_exact_mut(8);
-    for c in &mut chunks {
-        // SAFETY: `c` holds 8 f32 (unaligned loads and stores).
+    // Eight values to float16 and back, in place.
+    let round8 = |c: &mut [f32; 8]| {
+        // SAFETY: `c` holds 8 f32 (unaligned loads and stores); the features are enabled.
         unsafe {
             let x = _mm256_loadu_ps(c.as_ptr());
             let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
             _mm256_storeu_ps(c.as_mut_ptr(), r);
         }
+    };
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        round8(c.try_into().expect("8 values"));
     }
     // The last 1–7 values through one more conversion of a stack copy: an epilogue rounds
     // planes as short as 4 values (Silero's convolutions), where the bit arithmetic per value
@@ -103,12 +107,7 @@ unsafe fn round_slice_to_f16_f16c(v: &mut [f32]) {
     if !rest.is_empty() {
         let mut buf = [0f32; 8];
         buf[..rest.len()].copy_from_slice(rest);
-        // SAFETY: `buf` holds 8 f32.
-        unsafe {
-            let x = _mm256_loadu_ps(buf.as_ptr());
-            let r = _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x));
-            _mm256_storeu_ps(buf.as_mut_ptr(), r);
-        }
+        round8(&mut buf);
         rest.copy_from_slice(&buf[..rest.len()]);
     }
 }

@@ -677,24 +677,6 @@ struct DirParams<'a> {
     reverse: bool,
 }
 
-/// `dirs` matrices of `[rows, cols]` (row-major, one after the other) each transposed to
-/// `[cols, rows]`.
-fn transpose_directions(v: &[f32], dirs: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let mut t = vec![0f32; v.len()];
-    for d in 0..dirs {
-        let (src, dst) = (
-            &v[d * rows * cols..(d + 1) * rows * cols],
-            &mut t[d * rows * cols..(d + 1) * rows * cols],
-        );
-        for (i, row) in src.chunks_exact(cols.max(1)).enumerate() {
-            for (j, &x) in row.iter().enumerate() {
-                dst[j * rows + i] = x;
-            }
-        }
-    }
-    t
-}
-
 /// Shapes of one call.
 struct Dims {
     seq: usize,
@@ -770,7 +752,7 @@ pub(crate) fn run(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 super::prepacked::kept_or_made(
                     ctx.prepacked(i),
                     super::prepacked::tag::RECURRENT_TRANSPOSED,
-                    || transpose_directions(v, dirs, gh, k),
+                    || super::movement::permute::permute_f32(v, &[dirs, gh, k], &[0, 2, 1]),
                 )
             })
         };

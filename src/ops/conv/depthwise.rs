@@ -342,18 +342,16 @@ pub(super) fn depthwise_2d_channels_last(
                         channels_last_sums(image, &taps, weights, bias, origins, sums, to, ld);
                     }
                 }
-                let rowwise = finish.is_some() && positions < c1 - c0;
-                if let (true, Some(f)) = (rowwise, finish) {
-                    for row in sums.chunks_exact_mut(ld) {
-                        f(crate::ops::Channels::From(c0), &mut row[..c1 - c0]);
-                    }
-                }
-                let into = crate::ops::sgemm::GatheredBlock {
+                let mut into = crate::ops::sgemm::GatheredBlock {
                     rows: r0 * ow_n..r1 * ow_n,
                     columns: c0..c1,
                     values: sums,
                     ld,
                 };
+                let rowwise = finish.is_some() && positions < c1 - c0;
+                if let (true, Some(f)) = (rowwise, finish) {
+                    super::finish_block_rows(&mut into, c0, None, f);
+                }
                 // SAFETY: image `img`'s C planes of o_sz values lie in `out`; tasks take
                 // disjoint (image, channels, rows), so no two write the same value.
                 let planes = unsafe { planes.get().add(img * c * o_sz) };

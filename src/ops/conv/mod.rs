@@ -659,6 +659,25 @@ unsafe fn block_into_planes(
     }
 }
 
+/// `finish` on each position's row of channels of a finished block ([position, channel]; the
+/// block's first column is channel `first`), each value plus its column's `bias` first where
+/// given: a layer's epilogue where the planes are too short to take it plane by plane.
+fn finish_block_rows(
+    block: &mut super::sgemm::GatheredBlock,
+    first: usize,
+    bias: Option<&[f32]>,
+    finish: &ChannelFn,
+) {
+    let (rows, width, c0) = (block.rows.len(), block.columns.len(), block.columns.start);
+    for row in block.values.chunks_mut(block.ld).take(rows) {
+        let row = &mut row[..width];
+        if let Some(b) = bias {
+            row.iter_mut().zip(&b[c0..]).for_each(|(v, b)| *v += b);
+        }
+        finish(super::Channels::From(first), row);
+    }
+}
+
 /// Channels of one image with the convolution's zero padding around each plane and each row
 /// split into its column-stride phases (columns x·s + r for r < s: phase r), so a kernel tap
 /// reads, for consecutive output columns, consecutive values.
@@ -980,22 +999,16 @@ pub fn conv(
                 // run on such short pieces cost more than its arithmetic (a SiLU after a
                 // [1,64,20,20] 3×3 Conv 28 % of the convolution; run per plane, YOLOv8n's
                 // convolutions −6 %, bench CNN −1 %, its FP16 −4 %).
-                let done = |block: super::sgemm::GatheredBlock| {
-                    let (r0, c0, ld) = (block.rows.start, block.columns.start, block.ld);
-                    let width = block.columns.len();
+                let done = |mut block: super::sgemm::GatheredBlock| {
+                    let (r0, ld) = (block.rows.start, block.ld);
                     // Short planes: the bias and `finish` on the block's rows (a position's
                     // channels, `Channels::From`), the same values in the same order; per
                     // plane they were thousands of calls of a few values each (Silero's planes
                     // of 4: the emulated float16 run 1.4× its FP32 one).
                     let bias = match (finish_in_blocks, finish) {
                         (true, Some(f)) => {
-                            for row in block.values.chunks_mut(ld).take(block.rows.len()) {
-                                let row = &mut row[..width];
-                                if let Some(b) = bias {
-                                    row.iter_mut().zip(&b[c0..]).for_each(|(v, b)| *v += b);
-                                }
-                                f(super::Channels::From(g * mg + c0), row);
-                            }
+                            let first = g * mg + block.columns.start;
+                            finish_block_rows(&mut block, first, bias, f);
                             None
                         }
                         _ => bias,
