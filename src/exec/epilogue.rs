@@ -375,16 +375,32 @@ impl Epilogue {
                 let (to, from) = pair(part, temps, op.out, first);
                 to.copy_from_slice(from);
             }
+            // Both operands one value (x·x): the second through a copy.
+            let squared = |out: &mut [f32], f: &dyn Fn(&mut [f32], &[f32])| {
+                for piece in out.chunks_mut(CHUNK) {
+                    let mut b = [0f32; CHUNK];
+                    b[..piece.len()].copy_from_slice(piece);
+                    f(piece, &b[..piece.len()]);
+                }
+            };
             match &op.stage {
                 Stage::Map(f) => f(channel, buffer(part, temps, op.out)),
+                // These round as they go (or keep the format).
+                Stage::Lanewise(l) => {
+                    l.run(buffer(part, temps, op.out), self.round);
+                    continue;
+                }
+                Stage::Zip(z) if op.inputs[1] == op.out => {
+                    squared(buffer(part, temps, op.out), &|a, b| z.run(a, b, self.round));
+                    continue;
+                }
+                Stage::Zip(z) => {
+                    let (a, b) = pair(part, temps, op.out, op.inputs[1]);
+                    z.run(a, b, self.round);
+                    continue;
+                }
                 Stage::Combine(f) if op.inputs[1] == op.out => {
-                    // Both operands one value (x·x): the second through a copy.
-                    let out = buffer(part, temps, op.out);
-                    for piece in out.chunks_mut(CHUNK) {
-                        let mut b = [0f32; CHUNK];
-                        b[..piece.len()].copy_from_slice(piece);
-                        f(piece, &b[..piece.len()]);
-                    }
+                    squared(buffer(part, temps, op.out), &|a, b| f(a, b))
                 }
                 Stage::Combine(f) => {
                     let (a, b) = pair(part, temps, op.out, op.inputs[1]);
@@ -829,8 +845,24 @@ mod tests {
     /// bound: the Clips take their bounds from inputs, keep NaN, and fuse bit for bit.
     #[test]
     fn clips_with_constant_bounds_run_as_stages() {
+        let g = hard_swish_graph();
+        let interp = Interpreter::new(&g).unwrap();
+        assert_eq!(chain_lengths(&interp), vec![("c".to_string(), 5)]);
+        let mut x = values(243, 31);
+        x[40] = f32::NAN;
+        x[41] = 1e30;
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
+        let fused = fused_is_alone(&g, &interp, &feeds);
+        let out = fused.as_f32().unwrap();
+        assert!(out.iter().any(|v| v.is_nan()));
+        assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
+    }
+
+    /// A decomposed HardSwish after a convolution and a Clip with a lower bound only.
+    fn hard_swish_graph() -> Graph {
         let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
-        let g = graph(
+        graph(
             vec![
                 conv("c", &["x", "w"], "y", 1),
                 node("add", "Add", &["y", "three"], &["a"]),
@@ -848,18 +880,43 @@ mod tests {
                 ("six", scalar(6.0)),
                 ("low", scalar(-0.25)),
             ],
-        );
+        )
+    }
+
+    /// The decomposed HardSwish's stages are the lanewise kinds that round in their own pass
+    /// (a one-value constant, Clip; the product of two chain values), not closures that the
+    /// epilogue rounds in a pass after them.
+    #[test]
+    fn one_value_constants_and_chain_products_make_lanewise_stages() {
+        use crate::ops::lanewise::{Binary, Lanewise};
+        use crate::ops::{ChainShape, Stage};
+        let g = hard_swish_graph();
         let interp = Interpreter::new(&g).unwrap();
-        assert_eq!(chain_lengths(&interp), vec![("c".to_string(), 5)]);
-        let mut x = values(243, 31);
-        x[40] = f32::NAN;
-        x[41] = 1e30;
-        let mut feeds = Feeds::new();
-        feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
-        let fused = fused_is_alone(&g, &interp, &feeds);
-        let out = fused.as_f32().unwrap();
-        assert!(out.iter().any(|v| v.is_nan()));
-        assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
+        let chain = interp.chains[0].as_ref().unwrap();
+        let shape = ChainShape {
+            rank: 4,
+            channels: 16,
+            axis: 1,
+        };
+        let e = super::Epilogue::prepare(chain, 0, &g, &interp.steps, None, shape)
+            .unwrap()
+            .unwrap();
+        let kinds: Vec<String> = (e.ops.iter())
+            .map(|op| match &op.stage {
+                Stage::Lanewise(l) => format!("{l:?}"),
+                Stage::Zip(b) => format!("{b:?}"),
+                Stage::Map(_) => "Map".into(),
+                Stage::Combine(_) => "Combine".into(),
+            })
+            .collect();
+        let want = [
+            format!("{:?}", Lanewise::Add(3.0)),
+            format!("{:?}", Lanewise::Clip(0.0, 6.0)),
+            format!("{:?}", Binary::Mul),
+            format!("{:?}", Lanewise::Div(6.0)),
+            format!("{:?}", Lanewise::Clip(-0.25, f32::MAX)),
+        ];
+        assert_eq!(kinds, want);
     }
 
     /// Weights given as Constant nodes (as paddle2onnx writes them) are folded weights: the

@@ -5,6 +5,7 @@
 //! i64 (wrapping) and are narrowed back to their type, so int64 shape arithmetic is exact.
 
 use super::cast::cast_tensor;
+use super::lanewise::{Binary, Lanewise};
 use super::util::{broadcast_binary, broadcast_ternary, input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry, Stage};
 use crate::graph::fact::{DimFact, Fact};
@@ -740,8 +741,9 @@ fn f32_div(a: f32, b: f32) -> f32 {
 /// maps with, so a fused layer computes the same bits.
 fn register_stages(r: &mut Registry) {
     use super::logistic::{erf, logistic_in_place, map_in_place, tanh};
-    r.def_mut("Relu")
-        .stage(|_, _, chained, _| Ok(map_stage(chained, relu::<f32>)));
+    r.def_mut("Relu").stage(|_, _, chained, _| {
+        Ok((chained == [true]).then_some(Stage::Lanewise(Lanewise::Relu)))
+    });
     r.def_mut("Sigmoid")
         .stage(|_, _, chained, _| Ok(slice_stage(chained, logistic_in_place)));
     r.def_mut("Tanh")
@@ -766,19 +768,16 @@ fn register_stages(r: &mut Registry) {
             return Ok(None);
         }
         let (lo, hi) = clip_bounds(ctx, i, DType::F32)?;
-        let (lo, hi) = (lo as f32, hi as f32);
-        Ok(Some(Stage::Map(Box::new(move |_, v: &mut [f32]| {
-            super::vector::map_in_place(v, move |x| clip_f32(x, lo, hi))
-        }))))
+        Ok(Some(Stage::Lanewise(Lanewise::Clip(lo as f32, hi as f32))))
     });
     r.def_mut("Add")
-        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_add)));
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, Binary::Add, f32_add)));
     r.def_mut("Sub")
-        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_sub)));
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, Binary::Sub, f32_sub)));
     r.def_mut("Mul")
-        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_mul)));
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, Binary::Mul, f32_mul)));
     r.def_mut("Div")
-        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, f32_div)));
+        .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, Binary::Div, f32_div)));
 }
 
 /// `x = g(x, c[channel of x])` for values of the given channels.
@@ -810,20 +809,41 @@ fn map_stage(
     })
 }
 
-/// A binary op on two chained values, or on one and a float32 constant with one value per
-/// channel (or one value): the constant on the side its input is on.
+/// A binary op (`op`, computing `f`) on two chained values, or on one and a float32 constant
+/// with one value per channel (or one value): the constant on the side its input is on. A
+/// one-value constant on a side the operation allows makes a [`Lanewise`] stage.
 fn binary_stage<F: Fn(f32, f32) -> f32 + Copy + Send + Sync + 'static>(
     inputs: &[Option<&Tensor>],
     chained: &[bool],
     shape: super::ChainShape,
+    op: Binary,
     f: F,
 ) -> Option<Stage> {
+    let one_value = |i: usize| -> Option<f32> {
+        let t = inputs.get(i).copied().flatten()?;
+        let v = t
+            .as_f32()
+            .filter(|v| v.len() == 1 && t.rank() <= shape.rank)?;
+        Some(v[0])
+    };
+    let lanewise = match (chained, op) {
+        ([true, true], _) => return Some(Stage::Zip(op)),
+        ([true, false], _) => one_value(1).map(|c| (c, true)),
+        ([false, true], Binary::Add | Binary::Mul) => one_value(0).map(|c| (c, false)),
+        _ => None,
+    };
+    if let Some((c, _)) = lanewise {
+        let l = match op {
+            Binary::Add => Lanewise::Add(c),
+            Binary::Sub => Lanewise::Sub(c),
+            Binary::Mul => Lanewise::Mul(c),
+            Binary::Div => Lanewise::Div(c),
+        };
+        if let Some(stage) = l.stage() {
+            return Some(stage);
+        }
+    }
     match chained {
-        [true, true] => Some(Stage::Combine(Box::new(move |a: &mut [f32], b: &[f32]| {
-            for (x, &y) in a.iter_mut().zip(b) {
-                *x = f(*x, y);
-            }
-        }))),
         [true, false] => {
             let c = super::util::per_channel(inputs.get(1).copied().flatten()?, shape)?;
             Some(Stage::Map(Box::new(move |chans, v| {
@@ -1242,17 +1262,8 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx,
         x,
         |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
-        move |v| clip_f32(v, lo32, hi32),
+        move |v| super::lanewise::clip(v, lo32, hi32),
     )
-}
-
-/// Clip in float32: NaN stays NaN (`max`/`min` would drop it).
-fn clip_f32(v: f32, lo: f32, hi: f32) -> f32 {
-    if v.is_nan() {
-        v
-    } else {
-        v.max(lo).min(hi)
-    }
 }
 
 /// Clip's bounds for values of `dtype`: attributes before opset 11, optional scalar inputs

@@ -17,6 +17,7 @@ pub mod detection;
 pub mod elementwise;
 pub mod indexing;
 pub mod integer;
+pub mod lanewise;
 pub(crate) mod logistic;
 pub mod matmul;
 pub mod movement;
@@ -79,6 +80,13 @@ pub enum Stage {
     /// Two chained values of the same shape combined elementwise, `a[i] = f(a[i], b[i])`, `a`
     /// the op's first input (slices of the same length).
     Combine(Box<CombineFn>),
+    /// One IEEE operation per value with constants the same for every channel: the epilogue
+    /// rounds each result in the same pass, or not at all where the operation keeps values
+    /// in the format ([`lanewise`]).
+    Lanewise(lanewise::Lanewise),
+    /// Two chained values combined by one IEEE operation, `a[i] = a[i] op b[i]` (as
+    /// `Combine`, rounded in the same pass).
+    Zip(lanewise::Binary),
 }
 
 /// `v[i] = f(v[i])` for an epilogue's one-input stage, told the values' channels (Send:

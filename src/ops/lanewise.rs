@@ -1,0 +1,354 @@
+//! Epilogue stages that are one IEEE operation per value ([`Stage::Lanewise`],
+//! [`Stage::Zip`]): a constant the same for every channel (Add/Sub/Mul/Div by a one-value
+//! constant, Clip, Relu), or two chained values combined (Add/Sub/Mul/Div of two values of the
+//! chain). Because the epilogue knows what they compute, it can round each result to the
+//! layer's float16 in the same pass instead of a pass of its own, and skip the rounding where
+//! the operation cannot leave the format (Clip to representable bounds, Relu: their results
+//! are their inputs or a bound).
+//!
+//! Why: an emulated float16 run rounds every tensor each layer writes (docs/numerics.md), and a
+//! decomposed HardSwish after each convolution (PP-OCRv4 det/rec, the angle classifier) is four
+//! layers: the rounding passes were ~15 % of those runs (perf, 2026-11-27), the float16 ÷
+//! float32 ratio 1.18–1.21 against issue 10's 1.15. The rounding itself is conversion
+//! throughput (`vcvtps2ph`/`vcvtph2ps`, ~0.015 ns a value in registers on the Zen 5 machine);
+//! a pass of its own adds a load and a store (~0.021 ns a value).
+//!
+//! Every path computes the same bits: the operations are IEEE (no fused multiply-add) and
+//! Clip and Relu are written as compares and selects with one meaning (`tests`).
+
+use super::Stage;
+use crate::numeric::Rounding;
+
+/// A one-input stage: one operation per value with constants that are the same for every
+/// channel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Lanewise {
+    /// `x + c` (Add with a one-value constant, on either side: IEEE addition commutes).
+    Add(f32),
+    /// `x − c`.
+    Sub(f32),
+    /// `x · c` (on either side).
+    Mul(f32),
+    /// `x / c`.
+    Div(f32),
+    /// [`clip`] to `[lo, hi]`.
+    Clip(f32, f32),
+    /// [`relu`].
+    Relu,
+}
+
+/// A two-input stage on two chained values: `a[i] = a[i] op b[i]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Binary {
+    Add,
+    Sub,
+    Mul,
+    Div,
+}
+
+/// Clip as ONNX Runtime's kernel computes it (Eigen's `cwiseMin(hi).cwiseMax(lo)`): below
+/// `lo` gives `lo`, above `hi` gives `hi`, anything else (a NaN, a zero equal to a bound of
+/// the other sign) itself.
+#[inline(always)]
+pub fn clip(x: f32, lo: f32, hi: f32) -> f32 {
+    let y = if x < lo { lo } else { x };
+    if y > hi {
+        hi
+    } else {
+        y
+    }
+}
+
+/// Relu: 0 below zero, anything else (NaN, −0) itself.
+#[inline(always)]
+pub fn relu(x: f32) -> f32 {
+    if x < 0.0 {
+        0.0
+    } else {
+        x
+    }
+}
+
+impl Lanewise {
+    /// The operation on one value.
+    #[inline(always)]
+    pub fn apply(self, x: f32) -> f32 {
+        match self {
+            Lanewise::Add(c) => x + c,
+            Lanewise::Sub(c) => x - c,
+            Lanewise::Mul(c) => x * c,
+            Lanewise::Div(c) => x / c,
+            Lanewise::Clip(lo, hi) => clip(x, lo, hi),
+            Lanewise::Relu => relu(x),
+        }
+    }
+
+    /// Whether the result is a value of `r` whenever the input is: it is the input or a
+    /// constant that `r` represents.
+    pub fn keeps(self, r: Rounding) -> bool {
+        let exact = |c: f32| r.round(c).to_bits() == c.to_bits();
+        match self {
+            Lanewise::Clip(lo, hi) => exact(lo) && exact(hi),
+            Lanewise::Relu => true,
+            _ => false,
+        }
+    }
+
+    /// The operation on every value in place, each result rounded by `round`.
+    pub fn run(self, v: &mut [f32], round: Option<Rounding>) {
+        let round = round.filter(|&r| !self.keeps(r));
+        #[cfg(target_arch = "x86_64")]
+        if round == Some(Rounding::F16) && avx512::available() {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            return unsafe { avx512::lanewise_f16(self, v) };
+        }
+        match self {
+            Lanewise::Add(c) => super::vector::map_in_place(v, move |x| x + c),
+            Lanewise::Sub(c) => super::vector::map_in_place(v, move |x| x - c),
+            Lanewise::Mul(c) => super::vector::map_in_place(v, move |x| x * c),
+            Lanewise::Div(c) => super::vector::map_in_place(v, move |x| x / c),
+            Lanewise::Clip(lo, hi) => super::vector::map_in_place(v, move |x| clip(x, lo, hi)),
+            Lanewise::Relu => super::vector::map_in_place(v, relu),
+        }
+        if let Some(r) = round {
+            r.round_slice(v);
+        }
+    }
+
+    /// The stage, or None for a NaN constant (whose payload an operation on either side
+    /// would keep differently).
+    pub fn stage(self) -> Option<Stage> {
+        let constants = match self {
+            Lanewise::Add(c) | Lanewise::Sub(c) | Lanewise::Mul(c) | Lanewise::Div(c) => [c, 0.0],
+            Lanewise::Clip(lo, hi) => [lo, hi],
+            Lanewise::Relu => [0.0; 2],
+        };
+        (!constants.iter().any(|c| c.is_nan())).then_some(Stage::Lanewise(self))
+    }
+}
+
+impl Binary {
+    /// The operation on two values.
+    #[inline(always)]
+    pub fn apply(self, a: f32, b: f32) -> f32 {
+        match self {
+            Binary::Add => a + b,
+            Binary::Sub => a - b,
+            Binary::Mul => a * b,
+            Binary::Div => a / b,
+        }
+    }
+
+    /// `a[i] = a[i] op b[i]` over the shorter of the two, each result rounded by `round`.
+    pub fn run(self, a: &mut [f32], b: &[f32], round: Option<Rounding>) {
+        let n = a.len().min(b.len());
+        let (a, b) = (&mut a[..n], &b[..n]);
+        #[cfg(target_arch = "x86_64")]
+        if round == Some(Rounding::F16) && avx512::available() {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            return unsafe { avx512::binary_f16(self, a, b) };
+        }
+        // Plain loops (one per operation, so each vectorizes): the AVX2 build of the generic
+        // two-operand loop made YOLOv8n slower (ops/vector.rs).
+        match self {
+            Binary::Add => a.iter_mut().zip(b).for_each(|(x, &y)| *x += y),
+            Binary::Sub => a.iter_mut().zip(b).for_each(|(x, &y)| *x -= y),
+            Binary::Mul => a.iter_mut().zip(b).for_each(|(x, &y)| *x *= y),
+            Binary::Div => a.iter_mut().zip(b).for_each(|(x, &y)| *x /= y),
+        }
+        if let Some(r) = round {
+            r.round_slice(a);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Binary, Lanewise};
+    use std::arch::x86_64::*;
+
+    pub(super) fn available() -> bool {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+
+    /// Rounds 16 values to float16 and back (`numeric::round_slice_to_f16`'s conversions).
+    #[inline(always)]
+    unsafe fn round16(x: __m512) -> __m512 {
+        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+    }
+
+    /// `f` on every 16 values of `a` (and the same 16 of `b`), rounded to float16, in place;
+    /// the last 1–15 through masked loads and stores.
+    #[inline(always)]
+    unsafe fn pass(a: &mut [f32], b: Option<&[f32]>, f: impl Fn(__m512, __m512) -> __m512) {
+        let n = a.len();
+        let (pa, pb) = (a.as_mut_ptr(), b.map(|b| b.as_ptr()));
+        let mut i = 0;
+        while i + 16 <= n {
+            let x = _mm512_loadu_ps(pa.add(i));
+            let y = pb.map_or(x, |p| _mm512_loadu_ps(p.add(i)));
+            _mm512_storeu_ps(pa.add(i), round16(f(x, y)));
+            i += 16;
+        }
+        if i < n {
+            let mask: __mmask16 = (1u16 << (n - i)) - 1;
+            let x = _mm512_maskz_loadu_ps(mask, pa.add(i));
+            let y = pb.map_or(x, |p| _mm512_maskz_loadu_ps(mask, p.add(i)));
+            _mm512_mask_storeu_ps(pa.add(i), mask, round16(f(x, y)));
+        }
+    }
+
+    /// `x < c ? c : x` (a NaN or a tie keeps `x`).
+    #[inline(always)]
+    unsafe fn raise_to(x: __m512, c: __m512) -> __m512 {
+        _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c), c)
+    }
+
+    /// `x > c ? c : x`.
+    #[inline(always)]
+    unsafe fn lower_to(x: __m512, c: __m512) -> __m512 {
+        _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c), c)
+    }
+
+    /// [`Lanewise::run`] with float16 rounding, in one pass.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn lanewise_f16(op: Lanewise, v: &mut [f32]) {
+        // SAFETY (all arms): `pass` reads and writes `v` only; the feature is enabled.
+        match op {
+            Lanewise::Add(c) => {
+                let c = _mm512_set1_ps(c);
+                pass(v, None, |x, _| _mm512_add_ps(x, c))
+            }
+            Lanewise::Sub(c) => {
+                let c = _mm512_set1_ps(c);
+                pass(v, None, |x, _| _mm512_sub_ps(x, c))
+            }
+            Lanewise::Mul(c) => {
+                let c = _mm512_set1_ps(c);
+                pass(v, None, |x, _| _mm512_mul_ps(x, c))
+            }
+            Lanewise::Div(c) => {
+                let c = _mm512_set1_ps(c);
+                pass(v, None, |x, _| _mm512_div_ps(x, c))
+            }
+            Lanewise::Clip(lo, hi) => {
+                let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
+                pass(v, None, |x, _| lower_to(raise_to(x, lo), hi))
+            }
+            Lanewise::Relu => pass(v, None, |x, _| raise_to(x, _mm512_setzero_ps())),
+        }
+    }
+
+    /// [`Binary::run`] with float16 rounding, in one pass (`a` and `b` of one length).
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn binary_f16(op: Binary, a: &mut [f32], b: &[f32]) {
+        debug_assert_eq!(a.len(), b.len());
+        match op {
+            Binary::Add => pass(a, Some(b), |x, y| _mm512_add_ps(x, y)),
+            Binary::Sub => pass(a, Some(b), |x, y| _mm512_sub_ps(x, y)),
+            Binary::Mul => pass(a, Some(b), |x, y| _mm512_mul_ps(x, y)),
+            Binary::Div => pass(a, Some(b), |x, y| _mm512_div_ps(x, y)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::numeric::round_to_f16;
+
+    /// Values with every special case: signed zeros, infinities, NaNs, float16's edges, ties.
+    fn specials() -> Vec<f32> {
+        let mut v = vec![
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fa0_0001),
+            65504.0,
+            65520.0,
+            -65520.0,
+            6.0,
+            -3.0,
+            3.0,
+            6.1e-5,
+            2.98e-8,
+            1.0 + f32::EPSILON,
+        ];
+        let mut rng = crate::data::loader::Mt19937::new(5);
+        v.extend((0..3000).map(|_| (rng.random_sample() * 20.0 - 10.0) as f32));
+        v.extend((0..3000).map(|i| f32::from_bits(rng.next_u32() ^ i)));
+        v
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every operation, rounded or not, on every length up to 40 and a long buffer of values
+    /// of the rounding's format: the bits of the scalar definition followed by the scalar
+    /// rounding.
+    #[test]
+    fn every_path_gives_the_scalar_bits() {
+        let raw = specials();
+        let ops = [
+            Lanewise::Add(3.0),
+            Lanewise::Sub(-0.0),
+            Lanewise::Mul(1.0 / 6.0),
+            Lanewise::Div(6.0),
+            Lanewise::Div(0.0),
+            Lanewise::Clip(0.0, 6.0),
+            Lanewise::Clip(-0.0, 0.1),
+            Lanewise::Clip(f32::MIN, f32::MAX),
+            Lanewise::Relu,
+        ];
+        let lens = (1..=40).chain([raw.len()]);
+        for n in lens {
+            for round in [None, Some(Rounding::F16), Some(Rounding::BF16)] {
+                let r = |x: f32| round.map_or(x, |r| r.round(x));
+                // A rounded chain's values are rounded already.
+                let xs: Vec<f32> = raw.iter().map(|&x| r(x)).collect();
+                let ys: Vec<f32> = xs.iter().rev().copied().collect();
+                for op in ops {
+                    let mut got = xs[..n].to_vec();
+                    op.run(&mut got, round);
+                    let want: Vec<f32> = xs[..n].iter().map(|&x| r(op.apply(x))).collect();
+                    assert_eq!(bits(&got), bits(&want), "{op:?} {round:?} n={n}");
+                }
+                for op in [Binary::Add, Binary::Sub, Binary::Mul, Binary::Div] {
+                    let mut got = xs[..n].to_vec();
+                    op.run(&mut got, &ys[..n], round);
+                    let want: Vec<f32> = (xs[..n].iter().zip(&ys[..n]))
+                        .map(|(&x, &y)| r(op.apply(x, y)))
+                        .collect();
+                    assert_eq!(bits(&got), bits(&want), "{op:?} {round:?} n={n}");
+                }
+            }
+        }
+    }
+
+    /// Clip and Relu keep ties and NaNs (ONNX Runtime's compares), and skip the rounding only
+    /// where it changes nothing.
+    #[test]
+    fn clip_and_relu_keep_their_input_and_round_only_where_needed() {
+        assert_eq!(clip(-0.0, 0.0, 6.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(clip(0.0, -0.0, 6.0).to_bits(), 0.0f32.to_bits());
+        assert!(clip(f32::NAN, 0.0, 6.0).is_nan());
+        assert_eq!(clip(7.0, 0.0, 6.0), 6.0);
+        assert_eq!(clip(-1.0, 0.0, 6.0), 0.0);
+        assert_eq!(relu(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert!(relu(f32::NAN).is_nan());
+        assert!(Lanewise::Clip(0.0, 6.0).keeps(Rounding::F16));
+        assert!(Lanewise::Relu.keeps(Rounding::BF16));
+        // A bound float16 cannot hold (Clip's default bounds are f32's extremes) is rounded:
+        // an infinite input clips to f32::MAX, which float16 rounds to infinity.
+        assert!(!Lanewise::Clip(f32::MIN, f32::MAX).keeps(Rounding::F16));
+        let mut v = vec![f32::INFINITY];
+        Lanewise::Clip(f32::MIN, f32::MAX).run(&mut v, Some(Rounding::F16));
+        assert_eq!(v[0], round_to_f16(f32::MAX));
+        assert!(!Lanewise::Add(3.0).keeps(Rounding::F16));
+        assert!(Lanewise::Add(f32::NAN).stage().is_none());
+    }
+}
