@@ -98,9 +98,9 @@ impl Lanewise {
     pub fn run(self, v: &mut [f32], round: Option<Rounding>) {
         let round = round.filter(|&r| !self.keeps(r));
         #[cfg(target_arch = "x86_64")]
-        if round == Some(Rounding::F16) && avx512::available() {
+        if let Some(r) = round.filter(|_| avx512::available()) {
             // SAFETY: the CPU has the feature the function was compiled for.
-            return unsafe { avx512::lanewise_f16(self, v) };
+            return unsafe { avx512::lanewise(self, v, r) };
         }
         match self {
             Lanewise::Add(c) => super::vector::map_in_place(v, move |x| x + c),
@@ -144,9 +144,9 @@ impl Binary {
         let n = a.len().min(b.len());
         let (a, b) = (&mut a[..n], &b[..n]);
         #[cfg(target_arch = "x86_64")]
-        if round == Some(Rounding::F16) && avx512::available() {
+        if let Some(r) = round.filter(|_| avx512::available()) {
             // SAFETY: the CPU has the feature the function was compiled for.
-            return unsafe { avx512::binary_f16(self, a, b) };
+            return unsafe { avx512::binary(self, a, b, r) };
         }
         // Plain loops (one per operation, so each vectorizes): the AVX2 build of the generic
         // two-operand loop made YOLOv8n slower (ops/vector.rs).
@@ -165,36 +165,45 @@ impl Binary {
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{Binary, Lanewise};
+    use crate::numeric::{bf16_x16, f16_x16, Rounding};
     use std::arch::x86_64::*;
 
     pub(super) fn available() -> bool {
         std::arch::is_x86_feature_detected!("avx512f")
     }
 
-    /// Rounds 16 values to float16 and back (`numeric::round_slice_to_f16`'s conversions).
+    /// `f` on every 16 values of `a` (and the same 16 of `b`), rounded (to bfloat16 if `BF16`,
+    /// else float16), in place; the last 1–15 through masked loads and stores. Inlined into
+    /// functions compiled for AVX-512, with `f` a closure written there (a closure written in
+    /// a function without the feature is not inlined: a call per 16 values).
     #[inline(always)]
-    unsafe fn round16(x: __m512) -> __m512 {
-        _mm512_cvtph_ps(_mm512_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
-    }
-
-    /// `f` on every 16 values of `a` (and the same 16 of `b`), rounded to float16, in place;
-    /// the last 1–15 through masked loads and stores.
-    #[inline(always)]
-    unsafe fn pass(a: &mut [f32], b: Option<&[f32]>, f: impl Fn(__m512, __m512) -> __m512) {
+    unsafe fn pass<const BF16: bool>(
+        a: &mut [f32],
+        b: Option<&[f32]>,
+        f: impl Fn(__m512, __m512) -> __m512,
+    ) {
+        let g = |x, y| {
+            let r = f(x, y);
+            if BF16 {
+                bf16_x16(r)
+            } else {
+                f16_x16(r)
+            }
+        };
         let n = a.len();
         let (pa, pb) = (a.as_mut_ptr(), b.map(|b| b.as_ptr()));
         let mut i = 0;
         while i + 16 <= n {
             let x = _mm512_loadu_ps(pa.add(i));
             let y = pb.map_or(x, |p| _mm512_loadu_ps(p.add(i)));
-            _mm512_storeu_ps(pa.add(i), round16(f(x, y)));
+            _mm512_storeu_ps(pa.add(i), g(x, y));
             i += 16;
         }
         if i < n {
             let mask: __mmask16 = (1u16 << (n - i)) - 1;
             let x = _mm512_maskz_loadu_ps(mask, pa.add(i));
             let y = pb.map_or(x, |p| _mm512_maskz_loadu_ps(mask, p.add(i)));
-            _mm512_mask_storeu_ps(pa.add(i), mask, round16(f(x, y)));
+            _mm512_mask_storeu_ps(pa.add(i), mask, g(x, y));
         }
     }
 
@@ -210,44 +219,60 @@ mod avx512 {
         _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c), c)
     }
 
-    /// [`Lanewise::run`] with float16 rounding, in one pass.
+    /// [`Lanewise::run`] with rounding, in one pass.
+    pub(super) unsafe fn lanewise(op: Lanewise, v: &mut [f32], r: Rounding) {
+        // SAFETY: the caller checked the feature.
+        match r {
+            Rounding::F16 => lanewise_to::<false>(op, v),
+            Rounding::BF16 => lanewise_to::<true>(op, v),
+        }
+    }
+
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn lanewise_f16(op: Lanewise, v: &mut [f32]) {
+    unsafe fn lanewise_to<const BF16: bool>(op: Lanewise, v: &mut [f32]) {
         // SAFETY (all arms): `pass` reads and writes `v` only; the feature is enabled.
         match op {
             Lanewise::Add(c) => {
                 let c = _mm512_set1_ps(c);
-                pass(v, None, |x, _| _mm512_add_ps(x, c))
+                pass::<BF16>(v, None, |x, _| _mm512_add_ps(x, c))
             }
             Lanewise::Sub(c) => {
                 let c = _mm512_set1_ps(c);
-                pass(v, None, |x, _| _mm512_sub_ps(x, c))
+                pass::<BF16>(v, None, |x, _| _mm512_sub_ps(x, c))
             }
             Lanewise::Mul(c) => {
                 let c = _mm512_set1_ps(c);
-                pass(v, None, |x, _| _mm512_mul_ps(x, c))
+                pass::<BF16>(v, None, |x, _| _mm512_mul_ps(x, c))
             }
             Lanewise::Div(c) => {
                 let c = _mm512_set1_ps(c);
-                pass(v, None, |x, _| _mm512_div_ps(x, c))
+                pass::<BF16>(v, None, |x, _| _mm512_div_ps(x, c))
             }
             Lanewise::Clip(lo, hi) => {
                 let (lo, hi) = (_mm512_set1_ps(lo), _mm512_set1_ps(hi));
-                pass(v, None, |x, _| lower_to(raise_to(x, lo), hi))
+                pass::<BF16>(v, None, |x, _| lower_to(raise_to(x, lo), hi))
             }
-            Lanewise::Relu => pass(v, None, |x, _| raise_to(x, _mm512_setzero_ps())),
+            Lanewise::Relu => pass::<BF16>(v, None, |x, _| raise_to(x, _mm512_setzero_ps())),
         }
     }
 
-    /// [`Binary::run`] with float16 rounding, in one pass (`a` and `b` of one length).
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn binary_f16(op: Binary, a: &mut [f32], b: &[f32]) {
+    /// [`Binary::run`] with rounding, in one pass (`a` and `b` of one length).
+    pub(super) unsafe fn binary(op: Binary, a: &mut [f32], b: &[f32], r: Rounding) {
         debug_assert_eq!(a.len(), b.len());
+        // SAFETY: the caller checked the feature.
+        match r {
+            Rounding::F16 => binary_to::<false>(op, a, b),
+            Rounding::BF16 => binary_to::<true>(op, a, b),
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn binary_to<const BF16: bool>(op: Binary, a: &mut [f32], b: &[f32]) {
         match op {
-            Binary::Add => pass(a, Some(b), |x, y| _mm512_add_ps(x, y)),
-            Binary::Sub => pass(a, Some(b), |x, y| _mm512_sub_ps(x, y)),
-            Binary::Mul => pass(a, Some(b), |x, y| _mm512_mul_ps(x, y)),
-            Binary::Div => pass(a, Some(b), |x, y| _mm512_div_ps(x, y)),
+            Binary::Add => pass::<BF16>(a, Some(b), |x, y| _mm512_add_ps(x, y)),
+            Binary::Sub => pass::<BF16>(a, Some(b), |x, y| _mm512_sub_ps(x, y)),
+            Binary::Mul => pass::<BF16>(a, Some(b), |x, y| _mm512_mul_ps(x, y)),
+            Binary::Div => pass::<BF16>(a, Some(b), |x, y| _mm512_div_ps(x, y)),
         }
     }
 }
