@@ -139,16 +139,10 @@ pub fn round_value(p: Precision, x: f32) -> f32 {
         Precision::Float32 => x,
         Precision::Float16 => round_to_f16(x),
         Precision::BFloat16 => round_to_bf16(x),
-        Precision::Fp8E4M3 => float8::F8E4M3::from_f32(x).to_f32(),
-        Precision::Fp8E5M2 => {
-            // float8's conversion saturates; e5m2 has infinities, so overflow goes to ±inf
-            // (the non-saturating behaviour native e5m2 arithmetic has).
-            if x.is_finite() && x.abs() >= 61440.0 {
-                f32::INFINITY.copysign(x)
-            } else {
-                float8::F8E5M2::from_f32(x).to_f32()
-            }
-        }
+        Precision::Fp8E4M3 => crate::numeric::round_to_fp8e4m3(x),
+        // float8's conversion saturates; e5m2 has infinities, so finite overflow goes to ±inf
+        // (the non-saturating behaviour native e5m2 arithmetic has).
+        Precision::Fp8E5M2 => crate::numeric::round_to_fp8e5m2(x),
         Precision::Int8 => {
             if x.is_nan() {
                 0.0

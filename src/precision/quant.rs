@@ -57,26 +57,45 @@ fn fake_quant_int8(x: f32, scale: f32) -> f32 {
     r * scale
 }
 
+/// `quantize(x)·scale` for fp8, with the precision fixed at compile time and the rounding
+/// branch-free (`numeric::round_to_fp8e4m3`/`e5m2`, which clamp to the format's range first
+/// as QuantizeLinear's saturation does), so that loops over it vectorize.
+#[inline(always)]
+fn fake_quant_fp8<const E5M2: bool>(x: f32, scale: f32) -> f32 {
+    let v = x / scale;
+    let q = if E5M2 {
+        crate::numeric::round_to_fp8e5m2(v.clamp(-57344.0, 57344.0))
+    } else {
+        crate::numeric::round_to_fp8e4m3(v)
+    };
+    q * scale
+}
+
 /// Quantizes and dequantizes a buffer in place with one scale: `quantize(x)·scale` for every
 /// value, through the logistic family's in-place map (AVX2 vectors where the CPU has them,
 /// parallel pieces for big buffers).
 pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
-    if p == Precision::Int8 {
-        crate::ops::logistic::map_in_place(v, &|x| fake_quant_int8(x, scale))
-    } else {
-        crate::ops::logistic::map_in_place(v, &|x| quantize(x, scale, p) * scale)
+    use crate::ops::logistic::map_in_place;
+    match p {
+        Precision::Int8 => map_in_place(v, &|x| fake_quant_int8(x, scale)),
+        Precision::Fp8E4M3 => map_in_place(v, &|x| fake_quant_fp8::<false>(x, scale)),
+        Precision::Fp8E5M2 => map_in_place(v, &|x| fake_quant_fp8::<true>(x, scale)),
+        _ => map_in_place(v, &|x| quantize(x, scale, p) * scale),
     }
 }
 
-/// [`fake_quant`] of a copy, in one pass that reads `v` and writes the copy (an int8 layer's
-/// activation input: the copy is what its kernel reads); the int8 loop in AVX2 vectors where
-/// the CPU has them (it ran in SSE ones, 15 % of an int8 run of PP-OCR's classifier).
+/// [`fake_quant`] of a copy, in one pass that reads `v` and writes the copy (an int8 or fp8
+/// layer's activation input: the copy is what its kernel reads), in AVX2 vectors where the CPU
+/// has them (int8 ran in SSE ones, 15 % of an int8 run of PP-OCR's classifier; fp8 through the
+/// `float8` crate's per-value conversions, 6–12× an FP32 run).
 pub fn fake_quantized(v: &[f32], scale: f32, p: Precision) -> Vec<f32> {
+    use crate::ops::logistic::map_slice;
     let keep = |_: &mut [f32]| {};
-    if p == Precision::Int8 {
-        crate::ops::logistic::map_slice(v, &keep, &|x| fake_quant_int8(x, scale))
-    } else {
-        crate::ops::elementwise::map_f32(v, |x| quantize(x, scale, p) * scale, &keep)
+    match p {
+        Precision::Int8 => map_slice(v, &keep, &|x| fake_quant_int8(x, scale)),
+        Precision::Fp8E4M3 => map_slice(v, &keep, &|x| fake_quant_fp8::<false>(x, scale)),
+        Precision::Fp8E5M2 => map_slice(v, &keep, &|x| fake_quant_fp8::<true>(x, scale)),
+        _ => crate::ops::elementwise::map_f32(v, |x| quantize(x, scale, p) * scale, &keep),
     }
 }
 
