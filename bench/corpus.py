@@ -174,7 +174,7 @@ def main():
         print(f"core round trip before / after the latency runs: {trips[0]:.0f} / {trips[1]:.0f} ns"
               + (" (>= 250: the cores have separate L3 caches, the machine's slow mode; mixprec's two-thread"
                  " times inflate ~1.4x, ORT's ~1.1x)" if slow else ""))
-    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / INT8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals (bound) / s / RSS × run | task: layers / evals (bound) / s / RSS × run |")
+    print("| model | loads | FP32 err vs ORT | mixprec ms | ORT ms | ratio | emulated FP16 / BF16 / INT8 / FP8 ÷ FP32 | FP16 (task) | FP16 err | strict: layers / evals (bound) / s / RSS × run | task: layers / evals (bound) / s / RSS × run |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         n = r["name"]
@@ -183,9 +183,9 @@ def main():
             continue
         a, o = lat_mix.get(n, {}).get("median_ms"), lat_ort.get(n, {}).get("median_ms")
         lat = f"{a:.2f} | {o:.2f} | {a / o:.2f}" if a and o else "? | ? | ?"
-        h, q = lat_mix.get(n, {}).get("fp16_median_ms"), lat_mix.get(n, {}).get("int8_median_ms")
         first = lat_mix.get(n, {}).get("first_median_ms")
-        emul = f"{h / first:.2f} / {q / first:.2f}" if first and h and q else (f"{h / first:.2f} / -" if first and h else "?")
+        emulated = [lat_mix.get(n, {}).get(p + "_median_ms") for p in ("fp16", "bf16", "int8", "fp8")]
+        emul = " / ".join(f"{t / first:.2f}" if t else "-" for t in emulated) if first else "?"
 
         def s(t):
             k, e, w, cands, rss = t

@@ -48,12 +48,16 @@ print(f"threads={sys.argv[1]} rounds={sys.argv[2]} (lowest median of each engine
 trips = sorted(int(t) for t in sys.argv[3:5])
 print(f"core round trip before / after: {sys.argv[3]} / {sys.argv[4]} ns"
       + (" (>= 250: the cores have separate L3 caches, the machine's slow mode; mixprec's two-thread times inflate ~1.4x, ORT's ~1.1x)" if trips[-1] >= 250 else ""))
-print(f"{'model':<12} {'mixprec ms':>11} {'onnxruntime ms':>15} {'mixprec/ORT':>12} {'mixprec fp16 ms':>16} {'fp16/fp32':>10} {'int8/fp32':>10} {'min ratio':>10}")
+emulated = ["fp16", "bf16", "int8", "fp8"]
+print(f"{'model':<12} {'mixprec ms':>11} {'onnxruntime ms':>15} {'mixprec/ORT':>12} {'mixprec fp16 ms':>16}"
+      + "".join(f"{p + '/fp32':>10}" for p in emulated) + f" {'min ratio':>10}")
 for m in mix:
-    a, o, h, q = mix[m]['median_ms'], ort[m]['median_ms'], mix[m]['fp16_median_ms'], mix[m]['int8_median_ms']
+    a, o, h = mix[m]['median_ms'], ort[m]['median_ms'], mix[m]['fp16_median_ms']
     first = mix[m]['fp32_first_ms']
-    q = f"{q/first:>10.2f}" if q else f"{'-':>10}"
+    # Each emulated run against the same process's FP32 run ('-' where the plan could not run).
+    ratios = "".join(f"{mix[m][p + '_median_ms'] / first:>10.2f}" if mix[m].get(p + '_median_ms') else f"{'-':>10}"
+                     for p in emulated)
     # The ratio of the fastest runs: steadier than the medians' on a machine shared with others.
     least = mix[m]['min_ms'] / ort[m]['min_ms']
-    print(f"{m:<12} {a:>11.3f} {o:>15.3f} {a/o:>12.2f} {h:>16.3f} {h/first:>10.2f} {q} {least:>10.2f}")
+    print(f"{m:<12} {a:>11.3f} {o:>15.3f} {a/o:>12.2f} {h:>16.3f}{ratios} {least:>10.2f}")
 PY

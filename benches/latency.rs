@@ -5,10 +5,10 @@
 //! DIR/NAME/input_K.pb; `--fp32-only` skips the emulated runs, for profiling the FP32 interpreter)
 //!        cargo bench --bench latency -- --core-round-trip   (prints {"core_round_trip_ns": X}: a
 //! cache line passed between CPUs 0 and 1 and back, median of 20 × 20,000; see [`round_trip`])
-//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", "fp16_median_ms",
-//! "fp16_min_ms", "int8_median_ms", "int8_min_ms"}: the FP32 reference run, the emulated all-FP16 run and the emulated
-//! all-INT8 run (ranges calibrated with minmax on the same inputs; null where the plan cannot
-//! be prepared) of the same inputs.
+//! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", and for P in fp16,
+//! bf16, int8, fp8 (e4m3) "P_median_ms", "P_min_ms"}: the FP32 reference run and the emulated
+//! all-P runs of the same inputs (int8 and fp8 with ranges calibrated with minmax on them; null
+//! where the plan cannot be prepared).
 
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_input_set;
@@ -51,14 +51,8 @@ fn main() {
             );
             continue;
         }
-        let plan = PrecisionPlan::uniform(&model.graph, Precision::Float16);
-        let prepared =
-            PreparedPlan::new(&model.graph, &plan, &PlanOptions::default()).expect("plan");
-        let fp16 = time(|| {
-            interp
-                .run_plan(&feeds, &RunOptions::default(), &prepared)
-                .expect("run");
-        });
+        // The emulated all-<precision> runs; int8 and fp8 with ranges calibrated (minmax) on
+        // the same inputs.
         let cache = mixprec::calib::calibrate(
             &interp,
             std::slice::from_ref(&feeds),
@@ -67,32 +61,43 @@ fn main() {
         )
         .expect("calibrate");
         let amax = cache.amax_map();
-        let int8 = PreparedPlan::new(
-            &model.graph,
-            &PrecisionPlan::uniform(&model.graph, Precision::Int8),
-            &PlanOptions {
-                amax: Some(&amax),
+        let mut line = format!(
+            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}",
+            fp32.0, fp32.1, fp32.2
+        );
+        for (key, p) in [
+            ("fp16", Precision::Float16),
+            ("bf16", Precision::BFloat16),
+            ("int8", Precision::Int8),
+            ("fp8", Precision::Fp8E4M3),
+        ] {
+            let opts = PlanOptions {
+                amax: p.is_scaled().then_some(&amax),
                 ..PlanOptions::default()
-            },
-        )
-        .ok()
-        .and_then(|prepared| {
-            interp
-                .run_plan(&feeds, &RunOptions::default(), &prepared)
-                .ok()?;
-            Some(time(|| {
+            };
+            // null where the plan cannot be prepared or run.
+            let t = PreparedPlan::new(
+                &model.graph,
+                &PrecisionPlan::uniform(&model.graph, p),
+                &opts,
+            )
+            .ok()
+            .and_then(|prepared| {
                 interp
                     .run_plan(&feeds, &RunOptions::default(), &prepared)
-                    .expect("run");
-            }))
-        });
-        let (int8, int8_min) = int8.map_or(("null".to_string(), "null".to_string()), |t| {
-            (format!("{:.4}", t.0), format!("{:.4}", t.1))
-        });
-        println!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}, \"fp16_median_ms\": {:.4}, \"fp16_min_ms\": {:.4}, \"int8_median_ms\": {int8}, \"int8_min_ms\": {int8_min}}}",
-            fp32.0, fp32.1, fp32.2, fp16.0, fp16.1
-        );
+                    .ok()?;
+                Some(time(|| {
+                    interp
+                        .run_plan(&feeds, &RunOptions::default(), &prepared)
+                        .expect("run");
+                }))
+            });
+            let (median, min) = t.map_or(("null".to_string(), "null".to_string()), |t| {
+                (format!("{:.4}", t.0), format!("{:.4}", t.1))
+            });
+            line += &format!(", \"{key}_median_ms\": {median}, \"{key}_min_ms\": {min}");
+        }
+        println!("{line}}}");
     }
 }
 
