@@ -826,22 +826,21 @@ fn binary_stage<F: Fn(f32, f32) -> f32 + Copy + Send + Sync + 'static>(
             .filter(|v| v.len() == 1 && t.rank() <= shape.rank)?;
         Some(v[0])
     };
-    let lanewise = match (chained, op) {
+    let constant = match (chained, op) {
         ([true, true], _) => return Some(Stage::Zip(op)),
-        ([true, false], _) => one_value(1).map(|c| (c, true)),
-        ([false, true], Binary::Add | Binary::Mul) => one_value(0).map(|c| (c, false)),
+        ([true, false], _) => one_value(1),
+        ([false, true], Binary::Add | Binary::Mul) => one_value(0),
         _ => None,
     };
-    if let Some((c, _)) = lanewise {
-        let l = match op {
+    // Not a NaN constant: which operand's payload the result keeps would then depend on
+    // the side (the per-channel map below keeps the node's order).
+    if let Some(c) = constant.filter(|c| !c.is_nan()) {
+        return Some(Stage::Lanewise(match op {
             Binary::Add => Lanewise::Add(c),
             Binary::Sub => Lanewise::Sub(c),
             Binary::Mul => Lanewise::Mul(c),
             Binary::Div => Lanewise::Div(c),
-        };
-        if let Some(stage) = l.stage() {
-            return Some(stage);
-        }
+        }));
     }
     match chained {
         [true, false] => {

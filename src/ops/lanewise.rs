@@ -1,5 +1,5 @@
-//! Epilogue stages that are one IEEE operation per value ([`Stage::Lanewise`],
-//! [`Stage::Zip`]): a constant the same for every channel (Add/Sub/Mul/Div by a one-value
+//! Epilogue stages that are one IEEE operation per value ([`super::Stage::Lanewise`],
+//! [`super::Stage::Zip`]): a constant the same for every channel (Add/Sub/Mul/Div by a one-value
 //! constant, Clip, Relu), or two chained values combined (Add/Sub/Mul/Div of two values of the
 //! chain). Because the epilogue knows what they compute, it can round each result to the
 //! layer's float16 in the same pass instead of a pass of its own, and skip the rounding where
@@ -16,7 +16,8 @@
 //! Every path computes the same bits: the operations are IEEE (no fused multiply-add) and
 //! Clip and Relu are written as compares and selects with one meaning (`tests`).
 
-use super::Stage;
+// Relu as its kernel computes it: 0 below zero, anything else (NaN, −0) itself.
+use super::elementwise::relu;
 use crate::numeric::Rounding;
 
 /// A one-input stage: one operation per value with constants that are the same for every
@@ -33,7 +34,7 @@ pub enum Lanewise {
     Div(f32),
     /// [`clip`] to `[lo, hi]`.
     Clip(f32, f32),
-    /// [`relu`].
+    /// Relu: 0 below zero, anything else (NaN, −0) itself.
     Relu,
 }
 
@@ -56,16 +57,6 @@ pub fn clip(x: f32, lo: f32, hi: f32) -> f32 {
         hi
     } else {
         y
-    }
-}
-
-/// Relu: 0 below zero, anything else (NaN, −0) itself.
-#[inline(always)]
-pub fn relu(x: f32) -> f32 {
-    if x < 0.0 {
-        0.0
-    } else {
-        x
     }
 }
 
@@ -113,17 +104,6 @@ impl Lanewise {
         if let Some(r) = round {
             r.round_slice(v);
         }
-    }
-
-    /// The stage, or None for a NaN constant (whose payload an operation on either side
-    /// would keep differently).
-    pub fn stage(self) -> Option<Stage> {
-        let constants = match self {
-            Lanewise::Add(c) | Lanewise::Sub(c) | Lanewise::Mul(c) | Lanewise::Div(c) => [c, 0.0],
-            Lanewise::Clip(lo, hi) => [lo, hi],
-            Lanewise::Relu => [0.0; 2],
-        };
-        (!constants.iter().any(|c| c.is_nan())).then_some(Stage::Lanewise(self))
     }
 }
 
@@ -363,7 +343,7 @@ mod tests {
         assert!(clip(f32::NAN, 0.0, 6.0).is_nan());
         assert_eq!(clip(7.0, 0.0, 6.0), 6.0);
         assert_eq!(clip(-1.0, 0.0, 6.0), 0.0);
-        assert_eq!(relu(-0.0).to_bits(), (-0.0f32).to_bits());
+        assert_eq!(relu(-0.0f32).to_bits(), (-0.0f32).to_bits());
         assert!(relu(f32::NAN).is_nan());
         assert!(Lanewise::Clip(0.0, 6.0).keeps(Rounding::F16));
         assert!(Lanewise::Relu.keeps(Rounding::BF16));
@@ -374,6 +354,5 @@ mod tests {
         Lanewise::Clip(f32::MIN, f32::MAX).run(&mut v, Some(Rounding::F16));
         assert_eq!(v[0], round_to_f16(f32::MAX));
         assert!(!Lanewise::Add(3.0).keeps(Rounding::F16));
-        assert!(Lanewise::Add(f32::NAN).stage().is_none());
     }
 }

@@ -416,6 +416,9 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
             (range, padded)
         };
         let (oh, ow) = (w.out[0], w.out[1]);
+        // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
+        // plane cost more in scheduling than the pooling.
+        let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
         #[cfg(target_arch = "x86_64")]
         if kind == Kind::Max
             && kernel[..] == [3, 3]
@@ -431,7 +434,6 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                 oh,
                 ow,
             };
-            let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
             out.par_chunks_mut(o_sz.max(1))
                 .with_min_len(planes_per_task)
                 .enumerate()
@@ -475,9 +477,6 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
                 }
             })
             .collect();
-        // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
-        // plane cost more in scheduling than the pooling.
-        let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
         out.par_chunks_mut(o_sz.max(1))
             .with_min_len(planes_per_task)
             .enumerate()

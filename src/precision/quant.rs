@@ -58,8 +58,10 @@ fn fake_quant_int8(x: f32, scale: f32) -> f32 {
 }
 
 /// `quantize(x)·scale` for fp8, with the precision fixed at compile time and the rounding
-/// branch-free (`numeric::round_to_fp8e4m3`/`e5m2`, which clamp to the format's range first
-/// as QuantizeLinear's saturation does), so that loops over it vectorize.
+/// branch-free (`numeric::round_to_fp8e4m3`/`e5m2`), so that loops over it vectorize. Both
+/// saturate as QuantizeLinear does: e4m3's rounding clamps to ±448 itself; e5m2's overflows
+/// to ±inf from 61440 on (as native e5m2 arithmetic does), so the value is clamped to ±57344
+/// first, as [`quantize`] does.
 #[inline(always)]
 fn fake_quant_fp8<const E5M2: bool>(x: f32, scale: f32) -> f32 {
     let v = x / scale;
