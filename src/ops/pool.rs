@@ -948,51 +948,54 @@ mod tests {
             })
             .collect();
         let ints = |v: &[i64]| Attribute::Ints(v.to_vec());
-        for (k, strides, dil, pads) in [
-            ([3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
-            ([5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
-            ([2, 3], [1, 1], [2, 1], [0, 1, 1, 0]),
-            ([3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
-            ([3, 3], [2, 2], [1, 1], [0, 0, 0, 0]),
-            ([3, 3], [2, 2], [1, 1], [1, 0, 0, 1]),
-            ([3, 3], [2, 2], [1, 1], [0, 1, 1, 0]),
-            ([3, 2], [1, 2], [1, 2], [1, 0, 1, 2]),
-            ([3, 3], [1, 3], [1, 1], [0, 2, 1, 1]),
-        ] {
-            let n = node(
-                "MaxPool",
-                &[
-                    ("kernel_shape", ints(&k)),
-                    ("strides", ints(&strides)),
-                    ("dilations", ints(&dil)),
-                    ("pads", ints(&pads)),
-                ],
-            );
-            let xt = Tensor::from_f32(vec![1, 2, h, w], x.clone());
-            let y = max_pool(&OpCtx::new(&n, 12), &[Some(&xt)])
-                .unwrap()
-                .remove(0);
-            let (oh, ow) = (y.shape()[2], y.shape()[3]);
-            let got = y.as_f32().unwrap();
-            for c in 0..2 {
-                for (oy, ox) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
-                    let mut acc = f32::NEG_INFINITY;
-                    for (a, b) in (0..k[0]).flat_map(|a| (0..k[1]).map(move |b| (a, b))) {
-                        let iy = (oy as i64 * strides[0] + a * dil[0]) - pads[0];
-                        let ix = (ox as i64 * strides[1] + b * dil[1]) - pads[1];
-                        if (0..h as i64).contains(&iy) && (0..w as i64).contains(&ix) {
-                            let v = x[c * h * w + iy as usize * w + ix as usize];
-                            if v > acc || v.is_nan() {
-                                acc = v;
+        for ceil in [0, 1] {
+            for (k, strides, dil, pads) in [
+                ([3, 3], [1, 1], [1, 1], [1, 1, 1, 1]),
+                ([5, 5], [1, 1], [1, 1], [2, 2, 2, 2]),
+                ([2, 3], [1, 1], [2, 1], [0, 1, 1, 0]),
+                ([3, 3], [2, 2], [1, 1], [1, 1, 1, 1]),
+                ([3, 3], [2, 2], [1, 1], [0, 0, 0, 0]),
+                ([3, 3], [2, 2], [1, 1], [1, 0, 0, 1]),
+                ([3, 3], [2, 2], [1, 1], [0, 1, 1, 0]),
+                ([3, 2], [1, 2], [1, 2], [1, 0, 1, 2]),
+                ([3, 3], [1, 3], [1, 1], [0, 2, 1, 1]),
+            ] {
+                let n = node(
+                    "MaxPool",
+                    &[
+                        ("kernel_shape", ints(&k)),
+                        ("strides", ints(&strides)),
+                        ("dilations", ints(&dil)),
+                        ("pads", ints(&pads)),
+                        ("ceil_mode", Attribute::Int(ceil)),
+                    ],
+                );
+                let xt = Tensor::from_f32(vec![1, 2, h, w], x.clone());
+                let y = max_pool(&OpCtx::new(&n, 12), &[Some(&xt)])
+                    .unwrap()
+                    .remove(0);
+                let (oh, ow) = (y.shape()[2], y.shape()[3]);
+                let got = y.as_f32().unwrap();
+                for c in 0..2 {
+                    for (oy, ox) in (0..oh).flat_map(|a| (0..ow).map(move |b| (a, b))) {
+                        let mut acc = f32::NEG_INFINITY;
+                        for (a, b) in (0..k[0]).flat_map(|a| (0..k[1]).map(move |b| (a, b))) {
+                            let iy = (oy as i64 * strides[0] + a * dil[0]) - pads[0];
+                            let ix = (ox as i64 * strides[1] + b * dil[1]) - pads[1];
+                            if (0..h as i64).contains(&iy) && (0..w as i64).contains(&ix) {
+                                let v = x[c * h * w + iy as usize * w + ix as usize];
+                                if v > acc || v.is_nan() {
+                                    acc = v;
+                                }
                             }
                         }
+                        let g = got[(c * oh + oy) * ow + ox];
+                        assert_eq!(
+                            g.to_bits(),
+                            acc.to_bits(),
+                            "{w} {k:?} {strides:?} ceil {ceil} ({oy}, {ox})"
+                        );
                     }
-                    let g = got[(c * oh + oy) * ow + ox];
-                    assert_eq!(
-                        g.to_bits(),
-                        acc.to_bits(),
-                        "{w} {k:?} {strides:?} ({oy}, {ox})"
-                    );
                 }
             }
         }
