@@ -1260,7 +1260,15 @@ fn clip(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     map_op(
         ctx,
         x,
-        |v| if v.is_nan() { v } else { v.max(lo).min(hi) },
+        // The same compares in f64 as `lanewise::clip` in f32 (a tie keeps the input).
+        |v| {
+            let v = if v < lo { lo } else { v };
+            if v > hi {
+                hi
+            } else {
+                v
+            }
+        },
         move |v| super::lanewise::clip(v, lo32, hi32),
     )
 }
@@ -1407,6 +1415,26 @@ mod tests {
             c[2],
             f32::MIN,
             "Clip without min is bounded by the lowest float"
+        );
+        // A zero equal to a bound of the other sign keeps its sign (ONNX Runtime's compares),
+        // in float32 and float64 alike.
+        let zero = Tensor::from_f32(vec![], vec![0.0]);
+        let six = Tensor::from_f32(vec![], vec![6.0]);
+        let c = run("Clip", &[&x, &zero, &six]);
+        assert!(
+            c.as_f32().unwrap()[1].is_sign_negative(),
+            "Clip(-0, 0, 6) = -0"
+        );
+        let x64 = Tensor::from_f64(vec![2], vec![-0.0, 7.0]);
+        let (zero64, six64) = (
+            Tensor::from_f64(vec![], vec![0.0]),
+            Tensor::from_f64(vec![], vec![6.0]),
+        );
+        let c = run("Clip", &[&x64, &zero64, &six64]);
+        let c = c.to_f64_vec().unwrap();
+        assert!(
+            c[0] == 0.0 && c[0].is_sign_negative() && c[1] == 6.0,
+            "{c:?}"
         );
         let sign = run("Sign", &[&x]);
         let s = sign.as_f32().unwrap();
