@@ -9,6 +9,7 @@ use super::{round_value, Precision};
 use crate::graph::Node;
 
 /// The largest quantized magnitude: 127 for int8, the largest finite value for fp8.
+#[inline]
 pub fn qmax(p: Precision) -> f32 {
     match p {
         Precision::Int8 => 127.0,
@@ -29,8 +30,10 @@ pub fn scale_from_amax(amax: f32, p: Precision) -> f32 {
 }
 
 /// One quantized value (before dequantization): `saturate(round(x / s))` in the grid of `p`.
-/// NaN stays NaN for fp8 and becomes 0 for int8 (as QuantizeLinear to int8 does).
-#[inline]
+/// NaN stays NaN for fp8 and becomes 0 for int8 (as QuantizeLinear to int8 does). Always
+/// inlined: with a constant `p` (the fp8 fake-quantization loops) it folds to one branch-free
+/// rounding, and the loop vectorizes.
+#[inline(always)]
 pub fn quantize(x: f32, scale: f32, p: Precision) -> f32 {
     let v = x / scale;
     match p {
@@ -38,7 +41,8 @@ pub fn quantize(x: f32, scale: f32, p: Precision) -> f32 {
         // Saturating conversion (QuantizeLinear's default saturate=1 for fp8).
         _ => {
             let m = qmax(p);
-            round_value(p, if v.is_nan() { v } else { v.clamp(-m, m) })
+            // (`clamp` keeps a NaN.)
+            round_value(p, v.clamp(-m, m))
         }
     }
 }
@@ -57,22 +61,6 @@ fn fake_quant_int8(x: f32, scale: f32) -> f32 {
     r * scale
 }
 
-/// `quantize(x)·scale` for fp8, with the precision fixed at compile time and the rounding
-/// branch-free (`numeric::round_to_fp8e4m3`/`e5m2`), so that loops over it vectorize. Both
-/// saturate as QuantizeLinear does: e4m3's rounding clamps to ±448 itself; e5m2's overflows
-/// to ±inf from 61440 on (as native e5m2 arithmetic does), so the value is clamped to ±57344
-/// first, as [`quantize`] does.
-#[inline(always)]
-fn fake_quant_fp8<const E5M2: bool>(x: f32, scale: f32) -> f32 {
-    let v = x / scale;
-    let q = if E5M2 {
-        crate::numeric::round_to_fp8e5m2(v.clamp(-57344.0, 57344.0))
-    } else {
-        crate::numeric::round_to_fp8e4m3(v)
-    };
-    q * scale
-}
-
 /// Quantizes and dequantizes a buffer in place with one scale: `quantize(x)·scale` for every
 /// value, through the logistic family's in-place map (AVX2 vectors where the CPU has them,
 /// parallel pieces for big buffers).
@@ -80,8 +68,10 @@ pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
     use crate::ops::logistic::map_in_place;
     match p {
         Precision::Int8 => map_in_place(v, &|x| fake_quant_int8(x, scale)),
-        Precision::Fp8E4M3 => map_in_place(v, &|x| fake_quant_fp8::<false>(x, scale)),
-        Precision::Fp8E5M2 => map_in_place(v, &|x| fake_quant_fp8::<true>(x, scale)),
+        // The precision a constant in each loop, so `quantize` folds to its branch-free fp8
+        // rounding and the loop vectorizes.
+        Precision::Fp8E4M3 => map_in_place(v, &|x| quantize(x, scale, Precision::Fp8E4M3) * scale),
+        Precision::Fp8E5M2 => map_in_place(v, &|x| quantize(x, scale, Precision::Fp8E5M2) * scale),
         _ => map_in_place(v, &|x| quantize(x, scale, p) * scale),
     }
 }
@@ -95,8 +85,12 @@ pub fn fake_quantized(v: &[f32], scale: f32, p: Precision) -> Vec<f32> {
     let keep = |_: &mut [f32]| {};
     match p {
         Precision::Int8 => map_slice(v, &keep, &|x| fake_quant_int8(x, scale)),
-        Precision::Fp8E4M3 => map_slice(v, &keep, &|x| fake_quant_fp8::<false>(x, scale)),
-        Precision::Fp8E5M2 => map_slice(v, &keep, &|x| fake_quant_fp8::<true>(x, scale)),
+        Precision::Fp8E4M3 => map_slice(v, &keep, &|x| {
+            quantize(x, scale, Precision::Fp8E4M3) * scale
+        }),
+        Precision::Fp8E5M2 => map_slice(v, &keep, &|x| {
+            quantize(x, scale, Precision::Fp8E5M2) * scale
+        }),
         _ => crate::ops::elementwise::map_f32(v, |x| quantize(x, scale, p) * scale, &keep),
     }
 }
