@@ -1128,6 +1128,16 @@ fn print_stats(p: &Printer, s: &SearchStats) {
         s.wall_seconds / s.fp32_inference_seconds.max(1e-9),
         s.fp32_inference_seconds * 1e3
     );
+    let c = &s.contradictions;
+    if c.failing_supersets > 0 {
+        let example = c.example.map_or(String::new(), |(f, p)| {
+            format!(" (iteration {f} fails although it marks every layer of iteration {p}, which passes)")
+        });
+        out!(p,
+            "[W] The criterion is not monotone on this model: {} failing evaluation(s) marked every layer of a passing one, and more{example}. Which layers the search answers depends on its path, and it takes more evaluations; a tolerance further from the low precision's rounding noise, or a task-level --metric, gives steadier answers",
+            c.failing_supersets
+        );
+    }
 }
 
 /// The global precision flags as mixprec/Polygraphy spell them.

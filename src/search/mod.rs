@@ -421,6 +421,57 @@ fn look_ahead(
     batch
 }
 
+/// Evidence that the criterion is not monotone: failing trials that marked every layer of a
+/// passing trial, and more (keeping more layers in high precision made it fail).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Contradictions {
+    /// Failing trials that are a strict superset of some passing trial.
+    pub failing_supersets: usize,
+    /// One such pair, (failing iteration, passing iteration): the failing trial that marks
+    /// the most layers beyond the smallest passing set it contains.
+    pub example: Option<(usize, usize)>,
+}
+
+/// The [`Contradictions`] among `trials`. Group testing and the 1-minimal confirmation
+/// assume nothing about them (the confirmation is there because they happen), but a search
+/// with many takes more evaluations and its answer depends on its path: the CLI says so.
+pub fn contradictions(trials: &[Trial]) -> Contradictions {
+    let width = trials
+        .iter()
+        .flat_map(|t| t.marked.iter().copied())
+        .max()
+        .map_or(0, |m| m / 64 + 1);
+    let bits = |t: &Trial| -> Vec<u64> {
+        let mut b = vec![0u64; width];
+        t.marked.iter().for_each(|&i| b[i / 64] |= 1 << (i % 64));
+        b
+    };
+    let mut passing: Vec<(&Trial, Vec<u64>)> = trials
+        .iter()
+        .filter(|t| t.passed)
+        .map(|t| (t, bits(t)))
+        .collect();
+    // Smallest first: the first contained passing set is the smallest.
+    passing.sort_by_key(|(t, _)| (t.marked.len(), t.iteration));
+    let mut found = Contradictions::default();
+    let mut widest = 0usize;
+    for f in trials.iter().filter(|t| !t.passed) {
+        let fb = bits(f);
+        let inside = passing.iter().find(|(p, pb)| {
+            p.marked.len() < f.marked.len() && pb.iter().zip(&fb).all(|(a, b)| a & !b == 0)
+        });
+        if let Some((p, _)) = inside {
+            found.failing_supersets += 1;
+            let more = f.marked.len() - p.marked.len();
+            if more > widest {
+                widest = more;
+                found.example = Some((f.iteration, p.iteration));
+            }
+        }
+    }
+    found
+}
+
 /// The passing trial with the fewest marked layers (then FLOPs).
 fn best_of(trials: &[Trial]) -> Option<Vec<usize>> {
     trials
@@ -1051,11 +1102,51 @@ mod tests {
                         "{needed:?}/{quirk}: {answer:?} passes without {layer}"
                     );
                 }
-                dropped += r.trials.iter().any(|t| t.phase == "confirm" && t.passed) as usize;
+                let drops = r.trials.iter().any(|t| t.phase == "confirm" && t.passed);
+                dropped += drops as usize;
+                // A drop is a passing set inside the failing one that had found the layer
+                // needed: the search reports the contradiction.
+                if drops {
+                    assert!(contradictions(&r.trials).failing_supersets > 0);
+                }
             }
         }
         // The confirmation dropped layers group testing had found needed.
         assert!(dropped > 0);
+    }
+
+    #[test]
+    fn contradictions_are_failing_supersets_of_passing_sets() {
+        let t = |iteration: usize, marked: &[usize], passed: bool| Trial {
+            iteration,
+            phase: "prune",
+            marked: marked.to_vec(),
+            marked_flops: 0,
+            passed,
+            error: 0.0,
+            summary: String::new(),
+        };
+        let trials = [
+            t(1, &[1, 2], true),
+            t(2, &[1, 2, 3], false),
+            t(3, &[1, 3], false),
+            t(4, &[70], true),
+            t(5, &[1, 2, 70, 130, 131], false),
+            t(6, &[2, 3, 4], true),
+        ];
+        let c = contradictions(&trials);
+        assert_eq!(c.failing_supersets, 2);
+        // Trial 5 holds trial 1 (2 layers) and trial 4 (1 layer): the smallest passing set
+        // inside it is taken (4 layers more, against trial 2's one more than trial 1).
+        assert_eq!(c.example, Some((5, 4)));
+        assert_eq!(contradictions(&trials[..1]), Contradictions::default());
+        assert_eq!(contradictions(&[]), Contradictions::default());
+        // A monotone criterion never contradicts itself.
+        let sp = space(60, &[(12, 5.0), (30, 9.0), (40, 0.5)]);
+        for mode in [Mode::Minimal, Mode::WorstFirst, Mode::Bisect, Mode::Linear] {
+            let (r, _) = run(&sp, mode, Direction::Forward, &[12, 30, 41]);
+            assert_eq!(contradictions(&r.trials), Contradictions::default());
+        }
     }
 
     #[test]

@@ -420,6 +420,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         cache_evictions: 0,
         wall_seconds: wall,
         fp32_inference_seconds: fp32_inference,
+        contradictions: super::contradictions(&result.trials),
     };
     let answer = match &result.outcome {
         Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(strip(model, m, job.high)?),

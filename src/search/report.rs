@@ -28,6 +28,9 @@ pub struct SearchStats {
     pub cache_evictions: u64,
     pub wall_seconds: f64,
     pub fp32_inference_seconds: f64,
+    /// Failing trials that marked every layer of a passing one, and more: the criterion is
+    /// not monotone on this model ([`super::contradictions`]).
+    pub contradictions: super::Contradictions,
 }
 
 impl SearchStats {
@@ -49,6 +52,7 @@ impl SearchStats {
             cache_evictions: oracle.cache.stats.evictions,
             wall_seconds,
             fp32_inference_seconds,
+            contradictions: super::contradictions(&result.trials),
         }
     }
 }
