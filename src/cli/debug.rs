@@ -120,7 +120,7 @@ pub struct SearchArgs {
     compare: CompareArgs,
     /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables;
     /// auto (default): 1.25 times one FP32 run's values, at most 3 times what a plain run
-    /// holds at once, within 32 MiB..2 GiB. Changes speed and memory, never the answer.
+    /// holds at once, within 1 MiB..2 GiB. Changes speed and memory, never the answer.
     #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
     cache_budget: String,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
