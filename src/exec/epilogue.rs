@@ -9,14 +9,15 @@
 //! weights, the values they pass each other are read only inside the chain and are not graph
 //! outputs, so no one can tell they were never stored (Conv → BatchNormalization → Relu;
 //! Conv → Sigmoid, Mul = SiLU; a decomposed HardSwish). [`Epilogue::prepare`] makes a chain's
-//! stages for one run where that run cannot tell either: no observer, no cache, no kept
-//! intermediates, and every layer of the chain writing the same float precision without fusion
-//! regions (an int8/fp8 layer writes float32: its inputs are quantized before the kernel, so an
-//! int8 Conv takes its float32 Relu as an epilogue; so does a quantized kernel of `exec/qdq.rs`
-//! that writes float32). Each
-//! stage computes exactly its kernel's float32 values, and each layer's output is rounded as
-//! the interpreter would round it, so the results are the same bits as running the layers one
-//! by one (`tests`).
+//! stages for one run where that run cannot tell either: no observer, no kept intermediates,
+//! no fusion regions (a value cache keeps the chain's result only), and no chain value that
+//! layers of two precisions read (an int8/fp8 layer writes float32: its inputs are quantized
+//! before the kernel, so an int8 Conv takes its float32 Relu as an epilogue; so does a
+//! quantized kernel of `exec/qdq.rs` that writes float32). Each stage computes exactly its
+//! kernel's float32 values, each layer's output is rounded to its own precision as the
+//! interpreter would round it, and a chain value whose readers are in another precision is
+//! rounded as their input would be, so the results are the same bits as running the layers
+//! one by one (`tests`).
 
 use super::emulate::{prepare_input, InputPrep, LayerPrep};
 use super::{Source, Step};
@@ -166,8 +167,19 @@ pub(super) struct Epilogue {
     temps: usize,
     /// Where the result is (moved to buffer 0 at the end).
     result: usize,
-    /// Every layer's output rounding (the chain's layers share one precision).
+    /// The anchor's output rounding, and the rounding its readers in the chain take its
+    /// values with (a layer in another precision than the anchor's).
     round: Option<Rounding>,
+    then: Option<Rounding>,
+}
+
+/// A stage before buffers are assigned: the registers it reads, its layer's output rounding,
+/// and the rounding the stages that read its value take it with (see [`Op`]).
+struct Staged {
+    stage: Stage,
+    regs: Vec<usize>,
+    round: Option<Rounding>,
+    then: Option<Rounding>,
 }
 
 /// The epilogues a graph's runs (or a plan's) made, by anchor step and the anchor's output
@@ -226,6 +238,12 @@ struct Op {
     stage: Stage,
     inputs: Vec<usize>,
     out: usize,
+    /// The layer's output rounding.
+    round: Option<Rounding>,
+    /// Then the rounding its value's readers in the chain take it with, where their layers'
+    /// precision differs from this one's (they all take it the same way): done once, as
+    /// the value is written, since nothing else reads it.
+    then: Option<Rounding>,
 }
 
 /// Most temporary buffers an epilogue uses.
@@ -272,28 +290,43 @@ impl Epilogue {
         layers: Option<&[LayerPrep]>,
         shape: ChainShape,
     ) -> crate::error::Result<Option<Epilogue>> {
-        let round = output_rounding(layers.map(|l| &l[anchor]));
-        let Some(round) = round else {
+        let Some(anchor_round) = output_rounding(layers.map(|l| &l[anchor])) else {
             return Ok(None);
         };
-        let mut stages = Vec::with_capacity(chain.stages.len());
+        // Per register (0: the anchor's output, k + 1: stage k's): the rounding its layer
+        // writes it with, and how the stages that read it take it (None: no reader yet;
+        // Some(None): as written; Some(Some(r)): rounded to r, as a layer in another
+        // precision rounds its input).
+        let mut written: Vec<Option<Rounding>> = vec![anchor_round];
+        let mut read_as: Vec<Option<Option<Rounding>>> = vec![None];
+        let mut stages: Vec<Staged> = Vec::with_capacity(chain.stages.len());
         for st in &chain.stages {
             let layer = layers.map(|l| &l[st.step]);
-            if output_rounding(layer) != Some(round) {
+            let Some(round) = output_rounding(layer) else {
                 return Ok(None);
-            }
+            };
             let node = &graph.nodes[st.step];
             let step = &steps[st.step];
             // The layer's constant inputs as its kernel would get them under the plan.
             let mut args: Vec<Option<Cow<Tensor>>> = Vec::with_capacity(st.regs.len());
             for (i, (src, reg)) in step.inputs.iter().zip(&st.regs).enumerate() {
                 let prep = layer.and_then(|l| l.inputs.get(i));
-                if reg.is_some() {
-                    // A chain value, already rounded to the layer's precision.
-                    match prep {
-                        None | Some(InputPrep::Keep) => {}
-                        Some(InputPrep::Round(p)) if p.float_rounding() == round => {}
+                if let Some(r) = *reg {
+                    // A chain value: read as its layer wrote it, or rounded to this layer's
+                    // precision where that differs. One register holds one form, so its
+                    // readers must agree (they do unless one chain value feeds layers of two
+                    // precisions).
+                    let want = match prep {
+                        None | Some(InputPrep::Keep) => None,
+                        Some(InputPrep::Round(p)) => {
+                            p.float_rounding().filter(|&q| Some(q) != written[r])
+                        }
                         _ => return Ok(None),
+                    };
+                    match read_as[r] {
+                        None => read_as[r] = Some(want),
+                        Some(w) if w == want => {}
+                        Some(_) => return Ok(None),
                     }
                     args.push(None);
                     continue;
@@ -325,9 +358,20 @@ impl Epilogue {
                 msg: e.0,
             })?;
             match stage {
-                Some(s) => stages.push((s, st.regs.iter().flatten().copied().collect())),
+                Some(s) => stages.push(Staged {
+                    stage: s,
+                    regs: st.regs.iter().flatten().copied().collect(),
+                    round,
+                    then: None,
+                }),
                 None => return Ok(None),
             }
+            written.push(round);
+            read_as.push(None);
+        }
+        // The result (the last register) is read outside, as written.
+        for (k, s) in stages.iter_mut().enumerate() {
+            s.then = read_as[k + 1].flatten();
         }
         let ops: Vec<Option<&str>> = (chain.stages.iter())
             .map(|st| {
@@ -336,12 +380,13 @@ impl Epilogue {
                     .then_some(node.op_type.as_str())
             })
             .collect();
-        let stages = fuse_silu(stages, &ops, round);
+        let stages = fuse_silu(stages, &ops);
         Ok(assign_buffers(stages).map(|(ops, temps, result)| Epilogue {
             ops,
             temps,
             result,
-            round,
+            round: anchor_round,
+            then: read_as[0].flatten(),
         }))
     }
 
@@ -362,12 +407,13 @@ impl Epilogue {
     /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries).
     fn run(&self, channel: Channels, part: &mut [f32], temps: &mut [[f32; CHUNK]]) {
         let n = part.len();
-        let round = |v: &mut [f32]| {
-            if let Some(r) = self.round {
+        let round = |v: &mut [f32], r: Option<Rounding>| {
+            if let Some(r) = r {
                 r.round_slice(v)
             }
         };
-        round(part);
+        round(part, self.round);
+        round(part, self.then);
         for op in &self.ops {
             let first = op.inputs[0];
             if first != op.out {
@@ -383,31 +429,40 @@ impl Epilogue {
                     f(piece, &b[..piece.len()]);
                 }
             };
-            match &op.stage {
-                Stage::Map(f) => f(channel, buffer(part, temps, op.out)),
-                // These round as they go (or keep the format).
+            // Lanewise and Zip stages round as they go (or keep the format).
+            let rounds_itself = match &op.stage {
+                Stage::Map(f) => {
+                    f(channel, buffer(part, temps, op.out));
+                    false
+                }
                 Stage::Lanewise(l) => {
-                    l.run(buffer(part, temps, op.out), self.round);
-                    continue;
+                    l.run(buffer(part, temps, op.out), op.round);
+                    true
                 }
                 Stage::Zip(z) if op.inputs[1] == op.out => {
-                    squared(buffer(part, temps, op.out), &|a, b| z.run(a, b, self.round));
-                    continue;
+                    squared(buffer(part, temps, op.out), &|a, b| z.run(a, b, op.round));
+                    true
                 }
                 Stage::Zip(z) => {
                     let (a, b) = pair(part, temps, op.out, op.inputs[1]);
-                    z.run(a, b, self.round);
-                    continue;
+                    z.run(a, b, op.round);
+                    true
                 }
                 Stage::Combine(f) if op.inputs[1] == op.out => {
-                    squared(buffer(part, temps, op.out), &|a, b| f(a, b))
+                    squared(buffer(part, temps, op.out), &|a, b| f(a, b));
+                    false
                 }
                 Stage::Combine(f) => {
                     let (a, b) = pair(part, temps, op.out, op.inputs[1]);
                     f(a, b);
+                    false
                 }
+            };
+            let out = buffer(part, temps, op.out);
+            if !rounds_itself {
+                round(out, op.round);
             }
-            round(buffer(part, temps, op.out));
+            round(out, op.then);
         }
         if self.result != 0 {
             part.copy_from_slice(&temps[self.result - 1][..n]);
@@ -417,15 +472,14 @@ impl Epilogue {
 
 /// SiLU (`x·σ(x)`, exported as a Sigmoid and a Mul of its input and output: YOLO's every
 /// convolution) as one stage: the product in the pass that computes σ, no register between
-/// them. The same bits: σ's values rounded as its layer writes them (`round`), then the Mul's
-/// product of the same two operands in the same order. `ops[k]`: stage k's op (default
-/// domain). Stages after the pair read registers one lower (register k + 1 is stage k's).
-fn fuse_silu(
-    stages: Vec<(Stage, Vec<usize>)>,
-    ops: &[Option<&str>],
-    round: Option<Rounding>,
-) -> Vec<(Stage, Vec<usize>)> {
-    let regs: Vec<Vec<usize>> = stages.iter().map(|(_, r)| r.clone()).collect();
+/// them. The same bits: σ's values rounded as its layer writes them, then the Mul's product of
+/// the same two operands in the same order, where both layers round to one precision (so the
+/// Mul takes σ as written). `ops[k]`: stage k's op (default domain). Stages after the pair
+/// read registers one lower (register k + 1 is stage k's).
+fn fuse_silu(stages: Vec<Staged>, ops: &[Option<&str>]) -> Vec<Staged> {
+    let regs: Vec<Vec<usize>> = stages.iter().map(|s| s.regs.clone()).collect();
+    let rounds: Vec<(Option<Rounding>, Option<Rounding>)> =
+        stages.iter().map(|s| (s.round, s.then)).collect();
     // Stage k is a Sigmoid of x whose output only stage k + 1, a Mul of x and it, reads.
     let pair_at = |k: usize| -> Option<bool> {
         if k + 1 >= regs.len() {
@@ -433,8 +487,12 @@ fn fuse_silu(
         }
         let (sig, x) = (k + 1, *regs[k].first()?);
         let read_later = regs[k + 2..].iter().flatten().any(|&r| r == sig);
+        // σ as its layer writes it is what the Mul reads.
+        let one_form = rounds[k].0 == rounds[k + 1].0 && rounds[k].1.is_none();
         match (ops[k], ops.get(k + 1).copied().flatten(), regs.get(k + 1)) {
-            (Some("Sigmoid"), Some("Mul"), Some(m)) if !read_later && regs[k].len() == 1 => {
+            (Some("Sigmoid"), Some("Mul"), Some(m))
+                if !read_later && one_form && regs[k].len() == 1 =>
+            {
                 // The Mul's operand order: x·σ(x) or σ(x)·x.
                 if m[..] == [x, sig] {
                     Some(true)
@@ -447,27 +505,35 @@ fn fuse_silu(
             _ => None,
         }
     };
-    let mut out: Vec<(Stage, Vec<usize>)> = Vec::with_capacity(stages.len());
+    let mut out: Vec<Staged> = Vec::with_capacity(stages.len());
     // Registers of the input stages → of the output's (usize::MAX: a fused Sigmoid's, which
     // nothing reads).
     let mut new_reg: Vec<usize> = vec![0];
     let mut it = stages.into_iter().enumerate();
-    while let Some((k, (stage, r))) = it.next() {
+    while let Some((k, st)) = it.next() {
         let remap = |r: &[usize], new_reg: &[usize]| r.iter().map(|&q| new_reg[q]).collect();
         if let Some(x_first) = pair_at(k) {
-            let x = new_reg[r[0]];
-            it.next();
+            let x = new_reg[st.regs[0]];
+            let mul = it.next().expect("pair_at saw the Mul").1;
+            let round = mul.round;
             let fused = Stage::Map(Box::new(move |_, v: &mut [f32]| {
                 crate::ops::logistic::silu_in_place(v, round, x_first)
             }));
-            out.push((fused, vec![x]));
+            // silu_in_place rounds σ; the product is rounded after it, as the Mul's layer
+            // writes it.
+            out.push(Staged {
+                stage: fused,
+                regs: vec![x],
+                round,
+                then: mul.then,
+            });
             // The Sigmoid's register is read by nothing now; the Mul's is the fused stage's.
             new_reg.push(usize::MAX);
             new_reg.push(out.len());
             continue;
         }
-        let r = remap(&r, &new_reg);
-        out.push((stage, r));
+        let regs = remap(&st.regs, &new_reg);
+        out.push(Staged { regs, ..st });
         new_reg.push(out.len());
     }
     out
@@ -508,18 +574,24 @@ fn buffer<'a>(part: &'a mut [f32], temps: &'a mut [[f32; CHUNK]], b: usize) -> &
 /// Buffers for a chain's values: a stage writes over its first chained input where it is that
 /// value's last reader, otherwise into a free temporary. Returns the ops, the temporaries used
 /// and the result's buffer; None past [`MAX_TEMPS`].
-fn assign_buffers(stages: Vec<(Stage, Vec<usize>)>) -> Option<(Vec<Op>, usize, usize)> {
+fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
     // Register 0: the anchor's output; register k + 1: stage k's.
     let mut last_read = vec![0usize; stages.len() + 1];
-    for (k, (_, regs)) in stages.iter().enumerate() {
-        for &r in regs {
+    for (k, st) in stages.iter().enumerate() {
+        for &r in &st.regs {
             last_read[r] = last_read[r].max(k);
         }
     }
     let mut buf_of = vec![0usize; stages.len() + 1];
     let (mut free, mut temps) = (Vec::new(), 0);
     let mut ops = Vec::with_capacity(stages.len());
-    for (k, (stage, regs)) in stages.into_iter().enumerate() {
+    for (k, st) in stages.into_iter().enumerate() {
+        let Staged {
+            stage,
+            regs,
+            round,
+            then,
+        } = st;
         let first = regs[0];
         let out = if last_read[first] == k {
             buf_of[first]
@@ -537,7 +609,13 @@ fn assign_buffers(stages: Vec<(Stage, Vec<usize>)>) -> Option<(Vec<Op>, usize, u
         }
         buf_of[k + 1] = out;
         let inputs = regs.iter().map(|&r| buf_of[r]).collect();
-        ops.push(Op { stage, inputs, out });
+        ops.push(Op {
+            stage,
+            inputs,
+            out,
+            round,
+            then,
+        });
     }
     (temps <= MAX_TEMPS).then(|| (ops, temps, buf_of[buf_of.len() - 1]))
 }
@@ -763,12 +841,132 @@ mod tests {
         t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
+    /// Plans that give the layers of one chain different precisions (a search's plans: a
+    /// few layers back in float32 among float16 ones) still run the chain as an epilogue —
+    /// each stage rounds its output to its own layer's precision, and a value whose readers
+    /// are in another precision is rounded as they would round it — with the bits of the
+    /// layers run one by one.
+    #[test]
+    fn chains_in_mixed_precisions_fuse_with_the_bits_of_their_layers_alone() {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let mut x = values(243, 31);
+        x[40] = f32::NAN;
+        x[41] = 1e30;
+        let mut hs_feeds = Feeds::new();
+        hs_feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
+        let mut gelu_feeds = Feeds::new();
+        gelu_feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], values(80, 23)));
+        let cases = [
+            (model(Vec::new(), &["out"]), feeds()),
+            (hard_swish_graph(), hs_feeds),
+            (gelu_model(), gelu_feeds),
+        ];
+        let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
+        let mut rng = crate::data::loader::Mt19937::new(7);
+        let mut mixed_and_fused = 0;
+        for (g, feeds) in &cases {
+            let interp = Interpreter::new(g).unwrap();
+            for _ in 0..40 {
+                let layers: Vec<Precision> = (0..g.nodes.len())
+                    .map(|_| choices[(rng.random_sample() * 3.0) as usize % 3])
+                    .collect();
+                let plan = PreparedPlan::new(
+                    g,
+                    &PrecisionPlan::from_layers(layers.clone()),
+                    &PlanOptions::default(),
+                )
+                .unwrap();
+                let (fused, times) = interp.run_profiled(feeds, Some(&plan)).unwrap();
+                let alone = interp.run_plan(feeds, &keep, &plan).unwrap();
+                assert_eq!(
+                    bits(&fused.outputs[0].1),
+                    bits(&alone.outputs[0].1),
+                    "{layers:?}"
+                );
+                // Count the epilogues that took layers of more than one precision.
+                mixed_and_fused += times
+                    .iter()
+                    .filter(|t| {
+                        t.fused.iter().any(|&j| {
+                            layers[j] != layers[t.node] || layers[j] != layers[t.fused[0]]
+                        })
+                    })
+                    .count();
+            }
+        }
+        assert!(mixed_and_fused > 20, "{mixed_and_fused} mixed epilogues");
+    }
+
+    /// Runs through a cache (a search's evaluations) take epilogues too: the cache keeps a
+    /// chain's result only, and a later run whose chain is unchanged takes that result without
+    /// running the convolution or its layers. Random plans in turn, with a budget that keeps
+    /// everything and with one that keeps almost nothing, give the bits of the layers run one
+    /// by one.
+    #[test]
+    fn cached_runs_take_epilogues_and_skip_chains_whose_result_is_cached() {
+        use crate::exec::ValueCache;
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds = feeds();
+        let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
+        let mut rng = crate::data::loader::Mt19937::new(11);
+        for budget in [1 << 30, 4096] {
+            let mut cache = ValueCache::new(budget);
+            let mut layers = vec![Precision::Float16; g.nodes.len()];
+            for _ in 0..30 {
+                // One layer changes at a time, as between a search's evaluations.
+                let i = (rng.random_sample() * g.nodes.len() as f64) as usize % g.nodes.len();
+                layers[i] = choices[(rng.random_sample() * 3.0) as usize % 3];
+                let plan = PreparedPlan::new(
+                    &g,
+                    &PrecisionPlan::from_layers(layers.clone()),
+                    &PlanOptions::default(),
+                )
+                .unwrap();
+                let cached = interp
+                    .run_cached(&feeds, 0, &RunOptions::default(), Some(&plan), &mut cache)
+                    .unwrap();
+                let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
+                assert_eq!(
+                    bits(&cached.outputs[0].1),
+                    bits(&alone.outputs[0].1),
+                    "{layers:?} budget {budget}"
+                );
+            }
+        }
+        // The same plan again: nothing runs, the output comes from the cache.
+        let mut cache = ValueCache::new(1 << 30);
+        let plan = PreparedPlan::new(
+            &g,
+            &PrecisionPlan::uniform(&g, Precision::Float16),
+            &PlanOptions::default(),
+        )
+        .unwrap();
+        interp
+            .run_cached(&feeds, 0, &RunOptions::default(), Some(&plan), &mut cache)
+            .unwrap();
+        // Four convolutions with their chains: 15 layers counted as run.
+        assert_eq!(cache.stats.executed, 15);
+        let before = cache.stats.executed;
+        let again = interp
+            .run_cached(&feeds, 0, &RunOptions::default(), Some(&plan), &mut cache)
+            .unwrap();
+        assert_eq!(cache.stats.executed, before);
+        let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
+        assert_eq!(bits(&again.outputs[0].1), bits(&alone.outputs[0].1));
+    }
+
     /// A Sigmoid and a Mul of its input and output become one SiLU stage (either operand
     /// order) where nothing else reads the sigmoid, with the bits of the two stages run one by
     /// one, rounded or not; where a later stage reads the sigmoid they stay two.
     #[test]
     fn sigmoid_then_mul_of_its_input_is_one_silu_stage_with_the_same_bits() {
-        use super::{assign_buffers, fuse_silu, Epilogue};
+        use super::{assign_buffers, fuse_silu, Epilogue, Staged};
         use crate::numeric::Rounding;
         use crate::ops::logistic::logistic_in_place;
         use crate::ops::{Channels, Stage};
@@ -818,23 +1016,31 @@ mod tests {
             .collect();
         for (spec, fused_len) in cases {
             let ops: Vec<Option<&str>> = spec.iter().map(|(op, _)| Some(*op)).collect();
-            let make = || -> Vec<(Stage, Vec<usize>)> {
-                spec.iter().map(|(op, r)| (stage(op), r.clone())).collect()
-            };
             for round in [None, Some(Rounding::F16), Some(Rounding::BF16)] {
-                let run = |stages: Vec<(Stage, Vec<usize>)>| {
+                let make = || -> Vec<Staged> {
+                    spec.iter()
+                        .map(|(op, r)| Staged {
+                            stage: stage(op),
+                            regs: r.clone(),
+                            round,
+                            then: None,
+                        })
+                        .collect()
+                };
+                let run = |stages: Vec<Staged>| {
                     let (ops, temps, result) = assign_buffers(stages).unwrap();
                     let e = Epilogue {
                         ops,
                         temps,
                         result,
                         round,
+                        then: None,
                     };
                     let mut v = values.clone();
                     e.apply(Channels::One(0), &mut v);
                     v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                 };
-                let fused = fuse_silu(make(), &ops, round);
+                let fused = fuse_silu(make(), &ops);
                 assert_eq!(fused.len(), fused_len, "{ops:?}");
                 assert_eq!(run(fused), run(make()), "{ops:?} {round:?}");
             }

@@ -669,6 +669,7 @@ impl<'g> Interpreter<'g> {
         let mut sigs: Vec<u64> = Vec::new();
         let mut hit: Vec<bool> = Vec::new();
         let mut needed: Vec<bool> = Vec::new();
+        let mut dead: Vec<bool> = Vec::new();
         if let Some((c, feed_key)) = cache.as_mut() {
             sigs = self.signatures(plan, *feed_key);
             c.begin_run();
@@ -688,12 +689,22 @@ impl<'g> Interpreter<'g> {
                     needed[*s] = true;
                 }
             }
-            for (st, &h) in self.steps.iter().zip(&hit) {
-                if !h {
-                    for src in &st.inputs {
-                        if let Source::Slot(s) = src {
-                            needed[*s] = true;
-                        }
+            // Backwards: a layer not in the cache runs when a value it makes is needed (a
+            // graph output, or read by a layer that runs); then its inputs are needed. A
+            // layer whose readers all come from the cache does not run: the layers inside an
+            // epilogue whose result is cached (their values were never stored).
+            dead = vec![false; self.steps.len()];
+            for (idx, st) in self.steps.iter().enumerate().rev() {
+                if hit[idx] {
+                    continue;
+                }
+                if !st.outputs.iter().flatten().any(|&s| needed[s]) {
+                    dead[idx] = true;
+                    continue;
+                }
+                for src in &st.inputs {
+                    if let Source::Slot(s) = src {
+                        needed[*s] = true;
                     }
                 }
             }
@@ -707,14 +718,18 @@ impl<'g> Interpreter<'g> {
                 }
             }
         }
-        // Epilogues run where nothing can tell their layers' values were never stored.
-        let epilogues = observer.is_none() && cache.is_none() && !opts.keep_intermediates;
+        // Epilogues run where nothing can tell their layers' values were never stored (a
+        // cache keeps an epilogue's result only: the values inside it have no other reader).
+        let epilogues = observer.is_none() && !opts.keep_intermediates;
         // Steps whose work an epilogue did.
         let mut done_in_epilogue = vec![false; self.steps.len()];
         // Folded weight nodes run only where their values are shown.
         let skip_folded = observer.is_none() && !opts.keep_intermediates;
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {
-            if done_in_epilogue[idx] || (step.folded && skip_folded) {
+            if done_in_epilogue[idx]
+                || (step.folded && skip_folded)
+                || dead.get(idx).copied().unwrap_or(false)
+            {
                 for &s in &step.frees {
                     values[s] = None;
                 }
@@ -987,8 +1002,16 @@ impl<'g> Interpreter<'g> {
                 (outs, movement_mark, cost, ctx.did_round())
             };
             // What the outputs are rounded to: the layer's float precision, or for data
-            // movement whatever its first input was.
-            let (marks, inner) = match layer {
+            // movement whatever its first input was. An epilogue's output is its last
+            // layer's, in that layer's precision.
+            let written_by = match (&chain_result, &self.chains[idx]) {
+                (Some(_), Some(chain)) => chain
+                    .stages
+                    .last()
+                    .and_then(|st| plan.map(|p| &p.layers[st.step])),
+                _ => layer,
+            };
+            let (marks, inner) = match written_by {
                 Some(l) if l.fusion.is_some() => {
                     let f = l.fusion.as_ref().expect("checked");
                     emulate::finish_fused_outputs(
@@ -1023,21 +1046,45 @@ impl<'g> Interpreter<'g> {
             }
             // Shared from here on: the cache keeps a reference instead of a copy.
             let outs: Args<Arc<Tensor>> = outs.into_iter().map(Arc::new).collect();
+            // An epilogue's output is its last layer's.
+            let out_slots = match &chain_result {
+                Some(result) => std::slice::from_ref(result),
+                None => step.outputs.as_slice(),
+            };
             if let Some((c, _)) = cache.as_mut() {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
-                for ((slot, t), &mark) in step.outputs.iter().zip(&outs).zip(&marks) {
+                let mut cost = cost;
+                if let (Some(_), Some(chain), Some(out)) =
+                    (&chain_result, &self.chains[idx], outs.first())
+                {
+                    // The epilogue's layers ran too: their work as if alone (every chain value
+                    // has the anchor's output shape), for the search's FLOP counts.
+                    for j in chain.steps() {
+                        let ins: Vec<Option<Vec<usize>>> = (self.steps[j].inputs.iter())
+                            .map(|src| match src {
+                                Source::Slot(_) => Some(out.shape().to_vec()),
+                                Source::Initializer(_, t) => Some(t.shape().to_vec()),
+                                Source::Outer(_) | Source::Absent => None,
+                            })
+                            .collect();
+                        let flops = crate::inspect::node_flops(
+                            &self.graph.nodes[j],
+                            &ins,
+                            &[out.shape().to_vec()],
+                        );
+                        c.stats.executed += 1;
+                        c.layer_flops.insert(j, flops);
+                        cost += flops;
+                    }
+                }
+                for ((slot, t), &mark) in out_slots.iter().zip(&outs).zip(&marks) {
                     if let Some(s) = slot {
                         c.insert(sigs[*s], t, mark, cost);
                     }
                 }
             }
             let mut inner = inner.into_iter();
-            // An epilogue's output is its last layer's.
-            let out_slots = match &chain_result {
-                Some(result) => std::slice::from_ref(result),
-                None => step.outputs.as_slice(),
-            };
             for ((slot, t), mark) in out_slots.iter().zip(outs).zip(marks) {
                 let f32_copy = inner.next().flatten();
                 if let Some(s) = slot {
