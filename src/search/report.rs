@@ -27,6 +27,8 @@ pub struct SearchStats {
     pub cache_peak_bytes: usize,
     pub cache_evictions: u64,
     pub wall_seconds: f64,
+    /// One FP32 inference: a plain run, warm (the builtin search times one after its
+    /// reference run); the Q/DQ search's reference run per input set.
     pub fp32_inference_seconds: f64,
     /// Failing trials that marked every layer of a passing one, and more: the criterion is
     /// not monotone on this model ([`super::contradictions`]).
@@ -36,7 +38,8 @@ pub struct SearchStats {
 impl SearchStats {
     /// The counters of a finished search over the emulating oracle (its cache saw every
     /// layer execution, also those of a `--check` search's reference and ranking):
-    /// `wall_seconds` from the reference run on, `fp32_inference_seconds` per input set.
+    /// `wall_seconds` from the reference run on, `fp32_inference_seconds` one plain warm FP32
+    /// run of the first input set ([`BuiltinOracle::time_fp32_inference`]).
     pub fn new(
         result: &SearchResult,
         oracle: &BuiltinOracle<'_>,
