@@ -27,8 +27,8 @@ pub struct SearchStats {
     pub cache_peak_bytes: usize,
     pub cache_evictions: u64,
     pub wall_seconds: f64,
-    /// One FP32 inference: a plain run, warm (the builtin search times one after its
-    /// reference run); the Q/DQ search's reference run per input set.
+    /// One FP32 inference: a plain run of the first input set, warm (the faster of two the
+    /// search times after its reference run and leaves out of `wall_seconds`).
     pub fp32_inference_seconds: f64,
     /// Failing trials that marked every layer of a passing one, and more: the criterion is
     /// not monotone on this model ([`super::contradictions`]).
