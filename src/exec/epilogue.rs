@@ -1146,6 +1146,9 @@ mod tests {
         let interp = Interpreter::new(&g).unwrap();
         let reference = Interpreter::new(&with_inits).unwrap();
         assert_eq!(chain_lengths(&interp), chain_lengths(&reference));
+        // What a plain run executes (a search's "without the cache" count): not the Constants.
+        assert_eq!(interp.layers_per_run(), reference.layers_per_run());
+        assert_eq!(interp.layers_per_run(), g.nodes.len() as u64 - n as u64);
         let feeds = feeds();
         let (r, times) = interp.run_profiled(&feeds, None).unwrap();
         let ran: Vec<usize> = times.iter().map(|t| t.node).collect();

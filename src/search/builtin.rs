@@ -67,7 +67,14 @@ impl<'a> BuiltinOracle<'a> {
         })
     }
 
+    /// The layers an uncached plain run executes (an evaluation, the reference).
     fn nodes(&self) -> u64 {
+        self.interp.layers_per_run()
+    }
+
+    /// The layers an uncached observed run executes (the ranking's, the value sizes'): every
+    /// node, those that compute folded weights too.
+    fn observed_nodes(&self) -> u64 {
         self.interp.graph().nodes.len() as u64
     }
 
@@ -85,7 +92,7 @@ impl<'a> BuiltinOracle<'a> {
                 sizes.insert(name.to_string(), t.len() * t.dtype().size().max(1));
             },
         )?;
-        self.full_executions += self.nodes();
+        self.full_executions += self.observed_nodes();
         let peak = self
             .interp
             .peak_value_bytes(&|name| sizes.get(name).copied().unwrap_or(0));
@@ -348,7 +355,7 @@ impl<'a> BuiltinOracle<'a> {
                         }
                     },
                 )?;
-                self.full_executions += self.nodes();
+                self.full_executions += self.observed_nodes();
                 let mut compare = |name: &str, t: &Tensor| {
                     // Each value appears once: its reference goes as soon as it is compared.
                     if let Some(e) = refs.remove(name).and_then(|r| relative_error(&r, t)) {
@@ -375,7 +382,7 @@ impl<'a> BuiltinOracle<'a> {
                         )?;
                     }
                 }
-                self.full_executions += self.nodes();
+                self.full_executions += self.observed_nodes();
                 match next {
                     Some(n) => start = n,
                     None => break,
