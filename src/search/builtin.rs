@@ -99,21 +99,13 @@ impl<'a> BuiltinOracle<'a> {
         Ok((sizes.values().sum(), peak))
     }
 
-    /// The wall time of one plain FP32 inference on the first input set, outside the cache,
-    /// after [`reference_outputs`](Self::reference_outputs) (so the weights are packed): what
-    /// the search's time is a multiple of. Returns it and the time its two timing runs took. The reference run itself is no measure of it: a
-    /// first run makes its one-time work (packed weights, epilogues) and fills the cache.
+    /// One plain FP32 inference on the first input set, outside the cache, after
+    /// [`reference_outputs`](Self::reference_outputs): what the search's time is a multiple
+    /// of ([`super::report::time_warm_inference`]: the faster of two runs, and the time both
+    /// took). The reference run is no measure of it: a first run makes its one-time work
+    /// (packed weights, epilogues) and fills the cache.
     pub fn time_fp32_inference(&self) -> Result<(f64, std::time::Duration)> {
-        // The faster of two: the first after the reference run still pays for the memory
-        // the cache took (PP-OCRv4 rec: 4.2-4.7 ms, then 3.7-4.4).
-        let mut best = f64::INFINITY;
-        let all = std::time::Instant::now();
-        for _ in 0..2 {
-            let t = std::time::Instant::now();
-            self.interp.run(&self.feeds[0])?;
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        Ok((best, all.elapsed()))
+        super::report::time_warm_inference(|| self.interp.run(&self.feeds[0]).map(drop))
     }
 
     /// Runs the FP32 reference on every input set (seeding the cache) and returns its outputs.

@@ -348,19 +348,14 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let reference_model = strip_all(model)?;
     let ranked = job.options.mode.needs_ranking();
     let reference = oracle.run_all(&reference_model.model, ranked)?;
-    // One FP32 inference, warm: the faster of two plain runs of the first input set (the
-    // first packs the weights), left out of the search's time.
-    let timing = Instant::now();
-    let mut fp32_inference = f64::INFINITY;
-    {
+    // One FP32 inference, warm, on an interpreter of the reference model; left out of the
+    // search's time.
+    let (fp32_inference, timing_runs) = {
         let interp = Interpreter::new(&reference_model.model.graph)?;
-        for _ in 0..2 {
-            let t = Instant::now();
-            run_with(&interp, &job.feeds[0], job.fusion, false)?;
-            fp32_inference = fp32_inference.min(t.elapsed().as_secs_f64());
-        }
-    }
-    let timing_runs = timing.elapsed();
+        super::report::time_warm_inference(|| {
+            run_with(&interp, &job.feeds[0], job.fusion, false).map(drop)
+        })?
+    };
     let golden: Vec<Golden> = match job.golden {
         Some(g) => g.reference_for(&reference[0].outputs, &mut |e| hooks.event(e))?,
         None => reference.iter().map(|r| r.outputs.clone()).collect(),
