@@ -126,8 +126,19 @@ pub struct PreparedPlan {
     /// The fusion model's reading of the graph (None without one), kept to derive the regions
     /// of composed plans.
     analysis: Option<std::sync::Arc<FusionAnalysis>>,
-    /// The epilogues this plan's runs made (empty in a clone).
+    /// The epilogues this plan's runs made (empty in a clone; shared by the plans composed
+    /// from it, see `origins`).
     pub(super) epilogues: super::epilogue::Cache,
+    /// Per layer: which prepared plan made its `LayerPrep` (a number unique in the process).
+    /// Layers with one origin are prepared alike, so composed plans key shared epilogues by
+    /// the origins of a chain's layers.
+    pub(super) origins: Vec<u64>,
+}
+
+/// A number for each prepared plan (and each re-derivation of one's regions).
+fn new_origin() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl PreparedPlan {
@@ -286,6 +297,7 @@ impl PreparedPlan {
                 integer,
             });
         }
+        let origins = vec![new_origin(); layers.len()];
         Ok(PreparedPlan {
             layers,
             accumulate: opts.accumulate,
@@ -294,6 +306,7 @@ impl PreparedPlan {
             explicit: n_explicit,
             analysis,
             epilogues: Default::default(),
+            origins,
         })
     }
 
@@ -333,8 +346,10 @@ impl PreparedPlan {
     /// Derives the regions again for the current precisions (a composed plan under a fusion
     /// model) and updates every layer's region treatment.
     fn rederive_regions(&mut self) -> Result<()> {
-        // Epilogues made under the old regions may no longer apply.
+        // Epilogues made under the old regions may no longer apply: the layers are prepared
+        // anew.
         self.epilogues = Default::default();
+        self.origins = vec![new_origin(); self.layers.len()];
         let Some(a) = self.analysis.clone() else {
             return Ok(());
         };
@@ -389,12 +404,14 @@ impl PreparedPlan {
             ));
         }
         let mut out = self.clone();
+        out.epilogues = self.epilogues.share();
         for &i in take {
             let (Some(l), Some(&p)) = (other.layers.get(i), other.plan.layers.get(i)) else {
                 return Err(Error::Invalid(format!("layer {i} is not in the plan")));
             };
             out.layers[i] = l.clone();
             out.plan.layers[i] = p;
+            out.origins[i] = other.origins[i];
         }
         if out.analysis.is_some() {
             // Under a fusion model every plan has its own regions.

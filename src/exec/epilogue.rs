@@ -187,12 +187,16 @@ struct Staged {
 /// an earlier run made (making them — per-channel constants, stage closures — was 5–9 % of a
 /// run of PP-OCRv4 det, rec and the classifier: 0.07–0.25 ms). `None` (the chain runs layer
 /// by layer under this plan) is kept too. A clone starts empty: what it belongs to (a
-/// plan) may then change.
+/// plan) may then change. Plans composed from others ([`super::PreparedPlan::with_layers_of`],
+/// a search's candidates) [`share`](Self::share) one: their key also names where each layer
+/// of the chain was prepared, so a chain whose layers come from the same prepared plans takes
+/// the stages made for an earlier candidate.
 #[derive(Default)]
-pub(super) struct Cache(Mutex<HashMap<CacheKey, Option<Arc<Epilogue>>>>);
+pub(super) struct Cache(Arc<Mutex<HashMap<CacheKey, Option<Arc<Epilogue>>>>>);
 
-/// An epilogue's anchor step and the anchor's output shape.
-type CacheKey = (usize, ChainShape);
+/// An epilogue's anchor step, the anchor's output shape, and the prepared plans the anchor's
+/// and the chain's layers come from (empty without a plan).
+type CacheKey = (usize, ChainShape, smallvec::SmallVec<[u64; 9]>);
 
 impl Clone for Cache {
     fn clone(&self) -> Self {
@@ -207,15 +211,22 @@ impl std::fmt::Debug for Cache {
 }
 
 impl Cache {
+    /// The same cache (not a copy): for a plan whose layers are prepared as those of the
+    /// plans it was composed from.
+    pub(super) fn share(&self) -> Cache {
+        Cache(Arc::clone(&self.0))
+    }
+
     /// The epilogue of the chain anchored at `anchor` for output `shape`: kept, or made by
     /// `make` and kept (an error is not kept).
     pub(super) fn get_or_make(
         &self,
         anchor: usize,
         shape: ChainShape,
+        origins: smallvec::SmallVec<[u64; 9]>,
         make: impl FnOnce() -> crate::error::Result<Option<Epilogue>>,
     ) -> crate::error::Result<Option<Arc<Epilogue>>> {
-        let key = (anchor, shape);
+        let key = (anchor, shape, origins);
         if let Some(e) = self.0.lock().expect("epilogue cache").get(&key) {
             return Ok(e.clone());
         }
@@ -897,6 +908,51 @@ mod tests {
             }
         }
         assert!(mixed_and_fused > 20, "{mixed_and_fused} mixed epilogues");
+    }
+
+    /// Plans composed from two prepared plans (a search's candidates) share one epilogue
+    /// cache, keyed by where each layer of a chain was prepared: a chain whose layers come
+    /// from the same plans takes the stages made for an earlier candidate, one whose layers
+    /// changed gets its own, and every run gives the bits of its layers run one by one.
+    #[test]
+    fn composed_plans_share_epilogues_by_where_their_layers_were_prepared() {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let g = model(Vec::new(), &["out"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let feeds = feeds();
+        let prepare = |p| {
+            PreparedPlan::new(&g, &PrecisionPlan::uniform(&g, p), &PlanOptions::default()).unwrap()
+        };
+        let (low, high) = (prepare(Precision::Float16), prepare(Precision::Float32));
+        // The SiLU's Mul (node 5) back in float32: only c2's chain changes.
+        let first = low.with_layers_of(&high, &[5]).unwrap();
+        interp
+            .run_plan(&feeds, &RunOptions::default(), &first)
+            .unwrap();
+        let made = low.epilogues.len();
+        assert_eq!(made, 4);
+        // The tanh (node 14) instead: c1, c2 and c3 have the layers of before, c4 not.
+        let second = low.with_layers_of(&high, &[14]).unwrap();
+        interp
+            .run_plan(&feeds, &RunOptions::default(), &second)
+            .unwrap();
+        assert_eq!(low.epilogues.len(), made + 2);
+        let mut rng = crate::data::loader::Mt19937::new(3);
+        for _ in 0..20 {
+            let marked: Vec<usize> = (0..g.nodes.len())
+                .filter(|_| rng.random_sample() < 0.3)
+                .collect();
+            let p = low.with_layers_of(&high, &marked).unwrap();
+            let fused = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
+            let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
+            assert_eq!(
+                bits(&fused.outputs[0].1),
+                bits(&alone.outputs[0].1),
+                "{marked:?}"
+            );
+        }
     }
 
     /// Runs through a cache (a search's evaluations) take epilogues too: the cache keeps a

@@ -40,6 +40,22 @@ pub fn feed_shapes(feeds: &Feeds) -> std::collections::BTreeMap<String, Vec<usiz
 /// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
 pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 
+/// Where the layers of the chain anchored at `anchor` were prepared, under `plan` (empty
+/// without one): the part of an epilogue's key that tells composed plans apart.
+fn chain_origins(
+    plan: Option<&PreparedPlan>,
+    anchor: usize,
+    chain: &epilogue::Chain,
+) -> smallvec::SmallVec<[u64; 9]> {
+    match plan {
+        Some(p) => std::iter::once(anchor)
+            .chain(chain.steps())
+            .map(|i| p.origins[i])
+            .collect(),
+        None => smallvec::SmallVec::new(),
+    }
+}
+
 /// Runs `f` on a thread of rayon's pool (it is run where it is when already there). The
 /// kernels' parallel loops then start from a worker, which shares work through its own queue,
 /// instead of handing every loop from an outside thread to the pool and sleeping until it is
@@ -910,7 +926,7 @@ impl<'g> Interpreter<'g> {
                         match shape {
                             Some(shape) => plan
                                 .map_or(&self.epilogues, |p| &p.epilogues)
-                                .get_or_make(idx, shape, || {
+                                .get_or_make(idx, shape, chain_origins(plan, idx, chain), || {
                                     epilogue::Epilogue::prepare(
                                         chain,
                                         idx,
