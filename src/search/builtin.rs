@@ -101,8 +101,8 @@ impl<'a> BuiltinOracle<'a> {
 
     /// One plain FP32 inference on the first input set, outside the cache, after
     /// [`reference_outputs`](Self::reference_outputs): what the search's time is a multiple
-    /// of ([`super::report::time_warm_inference`]: the faster of two runs, and the time both
-    /// took). The reference run is no measure of it: a first run makes its one-time work
+    /// of ([`super::report::time_warm_inference`]: the fastest of a few runs, and the time
+    /// they took). The reference run is no measure of it: a first run makes its one-time work
     /// (packed weights, epilogues) and fills the cache.
     pub fn time_fp32_inference(&self) -> Result<(f64, std::time::Duration)> {
         super::report::time_warm_inference(|| self.interp.run(&self.feeds[0]).map(drop))
