@@ -331,8 +331,8 @@ fn check_output_general(
 /// answer is a maximum: two float32 tensors of one shape, the elementwise or max statistic,
 /// no metric for this output. A search compares every candidate's outputs this way
 /// (PP-OCRv4 rec's [1, 20, 6625] output: ~0.5 ms an evaluation through the copies). The same
-/// numbers as the general path: each difference as `diff_values` computes it, maxima that are
-/// NaN when any value is (`check_max_f32_gives_the_numbers_of_the_general_path`).
+/// numbers as the general path: each element's [`difference`], maxima that are NaN when any
+/// value is (`check_max_f32_gives_the_numbers_of_the_general_path`).
 fn check_max_f32(
     name: &str,
     out: &Tensor,
@@ -353,15 +353,7 @@ fn check_max_f32(
     // (largest absolute difference, largest relative one, an element fails both tolerances);
     // a NaN difference makes its maximum NaN.
     let fold = |acc: (f64, f64, bool), (&x, &y): (&f32, &f32)| {
-        let (x, y) = (x as f64, y as f64);
-        let d = if x.is_infinite() && x == y {
-            0.0
-        } else {
-            (x - y).abs()
-        };
-        let denom = if y == 0.0 { EPSILON } else { y.abs() };
-        let d32 = d as f32;
-        let (abs, rel) = (d32 as f64, (d32 / denom as f32) as f64);
+        let (abs, rel) = difference(x as f64, y as f64, true);
         (
             nan_max(acc.0, abs),
             nan_max(acc.1, rel),
@@ -538,24 +530,29 @@ fn diff_values(out: &Tensor, reference: &Tensor, a: &[f64], b: &[f64]) -> (Vec<f
     }
     let f32ish = |t: &Tensor| matches!(t.dtype(), DType::F32 | DType::F16);
     let single = f32ish(out) && f32ish(reference);
-    let one = |(&x, &y): (&f64, &f64)| -> (f64, f64) {
-        let d = if x.is_infinite() && x == y {
-            0.0
-        } else {
-            (x - y).abs()
-        };
-        let denom = if y == 0.0 { EPSILON } else { y.abs() };
-        if single {
-            let d32 = d as f32;
-            (d32 as f64, (d32 / denom as f32) as f64)
-        } else {
-            (d, d / denom)
-        }
-    };
+    let one = |(&x, &y): (&f64, &f64)| difference(x, y, single);
     if a.len() >= 1 << 16 {
         a.par_iter().zip(b.par_iter()).map(one).unzip()
     } else {
         a.iter().zip(b).map(one).unzip()
+    }
+}
+
+/// One element's absolute and relative difference (`x` the output, `y` the reference):
+/// matching infinities differ by 0, a zero reference counts as 2.22e-16; with `single` (both
+/// sides float32 or float16) in f32 arithmetic, as NumPy on float32 arrays.
+fn difference(x: f64, y: f64, single: bool) -> (f64, f64) {
+    let d = if x.is_infinite() && x == y {
+        0.0
+    } else {
+        (x - y).abs()
+    };
+    let denom = if y == 0.0 { EPSILON } else { y.abs() };
+    if single {
+        let d32 = d as f32;
+        (d32 as f64, (d32 / denom as f32) as f64)
+    } else {
+        (d, d / denom)
     }
 }
 
