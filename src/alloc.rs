@@ -9,8 +9,8 @@
 //! of ~200 inferences. Fixed thresholds — blocks up to 32 MiB (glibc's ceiling for the
 //! setting on 64-bit) from the heap, freed memory kept — cut that to ~11,000 and made
 //! inference 10–20 % faster on YOLOv8n, PP-OCRv4 rec and the bench transformer, with no
-//! change elsewhere (README, "Performance"; ONNX Runtime keeps its own arena for the same
-//! reason).
+//! change elsewhere (docs/performance-history.md, 2026-11-26 06:44; ONNX Runtime keeps its
+//! own arena for the same reason).
 
 /// Sets glibc's mmap threshold to 32 MiB and its trim threshold to 2 GiB (both fixed:
 /// glibc then stops adjusting them). Does nothing on other platforms and C libraries.
