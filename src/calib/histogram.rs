@@ -10,9 +10,13 @@ use rayon::prelude::*;
 /// Bins of the |x| histogram (TensorRT's and pytorch-quantization's 2048).
 pub const NUM_BINS: usize = 2048;
 
-/// Elements above which a histogram is filled in parallel chunks.
+/// Elements above which a tensor's range is taken in parallel chunks.
 const PARALLEL_MIN: usize = 1 << 16;
 const CHUNK: usize = 1 << 15;
+/// The same for a histogram, whose filling costs ~20× a range per value: worth splitting
+/// from smaller tensors (a transformer's [128, 256] activations).
+const FILL_PARALLEL_MIN: usize = 1 << 14;
+const FILL_CHUNK: usize = 1 << 13;
 
 /// Pass-1 statistics of one tensor: max |x| over the finite values, and what was not finite.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -28,30 +32,102 @@ pub struct RangeStats {
 }
 
 impl RangeStats {
-    /// Adds the values of one tensor.
+    /// Adds the values of one tensor. Branch-free over lanes (the counts and the maximum do
+    /// not depend on the order values are seen in), and over threads for large tensors, so
+    /// the result is the same for any split; a value-at-a-time loop with a branch per class
+    /// was a third of a minmax calibration's time (the bench transformer: 2.8× the FP32
+    /// runs it observes).
     pub fn observe(&mut self, values: &[f32]) {
-        let mut max = self.max_abs;
-        let mut finite = 0u64;
-        let mut infinite = 0u64;
-        let mut nan = 0u64;
-        for &x in values {
-            let a = x.abs();
-            if a.is_finite() {
-                finite += 1;
-                if a > max {
-                    max = a;
-                }
-            } else if a.is_nan() {
-                nan += 1;
-            } else {
-                infinite += 1;
+        let part = if values.len() < PARALLEL_MIN {
+            range_of(values)
+        } else {
+            values
+                .par_chunks(CHUNK)
+                .map(range_of)
+                .reduce(RangeStats::default, |a, b| a.merged(&b))
+        };
+        *self = self.merged(&part);
+    }
+
+    fn merged(&self, other: &RangeStats) -> RangeStats {
+        RangeStats {
+            max_abs: self.max_abs.max(other.max_abs),
+            finite: self.finite + other.finite,
+            infinite: self.infinite + other.infinite,
+            nan: self.nan + other.nan,
+        }
+    }
+}
+
+/// [`RangeStats`] of `values` alone, compiled for the widest vectors the CPU has (the same
+/// arithmetic: only the registers differ; in SSE the lanes spilled to the stack).
+fn range_of(values: &[f32]) -> RangeStats {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            return unsafe { range_of_avx512(values) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { range_of_avx2(values) };
+        }
+    }
+    range_in_lanes(values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn range_of_avx512(values: &[f32]) -> RangeStats {
+    range_in_lanes(values)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn range_of_avx2(values: &[f32]) -> RangeStats {
+    range_in_lanes(values)
+}
+
+/// [`range_of`]'s body: sixteen lanes of maxima and counts, which the compiler keeps in
+/// vector registers.
+#[inline(always)]
+fn range_in_lanes(values: &[f32]) -> RangeStats {
+    const LANES: usize = 16;
+    let mut max = [0f32; LANES];
+    let mut finite = [0u32; LANES];
+    let mut nan = [0u32; LANES];
+    let mut stats = RangeStats::default();
+    // u32 lane counts: flushed before any could overflow.
+    for block in values.chunks(LANES * (u32::MAX as usize / 2)) {
+        let groups = block.chunks_exact(LANES);
+        let tail = groups.remainder();
+        for g in groups {
+            for l in 0..LANES {
+                let a = g[l].abs();
+                let is_finite = a <= f32::MAX;
+                // NaN and ±inf leave the maximum alone.
+                max[l] = if is_finite && a > max[l] { a } else { max[l] };
+                finite[l] += is_finite as u32;
+                nan[l] += a.is_nan() as u32;
             }
         }
-        self.max_abs = max;
-        self.finite += finite;
-        self.infinite += infinite;
-        self.nan += nan;
+        for (l, &x) in tail.iter().enumerate() {
+            let a = x.abs();
+            let is_finite = a <= f32::MAX;
+            max[l] = if is_finite && a > max[l] { a } else { max[l] };
+            finite[l] += is_finite as u32;
+            nan[l] += a.is_nan() as u32;
+        }
+        let block_finite: u64 = finite.iter().map(|&c| c as u64).sum();
+        let block_nan: u64 = nan.iter().map(|&c| c as u64).sum();
+        stats.finite += block_finite;
+        stats.nan += block_nan;
+        stats.infinite += block.len() as u64 - block_finite - block_nan;
+        finite = [0; LANES];
+        nan = [0; LANES];
     }
+    stats.max_abs = max.iter().fold(0f32, |m, &x| m.max(x));
+    stats
 }
 
 /// A histogram of |x| with [`NUM_BINS`] equal bins over `[0, range]`; values above `range`
@@ -97,12 +173,12 @@ impl Histogram {
         }
         let n = self.counts.len();
         let per_unit = n as f64 / self.range as f64;
-        if values.len() < PARALLEL_MIN {
+        if values.len() < FILL_PARALLEL_MIN {
             fill(&mut self.counts, values, per_unit);
             return;
         }
         let partial = values
-            .par_chunks(CHUNK)
+            .par_chunks(FILL_CHUNK)
             .map(|chunk| {
                 let mut c = vec![0u64; n];
                 fill(&mut c, chunk, per_unit);
@@ -209,6 +285,75 @@ mod tests {
         s.observe(&[f32::NAN, 2.0]);
         assert_eq!(s.max_abs, 3.0);
         assert_eq!((s.finite, s.infinite, s.nan), (3, 2, 1));
+        s.observe(&[-f32::MAX, f32::NAN]);
+        assert_eq!(s.max_abs, f32::MAX);
+        assert_eq!((s.finite, s.infinite, s.nan), (4, 2, 2));
+    }
+
+    /// The definition, one value at a time.
+    fn range_stats_by_value(values: &[f32]) -> RangeStats {
+        let mut s = RangeStats::default();
+        for &x in values {
+            if x.is_nan() {
+                s.nan += 1;
+            } else if x.is_infinite() {
+                s.infinite += 1;
+            } else {
+                s.finite += 1;
+                s.max_abs = s.max_abs.max(x.abs());
+            }
+        }
+        s
+    }
+
+    #[test]
+    fn range_stats_in_lanes_and_threads_equal_the_definition() {
+        // Special values at every lane position, tails of every length, and sizes on both
+        // sides of the parallel threshold; the largest finite |x| placed anywhere.
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -0.0,
+            0.0,
+            f32::MIN_POSITIVE / 4.0,
+            -6.5,
+            1.5,
+        ];
+        for len in [
+            0,
+            1,
+            15,
+            16,
+            17,
+            33,
+            1000,
+            PARALLEL_MIN - 1,
+            PARALLEL_MIN + 17,
+            3 * CHUNK + 5,
+        ] {
+            for at in [0usize, 7, len / 2, len.saturating_sub(1)] {
+                let mut v: Vec<f32> = (0..len)
+                    .map(|i| match i % 11 {
+                        k @ 0..=7 if i % 5 == 0 => specials[k],
+                        _ => ((i as f32) * 0.37).sin() * 5.0,
+                    })
+                    .collect();
+                if at < len {
+                    v[at] = -7.25;
+                }
+                let want = range_stats_by_value(&v);
+                let mut got = RangeStats::default();
+                got.observe(&v);
+                assert_eq!(got, want, "len {len}, largest at {at}");
+                // Observed in pieces: the same statistics.
+                let mut pieces = RangeStats::default();
+                for c in v.chunks(1 + len / 3) {
+                    pieces.observe(c);
+                }
+                assert_eq!(pieces, want, "len {len} in pieces");
+            }
+        }
     }
 
     #[test]
