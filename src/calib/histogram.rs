@@ -218,60 +218,125 @@ impl Histogram {
     }
 }
 
+/// The bin of one value, `None` for NaN and ±inf: `⌊|x| · per_unit⌋` in f64, clamped to the
+/// last bin (`as usize` saturates; a value past the range — never after pass 1 — clamps).
+#[inline(always)]
+fn bin_of(x: f32, per_unit: f64, last: usize) -> Option<usize> {
+    let a = x.abs();
+    a.is_finite()
+        .then(|| ((a as f64 * per_unit) as usize).min(last))
+}
+
 /// Adds `values` to `counts`. Four interleaved sub-histograms keep runs of equal values (the
-/// zeros after a ReLU) from serialising on one counter.
+/// zeros after a ReLU) from serialising on one counter; with AVX-512 the bins of sixteen
+/// values at a time are worked out in vectors (the scalar float-to-integer conversion with its
+/// saturation checks was most of the time: filling was 22 % of the entropy calibration bench).
 fn fill(counts: &mut [u64], values: &[f32], per_unit: f64) {
     let n = counts.len();
     let last = n - 1;
-    let bin = |x: f32| -> Option<usize> {
-        let a = x.abs();
-        // `as usize` saturates; a value past the range (never after pass 1) clamps.
-        a.is_finite()
-            .then(|| ((a as f64 * per_unit) as usize).min(last))
-    };
     if values.len() < 4 * n {
         // Small tensors: merging sub-histograms would cost more than it saves.
         for &x in values {
-            if let Some(b) = bin(x) {
+            if let Some(b) = bin_of(x, per_unit, last) {
                 counts[b] += 1;
             }
         }
         return;
     }
-    let mut sub = vec![0u32; 4 * n];
-    let (c0, rest) = sub.split_at_mut(n);
-    let (c1, rest) = rest.split_at_mut(n);
-    let (c2, c3) = rest.split_at_mut(n);
+    // Four sub-histograms and one bin past them where the vector path counts NaN and ±inf.
+    let mut sub = vec![0u32; 4 * n + 1];
     // u32 sub-counts: flush before any could overflow.
     for block in values.chunks(4 * (u32::MAX as usize / 4)) {
-        let quads = block.chunks_exact(4);
+        #[cfg(target_arch = "x86_64")]
+        let done = if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has the feature the function was compiled for.
+            unsafe { fill_sub_avx512(&mut sub, n, block, per_unit) }
+        } else {
+            0
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let done = 0;
+        let rest = &block[done..];
+        let quads = rest.chunks_exact(4);
         for &x in quads.remainder() {
-            if let Some(b) = bin(x) {
-                c0[b] += 1;
+            if let Some(b) = bin_of(x, per_unit, last) {
+                sub[b] += 1;
             }
         }
         for q in quads {
-            if let Some(b) = bin(q[0]) {
-                c0[b] += 1;
-            }
-            if let Some(b) = bin(q[1]) {
-                c1[b] += 1;
-            }
-            if let Some(b) = bin(q[2]) {
-                c2[b] += 1;
-            }
-            if let Some(b) = bin(q[3]) {
-                c3[b] += 1;
+            for (k, &x) in q.iter().enumerate() {
+                if let Some(b) = bin_of(x, per_unit, last) {
+                    sub[k * n + b] += 1;
+                }
             }
         }
         for j in 0..n {
-            counts[j] += c0[j] as u64 + c1[j] as u64 + c2[j] as u64 + c3[j] as u64;
-            c0[j] = 0;
-            c1[j] = 0;
-            c2[j] = 0;
-            c3[j] = 0;
+            counts[j] += (0..4).map(|k| sub[k * n + j] as u64).sum::<u64>();
+        }
+        sub.fill(0);
+    }
+}
+
+/// The bins of the first multiple of sixteen values of `values`, sixteen at a time, counted
+/// into `sub` (four sub-histograms of `n` bins, value `l` of each sixteen into sub-histogram
+/// `l % 4`; NaN and ±inf into the extra bin `4n`). The same bins as [`bin_of`]: |x| widened to
+/// f64 and multiplied there (the same IEEE operations), then clamped before the truncation —
+/// for a product ≥ 0, truncating min(p, last) gives min(⌊p⌋, last). Returns how many values it
+/// took.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn fill_sub_avx512(sub: &mut [u32], n: usize, values: &[f32], per_unit: f64) -> usize {
+    use std::arch::x86_64::*;
+    assert!(sub.len() > 4 * n && n <= i32::MAX as usize);
+    let abs_mask = _mm512_set1_epi32(0x7FFF_FFFF);
+    let max_finite = _mm512_set1_ps(f32::MAX);
+    let scale = _mm512_set1_pd(per_unit);
+    let last = _mm512_set1_pd((n - 1) as f64);
+    let dump = _mm512_set1_epi32((4 * n) as i32);
+    // Lane l's offset: its sub-histogram, l % 4.
+    let offsets = _mm512_setr_epi32(
+        0,
+        n as i32,
+        2 * n as i32,
+        3 * n as i32,
+        0,
+        n as i32,
+        2 * n as i32,
+        3 * n as i32,
+        0,
+        n as i32,
+        2 * n as i32,
+        3 * n as i32,
+        0,
+        n as i32,
+        2 * n as i32,
+        3 * n as i32,
+    );
+    let mut idx = [0i32; 16];
+    let groups = values.chunks_exact(16);
+    let taken = values.len() - groups.remainder().len();
+    for g in groups {
+        // SAFETY: `g` holds 16 f32 (unaligned load); the feature is enabled.
+        let x = unsafe { _mm512_loadu_ps(g.as_ptr()) };
+        let a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), abs_mask));
+        // Ordered ≤: false for NaN and +inf.
+        let finite = _mm512_cmp_ps_mask::<_CMP_LE_OQ>(a, max_finite);
+        let lo = _mm512_castps512_ps256(a);
+        let hi = _mm256_castsi256_ps(_mm512_extracti64x4_epi64::<1>(_mm512_castps_si512(a)));
+        let bins = |h: __m256| {
+            let p = _mm512_min_pd(_mm512_mul_pd(_mm512_cvtps_pd(h), scale), last);
+            _mm512_cvttpd_epi32(p)
+        };
+        let b = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(bins(lo)), bins(hi));
+        let b = _mm512_mask_add_epi32(dump, finite, b, offsets);
+        // SAFETY: `idx` holds 16 i32.
+        unsafe { _mm512_storeu_si512(idx.as_mut_ptr().cast(), b) };
+        for &i in &idx {
+            // In 0..=4n: a finite value's bin is in 0..n (clamped above), plus its offset.
+            sub[i as usize] += 1;
         }
     }
+    taken
 }
 
 #[cfg(test)]
@@ -367,6 +432,53 @@ mod tests {
         assert_eq!(h.edge(0), 0.0);
         assert_eq!(h.edge(1), 1.0);
         assert_eq!(h.edge(NUM_BINS), 2048.0);
+    }
+
+    #[test]
+    fn histogram_in_vectors_equals_the_definition() {
+        // Bin edges exactly, values just below and above them, past the range, zeros, NaN,
+        // ±inf and subnormals, at every lane position; sizes through the small-tensor loop,
+        // the vector path with tails, and the parallel chunks.
+        let range = 3.0f32;
+        let per_unit = NUM_BINS as f64 / range as f64;
+        let edge = |j: usize| (j as f64 / per_unit) as f32;
+        let specials = [
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            f32::MIN_POSITIVE / 8.0,
+            range,
+            -range * 4.0,
+            f32::MAX,
+        ];
+        for len in [
+            5,
+            4 * NUM_BINS - 1,
+            4 * NUM_BINS + 21,
+            FILL_PARALLEL_MIN + 7,
+            70_001,
+        ] {
+            let v: Vec<f32> = (0..len)
+                .map(|i| match i % 13 {
+                    k @ 0..=8 if i % 3 == 0 => specials[k],
+                    9 => edge(i % NUM_BINS),
+                    10 => f32::from_bits(edge(i % NUM_BINS).to_bits().wrapping_sub(1)),
+                    11 => -f32::from_bits(edge(i % NUM_BINS).to_bits() + 1),
+                    _ => ((i as f32) * 0.37).sin() * range,
+                })
+                .collect();
+            let mut want = vec![0u64; NUM_BINS];
+            for &x in &v {
+                if let Some(b) = bin_of(x, per_unit, NUM_BINS - 1) {
+                    want[b] += 1;
+                }
+            }
+            let mut h = Histogram::new(range);
+            h.observe(&v);
+            assert_eq!(h.counts, want, "{len} values");
+        }
     }
 
     #[test]
