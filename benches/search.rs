@@ -12,7 +12,7 @@ use mixprec::onnx::read_input_set;
 use mixprec::precision::plan::PrecisionPlan;
 use mixprec::precision::{Accumulator, Precision};
 use mixprec::search::builtin::BuiltinOracle;
-use mixprec::search::{search, Direction, Mode, Objective, Outcome, SearchOptions};
+use mixprec::search::{search, Direction, Mode, Objective, Outcome, Ranking, SearchOptions};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -89,13 +89,16 @@ fn main() {
                 .expect("oracle");
                 let golden = oracle.reference_outputs().expect("reference");
                 oracle.set_golden(golden).expect("golden");
-                let space = oracle.search_space(mode.needs_ranking()).expect("space");
+                let space = oracle
+                    .search_space(mode.needs_ranking().then_some(Ranking::Sensitivity))
+                    .expect("space");
                 let result = search(
                     &space,
                     &SearchOptions {
                         mode,
                         direction: dir_,
                         objective: Objective::Layers,
+                        ranking: Ranking::Sensitivity,
                         jobs: 1,
                     },
                     &mut oracle,

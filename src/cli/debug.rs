@@ -25,7 +25,7 @@ use crate::search::report::{
     deploy_lines, html_report, names, percent, DeploySetup, ResultFile, SearchSetup, SearchStats,
 };
 use crate::search::{
-    Direction, Mode, Objective, Outcome, SearchOptions, SearchResult, SearchSpace, Trial,
+    Direction, Mode, Objective, Outcome, Ranking, SearchOptions, SearchResult, SearchSpace, Trial,
 };
 use crate::{load_model, Graph, Interpreter};
 use anyhow::{bail, Context, Result};
@@ -106,6 +106,13 @@ pub struct SearchArgs {
     /// mode ranks and prunes by it; every mode reports both).
     #[arg(long, value_enum, default_value = "layers")]
     objective: Objective,
+    /// What worst-first and minimal rank candidate layers by. sensitivity (default for a
+    /// precision search): each layer alone in low precision, the rest in high, judged under
+    /// the criterion (one partial run per candidate). growth: the error each layer adds to
+    /// its inputs' in the all-low plan (one run; the default, and the only ranking, for a Q/DQ
+    /// model's search).
+    #[arg(long, value_enum, value_name = "RANKING")]
+    ranking: Option<Ranking>,
     /// Candidates evaluated at the same time: besides the one the search needs next, the ones
     /// it would need after the likeliest verdicts (bisection probes, pruning groups). The
     /// answer and the trials are the same for any N; with --check each command runs in its
@@ -566,6 +573,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
                 mode,
                 direction,
                 objective: args.objective,
+                ranking: args.ranking.unwrap_or(Ranking::Sensitivity),
                 jobs: args.jobs,
             },
             check: if last { check.take() } else { None },
@@ -1119,8 +1127,9 @@ fn print_stats(p: &Printer, s: &SearchStats) {
         n => format!(" (+{n} evaluated ahead and not needed)"),
     };
     out!(p,
-        "[I] Search: {} evaluation(s){ahead}, {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
+        "[I] Search: {} evaluation(s){ahead}{}, {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
         s.evaluations,
+        crate::search::report::ranked_note(s),
         s.layer_executions,
         s.layer_executions_without_cache,
         s.layer_executions as f64 / s.layer_executions_without_cache.max(1) as f64,
@@ -1201,6 +1210,20 @@ impl ValueEnum for Direction {
             Direction::Forward => "forward",
             Direction::Reverse => "reverse",
         }))
+    }
+}
+
+impl ValueEnum for Ranking {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Ranking::Sensitivity, Ranking::Growth]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Ranking::Sensitivity => clap::builder::PossibleValue::new("sensitivity")
+                .help("Each layer alone in low precision, judged under the criterion"),
+            Ranking::Growth => clap::builder::PossibleValue::new("growth")
+                .help("The error each layer adds in the all-low plan (one run)"),
+        })
     }
 }
 

@@ -132,7 +132,12 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         None => reference,
     };
     oracle.set_golden(golden)?;
-    let space = oracle.search_space(job.options.mode.needs_ranking())?;
+    let ranking = job
+        .options
+        .mode
+        .needs_ranking()
+        .then_some(job.options.ranking);
+    let space = oracle.search_space(ranking)?;
     hooks.started(&space);
 
     let mut check = job.check;
@@ -315,6 +320,7 @@ mod tests {
                 mode: Mode::Minimal,
                 direction: Direction::Forward,
                 objective: Objective::Layers,
+                ranking: crate::search::Ranking::Sensitivity,
                 jobs: 1,
             },
             check: None,

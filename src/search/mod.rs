@@ -81,6 +81,30 @@ pub enum Objective {
     Flops,
 }
 
+/// What worst-first and minimal rank candidates by (`--ranking`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ranking {
+    /// Each candidate alone in its low precision, every other candidate in the high one,
+    /// judged under the criterion: the tolerance it needs at the outputs. One run per
+    /// candidate, each re-running only what lies after that layer (the rest comes from the
+    /// cached reference): about half an inference per candidate.
+    Sensitivity,
+    /// The error a layer adds to its inputs' in the all-low plan (relative error growth,
+    /// [`builtin::relative_growth`]): one run for all candidates, blind to what happens to
+    /// that error on its way to the outputs.
+    Growth,
+}
+
+impl Ranking {
+    pub fn name(self) -> &'static str {
+        match self {
+            Ranking::Sensitivity => "sensitivity",
+            Ranking::Growth => "growth",
+        }
+    }
+}
+
 /// The verdict on one candidate set.
 #[derive(Clone, Debug, Serialize)]
 pub struct Evaluation {
@@ -148,8 +172,10 @@ pub struct SearchSpace {
     pub candidates: Vec<usize>,
     /// FLOPs by node index (0 where unknown).
     pub flops: Vec<u64>,
-    /// Growth per candidate (node index → error growth), for worst-first and minimal.
-    pub growth: HashMap<usize, f64>,
+    /// Ranking score per candidate (node index → how much keeping it in low precision costs
+    /// the criterion: the tolerance it needs alone, or its error growth; see [`Ranking`]),
+    /// for worst-first and minimal. Larger ranks first.
+    pub scores: HashMap<usize, f64>,
 }
 
 impl SearchSpace {
@@ -164,11 +190,11 @@ impl SearchSpace {
         self.flops_of(&self.candidates)
     }
 
-    /// Candidates by decreasing growth (per FLOP with the flops objective); ties and layers
-    /// without a growth figure keep topological order, the latter last.
+    /// Candidates by decreasing score (per FLOP with the flops objective); ties and layers
+    /// without a score keep topological order, the latter last.
     pub fn ranking(&self, objective: Objective) -> Vec<usize> {
         let key = |i: usize| -> f64 {
-            let g = match self.growth.get(&i) {
+            let g = match self.scores.get(&i) {
                 Some(g) if !g.is_nan() => *g,
                 _ => return f64::NEG_INFINITY,
             };
@@ -206,6 +232,9 @@ pub struct SearchOptions {
     pub mode: Mode,
     pub direction: Direction,
     pub objective: Objective,
+    /// What the ranking modes rank by; the search space carries the scores
+    /// ([`SearchSpace::scores`]), this says which they are.
+    pub ranking: Ranking,
     /// Candidate sets evaluated at the same time (`--jobs`): besides the set the strategy
     /// needs next, the sets it would need after each likely verdict. The strategy consumes
     /// verdicts in its own order, so answers and trials are the same for any value.
@@ -796,6 +825,7 @@ mod tests {
             mode,
             direction,
             objective: Objective::Layers,
+            ranking: Ranking::Growth,
             jobs,
         }
     }
@@ -804,7 +834,7 @@ mod tests {
         SearchSpace {
             candidates: (0..n).collect(),
             flops: (0..n).map(|i| 100 + i as u64).collect(),
-            growth: growth.iter().copied().collect(),
+            scores: growth.iter().copied().collect(),
         }
     }
 
@@ -994,6 +1024,7 @@ mod tests {
                 mode: Mode::Minimal,
                 direction: Direction::Forward,
                 objective: Objective::Flops,
+                ranking: Ranking::Growth,
                 jobs: 1,
             },
             &mut Either,

@@ -347,6 +347,12 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let t0 = Instant::now();
     let reference_model = strip_all(model)?;
     let ranked = job.options.mode.needs_ranking();
+    if ranked && job.options.ranking != super::Ranking::Growth {
+        return Err(Error::Invalid(format!(
+            "a Q/DQ model's search ranks its quantized layers by growth, not by {}",
+            job.options.ranking.name()
+        )));
+    }
     let reference = oracle.run_all(&reference_model.model, ranked)?;
     // One FP32 inference, warm, on an interpreter of the reference model; left out of the
     // search's time.
@@ -378,7 +384,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         vec![r]
     };
     let flops = flops_of(model, &quantized[0], &job.feeds[0]);
-    let growth = if ranked {
+    let scores = if ranked {
         growth(&layers, model, &quantized, &reference)
     } else {
         HashMap::new()
@@ -388,7 +394,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let space = SearchSpace {
         candidates: layers.iter().map(|l| l.node).collect(),
         flops,
-        growth,
+        scores,
     };
     hooks.started(&space);
 
@@ -421,6 +427,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let stats = SearchStats {
         evaluations: result.trials.len(),
         speculative_evaluations: result.speculative,
+        ranking_runs: 0,
         layer_executions: oracle.executions,
         layer_executions_without_cache: oracle.executions,
         cache_peak_bytes: 0,

@@ -20,6 +20,10 @@ pub struct SearchStats {
     pub evaluations: usize,
     /// Evaluations made ahead of need (`--jobs` > 1) that the strategy never took.
     pub speculative_evaluations: usize,
+    /// Runs the sensitivity ranking made before the search: one per candidate, each with it
+    /// alone in low precision (emulated and judged like an evaluation, but not one of the
+    /// strategy's: their verdicts rank, they do not answer). 0 for other rankings.
+    pub ranking_runs: usize,
     /// Layers executed, with the incremental cache.
     pub layer_executions: u64,
     /// Layers the same runs execute without it.
@@ -69,6 +73,7 @@ impl SearchStats {
         SearchStats {
             evaluations: result.trials.len(),
             speculative_evaluations: result.speculative,
+            ranking_runs: oracle.ranking_runs,
             layer_executions: oracle.cache.stats.executed,
             layer_executions_without_cache: oracle.full_executions,
             cache_peak_bytes: oracle.cache.stats.peak_bytes,
@@ -77,6 +82,16 @@ impl SearchStats {
             fp32_inference_seconds,
             contradictions: super::contradictions(&result.trials),
         }
+    }
+}
+
+/// What the sensitivity ranking ran, for the `Search:` lines: empty without one.
+pub fn ranked_note(stats: &SearchStats) -> String {
+    match stats.ranking_runs {
+        0 => String::new(),
+        n => format!(
+            " after ranking by sensitivity ({n} run(s): each candidate alone in low precision)"
+        ),
     }
 }
 
@@ -343,8 +358,9 @@ pub fn html_report(
 ) -> HtmlReport {
     let mut r = HtmlReport::new(&format!("mixprec debug precision: {model}"));
     let execs = format!(
-        "Search: {} evaluations, {} layer executions ({} without the incremental cache), {:.2} s",
+        "Search: {} evaluations{}, {} layer executions ({} without the incremental cache), {:.2} s",
         stats.evaluations,
+        ranked_note(stats),
         stats.layer_executions,
         stats.layer_executions_without_cache,
         stats.wall_seconds

@@ -287,6 +287,25 @@ fn float16_fusion_and_check_modes_find_it_too() {
 }
 
 #[test]
+fn a_qdq_search_ranks_by_growth_and_refuses_sensitivity() {
+    let out = mixprec(&[
+        "debug",
+        "precision",
+        &model("qdq_cnn"),
+        "--mode",
+        "minimal",
+        "--ranking",
+        "sensitivity",
+    ]);
+    assert!(!out.status.success());
+    let log = text(&out);
+    assert!(
+        log.contains("--ranking sensitivity is not available for a Q/DQ model's search"),
+        "{log}"
+    );
+}
+
+#[test]
 fn a_precision_flag_on_a_qdq_model_explains_the_two_workflows() {
     let out = mixprec(&["debug", "precision", &model("qdq_cnn"), "--int8"]);
     assert!(!out.status.success());

@@ -102,6 +102,56 @@ fn minimal_finds_exactly_the_planted_layers() {
     assert_plan_passes("planted_transformer", &layers);
 }
 
+/// Both rankings find the planted layers; the sensitivity ranking (the default) says what it
+/// ran — one run per candidate — in the log and in `stats.ranking_runs`, growth runs none.
+#[test]
+fn both_rankings_find_the_planted_layers_and_say_what_ranking_cost() {
+    for model_name in ["planted_cnn", "planted_transformer"] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut runs = Vec::new();
+        for ranking in ["sensitivity", "growth"] {
+            let result = dir.path().join(format!("{ranking}.json"));
+            let m = model(model_name);
+            let mut args = vec![
+                "debug",
+                "precision",
+                m.as_str(),
+                "--fp16",
+                "--mode",
+                "minimal",
+            ];
+            args.extend(CRITERION);
+            args.extend([
+                "--ranking",
+                ranking,
+                "--save-result",
+                result.to_str().unwrap(),
+            ]);
+            let out = mixprec(&args);
+            let log = text(&out);
+            assert!(out.status.success(), "{log}");
+            let v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+            let candidates = v["candidates"].as_u64().unwrap();
+            let ranking_runs = v["stats"]["ranking_runs"].as_u64().unwrap();
+            if ranking == "sensitivity" {
+                assert_eq!(ranking_runs, candidates, "{log}");
+                assert!(
+                    log.contains(&format!(
+                        "after ranking by sensitivity ({candidates} run(s)"
+                    )),
+                    "{log}"
+                );
+            } else {
+                assert_eq!(ranking_runs, 0, "{log}");
+                assert!(!log.contains("ranking by sensitivity"), "{log}");
+            }
+            runs.push(v["layers"].clone());
+        }
+        assert_eq!(runs[0], runs[1], "{model_name}: the two rankings' answers");
+    }
+}
+
 #[test]
 fn minimal_with_the_flops_objective_finds_the_planted_layer() {
     let (ok, log, layers) = search(

@@ -44,6 +44,12 @@ pub(super) fn search(args: &SearchArgs, p: &Printer, s: Setup<'_>) -> Result<Exi
         bail!("--layer-precisions sets the precisions of a float model's layers; on a Q/DQ model the search marks quantized layers (leave it out)");
     }
     let fusion = args.precision.fusion_model()?;
+    if args.ranking == Some(crate::search::Ranking::Sensitivity) {
+        bail!(
+            "--ranking sensitivity is not available for a Q/DQ model's search yet (each \
+             candidate there is a model of its own); its quantized layers are ranked by growth"
+        );
+    }
     if s.check.is_some() && !fusion.is_none() {
         bail!(
             "--fusion {fusion} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)"
@@ -95,6 +101,7 @@ pub(super) fn search(args: &SearchArgs, p: &Printer, s: Setup<'_>) -> Result<Exi
             mode: s.mode,
             direction: s.direction,
             objective: args.objective,
+            ranking: crate::search::Ranking::Growth,
             jobs: args.jobs,
         },
         check,

@@ -136,6 +136,7 @@ fn run_search(
                 mode,
                 direction,
                 objective: Objective::Layers,
+                ranking: crate::search::Ranking::Growth,
                 jobs,
             },
             check: None,
