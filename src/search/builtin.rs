@@ -9,6 +9,7 @@ use crate::precision::plan::PrecisionPlan;
 use crate::precision::{Accumulator, Precision};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
 
 /// Golden outputs of one input set, by output name.
 pub type Golden = Vec<(String, Tensor)>;
@@ -32,6 +33,11 @@ pub struct BuiltinOracle<'a> {
     pub evaluations: usize,
     /// Plans run to rank the candidates ([`sensitivity`](Self::sensitivity)).
     pub ranking_runs: usize,
+    /// The ranking a deferred search space asks for ([`Oracle::rank`]), over these candidates.
+    deferred: Option<(Ranking, Vec<usize>)>,
+    /// Set (Ctrl-C) to cut the sensitivity ranking short: the search stops at its next
+    /// evaluation anyway.
+    stop: Option<&'a AtomicBool>,
     /// The low plan and the all-high plan, prepared once: candidates are composed from them.
     prepared: Option<(PreparedPlan, PreparedPlan)>,
 }
@@ -66,6 +72,8 @@ impl<'a> BuiltinOracle<'a> {
             full_executions: 0,
             evaluations: 0,
             ranking_runs: 0,
+            deferred: None,
+            stop: None,
             prepared: None,
         })
     }
@@ -200,7 +208,39 @@ impl<'a> BuiltinOracle<'a> {
             candidates,
             flops,
             scores,
+            deferred: false,
         })
+    }
+
+    /// [`search_space`](Self::search_space) with the ranking deferred: the search asks for it
+    /// ([`Oracle::rank`], also through a `--check` search: [`RankedBy`]) once both reference
+    /// checks leave something to search, so a search that needs no layer, or whose reference
+    /// fails, costs no ranking (the sensitivity ranking's N runs were most of a task-level
+    /// search that needs nothing: PP-OCRv4 rec 2.1 s).
+    pub fn deferred_search_space(
+        &mut self,
+        ranking: Option<Ranking>,
+    ) -> Result<super::SearchSpace> {
+        let mut space = self.search_space(None)?;
+        space.deferred = ranking.is_some();
+        self.deferred = ranking.map(|r| (r, space.candidates.clone()));
+        Ok(space)
+    }
+
+    /// Cuts a sensitivity ranking short when `stop` is set.
+    pub fn stopping_on(&mut self, stop: &'a AtomicBool) {
+        self.stop = Some(stop);
+    }
+
+    /// What [`Oracle::rank`] answers: the deferred ranking's scores.
+    fn deferred_scores(&mut self) -> Result<HashMap<usize, f64>> {
+        match self.deferred.take() {
+            Some((Ranking::Sensitivity, candidates)) => self.sensitivity(&candidates),
+            Some((Ranking::Growth, _)) => self.growth(),
+            None => Err(Error::Invalid(
+                "the search asked for a ranking its space did not defer".into(),
+            )),
+        }
     }
 
     /// The layer-wise comparison of the plan with `marked` layers in high precision against
@@ -307,6 +347,13 @@ impl<'a> BuiltinOracle<'a> {
         self.check_golden()?;
         let mut scores = HashMap::with_capacity(candidates.len());
         for &layer in candidates {
+            if self
+                .stop
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+            {
+                // Interrupted: the rest rank last; the search stops before its next evaluation.
+                break;
+            }
             let others: Vec<usize> = candidates.iter().copied().filter(|&c| c != layer).collect();
             let prepared = self.prepared_for(&others)?;
             let judge = Judge {
@@ -601,6 +648,35 @@ impl Oracle for BuiltinOracle<'_> {
 
     fn parallel(&self) -> bool {
         true
+    }
+
+    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
+        self.deferred_scores()
+    }
+}
+
+/// A search oracle whose deferred ranking comes from the emulation: a `--check` search judges
+/// candidates by the user's command and ranks them in the built-in oracle.
+pub struct RankedBy<'o, 'b> {
+    pub judge: &'o mut dyn Oracle,
+    pub ranker: &'o mut BuiltinOracle<'b>,
+}
+
+impl Oracle for RankedBy<'_, '_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        self.judge.evaluate(marked)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        self.judge.evaluate_batch(sets)
+    }
+
+    fn parallel(&self) -> bool {
+        self.judge.parallel()
+    }
+
+    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
+        self.ranker.deferred_scores()
     }
 }
 

@@ -3,7 +3,7 @@
 //! itself and its statistics. `debug precision` (src/cli/debug.rs) only turns its arguments
 //! into a [`SearchJob`], prints through [`SearchHooks`] and writes the files it is asked for.
 
-use super::builtin::{BuiltinOracle, Golden};
+use super::builtin::{BuiltinOracle, Golden, RankedBy};
 use super::check::CheckOracle;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
@@ -137,13 +137,21 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         .mode
         .needs_ranking()
         .then_some(job.options.ranking);
-    let space = oracle.search_space(ranking)?;
+    let space = oracle.deferred_search_space(ranking)?;
+    oracle.stopping_on(job.stop);
     hooks.started(&space);
 
     let mut check = job.check;
     let result = {
+        let mut ranked;
         let inner: &mut dyn Oracle = match check.as_mut() {
-            Some(c) => c,
+            Some(c) => {
+                ranked = RankedBy {
+                    judge: c,
+                    ranker: &mut oracle,
+                };
+                &mut ranked
+            }
             None => &mut oracle,
         };
         search_with_replay(

@@ -132,6 +132,16 @@ pub trait Oracle {
     fn parallel(&self) -> bool {
         false
     }
+
+    /// The candidates' ranking scores, for a search space that defers them
+    /// ([`SearchSpace::deferred`]): asked at most once, by worst-first or minimal once both
+    /// reference checks left something to search (a search that needs no layer, or whose
+    /// reference fails, ranks nothing).
+    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
+        Err(Error::Invalid(
+            "this oracle cannot rank the candidates of a deferred ranking".into(),
+        ))
+    }
 }
 
 /// One evaluated candidate.
@@ -176,6 +186,9 @@ pub struct SearchSpace {
     /// the criterion: the tolerance it needs alone, or its error growth; see [`Ranking`]),
     /// for worst-first and minimal. Larger ranks first.
     pub scores: HashMap<usize, f64>,
+    /// The scores are not known yet: the search asks the oracle ([`Oracle::rank`]) when it
+    /// needs them.
+    pub deferred: bool,
 }
 
 impl SearchSpace {
@@ -193,8 +206,13 @@ impl SearchSpace {
     /// Candidates by decreasing score (per FLOP with the flops objective); ties and layers
     /// without a score keep topological order, the latter last.
     pub fn ranking(&self, objective: Objective) -> Vec<usize> {
+        self.ranking_by(&self.scores, objective)
+    }
+
+    /// [`ranking`](Self::ranking) by `scores` instead of the space's own.
+    pub fn ranking_by(&self, scores: &HashMap<usize, f64>, objective: Objective) -> Vec<usize> {
         let key = |i: usize| -> f64 {
-            let g = match self.scores.get(&i) {
+            let g = match scores.get(&i) {
                 Some(g) if !g.is_nan() => *g,
                 _ => return f64::NEG_INFINITY,
             };
@@ -280,12 +298,15 @@ pub fn search(
         stop,
         trials: Vec::new(),
         memo: HashMap::new(),
+        scores: None,
     };
     let (outcome, contiguous_count) = match s.run(opts) {
         Ok(r) => r,
         Err(Stop::Interrupted) => (Outcome::Interrupted(s.best()), None),
         Err(Stop::Failed(e)) => return Err(e),
-        Err(Stop::Need(..)) => unreachable!("an oracle answers every set"),
+        Err(Stop::Need(..) | Stop::NeedRanking) => {
+            unreachable!("an oracle answers every set and ranks")
+        }
     };
     Ok(SearchResult {
         outcome,
@@ -301,6 +322,8 @@ enum Replay {
     Done(Outcome, Option<usize>, Vec<Trial>),
     /// It needs this unknown set next (in this phase); the trials it took before.
     Need(Vec<usize>, &'static str, Vec<Trial>),
+    /// It needs the deferred ranking next; the trials it took before.
+    NeedRanking(Vec<Trial>),
 }
 
 /// Replays the strategy from the start: every set in `known` is answered with its verdict
@@ -312,6 +335,7 @@ fn replay(
     opts: &SearchOptions,
     known: &HashMap<Vec<usize>, Evaluation>,
     assumed: &HashMap<Vec<usize>, bool>,
+    scores: Option<&HashMap<usize, f64>>,
 ) -> Replay {
     let never = AtomicBool::new(false);
     let mut ignore = |_: &Trial| {};
@@ -322,10 +346,12 @@ fn replay(
         stop: &never,
         trials: Vec::new(),
         memo: HashMap::new(),
+        scores: scores.cloned(),
     };
     match s.run(opts) {
         Ok((outcome, count)) => Replay::Done(outcome, count, s.trials),
         Err(Stop::Need(set, phase)) => Replay::Need(set, phase, s.trials),
+        Err(Stop::NeedRanking) => Replay::NeedRanking(s.trials),
         Err(Stop::Interrupted | Stop::Failed(_)) => {
             unreachable!("a replay neither evaluates nor watches the stop flag")
         }
@@ -348,20 +374,29 @@ fn search_in_batches(
     let mut known: HashMap<Vec<usize>, Evaluation> = HashMap::new();
     let mut reported = 0usize;
     let no_assumptions = HashMap::new();
+    // The deferred ranking, once asked for (the oracle ranks once; replays reuse it).
+    let mut scores: Option<HashMap<usize, f64>> = None;
     loop {
-        let (need, phase, trials) = match replay(space, opts, &known, &no_assumptions) {
-            Replay::Done(outcome, contiguous_count, trials) => {
-                trials[reported..].iter().for_each(&mut *on_trial);
-                let speculative = known.len() - trials.len();
-                return Ok(SearchResult {
-                    outcome,
-                    trials,
-                    contiguous_count,
-                    speculative,
-                });
-            }
-            Replay::Need(set, phase, trials) => (set, phase, trials),
-        };
+        let (need, phase, trials) =
+            match replay(space, opts, &known, &no_assumptions, scores.as_ref()) {
+                Replay::Done(outcome, contiguous_count, trials) => {
+                    trials[reported..].iter().for_each(&mut *on_trial);
+                    let speculative = known.len() - trials.len();
+                    return Ok(SearchResult {
+                        outcome,
+                        trials,
+                        contiguous_count,
+                        speculative,
+                    });
+                }
+                Replay::Need(set, phase, trials) => (set, phase, trials),
+                Replay::NeedRanking(trials) => {
+                    trials[reported..].iter().for_each(&mut *on_trial);
+                    reported = trials.len();
+                    scores = Some(oracle.rank()?);
+                    continue;
+                }
+            };
         trials[reported..].iter().for_each(&mut *on_trial);
         reported = trials.len();
         if stop.load(Ordering::SeqCst) {
@@ -374,7 +409,16 @@ fn search_in_batches(
                 speculative,
             });
         }
-        let batch = look_ahead(space, opts, &known, &trials, need, phase, opts.jobs);
+        let batch = look_ahead(
+            space,
+            opts,
+            &known,
+            scores.as_ref(),
+            &trials,
+            need,
+            phase,
+            opts.jobs,
+        );
         let verdicts = oracle.evaluate_batch(&batch);
         if stop.load(Ordering::SeqCst) {
             // Interrupted during the batch: its verdicts may come from cut-short evaluations
@@ -398,10 +442,12 @@ fn search_in_batches(
 
 /// The sets to evaluate together: `need` first, then the sets needed after the most probable
 /// assumed verdicts, up to `jobs` sets.
+#[allow(clippy::too_many_arguments)]
 fn look_ahead(
     space: &SearchSpace,
     opts: &SearchOptions,
     known: &HashMap<Vec<usize>, Evaluation>,
+    scores: Option<&HashMap<usize, f64>>,
     trials: &[Trial],
     need: Vec<usize>,
     phase: &'static str,
@@ -440,7 +486,8 @@ fn look_ahead(
             .expect("not empty");
         let (p, assumed) = open.remove(best);
         replays += 1;
-        if let Replay::Need(set, phase, _) = replay(space, opts, known, &assumed) {
+        // A branch that reaches the deferred ranking before it is known ends there.
+        if let Replay::Need(set, phase, _) = replay(space, opts, known, &assumed, scores) {
             if !batch.contains(&set) {
                 batch.push(set.clone());
             }
@@ -515,6 +562,8 @@ enum Stop {
     Failed(Error),
     /// A replay reached a set whose verdict is unknown (and which phase asked for it).
     Need(Vec<usize>, &'static str),
+    /// A replay reached the deferred ranking before it was known.
+    NeedRanking,
 }
 
 impl From<Error> for Stop {
@@ -542,6 +591,8 @@ struct Searcher<'a> {
     trials: Vec<Trial>,
     /// Verdicts by marked set: a set is never evaluated twice.
     memo: HashMap<Vec<usize>, bool>,
+    /// The deferred ranking's scores, once known ([`SearchSpace::deferred`]).
+    scores: Option<HashMap<usize, f64>>,
 }
 
 impl Searcher<'_> {
@@ -606,8 +657,8 @@ impl Searcher<'_> {
                 Direction::Forward => all.clone(),
                 Direction::Reverse => all.iter().rev().copied().collect(),
             },
-            Mode::WorstFirst => self.space.ranking(Objective::Layers),
-            Mode::Minimal => self.space.ranking(opts.objective),
+            Mode::WorstFirst => self.ranking(Objective::Layers)?,
+            Mode::Minimal => self.ranking(opts.objective)?,
         };
         let n = match opts.mode {
             Mode::Linear => self.linear(&order)?,
@@ -624,6 +675,23 @@ impl Searcher<'_> {
         marked.sort_unstable();
         let count = opts.mode.is_contiguous().then_some(n);
         Ok((Outcome::Found(marked), count))
+    }
+
+    /// The candidates in ranking order: by the space's scores, or by the deferred ranking's,
+    /// which the oracle computes now (after the reference checks, so a search that needs no
+    /// layer ranks nothing).
+    fn ranking(&mut self, objective: Objective) -> std::result::Result<Vec<usize>, Stop> {
+        if !self.space.deferred {
+            return Ok(self.space.ranking(objective));
+        }
+        if self.scores.is_none() {
+            match &mut self.answers {
+                Answers::Oracle(oracle) => self.scores = Some(oracle.rank()?),
+                Answers::Known { .. } => return Err(Stop::NeedRanking),
+            }
+        }
+        let scores = self.scores.as_ref().expect("ranked above");
+        Ok(self.space.ranking_by(scores, objective))
     }
 
     /// Polygraphy's BisectMarker: `good` starts past the end (as if marking everything
@@ -835,6 +903,7 @@ mod tests {
             candidates: (0..n).collect(),
             flops: (0..n).map(|i| 100 + i as u64).collect(),
             scores: growth.iter().copied().collect(),
+            deferred: false,
         }
     }
 

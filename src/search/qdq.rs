@@ -395,6 +395,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         candidates: layers.iter().map(|l| l.node).collect(),
         flops,
         scores,
+        deferred: false,
     };
     hooks.started(&space);
 

@@ -302,6 +302,10 @@ impl Oracle for ReplayOracle<'_> {
     fn parallel(&self) -> bool {
         self.inner.parallel()
     }
+
+    fn rank(&mut self) -> Result<std::collections::HashMap<usize, f64>> {
+        self.inner.rank()
+    }
 }
 
 #[cfg(test)]
