@@ -150,6 +150,29 @@ fn both_rankings_find_the_planted_layers_and_say_what_ranking_cost() {
         }
         assert_eq!(runs[0], runs[1], "{model_name}: the two rankings' answers");
     }
+    // Nothing needed (a loose criterion): the ranking waits for the reference checks, so
+    // none of its runs is made.
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("loose.json");
+    let m = model("planted_cnn");
+    let out = mixprec(&[
+        "debug",
+        "precision",
+        m.as_str(),
+        "--fp16",
+        "--mode",
+        "minimal",
+        "--val-range",
+        "[-1,1]",
+        "--atol",
+        "1e6",
+        "--save-result",
+        result.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    assert_eq!(v["outcome"]["kind"], "nothing-needed");
+    assert_eq!(v["stats"]["ranking_runs"], 0, "{}", text(&out));
 }
 
 #[test]
