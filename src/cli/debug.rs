@@ -53,9 +53,9 @@ enum DebugCommand {
 #[derive(Args, Debug)]
 pub struct DebugPrecisionArgs {
     /// bisect: binary search over the number of layers marked from one end; linear: one more
-    /// layer at a time; worst-first: the N layers whose error grows most (layer-wise
-    /// comparison), N by binary search; minimal: a non-contiguous set (rank by growth, bisect,
-    /// then drop every layer that is not needed).
+    /// layer at a time; worst-first: the N layers the ranking puts first (--ranking), N by
+    /// binary search; minimal: a non-contiguous set (rank, bisect, then drop every layer that
+    /// is not needed).
     #[arg(long, value_enum, default_value = "bisect")]
     mode: Mode,
     /// Where bisect/linear start marking: forward from the inputs, reverse from the outputs.

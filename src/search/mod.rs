@@ -57,7 +57,7 @@ impl Mode {
         matches!(self, Mode::Bisect | Mode::Linear)
     }
 
-    /// Modes that need the layer-wise growth ranking.
+    /// Modes that rank the candidates ([`Ranking`]).
     pub fn needs_ranking(self) -> bool {
         matches!(self, Mode::WorstFirst | Mode::Minimal)
     }
