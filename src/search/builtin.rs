@@ -227,6 +227,21 @@ impl<'a> BuiltinOracle<'a> {
         Ok(space)
     }
 
+    /// The plan with `marked` in high precision, judged through the cache (what an evaluation
+    /// and a sensitivity ranking run do; the caller counts which it was).
+    fn judge_marked(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let prepared = self.prepared_for(marked)?;
+        let judge = Judge {
+            interp: self.interp,
+            feeds: self.feeds,
+            golden: &self.golden,
+            criterion: &self.criterion,
+        };
+        let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
+        self.full_executions += sets * self.nodes();
+        Ok(e)
+    }
+
     /// Cuts a sensitivity ranking short when `stop` is set.
     pub fn stopping_on(&mut self, stop: &'a AtomicBool) {
         self.stop = Some(stop);
@@ -355,15 +370,7 @@ impl<'a> BuiltinOracle<'a> {
                 break;
             }
             let others: Vec<usize> = candidates.iter().copied().filter(|&c| c != layer).collect();
-            let prepared = self.prepared_for(&others)?;
-            let judge = Judge {
-                interp: self.interp,
-                feeds: self.feeds,
-                golden: &self.golden,
-                criterion: &self.criterion,
-            };
-            let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
-            self.full_executions += sets * self.nodes();
+            let e = self.judge_marked(&others)?;
             self.ranking_runs += 1;
             scores.insert(
                 layer,
@@ -585,16 +592,7 @@ impl Oracle for BuiltinOracle<'_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
         self.check_golden()?;
         self.evaluations += 1;
-        let prepared = self.prepared_for(marked)?;
-        let judge = Judge {
-            interp: self.interp,
-            feeds: self.feeds,
-            golden: &self.golden,
-            criterion: &self.criterion,
-        };
-        let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
-        self.full_executions += sets * self.nodes();
-        Ok(e)
+        self.judge_marked(marked)
     }
 
     /// The sets run at the same time on the thread pool, the first through the search's
