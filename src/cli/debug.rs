@@ -838,6 +838,24 @@ impl SearchHooks for CliHooks<'_> {
             let p = self.p;
             self.bar.suspend(|| out!(p, "{line}"));
         }
+        // The deferred ranking runs next (by sensitivity about half an inference per candidate):
+        // say so, or a long ranking looks like a stalled search.
+        if t.phase == "check-none" && !t.passed && space.deferred && self.mode.needs_ranking() {
+            let n = space.candidates.len();
+            let ranking = self.args.ranking.unwrap_or(Ranking::Sensitivity);
+            self.bar.set_message(format!(
+                "ranking {n} candidate layer(s) by {}",
+                ranking.name()
+            ));
+            if self.say && ranking == Ranking::Sensitivity {
+                let p = self.p;
+                self.bar.suspend(|| {
+                    out!(p,
+                        "[I] Ranking {n} candidate layer(s) by sensitivity: each alone in low precision, judged under the criterion (emulated)"
+                    )
+                });
+            }
+        }
     }
 }
 
