@@ -294,24 +294,9 @@ unsafe fn fill_sub_avx512(sub: &mut [u32], n: usize, values: &[f32], per_unit: f
     let last = _mm512_set1_pd((n - 1) as f64);
     let dump = _mm512_set1_epi32((4 * n) as i32);
     // Lane l's offset: its sub-histogram, l % 4.
-    let offsets = _mm512_setr_epi32(
-        0,
-        n as i32,
-        2 * n as i32,
-        3 * n as i32,
-        0,
-        n as i32,
-        2 * n as i32,
-        3 * n as i32,
-        0,
-        n as i32,
-        2 * n as i32,
-        3 * n as i32,
-        0,
-        n as i32,
-        2 * n as i32,
-        3 * n as i32,
-    );
+    let lane_offsets: [i32; 16] = std::array::from_fn(|l| ((l % 4) * n) as i32);
+    // SAFETY: `lane_offsets` holds 16 i32 (unaligned load).
+    let offsets = unsafe { _mm512_loadu_si512(lane_offsets.as_ptr().cast()) };
     let mut idx = [0i32; 16];
     let groups = values.chunks_exact(16);
     let taken = values.len() - groups.remainder().len();

@@ -790,6 +790,29 @@ mod tests {
         )
     }
 
+    /// The oracle of a float16 search (float32 marked layers, a 1 MiB cache) with its golden
+    /// outputs from its own FP32 reference run.
+    fn fp16_oracle<'a>(
+        interp: &'a Interpreter<'a>,
+        feeds: &'a [Feeds],
+        criterion: Criterion,
+    ) -> BuiltinOracle<'a> {
+        let mut oracle = BuiltinOracle::new(
+            interp,
+            feeds,
+            criterion,
+            PrecisionPlan::uniform(interp.graph(), Precision::Float16),
+            Precision::Float32,
+            Accumulator::F32,
+            None,
+            ValueCache::new(1 << 20),
+        )
+        .unwrap();
+        let golden = oracle.reference_outputs().unwrap();
+        oracle.set_golden(golden).unwrap();
+        oracle
+    }
+
     /// The partial runs of `answer_reasons` (only the layer's values, stopping after it) give
     /// the rows that whole runs keeping every value give: the same errors, growth and cause,
     /// for layers fed by the graph input, by an initializer and by other marked layers.
@@ -806,19 +829,7 @@ mod tests {
             rtol: crate::compare::PerOutput::new(1e-4),
             ..Default::default()
         };
-        let mut oracle = BuiltinOracle::new(
-            &interp,
-            &feeds,
-            criterion.clone(),
-            PrecisionPlan::uniform(&g, Precision::Float16),
-            Precision::Float32,
-            Accumulator::F32,
-            None,
-            ValueCache::new(1 << 20),
-        )
-        .unwrap();
-        let golden = oracle.reference_outputs().unwrap();
-        oracle.set_golden(golden).unwrap();
+        let mut oracle = fp16_oracle(&interp, &feeds, criterion.clone());
         let marked = [0, 1, 2, 3, 4];
         oracle.evaluate(&marked).unwrap();
         let got = oracle.answer_reasons(&marked).unwrap();
@@ -939,19 +950,7 @@ mod tests {
             ..Default::default()
         };
         let search = |ranking: Ranking| {
-            let mut oracle = BuiltinOracle::new(
-                &interp,
-                &feeds,
-                criterion.clone(),
-                PrecisionPlan::uniform(&g, Precision::Float16),
-                Precision::Float32,
-                Accumulator::F32,
-                None,
-                ValueCache::new(1 << 20),
-            )
-            .unwrap();
-            let golden = oracle.reference_outputs().unwrap();
-            oracle.set_golden(golden).unwrap();
+            let mut oracle = fp16_oracle(&interp, &feeds, criterion.clone());
             let space = oracle.search_space(Some(ranking)).unwrap();
             let order = space.ranking(super::super::Objective::Layers);
             if ranking == Ranking::Sensitivity {

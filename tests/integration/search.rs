@@ -24,8 +24,9 @@ const CRITERION: [&str; 7] = [
     "--rtol=1e-2",
 ];
 
-/// Runs `debug precision` and returns (exit ok, stdout, the marked layers from the JSON result).
-fn search(model_name: &str, extra: &[&str]) -> (bool, String, Vec<String>) {
+/// Runs `debug precision --fp16` under [`CRITERION`] with `extra` and returns (exit ok,
+/// stdout, the `--save-result` JSON; null when none was written).
+fn search_result(model_name: &str, extra: &[&str]) -> (bool, String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result.json");
     let m = model(model_name);
@@ -34,20 +35,23 @@ fn search(model_name: &str, extra: &[&str]) -> (bool, String, Vec<String>) {
     args.extend(["--save-result", result.to_str().unwrap()]);
     args.extend(extra);
     let out = mixprec(&args);
-    let log = text(&out);
-    let layers = if result.exists() {
-        let v: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
-        v["layers"]
-            .as_array()
-            .unwrap()
-            .iter()
+    let v = if result.exists() {
+        serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap()
+    } else {
+        serde_json::Value::Null
+    };
+    (out.status.success(), text(&out), v)
+}
+
+/// Runs `debug precision` and returns (exit ok, stdout, the marked layers from the JSON result).
+fn search(model_name: &str, extra: &[&str]) -> (bool, String, Vec<String>) {
+    let (ok, log, v) = search_result(model_name, extra);
+    let layers = v["layers"].as_array().map_or_else(Vec::new, |a| {
+        a.iter()
             .map(|l| l["name"].as_str().unwrap().to_string())
             .collect()
-    } else {
-        Vec::new()
-    };
-    (out.status.success(), log, layers)
+    });
+    (ok, log, layers)
 }
 
 /// The plan must really pass: `mixprec run` with the found layers in FP32 against the FP32
@@ -107,31 +111,11 @@ fn minimal_finds_exactly_the_planted_layers() {
 #[test]
 fn both_rankings_find_the_planted_layers_and_say_what_ranking_cost() {
     for model_name in ["planted_cnn", "planted_transformer"] {
-        let dir = tempfile::tempdir().unwrap();
         let mut runs = Vec::new();
         for ranking in ["sensitivity", "growth"] {
-            let result = dir.path().join(format!("{ranking}.json"));
-            let m = model(model_name);
-            let mut args = vec![
-                "debug",
-                "precision",
-                m.as_str(),
-                "--fp16",
-                "--mode",
-                "minimal",
-            ];
-            args.extend(CRITERION);
-            args.extend([
-                "--ranking",
-                ranking,
-                "--save-result",
-                result.to_str().unwrap(),
-            ]);
-            let out = mixprec(&args);
-            let log = text(&out);
-            assert!(out.status.success(), "{log}");
-            let v: serde_json::Value =
-                serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+            let (ok, log, v) =
+                search_result(model_name, &["--mode", "minimal", "--ranking", ranking]);
+            assert!(ok, "{log}");
             let candidates = v["candidates"].as_u64().unwrap();
             let ranking_runs = v["stats"]["ranking_runs"].as_u64().unwrap();
             if ranking == "sensitivity" {
@@ -566,28 +550,15 @@ fn golden_outputs_from_polygraphy_drive_the_search() {
 
 /// `debug precision --fp16 --mode minimal` with `extra` (must pass): its log and trials.
 fn minimal_trials(model_name: &str, extra: &[&str]) -> (String, Vec<(String, Vec<u64>, bool)>) {
-    let dir = tempfile::tempdir().unwrap();
-    let result = dir.path().join("result.json");
-    let m = model(model_name);
-    let mut args = vec![
-        "debug",
-        "precision",
-        m.as_str(),
-        "--fp16",
-        "--mode",
-        "minimal",
-    ];
-    args.extend(CRITERION);
+    let mut args = vec!["--mode", "minimal"];
     args.extend(extra);
-    args.extend(["--save-result", result.to_str().unwrap()]);
-    let out = mixprec(&args);
-    assert!(out.status.success(), "{}", text(&out));
-    (text(&out), trials_of(&result))
+    let (ok, log, v) = search_result(model_name, &args);
+    assert!(ok, "{log}");
+    (log, trials_of(&v))
 }
 
 /// The trials of a `--save-result` file: (phase, marked layers, passed).
-fn trials_of(result: &std::path::Path) -> Vec<(String, Vec<u64>, bool)> {
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(result).unwrap()).unwrap();
+fn trials_of(v: &serde_json::Value) -> Vec<(String, Vec<u64>, bool)> {
     v["trials"]
         .as_array()
         .unwrap()
