@@ -101,22 +101,22 @@ fn range_in_lanes(values: &[f32]) -> RangeStats {
     for block in values.chunks(LANES * (u32::MAX as usize / 2)) {
         let groups = block.chunks_exact(LANES);
         let tail = groups.remainder();
-        for g in groups {
-            for l in 0..LANES {
-                let a = g[l].abs();
-                let is_finite = a <= f32::MAX;
-                // NaN and ±inf leave the maximum alone.
-                max[l] = if is_finite && a > max[l] { a } else { max[l] };
-                finite[l] += is_finite as u32;
-                nan[l] += a.is_nan() as u32;
-            }
-        }
-        for (l, &x) in tail.iter().enumerate() {
+        // Value x into lane l.
+        let mut add = |l: usize, x: f32| {
             let a = x.abs();
             let is_finite = a <= f32::MAX;
+            // NaN and ±inf leave the maximum alone.
             max[l] = if is_finite && a > max[l] { a } else { max[l] };
             finite[l] += is_finite as u32;
             nan[l] += a.is_nan() as u32;
+        };
+        for g in groups {
+            for (l, &x) in g.iter().enumerate() {
+                add(l, x);
+            }
+        }
+        for (l, &x) in tail.iter().enumerate() {
+            add(l, x);
         }
         let block_finite: u64 = finite.iter().map(|&c| c as u64).sum();
         let block_nan: u64 = nan.iter().map(|&c| c as u64).sum();

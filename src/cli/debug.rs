@@ -204,6 +204,14 @@ pub struct SearchArgs {
     verbose: bool,
 }
 
+impl SearchArgs {
+    /// The ranking worst-first and minimal use on a float model: `--ranking`, by default
+    /// sensitivity (a Q/DQ model's search ranks by growth: `cli/debug/qdq.rs`).
+    fn ranking(&self) -> Ranking {
+        self.ranking.unwrap_or(Ranking::Sensitivity)
+    }
+}
+
 pub fn run(args: DebugArgs) -> Result<ExitCode> {
     match args.command {
         DebugCommand::Precision(a) => search_command(a.search, a.mode, a.direction),
@@ -573,7 +581,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
                 mode,
                 direction,
                 objective: args.objective,
-                ranking: args.ranking.unwrap_or(Ranking::Sensitivity),
+                ranking: args.ranking(),
                 jobs: args.jobs,
             },
             check: if last { check.take() } else { None },
@@ -842,7 +850,7 @@ impl SearchHooks for CliHooks<'_> {
         // say so, or a long ranking looks like a stalled search.
         if t.phase == "check-none" && !t.passed && space.deferred && self.mode.needs_ranking() {
             let n = space.candidates.len();
-            let ranking = self.args.ranking.unwrap_or(Ranking::Sensitivity);
+            let ranking = self.args.ranking();
             self.bar.set_message(format!(
                 "ranking {n} candidate layer(s) by {}",
                 ranking.name()

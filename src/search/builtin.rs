@@ -33,8 +33,8 @@ pub struct BuiltinOracle<'a> {
     pub evaluations: usize,
     /// Plans run to rank the candidates ([`sensitivity`](Self::sensitivity)).
     pub ranking_runs: usize,
-    /// The ranking a deferred search space asks for ([`Oracle::rank`]), over these candidates.
-    deferred: Option<(Ranking, Vec<usize>)>,
+    /// The ranking a deferred search space asks for ([`Oracle::rank`]).
+    deferred: Option<Ranking>,
     /// Set (Ctrl-C) to cut the sensitivity ranking short: the search stops at its next
     /// evaluation anyway.
     stop: Option<&'a AtomicBool>,
@@ -192,10 +192,7 @@ impl<'a> BuiltinOracle<'a> {
     /// outputs set).
     pub fn search_space(&mut self, ranking: Option<Ranking>) -> Result<super::SearchSpace> {
         let graph = self.interp.graph();
-        let candidates: Vec<usize> = PrecisionPlan::candidates(graph)
-            .into_iter()
-            .filter(|&i| self.low.layers[i] != self.high)
-            .collect();
+        let candidates = self.candidates();
         let flops: Vec<u64> = (0..graph.nodes.len())
             .map(|i| self.cache.layer_flops.get(&i).copied().unwrap_or(0))
             .collect();
@@ -223,8 +220,16 @@ impl<'a> BuiltinOracle<'a> {
     ) -> Result<super::SearchSpace> {
         let mut space = self.search_space(None)?;
         space.deferred = ranking.is_some();
-        self.deferred = ranking.map(|r| (r, space.candidates.clone()));
+        self.deferred = ranking;
         Ok(space)
+    }
+
+    /// The compute layers whose low precision differs from the high one, in topological order.
+    fn candidates(&self) -> Vec<usize> {
+        PrecisionPlan::candidates(self.interp.graph())
+            .into_iter()
+            .filter(|&i| self.low.layers[i] != self.high)
+            .collect()
     }
 
     /// The plan with `marked` in high precision, judged through the cache (what an evaluation
@@ -250,8 +255,8 @@ impl<'a> BuiltinOracle<'a> {
     /// What [`Oracle::rank`] answers: the deferred ranking's scores.
     fn deferred_scores(&mut self) -> Result<HashMap<usize, f64>> {
         match self.deferred.take() {
-            Some((Ranking::Sensitivity, candidates)) => self.sensitivity(&candidates),
-            Some((Ranking::Growth, _)) => self.growth(),
+            Some(Ranking::Sensitivity) => self.sensitivity(&self.candidates()),
+            Some(Ranking::Growth) => self.growth(),
             None => Err(Error::Invalid(
                 "the search asked for a ranking its space did not defer".into(),
             )),

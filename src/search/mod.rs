@@ -29,6 +29,7 @@ pub mod report;
 
 use crate::error::{Error, Result};
 use serde::Serialize;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -346,7 +347,7 @@ fn replay(
         stop: &never,
         trials: Vec::new(),
         memo: HashMap::new(),
-        scores: scores.cloned(),
+        scores: scores.map(Cow::Borrowed),
     };
     match s.run(opts) {
         Ok((outcome, count)) => Replay::Done(outcome, count, s.trials),
@@ -591,8 +592,9 @@ struct Searcher<'a> {
     trials: Vec<Trial>,
     /// Verdicts by marked set: a set is never evaluated twice.
     memo: HashMap<Vec<usize>, bool>,
-    /// The deferred ranking's scores, once known ([`SearchSpace::deferred`]).
-    scores: Option<HashMap<usize, f64>>,
+    /// The deferred ranking's scores, once known ([`SearchSpace::deferred`]): the oracle's,
+    /// or a batched search's borrowed by its replays.
+    scores: Option<Cow<'a, HashMap<usize, f64>>>,
 }
 
 impl Searcher<'_> {
@@ -686,7 +688,7 @@ impl Searcher<'_> {
         }
         if self.scores.is_none() {
             match &mut self.answers {
-                Answers::Oracle(oracle) => self.scores = Some(oracle.rank()?),
+                Answers::Oracle(oracle) => self.scores = Some(Cow::Owned(oracle.rank()?)),
                 Answers::Known { .. } => return Err(Stop::NeedRanking),
             }
         }
