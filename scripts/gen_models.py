@@ -21,6 +21,10 @@ Models (all weights from a fixed NumPy seed, so the files are identical on every
                     unfused in float16, passes when the chain is fused (intermediates in f32)
   planted_addsub    elementwise only: (x + 65504) - 65504 (the seed's Add/Sub cancellation without
                     the MatMuls): float16 loses x when Add and Sub are separate kernels
+  planted_twins     planted_addsub plus a second output 1000 * (x/3 - x/3) from two identical Muls
+                    ('planted_twin_a', 'planted_twin_b'): either alone in float16 fails (its rounding
+                    against the other's float32), both in float16 cancel exactly: a criterion that is
+                    not monotone, as real ones near float16's noise are
   decomposed_ln     LayerNorm from ReduceMean/Sub/Pow/ReduceMean/Add/Sqrt/Div/Mul/Add on activations
                     of magnitude ~300 (x * 300): Pow overflows float16 unless the statistics run in f32
   qdq_cnn           cnn quantized by ONNX Runtime's quantize_static (QDQ, uint8/int8 per channel) with the
@@ -375,6 +379,26 @@ def planted_addsub(size):
     )
 
 
+def planted_twins(size):
+    n = 256 if size == "bench" else 64
+    b = Builder(7)
+    big = b.const(np.array(np.finfo(np.float16).max, np.float32), "fp16_max")
+    a = b.op("Add", ["x", big], node_name="Add")
+    y = b.op("Sub", [a, big], node_name="Sub")
+    b.nodes[-1].output[0] = "y"
+    third = b.const(np.array(1.0 / 3.0, np.float32), "third")
+    ta = b.op("Mul", ["x", third], node_name="planted_twin_a")
+    tb = b.op("Mul", ["x", third], node_name="planted_twin_b")
+    d = b.op("Sub", [ta, tb], node_name="twin_difference")
+    b.op("Mul", [d, b.const(np.array(1000.0, np.float32), "k")], node_name="twin_scale")
+    b.nodes[-1].output[0] = "twins"
+    return b.model(
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n, n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n, n]),
+         helper.make_tensor_value_info("twins", TensorProto.FLOAT, [1, n, n])],
+    )
+
+
 def decomposed_ln(size):
     seq, d = (128, 256) if size == "bench" else (16, 64)
     b = Builder(6)
@@ -471,6 +495,7 @@ MODELS = {
     "control_flow": control_flow,
     "planted_square": planted_square,
     "planted_addsub": planted_addsub,
+    "planted_twins": planted_twins,
     "decomposed_ln": decomposed_ln,
     "decomposed_layernorm": decomposed_layernorm,
     "qdq_cnn": qdq_cnn,
@@ -486,6 +511,7 @@ INPUT_RANGES = {
     "control_flow": (-1.0, 1.0),
     "planted_square": (-1.0, 1.0),
     "planted_addsub": (1.0, 2.0),
+    "planted_twins": (1.0, 2.0),
     "decomposed_ln": (-1.0, 1.0),
     "decomposed_layernorm": (-1.0, 1.0),
     "qdq_cnn": (-1.0, 1.0),

@@ -938,7 +938,7 @@ fn report(
                 "[I] The plan with every candidate layer in low precision already passes: no layer needs {}",
                 high.name()
             );
-            print_stats(p, stats);
+            print_stats(p, stats, graph);
             return Ok(ExitCode::SUCCESS);
         }
         Outcome::ReferenceFails => {
@@ -968,7 +968,7 @@ fn report(
                 p,
                 "[E] Could not find a configuration that satisfied accuracy requirements."
             );
-            print_stats(p, stats);
+            print_stats(p, stats, graph);
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -1042,7 +1042,7 @@ fn report(
     for line in deploy_lines(&setup)? {
         out!(p, "[I]     {line}");
     }
-    print_stats(p, stats);
+    print_stats(p, stats, graph);
     Ok(if interrupted {
         ExitCode::from(130)
     } else {
@@ -1147,7 +1147,7 @@ fn convert_calibration(
     w
 }
 
-fn print_stats(p: &Printer, s: &SearchStats) {
+fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
     let ahead = match s.speculative_evaluations {
         0 => String::new(),
         n => format!(" (+{n} evaluated ahead and not needed)"),
@@ -1164,13 +1164,32 @@ fn print_stats(p: &Printer, s: &SearchStats) {
         s.fp32_inference_seconds * 1e3
     );
     let c = &s.contradictions;
-    if c.failing_supersets > 0 {
-        let example = c.example.map_or(String::new(), |(f, p)| {
-            format!(" (iteration {f} fails although it marks every layer of iteration {p}, which passes)")
-        });
+    if c.any() {
+        let mut evidence = Vec::new();
+        if c.failing_supersets > 0 {
+            let example = c.example.map_or(String::new(), |(f, p)| {
+                format!(" (iteration {f} fails although it marks every layer of iteration {p}, which passes)")
+            });
+            evidence.push(format!(
+                "{} failing evaluation(s) marked every layer of a passing one, and more{example}",
+                c.failing_supersets
+            ));
+        }
+        if c.failing_alone > 0 {
+            let example = c.failing_alone_example.map_or(String::new(), |(l, p)| {
+                format!(
+                    " ({} fails alone, yet iteration {p} passes with it and more in low precision)",
+                    graph.nodes[l].name
+                )
+            });
+            evidence.push(format!(
+                "{} layer(s) failed the criterion alone in low precision in the ranking, yet a passing evaluation leaves them low{example}",
+                c.failing_alone
+            ));
+        }
         out!(p,
-            "[W] The criterion is not monotone on this model: {} failing evaluation(s) marked every layer of a passing one, and more{example}. Which layers the search answers depends on its path, and it takes more evaluations; a tolerance further from the low precision's rounding noise, or a task-level --metric, gives steadier answers",
-            c.failing_supersets
+            "[W] The criterion is not monotone on this model: {}. Which layers the search answers depends on its path, and it takes more evaluations; a tolerance further from the low precision's rounding noise, or a task-level --metric, gives steadier answers",
+            evidence.join("; ")
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The built-in oracle: runs each candidate plan in the emulator (incrementally, through a
 //! [`ValueCache`]) and compares its outputs with the golden outputs under a [`Criterion`].
 
-use super::{Evaluation, Oracle, Ranking};
+use super::{Evaluation, Oracle, Ranking, Scores};
 use crate::compare::{check_output, fmt_g, Criterion};
 use crate::error::{Error, Result};
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
@@ -198,8 +198,8 @@ impl<'a> BuiltinOracle<'a> {
             .collect();
         let scores = match ranking {
             Some(Ranking::Sensitivity) => self.sensitivity(&candidates)?,
-            Some(Ranking::Growth) => self.growth()?,
-            None => HashMap::new(),
+            Some(Ranking::Growth) => self.growth()?.into(),
+            None => Scores::default(),
         };
         Ok(super::SearchSpace {
             candidates,
@@ -253,10 +253,10 @@ impl<'a> BuiltinOracle<'a> {
     }
 
     /// What [`Oracle::rank`] answers: the deferred ranking's scores.
-    fn deferred_scores(&mut self) -> Result<HashMap<usize, f64>> {
+    fn deferred_scores(&mut self) -> Result<Scores> {
         match self.deferred.take() {
             Some(Ranking::Sensitivity) => self.sensitivity(&self.candidates()),
-            Some(Ranking::Growth) => self.growth(),
+            Some(Ranking::Growth) => Ok(self.growth()?.into()),
             None => Err(Error::Invalid(
                 "the search asked for a ranking its space did not defer".into(),
             )),
@@ -359,13 +359,15 @@ impl<'a> BuiltinOracle<'a> {
     /// where unknown, as for NaN outputs). Such a plan differs from the all-high one only from
     /// that layer on, so its run takes the rest from the cache (the reference run's values,
     /// within the budget). These runs are not evaluations of the search: they rank, and their
-    /// verdicts are not taken as answers ([`ranking_runs`](Self::ranking_runs) counts them).
+    /// verdicts are not taken as answers ([`ranking_runs`](Self::ranking_runs) counts them);
+    /// the candidates whose run failed tell the search where to start galloping
+    /// ([`Scores::failing_alone`]).
     /// YOLOv8n's strict search needed 32 evaluations on the growth ranking, whose 146th layer
     /// was needed (its error reaches the outputs through a cancellation and the stride Mul),
     /// and 9 on this one; PP-OCRv4 rec's 614 (31 layers) and 3 (1 layer).
-    pub fn sensitivity(&mut self, candidates: &[usize]) -> Result<HashMap<usize, f64>> {
+    pub fn sensitivity(&mut self, candidates: &[usize]) -> Result<Scores> {
         self.check_golden()?;
-        let mut scores = HashMap::with_capacity(candidates.len());
+        let mut scores = Scores::default();
         for &layer in candidates {
             if self
                 .stop
@@ -377,7 +379,7 @@ impl<'a> BuiltinOracle<'a> {
             let others: Vec<usize> = candidates.iter().copied().filter(|&c| c != layer).collect();
             let e = self.judge_marked(&others)?;
             self.ranking_runs += 1;
-            scores.insert(
+            scores.by_layer.insert(
                 layer,
                 if e.error.is_nan() {
                     f64::INFINITY
@@ -385,6 +387,9 @@ impl<'a> BuiltinOracle<'a> {
                     e.error
                 },
             );
+            if !e.passed {
+                scores.failing_alone.push(layer);
+            }
         }
         Ok(scores)
     }
@@ -653,7 +658,7 @@ impl Oracle for BuiltinOracle<'_> {
         true
     }
 
-    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
+    fn rank(&mut self) -> Result<Scores> {
         self.deferred_scores()
     }
 }
@@ -678,8 +683,12 @@ impl Oracle for RankedBy<'_, '_> {
         self.judge.parallel()
     }
 
-    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
-        self.ranker.deferred_scores()
+    fn rank(&mut self) -> Result<Scores> {
+        // The emulation's verdicts are under the built-in criterion, not the user's command:
+        // they rank, but say nothing about which plans the command fails.
+        let mut scores = self.ranker.deferred_scores()?;
+        scores.failing_alone.clear();
+        Ok(scores)
     }
 }
 
@@ -968,8 +977,30 @@ mod tests {
                         .filter(|&c| c != l)
                         .collect();
                     let e = oracle.evaluate(&others).unwrap();
-                    assert_eq!(space.scores[&l].to_bits(), e.error.to_bits(), "layer {l}");
+                    assert_eq!(
+                        space.scores.by_layer[&l].to_bits(),
+                        e.error.to_bits(),
+                        "layer {l}"
+                    );
+                    assert_eq!(
+                        space.scores.failing_alone.contains(&l),
+                        !e.passed,
+                        "layer {l}"
+                    );
                 }
+                assert!(!space.scores.failing_alone.is_empty());
+                // A --check search ranks in the emulation but is judged by the user's command:
+                // the scores pass on, the emulation's verdicts do not.
+                let mut judge = fp16_oracle(&interp, &feeds, criterion.clone());
+                let mut ranker = fp16_oracle(&interp, &feeds, criterion.clone());
+                ranker.deferred_search_space(Some(ranking)).unwrap();
+                let mut by_check = RankedBy {
+                    judge: &mut judge,
+                    ranker: &mut ranker,
+                };
+                let ranked = by_check.rank().unwrap();
+                assert_eq!(ranked.by_layer, space.scores.by_layer);
+                assert!(ranked.failing_alone.is_empty());
             }
             let opts = super::super::SearchOptions {
                 mode: super::super::Mode::Minimal,

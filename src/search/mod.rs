@@ -138,7 +138,7 @@ pub trait Oracle {
     /// ([`SearchSpace::deferred`]): asked at most once, by worst-first or minimal once both
     /// reference checks left something to search (a search that needs no layer, or whose
     /// reference fails, ranks nothing).
-    fn rank(&mut self) -> Result<HashMap<usize, f64>> {
+    fn rank(&mut self) -> Result<Scores> {
         Err(Error::Invalid(
             "this oracle cannot rank the candidates of a deferred ranking".into(),
         ))
@@ -176,6 +176,30 @@ pub enum Outcome {
     Interrupted(Option<Vec<usize>>),
 }
 
+/// What a ranking measured of the candidates.
+#[derive(Clone, Debug, Default)]
+pub struct Scores {
+    /// Score per candidate (node index → how much keeping it in low precision costs the
+    /// criterion: the tolerance it needs alone, or its error growth; see [`Ranking`]). Larger
+    /// ranks first.
+    pub by_layer: HashMap<usize, f64>,
+    /// The candidates whose plan alone in low precision (every other candidate high) failed
+    /// the search's own criterion: the sensitivity ranking's verdicts. Under a monotone
+    /// criterion each is needed in every passing set, so galloping starts past the last of
+    /// them ([`Searcher::gallop`]). Empty where the ranking judged nothing (growth) or judged
+    /// under another criterion than the search's (a `--check` search ranks in the emulation).
+    pub failing_alone: Vec<usize>,
+}
+
+impl From<HashMap<usize, f64>> for Scores {
+    fn from(by_layer: HashMap<usize, f64>) -> Scores {
+        Scores {
+            by_layer,
+            failing_alone: Vec::new(),
+        }
+    }
+}
+
 /// What the strategy searches over.
 #[derive(Clone, Debug)]
 pub struct SearchSpace {
@@ -183,10 +207,8 @@ pub struct SearchSpace {
     pub candidates: Vec<usize>,
     /// FLOPs by node index (0 where unknown).
     pub flops: Vec<u64>,
-    /// Ranking score per candidate (node index → how much keeping it in low precision costs
-    /// the criterion: the tolerance it needs alone, or its error growth; see [`Ranking`]),
-    /// for worst-first and minimal. Larger ranks first.
-    pub scores: HashMap<usize, f64>,
+    /// What the ranking measured of each candidate, for worst-first and minimal.
+    pub scores: Scores,
     /// The scores are not known yet: the search asks the oracle ([`Oracle::rank`]) when it
     /// needs them.
     pub deferred: bool,
@@ -207,7 +229,7 @@ impl SearchSpace {
     /// Candidates by decreasing score (per FLOP with the flops objective); ties and layers
     /// without a score keep topological order, the latter last.
     pub fn ranking(&self, objective: Objective) -> Vec<usize> {
-        self.ranking_by(&self.scores, objective)
+        self.ranking_by(&self.scores.by_layer, objective)
     }
 
     /// [`ranking`](Self::ranking) by `scores` instead of the space's own.
@@ -269,12 +291,21 @@ pub struct SearchResult {
     pub contiguous_count: Option<usize>,
     /// Sets evaluated ahead of need (`--jobs` > 1) that the strategy never asked for.
     pub speculative: usize,
+    /// The ranking's candidates that failed alone under the search's criterion
+    /// ([`Scores::failing_alone`]; empty without such verdicts).
+    pub failing_alone: Vec<usize>,
 }
 
 impl SearchResult {
     /// The trial that evaluated exactly `marked`.
     pub fn trial_of(&self, marked: &[usize]) -> Option<&Trial> {
         self.trials.iter().rev().find(|t| t.marked == marked)
+    }
+
+    /// The evidence, among its trials and the ranking's verdicts, that the search's criterion
+    /// is not monotone.
+    pub fn contradictions(&self) -> Contradictions {
+        contradictions(&self.trials, &self.failing_alone)
     }
 }
 
@@ -309,11 +340,13 @@ pub fn search(
             unreachable!("an oracle answers every set and ranks")
         }
     };
+    let failing_alone = s.failing_alone().to_vec();
     Ok(SearchResult {
         outcome,
         trials: s.trials,
         contiguous_count,
         speculative: 0,
+        failing_alone,
     })
 }
 
@@ -336,7 +369,7 @@ fn replay(
     opts: &SearchOptions,
     known: &HashMap<Vec<usize>, Evaluation>,
     assumed: &HashMap<Vec<usize>, bool>,
-    scores: Option<&HashMap<usize, f64>>,
+    scores: Option<&Scores>,
 ) -> Replay {
     let never = AtomicBool::new(false);
     let mut ignore = |_: &Trial| {};
@@ -376,7 +409,7 @@ fn search_in_batches(
     let mut reported = 0usize;
     let no_assumptions = HashMap::new();
     // The deferred ranking, once asked for (the oracle ranks once; replays reuse it).
-    let mut scores: Option<HashMap<usize, f64>> = None;
+    let mut scores: Option<Scores> = None;
     loop {
         let (need, phase, trials) =
             match replay(space, opts, &known, &no_assumptions, scores.as_ref()) {
@@ -388,6 +421,11 @@ fn search_in_batches(
                         trials,
                         contiguous_count,
                         speculative,
+                        failing_alone: scores
+                            .as_ref()
+                            .unwrap_or(&space.scores)
+                            .failing_alone
+                            .clone(),
                     });
                 }
                 Replay::Need(set, phase, trials) => (set, phase, trials),
@@ -408,6 +446,11 @@ fn search_in_batches(
                 trials,
                 contiguous_count: None,
                 speculative,
+                failing_alone: scores
+                    .as_ref()
+                    .unwrap_or(&space.scores)
+                    .failing_alone
+                    .clone(),
             });
         }
         let batch = look_ahead(
@@ -448,7 +491,7 @@ fn look_ahead(
     space: &SearchSpace,
     opts: &SearchOptions,
     known: &HashMap<Vec<usize>, Evaluation>,
-    scores: Option<&HashMap<usize, f64>>,
+    scores: Option<&Scores>,
     trials: &[Trial],
     need: Vec<usize>,
     phase: &'static str,
@@ -507,12 +550,27 @@ pub struct Contradictions {
     /// One such pair, (failing iteration, passing iteration): the failing trial that marks
     /// the most layers beyond the smallest passing set it contains.
     pub example: Option<(usize, usize)>,
+    /// Layers whose sensitivity ranking run failed ([`Scores::failing_alone`]: the plan with
+    /// every other candidate high, a superset of every plan that leaves the layer low) although
+    /// a passing trial leaves them in low precision.
+    pub failing_alone: usize,
+    /// One such pair, (layer, passing iteration): the first such layer in topological order
+    /// and the passing trial that marks the fewest layers without it.
+    pub failing_alone_example: Option<(usize, usize)>,
 }
 
-/// The [`Contradictions`] among `trials`. Group testing and the 1-minimal confirmation
-/// assume nothing about them (the confirmation is there because they happen), but a search
-/// with many takes more evaluations and its answer depends on its path: the CLI says so.
-pub fn contradictions(trials: &[Trial]) -> Contradictions {
+impl Contradictions {
+    /// Whether the search saw the criterion contradict itself.
+    pub fn any(&self) -> bool {
+        self.failing_supersets + self.failing_alone > 0
+    }
+}
+
+/// The [`Contradictions`] among `trials` and the ranking's verdicts (`failing_alone`, judged
+/// under the same criterion). Group testing and the 1-minimal confirmation assume nothing
+/// about them (the confirmation is there because they happen), but a search with many takes
+/// more evaluations and its answer depends on its path: the CLI says so.
+pub fn contradictions(trials: &[Trial], failing_alone: &[usize]) -> Contradictions {
     let width = trials
         .iter()
         .flat_map(|t| t.marked.iter().copied())
@@ -544,6 +602,17 @@ pub fn contradictions(trials: &[Trial]) -> Contradictions {
                 widest = more;
                 found.example = Some((f.iteration, p.iteration));
             }
+        }
+    }
+    let mut alone = failing_alone.to_vec();
+    alone.sort_unstable();
+    for layer in alone {
+        // Passing trials are sorted smallest first.
+        if let Some((p, _)) = passing.iter().find(|(p, _)| !p.marked.contains(&layer)) {
+            found.failing_alone += 1;
+            found
+                .failing_alone_example
+                .get_or_insert((layer, p.iteration));
         }
     }
     found
@@ -594,7 +663,7 @@ struct Searcher<'a> {
     memo: HashMap<Vec<usize>, bool>,
     /// The deferred ranking's scores, once known ([`SearchSpace::deferred`]): the oracle's,
     /// or a batched search's borrowed by its replays.
-    scores: Option<Cow<'a, HashMap<usize, f64>>>,
+    scores: Option<Cow<'a, Scores>>,
 }
 
 impl Searcher<'_> {
@@ -693,7 +762,7 @@ impl Searcher<'_> {
             }
         }
         let scores = self.scores.as_ref().expect("ranked above");
-        Ok(self.space.ranking_by(scores, objective))
+        Ok(self.space.ranking_by(&scores.by_layer, objective))
     }
 
     /// Polygraphy's BisectMarker: `good` starts past the end (as if marking everything
@@ -725,11 +794,19 @@ impl Searcher<'_> {
     }
 
     /// For rankings, where the answer is usually a few layers: N = 1, 2, 4, 8… until a pass,
-    /// then binary search between the last failure and that pass.
+    /// then binary search between the last failure and that pass. Where the ranking's own
+    /// runs failed m candidates alone ([`Scores::failing_alone`]), N starts at m (doubling
+    /// from there): under a monotone criterion every passing set holds all m, so a shorter
+    /// prefix fails and is not tried. That is an assumption about where to look, never about
+    /// the answer: [`Searcher::prune`] and [`Searcher::confirm`] still evaluate every drop.
+    /// (Starting past the last of them in the ranking would assume more: on
+    /// silero-16k-sequence, whose criterion is not monotone, a layer that passes alone ranks
+    /// among them, and the answer grew from 6 layers to 8.)
     fn gallop(&mut self, order: &[usize]) -> std::result::Result<Option<usize>, Stop> {
         let max = order.len();
-        let (mut bad, mut good) = (0usize, None);
-        let mut n = 1usize;
+        let start = self.gallop_start(order);
+        let (mut bad, mut good) = (start - 1, None);
+        let mut n = start;
         while n < max {
             if self.eval("rank-gallop", &order[..n])? {
                 good = Some(n);
@@ -749,6 +826,21 @@ impl Searcher<'_> {
             }
         }
         Ok(Some(good))
+    }
+
+    /// Where [`gallop`](Self::gallop) starts: the number of candidates that failed alone, at
+    /// least 1 and at most the whole ranking.
+    fn gallop_start(&self, order: &[usize]) -> usize {
+        self.failing_alone().len().clamp(1, order.len().max(1))
+    }
+
+    /// The ranking's candidates that failed alone: the deferred ranking's once known, else the
+    /// space's.
+    fn failing_alone(&self) -> &[usize] {
+        match &self.scores {
+            Some(scores) => &scores.failing_alone,
+            None => &self.space.scores.failing_alone,
+        }
     }
 
     /// Polygraphy's LinearMarker: 1, 2, 3… layers until one passes.
@@ -904,7 +996,7 @@ mod tests {
         SearchSpace {
             candidates: (0..n).collect(),
             flops: (0..n).map(|i| 100 + i as u64).collect(),
-            scores: growth.iter().copied().collect(),
+            scores: HashMap::from_iter(growth.iter().copied()).into(),
             deferred: false,
         }
     }
@@ -1015,6 +1107,67 @@ mod tests {
             "{calls} evaluations (bound {:.1})",
             evaluation_bound(2, 209)
         );
+    }
+
+    #[test]
+    fn galloping_starts_at_the_number_of_layers_that_fail_alone() {
+        // Layer i ranks i-th. Layers 0, 1, 2 and 4 fail alone (the ranking's verdicts); 9 is
+        // needed too, as its error only counts together with others'.
+        let growth: Vec<(usize, f64)> = (0..40).map(|i| (i, (40 - i) as f64)).collect();
+        let needed = [0, 1, 2, 4, 9];
+        let with_failing = |failing: &[usize]| {
+            let mut sp = space(40, &growth);
+            sp.scores.failing_alone = failing.to_vec();
+            sp
+        };
+        let (plain, plain_calls) = run(
+            &space(40, &growth),
+            Mode::Minimal,
+            Direction::Forward,
+            &needed,
+        );
+        let (seeded, seeded_calls) = run(
+            &with_failing(&[4, 0, 2, 1]),
+            Mode::Minimal,
+            Direction::Forward,
+            &needed,
+        );
+        assert_eq!(plain.outcome, Outcome::Found(needed.to_vec()));
+        assert_eq!(seeded.outcome, Outcome::Found(needed.to_vec()));
+        let first_gallop = |r: &SearchResult| {
+            r.trials
+                .iter()
+                .find(|t| t.phase == "rank-gallop")
+                .map(|t| t.marked.clone())
+        };
+        assert_eq!(first_gallop(&plain), Some(vec![0]));
+        assert_eq!(first_gallop(&seeded), Some((0..4).collect()));
+        assert!(
+            seeded_calls < plain_calls,
+            "{seeded_calls} evaluations, {plain_calls} without"
+        );
+        // Verdicts that do not hold in the search (layers 6, 7 and 8 failed alone, yet the
+        // criterion passes without them) move where galloping starts, not the answer.
+        let wrong = [0, 1, 2, 4, 6, 7, 8];
+        let (r, _) = run(
+            &with_failing(&wrong),
+            Mode::Minimal,
+            Direction::Forward,
+            &needed,
+        );
+        assert_eq!(r.outcome, Outcome::Found(needed.to_vec()));
+        assert_eq!(first_gallop(&r), Some((0..7).collect()));
+        // Every layer failing alone: the whole ranking is the prefix (marking every layer
+        // passed in the reference check), and pruning finds the answer.
+        let every: Vec<usize> = (0..40).collect();
+        let (r, _) = run(
+            &with_failing(&every),
+            Mode::Minimal,
+            Direction::Forward,
+            &needed,
+        );
+        assert_eq!(r.outcome, Outcome::Found(needed.to_vec()));
+        assert_eq!(first_gallop(&r), None);
     }
 
     #[test]
@@ -1209,7 +1362,7 @@ mod tests {
                 // A drop is a passing set inside the failing one that had found the layer
                 // needed: the search reports the contradiction.
                 if drops {
-                    assert!(contradictions(&r.trials).failing_supersets > 0);
+                    assert!(contradictions(&r.trials, &r.failing_alone).failing_supersets > 0);
                 }
             }
         }
@@ -1236,18 +1389,30 @@ mod tests {
             t(5, &[1, 2, 70, 130, 131], false),
             t(6, &[2, 3, 4], true),
         ];
-        let c = contradictions(&trials);
+        let c = contradictions(&trials, &[]);
         assert_eq!(c.failing_supersets, 2);
         // Trial 5 holds trial 1 (2 layers) and trial 4 (1 layer): the smallest passing set
         // inside it is taken (4 layers more, against trial 2's one more than trial 1).
         assert_eq!(c.example, Some((5, 4)));
-        assert_eq!(contradictions(&trials[..1]), Contradictions::default());
-        assert_eq!(contradictions(&[]), Contradictions::default());
+        assert_eq!((c.failing_alone, c.failing_alone_example), (0, None));
+        // Layers the ranking failed alone, left low by a passing trial: 3 and 9 by trial 4
+        // (the smallest such), 70 by trial 1. Trial 1 alone marks 1 and 2: no contradiction.
+        let c = contradictions(&trials, &[70, 9, 3]);
+        assert_eq!(
+            (c.failing_alone, c.failing_alone_example),
+            (3, Some((3, 4)))
+        );
+        assert_eq!(c.failing_supersets, 2);
+        let c = contradictions(&trials[..1], &[1, 2]);
+        assert_eq!(c, Contradictions::default());
+        assert!(!c.any());
+        assert_eq!(contradictions(&trials[..1], &[]), Contradictions::default());
+        assert_eq!(contradictions(&[], &[]), Contradictions::default());
         // A monotone criterion never contradicts itself.
         let sp = space(60, &[(12, 5.0), (30, 9.0), (40, 0.5)]);
         for mode in [Mode::Minimal, Mode::WorstFirst, Mode::Bisect, Mode::Linear] {
             let (r, _) = run(&sp, mode, Direction::Forward, &[12, 30, 41]);
-            assert_eq!(contradictions(&r.trials), Contradictions::default());
+            assert_eq!(r.contradictions(), Contradictions::default());
         }
     }
 

@@ -394,7 +394,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
     let space = SearchSpace {
         candidates: layers.iter().map(|l| l.node).collect(),
         flops,
-        scores,
+        scores: scores.into(),
         deferred: false,
     };
     hooks.started(&space);
@@ -435,7 +435,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         cache_evictions: 0,
         wall_seconds: wall,
         fp32_inference_seconds: fp32_inference,
-        contradictions: super::contradictions(&result.trials),
+        contradictions: result.contradictions(),
     };
     let answer = match &result.outcome {
         Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(strip(model, m, job.high)?),

@@ -303,7 +303,7 @@ impl Oracle for ReplayOracle<'_> {
         self.inner.parallel()
     }
 
-    fn rank(&mut self) -> Result<std::collections::HashMap<usize, f64>> {
+    fn rank(&mut self) -> Result<super::Scores> {
         self.inner.rank()
     }
 }

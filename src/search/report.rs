@@ -80,7 +80,7 @@ impl SearchStats {
             cache_evictions: oracle.cache.stats.evictions,
             wall_seconds,
             fp32_inference_seconds,
-            contradictions: super::contradictions(&result.trials),
+            contradictions: result.contradictions(),
         }
     }
 }

@@ -165,6 +165,37 @@ fn both_rankings_find_the_planted_layers_and_say_what_ranking_cost() {
     assert_eq!(v["stats"]["ranking_runs"], 0, "{}", text(&out));
 }
 
+/// planted_twins: two identical Muls whose float16 roundings cancel when both are in float16,
+/// and fail the criterion when either is alone. The sensitivity ranking fails each alone, the
+/// answer (the Add/Sub pair) leaves both low, and the search says the criterion is not
+/// monotone; the growth ranking judges nothing, so it has no such evidence.
+#[test]
+fn a_criterion_that_is_not_monotone_is_reported_from_the_ranking() {
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (ok, log, v) = search_result("planted_twins", &["--mode", "minimal"]);
+    assert!(ok, "{log}");
+    assert_eq!(names(&v), ["Add", "Sub"], "{log}");
+    assert_eq!(v["stats"]["contradictions"]["failing_alone"], 2, "{log}");
+    assert!(
+        log.contains("[W] The criterion is not monotone on this model: 2 layer(s) failed the criterion alone in low precision in the ranking, yet a passing evaluation leaves them low (planted_twin_a fails alone"),
+        "{log}"
+    );
+    let (ok, log, v) = search_result(
+        "planted_twins",
+        &["--mode", "minimal", "--ranking", "growth"],
+    );
+    assert!(ok, "{log}");
+    assert_eq!(names(&v), ["Add", "Sub"], "{log}");
+    assert_eq!(v["stats"]["contradictions"]["failing_alone"], 0, "{log}");
+}
+
 #[test]
 fn minimal_with_the_flops_objective_finds_the_planted_layer() {
     let (ok, log, layers) = search(
@@ -485,6 +516,7 @@ fn html_report_holds_the_history_and_the_final_plan() {
         "rank-gallop",
         "rank-bisect",
         "prune",
+        "confirm",
     ]
     .iter()
     .map(|phase| {

@@ -168,7 +168,7 @@ fn report(
                 "[I] The Q/DQ model as it is already passes: no quantized layer needs {}",
                 high.name()
             );
-            print_stats(p, stats);
+            print_stats(p, stats, graph);
             return Ok(ExitCode::SUCCESS);
         }
         Outcome::ReferenceFails => {
@@ -195,7 +195,7 @@ fn report(
                 p,
                 "[E] Could not find a configuration that satisfied accuracy requirements."
             );
-            print_stats(p, stats);
+            print_stats(p, stats, graph);
             return Ok(ExitCode::FAILURE);
         }
     };
@@ -318,7 +318,7 @@ fn report(
         p,
         "[I]       polygraphy run {deployed} --trt --strongly-typed"
     );
-    print_stats(p, stats);
+    print_stats(p, stats, graph);
     Ok(if interrupted {
         ExitCode::from(130)
     } else {
