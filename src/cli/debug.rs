@@ -114,9 +114,9 @@ pub struct SearchArgs {
     #[arg(long, value_enum, value_name = "RANKING")]
     ranking: Option<Ranking>,
     /// Candidates evaluated at the same time: besides the one the search needs next, the ones
-    /// it would need after the likeliest verdicts (bisection probes, pruning groups). The
-    /// answer and the trials are the same for any N; with --check each command runs in its
-    /// own working directory. 1 (default): one at a time.
+    /// it would need after the likeliest verdicts (bisection probes, pruning groups); the
+    /// sensitivity ranking's runs likewise. The answer and the trials are the same for any N;
+    /// with --check each command runs in its own working directory. 1 (default): one at a time.
     #[arg(long, short = 'j', default_value_t = 1, value_name = "N", value_parser = parse_jobs)]
     jobs: usize,
     /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or

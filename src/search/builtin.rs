@@ -40,6 +40,8 @@ pub struct BuiltinOracle<'a> {
     stop: Option<&'a AtomicBool>,
     /// The low plan and the all-high plan, prepared once: candidates are composed from them.
     prepared: Option<(PreparedPlan, PreparedPlan)>,
+    /// Sensitivity ranking runs made at the same time (`--jobs`).
+    ranking_jobs: usize,
 }
 
 impl<'a> BuiltinOracle<'a> {
@@ -75,6 +77,7 @@ impl<'a> BuiltinOracle<'a> {
             deferred: None,
             stop: None,
             prepared: None,
+            ranking_jobs: 1,
         })
     }
 
@@ -247,6 +250,12 @@ impl<'a> BuiltinOracle<'a> {
         Ok(e)
     }
 
+    /// Makes the sensitivity ranking's runs `jobs` at a time (`--jobs`; the scores are the
+    /// same for any number).
+    pub fn ranking_in_jobs(&mut self, jobs: usize) {
+        self.ranking_jobs = jobs.max(1);
+    }
+
     /// Cuts a sensitivity ranking short when `stop` is set.
     pub fn stopping_on(&mut self, stop: &'a AtomicBool) {
         self.stop = Some(stop);
@@ -368,7 +377,7 @@ impl<'a> BuiltinOracle<'a> {
     pub fn sensitivity(&mut self, candidates: &[usize]) -> Result<Scores> {
         self.check_golden()?;
         let mut scores = Scores::default();
-        for &layer in candidates {
+        for chunk in candidates.chunks(self.ranking_jobs) {
             if self
                 .stop
                 .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
@@ -376,19 +385,24 @@ impl<'a> BuiltinOracle<'a> {
                 // Interrupted: the rest rank last; the search stops before its next evaluation.
                 break;
             }
-            let others: Vec<usize> = candidates.iter().copied().filter(|&c| c != layer).collect();
-            let e = self.judge_marked(&others)?;
-            self.ranking_runs += 1;
-            scores.by_layer.insert(
-                layer,
-                if e.error.is_nan() {
-                    f64::INFINITY
-                } else {
-                    e.error
-                },
-            );
-            if !e.passed {
-                scores.failing_alone.push(layer);
+            let plans: Vec<Vec<usize>> = chunk
+                .iter()
+                .map(|&layer| candidates.iter().copied().filter(|&c| c != layer).collect())
+                .collect();
+            for (&layer, verdict) in chunk.iter().zip(self.judge_batch(&plans)) {
+                let e = verdict?;
+                self.ranking_runs += 1;
+                scores.by_layer.insert(
+                    layer,
+                    if e.error.is_nan() {
+                        f64::INFINITY
+                    } else {
+                        e.error
+                    },
+                );
+                if !e.passed {
+                    scores.failing_alone.push(layer);
+                }
             }
         }
         Ok(scores)
@@ -596,25 +610,17 @@ impl BuiltinOracle<'_> {
         }
         Ok(())
     }
-}
 
-impl Oracle for BuiltinOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        self.check_golden()?;
-        self.evaluations += 1;
-        self.judge_marked(marked)
-    }
-
-    /// The sets run at the same time on the thread pool, the first through the search's
-    /// cache, the others each through a [`fork`](ValueCache::fork) of it whose new values
-    /// join the cache afterwards. Verdicts do not depend on the cache (a cached value has the
-    /// bits a run would compute).
-    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+    /// The plans with `sets` marked, judged at the same time on the thread pool: the first
+    /// through the search's cache, the others each through a [`fork`](ValueCache::fork) of it
+    /// whose new values join the cache afterwards (one set: as [`judge_marked`]). Verdicts do
+    /// not depend on the cache (a cached value has the bits a run would compute). The caller
+    /// counts what they were.
+    ///
+    /// [`judge_marked`]: BuiltinOracle::judge_marked
+    fn judge_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
         if sets.len() < 2 {
-            return sets.iter().map(|s| self.evaluate(s)).collect();
-        }
-        if let Err(e) = self.check_golden() {
-            return sets.iter().map(|_| Err(clone_error(&e))).collect();
+            return sets.iter().map(|s| self.judge_marked(s)).collect();
         }
         let prepared: Vec<Result<PreparedPlan>> =
             sets.iter().map(|s| self.prepared_for(s)).collect();
@@ -647,11 +653,28 @@ impl Oracle for BuiltinOracle<'_> {
             .into_iter()
             .map(|v| {
                 let (e, sets) = v.expect("every spawned evaluation ran")?;
-                self.evaluations += 1;
                 self.full_executions += sets * nodes;
                 Ok(e)
             })
             .collect()
+    }
+}
+
+impl Oracle for BuiltinOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        self.check_golden()?;
+        self.evaluations += 1;
+        self.judge_marked(marked)
+    }
+
+    /// The sets run at the same time ([`judge_batch`](BuiltinOracle::judge_batch)).
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        if let Err(e) = self.check_golden() {
+            return sets.iter().map(|_| Err(clone_error(&e))).collect();
+        }
+        let verdicts = self.judge_batch(sets);
+        self.evaluations += verdicts.iter().filter(|v| v.is_ok()).count();
+        verdicts
     }
 
     fn parallel(&self) -> bool {
@@ -989,6 +1012,15 @@ mod tests {
                     );
                 }
                 assert!(!space.scores.failing_alone.is_empty());
+                // Runs made three at a time (--jobs 3) rank alike, bit for bit.
+                let mut in_jobs = fp16_oracle(&interp, &feeds, criterion.clone());
+                in_jobs.ranking_in_jobs(3);
+                let jobs_space = in_jobs.search_space(Some(ranking)).unwrap();
+                assert_eq!(in_jobs.ranking_runs, space.candidates.len());
+                assert_eq!(jobs_space.scores.failing_alone, space.scores.failing_alone);
+                for (l, g) in &space.scores.by_layer {
+                    assert_eq!(jobs_space.scores.by_layer[l].to_bits(), g.to_bits());
+                }
                 // A --check search ranks in the emulation but is judged by the user's command:
                 // the scores pass on, the emulation's verdicts do not.
                 let mut judge = fp16_oracle(&interp, &feeds, criterion.clone());

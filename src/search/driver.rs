@@ -139,6 +139,7 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         .then_some(job.options.ranking);
     let space = oracle.deferred_search_space(ranking)?;
     oracle.stopping_on(job.stop);
+    oracle.ranking_in_jobs(job.options.jobs);
     hooks.started(&space);
 
     let mut check = job.check;
