@@ -366,13 +366,17 @@ def planted_square(size):
     )
 
 
+def add_sub_cancellation(b):
+    """Output 'y' = (x + 65504) - 65504 from the nodes 'Add' and 'Sub'."""
+    big = b.const(np.array(np.finfo(np.float16).max, np.float32), "fp16_max")
+    b.op("Sub", [b.op("Add", ["x", big], node_name="Add"), big], node_name="Sub")
+    b.nodes[-1].output[0] = "y"
+
+
 def planted_addsub(size):
     n = 256 if size == "bench" else 64
     b = Builder(5)
-    big = b.const(np.array(np.finfo(np.float16).max, np.float32), "fp16_max")
-    a = b.op("Add", ["x", big], node_name="Add")
-    y = b.op("Sub", [a, big], node_name="Sub")
-    b.nodes[-1].output[0] = "y"
+    add_sub_cancellation(b)
     return b.model(
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, n, n])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, n, n])],
@@ -382,10 +386,7 @@ def planted_addsub(size):
 def planted_twins(size):
     n = 256 if size == "bench" else 64
     b = Builder(7)
-    big = b.const(np.array(np.finfo(np.float16).max, np.float32), "fp16_max")
-    a = b.op("Add", ["x", big], node_name="Add")
-    y = b.op("Sub", [a, big], node_name="Sub")
-    b.nodes[-1].output[0] = "y"
+    add_sub_cancellation(b)
     third = b.const(np.array(1.0 / 3.0, np.float32), "third")
     ta = b.op("Mul", ["x", third], node_name="planted_twin_a")
     tb = b.op("Mul", ["x", third], node_name="planted_twin_b")

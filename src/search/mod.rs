@@ -1115,23 +1115,14 @@ mod tests {
         // needed too, as its error only counts together with others'.
         let growth: Vec<(usize, f64)> = (0..40).map(|i| (i, (40 - i) as f64)).collect();
         let needed = [0, 1, 2, 4, 9];
-        let with_failing = |failing: &[usize]| {
+        // Minimal, with the ranking's verdicts failing these layers alone.
+        let minimal = |failing: &[usize]| {
             let mut sp = space(40, &growth);
             sp.scores.failing_alone = failing.to_vec();
-            sp
+            run(&sp, Mode::Minimal, Direction::Forward, &needed)
         };
-        let (plain, plain_calls) = run(
-            &space(40, &growth),
-            Mode::Minimal,
-            Direction::Forward,
-            &needed,
-        );
-        let (seeded, seeded_calls) = run(
-            &with_failing(&[4, 0, 2, 1]),
-            Mode::Minimal,
-            Direction::Forward,
-            &needed,
-        );
+        let (plain, plain_calls) = minimal(&[]);
+        let (seeded, seeded_calls) = minimal(&[4, 0, 2, 1]);
         assert_eq!(plain.outcome, Outcome::Found(needed.to_vec()));
         assert_eq!(seeded.outcome, Outcome::Found(needed.to_vec()));
         let first_gallop = |r: &SearchResult| {
@@ -1148,24 +1139,13 @@ mod tests {
         );
         // Verdicts that do not hold in the search (layers 6, 7 and 8 failed alone, yet the
         // criterion passes without them) move where galloping starts, not the answer.
-        let wrong = [0, 1, 2, 4, 6, 7, 8];
-        let (r, _) = run(
-            &with_failing(&wrong),
-            Mode::Minimal,
-            Direction::Forward,
-            &needed,
-        );
+        let (r, _) = minimal(&[0, 1, 2, 4, 6, 7, 8]);
         assert_eq!(r.outcome, Outcome::Found(needed.to_vec()));
         assert_eq!(first_gallop(&r), Some((0..7).collect()));
         // Every layer failing alone: the whole ranking is the prefix (marking every layer
         // passed in the reference check), and pruning finds the answer.
         let every: Vec<usize> = (0..40).collect();
-        let (r, _) = run(
-            &with_failing(&every),
-            Mode::Minimal,
-            Direction::Forward,
-            &needed,
-        );
+        let (r, _) = minimal(&every);
         assert_eq!(r.outcome, Outcome::Found(needed.to_vec()));
         assert_eq!(first_gallop(&r), None);
     }
