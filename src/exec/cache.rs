@@ -16,7 +16,7 @@
 
 use crate::precision::Precision;
 use crate::tensor::Tensor;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 /// A 64-bit value signature (see the module docs).
@@ -67,9 +67,26 @@ pub struct CacheStats {
     pub peak_bytes: usize,
 }
 
+impl Entry {
+    /// Where the entry stands in eviction order (cheapest to lose first): never-reused entries
+    /// first, then the lowest recompute cost per byte (a positive f64, whose bits order as it
+    /// does), then the signature, so the choice is deterministic.
+    fn eviction_key(&self, sig: Signature) -> (bool, u64, Signature) {
+        (
+            self.reuses > 0,
+            (self.cost as f64 / self.bytes as f64).to_bits(),
+            sig,
+        )
+    }
+}
+
 /// Layer outputs from earlier runs, by signature, within a byte budget.
 pub struct ValueCache {
     entries: HashMap<Signature, Entry>,
+    /// Every entry's [`Entry::eviction_key`], in eviction order: an eviction takes the first
+    /// unpinned one instead of scanning every entry (PP-OCRv4 det's strict search evicts
+    /// 21 thousand times; the scan was 12 % of its time).
+    eviction_order: BTreeSet<(bool, u64, Signature)>,
     bytes: usize,
     budget: usize,
     run: u64,
@@ -83,6 +100,7 @@ impl ValueCache {
     pub fn new(budget: usize) -> ValueCache {
         ValueCache {
             entries: HashMap::new(),
+            eviction_order: BTreeSet::new(),
             bytes: 0,
             budget,
             run: 0,
@@ -134,6 +152,7 @@ impl ValueCache {
                     )
                 })
                 .collect(),
+            eviction_order: self.eviction_order.clone(),
             bytes: self.bytes,
             budget: self.budget,
             run: self.run,
@@ -148,17 +167,15 @@ impl ValueCache {
         self.run += 1; // nothing is pinned between runs
         let mut fresh = Vec::new();
         for (sig, e) in fork.entries {
-            match self.entries.get_mut(&sig) {
-                Some(mine) => mine.reuses = mine.reuses.max(e.reuses),
+            match self.entries.get(&sig) {
+                Some(mine) => self.set_reuses(sig, mine.reuses.max(e.reuses)),
                 None => fresh.push((sig, e)),
             }
         }
         fresh.sort_unstable_by_key(|(sig, _)| *sig);
         for (sig, e) in fresh {
             self.insert(sig, &e.tensor, e.mark, e.cost);
-            if let Some(mine) = self.entries.get_mut(&sig) {
-                mine.reuses = e.reuses;
-            }
+            self.set_reuses(sig, e.reuses);
         }
         let f = fork.stats;
         self.stats.executed += f.executed;
@@ -187,15 +204,29 @@ impl ValueCache {
 
     /// A copy of a cached value and its rounding mark.
     pub(crate) fn fetch(&mut self, sig: Signature) -> Option<(Arc<Tensor>, Option<Precision>)> {
-        let e = self.entries.get_mut(&sig)?;
-        e.reuses += 1;
-        Some((e.tensor.clone(), e.mark))
+        let e = self.entries.get(&sig)?;
+        let found = (e.tensor.clone(), e.mark);
+        self.set_reuses(sig, e.reuses + 1);
+        Some(found)
     }
 
     /// Records a hit without copying (the value is not needed by this run).
     pub(crate) fn touch(&mut self, sig: Signature) {
+        if let Some(e) = self.entries.get(&sig) {
+            self.set_reuses(sig, e.reuses + 1);
+        }
+    }
+
+    /// Sets an entry's reuse count, keeping its place in the eviction order.
+    fn set_reuses(&mut self, sig: Signature, reuses: u64) {
         if let Some(e) = self.entries.get_mut(&sig) {
-            e.reuses += 1;
+            let before = e.eviction_key(sig);
+            e.reuses = reuses;
+            let after = e.eviction_key(sig);
+            if before != after {
+                self.eviction_order.remove(&before);
+                self.eviction_order.insert(after);
+            }
         }
     }
 
@@ -225,36 +256,30 @@ impl ValueCache {
         }
         self.bytes += bytes;
         self.stats.peak_bytes = self.stats.peak_bytes.max(self.bytes);
-        self.entries.insert(
-            sig,
-            Entry {
-                tensor: tensor.clone(),
-                mark,
-                bytes,
-                cost: cost.max(tensor.len() as u64),
-                reuses: 0,
-                pinned: 0,
-            },
-        );
+        let entry = Entry {
+            tensor: tensor.clone(),
+            mark,
+            bytes,
+            cost: cost.max(tensor.len() as u64),
+            reuses: 0,
+            pinned: 0,
+        };
+        self.eviction_order.insert(entry.eviction_key(sig));
+        self.entries.insert(sig, entry);
     }
 
-    /// Evicts the unpinned entry that is cheapest to lose: never-reused entries first, then the
-    /// lowest recompute cost per byte; ties by signature so the choice is deterministic.
+    /// Evicts the unpinned entry that is cheapest to lose ([`Entry::eviction_key`]).
     fn evict_one(&mut self) -> bool {
         let run = self.run;
         let victim = self
-            .entries
+            .eviction_order
             .iter()
-            .filter(|(_, e)| e.pinned != run)
-            .min_by(|(sa, a), (sb, b)| {
-                let ka = (a.reuses > 0, a.cost as f64 / a.bytes as f64);
-                let kb = (b.reuses > 0, b.cost as f64 / b.bytes as f64);
-                ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(sa.cmp(sb))
-            })
-            .map(|(s, _)| *s);
+            .find(|&&(_, _, sig)| self.entries[&sig].pinned != run)
+            .copied();
         match victim {
-            Some(s) => {
-                let e = self.entries.remove(&s).expect("victim exists");
+            Some(key) => {
+                self.eviction_order.remove(&key);
+                let e = self.entries.remove(&key.2).expect("victim exists");
                 self.bytes -= e.bytes;
                 self.stats.evictions += 1;
                 true
@@ -378,6 +403,74 @@ mod tests {
         assert!(c.contains(1), "reused entry kept");
         assert!(!c.contains(2), "never-reused entry evicted first");
         assert!(c.contains(3));
+    }
+
+    /// The eviction order's victim is the one a scan of every entry picks (never-reused
+    /// first, then the lowest cost per byte, then the signature; pinned entries skipped), over
+    /// a long mixed sequence of stores, hits, runs, pins, forks and budget changes.
+    #[test]
+    fn the_eviction_order_picks_what_a_scan_of_every_entry_picks() {
+        fn scan_victim(c: &ValueCache) -> Option<Signature> {
+            c.entries
+                .iter()
+                .filter(|(_, e)| e.pinned != c.run)
+                .min_by(|(sa, a), (sb, b)| {
+                    let ka = (a.reuses > 0, a.cost as f64 / a.bytes as f64);
+                    let kb = (b.reuses > 0, b.cost as f64 / b.bytes as f64);
+                    ka.0.cmp(&kb.0).then(ka.1.total_cmp(&kb.1)).then(sa.cmp(sb))
+                })
+                .map(|(s, _)| *s)
+        }
+        fn consistent(c: &ValueCache) {
+            let keys: BTreeSet<_> = c.entries.iter().map(|(s, e)| e.eviction_key(*s)).collect();
+            assert_eq!(keys, c.eviction_order);
+        }
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        let mut c = ValueCache::new(40_000);
+        let mut evictions = 0;
+        for step in 0..4000 {
+            match next(10) {
+                0..=3 => {
+                    let sig = next(300);
+                    let size = 100 + next(2000) as usize;
+                    let before = scan_victim(&c);
+                    let needs_room = c.bytes + size * 4 + 64 > c.budget && !c.contains(sig);
+                    let evicted_before = c.stats.evictions;
+                    c.insert(sig, &t(size), None, next(1_000_000));
+                    if needs_room && c.stats.evictions > evicted_before {
+                        // The first entry to go was the scan's choice.
+                        assert!(!c.contains(before.unwrap()), "step {step}");
+                        evictions += 1;
+                    }
+                }
+                4..=5 => {
+                    c.fetch(next(300));
+                }
+                6 => c.touch(next(300)),
+                7 => c.begin_run(),
+                8 => c.pin(next(300)),
+                _ => {
+                    if next(4) == 0 {
+                        let mut f = c.fork();
+                        f.begin_run();
+                        f.insert(1000 + next(50), &t(500), None, next(1000));
+                        f.fetch(next(300));
+                        c.absorb(f);
+                    } else {
+                        c.set_budget(20_000 + next(40_000) as usize);
+                    }
+                }
+            }
+            consistent(&c);
+            assert!(c.bytes <= c.budget);
+        }
+        assert!(evictions > 100, "{evictions} evictions checked");
     }
 
     #[test]
