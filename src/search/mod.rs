@@ -185,8 +185,8 @@ pub struct Scores {
     pub by_layer: HashMap<usize, f64>,
     /// The candidates whose plan alone in low precision (every other candidate high) failed
     /// the search's own criterion: the sensitivity ranking's verdicts. Under a monotone
-    /// criterion each is needed in every passing set, so galloping starts past the last of
-    /// them ([`Searcher::gallop`]). Empty where the ranking judged nothing (growth) or judged
+    /// criterion each is needed in every passing set, so galloping starts at their count
+    /// ([`Searcher::gallop`]). Empty where the ranking judged nothing (growth) or judged
     /// under another criterion than the search's (a `--check` search ranks in the emulation).
     pub failing_alone: Vec<usize>,
 }
@@ -230,6 +230,12 @@ impl SearchSpace {
     /// without a score keep topological order, the latter last.
     pub fn ranking(&self, objective: Objective) -> Vec<usize> {
         self.ranking_by(&self.scores.by_layer, objective)
+    }
+
+    /// The candidates that failed alone ([`Scores::failing_alone`]): the deferred ranking's,
+    /// `scores`, once known, else the space's own.
+    fn failing_alone<'s>(&'s self, scores: Option<&'s Scores>) -> &'s [usize] {
+        &scores.unwrap_or(&self.scores).failing_alone
     }
 
     /// [`ranking`](Self::ranking) by `scores` instead of the space's own.
@@ -421,11 +427,7 @@ fn search_in_batches(
                         trials,
                         contiguous_count,
                         speculative,
-                        failing_alone: scores
-                            .as_ref()
-                            .unwrap_or(&space.scores)
-                            .failing_alone
-                            .clone(),
+                        failing_alone: space.failing_alone(scores.as_ref()).to_vec(),
                     });
                 }
                 Replay::Need(set, phase, trials) => (set, phase, trials),
@@ -446,11 +448,7 @@ fn search_in_batches(
                 trials,
                 contiguous_count: None,
                 speculative,
-                failing_alone: scores
-                    .as_ref()
-                    .unwrap_or(&space.scores)
-                    .failing_alone
-                    .clone(),
+                failing_alone: space.failing_alone(scores.as_ref()).to_vec(),
             });
         }
         let batch = look_ahead(
@@ -834,13 +832,8 @@ impl Searcher<'_> {
         self.failing_alone().len().clamp(1, order.len().max(1))
     }
 
-    /// The ranking's candidates that failed alone: the deferred ranking's once known, else the
-    /// space's.
     fn failing_alone(&self) -> &[usize] {
-        match &self.scores {
-            Some(scores) => &scores.failing_alone,
-            None => &self.space.scores.failing_alone,
-        }
+        self.space.failing_alone(self.scores.as_deref())
     }
 
     /// Polygraphy's LinearMarker: 1, 2, 3… layers until one passes.
