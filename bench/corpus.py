@@ -15,6 +15,7 @@ import math
 import os
 import re
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -136,16 +137,20 @@ def main():
                          saved and saved.get("candidates"), p.rss_mb)
     # Latency: both engines on the same input files and thread count.
     # ROUNDS (default 3) alternating runs of the two engines, each engine's lowest median kept
-    # (bench/run.sh says why); the emulated runs are timed in the first round only, their
-    # ratios against that round's FP32 run.
+    # (bench/run.sh says why); the emulated runs are timed in every round, each against that
+    # round's FP32 run, and the median of those ratios is kept.
     lat_mix, lat_ort = {}, {}
+    emulated_ratios = {}
     if timed:
         env = dict(os.environ, RAYON_NUM_THREADS=threads)
 
-        def keep_lowest(into, stdout, first_round):
+        def keep_lowest(into, stdout):
             for j in map(json.loads, stdout.strip().splitlines()):
+                for p in ("fp16", "bf16", "int8", "fp8"):
+                    if j.get(p + "_median_ms"):
+                        emulated_ratios.setdefault((j["model"], p), []).append(j[p + "_median_ms"] / j["median_ms"])
                 if j["model"] not in into:
-                    into[j["model"]] = dict(j, first_median_ms=j["median_ms"]) if first_round else j
+                    into[j["model"]] = j
                 else:
                     b = into[j["model"]]
                     b["median_ms"] = min(b["median_ms"], j["median_ms"])
@@ -158,14 +163,13 @@ def main():
             return json.loads(p.stdout)["core_round_trip_ns"] if p.returncode == 0 else None
 
         trips = [round_trip()]
-        for r in range(int(os.environ.get("ROUNDS", "3"))):
-            only = [] if r == 0 else ["--fp32-only"]
-            p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", *only, work, *timed],
+        for _ in range(int(os.environ.get("ROUNDS", "3"))):
+            p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", work, *timed],
                                capture_output=True, text=True, env=env, cwd=ROOT)
-            keep_lowest(lat_mix, p.stdout, r == 0)
+            keep_lowest(lat_mix, p.stdout)
             p = subprocess.run([sys.executable, f"{ROOT}/bench/ort_latency.py", work, threads, *timed],
                                capture_output=True, text=True)
-            keep_lowest(lat_ort, p.stdout, r == 0)
+            keep_lowest(lat_ort, p.stdout)
         trips.append(round_trip())
 
     print(f"threads={threads}")
@@ -183,9 +187,8 @@ def main():
             continue
         a, o = lat_mix.get(n, {}).get("median_ms"), lat_ort.get(n, {}).get("median_ms")
         lat = f"{a:.2f} | {o:.2f} | {a / o:.2f}" if a and o else "? | ? | ?"
-        first = lat_mix.get(n, {}).get("first_median_ms")
-        emulated = [lat_mix.get(n, {}).get(p + "_median_ms") for p in ("fp16", "bf16", "int8", "fp8")]
-        emul = " / ".join(f"{t / first:.2f}" if t else "-" for t in emulated) if first else "?"
+        emulated = [emulated_ratios.get((n, p)) for p in ("fp16", "bf16", "int8", "fp8")]
+        emul = " / ".join(f"{statistics.median(r):.2f}" if r else "-" for r in emulated) if n in lat_mix else "?"
 
         def s(t):
             k, e, w, cands, rss = t
