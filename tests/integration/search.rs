@@ -27,11 +27,20 @@ const CRITERION: [&str; 7] = [
 /// Runs `debug precision --fp16` under [`CRITERION`] with `extra` and returns (exit ok,
 /// stdout, the `--save-result` JSON; null when none was written).
 fn search_result(model_name: &str, extra: &[&str]) -> (bool, String, serde_json::Value) {
+    search_result_under(model_name, &CRITERION, extra)
+}
+
+/// [`search_result`] under `criterion` (input range and tolerances) instead of [`CRITERION`].
+fn search_result_under(
+    model_name: &str,
+    criterion: &[&str],
+    extra: &[&str],
+) -> (bool, String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result.json");
     let m = model(model_name);
     let mut args = vec!["debug", "precision", m.as_str(), "--fp16"];
-    args.extend(CRITERION);
+    args.extend(criterion);
     args.extend(["--save-result", result.to_str().unwrap()]);
     args.extend(extra);
     let out = mixprec(&args);
@@ -142,27 +151,14 @@ fn both_rankings_find_the_planted_layers_and_say_what_ranking_cost() {
     }
     // Nothing needed (a loose criterion): the ranking waits for the reference checks, so
     // none of its runs is made.
-    let dir = tempfile::tempdir().unwrap();
-    let result = dir.path().join("loose.json");
-    let m = model("planted_cnn");
-    let out = mixprec(&[
-        "debug",
-        "precision",
-        m.as_str(),
-        "--fp16",
-        "--mode",
-        "minimal",
-        "--val-range",
-        "[-1,1]",
-        "--atol",
-        "1e6",
-        "--save-result",
-        result.to_str().unwrap(),
-    ]);
-    assert!(out.status.success(), "{}", text(&out));
-    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let (ok, log, v) = search_result_under(
+        "planted_cnn",
+        &["--val-range", "[-1,1]", "--atol", "1e6"],
+        &["--mode", "minimal"],
+    );
+    assert!(ok, "{log}");
     assert_eq!(v["outcome"]["kind"], "nothing-needed");
-    assert_eq!(v["stats"]["ranking_runs"], 0, "{}", text(&out));
+    assert_eq!(v["stats"]["ranking_runs"], 0, "{log}");
 }
 
 /// planted_twins: two identical Muls whose float16 roundings cancel when both are in float16,
