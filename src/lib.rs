@@ -18,6 +18,7 @@ pub mod golden;
 pub mod graph;
 pub mod infer;
 pub mod inspect;
+pub mod jobs;
 pub mod lowbit;
 pub mod numeric;
 pub mod onnx;

@@ -1,6 +1,7 @@
 //! The pass criterion's options, shared by `run` and `debug precision`.
 
-use crate::compare::{Criterion, ErrorStat, Metric, PerOutput, DEFAULT_QUANTILE};
+use crate::compare::Criterion;
+use crate::jobs::options::CompareOptions;
 use anyhow::Result;
 use clap::Args;
 
@@ -30,28 +31,19 @@ pub struct CompareArgs {
 }
 
 impl CompareArgs {
+    /// These options as the library holds them.
+    pub fn options(&self) -> CompareOptions {
+        CompareOptions {
+            atol: self.atol.clone(),
+            rtol: self.rtol.clone(),
+            check_error_stat: self.check_error_stat.clone(),
+            error_quantile: self.error_quantile.clone(),
+            metric: self.metric.clone(),
+        }
+    }
+
     /// The criterion these options describe (defaults: atol = rtol = 1e-5, elemwise).
     pub fn criterion(&self) -> Result<Criterion> {
-        Ok(Criterion {
-            atol: PerOutput::parse_list(&self.atol, 1e-5, "--atol", |s| s.parse().ok())?,
-            rtol: PerOutput::parse_list(&self.rtol, 1e-5, "--rtol", |s| s.parse().ok())?,
-            stat: PerOutput::parse_list(
-                &self.check_error_stat,
-                ErrorStat::Elemwise,
-                "--check-error-stat",
-                |s| ErrorStat::parse(s).ok(),
-            )?,
-            quantile: PerOutput::parse_list(
-                &self.error_quantile,
-                DEFAULT_QUANTILE,
-                "--error-quantile (a number in [0, 1])",
-                |s| s.parse().ok().filter(|q: &f64| (0.0..=1.0).contains(q)),
-            )?,
-            metrics: self
-                .metric
-                .iter()
-                .map(|m| Metric::parse(m))
-                .collect::<crate::error::Result<_>>()?,
-        })
+        Ok(self.options().criterion()?)
     }
 }

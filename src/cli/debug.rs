@@ -10,27 +10,23 @@ use super::style::{paint, use_color, ColorChoice};
 use crate::compare::layerwise::LayerError;
 use crate::compare::{fmt_g, Criterion};
 use crate::event::Event;
-use crate::exec::cache::parse_bytes;
-use crate::exec::emulate::plan_regions;
-use crate::export::{export, write_model, ExportOptions};
-use crate::golden::GoldenFile;
+use crate::export::write_model;
 use crate::inspect::si;
+use crate::jobs::debug_precision::{
+    self, CheckOptions, Config, FloatSearch, Hooks, Inputs, Searched,
+};
+use crate::jobs::options::PrecisionOptions;
 use crate::precision::fusion::FusionModel;
-use crate::precision::plan::PrecisionPlan;
+use crate::precision::plan::ResolvedRegion;
 use crate::precision::Precision;
-use crate::search::check::CheckOracle;
-use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
-use crate::search::replay::{DebugReplay, ModelId};
-use crate::search::report::{
-    deploy_lines, html_report, names, percent, DeploySetup, ResultFile, SearchSetup, SearchStats,
-};
+use crate::search::driver::SearchHooks;
+use crate::search::report::{deploy_lines, names, percent, DeploySetup, SearchStats};
 use crate::search::{
-    Direction, Mode, Objective, Outcome, Ranking, SearchOptions, SearchResult, SearchSpace, Trial,
+    Direction, Mode, Objective, Outcome, Ranking, SearchResult, SearchSpace, Trial,
 };
-use crate::{load_model, Graph, Interpreter};
-use anyhow::{bail, Context, Result};
+use crate::Graph;
+use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -288,424 +284,105 @@ fn install_interrupt_handler() {
     }
 }
 
-/// What decides a candidate's verdict, for debug replays: precisions, criterion, inputs,
-/// golden outputs and the check command (not the strategy).
-fn replay_settings(args: &SearchArgs) -> BTreeMap<String, String> {
-    let pr = &args.precision;
-    let d = &args.data;
-    let c = &args.compare;
-    let paths = |v: &[PathBuf]| {
-        v.iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    let flags: Vec<&str> = [
-        (pr.fp16, "--fp16"),
-        (pr.bf16, "--bf16"),
-        (pr.int8, "--int8"),
-        (pr.fp8, "--fp8"),
-    ]
-    .iter()
-    .filter(|(on, _)| *on)
-    .map(|(_, f)| *f)
-    .collect();
-    let mut m = BTreeMap::new();
-    let mut put = |k: &str, v: String| {
-        m.insert(k.to_string(), v);
-    };
-    put("precision", flags.join(" "));
-    put("layer-precisions", pr.layer_precisions.join(" "));
-    put("precision-constraints", pr.precision_constraints.clone());
-    if pr.fusion != "none" {
-        // Only then: replays saved before --fusion existed keep matching.
-        put("fusion", pr.fusion.clone());
+impl SearchArgs {
+    /// The job's configuration; flags that apply to `--check` only are refused without it.
+    fn config(&self, mode: Mode, direction: Direction) -> Result<Config> {
+        let check = if self.check.is_empty() {
+            if self.fail_regex.is_some()
+                || self.check_timeout.is_some()
+                || self.iter_artifact.is_some()
+                || !self.artifacts.is_empty()
+                || self.show_output
+                || self.hide_fail_output
+            {
+                bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
+            }
+            None
+        } else {
+            Some(CheckOptions {
+                command: self.check.clone(),
+                fail_regex: self.fail_regex.clone(),
+                timeout: self.check_timeout,
+                iter_artifact: self.iter_artifact.clone(),
+                keep_iter_artifact: self.no_remove_intermediate,
+                artifacts: self.artifacts.clone(),
+                artifacts_dir: self.artifacts_dir.clone(),
+                show_output: self.show_output,
+                hide_fail_output: self.hide_fail_output,
+            })
+        };
+        Ok(Config {
+            model: self.model.clone(),
+            inputs: Inputs::Options(self.data.options()),
+            precision: self.precision.options(),
+            higher_precision: self.higher_precision.clone(),
+            mode,
+            direction,
+            objective: self.objective,
+            ranking: self.ranking,
+            jobs: self.jobs,
+            golden: self.golden.clone(),
+            compare: self.compare.options(),
+            cache_budget: self.cache_budget.clone(),
+            check,
+            load_debug_replay: self.load_debug_replay.clone(),
+            save_debug_replay: self.save_debug_replay.clone(),
+            layer_errors: self.report.is_some(),
+            verbose: self.verbose,
+        })
     }
-    put("accumulate", pr.accumulate.clone());
-    put(
-        "calibration-cache",
-        pr.calibration_cache
-            .as_ref()
-            .map_or_else(String::new, |p| p.display().to_string()),
-    );
-    put(
-        "calibration",
-        format!(
-            "{} {} {:?} {:?}",
-            pr.calib.calibration_algo.as_deref().unwrap_or(""),
-            pr.calib.base_class.as_deref().unwrap_or(""),
-            pr.calib.quantile,
-            pr.calib.regression_cutoff
-        )
-        .trim()
-        .to_string(),
-    );
-    put("precision (marked layers)", args.higher_precision.clone());
-    put("atol", c.atol.join(" "));
-    put("rtol", c.rtol.join(" "));
-    put("check-error-stat", c.check_error_stat.join(" "));
-    put("error-quantile", c.error_quantile.join(" "));
-    put("metric", c.metric.join(" "));
-    put(
-        "golden",
-        args.golden
-            .as_ref()
-            .map_or_else(String::new, |p| p.display().to_string()),
-    );
-    put(
-        "inputs",
-        format!(
-            "val-range [{}] seed {:?} iterations {:?} input-shapes [{}] opt-shapes [{}] load-inputs [{}] data-loader-script {}",
-            d.val_range.join(" "),
-            d.seed,
-            d.iterations,
-            d.input_shapes.join(" "),
-            d.trt.trt_opt_shapes.join(" "),
-            paths(&d.load_inputs),
-            d.data_loader_script.as_deref().unwrap_or("-")
-        ),
-    );
-    put("check", args.check.join(" "));
-    put("fail-regex", args.fail_regex.clone().unwrap_or_default());
-    m
 }
 
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
     args.data.check_trt_options()?;
     let p = &Printer::new(args.color);
-    let criterion = args.compare.criterion()?;
-    // A replay from another model or with other settings fails before any work.
-    let replay = if args.load_debug_replay.is_some() || args.save_debug_replay.is_some() {
-        let id = ModelId::of_file(&args.model)?;
-        let settings = replay_settings(&args);
-        Some(match &args.load_debug_replay {
-            Some(path) => {
-                let r = DebugReplay::load(path, &id, &settings)?;
-                out!(
-                    p,
-                    "[I] Loaded debug replay {} ({} evaluation(s))",
-                    path.display(),
-                    r.evaluations.len()
-                );
-                r
-            }
-            None => DebugReplay::new(id, settings),
-        })
+    let config = args.config(mode, direction)?.validate()?;
+    let (criterion, high) = (config.criterion.clone(), config.high);
+    let mut hooks = CliHooks {
+        p,
+        args: &args,
+        layers: Vec::new(),
+        feeds: 0,
+        criterion: &criterion,
+        high,
+        mode,
+        direction,
+        say: !args.quiet,
+        bar: indicatif::ProgressBar::hidden(),
+        best: None,
+        qdq: false,
+        code: ExitCode::SUCCESS,
+    };
+    let outcome = debug_precision::run(config, &mut hooks, &INTERRUPTED)?;
+    hooks.bar.finish_and_clear();
+    let code = hooks.code;
+    if let Searched::Qdq(run) = &outcome.searched {
+        return qdq::finish(&args, p, &outcome, run);
+    }
+    let fused_note = if outcome.fusion.is_none() {
+        String::new()
     } else {
-        None
+        format!(" ({})", answer_label(outcome.fusion))
     };
-    let high = Precision::parse(&args.higher_precision)?;
-    if !matches!(high, Precision::Float32 | Precision::Float16) {
-        bail!(
-            "--precision {}: marked layers run in float32 or float16",
-            high.name()
-        );
-    }
-    let any_precision =
-        args.precision.fp16 || args.precision.bf16 || args.precision.int8 || args.precision.fp8;
-    let budget = match args.cache_budget.trim() {
-        "auto" => None,
-        b => Some(parse_bytes(b).with_context(|| {
-            format!(
-                "--cache-budget '{}': expected auto or a size such as 512M or 4G",
-                args.cache_budget
-            )
-        })?),
-    };
-    let fail_regex = match &args.fail_regex {
-        Some(r) => Some(regex::Regex::new(r).with_context(|| format!("--fail-regex '{r}'"))?),
-        None => None,
-    };
-    if args.check.is_empty()
-        && (args.fail_regex.is_some()
-            || args.check_timeout.is_some()
-            || args.iter_artifact.is_some()
-            || !args.artifacts.is_empty()
-            || args.show_output
-            || args.hide_fail_output)
-    {
-        bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
-    }
-    if args.jobs > 1 {
-        // Commands running at the same time each work in their own directory; a file named
-        // by an absolute path would be written by all of them.
-        let absolute = args
-            .iter_artifact
-            .iter()
-            .chain(&args.artifacts)
-            .find(|p| p.is_absolute());
-        if let Some(p) = absolute {
-            bail!(
-                "--jobs {}: {} is an absolute path, which every command running at once would write; give it relative to the command's working directory (each job has its own)",
-                args.jobs,
-                p.display()
+    if let Some(out) = &args.output {
+        if let Some(exported) = outcome.export()? {
+            for n in &exported.notes {
+                eprintln!("note: {n}");
+            }
+            write_model(out, &exported.model)?;
+            out!(
+                p,
+                "[I] Saved mixed-precision model{fused_note} to {}",
+                out.display()
             );
         }
     }
-    let check_timeout = match args.check_timeout {
-        Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
-        Some(s) => bail!("--check-timeout {s}: expected a positive number of seconds"),
-        None => None,
-    };
-    let golden_file = match &args.golden {
-        Some(p) => Some(GoldenFile::load(p)?),
-        None => None,
-    };
-    let model = load_model(&args.model)?;
-    let graph = &model.graph;
-    // A Q/DQ model without a precision flag: search its quantized layers (docs/search.md,
-    // "Searching a Q/DQ model").
-    let qdq = crate::export::qdq::has_qdq(graph);
-    if qdq && any_precision {
-        bail!(
-            "{} holds QuantizeLinear/DequantizeLinear nodes: it is already quantized, so --fp16/--bf16/--int8/--fp8 do not apply. \
-             Two workflows: (1) leave the precision flags out to search which of its quantized layers must leave quantization \
-             (they then run in --precision, float32 or float16; the rest stays as quantized); \
-             (2) search precisions with the flags on the float model it was quantized from",
-            args.model.display()
-        );
-    }
-    if !qdq && !any_precision {
-        bail!("enable at least one precision besides float32 to search over (--fp16, --bf16, --int8 or --fp8), or give a Q/DQ model to search its quantized layers");
-    }
-    if !qdq && high == Precision::Float16 && !args.precision.fp16 {
-        bail!("--precision float16 needs --fp16 as well (e.g. --int8 --fp16 --precision float16)");
-    }
-    let feeds = args.data.feeds(graph)?;
-    if qdq {
-        return qdq::search(
-            &args,
-            p,
-            qdq::Setup {
-                model: &model,
-                feeds: &feeds,
-                criterion,
-                high,
-                mode,
-                direction,
-                replay,
-                golden: golden_file.as_ref(),
-                check: if args.check.is_empty() {
-                    None
-                } else {
-                    Some((fail_regex, check_timeout))
-                },
-            },
-        );
-    }
-    let interp = Interpreter::new(graph)?;
-    let low = args.precision.plan(graph)?;
-    if !args.check.is_empty() && !low.fusion.is_none() {
-        bail!(
-            "--fusion {} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)",
-            low.fusion
-        );
-    }
-    let amax = super::ranges::ranges_for_plan(&interp, &low, &args.precision, &feeds)?;
-    let say = !args.quiet;
-
-    let workdir;
-    let check = if args.check.is_empty() {
-        None
-    } else {
-        workdir = TempDir::new()?;
-        Some(CheckOracle {
-            model: &model,
-            graph,
-            low: low.clone(),
-            high,
-            amax: amax.as_ref(),
-            command: args.check.clone(),
-            fail_regex,
-            timeout: check_timeout,
-            workdir: workdir.0.clone(),
-            jobs: args.jobs,
-            verbose: args.verbose,
-            evaluations: 0,
-            iter_artifact: args.iter_artifact.clone().or_else(|| {
-                (!args.check.iter().any(|a| a.contains("{model}")))
-                    .then(|| PathBuf::from("polygraphy_debug.onnx"))
-            }),
-            keep_iter_artifact: args.no_remove_intermediate,
-            artifacts: args.artifacts.clone(),
-            artifacts_dir: args.artifacts_dir.clone(),
-            artifact_stamp: super::run::polygraphy_stamp().replace(['/', ':'], "-"),
-            show_output: args.show_output,
-            hide_fail_output: args.hide_fail_output,
-            events: Box::new(print_event),
-        })
-    };
-
-    install_interrupt_handler();
-    // With a fusion model, two searches: the answer without fusion (safe on any engine) and
-    // the answer under the model; files (--output, --report, --save-debug-replay) follow the
-    // second, --save-result holds both.
-    let models: Vec<FusionModel> = if low.fusion.is_none() {
-        vec![FusionModel::None]
-    } else {
-        vec![FusionModel::None, low.fusion]
-    };
-    let mut check = check;
-    let mut replay = replay;
-    let mut answers: Vec<(SearchRun, PrecisionPlan)> = Vec::new();
-    let mut code = ExitCode::SUCCESS;
-    for (k, &model_k) in models.iter().enumerate() {
-        let last = k + 1 == models.len();
-        let mut low_k = low.clone();
-        low_k.fusion = model_k;
-        if models.len() > 1 {
-            out!(p, "[I] ==== {} ====", answer_label(model_k));
-            let (regions, events) =
-                plan_regions(graph, &low_k, &crate::exec::feed_shapes(&feeds[0]))?;
-            if let Some(line) = fusion_line(graph, model_k, &regions) {
-                out!(p, "[I] {line}, in the plan with no layer marked");
-            }
-            if args.verbose {
-                print!("{}", fusion_table(graph, &regions));
-                for e in events {
-                    print_event(e);
-                }
-            }
-        }
-        let job = SearchJob {
-            interp: &interp,
-            feeds: &feeds,
-            criterion: criterion.clone(),
-            low: low_k.clone(),
-            high,
-            accumulate: args.precision.accumulator()?,
-            amax: amax.as_ref(),
-            cache_budget: budget,
-            golden: golden_file.as_ref(),
-            options: SearchOptions {
-                mode,
-                direction,
-                objective: args.objective,
-                ranking: args.ranking(),
-                jobs: args.jobs,
-            },
-            check: if last { check.take() } else { None },
-            replay: if last {
-                replay.take().map(|r| (r, args.save_debug_replay.clone()))
-            } else {
-                None
-            },
-            layer_errors: args.report.is_some() && last,
-            stop: &INTERRUPTED,
-        };
-        let mut hooks = CliHooks {
-            p,
-            args: &args,
-            graph,
-            feeds: feeds.len(),
-            criterion: &criterion,
-            high,
-            mode,
-            direction,
-            say,
-            bar: indicatif::ProgressBar::hidden(),
-            best: None,
-            qdq: false,
-        };
-        let run = run_search(job, &mut hooks)?;
-        hooks.bar.finish_and_clear();
-        code = report(
-            p,
-            &args,
-            graph,
-            &run.space,
-            &low_k,
-            high,
-            direction,
-            &run.result,
-            &run.stats,
-            (models.len() > 1).then_some(model_k),
-            (&run.reasons, criterion.stat.default.name()),
-        )?;
-        answers.push((run, low_k));
-        if INTERRUPTED.load(Ordering::SeqCst) {
-            break;
-        }
-    }
-    let (last_run, last_low) = answers.last().expect("at least one search ran");
-    let SearchRun {
-        space,
-        result,
-        stats,
-        answer,
-        layer_errors,
-        reasons,
-    } = last_run;
-    let fused_note = if last_low.fusion.is_none() {
-        String::new()
-    } else {
-        format!(" ({})", answer_label(last_low.fusion))
-    };
-
-    if let (Some(out), Some(plan)) = (&args.output, &answer) {
-        let exported = export(
-            &model,
-            plan,
-            amax.as_ref(),
-            &ExportOptions {
-                fallback: true,
-                ..Default::default()
-            },
-        )?;
-        for n in &exported.notes {
-            eprintln!("note: {n}");
-        }
-        write_model(out, &exported.model)?;
-        out!(
-            p,
-            "[I] Saved mixed-precision model{fused_note} to {}",
-            out.display()
-        );
-    }
     if let Some(path) = &args.report {
-        let html = html_report(
-            &args.model.display().to_string(),
-            graph,
-            space,
-            &criterion,
-            high,
-            mode,
-            result,
-            stats,
-            layer_errors.as_deref(),
-            reasons,
-        );
-        html.write(path)?;
+        outcome.html().write(path)?;
         out!(p, "[I] Saved report{fused_note} to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let model_name = args.model.display().to_string();
-        let files: Vec<ResultFile> = answers
-            .iter()
-            .map(|(run, low_k)| {
-                let setup = SearchSetup {
-                    model: &model_name,
-                    mode,
-                    direction,
-                    objective: args.objective,
-                    high,
-                    low: low_k,
-                };
-                ResultFile::new(
-                    &setup,
-                    graph,
-                    &run.space,
-                    &run.result,
-                    &run.stats,
-                    &run.reasons,
-                )
-            })
-            .collect();
-        let mut files = files.into_iter();
-        let mut file = files.next().expect("at least one search ran");
-        file.with_fusion = files.next().map(Box::new);
-        let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
-        crate::data::write_atomic(path, &json)?;
+        crate::data::write_atomic(path, &outcome.result_json(None)?)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)
@@ -726,7 +403,8 @@ fn answer_label(model: FusionModel) -> &'static str {
 struct CliHooks<'a> {
     p: &'a Printer,
     args: &'a SearchArgs,
-    graph: &'a Graph,
+    /// The model's layer names, by node index.
+    layers: Vec<String>,
     feeds: usize,
     criterion: &'a Criterion,
     high: Precision,
@@ -737,6 +415,69 @@ struct CliHooks<'a> {
     best: Option<usize>,
     /// Searching a Q/DQ model's quantized layers.
     qdq: bool,
+    /// The exit code of the last search's report.
+    code: ExitCode,
+}
+
+impl Hooks for CliHooks<'_> {
+    fn model_loaded(&mut self, graph: &Graph) {
+        self.layers = graph.nodes.iter().map(|n| n.name.clone()).collect();
+    }
+
+    fn inputs_ready(&mut self, sets: usize) {
+        self.feeds = sets;
+    }
+
+    fn search_starting(&mut self, qdq: bool) {
+        self.qdq = qdq;
+        install_interrupt_handler();
+    }
+
+    fn section(
+        &mut self,
+        graph: &Graph,
+        fusion: FusionModel,
+        regions: &[ResolvedRegion],
+        events: Vec<Event>,
+    ) {
+        let p = self.p;
+        out!(p, "[I] ==== {} ====", answer_label(fusion));
+        if let Some(line) = fusion_line(graph, fusion, regions) {
+            out!(p, "[I] {line}, in the plan with no layer marked");
+        }
+        if self.args.verbose {
+            print!("{}", fusion_table(graph, regions));
+            for e in events {
+                print_event(e);
+            }
+        }
+    }
+
+    fn finished(&mut self, graph: &Graph, s: &FloatSearch) -> crate::Result<()> {
+        self.bar.finish_and_clear();
+        self.bar = indicatif::ProgressBar::hidden();
+        self.code = report(
+            self.p,
+            self.args,
+            graph,
+            &s.run.space,
+            &s.low,
+            self.high,
+            self.direction,
+            &s.run.result,
+            &s.run.stats,
+            s.fusion,
+            (&s.run.reasons, self.criterion.stat.default.name()),
+        )
+        .map_err(|e| crate::Error::Invalid(format!("{e:#}")))?;
+        Ok(())
+    }
+
+    fn calibration_progress(&self) -> Box<dyn crate::event::Progress + '_> {
+        Box::new(super::progress::Bar::calibration(
+            std::io::stderr().is_terminal(),
+        ))
+    }
 }
 
 impl SearchHooks for CliHooks<'_> {
@@ -750,12 +491,13 @@ impl SearchHooks for CliHooks<'_> {
     }
 
     fn started(&mut self, space: &SearchSpace) {
+        self.best = None;
         let (p, args, criterion, high) = (self.p, self.args, self.criterion, self.high);
         if self.say && self.qdq {
             out!(p,
                 "[I] Q/DQ model: {} quantized layer(s) of {} are the candidates; a marked layer loses its input Q/DQ pairs and runs in {} | mode {}{} | {} input set(s)",
                 space.candidates.len(),
-                self.graph.nodes.len(),
+                self.layers.len(),
                 high.name(),
                 self.mode.name(),
                 if self.mode.is_contiguous() {
@@ -786,7 +528,7 @@ impl SearchHooks for CliHooks<'_> {
                     String::new()
                 },
                 space.candidates.len(),
-                self.graph.nodes.len(),
+                self.layers.len(),
                 high.name(),
                 self.feeds
             );
@@ -842,7 +584,7 @@ impl SearchHooks for CliHooks<'_> {
                 .map_or("none".to_string(), |b| format!("{b} layer(s)"))
         ));
         if self.say {
-            let line = trial_line(self.graph, t, space.total_flops(), self.args.verbose);
+            let line = trial_line(&self.layers, t, space.total_flops(), self.args.verbose);
             let p = self.p;
             self.bar.suspend(|| out!(p, "{line}"));
         }
@@ -867,29 +609,7 @@ impl SearchHooks for CliHooks<'_> {
     }
 }
 
-/// A temporary directory removed on drop (candidate models for --check).
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Result<TempDir> {
-        let base = std::env::temp_dir();
-        for k in 0..1000 {
-            let p = base.join(format!("mixprec-check-{}-{k}", std::process::id()));
-            if std::fs::create_dir(&p).is_ok() {
-                return Ok(TempDir(p));
-            }
-        }
-        bail!("cannot create a temporary directory in {}", base.display())
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> String {
+fn trial_line(layers: &[String], t: &Trial, total_flops: u64, verbose: bool) -> String {
     let mut s = format!(
         "[{}] Iteration {:>3} ({}) | {} layer(s) in high precision ({}FLOP, {}) | {} | {}",
         if t.passed { "I" } else { "W" },
@@ -902,7 +622,8 @@ fn trial_line(graph: &Graph, t: &Trial, total_flops: u64, verbose: bool) -> Stri
         t.summary
     );
     if verbose {
-        s.push_str(&format!("\n[V]     marked: {}", names(graph, &t.marked)));
+        let marked: Vec<&str> = t.marked.iter().map(|&i| layers[i].as_str()).collect();
+        s.push_str(&format!("\n[V]     marked: {}", marked.join(", ")));
     }
     s
 }
@@ -1036,8 +757,8 @@ fn report(
             .as_deref()
             .filter(|_| !interrupted && fusion.is_none_or(|f| !f.is_none())),
         convert_extra: convert_extra(args, &answer, fusion),
-        polygraphy_flags: precision_flags(&args.precision),
-        trtexec_flags: trtexec_flags(&args.precision),
+        polygraphy_flags: args.precision.options().flags(),
+        trtexec_flags: args.precision.options().trtexec_flags(),
     };
     for line in deploy_lines(&setup)? {
         out!(p, "[I]     {line}");
@@ -1096,55 +817,12 @@ fn convert_calibration(
     args: &SearchArgs,
     answer: &crate::precision::plan::PrecisionPlan,
 ) -> Vec<String> {
-    let mut w: Vec<String> = Vec::new();
-    if !PrecisionArgs::needs_ranges(answer) {
-        return w;
+    if !PrecisionOptions::needs_ranges(answer) {
+        return Vec::new();
     }
-    let pr = &args.precision;
-    if let Some(c) = &pr.calibration_cache {
-        w.extend(["--calibration-cache".into(), c.display().to_string()]);
-        return w;
-    }
-    let c = &pr.calib;
-    if let Some(a) = &c.calibration_algo {
-        w.extend(["--calibration-algo".into(), a.clone()]);
-    }
-    if let Some(b) = &c.base_class {
-        w.extend(["--calibration-base-class".into(), b.clone()]);
-    }
-    if let Some(q) = c.quantile {
-        w.extend(["--quantile".into(), q.to_string()]);
-    }
-    let d = &args.data;
-    let mut many = |flag: &str, v: &[String]| {
-        if !v.is_empty() {
-            w.push(flag.to_string());
-            w.extend(v.iter().cloned());
-        }
-    };
-    many("--val-range", &d.val_range);
-    many("--input-shapes", &d.input_shapes);
-    many("--trt-opt-shapes", &d.trt.trt_opt_shapes);
-    many(
-        "--load-inputs",
-        &d.load_inputs
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>(),
-    );
-    if let Some(s) = d.seed {
-        w.extend(["--seed".into(), s.to_string()]);
-    }
-    if let Some(n) = d.iterations {
-        w.extend(["--iterations".into(), n.to_string()]);
-    }
-    if let Some(s) = &d.data_loader_script {
-        w.extend(["--data-loader-script".into(), s.clone()]);
-    }
-    if let Some(f) = &d.data_loader_func_name {
-        w.extend(["--data-loader-func-name".into(), f.clone()]);
-    }
-    w
+    args.precision
+        .options()
+        .calibration_flags(Some(&args.data.options()))
 }
 
 fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
@@ -1192,48 +870,6 @@ fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
             evidence.join("; ")
         );
     }
-}
-
-/// The global precision flags as mixprec/Polygraphy spell them.
-fn precision_flags(p: &PrecisionArgs) -> String {
-    let mut f = Vec::new();
-    if p.fp16 {
-        f.push("--fp16");
-    }
-    if p.bf16 {
-        f.push("--bf16");
-    }
-    if p.int8 {
-        f.push("--int8");
-    }
-    if p.fp8 {
-        f.push("--fp8");
-    }
-    let mut s = f.join(" ");
-    if let Some(c) = &p.calibration_cache {
-        s.push_str(&format!(" --calibration-cache {}", c.display()));
-    }
-    s
-}
-
-fn trtexec_flags(p: &PrecisionArgs) -> String {
-    let mut f = Vec::new();
-    if p.fp16 {
-        f.push("--fp16".to_string());
-    }
-    if p.bf16 {
-        f.push("--bf16".to_string());
-    }
-    if p.int8 {
-        f.push("--int8".to_string());
-        if let Some(c) = &p.calibration_cache {
-            f.push(format!("--calib={}", c.display()));
-        }
-    }
-    if p.fp8 {
-        f.push("--fp8".to_string());
-    }
-    f.join(" ")
 }
 
 // The search's choices as clap values (the library's enums know nothing of clap).

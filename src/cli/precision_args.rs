@@ -1,14 +1,14 @@
 //! Precision options shared by `run`, `convert` and `debug precision`.
 
+use super::progress::print_event;
 use crate::calib::CalibAlgo;
-use crate::exec::{PlanOptions, PreparedPlan};
+use crate::exec::PreparedPlan;
+use crate::jobs::options::{CalibOptions, PrecisionOptions};
 use crate::precision::fusion::FusionModel;
-use crate::precision::plan::{
-    parse_layer_precisions, GlobalPrecision, PrecisionConstraints, PrecisionPlan, ResolvedRegion,
-};
-use crate::precision::{Accumulator, Precision};
+use crate::precision::plan::{GlobalPrecision, PrecisionPlan, ResolvedRegion};
+use crate::precision::Precision;
 use crate::Graph;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -84,75 +84,62 @@ pub struct CalibAlgoArgs {
 }
 
 impl CalibAlgoArgs {
+    /// These options as the library holds them.
+    pub fn options(&self) -> CalibOptions {
+        CalibOptions {
+            calibration_algo: self.calibration_algo.clone(),
+            base_class: self.base_class.clone(),
+            quantile: self.quantile,
+            regression_cutoff: self.regression_cutoff,
+        }
+    }
+
     /// The algorithm: `algo` (a command's own option) or --calibration-algo, else the base
     /// class, else entropy; notes go to stderr.
     pub fn algo(&self, algo: Option<&str>) -> Result<CalibAlgo> {
-        let named = algo.or(self.calibration_algo.as_deref());
-        match (named, &self.base_class) {
-            (Some(_), Some(c)) => {
-                anyhow::bail!(
-                    "give either a calibration algorithm or --calibration-base-class {c}, not both"
-                )
-            }
-            (Some(a), None) => {
-                if self.quantile.is_some() || self.regression_cutoff.is_some() {
-                    eprintln!("warning: --quantile/--regression-cutoff apply to --calibration-base-class IInt8LegacyCalibrator only; they have no effect");
-                }
-                Ok(CalibAlgo::parse(a).context("calibration algorithm")?)
-            }
-            (None, Some(c)) => {
-                let (a, notes) =
-                    CalibAlgo::from_trt_calibrator(c, self.quantile, self.regression_cutoff)?;
-                for n in notes {
-                    eprintln!("warning: {n}");
-                }
-                Ok(a)
-            }
-            (None, None) => Ok(CalibAlgo::Entropy),
-        }
+        Ok(self.options().algo(algo, &mut print_event)?)
     }
 }
 
 impl PrecisionArgs {
-    pub fn global(&self) -> GlobalPrecision {
-        GlobalPrecision {
+    /// These options as the library holds them.
+    pub fn options(&self) -> PrecisionOptions {
+        PrecisionOptions {
             fp16: self.fp16,
             bf16: self.bf16,
             int8: self.int8,
             fp8: self.fp8,
+            layer_precisions: self.layer_precisions.clone(),
+            precision_constraints: self.precision_constraints.clone(),
+            accumulate: self.accumulate.clone(),
+            fusion: self.fusion.clone(),
+            calibration_cache: self.calibration_cache.clone(),
+            calib: self.calib.options(),
         }
+    }
+
+    pub fn global(&self) -> GlobalPrecision {
+        self.options().global()
     }
 
     /// True when anything asks for a precision other than float32.
     pub fn any(&self) -> bool {
-        self.fp16 || self.bf16 || self.int8 || self.fp8 || !self.layer_precisions.is_empty()
-    }
-
-    pub fn accumulator(&self) -> Result<Accumulator> {
-        Ok(Accumulator::parse(&self.accumulate)?)
+        self.options().any()
     }
 
     /// The resolved plan; warnings go to stderr.
     pub fn plan(&self, graph: &Graph) -> Result<PrecisionPlan> {
-        let overrides = parse_layer_precisions(&self.layer_precisions)?;
-        let constraints = PrecisionConstraints::parse(&self.precision_constraints)?;
-        let (mut plan, warnings) =
-            PrecisionPlan::resolve(graph, &self.global(), &overrides, constraints)?;
-        for w in warnings {
-            eprintln!("warning: {w}");
-        }
-        plan.fusion = self.fusion_model()?;
-        Ok(plan)
+        Ok(self.options().plan(graph, &mut print_event)?)
     }
 
     /// `--fusion`.
     pub fn fusion_model(&self) -> Result<FusionModel> {
-        Ok(FusionModel::parse(&self.fusion)?)
+        Ok(self.options().fusion_model()?)
     }
 
     /// Whether the plan needs activation ranges.
     pub fn needs_ranges(plan: &PrecisionPlan) -> bool {
-        plan.layers.iter().any(|p| p.is_scaled()) || plan.inner.values().any(|p| p.is_scaled())
+        PrecisionOptions::needs_ranges(plan)
     }
 
     /// Prepares the plan with the given activation ranges, for inputs of `input_shapes`.
@@ -163,15 +150,7 @@ impl PrecisionArgs {
         amax: Option<&BTreeMap<String, f32>>,
         input_shapes: &BTreeMap<String, Vec<usize>>,
     ) -> Result<PreparedPlan> {
-        Ok(PreparedPlan::new(
-            graph,
-            plan,
-            &PlanOptions {
-                accumulate: self.accumulator()?,
-                amax,
-                input_shapes: Some(input_shapes),
-            },
-        )?)
+        Ok(self.options().prepare(graph, plan, amax, input_shapes)?)
     }
 }
 

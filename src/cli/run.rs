@@ -12,13 +12,12 @@ use crate::compare::run_report::{
     aggregate_log, compare_runs, html_report, layerwise_log, validate, CompareOptions,
     LayerIteration, LayerReport, OutputInfo, RunSummary, Validation,
 };
-use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
-use crate::data::script::DataLoaderScript;
 use crate::exec::Feeds;
 use crate::exec::RunOptions;
 use crate::golden::GoldenFile;
+use crate::jobs::options::DataOptions;
 use crate::tensor::fmt_shape;
 use crate::{load_model, Interpreter};
 use anyhow::{bail, Context, Result};
@@ -70,68 +69,36 @@ impl DataArgs {
         Ok(())
     }
 
-    /// The input sets: loaded, from a data-loader script, or generated from the model's
-    /// declared inputs.
+    /// These options as the library holds them.
+    pub fn options(&self) -> DataOptions {
+        DataOptions {
+            val_range: self.val_range.clone(),
+            seed: self.seed,
+            iterations: self.iterations,
+            input_shapes: self.input_shapes.clone(),
+            opt_shapes: self.trt.trt_opt_shapes.clone(),
+            load_inputs: self.load_inputs.clone(),
+            data_loader_script: self.data_loader_script.clone(),
+            data_loader_func_name: self.data_loader_func_name.clone(),
+        }
+    }
+
     /// The input shapes `--input-shapes` and `--trt-opt-shapes` set (TensorRT's
     /// optimization-profile shapes: opt is the shape the engine is tuned for).
     pub fn shape_overrides(&self) -> Result<std::collections::BTreeMap<String, Vec<usize>>> {
-        let mut shapes = std::collections::BTreeMap::new();
-        for s in self.trt.trt_opt_shapes.iter().chain(&self.input_shapes) {
-            shapes.extend(loader::parse_input_shapes(s)?);
-        }
-        Ok(shapes)
+        Ok(self.options().shape_overrides()?)
     }
 
+    /// The input sets: loaded, from a data-loader script, or generated from the model's
+    /// declared inputs; warnings go to stderr.
     pub fn feeds(&self, graph: &crate::Graph) -> Result<Vec<Feeds>> {
-        if let Some(spec) = &self.data_loader_script {
-            if !self.load_inputs.is_empty() {
-                bail!("give either --data-loader-script or --load-inputs, not both");
-            }
-            let mut script = DataLoaderScript::parse(spec);
-            if let Some(f) = &self.data_loader_func_name {
-                script.func = f.clone();
-            }
-            let python = std::env::var_os("MIXPREC_PYTHON")
-                .map_or_else(|| PathBuf::from("python3"), PathBuf::from);
-            let limit = self.iterations.filter(|&n| n > 0);
-            let (feeds, log) = script.load(&python, &graph.inputs, limit)?;
-            if !log.trim().is_empty() {
-                eprint!("{log}");
-            }
-            return Ok(feeds);
-        }
-        if !self.load_inputs.is_empty() {
-            let mut all = Vec::new();
-            for p in &self.load_inputs {
-                if is_npz(p) {
-                    all.push(npz::read_npz(p)?.into_iter().collect());
-                } else {
-                    all.extend(polygraphy::load_inputs(p)?);
-                }
-            }
-            // float8/int4/float4 inputs arrive as uint8/int8 arrays (NumPy has no such types).
-            return all
-                .into_iter()
-                .map(|f| Ok(crate::data::npy::as_declared(f, &graph.inputs)?))
-                .collect();
-        }
-        let mut cfg = DataLoaderConfig::default();
-        if let Some(s) = self.seed {
-            cfg.seed = s;
-        }
-        cfg.iterations = self.iterations.unwrap_or(1).max(1);
-        for r in &self.val_range {
-            loader::parse_val_range_into(r, &mut cfg.val_ranges)?;
-        }
-        cfg.input_shapes = self.shape_overrides()?;
-        let (feeds, warnings) = loader::generate(&graph.inputs, &cfg)?;
-        for w in warnings {
-            eprintln!("warning: {w}");
-        }
-        Ok(feeds)
+        Ok(self
+            .options()
+            .feeds(graph, &mut super::progress::print_event)?)
     }
 }
 
+/// Whether inputs are saved as `.npz` (else Polygraphy JSON).
 fn is_npz(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npz"))
 }
@@ -262,35 +229,7 @@ pub fn trt_first(matches: &clap::ArgMatches) -> bool {
 /// Polygraphy's runner name: `<prefix>-N<count>-<%x>-<%X>` in local time
 /// (e.g. `trt-runner-N0-04/01/24-15:29:00`).
 fn polygraphy_runner_name(prefix: &str) -> String {
-    format!("{prefix}-N0-{}", polygraphy_stamp())
-}
-
-/// The local date and time as Polygraphy's `time.strftime('%x')-time.strftime('%X')` in the C
-/// locale: `MM/DD/YY-HH:MM:SS`.
-pub fn polygraphy_stamp() -> String {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs()) as libc::time_t;
-    // SAFETY: localtime_r writes into the zeroed struct we own; `now` outlives the call.
-    let tm = unsafe {
-        let mut tm: libc::tm = std::mem::zeroed();
-        if libc::localtime_r(&now, &mut tm).is_null() {
-            let secs = now as i64;
-            tm.tm_hour = ((secs / 3600) % 24) as i32;
-            tm.tm_min = ((secs / 60) % 60) as i32;
-            tm.tm_sec = (secs % 60) as i32;
-        }
-        tm
-    };
-    format!(
-        "{:02}/{:02}/{:02}-{:02}:{:02}:{:02}",
-        tm.tm_mon + 1,
-        tm.tm_mday,
-        tm.tm_year.rem_euclid(100),
-        tm.tm_hour,
-        tm.tm_min,
-        tm.tm_sec
-    )
+    format!("{prefix}-N0-{}", crate::data::polygraphy::runner_stamp())
 }
 
 /// The tensors `--trt-outputs`/`--onnx-outputs` select: `mark all` (every layer output in

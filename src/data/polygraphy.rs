@@ -407,6 +407,34 @@ fn encode_run_results(path: &Path, results: &RunResults) -> Result<Value> {
     Ok(json!({ "lst": lst, TYPE_MARKER: "RunResults" }))
 }
 
+/// The local date and time as Polygraphy's `time.strftime('%x')-time.strftime('%X')` in the C
+/// locale: `MM/DD/YY-HH:MM:SS`.
+pub fn runner_stamp() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs()) as libc::time_t;
+    // SAFETY: localtime_r writes into the zeroed struct we own; `now` outlives the call.
+    let tm = unsafe {
+        let mut tm: libc::tm = std::mem::zeroed();
+        if libc::localtime_r(&now, &mut tm).is_null() {
+            let secs = now as i64;
+            tm.tm_hour = ((secs / 3600) % 24) as i32;
+            tm.tm_min = ((secs / 60) % 60) as i32;
+            tm.tm_sec = (secs % 60) as i32;
+        }
+        tm
+    };
+    format!(
+        "{:02}/{:02}/{:02}-{:02}:{:02}:{:02}",
+        tm.tm_mon + 1,
+        tm.tm_mday,
+        tm.tm_year.rem_euclid(100),
+        tm.tm_hour,
+        tm.tm_min,
+        tm.tm_sec
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

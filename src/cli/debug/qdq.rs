@@ -1,143 +1,38 @@
 //! `debug precision` on a Q/DQ model without a precision flag: which quantized layers must
 //! leave quantization (docs/search.md, "Searching a Q/DQ model").
 
-use super::{
-    install_interrupt_handler, print_stats, CliHooks, Printer, SearchArgs, TempDir, INTERRUPTED,
-};
-use crate::compare::{fmt_g, Criterion};
-use crate::export::qdq::QdqKind;
+use super::{print_stats, Printer, SearchArgs};
+use crate::compare::fmt_g;
 use crate::export::write_model;
-use crate::golden::GoldenFile;
 use crate::inspect::si;
+use crate::jobs::debug_precision;
 use crate::onnx::Model;
-use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
-use crate::search::check::CheckOracle;
-use crate::search::qdq::{exclusion_lines, run_qdq_search, unnamed_in_file, QdqJob, QdqRun};
-use crate::search::replay::DebugReplay;
-use crate::search::report::{
-    html_report, names, percent, shell_word, QdqRemoved, QdqResult, ResultFile, SearchSetup,
-};
-use crate::search::{Direction, Mode, Outcome, SearchOptions};
-use crate::tensor::Feeds;
-use anyhow::{bail, Context, Result};
-use std::path::PathBuf;
+use crate::search::qdq::{exclusion_lines, unnamed_in_file, QdqRun};
+use crate::search::report::{names, percent, shell_word};
+use crate::search::{Direction, Outcome};
+use anyhow::Result;
 use std::process::ExitCode;
-use std::time::Duration;
 
-/// What `search_command` prepared before it knew the model holds Q/DQ nodes.
-pub(super) struct Setup<'a> {
-    pub model: &'a Model,
-    pub feeds: &'a [Feeds],
-    pub criterion: Criterion,
-    pub high: Precision,
-    pub mode: Mode,
-    pub direction: Direction,
-    pub replay: Option<DebugReplay>,
-    pub golden: Option<&'a GoldenFile>,
-    /// With `--check`: its `--fail-regex` and `--check-timeout`.
-    pub check: Option<(Option<regex::Regex>, Option<Duration>)>,
-}
-
-pub(super) fn search(args: &SearchArgs, p: &Printer, s: Setup<'_>) -> Result<ExitCode> {
-    if !args.precision.layer_precisions.is_empty() {
-        bail!("--layer-precisions sets the precisions of a float model's layers; on a Q/DQ model the search marks quantized layers (leave it out)");
+/// After a Q/DQ model's search: the outcome printed and the files written.
+pub(super) fn finish(
+    args: &SearchArgs,
+    p: &Printer,
+    outcome: &debug_precision::Outcome,
+    run: &QdqRun,
+) -> Result<ExitCode> {
+    if !outcome.fusion.is_none() {
+        out!(p, "[I] Every run used --fusion {}", outcome.fusion);
     }
-    let fusion = args.precision.fusion_model()?;
-    if args.ranking == Some(crate::search::Ranking::Sensitivity) {
-        bail!(
-            "--ranking sensitivity is not available for a Q/DQ model's search yet (each \
-             candidate there is a model of its own); its quantized layers are ranked by growth"
-        );
-    }
-    if s.check.is_some() && !fusion.is_none() {
-        bail!(
-            "--fusion {fusion} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)"
-        );
-    }
-    let model = s.model;
-    let graph = &model.graph;
-    let workdir;
-    let check = match s.check {
-        None => None,
-        Some((fail_regex, timeout)) => {
-            workdir = TempDir::new()?;
-            Some(CheckOracle {
-                model,
-                graph,
-                low: PrecisionPlan::uniform(graph, Precision::Float32),
-                high: s.high,
-                amax: None,
-                command: args.check.clone(),
-                fail_regex,
-                timeout,
-                workdir: workdir.0.clone(),
-                jobs: args.jobs,
-                verbose: args.verbose,
-                evaluations: 0,
-                iter_artifact: args.iter_artifact.clone().or_else(|| {
-                    (!args.check.iter().any(|a| a.contains("{model}")))
-                        .then(|| PathBuf::from("polygraphy_debug.onnx"))
-                }),
-                keep_iter_artifact: args.no_remove_intermediate,
-                artifacts: args.artifacts.clone(),
-                artifacts_dir: args.artifacts_dir.clone(),
-                artifact_stamp: super::super::run::polygraphy_stamp().replace(['/', ':'], "-"),
-                show_output: args.show_output,
-                hide_fail_output: args.hide_fail_output,
-                events: Box::new(super::print_event),
-            })
-        }
-    };
-    install_interrupt_handler();
-    let job = QdqJob {
-        model,
-        feeds: s.feeds,
-        criterion: s.criterion.clone(),
-        high: s.high,
-        fusion,
-        golden: s.golden,
-        options: SearchOptions {
-            mode: s.mode,
-            direction: s.direction,
-            objective: args.objective,
-            ranking: crate::search::Ranking::Growth,
-            jobs: args.jobs,
-        },
-        check,
-        replay: s.replay.map(|r| (r, args.save_debug_replay.clone())),
-        stop: &INTERRUPTED,
-    };
-    let mut hooks = CliHooks {
+    let code = report(
         p,
         args,
-        graph,
-        feeds: s.feeds.len(),
-        criterion: &s.criterion,
-        high: s.high,
-        mode: s.mode,
-        direction: s.direction,
-        say: !args.quiet,
-        bar: indicatif::ProgressBar::hidden(),
-        best: None,
-        qdq: true,
-    };
-    let run = run_qdq_search(job, &mut hooks)?;
-    hooks.bar.finish_and_clear();
-    if !fusion.is_none() {
-        out!(p, "[I] Every run used --fusion {fusion}");
-    }
-    let code = report(p, args, model, &run, s.high, s.direction)?;
-    write_files(
-        p,
-        args,
-        model,
-        &run,
-        &s.criterion,
-        s.high,
-        s.mode,
-        s.direction,
+        &outcome.model,
+        run,
+        outcome.high,
+        outcome.direction,
     )?;
+    write_files(p, args, outcome, run)?;
     Ok(code)
 }
 
@@ -326,25 +221,19 @@ fn report(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 fn write_files(
     p: &Printer,
     args: &SearchArgs,
-    model: &Model,
+    outcome: &debug_precision::Outcome,
     run: &QdqRun,
-    criterion: &Criterion,
-    high: Precision,
-    mode: Mode,
-    direction: Direction,
 ) -> Result<()> {
-    let graph = &model.graph;
-    let found = matches!(run.result.outcome, Outcome::Found(_));
     let mut written = None;
-    if let (Some(out), Some(answer), true) = (&args.output, &run.answer, found) {
-        for n in &answer.notes {
+    if let (Some(out), Some(exported)) = (&args.output, outcome.export()?) {
+        for n in &exported.notes {
             eprintln!("note: {n}");
         }
-        write_model(out, &answer.model.proto)?;
+        write_model(out, &exported.model)?;
+        let answer = run.answer.as_ref().expect("an exported answer");
         out!(
             p,
             "[I] Saved the Q/DQ model without the answer's {} Q/DQ pair(s) and {} quantized weight(s) to {}",
@@ -355,73 +244,11 @@ fn write_files(
         written = Some(out.display().to_string());
     }
     if let Some(path) = &args.report {
-        let html = html_report(
-            &args.model.display().to_string(),
-            graph,
-            &run.space,
-            criterion,
-            high,
-            mode,
-            &run.result,
-            &run.stats,
-            None,
-            &[],
-        );
-        html.write(path)?;
+        outcome.html().write(path)?;
         out!(p, "[I] Saved report to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        let model_name = args.model.display().to_string();
-        let low = PrecisionPlan::uniform(graph, Precision::Float32);
-        let setup = SearchSetup {
-            model: &model_name,
-            mode,
-            direction,
-            objective: args.objective,
-            high,
-            low: &low,
-        };
-        let mut file = ResultFile::new(&setup, graph, &run.space, &run.result, &run.stats, &[]);
-        file.low_precisions = vec![format!("{} quantized", run.space.candidates.len())];
-        file.fusion = args.precision.fusion_model()?.name();
-        let marked: Vec<usize> = file.layers.iter().map(|l| l.index).collect();
-        let mut removed = Vec::new();
-        for &i in &marked {
-            let Some(l) = run.layers.iter().find(|l| l.node == i) else {
-                continue;
-            };
-            let node = &graph.nodes[i];
-            for q in &l.inputs {
-                let (kind, quantize, reads) = match &q.kind {
-                    QdqKind::Activation { q, source } => (
-                        "activation",
-                        Some(graph.nodes[*q].name.clone()),
-                        Some(source.clone()),
-                    ),
-                    QdqKind::Weight => ("weight", None, None),
-                };
-                removed.push(QdqRemoved {
-                    layer: node.name.clone(),
-                    input: node.inputs[q.slot].clone(),
-                    kind,
-                    quantize,
-                    dequantize: graph.nodes[q.dq].name.clone(),
-                    reads,
-                });
-            }
-        }
-        file.qdq = Some(QdqResult {
-            quantized_layers: run.space.candidates.len(),
-            nodes_to_exclude: marked
-                .iter()
-                .map(|&i| graph.nodes[i].name.clone())
-                .collect(),
-            removed,
-            stripped_model: written,
-            reasons: run.reasons.clone(),
-        });
-        let json = serde_json::to_vec_pretty(&file).context("serializing the result")?;
-        crate::data::write_atomic(path, &json)?;
+        crate::data::write_atomic(path, &outcome.result_json(written.as_deref())?)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(())

@@ -1,0 +1,851 @@
+//! `debug precision` as a library job: which layers must stay in higher precision (a float
+//! model with `--fp16/--bf16/--int8/--fp8`), or which quantized layers must leave quantization
+//! (a Q/DQ model without them). A [`Config`] is validated once ([`Config::validate`]), run
+//! by [`run`] to an [`Outcome`] that holds every search's answer and writes the files a user
+//! asks for (`--save-result` JSON, the mixed-precision model, the HTML report). The CLI and
+//! the Python package render the same outcome; the job reports through [`Hooks`].
+
+use super::options::{CompareOptions, DataOptions, PrecisionOptions};
+use super::ranges::ranges_for_plan;
+use crate::compare::html::HtmlReport;
+use crate::compare::Criterion;
+use crate::error::{Error, Result};
+use crate::event::{Event, NoProgress, Progress};
+use crate::exec::cache::parse_bytes;
+use crate::exec::emulate::plan_regions;
+use crate::export::{export, ExportOptions};
+use crate::golden::GoldenFile;
+use crate::onnx::Model;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::{PrecisionPlan, ResolvedRegion};
+use crate::precision::Precision;
+use crate::search::check::CheckOracle;
+use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
+use crate::search::qdq::{run_qdq_search, QdqJob, QdqRun};
+use crate::search::replay::{DebugReplay, ModelId};
+use crate::search::report::{html_report, QdqRemoved, QdqResult, ResultFile, SearchSetup};
+use crate::search::{Direction, Mode, Objective, Ranking, SearchOptions, SearchSpace, Trial};
+use crate::tensor::Feeds;
+use crate::{load_model, Interpreter};
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// Where a search's input sets come from.
+#[derive(Clone, Debug)]
+pub enum Inputs {
+    /// Generated, loaded from files or from a data-loader script (the CLI's data options).
+    Options(DataOptions),
+    /// Given in memory (the Python API's `inputs`).
+    Feeds(Vec<Feeds>),
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Inputs::Options(DataOptions::default())
+    }
+}
+
+/// A user command that judges each candidate (`--check` and the options that go with it).
+#[derive(Clone, Debug, Default)]
+pub struct CheckOptions {
+    /// The command and its arguments, with placeholders (`{model}`, ...).
+    pub command: Vec<String>,
+    pub fail_regex: Option<String>,
+    /// Seconds before the command is killed and the candidate counted as failing.
+    pub timeout: Option<f64>,
+    pub iter_artifact: Option<PathBuf>,
+    pub keep_iter_artifact: bool,
+    pub artifacts: Vec<PathBuf>,
+    pub artifacts_dir: PathBuf,
+    pub show_output: bool,
+    pub hide_fail_output: bool,
+}
+
+/// Everything `debug precision` is asked to do, as the user gave it.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The ONNX model.
+    pub model: PathBuf,
+    pub inputs: Inputs,
+    pub precision: PrecisionOptions,
+    /// The precision marked layers run in (`--precision`): float32 or float16.
+    pub higher_precision: String,
+    pub mode: Mode,
+    pub direction: Direction,
+    pub objective: Objective,
+    /// `--ranking`; None: sensitivity on a float model, growth on a Q/DQ model.
+    pub ranking: Option<Ranking>,
+    /// Candidates evaluated at the same time (`--jobs`).
+    pub jobs: usize,
+    /// Golden outputs file (`--golden`); None: the model's own FP32 run.
+    pub golden: Option<PathBuf>,
+    pub compare: CompareOptions,
+    /// `--cache-budget`: `auto` or a size such as `512M`.
+    pub cache_budget: String,
+    pub check: Option<CheckOptions>,
+    pub load_debug_replay: Option<PathBuf>,
+    pub save_debug_replay: Option<PathBuf>,
+    /// Compute the answer's layer-wise errors (the HTML report's table).
+    pub layer_errors: bool,
+    /// Report each `--check` command and its output.
+    pub verbose: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            model: PathBuf::new(),
+            inputs: Inputs::default(),
+            precision: PrecisionOptions::default(),
+            higher_precision: "float32".into(),
+            mode: Mode::Bisect,
+            direction: Direction::Forward,
+            objective: Objective::Layers,
+            ranking: None,
+            jobs: 1,
+            golden: None,
+            compare: CompareOptions::default(),
+            cache_budget: "auto".into(),
+            check: None,
+            load_debug_replay: None,
+            save_debug_replay: None,
+            layer_errors: false,
+            verbose: false,
+        }
+    }
+}
+
+/// A [`Config`] checked: every option parsed, every combination allowed.
+pub struct Validated {
+    pub config: Config,
+    pub criterion: Criterion,
+    pub high: Precision,
+    pub cache_budget: Option<usize>,
+    fail_regex: Option<regex::Regex>,
+    check_timeout: Option<Duration>,
+}
+
+impl Config {
+    /// Parses and checks every option that needs no model; an error names the option.
+    pub fn validate(self) -> Result<Validated> {
+        let criterion = self.compare.criterion()?;
+        let high = Precision::parse(&self.higher_precision)?;
+        if !matches!(high, Precision::Float32 | Precision::Float16) {
+            return Err(Error::Invalid(format!(
+                "--precision {}: marked layers run in float32 or float16",
+                high.name()
+            )));
+        }
+        let cache_budget = match self.cache_budget.trim() {
+            "auto" => None,
+            b => Some(parse_bytes(b).ok_or_else(|| {
+                Error::Invalid(format!(
+                    "--cache-budget '{}': expected auto or a size such as 512M or 4G",
+                    self.cache_budget
+                ))
+            })?),
+        };
+        if self.jobs == 0 {
+            return Err(Error::Invalid("--jobs: expected at least 1".into()));
+        }
+        let (mut fail_regex, mut check_timeout) = (None, None);
+        if let Some(c) = &self.check {
+            if c.command.is_empty() {
+                return Err(Error::Invalid("--check: no command given".into()));
+            }
+            if let Some(r) = &c.fail_regex {
+                fail_regex = Some(
+                    regex::Regex::new(r)
+                        .map_err(|e| Error::Invalid(format!("--fail-regex '{r}': {e}")))?,
+                );
+            }
+            check_timeout = match c.timeout {
+                Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
+                Some(s) => {
+                    return Err(Error::Invalid(format!(
+                        "--check-timeout {s}: expected a positive number of seconds"
+                    )))
+                }
+                None => None,
+            };
+            if self.jobs > 1 {
+                // Commands running at the same time each work in their own directory; a
+                // file named by an absolute path would be written by all of them.
+                if let Some(p) = c
+                    .iter_artifact
+                    .iter()
+                    .chain(&c.artifacts)
+                    .find(|p| p.is_absolute())
+                {
+                    return Err(Error::Invalid(format!(
+                        "--jobs {}: {} is an absolute path, which every command running at once would write; give it relative to the command's working directory (each job has its own)",
+                        self.jobs,
+                        p.display()
+                    )));
+                }
+            }
+        }
+        Ok(Validated {
+            config: self,
+            criterion,
+            high,
+            cache_budget,
+            fail_regex,
+            check_timeout,
+        })
+    }
+
+    /// What decides a candidate's verdict, for debug replays: precisions, criterion, inputs,
+    /// golden outputs and the check command (not the strategy).
+    pub fn replay_settings(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            m.insert(k.to_string(), v);
+        };
+        self.precision.replay_settings(&mut put);
+        put("precision (marked layers)", self.higher_precision.clone());
+        let c = &self.compare;
+        put("atol", c.atol.join(" "));
+        put("rtol", c.rtol.join(" "));
+        put("check-error-stat", c.check_error_stat.join(" "));
+        put("error-quantile", c.error_quantile.join(" "));
+        put("metric", c.metric.join(" "));
+        put(
+            "golden",
+            self.golden
+                .as_ref()
+                .map_or_else(String::new, |p| p.display().to_string()),
+        );
+        put(
+            "inputs",
+            match &self.inputs {
+                Inputs::Options(d) => d.replay_setting(),
+                Inputs::Feeds(f) => format!("in memory: {}", feeds_digest(f)),
+            },
+        );
+        let check = self.check.as_ref();
+        put(
+            "check",
+            check.map_or_else(String::new, |c| c.command.join(" ")),
+        );
+        put(
+            "fail-regex",
+            check.and_then(|c| c.fail_regex.clone()).unwrap_or_default(),
+        );
+        m
+    }
+
+    /// The ranking worst-first and minimal use on a float model: `ranking`, by default
+    /// sensitivity (a Q/DQ model's search ranks by growth).
+    pub fn float_ranking(&self) -> Ranking {
+        self.ranking.unwrap_or(Ranking::Sensitivity)
+    }
+}
+
+/// FNV-1a over the input sets' names, shapes, types and bytes: in-memory inputs in a replay's
+/// settings.
+fn feeds_digest(feeds: &[Feeds]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for f in feeds {
+        for (name, t) in f {
+            eat(name.as_bytes());
+            // The npy form holds the dtype, the shape and the elements.
+            eat(&crate::data::npy::to_npy(t).unwrap_or_default());
+        }
+    }
+    format!("{} set(s), fnv1a {h:016x}", feeds.len())
+}
+
+/// How the job reports while it works, besides the search's own hooks.
+pub trait Hooks: SearchHooks {
+    /// The model is loaded (before its inputs are read).
+    fn model_loaded(&mut self, _graph: &crate::Graph) {}
+    /// The input sets are ready: how many.
+    fn inputs_ready(&mut self, _sets: usize) {}
+    /// Everything is prepared (model, inputs, plan, ranges); the search runs next, over a
+    /// Q/DQ model's quantized layers (`qdq`) or a float model's layers. A caller that stops
+    /// the search on Ctrl-C starts listening here.
+    fn search_starting(&mut self, _qdq: bool) {}
+    /// With a fusion model two searches run: the next is under `fusion`, whose plan with no
+    /// layer marked has `regions` (`events`: notes of the region analysis).
+    fn section(
+        &mut self,
+        _graph: &crate::Graph,
+        _fusion: FusionModel,
+        _regions: &[ResolvedRegion],
+        _events: Vec<Event>,
+    ) {
+    }
+    /// A float search finished.
+    fn finished(&mut self, _graph: &crate::Graph, _search: &FloatSearch) -> Result<()> {
+        Ok(())
+    }
+    /// The calibration's progress (int8/fp8 plans calibrated on the fly).
+    fn calibration_progress(&self) -> Box<dyn Progress + '_> {
+        Box::new(NoProgress)
+    }
+}
+
+/// One float search: its run, the plan it started from, and the fusion model it assumed
+/// (`Some` only when the job ran more than one search).
+pub struct FloatSearch {
+    pub run: SearchRun,
+    pub low: PrecisionPlan,
+    pub fusion: Option<FusionModel>,
+}
+
+/// What the job searched.
+pub enum Searched {
+    /// A float model: one search, or with a fusion model two (without fusion first).
+    Float {
+        searches: Vec<FloatSearch>,
+        /// The activation ranges int8/fp8 layers ran with.
+        amax: Option<BTreeMap<String, f32>>,
+    },
+    /// A Q/DQ model's quantized layers.
+    Qdq(Box<QdqRun>),
+}
+
+/// What `debug precision` found.
+pub struct Outcome {
+    pub model: Model,
+    /// The model as the user named it.
+    pub model_name: String,
+    pub criterion: Criterion,
+    pub high: Precision,
+    pub mode: Mode,
+    pub direction: Direction,
+    pub objective: Objective,
+    pub fusion: FusionModel,
+    pub searched: Searched,
+    /// Input sets the search ran on.
+    pub input_sets: usize,
+}
+
+/// An exported model and the exporter's notes.
+pub struct Exported {
+    pub model: std::sync::Arc<crate::onnx::proto::ModelProto>,
+    pub notes: Vec<String>,
+}
+
+impl Outcome {
+    /// The search whose answer is the job's: the last (with fusion, the fused one).
+    pub fn last_float(&self) -> Option<&FloatSearch> {
+        match &self.searched {
+            Searched::Float { searches, .. } => searches.last(),
+            Searched::Qdq(_) => None,
+        }
+    }
+
+    /// The search's result, trials and statistics (the last search's).
+    pub fn run_parts(
+        &self,
+    ) -> (
+        &SearchSpace,
+        &crate::search::SearchResult,
+        &crate::search::report::SearchStats,
+    ) {
+        match &self.searched {
+            Searched::Float { searches, .. } => {
+                let r = &searches.last().expect("at least one search ran").run;
+                (&r.space, &r.result, &r.stats)
+            }
+            Searched::Qdq(q) => (&q.space, &q.result, &q.stats),
+        }
+    }
+
+    /// The answer's mixed-precision model (the Q/DQ model less the answer's pairs for a Q/DQ
+    /// search); None when the search found no answer (or, for a Q/DQ search, was interrupted).
+    pub fn export(&self) -> Result<Option<Exported>> {
+        match &self.searched {
+            Searched::Float { searches, amax } => {
+                let Some(plan) = searches.last().and_then(|s| s.run.answer.as_ref()) else {
+                    return Ok(None);
+                };
+                let exported = export(
+                    &self.model,
+                    plan,
+                    amax.as_ref(),
+                    &ExportOptions {
+                        fallback: true,
+                        ..Default::default()
+                    },
+                )?;
+                Ok(Some(Exported {
+                    model: std::sync::Arc::new(exported.model),
+                    notes: exported.notes,
+                }))
+            }
+            Searched::Qdq(run) => {
+                let found = matches!(run.result.outcome, crate::search::Outcome::Found(_));
+                Ok(run.answer.as_ref().filter(|_| found).map(|a| Exported {
+                    model: a.model.proto.clone(),
+                    notes: a.notes.clone(),
+                }))
+            }
+        }
+    }
+
+    /// The HTML report of the (last) search.
+    pub fn html(&self) -> HtmlReport {
+        let graph = &self.model.graph;
+        match &self.searched {
+            Searched::Float { searches, .. } => {
+                let s = searches.last().expect("at least one search ran");
+                html_report(
+                    &self.model_name,
+                    graph,
+                    &s.run.space,
+                    &self.criterion,
+                    self.high,
+                    self.mode,
+                    &s.run.result,
+                    &s.run.stats,
+                    s.run.layer_errors.as_deref(),
+                    &s.run.reasons,
+                )
+            }
+            Searched::Qdq(run) => html_report(
+                &self.model_name,
+                graph,
+                &run.space,
+                &self.criterion,
+                self.high,
+                self.mode,
+                &run.result,
+                &run.stats,
+                None,
+                &[],
+            ),
+        }
+    }
+
+    /// The `--save-result` JSON; `written` is where the answer's model was written, if it was.
+    pub fn result_json(&self, written: Option<&str>) -> Result<Vec<u8>> {
+        let graph = &self.model.graph;
+        let json = match &self.searched {
+            Searched::Float { searches, .. } => {
+                let files: Vec<ResultFile> = searches
+                    .iter()
+                    .map(|s| {
+                        let setup = SearchSetup {
+                            model: &self.model_name,
+                            mode: self.mode,
+                            direction: self.direction,
+                            objective: self.objective,
+                            high: self.high,
+                            low: &s.low,
+                        };
+                        ResultFile::new(
+                            &setup,
+                            graph,
+                            &s.run.space,
+                            &s.run.result,
+                            &s.run.stats,
+                            &s.run.reasons,
+                        )
+                    })
+                    .collect();
+                let mut files = files.into_iter();
+                let mut file = files.next().expect("at least one search ran");
+                file.with_fusion = files.next().map(Box::new);
+                serde_json::to_vec_pretty(&file)
+            }
+            Searched::Qdq(run) => {
+                let low = PrecisionPlan::uniform(graph, Precision::Float32);
+                let setup = SearchSetup {
+                    model: &self.model_name,
+                    mode: self.mode,
+                    direction: self.direction,
+                    objective: self.objective,
+                    high: self.high,
+                    low: &low,
+                };
+                let mut file =
+                    ResultFile::new(&setup, graph, &run.space, &run.result, &run.stats, &[]);
+                file.low_precisions = vec![format!("{} quantized", run.space.candidates.len())];
+                file.fusion = self.fusion.name();
+                let marked: Vec<usize> = file.layers.iter().map(|l| l.index).collect();
+                file.qdq = Some(QdqResult {
+                    quantized_layers: run.space.candidates.len(),
+                    nodes_to_exclude: marked
+                        .iter()
+                        .map(|&i| graph.nodes[i].name.clone())
+                        .collect(),
+                    removed: qdq_removed(graph, run, &marked),
+                    stripped_model: written.map(str::to_string),
+                    reasons: run.reasons.clone(),
+                });
+                serde_json::to_vec_pretty(&file)
+            }
+        };
+        json.map_err(|e| Error::Invalid(format!("serializing the result: {e}")))
+    }
+}
+
+/// Per layer of a Q/DQ answer: the pairs and quantized weights it no longer reads.
+fn qdq_removed(graph: &crate::Graph, run: &QdqRun, marked: &[usize]) -> Vec<QdqRemoved> {
+    use crate::export::qdq::QdqKind;
+    let mut removed = Vec::new();
+    for &i in marked {
+        let Some(l) = run.layers.iter().find(|l| l.node == i) else {
+            continue;
+        };
+        let node = &graph.nodes[i];
+        for q in &l.inputs {
+            let (kind, quantize, reads) = match &q.kind {
+                QdqKind::Activation { q, source } => (
+                    "activation",
+                    Some(graph.nodes[*q].name.clone()),
+                    Some(source.clone()),
+                ),
+                QdqKind::Weight => ("weight", None, None),
+            };
+            removed.push(QdqRemoved {
+                layer: node.name.clone(),
+                input: node.inputs[q.slot].clone(),
+                kind,
+                quantize,
+                dequantize: graph.nodes[q.dq].name.clone(),
+                reads,
+            });
+        }
+    }
+    removed
+}
+
+/// Hooks shared by the search and the `--check` oracle's output (both report while the
+/// search runs, never at the same moment).
+struct Shared<'h>(RefCell<&'h mut dyn Hooks>);
+
+impl SearchHooks for &Shared<'_> {
+    fn event(&mut self, e: Event) {
+        self.0.borrow_mut().event(e)
+    }
+    fn started(&mut self, space: &SearchSpace) {
+        self.0.borrow_mut().started(space)
+    }
+    fn trial(&mut self, space: &SearchSpace, t: &Trial) {
+        self.0.borrow_mut().trial(space, t)
+    }
+    fn log(&mut self, line: String) {
+        self.0.borrow_mut().log(line)
+    }
+}
+
+/// A temporary directory removed on drop (candidate models for `--check`).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let base = std::env::temp_dir();
+        for k in 0..1000 {
+            let p = base.join(format!("mixprec-check-{}-{k}", std::process::id()));
+            if std::fs::create_dir(&p).is_ok() {
+                return Ok(TempDir(p));
+            }
+        }
+        Err(Error::Invalid(format!(
+            "cannot create a temporary directory in {}",
+            base.display()
+        )))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `debug precision`; `stop` (Ctrl-C) ends the search between evaluations with the best
+/// plan so far.
+pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Outcome> {
+    let Validated {
+        config,
+        criterion,
+        high,
+        cache_budget,
+        fail_regex,
+        check_timeout,
+    } = v;
+    // A replay from another model or with other settings fails before any work.
+    let replay = if config.load_debug_replay.is_some() || config.save_debug_replay.is_some() {
+        let id = ModelId::of_file(&config.model)?;
+        let settings = config.replay_settings();
+        Some(match &config.load_debug_replay {
+            Some(path) => {
+                let r = DebugReplay::load(path, &id, &settings)?;
+                hooks.log(format!(
+                    "[I] Loaded debug replay {} ({} evaluation(s))",
+                    path.display(),
+                    r.evaluations.len()
+                ));
+                r
+            }
+            None => DebugReplay::new(id, settings),
+        })
+    } else {
+        None
+    };
+    let golden_file = match &config.golden {
+        Some(p) => Some(GoldenFile::load(p)?),
+        None => None,
+    };
+    let model = load_model(&config.model)?;
+    let graph = &model.graph;
+    hooks.model_loaded(graph);
+    // A Q/DQ model without a precision flag: search its quantized layers (docs/search.md,
+    // "Searching a Q/DQ model").
+    let qdq = crate::export::qdq::has_qdq(graph);
+    let any_precision = config.precision.any_global();
+    if qdq && any_precision {
+        return Err(Error::Invalid(format!(
+            "{} holds QuantizeLinear/DequantizeLinear nodes: it is already quantized, so --fp16/--bf16/--int8/--fp8 do not apply. \
+             Two workflows: (1) leave the precision flags out to search which of its quantized layers must leave quantization \
+             (they then run in --precision, float32 or float16; the rest stays as quantized); \
+             (2) search precisions with the flags on the float model it was quantized from",
+            config.model.display()
+        )));
+    }
+    if !qdq && !any_precision {
+        return Err(Error::Invalid("enable at least one precision besides float32 to search over (--fp16, --bf16, --int8 or --fp8), or give a Q/DQ model to search its quantized layers".into()));
+    }
+    if !qdq && high == Precision::Float16 && !config.precision.fp16 {
+        return Err(Error::Invalid(
+            "--precision float16 needs --fp16 as well (e.g. --int8 --fp16 --precision float16)"
+                .into(),
+        ));
+    }
+    let feeds = match &config.inputs {
+        Inputs::Options(d) => d.feeds(graph, &mut |e| hooks.event(e))?,
+        Inputs::Feeds(f) => {
+            for feed in f {
+                crate::data::script::validate_feed(&graph.inputs, feed)?;
+            }
+            f.clone()
+        }
+    };
+    hooks.inputs_ready(feeds.len());
+    let with_check = config.check.is_some();
+    let check_and_fusion = |fusion: FusionModel| {
+        if with_check && !fusion.is_none() {
+            return Err(Error::Invalid(format!(
+                "--fusion {fusion} has no effect with --check: the command judges every candidate on its own engine (leave --fusion out)"
+            )));
+        }
+        Ok(())
+    };
+    let fusion;
+    let model_name = config.model.display().to_string();
+    let workdir = if with_check {
+        Some(TempDir::new()?)
+    } else {
+        None
+    };
+    let shared = Shared(RefCell::new(hooks));
+    let make_check = |low: PrecisionPlan, amax| {
+        let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
+        Some(CheckOracle {
+            model: &model,
+            graph,
+            low,
+            high,
+            amax,
+            command: c.command.clone(),
+            fail_regex: fail_regex.clone(),
+            timeout: check_timeout,
+            workdir: dir.0.clone(),
+            jobs: config.jobs,
+            verbose: config.verbose,
+            evaluations: 0,
+            iter_artifact: c.iter_artifact.clone().or_else(|| {
+                (!c.command.iter().any(|a| a.contains("{model}")))
+                    .then(|| PathBuf::from("polygraphy_debug.onnx"))
+            }),
+            keep_iter_artifact: c.keep_iter_artifact,
+            artifacts: c.artifacts.clone(),
+            artifacts_dir: c.artifacts_dir.clone(),
+            artifact_stamp: crate::data::polygraphy::runner_stamp().replace(['/', ':'], "-"),
+            show_output: c.show_output,
+            hide_fail_output: c.hide_fail_output,
+            events: Box::new(|e| shared.0.borrow_mut().event(e)),
+        })
+    };
+    let replay = replay.map(|r| (r, config.save_debug_replay.clone()));
+    let options = |ranking| SearchOptions {
+        mode: config.mode,
+        direction: config.direction,
+        objective: config.objective,
+        ranking,
+        jobs: config.jobs,
+    };
+    let searched = if qdq {
+        if !config.precision.layer_precisions.is_empty() {
+            return Err(Error::Invalid("--layer-precisions sets the precisions of a float model's layers; on a Q/DQ model the search marks quantized layers (leave it out)".into()));
+        }
+        fusion = config.precision.fusion_model()?;
+        if config.ranking == Some(Ranking::Sensitivity) {
+            return Err(Error::Invalid(
+                "--ranking sensitivity is not available for a Q/DQ model's search yet (each \
+                 candidate there is a model of its own); its quantized layers are ranked by growth"
+                    .into(),
+            ));
+        }
+        check_and_fusion(fusion)?;
+        shared.0.borrow_mut().search_starting(true);
+        let job = QdqJob {
+            model: &model,
+            feeds: &feeds,
+            criterion: criterion.clone(),
+            high,
+            fusion,
+            golden: golden_file.as_ref(),
+            options: options(Ranking::Growth),
+            check: make_check(PrecisionPlan::uniform(graph, Precision::Float32), None),
+            replay,
+            stop,
+        };
+        Searched::Qdq(Box::new(run_qdq_search(job, &mut &shared)?))
+    } else {
+        let interp = Interpreter::new(graph)?;
+        let low = config
+            .precision
+            .plan(graph, &mut |e| shared.0.borrow_mut().event(e))?;
+        fusion = low.fusion;
+        check_and_fusion(fusion)?;
+        let amax = {
+            let mut h = shared.0.borrow_mut();
+            let progress = h.calibration_progress();
+            let mut buffered = Vec::new();
+            let amax = ranges_for_plan(
+                &interp,
+                &low,
+                &config.precision,
+                &feeds,
+                &mut |e| buffered.push(e),
+                progress.as_ref(),
+            );
+            drop(progress);
+            for e in buffered {
+                h.event(e);
+            }
+            amax?
+        };
+        shared.0.borrow_mut().search_starting(false);
+        let searches = float_searches(
+            &config,
+            &interp,
+            &feeds,
+            &criterion,
+            high,
+            low,
+            amax.as_ref(),
+            cache_budget,
+            golden_file.as_ref(),
+            |low| make_check(low, amax.as_ref()),
+            replay,
+            &shared,
+            stop,
+        )?;
+        drop(interp);
+        Searched::Float { searches, amax }
+    };
+    let input_sets = feeds.len();
+    drop(workdir);
+    Ok(Outcome {
+        model,
+        model_name,
+        criterion,
+        high,
+        mode: config.mode,
+        direction: config.direction,
+        objective: config.objective,
+        fusion,
+        searched,
+        input_sets,
+    })
+}
+
+/// The float searches: without fusion, and with a fusion model again under it; the check and
+/// the replay judge the last one.
+#[allow(clippy::too_many_arguments)]
+fn float_searches<'a>(
+    config: &Config,
+    interp: &Interpreter<'_>,
+    feeds: &[Feeds],
+    criterion: &Criterion,
+    high: Precision,
+    low: PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    cache_budget: Option<usize>,
+    golden: Option<&GoldenFile>,
+    make_check: impl Fn(PrecisionPlan) -> Option<CheckOracle<'a>>,
+    mut replay: Option<(DebugReplay, Option<PathBuf>)>,
+    shared: &Shared<'_>,
+    stop: &AtomicBool,
+) -> Result<Vec<FloatSearch>> {
+    let graph = interp.graph();
+    let models: Vec<FusionModel> = if low.fusion.is_none() {
+        vec![FusionModel::None]
+    } else {
+        vec![FusionModel::None, low.fusion]
+    };
+    let mut searches = Vec::new();
+    for (k, &model_k) in models.iter().enumerate() {
+        let last = k + 1 == models.len();
+        let mut low_k = low.clone();
+        low_k.fusion = model_k;
+        if models.len() > 1 {
+            let (regions, events) =
+                plan_regions(graph, &low_k, &crate::exec::feed_shapes(&feeds[0]))?;
+            shared
+                .0
+                .borrow_mut()
+                .section(graph, model_k, &regions, events);
+        }
+        let job = SearchJob {
+            interp,
+            feeds,
+            criterion: criterion.clone(),
+            low: low_k.clone(),
+            high,
+            accumulate: config.precision.accumulator()?,
+            amax,
+            cache_budget,
+            golden,
+            options: SearchOptions {
+                mode: config.mode,
+                direction: config.direction,
+                objective: config.objective,
+                ranking: config.float_ranking(),
+                jobs: config.jobs,
+            },
+            check: if last { make_check(low.clone()) } else { None },
+            replay: if last { replay.take() } else { None },
+            layer_errors: config.layer_errors && last,
+            stop,
+        };
+        let run = run_search(job, &mut &*shared)?;
+        let search = FloatSearch {
+            run,
+            low: low_k,
+            fusion: (models.len() > 1).then_some(model_k),
+        };
+        shared.0.borrow_mut().finished(graph, &search)?;
+        searches.push(search);
+        if stop.load(Ordering::SeqCst) {
+            break;
+        }
+    }
+    Ok(searches)
+}
