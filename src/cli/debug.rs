@@ -13,7 +13,7 @@ use crate::event::Event;
 use crate::export::write_model;
 use crate::inspect::si;
 use crate::jobs::debug_precision::{
-    self, CheckOptions, Config, FloatSearch, Hooks, Inputs, Searched,
+    self, CheckOptions, Config, FloatSearch, GoldenSource, Hooks, Inputs, Searched,
 };
 use crate::jobs::options::PrecisionOptions;
 use crate::precision::fusion::FusionModel;
@@ -321,8 +321,9 @@ impl SearchArgs {
             objective: self.objective,
             ranking: self.ranking,
             jobs: self.jobs,
-            golden: self.golden.clone(),
+            golden: self.golden.clone().map(GoldenSource::File),
             compare: self.compare.options(),
+            user_criterion: None,
             cache_budget: self.cache_budget.clone(),
             check,
             load_debug_replay: self.load_debug_replay.clone(),

@@ -55,7 +55,17 @@ enum Command {
 
 /// Runs the CLI and maps errors to one line on stderr and exit code 1.
 pub fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    main_from(std::env::args_os())
+}
+
+/// [`main`] on these arguments (the program name first), as the Python package's `mixprec`
+/// command runs it in process.
+pub fn main_from<I, T>(args: I) -> ExitCode
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().get_matches_from(args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Polygraphy runs and compares runners in command-line order.
     let trt_first = matches.subcommand_matches("run").is_none_or(run::trt_first);

@@ -101,6 +101,12 @@ pub fn write_model(path: &Path, model: &proto::ModelProto) -> Result<()> {
     external::write_model_limit(path, model, external::PROTOBUF_LIMIT).map(|_| ())
 }
 
+/// A model as ONNX bytes (the protobuf encoding; weights inline, so at most 2 GiB).
+pub fn model_bytes(model: &proto::ModelProto) -> Vec<u8> {
+    use prost::Message;
+    model.encode_to_vec()
+}
+
 /// What a layer does in the exported graph.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Role {

@@ -5,7 +5,8 @@
 //! asks for (`--save-result` JSON, the mixed-precision model, the HTML report). The CLI and
 //! the Python package render the same outcome; the job reports through [`Hooks`].
 
-use super::options::{CompareOptions, DataOptions, PrecisionOptions};
+pub use super::options::Inputs;
+use super::options::{CompareOptions, PrecisionOptions};
 use super::ranges::ranges_for_plan;
 use crate::compare::html::HtmlReport;
 use crate::compare::Criterion;
@@ -19,6 +20,7 @@ use crate::onnx::Model;
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::{PrecisionPlan, ResolvedRegion};
 use crate::precision::Precision;
+use crate::search::builtin::UserCriterion;
 use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
 use crate::search::qdq::{run_qdq_search, QdqJob, QdqRun};
@@ -33,19 +35,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-/// Where a search's input sets come from.
+/// Golden outputs: a Polygraphy RunResults file, or outputs given in memory (one map per
+/// input set).
 #[derive(Clone, Debug)]
-pub enum Inputs {
-    /// Generated, loaded from files or from a data-loader script (the CLI's data options).
-    Options(DataOptions),
-    /// Given in memory (the Python API's `inputs`).
-    Feeds(Vec<Feeds>),
-}
-
-impl Default for Inputs {
-    fn default() -> Self {
-        Inputs::Options(DataOptions::default())
-    }
+pub enum GoldenSource {
+    File(PathBuf),
+    Outputs(Vec<crate::golden::Outputs>),
 }
 
 /// A user command that judges each candidate (`--check` and the options that go with it).
@@ -80,9 +75,12 @@ pub struct Config {
     pub ranking: Option<Ranking>,
     /// Candidates evaluated at the same time (`--jobs`).
     pub jobs: usize,
-    /// Golden outputs file (`--golden`); None: the model's own FP32 run.
-    pub golden: Option<PathBuf>,
+    /// Golden outputs (`--golden`); None: the model's own FP32 run.
+    pub golden: Option<GoldenSource>,
     pub compare: CompareOptions,
+    /// A user criterion that decides every verdict instead of the tolerances (the Python
+    /// API's `criterion=`); the tolerances still measure the error trials report.
+    pub user_criterion: Option<UserCriterion>,
     /// `--cache-budget`: `auto` or a size such as `512M`.
     pub cache_budget: String,
     pub check: Option<CheckOptions>,
@@ -108,6 +106,7 @@ impl Default for Config {
             jobs: 1,
             golden: None,
             compare: CompareOptions::default(),
+            user_criterion: None,
             cache_budget: "auto".into(),
             check: None,
             load_debug_replay: None,
@@ -215,15 +214,35 @@ impl Config {
         put("metric", c.metric.join(" "));
         put(
             "golden",
-            self.golden
-                .as_ref()
-                .map_or_else(String::new, |p| p.display().to_string()),
+            match &self.golden {
+                None => String::new(),
+                Some(GoldenSource::File(p)) => p.display().to_string(),
+                Some(GoldenSource::Outputs(o)) => format!(
+                    "in memory: {}",
+                    digest(
+                        o.iter()
+                            .map(|v| v.iter().map(|(k, t)| (k.as_str(), t)).collect())
+                            .collect()
+                    )
+                ),
+            },
         );
+        if self.user_criterion.is_some() {
+            // A callback cannot be compared: only replays of callback searches match.
+            put("criterion", "user callback".into());
+        }
         put(
             "inputs",
             match &self.inputs {
                 Inputs::Options(d) => d.replay_setting(),
-                Inputs::Feeds(f) => format!("in memory: {}", feeds_digest(f)),
+                Inputs::Feeds(f) => format!(
+                    "in memory: {}",
+                    digest(
+                        f.iter()
+                            .map(|m| m.iter().map(|(k, t)| (k.as_str(), t)).collect())
+                            .collect()
+                    )
+                ),
             },
         );
         let check = self.check.as_ref();
@@ -245,9 +264,9 @@ impl Config {
     }
 }
 
-/// FNV-1a over the input sets' names, shapes, types and bytes: in-memory inputs in a replay's
-/// settings.
-fn feeds_digest(feeds: &[Feeds]) -> String {
+/// FNV-1a over input sets' (or outputs') names, types, shapes and elements: in-memory data in
+/// a replay's settings.
+fn digest<'t>(sets: Vec<Vec<(&'t str, &'t crate::tensor::Tensor)>>) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut eat = |bytes: &[u8]| {
         for b in bytes {
@@ -255,14 +274,34 @@ fn feeds_digest(feeds: &[Feeds]) -> String {
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
     };
-    for f in feeds {
-        for (name, t) in f {
+    for set in &sets {
+        for (name, t) in set {
             eat(name.as_bytes());
             // The npy form holds the dtype, the shape and the elements.
             eat(&crate::data::npy::to_npy(t).unwrap_or_default());
         }
     }
-    format!("{} set(s), fnv1a {h:016x}", feeds.len())
+    format!("{} set(s), fnv1a {h:016x}", sets.len())
+}
+
+/// Golden outputs given in memory, checked as a golden file is.
+fn golden_in_memory(outputs: Vec<crate::golden::Outputs>) -> Result<GoldenFile> {
+    use crate::data::polygraphy::{IterationResult, RunResults};
+    let runner = "golden".to_string();
+    let iterations = outputs
+        .into_iter()
+        .map(|outputs| IterationResult {
+            outputs,
+            runtime: 0.0,
+            runner_name: runner.clone(),
+        })
+        .collect();
+    GoldenFile::new(
+        std::path::Path::new("golden outputs (in memory)"),
+        RunResults {
+            runners: vec![(runner, iterations)],
+        },
+    )
 }
 
 /// How the job reports while it works, besides the search's own hooks.
@@ -598,7 +637,8 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         None
     };
     let golden_file = match &config.golden {
-        Some(p) => Some(GoldenFile::load(p)?),
+        Some(GoldenSource::File(p)) => Some(GoldenFile::load(p)?),
+        Some(GoldenSource::Outputs(o)) => Some(golden_in_memory(o.clone())?),
         None => None,
     };
     let model = load_model(&config.model)?;
@@ -626,15 +666,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
                 .into(),
         ));
     }
-    let feeds = match &config.inputs {
-        Inputs::Options(d) => d.feeds(graph, &mut |e| hooks.event(e))?,
-        Inputs::Feeds(f) => {
-            for feed in f {
-                crate::data::script::validate_feed(&graph.inputs, feed)?;
-            }
-            f.clone()
-        }
-    };
+    let feeds = config.inputs.feeds(graph, &mut |e| hooks.event(e))?;
     hooks.inputs_ready(feeds.len());
     let with_check = config.check.is_some();
     let check_and_fusion = |fusion: FusionModel| {
@@ -710,6 +742,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             high,
             fusion,
             golden: golden_file.as_ref(),
+            user: config.user_criterion.clone(),
             options: options(Ranking::Growth),
             check: make_check(PrecisionPlan::uniform(graph, Precision::Float32), None),
             replay,
@@ -817,6 +850,7 @@ fn float_searches<'a>(
             interp,
             feeds,
             criterion: criterion.clone(),
+            user: config.user_criterion.clone(),
             low: low_k.clone(),
             high,
             accumulate: config.precision.accumulator()?,

@@ -7,3 +7,4 @@
 pub mod debug_precision;
 pub mod options;
 pub mod ranges;
+pub mod run;

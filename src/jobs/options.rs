@@ -436,6 +436,41 @@ impl DataOptions {
     }
 }
 
+/// Where a job's input sets come from.
+#[derive(Clone, Debug)]
+pub enum Inputs {
+    /// Generated, loaded from files or from a data-loader script (the CLI's data options).
+    Options(DataOptions),
+    /// Given in memory (the Python API's `inputs`).
+    Feeds(Vec<Feeds>),
+}
+
+impl Default for Inputs {
+    fn default() -> Self {
+        Inputs::Options(DataOptions::default())
+    }
+}
+
+impl Inputs {
+    /// The input sets; in-memory ones are checked against the model's inputs (names, types,
+    /// shapes), and there must be at least one.
+    pub fn feeds(&self, graph: &Graph, events: &mut dyn FnMut(Event)) -> Result<Vec<Feeds>> {
+        let feeds = match self {
+            Inputs::Options(d) => d.feeds(graph, events)?,
+            Inputs::Feeds(f) => {
+                for feed in f {
+                    crate::data::script::validate_feed(&graph.inputs, feed)?;
+                }
+                f.clone()
+            }
+        };
+        if feeds.is_empty() {
+            return Err(Error::Invalid("inputs: no input set was given".into()));
+        }
+        Ok(feeds)
+    }
+}
+
 fn is_npz(p: &Path) -> bool {
     p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npz"))
 }

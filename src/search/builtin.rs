@@ -10,6 +10,7 @@ use crate::precision::{Accumulator, Precision};
 use crate::tensor::Tensor;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Golden outputs of one input set, by output name.
 pub type Golden = Vec<(String, Tensor)>;
@@ -42,6 +43,8 @@ pub struct BuiltinOracle<'a> {
     prepared: Option<(PreparedPlan, PreparedPlan)>,
     /// Sensitivity ranking runs made at the same time (`--jobs`).
     ranking_jobs: usize,
+    /// A user criterion that decides the verdicts instead of `criterion`.
+    user: Option<UserCriterion>,
 }
 
 impl<'a> BuiltinOracle<'a> {
@@ -78,6 +81,7 @@ impl<'a> BuiltinOracle<'a> {
             stop: None,
             prepared: None,
             ranking_jobs: 1,
+            user: None,
         })
     }
 
@@ -244,10 +248,17 @@ impl<'a> BuiltinOracle<'a> {
             feeds: self.feeds,
             golden: &self.golden,
             criterion: &self.criterion,
+            user: self.user.as_ref(),
         };
         let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
         self.full_executions += sets * self.nodes();
         Ok(e)
+    }
+
+    /// Judges every candidate (and every sensitivity ranking run) by `user` instead of the
+    /// criterion.
+    pub fn judging_by(&mut self, user: Option<UserCriterion>) {
+        self.user = user;
     }
 
     /// Makes the sensitivity ranking's runs `jobs` at a time (`--jobs`; the scores are the
@@ -568,36 +579,90 @@ pub fn relative_growth(graph: &crate::Graph, err: &HashMap<String, f64>) -> Vec<
     out
 }
 
+/// A user's pass criterion over whole outputs (the Python API's `criterion=`): every input
+/// set's outputs and the golden outputs they are judged against in, pass or fail out. It
+/// decides each verdict; the built-in comparison still measures the error a trial reports and
+/// the sensitivity ranking scores by.
+#[derive(Clone)]
+pub struct UserCriterion(pub Arc<UserCriterionFn>);
+
+/// What a [`UserCriterion`] calls: (the candidate's outputs per input set, the golden outputs
+/// per input set) → passed.
+pub type UserCriterionFn = dyn Fn(Vec<Golden>, &[&Golden]) -> Result<bool> + Send + Sync;
+
+impl std::fmt::Debug for UserCriterion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserCriterion(..)")
+    }
+}
+
+/// Judges a candidate on `sets` input sets, `run(k)` giving set k's outputs; returns the
+/// verdict and the sets run. Under the built-in criterion the first failing set ends it (the
+/// rest cannot make it pass); a user criterion sees every set's outputs at once.
+pub(crate) fn judge_sets(
+    sets: usize,
+    golden: &[Golden],
+    criterion: &Criterion,
+    user: Option<&UserCriterion>,
+    mut run: impl FnMut(usize) -> Result<Golden>,
+) -> Result<(Evaluation, u64)> {
+    let golden_of = |k: usize| &golden[k.min(golden.len() - 1)];
+    let mut verdict = Verdict::new();
+    let mut ran = 0;
+    let mut outputs = Vec::new();
+    for k in 0..sets {
+        let out = run(k)?;
+        ran += 1;
+        let passing = verdict.add(&out, golden_of(k), criterion)?;
+        if user.is_some() {
+            outputs.push(out);
+        } else if !passing {
+            break;
+        }
+    }
+    let mut e = verdict.finish();
+    if let Some(u) = user {
+        let golden: Vec<&Golden> = (0..sets).map(golden_of).collect();
+        let passed = (u.0)(outputs, &golden)?;
+        e.summary = format!(
+            "criterion {} | {}",
+            if passed { "passed" } else { "failed" },
+            e.summary
+        );
+        e.passed = passed;
+    }
+    Ok((e, ran))
+}
+
 /// What judging a candidate reads, shared by the evaluations of a batch.
 struct Judge<'j> {
     interp: &'j Interpreter<'j>,
     feeds: &'j [Feeds],
     golden: &'j [Golden],
     criterion: &'j Criterion,
+    user: Option<&'j UserCriterion>,
 }
 
 impl Judge<'_> {
     /// Runs `prepared` on the input sets (until the verdict is known) through `cache`;
     /// returns the verdict and the input sets run.
     fn judge(&self, prepared: &PreparedPlan, cache: &mut ValueCache) -> Result<(Evaluation, u64)> {
-        let mut verdict = Verdict::new();
-        let mut sets = 0;
-        for (k, f) in self.feeds.iter().enumerate() {
-            let r = self.interp.run_cached(
-                f,
-                k as u64,
-                &RunOptions::default(),
-                Some(prepared),
-                cache,
-            )?;
-            sets += 1;
-            let golden = &self.golden[k.min(self.golden.len() - 1)];
-            if !verdict.add(&r.outputs, golden, self.criterion)? {
-                // The verdict is known: the remaining input sets cannot make it pass.
-                break;
-            }
-        }
-        Ok((verdict.finish(), sets))
+        judge_sets(
+            self.feeds.len(),
+            self.golden,
+            self.criterion,
+            self.user,
+            |k| {
+                let r = self.interp.run_cached(
+                    &self.feeds[k],
+                    k as u64,
+                    &RunOptions::default(),
+                    Some(prepared),
+                    cache,
+                )?;
+                Ok(r.outputs)
+            },
+        )
     }
 }
 
@@ -630,6 +695,7 @@ impl BuiltinOracle<'_> {
             feeds: self.feeds,
             golden: &self.golden,
             criterion: &self.criterion,
+            user: self.user.as_ref(),
         };
         let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> =
             (0..sets.len()).map(|_| None).collect();

@@ -3,7 +3,7 @@
 //! itself and its statistics. `debug precision` (src/cli/debug.rs) only turns its arguments
 //! into a [`SearchJob`], prints through [`SearchHooks`] and writes the files it is asked for.
 
-use super::builtin::{BuiltinOracle, Golden, RankedBy};
+use super::builtin::{BuiltinOracle, Golden, RankedBy, UserCriterion};
 use super::check::CheckOracle;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
@@ -29,6 +29,8 @@ pub struct SearchJob<'a> {
     pub interp: &'a Interpreter<'a>,
     pub feeds: &'a [Feeds],
     pub criterion: Criterion,
+    /// A user criterion that decides the verdicts instead of `criterion`.
+    pub user: Option<UserCriterion>,
     /// The plan with every layer in its low precision.
     pub low: PrecisionPlan,
     /// The precision marked layers run in.
@@ -118,6 +120,7 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
         job.amax,
         ValueCache::new(job.cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
     )?;
+    oracle.judging_by(job.user);
     let t0 = Instant::now();
     if job.cache_budget.is_none() {
         let (values, peak) = oracle.value_bytes()?;
@@ -257,6 +260,7 @@ mod tests {
     }
 
     use super::*;
+    use crate::error::Error;
     use crate::graph::testing::{graph, node, vi};
     use crate::search::{Direction, Mode, Objective};
     use crate::tensor::Tensor;
@@ -285,9 +289,9 @@ mod tests {
     }
 
     /// x → Relu → ×1000 → ×0.001 → y with x ≈ 70: the product overflows float16 (65504), so
-    /// both multiplications must stay in float32 and the Relu need not.
-    #[test]
-    fn the_driver_finds_the_layers_an_overflow_needs_and_reports_through_hooks() {
+    /// both multiplications must stay in float32 and the Relu need not. The search runs under
+    /// `user` when given (the tolerances still measure the error).
+    fn overflow_search(user: Option<UserCriterion>) -> (Result<SearchRun>, Recorder) {
         let g = graph(
             vec![
                 node("relu", "Relu", &["x"], &["r"]),
@@ -307,7 +311,7 @@ mod tests {
             "x".into(),
             Tensor::from_f32(vec![4], vec![70.0, 70.5, 71.0, 72.0]),
         );
-        let feeds = vec![feeds];
+        let feeds = vec![feeds.clone(), feeds];
         let criterion = Criterion {
             atol: crate::compare::PerOutput::new(0.1),
             rtol: crate::compare::PerOutput::new(0.01),
@@ -319,6 +323,7 @@ mod tests {
             interp: &interp,
             feeds: &feeds,
             criterion,
+            user,
             low: PrecisionPlan::uniform(&g, Precision::Float16),
             high: Precision::Float32,
             accumulate: Accumulator::F32,
@@ -337,7 +342,13 @@ mod tests {
             layer_errors: true,
             stop: &stop,
         };
-        let run = run_search(job, &mut hooks).unwrap();
+        (run_search(job, &mut hooks), hooks)
+    }
+
+    #[test]
+    fn the_driver_finds_the_layers_an_overflow_needs_and_reports_through_hooks() {
+        let (run, hooks) = overflow_search(None);
+        let run = run.unwrap();
         assert_eq!(run.result.outcome, Outcome::Found(vec![1, 2]));
         assert_eq!(hooks.started, vec![3]);
         assert_eq!(hooks.trials, run.result.trials.len());
@@ -356,5 +367,45 @@ mod tests {
         assert_eq!(why, vec![(1, Overflow), (2, Overflow)], "{:?}", run.reasons);
         assert_eq!(run.reasons[1].facts.as_ref().unwrap().overflowing_inputs, 4);
         assert!(hooks.events.is_empty() && hooks.log.is_empty());
+    }
+
+    #[test]
+    fn a_user_criterion_decides_every_verdict_and_sees_every_input_set() {
+        use std::sync::{Arc, Mutex};
+        // Passes when every output value is finite: the overflow makes them inf, so both
+        // multiplications are needed, as under the tolerances.
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let seen = calls.clone();
+        let finite = UserCriterion(Arc::new(move |outputs: Vec<Golden>, golden: &[&Golden]| {
+            seen.lock().unwrap().push((outputs.len(), golden.len()));
+            Ok(outputs
+                .iter()
+                .flatten()
+                .all(|(_, t)| t.as_f32().unwrap().iter().all(|v| v.is_finite())))
+        }));
+        let (run, _) = overflow_search(Some(finite));
+        let run = run.unwrap();
+        assert_eq!(run.result.outcome, Outcome::Found(vec![1, 2]));
+        let calls = calls.lock().unwrap();
+        // Every evaluation and every ranking run called it once, with both input sets.
+        assert_eq!(
+            calls.len(),
+            run.result.trials.len() + run.stats.ranking_runs,
+            "{:?}",
+            run.stats
+        );
+        assert!(calls.iter().all(|&c| c == (2, 2)));
+        assert!(run.result.trials[0].summary.starts_with("criterion "));
+
+        // A criterion that accepts everything: no layer is needed.
+        let (run, _) = overflow_search(Some(UserCriterion(Arc::new(|_, _| Ok(true)))));
+        assert_eq!(run.unwrap().result.outcome, Outcome::NothingNeeded);
+
+        // An error in the criterion ends the search with that error.
+        let (run, _) = overflow_search(Some(UserCriterion(Arc::new(|_, _| {
+            Err(Error::Invalid("the criterion broke".into()))
+        }))));
+        let e = run.err().expect("the criterion's error").to_string();
+        assert!(e.contains("the criterion broke"), "{e}");
     }
 }

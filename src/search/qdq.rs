@@ -10,7 +10,7 @@
 //! candidate is differs. There is no incremental re-execution: each evaluation runs its
 //! candidate model whole.
 
-use super::builtin::{relative_error, Golden, Verdict};
+use super::builtin::{judge_sets, relative_error, Golden, UserCriterion};
 use super::check::CheckOracle;
 use super::replay::DebugReplay;
 use super::report::{QdqInputError, QdqReason, SearchStats};
@@ -38,6 +38,8 @@ pub struct QdqJob<'a> {
     pub model: &'a Model,
     pub feeds: &'a [Feeds],
     pub criterion: Criterion,
+    /// A user criterion that decides the verdicts instead of `criterion`.
+    pub user: Option<UserCriterion>,
     /// The precision marked layers run in (float32 or float16).
     pub high: Precision,
     /// The fusion model every run uses (`--fusion`).
@@ -108,6 +110,8 @@ pub struct QdqOracle<'a> {
     feeds: &'a [Feeds],
     golden: Vec<Golden>,
     criterion: Criterion,
+    /// A user criterion that decides the verdicts instead of `criterion`.
+    user: Option<UserCriterion>,
     high: Precision,
     fusion: FusionModel,
     pub evaluations: usize,
@@ -138,17 +142,14 @@ impl QdqOracle<'_> {
         }
         let candidate = strip(self.model, marked, self.high)?;
         let interp = Interpreter::new(&candidate.model.graph)?;
-        let mut verdict = Verdict::new();
-        let mut executions = 0;
-        for (k, f) in self.feeds.iter().enumerate() {
-            let r = run_with(&interp, f, self.fusion, false)?;
-            executions += candidate.model.graph.nodes.len() as u64;
-            let golden = &self.golden[k.min(self.golden.len() - 1)];
-            if !verdict.add(&r.outputs, golden, &self.criterion)? {
-                break;
-            }
-        }
-        Ok((verdict.finish(), executions))
+        let (e, sets) = judge_sets(
+            self.feeds.len(),
+            &self.golden,
+            &self.criterion,
+            self.user.as_ref(),
+            |k| Ok(run_with(&interp, &self.feeds[k], self.fusion, false)?.outputs),
+        )?;
+        Ok((e, sets * candidate.model.graph.nodes.len() as u64))
     }
 }
 
@@ -339,6 +340,7 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         feeds: job.feeds,
         golden: Vec::new(),
         criterion: job.criterion,
+        user: job.user,
         high: job.high,
         fusion: job.fusion,
         evaluations: 0,

@@ -129,6 +129,7 @@ fn run_search(
             model: m,
             feeds: &feeds,
             criterion,
+            user: None,
             high,
             fusion: FusionModel::None,
             golden: None,

@@ -1,0 +1,454 @@
+"""mixprec: find which layers of an ONNX network must stay in higher precision.
+
+The same native engine as the ``mixprec`` command, in process: FP16/BF16/FP8/INT8 emulated
+bit-faithfully on the CPU, Polygraphy's ``debug precision`` search, and the answer as a
+deployable mixed-precision ONNX model.
+
+    import mixprec
+    result = mixprec.debug_precision("model.onnx", precision="float16", inputs=batches,
+                                     criterion=lambda outputs, golden: my_metric(...) >= 0.99)
+    print(result.layers)
+    result.export("model_mixed.onnx")
+
+Keyword arguments take the CLI's option names in snake_case (``--check-error-stat`` is
+``check_error_stat``); docs/python.md maps every one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import warnings
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Union,
+)
+
+import numpy as np
+
+from . import _native
+
+__all__ = [
+    "MixprecWarning",
+    "SearchResult",
+    "debug_precision",
+    "run",
+]
+
+__version__ = "0.1.0"
+
+Arrays = Dict[str, np.ndarray]
+"""One input set (or one set of outputs): tensor name to array."""
+
+ModelLike = Union[str, "os.PathLike[str]", bytes, Any]
+"""A path, serialized ONNX bytes, or an ``onnx.ModelProto``."""
+
+DataLike = Union[
+    str,
+    "os.PathLike[str]",
+    Mapping[str, Any],
+    Iterable[Mapping[str, Any]],
+    Callable[[], Any],
+]
+"""Input sets (or golden outputs): a Polygraphy JSON / ``.npz`` path, one dict, an iterable
+of dicts (a list, a generator, a ``DataLoader`` yielding dicts), or a callable returning one
+of those."""
+
+Criterion = Callable[[List[Arrays], List[Arrays]], bool]
+"""``criterion(outputs, golden) -> bool``: one dict per input set in each list."""
+
+_log = logging.getLogger("mixprec")
+
+
+class MixprecWarning(UserWarning):
+    """A warning from the mixprec engine (what the CLI prints as ``warning: ...``)."""
+
+
+class _Model:
+    """A model argument as a file the engine can read (a temporary one for bytes or a
+    ModelProto, removed when this is)."""
+
+    def __init__(self, model: ModelLike) -> None:
+        self._tmp: Optional[str] = None
+        if isinstance(model, (str, os.PathLike)):
+            self.path = os.fspath(model)
+            return
+        if isinstance(model, (bytes, bytearray, memoryview)):
+            data = bytes(model)
+        elif hasattr(model, "SerializeToString"):
+            data = model.SerializeToString()
+        else:
+            raise TypeError(
+                "model: expected a path, ONNX bytes or an onnx.ModelProto, got "
+                f"{type(model).__name__}"
+            )
+        fd, self._tmp = tempfile.mkstemp(suffix=".onnx", prefix="mixprec-model-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        self.path = self._tmp
+
+    def __del__(self) -> None:
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp)
+            except OSError:
+                pass
+
+
+def _as_array(name: str, value: Any) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
+        arr = value.detach().cpu().numpy()
+    else:
+        arr = np.asarray(value)
+    if arr.dtype == object:
+        raise TypeError(f"input '{name}': cannot make a numeric array of {type(value).__name__}")
+    return np.ascontiguousarray(arr)
+
+
+def _as_set(item: Any, what: str, k: int) -> Arrays:
+    if not isinstance(item, Mapping):
+        raise TypeError(
+            f"{what} {k}: expected a dict of {{name: array}}, got {type(item).__name__}"
+        )
+    return {str(name): _as_array(str(name), v) for name, v in item.items()}
+
+
+def _data(value: Optional[DataLike], what: str) -> tuple[Optional[List[Arrays]], Optional[str]]:
+    """(in-memory sets, path): one of them, or neither for None."""
+    if value is None:
+        return None, None
+    if isinstance(value, (str, os.PathLike)):
+        path = os.fspath(value)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{what}: {path}: no such file or directory")
+        return None, path
+    if callable(value) and not isinstance(value, Mapping):
+        value = value()
+    if isinstance(value, Mapping):
+        return [_as_set(value, what, 0)], None
+    sets = [_as_set(item, what, k) for k, item in enumerate(value)]
+    if not sets:
+        raise ValueError(f"{what}: no input set was given (an empty iterable)")
+    return sets, None
+
+
+def _items(value: Any, what: str) -> List[str]:
+    """A tolerance-like option as the CLI's items: ``1e-3``, ``{"out": 1e-3}``,
+    ``["1e-3", "out:1e-2"]``."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return [f"{k}:{v}" for k, v in value.items()]
+    if isinstance(value, (str, int, float)):
+        return [str(value)]
+    try:
+        return [str(v) for v in value]
+    except TypeError:
+        raise TypeError(f"{what}: expected a value, a list or a dict, got {type(value).__name__}")
+
+
+def _precisions(precision: Union[str, Sequence[str]]) -> List[str]:
+    if isinstance(precision, str):
+        return [p.strip() for p in precision.replace("+", ",").split(",") if p.strip()]
+    return list(precision)
+
+
+def _on_event(kind: str, text: str) -> None:
+    if kind == "warning":
+        warnings.warn(text, MixprecWarning, stacklevel=3)
+    elif kind == "verbose":
+        _log.debug(text)
+    else:
+        _log.info(text.rstrip("\n"))
+
+
+def _progress_sink(progress: Union[bool, Callable[[Dict[str, Any]], None], None]):
+    """(callback for each evaluated candidate, close) for ``progress=``."""
+    if callable(progress):
+        return progress, lambda: None
+    if progress is False:
+        return None, lambda: None
+    try:
+        from tqdm.auto import tqdm  # type: ignore[import-not-found]
+    except ImportError:
+        return None, lambda: None
+    bar = tqdm(desc="mixprec", unit="eval")
+    best: List[Optional[int]] = [None]
+
+    def update(t: Dict[str, Any]) -> None:
+        if t["passed"]:
+            best[0] = t["marked"] if best[0] is None else min(best[0], t["marked"])
+        bar.update(1)
+        bar.set_postfix_str(
+            f"{t['phase']} | best: {'none' if best[0] is None else str(best[0]) + ' layer(s)'}"
+        )
+
+    return update, bar.close
+
+
+class SearchResult:
+    """What :func:`debug_precision` found.
+
+    ``layers`` are the names of the layers that must stay in the higher precision (for a
+    Q/DQ model: leave quantization); ``to_dict()`` is the CLI's ``--save-result`` JSON.
+    """
+
+    def __init__(self, native: Any, model: _Model) -> None:
+        self._native = native
+        self._model = model  # keeps a temporary model file alive with the result
+        self._dict: Dict[str, Any] = json.loads(native.result_json())
+
+    @property
+    def outcome(self) -> str:
+        """``found``, ``nothing-needed``, ``not-found``, ``reference-fails`` or
+        ``interrupted``."""
+        return str(self._dict["outcome"]["kind"])
+
+    @property
+    def layers(self) -> List[str]:
+        """The answer: layer names (empty when nothing is needed or nothing was found)."""
+        return [layer["name"] for layer in self._dict["layers"]]
+
+    @property
+    def evaluations(self) -> int:
+        """Candidates evaluated (the speculative ones of ``jobs > 1`` not counted)."""
+        return int(self._dict["stats"]["evaluations"])
+
+    @property
+    def history(self) -> List[Dict[str, Any]]:
+        """Every evaluated candidate: iteration, phase, marked layers, error, verdict."""
+        return list(self._dict["trials"])
+
+    @property
+    def reasons(self) -> Dict[str, Any]:
+        """Why each layer of the answer is needed (its error alone in low precision and the
+        cause), by layer name."""
+        return {
+            layer["name"]: layer["reason"]
+            for layer in self._dict["layers"]
+            if layer.get("reason") is not None
+        }
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The ``--save-result`` JSON as a dict (a copy)."""
+        return json.loads(json.dumps(self._dict))
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the ``--save-result`` JSON."""
+        _write(path, self._native.result_json().encode())
+
+    def export(self, path: Union[str, "os.PathLike[str]", None] = None) -> Any:
+        """The answer as a mixed-precision ONNX model (Casts for float16/bfloat16, Q/DQ for
+        int8/fp8; for a Q/DQ model, the model without the answer's pairs): written to
+        ``path`` when given; returned as an ``onnx.ModelProto`` when onnx is importable,
+        else as bytes. None when the search found no answer."""
+        data = self._native.export()
+        if data is None:
+            return None
+        for note in self._native.export_notes():
+            _log.info(note)
+        if path is not None:
+            _write(path, data)
+        try:
+            import onnx  # type: ignore[import-not-found]
+        except ImportError:
+            return data
+        return onnx.load_model_from_string(data)
+
+    def report(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the HTML report (the answer, every candidate's error and verdict)."""
+        _write(path, self._native.html().encode())
+
+    def _repr_html_(self) -> str:
+        return str(self._native.html())
+
+    def __repr__(self) -> str:
+        return (
+            f"SearchResult(outcome={self.outcome!r}, layers={self.layers!r}, "
+            f"evaluations={self.evaluations})"
+        )
+
+
+def _write(path: Union[str, "os.PathLike[str]"], data: bytes) -> None:
+    """Writes all or nothing: a temporary file beside ``path``, then renamed over it."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".mixprec-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def debug_precision(
+    model: ModelLike,
+    *,
+    precision: Union[str, Sequence[str]] = "float16",
+    higher_precision: str = "float32",
+    inputs: Optional[DataLike] = None,
+    golden: Optional[DataLike] = None,
+    criterion: Optional[Criterion] = None,
+    check_error_stat: Any = None,
+    atol: Any = None,
+    rtol: Any = None,
+    error_quantile: Any = None,
+    metrics: Optional[Sequence[str]] = None,
+    mode: str = "minimal",
+    direction: str = "forward",
+    objective: str = "layers",
+    ranking: Optional[str] = None,
+    layer_precisions: Union[Mapping[str, str], Sequence[str], None] = None,
+    fusion: str = "none",
+    calibration_cache: Union[str, "os.PathLike[str]", None] = None,
+    calibration_algo: Optional[str] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+    cache_budget: str = "auto",
+    check: Union[str, Sequence[str], None] = None,
+    check_timeout: Optional[float] = None,
+    load_debug_replay: Union[str, "os.PathLike[str]", None] = None,
+    save_debug_replay: Union[str, "os.PathLike[str]", None] = None,
+    layer_errors: bool = False,
+    jobs: int = 1,
+    progress: Union[bool, Callable[[Dict[str, Any]], None], None] = None,
+) -> SearchResult:
+    """Finds the layers that must stay in ``higher_precision`` for the model to stay
+    accurate with the rest in ``precision`` (Polygraphy's ``debug precision``; the CLI's
+    ``mixprec debug precision``). A Q/DQ model with ``precision=None``: which quantized layers
+    must leave quantization.
+
+    ``precision``: the low precision(s), ``"float16"``, ``"bfloat16"``, ``"int8"``,
+    ``"fp8"`` or a list (``["int8", "float16"]``: TensorRT's ``--int8 --fp16``).
+    ``inputs``: the input sets (see ``DataLike``); None generates them like Polygraphy
+    (``seed``, ``iterations``, ``val_range``, ``input_shapes``). ``golden``: reference
+    outputs in the same forms; None runs the model in FP32 on ``inputs``.
+    ``criterion(outputs, golden) -> bool`` judges each candidate instead of the tolerances
+    (``atol``, ``rtol``, ``check_error_stat``, ``metrics``), which still measure the error
+    each trial reports. ``mode``: ``minimal`` (default), ``bisect``, ``linear`` or
+    ``worst-first``. ``progress``: a callable given a dict per evaluated candidate, False for
+    none; by default a tqdm bar when tqdm is installed.
+
+    Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for a bad option or an
+    input that does not fit the model (naming it), ``TypeError`` when ``criterion`` returns
+    something other than a bool; an exception raised by ``criterion`` or by an input iterable
+    reaches the caller as itself. Ctrl-C stops the search after the running evaluation and
+    raises ``KeyboardInterrupt`` whose ``result`` attribute is the best answer so far.
+    """
+    m = _Model(model)
+    sets, inputs_path = _data(inputs, "inputs")
+    golden_sets, golden_path = _data(golden, "golden")
+    if isinstance(check, str):
+        import shlex
+
+        check = shlex.split(check)
+    on_trial, close = _progress_sink(progress)
+    try:
+        native = _native.debug_precision(
+            m.path,
+            low=_precisions(precision) if precision is not None else [],
+            higher_precision=higher_precision,
+            mode=mode,
+            direction=direction,
+            objective=objective,
+            ranking=ranking,
+            jobs=jobs,
+            inputs=sets,
+            load_inputs=[inputs_path] if inputs_path else [],
+            seed=seed,
+            iterations=iterations,
+            val_range=_items(val_range, "val_range"),
+            input_shapes=_items(input_shapes, "input_shapes"),
+            data_loader_script=data_loader_script,
+            golden=golden_sets,
+            golden_path=golden_path,
+            criterion=criterion,
+            atol=_items(atol, "atol"),
+            rtol=_items(rtol, "rtol"),
+            check_error_stat=_items(check_error_stat, "check_error_stat"),
+            error_quantile=_items(error_quantile, "error_quantile"),
+            metrics=_items(metrics, "metrics"),
+            layer_precisions=_items(layer_precisions, "layer_precisions"),
+            fusion=fusion,
+            calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+            calibration_algo=calibration_algo,
+            cache_budget=cache_budget,
+            check=list(check or []),
+            check_timeout=check_timeout,
+            load_debug_replay=None if load_debug_replay is None else os.fspath(load_debug_replay),
+            save_debug_replay=None if save_debug_replay is None else os.fspath(save_debug_replay),
+            layer_errors=layer_errors,
+            progress=on_trial,
+            on_event=_on_event,
+        )
+    finally:
+        close()
+    result = SearchResult(native, m)
+    if native.interrupted:
+        interrupt = KeyboardInterrupt("mixprec: the search was interrupted")
+        interrupt.result = result  # type: ignore[attr-defined]
+        raise interrupt
+    return result
+
+
+def run(
+    model: ModelLike,
+    inputs: Optional[DataLike] = None,
+    *,
+    precision: Union[str, Sequence[str], None] = None,
+    layer_precisions: Union[Mapping[str, str], Sequence[str], None] = None,
+    mark_all: bool = False,
+    fusion: str = "none",
+    calibration_cache: Union[str, "os.PathLike[str]", None] = None,
+    calibration_algo: Optional[str] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+) -> List[Arrays]:
+    """Runs the model on each input set, in FP32 (ONNX Runtime's results) or with
+    ``precision`` / ``layer_precisions`` emulated; one dict of outputs per set (the graph
+    outputs, then with ``mark_all`` every other value in execution order). Types numpy
+    lacks (bfloat16, float8) come back as float32."""
+    m = _Model(model)
+    sets, inputs_path = _data(inputs, "inputs")
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", MixprecWarning)
+        return list(
+            _native.run(
+                m.path,
+                inputs=sets,
+                load_inputs=[inputs_path] if inputs_path else [],
+                seed=seed,
+                iterations=iterations,
+                val_range=_items(val_range, "val_range"),
+                input_shapes=_items(input_shapes, "input_shapes"),
+                data_loader_script=data_loader_script,
+                low=_precisions(precision) if precision is not None else [],
+                layer_precisions=_items(layer_precisions, "layer_precisions"),
+                fusion=fusion,
+                calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+                calibration_algo=calibration_algo,
+                mark_all=mark_all,
+            )
+        )

@@ -1,0 +1,5 @@
+"""``python -m mixprec``: the ``mixprec`` command."""
+
+from ._cli import main
+
+main()

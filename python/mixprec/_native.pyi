@@ -1,0 +1,72 @@
+"""Type stubs of the native module (python/src/lib.rs); use the functions of ``mixprec``."""
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import numpy as np
+
+class Search:
+    """The library's outcome of a ``debug precision`` job."""
+
+    @property
+    def interrupted(self) -> bool: ...
+    def result_json(self, written: Optional[str] = None) -> str: ...
+    def export(self) -> Optional[bytes]: ...
+    def export_notes(self) -> List[str]: ...
+    def html(self) -> str: ...
+
+def debug_precision(
+    model: str,
+    *,
+    low: Sequence[str],
+    higher_precision: str,
+    mode: str,
+    direction: str,
+    objective: str,
+    ranking: Optional[str],
+    jobs: int,
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+    golden: Optional[List[Dict[str, np.ndarray]]],
+    golden_path: Optional[str],
+    criterion: Optional[Callable[[List[Dict[str, np.ndarray]], List[Dict[str, np.ndarray]]], Any]],
+    atol: Sequence[str],
+    rtol: Sequence[str],
+    check_error_stat: Sequence[str],
+    error_quantile: Sequence[str],
+    metrics: Sequence[str],
+    layer_precisions: Sequence[str],
+    fusion: str,
+    calibration_cache: Optional[str],
+    calibration_algo: Optional[str],
+    cache_budget: str,
+    check: Sequence[str],
+    check_timeout: Optional[float],
+    load_debug_replay: Optional[str],
+    save_debug_replay: Optional[str],
+    layer_errors: bool,
+    progress: Optional[Callable[[Dict[str, Any]], None]],
+    on_event: Optional[Callable[[str, str], None]],
+) -> Search: ...
+def run(
+    model: str,
+    *,
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+    low: Sequence[str],
+    layer_precisions: Sequence[str],
+    fusion: str,
+    calibration_cache: Optional[str],
+    calibration_algo: Optional[str],
+    mark_all: bool,
+) -> List[Dict[str, np.ndarray]]: ...
+def main(argv: List[str]) -> int: ...

@@ -1,0 +1,684 @@
+//! `mixprec._native`: the mixprec library's jobs for Python. Arrays cross as numpy arrays,
+//! a criterion is a Python callable called with the GIL held, the GIL is released while the
+//! library works, and no Rust panic crosses into Python. The Pythonic API (defaults, input
+//! forms, tqdm, `SearchResult`) is `python/mixprec/__init__.py`.
+
+use mixprec::error::Error;
+use mixprec::event::{Event, NoProgress};
+use mixprec::golden::Outputs;
+use mixprec::jobs::debug_precision::{
+    self as dp, CheckOptions, Config, GoldenSource, Hooks, Outcome,
+};
+use mixprec::jobs::options::{CalibOptions, CompareOptions, DataOptions, Inputs, PrecisionOptions};
+use mixprec::jobs::run as run_job;
+use mixprec::search::builtin::UserCriterion;
+use mixprec::search::driver::SearchHooks;
+use mixprec::search::{Direction, Mode, Objective, Ranking, SearchSpace, Trial};
+use mixprec::tensor::{Buf, Feeds, Tensor, TensorData};
+use numpy::{
+    PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{
+    PyFileNotFoundError, PyKeyboardInterrupt, PyRuntimeError, PyTypeError, PyValueError,
+};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// A library error as the Python exception a user expects: a missing file is
+/// `FileNotFoundError`, a bad input or option `ValueError`.
+fn to_py(e: Error) -> PyErr {
+    match &e {
+        Error::Io { cause, .. } if cause.kind() == std::io::ErrorKind::NotFound => {
+            PyFileNotFoundError::new_err(e.to_string())
+        }
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+/// Runs `f` and turns a panic into a `RuntimeError` (none may unwind into Python).
+fn guarded<T>(what: &str, f: impl FnOnce() -> PyResult<T>) -> PyResult<T> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => r,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(PyRuntimeError::new_err(format!(
+                "mixprec {what}: internal error (a bug, please report it): {msg}"
+            )))
+        }
+    }
+}
+
+/// A numpy array as a tensor (its elements copied: the library keeps its own buffers).
+fn to_tensor(name: &str, obj: &Bound<'_, PyAny>) -> PyResult<Tensor> {
+    let arr = obj.cast::<PyUntypedArray>().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "input '{name}': expected a numpy array, got {}",
+            obj.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    let shape = arr.shape().to_vec();
+    macro_rules! take {
+        ($t:ty, $variant:ident) => {{
+            let a = obj.cast::<PyArrayDyn<$t>>()?.readonly();
+            let v: Vec<$t> = a.as_array().iter().copied().collect();
+            TensorData::$variant(Buf::from_vec(v))
+        }};
+    }
+    let dt = arr.dtype();
+    let py = obj.py();
+    let data = if dt.is_equiv_to(&numpy::dtype::<f32>(py)) {
+        take!(f32, F32)
+    } else if dt.is_equiv_to(&numpy::dtype::<f64>(py)) {
+        take!(f64, F64)
+    } else if dt.is_equiv_to(&numpy::dtype::<half::f16>(py)) {
+        take!(half::f16, F16)
+    } else if dt.is_equiv_to(&numpy::dtype::<i64>(py)) {
+        take!(i64, I64)
+    } else if dt.is_equiv_to(&numpy::dtype::<i32>(py)) {
+        take!(i32, I32)
+    } else if dt.is_equiv_to(&numpy::dtype::<i16>(py)) {
+        take!(i16, I16)
+    } else if dt.is_equiv_to(&numpy::dtype::<i8>(py)) {
+        take!(i8, I8)
+    } else if dt.is_equiv_to(&numpy::dtype::<u64>(py)) {
+        take!(u64, U64)
+    } else if dt.is_equiv_to(&numpy::dtype::<u32>(py)) {
+        take!(u32, U32)
+    } else if dt.is_equiv_to(&numpy::dtype::<u16>(py)) {
+        take!(u16, U16)
+    } else if dt.is_equiv_to(&numpy::dtype::<u8>(py)) {
+        take!(u8, U8)
+    } else if dt.is_equiv_to(&numpy::dtype::<bool>(py)) {
+        take!(bool, Bool)
+    } else {
+        return Err(PyValueError::new_err(format!(
+            "input '{name}': numpy dtype {dt} is not supported (use float32, float64, float16, an integer type or bool)"
+        )));
+    };
+    Tensor::new(shape, data).map_err(|e| PyValueError::new_err(format!("input '{name}': {e}")))
+}
+
+/// A tensor as a numpy array: the buffer moves into numpy without a copy when the tensor owns
+/// it; types numpy lacks (bfloat16, float8, int4, float4) arrive as float32.
+fn to_numpy(py: Python<'_>, t: Tensor) -> PyResult<Py<PyAny>> {
+    let (shape, data) = t.into_parts();
+    macro_rules! give {
+        ($v:expr) => {{
+            let a = numpy::PyArray1::from_vec(py, $v.into_vec());
+            Ok(a.reshape(shape)?.into_any().unbind())
+        }};
+    }
+    match data {
+        TensorData::F32(v) => give!(v),
+        TensorData::F64(v) => give!(v),
+        TensorData::F16(v) => give!(v),
+        TensorData::I8(v) => give!(v),
+        TensorData::U8(v) => give!(v),
+        TensorData::I16(v) => give!(v),
+        TensorData::U16(v) => give!(v),
+        TensorData::I32(v) => give!(v),
+        TensorData::U32(v) => give!(v),
+        TensorData::I64(v) => give!(v),
+        TensorData::U64(v) => give!(v),
+        TensorData::Bool(v) => give!(v),
+        TensorData::Str(v) => Ok(PyList::new(py, v.into_vec())?.into_any().unbind()),
+        other => match other.to_f32_vec() {
+            Some(v) => give!(Buf::from_vec(v)),
+            None => Err(PyValueError::new_err("an output of unsupported type")),
+        },
+    }
+}
+
+fn outputs_to_py(py: Python<'_>, outputs: Outputs) -> PyResult<Py<PyDict>> {
+    let d = PyDict::new(py);
+    for (name, t) in outputs {
+        d.set_item(name, to_numpy(py, t)?)?;
+    }
+    Ok(d.unbind())
+}
+
+fn borrowed_outputs_to_py(py: Python<'_>, outputs: &Outputs) -> PyResult<Py<PyDict>> {
+    let d = PyDict::new(py);
+    for (name, t) in outputs {
+        d.set_item(name, to_numpy(py, t.clone())?)?;
+    }
+    Ok(d.unbind())
+}
+
+/// A list of `{name: array}` dicts as input sets (or outputs).
+fn to_sets(sets: &Bound<'_, PyList>) -> PyResult<Vec<Feeds>> {
+    let mut out = Vec::with_capacity(sets.len());
+    for (k, item) in sets.iter().enumerate() {
+        let d = item.cast::<PyDict>().map_err(|_| {
+            PyTypeError::new_err(format!(
+                "input set {k}: expected a dict of {{name: numpy array}}"
+            ))
+        })?;
+        let mut feeds = Feeds::new();
+        for (name, value) in d.iter() {
+            let name: String = name.extract()?;
+            let t = to_tensor(&name, &value)?;
+            feeds.insert(name, t);
+        }
+        out.push(feeds);
+    }
+    Ok(out)
+}
+
+fn parse_mode(s: &str) -> PyResult<Mode> {
+    Ok(match s {
+        "bisect" => Mode::Bisect,
+        "linear" => Mode::Linear,
+        "worst-first" | "worst_first" => Mode::WorstFirst,
+        "minimal" => Mode::Minimal,
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "mode '{s}': expected bisect, linear, worst-first or minimal"
+            )))
+        }
+    })
+}
+
+fn parse_direction(s: &str) -> PyResult<Direction> {
+    match s {
+        "forward" => Ok(Direction::Forward),
+        "reverse" => Ok(Direction::Reverse),
+        _ => Err(PyValueError::new_err(format!(
+            "direction '{s}': expected forward or reverse"
+        ))),
+    }
+}
+
+fn parse_objective(s: &str) -> PyResult<Objective> {
+    match s {
+        "layers" => Ok(Objective::Layers),
+        "flops" => Ok(Objective::Flops),
+        _ => Err(PyValueError::new_err(format!(
+            "objective '{s}': expected layers or flops"
+        ))),
+    }
+}
+
+fn parse_ranking(s: &str) -> PyResult<Ranking> {
+    match s {
+        "sensitivity" => Ok(Ranking::Sensitivity),
+        "growth" => Ok(Ranking::Growth),
+        _ => Err(PyValueError::new_err(format!(
+            "ranking '{s}': expected sensitivity or growth"
+        ))),
+    }
+}
+
+/// The precision options from the Python keywords (`precision` the low precisions, e.g.
+/// `["int8", "float16"]`).
+fn precision_options(
+    low: &[String],
+    layer_precisions: Vec<String>,
+    fusion: String,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+) -> PyResult<PrecisionOptions> {
+    let mut p = PrecisionOptions {
+        layer_precisions,
+        fusion,
+        calibration_cache,
+        calib: CalibOptions {
+            calibration_algo,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    for l in low {
+        match l.as_str() {
+            "float16" | "fp16" => p.fp16 = true,
+            "bfloat16" | "bf16" => p.bf16 = true,
+            "int8" => p.int8 = true,
+            "fp8" | "float8" | "fp8e4m3" => p.fp8 = true,
+            "float32" | "fp32" => {}
+            other => {
+                return Err(PyValueError::new_err(format!(
+                    "precision '{other}': expected float16, bfloat16, int8 or fp8"
+                )))
+            }
+        }
+    }
+    Ok(p)
+}
+
+/// Where the inputs come from: in memory, or the CLI's data options.
+fn inputs_from(
+    inputs: Option<&Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+) -> PyResult<Inputs> {
+    Ok(match inputs {
+        Some(l) => Inputs::Feeds(to_sets(l)?),
+        None => Inputs::Options(DataOptions {
+            val_range,
+            seed,
+            iterations,
+            input_shapes,
+            load_inputs,
+            data_loader_script,
+            ..Default::default()
+        }),
+    })
+}
+
+/// The job's reports turned into Python calls: trials to `progress`, notes to `on_event`,
+/// and Ctrl-C noticed between evaluations (Python only sees signals when it runs).
+struct PyHooks {
+    progress: Option<Py<PyAny>>,
+    on_event: Option<Py<PyAny>>,
+    stop: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+    /// The first exception a callback raised (it stops the search).
+    failed: Arc<Mutex<Option<PyErr>>>,
+    candidates: usize,
+}
+
+impl PyHooks {
+    fn call(
+        &self,
+        f: &Option<Py<PyAny>>,
+        args: impl for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
+    ) {
+        Python::attach(|py| {
+            if let Some(f) = f {
+                let called = args(py).and_then(|a| f.bind(py).call1((a,)));
+                if let Err(e) = called {
+                    // Ctrl-C while the callback ran is Ctrl-C; any other exception stops the
+                    // search and reaches the caller.
+                    if e.is_instance_of::<PyKeyboardInterrupt>(py) {
+                        self.interrupted.store(true, Ordering::SeqCst);
+                    } else {
+                        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+                        failed.get_or_insert(e);
+                    }
+                    self.stop.store(true, Ordering::SeqCst);
+                }
+            }
+            if py.check_signals().is_err() {
+                self.interrupted.store(true, Ordering::SeqCst);
+                self.stop.store(true, Ordering::SeqCst);
+            }
+        });
+    }
+
+    fn emit(&self, kind: &str, text: String) {
+        let kind = kind.to_string();
+        self.call(&self.on_event, move |py| {
+            Ok((kind, text).into_pyobject(py)?.into_any())
+        });
+    }
+}
+
+impl SearchHooks for PyHooks {
+    fn event(&mut self, e: Event) {
+        match e {
+            Event::Warning(w) => self.emit("warning", w),
+            Event::Info(i) => self.emit("info", i),
+            Event::Verbose(v) => self.emit("verbose", v),
+            Event::Output(o) => self.emit("output", o),
+        }
+    }
+    fn started(&mut self, space: &SearchSpace) {
+        self.candidates = space.candidates.len();
+    }
+    fn trial(&mut self, _space: &SearchSpace, t: &Trial) {
+        let (iteration, phase, marked, passed, error, summary, candidates) = (
+            t.iteration,
+            t.phase,
+            t.marked.len(),
+            t.passed,
+            t.error,
+            t.summary.clone(),
+            self.candidates,
+        );
+        self.call(&self.progress, move |py| {
+            let d = PyDict::new(py);
+            d.set_item("iteration", iteration)?;
+            d.set_item("phase", phase)?;
+            d.set_item("marked", marked)?;
+            d.set_item("candidates", candidates)?;
+            d.set_item("passed", passed)?;
+            d.set_item("error", error)?;
+            d.set_item("summary", summary)?;
+            Ok(d.into_any())
+        });
+    }
+    fn log(&mut self, line: String) {
+        self.emit("info", line);
+    }
+}
+
+impl Hooks for PyHooks {}
+
+/// What a finished `debug_precision` holds: the library's outcome.
+#[pyclass(module = "mixprec._native", name = "Search", frozen)]
+struct Search {
+    outcome: Outcome,
+    interrupted: bool,
+}
+
+#[pymethods]
+impl Search {
+    /// The `--save-result` JSON (`written`: where the answer's model was written, if it was).
+    #[pyo3(signature = (written=None))]
+    fn result_json(&self, written: Option<String>) -> PyResult<String> {
+        let bytes = self
+            .outcome
+            .result_json(written.as_deref())
+            .map_err(to_py)?;
+        String::from_utf8(bytes).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The answer's model as serialized ONNX bytes; None without an answer.
+    fn export<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let exported = py.detach(|| self.outcome.export()).map_err(to_py)?;
+        Ok(match exported {
+            Some(e) => Some(PyBytes::new(py, &mixprec::export::model_bytes(&e.model))),
+            None => None,
+        })
+    }
+
+    /// The exporter's notes on the answer's model.
+    fn export_notes(&self, py: Python<'_>) -> PyResult<Vec<String>> {
+        let exported = py.detach(|| self.outcome.export()).map_err(to_py)?;
+        Ok(exported.map(|e| e.notes).unwrap_or_default())
+    }
+
+    /// The HTML report.
+    fn html(&self) -> String {
+        self.outcome.html().render()
+    }
+
+    /// Whether Ctrl-C stopped the search.
+    #[getter]
+    fn interrupted(&self) -> bool {
+        self.interrupted
+    }
+}
+
+/// `debug precision` in process. See `mixprec.debug_precision` for the arguments.
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, low, higher_precision, mode, direction, objective, ranking, jobs,
+    inputs, load_inputs, seed, iterations, val_range, input_shapes, data_loader_script,
+    golden, golden_path, criterion, atol, rtol, check_error_stat, error_quantile, metrics,
+    layer_precisions, fusion, calibration_cache, calibration_algo, cache_budget,
+    check, check_timeout, load_debug_replay, save_debug_replay, layer_errors,
+    progress, on_event
+))]
+#[allow(clippy::too_many_arguments)]
+fn debug_precision(
+    py: Python<'_>,
+    model: PathBuf,
+    low: Vec<String>,
+    higher_precision: String,
+    mode: &str,
+    direction: &str,
+    objective: &str,
+    ranking: Option<&str>,
+    jobs: usize,
+    inputs: Option<Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+    golden: Option<Bound<'_, PyList>>,
+    golden_path: Option<PathBuf>,
+    criterion: Option<Py<PyAny>>,
+    atol: Vec<String>,
+    rtol: Vec<String>,
+    check_error_stat: Vec<String>,
+    error_quantile: Vec<String>,
+    metrics: Vec<String>,
+    layer_precisions: Vec<String>,
+    fusion: String,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+    cache_budget: String,
+    check: Vec<String>,
+    check_timeout: Option<f64>,
+    load_debug_replay: Option<PathBuf>,
+    save_debug_replay: Option<PathBuf>,
+    layer_errors: bool,
+    progress: Option<Py<PyAny>>,
+    on_event: Option<Py<PyAny>>,
+) -> PyResult<Search> {
+    let golden = match (golden, golden_path) {
+        (Some(g), _) => Some(GoldenSource::Outputs(
+            to_sets(&g)?
+                .into_iter()
+                .map(|m| m.into_iter().collect())
+                .collect(),
+        )),
+        (None, Some(p)) => Some(GoldenSource::File(p)),
+        (None, None) => None,
+    };
+    // The criterion's exception, kept to be raised as itself once the search has stopped.
+    let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
+    let user_criterion = criterion.map(|f| {
+        let raised = raised.clone();
+        let calls = Arc::new(AtomicUsize::new(0));
+        UserCriterion(Arc::new(move |outputs: Vec<Outputs>, golden: &[&Outputs]| {
+            let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            Python::attach(|py| {
+                let judged = (|| -> PyResult<bool> {
+                    let outs = PyList::empty(py);
+                    for o in outputs {
+                        outs.append(outputs_to_py(py, o)?)?;
+                    }
+                    let gold = PyList::empty(py);
+                    for g in golden {
+                        gold.append(borrowed_outputs_to_py(py, g)?)?;
+                    }
+                    let verdict = f.bind(py).call1((outs, gold))?;
+                    if let Ok(b) = verdict.cast::<pyo3::types::PyBool>() {
+                        return Ok(b.is_true());
+                    }
+                    // numpy's bool scalar (what `np.all(...)` returns) is a bool too.
+                    if verdict.is_instance(&py.import("numpy")?.getattr("bool_")?)? {
+                        return verdict.is_truthy();
+                    }
+                    Err(PyTypeError::new_err(format!(
+                        "the criterion returned {} ({}), not a bool",
+                        verdict.repr()?,
+                        verdict.get_type().name()?
+                    )))
+                })();
+                judged.map_err(|e| {
+                    let note = format!(
+                        "raised by the criterion on its call {call} (judging a candidate plan of the search)"
+                    );
+                    let _ = e.value(py).call_method1("add_note", (note.clone(),));
+                    *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                    Error::Invalid(format!("criterion: {note}"))
+                })
+            })
+        }))
+    });
+    let config = Config {
+        model,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        precision: precision_options(
+            &low,
+            layer_precisions,
+            fusion,
+            calibration_cache,
+            calibration_algo,
+        )?,
+        higher_precision,
+        mode: parse_mode(mode)?,
+        direction: parse_direction(direction)?,
+        objective: parse_objective(objective)?,
+        ranking: ranking.map(parse_ranking).transpose()?,
+        jobs,
+        golden,
+        compare: CompareOptions {
+            atol,
+            rtol,
+            check_error_stat,
+            error_quantile,
+            metric: metrics,
+        },
+        user_criterion,
+        cache_budget,
+        check: (!check.is_empty()).then(|| CheckOptions {
+            command: check,
+            timeout: check_timeout,
+            artifacts_dir: "polygraphy_artifacts".into(),
+            ..Default::default()
+        }),
+        load_debug_replay,
+        save_debug_replay,
+        layer_errors,
+        verbose: false,
+    };
+    let validated = config.validate().map_err(to_py)?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let failed: Arc<Mutex<Option<PyErr>>> = Arc::default();
+    let mut hooks = PyHooks {
+        progress,
+        on_event,
+        stop: stop.clone(),
+        interrupted: interrupted.clone(),
+        failed: failed.clone(),
+        candidates: 0,
+    };
+    let result = guarded("debug_precision", || {
+        py.detach(|| dp::run(validated, &mut hooks, &stop))
+            .map_err(to_py)
+    });
+    for slot in [&raised, &failed] {
+        if let Some(e) = slot.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+    }
+    let outcome = result?;
+    Ok(Search {
+        outcome,
+        interrupted: interrupted.load(Ordering::SeqCst),
+    })
+}
+
+/// Runs a model; one dict of outputs per input set.
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, inputs, load_inputs, seed, iterations, val_range, input_shapes,
+    data_loader_script, low, layer_precisions, fusion, calibration_cache, calibration_algo,
+    mark_all
+))]
+#[allow(clippy::too_many_arguments)]
+fn run(
+    py: Python<'_>,
+    model: PathBuf,
+    inputs: Option<Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+    low: Vec<String>,
+    layer_precisions: Vec<String>,
+    fusion: String,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+    mark_all: bool,
+) -> PyResult<Vec<Py<PyDict>>> {
+    let config = run_job::Config {
+        model,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        precision: precision_options(
+            &low,
+            layer_precisions,
+            fusion,
+            calibration_cache,
+            calibration_algo,
+        )?,
+        mark_all,
+    };
+    let mut events = Vec::new();
+    let outputs = guarded("run", || {
+        py.detach(|| run_job::run(&config, &mut |e| events.push(e), &NoProgress))
+            .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    outputs.into_iter().map(|o| outputs_to_py(py, o)).collect()
+}
+
+/// The library's warnings as Python warnings.
+fn warn_events(py: Python<'_>, events: Vec<Event>) -> PyResult<()> {
+    let warnings = py.import("warnings")?;
+    for e in events {
+        if let Event::Warning(w) = e {
+            warnings.call_method1("warn", (w,))?;
+        }
+    }
+    Ok(())
+}
+
+/// The `mixprec` command in this process: `argv` as `sys.argv` (the program name first);
+/// returns the exit status.
+#[pyfunction]
+fn main(argv: Vec<String>) -> i32 {
+    // Like the binary: end quietly on a closed stdout pipe.
+    // SAFETY: restoring the default disposition of one signal; Python's own handlers are not
+    // needed again (the process exits with the returned status).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    let code = mixprec::cli::main_from(argv);
+    (0..=255u8)
+        .find(|&k| std::process::ExitCode::from(k) == code)
+        .map_or(1, i32::from)
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<Search>()?;
+    m.add_function(wrap_pyfunction!(debug_precision, m)?)?;
+    m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(main, m)?)?;
+    m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;
+    Ok(())
+}
+
+fn py_keyboard_interrupt(py: Python<'_>) -> Bound<'_, pyo3::types::PyType> {
+    py.get_type::<PyKeyboardInterrupt>()
+}

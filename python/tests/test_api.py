@@ -1,0 +1,298 @@
+"""The Python API against the CLI and against bad input (scripts/test.sh runs this with the
+wheel built and installed into the test venv)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import mixprec
+
+ROOT = Path(__file__).resolve().parents[2]
+RANGE = "[1,2]"
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("models")
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gen_models.py"),
+            "--out",
+            str(out),
+            "--only",
+            "needs_constraints,planted_square,qdq_cnn",
+            "--no-ort",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return out
+
+
+def mixprec_command() -> List[str]:
+    """The package's own `mixprec` entry point (the CLI run in process)."""
+    exe = shutil.which("mixprec", path=str(Path(sys.executable).parent))
+    assert exe, "the wheel installs a `mixprec` command beside the interpreter"
+    return [exe]
+
+
+def comparable(result: Dict[str, Any]) -> Dict[str, Any]:
+    """A result file without what differs between two runs of the same search: times and
+    the model's path."""
+    r = json.loads(json.dumps(result))
+    r.pop("model", None)
+    for k in ("wall_seconds", "fp32_inference_seconds"):
+        r["stats"].pop(k, None)
+    return r
+
+
+def cli_result(tmp_path: Path, args: List[str]) -> Dict[str, Any]:
+    out = tmp_path / "cli.json"
+    p = subprocess.run(
+        mixprec_command() + ["debug", "precision", *args, "--save-result", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("mode", ["minimal", "bisect", "worst-first"])
+def test_the_cli_and_python_give_the_same_answer(models: Path, tmp_path: Path, mode: str) -> None:
+    model = models / "needs_constraints.onnx"
+    cli = cli_result(
+        tmp_path, [str(model), "--fp16", "--val-range", RANGE, "--mode", mode, "--atol", "1e-2"]
+    )
+    py = mixprec.debug_precision(
+        model, precision="float16", val_range=RANGE, mode=mode, atol=1e-2, progress=False
+    )
+    assert comparable(py.to_dict()) == comparable(cli)
+    assert py.layers == [layer["name"] for layer in cli["layers"]]
+    assert py.outcome == "found"
+    assert py.evaluations == cli["stats"]["evaluations"] > 0
+
+
+def test_the_qdq_search_is_the_same_in_python(models: Path, tmp_path: Path) -> None:
+    model = models / "qdq_cnn.onnx"
+    args = ["--val-range", "[-1,1]", "--check-error-stat", "median", "--atol", "1e-3"]
+    cli = cli_result(tmp_path, [str(model), *args])
+    py = mixprec.debug_precision(
+        model,
+        precision=None,
+        val_range="[-1,1]",
+        check_error_stat="median",
+        atol=1e-3,
+        mode="bisect",
+        progress=False,
+    )
+    assert comparable(py.to_dict()) == comparable(cli)
+    assert "qdq" in py.to_dict()
+
+
+def test_a_criterion_judges_every_candidate(models: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    calls: List[int] = []
+
+    def close(outputs: List[Dict[str, np.ndarray]], golden: List[Dict[str, np.ndarray]]) -> bool:
+        calls.append(len(outputs))
+        assert len(outputs) == len(golden) == 2
+        assert all(isinstance(v, np.ndarray) for o in outputs for v in o.values())
+        return all(
+            np.allclose(o[k], g[k], rtol=1e-2, atol=1e-2) for o, g in zip(outputs, golden) for k in g
+        )
+
+    r = mixprec.debug_precision(
+        model, precision="float16", val_range=RANGE, iterations=2, criterion=close, progress=False
+    )
+    assert r.outcome == "found" and r.layers
+    # Every evaluation (and every sensitivity ranking run) called it.
+    assert len(calls) >= r.evaluations
+    assert all(t["summary"].startswith("criterion ") for t in r.history)
+
+    everything = mixprec.debug_precision(
+        model, precision="float16", val_range=RANGE, criterion=lambda o, g: True, progress=False
+    )
+    assert everything.outcome == "nothing-needed" and everything.layers == []
+    # numpy booleans are booleans.
+    numpy_bool = mixprec.debug_precision(
+        model,
+        precision="float16",
+        val_range=RANGE,
+        criterion=lambda o, g: np.all(np.isfinite(o[0]["output"])),
+        progress=False,
+    )
+    assert numpy_bool.outcome in ("found", "nothing-needed")
+
+
+def test_a_criterion_error_reaches_the_caller_as_itself(models: Path) -> None:
+    def broken(outputs: Any, golden: Any) -> bool:
+        raise ZeroDivisionError("my metric divided by zero")
+
+    with pytest.raises(ZeroDivisionError, match="my metric") as info:
+        mixprec.debug_precision(
+            models / "needs_constraints.onnx", precision="float16", criterion=broken, progress=False
+        )
+    if sys.version_info >= (3, 11):
+        assert any("criterion" in n for n in info.value.__notes__)
+
+
+def test_a_criterion_returning_a_non_bool_is_a_type_error(models: Path) -> None:
+    with pytest.raises(TypeError, match="not a bool"):
+        mixprec.debug_precision(
+            models / "needs_constraints.onnx",
+            precision="float16",
+            criterion=lambda o, g: "yes",
+            progress=False,
+        )
+
+
+def test_inputs_and_golden_in_every_form(models: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    rng = np.random.default_rng(3)
+    sets = [{"x": rng.uniform(1, 2, (1, 1, 256, 256)).astype(np.float32)} for _ in range(2)]
+    golden = mixprec.run(model, sets)
+    assert len(golden) == 2 and golden[0]["output"].dtype == np.float32
+    base = mixprec.debug_precision(model, precision="float16", inputs=sets, progress=False)
+    forms = [
+        iter(sets),  # a generator
+        lambda: sets,  # a callable
+        tuple(sets),
+    ]
+    for form in forms:
+        r = mixprec.debug_precision(model, precision="float16", inputs=form, progress=False)
+        assert comparable(r.to_dict()) == comparable(base.to_dict())
+    # Golden outputs given in memory equal the default (the FP32 run of the same inputs).
+    r = mixprec.debug_precision(
+        model, precision="float16", inputs=sets, golden=golden, progress=False
+    )
+    assert r.layers == base.layers
+    # One dict is one input set.
+    one = mixprec.run(model, sets[0])
+    np.testing.assert_array_equal(one[0]["output"], golden[0]["output"])
+
+
+def test_an_exception_in_a_data_loader_reaches_the_caller(models: Path) -> None:
+    def loader():
+        yield {"x": np.ones((1, 1, 256, 256), np.float32)}
+        raise RuntimeError("the data loader failed")
+
+    with pytest.raises(RuntimeError, match="the data loader failed"):
+        mixprec.debug_precision(models / "needs_constraints.onnx", inputs=loader(), progress=False)
+
+
+def test_bad_input_gets_the_usual_exceptions(models: Path, tmp_path: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    with pytest.raises(FileNotFoundError):
+        mixprec.debug_precision(tmp_path / "missing.onnx", progress=False)
+    with pytest.raises(FileNotFoundError):
+        mixprec.run(model, tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="'y'"):
+        mixprec.run(model, {"y": np.ones((1, 1, 256, 256), np.float32)})
+    with pytest.raises(ValueError, match="'x'"):
+        mixprec.run(model, {"x": np.ones((1, 1, 256, 256), np.int64)})
+    with pytest.raises(ValueError, match="mode"):
+        mixprec.debug_precision(model, mode="sideways", progress=False)
+    with pytest.raises(ValueError, match="--atol"):
+        mixprec.debug_precision(model, atol="tight", progress=False)
+    with pytest.raises(ValueError, match="precision"):
+        mixprec.debug_precision(model, precision="float12", progress=False)
+    with pytest.raises(TypeError):
+        mixprec.debug_precision(12345, progress=False)  # type: ignore[arg-type]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="bad.onnx"):
+        mixprec.run(bad)
+
+
+def test_export_save_and_report(models: Path, tmp_path: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    r = mixprec.debug_precision(model, precision="float16", val_range=RANGE, progress=False)
+    exported = tmp_path / "mixed.onnx"
+    proto = r.export(exported)
+    assert exported.exists() and proto is not None
+    # The exported model is typed: its Casts keep the answer's layers in float32, and it runs
+    # (in FP32 mode it computes what the search's answer emulates).
+    assert any(n.op_type == "Cast" for n in proto.graph.node)
+    inputs = {"x": np.full((1, 1, 256, 256), 1.5, np.float32)}
+    assert np.isfinite(mixprec.run(exported, inputs)[0]["output"]).all()
+    # Bytes and ModelProto models work as paths do.
+    assert mixprec.run(exported.read_bytes(), inputs)[0]["output"].shape == (1, 1, 256, 256)
+    assert mixprec.run(proto, inputs)[0]["output"].shape == (1, 1, 256, 256)
+    r.save(tmp_path / "result.json")
+    assert json.loads((tmp_path / "result.json").read_text())["outcome"]["kind"] == "found"
+    r.report(tmp_path / "report.html")
+    assert "<html" in (tmp_path / "report.html").read_text().lower()
+    assert "<html" in r._repr_html_().lower()
+    assert set(r.reasons) <= set(r.layers)
+
+
+def test_run_in_reduced_precision_and_mark_all(models: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    inputs = {"x": np.full((1, 1, 256, 256), 1.5, np.float32)}
+    fp32 = mixprec.run(model, inputs)[0]["output"]
+    fp16 = mixprec.run(model, inputs, precision="float16")[0]["output"]
+    # The planted loss: x + 65504 rounds to 65504 in float16, so x is lost.
+    assert np.allclose(fp32, 1.5) and np.allclose(fp16, 0.0)
+    fixed = mixprec.run(
+        model, inputs, precision="float16", layer_precisions={"Add": "float32", "Sub": "float32"}
+    )[0]["output"]
+    np.testing.assert_allclose(fixed, fp32, rtol=1e-3)
+    everything = mixprec.run(model, inputs, mark_all=True)[0]
+    assert list(everything)[0] == "output" and len(everything) > 1
+
+
+def test_progress_goes_to_a_callable(models: Path) -> None:
+    seen: List[Dict[str, Any]] = []
+    r = mixprec.debug_precision(
+        models / "needs_constraints.onnx", precision="float16", val_range=RANGE, progress=seen.append
+    )
+    assert [t["iteration"] for t in seen] == [t["iteration"] for t in r.history]
+    assert {"phase", "marked", "passed", "error", "summary"} <= set(seen[0])
+
+
+def test_an_exception_in_a_progress_callback_stops_the_search(models: Path) -> None:
+    def broken(t: Dict[str, Any]) -> None:
+        raise ValueError("the progress display broke")
+
+    with pytest.raises(ValueError, match="progress display broke"):
+        mixprec.debug_precision(
+            models / "needs_constraints.onnx", precision="float16", progress=broken
+        )
+
+
+def test_ctrl_c_stops_the_search_with_the_best_plan_so_far(models: Path) -> None:
+    def interrupt_after_first(t: Dict[str, Any]) -> None:
+        if t["iteration"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt) as info:
+        mixprec.debug_precision(
+            models / "needs_constraints.onnx",
+            precision="float16",
+            val_range=RANGE,
+            mode="linear",
+            progress=interrupt_after_first,
+        )
+    result = info.value.result  # type: ignore[attr-defined]
+    assert result.outcome == "interrupted"
+    assert len(result.history) == 3
+
+
+def test_the_entry_point_is_the_cli() -> None:
+    p = subprocess.run(mixprec_command() + ["--version"], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.startswith("mixprec ")
+    p = subprocess.run(
+        mixprec_command() + ["inspect", "/nonexistent.onnx"], capture_output=True, text=True
+    )
+    assert p.returncode == 1 and "nonexistent.onnx" in p.stderr
