@@ -103,11 +103,8 @@ impl DataArgs {
         if !self.load_inputs.is_empty() {
             let mut all = Vec::new();
             for p in &self.load_inputs {
-                if is_npz(p) {
-                    all.push(npz::read_npz(p)?.into_iter().collect());
-                } else {
-                    all.extend(polygraphy::load_inputs(p)?);
-                }
+                // By content: JSON, or .npz, whatever the file is named.
+                all.extend(crate::data::load_input_sets(p)?);
             }
             // float8/int4/float4 inputs arrive as uint8/int8 arrays (NumPy has no such types).
             return all
