@@ -36,7 +36,7 @@ pub enum FileKind {
 }
 
 impl FileKind {
-    /// The kind of a file starting with `head` (its first bytes; 16 are plenty).
+    /// The kind of a file starting with `head` (its first bytes; [`FileKind::of`] reads 64).
     pub fn sniff(head: &[u8]) -> FileKind {
         if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
             return FileKind::Npz;
