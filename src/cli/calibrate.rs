@@ -5,7 +5,6 @@ use super::precision_args::CalibAlgoArgs;
 use super::run::DataArgs;
 use crate::calib::{self, CalibAlgo, CalibrationReport};
 use crate::compare::fmt_g;
-use crate::data::{npz, polygraphy};
 use crate::exec::Feeds;
 use crate::{load_model, Interpreter};
 use anyhow::{anyhow, bail, Context, Result};
@@ -116,16 +115,9 @@ pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Input sets from one file: a Polygraphy inputs JSON (a list) or one `.npz`.
+/// Input sets from one file, by content: a Polygraphy inputs JSON (a list) or one `.npz`.
 fn load_data_file(path: &Path) -> Result<Vec<Feeds>> {
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("npz"))
-    {
-        Ok(vec![npz::read_npz(path)?.into_iter().collect()])
-    } else {
-        Ok(polygraphy::load_inputs(path)?)
-    }
+    Ok(crate::data::load_input_sets(path)?)
 }
 
 fn print_summary(r: &CalibrationReport, secs: f64, verbose: bool) {

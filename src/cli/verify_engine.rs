@@ -81,6 +81,24 @@ pub fn run(args: VerifyEngineArgs) -> Result<ExitCode> {
     for r in &report.reformats {
         println!("[I]     reformat layer: {r}");
     }
+    if !report.io_tensors.is_empty() {
+        let io: Vec<String> = report
+            .io_tensors
+            .iter()
+            .map(|t| {
+                let about: Vec<&str> = [t.mode.as_deref(), t.engine.as_deref()]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                if about.is_empty() {
+                    t.name.clone()
+                } else {
+                    format!("{} ({})", t.name, about.join(", "))
+                }
+            })
+            .collect();
+        println!("[I]     engine I/O tensors: {}", io.join(", "));
+    }
     if !report.detailed {
         println!("[E] {file} holds layer names only, no types: rebuild the engine with `trtexec --profilingVerbosity=detailed --exportLayerInfo=FILE`");
         return Ok(ExitCode::from(2));

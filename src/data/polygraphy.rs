@@ -110,18 +110,21 @@ fn first_npz_array(bytes: &[u8]) -> std::result::Result<Tensor, String> {
     from_npy(&data)
 }
 
+/// Reads a Polygraphy JSON file, recognized by its content whatever its name (Polygraphy
+/// 0.53 writes JSON to `golden.pkl` too); a pickle, `.npz` or `.npy` is an error saying so.
 fn read_json(path: &Path) -> Result<Value> {
-    if path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("pkl") || e.eq_ignore_ascii_case("pickle"))
-    {
-        return Err(Error::data(
-            path,
-            "Python pickle files cannot be read; save them as JSON (e.g. `polygraphy run ... --save-outputs golden.json`)",
-        ));
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    match super::FileKind::sniff(&bytes[..bytes.len().min(64)]) {
+        super::FileKind::Pickle => return Err(super::pickle_error(path)),
+        super::FileKind::Npz | super::FileKind::Npy => {
+            return Err(Error::data(
+                path,
+                "a NumPy array file (.npz/.npy), where a Polygraphy JSON file (as written by `--save-inputs`/`--save-outputs`) is expected",
+            ))
+        }
+        super::FileKind::Json | super::FileKind::Unknown => {}
     }
-    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-    serde_json::from_slice(&text).map_err(|e| Error::data(path, format!("not valid JSON: {e}")))
+    serde_json::from_slice(&bytes).map_err(|e| Error::data(path, format!("not valid JSON: {e}")))
 }
 
 fn write_json(path: &Path, v: &Value) -> Result<()> {

@@ -3,11 +3,14 @@
 //! in `kJSON` format), and the text of `polygraphy inspect model ENGINE --show layers`.
 //!
 //! Formats (docs/verify-engine.md cites the sources):
-//! - JSON: `{"Layers": [...], "Bindings": [...]}`. With detailed profiling verbosity each
-//!   layer is an object with `Name`, `LayerType`, `Inputs`/`Outputs` (each `Name`,
-//!   `Dimensions`, and `Format/Datatype` up to TensorRT 10, `Datatype` and `Format` in
-//!   TensorRT 11), optionally `Metadata` (TensorRT >= 8.6: `[ONNX Layer: node]` entries
-//!   joined by `\x1e`/`\x1f`); without it each layer is only its name (a string).
+//! - JSON: `{"Layers": [...], "Bindings": [...]}` up to TensorRT 10, `{"Layers": [...],
+//!   "I/O Tensors": [...]}` in TensorRT 11, where each I/O tensor is an object (`Name`,
+//!   `IOMode`, `DataType`, `Dimensions`, `Location`, `IsShapeInferenceIO`, `ProfileInfo`)
+//!   instead of a bare name. With detailed profiling verbosity each layer is an object with
+//!   `Name`, `LayerType`, `Inputs`/`Outputs` (each `Name`, `Dimensions`, and
+//!   `Format/Datatype` up to TensorRT 10, a data type key and `Format` in TensorRT 11),
+//!   optionally `Metadata` (TensorRT >= 8.6: `[ONNX Layer: node]` entries joined by
+//!   `\x1e`/`\x1f`); without it each layer is only its name (a string).
 //! - Polygraphy: `Layer N | NAME [Op: TYPE]`, then `{tensor [dtype=..., shape=(...),
 //!   Format: ...], ...}` for the inputs and ` -> {...}` for the outputs.
 
@@ -128,11 +131,28 @@ pub struct EngineLayer {
     pub outputs: Vec<EngineTensor>,
 }
 
+/// One input or output tensor of the engine: a `Bindings` name (TensorRT <= 10, nothing
+/// else known) or an `I/O Tensors` object (TensorRT 11).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct IoTensor {
+    pub name: String,
+    /// `IOMode`: `Input` or `Output`.
+    pub mode: Option<String>,
+    /// `DataType` (`Float`, `Half`, ...).
+    pub dtype: Option<EngineType>,
+    /// `Dimensions` (-1 for a dynamic dimension).
+    pub dimensions: Option<Vec<i64>>,
+    /// `IsShapeInferenceIO`: a shape tensor, not data.
+    pub shape_io: bool,
+}
+
 /// An engine's layers as read from a file.
 #[derive(Clone, Debug, Default)]
 pub struct LayerInfo {
     pub layers: Vec<EngineLayer>,
-    pub bindings: Vec<String>,
+    /// The engine's I/O tensors, from `Bindings` or `I/O Tensors` (empty when the file has
+    /// neither, e.g. one layer's information or Polygraphy's text).
+    pub io_tensors: Vec<IoTensor>,
     /// False when the file holds names only (the engine was not built with
     /// `--profilingVerbosity=detailed`): nothing about types can be checked.
     pub detailed: bool,
@@ -159,13 +179,13 @@ pub fn parse_json(text: &str, file: &str) -> Result<LayerInfo> {
         .map_err(|e| Error::Invalid(format!("{file}: not valid layer-information JSON: {e}")))?;
     let bad = |what: &str| {
         Error::Invalid(format!(
-            "{file}: not a TensorRT layer-information file ({what}); expected {{\"Layers\": [...], \"Bindings\": [...]}} as `trtexec --exportLayerInfo` writes it"
+            "{file}: not a TensorRT layer-information file ({what}); expected {{\"Layers\": [...], \"Bindings\": [...]}} (TensorRT <= 10) or {{\"Layers\": [...], \"I/O Tensors\": [...]}} (TensorRT 11) as `trtexec --exportLayerInfo` writes it"
         ))
     };
     // getLayerInformation of one layer is the bare layer object; accept a list of them too.
-    let (layers_v, bindings_v) = match &v {
+    let (layers_v, top) = match &v {
         serde_json::Value::Object(m) if m.contains_key("Layers") => {
-            (m.get("Layers").cloned(), m.get("Bindings").cloned())
+            (m.get("Layers").cloned(), Some(m))
         }
         serde_json::Value::Object(m) if m.contains_key("Name") => {
             (Some(serde_json::Value::Array(vec![v.clone()])), None)
@@ -181,11 +201,8 @@ pub fn parse_json(text: &str, file: &str) -> Result<LayerInfo> {
         detailed: true,
         ..Default::default()
     };
-    if let Some(b) = bindings_v.as_ref().and_then(|b| b.as_array()) {
-        info.bindings = b
-            .iter()
-            .filter_map(|x| x.as_str().map(str::to_string))
-            .collect();
+    if let Some(top) = top {
+        info.io_tensors = json_io_tensors(top, &mut info.warnings);
     }
     let mut names_only = 0;
     for (index, l) in arr.iter().enumerate() {
@@ -228,6 +245,50 @@ pub fn parse_json(text: &str, file: &str) -> Result<LayerInfo> {
     Ok(info)
 }
 
+/// The engine's I/O tensors: TensorRT 11's `"I/O Tensors"` objects, or TensorRT <= 10's
+/// `"Bindings"` names (both read; a file has one or the other).
+fn json_io_tensors(
+    top: &serde_json::Map<String, serde_json::Value>,
+    warnings: &mut Vec<String>,
+) -> Vec<IoTensor> {
+    let mut out = Vec::new();
+    if let Some(v) = top.get("I/O Tensors") {
+        let Some(arr) = v.as_array() else {
+            warnings.push("\"I/O Tensors\" is not a list; ignored".into());
+            return out;
+        };
+        for (i, t) in arr.iter().enumerate() {
+            let Some(name) = t.get("Name").and_then(|n| n.as_str()) else {
+                warnings.push(format!("I/O tensor {i} has no \"Name\"; skipped"));
+                continue;
+            };
+            let s = |k: &str| t.get(k).and_then(|x| x.as_str());
+            out.push(IoTensor {
+                name: name.to_string(),
+                mode: s("IOMode").map(str::to_string),
+                dtype: s("DataType")
+                    .or_else(|| s("Datatype"))
+                    .and_then(EngineType::parse),
+                dimensions: t
+                    .get("Dimensions")
+                    .and_then(|d| d.as_array())
+                    .and_then(|d| d.iter().map(|x| x.as_i64()).collect()),
+                shape_io: t.get("IsShapeInferenceIO").and_then(|b| b.as_bool()) == Some(true),
+            });
+        }
+    } else if let Some(v) = top.get("Bindings") {
+        let Some(arr) = v.as_array() else {
+            warnings.push("\"Bindings\" is not a list; ignored".into());
+            return out;
+        };
+        out.extend(arr.iter().filter_map(|x| x.as_str()).map(|n| IoTensor {
+            name: n.to_string(),
+            ..Default::default()
+        }));
+    }
+    out
+}
+
 fn json_tensors(
     v: Option<&serde_json::Value>,
     warnings: &mut Vec<String>,
@@ -244,14 +305,17 @@ fn json_tensors(
         .filter_map(|t| {
             let m = t.as_object()?;
             let s = |k: &str| m.get(k).and_then(|x| x.as_str()).map(str::to_string);
-            // TensorRT <= 10: one "Format/Datatype" string; TensorRT 11 splits it into
-            // "Datatype" and "Format" (as Polygraphy 0.53's engine reader handles).
-            let format = s("Format/Datatype").or_else(|| {
-                let parts: Vec<String> =
-                    ["Datatype", "Format"].iter().filter_map(|k| s(k)).collect();
-                (!parts.is_empty()).then(|| parts.join(" "))
-            });
-            let dtype = s("Datatype")
+            // TensorRT <= 10: one "Format/Datatype" string; TensorRT 11 splits it into a
+            // data type key and "Format" (Polygraphy 0.53's engine reader reads "Datatype";
+            // TensorRT 11's own I/O tensor objects spell it "DataType": both are read).
+            let datatype = s("DataType").or_else(|| s("Datatype"));
+            let format = s("Format/Datatype")
+                .or_else(|| s("Format/DataType"))
+                .or_else(|| {
+                    let parts: Vec<String> = datatype.iter().cloned().chain(s("Format")).collect();
+                    (!parts.is_empty()).then(|| parts.join(" "))
+                });
+            let dtype = datatype
                 .as_deref()
                 .and_then(EngineType::parse)
                 .or_else(|| format.as_deref().and_then(EngineType::parse));
@@ -400,6 +464,8 @@ mod tests {
         let names = parse_json(r#"{"Layers": ["a + b", "c"], "Bindings": ["x"]}"#, "f").unwrap();
         assert!(!names.detailed);
         assert_eq!(names.layers[0].name, "a + b");
+        assert_eq!(names.io_tensors[0].name, "x");
+        assert_eq!(names.io_tensors[0].mode, None);
         let t11 = parse_json(
             r#"{"Layers": [{"Name": "c", "LayerType": "CaskConvolution",
                 "Inputs": [{"Name": "x", "Datatype": "Half", "Format": "Row major linear"}],
@@ -410,6 +476,38 @@ mod tests {
         assert!(t11.detailed);
         assert_eq!(t11.layers[0].inputs[0].dtype, Some(EngineType::Half));
         assert_eq!(t11.layers[0].outputs[0].dtype, Some(EngineType::Float));
+        let t11 = parse_json(
+            r#"{"Layers": [{"Name": "c", "Inputs": [{"Name": "x", "DataType": "Half", "Format": "Row major linear FP16 format (kLINEAR)"}]}],
+                "I/O Tensors": [
+                  {"Name": "x", "IOMode": "Input", "DataType": "Float", "Dimensions": [1, -1],
+                   "Location": "Device", "IsShapeInferenceIO": false,
+                   "ProfileInfo": [{"MinShape": [1, 1], "OptShape": [1, 4], "MaxShape": [1, 8], "Format": "Row major linear FP32 format (kLINEAR)"}]},
+                  {"Name": "n", "IOMode": "Output", "DataType": "Int64", "Dimensions": [1], "IsShapeInferenceIO": true},
+                  {"IOMode": "Output"}]}"#,
+            "f",
+        )
+        .unwrap();
+        assert_eq!(t11.layers[0].inputs[0].dtype, Some(EngineType::Half));
+        assert_eq!(
+            t11.io_tensors,
+            [
+                IoTensor {
+                    name: "x".into(),
+                    mode: Some("Input".into()),
+                    dtype: Some(EngineType::Float),
+                    dimensions: Some(vec![1, -1]),
+                    shape_io: false,
+                },
+                IoTensor {
+                    name: "n".into(),
+                    mode: Some("Output".into()),
+                    dtype: Some(EngineType::Int64),
+                    dimensions: Some(vec![1]),
+                    shape_io: true,
+                },
+            ]
+        );
+        assert_eq!(t11.warnings, ["I/O tensor 2 has no \"Name\"; skipped"]);
         let e = parse_json("{\"Layers\": [", "layers.json")
             .unwrap_err()
             .to_string();

@@ -139,6 +139,19 @@ pub struct NodeCheck {
     pub verdict: Verdict,
 }
 
+/// One input or output tensor of the engine (the file's `Bindings` or `I/O Tensors`).
+#[derive(Clone, Debug, Serialize)]
+pub struct IoCheck {
+    pub name: String,
+    /// `Input`/`Output` (TensorRT 11's `IOMode`).
+    pub mode: Option<String>,
+    /// The engine's type for it (TensorRT 11's `DataType`).
+    pub engine: Option<String>,
+    /// The model's declared type of the input/output of that name; None when the model has
+    /// none of that name.
+    pub model: Option<String>,
+}
+
 /// The outcome of `verify-engine`.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct EngineReport {
@@ -157,6 +170,8 @@ pub struct EngineReport {
     pub warnings: Vec<String>,
     /// Every compared node, in graph order.
     pub nodes: Vec<NodeCheck>,
+    /// The engine's I/O tensors, when the file lists them.
+    pub io_tensors: Vec<IoCheck>,
 }
 
 impl EngineReport {
@@ -292,6 +307,7 @@ pub fn verify(graph: &Graph, expected: &[Option<Precision>], info: &LayerInfo) -
             seen[i].push((layer.name.clone(), t.clone(), range));
         }
     }
+    report.io_tensors = check_io(graph, info, &mut report.warnings);
     for (i, (node, want)) in graph.nodes.iter().zip(expected).enumerate() {
         let Some(want) = *want else { continue };
         let hits = &seen[i];
@@ -333,4 +349,52 @@ pub fn verify(graph: &Graph, expected: &[Option<Precision>], info: &LayerInfo) -
         });
     }
     report
+}
+
+/// The engine's I/O tensors against the model's inputs and outputs: a name the model does
+/// not have (layer information of another model?) and, where the file gives types (TensorRT
+/// 11), a type other than the model's are warnings. Names lose their `[profile N]` suffix.
+fn check_io(graph: &Graph, info: &LayerInfo, warnings: &mut Vec<String>) -> Vec<IoCheck> {
+    let suffix = regex::Regex::new(r"\s*\[profile \d+\]$").expect("valid regex");
+    let mut out = Vec::new();
+    for t in &info.io_tensors {
+        let name = suffix.replace(t.name.trim(), "").into_owned();
+        let what = format!(
+            "engine I/O tensor '{}'{}",
+            t.name,
+            t.mode
+                .as_deref()
+                .map(|m| format!(" ({m})"))
+                .unwrap_or_default()
+        );
+        let declared = graph
+            .inputs
+            .iter()
+            .chain(&graph.outputs)
+            .find(|v| v.name == name);
+        let model = declared.and_then(|v| v.dtype);
+        match declared {
+            None => warnings.push(format!(
+                "{what} is not an input or output of the model (layer information of another model?)"
+            )),
+            Some(_) if t.shape_io => {}
+            Some(_) => {
+                if let (Some(e), Some(m)) = (&t.dtype, model) {
+                    if EngineType::parse(m.name()).as_ref() != Some(e) {
+                        warnings.push(format!(
+                            "{what} is {} in the engine, {m} in the model",
+                            e.name()
+                        ));
+                    }
+                }
+            }
+        }
+        out.push(IoCheck {
+            name: t.name.clone(),
+            mode: t.mode.clone(),
+            engine: t.dtype.as_ref().map(|e| e.name().to_string()),
+            model: model.map(|m| m.name().to_string()),
+        });
+    }
+    out
 }

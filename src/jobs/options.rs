@@ -8,7 +8,6 @@ use crate::calib::CalibAlgo;
 use crate::compare::{Criterion, ErrorStat, Metric, PerOutput, DEFAULT_QUANTILE};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::script::DataLoaderScript;
-use crate::data::{npz, polygraphy};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::exec::{Feeds, PlanOptions, PreparedPlan};
@@ -19,7 +18,7 @@ use crate::precision::plan::{
 use crate::precision::Accumulator;
 use crate::Graph;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Tolerances, the checked error statistic and extra metrics (Polygraphy's comparator
 /// options): `--atol`, `--rtol`, `--check-error-stat`, `--error-quantile`, `--metric`.
@@ -352,11 +351,8 @@ impl DataOptions {
         if !self.load_inputs.is_empty() {
             let mut all = Vec::new();
             for p in &self.load_inputs {
-                if is_npz(p) {
-                    all.push(npz::read_npz(p)?.into_iter().collect());
-                } else {
-                    all.extend(polygraphy::load_inputs(p)?);
-                }
+                // By content: JSON, or .npz, whatever the file is named.
+                all.extend(crate::data::load_input_sets(p)?);
             }
             // float8/int4/float4 inputs arrive as uint8/int8 arrays (NumPy has no such types).
             return all
@@ -469,10 +465,6 @@ impl Inputs {
         }
         Ok(feeds)
     }
-}
-
-fn is_npz(p: &Path) -> bool {
-    p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npz"))
 }
 
 #[cfg(test)]

@@ -585,3 +585,92 @@ fn data_loader_script_scalars_keep_their_shape() {
     );
     assert!(feeds.next().is_none());
 }
+
+/// Files are read by content, not name: `--save-results`/`--save-inputs` to `.pkl` names write
+/// JSON (as Polygraphy 0.53 does), and `--golden`, `--load-outputs`, `--load-inputs` read them
+/// back; a real Python pickle is an error naming the file and how to re-save it as JSON.
+#[test]
+fn pkl_named_json_loads_and_real_pickles_say_how_to_resave() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = example("needs_constraints.onnx");
+    let o = mixprec_in(
+        dir.path(),
+        &[
+            "run",
+            &model,
+            "--onnxrt",
+            "--val-range",
+            "x:[1,2]",
+            "--save-inputs",
+            "inputs.pkl",
+            "--save-results=golden.pkl",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    for f in ["inputs.pkl", "golden.pkl"] {
+        let bytes = std::fs::read(dir.path().join(f)).unwrap();
+        assert!(
+            bytes.starts_with(b"{") || bytes.starts_with(b"["),
+            "{f} is not JSON"
+        );
+    }
+    let o = mixprec_in(
+        dir.path(),
+        &[
+            "run",
+            &model,
+            "--load-inputs",
+            "inputs.pkl",
+            "--load-outputs",
+            "golden.pkl",
+        ],
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("PASSED"), "{}", text(&o));
+    let o = mixprec_in(
+        dir.path(),
+        &[
+            "debug",
+            "precision",
+            &model,
+            "--fp16",
+            "--golden=golden.pkl",
+            "--load-inputs",
+            "inputs.pkl",
+            "--check-error-stat",
+            "median",
+        ],
+    );
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", text(&o));
+    assert!(!text(&o).contains("error:"), "{}", text(&o));
+    // A real pickle, as Python writes it.
+    let pkl = dir.path().join("real.pkl");
+    let st = Command::new(python())
+        .arg("-c")
+        .arg("import pickle, sys; pickle.dump({'a': 1}, open(sys.argv[1], 'wb'))")
+        .arg(&pkl)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    for args in [
+        vec!["run", model.as_str(), "--load-outputs", "real.pkl"],
+        vec!["run", model.as_str(), "--load-inputs", "real.pkl"],
+        vec![
+            "debug",
+            "precision",
+            model.as_str(),
+            "--fp16",
+            "--golden",
+            "real.pkl",
+        ],
+    ] {
+        let o = mixprec_in(dir.path(), &args);
+        let t = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {t}");
+        assert!(
+            t.contains("real.pkl: a Python pickle") && t.contains("save_json"),
+            "{args:?}: {t}"
+        );
+        assert!(!t.contains("panicked"), "{args:?}: {t}");
+    }
+}

@@ -1,16 +1,25 @@
-//! The seeds' own commands (../shared/seeds/*.txt, Polygraphy's documentation the project
-//! imitates), run verbatim with `mixprec` in place of `polygraphy`.
+//! The seeds' own commands (Polygraphy's documentation the project imitates), run verbatim
+//! with `mixprec` in place of `polygraphy`.
 //!
-//! The shell commands are extracted from the fenced code blocks (continuation lines joined,
-//! `a && b` split as a shell does, `> file` redirections dropped); `polygraphy` becomes the
-//! mixprec binary, TensorRT engines (`*.engine`) become ONNX files and Python pickles
-//! (`*.pkl`) JSON files. `model.onnx` is a small CNN with Polygraphy's example names
+//! The commands come from a fixture in the repository, `tests/fixtures/seeds/commands.json`:
+//! per seed, the shell commands of its fenced code blocks in document order (continuation
+//! lines joined, `a && b` split as a shell does) and the Python files it shows (`# name.py`
+//! blocks, written out before the commands run). The fixture is extracted from
+//! `../shared/seeds/*.txt` by [`extract`]; where that directory exists beside the repository,
+//! [`fixture_matches_the_seeds`] checks that the fixture is still what extraction yields (so a
+//! changed seed is noticed; `MIXPREC_UPDATE_SEED_FIXTURE=1` rewrites it). The suite passes in
+//! a fresh clone with nothing beside it.
+//!
+//! `polygraphy` becomes the mixprec binary, TensorRT engines (`*.engine`) become ONNX files,
+//! `> file` redirections are dropped; every other word is kept, file names included
+//! (`--save-results=golden.pkl` writes JSON, as Polygraphy 0.53 does, and `--golden=golden.pkl`
+//! reads it back by content). `model.onnx` is a small CNN with Polygraphy's example names
 //! (`input` 1x3x224x224, `Conv_0`, `Conv_5`, `Add_10`, ...), `needs_constraints.onnx` the
-//! bundled example; Python files shown in the seeds (`# name.py` blocks) are written out.
-//! Every command has an expected outcome below, in document order: a seed that gains or
-//! loses a command fails this test until the table says what it should do.
+//! bundled example. Every command has an expected outcome below, in document order: a seed
+//! that gains or loses a command fails this test until the table says what it should do.
 
 use crate::common::{example, python, repo_root, text};
+use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -89,15 +98,116 @@ fn expectations(seed: &str) -> Vec<(&'static str, Expect)> {
     }
 }
 
-/// `../shared/seeds` beside the repository.
-fn seeds_dir() -> PathBuf {
+/// `../shared/seeds` beside the repository, when it is there.
+fn seeds_dir() -> Option<PathBuf> {
     let d = repo_root().join("../shared/seeds");
+    d.is_dir().then_some(d)
+}
+
+/// The committed fixture: the seeds' extracted commands and Python files.
+fn fixture_path() -> PathBuf {
+    repo_root().join("tests/fixtures/seeds/commands.json")
+}
+
+/// One seed as the fixture holds it.
+struct Seed {
+    /// The seed's file name (`000_b812010cb504ffc0.txt`).
+    file: String,
+    commands: Vec<String>,
+    files: Vec<(String, String)>,
+}
+
+/// The fixture's JSON for `seeds` (file name order).
+fn fixture_json(seeds: &[Seed]) -> Value {
+    json!({
+        "about": "Generated from ../shared/seeds/*.txt (Polygraphy's documentation) by tests/integration/seeds.rs (extract); MIXPREC_UPDATE_SEED_FIXTURE=1 rewrites it.",
+        "seeds": seeds.iter().map(|s| json!({
+            "seed": s.file,
+            "commands": s.commands,
+            "files": s.files.iter().map(|(name, text)| json!({"name": name, "text": text})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// Reads the committed fixture.
+fn load_fixture() -> Vec<Seed> {
+    let p = fixture_path();
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+    let strs = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .expect("a list")
+            .iter()
+            .map(|s| s.as_str().expect("a string").to_string())
+            .collect()
+    };
+    v["seeds"]
+        .as_array()
+        .expect("\"seeds\": a list")
+        .iter()
+        .map(|s| Seed {
+            file: s["seed"]
+                .as_str()
+                .expect("\"seed\": a file name")
+                .to_string(),
+            commands: strs(&s["commands"]),
+            files: s["files"]
+                .as_array()
+                .expect("\"files\": a list")
+                .iter()
+                .map(|f| {
+                    let get = |k: &str| f[k].as_str().expect("a string").to_string();
+                    (get("name"), get("text"))
+                })
+                .collect(),
+        })
+        .collect()
+}
+
+/// Extracts every `*.txt` seed of `dir`, in file name order.
+fn extract_dir(dir: &Path) -> Vec<Seed> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|p| {
+            let (commands, files) = extract(&std::fs::read_to_string(p).unwrap());
+            Seed {
+                file: p.file_name().unwrap().to_string_lossy().into_owned(),
+                commands,
+                files,
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn fixture_matches_the_seeds() {
+    let Some(dir) = seeds_dir() else {
+        eprintln!("../shared/seeds not found beside the repository: the fixture is not re-checked");
+        return;
+    };
+    let want = fixture_json(&extract_dir(&dir));
+    if std::env::var_os("MIXPREC_UPDATE_SEED_FIXTURE").is_some() {
+        let p = fixture_path();
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let text = serde_json::to_string_pretty(&want).unwrap() + "\n";
+        mixprec::data::write_atomic(&p, text.as_bytes()).unwrap();
+        eprintln!("rewrote {}", p.display());
+        return;
+    }
+    let have: Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_path()).unwrap()).unwrap();
     assert!(
-        d.is_dir(),
-        "{} not found: the seeds live in ../shared/seeds beside the repository",
-        d.display()
+        have == want,
+        "{} is not what extraction yields from {} now (a seed changed?): rerun with MIXPREC_UPDATE_SEED_FIXTURE=1 to rewrite it, then update the table in tests/integration/seeds.rs",
+        fixture_path().display(),
+        dir.display()
     );
-    d
 }
 
 /// A seed's shell commands and its Python files (`# name.py` first line).
@@ -157,8 +267,8 @@ fn extract(text: &str) -> (Vec<String>, Vec<(String, String)>) {
     (commands, files)
 }
 
-/// The command's arguments for mixprec: `polygraphy` → the binary, engines → ONNX, pickles →
-/// JSON, `> file` dropped.
+/// The command's arguments for mixprec: `polygraphy` → the binary, engines → ONNX, `> file`
+/// dropped; every other word (`golden.pkl` included) kept.
 fn substitute(command: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut words = command.split_whitespace();
@@ -170,7 +280,7 @@ fn substitute(command: &str) -> Vec<String> {
         let w = if w == "polygraphy" {
             env!("CARGO_BIN_EXE_mixprec").to_string()
         } else {
-            w.replace(".engine", ".onnx").replace(".pkl", ".json")
+            w.replace(".engine", ".onnx")
         };
         out.push(w);
     }
@@ -230,18 +340,13 @@ fn prepare(dir: &Path, files: &[(String, String)]) {
 
 #[test]
 fn seed_commands_run_verbatim() {
-    let mut seeds: Vec<PathBuf> = std::fs::read_dir(seeds_dir())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|e| e == "txt"))
-        .collect();
-    seeds.sort();
-    assert!(seeds.len() >= 5, "{seeds:?}");
+    let seeds = load_fixture();
+    assert!(seeds.len() >= 5, "{} seed(s) in the fixture", seeds.len());
     let mut ran = 0;
     let mut report = Vec::new();
     for seed in &seeds {
-        let name = seed.file_name().unwrap().to_string_lossy().into_owned();
-        let (commands, files) = extract(&std::fs::read_to_string(seed).unwrap());
+        let name = &seed.file;
+        let (commands, files) = (&seed.commands, &seed.files);
         let expect = expectations(&name[..3]);
         assert_eq!(
             commands.len(),
@@ -251,7 +356,7 @@ fn seed_commands_run_verbatim() {
             expect.len()
         );
         let tmp = tempfile::tempdir().unwrap();
-        prepare(tmp.path(), &files);
+        prepare(tmp.path(), files);
         for (command, (hint, expect)) in commands.iter().zip(expect) {
             assert!(
                 command.contains(hint),
@@ -327,5 +432,5 @@ fn extraction_joins_continuations_and_splits_and_lists() {
         vec![("dl.py".to_string(), "# dl.py\nimport numpy\n".to_string())]
     );
     let a = substitute("polygraphy run m.engine --save-results=g.pkl > log.log");
-    assert_eq!(&a[1..], &["run", "m.onnx", "--save-results=g.json"]);
+    assert_eq!(&a[1..], &["run", "m.onnx", "--save-results=g.pkl"]);
 }

@@ -286,3 +286,108 @@ fn the_polygraphy_fixture_is_polygraphys_own_text() {
     let committed = std::fs::read_to_string(fixture("needs_constraints.polygraphy.txt")).unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), committed);
 }
+
+/// TensorRT 11's layout (docs/verify-engine.md cites NVIDIA's migration guide): `"I/O
+/// Tensors"` objects instead of `"Bindings"` names, and each layer tensor's type in its own
+/// key beside `Format`. The strongly typed engine of the exported model obeys; the same file
+/// rewritten in TensorRT 10's layout gives the same verdicts; I/O tensors the model does not
+/// have, or of another type, are warnings, and a Half Add/Sub kernel disobeys.
+#[test]
+fn tensorrt_11_io_tensors_layout_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mixed = dir.path().join("mixed.onnx");
+    let (code, log) = run(&[
+        "convert",
+        &example("needs_constraints.onnx"),
+        "--fp16",
+        "--layer-precisions",
+        "Add:float32",
+        "Sub:float32",
+        "-o",
+        mixed.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{log}");
+    let mixed = mixed.to_str().unwrap();
+    let t11 = fixture("needs_constraints_mixed.trt11.layers.json");
+    let report = dir.path().join("report.json");
+    let (code, log) = run(&[
+        "verify-engine",
+        mixed,
+        "--layer-info",
+        t11.to_str().unwrap(),
+        "--json",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("4 node(s) compared: 4 obey, 0 disobey"),
+        "{log}"
+    );
+    assert!(
+        log.contains("engine I/O tensors: x (Input, Float), output (Output, Float)"),
+        "{log}"
+    );
+    assert!(!log.contains("warning:"), "{log}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&report).unwrap()).unwrap();
+    assert_eq!(
+        r["io_tensors"][0],
+        serde_json::json!({"name": "x", "mode": "Input", "engine": "Float", "model": "float32"})
+    );
+
+    // The same engine in TensorRT 10's layout: `Bindings` names, `Format/Datatype` strings.
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&t11).unwrap()).unwrap();
+    let mut t10 = v.clone();
+    let names: Vec<_> = t10["I/O Tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["Name"].clone())
+        .collect();
+    let obj = t10.as_object_mut().unwrap();
+    obj.remove("I/O Tensors");
+    obj.insert("Bindings".into(), names.into());
+    for l in obj["Layers"].as_array_mut().unwrap() {
+        for side in ["Inputs", "Outputs"] {
+            for t in l[side].as_array_mut().unwrap() {
+                let t = t.as_object_mut().unwrap();
+                let dt = t.remove("Datatype").unwrap();
+                let fmt = t.remove("Format").unwrap();
+                let fmt = fmt.as_str().unwrap().replace(" (kLINEAR)", "");
+                assert!(fmt.contains(if dt == "Half" { "FP16" } else { "FP32" }));
+                t.insert("Format/Datatype".into(), fmt.into());
+            }
+        }
+    }
+    let t10 = write(dir.path(), "t10.json", &t10);
+    let (code, log10) = run(&["verify-engine", mixed, "--layer-info", &t10]);
+    assert_eq!(code, Some(0), "{log10}");
+    assert!(
+        log10.contains("4 node(s) compared: 4 obey, 0 disobey"),
+        "{log10}"
+    );
+    assert!(log10.contains("engine I/O tensors: x, output"), "{log10}");
+
+    // Another type at the output, a tensor the model lacks, and Add/Sub computed in Half.
+    v["I/O Tensors"][1]["DataType"] = "Half".into();
+    let mut extra = v["I/O Tensors"][1].clone();
+    extra["Name"] = "logits".into();
+    v["I/O Tensors"].as_array_mut().unwrap().push(extra);
+    v["Layers"][2]["Inputs"][0]["Datatype"] = "Half".into();
+    let bad = write(dir.path(), "bad.json", &v);
+    let (code, log) = run(&["verify-engine", mixed, "--layer-info", &bad]);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(
+        log.contains("Add (Add): expected float32, engine Half"),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "engine I/O tensor 'output' (Output) is Half in the engine, float32 in the model"
+        ),
+        "{log}"
+    );
+    assert!(
+        log.contains("engine I/O tensor 'logits' (Output) is not an input or output of the model"),
+        "{log}"
+    );
+}
