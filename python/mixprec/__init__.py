@@ -40,6 +40,8 @@ from . import _native
 __all__ = [
     "MixprecWarning",
     "SearchResult",
+    "calibrate",
+    "convert",
     "debug_precision",
     "run",
 ]
@@ -452,3 +454,104 @@ def run(
                 mark_all=mark_all,
             )
         )
+
+
+def _emit_warnings(call: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("default", MixprecWarning)
+        return call()
+
+
+def convert(
+    model: ModelLike,
+    output: Union[str, "os.PathLike[str]", None] = None,
+    *,
+    precision: Union[str, Sequence[str], None] = None,
+    layer_precisions: Union[Mapping[str, str], Sequence[str], None] = None,
+    fusion: str = "none",
+    calibration_cache: Union[str, "os.PathLike[str]", None] = None,
+    calibration_algo: Optional[str] = None,
+    inputs: Optional[DataLike] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+    keep_io_types: bool = True,
+    fallback: bool = False,
+) -> Any:
+    """The model with ``precision`` / ``layer_precisions`` written into it (``mixprec
+    convert``): Casts around float16/bfloat16 layers, QuantizeLinear/DequantizeLinear for
+    int8/fp8 with ranges from ``calibration_cache`` or calibrated on ``inputs``. Written to
+    ``output`` when given; returned as an ``onnx.ModelProto`` when onnx is importable, else as
+    bytes. Layers kept in float32 by ``fallback`` are logged."""
+    m = _Model(model)
+    sets, inputs_path = _data(inputs, "inputs")
+    data, notes = _emit_warnings(
+        lambda: _native.convert(
+            m.path,
+            low=_precisions(precision) if precision is not None else [],
+            layer_precisions=_items(layer_precisions, "layer_precisions"),
+            fusion=fusion,
+            calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+            calibration_algo=calibration_algo,
+            inputs=sets,
+            load_inputs=[inputs_path] if inputs_path else [],
+            seed=seed,
+            iterations=iterations,
+            val_range=_items(val_range, "val_range"),
+            input_shapes=_items(input_shapes, "input_shapes"),
+            data_loader_script=data_loader_script,
+            keep_io_types=keep_io_types,
+            fallback=fallback,
+        )
+    )
+    for note in notes:
+        _log.info(note)
+    if output is not None:
+        _write(output, data)
+    try:
+        import onnx  # type: ignore[import-not-found]
+    except ImportError:
+        return data
+    return onnx.load_model_from_string(data)
+
+
+def calibrate(
+    model: ModelLike,
+    inputs: Optional[DataLike] = None,
+    *,
+    algo: Optional[str] = None,
+    percentile: Optional[float] = None,
+    cache: Union[str, "os.PathLike[str]", None] = None,
+    cache_header: Optional[str] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+) -> Dict[str, float]:
+    """Activation ranges from FP32 runs over ``inputs`` (``mixprec calibrate``): tensor name
+    to amax, by ``algo`` (``entropy``, TensorRT's EntropyCalibration2, the default;
+    ``minmax``; ``percentile``). With ``cache``, also writes TensorRT's calibration cache
+    (``trtexec --calib``, ``calibration_cache=`` of the other functions)."""
+    m = _Model(model)
+    sets, inputs_path = _data(inputs, "inputs")
+    return dict(
+        _emit_warnings(
+            lambda: _native.calibrate(
+                m.path,
+                inputs=sets,
+                load_inputs=[inputs_path] if inputs_path else [],
+                seed=seed,
+                iterations=iterations,
+                val_range=_items(val_range, "val_range"),
+                input_shapes=_items(input_shapes, "input_shapes"),
+                data_loader_script=data_loader_script,
+                algo=algo,
+                percentile=percentile,
+                cache=None if cache is None else os.fspath(cache),
+                cache_header=cache_header,
+            )
+        )
+    )

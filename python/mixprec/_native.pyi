@@ -1,6 +1,6 @@
 """Type stubs of the native module (python/src/lib.rs); use the functions of ``mixprec``."""
 
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -69,4 +69,37 @@ def run(
     calibration_algo: Optional[str],
     mark_all: bool,
 ) -> List[Dict[str, np.ndarray]]: ...
+def convert(
+    model: str,
+    *,
+    low: Sequence[str],
+    layer_precisions: Sequence[str],
+    fusion: str,
+    calibration_cache: Optional[str],
+    calibration_algo: Optional[str],
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+    keep_io_types: bool,
+    fallback: bool,
+) -> Tuple[bytes, List[str]]: ...
+def calibrate(
+    model: str,
+    *,
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+    algo: Optional[str],
+    percentile: Optional[float],
+    cache: Optional[str],
+    cache_header: Optional[str],
+) -> Dict[str, float]: ...
 def main(argv: List[str]) -> int: ...

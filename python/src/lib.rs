@@ -6,6 +6,8 @@
 use mixprec::error::Error;
 use mixprec::event::{Event, NoProgress};
 use mixprec::golden::Outputs;
+use mixprec::jobs::calibrate as calibrate_job;
+use mixprec::jobs::convert as convert_job;
 use mixprec::jobs::debug_precision::{
     self as dp, CheckOptions, Config, GoldenSource, Hooks, Outcome,
 };
@@ -642,6 +644,116 @@ fn run(
     outputs.into_iter().map(|o| outputs_to_py(py, o)).collect()
 }
 
+/// `convert` in process: the model with `precision` written as Casts and Q/DQ; returns
+/// (the ONNX bytes, the exporter's notes).
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, low, layer_precisions, fusion, calibration_cache, calibration_algo,
+    inputs, load_inputs, seed, iterations, val_range, input_shapes, data_loader_script,
+    keep_io_types, fallback
+))]
+#[allow(clippy::too_many_arguments)]
+fn convert<'py>(
+    py: Python<'py>,
+    model: PathBuf,
+    low: Vec<String>,
+    layer_precisions: Vec<String>,
+    fusion: String,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+    inputs: Option<Bound<'py, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+    keep_io_types: bool,
+    fallback: bool,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<String>)> {
+    let config = convert_job::Config {
+        model,
+        precision: precision_options(
+            &low,
+            layer_precisions,
+            fusion,
+            calibration_cache,
+            calibration_algo,
+        )?,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        keep_io_types,
+        fallback,
+    };
+    let mut events = Vec::new();
+    let (bytes, notes) = guarded("convert", || {
+        py.detach(|| {
+            let done = convert_job::run(&config, &mut |e| events.push(e), &NoProgress)?;
+            Ok((mixprec::export::model_bytes(&done.model), done.notes))
+        })
+        .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    Ok((PyBytes::new(py, &bytes), notes))
+}
+
+/// `calibrate` in process: the activation ranges (tensor name → amax) and, with `cache`, the
+/// TensorRT calibration cache written.
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, inputs, load_inputs, seed, iterations, val_range, input_shapes,
+    data_loader_script, algo, percentile, cache, cache_header
+))]
+#[allow(clippy::too_many_arguments)]
+fn calibrate(
+    py: Python<'_>,
+    model: PathBuf,
+    inputs: Option<Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+    algo: Option<String>,
+    percentile: Option<f64>,
+    cache: Option<PathBuf>,
+    cache_header: Option<String>,
+) -> PyResult<std::collections::BTreeMap<String, f32>> {
+    let config = calibrate_job::Config {
+        model,
+        files: Vec::new(),
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        algo,
+        calib: CalibOptions::default(),
+        percentile,
+        cache,
+        cache_header,
+    };
+    let mut events = Vec::new();
+    let done = guarded("calibrate", || {
+        py.detach(|| calibrate_job::run(&config, &mut |e| events.push(e), &NoProgress))
+            .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    Ok(done.cache.amax_map())
+}
+
 /// The library's warnings as Python warnings.
 fn warn_events(py: Python<'_>, events: Vec<Event>) -> PyResult<()> {
     let warnings = py.import("warnings")?;
@@ -674,6 +786,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Search>()?;
     m.add_function(wrap_pyfunction!(debug_precision, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
+    m.add_function(wrap_pyfunction!(convert, m)?)?;
+    m.add_function(wrap_pyfunction!(calibrate, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;
     Ok(())

@@ -296,3 +296,40 @@ def test_the_entry_point_is_the_cli() -> None:
         mixprec_command() + ["inspect", "/nonexistent.onnx"], capture_output=True, text=True
     )
     assert p.returncode == 1 and "nonexistent.onnx" in p.stderr
+
+
+def test_convert_writes_what_run_emulates(models: Path, tmp_path: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    out = tmp_path / "fp16.onnx"
+    proto = mixprec.convert(model, out, precision="float16", layer_precisions={"Add": "float32"})
+    assert out.exists() and any(n.op_type == "Cast" for n in proto.graph.node)
+    cli = tmp_path / "cli.onnx"
+    p = subprocess.run(
+        mixprec_command()
+        + ["convert", str(model), "--fp16", "--layer-precisions", "Add:float32", "-o", str(cli)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    assert cli.read_bytes() == out.read_bytes()
+    with pytest.raises(ValueError, match="nothing to convert"):
+        mixprec.convert(model)
+
+
+def test_calibrate_returns_the_ranges_and_writes_the_cache(models: Path, tmp_path: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    cache = tmp_path / "model.cache"
+    amax = mixprec.calibrate(model, val_range=RANGE, algo="minmax", cache=cache)
+    assert amax["x"] == pytest.approx(2.0, rel=1e-3)
+    assert cache.read_text().startswith("TRT-")
+    cli = tmp_path / "cli.cache"
+    p = subprocess.run(
+        mixprec_command()
+        + ["calibrate", str(model), "--val-range", RANGE, "--algo", "minmax", "--cache", str(cli)],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    assert cli.read_text() == cache.read_text()
+    with pytest.raises(ValueError, match="--percentile"):
+        mixprec.calibrate(model, algo="minmax", percentile=99.0)

@@ -5,14 +5,13 @@ use super::precision_args::CalibAlgoArgs;
 use super::run::DataArgs;
 use crate::calib::{self, CalibAlgo, CalibrationReport};
 use crate::compare::fmt_g;
-use crate::exec::Feeds;
-use crate::{load_model, Interpreter};
-use anyhow::{anyhow, bail, Context, Result};
+use crate::jobs::calibrate;
+use crate::jobs::options::Inputs;
+use anyhow::Result;
 use clap::Args;
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Instant;
 
 #[derive(Args, Debug)]
 pub struct CalibrateArgs {
@@ -49,75 +48,26 @@ pub struct CalibrateArgs {
 
 pub fn run(args: CalibrateArgs) -> Result<ExitCode> {
     args.inputs.check_trt_options()?;
-    let mut algo = args.calib.algo(args.algo.as_deref())?;
-    if let Some(p) = args.percentile {
-        match algo {
-            CalibAlgo::Percentile(_) => algo = CalibAlgo::percentile(p).context("--percentile")?,
-            _ => bail!(
-                "--percentile {p} only applies to --algo percentile (the algorithm is {algo})"
-            ),
-        }
-    }
-    if let Some(h) = &args.cache_header {
-        if !h.starts_with("TRT-") || h.contains(['\n', '\r']) || h.contains(": ") {
-            bail!("--cache-header '{h}': expected one line such as 'TRT-8601-EntropyCalibration2'");
-        }
-    }
-    let model = load_model(&args.model)?;
-    let interp = Interpreter::new(&model.graph)?;
-
-    // Calibration data: files (with where each set came from, for errors) or generated.
-    let mut files = args.data.clone();
-    files.extend(args.inputs.load_inputs.iter().cloned());
-    let batches: Vec<Feeds> = if files.is_empty() {
-        let feeds = args.inputs.feeds(&model.graph)?;
-        for (i, f) in feeds.iter().enumerate() {
-            interp
-                .check_feeds(f)
-                .with_context(|| format!("generated input set {i}"))?;
-        }
-        feeds
-    } else {
-        let mut all = Vec::new();
-        for path in &files {
-            let sets = load_data_file(path)?;
-            let many = sets.len() > 1;
-            for (i, f) in sets.into_iter().enumerate() {
-                interp.check_feeds(&f).map_err(|e| {
-                    if many {
-                        anyhow!("{}: input set {i}: {e}", path.display())
-                    } else {
-                        anyhow!("{}: {e}", path.display())
-                    }
-                })?;
-                all.push(f);
-            }
-        }
-        all
+    let config = calibrate::Config {
+        model: args.model.clone(),
+        files: args.data.clone(),
+        inputs: Inputs::Options(args.inputs.options()),
+        algo: args.algo.clone(),
+        calib: args.calib.options(),
+        percentile: args.percentile,
+        cache: Some(args.cache.clone()),
+        cache_header: args.cache_header.clone(),
     };
-
-    let start = Instant::now();
     let bar = super::progress::Bar::calibration(std::io::stderr().is_terminal());
-    let report = calib::calibrate_report(&interp, &batches, algo, &bar)?;
-    let secs = start.elapsed().as_secs_f64();
-    let mut cache = report.cache.clone();
-    if let Some(h) = &args.cache_header {
-        cache.header = h.clone();
-    }
-    cache.write(&args.cache)?;
-    print_summary(&report, secs, args.verbose);
+    let done = calibrate::run(&config, &mut super::progress::print_event, &bar)?;
+    print_summary(&done.report, done.seconds, args.verbose);
     println!(
         "[I] Wrote calibration cache {} ({}, {} tensor(s))",
         args.cache.display(),
-        cache.header,
-        cache.len()
+        done.cache.header,
+        done.cache.len()
     );
     Ok(ExitCode::SUCCESS)
-}
-
-/// Input sets from one file, by content: a Polygraphy inputs JSON (a list) or one `.npz`.
-fn load_data_file(path: &Path) -> Result<Vec<Feeds>> {
-    Ok(crate::data::load_input_sets(path)?)
 }
 
 fn print_summary(r: &CalibrationReport, secs: f64, verbose: bool) {

@@ -4,13 +4,15 @@
 use super::precision_args::{
     fusion_line, fusion_table, precision_counts_line, precision_table, PrecisionArgs,
 };
-use super::ranges::ranges_for_plan;
+use super::progress::{print_event, Bar};
 use super::run::DataArgs;
 use crate::exec::emulate::plan_regions;
-use crate::export::{export, write_model, ExportOptions};
-use crate::{load_model, Interpreter};
+use crate::export::write_model;
+use crate::jobs::convert;
+use crate::jobs::options::Inputs;
 use anyhow::{bail, Result};
 use clap::Args;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -41,51 +43,30 @@ pub struct ConvertArgs {
 
 pub fn run(args: ConvertArgs) -> Result<ExitCode> {
     args.data.check_trt_options()?;
-    if !args.precision.any() {
-        bail!("nothing to convert: give a precision (--fp16, --bf16, --int8, --fp8 or --layer-precisions)");
-    }
     if args.output == args.model {
         bail!(
             "{}: the output would overwrite the input model; choose another -o",
             args.output.display()
         );
     }
-    let model = load_model(&args.model)?;
-    let graph = &model.graph;
-    let plan = args.precision.plan(graph)?;
-    let amax = if PrecisionArgs::needs_ranges(&plan) {
-        let interp = Interpreter::new(graph)?;
-        let feeds = if args
-            .precision
-            .calibration_cache
-            .as_ref()
-            .is_some_and(|p| p.exists())
-        {
-            Vec::new()
-        } else {
-            args.data.feeds(graph)?
-        };
-        ranges_for_plan(&interp, &plan, &args.precision, &feeds)?
-    } else {
-        None
+    let config = convert::Config {
+        model: args.model.clone(),
+        precision: args.precision.options(),
+        inputs: Inputs::Options(args.data.options()),
+        keep_io_types: !args.no_keep_io_types,
+        fallback: args.fallback,
     };
-    let exported = export(
-        &model,
-        &plan,
-        amax.as_ref(),
-        &ExportOptions {
-            keep_io_types: !args.no_keep_io_types,
-            fallback: args.fallback,
-        },
-    )?;
+    let bar = Bar::calibration(std::io::stderr().is_terminal());
+    let exported = convert::run(&config, &mut print_event, &bar)?;
+    let (graph, plan) = (&exported.source.graph, &exported.plan);
     write_model(&args.output, &exported.model)?;
-    println!("[I] {}", precision_counts_line(graph, &plan));
+    println!("[I] {}", precision_counts_line(graph, plan));
     if args.verbose {
-        print!("{}", precision_table(graph, &plan));
+        print!("{}", precision_table(graph, plan));
     }
     if !plan.fusion.is_none() {
         // The exported model cannot state fusion: the engine decides it when it builds.
-        let (regions, events) = plan_regions(graph, &plan, &args.data.shape_overrides()?)?;
+        let (regions, events) = plan_regions(graph, plan, &args.data.shape_overrides()?)?;
         if let Some(line) = fusion_line(graph, plan.fusion, &regions) {
             println!("[I] {line}");
         }
@@ -93,7 +74,7 @@ pub fn run(args: ConvertArgs) -> Result<ExitCode> {
         if args.verbose {
             print!("{}", fusion_table(graph, &regions));
             for e in events {
-                super::progress::print_event(e);
+                print_event(e);
             }
         }
     }

@@ -137,11 +137,6 @@ impl PrecisionArgs {
         Ok(self.options().fusion_model()?)
     }
 
-    /// Whether the plan needs activation ranges.
-    pub fn needs_ranges(plan: &PrecisionPlan) -> bool {
-        PrecisionOptions::needs_ranges(plan)
-    }
-
     /// Prepares the plan with the given activation ranges, for inputs of `input_shapes`.
     pub fn prepare(
         &self,

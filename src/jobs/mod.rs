@@ -4,6 +4,8 @@
 //! turns flags into a config and prints the outcome, the Python package does the same with
 //! keyword arguments and Python objects.
 
+pub mod calibrate;
+pub mod convert;
 pub mod debug_precision;
 pub mod options;
 pub mod ranges;
