@@ -66,11 +66,41 @@ pub fn set_stop_flag(flag: &'static AtomicBool) {
     );
 }
 
-/// Whether the flag given to [`set_stop_flag`] is set (false when none was given).
+/// Flags watched by [`with_stop_flag`] calls now running (their addresses).
+static WATCHED: std::sync::Mutex<Vec<usize>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether the flag given to [`set_stop_flag`], or one a running [`with_stop_flag`] watches,
+/// is set.
 pub fn stop_requested() -> bool {
     let p = STOP_FLAG.load(Ordering::SeqCst);
     // SAFETY: only `&'static AtomicBool`s are stored.
-    !p.is_null() && unsafe { &*p }.load(Ordering::SeqCst)
+    if !p.is_null() && unsafe { &*p }.load(Ordering::SeqCst) {
+        return true;
+    }
+    let watched = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+    watched.iter().any(|&a| {
+        // SAFETY: an address is in WATCHED only while the `with_stop_flag` call that borrows
+        // it runs (removed by a drop guard, on unwinding too).
+        unsafe { &*(a as *const AtomicBool) }.load(Ordering::SeqCst)
+    })
+}
+
+/// Runs `f` with `flag` counted as a stop request too ([`stop_requested`]): a search's own
+/// stop flag ends its running checks and data loaders.
+pub fn with_stop_flag<R>(flag: &AtomicBool, f: impl FnOnce() -> R) -> R {
+    let addr = flag as *const AtomicBool as usize;
+    WATCHED.lock().unwrap_or_else(|e| e.into_inner()).push(addr);
+    struct Unwatch(usize);
+    impl Drop for Unwatch {
+        fn drop(&mut self) {
+            let mut w = WATCHED.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = w.iter().position(|&a| a == self.0) {
+                w.swap_remove(i);
+            }
+        }
+    }
+    let _unwatch = Unwatch(addr);
+    f()
 }
 
 /// The signal that set the stop flag (SIGINT or SIGTERM), if one did.
@@ -929,6 +959,22 @@ mod tests {
         let done = Run::wait_all(runs, &|| t0.elapsed() > Duration::from_millis(200));
         assert!(t0.elapsed() < Duration::from_secs(5));
         assert!(done.iter().all(|f| f.ending == Ending::Interrupted));
+    }
+
+    #[test]
+    fn a_watched_flag_ends_the_groups_while_it_is_watched() {
+        let flag = AtomicBool::new(false);
+        let r = Run::spawn(&mut sh("sleep 30"), None, OUTPUT_LIMIT, None).unwrap();
+        let t0 = Instant::now();
+        let done = with_stop_flag(&flag, || {
+            flag.store(true, Ordering::SeqCst);
+            Run::wait_all(vec![r], &stop_requested)
+        });
+        assert_eq!(done[0].ending, Ending::Interrupted);
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // No longer watched once the call returned.
+        let addr = &flag as *const AtomicBool as usize;
+        assert!(!WATCHED.lock().unwrap().contains(&addr));
     }
 
     #[test]
