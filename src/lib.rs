@@ -24,6 +24,7 @@ pub mod numeric;
 pub mod onnx;
 pub mod ops;
 pub mod precision;
+pub mod process;
 pub mod quantize;
 pub mod search;
 pub mod tensor;

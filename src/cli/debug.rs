@@ -30,7 +30,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
@@ -257,10 +257,6 @@ mod qdq;
 /// Set by Ctrl-C; the search stops between evaluations and reports the best plan so far.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_sigint(_: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::SeqCst);
-}
-
 /// First Ctrl-C: stop after the current evaluation; a second one kills as usual
 /// (SA_RESETHAND restores the default action once the handler ran).
 /// `--jobs`: a whole number of at least 1.
@@ -274,14 +270,8 @@ fn parse_jobs(s: &str) -> std::result::Result<usize, String> {
 }
 
 fn install_interrupt_handler() {
-    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_sigint as *const () as usize;
-        sa.sa_flags = libc::SA_RESETHAND;
-        libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
-    }
+    // SIGTERM too; running --check groups and data loaders are ended (docs/search.md).
+    crate::process::install_stop_handler(&INTERRUPTED);
 }
 
 impl SearchArgs {

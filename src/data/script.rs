@@ -5,6 +5,10 @@
 //! program passed with `-c`; the arrays stream back over the child's stdout, one feed dict at a
 //! time, and nothing is written to disk. The script's own prints go to the child's stderr,
 //! which is collected and returned with the feeds (or with the error, holding the traceback).
+//! The child runs in its own process group ([`crate::process`]): when the feeds are read (or
+//! reading stops early, or fails) the whole group is ended — worker processes the script
+//! started included —, a Ctrl-C or SIGTERM ends a script that hangs, and its stderr is kept
+//! up to [`OUTPUT_LIMIT`] bytes (the last ones).
 //!
 //! Wire format (little endian), after the child redirected its `sys.stdout` to stderr:
 //! `F u32:count (u32:name_len name u64:npy_len npy_bytes){count}` per feed dict, `E` at the end.
@@ -15,11 +19,12 @@ use super::npy::from_npy;
 use crate::error::{Error, Result};
 use crate::graph::check_against;
 use crate::graph::ValueInfo;
+use crate::process::{CaptureThread, Contained, StopReader, KILL_GRACE, OUTPUT_LIMIT, STOPPED};
 use crate::tensor::Feeds;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
-use std::thread::JoinHandle;
+use std::process::{ChildStdout, Command, ExitStatus, Stdio};
+use std::time::Duration;
 
 /// The default function name, as in Polygraphy.
 pub const DEFAULT_FUNC: &str = "load_data";
@@ -118,37 +123,34 @@ impl DataLoaderScript {
                 "--data-loader-script: no such file",
             ));
         }
-        let mut child = Command::new(python)
+        let mut command = Command::new(python);
+        command
             .arg("-c")
             .arg(DRIVER)
             .arg(&self.path)
             .arg(&self.func)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                Error::Invalid(format!(
-                    "{}: cannot start Python ('{}': {e}); set MIXPREC_PYTHON to a Python with NumPy",
-                    self.label(),
-                    python.display()
-                ))
-            })?;
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut stderr = child.stderr.take().expect("piped stderr");
-        let log = std::thread::spawn(move || {
-            let mut s = Vec::new();
-            let _ = stderr.read_to_end(&mut s);
-            String::from_utf8_lossy(&s).into_owned()
-        });
+            .stderr(Stdio::piped());
+        let mut child = Contained::spawn(&mut command).map_err(|e| {
+            Error::Invalid(format!(
+                "{}: cannot start Python ('{}': {e}); set MIXPREC_PYTHON to a Python with NumPy",
+                self.label(),
+                python.display()
+            ))
+        })?;
+        let stdout = child.take_stdout().expect("piped stdout");
+        let stderr = child.take_stderr().expect("piped stderr");
+        let log = CaptureThread::start(stderr, OUTPUT_LIMIT);
         Ok(ScriptFeeds {
             script: self.clone(),
             child: Some(child),
-            stdout: BufReader::new(stdout),
+            stdout: BufReader::with_capacity(1 << 16, StopReader::new(stdout)),
             log: Some(log),
             index: 0,
             done: false,
             log_text: String::new(),
+            status: None,
         })
     }
 
@@ -185,15 +187,16 @@ impl DataLoaderScript {
     }
 }
 
-/// The feed dicts of a running script, in order; dropping it stops the child.
+/// The feed dicts of a running script, in order; dropping it ends the child's group.
 pub struct ScriptFeeds {
     script: DataLoaderScript,
-    child: Option<Child>,
-    stdout: BufReader<ChildStdout>,
-    log: Option<JoinHandle<String>>,
+    child: Option<Contained>,
+    stdout: BufReader<StopReader<ChildStdout>>,
+    log: Option<CaptureThread>,
     index: usize,
     done: bool,
     log_text: String,
+    status: Option<ExitStatus>,
 }
 
 impl ScriptFeeds {
@@ -203,29 +206,48 @@ impl ScriptFeeds {
         std::mem::take(&mut self.log_text)
     }
 
-    fn stop(&mut self) {
+    /// Ends the child's group — after waiting for it to end by itself when `wait` is given
+    /// (the script finished, or failed and is printing its traceback) — and collects its
+    /// output.
+    fn stop_after(&mut self, wait: Duration) {
         if let Some(mut c) = self.child.take() {
-            if !self.done {
-                let _ = c.kill();
-            }
-            let _ = c.wait();
+            self.status = c.finish(wait, KILL_GRACE);
         }
         if let Some(h) = self.log.take() {
-            self.log_text = h.join().unwrap_or_default();
+            self.log_text = h.finish().text("the data loader's output");
         }
+    }
+
+    fn stop(&mut self) {
+        // All feeds read: the script ends by itself; stopped early: at once.
+        let wait = if self.done {
+            KILL_GRACE
+        } else {
+            Duration::ZERO
+        };
+        self.stop_after(wait);
     }
 
     /// The error for a child that stopped without the end marker: its traceback or message.
     fn failure(&mut self, what: &str) -> Error {
-        let status = self.child.as_mut().and_then(|c| c.wait().ok());
+        let label = self.script.label();
+        if what.contains(STOPPED) || crate::process::stop_requested() {
+            self.done = true;
+            self.stop_after(Duration::ZERO);
+            return Error::Invalid(format!(
+                "{label}: the data loader was stopped (Ctrl-C or SIGTERM) after {} feed dict(s)",
+                self.index
+            ));
+        }
+        // The stream ended or broke: the script is exiting (a traceback on its way).
         self.done = true;
-        self.stop();
+        self.stop_after(KILL_GRACE);
+        let status = self.status;
         let text = self.log_text.trim_end().to_string();
         let own: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("MIXPREC: "))
             .collect();
-        let label = self.script.label();
         let code = status.and_then(|s| s.code());
         if code == Some(3) && !own.is_empty() {
             return Error::Invalid(format!("{label}: {}", own.join("; ")));
@@ -244,9 +266,13 @@ impl ScriptFeeds {
                 "{label}: the data loader raised an exception{where_}:\n{body}"
             ))
         } else {
+            let how = match status {
+                Some(s) => crate::process::Finished::failure(s)
+                    .unwrap_or_else(|| "exited with status 0".into()),
+                None => "did not end".into(),
+            };
             Error::Invalid(format!(
-                "{label}: {what} (exit status {}){}",
-                status.map_or_else(|| "unknown".into(), |s| s.to_string()),
+                "{label}: {what} (the data loader {how}){}",
                 if body.is_empty() {
                     String::new()
                 } else {
@@ -258,8 +284,12 @@ impl ScriptFeeds {
 
     fn read_feed(&mut self) -> std::result::Result<Option<Feeds>, String> {
         let mut tag = [0u8; 1];
-        if self.stdout.read_exact(&mut tag).is_err() {
-            return Err("the data loader stopped unexpectedly".into());
+        if let Err(e) = self.stdout.read_exact(&mut tag) {
+            return Err(if e.to_string() == STOPPED {
+                STOPPED.into()
+            } else {
+                "the data loader stopped unexpectedly".into()
+            });
         }
         match tag[0] {
             b'E' => return Ok(None),

@@ -14,6 +14,11 @@
 //!   argument that is exactly this placeholder becomes one argument per marked layer;
 //! - `{trtexec_layer_precisions}`: `name:fp32,name2:fp32` for `trtexec --layerPrecisions=`;
 //! - `{iteration}` and `{marked_count}`.
+//!
+//! Each command runs in its own process group ([`crate::process`]): the group is judged (the
+//! check is over when its first process exited and its output closed), ended at
+//! `--check-timeout` or on Ctrl-C/SIGTERM, and its output kept up to [`OUTPUT_LIMIT`] bytes a
+//! stream. With `--jobs` the commands of a batch are waited for together.
 
 use super::{Evaluation, Oracle};
 use crate::error::{Error, Result};
@@ -23,12 +28,12 @@ use crate::graph::Graph;
 use crate::onnx::Model;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
+use crate::process::{Ending, Finished, Run, OUTPUT_LIMIT};
 use regex::Regex;
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 /// trtexec's spelling of a precision in `--layerPrecisions`.
 pub fn trtexec_precision(p: Precision) -> &'static str {
@@ -178,10 +183,7 @@ fn in_dir(dir: Option<&Path>, path: &Path) -> PathBuf {
 
 /// A command started for one candidate.
 struct Launched {
-    child: std::process::Child,
-    stdout: std::thread::JoinHandle<Vec<u8>>,
-    stderr: std::thread::JoinHandle<Vec<u8>>,
-    started: Instant,
+    run: Run,
     /// The candidate's model file.
     model: PathBuf,
     /// The job's working directory (`--jobs` > 1).
@@ -205,8 +207,8 @@ impl CheckOracle<'_> {
         Ok(exported.model)
     }
 
-    /// Writes the candidate and starts the command on it, in the job's own directory when
-    /// `slot` is given (`--jobs` > 1).
+    /// Writes the candidate and starts the command on it, in its own process group
+    /// ([`crate::process`]), in the job's own directory when `slot` is given (`--jobs` > 1).
     fn launch(
         &mut self,
         marked: &[usize],
@@ -243,126 +245,128 @@ impl CheckOracle<'_> {
             )));
         }
         let mut command = Command::new(program);
-        command
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        command.args(&args);
         if let Some(d) = &dir {
             command.current_dir(d);
         }
-        let mut child = command.spawn().map_err(|e| {
+        let run = Run::spawn(
+            &mut command,
+            self.timeout,
+            OUTPUT_LIMIT,
+            self.fail_regex.as_ref(),
+        )
+        .map_err(|e| {
             Error::Invalid(if e.kind() == std::io::ErrorKind::NotFound {
                 format!("--check: command '{program}' not found")
             } else {
                 format!("--check: cannot run '{program}': {e}")
             })
         })?;
-        // Drain both pipes on threads so a chatty command cannot block on a full pipe.
-        let drain = |r: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut buf = Vec::new();
-                if let Some(mut r) = r {
-                    let _ = r.read_to_end(&mut buf);
-                }
-                buf
-            })
-        };
-        let stdout = drain(
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        );
-        let stderr = drain(
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        );
         Ok(Launched {
-            child,
-            stdout,
-            stderr,
-            started: Instant::now(),
+            run,
             model,
             dir,
             iteration,
         })
     }
 
-    /// Waits for a launched command (or its timeout) and judges its result.
-    fn conclude(&mut self, mut run: Launched) -> Result<Evaluation> {
-        let program = &self.command[0];
-        let mut timed_out = false;
-        let status = loop {
-            if let Some(s) = run
-                .child
-                .try_wait()
-                .map_err(|e| Error::Invalid(format!("--check: waiting for '{program}': {e}")))?
-            {
-                break Some(s);
+    /// Waits for the launched commands together (each ended at its timeout, all of them on
+    /// Ctrl-C or SIGTERM) and judges them in order; a launch that failed keeps its error.
+    fn conclude_all(&mut self, launched: Vec<Result<Launched>>) -> Vec<Result<Evaluation>> {
+        let mut runs = Vec::new();
+        let mut rest = Vec::new();
+        for l in launched {
+            match l {
+                Ok(l) => {
+                    runs.push(l.run);
+                    rest.push(Ok((l.model, l.dir, l.iteration)));
+                }
+                Err(e) => rest.push(Err(e)),
             }
-            if self.timeout.is_some_and(|t| run.started.elapsed() > t) {
-                let _ = run.child.kill();
-                let _ = run.child.wait();
-                timed_out = true;
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        };
-        let stdout = run.stdout.join().unwrap_or_default();
-        let stderr = run.stderr.join().unwrap_or_default();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&stdout),
-            String::from_utf8_lossy(&stderr)
-        );
-        let (passed, summary) = match status {
-            None => (
+        }
+        let mut finished = Run::wait_all(runs, &crate::process::stop_requested).into_iter();
+        rest.into_iter()
+            .map(|r| {
+                let (model, dir, iteration) = r?;
+                let f = finished.next().expect("one finished run per launch");
+                Ok(self.judge(f, &model, dir.as_deref(), iteration))
+            })
+            .collect()
+    }
+
+    /// The verdict on a finished command; reports its output and the artifact notes.
+    fn judge(
+        &mut self,
+        f: Finished,
+        model: &Path,
+        dir: Option<&Path>,
+        iteration: usize,
+    ) -> Evaluation {
+        let text = format!("{}{}", f.stdout.text("stdout"), f.stderr.text("stderr"));
+        let (passed, summary) = match f.ending {
+            Ending::Interrupted => (
+                false,
+                "--check stopped by Ctrl-C or SIGTERM (its process group was ended): no verdict"
+                    .to_string(),
+            ),
+            Ending::TimedOut(d) => (
                 false,
                 format!(
-                    "--check timed out after {:.1}s: counted as failing",
-                    run.started.elapsed().as_secs_f64()
+                    "--check timed out after {:.1} s: its process group was killed; counted as failing",
+                    d.as_secs_f64()
                 ),
             ),
-            Some(s) => {
-                let matched = self
-                    .fail_regex
-                    .as_ref()
-                    .and_then(|re| re.find(&text).map(|m| m.as_str().to_string()));
-                match (s.success(), matched) {
-                    (true, None) => (true, "--check exited with status 0".to_string()),
-                    (true, Some(m)) => {
-                        (false, format!("--check output matched --fail-regex: '{m}'"))
-                    }
-                    (false, _) => (
-                        false,
-                        match s.code() {
-                            Some(c) => format!("--check exited with status {c}"),
-                            None => "--check was killed by a signal".to_string(),
-                        },
-                    ),
-                }
-            }
+            Ending::Exited(status) => match Finished::failure(status) {
+                Some(why) => (false, format!("--check {why}")),
+                None => match self.fail_match(&f) {
+                    None => (true, "--check exited with status 0".to_string()),
+                    Some(m) => (false, format!("--check output matched --fail-regex: '{m}'")),
+                },
+            },
         };
-        if self.verbose || (passed && self.show_output) || (!passed && !self.hide_fail_output) {
+        let interrupted = f.ending == Ending::Interrupted;
+        if !interrupted
+            && (self.verbose || (passed && self.show_output) || (!passed && !self.hide_fail_output))
+        {
             (self.events)(Event::Output(text));
         }
-        if timed_out {
+        if matches!(f.ending, Ending::TimedOut(_)) {
             (self.events)(Event::Warning(summary.clone()));
         }
         if self.iter_artifact.is_some() && !self.keep_iter_artifact {
-            let _ = std::fs::remove_file(&run.model);
+            let _ = std::fs::remove_file(model);
         }
-        for note in self.sort_artifacts(passed, run.dir.as_deref(), run.iteration) {
-            (self.events)(Event::Info(note));
+        if !interrupted {
+            for note in self.sort_artifacts(passed, dir, iteration) {
+                (self.events)(Event::Info(note));
+            }
         }
-        Ok(Evaluation {
+        Evaluation {
             passed,
             error: f64::NAN,
             summary,
-        })
+        }
+    }
+
+    /// `--fail-regex`'s match in the command's output: over all of it (stdout then stderr)
+    /// when it was kept whole, else its first match in what was dropped, then in what was
+    /// kept.
+    fn fail_match(&self, f: &Finished) -> Option<String> {
+        let re = self.fail_regex.as_ref()?;
+        let kept = format!(
+            "{}{}",
+            String::from_utf8_lossy(&f.stdout.bytes),
+            String::from_utf8_lossy(&f.stderr.bytes)
+        );
+        let in_kept = || re.find(&kept).map(|m| m.as_str().to_string());
+        if f.stdout.dropped == 0 && f.stderr.dropped == 0 {
+            return in_kept();
+        }
+        f.stdout
+            .dropped_match
+            .clone()
+            .or_else(|| f.stderr.dropped_match.clone())
+            .or_else(in_kept)
     }
 
     /// Judges the candidate `marked` whose model is `candidate` (written for `{model}`):
@@ -374,8 +378,10 @@ impl CheckOracle<'_> {
         candidate: &crate::onnx::proto::ModelProto,
     ) -> Result<Evaluation> {
         let slot = (self.jobs > 1).then_some(0);
-        let run = self.launch(marked, candidate, slot)?;
-        self.conclude(run)
+        let launched = self.launch(marked, candidate, slot);
+        self.conclude_all(vec![launched])
+            .pop()
+            .expect("one evaluation per launch")
     }
 
     /// Judges several candidates at once, each command in its own working directory; the
@@ -389,7 +395,7 @@ impl CheckOracle<'_> {
             .enumerate()
             .map(|(k, (marked, model))| self.launch(&marked, model?.borrow(), Some(k)))
             .collect();
-        launched.into_iter().map(|l| self.conclude(l?)).collect()
+        self.conclude_all(launched)
     }
 }
 

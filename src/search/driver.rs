@@ -212,6 +212,22 @@ pub(crate) fn search_with_replay(
     stop: &AtomicBool,
     hooks: &mut dyn SearchHooks,
 ) -> Result<SearchResult> {
+    // Running `--check` groups end when `stop` is set, whoever sets it (the CLI's signal
+    // handler, the Python binding's KeyboardInterrupt).
+    crate::process::with_stop_flag(stop, || {
+        search_with_replay_inner(space, options, inner, graph, replay, stop, hooks)
+    })
+}
+
+fn search_with_replay_inner(
+    space: &SearchSpace,
+    options: &SearchOptions,
+    inner: &mut dyn Oracle,
+    graph: &Graph,
+    replay: Option<(DebugReplay, Option<PathBuf>)>,
+    stop: &AtomicBool,
+    hooks: &mut dyn SearchHooks,
+) -> Result<SearchResult> {
     let Some((replay, save_to)) = replay else {
         return search(
             space,

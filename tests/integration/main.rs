@@ -3,6 +3,7 @@
 
 mod attrs;
 mod calib;
+mod check_faults;
 mod cli;
 mod common;
 mod conformance;
