@@ -28,7 +28,7 @@ def images(directory=None, n=16, size=96):
 def mask_iou_at_least_099(outputs, golden):
     for out, ref in zip(outputs, golden):
         a, b = out["sigmoid_0.tmp_0"] > 0.3, ref["sigmoid_0.tmp_0"] > 0.3
-        if (a & b).sum() < 0.99 * max((a | b).sum(), 1):
+        if (a & b).sum() < 0.99 * (a | b).sum():  # two empty masks agree
             return False
     return True
 

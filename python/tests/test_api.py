@@ -221,6 +221,10 @@ def test_export_save_and_report(models: Path, tmp_path: Path) -> None:
     exported = tmp_path / "mixed.onnx"
     proto = r.export(exported)
     assert exported.exists() and proto is not None
+    # Written with the usual permissions (not mkstemp's private ones).
+    umask = os.umask(0)
+    os.umask(umask)
+    assert exported.stat().st_mode & 0o777 == 0o666 & ~umask
     # The exported model is typed: its Casts keep the answer's layers in float32, and it runs
     # (in FP32 mode it computes what the search's answer emulates).
     assert any(n.op_type == "Cast" for n in proto.graph.node)
