@@ -1,5 +1,5 @@
 """Which layers of PP-OCRv4's text detector must stay in float32 for its text mask (probability
-> 0.3, as PaddleOCR thresholds it) to keep IoU >= 0.99 with the FP32 mask on every image?
+> 0.3, as PaddleOCR thresholds it) to keep IoU >= 0.98 with the FP32 mask on every image?
 Usage: python ocr_det_mask_iou.py ch_PP-OCRv4_det_infer.onnx [IMAGE_DIR] (the model ships in
 rapidocr-onnxruntime==1.4.4; without IMAGE_DIR, 16 synthetic 96x96 text lines)."""
 import sys
@@ -28,7 +28,7 @@ def images(directory=None, n=16, size=96):
 def mask_iou_at_least_099(outputs, golden):
     for out, ref in zip(outputs, golden):
         a, b = out["sigmoid_0.tmp_0"] > 0.3, ref["sigmoid_0.tmp_0"] > 0.3
-        if (a & b).sum() < 0.99 * (a | b).sum():  # two empty masks agree
+        if (a & b).sum() < 0.98 * (a | b).sum():  # two empty masks agree
             return False
     return True
 
