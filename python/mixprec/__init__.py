@@ -145,6 +145,27 @@ def _data(value: Optional[DataLike], what: str) -> tuple[Optional[List[Arrays]],
     return sets, None
 
 
+def _input_kwargs(
+    inputs: Optional[DataLike],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Any,
+    input_shapes: Any,
+    data_loader_script: Optional[str],
+) -> Dict[str, Any]:
+    """Where the native jobs take their input sets from: in memory, a file, or generated."""
+    sets, path = _data(inputs, "inputs")
+    return dict(
+        inputs=sets,
+        load_inputs=[path] if path else [],
+        seed=seed,
+        iterations=iterations,
+        val_range=_items(val_range, "val_range"),
+        input_shapes=_items(input_shapes, "input_shapes"),
+        data_loader_script=data_loader_script,
+    )
+
+
 def _items(value: Any, what: str) -> List[str]:
     """A tolerance-like option as the CLI's items: ``1e-3``, ``{"out": 1e-3}``,
     ``["1e-3", "out:1e-2"]``."""
@@ -361,7 +382,7 @@ def debug_precision(
     raises ``KeyboardInterrupt`` whose ``result`` attribute is the best answer so far.
     """
     m = _Model(model)
-    sets, inputs_path = _data(inputs, "inputs")
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     golden_sets, golden_path = _data(golden, "golden")
     if isinstance(check, str):
         import shlex
@@ -378,13 +399,7 @@ def debug_precision(
             objective=objective,
             ranking=ranking,
             jobs=jobs,
-            inputs=sets,
-            load_inputs=[inputs_path] if inputs_path else [],
-            seed=seed,
-            iterations=iterations,
-            val_range=_items(val_range, "val_range"),
-            input_shapes=_items(input_shapes, "input_shapes"),
-            data_loader_script=data_loader_script,
+            **data,
             golden=golden_sets,
             golden_path=golden_path,
             criterion=criterion,
@@ -437,19 +452,13 @@ def run(
     outputs, then with ``mark_all`` every other value in execution order). Types numpy
     lacks (bfloat16, float8) come back as float32."""
     m = _Model(model)
-    sets, inputs_path = _data(inputs, "inputs")
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     with warnings.catch_warnings():
         warnings.simplefilter("default", MixprecWarning)
         return list(
             _native.run(
                 m.path,
-                inputs=sets,
-                load_inputs=[inputs_path] if inputs_path else [],
-                seed=seed,
-                iterations=iterations,
-                val_range=_items(val_range, "val_range"),
-                input_shapes=_items(input_shapes, "input_shapes"),
-                data_loader_script=data_loader_script,
+                **data,
                 low=_precisions(precision) if precision is not None else [],
                 layer_precisions=_items(layer_precisions, "layer_precisions"),
                 fusion=fusion,
@@ -490,7 +499,7 @@ def convert(
     ``output`` when given; returned as an ``onnx.ModelProto`` when onnx is importable, else as
     bytes. Layers kept in float32 by ``fallback`` are logged."""
     m = _Model(model)
-    sets, inputs_path = _data(inputs, "inputs")
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     data, notes = _emit_warnings(
         lambda: _native.convert(
             m.path,
@@ -499,13 +508,7 @@ def convert(
             fusion=fusion,
             calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
             calibration_algo=calibration_algo,
-            inputs=sets,
-            load_inputs=[inputs_path] if inputs_path else [],
-            seed=seed,
-            iterations=iterations,
-            val_range=_items(val_range, "val_range"),
-            input_shapes=_items(input_shapes, "input_shapes"),
-            data_loader_script=data_loader_script,
+            **data,
             keep_io_types=keep_io_types,
             fallback=fallback,
         )
@@ -540,18 +543,12 @@ def calibrate(
     ``minmax``; ``percentile``). With ``cache``, also writes TensorRT's calibration cache
     (``trtexec --calib``, ``calibration_cache=`` of the other functions)."""
     m = _Model(model)
-    sets, inputs_path = _data(inputs, "inputs")
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     return dict(
         _emit_warnings(
             lambda: _native.calibrate(
                 m.path,
-                inputs=sets,
-                load_inputs=[inputs_path] if inputs_path else [],
-                seed=seed,
-                iterations=iterations,
-                val_range=_items(val_range, "val_range"),
-                input_shapes=_items(input_shapes, "input_shapes"),
-                data_loader_script=data_loader_script,
+                **data,
                 algo=algo,
                 percentile=percentile,
                 cache=None if cache is None else os.fspath(cache),
