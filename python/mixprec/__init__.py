@@ -41,6 +41,7 @@ __all__ = [
     "MixprecWarning",
     "SearchResult",
     "calibrate",
+    "compare",
     "convert",
     "debug_precision",
     "run",
@@ -556,3 +557,37 @@ def calibrate(
             )
         )
     )
+
+
+def compare(
+    outputs: DataLike,
+    reference: DataLike,
+    *,
+    atol: Any = None,
+    rtol: Any = None,
+    check_error_stat: Any = None,
+    error_quantile: Any = None,
+    metrics: Optional[Sequence[str]] = None,
+) -> List[Dict[str, Dict[str, Any]]]:
+    """Compares ``outputs`` with ``reference`` (each one dict of arrays, or a list of them:
+    one per input set) the way
+    ``mixprec run --load-outputs`` and the search do (Polygraphy's comparator: ``atol``,
+    ``rtol``, ``check_error_stat``, ``error_quantile``, ``metrics``). Per input set, per
+    reference output: ``passed``, the checked ``stat``, the ``atol``/``rtol`` applied, the
+    ``required_atol``/``required_rtol`` that would pass, and each metric's value and verdict."""
+    outs, _ = _data(outputs, "outputs")
+    refs, _ = _data(reference, "reference")
+    if outs is None or refs is None:
+        raise TypeError("compare: outputs and reference are dicts of arrays (or lists of them)")
+    return [
+        dict(d)
+        for d in _native.compare(
+            outs,
+            refs,
+            atol=_items(atol, "atol"),
+            rtol=_items(rtol, "rtol"),
+            check_error_stat=_items(check_error_stat, "check_error_stat"),
+            error_quantile=_items(error_quantile, "error_quantile"),
+            metrics=_items(metrics, "metrics"),
+        )
+    ]

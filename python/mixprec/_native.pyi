@@ -102,4 +102,14 @@ def calibrate(
     cache: Optional[str],
     cache_header: Optional[str],
 ) -> Dict[str, float]: ...
+def compare(
+    outputs: List[Dict[str, np.ndarray]],
+    reference: List[Dict[str, np.ndarray]],
+    *,
+    atol: Sequence[str],
+    rtol: Sequence[str],
+    check_error_stat: Sequence[str],
+    error_quantile: Sequence[str],
+    metrics: Sequence[str],
+) -> List[Dict[str, Dict[str, Any]]]: ...
 def main(argv: List[str]) -> int: ...

@@ -754,6 +754,72 @@ fn calibrate(
     Ok(done.cache.amax_map())
 }
 
+/// Compares outputs with reference outputs as `run --load-outputs` and the search do: per input
+/// set, per reference output, the verdict under the criterion with the tolerances it would
+/// need and every metric.
+#[pyfunction]
+#[pyo3(signature = (outputs, reference, *, atol, rtol, check_error_stat, error_quantile, metrics))]
+#[allow(clippy::too_many_arguments)]
+fn compare<'py>(
+    py: Python<'py>,
+    outputs: Bound<'py, PyList>,
+    reference: Bound<'py, PyList>,
+    atol: Vec<String>,
+    rtol: Vec<String>,
+    check_error_stat: Vec<String>,
+    error_quantile: Vec<String>,
+    metrics: Vec<String>,
+) -> PyResult<Vec<Bound<'py, PyDict>>> {
+    let criterion = CompareOptions {
+        atol,
+        rtol,
+        check_error_stat,
+        error_quantile,
+        metric: metrics,
+    }
+    .criterion()
+    .map_err(to_py)?;
+    let (outputs, reference) = (to_sets(&outputs)?, to_sets(&reference)?);
+    if outputs.len() != reference.len() {
+        return Err(PyValueError::new_err(format!(
+            "{} output set(s) against {} reference set(s): give one reference per set",
+            outputs.len(),
+            reference.len()
+        )));
+    }
+    let mut all = Vec::with_capacity(outputs.len());
+    for (k, (out, refs)) in outputs.iter().zip(&reference).enumerate() {
+        let d = PyDict::new(py);
+        for (name, r) in refs {
+            let o = out.get(name).ok_or_else(|| {
+                PyValueError::new_err(format!("set {k}: output '{name}' is missing"))
+            })?;
+            let c = guarded("compare", || {
+                mixprec::compare::check_output(name, o, r, &criterion).map_err(to_py)
+            })?;
+            let row = PyDict::new(py);
+            row.set_item("passed", c.passed)?;
+            row.set_item("stat", c.stat.name())?;
+            row.set_item("atol", c.atol)?;
+            row.set_item("rtol", c.rtol)?;
+            row.set_item("required_atol", c.required_atol)?;
+            row.set_item("required_rtol", c.required_rtol)?;
+            let ms = PyList::empty(py);
+            for m in &c.metrics {
+                let md = PyDict::new(py);
+                md.set_item("metric", m.line())?;
+                md.set_item("value", m.value)?;
+                md.set_item("passed", m.passed)?;
+                ms.append(md)?;
+            }
+            row.set_item("metrics", ms)?;
+            d.set_item(name, row)?;
+        }
+        all.push(d);
+    }
+    Ok(all)
+}
+
 /// The library's warnings as Python warnings.
 fn warn_events(py: Python<'_>, events: Vec<Event>) -> PyResult<()> {
     let warnings = py.import("warnings")?;
@@ -788,6 +854,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
+    m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;
     Ok(())

@@ -337,3 +337,19 @@ def test_calibrate_returns_the_ranges_and_writes_the_cache(models: Path, tmp_pat
     assert cli.read_text() == cache.read_text()
     with pytest.raises(ValueError, match="--percentile"):
         mixprec.calibrate(model, algo="minmax", percentile=99.0)
+
+
+def test_compare_gives_the_comparators_verdicts(models: Path) -> None:
+    model = models / "needs_constraints.onnx"
+    inputs = {"x": np.full((1, 1, 256, 256), 1.5, np.float32)}
+    fp32 = mixprec.run(model, inputs)
+    fp16 = mixprec.run(model, inputs, precision="float16")
+    same = mixprec.compare(fp32, fp32)
+    assert same[0]["output"]["passed"] and same[0]["output"]["required_atol"] == 0
+    lost = mixprec.compare(fp16, fp32, check_error_stat="median", atol=1e-3, metrics=["cosine:0.99"])
+    row = lost[0]["output"]
+    assert not row["passed"] and row["stat"] == "median"
+    assert row["required_atol"] == pytest.approx(1.5)
+    assert row["metrics"][0]["passed"] in (True, False)
+    with pytest.raises(ValueError, match="missing"):
+        mixprec.compare({"other": fp32[0]["output"]}, fp32[0])
