@@ -468,6 +468,18 @@ impl Outcome {
         }
     }
 
+    /// What a result file says of the search, for a search that started from `low`.
+    fn setup<'s>(&'s self, low: &'s PrecisionPlan) -> SearchSetup<'s> {
+        SearchSetup {
+            model: &self.model_name,
+            mode: self.mode,
+            direction: self.direction,
+            objective: self.objective,
+            high: self.high,
+            low,
+        }
+    }
+
     /// The `--save-result` JSON; `written` is where the answer's model was written, if it was.
     pub fn result_json(&self, written: Option<&str>) -> Result<Vec<u8>> {
         let graph = &self.model.graph;
@@ -476,16 +488,8 @@ impl Outcome {
                 let files: Vec<ResultFile> = searches
                     .iter()
                     .map(|s| {
-                        let setup = SearchSetup {
-                            model: &self.model_name,
-                            mode: self.mode,
-                            direction: self.direction,
-                            objective: self.objective,
-                            high: self.high,
-                            low: &s.low,
-                        };
                         ResultFile::new(
-                            &setup,
+                            &self.setup(&s.low),
                             graph,
                             &s.run.space,
                             &s.run.result,
@@ -501,16 +505,14 @@ impl Outcome {
             }
             Searched::Qdq(run) => {
                 let low = PrecisionPlan::uniform(graph, Precision::Float32);
-                let setup = SearchSetup {
-                    model: &self.model_name,
-                    mode: self.mode,
-                    direction: self.direction,
-                    objective: self.objective,
-                    high: self.high,
-                    low: &low,
-                };
-                let mut file =
-                    ResultFile::new(&setup, graph, &run.space, &run.result, &run.stats, &[]);
+                let mut file = ResultFile::new(
+                    &self.setup(&low),
+                    graph,
+                    &run.space,
+                    &run.result,
+                    &run.stats,
+                    &[],
+                );
                 file.low_precisions = vec![format!("{} quantized", run.space.candidates.len())];
                 file.fusion = self.fusion.name();
                 let marked: Vec<usize> = file.layers.iter().map(|l| l.index).collect();
