@@ -615,30 +615,35 @@ fn run(
     calibration_algo: Option<String>,
     mark_all: bool,
 ) -> PyResult<Vec<Py<PyDict>>> {
-    let config = run_job::Config {
-        model,
-        inputs: inputs_from(
-            inputs.as_ref(),
-            load_inputs,
-            seed,
-            iterations,
-            val_range,
-            input_shapes,
-            data_loader_script,
-        )?,
-        precision: precision_options(
-            &low,
-            layer_precisions,
-            fusion,
-            calibration_cache,
-            calibration_algo,
-        )?,
-        mark_all,
-    };
+    let inputs = inputs_from(
+        inputs.as_ref(),
+        load_inputs,
+        seed,
+        iterations,
+        val_range,
+        input_shapes,
+        data_loader_script,
+    )?;
+    let precision = precision_options(
+        &low,
+        layer_precisions,
+        fusion,
+        calibration_cache,
+        calibration_algo,
+    )?;
     let mut events = Vec::new();
     let outputs = guarded("run", || {
-        py.detach(|| run_job::run(&config, &mut |e| events.push(e), &NoProgress))
-            .map_err(to_py)
+        py.detach(|| {
+            run_job::outputs(
+                &model,
+                &inputs,
+                &precision,
+                mark_all,
+                &mut |e| events.push(e),
+                &NoProgress,
+            )
+        })
+        .map_err(to_py)
     })?;
     warn_events(py, events)?;
     outputs.into_iter().map(|o| outputs_to_py(py, o)).collect()

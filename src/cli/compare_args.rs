@@ -1,8 +1,6 @@
 //! The pass criterion's options, shared by `run` and `debug precision`.
 
-use crate::compare::Criterion;
 use crate::jobs::options::CompareOptions;
-use anyhow::Result;
 use clap::Args;
 
 /// Tolerances, the checked error statistic and extra metrics (Polygraphy's comparator options).
@@ -40,10 +38,5 @@ impl CompareArgs {
             error_quantile: self.error_quantile.clone(),
             metric: self.metric.clone(),
         }
-    }
-
-    /// The criterion these options describe (defaults: atol = rtol = 1e-5, elemwise).
-    pub fn criterion(&self) -> Result<Criterion> {
-        Ok(self.options().criterion()?)
     }
 }

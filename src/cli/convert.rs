@@ -1,15 +1,16 @@
 //! `mixprec convert`: writes a precision plan as a deployable mixed-precision ONNX model
 //! (Cast nodes around float16/bfloat16 layers, QuantizeLinear/DequantizeLinear for int8/fp8).
 
-use super::precision_args::{
-    fusion_line, fusion_table, precision_counts_line, precision_table, PrecisionArgs,
-};
+use super::precision_args::PrecisionArgs;
 use super::progress::{print_event, Bar};
 use super::run::DataArgs;
 use crate::exec::emulate::plan_regions;
 use crate::export::write_model;
 use crate::jobs::convert;
 use crate::jobs::options::Inputs;
+use crate::precision::summary::{
+    fusion_line, fusion_table, precision_counts_line, precision_table,
+};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::io::IsTerminal;

@@ -3,7 +3,6 @@
 
 use super::compare_args::CompareArgs;
 use super::precision_args::PrecisionArgs;
-use super::precision_args::{fusion_line, fusion_table};
 use super::progress::print_event;
 use super::run::DataArgs;
 use super::style::{paint, use_color, ColorChoice};
@@ -18,6 +17,7 @@ use crate::jobs::debug_precision::{
 use crate::jobs::options::PrecisionOptions;
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::ResolvedRegion;
+use crate::precision::summary::{fusion_line, fusion_table};
 use crate::precision::Precision;
 use crate::search::driver::SearchHooks;
 use crate::search::report::{deploy_lines, names, percent, DeploySetup, SearchStats};

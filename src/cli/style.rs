@@ -144,11 +144,6 @@ impl Out {
         }
     }
 
-    /// One log line.
-    pub fn line(&self, line: &str) {
-        self.log(&format!("{line}\n"));
-    }
-
     /// The final verdict line: printed in normal and quiet modes.
     pub fn verdict(&self, line: &str) {
         if self.verbosity == Verbosity::Json {

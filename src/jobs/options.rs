@@ -451,7 +451,17 @@ impl Inputs {
     /// The input sets; in-memory ones are checked against the model's inputs (names, types,
     /// shapes), and there must be at least one.
     pub fn feeds(&self, graph: &Graph, events: &mut dyn FnMut(Event)) -> Result<Vec<Feeds>> {
-        let feeds = match self {
+        let feeds = self.sets(graph, events)?;
+        if feeds.is_empty() {
+            return Err(Error::Invalid("inputs: no input set was given".into()));
+        }
+        Ok(feeds)
+    }
+
+    /// The input sets as [`feeds`](Self::feeds) gives them, possibly none (`--iterations 0`:
+    /// a run that only compares saved results).
+    pub fn sets(&self, graph: &Graph, events: &mut dyn FnMut(Event)) -> Result<Vec<Feeds>> {
+        Ok(match self {
             Inputs::Options(d) => d.feeds(graph, events)?,
             Inputs::Feeds(f) => {
                 for feed in f {
@@ -459,11 +469,15 @@ impl Inputs {
                 }
                 f.clone()
             }
-        };
-        if feeds.is_empty() {
-            return Err(Error::Invalid("inputs: no input set was given".into()));
+        })
+    }
+
+    /// The shapes `--input-shapes` and `--trt-opt-shapes` set (none for in-memory inputs).
+    pub fn shape_overrides(&self) -> Result<BTreeMap<String, Vec<usize>>> {
+        match self {
+            Inputs::Options(d) => d.shape_overrides(),
+            Inputs::Feeds(_) => Ok(BTreeMap::new()),
         }
-        Ok(feeds)
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod fusion;
 pub mod plan;
 pub mod quant;
+pub mod summary;
 
 use crate::error::{Error, Result};
 use half::bf16;
