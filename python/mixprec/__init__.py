@@ -44,6 +44,7 @@ __all__ = [
     "compare",
     "convert",
     "debug_precision",
+    "quantize",
     "run",
 ]
 
@@ -523,6 +524,68 @@ def convert(
     except ImportError:
         return data
     return onnx.load_model_from_string(data)
+
+
+def quantize(
+    model: ModelLike,
+    output: Union[str, "os.PathLike[str]", None] = None,
+    *,
+    scheme: str = "int8",
+    block_size: Optional[int] = None,
+    exclude_op_types: Optional[Sequence[str]] = None,
+    exclude_nodes: Optional[Sequence[str]] = None,
+    exclude_from: Union[str, "os.PathLike[str]", "SearchResult", None] = None,
+    calibration_cache: Union[str, "os.PathLike[str]", None] = None,
+    calibration_algo: Optional[str] = None,
+    percentile: Optional[float] = None,
+    inputs: Optional[DataLike] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+) -> Any:
+    """The float model with explicit quantization (``mixprec quantize``): ``scheme="int8"`` or
+    ``"fp8"`` puts QuantizeLinear/DequantizeLinear on the activations of Conv, ConvTranspose,
+    Gemm and MatMul (ranges calibrated on ``inputs``, minmax by default, or read from
+    ``calibration_cache``) and stores their weights per channel; ``"int4_weights"`` and
+    ``"nvfp4_weights"`` quantize MatMul/Gemm weights only, in blocks of ``block_size``.
+    ``exclude_op_types``, ``exclude_nodes`` (regular expressions on node names) and
+    ``exclude_from`` (a ``debug_precision`` result, or its saved JSON) keep layers in float32.
+    Written to ``output`` when given; returned as an ``onnx.ModelProto`` when onnx is
+    importable, else as bytes. Notes on the written model are logged."""
+    m = _Model(model)
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
+    with tempfile.TemporaryDirectory(prefix="mixprec-") as tmp:
+        excluded: Optional[str] = None
+        if isinstance(exclude_from, SearchResult):
+            excluded = os.path.join(tmp, "result.json")
+            exclude_from.save(excluded)
+        elif exclude_from is not None:
+            excluded = os.fspath(exclude_from)
+        blob, _layers, notes = _emit_warnings(
+            lambda: _native.quantize(
+                m.path,
+                scheme=scheme,
+                block_size=block_size,
+                exclude_op_types=list(exclude_op_types or []),
+                exclude_nodes=list(exclude_nodes or []),
+                exclude_from=excluded,
+                calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+                calibration_algo=calibration_algo,
+                percentile=percentile,
+                **data,
+            )
+        )
+    for note in notes:
+        _log.info(note)
+    if output is not None:
+        _write(output, blob)
+    try:
+        import onnx  # type: ignore[import-not-found]
+    except ImportError:
+        return blob
+    return onnx.load_model_from_string(blob)
 
 
 def calibrate(

@@ -87,6 +87,25 @@ def convert(
     keep_io_types: bool,
     fallback: bool,
 ) -> Tuple[bytes, List[str]]: ...
+def quantize(
+    model: str,
+    *,
+    scheme: str,
+    block_size: Optional[int],
+    exclude_op_types: Sequence[str],
+    exclude_nodes: Sequence[str],
+    exclude_from: Optional[str],
+    calibration_cache: Optional[str],
+    calibration_algo: Optional[str],
+    percentile: Optional[float],
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+) -> Tuple[bytes, List[str], List[str]]: ...
 def calibrate(
     model: str,
     *,

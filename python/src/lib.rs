@@ -12,6 +12,7 @@ use mixprec::jobs::debug_precision::{
     self as dp, CheckOptions, Config, GoldenSource, Hooks, Outcome,
 };
 use mixprec::jobs::options::{CalibOptions, CompareOptions, DataOptions, Inputs, PrecisionOptions};
+use mixprec::jobs::quantize as quantize_job;
 use mixprec::jobs::run as run_job;
 use mixprec::search::builtin::UserCriterion;
 use mixprec::search::driver::SearchHooks;
@@ -759,6 +760,84 @@ fn calibrate(
     Ok(done.cache.amax_map())
 }
 
+/// `quantize` in process: the model with Q/DQ (int8/fp8 calibrated, or int4/NVFP4 weight-only)
+/// as bytes, the layers quantized, and the notes on the written model.
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, scheme, block_size, exclude_op_types, exclude_nodes, exclude_from,
+    calibration_cache, calibration_algo, percentile, inputs, load_inputs, seed, iterations,
+    val_range, input_shapes, data_loader_script
+))]
+#[allow(clippy::too_many_arguments)]
+fn quantize<'py>(
+    py: Python<'py>,
+    model: PathBuf,
+    scheme: String,
+    block_size: Option<usize>,
+    exclude_op_types: Vec<String>,
+    exclude_nodes: Vec<String>,
+    exclude_from: Option<PathBuf>,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+    percentile: Option<f64>,
+    inputs: Option<Bound<'py, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+) -> PyResult<(Bound<'py, PyBytes>, Vec<String>, Vec<String>)> {
+    let mut config = quantize_job::Config {
+        model,
+        block_size,
+        exclude_op_types,
+        exclude_nodes,
+        exclude_from,
+        calibration_cache,
+        calib: CalibOptions {
+            calibration_algo,
+            ..Default::default()
+        },
+        percentile,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        ..Default::default()
+    };
+    match scheme.as_str() {
+        "int8" => config.int8 = true,
+        "fp8" | "float8" => config.fp8 = true,
+        "int4_weights" | "int4" => config.int4_weights = true,
+        "nvfp4_weights" | "nvfp4" => config.nvfp4_weights = true,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "scheme: expected 'int8', 'fp8', 'int4_weights' or 'nvfp4_weights', got '{other}'"
+            )))
+        }
+    }
+    let mut events = Vec::new();
+    let (bytes, layers, notes) = guarded("quantize", || {
+        py.detach(|| {
+            let done = quantize_job::run(&config, &mut |e| events.push(e), &NoProgress)?;
+            Ok((
+                mixprec::export::model_bytes(&done.model),
+                done.quantized(),
+                done.notes,
+            ))
+        })
+        .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    Ok((PyBytes::new(py, &bytes), layers, notes))
+}
+
 /// Compares outputs with reference outputs as `run --load-outputs` and the search do: per input
 /// set, per reference output, the verdict under the criterion with the tolerances it would
 /// need and every metric.
@@ -859,6 +938,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;

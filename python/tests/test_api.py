@@ -31,7 +31,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "--out",
             str(out),
             "--only",
-            "needs_constraints,planted_square,qdq_cnn",
+            "needs_constraints,planted_square,qdq_cnn,mlp",
             "--no-ort",
         ],
         check=True,
@@ -337,6 +337,44 @@ def test_calibrate_returns_the_ranges_and_writes_the_cache(models: Path, tmp_pat
     assert cli.read_text() == cache.read_text()
     with pytest.raises(ValueError, match="--percentile"):
         mixprec.calibrate(model, algo="minmax", percentile=99.0)
+
+
+def test_quantize_writes_what_the_cli_writes(models: Path, tmp_path: Path) -> None:
+    model = models / "mlp.onnx"
+    data = [{"x": np.random.default_rng(k).uniform(-2, 2, (4, 64)).astype(np.float32)} for k in range(4)]
+    out = tmp_path / "int8.onnx"
+    proto = mixprec.quantize(model, out, scheme="int8", inputs=data, exclude_nodes=["Gemm_2$"])
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("QuantizeLinear") >= 2 and "DequantizeLinear" in ops
+    npz = tmp_path / "calib.json"
+    # The CLI on the same data (saved as Polygraphy JSON by `mixprec run`) writes the same bytes.
+    p = subprocess.run(
+        mixprec_command() + ["run", str(model), "--val-range", "[-2,2]", "--iterations", "1",
+                             "--save-inputs", str(npz)],
+        capture_output=True, text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    saved = json.loads(npz.read_text())
+    assert isinstance(saved, list)
+    cli = tmp_path / "cli.onnx"
+    ours = tmp_path / "ours.onnx"
+    mixprec.quantize(model, ours, scheme="int8", inputs=str(npz), exclude_nodes=["Gemm_2$"])
+    p = subprocess.run(
+        mixprec_command()
+        + ["quantize", str(model), "--int8", "--data", str(npz), "--exclude-nodes", "Gemm_2$",
+           "-o", str(cli)],
+        capture_output=True, text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    assert cli.read_bytes() == ours.read_bytes()
+    weights = mixprec.quantize(model, scheme="int4_weights", block_size=32)
+    assert any(n.op_type == "DequantizeLinear" for n in weights.graph.node)
+    with pytest.raises(ValueError, match="scheme"):
+        mixprec.quantize(model, scheme="int3")
+    with pytest.raises(ValueError, match="calibration data"):
+        mixprec.quantize(model, scheme="int8")
+    with pytest.raises(ValueError, match="already"):
+        mixprec.quantize(models / "qdq_cnn.onnx", scheme="int8", val_range="[-1,1]")
 
 
 def test_compare_gives_the_comparators_verdicts(models: Path) -> None:

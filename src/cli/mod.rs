@@ -8,7 +8,6 @@ mod inspect;
 mod precision_args;
 mod progress;
 mod quantize;
-mod ranges;
 mod run;
 mod style;
 mod trt_args;

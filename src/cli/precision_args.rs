@@ -1,7 +1,6 @@
 //! Precision options shared by `run`, `convert` and `debug precision`.
 
 use super::progress::print_event;
-use crate::calib::CalibAlgo;
 use crate::jobs::options::{CalibOptions, PrecisionOptions};
 use crate::precision::plan::{GlobalPrecision, PrecisionPlan};
 use crate::Graph;
@@ -88,12 +87,6 @@ impl CalibAlgoArgs {
             quantile: self.quantile,
             regression_cutoff: self.regression_cutoff,
         }
-    }
-
-    /// The algorithm: `algo` (a command's own option) or --calibration-algo, else the base
-    /// class, else entropy; notes go to stderr.
-    pub fn algo(&self, algo: Option<&str>) -> Result<CalibAlgo> {
-        Ok(self.options().algo(algo, &mut print_event)?)
     }
 }
 

@@ -1,16 +1,16 @@
 //! `mixprec quantize`: writes a float model with explicit quantization (Q/DQ): int8/fp8 with
-//! calibrated activations and per-channel weights, or int4/NVFP4 weight-only. The work is
-//! `crate::quantize`; this file parses, calibrates through the shared options and prints.
+//! calibrated activations and per-channel weights, or int4/NVFP4 weight-only. A shell over
+//! `crate::jobs::quantize`: flags in, the model written and the summary printed.
 
-use super::precision_args::{CalibAlgoArgs, PrecisionArgs};
-use super::ranges::ranges_for_plan;
+use super::precision_args::CalibAlgoArgs;
+use super::progress::{print_event, Bar};
 use super::run::DataArgs;
-use crate::calib::CalibAlgo;
 use crate::export::write_model;
-use crate::quantize::{self, weights, QuantizeOptions, Scheme};
-use crate::{load_model, Interpreter};
-use anyhow::{bail, Context, Result};
+use crate::jobs::options::Inputs;
+use crate::jobs::quantize::{self, Config};
+use anyhow::{bail, Result};
 use clap::Args;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -73,194 +73,44 @@ pub struct QuantizeArgs {
     verbose: bool,
 }
 
-impl QuantizeArgs {
-    fn scheme(&self) -> Result<Scheme> {
-        let given = [self.int8, self.fp8, self.int4_weights, self.nvfp4_weights]
-            .iter()
-            .filter(|&&b| b)
-            .count();
-        if given != 1 {
-            bail!(
-                "give exactly one of --int8, --fp8, --int4-weights, --nvfp4-weights ({given} given)"
-            );
-        }
-        if self.block_size.is_some() && (self.int8 || self.fp8) {
-            bail!("--block-size applies to --int4-weights and --nvfp4-weights only");
-        }
-        if self.block_size == Some(0) {
-            bail!("--block-size must be at least 1");
-        }
-        Ok(if self.int8 {
-            Scheme::Int8
-        } else if self.fp8 {
-            Scheme::Fp8
-        } else if self.int4_weights {
-            Scheme::Int4Weights {
-                block_size: self.block_size.unwrap_or(weights::INT4_BLOCK),
-            }
-        } else {
-            Scheme::Nvfp4Weights {
-                block_size: self.block_size.unwrap_or(weights::NVFP4_BLOCK),
-            }
-        })
-    }
-
-    fn calibration_options_given(&self) -> bool {
-        self.calibration_cache.is_some()
-            || self.calib.calibration_algo.is_some()
-            || self.calib.base_class.is_some()
-            || self.percentile.is_some()
-            || !self.data.is_empty()
-            || !self.inputs.load_inputs.is_empty()
-            || self.inputs.data_loader_script.is_some()
-    }
-}
-
-pub fn run(mut args: QuantizeArgs) -> Result<ExitCode> {
+pub fn run(args: QuantizeArgs) -> Result<ExitCode> {
     args.inputs.check_trt_options()?;
-    let scheme = args.scheme()?;
-    if args.output == args.model {
+    let mut data = args.inputs.options();
+    data.load_inputs.extend(args.data);
+    let config = Config {
+        model: args.model,
+        int8: args.int8,
+        fp8: args.fp8,
+        int4_weights: args.int4_weights,
+        nvfp4_weights: args.nvfp4_weights,
+        block_size: args.block_size,
+        exclude_op_types: args.exclude_op_types,
+        exclude_nodes: args.exclude_nodes,
+        exclude_from: args.exclude_from,
+        calibration_cache: args.calibration_cache,
+        calib: args.calib.options(),
+        percentile: args.percentile,
+        inputs: Inputs::Options(data),
+    };
+    config.scheme()?;
+    if args.output == config.model {
         bail!(
             "{}: the output would overwrite the input model; choose another -o",
             args.output.display()
         );
     }
-    if scheme.is_weight_only() && args.calibration_options_given() {
-        eprintln!(
-            "warning: {} quantization needs no calibration: the calibration options are ignored",
-            scheme.name()
-        );
-    }
-    let model = load_model(&args.model)?;
-    let graph = &model.graph;
-    quantize::check_not_quantized(graph).with_context(|| format!("{}", args.model.display()))?;
-
-    let mut opts = QuantizeOptions::new(scheme);
-    opts.exclude_op_types = args.exclude_op_types.clone();
-    opts.exclude_nodes = args.exclude_nodes.clone();
-    if let Some(p) = &args.exclude_from {
-        opts.exclude_names = quantize::result_file_layers(p)?;
-        opts.exclude_names_source = p.display().to_string();
-        if opts.exclude_names.is_empty() {
-            eprintln!(
-                "warning: {}: the answer lists no layer; nothing is excluded by it",
-                p.display()
-            );
-        }
-    }
-    let sel = quantize::select(graph, &opts)?;
-    for n in &sel.notes {
-        eprintln!("warning: {n}");
-    }
-
-    let amax = match quantize::plan(graph, &sel, scheme) {
-        Some(plan) if !sel.quantized.is_empty() => {
-            let interp = Interpreter::new(graph)?;
-            let cached = args.calibration_cache.as_ref().is_some_and(|p| p.exists());
-            let feeds = if cached {
-                Vec::new()
-            } else {
-                let has_data = !args.data.is_empty()
-                    || !args.inputs.load_inputs.is_empty()
-                    || args.inputs.data_loader_script.is_some();
-                if !has_data && args.inputs.val_range.is_empty() {
-                    bail!(
-                        "{} quantization needs calibration data: give --data/--load-inputs FILE..., --data-loader-script, an existing --calibration-cache, or --val-range to calibrate on generated inputs",
-                        scheme.name()
-                    );
-                }
-                let files = std::mem::take(&mut args.data);
-                args.inputs.load_inputs.extend(files);
-                let feeds = args.inputs.feeds(graph)?;
-                for (i, f) in feeds.iter().enumerate() {
-                    interp
-                        .check_feeds(f)
-                        .with_context(|| format!("calibration input set {i}"))?;
-                }
-                feeds
-            };
-            let mut calib = args.calib.clone();
-            // quantize's default is minmax, not the entropy the TensorRT-calibration commands
-            // default to: on all eight models of bench/quantize.sh it was as close to FP32 or
-            // closer (docs/quantize.md, "Calibration").
-            if calib.calibration_algo.is_none() && calib.base_class.is_none() {
-                calib.calibration_algo = Some("minmax".into());
-            }
-            if let Some(p) = args.percentile {
-                match calib.algo(None)? {
-                    CalibAlgo::Percentile(_) => {
-                        calib.calibration_algo = Some(format!("percentile:{p}"));
-                        calib.base_class = None;
-                    }
-                    a => bail!(
-                        "--percentile {p} only applies to --calibration-algo percentile (the algorithm is {a})"
-                    ),
-                }
-            }
-            let pargs = PrecisionArgs {
-                int8: scheme == Scheme::Int8,
-                fp8: scheme == Scheme::Fp8,
-                calibration_cache: args.calibration_cache.clone(),
-                calib,
-                ..Default::default()
-            };
-            ranges_for_plan(&interp, &plan, &pargs, &feeds)?
-        }
-        _ => None,
-    };
-    let q = quantize::quantize(&model, scheme, &sel, amax.as_ref())?;
+    let bar = Bar::calibration(std::io::stderr().is_terminal());
+    let q = quantize::run(&config, &mut print_event, &bar)?;
     write_model(&args.output, &q.model)?;
-
     for n in &q.notes {
         println!("[W] {n}");
     }
     if args.verbose {
-        for (k, node) in graph.nodes.iter().enumerate() {
-            let what = if sel.quantized.contains(&k) {
-                scheme.name().to_string()
-            } else if let Some(e) = sel.excluded.iter().find(|e| e.index == k) {
-                format!("float32 (excluded: {})", e.reason)
-            } else if let Some(e) = sel.skipped.iter().find(|e| e.index == k) {
-                format!("float32 ({})", e.reason)
-            } else {
-                continue;
-            };
-            println!("[I]     {:<40} {:<14} {what}", node.name, node.op_type);
+        for (name, op, what) in q.layers() {
+            println!("[I]     {name:<40} {op:<14} {what}");
         }
     }
-    let excluded: Vec<&str> = sel
-        .excluded
-        .iter()
-        .map(|e| graph.nodes[e.index].name.as_str())
-        .collect();
-    println!(
-        "[I] Quantized {} layer(s) to {}; {} excluded{}{}",
-        sel.quantized.len(),
-        scheme.name(),
-        excluded.len(),
-        if excluded.is_empty() {
-            String::new()
-        } else {
-            format!(
-                " ({}{})",
-                excluded
-                    .iter()
-                    .take(8)
-                    .copied()
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                if excluded.len() > 8 { ", ..." } else { "" }
-            )
-        },
-        if sel.skipped.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "; {} without a quantizable weight left in float32 (-v lists them)",
-                sel.skipped.len()
-            )
-        }
-    );
+    println!("[I] {}", q.summary());
     println!(
         "[I] Wrote {} ({} activation(s) and {} weight(s) quantized)",
         args.output.display(),

@@ -5,7 +5,6 @@ use super::precision_args::PrecisionArgs;
 use super::progress::{print_event, Bar};
 use super::style::{Out, StyleArgs};
 use super::trt_args::TrtOnlyArgs;
-use crate::exec::Feeds;
 use crate::jobs::options::{DataOptions, Inputs};
 use crate::jobs::run::{Config, Sinks};
 use anyhow::{Context, Result};
@@ -75,14 +74,6 @@ impl DataArgs {
     /// optimization-profile shapes: opt is the shape the engine is tuned for).
     pub fn shape_overrides(&self) -> Result<std::collections::BTreeMap<String, Vec<usize>>> {
         Ok(self.options().shape_overrides()?)
-    }
-
-    /// The input sets: loaded, from a data-loader script, or generated from the model's
-    /// declared inputs; warnings go to stderr.
-    pub fn feeds(&self, graph: &crate::Graph) -> Result<Vec<Feeds>> {
-        Ok(self
-            .options()
-            .feeds(graph, &mut super::progress::print_event)?)
     }
 }
 

@@ -8,5 +8,6 @@ pub mod calibrate;
 pub mod convert;
 pub mod debug_precision;
 pub mod options;
+pub mod quantize;
 pub mod ranges;
 pub mod run;
