@@ -14,6 +14,7 @@ mod activation;
 mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
+mod group_query_attention;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
@@ -29,6 +30,7 @@ pub fn register(r: &mut Registry) {
     attention::register(r);
     dynamic_quantize_lstm::register(r);
     fused::register(r);
+    group_query_attention::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
@@ -69,6 +71,7 @@ mod tests {
             "Attention",
             "MultiHeadAttention",
             "RotaryEmbedding",
+            "GroupQueryAttention",
             "QLinearSigmoid",
             "QLinearLeakyRelu",
             "QLinearConcat",
