@@ -589,3 +589,278 @@ fn gqa_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
         present(),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::testing::node_with;
+    use crate::graph::Attribute;
+    use crate::tensor::TensorData;
+
+    fn gqa_node(attrs: &[(&str, Attribute)]) -> Node {
+        let mut n = node_with("GroupQueryAttention", attrs);
+        n.domain = MS_DOMAIN.into();
+        n.outputs = vec!["y".into(), "present_key".into(), "present_value".into()];
+        n
+    }
+
+    fn heads(n: i64, nk: i64) -> Vec<(&'static str, Attribute)> {
+        vec![
+            ("num_heads", Attribute::Int(n)),
+            ("kv_num_heads", Attribute::Int(nk)),
+        ]
+    }
+
+    fn i32s(shape: Vec<usize>, v: Vec<i32>) -> Tensor {
+        Tensor::from_parts(shape, TensorData::I32(v.into()))
+    }
+
+    fn run(node: &Node, inputs: &[Option<&Tensor>]) -> OpResult {
+        let k = Registry::global()
+            .get(MS_DOMAIN, "GroupQueryAttention")
+            .unwrap();
+        k(&OpCtx::new(node, 1), inputs)
+    }
+
+    /// One head of size 1 and a zero query: every visible key weighs the same, so each output
+    /// row is the mean of the values its row sees.
+    fn means(attrs: &[(&str, Attribute)], seqlen_k: i32, sink: Option<f32>) -> Vec<f32> {
+        let mut a = heads(1, 1);
+        a.extend_from_slice(attrs);
+        let q = Tensor::from_f32(vec![1, 3, 1], vec![0.0; 3]);
+        let k = Tensor::from_f32(vec![1, 3, 1], vec![5.0, -1.0, 7.0]);
+        let v = Tensor::from_f32(vec![1, 3, 1], vec![1.0, 2.0, 6.0]);
+        let (lens, total) = (i32s(vec![1], vec![seqlen_k]), i32s(vec![], vec![3]));
+        let sink = sink.map(|s| Tensor::from_f32(vec![1], vec![s]));
+        let mut ins = vec![
+            Some(&q),
+            Some(&k),
+            Some(&v),
+            None,
+            None,
+            Some(&lens),
+            Some(&total),
+        ];
+        if let Some(s) = &sink {
+            ins.extend([None, None, None, None, Some(s)]);
+        }
+        let out = run(&gqa_node(&a), &ins).unwrap();
+        out[0].as_f32().unwrap().to_vec()
+    }
+
+    #[test]
+    fn rows_see_the_causal_window_of_their_batch() {
+        assert_eq!(means(&[], 2, None), vec![1.0, 1.5, 3.0]);
+        // Not causal: every row sees the three keys.
+        assert_eq!(
+            means(&[("causal", Attribute::Int(0))], 2, None),
+            vec![3.0; 3]
+        );
+        // A window of one position: each row sees its own key only.
+        let w1 = [("local_window_size", Attribute::Int(1))];
+        assert_eq!(means(&w1, 2, None), vec![1.0, 2.0, 6.0]);
+        // Batch length 2: the padding row 2 sees keys 0 and 1, or none inside a window of 1.
+        assert_eq!(means(&[], 1, None), vec![1.0, 1.5, 1.5]);
+        assert_eq!(means(&w1, 1, None), vec![1.0, 2.0, 0.0]);
+        // A sink of 0 with zero scores: one more share in each denominator.
+        let s = means(&[], 2, Some(0.0));
+        let want = [0.5, 1.5 * 2.0 / 3.0, 3.0 * 3.0 / 4.0];
+        assert!(
+            s.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-6),
+            "{s:?}"
+        );
+        assert_eq!(s, means(&[("smooth_softmax", Attribute::Int(1))], 2, None));
+    }
+
+    /// present holds each batch's first T_b − 1 past rows, then the new row, then zeros; a
+    /// float16 query gives float16 outputs.
+    #[test]
+    fn present_follows_each_batch_length() {
+        let n = gqa_node(&heads(2, 1));
+        let q = Tensor::from_f32(vec![2, 1, 2], vec![0.0; 4]);
+        let k = Tensor::from_f32(vec![2, 1, 1], vec![10.0, 20.0]);
+        let pk = Tensor::from_f32(vec![2, 1, 3, 1], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        let (lens, total) = (i32s(vec![2], vec![3, 1]), i32s(vec![], vec![4]));
+        let out = run(
+            &n,
+            &[
+                Some(&q),
+                Some(&k),
+                Some(&k),
+                Some(&pk),
+                Some(&pk),
+                Some(&lens),
+                Some(&total),
+            ],
+        )
+        .unwrap();
+        assert_eq!(out[1].shape(), &[2, 1, 4, 1]);
+        assert_eq!(
+            out[1].as_f32().unwrap(),
+            &[1.0, 2.0, 3.0, 10.0, 4.0, 20.0, 0.0, 0.0]
+        );
+        // Batch 0 averages 1, 2, 3, 10; batch 1 averages 4, 20.
+        assert_eq!(out[0].as_f32().unwrap(), &[4.0, 4.0, 12.0, 12.0]);
+        let q16 = crate::ops::cast::cast_tensor(&q, DType::F16);
+        let k16 = crate::ops::cast::cast_tensor(&k, DType::F16);
+        let p16 = crate::ops::cast::cast_tensor(&pk, DType::F16);
+        let out = run(
+            &n,
+            &[
+                Some(&q16),
+                Some(&k16),
+                Some(&k16),
+                Some(&p16),
+                Some(&p16),
+                Some(&lens),
+                Some(&total),
+            ],
+        )
+        .unwrap();
+        assert!(out.iter().all(|t| t.dtype() == DType::F16));
+    }
+
+    /// Inputs that contradict each other or the attributes: one-line errors, no panic.
+    #[test]
+    fn bad_inputs_are_one_line_errors() {
+        let f =
+            |shape: &[usize]| Tensor::from_f32(shape.to_vec(), vec![0.5; shape.iter().product()]);
+        let (q, kv) = (f(&[1, 1, 32]), f(&[1, 1, 16]));
+        let past = f(&[1, 2, 4, 8]);
+        let lens = i32s(vec![1], vec![4]);
+        let total = i32s(vec![], vec![5]);
+        let ok: Vec<Option<&Tensor>> = vec![
+            Some(&q),
+            Some(&kv),
+            Some(&kv),
+            Some(&past),
+            Some(&past),
+            Some(&lens),
+            Some(&total),
+        ];
+        let n = gqa_node(&heads(4, 2));
+        assert!(run(&n, &ok).is_ok());
+        let with = |i: usize, t: Option<&Tensor>| {
+            let mut v = ok.clone();
+            if v.len() <= i {
+                v.resize(i + 1, None);
+            }
+            v[i] = t;
+            run(&n, &v).unwrap_err().0
+        };
+        let (q30, kv3) = (f(&[1, 1, 30]), f(&[1, 1, 24]));
+        let (past3, past_short) = (f(&[1, 3, 4, 8]), f(&[1, 2, 3, 8]));
+        let lens2d = i32s(vec![1, 1], vec![4]);
+        let lens64 = Tensor::from_i64(vec![1], vec![4]);
+        let (lens_big, total_big) = (i32s(vec![1], vec![5]), i32s(vec![], vec![9]));
+        let total_2 = i32s(vec![2], vec![5, 5]);
+        let cases = [
+            (
+                run(&gqa_node(&heads(3, 2)), &ok).unwrap_err().0,
+                "num_heads 3 is not a multiple of kv_num_heads 2",
+            ),
+            (with(0, Some(&q30)), "does not split into 4 heads"),
+            (with(1, Some(&kv3)), "must be [1, 1, 16]"),
+            (with(2, None), "key and value come together"),
+            (with(3, Some(&past3)), "past_key [1, 3, 4, 8]"),
+            (with(4, Some(&past_short)), "past_value [1, 2, 3, 8]"),
+            (with(4, None), "past_key and past_value come together"),
+            (with(5, Some(&lens2d)), "seqlens_k [1, 1] must be [B] = [1]"),
+            (
+                with(5, Some(&lens64)),
+                "seqlens_k has dtype int64, expected int32",
+            ),
+            (
+                with(5, Some(&lens_big)),
+                "seqlens_k[0] = 5 is outside [0, 5)",
+            ),
+            (with(6, Some(&total_big)), "total_sequence_length 9 must be"),
+            (with(6, Some(&total_2)), "must be one positive value"),
+            (with(10, Some(&past)), "attention_bias [1, 2, 4, 8] must be"),
+            (
+                with(11, Some(&kv)),
+                "head_sink [1, 1, 16] must be [num_heads] = [4]",
+            ),
+            (with(16, Some(&lens)), "query_seqlens is not supported"),
+            (
+                with(12, Some(&q)),
+                "k_scale (quantized KV cache) is not supported",
+            ),
+        ];
+        for (e, want) in cases {
+            assert!(e.contains(want) && !e.contains('\n'), "{e} (want {want})");
+        }
+        // Rotary: caches required, long enough, positions inside them.
+        let mut a = heads(4, 2);
+        a.push(("do_rotary", Attribute::Int(1)));
+        let rn = gqa_node(&a);
+        let e = run(&rn, &ok).unwrap_err().0;
+        assert!(e.contains("do_rotary needs cos_cache and sin_cache"), "{e}");
+        let (cos4, cos8) = (f(&[4, 4]), f(&[8, 4]));
+        let mut r = ok.clone();
+        r.extend([Some(&cos4), Some(&cos4)]);
+        let e = run(&rn, &r).unwrap_err().0;
+        assert!(
+            e.contains("4 rows, fewer than total_sequence_length 5"),
+            "{e}"
+        );
+        let pos = Tensor::from_i64(vec![1, 1], vec![8]);
+        let mut r = ok.clone();
+        r.extend([Some(&cos8), Some(&cos8), Some(&pos)]);
+        let e = run(&rn, &r).unwrap_err().0;
+        assert!(e.contains("position 8 (batch 0, row 0) is outside"), "{e}");
+        // Several new tokens after a past need batch size 1, as in ONNX Runtime.
+        let (q2, kv2) = (f(&[2, 2, 32]), f(&[2, 2, 16]));
+        let past2 = f(&[2, 2, 4, 8]);
+        let (lens2, total6) = (i32s(vec![2], vec![5, 5]), i32s(vec![], vec![6]));
+        let e = run(
+            &n,
+            &[
+                Some(&q2),
+                Some(&kv2),
+                Some(&kv2),
+                Some(&past2),
+                Some(&past2),
+                Some(&lens2),
+                Some(&total6),
+            ],
+        )
+        .unwrap_err()
+        .0;
+        assert!(e.contains("need batch size 1"), "{e}");
+    }
+
+    #[test]
+    fn unsupported_attributes_are_refused_at_load() {
+        let parse = |extra: &[(&str, Attribute)]| {
+            let mut a = heads(4, 2);
+            a.extend_from_slice(extra);
+            GqaAttrs::parse(&gqa_node(&a))
+        };
+        let d = parse(&[]).unwrap();
+        assert_eq!((d.local_window, d.causal, d.softcap), (None, true, 0.0));
+        for (attrs, what) in [
+            (vec![("softcap", Attribute::Float(-1.0))], "softcap"),
+            (
+                vec![
+                    ("causal", Attribute::Int(0)),
+                    ("local_window_size", Attribute::Int(2)),
+                ],
+                "local_window_size",
+            ),
+            (vec![("qk_output", Attribute::Int(1))], "qk_output"),
+            (
+                vec![("sliding_window_cache", Attribute::Int(1))],
+                "sliding_window_cache",
+            ),
+            (
+                vec![("k_quant_type", Attribute::String("PER_TENSOR".into()))],
+                "k_quant_type",
+            ),
+            (vec![("kv_num_heads", Attribute::Int(0))], "kv_num_heads"),
+        ] {
+            let e = parse(&attrs).unwrap_err();
+            assert!(e.to_string().contains(what), "{e}");
+        }
+    }
+}
