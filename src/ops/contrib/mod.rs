@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
-//! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention and
-//! rotary embeddings. Each computes what
+//! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
+//! (GroupQueryAttention too) and rotary embeddings. Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
