@@ -150,6 +150,7 @@ def main():
          [("X", [2, 3, 4]), ("scale", [3, 4])], domain="", weights=("scale",), axis=1,
          epsilon=1e-3)
     attention_cases(out)
+    gqa_cases(out)
     qlinear_cases(out)
     qlinear_binary_cases(out)
     qlinear_concat_pool_cases(out)
@@ -402,6 +403,64 @@ def attention_cases(out):
     case(out, "rotary_partial", "RotaryEmbedding",
          [("input", [2, 3, 16]), pos, ("cos_cache", [10, 2]), ("sin_cache", [10, 2])],
          num_heads=2, rotary_embedding_dim=4)
+
+
+def gqa_cases(out):
+    """GroupQueryAttention: prompt (right-padded batches, rows past a batch's length), token
+    with a past (separate and shared-size buffers, different lengths per batch), a later
+    prompt chunk, packed QKV, rotary (interleaved or not, partial, position_ids), local window
+    (rows that see no key give 0), softcap, scale, head sinks, smooth softmax, attention bias,
+    causal=0, kv_num_heads 1."""
+    i32 = lambda v: np.array(v, dtype=np.int32)
+    n, nk, h = 4, 2, 16
+    heads = dict(num_heads=n, kv_num_heads=nk)
+
+    def qkv(b, s, kv=nk, hs=h, packed=False):
+        if packed:
+            return [("query", [b, s, (n + 2 * kv) * hs]), None, None]
+        return [("query", [b, s, n * hs]), ("key", [b, s, kv * hs]), ("value", [b, s, kv * hs])]
+
+    def past(b, p, kv=nk, hs=h):
+        return [("past_key", [b, kv, p, hs]), ("past_value", [b, kv, p, hs])]
+
+    def lens(seqlens, total):
+        return [("seqlens_k", [len(seqlens)], i32(seqlens)), ("total_sequence_length", [], i32(total))]
+
+    rot = [("cos_cache", [16, h // 2]), ("sin_cache", [16, h // 2])]
+    g = lambda name, inputs, **kw: case(out, name, "GroupQueryAttention", inputs, n_outputs=3,
+                                        **{**heads, **kw})
+    g("gqa_prompt", qkv(1, 5) + [None, None] + lens([4], 5))
+    g("gqa_prompt_batch2_padded", qkv(2, 5) + [None, None] + lens([4, 2], 5))
+    g("gqa_token_past", qkv(2, 1) + past(2, 6) + lens([6, 3], 7))
+    g("gqa_token_shared_buffer", qkv(2, 1) + past(2, 10) + lens([6, 3], 7))
+    g("gqa_token_first", qkv(2, 1) + past(2, 6) + lens([0, 3], 7))
+    g("gqa_prompt_chunk_after_past", qkv(1, 3) + past(1, 4) + lens([6], 7))
+    g("gqa_packed_prompt", qkv(2, 5, packed=True) + [None, None] + lens([4, 2], 5))
+    g("gqa_packed_token_rotary", qkv(2, 1, packed=True) + past(2, 6) + lens([6, 3], 7) + rot,
+      do_rotary=1)
+    g("gqa_rotary_prompt", qkv(2, 5) + [None, None] + lens([4, 2], 5) + rot, do_rotary=1)
+    g("gqa_rotary_interleaved_token", qkv(2, 1) + past(2, 10) + lens([6, 3], 7) + rot,
+      do_rotary=1, rotary_interleaved=1)
+    g("gqa_rotary_interleaved_prompt", qkv(2, 5) + [None, None] + lens([4, 2], 5) + rot,
+      do_rotary=1, rotary_interleaved=1)
+    g("gqa_rotary_partial", qkv(2, 1, hs=32) + past(2, 6, hs=32) + lens([6, 3], 7)
+      + [("cos_cache", [16, 8]), ("sin_cache", [16, 8])], do_rotary=1)
+    g("gqa_rotary_position_ids", qkv(2, 1) + past(2, 6) + lens([6, 3], 7) + rot
+      + [("position_ids", [2, 1], np.array([[2], [5]], dtype=np.int64))], do_rotary=1)
+    g("gqa_local_window_prompt", qkv(2, 6) + [None, None] + lens([5, 1], 6),
+      local_window_size=2)
+    g("gqa_local_window_token", qkv(2, 1) + past(2, 6) + lens([6, 3], 7), local_window_size=3)
+    g("gqa_softcap_scale", qkv(2, 5) + [None, None] + lens([4, 2], 5), softcap=1.5, scale=0.3)
+    g("gqa_kv_heads_1", qkv(2, 1, kv=1) + past(2, 5, kv=1) + lens([5, 2], 6) + rot,
+      kv_num_heads=1, do_rotary=1)
+    g("gqa_head_sink", qkv(2, 1) + past(2, 6) + lens([6, 3], 7) + [None] * 4
+      + [("head_sink", [n])], local_window_size=2)
+    g("gqa_smooth_softmax", qkv(2, 5) + [None, None] + lens([4, 2], 5), smooth_softmax=1)
+    g("gqa_attention_bias", qkv(2, 1) + past(2, 6) + lens([6, 3], 7) + [None] * 3
+      + [("attention_bias", [1, n, 1, 7])], softcap=0.8)
+    g("gqa_attention_bias_prompt", qkv(2, 5) + [None, None] + lens([4, 2], 5) + [None] * 3
+      + [("attention_bias", [2, 1, 5, 5])])
+    g("gqa_not_causal", qkv(2, 5) + [None, None] + lens([4, 2], 5), causal=0)
 
 
 def chain(out):

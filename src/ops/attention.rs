@@ -250,10 +250,7 @@ pub(crate) fn attend(
             if product_scale != 1.0 {
                 scores.iter_mut().for_each(|x| *x *= product_scale);
             }
-            if rule.softcap > 0.0 {
-                let c = rule.softcap;
-                scores.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
-            }
+            softcap(&mut scores, rule.softcap);
             let mut kept = if rule.keep == Some(QkStage::Product) {
                 scores.clone()
             } else {
@@ -321,6 +318,13 @@ pub(crate) fn attend(
         },
         keep,
     ))
+}
+
+/// `c·tanh(x/c)` of every score when the cap `c` is > 0 (attention's logit softcapping).
+pub(crate) fn softcap(scores: &mut [f32], c: f32) {
+    if c > 0.0 {
+        scores.iter_mut().for_each(|x| *x = c * (*x / c).tanh());
+    }
 }
 
 /// How a rotary embedding finds each token's angles: the row of the cos/sin caches.

@@ -58,6 +58,15 @@ pub(crate) fn softmax_row(v: &mut [f32]) {
     }
 }
 
+/// Softmax of one row in place with one more logit, `sink`, counted in the denominator only
+/// (ONNX Runtime's smooth softmax and attention sinks): `exp(x − m) / (Σ exp(x − m) +
+/// exp(sink − m))`, `m` the maximum of the row and the sink.
+pub(crate) fn smooth_softmax_row(v: &mut [f32], sink: f32) {
+    let neg_max = -row_max(v).max(sink);
+    v.iter_mut().for_each(|x| *x = softmax_exp(*x, neg_max));
+    normalize_plus(v, softmax_exp(sink, neg_max) as f64);
+}
+
 /// Lanes a task of a softmax along an inner axis walks at once.
 const COLUMNS: usize = 256;
 
@@ -95,6 +104,12 @@ fn row_max(v: &[f32]) -> f32 {
 /// of its own after the exponentials' (one loop doing both ran at a third of the speed).
 #[inline(always)]
 fn normalize(v: &mut [f32]) {
+    normalize_plus(v, 0.0)
+}
+
+/// [`normalize`] with `extra` added to the sum last.
+#[inline(always)]
+fn normalize_plus(v: &mut [f32], extra: f64) {
     let mut sum = Sum8([0.0; 8]);
     let mut chunks = v.chunks_exact(8);
     for c in &mut chunks {
@@ -105,7 +120,7 @@ fn normalize(v: &mut [f32]) {
     for (s, x) in sum.0.iter_mut().zip(chunks.remainder()) {
         *s += *x as f64;
     }
-    let inv = (1.0 / sum.total()) as f32;
+    let inv = (1.0 / (sum.total() + extra)) as f32;
     v.iter_mut().for_each(|x| *x *= inv);
 }
 

@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
-//! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention and
-//! rotary embeddings. Each computes what
+//! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
+//! (GroupQueryAttention too) and rotary embeddings. Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -14,6 +14,7 @@ mod activation;
 mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
+mod group_query_attention;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
@@ -29,6 +30,7 @@ pub fn register(r: &mut Registry) {
     attention::register(r);
     dynamic_quantize_lstm::register(r);
     fused::register(r);
+    group_query_attention::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
@@ -69,6 +71,7 @@ mod tests {
             "Attention",
             "MultiHeadAttention",
             "RotaryEmbedding",
+            "GroupQueryAttention",
             "QLinearSigmoid",
             "QLinearLeakyRelu",
             "QLinearConcat",
