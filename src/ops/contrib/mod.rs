@@ -14,6 +14,8 @@ mod activation;
 mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
+mod gather_block_quantized;
+mod matmul_nbits;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
@@ -29,6 +31,8 @@ pub fn register(r: &mut Registry) {
     attention::register(r);
     dynamic_quantize_lstm::register(r);
     fused::register(r);
+    gather_block_quantized::register(r);
+    matmul_nbits::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
@@ -77,6 +81,8 @@ mod tests {
             "QLinearGlobalAveragePool",
             "QLinearAveragePool",
             "DynamicQuantizeLSTM",
+            "MatMulNBits",
+            "GatherBlockQuantized",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
