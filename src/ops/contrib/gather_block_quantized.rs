@@ -199,7 +199,7 @@ fn gather_block_quantized(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             }
             let i = if i < 0 { i + g } else { i } as usize;
             let base = (m * gather_dim + i) * gather_block;
-            for d in base..base + gather_block {
+            for (d, &qd) in q.iter().enumerate().skip(base).take(gather_block) {
                 let (x, y, z) = (
                     d / (quantize_dim * quantize_n),
                     d % (quantize_dim * quantize_n) / quantize_n,
@@ -207,7 +207,7 @@ fn gather_block_quantized(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 );
                 let si = (x * blocks + y / attrs.block_size) * quantize_n + z;
                 let zp = zp.as_ref().map_or(default_zp, |z| z[si]);
-                out.push((q[d] - zp) as f32 * s[si]);
+                out.push((qd - zp) as f32 * s[si]);
             }
         }
     }

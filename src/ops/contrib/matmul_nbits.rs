@@ -206,12 +206,14 @@ fn check<'a>(attrs: &NBitsAttrs, inputs: &[Option<&'a Tensor>]) -> Result<Checke
             _ if z.dtype() == st.dtype() && flat_or_2d(z, kb) => {
                 ZeroPoints::Float(float_slice(z, "zero_points")?.into_owned())
             }
-            _ => return Err(OpError(format!(
+            _ => {
+                return Err(OpError(format!(
                 "zero_points is {} {:?}, expected packed uint8 or the scales' type {} [{n}, {kb}]",
                 z.dtype(),
                 z.shape(),
                 st.dtype()
-            ))),
+            )))
+            }
         },
     };
     let g_idx = match opt_input(inputs, 4) {
