@@ -12,7 +12,9 @@ unit tests check those two), FusedMatMul with every
 transpose flag, SkipLayerNormalization / SkipSimplifiedLayerNormalization with their optional
 inputs and outputs, SimplifiedLayerNormalization, Attention and MultiHeadAttention with every
 mask form, causality, past/present, attention bias, scale and filter value, RotaryEmbedding
-(3-D and 4-D, interleaved, partial, position offset).
+(3-D and 4-D, interleaved, partial, position offset), MatMulNBits (4 and 8 bits, blocks 16-128,
+K not a multiple of the block, zero points default/packed/float, g_idx, bias, accuracy_level 0
+and 4, 3-D A) and GatherBlockQuantized (uint8, uint4, int4; gather_axis 0 and 1).
 """
 import os
 import sys
@@ -156,6 +158,7 @@ def main():
     qlinear_concat_pool_cases(out)
     dq_lstm_cases(out)
     qlinear_conv_cases(out)
+    nbits_cases(out)
     chain(out)
 
 
@@ -461,6 +464,122 @@ def gqa_cases(out):
     g("gqa_attention_bias_prompt", qkv(2, 5) + [None, None] + lens([4, 2], 5) + [None] * 3
       + [("attention_bias", [2, 1, 5, 5])])
     g("gqa_not_causal", qkv(2, 5) + [None, None] + lens([4, 2], 5), causal=0)
+
+
+def nbits_case(out, name, M, K, N, bits, bs, acc=0, zp=None, g_idx=False, bias=False, a_shape=None,
+               seed=0):
+    """One MatMulNBits node: B, scales, zero points, g_idx and bias are initializers (ONNX
+    Runtime's CompInt8 path, accuracy_level 4, needs a constant B). zp: None, "packed" (uint8)
+    or "float"."""
+    rng = np.random.default_rng(seed)
+    kb = (K + bs - 1) // bs
+    q = rng.integers(0, 2 ** bits, (N, kb * bs)).astype(np.uint8)
+    if bits == 4:
+        b = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(N, kb, bs // 2)
+    else:
+        b = q.reshape(N, kb, bs)
+    # Scales keep |Y| near 10, so that the harness's 1e-4 relative tolerance is f32-sized.
+    scales = rng.uniform(0.01, 0.1, (N, kb)).astype(np.float32) * (16.0 / 2 ** bits)
+    inputs = [("A", a_shape or [M, K]), ("B", None, b), ("scales", None, scales)]
+    weights = ["B", "scales"]
+    if zp == "packed":
+        z = rng.integers(0, 2 ** bits, (N, kb)).astype(np.uint8)
+        if bits == 4:
+            zz = np.zeros((N, (kb + 1) // 2), np.uint8)
+            for j in range(kb):
+                zz[:, j // 2] |= z[:, j] << (4 * (j % 2))
+            z = zz
+        inputs.append(("zero_points", None, z))
+    elif zp == "float":
+        inputs.append(("zero_points", None,
+                       rng.uniform(0, 2 ** bits - 1, (N, kb)).astype(np.float32)))
+    else:
+        inputs.append(None)
+    weights.append("zero_points")
+    if g_idx:
+        inputs.append(("g_idx", None, rng.permutation(np.arange(K) // bs).astype(np.int32)))
+    else:
+        inputs.append(None)
+    weights.append("g_idx")
+    if bias:
+        inputs.append(("bias", [N]))
+        weights.append("bias")
+    case(out, name, "MatMulNBits", inputs, weights=tuple(weights), seed=seed, K=K, N=N,
+         bits=bits, block_size=bs, accuracy_level=acc)
+
+
+def nbits_cases(out):
+    """MatMulNBits and GatherBlockQuantized against ONNX Runtime 1.32's CPU kernels."""
+    nbits_case(out, "nbits_4b_bs32", 3, 64, 12, 4, 32)
+    nbits_case(out, "nbits_4b_bs16_zp_bias", 2, 200, 10, 4, 16, zp="packed", bias=True, seed=1)
+    nbits_case(out, "nbits_4b_bs128_k300_3d", 0, 300, 9, 4, 128, a_shape=[2, 3, 300], seed=2)
+    nbits_case(out, "nbits_8b_bs32_zp", 4, 100, 7, 8, 32, zp="packed", seed=3)
+    nbits_case(out, "nbits_8b_bs16_bias", 1, 48, 20, 8, 16, bias=True, seed=4)
+    nbits_case(out, "nbits_4b_float_zp", 3, 96, 8, 4, 32, zp="float", seed=5)
+    nbits_case(out, "nbits_4b_g_idx", 3, 80, 8, 4, 16, g_idx=True, seed=6)
+    nbits_case(out, "nbits_4b_g_idx_float_zp", 2, 64, 6, 4, 32, zp="float", g_idx=True, seed=7)
+    # With g_idx, ORT 1.32 ignores packed uint8 zero points (the default 8 applies).
+    nbits_case(out, "nbits_4b_g_idx_packed_zp", 2, 64, 6, 4, 32, zp="packed", g_idx=True, seed=8)
+    # accuracy_level 4: A quantized to int8 per block (MLAS CompInt8), M = 1 and M > 1.
+    nbits_case(out, "nbits_acc4_4b_bs32", 3, 100, 12, 4, 32, acc=4, seed=9)
+    nbits_case(out, "nbits_acc4_4b_bs16_zp_bias", 1, 72, 10, 4, 16, acc=4, zp="packed", bias=True,
+               seed=10)
+    nbits_case(out, "nbits_acc4_4b_bs128_3d", 0, 256, 8, 4, 128, acc=4, a_shape=[2, 2, 256],
+               seed=11)
+    nbits_case(out, "nbits_acc4_8b_bs32_zp", 4, 96, 6, 8, 32, acc=4, zp="packed", seed=12)
+    nbits_case(out, "nbits_acc4_8b_bs64", 2, 130, 5, 8, 64, acc=4, seed=13)
+    # GatherBlockQuantized.
+    rng = np.random.default_rng(20)
+    idx = np.array([[3, 0], [-1, 2]], np.int64)
+    packed = rng.integers(0, 256, (5, 32)).astype(np.uint8)  # 5 rows of 64 4-bit codes
+    case(out, "gbq_uint8_4b", "GatherBlockQuantized",
+         [("data", None, packed), ("indices", None, idx),
+          ("scales", None, rng.uniform(0.1, 1, (5, 4)).astype(np.float32))],
+         weights=("data", "scales"), block_size=16, bits=4, quantize_axis=1)
+    case(out, "gbq_uint8_4b_zp", "GatherBlockQuantized",
+         [("data", None, packed), ("indices", None, idx.astype(np.int32)),
+          ("scales", None, rng.uniform(0.1, 1, (5, 2)).astype(np.float32)),
+          ("zero_points", None, rng.integers(0, 256, (5, 1)).astype(np.uint8))],
+         weights=("data", "scales", "zero_points"), block_size=32, bits=4, quantize_axis=1)
+    case(out, "gbq_uint8_8b_zp", "GatherBlockQuantized",
+         [("data", None, rng.integers(0, 256, (4, 40)).astype(np.uint8)),
+          ("indices", None, np.array([1, 3, 1], np.int64)),
+          ("scales", None, rng.uniform(0.01, 0.1, (4, 3)).astype(np.float32)),
+          ("zero_points", None, rng.integers(0, 256, (4, 3)).astype(np.uint8))],
+         weights=("data", "scales", "zero_points"), block_size=16, bits=8, quantize_axis=1)
+    i4 = helper.make_tensor("data", onnx.TensorProto.INT4, [32, 6],
+                            rng.integers(-8, 8, 32 * 6).tolist())
+    u4 = helper.make_tensor("data", onnx.TensorProto.UINT4, [3, 40],
+                            rng.integers(0, 16, 3 * 40).tolist())
+    u4_zp = helper.make_tensor("zero_points", onnx.TensorProto.UINT4, [3, 3],
+                               rng.integers(0, 16, 9).tolist())
+    lowbit_case(out, "gbq_int4_gather_axis_1", i4,
+                [("indices", None, np.array([5, 0, 5], np.int64)),
+                 ("scales", None, rng.uniform(0.1, 1, (2, 6)).astype(np.float32))],
+                gather_axis=1, quantize_axis=0, block_size=16)
+    lowbit_case(out, "gbq_uint4_zp", u4,
+                [("indices", None, np.array([[2], [0]], np.int32)),
+                 ("scales", None, rng.uniform(0.1, 1, (3, 3)).astype(np.float32))],
+                zp=u4_zp, gather_axis=0, quantize_axis=1, block_size=16)
+
+
+def lowbit_case(out, name, data, rest, zp=None, **attrs):
+    """GatherBlockQuantized with int4/uint4 data (and zero points) as initializers: NumPy has
+    no 4-bit type, so they are made with onnx.helper and added to the model afterwards."""
+    inputs = [("data", None, np.zeros(1, np.float32))] + rest
+    weights = ["data", "scales"]
+    if zp is not None:
+        inputs.append(("zero_points", None, np.zeros(1, np.float32)))
+        weights.append("zero_points")
+    case(out, name, "GatherBlockQuantized", inputs, weights=tuple(weights), **attrs)
+    path = os.path.join(out, name, "model.onnx")
+    model = onnx.load(path)
+    for i, init in enumerate(model.graph.initializer):
+        if init.name == "data":
+            model.graph.initializer[i].CopyFrom(data)
+        elif init.name == "zero_points":
+            model.graph.initializer[i].CopyFrom(zp)
+    onnx.save(model, path)
 
 
 def chain(out):

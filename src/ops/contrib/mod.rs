@@ -14,7 +14,9 @@ mod activation;
 mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
+mod gather_block_quantized;
 mod group_query_attention;
+mod matmul_nbits;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
@@ -31,6 +33,8 @@ pub fn register(r: &mut Registry) {
     dynamic_quantize_lstm::register(r);
     fused::register(r);
     group_query_attention::register(r);
+    gather_block_quantized::register(r);
+    matmul_nbits::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
@@ -80,6 +84,8 @@ mod tests {
             "QLinearGlobalAveragePool",
             "QLinearAveragePool",
             "DynamicQuantizeLSTM",
+            "MatMulNBits",
+            "GatherBlockQuantized",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
