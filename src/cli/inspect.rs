@@ -1,12 +1,9 @@
 //! `mixprec inspect`: inputs, outputs, opset and the layer table.
 
-use crate::data::loader::parse_input_shapes;
-use crate::infer::{declared_input_facts, infer_graph};
-use crate::inspect::{si, summarize};
-use crate::load_model;
+use crate::inspect::si;
+use crate::jobs::inspect::{self, Config, Outcome};
 use anyhow::Result;
 use clap::Args;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -24,24 +21,21 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> Result<ExitCode> {
-    let model = load_model(&args.model)?;
+    let config = Config {
+        model: args.model,
+        input_shapes: args.input_shapes,
+    };
+    let Outcome {
+        model,
+        summary,
+        unsupported,
+    } = inspect::run(&config)?;
     let g = &model.graph;
-    let mut shapes = BTreeMap::new();
-    for s in &args.input_shapes {
-        for (name, dims) in parse_input_shapes(s)? {
-            if g.input(&name).is_none() {
-                anyhow::bail!("--input-shapes: the model has no input '{name}'");
-            }
-            shapes.insert(name, dims);
-        }
-    }
-    let facts = infer_graph(g, &declared_input_facts(g, &shapes))?;
-    let summary = summarize(g, &facts);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("Model: {}", args.model.display());
+    println!("Model: {}", config.model.display());
     let opsets: Vec<String> = g
         .opsets
         .iter()
@@ -132,7 +126,6 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
     );
     // inspect still shows such a model (what it holds, what is missing); run, convert and
     // debug precision stop on it with the same list.
-    let unsupported = crate::ops::Registry::global().unsupported_in(&model.graph);
     if !unsupported.is_empty() {
         println!(
             "Unsupported: {}",

@@ -1,10 +1,7 @@
 //! Precision options shared by `run`, `convert` and `debug precision`.
 
-use super::progress::print_event;
 use crate::jobs::options::{CalibOptions, PrecisionOptions};
-use crate::precision::plan::{GlobalPrecision, PrecisionPlan};
-use crate::Graph;
-use anyhow::Result;
+use crate::precision::plan::GlobalPrecision;
 use clap::Args;
 use std::path::PathBuf;
 
@@ -109,15 +106,5 @@ impl PrecisionArgs {
 
     pub fn global(&self) -> GlobalPrecision {
         self.options().global()
-    }
-
-    /// True when anything asks for a precision other than float32.
-    pub fn any(&self) -> bool {
-        self.options().any()
-    }
-
-    /// The resolved plan; warnings go to stderr.
-    pub fn plan(&self, graph: &Graph) -> Result<PrecisionPlan> {
-        Ok(self.options().plan(graph, &mut print_event)?)
     }
 }

@@ -1,10 +1,10 @@
 //! `mixprec verify-engine`: did the engine run every layer in the precision it was asked for?
-//! Parses arguments and prints; the work is `engine::verify` (docs/verify-engine.md).
+//! A shell over `jobs::verify_engine`: flags in, the report printed (docs/verify-engine.md).
 
 use super::precision_args::PrecisionArgs;
-use crate::engine::{expected_from_model, expected_from_plan, read_layer_info, verify, Verdict};
-use crate::load_model;
-use crate::precision::plan::PrecisionPlan;
+use super::progress::print_event;
+use crate::engine::Verdict;
+use crate::jobs::verify_engine::{self, Config, Status};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
@@ -41,35 +41,15 @@ pub struct VerifyEngineArgs {
 /// disobeys (or on an error), 2 when nothing could be compared (no detailed layer
 /// information, or no layer maps to a node of the model).
 pub fn run(args: VerifyEngineArgs) -> Result<ExitCode> {
-    let model = load_model(&args.model)?;
-    let graph = &model.graph;
-    let (expected, source) = if let Some(p) = &args.plan {
-        let text = std::fs::read_to_string(p)
-            .with_context(|| format!("{}: cannot read the plan", p.display()))?;
-        let plan =
-            PrecisionPlan::from_json(&text, graph).with_context(|| format!("{}", p.display()))?;
-        (
-            expected_from_plan(graph, &plan),
-            format!("the plan {}", p.display()),
-        )
-    } else if args.precision.any() {
-        let plan = args.precision.plan(graph)?;
-        (
-            expected_from_plan(graph, &plan),
-            "the precision options".to_string(),
-        )
-    } else {
-        (
-            expected_from_model(graph)?,
-            "the model's own types (strongly typed)".to_string(),
-        )
+    let config = Config {
+        model: args.model,
+        layer_info: args.layer_info,
+        plan: args.plan,
+        precision: args.precision.options(),
     };
-    let info = read_layer_info(&args.layer_info)?;
-    let report = verify(graph, &expected, &info);
-    let file = args.layer_info.display();
-    for w in &report.warnings {
-        eprintln!("warning: {file}: {w}");
-    }
+    let outcome = verify_engine::run(&config, &mut print_event)?;
+    let (report, source) = (&outcome.report, &outcome.source);
+    let file = config.layer_info.display();
     println!(
         "[I] {file}: {} engine layer(s): {} mapped to ONNX nodes, {} reformat, {} ignored (constants, no-ops), {} unmapped",
         report.engine_layers,
@@ -99,7 +79,7 @@ pub fn run(args: VerifyEngineArgs) -> Result<ExitCode> {
             .collect();
         println!("[I]     engine I/O tensors: {}", io.join(", "));
     }
-    if !report.detailed {
+    if outcome.status() == Status::NoDetail {
         println!("[E] {file} holds layer names only, no types: rebuild the engine with `trtexec --profilingVerbosity=detailed --exportLayerInfo=FILE`");
         return Ok(ExitCode::from(2));
     }
@@ -144,14 +124,14 @@ pub fn run(args: VerifyEngineArgs) -> Result<ExitCode> {
         crate::data::write_atomic(p, &json)?;
         println!("[I] Saved report to {}", p.display());
     }
-    if !disobeying.is_empty() {
+    if outcome.status() == Status::Disobeyed {
         println!(
             "[E] {} node(s) do not run in the precision asked for: the engine did not obey",
             disobeying.len()
         );
         return Ok(ExitCode::FAILURE);
     }
-    if report.count(Verdict::Obeys) == 0 {
+    if outcome.status() == Status::NothingCompared {
         println!("[E] No node could be compared: no engine layer maps to a node of this model with type information");
         return Ok(ExitCode::from(2));
     }

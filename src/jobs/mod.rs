@@ -7,7 +7,9 @@
 pub mod calibrate;
 pub mod convert;
 pub mod debug_precision;
+pub mod inspect;
 pub mod options;
 pub mod quantize;
 pub mod ranges;
 pub mod run;
+pub mod verify_engine;
