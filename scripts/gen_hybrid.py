@@ -80,7 +80,6 @@ def main():
     s = ort.InferenceSession(os.path.join(out, "hybrid.onnx"), providers=["CPUExecutionProvider"])
     (y,) = s.run(None, feeds)
     onnx.save_tensor(numpy_helper.from_array(y, "y"), os.path.join(out, "hybrid", "output_0.pb"))
-    print(f"max|mm| {np.abs(s.run(None, feeds)[0]).max():.3g}", file=sys.stderr)
 
 
 if __name__ == "__main__":
