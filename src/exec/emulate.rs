@@ -13,7 +13,7 @@
 use super::fusion::{FusionAnalysis, Topology};
 use crate::error::{Error, Result};
 use crate::graph::Graph;
-use crate::ops::is_data_movement;
+use crate::ops::{computes_in_integers, is_data_movement};
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::ResolvedRegion;
 use crate::precision::quant::{
@@ -181,6 +181,13 @@ impl PreparedPlan {
         let mut layers = Vec::with_capacity(graph.nodes.len());
         for (k, (node, &p)) in graph.nodes.iter().zip(&plan.layers).enumerate() {
             let fusion = fusion[k].take();
+            // Integer ops of operator-style quantization run as written whatever the plan says
+            // (ops::computes_in_integers): the export leaves them so too.
+            let p = if computes_in_integers(node) {
+                Precision::Float32
+            } else {
+                p
+            };
             let body = if p.is_scaled() { Precision::Float32 } else { p };
             let subplans = node
                 .subgraphs()

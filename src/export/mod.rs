@@ -426,6 +426,13 @@ impl<'a> Exporter<'a> {
                 roles.push(Role::Movement);
                 continue;
             }
+            // Integer ops of operator-style quantization stay as written (their float
+            // inputs and outputs are float32 in every schema defining them); the emulation
+            // runs them so whatever the plan says (ops::computes_in_integers).
+            if crate::ops::computes_in_integers(node) {
+                roles.push(Role::Float(DType::F32));
+                continue;
+            }
             let p = self.plan.layers[k];
             if p != Precision::Float32 {
                 if !is_default_domain(&node.domain) {

@@ -74,18 +74,32 @@ pub struct QdqLayer {
 /// and QGemm, dynamic quantization's DynamicQuantizeLinear, MatMulInteger, ConvInteger,
 /// MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM, weight-only MatMulNBits).
 pub fn is_operator_quantized(n: &crate::graph::Node) -> bool {
-    let op = n.op_type.as_str();
-    matches!(
-        op,
-        "DynamicQuantizeLinear"
-            | "MatMulInteger"
-            | "ConvInteger"
-            | "QGemm"
-            | "MatMulNBits"
-            | "MatMulIntegerToFloat"
-            | "DynamicQuantizeMatMul"
-            | "DynamicQuantizeLSTM"
-    ) || op.starts_with("QLinear")
+    crate::ops::computes_in_integers(n) || n.op_type == "MatMulNBits"
+}
+
+/// THE rule for "is this model Q/DQ-quantized?" (issues 42, 43): some `DequantizeLinear`, in
+/// the main graph or a subgraph, reads a `QuantizeLinear` output: an activation Q/DQ pair
+/// (`x → Q → DQ → layer`), what ONNX Runtime's QDQ format, ModelOpt and `mixprec quantize
+/// --int8/--fp8` write. Such a model is already quantized: the precision flags do not apply to
+/// it and `debug precision` runs the Q/DQ search. Nothing else makes a model Q/DQ-quantized:
+/// operator-style integer ops ([`is_operator_quantized`]: dynamic quantization's
+/// DynamicQuantizeLinear → MatMulInteger) and weight-only `DequantizeLinear` (an int8
+/// embedding table or int4 weights dequantized from an initializer) leave a float model whose
+/// float layers `--fp16`/`--bf16` run in low precision (a "hybrid", docs/numerics.md).
+pub fn is_qdq_quantized(graph: &Graph) -> bool {
+    let quantized: HashSet<&str> = graph
+        .nodes
+        .iter()
+        .filter(|n| is_q(n))
+        .filter_map(|n| n.outputs.first().map(String::as_str))
+        .collect();
+    graph.nodes.iter().any(|n| {
+        (is_dq(n)
+            && n.inputs
+                .first()
+                .is_some_and(|x| quantized.contains(x.as_str())))
+            || n.subgraphs().any(|(_, g)| is_qdq_quantized(g))
+    })
 }
 
 /// Whether the main graph holds QuantizeLinear or DequantizeLinear nodes.

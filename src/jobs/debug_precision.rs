@@ -647,12 +647,16 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
     let graph = &model.graph;
     hooks.model_loaded(graph);
     // A Q/DQ model without a precision flag: search its quantized layers (docs/search.md,
-    // "Searching a Q/DQ model").
-    let qdq = crate::export::qdq::has_qdq(graph);
+    // "Searching a Q/DQ model"). Only activation Q/DQ pairs make a model Q/DQ-quantized
+    // (export::qdq::is_qdq_quantized); a hybrid of integer ops and weight-only DQ runs its
+    // float layers under the flags. Without flags a weight-only DQ model has only its weight
+    // quantization to search: the Q/DQ search takes it, as before.
     let any_precision = config.precision.any_global();
-    if qdq && any_precision {
+    let qdq_quantized = crate::export::qdq::is_qdq_quantized(graph);
+    let qdq = qdq_quantized || (!any_precision && crate::export::qdq::has_qdq(graph));
+    if qdq_quantized && any_precision {
         return Err(Error::Invalid(format!(
-            "{} holds QuantizeLinear/DequantizeLinear nodes: it is already quantized, so --fp16/--bf16/--int8/--fp8 do not apply. \
+            "{} holds QuantizeLinear→DequantizeLinear pairs on activations: it is already quantized, so --fp16/--bf16/--int8/--fp8 do not apply. \
              Two workflows: (1) leave the precision flags out to search which of its quantized layers must leave quantization \
              (they then run in --precision, float32 or float16; the rest stays as quantized); \
              (2) search precisions with the flags on the float model it was quantized from",

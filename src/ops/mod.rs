@@ -242,6 +242,27 @@ pub fn is_data_movement(node: &Node) -> bool {
     def_of(node).is_some_and(|d| d.movement)
 }
 
+/// Ops of operator-style quantization that compute on integer codes (ONNX Runtime's dynamic
+/// quantization: DynamicQuantizeLinear, MatMulInteger, ConvInteger, com.microsoft's
+/// MatMulIntegerToFloat, DynamicQuantizeMatMul, DynamicQuantizeLSTM; static: QLinear*, QGemm).
+/// A float precision plan leaves them as they are: their float inputs and outputs (scales,
+/// the float side of DynamicQuantizeLinear) are float32 in every schema that defines them, and
+/// their products are exact integers, so only the float layers around them take the plan's
+/// precision. Weight-only MatMulNBits is not one: it multiplies a float activation.
+pub fn computes_in_integers(node: &Node) -> bool {
+    let op = node.op_type.as_str();
+    matches!(
+        op,
+        "DynamicQuantizeLinear"
+            | "MatMulInteger"
+            | "ConvInteger"
+            | "QGemm"
+            | "MatMulIntegerToFloat"
+            | "DynamicQuantizeMatMul"
+            | "DynamicQuantizeLSTM"
+    ) || op.starts_with("QLinear")
+}
+
 /// The definition of a node's op, looked up by its domain and type.
 pub fn def_of(node: &Node) -> Option<&'static OpDef> {
     Registry::global().def(&node.domain, &node.op_type)

@@ -4,7 +4,7 @@ use super::fusion::FusionModel;
 use super::{has_quantized_kernel, Precision};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, Node};
-use crate::ops::is_data_movement;
+use crate::ops::{computes_in_integers, is_data_movement};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -589,6 +589,8 @@ impl PrecisionPlan {
             .nodes
             .iter()
             .map(|n| match quant {
+                // Integer ops of operator-style quantization run as written.
+                _ if computes_in_integers(n) => Precision::Float32,
                 Some(q) if has_quantized_kernel(n) => q,
                 _ => float,
             })
@@ -697,13 +699,16 @@ impl PrecisionPlan {
             .collect()
     }
 
-    /// Indices of the layers whose precision can matter (not pure data movement).
+    /// Indices of the layers whose precision can matter (not pure data movement, not the
+    /// integer ops of operator-style quantization, which run as written).
     pub fn candidates(graph: &Graph) -> Vec<usize> {
         graph
             .nodes
             .iter()
             .enumerate()
-            .filter(|(_, n)| !is_data_movement(n) && !graph.is_folded(n))
+            .filter(|(_, n)| {
+                !is_data_movement(n) && !graph.is_folded(n) && !computes_in_integers(n)
+            })
             .map(|(i, _)| i)
             .collect()
     }

@@ -14,6 +14,7 @@ mod dtypes;
 mod export;
 mod fusion;
 mod fuzz;
+mod hybrid;
 mod layering;
 mod models;
 mod nanprop;

@@ -462,3 +462,109 @@ fn a_pair_that_clamps_at_zero_leaves_a_relu() {
         assert!((y[0] - want).abs() < 1e-6, "{y:?} {want}");
     }
 }
+
+/// ORT `quantize_dynamic` (operator style): x → DynamicQuantizeLinear → MatMulInteger (int8
+/// weight) → Cast → Mul by the scale product, then a float MatMul whose weight is dequantized
+/// from an int8 initializer (weight-only).
+fn dynamic_hybrid() -> Model {
+    model(
+        vec![
+            node("DynamicQuantizeLinear", "dql", &["x"], &["xq", "xs", "xz"]),
+            node("MatMulInteger", "mmi", &["xq", "wq", "xz", "wz"], &["acc"]),
+            node("Mul", "scale", &["xs", "ws"], &["s"]),
+            with_int(node("Cast", "cast", &["acc"], &["accf"]), "to", 1),
+            node("Mul", "deq", &["accf", "s"], &["h"]),
+            node("DequantizeLinear", "w2_dq", &["w2", "ws"], &["w2d"]),
+            node("MatMul", "mm2", &["h", "w2d"], &["y"]),
+        ],
+        vec![
+            ("wq", w_int8()),
+            ("wz", i8s(&[], vec![0])),
+            ("ws", Tensor::scalar_f32(0.01)),
+            ("w2", i8s(&[3, 3], vec![1, 2, 3, 4, 5, 6, 7, 8, 9])),
+        ],
+        &["y"],
+    )
+}
+
+#[test]
+fn only_activation_qdq_pairs_make_a_model_qdq_quantized() {
+    // Activation pairs (and weight DQs beside them): Q/DQ-quantized.
+    assert!(is_qdq_quantized(&ort_style().graph));
+    // Dynamic quantization's integer ops and a weight-only DequantizeLinear: a float model.
+    let h = dynamic_hybrid();
+    assert!(!is_qdq_quantized(&h.graph));
+    assert!(
+        has_qdq(&h.graph),
+        "it holds a (weight-only) DequantizeLinear"
+    );
+    assert!(h.graph.nodes.iter().any(is_operator_quantized));
+    // Weight-only DequantizeLinear alone: a float model too.
+    let w = model(
+        vec![
+            node("DequantizeLinear", "w_dq", &["w", "ws"], &["wd"]),
+            node("MatMul", "mm", &["x", "wd"], &["y"]),
+        ],
+        vec![("w", w_int8()), ("ws", Tensor::scalar_f32(0.01))],
+        &["y"],
+    );
+    assert!(!is_qdq_quantized(&w.graph));
+    // A QuantizeLinear whose codes no DequantizeLinear reads is not a pair.
+    let q = model(
+        vec![
+            node("QuantizeLinear", "x_q", &["x", "xs"], &["xq"]),
+            with_int(node("Cast", "c", &["xq"], &["xc"]), "to", 1),
+            node("MatMul", "mm", &["xc", "w"], &["y"]),
+        ],
+        vec![
+            ("xs", Tensor::scalar_f32(0.02)),
+            ("w", Tensor::from_f32(vec![4, 3], vec![0.5; 12])),
+        ],
+        &["y"],
+    );
+    assert!(!is_qdq_quantized(&q.graph));
+}
+
+#[test]
+fn a_float_plan_leaves_integer_ops_as_written_and_rounds_the_float_rest() {
+    use crate::precision::plan::{GlobalPrecision, PrecisionConstraints};
+    let m = dynamic_hybrid();
+    let g = &m.graph;
+    let flags = GlobalPrecision {
+        fp16: true,
+        ..Default::default()
+    };
+    let (plan, _) =
+        PrecisionPlan::resolve(g, &flags, &[], PrecisionConstraints::default()).unwrap();
+    let at = |name: &str| plan.layers[index(&m, name)];
+    assert_eq!(at("dql"), Precision::Float32);
+    assert_eq!(at("mmi"), Precision::Float32);
+    assert_eq!(at("deq"), Precision::Float16);
+    assert_eq!(at("mm2"), Precision::Float16);
+    let cands: Vec<&str> = PrecisionPlan::candidates(g)
+        .into_iter()
+        .map(|i| g.nodes[i].name.as_str())
+        .collect();
+    assert_eq!(cands, ["scale", "deq", "mm2"]);
+    // The export keeps the integer ops' types and casts around the float16 layers; it runs.
+    let e = export(
+        &m,
+        &PrecisionPlan::uniform(g, Precision::Float16),
+        None,
+        &Default::default(),
+    )
+    .unwrap();
+    let out = crate::onnx::testing::load(e.model);
+    let r = Interpreter::new(&out.graph)
+        .unwrap()
+        .run(&x_feed())
+        .unwrap();
+    let got = r.output("y").unwrap().to_f32_vec().unwrap();
+    let want = run(&m, "y");
+    for (a, b) in got.iter().zip(&want) {
+        assert!(
+            (a - b).abs() <= 2e-3 * b.abs().max(1.0),
+            "{got:?} vs {want:?}"
+        );
+    }
+}
