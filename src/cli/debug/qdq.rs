@@ -133,48 +133,7 @@ fn report(
     if let Some(t) = result.trial_of(&marked) {
         out!(p, "[I]     Achieved: {}", t.summary);
     }
-    if !run.reasons.is_empty() {
-        out!(
-            p,
-            "[I]     Why: each layer alone back in quantization, the rest as answered (first input set):"
-        );
-        for r in &run.reasons {
-            let inputs: Vec<String> = r
-                .inputs
-                .iter()
-                .map(|i| {
-                    let clipped = i
-                        .clipped
-                        .map(|c| format!("{:.2}% clipped, ", 100.0 * c))
-                        .unwrap_or_default();
-                    format!(
-                        "'{}' step {}: {clipped}rounding {}",
-                        i.tensor,
-                        fmt_g(i.scale, 3),
-                        fmt_g(i.relative_error, 3)
-                    )
-                })
-                .collect();
-            out!(
-                p,
-                "[I]       {} ({}): {} | output '{}' abs {}, relative {}{}",
-                r.layer,
-                r.op,
-                r.cause(),
-                r.output,
-                fmt_g(r.required_atol, 5),
-                fmt_g(r.relative_error, 3),
-                if inputs.is_empty() {
-                    String::new()
-                } else {
-                    format!(" | {}", inputs.join("; "))
-                }
-            );
-            if let Some(a) = &r.alone {
-                out!(p, "[I]         without it the answer {a}");
-            }
-        }
-    }
+    print_reasons(p, run);
     out!(
         p,
         "[I]     Re-quantize the float model without them (node names as the quantizers take them):"
@@ -219,6 +178,54 @@ fn report(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Why each answered layer is needed: its error alone back in quantization, with its inputs'
+/// quantization steps and clipping.
+fn print_reasons(p: &Printer, run: &QdqRun) {
+    if run.reasons.is_empty() {
+        return;
+    }
+    out!(
+        p,
+        "[I]     Why: each layer alone back in quantization, the rest as answered (first input set):"
+    );
+    for r in &run.reasons {
+        let inputs: Vec<String> = r
+            .inputs
+            .iter()
+            .map(|i| {
+                let clipped = i
+                    .clipped
+                    .map(|c| format!("{:.2}% clipped, ", 100.0 * c))
+                    .unwrap_or_default();
+                format!(
+                    "'{}' step {}: {clipped}rounding {}",
+                    i.tensor,
+                    fmt_g(i.scale, 3),
+                    fmt_g(i.relative_error, 3)
+                )
+            })
+            .collect();
+        out!(
+            p,
+            "[I]       {} ({}): {} | output '{}' abs {}, relative {}{}",
+            r.layer,
+            r.op,
+            r.cause(),
+            r.output,
+            fmt_g(r.required_atol, 5),
+            fmt_g(r.relative_error, 3),
+            if inputs.is_empty() {
+                String::new()
+            } else {
+                format!(" | {}", inputs.join("; "))
+            }
+        );
+        if let Some(a) = &r.alone {
+            out!(p, "[I]         without it the answer {a}");
+        }
+    }
 }
 
 fn write_files(

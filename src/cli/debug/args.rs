@@ -1,0 +1,249 @@
+//! `debug precision`'s search options and their validation into the job's config.
+
+use crate::cli::compare_args::CompareArgs;
+use crate::cli::precision_args::PrecisionArgs;
+use crate::cli::run::DataArgs;
+use crate::cli::style::ColorChoice;
+use crate::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
+use crate::search::{Direction, Mode, Objective, Ranking};
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct SearchArgs {
+    /// The ONNX model.
+    pub(super) model: PathBuf,
+    #[command(flatten)]
+    pub(super) data: DataArgs,
+    #[command(flatten)]
+    pub(super) precision: PrecisionArgs,
+    /// The precision marked layers run in.
+    #[arg(
+        long = "precision",
+        short = 'p',
+        default_value = "float32",
+        value_name = "DTYPE"
+    )]
+    pub(super) higher_precision: String,
+    /// What a smaller answer means: fewer layers, or fewer FLOPs in high precision (minimal
+    /// mode ranks and prunes by it; every mode reports both).
+    #[arg(long, value_enum, default_value = "layers")]
+    pub(super) objective: Objective,
+    /// What worst-first and minimal rank candidate layers by. sensitivity (default for a
+    /// precision search): each layer alone in low precision, the rest in high, judged under
+    /// the criterion (one partial run per candidate). growth: the error each layer adds to
+    /// its inputs' in the all-low plan (one run; the default, and the only ranking, for a Q/DQ
+    /// model's search).
+    #[arg(long, value_enum, value_name = "RANKING")]
+    pub(super) ranking: Option<Ranking>,
+    /// Candidates evaluated at the same time: besides the one the search needs next, the ones
+    /// it would need after the likeliest verdicts (bisection probes, pruning groups); the
+    /// sensitivity ranking's runs likewise. The answer and the trials are the same for any N;
+    /// with --check each command runs in its own working directory. 1 (default): one at a time.
+    #[arg(long, short = 'j', default_value_t = 1, value_name = "N", value_parser = parse_jobs)]
+    pub(super) jobs: usize,
+    /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or
+    /// `mixprec run --save-outputs`); default: mixprec's FP32 run on the same inputs.
+    #[arg(long, alias = "load-outputs", value_name = "FILE")]
+    pub(super) golden: Option<PathBuf>,
+    #[command(flatten)]
+    pub(super) compare: CompareArgs,
+    /// Memory for cached layer outputs (incremental re-execution), e.g. 512M, 4G; 0 disables;
+    /// auto (default): 1.25 times one FP32 run's values, at most 3 times what a plain run
+    /// holds at once, within 1 MiB..2 GiB. Changes speed and memory, never the answer.
+    #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
+    pub(super) cache_budget: String,
+    /// Judge each candidate with this command instead of the built-in comparison (must be the
+    /// last option: everything after it belongs to the command). Placeholders: {model} (the
+    /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
+    /// builds it as typed, `--check trtexec --onnx={model} --stronglyTyped`),
+    /// {layer_precisions} (name:float32 items for polygraphy run --layer-precisions),
+    /// {trtexec_layer_precisions} (name:fp32,... for TensorRT <= 10's trtexec
+    /// --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
+    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
+    pub(super) check: Vec<String>,
+    /// With --check: a candidate also fails when the command's output matches this regex.
+    #[arg(long = "fail-regex", value_name = "REGEX")]
+    pub(super) fail_regex: Option<String>,
+    /// With --check: seconds before the command is killed and the candidate counted as failing.
+    #[arg(long = "check-timeout", value_name = "SECS")]
+    pub(super) check_timeout: Option<f64>,
+    /// With --check: where each candidate model is written (Polygraphy's iteration artifact);
+    /// default `polygraphy_debug.onnx` when the command has no {model} placeholder.
+    #[arg(
+        long = "iter-artifact",
+        alias = "intermediate-artifact",
+        value_name = "FILE"
+    )]
+    pub(super) iter_artifact: Option<PathBuf>,
+    /// Keep the iteration artifact between candidates (by default it is removed after each).
+    #[arg(long = "no-remove-intermediate")]
+    pub(super) no_remove_intermediate: bool,
+    /// With --check: files the command writes, moved after each candidate into
+    /// `<artifacts-dir>/good` or `/bad` with the start time and iteration in their name.
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub(super) artifacts: Vec<PathBuf>,
+    /// Where --artifacts are sorted (default polygraphy_artifacts).
+    #[arg(
+        long = "artifacts-dir",
+        alias = "art-dir",
+        default_value = "polygraphy_artifacts",
+        value_name = "DIR"
+    )]
+    pub(super) artifacts_dir: PathBuf,
+    /// Write the verdict of every evaluated candidate to this JSON file after each evaluation
+    /// (Polygraphy's debug replay), so an interrupted search can resume.
+    #[arg(long = "save-debug-replay", value_name = "FILE")]
+    pub(super) save_debug_replay: Option<PathBuf>,
+    /// Resume from a debug replay: candidates it holds are not evaluated again (the model and
+    /// the settings that decide a verdict must be the same; the mode may differ). Give the
+    /// same file to --save-debug-replay to keep recording into it.
+    #[arg(long = "load-debug-replay", value_name = "FILE")]
+    pub(super) load_debug_replay: Option<PathBuf>,
+    /// Print the --check command's output for passing candidates too.
+    #[arg(long = "show-output", conflicts_with = "hide_fail_output")]
+    pub(super) show_output: bool,
+    /// Do not print the --check command's output for failing candidates (printed by default).
+    #[arg(long = "hide-fail-output")]
+    pub(super) hide_fail_output: bool,
+    /// Write the answer as a mixed-precision ONNX model (as `mixprec convert` would).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub(super) output: Option<PathBuf>,
+    /// Write the result and the search history (every candidate: layers, error, verdict) as JSON.
+    #[arg(long = "save-result", value_name = "FILE")]
+    pub(super) save_result: Option<PathBuf>,
+    /// Write an HTML report: the answer, the search history (every candidate's error and
+    /// verdict) and the layer-wise error of the final plan.
+    #[arg(long, value_name = "FILE")]
+    pub(super) report: Option<PathBuf>,
+    /// Print only the result (no per-iteration lines, no progress bar).
+    #[arg(long, short = 'q')]
+    pub(super) quiet: bool,
+    /// Colour the log: auto (when printing to a terminal and NO_COLOR is not set), always, never.
+    #[arg(long, value_enum, default_value_t = ColorChoice::Auto, value_name = "WHEN")]
+    pub(super) color: ColorChoice,
+    /// Print the marked layers of every iteration (and --check commands with their output).
+    #[arg(long, short = 'v')]
+    pub(super) verbose: bool,
+}
+
+impl SearchArgs {
+    /// The ranking worst-first and minimal use on a float model: `--ranking`, by default
+    /// sensitivity (a Q/DQ model's search ranks by growth: `cli/debug/qdq.rs`).
+    pub(super) fn ranking(&self) -> Ranking {
+        self.ranking.unwrap_or(Ranking::Sensitivity)
+    }
+}
+
+/// `--jobs`: a whole number of at least 1.
+fn parse_jobs(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!(
+            "'{s}' is not a number of jobs (a whole number, at least 1)"
+        )),
+    }
+}
+
+impl SearchArgs {
+    /// The job's configuration; flags that apply to `--check` only are refused without it.
+    pub(super) fn config(&self, mode: Mode, direction: Direction) -> Result<Config> {
+        let check = if self.check.is_empty() {
+            if self.fail_regex.is_some()
+                || self.check_timeout.is_some()
+                || self.iter_artifact.is_some()
+                || !self.artifacts.is_empty()
+                || self.show_output
+                || self.hide_fail_output
+            {
+                bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
+            }
+            None
+        } else {
+            Some(CheckOptions {
+                command: self.check.clone(),
+                fail_regex: self.fail_regex.clone(),
+                timeout: self.check_timeout,
+                iter_artifact: self.iter_artifact.clone(),
+                keep_iter_artifact: self.no_remove_intermediate,
+                artifacts: self.artifacts.clone(),
+                artifacts_dir: self.artifacts_dir.clone(),
+                show_output: self.show_output,
+                hide_fail_output: self.hide_fail_output,
+            })
+        };
+        Ok(Config {
+            model: self.model.clone(),
+            inputs: Inputs::Options(self.data.options()),
+            precision: self.precision.options(),
+            higher_precision: self.higher_precision.clone(),
+            mode,
+            direction,
+            objective: self.objective,
+            ranking: self.ranking,
+            jobs: self.jobs,
+            golden: self.golden.clone().map(GoldenSource::File),
+            compare: self.compare.options(),
+            user_criterion: None,
+            cache_budget: self.cache_budget.clone(),
+            check,
+            load_debug_replay: self.load_debug_replay.clone(),
+            save_debug_replay: self.save_debug_replay.clone(),
+            layer_errors: self.report.is_some(),
+            verbose: self.verbose,
+        })
+    }
+}
+
+// The search's choices as clap values (the library's enums know nothing of clap).
+impl ValueEnum for Mode {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Mode::Bisect, Mode::Linear, Mode::WorstFirst, Mode::Minimal]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()))
+    }
+}
+
+impl ValueEnum for Direction {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Direction::Forward, Direction::Reverse]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(match self {
+            Direction::Forward => "forward",
+            Direction::Reverse => "reverse",
+        }))
+    }
+}
+
+impl ValueEnum for Ranking {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Ranking::Sensitivity, Ranking::Growth]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Ranking::Sensitivity => clap::builder::PossibleValue::new("sensitivity")
+                .help("Each layer alone in low precision, judged under the criterion"),
+            Ranking::Growth => clap::builder::PossibleValue::new("growth")
+                .help("The error each layer adds in the all-low plan (one run)"),
+        })
+    }
+}
+
+impl ValueEnum for Objective {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Objective::Layers, Objective::Flops]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Objective::Layers => {
+                clap::builder::PossibleValue::new("layers").help("Fewest layers in high precision")
+            }
+            Objective::Flops => {
+                clap::builder::PossibleValue::new("flops").help("Fewest FLOPs in high precision")
+            }
+        })
+    }
+}
