@@ -21,7 +21,8 @@ use crate::precision::quant::{
     weight_channel_axis,
 };
 use crate::precision::{
-    input_follows_layer_precision, plan::PrecisionPlan, round_slice, Accumulator, Precision,
+    clamp_finite_to_f16, input_follows_layer_precision, plan::PrecisionPlan, round_slice,
+    Accumulator, Precision,
 };
 use crate::tensor::{DType, Tensor};
 use std::collections::BTreeMap;
@@ -74,6 +75,9 @@ pub(crate) struct LayerPrep {
     /// The quantized kernel that replaces the op's own (`--fusion tensorrt`: a Q/DQ model's
     /// quantized Conv/MatMul/Gemm, or an int8/fp8 layer of the plan; `exec/qdq.rs`).
     pub integer: Option<std::sync::Arc<super::qdq::IntegerKernel>>,
+    /// The weights TensorRT's conversion clamped to float16's range for this layer (`--fusion
+    /// tensorrt`): (weight path, layer path, values clamped). What [`PreparedPlan::weight_events`] warns about.
+    pub clamped: Vec<(String, String, usize)>,
 }
 
 /// A layer of a fusion region (docs/numerics.md, "Fusion regions"): the region runs as one
@@ -215,11 +219,13 @@ impl PreparedPlan {
                     fusion,
                     outside: vec![InputPrep::Keep; node.inputs.len()],
                     integer: qdq_kernel,
+                    clamped: Vec::new(),
                 });
                 continue;
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
             let mut outside = Vec::with_capacity(node.inputs.len());
+            let mut clamped = Vec::new();
             for (idx, name) in node.inputs.iter().enumerate() {
                 // Initializers and folded values (a Transpose or DequantizeLinear of an
                 // initializer) are weights, converted here once.
@@ -262,7 +268,24 @@ impl PreparedPlan {
                         }
                     }
                 } else if let Some(w) = init {
-                    match through_f32(w, |v| round_slice(p, v)) {
+                    // TensorRT converts a float32 weight of a float16 layer itself and clamps
+                    // finite values beyond float16's range to ±65504; a Cast (the plain model,
+                    // ONNX Runtime) makes them ±inf. docs/numerics.md, "Weights beyond
+                    // float16's range".
+                    let saturate = plan.fusion == FusionModel::TensorRt
+                        && p == Precision::Float16
+                        && w.dtype() == DType::F32;
+                    let mut n = 0;
+                    let r = through_f32(w, |v| {
+                        if saturate {
+                            n = clamp_finite_to_f16(v);
+                        }
+                        round_slice(p, v)
+                    });
+                    if n > 0 {
+                        clamped.push((path.clone(), format!("{}{}", scope.prefix, node.name), n));
+                    }
+                    match r {
                         Some(r) if !already_in(w.dtype(), p) => InputPrep::converted(narrow(r, p)),
                         _ => InputPrep::Keep,
                     }
@@ -302,6 +325,7 @@ impl PreparedPlan {
                 fusion,
                 outside,
                 integer,
+                clamped,
             });
         }
         let origins = vec![new_origin(); layers.len()];
@@ -345,6 +369,29 @@ impl PreparedPlan {
                     a.ops[k],
                     q.describe()
                 )));
+            }
+        }
+        out
+    }
+
+    /// Warnings for the weights this plan's float16 layers read clamped to float16's range
+    /// (`--fusion tensorrt`, TensorRT's rule; docs/numerics.md, "Weights beyond float16's
+    /// range"), one per (layer, weight), subgraph layers included, in graph order.
+    pub fn weight_events(&self) -> Vec<crate::event::Event> {
+        let mut out = Vec::new();
+        for l in &self.layers {
+            for (name, layer, n) in &l.clamped {
+                out.push(crate::event::Event::Warning(format!(
+                    "weight '{name}' of float16 layer '{}' has {n} finite float32 value{} \
+                     beyond float16's range: clamped to ±65504, as TensorRT converts weights \
+                     (a Cast would make {} ±inf)",
+                    layer,
+                    if *n == 1 { "" } else { "s" },
+                    if *n == 1 { "it" } else { "them" },
+                )));
+            }
+            for sub in &l.subplans {
+                out.extend(sub.weight_events());
             }
         }
         out
@@ -1717,5 +1764,78 @@ mod fusion_tests {
         }
         assert!(seen_regions.len() >= 4, "{seen_regions:?}");
         assert!(cache.stats.reused > 0, "the cache served something");
+    }
+
+    /// scores + mask → Softmax with BERT's float32-min mask constant: row 0 masks two of four
+    /// positions, row 1 all four (docs/numerics.md, "Weights beyond float16's range").
+    fn masked_softmax() -> Graph {
+        const MIN: f32 = -3.402_823_5e38;
+        graph(
+            vec![
+                node("add", "Add", &["x", "mask"], &["s"]),
+                node("softmax", "Softmax", &["s"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 4])],
+            vec![(
+                "mask",
+                Tensor::from_f32(vec![2, 4], vec![0.0, MIN, 0.0, MIN, MIN, MIN, MIN, MIN]),
+            )],
+        )
+    }
+
+    #[test]
+    fn tensorrt_clamps_weights_beyond_float16_a_cast_makes_them_infinite() {
+        let g = masked_softmax();
+        let mut f = Feeds::new();
+        f.insert(
+            "x".into(),
+            Tensor::from_f32(vec![2, 4], vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]),
+        );
+        let prepare = |fusion: FusionModel| {
+            let mut plan = PrecisionPlan::uniform(&g, Precision::Float16);
+            plan.fusion = fusion;
+            PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap()
+        };
+        let out = |p: &PreparedPlan| {
+            let r = Interpreter::new(&g)
+                .unwrap()
+                .run_plan(&f, &RunOptions::default(), p)
+                .unwrap();
+            r.outputs[0].1.as_f32().unwrap().to_vec()
+        };
+        // A Cast: the mask becomes -inf; exp(-inf) = 0 masks as in float32, and the fully
+        // masked row is -inf - (-inf) = NaN (IEEE), as ONNX Runtime gives for the Cast model.
+        let plain = prepare(FusionModel::None);
+        assert!(plain.weight_events().is_empty());
+        let y = out(&plain);
+        let w = 1.0 / (1.0 + (-2f32).exp());
+        let row0 = [1.0 - w, 0.0, w, 0.0];
+        for (a, b) in y[..4].iter().zip(row0) {
+            assert!((a - b).abs() < 1e-3, "{y:?}");
+        }
+        assert!(y[4..].iter().all(|v| v.is_nan()), "{y:?}");
+        // TensorRT: -65504 (a warning names the weight and its layer); the masked positions
+        // still vanish and the fully masked row stays finite, as in float32.
+        let trt = prepare(FusionModel::TensorRt);
+        let ev = trt.weight_events();
+        assert_eq!(ev.len(), 1, "{ev:?}");
+        let crate::event::Event::Warning(msg) = &ev[0] else {
+            panic!("{ev:?}")
+        };
+        assert!(msg.contains("'mask'") && msg.contains("'add'") && msg.contains("6 finite"));
+        let y = out(&trt);
+        for (a, b) in y[..4].iter().zip(row0) {
+            assert!((a - b).abs() < 1e-3, "{y:?}");
+        }
+        // (Add and Softmax may run as one kernel, where x - 65504 stays in f32: the row is
+        // softmax(x), not uniform; finite either way.)
+        assert!(y[4..].iter().all(|v| v.is_finite()), "{y:?}");
+        assert!((y[4..].iter().sum::<f32>() - 1.0).abs() < 1e-3, "{y:?}");
+        // A float32 layer reads the weight as it is: nothing clamped.
+        let mut fp32 = PrecisionPlan::uniform(&g, Precision::Float32);
+        fp32.fusion = FusionModel::TensorRt;
+        let p = PreparedPlan::new(&g, &fp32, &PlanOptions::default()).unwrap();
+        assert!(p.weight_events().is_empty());
     }
 }

@@ -532,13 +532,49 @@ impl<'a> Exporter<'a> {
         let name = self.fresh(&format!("{t}_{}", suffix(to)));
         if self.foldable.contains(t) {
             let w = &self.graph.initializers[t];
-            let c = cast_tensor(w, to);
+            // A float16 initializer never holds an infinity the float32 one did not: finite
+            // values beyond ±65504 are clamped to it, as TensorRT, onnxconverter-common and
+            // ModelOpt AutoCast convert weights (docs/numerics.md, "Weights beyond float16's
+            // range"); a Cast would make them ±inf.
+            let clamped = match (to, w.as_f32()) {
+                (DType::F16, Some(v)) => {
+                    let mut v = v.to_vec();
+                    let n = crate::precision::clamp_finite_to_f16(&mut v);
+                    (n > 0).then(|| (n, Tensor::from_f32(w.shape().to_vec(), v)))
+                }
+                _ => None,
+            };
+            let c = match &clamped {
+                Some((n, v)) => {
+                    self.notes.push(format!(
+                        "initializer '{t}' (read by float16 layer '{}') has {n} finite value{} beyond float16's range: stored clamped to ±65504, as TensorRT converts weights",
+                        node.name,
+                        if *n == 1 { "" } else { "s" }
+                    ));
+                    cast_tensor(v, to)
+                }
+                None => cast_tensor(w, to),
+            };
             self.inits.push(tensor_to_proto(&name, &c));
             self.init_copies
                 .entry(t.to_string())
                 .or_default()
                 .push(name.clone());
         } else {
+            // A weight computed by nodes the export keeps (or an initializer a graph input can
+            // override) is converted at run time: a Cast makes its values beyond ±65504 ±inf.
+            let overflows = to == DType::F16
+                && self
+                    .graph
+                    .weight(t)
+                    .and_then(Tensor::as_f32)
+                    .is_some_and(|v| v.iter().any(|x| x.is_finite() && x.abs() >= 65520.0));
+            if overflows {
+                self.notes.push(format!(
+                    "weight '{t}' (read by float16 layer '{}') has finite values beyond float16's range: its Cast to float16 makes them ±inf at run time (keep the layer in float32 to avoid it)",
+                    node.name
+                ));
+            }
             let node_name = self.fresh(&format!("{t}_Cast_{}", suffix(to)));
             self.nodes.push(proto::NodeProto {
                 name: Some(node_name.clone()),
@@ -1280,6 +1316,47 @@ mod tests {
     }
 
     use Precision::*;
+
+    #[test]
+    fn float16_initializers_beyond_its_range_are_clamped_with_a_note() {
+        // BERT's attention-mask constant (float32's lowest), an infinity and an in-range value:
+        // the float16 copy holds -65504 for the finite overflow, keeps -inf, and a note names
+        // the initializer; a float32 layer keeps it as it is.
+        let mask = Tensor::from_f32(vec![2], vec![-3.402_823_5e38, 0.5]);
+        let inf = Tensor::from_f32(vec![2], vec![f32::NEG_INFINITY, 70000.0]);
+        let m = || {
+            model(
+                vec![
+                    node("Add", "add", &["x", "mask"], &["a"]),
+                    node("Add", "add2", &["a", "inf"], &["y"]),
+                ],
+                vec![("mask", mask.clone()), ("inf", inf.clone())],
+                &["y"],
+                17,
+            )
+        };
+        let e = run(m(), &[Float16; 2], None, &ExportOptions::default()).unwrap();
+        let g = graph(&e);
+        let v = |n: &str| {
+            tensor_from_proto(init(g, n), None)
+                .unwrap()
+                .to_f32_vec()
+                .unwrap()
+        };
+        assert_eq!(init(g, "mask").data_type, Some(DType::F16.onnx_code()));
+        assert_eq!(v("mask"), [-65504.0, 0.5]);
+        assert_eq!(v("inf"), [f32::NEG_INFINITY, 65504.0]);
+        let notes: Vec<&String> = e.notes.iter().filter(|n| n.contains("clamped")).collect();
+        assert_eq!(notes.len(), 2, "{:?}", e.notes);
+        assert!(notes[0].contains("'mask'") && notes[0].contains("'add'"));
+        assert!(notes[1].contains("'inf'") && notes[1].contains("1 finite value "));
+        let e = run(m(), &[Float32; 2], None, &ExportOptions::default()).unwrap();
+        assert_eq!(
+            init(graph(&e), "mask").data_type,
+            Some(DType::F32.onnx_code())
+        );
+        assert!(e.notes.iter().all(|n| !n.contains("clamped")));
+    }
 
     #[test]
     fn all_fp16_converts_weights_in_place_and_casts_at_the_edges() {

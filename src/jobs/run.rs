@@ -353,6 +353,10 @@ fn prepare_trt(
         None => config.inputs.shape_overrides()?,
     };
     let prepared = precision.prepare(graph, &plan, amax.as_ref(), &shapes)?;
+    // Weights TensorRT clamps to float16's range (`--fusion tensorrt`): its builder warns too.
+    for e in prepared.weight_events() {
+        (sinks.events)(e);
+    }
     if let Some(line) = fusion_line(graph, plan.fusion, prepared.regions()) {
         sinks.line(&format!("[I] {line}"));
         if config.verbose {

@@ -178,6 +178,26 @@ pub fn round_slice(p: Precision, v: &mut [f32]) {
     }
 }
 
+/// TensorRT's conversion of a float32 weight to a float16 layer's type: finite values that
+/// would round to ±inf (|x| ≥ 65520, the tie that rounds up to 2^16) become ±65504, the closest
+/// finite float16 ("Finite FP32 values which would overflow in FP16 detected. Converting to
+/// closest finite FP16 value.", TensorRT's builder warning; docs/numerics.md, "Weights beyond
+/// float16's range"). ±inf and NaN are kept, as TensorRT's "finite" says, and so is every
+/// value in range: rounding them afterwards gives what a plain conversion gives. Returns how
+/// many values were clamped.
+pub fn clamp_finite_to_f16(v: &mut [f32]) -> usize {
+    const OVERFLOWS: f32 = 65520.0;
+    let max = Precision::Float16.max_finite();
+    let mut n = 0;
+    for x in v.iter_mut() {
+        if x.is_finite() && x.abs() >= OVERFLOWS {
+            *x = max.copysign(*x);
+            n += 1;
+        }
+    }
+    n
+}
+
 /// Round half to even (banker's rounding), as `QuantizeLinear` and TensorRT use. Branch-free,
 /// so quantization loops vectorize: below 2²³ adding 2²³ leaves no fraction bits, and the
 /// addition rounds to nearest even; from 2²³ on every f32 is an integer (and NaN, ±inf pass
@@ -199,6 +219,33 @@ pub fn round_half_even(x: f32) -> f32 {
 mod tests {
     use super::*;
     use half::f16;
+
+    #[test]
+    fn finite_weights_beyond_f16_clamp_to_its_largest_value() {
+        let mut v = vec![
+            -3.402_823_5e38,
+            3.402_823_5e38,
+            65520.0,
+            -65520.0,
+            65519.0,
+            65504.0,
+            1.5,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+        ];
+        assert_eq!(clamp_finite_to_f16(&mut v), 4);
+        assert_eq!(
+            &v[..7],
+            &[-65504.0, 65504.0, 65504.0, -65504.0, 65519.0, 65504.0, 1.5]
+        );
+        assert_eq!(v[7], f32::INFINITY);
+        assert_eq!(v[8], f32::NEG_INFINITY);
+        assert!(v[9].is_nan());
+        // Rounded afterwards, nothing overflows: 65519 rounds to 65504 as before.
+        round_slice(Precision::Float16, &mut v);
+        assert!(v[..7].iter().all(|x| x.is_finite()));
+    }
 
     #[test]
     fn fp16_rounding_and_overflow() {

@@ -487,3 +487,110 @@ fn export_control_flow_runs_in_onnxruntime() {
         true,
     );
 }
+
+/// BERT's attention mask as a float32-min constant added to the scores before Softmax (row 0
+/// masks two of four keys, row 1 all four), written with its input set by Python's onnx.
+fn masked_softmax_model(dir: &Path) -> PathBuf {
+    let model = dir.join("masked_softmax.onnx");
+    let script = r#"
+import sys, os, numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto
+d = sys.argv[1]
+lo = np.finfo(np.float32).min
+mask = np.array([[0, lo, 0, lo], [lo, lo, lo, lo]], np.float32)
+g = helper.make_graph(
+    [helper.make_node("Add", ["x", "mask"], ["s"], name="add"),
+     helper.make_node("Softmax", ["s"], ["y"], name="softmax")],
+    "masked_softmax",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])],
+    [numpy_helper.from_array(mask, "mask")])
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), os.path.join(d, "masked_softmax.onnx"))
+os.makedirs(os.path.join(d, "masked_softmax"), exist_ok=True)
+x = np.array([[1, 2, 3, 4], [1, 2, 3, 4]], np.float32)
+with open(os.path.join(d, "masked_softmax", "input_0.pb"), "wb") as f:
+    f.write(numpy_helper.from_array(x, "x").SerializeToString())
+"#;
+    let st = Command::new(python())
+        .arg("-c")
+        .arg(script)
+        .arg(dir)
+        .status()
+        .unwrap();
+    assert!(st.success(), "writing masked_softmax.onnx");
+    model
+}
+
+/// Weights beyond float16's range (docs/numerics.md, "Weights beyond float16's range"): the
+/// plain float16 emulation makes the mask -inf as a Cast does (a fully masked row is NaN, as
+/// IEEE gives), `--fusion tensorrt` clamps it to -65504 with a warning naming it, and the
+/// exported float16 model holds no infinity and runs in ONNX Runtime close to FP32.
+#[test]
+fn float32_min_mask_constants_under_float16() {
+    let dir = export_dir();
+    let path = masked_softmax_model(&dir);
+    let data = dir.join("masked_softmax");
+    let r = reference(&path, &data);
+    let y32 = r.outputs[0].1.as_f32().unwrap().to_vec();
+    assert!(y32.iter().all(|v| v.is_finite()), "{y32:?}");
+    let feeds = read_input_set(&r.graph, &data).unwrap();
+    let interp = Interpreter::new(&r.graph).unwrap();
+    let emulate = |fusion| {
+        let mut plan = PrecisionPlan::uniform(&r.graph, Float16);
+        plan.fusion = fusion;
+        let p = mixprec::exec::PreparedPlan::new(&r.graph, &plan, &Default::default()).unwrap();
+        let y = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
+        (y.outputs[0].1.as_f32().unwrap().to_vec(), p.weight_events())
+    };
+    let (plain, events) = emulate(mixprec::precision::fusion::FusionModel::None);
+    assert!(events.is_empty());
+    for (a, b) in plain[..4].iter().zip(&y32[..4]) {
+        assert!((a - b).abs() < 1e-3, "{plain:?} vs {y32:?}");
+    }
+    assert!(plain[4..].iter().all(|v| v.is_nan()), "{plain:?}");
+    let (trt, events) = emulate(mixprec::precision::fusion::FusionModel::TensorRt);
+    assert!(
+        matches!(&events[..], [mixprec::event::Event::Warning(w)] if w.contains("'mask'")),
+        "{events:?}"
+    );
+    for (a, b) in trt[..4].iter().zip(&y32[..4]) {
+        assert!((a - b).abs() < 1e-3, "{trt:?} vs {y32:?}");
+    }
+    assert!(trt[4..].iter().all(|v| v.is_finite()), "{trt:?}");
+
+    let plan = PrecisionPlan::uniform(&r.graph, Float16);
+    let e = export(
+        &load_model(&path).unwrap(),
+        &plan,
+        None,
+        &ExportOptions::default(),
+    )
+    .unwrap();
+    assert!(
+        e.notes
+            .iter()
+            .any(|n| n.contains("'mask'") && n.contains("clamped")),
+        "{:?}",
+        e.notes
+    );
+    let g = e.model.graph.as_ref().unwrap();
+    for t in &g.initializer {
+        let v = mixprec::onnx::tensor_from_proto(t, None).unwrap();
+        let v = v.to_f32_vec().unwrap();
+        assert!(v.iter().all(|x| x.is_finite()), "{:?}: {v:?}", t.name);
+    }
+    let out = dir.join("masked_softmax_fp16.onnx");
+    write_model(&out, &e.model).unwrap();
+    let Ort::Ran(outs) = check_and_run(&out, &data, "all") else {
+        panic!("onnxruntime failed on {}", out.display());
+    };
+    // Row 0 as in FP32. The fully masked row is degenerate: FP32 absorbs x into -3.4e38
+    // (uniform), x - 65504 may or may not round to one value in float16 (ONNX Runtime keeps
+    // them apart): finite, summing to 1.
+    let y = outs[0].to_f32_vec().unwrap();
+    for (a, b) in y[..4].iter().zip(&y32[..4]) {
+        assert!((a - b).abs() < 1e-2, "{y:?} vs {y32:?}");
+    }
+    assert!(y[4..].iter().all(|v| v.is_finite()), "{y:?}");
+    assert!((y[4..].iter().sum::<f32>() - 1.0).abs() < 1e-2, "{y:?}");
+}
