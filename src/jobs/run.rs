@@ -324,15 +324,15 @@ impl Config {
     }
 }
 
-/// The emulated engine's plan, ranges and kernels, with its summary lines logged; None when no
-/// runner needs it.
+/// The emulated engine's plan, ranges and kernels, with its summary lines logged; returns the
+/// prepared plan and its precision-counts line.
 fn prepare_trt(
     config: &Config,
     graph: &Graph,
     interp: &Interpreter,
     feeds: &[Feeds],
     sinks: &mut Sinks,
-) -> Result<Option<(PreparedPlan, String)>> {
+) -> Result<(PreparedPlan, String)> {
     let precision = &config.precision;
     let plan = precision.plan(graph, sinks.events)?;
     let amax = ranges_for_plan(
@@ -366,7 +366,7 @@ fn prepare_trt(
             }
         }
     }
-    Ok(Some((prepared, counts)))
+    Ok((prepared, counts))
 }
 
 /// Runs the job: every runner on every input set, then the comparisons and the files asked for.
@@ -409,10 +409,8 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
     }
     let interp = Interpreter::new(graph)?;
     let (prepared, precision_summary) = if kinds.contains(&RunnerKind::Trt) && (any || fused) {
-        match prepare_trt(config, graph, &interp, &feeds, sinks)? {
-            Some((p, counts)) => (Some(p), Some(counts)),
-            None => (None, None),
-        }
+        let (p, counts) = prepare_trt(config, graph, &interp, &feeds, sinks)?;
+        (Some(p), Some(counts))
     } else {
         (None, None)
     };
