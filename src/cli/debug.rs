@@ -3,8 +3,9 @@
 
 use super::style::{paint, use_color, ColorChoice};
 use crate::export::write_model;
-use crate::jobs::debug_precision::{self, Searched};
+use crate::jobs::debug_precision;
 use crate::precision::fusion::FusionModel;
+use crate::search::space::Found;
 use crate::search::{Direction, Mode};
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
@@ -112,7 +113,6 @@ mod report;
 
 pub use args::SearchArgs;
 use hooks::CliHooks;
-use report::print_stats;
 
 /// Set by Ctrl-C; the search stops between evaluations and reports the best plan so far.
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -147,33 +147,42 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
     let outcome = debug_precision::run(config, &mut hooks, &INTERRUPTED)?;
     hooks.bar.finish_and_clear();
     let code = hooks.code;
-    if let Searched::Qdq(run) = &outcome.searched {
-        return qdq::finish(&args, p, &outcome, run);
-    }
-    let fused_note = if outcome.fusion.is_none() {
+    let qdq = outcome.is_qdq();
+    let fused_note = if qdq || outcome.fusion.is_none() {
         String::new()
     } else {
         format!(" ({})", answer_label(outcome.fusion))
     };
-    if let Some(out) = &args.output {
-        if let Some(exported) = outcome.export()? {
-            for n in &exported.notes {
-                eprintln!("note: {n}");
-            }
-            write_model(out, &exported.model)?;
-            out!(
+    let mut written = None;
+    if let (Some(out), Some(exported)) = (&args.output, outcome.export()?) {
+        for n in &exported.notes {
+            eprintln!("note: {n}");
+        }
+        write_model(out, &exported.model)?;
+        match &outcome.last().run.found {
+            Found::Qdq {
+                answer: Some(a), ..
+            } => out!(
+                p,
+                "[I] Saved the Q/DQ model without the answer's {} Q/DQ pair(s) and {} quantized weight(s) to {}",
+                a.activations,
+                a.weights,
+                out.display()
+            ),
+            _ => out!(
                 p,
                 "[I] Saved mixed-precision model{fused_note} to {}",
                 out.display()
-            );
+            ),
         }
+        written = Some(out.display().to_string());
     }
     if let Some(path) = &args.report {
         outcome.html().write(path)?;
         out!(p, "[I] Saved report{fused_note} to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        crate::data::write_atomic(path, &outcome.result_json(None)?)?;
+        crate::data::write_atomic(path, &outcome.result_json(written.as_deref())?)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::event::{Event, NoProgress, Progress};
 use crate::exec::cache::parse_bytes;
 use crate::exec::emulate::plan_regions;
+use crate::export::qdq::QdqLayer;
 use crate::export::{export, ExportOptions};
 use crate::golden::GoldenFile;
 use crate::onnx::Model;
@@ -23,9 +24,11 @@ use crate::precision::Precision;
 use crate::search::builtin::UserCriterion;
 use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
-use crate::search::qdq::{run_qdq_search, QdqJob, QdqRun};
+use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
+use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
 use crate::search::replay::{DebugReplay, ModelId};
 use crate::search::report::{html_report, QdqRemoved, QdqResult, ResultFile, SearchSetup};
+use crate::search::space::Found;
 use crate::search::{Direction, Mode, Objective, Ranking, SearchOptions, SearchSpace, Trial};
 use crate::tensor::Feeds;
 use crate::{load_model, Interpreter};
@@ -324,8 +327,8 @@ pub trait Hooks: SearchHooks {
         _events: Vec<Event>,
     ) {
     }
-    /// A float search finished.
-    fn finished(&mut self, _graph: &crate::Graph, _search: &FloatSearch) -> Result<()> {
+    /// A search of `model` finished (with a fusion model, each of the two).
+    fn finished(&mut self, _model: &Model, _search: &SearchPass) -> Result<()> {
         Ok(())
     }
     /// The calibration's progress (int8/fp8 plans calibrated on the fly).
@@ -334,24 +337,14 @@ pub trait Hooks: SearchHooks {
     }
 }
 
-/// One float search: its run, the plan it started from, and the fusion model it assumed
-/// (`Some` only when the job ran more than one search).
-pub struct FloatSearch {
+/// One search: its run, the plan it started from (for a Q/DQ model, float32 everywhere: the
+/// quantization is in the graph), and the fusion model it assumed: `Some` only when the job
+/// was given one (a float model's two searches then say which each assumed; a Q/DQ model's
+/// one search ran every candidate under it).
+pub struct SearchPass {
     pub run: SearchRun,
     pub low: PrecisionPlan,
     pub fusion: Option<FusionModel>,
-}
-
-/// What the job searched.
-pub enum Searched {
-    /// A float model: one search, or with a fusion model two (without fusion first).
-    Float {
-        searches: Vec<FloatSearch>,
-        /// The activation ranges int8/fp8 layers ran with.
-        amax: Option<BTreeMap<String, f32>>,
-    },
-    /// A Q/DQ model's quantized layers.
-    Qdq(Box<QdqRun>),
 }
 
 /// What `debug precision` found.
@@ -365,7 +358,11 @@ pub struct Outcome {
     pub direction: Direction,
     pub objective: Objective,
     pub fusion: FusionModel,
-    pub searched: Searched,
+    /// The searches that ran: one, or for a float model under a fusion model two (without
+    /// fusion first). The last one's answer is the job's.
+    pub searches: Vec<SearchPass>,
+    /// The activation ranges int8/fp8 layers ran with (a float model's).
+    pub amax: Option<BTreeMap<String, f32>>,
     /// Input sets the search ran on.
     pub input_sets: usize,
 }
@@ -378,11 +375,13 @@ pub struct Exported {
 
 impl Outcome {
     /// The search whose answer is the job's: the last (with fusion, the fused one).
-    pub fn last_float(&self) -> Option<&FloatSearch> {
-        match &self.searched {
-            Searched::Float { searches, .. } => searches.last(),
-            Searched::Qdq(_) => None,
-        }
+    pub fn last(&self) -> &SearchPass {
+        self.searches.last().expect("at least one search ran")
+    }
+
+    /// Whether the job searched a Q/DQ model's quantized layers.
+    pub fn is_qdq(&self) -> bool {
+        self.last().run.found.is_qdq()
     }
 
     /// The search's result, trials and statistics (the last search's).
@@ -393,27 +392,23 @@ impl Outcome {
         &crate::search::SearchResult,
         &crate::search::report::SearchStats,
     ) {
-        match &self.searched {
-            Searched::Float { searches, .. } => {
-                let r = &searches.last().expect("at least one search ran").run;
-                (&r.space, &r.result, &r.stats)
-            }
-            Searched::Qdq(q) => (&q.space, &q.result, &q.stats),
-        }
+        let r = &self.last().run;
+        (&r.space, &r.result, &r.stats)
     }
 
     /// The answer's mixed-precision model (the Q/DQ model less the answer's pairs for a Q/DQ
     /// search); None when the search found no answer (or, for a Q/DQ search, was interrupted).
     pub fn export(&self) -> Result<Option<Exported>> {
-        match &self.searched {
-            Searched::Float { searches, amax } => {
-                let Some(plan) = searches.last().and_then(|s| s.run.answer.as_ref()) else {
+        let run = &self.last().run;
+        match &run.found {
+            Found::Plans { answer, .. } => {
+                let Some(plan) = answer else {
                     return Ok(None);
                 };
                 let exported = export(
                     &self.model,
                     plan,
-                    amax.as_ref(),
+                    self.amax.as_ref(),
                     &ExportOptions {
                         fallback: true,
                         ..Default::default()
@@ -424,9 +419,9 @@ impl Outcome {
                     notes: exported.notes,
                 }))
             }
-            Searched::Qdq(run) => {
+            Found::Qdq { answer, .. } => {
                 let found = matches!(run.result.outcome, crate::search::Outcome::Found(_));
-                Ok(run.answer.as_ref().filter(|_| found).map(|a| Exported {
+                Ok(answer.as_ref().filter(|_| found).map(|a| Exported {
                     model: a.model.proto.clone(),
                     notes: a.notes.clone(),
                 }))
@@ -436,109 +431,81 @@ impl Outcome {
 
     /// The HTML report of the (last) search.
     pub fn html(&self) -> HtmlReport {
-        let graph = &self.model.graph;
-        match &self.searched {
-            Searched::Float { searches, .. } => {
-                let s = searches.last().expect("at least one search ran");
-                html_report(
-                    &self.model_name,
-                    graph,
-                    &s.run.space,
-                    &self.criterion,
-                    self.high,
-                    self.mode,
-                    &s.run.result,
-                    &s.run.stats,
-                    s.run.layer_errors.as_deref(),
-                    &s.run.reasons,
-                )
-            }
-            Searched::Qdq(run) => html_report(
-                &self.model_name,
-                graph,
-                &run.space,
-                &self.criterion,
-                self.high,
-                self.mode,
-                &run.result,
-                &run.stats,
-                None,
-                &[],
-            ),
-        }
+        let run = &self.last().run;
+        let layer_errors = match &run.found {
+            Found::Plans { layer_errors, .. } => layer_errors.as_deref(),
+            Found::Qdq { .. } => None,
+        };
+        html_report(
+            &self.model_name,
+            &self.model.graph,
+            &run.space,
+            &self.criterion,
+            self.high,
+            self.mode,
+            &run.result,
+            &run.stats,
+            layer_errors,
+            run.found.layer_reasons(),
+        )
     }
 
-    /// What a result file says of the search, for a search that started from `low`.
-    fn setup<'s>(&'s self, low: &'s PrecisionPlan) -> SearchSetup<'s> {
-        SearchSetup {
-            model: &self.model_name,
-            mode: self.mode,
-            direction: self.direction,
-            objective: self.objective,
-            high: self.high,
-            low,
-        }
-    }
-
-    /// The `--save-result` JSON; `written` is where the answer's model was written, if it was.
+    /// The `--save-result` JSON; `written` is where the answer's model was written, if it was
+    /// (a Q/DQ search's file names it).
     pub fn result_json(&self, written: Option<&str>) -> Result<Vec<u8>> {
         let graph = &self.model.graph;
-        let json = match &self.searched {
-            Searched::Float { searches, .. } => {
-                let files: Vec<ResultFile> = searches
-                    .iter()
-                    .map(|s| {
-                        ResultFile::new(
-                            &self.setup(&s.low),
-                            graph,
-                            &s.run.space,
-                            &s.run.result,
-                            &s.run.stats,
-                            &s.run.reasons,
-                        )
-                    })
-                    .collect();
-                let mut files = files.into_iter();
-                let mut file = files.next().expect("at least one search ran");
-                file.with_fusion = files.next().map(Box::new);
-                serde_json::to_vec_pretty(&file)
-            }
-            Searched::Qdq(run) => {
-                let low = PrecisionPlan::uniform(graph, Precision::Float32);
-                let mut file = ResultFile::new(
-                    &self.setup(&low),
-                    graph,
-                    &run.space,
-                    &run.result,
-                    &run.stats,
-                    &[],
-                );
-                file.low_precisions = vec![format!("{} quantized", run.space.candidates.len())];
+        let mut files = self.searches.iter().map(|s| {
+            let setup = SearchSetup {
+                model: &self.model_name,
+                mode: self.mode,
+                direction: self.direction,
+                objective: self.objective,
+                high: self.high,
+                low: &s.low,
+            };
+            let run = &s.run;
+            let mut file = ResultFile::new(
+                &setup,
+                graph,
+                &run.space,
+                &run.result,
+                &run.stats,
+                run.found.layer_reasons(),
+            );
+            if let Found::Qdq {
+                layers, reasons, ..
+            } = &run.found
+            {
+                let quantized = run.space.candidates.len();
+                file.low_precisions = vec![format!("{quantized} quantized")];
                 file.fusion = self.fusion.name();
                 let marked: Vec<usize> = file.layers.iter().map(|l| l.index).collect();
                 file.qdq = Some(QdqResult {
-                    quantized_layers: run.space.candidates.len(),
+                    quantized_layers: quantized,
                     nodes_to_exclude: marked
                         .iter()
                         .map(|&i| graph.nodes[i].name.clone())
                         .collect(),
-                    removed: qdq_removed(graph, run, &marked),
+                    removed: qdq_removed(graph, layers, &marked),
                     stripped_model: written.map(str::to_string),
-                    reasons: run.reasons.clone(),
+                    reasons: reasons.clone(),
                 });
-                serde_json::to_vec_pretty(&file)
             }
-        };
-        json.map_err(|e| Error::Invalid(format!("serializing the result: {e}")))
+            file
+        });
+        let mut file = files.next().expect("at least one search ran");
+        file.with_fusion = files.next().map(Box::new);
+        serde_json::to_vec_pretty(&file)
+            .map_err(|e| Error::Invalid(format!("serializing the result: {e}")))
     }
 }
 
 /// Per layer of a Q/DQ answer: the pairs and quantized weights it no longer reads.
-fn qdq_removed(graph: &crate::Graph, run: &QdqRun, marked: &[usize]) -> Vec<QdqRemoved> {
+fn qdq_removed(graph: &crate::Graph, layers: &[QdqLayer], marked: &[usize]) -> Vec<QdqRemoved> {
     use crate::export::qdq::QdqKind;
     let mut removed = Vec::new();
     for &i in marked {
-        let Some(l) = run.layers.iter().find(|l| l.node == i) else {
+        let Some(l) = layers.iter().find(|l| l.node == i) else {
             continue;
         };
         let node = &graph.nodes[i];
@@ -691,14 +658,12 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         None
     };
     let shared = Shared(RefCell::new(hooks));
-    let make_check = |low: PrecisionPlan, amax| {
+    let make_check = |candidate| {
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
         Some(CheckOracle {
-            model: &model,
             graph,
-            low,
             high,
-            amax,
+            candidate,
             command: c.command.clone(),
             fail_regex: fail_regex.clone(),
             timeout: check_timeout,
@@ -727,7 +692,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         ranking,
         jobs: config.jobs,
     };
-    let searched = if qdq {
+    let (searches, amax) = if qdq {
         if !config.precision.layer_precisions.is_empty() {
             return Err(Error::Invalid("--layer-precisions sets the precisions of a float model's layers; on a Q/DQ model the search marks quantized layers (leave it out)".into()));
         }
@@ -741,20 +706,30 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         }
         check_and_fusion(fusion)?;
         shared.0.borrow_mut().search_starting(true);
-        let job = QdqJob {
+        let mut space = QdqSpace::new(QdqSpaceConfig {
             model: &model,
             feeds: &feeds,
             criterion: criterion.clone(),
+            user: config.user_criterion.clone(),
             high,
             fusion,
+        })?;
+        let job = SearchJob {
+            graph,
             golden: golden_file.as_ref(),
-            user: config.user_criterion.clone(),
             options: options(Ranking::Growth),
-            check: make_check(PrecisionPlan::uniform(graph, Precision::Float32), None),
+            check: make_check(qdq_candidates(&model, high)),
             replay,
+            layer_errors: false,
             stop,
         };
-        Searched::Qdq(Box::new(run_qdq_search(job, &mut &shared)?))
+        let search = SearchPass {
+            run: run_search(&mut space, job, &mut &shared)?,
+            low: PrecisionPlan::uniform(graph, Precision::Float32),
+            fusion: (!fusion.is_none()).then_some(fusion),
+        };
+        shared.0.borrow_mut().finished(&model, &search)?;
+        (vec![search], None)
     } else {
         let interp = Interpreter::new(graph)?;
         let low = config
@@ -783,6 +758,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         shared.0.borrow_mut().search_starting(false);
         let searches = float_searches(
             &config,
+            &model,
             &interp,
             &feeds,
             &criterion,
@@ -791,13 +767,13 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             amax.as_ref(),
             cache_budget,
             golden_file.as_ref(),
-            |low| make_check(low, amax.as_ref()),
+            |low| make_check(plan_candidates(&model, low, high, amax.as_ref())),
             replay,
             &shared,
             stop,
         )?;
         drop(interp);
-        Searched::Float { searches, amax }
+        (searches, amax)
     };
     let input_sets = feeds.len();
     drop(workdir);
@@ -810,7 +786,8 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         direction: config.direction,
         objective: config.objective,
         fusion,
-        searched,
+        searches,
+        amax,
         input_sets,
     })
 }
@@ -820,6 +797,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
 #[allow(clippy::too_many_arguments)]
 fn float_searches<'a>(
     config: &Config,
+    model: &Model,
     interp: &Interpreter<'_>,
     feeds: &[Feeds],
     criterion: &Criterion,
@@ -832,7 +810,7 @@ fn float_searches<'a>(
     mut replay: Option<(DebugReplay, Option<PathBuf>)>,
     shared: &Shared<'_>,
     stop: &AtomicBool,
-) -> Result<Vec<FloatSearch>> {
+) -> Result<Vec<SearchPass>> {
     let graph = interp.graph();
     let models: Vec<FusionModel> = if low.fusion.is_none() {
         vec![FusionModel::None]
@@ -852,7 +830,7 @@ fn float_searches<'a>(
                 .borrow_mut()
                 .section(graph, model_k, &regions, events);
         }
-        let job = SearchJob {
+        let mut space = PlanSpace::new(PlanSpaceConfig {
             interp,
             feeds,
             criterion: criterion.clone(),
@@ -862,6 +840,11 @@ fn float_searches<'a>(
             accumulate: config.precision.accumulator()?,
             amax,
             cache_budget,
+            jobs: config.jobs,
+            stop,
+        })?;
+        let job = SearchJob {
+            graph,
             golden,
             options: SearchOptions {
                 mode: config.mode,
@@ -875,13 +858,13 @@ fn float_searches<'a>(
             layer_errors: config.layer_errors && last,
             stop,
         };
-        let run = run_search(job, &mut &*shared)?;
-        let search = FloatSearch {
+        let run = run_search(&mut space, job, &mut &*shared)?;
+        let search = SearchPass {
             run,
             low: low_k,
             fusion: (models.len() > 1).then_some(model_k),
         };
-        shared.0.borrow_mut().finished(graph, &search)?;
+        shared.0.borrow_mut().finished(model, &search)?;
         searches.push(search);
         if stop.load(Ordering::SeqCst) {
             break;

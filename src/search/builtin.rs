@@ -754,12 +754,13 @@ impl Oracle for BuiltinOracle<'_> {
 
 /// A search oracle whose deferred ranking comes from the emulation: a `--check` search judges
 /// candidates by the user's command and ranks them in the built-in oracle.
-pub struct RankedBy<'o, 'b> {
+pub struct RankedBy<'o> {
     pub judge: &'o mut dyn Oracle,
-    pub ranker: &'o mut BuiltinOracle<'b>,
+    /// The space's own oracle.
+    pub ranker: &'o mut dyn Oracle,
 }
 
-impl Oracle for RankedBy<'_, '_> {
+impl Oracle for RankedBy<'_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
         self.judge.evaluate(marked)
     }
@@ -775,7 +776,7 @@ impl Oracle for RankedBy<'_, '_> {
     fn rank(&mut self) -> Result<Scores> {
         // The emulation's verdicts are under the built-in criterion, not the user's command:
         // they rank, but say nothing about which plans the command fails.
-        let mut scores = self.ranker.deferred_scores()?;
+        let mut scores = self.ranker.rank()?;
         scores.failing_alone.clear();
         Ok(scores)
     }

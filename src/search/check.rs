@@ -20,17 +20,15 @@
 //! `--check-timeout` or on Ctrl-C/SIGTERM, and its output kept up to [`OUTPUT_LIMIT`] bytes a
 //! stream. With `--jobs` the commands of a batch are waited for together.
 
+use super::space::CandidateModel;
 use super::{Evaluation, Oracle};
 use crate::error::{Error, Result};
 use crate::event::Event;
-use crate::export::{export, write_model, ExportOptions};
+use crate::export::write_model;
 use crate::graph::Graph;
-use crate::onnx::Model;
-use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use crate::process::{Ending, Finished, Run, OUTPUT_LIMIT};
 use regex::Regex;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -65,12 +63,12 @@ pub fn trtexec_spec(graph: &Graph, marked: &[usize], high: Precision) -> String 
 
 /// Evaluates candidates with a user command.
 pub struct CheckOracle<'a> {
-    /// The loaded model candidates are exported from.
-    pub model: &'a Model,
     pub graph: &'a Graph,
-    pub low: PrecisionPlan,
+    /// The precision marked layers run in (for the layer-precision placeholders).
     pub high: Precision,
-    pub amax: Option<&'a BTreeMap<String, f32>>,
+    /// Each candidate as the model `{model}` names, from its space
+    /// ([`super::plans::plan_candidates`], [`super::qdq::qdq_candidates`]).
+    pub candidate: CandidateModel<'a>,
     /// The command and its arguments, with placeholders.
     pub command: Vec<String>,
     pub fail_regex: Option<Regex>,
@@ -192,21 +190,6 @@ struct Launched {
 }
 
 impl CheckOracle<'_> {
-    /// The candidate's export (the model `{model}` names).
-    fn candidate(&self, marked: &[usize]) -> Result<crate::onnx::proto::ModelProto> {
-        let plan = self.low.marking(marked, self.high);
-        let exported = export(
-            self.model,
-            &plan,
-            self.amax,
-            &ExportOptions {
-                fallback: true,
-                ..Default::default()
-            },
-        )?;
-        Ok(exported.model)
-    }
-
     /// Writes the candidate and starts the command on it, in its own process group
     /// ([`crate::process`]), in the job's own directory when `slot` is given (`--jobs` > 1).
     fn launch(
@@ -368,17 +351,13 @@ impl CheckOracle<'_> {
             .or_else(|| f.stderr.dropped_match.clone())
             .or_else(in_kept)
     }
+}
 
-    /// Judges the candidate `marked` whose model is `candidate` (written for `{model}`):
-    /// [`Oracle::evaluate`] with the candidate's export, a Q/DQ search
-    /// ([`super::qdq`]) with the stripped model.
-    pub fn evaluate_model(
-        &mut self,
-        marked: &[usize],
-        candidate: &crate::onnx::proto::ModelProto,
-    ) -> Result<Evaluation> {
+impl Oracle for CheckOracle<'_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let candidate = (self.candidate)(marked)?;
         let slot = (self.jobs > 1).then_some(0);
-        let launched = self.launch(marked, candidate, slot);
+        let launched = self.launch(marked, &candidate, slot);
         self.conclude_all(vec![launched])
             .pop()
             .expect("one evaluation per launch")
@@ -386,31 +365,16 @@ impl CheckOracle<'_> {
 
     /// Judges several candidates at once, each command in its own working directory; the
     /// commands' output and notes are reported in batch order.
-    pub fn evaluate_models<M: std::borrow::Borrow<crate::onnx::proto::ModelProto>>(
-        &mut self,
-        candidates: Vec<(Vec<usize>, Result<M>)>,
-    ) -> Vec<Result<Evaluation>> {
-        let launched: Vec<Result<Launched>> = candidates
-            .into_iter()
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let launched: Vec<Result<Launched>> = sets
+            .iter()
             .enumerate()
-            .map(|(k, (marked, model))| self.launch(&marked, model?.borrow(), Some(k)))
+            .map(|(k, marked)| {
+                let candidate = (self.candidate)(marked)?;
+                self.launch(marked, &candidate, Some(k))
+            })
             .collect();
         self.conclude_all(launched)
-    }
-}
-
-impl Oracle for CheckOracle<'_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        let candidate = self.candidate(marked)?;
-        self.evaluate_model(marked, &candidate)
-    }
-
-    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
-        let candidates = sets
-            .iter()
-            .map(|s| (s.clone(), self.candidate(s)))
-            .collect();
-        self.evaluate_models(candidates)
     }
 
     fn parallel(&self) -> bool {

@@ -1,49 +1,31 @@
-//! The precision search as one library call: the emulating oracle, the FP32 reference (or a
-//! golden file), the search space, the `--check` and debug-replay oracles around it, the search
-//! itself and its statistics. `debug precision` (src/cli/debug.rs) only turns its arguments
-//! into a [`SearchJob`], prints through [`SearchHooks`] and writes the files it is asked for.
+//! The search as one library call over any candidate space ([`CandidateSpace`]): the
+//! reference run and the golden outputs (or a golden file), the space's candidates, the
+//! `--check` and debug-replay oracles around its oracle, the search itself, its statistics and
+//! its answer. `debug precision` (src/jobs/debug_precision.rs) only chooses the space (a float
+//! model's precision plans or a Q/DQ model's quantized layers) and reports through
+//! [`SearchHooks`].
 
-use super::builtin::{BuiltinOracle, Golden, RankedBy, UserCriterion};
+use super::builtin::RankedBy;
 use super::check::CheckOracle;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
-use super::{search, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
-use crate::compare::layerwise::LayerError;
-use crate::compare::Criterion;
+use super::space::{CandidateSpace, Found, Prepared};
+use super::{search, Oracle, SearchOptions, SearchResult, SearchSpace, Trial};
 use crate::error::Result;
 use crate::event::Event;
-use crate::exec::{Interpreter, ValueCache};
 use crate::golden::GoldenFile;
 use crate::graph::Graph;
-use crate::numeric::Accumulator;
-use crate::precision::plan::PrecisionPlan;
-use crate::precision::Precision;
-use crate::tensor::Feeds;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-/// Everything one search needs.
+/// Everything one search needs besides its space.
 pub struct SearchJob<'a> {
-    pub interp: &'a Interpreter<'a>,
-    pub feeds: &'a [Feeds],
-    pub criterion: Criterion,
-    /// A user criterion that decides the verdicts instead of `criterion`.
-    pub user: Option<UserCriterion>,
-    /// The plan with every layer in its low precision.
-    pub low: PrecisionPlan,
-    /// The precision marked layers run in.
-    pub high: Precision,
-    pub accumulate: Accumulator,
-    pub amax: Option<&'a BTreeMap<String, f32>>,
-    /// The re-execution cache's budget in bytes; None: adapted to the model
-    /// ([`auto_cache_budget`]).
-    pub cache_budget: Option<usize>,
-    /// Reference outputs from a file instead of the FP32 run (`--golden`).
+    pub graph: &'a Graph,
+    /// Reference outputs from a file instead of the space's reference run (`--golden`).
     pub golden: Option<&'a GoldenFile>,
     pub options: SearchOptions,
-    /// Candidates judged by a user command (`--check`) instead of the emulation.
+    /// Candidates judged by a user command (`--check`) instead of the space's oracle.
     pub check: Option<CheckOracle<'a>>,
     /// Known evaluations (`--load-debug-replay`, or a new empty replay when one is to be
     /// saved) and where to save the replay (`--save-debug-replay`).
@@ -72,15 +54,8 @@ pub struct SearchRun {
     pub space: SearchSpace,
     pub result: SearchResult,
     pub stats: SearchStats,
-    /// The plan of the answer (`Outcome::Found`; the all-low plan for `Outcome::NothingNeeded`).
-    pub answer: Option<PrecisionPlan>,
-    /// The layer-wise errors of the answer, or of the best plan of an interrupted search,
-    /// when [`SearchJob::layer_errors`] asked for them.
-    pub layer_errors: Option<Vec<LayerError>>,
-    /// Why each layer of the answer (or of an interrupted search's best plan) must run in high
-    /// precision: its row with that layer alone back in low precision
-    /// ([`BuiltinOracle::answer_reasons`]); empty without an answer.
-    pub reasons: Vec<LayerError>,
+    /// The answer and why its layers are needed, as the space's kind has them.
+    pub found: Found,
 }
 
 /// The largest automatic cache budget (and the budget the reference run is measured under).
@@ -107,44 +82,24 @@ pub fn auto_cache_budget(reference_bytes: usize, peak_value_bytes: usize) -> usi
         .clamp(AUTO_BUDGET_MIN, AUTO_BUDGET_MAX)
 }
 
-/// Runs the search `job` describes.
-pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<SearchRun> {
-    let graph = job.interp.graph();
-    let mut oracle = BuiltinOracle::new(
-        job.interp,
-        job.feeds,
-        job.criterion,
-        job.low,
-        job.high,
-        job.accumulate,
-        job.amax,
-        ValueCache::new(job.cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
-    )?;
-    oracle.judging_by(job.user);
+/// Runs the search `job` describes over `space`.
+pub fn run_search(
+    space: &mut dyn CandidateSpace,
+    job: SearchJob<'_>,
+    hooks: &mut dyn SearchHooks,
+) -> Result<SearchRun> {
     let t0 = Instant::now();
-    if job.cache_budget.is_none() {
-        let (values, peak) = oracle.value_bytes()?;
-        let budget = auto_cache_budget(values.saturating_mul(job.feeds.len()), peak);
-        oracle.cache.set_budget(budget);
-    }
-    let reference = oracle.reference_outputs()?;
-    // Timed apart and left out of the search's time.
-    let (fp32_inference, timing_runs) = oracle.time_fp32_inference()?;
-    let golden: Vec<Golden> = match job.golden {
-        Some(g) => g.reference_for(&reference[0], &mut |e| hooks.event(e))?,
-        None => reference,
-    };
-    oracle.set_golden(golden)?;
     let ranking = job
         .options
         .mode
         .needs_ranking()
         .then_some(job.options.ranking);
-    let space = oracle.deferred_search_space(ranking)?;
-    oracle.stopping_on(job.stop);
-    oracle.ranking_in_jobs(job.options.jobs);
-    hooks.started(&space);
-
+    let Prepared {
+        space: candidates,
+        fp32_inference,
+        timing,
+    } = space.prepare(ranking, job.golden, hooks)?;
+    hooks.started(&candidates);
     let mut check = job.check;
     let result = {
         let mut ranked;
@@ -152,17 +107,17 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
             Some(c) => {
                 ranked = RankedBy {
                     judge: c,
-                    ranker: &mut oracle,
+                    ranker: space.oracle(),
                 };
                 &mut ranked
             }
-            None => &mut oracle,
+            None => space.oracle(),
         };
         search_with_replay(
-            &space,
+            &candidates,
             &job.options,
             inner,
-            graph,
+            job.graph,
             job.replay,
             job.stop,
             hooks,
@@ -171,39 +126,20 @@ pub fn run_search(job: SearchJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Sea
     drop(check);
     // The search's own time: from the reference run on (not loading or calibrating), less
     // the runs that timed one FP32 inference.
-    let wall = t0.elapsed().saturating_sub(timing_runs).as_secs_f64();
-    let stats = SearchStats::new(&result, &oracle, wall, fp32_inference);
-    let answer = match &result.outcome {
-        Outcome::Found(marked) => Some(oracle.plan_for(marked)),
-        // Every candidate in low precision already passes: that plan is the answer (`-o`
-        // writes it; before, a search that needed no layer wrote no model and said nothing).
-        Outcome::NothingNeeded => Some(oracle.plan_for(&[])),
-        _ => None,
-    };
-    let layer_errors = match &result.outcome {
-        Outcome::Found(m) | Outcome::Interrupted(Some(m)) if job.layer_errors => {
-            Some(oracle.layer_errors(m)?)
-        }
-        _ => None,
-    };
-    let reasons = match &result.outcome {
-        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => oracle.answer_reasons(m)?,
-        _ => Vec::new(),
-    };
+    let wall = t0.elapsed().saturating_sub(timing).as_secs_f64();
+    let stats = space.stats(&result, wall, fp32_inference);
+    let found = space.conclude(&result, job.layer_errors)?;
     Ok(SearchRun {
-        space,
+        space: candidates,
         result,
         stats,
-        answer,
-        layer_errors,
-        reasons,
+        found,
     })
 }
 
 /// Runs the search over `inner`, through the debug replay when there is one: known candidates
-/// are answered from it, and it is saved (also when nothing new was evaluated). Shared by the
-/// float search and the Q/DQ search (`search::qdq`).
-pub(crate) fn search_with_replay(
+/// are answered from it, and it is saved (also when nothing new was evaluated).
+fn search_with_replay(
     space: &SearchSpace,
     options: &SearchOptions,
     inner: &mut dyn Oracle,
@@ -276,9 +212,18 @@ mod tests {
     }
 
     use super::*;
+    use crate::compare::Criterion;
     use crate::error::Error;
+    use crate::exec::Interpreter;
     use crate::graph::testing::{graph, node, vi};
+    use crate::numeric::Accumulator;
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::search::builtin::{Golden, UserCriterion};
+    use crate::search::plans::{PlanSpace, PlanSpaceConfig};
+    use crate::search::Outcome;
     use crate::search::{Direction, Mode, Objective};
+    use crate::tensor::Feeds;
     use crate::tensor::Tensor;
 
     #[derive(Default)]
@@ -335,7 +280,7 @@ mod tests {
         };
         let stop = AtomicBool::new(false);
         let mut hooks = Recorder::default();
-        let job = SearchJob {
+        let mut space = PlanSpace::new(PlanSpaceConfig {
             interp: &interp,
             feeds: &feeds,
             criterion,
@@ -345,6 +290,12 @@ mod tests {
             accumulate: Accumulator::F32,
             amax: None,
             cache_budget: Some(1 << 20),
+            jobs: 1,
+            stop: &stop,
+        })
+        .unwrap();
+        let job = SearchJob {
+            graph: &g,
             golden: None,
             options: SearchOptions {
                 mode: Mode::Minimal,
@@ -358,7 +309,7 @@ mod tests {
             layer_errors: true,
             stop: &stop,
         };
-        (run_search(job, &mut hooks), hooks)
+        (run_search(&mut space, job, &mut hooks), hooks)
     }
 
     #[test]
@@ -369,19 +320,27 @@ mod tests {
         assert_eq!(hooks.started, vec![3]);
         assert_eq!(hooks.trials, run.result.trials.len());
         assert_eq!(run.stats.evaluations, run.result.trials.len());
-        let answer = run.answer.unwrap();
+        let Found::Plans {
+            answer,
+            layer_errors,
+            reasons,
+        } = run.found
+        else {
+            panic!("a float model's search answers plans")
+        };
+        let answer = answer.unwrap();
         assert_eq!(
             answer.layers,
             vec![Precision::Float16, Precision::Float32, Precision::Float32]
         );
-        assert_eq!(run.layer_errors.map(|e| e.len()), Some(3));
+        assert_eq!(layer_errors.map(|e| e.len()), Some(3));
         // Why: each of the two alone in float16 overflows (the product is beyond 65504; the
         // second reads it and rounds it to inf on entry).
         let why: Vec<(usize, crate::compare::cause::Cause)> =
-            run.reasons.iter().map(|r| (r.index, r.cause)).collect();
+            reasons.iter().map(|r| (r.index, r.cause)).collect();
         use crate::compare::cause::Cause::Overflow;
-        assert_eq!(why, vec![(1, Overflow), (2, Overflow)], "{:?}", run.reasons);
-        assert_eq!(run.reasons[1].facts.as_ref().unwrap().overflowing_inputs, 4);
+        assert_eq!(why, vec![(1, Overflow), (2, Overflow)], "{reasons:?}");
+        assert_eq!(reasons[1].facts.as_ref().unwrap().overflowing_inputs, 4);
         assert!(hooks.events.is_empty() && hooks.log.is_empty());
     }
 

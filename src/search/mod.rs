@@ -23,9 +23,11 @@
 pub mod builtin;
 pub mod check;
 pub mod driver;
+pub mod plans;
 pub mod qdq;
 pub mod replay;
 pub mod report;
+pub mod space;
 
 use crate::error::{Error, Result};
 use serde::Serialize;

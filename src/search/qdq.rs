@@ -11,10 +11,10 @@
 //! candidate model whole.
 
 use super::builtin::{judge_sets, relative_error, Golden, UserCriterion};
-use super::check::CheckOracle;
-use super::replay::DebugReplay;
+use super::driver::SearchHooks;
 use super::report::{QdqInputError, QdqReason, SearchStats};
-use super::{Evaluation, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace};
+use super::space::{CandidateModel, CandidateSpace, Found, Prepared};
+use super::{Evaluation, Oracle, Outcome, Ranking, SearchResult, SearchSpace};
 use crate::compare::Criterion;
 use crate::error::{Error, Result};
 use crate::exec::{Interpreter, PlanOptions, PreparedPlan, RunOptions, RunResult};
@@ -26,14 +26,9 @@ use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use crate::tensor::{DType, Feeds, Tensor};
 use std::collections::HashMap;
-use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
-use std::time::Instant;
 
-use super::driver::SearchHooks;
-
-/// Everything one Q/DQ search needs.
-pub struct QdqJob<'a> {
+/// Everything a Q/DQ model's search space needs.
+pub struct QdqSpaceConfig<'a> {
     /// The Q/DQ model as loaded.
     pub model: &'a Model,
     pub feeds: &'a [Feeds],
@@ -44,27 +39,6 @@ pub struct QdqJob<'a> {
     pub high: Precision,
     /// The fusion model every run uses (`--fusion`).
     pub fusion: FusionModel,
-    /// Reference outputs from a file instead of the float32 run of the model without Q/DQ.
-    pub golden: Option<&'a GoldenFile>,
-    pub options: SearchOptions,
-    /// Candidates judged by a user command; `{model}` is each candidate's stripped model.
-    pub check: Option<CheckOracle<'a>>,
-    pub replay: Option<(DebugReplay, Option<PathBuf>)>,
-    pub stop: &'a AtomicBool,
-}
-
-/// What a finished Q/DQ search found.
-pub struct QdqRun {
-    /// Every quantized layer (the candidates, with how each input is quantized).
-    pub layers: Vec<QdqLayer>,
-    pub space: SearchSpace,
-    pub result: SearchResult,
-    pub stats: SearchStats,
-    /// The model of the answer (or of an interrupted search's best set): the Q/DQ model with
-    /// the answer's pairs removed, exactly as it was evaluated.
-    pub answer: Option<Stripped>,
-    /// Why each layer of a found answer must leave quantization (empty otherwise).
-    pub reasons: Vec<QdqReason>,
 }
 
 /// Runs the graph of `interp` as it is on `feeds` (under `fusion`, its regions derived for
@@ -183,33 +157,10 @@ impl Oracle for QdqOracle<'_> {
     }
 }
 
-/// `--check` on a Q/DQ search: `{model}` is the candidate's stripped model.
-struct QdqCheck<'a, 'b> {
-    check: &'b mut CheckOracle<'a>,
-    model: &'a Model,
-    high: Precision,
-}
-
-impl Oracle for QdqCheck<'_, '_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        let candidate = strip(self.model, marked, self.high)?;
-        self.check.evaluate_model(marked, &candidate.model.proto)
-    }
-
-    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
-        let candidates = sets
-            .iter()
-            .map(|s| {
-                let model = strip(self.model, s, self.high).map(|c| c.model.proto);
-                (s.clone(), model)
-            })
-            .collect();
-        self.check.evaluate_models(candidates)
-    }
-
-    fn parallel(&self) -> bool {
-        self.check.parallel()
-    }
+/// The candidate models of a Q/DQ search (what `--check` runs as `{model}`): `model` with the
+/// marked layers' pairs removed, those layers in `high`.
+pub fn qdq_candidates(model: &Model, high: Precision) -> CandidateModel<'_> {
+    Box::new(move |marked: &[usize]| Ok(strip(model, marked, high)?.model.proto))
 }
 
 /// Per quantized layer: its output's relative error in the Q/DQ model minus the largest
@@ -286,30 +237,60 @@ fn flops_of(model: &Model, run: &RunResult, feeds: &Feeds) -> Vec<u64> {
         .collect()
 }
 
-/// Runs the Q/DQ search `job` describes.
-pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<QdqRun> {
-    if job.feeds.is_empty() {
-        return Err(Error::Invalid(
-            "the search needs at least one input set".into(),
-        ));
+/// A Q/DQ model's quantized layers, each candidate its stripped model run as it is.
+pub struct QdqSpace<'a> {
+    oracle: QdqOracle<'a>,
+    /// The quantized layers, known once [`CandidateSpace::prepare`] ran.
+    layers: Vec<QdqLayer>,
+}
+
+impl<'a> QdqSpace<'a> {
+    pub fn new(c: QdqSpaceConfig<'a>) -> Result<QdqSpace<'a>> {
+        if c.feeds.is_empty() {
+            return Err(Error::Invalid(
+                "the search needs at least one input set".into(),
+            ));
+        }
+        if !matches!(c.high, Precision::Float32 | Precision::Float16) {
+            return Err(Error::Invalid(format!(
+                "--precision {}: layers taken out of quantization run in float32 or float16",
+                c.high.name()
+            )));
+        }
+        Ok(QdqSpace {
+            oracle: QdqOracle {
+                model: c.model,
+                feeds: c.feeds,
+                golden: Vec::new(),
+                criterion: c.criterion,
+                user: c.user,
+                high: c.high,
+                fusion: c.fusion,
+                evaluations: 0,
+                executions: 0,
+            },
+            layers: Vec::new(),
+        })
     }
-    if !matches!(job.high, Precision::Float32 | Precision::Float16) {
-        return Err(Error::Invalid(format!(
-            "--precision {}: layers taken out of quantization run in float32 or float16",
-            job.high.name()
-        )));
-    }
-    let model = job.model;
-    let graph = &model.graph;
-    let layers = quantized_layers(graph)?;
-    // Operator-style quantized nodes have no pair to remove: not candidates.
-    let operator_style: Vec<String> = graph
-        .nodes
-        .iter()
-        .filter(|n| crate::export::qdq::is_operator_quantized(n))
-        .map(|n| format!("'{}' ({})", n.name, n.op_type))
-        .collect();
-    if !operator_style.is_empty() {
+
+    /// The model's quantized layers; warns of operator-style quantized nodes (no pair to
+    /// remove: not candidates), an error when there is nothing else.
+    fn quantized_layers(
+        &self,
+        golden: Option<&GoldenFile>,
+        hooks: &mut dyn SearchHooks,
+    ) -> Result<Vec<QdqLayer>> {
+        let graph = &self.oracle.model.graph;
+        let layers = quantized_layers(graph)?;
+        let operator_style: Vec<String> = graph
+            .nodes
+            .iter()
+            .filter(|n| crate::export::qdq::is_operator_quantized(n))
+            .map(|n| format!("'{}' ({})", n.name, n.op_type))
+            .collect();
+        if operator_style.is_empty() {
+            return Ok(layers);
+        }
         let shown = format!(
             "{}{}",
             operator_style[..operator_style.len().min(6)].join(", "),
@@ -328,142 +309,131 @@ pub fn run_qdq_search(job: QdqJob<'_>, hooks: &mut dyn SearchHooks) -> Result<Qd
         hooks.event(crate::event::Event::Warning(format!(
             "the model mixes quantization styles: {} operator-style quantized node(s) ({shown}) are not candidates and stay quantized in every candidate{}",
             operator_style.len(),
-            if job.golden.is_none() {
+            if golden.is_none() {
                 " and in the reference (the model with its Q/DQ pairs removed); give --golden outputs of the float model to judge against it"
             } else {
                 ""
             }
         )));
+        Ok(layers)
     }
-    let mut oracle = QdqOracle {
-        model,
-        feeds: job.feeds,
-        golden: Vec::new(),
-        criterion: job.criterion,
-        user: job.user,
-        high: job.high,
-        fusion: job.fusion,
-        evaluations: 0,
-        executions: 0,
-    };
-    let t0 = Instant::now();
-    let reference_model = strip_all(model)?;
-    let ranked = job.options.mode.needs_ranking();
-    if ranked && job.options.ranking != super::Ranking::Growth {
-        return Err(Error::Invalid(format!(
-            "a Q/DQ model's search ranks its quantized layers by growth, not by {}",
-            job.options.ranking.name()
-        )));
-    }
-    let reference = oracle.run_all(&reference_model.model, ranked)?;
-    // One FP32 inference, warm, on an interpreter of the reference model; left out of the
-    // search's time.
-    let (fp32_inference, timing_runs) = {
-        let interp = Interpreter::new(&reference_model.model.graph)?;
-        super::report::time_warm_inference(|| {
-            run_with(&interp, &job.feeds[0], job.fusion, false).map(drop)
-        })?
-    };
-    let golden: Vec<Golden> = match job.golden {
-        Some(g) => g.reference_for(&reference[0].outputs, &mut |e| hooks.event(e))?,
-        None => reference.iter().map(|r| r.outputs.clone()).collect(),
-    };
-    if golden.len() != 1 && golden.len() < job.feeds.len() {
-        return Err(Error::Invalid(format!(
-            "the golden outputs hold {} iterations but there are {} input sets",
-            golden.len(),
-            job.feeds.len()
-        )));
-    }
-    oracle.golden = golden;
-    // The Q/DQ model as it is: FLOPs from its shapes, and the ranking.
-    let quantized = if ranked {
-        oracle.run_all(model, true)?
-    } else {
-        let interp = Interpreter::new(graph)?;
-        let r = run_with(&interp, &job.feeds[0], job.fusion, true)?;
-        oracle.executions += graph.nodes.len() as u64;
-        vec![r]
-    };
-    let flops = flops_of(model, &quantized[0], &job.feeds[0]);
-    let scores = if ranked {
-        growth(&layers, model, &quantized, &reference)
-    } else {
-        HashMap::new()
-    };
-    drop(quantized);
-    drop(reference);
-    let space = SearchSpace {
-        candidates: layers.iter().map(|l| l.node).collect(),
-        flops,
-        scores: scores.into(),
-        deferred: false,
-    };
-    hooks.started(&space);
+}
 
-    let mut check = job.check;
-    let result = {
-        let mut qdq_check;
-        let inner: &mut dyn Oracle = match check.as_mut() {
-            Some(c) => {
-                qdq_check = QdqCheck {
-                    check: c,
-                    model,
-                    high: job.high,
-                };
-                &mut qdq_check
-            }
-            None => &mut oracle,
+impl CandidateSpace for QdqSpace<'_> {
+    fn prepare(
+        &mut self,
+        ranking: Option<Ranking>,
+        golden: Option<&GoldenFile>,
+        hooks: &mut dyn SearchHooks,
+    ) -> Result<Prepared> {
+        let layers = self.quantized_layers(golden, hooks)?;
+        let oracle = &mut self.oracle;
+        let (model, feeds, fusion) = (oracle.model, oracle.feeds, oracle.fusion);
+        let graph = &model.graph;
+        let reference_model = strip_all(model)?;
+        if let Some(r) = ranking.filter(|&r| r != Ranking::Growth) {
+            return Err(Error::Invalid(format!(
+                "a Q/DQ model's search ranks its quantized layers by growth, not by {}",
+                r.name()
+            )));
+        }
+        let ranked = ranking.is_some();
+        let reference = oracle.run_all(&reference_model.model, ranked)?;
+        // One FP32 inference, warm, on an interpreter of the reference model; left out of the
+        // search's time.
+        let (fp32_inference, timing) = {
+            let interp = Interpreter::new(&reference_model.model.graph)?;
+            super::report::time_warm_inference(|| {
+                run_with(&interp, &feeds[0], fusion, false).map(drop)
+            })?
         };
-        super::driver::search_with_replay(
-            &space,
-            &job.options,
-            inner,
-            graph,
-            job.replay,
-            job.stop,
-            hooks,
-        )?
-    };
-    drop(check);
-    let wall = t0.elapsed().saturating_sub(timing_runs).as_secs_f64();
-    let stats = SearchStats {
-        evaluations: result.trials.len(),
-        speculative_evaluations: result.speculative,
-        ranking_runs: 0,
-        layer_executions: oracle.executions,
-        layer_executions_without_cache: oracle.executions,
-        cache_peak_bytes: 0,
-        cache_evictions: 0,
-        wall_seconds: wall,
-        fp32_inference_seconds: fp32_inference,
-        contradictions: result.contradictions(),
-    };
-    let answer = match &result.outcome {
-        Outcome::Found(m) | Outcome::Interrupted(Some(m)) => Some(strip(model, m, job.high)?),
-        _ => None,
-    };
-    let reasons = match (&result.outcome, &answer) {
-        (Outcome::Found(m), Some(a)) => answer_reasons(
-            model,
-            &layers,
-            &job.feeds[0],
-            job.high,
-            job.fusion,
-            m,
-            a,
-            &result,
-        )?,
-        _ => Vec::new(),
-    };
-    Ok(QdqRun {
-        layers,
-        space,
-        result,
-        stats,
-        answer,
-        reasons,
-    })
+        let golden: Vec<Golden> = match golden {
+            Some(g) => g.reference_for(&reference[0].outputs, &mut |e| hooks.event(e))?,
+            None => reference.iter().map(|r| r.outputs.clone()).collect(),
+        };
+        if golden.len() != 1 && golden.len() < feeds.len() {
+            return Err(Error::Invalid(format!(
+                "the golden outputs hold {} iterations but there are {} input sets",
+                golden.len(),
+                feeds.len()
+            )));
+        }
+        oracle.golden = golden;
+        // The Q/DQ model as it is: FLOPs from its shapes, and the ranking.
+        let quantized = if ranked {
+            oracle.run_all(model, true)?
+        } else {
+            let interp = Interpreter::new(graph)?;
+            let r = run_with(&interp, &feeds[0], fusion, true)?;
+            oracle.executions += graph.nodes.len() as u64;
+            vec![r]
+        };
+        let flops = flops_of(model, &quantized[0], &feeds[0]);
+        let scores = if ranked {
+            growth(&layers, model, &quantized, &reference)
+        } else {
+            HashMap::new()
+        };
+        let space = SearchSpace {
+            candidates: layers.iter().map(|l| l.node).collect(),
+            flops,
+            scores: scores.into(),
+            deferred: false,
+        };
+        self.layers = layers;
+        Ok(Prepared {
+            space,
+            fp32_inference,
+            timing,
+        })
+    }
+
+    fn oracle(&mut self) -> &mut dyn Oracle {
+        &mut self.oracle
+    }
+
+    fn stats(&self, result: &SearchResult, wall_seconds: f64, fp32_inference: f64) -> SearchStats {
+        SearchStats {
+            evaluations: result.trials.len(),
+            speculative_evaluations: result.speculative,
+            ranking_runs: 0,
+            layer_executions: self.oracle.executions,
+            layer_executions_without_cache: self.oracle.executions,
+            cache_peak_bytes: 0,
+            cache_evictions: 0,
+            wall_seconds,
+            fp32_inference_seconds: fp32_inference,
+            contradictions: result.contradictions(),
+        }
+    }
+
+    fn conclude(&mut self, result: &SearchResult, _layer_errors: bool) -> Result<Found> {
+        let o = &self.oracle;
+        let answer = match &result.outcome {
+            Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
+                Some(Box::new(strip(o.model, m, o.high)?))
+            }
+            _ => None,
+        };
+        let reasons = match (&result.outcome, &answer) {
+            (Outcome::Found(m), Some(a)) => answer_reasons(
+                o.model,
+                &self.layers,
+                &o.feeds[0],
+                o.high,
+                o.fusion,
+                m,
+                a,
+                result,
+            )?,
+            _ => Vec::new(),
+        };
+        Ok(Found::Qdq {
+            layers: std::mem::take(&mut self.layers),
+            answer,
+            reasons,
+        })
+    }
 }
 
 /// Why each layer of `answer` must leave quantization: the model with `answer` stripped

@@ -6,7 +6,8 @@ use crate::cli::progress::print_event;
 use crate::compare::Criterion;
 use crate::event::Event;
 use crate::inspect::si;
-use crate::jobs::debug_precision::{FloatSearch, Hooks};
+use crate::jobs::debug_precision::{Hooks, SearchPass};
+use crate::onnx::Model;
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::ResolvedRegion;
 use crate::precision::summary::{fusion_line, fusion_table};
@@ -74,21 +75,17 @@ impl Hooks for CliHooks<'_> {
         }
     }
 
-    fn finished(&mut self, graph: &Graph, s: &FloatSearch) -> crate::Result<()> {
+    fn finished(&mut self, model: &Model, s: &SearchPass) -> crate::Result<()> {
         self.bar.finish_and_clear();
         self.bar = indicatif::ProgressBar::hidden();
+        let stat = self.criterion.stat.default.name();
         self.code = report(
             self.p,
             self.args,
-            graph,
-            &s.run.space,
-            &s.low,
-            self.high,
-            self.direction,
-            &s.run.result,
-            &s.run.stats,
-            s.fusion,
-            (&s.run.reasons, self.criterion.stat.default.name()),
+            model,
+            s,
+            (self.high, self.direction),
+            stat,
         )
         .map_err(|e| crate::Error::Invalid(format!("{e:#}")))?;
         Ok(())

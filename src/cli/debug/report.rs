@@ -4,30 +4,34 @@ use super::{Printer, SearchArgs};
 use crate::compare::fmt_g;
 use crate::compare::layerwise::LayerError;
 use crate::inspect::si;
+use crate::jobs::debug_precision::SearchPass;
 use crate::jobs::options::PrecisionOptions;
+use crate::onnx::Model;
 use crate::precision::fusion::FusionModel;
 use crate::precision::Precision;
 use crate::search::report::{deploy_lines, names, percent, DeploySetup, SearchStats};
-use crate::search::{Direction, Outcome, SearchResult, SearchSpace};
+use crate::search::space::Found;
+use crate::search::{Direction, Outcome};
 use crate::Graph;
 use anyhow::Result;
 use std::process::ExitCode;
 
-/// Prints the outcome; returns the exit code.
-#[allow(clippy::too_many_arguments)]
+/// Prints the outcome of one search (a float model's or a Q/DQ model's); returns the exit
+/// code.
 pub(super) fn report(
     p: &Printer,
     args: &SearchArgs,
-    graph: &Graph,
-    space: &SearchSpace,
-    low: &crate::precision::plan::PrecisionPlan,
-    high: Precision,
-    direction: Direction,
-    result: &SearchResult,
-    stats: &SearchStats,
-    fusion: Option<FusionModel>,
-    (reasons, stat): (&[LayerError], &str),
+    model: &Model,
+    search: &SearchPass,
+    (high, direction): (Precision, Direction),
+    stat: &str,
 ) -> Result<ExitCode> {
+    let graph = &model.graph;
+    let (space, result, stats) = (&search.run.space, &search.run.result, &search.run.stats);
+    let qdq = search.run.found.is_qdq();
+    if let (true, Some(f)) = (qdq, search.fusion) {
+        out!(p, "[I] Every run used --fusion {f}");
+    }
     let (marked, interrupted) = match &result.outcome {
         Outcome::Found(m) => (m.clone(), false),
         Outcome::Interrupted(Some(m)) => (m.clone(), true),
@@ -40,10 +44,18 @@ pub(super) fn report(
             return Ok(ExitCode::from(130));
         }
         Outcome::NothingNeeded => {
-            out!(p,
-                "[I] The plan with every candidate layer in low precision already passes: no layer needs {}",
-                high.name()
-            );
+            if qdq {
+                out!(
+                    p,
+                    "[I] The Q/DQ model as it is already passes: no quantized layer needs {}",
+                    high.name()
+                );
+            } else {
+                out!(p,
+                    "[I] The plan with every candidate layer in low precision already passes: no layer needs {}",
+                    high.name()
+                );
+            }
             print_stats(p, stats, graph);
             return Ok(ExitCode::SUCCESS);
         }
@@ -53,7 +65,7 @@ pub(super) fn report(
                 .first()
                 .map(|t| t.summary.as_str())
                 .unwrap_or("");
-            let advice = if high == Precision::Float32 {
+            let mut advice = if high == Precision::Float32 {
                 "the golden outputs or the tolerances are wrong for this model".to_string()
             } else {
                 format!(
@@ -61,11 +73,21 @@ pub(super) fn report(
                     high.name()
                 )
             };
+            let n = space.candidates.len();
+            let all = if qdq {
+                if high == Precision::Float32 {
+                    advice += ", or Q/DQ pairs that feed no quantized layer (data movement, graph outputs) lose too much";
+                }
+                format!(
+                    "{n} quantized layer(s) out of quantization, in {},",
+                    high.name()
+                )
+            } else {
+                format!("{n} candidate layer(s) in {}", high.name())
+            };
             out!(
                 p,
-                "[E] Even with all {} candidate layer(s) in {} the criterion fails ({why}): {advice}",
-                space.candidates.len(),
-                high.name()
+                "[E] Even with all {all} the criterion fails ({why}): {advice}"
             );
             return Ok(ExitCode::FAILURE);
         }
@@ -81,26 +103,68 @@ pub(super) fn report(
     if interrupted {
         out!(
             p,
-            "[W] Interrupted after {} evaluation(s); the best passing plan so far:",
-            result.trials.len()
+            "[W] Interrupted after {} evaluation(s); the best passing {} so far:",
+            result.trials.len(),
+            if qdq { "set" } else { "plan" }
         );
     }
-    let model = args.model.display();
-    match (result.contiguous_count, interrupted) {
-        (Some(n), false) => out!(p,
-            "[I] To achieve acceptable accuracy, try running the {} {n} layer(s) in higher precision ({})",
+    let which = match (result.contiguous_count, interrupted) {
+        (Some(n), false) => format!(
+            "the {} {n}",
             match direction {
                 Direction::Forward => "first",
                 Direction::Reverse => "last",
-            },
-            high.name()
+            }
         ),
-        _ => out!(p,
-            "[I] To achieve acceptable accuracy, try running these {} layer(s) in higher precision ({})",
-            marked.len(),
+        _ => format!("these {}", marked.len()),
+    };
+    if qdq {
+        out!(p,
+            "[I] To achieve acceptable accuracy, take {which} quantized layer(s) out of quantization (they run in {})",
             high.name()
-        ),
+        );
+    } else {
+        out!(p,
+            "[I] To achieve acceptable accuracy, try running {which} layer(s) in higher precision ({})",
+            high.name()
+        );
     }
+    match &search.run.found {
+        Found::Plans { reasons, .. } => plan_answer(
+            p,
+            args,
+            graph,
+            search,
+            high,
+            &marked,
+            interrupted,
+            (reasons, stat),
+        )?,
+        Found::Qdq { reasons, .. } => {
+            super::qdq::answer(p, args, model, space, result, &marked, interrupted, reasons)
+        }
+    }
+    print_stats(p, stats, graph);
+    Ok(if interrupted {
+        ExitCode::from(130)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// A float search's answer: its layers, why each is needed, their share, the deploy lines.
+#[allow(clippy::too_many_arguments)]
+fn plan_answer(
+    p: &Printer,
+    args: &SearchArgs,
+    graph: &Graph,
+    search: &SearchPass,
+    high: Precision,
+    marked: &[usize],
+    interrupted: bool,
+    (reasons, stat): (&[LayerError], &str),
+) -> Result<()> {
+    let (space, result, fusion) = (&search.run.space, &search.run.result, search.fusion);
     if let Some(f) = fusion {
         out!(
             p,
@@ -111,9 +175,9 @@ pub(super) fn report(
             }
         );
     }
-    out!(p, "[I]     Layers: {}", names(graph, &marked));
+    out!(p, "[I]     Layers: {}", names(graph, marked));
     print_reasons(p, reasons, stat);
-    let f = space.flops_of(&marked);
+    let f = space.flops_of(marked);
     out!(
         p,
         "[I]     In {}: {} of {} candidate layers ({}), {}FLOP of {}FLOP ({})",
@@ -125,17 +189,17 @@ pub(super) fn report(
         si(space.total_flops()),
         percent(f, space.total_flops())
     );
-    if let Some(t) = result.trial_of(&marked) {
+    if let Some(t) = result.trial_of(marked) {
         out!(p, "[I]     Achieved: {}", t.summary);
     }
-    let answer = low.marking(&marked, high);
+    let answer = search.low.marking(marked, high);
     let written = args.output.as_ref().map(|o| o.display().to_string());
     let setup = DeploySetup {
-        model: &model.to_string(),
+        model: &args.model.display().to_string(),
         graph,
         flags: args.precision.global(),
         answer: &answer,
-        marked: &marked,
+        marked,
         high,
         // -o writes only a finished answer's model, and with fusion the fused answer's.
         written: written
@@ -148,12 +212,7 @@ pub(super) fn report(
     for line in deploy_lines(&setup)? {
         out!(p, "[I]     {line}");
     }
-    print_stats(p, stats, graph);
-    Ok(if interrupted {
-        ExitCode::from(130)
-    } else {
-        ExitCode::SUCCESS
-    })
+    Ok(())
 }
 
 /// Why each layer of the answer is needed: its error alone in low precision and the cause.

@@ -1,8 +1,38 @@
 use super::*;
 use crate::event::Event;
 use crate::export::qdq::tests::{i8s, index, model, node, x_feed};
+use crate::search::driver::{run_search as drive, SearchJob, SearchRun};
+use crate::search::SearchOptions;
 use crate::search::{Direction, Mode, Objective, Trial};
 use crate::tensor::TensorData;
+use std::sync::atomic::AtomicBool;
+
+/// A finished Q/DQ search, its answer unpacked.
+struct QdqRun {
+    space: SearchSpace,
+    result: SearchResult,
+    stats: SearchStats,
+    answer: Option<Box<Stripped>>,
+    reasons: Vec<QdqReason>,
+}
+
+impl From<SearchRun> for QdqRun {
+    fn from(run: SearchRun) -> QdqRun {
+        let Found::Qdq {
+            answer, reasons, ..
+        } = run.found
+        else {
+            panic!("a Q/DQ model's search answers Q/DQ layers")
+        };
+        QdqRun {
+            space: run.space,
+            result: run.result,
+            stats: run.stats,
+            answer,
+            reasons,
+        }
+    }
+}
 
 fn i16s(shape: &[usize], v: Vec<i16>) -> Tensor {
     Tensor::from_parts(shape.to_vec(), TensorData::I16(v.into()))
@@ -124,14 +154,17 @@ fn run_search(
     let feeds = vec![x_feed()];
     let stop = AtomicBool::new(false);
     let mut hooks = Recorder::default();
-    let run = run_qdq_search(
-        QdqJob {
-            model: m,
-            feeds: &feeds,
-            criterion,
-            user: None,
-            high,
-            fusion: FusionModel::None,
+    let run = QdqSpace::new(QdqSpaceConfig {
+        model: m,
+        feeds: &feeds,
+        criterion,
+        user: None,
+        high,
+        fusion: FusionModel::None,
+    })
+    .and_then(|mut space| {
+        let job = SearchJob {
+            graph: &m.graph,
             golden: None,
             options: SearchOptions {
                 mode,
@@ -142,10 +175,12 @@ fn run_search(
             },
             check: None,
             replay: None,
+            layer_errors: false,
             stop: &stop,
-        },
-        &mut hooks,
-    );
+        };
+        drive(&mut space, job, &mut hooks)
+    })
+    .map(QdqRun::from);
     (run, hooks)
 }
 
