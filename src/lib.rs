@@ -1,11 +1,11 @@
 //! mixprec: find which layers of an ONNX network must stay in higher precision.
 //!
 //! Data flows one way: `onnx` (protobuf ⇄ IR) → `graph` → `exec` (interpreter over `ops`
-//! kernels) → comparison, search and export. The CLI in `main.rs` only parses and prints.
+//! kernels) → comparison, search and export; `jobs` are the commands. The CLI (crates/cli) and
+//! the Python package (python/) only turn arguments into a job's config and render its outcome.
 
 pub mod alloc;
 pub mod calib;
-pub mod cli;
 pub mod compare;
 pub mod data;
 pub mod engine;

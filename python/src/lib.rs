@@ -925,7 +925,7 @@ fn main(argv: Vec<String>) -> i32 {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let code = mixprec::cli::main_from(argv);
+    let code = mixprec_cli::main_from(argv);
     (0..=255u8)
         .find(|&k| std::process::ExitCode::from(k) == code)
         .map_or(1, i32::from)

@@ -2,8 +2,9 @@
 
 use std::path::PathBuf;
 
+/// The repository's root: this target belongs to the CLI crate (crates/cli).
 pub fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
 }
 
 #[allow(dead_code)] // used by the model and interop tests

@@ -1,9 +1,12 @@
-//! Source-level checks of the crate's layering (docs/architecture.md, "Module layering"):
+//! Source-level checks of the workspace's layering (docs/architecture.md, "Module layering"):
 //!
-//! - no import cycle between top-level modules of `src/` (a module's `#[cfg(test)]` items are
-//!   left out, as dev-dependencies are: a unit test may drive the interpreter);
+//! - no import cycle between top-level modules of the library (`src/`; a module's
+//!   `#[cfg(test)]` items are left out, as dev-dependencies are: a unit test may drive the
+//!   interpreter);
 //! - the library never prints and knows nothing of the terminal: `eprint`, `println!`,
-//!   `print!`, `indicatif` and `clap` appear only in `src/cli/` and `src/main.rs`.
+//!   `print!`, `indicatif` and `clap` appear only in the CLI crate (`crates/cli/`), and the
+//!   library's manifest does not depend on them;
+//! - the CLI stays thin: each of its files at most 300 lines, no function over 150.
 //!
 //! Both scan the source text; the scanners have their own tests below so that a checker that
 //! silently finds nothing fails too.
@@ -11,8 +14,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+/// The library's sources.
 fn src_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("src")
+    crate::common::repo_root().join("src")
+}
+
+/// The CLI crate's sources.
+fn cli_dir() -> PathBuf {
+    crate::common::repo_root().join("crates/cli/src")
 }
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -389,9 +398,9 @@ fn find_cycle(deps: &Deps) -> Option<String> {
 #[test]
 fn no_import_cycle_between_top_level_modules() {
     let deps = module_deps();
-    // The scan sees the crate: the interpreter uses the ops and the CLI uses the interpreter.
+    // The scan sees the crate: the interpreter uses the ops and the jobs use the search.
     assert!(deps["exec"].contains_key("ops"), "{deps:?}");
-    assert!(deps["cli"].contains_key("exec"), "{deps:?}");
+    assert!(deps["jobs"].contains_key("search"), "{deps:?}");
     if let Some(cycle) = find_cycle(&deps) {
         panic!("import cycle between top-level modules: {cycle}");
     }
@@ -424,24 +433,104 @@ fn library_does_not_print_or_use_terminal_crates() {
     let mut paths = Vec::new();
     rust_files(&src, &mut paths);
     let mut found = Vec::new();
-    let mut scanned = 0;
     for p in &paths {
         let rel = p.strip_prefix(&src).unwrap();
-        if rel.starts_with("cli") || rel == Path::new("main.rs") {
-            continue;
-        }
-        scanned += 1;
         let code = code_only(&std::fs::read_to_string(p).unwrap());
         for w in terminal_uses(&code) {
             found.push(format!("{}: {w}", rel.display()));
         }
     }
-    assert!(scanned > 20, "only {scanned} library files found");
+    assert!(paths.len() > 20, "only {} library files found", paths.len());
     assert!(
         found.is_empty(),
-        "printing or terminal crates outside src/cli and src/main.rs:\n{}",
+        "printing or terminal crates outside the CLI crate (crates/cli):\n{}",
         found.join("\n")
     );
+    // The scanner sees printing where it is: in the CLI crate.
+    let mut cli = Vec::new();
+    rust_files(&cli_dir(), &mut cli);
+    assert!(
+        cli.iter().any(|p| {
+            let code = code_only(&std::fs::read_to_string(p).unwrap());
+            terminal_uses(&code).contains(&"println!")
+        }),
+        "no println! found in crates/cli: the scan looks in the wrong place"
+    );
+    let manifest = std::fs::read_to_string(crate::common::repo_root().join("Cargo.toml")).unwrap();
+    let deps = manifest
+        .split("[dependencies]")
+        .nth(1)
+        .and_then(|d| d.split("\n[").next())
+        .expect("the library's [dependencies]");
+    for terminal in ["clap", "indicatif", "anyhow"] {
+        assert!(
+            !deps.lines().any(|l| l.starts_with(&format!("{terminal} "))),
+            "the library depends on {terminal}"
+        );
+    }
+}
+
+/// The functions of formatted Rust source longer than `limit` lines: (name, lines). A function
+/// starts at a line `fn name` (any visibility) and ends at the first line that is its
+/// indentation followed by `}`.
+fn long_functions(src: &str, limit: usize) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = Vec::new();
+    for (k, line) in lines.iter().enumerate() {
+        let body = line.trim_start();
+        let indent = line.len() - body.len();
+        let decl = ["fn ", "pub fn ", "pub(crate) fn ", "pub(super) fn "]
+            .iter()
+            .find_map(|p| body.strip_prefix(p));
+        let Some(decl) = decl else { continue };
+        if body.ends_with(';') {
+            continue;
+        }
+        let close = format!("{}}}", " ".repeat(indent));
+        let Some(end) = lines[k..].iter().position(|l| *l == close) else {
+            continue;
+        };
+        if end + 1 > limit {
+            let name: String = decl
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            out.push((name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_cli_is_thin() {
+    let dir = cli_dir();
+    let mut paths = Vec::new();
+    rust_files(&dir, &mut paths);
+    assert!(paths.len() > 10, "only {} CLI files found", paths.len());
+    let mut found = Vec::new();
+    for p in &paths {
+        let text = std::fs::read_to_string(p).unwrap();
+        let rel = p.strip_prefix(&dir).unwrap().display();
+        let n = text.lines().count();
+        if n > 300 {
+            found.push(format!("{rel}: {n} lines (at most 300)"));
+        }
+        for (name, lines) in long_functions(&text, 150) {
+            found.push(format!("{rel}: fn {name} is {lines} lines (at most 150)"));
+        }
+    }
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+#[test]
+fn long_functions_are_found() {
+    let body = "    x();\n".repeat(5);
+    let src = format!("fn short() {{\n}}\npub fn long(\n    a: u8,\n) {{\n{body}}}\nimpl A {{\n    pub(super) fn inner() {{\n{body}    }}\n}}\n");
+    assert_eq!(
+        long_functions(&src, 6),
+        vec![("long".to_string(), 9), ("inner".to_string(), 7)]
+    );
+    assert!(long_functions(&src, 9).is_empty());
 }
 
 #[test]

@@ -3,10 +3,10 @@
 
 use super::precision_args::PrecisionArgs;
 use super::progress::print_event;
-use crate::engine::Verdict;
-use crate::jobs::verify_engine::{self, Config, Status};
 use anyhow::{Context, Result};
 use clap::Args;
+use mixprec::engine::Verdict;
+use mixprec::jobs::verify_engine::{self, Config, Status};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -121,7 +121,7 @@ pub fn run(args: VerifyEngineArgs) -> Result<ExitCode> {
     }
     if let Some(p) = &args.json {
         let json = serde_json::to_vec_pretty(&report).context("serializing the report")?;
-        crate::data::write_atomic(p, &json)?;
+        mixprec::data::write_atomic(p, &json)?;
         println!("[I] Saved report to {}", p.display());
     }
     if outcome.status() == Status::Disobeyed {

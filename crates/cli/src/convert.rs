@@ -4,15 +4,15 @@
 use super::precision_args::PrecisionArgs;
 use super::progress::{print_event, Bar};
 use super::run::DataArgs;
-use crate::exec::emulate::plan_regions;
-use crate::export::write_model;
-use crate::jobs::convert;
-use crate::jobs::options::Inputs;
-use crate::precision::summary::{
-    fusion_line, fusion_table, precision_counts_line, precision_table,
-};
 use anyhow::{bail, Result};
 use clap::Args;
+use mixprec::exec::emulate::plan_regions;
+use mixprec::export::write_model;
+use mixprec::jobs::convert;
+use mixprec::jobs::options::Inputs;
+use mixprec::precision::summary::{
+    fusion_line, fusion_table, precision_counts_line, precision_table,
+};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,19 +1,15 @@
-//! How `debug precision` prints its answer: the layers, the deploy lines, the statistics.
+//! How `debug precision` prints a search's outcome — the verdict, the answer's headline, the
+//! statistics — for either space; the answer's body is the space's (`plans.rs`, `qdq.rs`).
 
 use super::{Printer, SearchArgs};
-use crate::compare::fmt_g;
-use crate::compare::layerwise::LayerError;
-use crate::inspect::si;
-use crate::jobs::debug_precision::SearchPass;
-use crate::jobs::options::PrecisionOptions;
-use crate::onnx::Model;
-use crate::precision::fusion::FusionModel;
-use crate::precision::Precision;
-use crate::search::report::{deploy_lines, names, percent, DeploySetup, SearchStats};
-use crate::search::space::Found;
-use crate::search::{Direction, Outcome};
-use crate::Graph;
 use anyhow::Result;
+use mixprec::jobs::debug_precision::SearchPass;
+use mixprec::onnx::Model;
+use mixprec::precision::Precision;
+use mixprec::search::report::SearchStats;
+use mixprec::search::space::Found;
+use mixprec::search::{Direction, Outcome};
+use mixprec::Graph;
 use std::process::ExitCode;
 
 /// Prints the outcome of one search (a float model's or a Q/DQ model's); returns the exit
@@ -130,7 +126,7 @@ pub(super) fn report(
         );
     }
     match &search.run.found {
-        Found::Plans { reasons, .. } => plan_answer(
+        Found::Plans { reasons, .. } => super::plans::answer(
             p,
             args,
             graph,
@@ -152,123 +148,6 @@ pub(super) fn report(
     })
 }
 
-/// A float search's answer: its layers, why each is needed, their share, the deploy lines.
-#[allow(clippy::too_many_arguments)]
-fn plan_answer(
-    p: &Printer,
-    args: &SearchArgs,
-    graph: &Graph,
-    search: &SearchPass,
-    high: Precision,
-    marked: &[usize],
-    interrupted: bool,
-    (reasons, stat): (&[LayerError], &str),
-) -> Result<()> {
-    let (space, result, fusion) = (&search.run.space, &search.run.result, search.fusion);
-    if let Some(f) = fusion {
-        out!(
-            p,
-            "[I]     This answer is {}",
-            match f {
-                FusionModel::None => "safe on any engine (it assumes no fusion)",
-                FusionModel::TensorRt => "for TensorRT with its fusions (--fusion tensorrt)",
-            }
-        );
-    }
-    out!(p, "[I]     Layers: {}", names(graph, marked));
-    print_reasons(p, reasons, stat);
-    let f = space.flops_of(marked);
-    out!(
-        p,
-        "[I]     In {}: {} of {} candidate layers ({}), {}FLOP of {}FLOP ({})",
-        high.name(),
-        marked.len(),
-        space.candidates.len(),
-        percent(marked.len() as u64, space.candidates.len() as u64),
-        si(f),
-        si(space.total_flops()),
-        percent(f, space.total_flops())
-    );
-    if let Some(t) = result.trial_of(marked) {
-        out!(p, "[I]     Achieved: {}", t.summary);
-    }
-    let answer = search.low.marking(marked, high);
-    let written = args.output.as_ref().map(|o| o.display().to_string());
-    let setup = DeploySetup {
-        model: &args.model.display().to_string(),
-        graph,
-        flags: args.precision.global(),
-        answer: &answer,
-        marked,
-        high,
-        // -o writes only a finished answer's model, and with fusion the fused answer's.
-        written: written
-            .as_deref()
-            .filter(|_| !interrupted && fusion.is_none_or(|f| !f.is_none())),
-        convert_extra: convert_extra(args, &answer, fusion),
-        polygraphy_flags: args.precision.options().flags(),
-        trtexec_flags: args.precision.options().trtexec_flags(),
-    };
-    for line in deploy_lines(&setup)? {
-        out!(p, "[I]     {line}");
-    }
-    Ok(())
-}
-
-/// Why each layer of the answer is needed: its error alone in low precision and the cause.
-pub(super) fn print_reasons(p: &Printer, reasons: &[LayerError], stat: &str) {
-    if reasons.is_empty() {
-        return;
-    }
-    out!(
-        p,
-        "[I]     Why: each layer alone back in its low precision, the rest as answered (emulated, first input set):"
-    );
-    for r in reasons {
-        out!(
-            p,
-            "[I]       {} ({}, {}): {} | {stat} abs {}, growth {} | {}",
-            r.layer,
-            r.op,
-            r.precision.map_or("carried", |p| p.name()),
-            r.cause.name(),
-            fmt_g(r.required_atol, 5),
-            fmt_g(r.growth, 5),
-            r.reason()
-        );
-    }
-}
-
-/// What `mixprec convert` needs besides the precisions: `--fusion` for a fused answer (the file
-/// is the same; convert then prints the regions the answer assumed) and the calibration.
-pub(super) fn convert_extra(
-    args: &SearchArgs,
-    answer: &crate::precision::plan::PrecisionPlan,
-    fusion: Option<FusionModel>,
-) -> Vec<String> {
-    let mut w = match fusion {
-        Some(f) if !f.is_none() => vec!["--fusion".to_string(), f.to_string()],
-        _ => Vec::new(),
-    };
-    w.extend(convert_calibration(args, answer));
-    w
-}
-
-/// What `mixprec convert` needs to write the answer's model exactly as `-o` would: for int8/fp8
-/// layers the same activation ranges, read from the calibration cache the search read or wrote,
-/// or calibrated again on the same inputs with the same algorithm.
-pub(super) fn convert_calibration(
-    args: &SearchArgs,
-    answer: &crate::precision::plan::PrecisionPlan,
-) -> Vec<String> {
-    if !PrecisionOptions::needs_ranges(answer) {
-        return Vec::new();
-    }
-    args.precision
-        .options()
-        .calibration_flags(Some(&args.data.options()))
-}
-
 pub(super) fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
     let ahead = match s.speculative_evaluations {
         0 => String::new(),
@@ -277,7 +156,7 @@ pub(super) fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
     out!(p,
         "[I] Search: {} evaluation(s){ahead}{}, {} layer executions ({} without the incremental cache: {:.2}x), {:.2}s = {:.1}x one FP32 inference ({:.1} ms)",
         s.evaluations,
-        crate::search::report::ranked_note(s),
+        mixprec::search::report::ranked_note(s),
         s.layer_executions,
         s.layer_executions_without_cache,
         s.layer_executions as f64 / s.layer_executions_without_cache.max(1) as f64,

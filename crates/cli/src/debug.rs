@@ -2,13 +2,13 @@
 //! --mode forward|reverse`): find the layers that must stay in higher precision.
 
 use super::style::{paint, use_color, ColorChoice};
-use crate::export::write_model;
-use crate::jobs::debug_precision;
-use crate::precision::fusion::FusionModel;
-use crate::search::space::Found;
-use crate::search::{Direction, Mode};
 use anyhow::Result;
 use clap::{Args, Subcommand, ValueEnum};
+use mixprec::export::write_model;
+use mixprec::jobs::debug_precision;
+use mixprec::precision::fusion::FusionModel;
+use mixprec::search::space::Found;
+use mixprec::search::{Direction, Mode};
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -32,10 +32,10 @@ pub struct DebugPrecisionArgs {
     /// layer at a time; worst-first: the N layers the ranking puts first (--ranking), N by
     /// binary search; minimal: a non-contiguous set (rank, bisect, then drop every layer that
     /// is not needed).
-    #[arg(long, value_enum, default_value = "bisect")]
+    #[arg(long, default_value = "bisect", value_parser = args::modes())]
     mode: Mode,
     /// Where bisect/linear start marking: forward from the inputs, reverse from the outputs.
-    #[arg(long, alias = "dir", value_enum, default_value = "forward")]
+    #[arg(long, alias = "dir", default_value = "forward", value_parser = args::directions())]
     direction: Direction,
     #[command(flatten)]
     search: SearchArgs,
@@ -48,7 +48,7 @@ pub struct LegacyPrecisionArgs {
     #[arg(value_enum)]
     strategy: LegacyStrategy,
     /// The direction (what `debug precision --direction` says).
-    #[arg(long = "mode", value_enum, default_value = "forward")]
+    #[arg(long = "mode", default_value = "forward", value_parser = args::directions())]
     direction: Direction,
     #[command(flatten)]
     search: SearchArgs,
@@ -108,6 +108,7 @@ macro_rules! out {
 
 mod args;
 mod hooks;
+mod plans;
 mod qdq;
 mod report;
 
@@ -121,7 +122,7 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 /// (SA_RESETHAND restores the default action once the handler ran).
 fn install_interrupt_handler() {
     // SIGTERM too; running --check groups and data loaders are ended (docs/search.md).
-    crate::process::install_stop_handler(&INTERRUPTED);
+    mixprec::process::install_stop_handler(&INTERRUPTED);
 }
 
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
@@ -182,7 +183,7 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         out!(p, "[I] Saved report{fused_note} to {}", path.display());
     }
     if let Some(path) = &args.save_result {
-        crate::data::write_atomic(path, &outcome.result_json(written.as_deref())?)?;
+        mixprec::data::write_atomic(path, &outcome.result_json(written.as_deref())?)?;
         out!(p, "[I] Saved result to {}", path.display());
     }
     Ok(code)

@@ -3,12 +3,12 @@
 
 use super::precision_args::CalibAlgoArgs;
 use super::run::DataArgs;
-use crate::calib::{self, CalibAlgo, CalibrationReport};
-use crate::compare::fmt_g;
-use crate::jobs::calibrate;
-use crate::jobs::options::Inputs;
 use anyhow::Result;
 use clap::Args;
+use mixprec::calib::{self, CalibAlgo, CalibrationReport};
+use mixprec::compare::fmt_g;
+use mixprec::jobs::calibrate;
+use mixprec::jobs::options::Inputs;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -1,7 +1,7 @@
 //! The terminal side of the library's [`Progress`] and [`Event`] reports: indicatif bars and
 //! the stderr lines the CLI has always printed.
 
-use crate::event::{Event, Progress};
+use mixprec::event::{Event, Progress};
 
 /// A calibration progress bar on stderr (hidden when `show` is false).
 pub struct Bar(indicatif::ProgressBar);

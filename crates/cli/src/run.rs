@@ -5,10 +5,10 @@ use super::precision_args::PrecisionArgs;
 use super::progress::{print_event, Bar};
 use super::style::{Out, StyleArgs};
 use super::trt_args::TrtOnlyArgs;
-use crate::jobs::options::{DataOptions, Inputs};
-use crate::jobs::run::{Config, Sinks};
 use anyhow::{Context, Result};
 use clap::Args;
+use mixprec::jobs::options::{DataOptions, Inputs};
+use mixprec::jobs::run::{Config, Sinks};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -215,7 +215,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };
     let bar = Bar::calibration(std::io::stderr().is_terminal());
-    let outcome = crate::jobs::run::run(
+    let outcome = mixprec::jobs::run::run(
         &config,
         &mut Sinks {
             log: &mut |t| out.log(t),

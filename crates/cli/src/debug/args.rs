@@ -1,13 +1,14 @@
 //! `debug precision`'s search options and their validation into the job's config.
 
-use crate::cli::compare_args::CompareArgs;
-use crate::cli::precision_args::PrecisionArgs;
-use crate::cli::run::DataArgs;
-use crate::cli::style::ColorChoice;
-use crate::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
-use crate::search::{Direction, Mode, Objective, Ranking};
+use crate::compare_args::CompareArgs;
+use crate::precision_args::PrecisionArgs;
+use crate::run::DataArgs;
+use crate::style::ColorChoice;
 use anyhow::{bail, Result};
-use clap::{Args, ValueEnum};
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::Args;
+use mixprec::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
+use mixprec::search::{Direction, Mode, Objective, Ranking};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -28,14 +29,14 @@ pub struct SearchArgs {
     pub(super) higher_precision: String,
     /// What a smaller answer means: fewer layers, or fewer FLOPs in high precision (minimal
     /// mode ranks and prunes by it; every mode reports both).
-    #[arg(long, value_enum, default_value = "layers")]
+    #[arg(long, default_value = "layers", value_parser = objectives())]
     pub(super) objective: Objective,
     /// What worst-first and minimal rank candidate layers by. sensitivity (default for a
     /// precision search): each layer alone in low precision, the rest in high, judged under
     /// the criterion (one partial run per candidate). growth: the error each layer adds to
     /// its inputs' in the all-low plan (one run; the default, and the only ranking, for a Q/DQ
     /// model's search).
-    #[arg(long, value_enum, value_name = "RANKING")]
+    #[arg(long, value_name = "RANKING", value_parser = rankings())]
     pub(super) ranking: Option<Ranking>,
     /// Candidates evaluated at the same time: besides the one the search needs next, the ones
     /// it would need after the likeliest verdicts (bisection probes, pruning groups); the
@@ -196,54 +197,66 @@ impl SearchArgs {
     }
 }
 
-// The search's choices as clap values (the library's enums know nothing of clap).
-impl ValueEnum for Mode {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Mode::Bisect, Mode::Linear, Mode::WorstFirst, Mode::Minimal]
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(clap::builder::PossibleValue::new(self.name()))
-    }
+/// A clap parser for one of the library's enums (which know nothing of clap): its values by
+/// name, each with its help, mapped back to the enum.
+fn choice<T: Copy + Send + Sync + 'static>(
+    values: &'static [(T, &'static str, &'static str)],
+) -> impl TypedValueParser<Value = T> {
+    let possible = values.iter().map(|&(_, name, help)| {
+        let p = PossibleValue::new(name);
+        if help.is_empty() {
+            p
+        } else {
+            p.help(help)
+        }
+    });
+    PossibleValuesParser::new(possible).map(move |name| {
+        values
+            .iter()
+            .find(|v| v.1 == name)
+            .expect("clap accepts only the listed names")
+            .0
+    })
 }
 
-impl ValueEnum for Direction {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Direction::Forward, Direction::Reverse]
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(clap::builder::PossibleValue::new(match self {
-            Direction::Forward => "forward",
-            Direction::Reverse => "reverse",
-        }))
-    }
+pub(super) fn modes() -> impl TypedValueParser<Value = Mode> {
+    choice(&[
+        (Mode::Bisect, "bisect", ""),
+        (Mode::Linear, "linear", ""),
+        (Mode::WorstFirst, "worst-first", ""),
+        (Mode::Minimal, "minimal", ""),
+    ])
 }
 
-impl ValueEnum for Ranking {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Ranking::Sensitivity, Ranking::Growth]
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(match self {
-            Ranking::Sensitivity => clap::builder::PossibleValue::new("sensitivity")
-                .help("Each layer alone in low precision, judged under the criterion"),
-            Ranking::Growth => clap::builder::PossibleValue::new("growth")
-                .help("The error each layer adds in the all-low plan (one run)"),
-        })
-    }
+pub(super) fn directions() -> impl TypedValueParser<Value = Direction> {
+    choice(&[
+        (Direction::Forward, "forward", ""),
+        (Direction::Reverse, "reverse", ""),
+    ])
 }
 
-impl ValueEnum for Objective {
-    fn value_variants<'a>() -> &'a [Self] {
-        &[Objective::Layers, Objective::Flops]
-    }
-    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
-        Some(match self {
-            Objective::Layers => {
-                clap::builder::PossibleValue::new("layers").help("Fewest layers in high precision")
-            }
-            Objective::Flops => {
-                clap::builder::PossibleValue::new("flops").help("Fewest FLOPs in high precision")
-            }
-        })
-    }
+fn rankings() -> impl TypedValueParser<Value = Ranking> {
+    choice(&[
+        (
+            Ranking::Sensitivity,
+            "sensitivity",
+            "Each layer alone in low precision, judged under the criterion",
+        ),
+        (
+            Ranking::Growth,
+            "growth",
+            "The error each layer adds in the all-low plan (one run)",
+        ),
+    ])
+}
+
+fn objectives() -> impl TypedValueParser<Value = Objective> {
+    choice(&[
+        (
+            Objective::Layers,
+            "layers",
+            "Fewest layers in high precision",
+        ),
+        (Objective::Flops, "flops", "Fewest FLOPs in high precision"),
+    ])
 }

@@ -1,15 +1,15 @@
 //! `mixprec quantize`: writes a float model with explicit quantization (Q/DQ): int8/fp8 with
 //! calibrated activations and per-channel weights, or int4/NVFP4 weight-only. A shell over
-//! `crate::jobs::quantize`: flags in, the model written and the summary printed.
+//! `mixprec::jobs::quantize`: flags in, the model written and the summary printed.
 
 use super::precision_args::CalibAlgoArgs;
 use super::progress::{print_event, Bar};
 use super::run::DataArgs;
-use crate::export::write_model;
-use crate::jobs::options::Inputs;
-use crate::jobs::quantize::{self, Config};
 use anyhow::{bail, Result};
 use clap::Args;
+use mixprec::export::write_model;
+use mixprec::jobs::options::Inputs;
+use mixprec::jobs::quantize::{self, Config};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;

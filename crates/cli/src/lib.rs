@@ -68,8 +68,8 @@ where
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Polygraphy runs and compares runners in command-line order.
     let trt_first = matches.subcommand_matches("run").is_none_or(run::trt_first);
-    // Models run on this thread, as worker 0 of the kernels' pool (crate::threads).
-    if let Err(e) = crate::threads::run_kernels_on_the_calling_thread(cli.threads) {
+    // Models run on this thread, as worker 0 of the kernels' pool (mixprec::threads).
+    if let Err(e) = mixprec::threads::run_kernels_on_the_calling_thread(cli.threads) {
         eprintln!("warning: the kernels' thread pool was not set up: {e}");
     }
     let result = match cli.command {

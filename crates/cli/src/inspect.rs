@@ -1,9 +1,9 @@
 //! `mixprec inspect`: inputs, outputs, opset and the layer table.
 
-use crate::inspect::si;
-use crate::jobs::inspect::{self, Config, Outcome};
 use anyhow::Result;
 use clap::Args;
+use mixprec::inspect::si;
+use mixprec::jobs::inspect::{self, Config, Outcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -129,7 +129,7 @@ pub fn run(args: InspectArgs) -> Result<ExitCode> {
     if !unsupported.is_empty() {
         println!(
             "Unsupported: {}",
-            crate::error::Error::UnsupportedOps(unsupported)
+            mixprec::error::Error::UnsupportedOps(unsupported)
         );
     }
     Ok(ExitCode::SUCCESS)

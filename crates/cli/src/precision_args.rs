@@ -1,8 +1,8 @@
 //! Precision options shared by `run`, `convert` and `debug precision`.
 
-use crate::jobs::options::{CalibOptions, PrecisionOptions};
-use crate::precision::plan::GlobalPrecision;
 use clap::Args;
+use mixprec::jobs::options::{CalibOptions, PrecisionOptions};
+use mixprec::precision::plan::GlobalPrecision;
 use std::path::PathBuf;
 
 #[derive(Args, Debug, Clone, Default)]

@@ -2,12 +2,12 @@
 //! leave quantization (docs/search.md, "Searching a Q/DQ model").
 
 use super::{Printer, SearchArgs};
-use crate::compare::fmt_g;
-use crate::inspect::si;
-use crate::onnx::Model;
-use crate::search::qdq::{exclusion_lines, unnamed_in_file};
-use crate::search::report::{names, percent, shell_word, QdqReason};
-use crate::search::{SearchResult, SearchSpace};
+use mixprec::compare::fmt_g;
+use mixprec::inspect::si;
+use mixprec::onnx::Model;
+use mixprec::search::qdq::{exclusion_lines, unnamed_in_file};
+use mixprec::search::report::{names, percent, shell_word, QdqReason};
+use mixprec::search::{SearchResult, SearchSpace};
 
 /// A Q/DQ search's answer: its layers, their share, why each is needed, how to re-quantize
 /// without them or deploy the model without their pairs.

@@ -2,20 +2,20 @@
 
 use super::report::report;
 use super::{answer_label, install_interrupt_handler, Printer, SearchArgs};
-use crate::cli::progress::print_event;
-use crate::compare::Criterion;
-use crate::event::Event;
-use crate::inspect::si;
-use crate::jobs::debug_precision::{Hooks, SearchPass};
-use crate::onnx::Model;
-use crate::precision::fusion::FusionModel;
-use crate::precision::plan::ResolvedRegion;
-use crate::precision::summary::{fusion_line, fusion_table};
-use crate::precision::Precision;
-use crate::search::driver::SearchHooks;
-use crate::search::report::percent;
-use crate::search::{Direction, Mode, Ranking, SearchSpace, Trial};
-use crate::Graph;
+use crate::progress::print_event;
+use mixprec::compare::Criterion;
+use mixprec::event::Event;
+use mixprec::inspect::si;
+use mixprec::jobs::debug_precision::{Hooks, SearchPass};
+use mixprec::onnx::Model;
+use mixprec::precision::fusion::FusionModel;
+use mixprec::precision::plan::ResolvedRegion;
+use mixprec::precision::summary::{fusion_line, fusion_table};
+use mixprec::precision::Precision;
+use mixprec::search::driver::SearchHooks;
+use mixprec::search::report::percent;
+use mixprec::search::{Direction, Mode, Ranking, SearchSpace, Trial};
+use mixprec::Graph;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -75,7 +75,7 @@ impl Hooks for CliHooks<'_> {
         }
     }
 
-    fn finished(&mut self, model: &Model, s: &SearchPass) -> crate::Result<()> {
+    fn finished(&mut self, model: &Model, s: &SearchPass) -> mixprec::Result<()> {
         self.bar.finish_and_clear();
         self.bar = indicatif::ProgressBar::hidden();
         let stat = self.criterion.stat.default.name();
@@ -87,12 +87,12 @@ impl Hooks for CliHooks<'_> {
             (self.high, self.direction),
             stat,
         )
-        .map_err(|e| crate::Error::Invalid(format!("{e:#}")))?;
+        .map_err(|e| mixprec::Error::Invalid(format!("{e:#}")))?;
         Ok(())
     }
 
-    fn calibration_progress(&self) -> Box<dyn crate::event::Progress + '_> {
-        Box::new(crate::cli::progress::Bar::calibration(
+    fn calibration_progress(&self) -> Box<dyn mixprec::event::Progress + '_> {
+        Box::new(crate::progress::Bar::calibration(
             std::io::stderr().is_terminal(),
         ))
     }
@@ -159,8 +159,8 @@ impl SearchHooks for CliHooks<'_> {
                     format!(
                         "{} error within atol {} or rtol {}",
                         criterion.stat.default.name(),
-                        crate::compare::fmt_g(criterion.atol.default, 5),
-                        crate::compare::fmt_g(criterion.rtol.default, 5),
+                        mixprec::compare::fmt_g(criterion.atol.default, 5),
+                        mixprec::compare::fmt_g(criterion.rtol.default, 5),
                     )
                 } else {
                     format!("--check {}", args.check.join(" "))

@@ -1,4 +1,4 @@
-//! The `mixprec` binary: all work is in the library; see `mixprec::cli`.
+//! The `mixprec` binary: all work is in the library; see the `mixprec_cli` library.
 
 fn main() -> std::process::ExitCode {
     // Like other Unix tools, end quietly when stdout is a closed pipe (`mixprec ... | head`)
@@ -9,5 +9,5 @@ fn main() -> std::process::ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     mixprec::alloc::keep_freed_memory_for_reuse();
-    mixprec::cli::main()
+    mixprec_cli::main()
 }

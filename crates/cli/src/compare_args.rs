@@ -1,7 +1,7 @@
 //! The pass criterion's options, shared by `run` and `debug precision`.
 
-use crate::jobs::options::CompareOptions;
 use clap::Args;
+use mixprec::jobs::options::CompareOptions;
 
 /// Tolerances, the checked error statistic and extra metrics (Polygraphy's comparator options).
 #[derive(Args, Debug, Clone)]
