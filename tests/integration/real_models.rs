@@ -399,7 +399,7 @@ fn check_model(m: &RealModel) -> String {
     // FP32 against ONNX Runtime, and the exported models run there.
     let task_mixed = dir.join("task_mixed.onnx");
     let refused = (!m.task_mixed_ort_refuses.is_empty())
-        .then(|| (task_mixed.as_path(), m.task_mixed_ort_refuses.as_str()));
+        .then_some((task_mixed.as_path(), m.task_mixed_ort_refuses.as_str()));
     ort_batch(&ort_cases, dir, refused);
     let n = model.graph.outputs.len();
     let want = ort_outputs(&dir.join("ort"), n);
