@@ -106,6 +106,7 @@ macro_rules! out {
 }
 
 mod args;
+mod groups;
 mod hooks;
 mod qdq;
 mod report;

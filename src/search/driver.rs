@@ -5,9 +5,10 @@
 
 use super::builtin::{BuiltinOracle, Golden, RankedBy, UserCriterion};
 use super::check::CheckOracle;
+use super::groups::search_as_grouped;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
-use super::{search, Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
+use super::{Oracle, Outcome, SearchOptions, SearchResult, SearchSpace, Trial};
 use crate::compare::layerwise::LayerError;
 use crate::compare::Criterion;
 use crate::error::Result;
@@ -229,9 +230,10 @@ fn search_with_replay_inner(
     hooks: &mut dyn SearchHooks,
 ) -> Result<SearchResult> {
     let Some((replay, save_to)) = replay else {
-        return search(
+        return search_as_grouped(
             space,
             options,
+            graph,
             inner,
             &mut |t: &Trial| hooks.trial(space, t),
             stop,
@@ -239,9 +241,10 @@ fn search_with_replay_inner(
     };
     let mut replay_oracle =
         ReplayOracle::new(inner, graph, replay, save_to.clone())?.stopping_on(stop);
-    let result = search(
+    let result = search_as_grouped(
         space,
         options,
+        graph,
         &mut replay_oracle,
         &mut |t: &Trial| hooks.trial(space, t),
         stop,
@@ -352,6 +355,7 @@ mod tests {
                 objective: Objective::Layers,
                 ranking: crate::search::Ranking::Sensitivity,
                 jobs: 1,
+                group: crate::search::Grouping::None,
             },
             check: None,
             replay: None,

@@ -5,7 +5,7 @@ use crate::cli::precision_args::PrecisionArgs;
 use crate::cli::run::DataArgs;
 use crate::cli::style::ColorChoice;
 use crate::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
-use crate::search::{Direction, Mode, Objective, Ranking};
+use crate::search::{Direction, Grouping, Mode, Objective, Ranking};
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use std::path::PathBuf;
@@ -37,6 +37,11 @@ pub struct SearchArgs {
     /// model's search).
     #[arg(long, value_enum, value_name = "RANKING")]
     pub(super) ranking: Option<Ranking>,
+    /// roles: layers that play the same role in repeated blocks (the name with the block
+    /// index abstracted, the same op and shapes) are one candidate first; the search then
+    /// refines inside the roles it needs. none (default): every layer is a candidate.
+    #[arg(long, value_enum, default_value = "none", value_name = "GROUPING")]
+    pub(super) group: Grouping,
     /// Candidates evaluated at the same time: besides the one the search needs next, the ones
     /// it would need after the likeliest verdicts (bisection probes, pruning groups); the
     /// sensitivity ranking's runs likewise. The answer and the trials are the same for any N;
@@ -183,6 +188,7 @@ impl SearchArgs {
             objective: self.objective,
             ranking: self.ranking,
             jobs: self.jobs,
+            group: self.group,
             golden: self.golden.clone().map(GoldenSource::File),
             compare: self.compare.options(),
             user_criterion: None,
@@ -228,6 +234,21 @@ impl ValueEnum for Ranking {
                 .help("Each layer alone in low precision, judged under the criterion"),
             Ranking::Growth => clap::builder::PossibleValue::new("growth")
                 .help("The error each layer adds in the all-low plan (one run)"),
+        })
+    }
+}
+
+impl ValueEnum for Grouping {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Grouping::None, Grouping::Roles]
+    }
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(match self {
+            Grouping::None => {
+                clap::builder::PossibleValue::new("none").help("Every layer is a candidate")
+            }
+            Grouping::Roles => clap::builder::PossibleValue::new("roles")
+                .help("Each role of repeated blocks one candidate, then refined inside"),
         })
     }
 }

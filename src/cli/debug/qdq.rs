@@ -9,7 +9,7 @@ use crate::jobs::debug_precision;
 use crate::onnx::Model;
 use crate::precision::Precision;
 use crate::search::qdq::{exclusion_lines, unnamed_in_file, QdqRun};
-use crate::search::report::{names, percent, shell_word};
+use crate::search::report::{percent, shell_word};
 use crate::search::{Direction, Outcome};
 use anyhow::Result;
 use std::process::ExitCode;
@@ -118,7 +118,7 @@ fn report(
             high.name()
         ),
     }
-    out!(p, "[I]     Layers: {}", names(graph, &marked));
+    super::groups::print_layers(p, graph, space, &marked, None);
     let f = space.flops_of(&marked);
     out!(
         p,

@@ -7,7 +7,7 @@ use crate::inspect::si;
 use crate::jobs::options::PrecisionOptions;
 use crate::precision::fusion::FusionModel;
 use crate::precision::Precision;
-use crate::search::report::{deploy_lines, names, percent, DeploySetup, SearchStats};
+use crate::search::report::{deploy_lines, percent, DeploySetup, SearchStats};
 use crate::search::{Direction, Outcome, SearchResult, SearchSpace};
 use crate::Graph;
 use anyhow::Result;
@@ -111,7 +111,7 @@ pub(super) fn report(
             }
         );
     }
-    out!(p, "[I]     Layers: {}", names(graph, &marked));
+    super::groups::print_layers(p, graph, space, &marked, Some(high));
     print_reasons(p, reasons, stat);
     let f = space.flops_of(&marked);
     out!(
