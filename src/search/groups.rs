@@ -332,9 +332,9 @@ pub fn rules(graph: &Graph, roles: &Roles, marked: &[usize]) -> Vec<Rule> {
         .collect();
     marked.sort_unstable();
     marked.dedup();
-    // (prefix, parent, blocks) → (leaves with their op and layers).
+    // (prefix, parent, blocks) → the roles' last segments.
     type MergeKey = (String, String, Vec<u64>);
-    let mut merged: Vec<(MergeKey, Vec<(String, String, Vec<usize>)>)> = Vec::new();
+    let mut merged: Vec<(MergeKey, Vec<Leaf>)> = Vec::new();
     let mut singles: Vec<usize> = Vec::new();
     let mut done: HashSet<usize> = HashSet::new();
     for &l in &marked {
@@ -362,11 +362,11 @@ pub fn rules(graph: &Graph, roles: &Roles, marked: &[usize]) -> Vec<Rule> {
         blocks.dedup();
         let (parent, leaf) = template.parent_and_leaf();
         let key = (template.prefix.clone(), parent.to_string(), blocks);
-        let entry = (
-            leaf.to_string(),
-            group.op.clone(),
-            members.iter().map(|&(m, _)| m).collect(),
-        );
+        let entry = Leaf {
+            name: leaf.to_string(),
+            op: group.op.clone(),
+            layers: members.iter().map(|&(m, _)| m).collect(),
+        };
         match merged.iter_mut().find(|(k, _)| *k == key) {
             Some((_, leaves)) => leaves.push(entry),
             None => merged.push((key, vec![entry])),
@@ -408,18 +408,25 @@ fn single_rule(graph: &Graph, l: usize) -> Rule {
     }
 }
 
+/// One role of a rule: the last segment of its names, its op and the answer's layers of it.
+struct Leaf {
+    name: String,
+    op: String,
+    layers: Vec<usize>,
+}
+
 fn block_rule(
     graph: &Graph,
     prefix: &str,
     parent: &str,
     blocks: Vec<u64>,
-    mut leaves: Vec<(String, String, Vec<usize>)>,
+    mut leaves: Vec<Leaf>,
 ) -> Rule {
-    leaves.sort_by_key(|(_, _, layers)| layers[0]);
+    leaves.sort_by_key(|leaf| leaf.layers[0]);
     let mut names: Vec<&str> = Vec::new();
-    for (leaf, _, _) in &leaves {
-        if !names.contains(&leaf.as_str()) {
-            names.push(leaf);
+    for leaf in &leaves {
+        if !names.contains(&leaf.name.as_str()) {
+            names.push(&leaf.name);
         }
     }
     let leaf_text = if names.len() == 1 {
@@ -437,7 +444,7 @@ fn block_rule(
         [one] => one.to_string(),
         _ => format!("(?:{})", index_set_regex(&blocks)),
     };
-    let mut indices: Vec<usize> = leaves.iter().flat_map(|(_, _, l)| l.clone()).collect();
+    let mut indices: Vec<usize> = leaves.iter().flat_map(|l| l.layers.clone()).collect();
     indices.sort_unstable();
     let template = Template {
         prefix: prefix.to_string(),
@@ -455,7 +462,7 @@ fn block_rule(
         scope: template.scope().to_string(),
         blocks: ranges(&blocks),
         block_indices: blocks,
-        ops: leaves.iter().map(|(_, op, _)| op.clone()).collect(),
+        ops: leaves.iter().map(|l| l.op.clone()).collect(),
         layers: indices
             .iter()
             .map(|&l| graph.nodes[l].name.clone())
