@@ -100,6 +100,7 @@ fn main() {
                         objective: Objective::Layers,
                         ranking: Ranking::Sensitivity,
                         jobs: 1,
+                        group: mixprec::search::Grouping::None,
                     },
                     &mut oracle,
                     &mut |_| {},

@@ -265,6 +265,13 @@ class SearchResult:
             if layer.get("reason") is not None
         }
 
+    @property
+    def groups(self) -> List[Dict[str, Any]]:
+        """The answer as rules: one dict per role and set of blocks (``role``, ``scope``,
+        ``blocks``, ``block_indices``, ``ops``, ``layers``, ``indices``, ``regex``,
+        ``layer_precisions``), a layer without a block index on its own."""
+        return list(self._dict.get("groups", []))
+
     def to_dict(self) -> Dict[str, Any]:
         """The ``--save-result`` JSON as a dict (a copy)."""
         return json.loads(json.dumps(self._dict))
@@ -359,6 +366,7 @@ def debug_precision(
     save_debug_replay: Union[str, "os.PathLike[str]", None] = None,
     layer_errors: bool = False,
     jobs: int = 1,
+    group: str = "none",
     progress: Union[bool, Callable[[Dict[str, Any]], None], None] = None,
 ) -> SearchResult:
     """Finds the layers that must stay in ``higher_precision`` for the model to stay
@@ -374,7 +382,9 @@ def debug_precision(
     ``criterion(outputs, golden) -> bool`` judges each candidate instead of the tolerances
     (``atol``, ``rtol``, ``check_error_stat``, ``metrics``), which still measure the error
     each trial reports. ``mode``: ``minimal`` (default), ``bisect``, ``linear`` or
-    ``worst-first``. ``progress``: a callable given a dict per evaluated candidate, False for
+    ``worst-first``. ``group="roles"``: layers that play the same role in repeated blocks
+    are one candidate first, refined inside the roles that are needed (``--group roles``);
+    ``groups`` then reads the answer as rules either way. ``progress``: a callable given a dict per evaluated candidate, False for
     none; by default a tqdm bar when tqdm is installed.
 
     Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for a bad option or an
@@ -401,6 +411,7 @@ def debug_precision(
             objective=objective,
             ranking=ranking,
             jobs=jobs,
+            group=group,
             **data,
             golden=golden_sets,
             golden_path=golden_path,

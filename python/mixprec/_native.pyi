@@ -24,6 +24,7 @@ def debug_precision(
     objective: str,
     ranking: Optional[str],
     jobs: int,
+    group: str,
     inputs: Optional[List[Dict[str, np.ndarray]]],
     load_inputs: Sequence[str],
     seed: Optional[int],

@@ -16,7 +16,7 @@ use mixprec::jobs::quantize as quantize_job;
 use mixprec::jobs::run as run_job;
 use mixprec::search::builtin::UserCriterion;
 use mixprec::search::driver::SearchHooks;
-use mixprec::search::{Direction, Mode, Objective, Ranking, SearchSpace, Trial};
+use mixprec::search::{Direction, Grouping, Mode, Objective, Ranking, SearchSpace, Trial};
 use mixprec::tensor::{Buf, Feeds, Tensor, TensorData};
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -420,7 +420,7 @@ impl Search {
 /// `debug precision` in process. See `mixprec.debug_precision` for the arguments.
 #[pyfunction]
 #[pyo3(signature = (
-    model, *, low, higher_precision, mode, direction, objective, ranking, jobs,
+    model, *, low, higher_precision, mode, direction, objective, ranking, jobs, group,
     inputs, load_inputs, seed, iterations, val_range, input_shapes, data_loader_script,
     golden, golden_path, criterion, atol, rtol, check_error_stat, error_quantile, metrics,
     layer_precisions, fusion, calibration_cache, calibration_algo, cache_budget,
@@ -438,6 +438,7 @@ fn debug_precision(
     objective: &str,
     ranking: Option<&str>,
     jobs: usize,
+    group: &str,
     inputs: Option<Bound<'_, PyList>>,
     load_inputs: Vec<PathBuf>,
     seed: Option<u64>,
@@ -542,6 +543,7 @@ fn debug_precision(
         objective: parse_objective(objective)?,
         ranking: ranking.map(parse_ranking).transpose()?,
         jobs,
+        group: Grouping::parse(group).map_err(to_py)?,
         golden,
         compare: CompareOptions {
             atol,

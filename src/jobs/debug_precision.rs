@@ -29,7 +29,9 @@ use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
 use crate::search::replay::{DebugReplay, ModelId};
 use crate::search::report::{html_report, QdqRemoved, QdqResult, ResultFile, SearchSetup};
 use crate::search::space::Found;
-use crate::search::{Direction, Mode, Objective, Ranking, SearchOptions, SearchSpace, Trial};
+use crate::search::{
+    Direction, Grouping, Mode, Objective, Ranking, SearchOptions, SearchSpace, Trial,
+};
 use crate::tensor::Feeds;
 use crate::{load_model, Interpreter};
 use std::cell::RefCell;
@@ -78,6 +80,8 @@ pub struct Config {
     pub ranking: Option<Ranking>,
     /// Candidates evaluated at the same time (`--jobs`).
     pub jobs: usize,
+    /// Search roles first, then inside the needed ones (`--group roles`).
+    pub group: Grouping,
     /// Golden outputs (`--golden`); None: the model's own FP32 run.
     pub golden: Option<GoldenSource>,
     pub compare: CompareOptions,
@@ -107,6 +111,7 @@ impl Default for Config {
             objective: Objective::Layers,
             ranking: None,
             jobs: 1,
+            group: Grouping::None,
             golden: None,
             compare: CompareOptions::default(),
             user_criterion: None,
@@ -478,6 +483,10 @@ impl Outcome {
             {
                 let quantized = run.space.candidates.len();
                 file.low_precisions = vec![format!("{quantized} quantized")];
+                // The answer leaves quantization: no --layer-precisions item applies.
+                file.groups
+                    .iter_mut()
+                    .for_each(|g| g.layer_precisions = None);
                 file.fusion = self.fusion.name();
                 let marked: Vec<usize> = file.layers.iter().map(|l| l.index).collect();
                 file.qdq = Some(QdqResult {
@@ -691,6 +700,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         objective: config.objective,
         ranking,
         jobs: config.jobs,
+        group: config.group,
     };
     let (searches, amax) = if qdq {
         if !config.precision.layer_precisions.is_empty() {
@@ -852,6 +862,7 @@ fn float_searches<'a>(
                 objective: config.objective,
                 ranking: config.float_ranking(),
                 jobs: config.jobs,
+                group: config.group,
             },
             check: if last { make_check(low.clone()) } else { None },
             replay: if last { replay.take() } else { None },

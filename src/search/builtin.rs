@@ -1107,6 +1107,7 @@ mod tests {
                 objective: super::super::Objective::Layers,
                 ranking,
                 jobs: 1,
+                group: super::super::Grouping::None,
             };
             let stop = std::sync::atomic::AtomicBool::new(false);
             let r = super::super::search(&space, &opts, &mut oracle, &mut |_| {}, &stop).unwrap();

@@ -7,10 +7,11 @@
 
 use super::builtin::RankedBy;
 use super::check::CheckOracle;
+use super::groups::search_as_grouped;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
 use super::space::{CandidateSpace, Found, Prepared};
-use super::{search, Oracle, SearchOptions, SearchResult, SearchSpace, Trial};
+use super::{Oracle, SearchOptions, SearchResult, SearchSpace, Trial};
 use crate::error::Result;
 use crate::event::Event;
 use crate::golden::GoldenFile;
@@ -165,9 +166,10 @@ fn search_with_replay_inner(
     hooks: &mut dyn SearchHooks,
 ) -> Result<SearchResult> {
     let Some((replay, save_to)) = replay else {
-        return search(
+        return search_as_grouped(
             space,
             options,
+            graph,
             inner,
             &mut |t: &Trial| hooks.trial(space, t),
             stop,
@@ -175,9 +177,10 @@ fn search_with_replay_inner(
     };
     let mut replay_oracle =
         ReplayOracle::new(inner, graph, replay, save_to.clone())?.stopping_on(stop);
-    let result = search(
+    let result = search_as_grouped(
         space,
         options,
+        graph,
         &mut replay_oracle,
         &mut |t: &Trial| hooks.trial(space, t),
         stop,
@@ -303,6 +306,7 @@ mod tests {
                 objective: Objective::Layers,
                 ranking: crate::search::Ranking::Sensitivity,
                 jobs: 1,
+                group: crate::search::Grouping::None,
             },
             check: None,
             replay: None,

@@ -23,6 +23,7 @@
 pub mod builtin;
 pub mod check;
 pub mod driver;
+pub mod groups;
 pub mod plans;
 pub mod qdq;
 pub mod replay;
@@ -30,6 +31,7 @@ pub mod report;
 pub mod space;
 
 use crate::error::{Error, Result};
+pub use groups::Grouping;
 use serde::Serialize;
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -288,6 +290,8 @@ pub struct SearchOptions {
     /// needs next, the sets it would need after each likely verdict. The strategy consumes
     /// verdicts in its own order, so answers and trials are the same for any value.
     pub jobs: usize,
+    /// Whether the strategy moves layers or roles first (`--group`; [`groups::phased`]).
+    pub group: Grouping,
 }
 
 /// A finished search: the outcome and every evaluation made.
@@ -984,6 +988,7 @@ mod tests {
             objective: Objective::Layers,
             ranking: Ranking::Growth,
             jobs,
+            group: Grouping::None,
         }
     }
 
@@ -1225,6 +1230,7 @@ mod tests {
                 objective: Objective::Flops,
                 ranking: Ranking::Growth,
                 jobs: 1,
+                group: Grouping::None,
             },
             &mut Either,
             &mut |_| {},

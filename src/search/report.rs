@@ -4,6 +4,7 @@
 
 use super::builtin::BuiltinOracle;
 use super::check::trtexec_spec;
+use super::groups::{answer_rules, Rule};
 use super::{Direction, Mode, Objective, Outcome, SearchResult, SearchSpace, Trial};
 use crate::compare::html::{HLine, HtmlReport, PlotPoint, PlotSeries};
 use crate::error::Result;
@@ -138,6 +139,38 @@ impl LayerReason {
     }
 }
 
+/// One rule of the answer in the result file.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupRef {
+    #[serde(flatten)]
+    pub rule: Rule,
+    /// The `--layer-precisions` item that sets the rule's layers to the high precision
+    /// (`re:REGEX:float32`, or `NAME:float32` for a layer of its own); None for a Q/DQ
+    /// model's search, whose answer leaves quantization instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer_precisions: Option<String>,
+}
+
+impl GroupRef {
+    pub fn new(rule: Rule, high: Precision) -> GroupRef {
+        GroupRef {
+            layer_precisions: Some(layer_precisions_item(&rule, high)),
+            rule,
+        }
+    }
+}
+
+/// The `--layer-precisions` item of a rule: its regex, or a lone layer's name where the name
+/// reads as itself (no glob characters, no `re:` prefix).
+pub fn layer_precisions_item(rule: &Rule, high: Precision) -> String {
+    match rule.layers.as_slice() {
+        [name] if !name.contains(['*', '?']) && !name.starts_with("re:") && !name.is_empty() => {
+            format!("{name}:{}", high.name())
+        }
+        _ => format!("re:{}:{}", rule.regex, high.name()),
+    }
+}
+
 /// The `--save-result` file (JSON).
 #[derive(Serialize)]
 pub struct ResultFile<'a> {
@@ -151,6 +184,9 @@ pub struct ResultFile<'a> {
     pub candidate_flops: u64,
     pub outcome: &'a Outcome,
     pub layers: Vec<LayerRef>,
+    /// The answer as rules: one per role and set of blocks, a layer without a block index
+    /// on its own ([`super::groups::rules`]).
+    pub groups: Vec<GroupRef>,
     pub stats: &'a SearchStats,
     pub trials: &'a [Trial],
     /// The fusion model this answer assumes (`none`: safe on any engine).
@@ -316,6 +352,15 @@ impl<'a> ResultFile<'a> {
                     .collect(),
                 _ => Vec::new(),
             },
+            groups: match &result.outcome {
+                Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
+                    answer_rules(graph, &space.candidates, m)
+                        .into_iter()
+                        .map(|r| GroupRef::new(r, setup.high))
+                        .collect()
+                }
+                _ => Vec::new(),
+            },
             stats,
             trials: &result.trials,
             fusion: setup.low.fusion.name(),
@@ -357,6 +402,7 @@ pub fn html_report(
     reasons: &[crate::compare::layerwise::LayerError],
 ) -> HtmlReport {
     let mut r = HtmlReport::new(&format!("mixprec debug precision: {model}"));
+    let mut rules: Vec<Rule> = Vec::new();
     let execs = format!(
         "Search: {} evaluations{}, {} layer executions ({} without the incremental cache), {:.2} s",
         stats.evaluations,
@@ -368,8 +414,22 @@ pub fn html_report(
     match &result.outcome {
         Outcome::Found(m) | Outcome::Interrupted(Some(m)) => {
             let f = space.flops_of(m);
+            rules = answer_rules(graph, &space.candidates, m);
+            let by_role = rules.iter().any(Rule::is_group);
             let mut details = vec![
-                format!("Layers: {}", names(graph, m)),
+                if by_role {
+                    format!(
+                        "Layers, by role ({} rule(s); the groups below list them): {}",
+                        rules.len(),
+                        rules
+                            .iter()
+                            .map(Rule::describe)
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                } else {
+                    format!("Layers: {}", names(graph, m))
+                },
                 format!(
                     "{} of {} candidate layers ({}), {}FLOP of {}FLOP ({}) in {}",
                     m.len(),
@@ -417,6 +477,9 @@ pub fn html_report(
             };
             r.verdict(matches!(other, Outcome::NothingNeeded), headline, &[execs]);
         }
+    }
+    if rules.iter().any(Rule::is_group) {
+        r.raw(groups_html(&rules, high));
     }
     let mut passed = PlotSeries::new("passed");
     passed.color = Some("#2ca02c".into());
@@ -523,6 +586,54 @@ pub fn html_report(
         );
     }
     r
+}
+
+/// Lists longer than this fold into a `<details>` in the HTML report.
+const FOLD_AFTER: usize = 6;
+
+/// The answer's rules as an HTML table: the rule, its ops, its layers (folded when long) and
+/// the regex that names them, as `--layer-precisions` and ModelOpt's `--nodes_to_exclude`
+/// take it.
+fn groups_html(rules: &[Rule], high: Precision) -> String {
+    use crate::compare::html::esc;
+    use std::fmt::Write;
+    let mut s = String::from(
+        "<h2>Groups: the answer by role (layers that play the same role in repeated blocks)</h2>\n<div class=\"scroll\"><table><thead><tr><th class=\"l\">rule</th><th class=\"l\">op</th><th>layers</th><th class=\"l\">names</th><th class=\"l\">--layer-precisions / --nodes_to_exclude</th></tr></thead><tbody>\n",
+    );
+    for rule in rules {
+        let names: Vec<String> = rule
+            .layers
+            .iter()
+            .map(|n| format!("<span class=\"mono\">{}</span>", esc(n)))
+            .collect();
+        let listed = if names.len() > FOLD_AFTER {
+            format!(
+                "<details><summary>{} layers</summary>{}</details>",
+                names.len(),
+                names.join("<br>")
+            )
+        } else {
+            names.join("<br>")
+        };
+        let mut ops: Vec<&str> = Vec::new();
+        for op in &rule.ops {
+            if !ops.contains(&op.as_str()) {
+                ops.push(op);
+            }
+        }
+        let _ = writeln!(
+            s,
+            "<tr><td class=\"l mono\">{}</td><td class=\"l\">{}</td><td>{}</td><td class=\"l\">{}</td><td class=\"l mono wrap\">{}<br>{}</td></tr>",
+            esc(&rule.describe()),
+            esc(&ops.join(", ")),
+            rule.layers.len(),
+            listed,
+            esc(&layer_precisions_item(rule, high)),
+            esc(&rule.regex)
+        );
+    }
+    s.push_str("</tbody></table></div>\n");
+    s
 }
 
 /// What the deploy lines of an answer are made from.

@@ -701,3 +701,178 @@ fn check_commands_run_at_once_each_in_its_own_directory() {
     assert!(!ok);
     assert!(log.contains("is an absolute path"), "{log}");
 }
+
+/// A model of `blocks` repeated blocks named as PyTorch exports them
+/// (`/model/layers.{b}/scale/Mul`, `.../unscale/Mul`, `.../residual/Add`, `.../act/Relu`): x in
+/// [70, 72] times 1024 passes float16's 65504 in the blocks of `overflowing` (8 elsewhere), so
+/// both multiplications of those blocks must stay in float32. Written by the test venv's onnx.
+fn repeated_blocks_model(dir: &std::path::Path, blocks: usize, overflowing: &[usize]) -> String {
+    let path = dir.join("repeated_blocks.onnx");
+    let script = r#"
+import sys, json, numpy as np, onnx
+from onnx import helper, numpy_helper, TensorProto
+path, blocks, overflowing = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+nodes, inits, prev = [], [numpy_helper.from_array(np.array([0.25], np.float32), "quarter")], "x"
+for b in range(blocks):
+    w = 1024.0 if b in overflowing else 8.0
+    p = f"/model/layers.{b}"
+    out = "y" if b + 1 == blocks else f"h{b}"
+    nodes += [helper.make_node("Mul", [prev, f"w{b}"], [f"s{b}"], name=f"{p}/scale/Mul"),
+              helper.make_node("Mul", [f"s{b}", f"iw{b}"], [f"u{b}"], name=f"{p}/unscale/Mul"),
+              helper.make_node("Add", [f"u{b}", "quarter"], [f"a{b}"], name=f"{p}/residual/Add"),
+              helper.make_node("Relu", [f"a{b}"], [out], name=f"{p}/act/Relu")]
+    inits += [numpy_helper.from_array(np.array([w], np.float32), f"w{b}"),
+              numpy_helper.from_array(np.array([1.0 / w], np.float32), f"iw{b}")]
+    prev = out
+g = helper.make_graph(nodes, "repeated_blocks",
+    [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+    [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])], inits)
+onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+"#;
+    let st = Command::new(crate::common::python())
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .arg(blocks.to_string())
+        .arg(serde_json::to_string(overflowing).unwrap())
+        .status()
+        .unwrap();
+    assert!(st.success(), "writing repeated_blocks.onnx");
+    path.to_string_lossy().into_owned()
+}
+
+/// `--group roles` (docs/search.md, "Roles"): the answer prints one line per role with its
+/// `--layer-precisions` item and ModelOpt's patterns, `--save-result` holds the groups and the
+/// trials in layer terms, the answer is the plain search's, and the items give it back.
+#[test]
+fn group_roles_answers_as_rules_and_saves_the_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = repeated_blocks_model(dir.path(), 12, &[9, 10, 11]);
+    let criterion = [
+        "--val-range",
+        "x:[70,72]",
+        "--atol",
+        "0.1",
+        "--rtol",
+        "0.01",
+    ];
+    let run = |extra: &[&str]| {
+        let result = dir.path().join("result.json");
+        let mut args = vec![
+            "debug",
+            "precision",
+            m.as_str(),
+            "--fp16",
+            "--mode",
+            "minimal",
+        ];
+        args.extend(criterion);
+        args.extend(["--save-result", result.to_str().unwrap()]);
+        args.extend(extra);
+        let out = mixprec(&args);
+        let log = text(&out);
+        assert!(out.status.success(), "{log}");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+        (log, v)
+    };
+    let names = |v: &serde_json::Value| -> Vec<String> {
+        v["layers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (log, v) = run(&["--group", "roles"]);
+    let (plain_log, plain) = run(&[]);
+    let want: Vec<String> = (9..12)
+        .flat_map(|b| {
+            [
+                format!("/model/layers.{b}/scale/Mul"),
+                format!("/model/layers.{b}/unscale/Mul"),
+            ]
+        })
+        .collect();
+    assert_eq!(names(&v), want, "{log}");
+    assert_eq!(names(&plain), want, "{plain_log}");
+    // One line per role, each with its item; the plain search's answer reads the same.
+    for l in [&log, &plain_log] {
+        assert!(
+            l.contains("Layers, by role (2 rule(s) for 6 layer(s)"),
+            "{l}"
+        );
+        assert!(
+            l.contains("scale/Mul in /model/layers 9–11 (3 layers)"),
+            "{l}"
+        );
+        assert!(
+            l.contains("unscale/Mul in /model/layers 9–11 (3 layers)"),
+            "{l}"
+        );
+        assert!(
+            l.contains(r"--layer-precisions 're:^/model/layers\.(?:9|1[0-1])/scale/Mul$:float32'"),
+            "{l}"
+        );
+        assert!(l.contains("--nodes_to_exclude '^/model/layers"), "{l}");
+    }
+    let groups = v["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{v}");
+    assert_eq!(groups[0]["role"], "scale/Mul");
+    assert_eq!(groups[0]["scope"], "/model/layers");
+    assert_eq!(groups[0]["blocks"], "9–11");
+    assert_eq!(groups[0]["block_indices"], serde_json::json!([9, 10, 11]));
+    assert_eq!(groups[0]["layers"].as_array().unwrap().len(), 3);
+    assert_eq!(groups[1]["role"], "unscale/Mul");
+    assert_eq!(plain["groups"], v["groups"]);
+    // Trials in layer terms: the roles' ranking and refinement are there, and fewer runs than
+    // the plain search's ranking of 48 layers and its evaluations.
+    let trials = v["trials"].as_array().unwrap();
+    let phases: Vec<&str> = trials
+        .iter()
+        .map(|t| t["phase"].as_str().unwrap())
+        .collect();
+    assert!(
+        phases.contains(&"rank-roles") && phases.iter().any(|p| p.starts_with("refine")),
+        "{phases:?}"
+    );
+    let runs = |v: &serde_json::Value| {
+        v["stats"]["evaluations"].as_u64().unwrap() + v["stats"]["ranking_runs"].as_u64().unwrap()
+    };
+    assert!(runs(&v) < runs(&plain), "{} vs {}", runs(&v), runs(&plain));
+    // The items, given to `run`, select exactly the answer: it passes against the FP32 run.
+    let golden = dir.path().join("golden.json");
+    let inputs = dir.path().join("inputs.json");
+    let out = mixprec(&[
+        "run",
+        &m,
+        "--val-range",
+        "x:[70,72]",
+        "--save-inputs",
+        inputs.to_str().unwrap(),
+        "--save-outputs",
+        golden.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let items: Vec<String> = groups
+        .iter()
+        .map(|g| g["layer_precisions"].as_str().unwrap().to_string())
+        .collect();
+    let mut args = vec![
+        "run",
+        m.as_str(),
+        "--fp16",
+        "--load-inputs",
+        inputs.to_str().unwrap(),
+        "--load-outputs",
+        golden.to_str().unwrap(),
+        "--atol",
+        "0.1",
+        "--rtol",
+        "0.01",
+        "--layer-precisions",
+    ];
+    args.extend(items.iter().map(String::as_str));
+    let out = mixprec(&args);
+    assert!(out.status.success(), "{items:?}: {}", text(&out));
+}

@@ -107,6 +107,7 @@ macro_rules! out {
 }
 
 mod args;
+mod groups;
 mod hooks;
 mod plans;
 mod qdq;

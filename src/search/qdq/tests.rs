@@ -172,6 +172,7 @@ fn run_search(
                 objective: Objective::Layers,
                 ranking: crate::search::Ranking::Growth,
                 jobs,
+                group: crate::search::Grouping::None,
             },
             check: None,
             replay: None,

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
 use mixprec::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
-use mixprec::search::{Direction, Mode, Objective, Ranking};
+use mixprec::search::{Direction, Grouping, Mode, Objective, Ranking};
 use std::path::PathBuf;
 
 #[derive(Args, Debug)]
@@ -38,6 +38,11 @@ pub struct SearchArgs {
     /// model's search).
     #[arg(long, value_name = "RANKING", value_parser = rankings())]
     pub(super) ranking: Option<Ranking>,
+    /// roles: layers that play the same role in repeated blocks (the name with the block
+    /// index abstracted, the same op and shapes) are one candidate first; the search then
+    /// refines inside the roles it needs. none (default): every layer is a candidate.
+    #[arg(long, default_value = "none", value_name = "GROUPING", value_parser = groupings())]
+    pub(super) group: Grouping,
     /// Candidates evaluated at the same time: besides the one the search needs next, the ones
     /// it would need after the likeliest verdicts (bisection probes, pruning groups); the
     /// sensitivity ranking's runs likewise. The answer and the trials are the same for any N;
@@ -184,6 +189,7 @@ impl SearchArgs {
             objective: self.objective,
             ranking: self.ranking,
             jobs: self.jobs,
+            group: self.group,
             golden: self.golden.clone().map(GoldenSource::File),
             compare: self.compare.options(),
             user_criterion: None,
@@ -246,6 +252,17 @@ fn rankings() -> impl TypedValueParser<Value = Ranking> {
             Ranking::Growth,
             "growth",
             "The error each layer adds in the all-low plan (one run)",
+        ),
+    ])
+}
+
+fn groupings() -> impl TypedValueParser<Value = Grouping> {
+    choice(&[
+        (Grouping::None, "none", "Every layer is a candidate"),
+        (
+            Grouping::Roles,
+            "roles",
+            "Each role of repeated blocks one candidate, then refined inside",
         ),
     ])
 }

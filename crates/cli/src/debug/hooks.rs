@@ -208,7 +208,15 @@ impl SearchHooks for CliHooks<'_> {
         }
         // The deferred ranking runs next (by sensitivity about half an inference per candidate):
         // say so, or a long ranking looks like a stalled search.
-        if t.phase == "check-none" && !t.passed && space.deferred && self.mode.needs_ranking() {
+        // With --group roles the roles are ranked instead, each by an evaluation of its own
+        // (its `rank-roles` line says so).
+        let by_layer = self.args.group == mixprec::search::Grouping::None;
+        if t.phase == "check-none"
+            && !t.passed
+            && space.deferred
+            && self.mode.needs_ranking()
+            && by_layer
+        {
             let n = space.candidates.len();
             let ranking = self.args.ranking();
             self.bar.set_message(format!(

@@ -10,7 +10,7 @@ use mixprec::jobs::debug_precision::SearchPass;
 use mixprec::jobs::options::PrecisionOptions;
 use mixprec::precision::fusion::FusionModel;
 use mixprec::precision::Precision;
-use mixprec::search::report::{deploy_lines, names, percent, DeploySetup};
+use mixprec::search::report::{deploy_lines, percent, DeploySetup};
 use mixprec::Graph;
 
 /// A float search's answer: its layers, why each is needed, their share, the deploy lines.
@@ -36,7 +36,7 @@ pub(super) fn answer(
             }
         );
     }
-    out!(p, "[I]     Layers: {}", names(graph, marked));
+    super::groups::print_layers(p, graph, space, marked, Some(high));
     print_reasons(p, reasons, stat);
     let f = space.flops_of(marked);
     out!(

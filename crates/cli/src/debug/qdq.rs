@@ -6,7 +6,7 @@ use mixprec::compare::fmt_g;
 use mixprec::inspect::si;
 use mixprec::onnx::Model;
 use mixprec::search::qdq::{exclusion_lines, unnamed_in_file};
-use mixprec::search::report::{names, percent, shell_word, QdqReason};
+use mixprec::search::report::{percent, shell_word, QdqReason};
 use mixprec::search::{SearchResult, SearchSpace};
 
 /// A Q/DQ search's answer: its layers, their share, why each is needed, how to re-quantize
@@ -23,7 +23,7 @@ pub(super) fn answer(
     reasons: &[QdqReason],
 ) {
     let graph = &model.graph;
-    out!(p, "[I]     Layers: {}", names(graph, marked));
+    super::groups::print_layers(p, graph, space, marked, None);
     let f = space.flops_of(marked);
     out!(
         p,

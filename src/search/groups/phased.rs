@@ -1,0 +1,542 @@
+//! The search over roles (`--group roles`): each role one candidate first, then the layers
+//! inside the roles that are needed.
+//!
+//! Phase 1 runs the strategy over roles ([`super::roles`] of the candidates): a set of roles
+//! is judged as the set of their layers. Phase 2 runs it again inside each role phase 1
+//! kept, one role at a time, with the layers kept of the other roles marked throughout. With
+//! `minimal`, a last round tries to drop each layer of the answer once more, as the plain
+//! search's confirmation does. Every evaluation goes through one ledger: a set of layers is
+//! never evaluated twice across the phases, and every trial is recorded in layer terms (the
+//! `--save-result` history, the debug replay and the HTML report read them as they read the
+//! plain search's).
+//!
+//! What it guarantees: the answer is a set of layers that was evaluated and passed (each
+//! phase starts from the set the previous one ended with, which passed). With `minimal`,
+//! dropping any single layer of it fails, as with the plain search. It is not always the
+//! plain search's answer: the roles are searched first, so among several passing answers it
+//! finds one made of whole roles where it can.
+
+use super::super::{
+    search, Evaluation, Mode, Oracle, Outcome, Ranking, Scores, SearchOptions, SearchResult,
+    SearchSpace, Trial,
+};
+use super::{roles, shape_facts, Grouping};
+use crate::error::Result;
+use crate::graph::Graph;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The strategy as `options.group` asks: over layers ([`search`]), or over roles
+/// ([`search_by_roles`], the roles of the space's candidates in `graph`).
+pub fn search_as_grouped(
+    space: &SearchSpace,
+    options: &SearchOptions,
+    graph: &Graph,
+    oracle: &mut dyn Oracle,
+    on_trial: &mut dyn FnMut(&Trial),
+    stop: &AtomicBool,
+) -> Result<SearchResult> {
+    match options.group {
+        Grouping::None => search(space, options, oracle, on_trial, stop),
+        Grouping::Roles => {
+            let facts = shape_facts(graph);
+            let roles = roles(graph, facts.as_ref(), &space.candidates);
+            search_by_roles(space, options, &roles.layer_sets(), oracle, on_trial, stop)
+        }
+    }
+}
+
+/// Every evaluation of a grouped search, in layer terms: verdicts by set of layers, and the
+/// trials in evaluation order.
+struct Ledger<'a> {
+    inner: &'a mut dyn Oracle,
+    flops: &'a [u64],
+    known: HashMap<Vec<usize>, Evaluation>,
+    trials: Vec<Trial>,
+    recorded: HashSet<Vec<usize>>,
+    on_trial: &'a mut dyn FnMut(&Trial),
+}
+
+impl Ledger<'_> {
+    fn evaluate(&mut self, layers: Vec<usize>) -> Result<Evaluation> {
+        if let Some(e) = self.known.get(&layers) {
+            return Ok(e.clone());
+        }
+        let e = self.inner.evaluate(&layers)?;
+        self.known.insert(layers, e.clone());
+        Ok(e)
+    }
+
+    fn evaluate_batch(&mut self, sets: Vec<Vec<usize>>) -> Vec<Result<Evaluation>> {
+        let mut unknown: Vec<Vec<usize>> = Vec::new();
+        for s in &sets {
+            if !self.known.contains_key(s) && !unknown.contains(s) {
+                unknown.push(s.clone());
+            }
+        }
+        let fresh = if unknown.is_empty() {
+            Vec::new()
+        } else {
+            self.inner.evaluate_batch(&unknown)
+        };
+        let mut failed: HashMap<Vec<usize>, String> = HashMap::new();
+        let mut fresh = fresh.into_iter();
+        for set in unknown {
+            match fresh.next() {
+                Some(Ok(e)) => {
+                    self.known.insert(set, e);
+                }
+                Some(Err(e)) => {
+                    failed.insert(set, e.to_string());
+                }
+                None => {
+                    failed.insert(
+                        set,
+                        "the oracle answered fewer sets than it was given".into(),
+                    );
+                }
+            }
+        }
+        sets.into_iter()
+            .map(|s| match self.known.get(&s) {
+                Some(e) => Ok(e.clone()),
+                None => Err(crate::error::Error::Invalid(
+                    failed.get(&s).cloned().unwrap_or_default(),
+                )),
+            })
+            .collect()
+    }
+
+    /// Records an evaluation as a trial, unless that set of layers is recorded already (a
+    /// later phase asking again: the verdict came from the ledger, not a new evaluation).
+    fn record(&mut self, phase: &'static str, layers: Vec<usize>, e: &Evaluation) {
+        if !self.recorded.insert(layers.clone()) {
+            return;
+        }
+        let trial = Trial {
+            iteration: self.trials.len() + 1,
+            phase,
+            marked_flops: layers
+                .iter()
+                .map(|&i| self.flops.get(i).copied().unwrap_or(0))
+                .sum(),
+            marked: layers,
+            passed: e.passed,
+            error: e.error,
+            summary: e.summary.clone(),
+        };
+        (self.on_trial)(&trial);
+        self.trials.push(trial);
+    }
+}
+
+/// Sorted union of `parts`.
+fn union<'p>(parts: impl IntoIterator<Item = &'p [usize]>) -> Vec<usize> {
+    let mut v: Vec<usize> = parts.into_iter().flatten().copied().collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// Phase 1's name for a strategy phase: the reference checks keep theirs (they judge the same
+/// sets as the plain search's), the others say they moved roles.
+fn roles_phase(phase: &str) -> &'static str {
+    match phase {
+        "check-all" => "check-all",
+        "check-none" => "check-none",
+        "bisect" => "roles-bisect",
+        "linear" => "roles-linear",
+        "rank-gallop" => "roles-gallop",
+        "rank-bisect" => "roles-bisect",
+        "prune" => "roles-prune",
+        "confirm" => "roles-confirm",
+        _ => "roles",
+    }
+}
+
+/// Phase 2's name for a strategy phase.
+fn refine_phase(phase: &str) -> &'static str {
+    match phase {
+        "check-all" => "refine-check-all",
+        "check-none" => "refine-check-none",
+        "bisect" | "rank-bisect" => "refine-bisect",
+        "linear" => "refine-linear",
+        "rank-gallop" => "refine-gallop",
+        "prune" => "refine-prune",
+        "confirm" => "refine-confirm",
+        _ => "refine",
+    }
+}
+
+/// Phase 1's oracle: a set of roles (indices into `groups`) is judged as their layers.
+struct ByRole<'l, 'a> {
+    ledger: &'l RefCell<Ledger<'a>>,
+    groups: &'l [Vec<usize>],
+    /// Every candidate layer (the sensitivity ranking's plans mark all but one role).
+    all: &'l [usize],
+    ranking: Ranking,
+    jobs: usize,
+    stop: &'l AtomicBool,
+    /// The layers' scores, when the deferred ranking gave them (growth): phase 2 ranks by them.
+    layer_scores: Option<Scores>,
+    /// Roles whose plan alone in low precision failed (the sensitivity ranking's verdicts).
+    failing_alone: Vec<usize>,
+}
+
+impl ByRole<'_, '_> {
+    fn layers(&self, roles: &[usize]) -> Vec<usize> {
+        union(roles.iter().map(|&g| self.groups[g].as_slice()))
+    }
+
+    /// The sensitivity ranking over roles: each role alone in low precision, every other
+    /// candidate high, judged through the oracle — one evaluation per role instead of one run
+    /// per layer. Its evaluations are trials (`rank-roles`): verdicts on sets of layers like
+    /// any other, which the debug replay keeps.
+    fn rank_roles_by_sensitivity(&mut self) -> Result<Scores> {
+        let mut scores = Scores::default();
+        let order: Vec<usize> = (0..self.groups.len()).collect();
+        for chunk in order.chunks(self.jobs.max(1)) {
+            if self.stop.load(Ordering::SeqCst) {
+                // Interrupted: the rest rank last; the search stops before its next evaluation.
+                break;
+            }
+            let plans: Vec<Vec<usize>> = chunk
+                .iter()
+                .map(|&g| {
+                    let role: HashSet<usize> = self.groups[g].iter().copied().collect();
+                    self.all
+                        .iter()
+                        .copied()
+                        .filter(|l| !role.contains(l))
+                        .collect()
+                })
+                .collect();
+            let verdicts = self.ledger.borrow_mut().evaluate_batch(plans.clone());
+            for ((&g, plan), verdict) in chunk.iter().zip(plans).zip(verdicts) {
+                let e = verdict?;
+                self.ledger.borrow_mut().record("rank-roles", plan, &e);
+                let score = if e.error.is_nan() {
+                    f64::INFINITY
+                } else {
+                    e.error
+                };
+                scores.by_layer.insert(g, score);
+                if !e.passed {
+                    scores.failing_alone.push(g);
+                }
+            }
+        }
+        self.failing_alone = scores.failing_alone.clone();
+        Ok(scores)
+    }
+}
+
+impl Oracle for ByRole<'_, '_> {
+    fn evaluate(&mut self, roles: &[usize]) -> Result<Evaluation> {
+        let layers = self.layers(roles);
+        self.ledger.borrow_mut().evaluate(layers)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let sets = sets.iter().map(|s| self.layers(s)).collect();
+        self.ledger.borrow_mut().evaluate_batch(sets)
+    }
+
+    fn parallel(&self) -> bool {
+        self.ledger.borrow().inner.parallel()
+    }
+
+    fn rank(&mut self) -> Result<Scores> {
+        match self.ranking {
+            Ranking::Sensitivity => self.rank_roles_by_sensitivity(),
+            Ranking::Growth => {
+                // One run ranks every layer; a role ranks by its worst layer.
+                let layer_scores = self.ledger.borrow_mut().inner.rank()?;
+                let scores = role_scores(&layer_scores, self.groups);
+                self.layer_scores = Some(layer_scores);
+                Ok(scores)
+            }
+        }
+    }
+}
+
+/// Scores of roles from their layers': a role scores its worst layer's score, and fails alone
+/// when one of its layers does (the role alone in low precision marks fewer layers than that
+/// layer alone: under a monotone criterion it fails too).
+fn role_scores(layers: &Scores, groups: &[Vec<usize>]) -> Scores {
+    let failing: HashSet<usize> = layers.failing_alone.iter().copied().collect();
+    let mut scores = Scores::default();
+    for (g, members) in groups.iter().enumerate() {
+        let worst = members
+            .iter()
+            .filter_map(|l| layers.by_layer.get(l).copied())
+            .filter(|s| !s.is_nan())
+            .fold(None, |m: Option<f64>, s| Some(m.map_or(s, |m| m.max(s))));
+        if let Some(w) = worst {
+            scores.by_layer.insert(g, w);
+        }
+        if members.iter().any(|l| failing.contains(l)) {
+            scores.failing_alone.push(g);
+        }
+    }
+    scores
+}
+
+/// Phase 2's oracle: the layers of one role, with `fixed` (the other roles' kept layers)
+/// always marked.
+struct WithFixed<'l, 'a> {
+    ledger: &'l RefCell<Ledger<'a>>,
+    fixed: &'l [usize],
+}
+
+impl WithFixed<'_, '_> {
+    fn layers(&self, marked: &[usize]) -> Vec<usize> {
+        union([self.fixed, marked])
+    }
+}
+
+impl Oracle for WithFixed<'_, '_> {
+    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        let layers = self.layers(marked);
+        self.ledger.borrow_mut().evaluate(layers)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let sets = sets.iter().map(|s| self.layers(s)).collect();
+        self.ledger.borrow_mut().evaluate_batch(sets)
+    }
+
+    fn parallel(&self) -> bool {
+        self.ledger.borrow().inner.parallel()
+    }
+}
+
+/// Runs the strategy over roles, then inside the roles it needs (see the module's docs).
+/// `groups` partitions `space.candidates` (each a role's layers, ascending), in topological
+/// order of their first layer. The result is in layer terms: the answer, and every
+/// evaluation as a trial in the order it was made; `contiguous_count` is None (an answer
+/// made of roles is not a run of layers from one end).
+pub fn search_by_roles(
+    space: &SearchSpace,
+    options: &SearchOptions,
+    groups: &[Vec<usize>],
+    oracle: &mut dyn Oracle,
+    on_trial: &mut dyn FnMut(&Trial),
+    stop: &AtomicBool,
+) -> Result<SearchResult> {
+    let ledger = RefCell::new(Ledger {
+        inner: oracle,
+        flops: &space.flops,
+        known: HashMap::new(),
+        trials: Vec::new(),
+        recorded: HashSet::new(),
+        on_trial,
+    });
+    let plain = SearchOptions {
+        group: Grouping::None,
+        ..*options
+    };
+    let role_space = SearchSpace {
+        candidates: (0..groups.len()).collect(),
+        flops: groups.iter().map(|g| space.flops_of(g)).collect(),
+        scores: role_scores(&space.scores, groups),
+        deferred: space.deferred,
+    };
+    let mut by_role = ByRole {
+        ledger: &ledger,
+        groups,
+        all: &space.candidates,
+        ranking: options.ranking,
+        jobs: if ledger.borrow().inner.parallel() {
+            options.jobs
+        } else {
+            1
+        },
+        stop,
+        layer_scores: None,
+        failing_alone: Vec::new(),
+    };
+    let phase1 = search(
+        &role_space,
+        &plain,
+        &mut by_role,
+        &mut |t: &Trial| {
+            let layers = union(t.marked.iter().map(|&g| groups[g].as_slice()));
+            ledger
+                .borrow_mut()
+                .record(roles_phase(t.phase), layers, &t.into());
+        },
+        stop,
+    )?;
+    // A role of one layer that failed alone is a layer that failed alone (its plan is the
+    // layer's own sensitivity plan).
+    let failing_alone: Vec<usize> = by_role
+        .failing_alone
+        .iter()
+        .filter(|&&g| groups[g].len() == 1)
+        .map(|&g| groups[g][0])
+        .collect();
+    let layer_scores = by_role
+        .layer_scores
+        .take()
+        .unwrap_or_else(|| space.scores.clone());
+    let needed: Vec<usize> = match phase1.outcome {
+        Outcome::Found(roles) => roles,
+        other => {
+            let outcome = match other {
+                Outcome::Interrupted(best) => Outcome::Interrupted(
+                    best.map(|b| union(b.iter().map(|&g| groups[g].as_slice()))),
+                ),
+                o => o,
+            };
+            return Ok(finish(ledger, outcome, failing_alone));
+        }
+    };
+    // Phase 2: the kept layers of each needed role, refined one role at a time.
+    let mut kept: Vec<Vec<usize>> = needed.iter().map(|&g| groups[g].clone()).collect();
+    let mut interrupted = false;
+    for k in 0..kept.len() {
+        let fixed = union(
+            kept.iter()
+                .enumerate()
+                .filter(|&(j, _)| j != k)
+                .map(|(_, v)| v.as_slice()),
+        );
+        // Where galloping starts: at the layers of this role that failed alone. Without
+        // scores for its layers (the sensitivity ranking ranked roles, not layers) minimal
+        // starts from the whole role, which passed in phase 1: galloping over the role in
+        // block order would only find a prefix that passes again (on 30 blocks, 3 needed
+        // near the end: 9 evaluations), and group testing drops what is not needed from
+        // the whole role as well (its last layer, which pruning keeps, is tried again by the
+        // confirmation).
+        let failing: Vec<usize> =
+            if options.mode == Mode::Minimal && layer_scores.by_layer.is_empty() {
+                kept[k].clone()
+            } else {
+                layer_scores
+                    .failing_alone
+                    .iter()
+                    .copied()
+                    .filter(|l| kept[k].contains(l))
+                    .collect()
+            };
+        let inside = SearchSpace {
+            candidates: kept[k].clone(),
+            flops: space.flops.clone(),
+            scores: Scores {
+                by_layer: layer_scores.by_layer.clone(),
+                failing_alone: failing,
+            },
+            deferred: false,
+        };
+        let mut with_fixed = WithFixed {
+            ledger: &ledger,
+            fixed: &fixed,
+        };
+        let r = search(
+            &inside,
+            &plain,
+            &mut with_fixed,
+            &mut |t: &Trial| {
+                let layers = union([fixed.as_slice(), t.marked.as_slice()]);
+                ledger
+                    .borrow_mut()
+                    .record(refine_phase(t.phase), layers, &t.into());
+            },
+            stop,
+        )?;
+        match r.outcome {
+            Outcome::Found(m) => kept[k] = m,
+            Outcome::NothingNeeded => kept[k].clear(),
+            // Every set this search judged failed but the whole role (it passed before:
+            // the ledger's verdict): the role stays whole.
+            Outcome::ReferenceFails | Outcome::NotFound => {}
+            Outcome::Interrupted(best) => {
+                if let Some(b) = best {
+                    kept[k] = b;
+                }
+                interrupted = true;
+                break;
+            }
+        }
+    }
+    let mut answer = union(kept.iter().map(|v| v.as_slice()));
+    if !interrupted && options.mode == Mode::Minimal {
+        let (confirmed, finished) = confirm(&ledger, answer, stop)?;
+        answer = confirmed;
+        interrupted = !finished;
+    }
+    let outcome = if interrupted {
+        Outcome::Interrupted(Some(answer))
+    } else {
+        Outcome::Found(answer)
+    };
+    Ok(finish(ledger, outcome, failing_alone))
+}
+
+/// The plain search's last round over the whole answer: drop each layer whose removal passes,
+/// until none can go. A layer was confirmed inside its role while later roles were still
+/// whole; under a monotone criterion it stays needed, but real criteria are not always
+/// monotone. Sets judged before come from the ledger, so layers whose context did not change
+/// cost nothing. Returns the answer (it passes) and whether the round finished (false:
+/// interrupted).
+fn confirm(
+    ledger: &RefCell<Ledger<'_>>,
+    mut answer: Vec<usize>,
+    stop: &AtomicBool,
+) -> Result<(Vec<usize>, bool)> {
+    loop {
+        let mut dropped = false;
+        for layer in answer.clone() {
+            if stop.load(Ordering::SeqCst) {
+                return Ok((answer, false));
+            }
+            let without: Vec<usize> = answer.iter().copied().filter(|&l| l != layer).collect();
+            let e = ledger.borrow_mut().evaluate(without.clone())?;
+            ledger.borrow_mut().record("confirm", without.clone(), &e);
+            if e.passed {
+                answer = without;
+                dropped = true;
+            }
+        }
+        if !dropped {
+            return Ok((answer, true));
+        }
+    }
+}
+
+/// The result in layer terms. Speculative evaluations (`--jobs`) are the sets evaluated that
+/// no phase took: a set one phase evaluated ahead and a later one asked for is a trial.
+fn finish(
+    ledger: RefCell<Ledger<'_>>,
+    outcome: Outcome,
+    failing_alone: Vec<usize>,
+) -> SearchResult {
+    let ledger = ledger.into_inner();
+    let speculative = ledger
+        .known
+        .keys()
+        .filter(|s| !ledger.recorded.contains(*s))
+        .count();
+    SearchResult {
+        outcome,
+        trials: ledger.trials,
+        contiguous_count: None,
+        speculative,
+        failing_alone,
+    }
+}
+
+impl From<&Trial> for Evaluation {
+    fn from(t: &Trial) -> Evaluation {
+        Evaluation {
+            passed: t.passed,
+            error: t.error,
+            summary: t.summary.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
