@@ -280,18 +280,6 @@ impl Graph {
         self.value_index.get(self)
     }
 
-    /// The node (index) that produces each value of this graph (graph inputs and
-    /// initializers have none).
-    pub fn producers(&self) -> std::collections::HashMap<&str, usize> {
-        let mut m = std::collections::HashMap::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            for o in n.outputs.iter().filter(|o| !o.is_empty()) {
-                m.insert(o.as_str(), i);
-            }
-        }
-        m
-    }
-
     /// Opset of the default ONNX domain.
     pub fn opset(&self) -> i64 {
         self.opset_of("")
