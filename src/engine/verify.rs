@@ -71,11 +71,7 @@ pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
             .and_then(|f| f.dtype)
             .or_else(|| graph.weight(v).map(|t| t.dtype()))
     };
-    let producer: BTreeMap<&str, &crate::graph::Node> = graph
-        .nodes
-        .iter()
-        .flat_map(|n| n.outputs.iter().map(move |o| (o.as_str(), n)))
-        .collect();
+    let values = graph.values();
     Ok(graph
         .nodes
         .iter()
@@ -85,7 +81,7 @@ pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
             }
             if has_quantized_kernel(n) {
                 for x in n.inputs.iter().take(2) {
-                    let Some(dq) = producer.get(x.as_str()) else {
+                    let Some(dq) = values.producer_node(x).map(|p| &graph.nodes[p]) else {
                         continue;
                     };
                     if dq.op_type != "DequantizeLinear" {

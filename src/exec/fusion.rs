@@ -26,13 +26,13 @@
 //! TensorRT").
 
 use crate::graph::fact::Fact;
-use crate::graph::Graph;
+use crate::graph::{Graph, Producer, ValueId};
 use crate::infer::{declared_input_facts, infer_graph, GraphFacts};
 use crate::ops::is_data_movement;
 use crate::precision::plan::ResolvedRegion;
 use crate::precision::Precision;
 use crate::tensor::DType;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 /// What kind of kernel a node is, for the fusion rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -124,32 +124,12 @@ pub(crate) struct Topology {
 
 impl Topology {
     pub fn new(graph: &Graph) -> Topology {
+        let values = graph.values();
         let n = graph.nodes.len();
-        let mut producer: HashMap<&str, (usize, usize)> = HashMap::new();
-        for (j, node) in graph.nodes.iter().enumerate() {
-            for (k, o) in node.outputs.iter().enumerate() {
-                if !o.is_empty() {
-                    producer.insert(o.as_str(), (j, k));
-                }
-            }
-        }
         let mut t = Topology {
             producer_of_input: Vec::with_capacity(n),
-            readers: graph
-                .nodes
-                .iter()
-                .map(|nd| vec![Vec::new(); nd.outputs.len()])
-                .collect(),
-            graph_output: graph
-                .nodes
-                .iter()
-                .map(|nd| {
-                    nd.outputs
-                        .iter()
-                        .map(|o| !o.is_empty() && graph.outputs.iter().any(|v| v.name == *o))
-                        .collect()
-                })
-                .collect(),
+            readers: Vec::with_capacity(n),
+            graph_output: Vec::with_capacity(n),
             deps: Vec::with_capacity(n),
             compute: graph
                 .nodes
@@ -157,26 +137,36 @@ impl Topology {
                 .map(|nd| !is_data_movement(nd) && !graph.is_folded(nd))
                 .collect(),
         };
-        for (j, node) in graph.nodes.iter().enumerate() {
-            let implicit = node.implicit_inputs();
-            let mut deps = Vec::new();
-            for name in node.inputs.iter().chain(&implicit) {
-                if let Some(&(u, k)) = producer.get(name.as_str()) {
-                    if !t.readers[u][k].contains(&j) {
-                        t.readers[u][k].push(j);
+        for j in 0..n {
+            let mut readers = Vec::new();
+            let mut graph_output = Vec::new();
+            for (k, out) in values.node_outputs(j).iter().enumerate() {
+                // A value written twice (not valid ONNX) is read from its last writer only.
+                let written_here =
+                    |id: &ValueId| values.producer(*id) == Some(Producer { node: j, output: k });
+                let mut nodes: Vec<usize> = Vec::new();
+                if let Some(id) = out.filter(written_here) {
+                    for c in values.consumers(id) {
+                        if !nodes.contains(&c.node) {
+                            nodes.push(c.node);
+                        }
                     }
-                    deps.push(u);
                 }
+                readers.push(nodes);
+                graph_output.push(out.is_some_and(|id| values.is_graph_output(id)));
             }
+            t.readers.push(readers);
+            t.graph_output.push(graph_output);
+            let reads = values.node_inputs(j).iter().flatten();
+            let mut deps: Vec<usize> = reads
+                .chain(values.node_implicit_inputs(j))
+                .filter_map(|&id| values.producer(id).map(|p| p.node))
+                .collect();
             deps.sort_unstable();
             deps.dedup();
             t.deps.push(deps);
-            t.producer_of_input.push(
-                node.inputs
-                    .iter()
-                    .map(|name| producer.get(name.as_str()).map(|&(u, _)| u))
-                    .collect(),
-            );
+            t.producer_of_input
+                .push(values.input_producers(j).collect());
         }
         t
     }

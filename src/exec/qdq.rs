@@ -18,7 +18,7 @@
 //! `s`) requantizes to exactly `q` with the same `s` and `zp`, since `|v/s − (q − zp)| ≤ 255 ·
 //! 2^-11 < 1/2` for 8-bit codes (test `codes_are_read_back_exactly`).
 
-use crate::graph::{Graph, Node};
+use crate::graph::{Graph, Node, ValueIndex};
 use crate::ops::conv::ConvAttrs;
 use crate::ops::integer::{iconv, iconv_transpose, imatmul, FloatWeights};
 use crate::ops::prepacked::{tag, tag::FLOAT_WEIGHTS, Prepacked};
@@ -26,7 +26,6 @@ use crate::ops::{Channels, OpCtx, OpError, OpResult};
 use crate::precision::quant::{quantize, weight_channel_axis};
 use crate::precision::Precision;
 use crate::tensor::{DType, Tensor};
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// How the products of an operand pair are computed.
@@ -739,7 +738,7 @@ type DtypeOf<'a> = dyn Fn(&str) -> Option<DType> + 'a;
 
 struct Tracer<'g> {
     graph: &'g Graph,
-    producer: HashMap<&'g str, usize>,
+    values: std::sync::Arc<ValueIndex>,
 }
 
 impl<'g> Tracer<'g> {
@@ -756,7 +755,7 @@ impl<'g> Tracer<'g> {
         dtype_of: &DtypeOf,
         depth: usize,
     ) -> Result<Option<ActQuant>, String> {
-        let Some(&p) = self.producer.get(name) else {
+        let Some(p) = self.values.producer_node(name) else {
             return Ok(None);
         };
         let node = &self.graph.nodes[p];
@@ -829,7 +828,7 @@ impl<'g> Tracer<'g> {
         let Some(w) = self.graph.weight(name) else {
             return Ok(None);
         };
-        let Some(&p) = self.producer.get(name) else {
+        let Some(p) = self.values.producer_node(name) else {
             return Ok(None); // a float initializer
         };
         let dq = &self.graph.nodes[p];
@@ -837,10 +836,10 @@ impl<'g> Tracer<'g> {
             // A DequantizeLinear further up (DQ → Transpose → MatMul) is not modelled.
             let mut cur = dq;
             for _ in 0..8 {
-                let Some(&u) = cur
+                let Some(u) = cur
                     .inputs
                     .first()
-                    .and_then(|i| self.producer.get(i.as_str()))
+                    .and_then(|i| self.values.producer_node(i))
                 else {
                     break;
                 };
@@ -947,15 +946,10 @@ impl<'g> Tracer<'g> {
 
 /// Finds the layers of `graph` that TensorRT runs as quantized kernels (module documentation).
 pub(crate) fn analyze(graph: &Graph, dtype_of: &DtypeOf) -> QdqAnalysis {
-    let mut producer = HashMap::new();
-    for (j, node) in graph.nodes.iter().enumerate() {
-        for o in &node.outputs {
-            if !o.is_empty() {
-                producer.insert(o.as_str(), j);
-            }
-        }
-    }
-    let tracer = Tracer { graph, producer };
+    let tracer = Tracer {
+        graph,
+        values: graph.values(),
+    };
     let mut kernels = vec![None; graph.nodes.len()];
     let mut notes = Vec::new();
     for (k, node) in graph.nodes.iter().enumerate() {

@@ -33,7 +33,7 @@
 
 use super::{export, ExportOptions};
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, ValueIndex};
 use crate::onnx::{model_from_proto, proto, tensor_to_proto, Model};
 use crate::ops::{OpCtx, Registry};
 use crate::precision::plan::PrecisionPlan;
@@ -122,11 +122,11 @@ fn is_dq(n: &crate::graph::Node) -> bool {
 /// The dequantized input of `node`'s slot, if it is one.
 fn dequantized_input(
     graph: &Graph,
-    prod: &HashMap<&str, usize>,
+    values: &ValueIndex,
     name: &str,
     slot: usize,
 ) -> Option<QdqInput> {
-    let &dq = prod.get(name)?;
+    let dq = values.producer_node(name)?;
     let d = &graph.nodes[dq];
     if !is_dq(d) {
         return None;
@@ -151,7 +151,7 @@ fn dequantized_input(
             kind: QdqKind::Weight,
         });
     }
-    let &q = prod.get(x.as_str())?;
+    let q = values.producer_node(x)?;
     let qn = &graph.nodes[q];
     if !is_q(qn) {
         return None;
@@ -168,7 +168,7 @@ fn dequantized_input(
 /// QuantizeLinear/DequantizeLinear node ([`check_qdq`]).
 pub fn quantized_layers(graph: &Graph) -> Result<Vec<QdqLayer>> {
     check_qdq(graph)?;
-    let prod = graph.producers();
+    let values = graph.values();
     let mut out = Vec::new();
     for (i, n) in graph.nodes.iter().enumerate() {
         if is_q(n) || is_dq(n) || graph.is_folded(n) {
@@ -179,7 +179,7 @@ pub fn quantized_layers(graph: &Graph) -> Result<Vec<QdqLayer>> {
             .iter()
             .enumerate()
             .filter(|(_, name)| !name.is_empty())
-            .filter_map(|(slot, name)| dequantized_input(graph, &prod, name, slot))
+            .filter_map(|(slot, name)| dequantized_input(graph, &values, name, slot))
             .collect();
         if !inputs.is_empty() {
             out.push(QdqLayer { node: i, inputs });
@@ -242,7 +242,7 @@ fn op_error(n: &crate::graph::Node, msg: String) -> Error {
 ///   `block_size` along it (weights: the model's own kernel decides; activations: when
 ///   shape inference knows the shape).
 pub fn check_qdq(graph: &Graph) -> Result<()> {
-    let prod = graph.producers();
+    let values = graph.values();
     let facts = crate::infer::infer_graph(
         graph,
         &crate::infer::declared_input_facts(graph, &BTreeMap::new()),
@@ -278,7 +278,7 @@ pub fn check_qdq(graph: &Graph) -> Result<()> {
             }
         }
         if is_dq(n) {
-            let x_type = match prod.get(x.as_str()).map(|&p| &graph.nodes[p]) {
+            let x_type = match values.producer_node(x).map(|p| &graph.nodes[p]) {
                 Some(q) if is_q(q) => q_output_type(graph, q).map(|t| (t, Some(q))),
                 _ => graph
                     .weight(x)
@@ -443,7 +443,7 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
         )));
     }
     let graph = &model.graph;
-    let prod = graph.producers();
+    let values = graph.values();
     let mut edges = Vec::new();
     for &i in marked {
         let node = graph.nodes.get(i).ok_or_else(|| {
@@ -457,7 +457,7 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
             .iter()
             .enumerate()
             .filter(|(_, n)| !n.is_empty())
-            .filter_map(|(slot, n)| dequantized_input(graph, &prod, n, slot))
+            .filter_map(|(slot, n)| dequantized_input(graph, &values, n, slot))
             .collect();
         if inputs.is_empty() {
             return Err(op_error(
@@ -514,13 +514,13 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
 pub fn strip_all(model: &Model) -> Result<Stripped> {
     check_qdq(&model.graph)?;
     let graph = &model.graph;
-    let prod = graph.producers();
+    let values = graph.values();
     let mut edges = Vec::new();
     // Every reader, folded weight nodes too (a DequantizeLinear feeding a Transpose of the
     // weight: the Transpose then reads the float weight).
     for (i, n) in graph.nodes.iter().enumerate() {
         for (slot, name) in n.inputs.iter().enumerate().filter(|(_, n)| !n.is_empty()) {
-            if let Some(q) = dequantized_input(graph, &prod, name, slot) {
+            if let Some(q) = dequantized_input(graph, &values, name, slot) {
                 edges.push((i, q));
             }
         }
@@ -548,7 +548,7 @@ fn rewrite(model: &Model, edges: &[(usize, QdqInput)], through: bool) -> Result<
         .graph
         .as_mut()
         .ok_or_else(|| Error::Invalid("the model has no graph".into()))?;
-    let prod = graph.producers();
+    let values = graph.values();
     // Every name in use, for the names of new initializers.
     let mut used: HashSet<String> = HashSet::new();
     for n in &graph.nodes {
@@ -577,7 +577,7 @@ fn rewrite(model: &Model, edges: &[(usize, QdqInput)], through: bool) -> Result<
                 let mut guard = 0;
                 while through && guard < graph.nodes.len() {
                     guard += 1;
-                    match dequantized_input(graph, &prod, &s, 0) {
+                    match dequantized_input(graph, &values, &s, 0) {
                         Some(QdqInput {
                             kind: QdqKind::Activation { source, q },
                             ..

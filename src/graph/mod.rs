@@ -6,6 +6,9 @@
 pub mod fact;
 #[cfg(test)]
 pub(crate) mod testing;
+pub mod values;
+
+pub use values::{Consumer, Origin, Producer, ValueId, ValueIndex};
 
 use crate::error::{Error, Result};
 use crate::tensor::{DType, Tensor};
@@ -266,19 +269,15 @@ pub struct Graph {
     /// Opset version per domain ("" is the default ONNX domain).
     pub opsets: BTreeMap<String, i64>,
     pub ir_version: i64,
+    /// The [`ValueIndex`] of the nodes as they are, kept between uses ([`Graph::values`]).
+    pub value_index: values::ValueIndexCache,
 }
 
 impl Graph {
-    /// The node (index) that produces each value of this graph (graph inputs and
-    /// initializers have none).
-    pub fn producers(&self) -> std::collections::HashMap<&str, usize> {
-        let mut m = std::collections::HashMap::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            for o in n.outputs.iter().filter(|o| !o.is_empty()) {
-                m.insert(o.as_str(), i);
-            }
-        }
-        m
+    /// Every value of this graph by id, with its producer and readers: built on first use and
+    /// kept until the nodes, inputs or outputs change (then rebuilt on the next call).
+    pub fn values(&self) -> Arc<ValueIndex> {
+        self.value_index.get(self)
     }
 
     /// Opset of the default ONNX domain.
@@ -359,31 +358,23 @@ impl Graph {
             available.insert(&i.name);
         }
         available.extend(outer.iter().map(|s| s.as_str()));
-        available.insert("");
-        let implicit: Vec<Vec<String>> = self.nodes.iter().map(|n| n.implicit_inputs()).collect();
-        // Producer of each value.
-        let mut producer: HashMap<&str, usize> = HashMap::new();
-        for (i, n) in self.nodes.iter().enumerate() {
-            for o in &n.outputs {
-                if !o.is_empty() {
-                    producer.insert(o, i);
-                }
-            }
-        }
+        let values = self.values();
         let n = self.nodes.len();
         let mut indeg = vec![0usize; n];
         let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (i, node) in self.nodes.iter().enumerate() {
             let mut seen = HashSet::new();
-            for inp in node.inputs.iter().chain(&implicit[i]) {
-                if available.contains(inp.as_str()) {
+            let reads = values.node_inputs(i).iter().flatten();
+            for &id in reads.chain(values.node_implicit_inputs(i)) {
+                let inp = values.name(id);
+                if available.contains(inp) {
                     continue;
                 }
-                match producer.get(inp.as_str()) {
-                    Some(&p) => {
-                        if seen.insert(p) {
+                match values.producer(id) {
+                    Some(p) => {
+                        if seen.insert(p.node) {
                             indeg[i] += 1;
-                            users[p].push(i);
+                            users[p.node].push(i);
                         }
                     }
                     None => {
@@ -430,6 +421,11 @@ impl Graph {
                 "the graph has a cycle (involving nodes {stuck:?})"
             )));
         }
+        drop(values);
+        if order.iter().enumerate().all(|(at, &i)| at == i) {
+            return Ok(()); // Already sorted: the kept value index stays valid.
+        }
+        self.value_index.clear();
         let mut old: Vec<Option<Node>> = std::mem::take(&mut self.nodes)
             .into_iter()
             .map(Some)

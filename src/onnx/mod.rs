@@ -262,6 +262,7 @@ fn graph_from_proto(
         opsets: scope.opsets.clone(),
         ir_version: scope.ir_version,
         folded: HashMap::new(),
+        value_index: Default::default(),
     };
     match outer {
         None => graph.sort_topologically(),

@@ -219,14 +219,15 @@ fn check_convex(graph: &Graph, nodes: &[usize]) -> std::result::Result<(), Strin
     for &i in nodes {
         in_region[i] = true;
     }
-    let mut producer: std::collections::HashMap<&str, usize> = Default::default();
+    let values = graph.values();
     // For a node outside the region reached from it: (the region node the path starts at,
     // the first outside node on it).
     let mut reached: Vec<Option<(usize, usize)>> = vec![None; graph.nodes.len()];
     for (j, node) in graph.nodes.iter().enumerate() {
-        let implicit = node.implicit_inputs();
-        for input in node.inputs.iter().chain(&implicit) {
-            let Some(&u) = producer.get(input.as_str()) else {
+        let reads = values.node_inputs(j).iter().flatten();
+        for &input in reads.chain(values.node_implicit_inputs(j)) {
+            // Only earlier nodes count: a value written later (not sorted) leads nowhere.
+            let Some(u) = values.producer(input).map(|p| p.node).filter(|&u| u < j) else {
                 continue;
             };
             if in_region[j] {
@@ -242,11 +243,6 @@ fn check_convex(graph: &Graph, nodes: &[usize]) -> std::result::Result<(), Strin
                 } else {
                     reached[u]
                 };
-            }
-        }
-        for o in &node.outputs {
-            if !o.is_empty() {
-                producer.insert(o.as_str(), j);
             }
         }
     }

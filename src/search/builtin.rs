@@ -438,7 +438,7 @@ impl<'a> BuiltinOracle<'a> {
     fn growth_in_windows(&mut self, window: usize) -> Result<HashMap<usize, f64>> {
         let prepared = self.prepared_for(&[])?;
         let graph = self.interp.graph();
-        let producer = graph.producers();
+        let values = graph.values();
         let mut growth: HashMap<usize, f64> = HashMap::new();
         for (k, f) in self.feeds.iter().enumerate() {
             let mut err: HashMap<String, f64> = HashMap::new();
@@ -472,7 +472,7 @@ impl<'a> BuiltinOracle<'a> {
                         }
                         bytes += size;
                         refs.insert(name.to_string(), t.clone());
-                        if let Some(&i) = producer.get(name) {
+                        if let Some(i) = values.producer_node(name) {
                             last_node = Some(last_node.map_or(i, |l: usize| l.max(i)));
                         }
                     },
