@@ -1,16 +1,16 @@
 //! `debug precision` on a float model: the answer's body — its layers, why each is needed, its
 //! share of the candidates, the deploy lines.
 
+use super::report::print_share;
 use super::{Printer, SearchArgs};
 use anyhow::Result;
 use mixprec::compare::fmt_g;
 use mixprec::compare::layerwise::LayerError;
-use mixprec::inspect::si;
 use mixprec::jobs::debug_precision::SearchPass;
 use mixprec::jobs::options::PrecisionOptions;
 use mixprec::precision::fusion::FusionModel;
 use mixprec::precision::Precision;
-use mixprec::search::report::{deploy_lines, percent, DeploySetup};
+use mixprec::search::report::{deploy_lines, DeploySetup};
 use mixprec::Graph;
 
 /// A float search's answer: its layers, why each is needed, their share, the deploy lines.
@@ -38,21 +38,8 @@ pub(super) fn answer(
     }
     super::groups::print_layers(p, graph, space, marked, Some(high));
     print_reasons(p, reasons, stat);
-    let f = space.flops_of(marked);
-    out!(
-        p,
-        "[I]     In {}: {} of {} candidate layers ({}), {}FLOP of {}FLOP ({})",
-        high.name(),
-        marked.len(),
-        space.candidates.len(),
-        percent(marked.len() as u64, space.candidates.len() as u64),
-        si(f),
-        si(space.total_flops()),
-        percent(f, space.total_flops())
-    );
-    if let Some(t) = result.trial_of(marked) {
-        out!(p, "[I]     Achieved: {}", t.summary);
-    }
+    let share = format!("In {}", high.name());
+    print_share(p, space, result, marked, (&share, "candidate layers"));
     let answer = search.low.marking(marked, high);
     let written = args.output.as_ref().map(|o| o.display().to_string());
     let setup = DeploySetup {

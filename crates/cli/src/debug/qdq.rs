@@ -1,12 +1,12 @@
 //! `debug precision` on a Q/DQ model without a precision flag: which quantized layers must
 //! leave quantization (docs/search.md, "Searching a Q/DQ model").
 
+use super::report::print_share;
 use super::{Printer, SearchArgs};
 use mixprec::compare::fmt_g;
-use mixprec::inspect::si;
 use mixprec::onnx::Model;
 use mixprec::search::qdq::{exclusion_lines, unnamed_in_file};
-use mixprec::search::report::{percent, shell_word, QdqReason};
+use mixprec::search::report::{shell_word, QdqReason};
 use mixprec::search::{SearchResult, SearchSpace};
 
 /// A Q/DQ search's answer: its layers, their share, why each is needed, how to re-quantize
@@ -24,20 +24,13 @@ pub(super) fn answer(
 ) {
     let graph = &model.graph;
     super::groups::print_layers(p, graph, space, marked, None);
-    let f = space.flops_of(marked);
-    out!(
+    print_share(
         p,
-        "[I]     Out of quantization: {} of {} quantized layers ({}), {}FLOP of {}FLOP ({})",
-        marked.len(),
-        space.candidates.len(),
-        percent(marked.len() as u64, space.candidates.len() as u64),
-        si(f),
-        si(space.total_flops()),
-        percent(f, space.total_flops())
+        space,
+        result,
+        marked,
+        ("Out of quantization", "quantized layers"),
     );
-    if let Some(t) = result.trial_of(marked) {
-        out!(p, "[I]     Achieved: {}", t.summary);
-    }
     print_reasons(p, reasons);
     out!(
         p,

@@ -3,12 +3,13 @@
 
 use super::{Printer, SearchArgs};
 use anyhow::Result;
+use mixprec::inspect::si;
 use mixprec::jobs::debug_precision::SearchPass;
 use mixprec::onnx::Model;
 use mixprec::precision::Precision;
-use mixprec::search::report::SearchStats;
+use mixprec::search::report::{percent, SearchStats};
 use mixprec::search::space::Found;
-use mixprec::search::{Direction, Outcome};
+use mixprec::search::{Direction, Outcome, SearchResult, SearchSpace};
 use mixprec::Graph;
 use std::process::ExitCode;
 
@@ -146,6 +147,31 @@ pub(super) fn report(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// The answer's share of the candidates, in layers and FLOPs (`label`: what the marked layers
+/// are, `candidates`: what the candidates are called), and what its evaluation achieved.
+pub(super) fn print_share(
+    p: &Printer,
+    space: &SearchSpace,
+    result: &SearchResult,
+    marked: &[usize],
+    (label, candidates): (&str, &str),
+) {
+    let f = space.flops_of(marked);
+    out!(
+        p,
+        "[I]     {label}: {} of {} {candidates} ({}), {}FLOP of {}FLOP ({})",
+        marked.len(),
+        space.candidates.len(),
+        percent(marked.len() as u64, space.candidates.len() as u64),
+        si(f),
+        si(space.total_flops()),
+        percent(f, space.total_flops())
+    );
+    if let Some(t) = result.trial_of(marked) {
+        out!(p, "[I]     Achieved: {}", t.summary);
+    }
 }
 
 pub(super) fn print_stats(p: &Printer, s: &SearchStats, graph: &Graph) {
