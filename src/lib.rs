@@ -8,6 +8,7 @@ pub mod alloc;
 pub mod calib;
 pub mod compare;
 pub mod data;
+pub mod decode;
 pub mod engine;
 pub mod error;
 pub mod event;

@@ -367,6 +367,7 @@ def debug_precision(
     layer_errors: bool = False,
     jobs: int = 1,
     group: str = "none",
+    decode: Optional[int] = None,
     progress: Union[bool, Callable[[Dict[str, Any]], None], None] = None,
 ) -> SearchResult:
     """Finds the layers that must stay in ``higher_precision`` for the model to stay
@@ -384,7 +385,11 @@ def debug_precision(
     each trial reports. ``mode``: ``minimal`` (default), ``bisect``, ``linear`` or
     ``worst-first``. ``group="roles"``: layers that play the same role in repeated blocks
     are one candidate first, refined inside the roles that are needed (``--group roles``);
-    ``groups`` then reads the answer as rules either way. ``progress``: a callable given a dict per evaluated candidate, False for
+    ``groups`` then reads the answer as rules either way. ``decode=N``: each input set is a
+    prompt (``input_ids``) and every candidate generates N tokens greedily through the KV
+    cache (ONNX Runtime GenAI's names, the CLI's ``--decode``); its outputs are ``tokens``
+    (judged: ``metrics=["tokens:0.9"]`` lets a share differ) and ``logits`` (judged only
+    when a criterion names them, e.g. ``atol={"logits": 0.05}``). ``progress``: a callable given a dict per evaluated candidate, False for
     none; by default a tqdm bar when tqdm is installed.
 
     Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for a bad option or an
@@ -431,6 +436,7 @@ def debug_precision(
             load_debug_replay=None if load_debug_replay is None else os.fspath(load_debug_replay),
             save_debug_replay=None if save_debug_replay is None else os.fspath(save_debug_replay),
             layer_errors=layer_errors,
+            decode=decode,
             progress=on_trial,
             on_event=_on_event,
         )
@@ -459,11 +465,14 @@ def run(
     val_range: Any = None,
     input_shapes: Any = None,
     data_loader_script: Optional[str] = None,
+    decode: Optional[int] = None,
 ) -> List[Arrays]:
     """Runs the model on each input set, in FP32 (ONNX Runtime's results) or with
     ``precision`` / ``layer_precisions`` emulated; one dict of outputs per set (the graph
     outputs, then with ``mark_all`` every other value in execution order). Types numpy
-    lacks (bfloat16, float8) come back as float32."""
+    lacks (bfloat16, float8) come back as float32. ``decode=N``: each set is a prompt and
+    the model generates N tokens greedily through its KV cache (ONNX Runtime GenAI's
+    names); the dict holds ``tokens`` [batch, N] and ``logits`` [batch, N, vocab]."""
     m = _Model(model)
     data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     with warnings.catch_warnings():
@@ -478,6 +487,7 @@ def run(
                 calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
                 calibration_algo=calibration_algo,
                 mark_all=mark_all,
+                decode=decode,
             )
         )
 

@@ -50,6 +50,7 @@ def debug_precision(
     load_debug_replay: Optional[str],
     save_debug_replay: Optional[str],
     layer_errors: bool,
+    decode: Optional[int],
     progress: Optional[Callable[[Dict[str, Any]], None]],
     on_event: Optional[Callable[[str, str], None]],
 ) -> Search: ...
@@ -69,6 +70,7 @@ def run(
     calibration_cache: Optional[str],
     calibration_algo: Optional[str],
     mark_all: bool,
+    decode: Optional[int],
 ) -> List[Dict[str, np.ndarray]]: ...
 def convert(
     model: str,

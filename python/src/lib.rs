@@ -424,7 +424,7 @@ impl Search {
     inputs, load_inputs, seed, iterations, val_range, input_shapes, data_loader_script,
     golden, golden_path, criterion, atol, rtol, check_error_stat, error_quantile, metrics,
     layer_precisions, fusion, calibration_cache, calibration_algo, cache_budget,
-    check, check_timeout, load_debug_replay, save_debug_replay, layer_errors,
+    check, check_timeout, load_debug_replay, save_debug_replay, layer_errors, decode,
     progress, on_event
 ))]
 #[allow(clippy::too_many_arguments)]
@@ -464,6 +464,7 @@ fn debug_precision(
     load_debug_replay: Option<PathBuf>,
     save_debug_replay: Option<PathBuf>,
     layer_errors: bool,
+    decode: Option<usize>,
     progress: Option<Py<PyAny>>,
     on_event: Option<Py<PyAny>>,
 ) -> PyResult<Search> {
@@ -564,6 +565,7 @@ fn debug_precision(
         save_debug_replay,
         layer_errors,
         verbose: false,
+        decode,
     };
     let validated = config.validate().map_err(to_py)?;
     let stop = Arc::new(AtomicBool::new(false));
@@ -598,7 +600,7 @@ fn debug_precision(
 #[pyo3(signature = (
     model, *, inputs, load_inputs, seed, iterations, val_range, input_shapes,
     data_loader_script, low, layer_precisions, fusion, calibration_cache, calibration_algo,
-    mark_all
+    mark_all, decode
 ))]
 #[allow(clippy::too_many_arguments)]
 fn run(
@@ -617,6 +619,7 @@ fn run(
     calibration_cache: Option<PathBuf>,
     calibration_algo: Option<String>,
     mark_all: bool,
+    decode: Option<usize>,
 ) -> PyResult<Vec<Py<PyDict>>> {
     let inputs = inputs_from(
         inputs.as_ref(),
@@ -642,6 +645,7 @@ fn run(
                 &inputs,
                 &precision,
                 mark_all,
+                decode,
                 &mut |e| events.push(e),
                 &NoProgress,
             )

@@ -391,3 +391,91 @@ def test_compare_gives_the_comparators_verdicts(models: Path) -> None:
     assert row["metrics"][0]["passed"] in (True, False)
     with pytest.raises(ValueError, match="missing"):
         mixprec.compare({"other": fp32[0]["output"]}, fp32[0])
+
+
+def tiny_decoder(path: Path) -> None:
+    """A decoder in ONNX Runtime GenAI's names whose next token depends on the whole context
+    through its one-layer KV cache (the Rust unit tests' `tiny_decoder`)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    E = np.array([[0.3, -1.0], [1.2, 0.4], [-0.7, 0.9], [0.1, 0.1], [-1.1, -0.6]], np.float32)
+    W = np.array([[1.0, -0.5, 0.2, 0.8, -1.3], [0.4, 1.1, -0.9, -0.2, 0.6]], np.float32)
+    u = np.array([0.0, 0.05, -0.07, 0.11, 0.02], np.float32)
+    nodes = [
+        helper.make_node("Gather", ["E", "input_ids"], ["e"]),
+        helper.make_node("Unsqueeze", ["e", "one"], ["k"]),
+        helper.make_node("Concat", ["past_key_values.0.key", "k"], ["present.0.key"], axis=2),
+        helper.make_node("Concat", ["past_key_values.0.value", "k"], ["present.0.value"], axis=2),
+        helper.make_node("ReduceSum", ["present.0.key", "two"], ["ctx"]),
+        helper.make_node("Squeeze", ["ctx", "one"], ["ctx2"]),
+        helper.make_node("Add", ["e", "ctx2"], ["h"]),
+        helper.make_node("MatMul", ["h", "W"], ["mm"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["maskf", "one"], ["msum"]),
+        helper.make_node("Unsqueeze", ["msum", "two"], ["m3"]),
+        helper.make_node("Mul", ["m3", "u"], ["mu"]),
+        helper.make_node("Add", ["mm", "mu"], ["logits"]),
+    ]
+    f, i64 = TensorProto.FLOAT, TensorProto.INT64
+    graph = helper.make_graph(
+        nodes,
+        "tiny_decoder",
+        [
+            helper.make_tensor_value_info("input_ids", i64, ["b", "s"]),
+            helper.make_tensor_value_info("attention_mask", i64, ["b", "t"]),
+            helper.make_tensor_value_info("past_key_values.0.key", f, ["b", 1, "p", 2]),
+            helper.make_tensor_value_info("past_key_values.0.value", f, ["b", 1, "p", 2]),
+        ],
+        [
+            helper.make_tensor_value_info("logits", f, ["b", "s", 5]),
+            helper.make_tensor_value_info("present.0.key", f, ["b", 1, "t", 2]),
+            helper.make_tensor_value_info("present.0.value", f, ["b", 1, "t", 2]),
+        ],
+        [
+            numpy_helper.from_array(E, "E"),
+            numpy_helper.from_array(W, "W"),
+            numpy_helper.from_array(u, "u"),
+            numpy_helper.from_array(np.array([1], np.int64), "one"),
+            numpy_helper.from_array(np.array([2], np.int64), "two"),
+        ],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_run_decode_generates_greedily_through_the_cache(tmp_path: Path) -> None:
+    model = tmp_path / "decoder.onnx"
+    tiny_decoder(model)
+    prompt = np.array([[1, 3, 0]], np.int64)
+    (out,) = mixprec.run(model, [{"input_ids": prompt}], decode=5)
+    assert out["tokens"].shape == (1, 5) and out["tokens"].dtype == np.int64
+    assert out["logits"].shape == (1, 5, 5)
+    # The same greedy generation without a cache, in numpy: the whole sequence each step.
+    import onnx
+    from onnx import numpy_helper
+
+    init = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer}
+    seq = list(prompt[0])
+    for step in range(5):
+        e = init["E"][seq]
+        h = e[-1] + e.sum(axis=0)
+        logits = h @ init["W"] + len(seq) * init["u"]
+        np.testing.assert_allclose(out["logits"][0, step], logits, rtol=1e-6, atol=1e-6)
+        seq.append(int(np.argmax(logits)))
+    assert list(out["tokens"][0]) == seq[3:]
+    with pytest.raises(ValueError, match="no input 'input_ids'"):
+        mixprec.run(ROOT / "examples" / "mlp.onnx", None, decode=2)
+
+
+def test_debug_precision_decode_judges_generated_tokens(tmp_path: Path) -> None:
+    model = tmp_path / "decoder.onnx"
+    tiny_decoder(model)
+    result = mixprec.debug_precision(
+        model,
+        inputs=[{"input_ids": np.array([[1, 3, 0]], np.int64)}],
+        decode=4,
+        metrics=["tokens:1.0"],
+        progress=False,
+    )
+    # float16 rounding of these weights does not change a token: nothing needs float32.
+    assert result.outcome == "nothing-needed", result.to_dict()

@@ -6,9 +6,13 @@
 //! | `snr:MIN_DB`                  | 10·log10(mean(ref²) / mean((out-ref)²)) in dB        | value >= MIN_DB  |
 //! | `topk:K:MIN`                  | mean over rows of the last axis of the share of the reference's top-K indices that are also in the output's top-K | value >= MIN |
 //! | `max-rel-above:FLOOR:MAX`     | max of \|out-ref\|/\|ref\| over elements with \|ref\| > FLOOR (0 if none) | value <= MAX |
+//! | `kl:MAX`                      | mean over rows of the last axis of KL(softmax(ref) ‖ softmax(out)) in nats | value <= MAX |
+//! | `tokens:MIN`                  | the share of elements equal to the reference's      | value >= MIN     |
 //!
 //! Any spec may be prefixed by an output name (`logits:topk:5:0.99`) to apply to that output
-//! only. A NaN value fails. Cosine follows Polygraphy's `CosineSimilarityCompareFunc` (1 when
+//! only. A bare `tokens:MIN` applies to the output named `tokens` (what `--decode` generates);
+//! on an output it applies to, it replaces the tolerance check (equal ids are the criterion,
+//! not their numeric distance). A NaN value fails. Cosine follows Polygraphy's `CosineSimilarityCompareFunc` (1 when
 //! both are all-zero, 0 when one is, clamped to [-1, 1]); SNR follows its `SnrCompareFunc` (inf
 //! for identical arrays, -inf for a zero signal) with the reference as the signal.
 
@@ -26,6 +30,8 @@ pub enum MetricKind {
     Snr { min_db: f64 },
     Topk { k: usize, min: f64 },
     MaxRelAbove { floor: f64, max: f64 },
+    Kl { max: f64 },
+    Tokens { min: f64 },
 }
 
 /// One `--metric` criterion, for every output or for one.
@@ -63,6 +69,10 @@ impl MetricKind {
                 floor: num(f)?,
                 max: num(v)?,
             },
+            ["kl", v] => MetricKind::Kl { max: num(v)? },
+            ["tokens", v] => MetricKind::Tokens {
+                min: num(v).filter(|f| (0.0..=1.0).contains(f))?,
+            },
             _ => return None,
         })
     }
@@ -75,19 +85,23 @@ impl MetricKind {
             MetricKind::MaxRelAbove { floor, .. } => {
                 format!("Max Relative Error (|ref| > {})", super::fmt_g(*floor, 5))
             }
+            MetricKind::Kl { .. } => "KL Divergence".into(),
+            MetricKind::Tokens { .. } => "Token Agreement".into(),
         }
     }
 
     pub fn threshold(&self) -> f64 {
         match *self {
-            MetricKind::Cosine { min } | MetricKind::Topk { min, .. } => min,
+            MetricKind::Cosine { min }
+            | MetricKind::Topk { min, .. }
+            | MetricKind::Tokens { min } => min,
             MetricKind::Snr { min_db } => min_db,
-            MetricKind::MaxRelAbove { max, .. } => max,
+            MetricKind::MaxRelAbove { max, .. } | MetricKind::Kl { max } => max,
         }
     }
 
     pub fn higher_is_better(&self) -> bool {
-        !matches!(self, MetricKind::MaxRelAbove { .. })
+        !matches!(self, MetricKind::MaxRelAbove { .. } | MetricKind::Kl { .. })
     }
 
     pub fn unit(&self) -> &'static str {
@@ -104,6 +118,8 @@ impl MetricKind {
             MetricKind::Snr { .. } => snr(out, reference),
             MetricKind::Topk { k, .. } => topk_agreement(out, reference, shape, k),
             MetricKind::MaxRelAbove { floor, .. } => max_rel_above(out, reference, floor),
+            MetricKind::Kl { .. } => kl_divergence(out, reference, shape),
+            MetricKind::Tokens { .. } => agreement(out, reference),
         }
     }
 
@@ -133,12 +149,21 @@ impl Metric {
         }
         Err(Error::Invalid(format!(
             "--metric: cannot parse '{s}': expected [OUTPUT:]cosine:MIN, snr:MIN_DB, \
-             topk:K:MIN or max-rel-above:FLOOR:MAX"
+             topk:K:MIN, max-rel-above:FLOOR:MAX, kl:MAX or tokens:MIN (MIN in [0, 1])"
         )))
     }
 
     pub fn applies_to(&self, output: &str) -> bool {
-        self.output.as_deref().is_none_or(|o| o == output)
+        match (&self.output, self.kind) {
+            (Some(o), _) => o == output,
+            (None, MetricKind::Tokens { .. }) => output == crate::decode::TOKENS,
+            (None, _) => true,
+        }
+    }
+
+    /// Whether the metric replaces the tolerance check on the outputs it applies to.
+    pub fn replaces_tolerance(&self) -> bool {
+        matches!(self.kind, MetricKind::Tokens { .. })
     }
 
     pub fn evaluate(&self, out: &[f64], reference: &[f64], shape: &[usize]) -> MetricResult {
@@ -305,6 +330,58 @@ pub fn max_rel_above(out: &[f64], reference: &[f64], floor: f64) -> f64 {
     }
 }
 
+/// The share of elements equal in both (1 for none); NaN never equals.
+pub fn agreement(out: &[f64], reference: &[f64]) -> f64 {
+    if out.is_empty() {
+        return 1.0;
+    }
+    let same = out.iter().zip(reference).filter(|(a, b)| a == b).count();
+    same as f64 / out.len() as f64
+}
+
+/// Mean over rows of the last axis of KL(softmax(reference) ‖ softmax(out)) in nats: how
+/// much the candidate's distribution over classes departs from the reference's (0 when equal).
+/// A NaN anywhere makes it NaN; a class the reference gives weight and the output none makes
+/// it infinite; classes the reference gives none (−inf logits) add nothing.
+pub fn kl_divergence(out: &[f64], reference: &[f64], shape: &[usize]) -> f64 {
+    let row = shape.last().copied().unwrap_or(1).max(1);
+    if out.is_empty() {
+        return 0.0;
+    }
+    let log_softmax = |x: &[f64]| -> Vec<f64> {
+        let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if x.iter().any(|v| v.is_nan()) || m == f64::INFINITY {
+            return vec![f64::NAN; x.len()];
+        }
+        let lse = m + x.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+        x.iter().map(|v| v - lse).collect()
+    };
+    let kl = |(a, b): (&[f64], &[f64])| {
+        let (lq, lp) = (log_softmax(a), log_softmax(b));
+        let mut s = 0.0;
+        for (q, p) in lq.iter().zip(&lp) {
+            if p.is_nan() || q.is_nan() {
+                return f64::NAN;
+            }
+            if *p == f64::NEG_INFINITY {
+                continue;
+            }
+            s += p.exp() * (p - q);
+        }
+        s.max(0.0)
+    };
+    let rows = out.len() / row;
+    let total: f64 = if out.len() < PAR_MIN {
+        out.chunks(row).zip(reference.chunks(row)).map(kl).sum()
+    } else {
+        out.par_chunks(row)
+            .zip(reference.par_chunks(row))
+            .map(kl)
+            .sum()
+    };
+    total / rows.max(1) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +432,15 @@ mod tests {
                 max: 0.01
             }
         );
+        assert_eq!(
+            Metric::parse("tokens:0.9").unwrap().kind,
+            MetricKind::Tokens { min: 0.9 }
+        );
+        assert!(Metric::parse("tokens:1.5").is_err());
+        assert_eq!(
+            Metric::parse("kl:0.01").unwrap().kind,
+            MetricKind::Kl { max: 0.01 }
+        );
         assert!(Metric::parse("cosine").is_err());
         assert!(Metric::parse("topk:0:1").is_err());
         assert!(Metric::parse("out:psnr:3").is_err());
@@ -362,5 +448,47 @@ mod tests {
             .unwrap()
             .evaluate(&[1.0], &[1.0], &[1]);
         assert_eq!(r.line(), "SNR: inf dB (min required: 40 dB) | PASSED");
+    }
+
+    // NumPy: x=[1,2,3], y=[1.1,1.9,3.3] as logits, p=softmax(y), q=softmax(x):
+    //   (p*np.log(p/q)).sum() = 0.013041542029393699 (what scipy.stats.entropy(p, q) computes).
+    #[test]
+    fn kl_divergence_of_softmaxes_matches_scipy() {
+        let (x, y) = ([1.0, 2.0, 3.0], [1.1, 1.9, 3.3]);
+        let got = kl_divergence(&x, &y, &[3]);
+        assert!((got - 0.013041542029393699).abs() < 1e-12, "{got}");
+        assert_eq!(kl_divergence(&x, &x, &[3]), 0.0);
+        // Two rows: the mean.
+        let got = kl_divergence(
+            &[1.0, 2.0, 3.0, 0.0, 0.0, 0.0],
+            &[1.1, 1.9, 3.3, 0.0, 0.0, 0.0],
+            &[2, 3],
+        );
+        assert!((got - 0.013041542029393699 / 2.0).abs() < 1e-12);
+        assert!(kl_divergence(&[f64::NAN, 0.0], &[0.0, 0.0], &[2]).is_nan());
+        // A class the reference excludes adds nothing; one the output excludes is infinite.
+        assert!(kl_divergence(&[0.0, 5.0], &[0.0, f64::NEG_INFINITY], &[2]).is_finite());
+        assert_eq!(
+            kl_divergence(&[0.0, f64::NEG_INFINITY], &[0.0, 0.0], &[2]),
+            f64::INFINITY
+        );
+    }
+
+    #[test]
+    fn token_agreement_counts_equal_ids_and_applies_to_tokens_by_default() {
+        assert_eq!(
+            agreement(&[1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 5.0, 4.0]),
+            0.75
+        );
+        assert_eq!(agreement(&[], &[]), 1.0);
+        let m = Metric::parse("tokens:0.75").unwrap();
+        assert!(m.applies_to("tokens") && !m.applies_to("logits"));
+        assert!(m.replaces_tolerance());
+        let named = Metric::parse("ids:tokens:1").unwrap();
+        assert!(named.applies_to("ids") && !named.applies_to("tokens"));
+        assert!(
+            m.evaluate(&[1.0, 2.0, 3.0, 4.0], &[1.0, 2.0, 5.0, 4.0], &[4])
+                .passed
+        );
     }
 }

@@ -243,6 +243,15 @@ fn elementwise_passed(absdiff: &[f64], reldiff: &[f64], atol: f64, rtol: f64) ->
         .any(|(&x, &r)| stat_failed(x, atol) && stat_failed(r, rtol))
 }
 
+/// Whether a metric that applies to this output replaces its tolerance check (`tokens:MIN`:
+/// equal ids are the criterion, not their numeric distance).
+fn tolerance_replaced(criterion: &Criterion, name: &str) -> bool {
+    criterion
+        .metrics
+        .iter()
+        .any(|m| m.replaces_tolerance() && m.applies_to(name))
+}
+
 /// The criterion's metrics that apply to this output, evaluated.
 fn evaluate_metrics(
     criterion: &Criterion,
@@ -310,10 +319,11 @@ fn check_output_general(
         }
     };
     let (required_atol, required_rtol) = rayon::join(|| required(&absdiff), || required(&reldiff));
-    let tolerance_passed = match stat {
-        ErrorStat::Elemwise => elementwise_passed(&absdiff, &reldiff, atol, rtol),
-        _ => !(stat_failed(required_atol, atol) && stat_failed(required_rtol, rtol)),
-    };
+    let tolerance_passed = tolerance_replaced(criterion, name)
+        || match stat {
+            ErrorStat::Elemwise => elementwise_passed(&absdiff, &reldiff, atol, rtol),
+            _ => !(stat_failed(required_atol, atol) && stat_failed(required_rtol, rtol)),
+        };
     let metrics = evaluate_metrics(criterion, name, &a, &b, out.shape());
     let passed = tolerance_passed && metrics.iter().all(|m| m.passed);
     Ok(OutputCheck {
@@ -449,10 +459,11 @@ pub fn compare_output(
         (ErrorStat::Median, _) => (sabs.median, srel.median),
         _ => (sabs.max, srel.max),
     };
-    let tolerance_passed = match stat {
-        ErrorStat::Elemwise => elem_ok,
-        _ => !(stat_failed(req_a, atol) && stat_failed(req_r, rtol)),
-    };
+    let tolerance_passed = tolerance_replaced(criterion, name)
+        || match stat {
+            ErrorStat::Elemwise => elem_ok,
+            _ => !(stat_failed(req_a, atol) && stat_failed(req_r, rtol)),
+        };
     // Both sides' histograms share a range, so they can be read against each other.
     let lo = sa.min.min(sb.min);
     let hi = sa.max.max(sb.max);

@@ -95,6 +95,30 @@ pub fn load_input_sets(path: &Path) -> Result<Vec<Feeds>> {
     }
 }
 
+/// Checks, before a long job, that a file can later be written at `path` (`flag` names the
+/// option): its folder exists and `path` is not a folder. Not a promise (the disk may fill),
+/// but a mistyped folder fails now instead of after a search.
+pub fn check_destination(path: &Path, flag: &str) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{flag} {}: the folder {} does not exist",
+            path.display(),
+            dir.display()
+        )));
+    }
+    if path.is_dir() {
+        return Err(Error::Invalid(format!(
+            "{flag} {}: is a folder, expected a file path",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename, so a
 /// failure never leaves a half-written file behind.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -127,6 +151,17 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 mod tests {
     use super::*;
     use crate::tensor::Tensor;
+
+    #[test]
+    fn a_destination_in_a_missing_folder_or_a_folder_is_refused_up_front() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(check_destination(&tmp.path().join("a.onnx"), "-o").is_ok());
+        assert!(check_destination(Path::new("a.onnx"), "-o").is_ok());
+        let e = check_destination(&tmp.path().join("missing/a.onnx"), "-o").unwrap_err();
+        assert!(e.to_string().contains("does not exist"), "{e}");
+        let e = check_destination(tmp.path(), "--report").unwrap_err();
+        assert!(e.to_string().starts_with("--report") && e.to_string().contains("is a folder"));
+    }
 
     #[test]
     fn kinds_come_from_content_not_names() {

@@ -10,6 +10,7 @@ use super::options::{CompareOptions, PrecisionOptions};
 use super::ranges::ranges_for_plan;
 use crate::compare::html::HtmlReport;
 use crate::compare::Criterion;
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::event::{Event, NoProgress, Progress};
 use crate::exec::cache::parse_bytes;
@@ -97,6 +98,9 @@ pub struct Config {
     pub layer_errors: bool,
     /// Report each `--check` command and its output.
     pub verbose: bool,
+    /// `--decode N`: every evaluation generates N tokens greedily from each input set's prompt
+    /// (models with ONNX Runtime GenAI's names; [`crate::decode`]).
+    pub decode: Option<usize>,
 }
 
 impl Default for Config {
@@ -121,6 +125,7 @@ impl Default for Config {
             save_debug_replay: None,
             layer_errors: false,
             verbose: false,
+            decode: None,
         }
     }
 }
@@ -220,6 +225,9 @@ impl Config {
         put("check-error-stat", c.check_error_stat.join(" "));
         put("error-quantile", c.error_quantile.join(" "));
         put("metric", c.metric.join(" "));
+        if let Some(n) = self.decode {
+            put("decode", n.to_string());
+        }
         put(
             "golden",
             match &self.golden {
@@ -649,6 +657,23 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         ));
     }
     let feeds = config.inputs.feeds(graph, &mut |e| hooks.event(e))?;
+    let decoder = config.decode.map(|n| Decoder::new(graph, n)).transpose()?;
+    // A generation starts from each input set's prompt with an empty cache: the search's runs
+    // of one step (reference, rankings, layer errors) see those feeds.
+    let feeds = match &decoder {
+        Some(d) => {
+            if qdq {
+                return Err(Error::Invalid(
+                    "--decode searches a float model's precisions; a Q/DQ model's search does not generate yet".into(),
+                ));
+            }
+            feeds
+                .iter()
+                .map(|f| d.first_feeds(f))
+                .collect::<Result<Vec<_>>>()?
+        }
+        None => feeds,
+    };
     hooks.inputs_ready(feeds.len());
     let with_check = config.check.is_some();
     let check_and_fusion = |fusion: FusionModel| {
@@ -781,6 +806,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             replay,
             &shared,
             stop,
+            decoder.as_ref(),
         )?;
         drop(interp);
         (searches, amax)
@@ -820,6 +846,7 @@ fn float_searches<'a>(
     mut replay: Option<(DebugReplay, Option<PathBuf>)>,
     shared: &Shared<'_>,
     stop: &AtomicBool,
+    decode: Option<&Decoder>,
 ) -> Result<Vec<SearchPass>> {
     let graph = interp.graph();
     let models: Vec<FusionModel> = if low.fusion.is_none() {
@@ -852,6 +879,7 @@ fn float_searches<'a>(
             cache_budget,
             jobs: config.jobs,
             stop,
+            decode,
         })?;
         let job = SearchJob {
             graph,

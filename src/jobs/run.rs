@@ -14,9 +14,10 @@ use crate::compare::run_report::{
 };
 use crate::data::npz;
 use crate::data::polygraphy::{self, IterationResult, RunResults};
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::event::{Event, Progress};
-use crate::exec::{Feeds, PreparedPlan, RunOptions};
+use crate::exec::{Feeds, PreparedPlan, RunOptions, RunResult};
 use crate::golden::{GoldenFile, Outputs};
 use crate::precision::summary::{
     fusion_line, fusion_table, precision_counts_line, precision_table,
@@ -71,6 +72,9 @@ pub struct Config {
     pub verbose: bool,
     /// The command line, as the summary records it.
     pub command: String,
+    /// `--decode N`: each input set is a prompt; every runner generates N tokens greedily
+    /// through the KV cache, and its outputs are `tokens` and `logits` ([`crate::decode`]).
+    pub decode: Option<usize>,
 }
 
 /// What a run found.
@@ -401,7 +405,25 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
         &config.onnx_exclude_outputs,
         "--onnx",
     )?;
-    let feeds = config.inputs.sets(graph, sinks.events)?;
+    let sets = config.inputs.sets(graph, sinks.events)?;
+    let decoder = match config.decode {
+        Some(n) => {
+            if config.mark_all || trt_marked.is_some() || onnx_marked.is_some() || config.profile {
+                return Err(Error::Invalid(
+                    "--decode gives the generated tokens and logits: it cannot be combined with --mark-all, marked outputs or --profile".into(),
+                ));
+            }
+            Some(Decoder::new(graph, n)?)
+        }
+        None => None,
+    };
+    let feeds = match &decoder {
+        Some(d) => sets
+            .iter()
+            .map(|f| d.first_feeds(f))
+            .collect::<Result<Vec<_>>>()?,
+        None => sets.clone(),
+    };
     if config.mark_all && feeds.is_empty() {
         return Err(Error::Invalid(
             "--mark-all needs at least one input set".into(),
@@ -489,6 +511,10 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
             };
             let start = Instant::now();
             let result = match plan {
+                _ if decoder.is_some() => RunResult {
+                    outputs: generate(&interp, decoder.as_ref(), f, plan)?,
+                    ..Default::default()
+                },
                 _ if config.profile => {
                     let (result, times) = interp.run_profiled(f, plan)?;
                     profiles[r].add(times);
@@ -576,7 +602,7 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
         }
     }
     if let Some(p) = &config.save_inputs {
-        save_inputs(p, &feeds)?;
+        save_inputs(p, &sets)?;
         sinks.line(&format!("[I] Saved inputs to {}", p.display()));
     }
     let results = RunResults {
@@ -668,6 +694,28 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
     Ok(Outcome { summary, results })
 }
 
+/// A generation from `first` (a prompt's first-step feeds) under `plan`, or one run when
+/// there is no decoder: its outputs.
+fn generate(
+    interp: &Interpreter,
+    decoder: Option<&Decoder>,
+    first: &Feeds,
+    plan: Option<&PreparedPlan>,
+) -> Result<Vec<(String, crate::Tensor)>> {
+    let opts = RunOptions::default();
+    let mut once = |_: usize, f: &Feeds| {
+        Ok(match plan {
+            Some(p) => interp.run_plan(f, &opts, p)?,
+            None => interp.run_with(f, &opts)?,
+        }
+        .outputs)
+    };
+    match decoder {
+        Some(d) => d.generate(first.clone(), &mut once),
+        None => once(0, first),
+    }
+}
+
 /// `--save-inputs`: Polygraphy JSON, or `.npz` (one input set).
 fn save_inputs(p: &Path, feeds: &[Feeds]) -> Result<()> {
     if !p.extension().is_some_and(|e| e.eq_ignore_ascii_case("npz")) {
@@ -690,17 +738,35 @@ fn save_inputs(p: &Path, feeds: &[Feeds]) -> Result<()> {
 /// The outputs of every input set in FP32 or under a precision plan, and with `mark_all`
 /// every node output after the graph outputs (in execution order): the Python API's
 /// `mixprec.run`. Notes go to `events`, a calibration's progress to `progress`.
+#[allow(clippy::too_many_arguments)]
 pub fn outputs(
     model: &Path,
     inputs: &Inputs,
     precision: &PrecisionOptions,
     mark_all: bool,
+    decode: Option<usize>,
     events: &mut dyn FnMut(Event),
     progress: &dyn Progress,
 ) -> Result<Vec<Outputs>> {
     let model = load_model(model)?;
     let graph = &model.graph;
     let feeds = inputs.feeds(graph, events)?;
+    let decoder =
+        match decode {
+            Some(_) if mark_all => return Err(Error::Invalid(
+                "decode gives the generated tokens and logits: it cannot be combined with mark_all"
+                    .into(),
+            )),
+            Some(n) => Some(Decoder::new(graph, n)?),
+            None => None,
+        };
+    let feeds = match &decoder {
+        Some(d) => feeds
+            .iter()
+            .map(|f| d.first_feeds(f))
+            .collect::<Result<Vec<_>>>()?,
+        None => feeds,
+    };
     let interp = Interpreter::new(graph)?;
     let prepared = if precision.any() {
         let plan = precision.plan(graph, events)?;
@@ -715,6 +781,10 @@ pub fn outputs(
     };
     let mut all = Vec::with_capacity(feeds.len());
     for f in &feeds {
+        if decoder.is_some() {
+            all.push(generate(&interp, decoder.as_ref(), f, prepared.as_ref())?);
+            continue;
+        }
         let mut r = match &prepared {
             Some(p) => interp.run_plan(f, &opts, p)?,
             None => interp.run_with(f, &opts)?,

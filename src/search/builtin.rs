@@ -3,6 +3,7 @@
 
 use super::{Evaluation, Oracle, Ranking, Scores};
 use crate::compare::{check_output, fmt_g, Criterion};
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions, ValueCache};
 use crate::precision::plan::PrecisionPlan;
@@ -45,6 +46,8 @@ pub struct BuiltinOracle<'a> {
     ranking_jobs: usize,
     /// A user criterion that decides the verdicts instead of `criterion`.
     user: Option<UserCriterion>,
+    /// Each input set is a prompt generated from (`--decode`); `feeds` are its first steps'.
+    decode: Option<&'a Decoder>,
 }
 
 impl<'a> BuiltinOracle<'a> {
@@ -82,7 +85,20 @@ impl<'a> BuiltinOracle<'a> {
             prepared: None,
             ranking_jobs: 1,
             user: None,
+            decode: None,
         })
+    }
+
+    /// Makes every evaluation a generation (`--decode`): each input set's feeds are the first
+    /// step's ([`Decoder::first_feeds`]); the first step runs through the cache, the next ones
+    /// (fed from the candidate's own outputs) outside it.
+    pub fn generating(&mut self, decode: Option<&'a Decoder>) {
+        self.decode = decode;
+    }
+
+    /// Model runs in one evaluation of an input set.
+    fn runs_per_set(&self) -> u64 {
+        self.decode.map_or(1, |d| d.steps() as u64)
     }
 
     /// The layers an uncached plain run executes (an evaluation, the reference).
@@ -123,22 +139,27 @@ impl<'a> BuiltinOracle<'a> {
     /// they took). The reference run is no measure of it: a first run makes its one-time work
     /// (packed weights, epilogues) and fills the cache.
     pub fn time_fp32_inference(&self) -> Result<(f64, std::time::Duration)> {
-        super::report::time_warm_inference(|| self.interp.run(&self.feeds[0]).map(drop))
+        let mut cache = ValueCache::new(0);
+        super::report::time_warm_inference(|| {
+            run_set(
+                self.interp,
+                &self.feeds[0],
+                0,
+                None,
+                &mut cache,
+                self.decode,
+            )
+            .map(drop)
+        })
     }
 
     /// Runs the FP32 reference on every input set (seeding the cache) and returns its outputs.
     pub fn reference_outputs(&mut self) -> Result<Vec<Golden>> {
         let mut all = Vec::with_capacity(self.feeds.len());
         for (k, f) in self.feeds.iter().enumerate() {
-            let r = self.interp.run_cached(
-                f,
-                k as u64,
-                &RunOptions::default(),
-                None,
-                &mut self.cache,
-            )?;
-            self.full_executions += self.nodes();
-            all.push(r.outputs);
+            let outputs = run_set(self.interp, f, k as u64, None, &mut self.cache, self.decode)?;
+            self.full_executions += self.nodes() * self.runs_per_set();
+            all.push(outputs);
         }
         Ok(all)
     }
@@ -249,9 +270,10 @@ impl<'a> BuiltinOracle<'a> {
             golden: &self.golden,
             criterion: &self.criterion,
             user: self.user.as_ref(),
+            decode: self.decode,
         };
         let (e, sets) = judge.judge(&prepared, &mut self.cache)?;
-        self.full_executions += sets * self.nodes();
+        self.full_executions += sets * self.nodes() * self.runs_per_set();
         Ok(e)
     }
 
@@ -604,10 +626,15 @@ pub(crate) fn judge_sets(
     golden: &[Golden],
     criterion: &Criterion,
     user: Option<&UserCriterion>,
+    decoded: bool,
     mut run: impl FnMut(usize) -> Result<Golden>,
 ) -> Result<(Evaluation, u64)> {
     let golden_of = |k: usize| &golden[k.min(golden.len() - 1)];
-    let mut verdict = Verdict::new();
+    let mut verdict = if decoded {
+        Verdict::decoded()
+    } else {
+        Verdict::new()
+    };
     let mut ran = 0;
     let mut outputs = Vec::new();
     for k in 0..sets {
@@ -641,6 +668,32 @@ struct Judge<'j> {
     golden: &'j [Golden],
     criterion: &'j Criterion,
     user: Option<&'j UserCriterion>,
+    decode: Option<&'j Decoder>,
+}
+
+/// The outputs of input set `key` (`feeds`) under `plan`, its values through `cache`; with
+/// `decode`, the generation from it (its first step through the cache, the next ones
+/// outside: their feeds come from the candidate's own outputs).
+fn run_set(
+    interp: &Interpreter<'_>,
+    feeds: &Feeds,
+    key: u64,
+    plan: Option<&PreparedPlan>,
+    cache: &mut ValueCache,
+    decode: Option<&Decoder>,
+) -> Result<Golden> {
+    let opts = RunOptions::default();
+    let Some(d) = decode else {
+        return Ok(interp.run_cached(feeds, key, &opts, plan, cache)?.outputs);
+    };
+    d.generate(feeds.clone(), &mut |step, f| {
+        let r = match (step, plan) {
+            (0, _) => interp.run_cached(f, key, &opts, plan, cache)?,
+            (_, Some(p)) => interp.run_plan(f, &opts, p)?,
+            (_, None) => interp.run_with(f, &opts)?,
+        };
+        Ok(r.outputs)
+    })
 }
 
 impl Judge<'_> {
@@ -652,15 +705,16 @@ impl Judge<'_> {
             self.golden,
             self.criterion,
             self.user,
+            self.decode.is_some(),
             |k| {
-                let r = self.interp.run_cached(
+                run_set(
+                    self.interp,
                     &self.feeds[k],
                     k as u64,
-                    &RunOptions::default(),
                     Some(prepared),
                     cache,
-                )?;
-                Ok(r.outputs)
+                    self.decode,
+                )
             },
         )
     }
@@ -696,6 +750,7 @@ impl BuiltinOracle<'_> {
             golden: &self.golden,
             criterion: &self.criterion,
             user: self.user.as_ref(),
+            decode: self.decode,
         };
         let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> =
             (0..sets.len()).map(|_| None).collect();
@@ -714,7 +769,7 @@ impl BuiltinOracle<'_> {
         for fork in forks {
             self.cache.absorb(fork);
         }
-        let nodes = self.nodes();
+        let nodes = self.nodes() * self.runs_per_set();
         verdicts
             .into_iter()
             .map(|v| {
@@ -787,6 +842,17 @@ fn clone_error(e: &Error) -> Error {
     Error::Invalid(e.to_string())
 }
 
+/// What an output counts for in a [`Verdict`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// Its check decides, and its error is reported.
+    Judged,
+    /// Its error is reported (and ranks), its check does not decide.
+    Measured,
+    /// Its check decides; its numeric error means nothing (token ids).
+    Ids,
+}
+
 /// The verdict on one candidate, built up over its input sets: every golden output compared
 /// under the criterion, the worst one described.
 pub struct Verdict {
@@ -794,6 +860,9 @@ pub struct Verdict {
     /// The worst output: (required atol, line describing it).
     worst: (f64, String),
     failing_metrics: Vec<String>,
+    /// The outputs are a generation's (`--decode`): tokens, and logits judged step by step
+    /// when the criterion names them ([`crate::decode::judges_logits`]).
+    decoded: bool,
 }
 
 impl Default for Verdict {
@@ -808,6 +877,15 @@ impl Verdict {
             passed: true,
             worst: (f64::NEG_INFINITY, String::new()),
             failing_metrics: Vec::new(),
+            decoded: false,
+        }
+    }
+
+    /// The verdict on generations (`--decode`).
+    pub fn decoded() -> Verdict {
+        Verdict {
+            decoded: true,
+            ..Verdict::new()
         }
     }
 
@@ -829,31 +907,110 @@ impl Verdict {
                         "golden output '{name}' is not an output of the model"
                     ))
                 })?;
-            let c = check_output(name, out, reference, criterion)?;
-            self.passed &= c.passed;
-            let e = if c.required_atol.is_nan() {
-                f64::INFINITY
+            if !self.decoded {
+                self.add_output(
+                    name,
+                    &format!("'{name}'"),
+                    out,
+                    reference,
+                    criterion,
+                    Role::Judged,
+                )?;
+            } else if name == crate::decode::LOGITS {
+                // Measured even when not judged: the error the trials report and the
+                // sensitivity ranking scores by.
+                let role = if crate::decode::judges_logits(criterion) {
+                    Role::Judged
+                } else {
+                    Role::Measured
+                };
+                let steps = |t: &Tensor| {
+                    crate::decode::logit_steps(t).ok_or_else(|| {
+                        Error::Invalid(format!(
+                            "'{name}' of a generation must be [batch, steps, vocab], not {}",
+                            crate::tensor::fmt_shape(t.shape())
+                        ))
+                    })
+                };
+                let (outs, refs) = (steps(out)?, steps(reference)?);
+                if outs.len() != refs.len() {
+                    return Err(Error::Invalid(format!(
+                        "'{name}': the generation has {} steps, the reference {}",
+                        outs.len(),
+                        refs.len()
+                    )));
+                }
+                for (k, (o, r)) in outs.iter().zip(&refs).enumerate() {
+                    self.add_output(name, &format!("'{name}' step {k}"), o, r, criterion, role)?;
+                }
             } else {
-                c.required_atol
-            };
-            if e > self.worst.0 || self.worst.1.is_empty() {
-                self.worst = (
-                    e,
-                    format!(
-                        "'{name}' {} error needs atol {} (have {}) or rtol {} (have {})",
-                        c.stat.name(),
-                        fmt_g(c.required_atol, 5),
-                        fmt_g(c.atol, 5),
-                        fmt_g(c.required_rtol, 5),
-                        fmt_g(c.rtol, 5)
-                    ),
-                );
-            }
-            for m in c.metrics.iter().filter(|m| !m.passed) {
-                self.failing_metrics.push(format!("'{name}' {}", m.line()));
+                self.add_output(
+                    name,
+                    &format!("'{name}'"),
+                    out,
+                    reference,
+                    criterion,
+                    Role::Ids,
+                )?;
             }
         }
         Ok(self.passed)
+    }
+
+    fn add_output(
+        &mut self,
+        name: &str,
+        label: &str,
+        out: &Tensor,
+        reference: &Tensor,
+        criterion: &Criterion,
+        role: Role,
+    ) -> Result<()> {
+        let c = check_output(name, out, reference, criterion)?;
+        if role != Role::Measured {
+            self.passed &= c.passed;
+            for m in c.metrics.iter().filter(|m| !m.passed) {
+                self.failing_metrics.push(format!("{label} {}", m.line()));
+            }
+        }
+        if role == Role::Ids {
+            if !c.passed && c.metrics.iter().all(|m| m.passed) {
+                let (a, b) = (out.to_f64_vec(), reference.to_f64_vec());
+                let same = a
+                    .zip(b)
+                    .map_or(0.0, |(a, b)| crate::compare::metrics::agreement(&a, &b));
+                self.failing_metrics.push(format!(
+                    "{label} {} of {} equal",
+                    (same * out.len() as f64).round(),
+                    out.len()
+                ));
+            }
+            return Ok(());
+        }
+        let e = if c.required_atol.is_nan() {
+            f64::INFINITY
+        } else {
+            c.required_atol
+        };
+        if e > self.worst.0 || self.worst.1.is_empty() {
+            let judged = if role == Role::Measured {
+                " (not judged)"
+            } else {
+                ""
+            };
+            self.worst = (
+                e,
+                format!(
+                    "{label}{judged} {} error needs atol {} (have {}) or rtol {} (have {})",
+                    c.stat.name(),
+                    fmt_g(c.required_atol, 5),
+                    fmt_g(c.atol, 5),
+                    fmt_g(c.required_rtol, 5),
+                    fmt_g(c.rtol, 5)
+                ),
+            );
+        }
+        Ok(())
     }
 
     pub fn finish(self) -> Evaluation {

@@ -295,6 +295,7 @@ mod tests {
             cache_budget: Some(1 << 20),
             jobs: 1,
             stop: &stop,
+            decode: None,
         })
         .unwrap();
         let job = SearchJob {

@@ -42,6 +42,9 @@ pub struct PlanSpaceConfig<'a> {
     pub jobs: usize,
     /// Set (Ctrl-C) to cut a sensitivity ranking short.
     pub stop: &'a AtomicBool,
+    /// Every evaluation a generation (`--decode`); `feeds` are then each input set's first
+    /// step ([`crate::decode::Decoder::first_feeds`]).
+    pub decode: Option<&'a crate::decode::Decoder>,
 }
 
 /// Precision plans judged by emulation.
@@ -66,6 +69,7 @@ impl<'a> PlanSpace<'a> {
         oracle.judging_by(c.user);
         oracle.stopping_on(c.stop);
         oracle.ranking_in_jobs(c.jobs);
+        oracle.generating(c.decode);
         Ok(PlanSpace {
             oracle,
             feeds: c.feeds.len(),

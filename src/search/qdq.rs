@@ -121,6 +121,7 @@ impl QdqOracle<'_> {
             &self.golden,
             &self.criterion,
             self.user.as_ref(),
+            false,
             |k| Ok(run_with(&interp, &self.feeds[k], self.fusion, false)?.outputs),
         )?;
         Ok((e, sets * candidate.model.graph.nodes.len() as u64))

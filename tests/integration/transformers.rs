@@ -20,6 +20,7 @@
 use crate::common::{mixprec, python, repo_root, text};
 use crate::real_models::derived_dir;
 use mixprec::data::npy::read_npz;
+use mixprec::decode::Decoder;
 use mixprec::graph::Dim;
 use mixprec::{load_model, Feeds, Interpreter, Tensor};
 use std::path::{Path, PathBuf};
@@ -93,83 +94,42 @@ struct Generation {
     logits: Vec<Vec<f32>>,
 }
 
-/// Greedy generation with mixprec's interpreter through the KV cache, as ONNX Runtime GenAI
-/// drives a model: the prompt first with an empty past, then one token at a time.
+/// Greedy generation with mixprec's decoder (`--decode`'s: the prompt with an empty past,
+/// then one token at a time through the KV cache), cut after the first EOS as ONNX Runtime
+/// GenAI stops there.
 fn mixprec_generate(model_path: &Path, prompt: &[i64], eos: i64) -> Generation {
     let model = load_model(model_path).unwrap();
-    let graph = &model.graph;
-    let interp = Interpreter::new(graph).unwrap();
-    let has_position_ids = graph.inputs.iter().any(|v| v.name == "position_ids");
-    let mut feeds = Feeds::new();
-    for v in graph
-        .inputs
+    let interp = Interpreter::new(&model.graph).unwrap();
+    let decoder = Decoder::new(&model.graph, NEW_TOKENS).unwrap();
+    let mut set = Feeds::new();
+    set.insert(
+        "input_ids".into(),
+        Tensor::from_i64(vec![1, prompt.len()], prompt.to_vec()),
+    );
+    let out = decoder
+        .generate(decoder.first_feeds(&set).unwrap(), &mut |_, f| {
+            Ok(interp.run(f)?.outputs)
+        })
+        .unwrap();
+    let tokens = out[0].1.to_i64_vec().unwrap();
+    let logits = out[1].1.to_f32_vec().unwrap();
+    let vocab_size = *out[1].1.shape().last().unwrap();
+    let steps = tokens
         .iter()
-        .filter(|v| v.name.starts_with("past_key_values."))
-    {
-        // [batch, kv_heads, past_sequence_length, head_size]: an empty past of the declared type.
-        let dims = v.shape.as_ref().expect("a declared past shape");
-        let fixed = |d: &Dim| match d {
-            Dim::Fixed(n) => *n,
-            _ => panic!("{}: kv_heads and head_size must be fixed", v.name),
-        };
-        let shape = vec![1, fixed(&dims[1]), 0, fixed(&dims[3])];
-        feeds.insert(
-            v.name.clone(),
-            Tensor::zeros(v.dtype.expect("a declared past type"), shape),
-        );
+        .position(|&t| t == eos)
+        .map_or(tokens.len(), |p| p + 1);
+    Generation {
+        tokens: tokens[..steps]
+            .iter()
+            .copied()
+            .filter(|&t| t != eos)
+            .collect(),
+        logits: logits
+            .chunks(vocab_size)
+            .take(steps)
+            .map(<[f32]>::to_vec)
+            .collect(),
     }
-    let mut ids = prompt.to_vec();
-    let mut step_ids = prompt.to_vec();
-    let mut out = Generation {
-        tokens: Vec::new(),
-        logits: Vec::new(),
-    };
-    for _ in 0..NEW_TOKENS {
-        let total = ids.len();
-        let n = step_ids.len();
-        feeds.insert(
-            "input_ids".into(),
-            Tensor::from_i64(vec![1, n], step_ids.clone()),
-        );
-        feeds.insert(
-            "attention_mask".into(),
-            Tensor::from_i64(vec![1, total], vec![1; total]),
-        );
-        if has_position_ids {
-            let pos = ((total - n) as i64..total as i64).collect();
-            feeds.insert("position_ids".into(), Tensor::from_i64(vec![1, n], pos));
-        }
-        let result = interp.run(&feeds).unwrap();
-        let logits = result.output("logits").expect("a logits output");
-        let all = logits.to_f32_vec().unwrap();
-        let vocab_size = *logits.shape().last().unwrap();
-        let last = all[all.len() - vocab_size..].to_vec();
-        let token = argmax(&last);
-        out.logits.push(last);
-        if token == eos {
-            break;
-        }
-        out.tokens.push(token);
-        for (name, t) in &result.outputs {
-            if let Some(rest) = name.strip_prefix("present.") {
-                feeds.insert(format!("past_key_values.{rest}"), t.clone());
-            }
-        }
-        ids.push(token);
-        step_ids = vec![token];
-    }
-    out
-}
-
-/// The first index of the largest value (numpy's argmax, which llm_generate.py uses).
-fn argmax(v: &[f32]) -> i64 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as i64
 }
 
 /// scripts/llm_generate.py CLIENT MODEL: the ids it generated before EOS (and, for `ort`, each
@@ -439,5 +399,96 @@ fn smollm2_genai_fp16_search_answer_generates_in_onnxruntime_genai() {
         "smollm2 genai fp16 search: {high} of the layers float32 ({search_s:.1}s with the export); onnxruntime-genai generates {:?} with the mixed model, as with the float32 one and as mixprec's emulation; {:.1}s",
         decode(&vocab, &genai_mixed.tokens),
         start.elapsed().as_secs_f64()
+    );
+}
+
+/// `--decode`: `mixprec run` generates and saves (`tokens`, each step's `logits`) what
+/// mixprec's decoder generates (ONNX Runtime's tokens: the tests above); `debug precision
+/// --fp16 --decode 8 --metric tokens:1.0` judges every candidate on its generated text; a
+/// model without a KV cache is refused with the missing name.
+#[test]
+fn smollm2_decode_runs_and_judges_a_search_on_the_generated_text() {
+    let vocab = vocab();
+    let prompt = prompt_ids(&vocab);
+    let eos = eos();
+    let model = smollm2().join("genai-fp32/model.onnx");
+    let tmp = tempfile::tempdir().unwrap();
+    let inputs = tmp.path().join("prompt.npz");
+    mixprec::data::npy::write_npz(
+        &inputs,
+        &[(
+            "input_ids".to_string(),
+            Tensor::from_i64(vec![1, prompt.len()], prompt.clone()),
+        )],
+    )
+    .unwrap();
+    let saved = tmp.path().join("generated.json");
+    let run_start = Instant::now();
+    let o = mixprec(&[
+        "run",
+        model.to_str().unwrap(),
+        "--load-inputs",
+        inputs.to_str().unwrap(),
+        "--decode",
+        &NEW_TOKENS.to_string(),
+        "--save-outputs",
+        saved.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run_s = run_start.elapsed().as_secs_f64();
+    let results = mixprec::golden::GoldenFile::load(&saved).unwrap().results;
+    let outputs = &results.runners[0].1[0].outputs;
+    let get = |name: &str| {
+        outputs
+            .iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no output '{name}' saved"))
+            .1
+            .clone()
+    };
+    let (tokens, logits) = (get("tokens"), get("logits"));
+    assert_eq!(tokens.shape(), &[1, NEW_TOKENS]);
+    assert_eq!(logits.shape()[..2], [1, NEW_TOKENS]);
+    let ours = mixprec_generate(&model, &prompt, eos);
+    let tokens = tokens.to_i64_vec().unwrap();
+    assert_eq!(
+        &tokens[..ours.tokens.len()],
+        ours.tokens.as_slice(),
+        "run --decode generated {:?}",
+        decode(&vocab, &tokens)
+    );
+
+    let result = tmp.path().join("result.json");
+    let search_start = Instant::now();
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        model.to_str().unwrap(),
+        "--load-inputs",
+        inputs.to_str().unwrap(),
+        "--fp16",
+        "--decode",
+        "8",
+        "--metric",
+        "tokens:1.0",
+        "--save-result",
+        result.to_str().unwrap(),
+    ]);
+    let log = text(&o);
+    assert!(o.status.success(), "{log}");
+    let search_s = search_start.elapsed().as_secs_f64();
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+    let layers = v["layers"].as_array().map_or(0, Vec::len);
+
+    let o = mixprec(&["run", &crate::common::example("mlp.onnx"), "--decode", "2"]);
+    assert!(!o.status.success());
+    assert!(
+        text(&o).contains("--decode: the model has no input 'input_ids'"),
+        "{}",
+        text(&o)
+    );
+    println!(
+        "smollm2 --decode: run generated {:?} ({NEW_TOKENS} tokens) in {run_s:.1}s; debug precision --fp16 --decode 8 --metric tokens:1.0: {layers} layer(s) float32, {search_s:.1}s",
+        decode(&vocab, &tokens)
     );
 }

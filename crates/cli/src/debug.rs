@@ -128,6 +128,15 @@ fn install_interrupt_handler() {
 
 fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<ExitCode> {
     args.data.check_trt_options()?;
+    for (path, flag) in [
+        (&args.output, "-o"),
+        (&args.report, "--report"),
+        (&args.save_result, "--save-result"),
+    ] {
+        if let Some(path) = path {
+            mixprec::data::check_destination(path, flag)?;
+        }
+    }
     let p = &Printer::new(args.color);
     let config = args.config(mode, direction)?.validate()?;
     let (criterion, high) = (config.criterion.clone(), config.high);

@@ -165,6 +165,12 @@ pub struct RunArgs {
     /// kernels) leaves the reported times and --profile.
     #[arg(long = "warm-up", value_name = "N", default_value_t = 0)]
     warm_up: usize,
+    /// Generate N tokens greedily through the KV cache from each input set's prompt
+    /// (`input_ids`, from --load-inputs), as ONNX Runtime GenAI does, for models with its names
+    /// (past_key_values.* / present.*, logits). The outputs become `tokens` [batch, N] and
+    /// `logits` [batch, N, vocab] (each step's last position); see docs/compare.md.
+    #[arg(long, value_name = "N")]
+    decode: Option<usize>,
     /// Write a self-contained HTML report (verdict, output comparisons with histograms,
     /// layer-wise plot and table) to this file.
     #[arg(long, value_name = "FILE")]
@@ -211,6 +217,7 @@ pub fn run(args: RunArgs, trt_first: bool) -> Result<ExitCode> {
         fail_fast: args.fail_fast,
         profile: args.profile,
         warm_up: args.warm_up,
+        decode: args.decode,
         verbose: args.verbose,
         command: std::env::args().collect::<Vec<_>>().join(" "),
     };

@@ -60,6 +60,12 @@ pub struct SearchArgs {
     /// holds at once, within 1 MiB..2 GiB. Changes speed and memory, never the answer.
     #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
     pub(super) cache_budget: String,
+    /// Generate N tokens greedily through the KV cache from each input set's prompt
+    /// (`input_ids`, from --load-inputs), as ONNX Runtime GenAI does, for models with its names
+    /// (past_key_values.* / present.*, logits). Every candidate generates; the outputs compared are `tokens` [batch, N] and
+    /// `logits` [batch, N, vocab] (each step's last position); see docs/search.md: the tokens are judged, the logits when a criterion names them.
+    #[arg(long, value_name = "N")]
+    pub(super) decode: Option<usize>,
     /// Judge each candidate with this command instead of the built-in comparison (must be the
     /// last option: everything after it belongs to the command). Placeholders: {model} (the
     /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
@@ -199,6 +205,7 @@ impl SearchArgs {
             save_debug_replay: self.save_debug_replay.clone(),
             layer_errors: self.report.is_some(),
             verbose: self.verbose,
+            decode: self.decode,
         })
     }
 }

@@ -177,8 +177,15 @@ impl SearchHooks for CliHooks<'_> {
                             .collect::<Vec<_>>()
                             .join(", ")
                     )
-                }
+                },
             );
+            if let Some(n) = args.decode.filter(|_| args.check.is_empty()) {
+                out!(
+                    p,
+                    "[I] On generations of {n} token(s): {}",
+                    mixprec::decode::judged_outputs(criterion)
+                );
+            }
         }
         if self.say && std::io::stderr().is_terminal() {
             let b = indicatif::ProgressBar::new_spinner();

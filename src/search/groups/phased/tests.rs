@@ -387,6 +387,7 @@ fn emulated_search(g: &crate::graph::Graph, group: Grouping) -> crate::search::d
         cache_budget: Some(1 << 20),
         jobs: 1,
         stop: &stop,
+        decode: None,
     })
     .unwrap();
     let job = SearchJob {
