@@ -206,6 +206,7 @@ class Executor:
         self.nodes = [Node(n) for n in self.graph.node]
         self.methods = [getattr(self, "op_" + n.op_type) for n in self.nodes]
         self.fold = fold
+        self.conv_once = False
         self.expected_dtypes = self._inferred_dtypes()
         self.static = None  # name -> value, once fold() has run
         self.static_nodes = set()
@@ -531,6 +532,15 @@ class Executor:
             flat += [begin[d], end[d]]
         return F.pad(x, flat, value=value), [0] * rank_sp
 
+    def _conv_rounded_once(self, fn, x, w, b, **kw):
+        """With --conv-rounded-once, a float16/bfloat16 convolution with a bias is computed in
+        float32 (its inputs widened exactly, TF32 off) and rounded once, bias included; PyTorch's
+        own cuDNN path rounds the convolution to the low type and then adds the bias (a second
+        rounding)."""
+        if self.conv_once and b is not None and x.dtype in (torch.float16, torch.bfloat16):
+            return fn(x.float(), w.float(), b.float(), **kw).to(x.dtype)
+        return fn(x, w, b, **kw)
+
     def op_Conv(self, n, i, a):
         x, w = i[0], i[1]
         b = i[2] if len(i) > 2 else None
@@ -541,7 +551,7 @@ class Executor:
         pads = self._pads(n, a, rank_sp, x, kernel, strides, dil)
         x, pad = self._pad_input(x, pads, rank_sp)
         conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank_sp]
-        return conv(x, w, b, stride=strides, padding=pad, dilation=dil, groups=a.get("group", 1))
+        return self._conv_rounded_once(conv, x, w, b, stride=strides, padding=pad, dilation=dil, groups=a.get("group", 1))
 
     def op_ConvTranspose(self, n, i, a):
         x, w = i[0], i[1]
@@ -553,8 +563,9 @@ class Executor:
         if pads[:rank_sp] != pads[rank_sp:] or "output_shape" in a:
             raise Unsupported(f"node '{n.name}': ConvTranspose with asymmetric pads or output_shape")
         conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[rank_sp]
-        return conv(x, w, b, stride=strides, padding=pads[:rank_sp],
-                    output_padding=a.get("output_padding", [0] * rank_sp), groups=a.get("group", 1), dilation=dil)
+        return self._conv_rounded_once(conv, x, w, b, stride=strides, padding=pads[:rank_sp],
+                                       output_padding=a.get("output_padding", [0] * rank_sp),
+                                       groups=a.get("group", 1), dilation=dil)
 
     # -- normalization ----------------------------------------------------------------------------
 
@@ -859,6 +870,9 @@ def main(argv=None):
                     help="with --isolate: compute each op in float64 on the isolated inputs (the exact result)")
     ap.add_argument("--list-kernels", default=None, metavar="FILE",
                     help="profile the last run and write the names of the CUDA kernels it launched, with counts, to FILE")
+    ap.add_argument("--conv-rounded-once", action="store_true",
+                    help="float16 Conv/ConvTranspose with a bias in float32, rounded once (PyTorch rounds the "
+                         "convolution, then adds the bias: two roundings)")
     ap.add_argument("--no-cudnn", action="store_true",
                     help="torch.backends.cudnn.enabled = False (convolutions through PyTorch's own kernels)")
     ap.add_argument("--fp16-reduced-reduction", action="store_true",
@@ -874,6 +888,7 @@ def main(argv=None):
     model = onnx.load(args.model)
     try:
         ex = Executor(model, device)
+        ex.conv_once = args.conv_rounded_once
     except Unsupported as e:
         print(f"gpu_reference.py: {args.model}: {e}", file=sys.stderr)
         return 2
