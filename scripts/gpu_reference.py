@@ -24,6 +24,8 @@ Usage:
 
   --load-inputs    Polygraphy inputs JSON: a list of feed dicts (`mixprec run --save-inputs`)
   --mark-all       save every node's outputs too (topological order), for layer-wise comparison
+  --mark NAMES     save these values too (comma-separated, or @FILE with one name a line): a
+                   layer-wise comparison of a model too large to save every layer of
   --isolate FILE   per-layer isolation: each node reads its inputs from FILE (a RunResults JSON
                    holding every layer's output, e.g. `mixprec run --fp16 --mark-all
                    --save-outputs`), cast to the dtype the graph gives them, so each saved output
@@ -204,6 +206,7 @@ class Executor:
         self.nodes = [Node(n) for n in self.graph.node]
         self.methods = [getattr(self, "op_" + n.op_type) for n in self.nodes]
         self.fold = fold
+        self.conv_once = False
         self.expected_dtypes = self._inferred_dtypes()
         self.static = None  # name -> value, once fold() has run
         self.static_nodes = set()
@@ -327,7 +330,7 @@ class Executor:
             if v.numel() <= 64:
                 self._const_lists[name] = v.reshape(-1).tolist()
 
-    def compiled(self, mode):
+    def compiled(self, mode, backend="inductor"):
         static = self.static
         inits = self.inits
 
@@ -340,8 +343,9 @@ class Executor:
             self.run_nodes(env, skip_static=True)
             return tuple(env[n] for n in self.output_names)
 
+        no_attention_rewrite()
         # fullgraph: a graph break would silently run part of the model unfused.
-        return torch.compile(fn, dynamic=False, fullgraph=True, mode=mode)
+        return torch.compile(fn, dynamic=False, fullgraph=True, mode=mode, backend=backend)
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -438,6 +442,30 @@ class Executor:
     def op_Equal(self, n, i, a):
         return i[0] == i[1]
 
+    def op_Less(self, n, i, a):
+        return i[0] < i[1]
+
+    def op_LessOrEqual(self, n, i, a):
+        return i[0] <= i[1]
+
+    def op_Greater(self, n, i, a):
+        return i[0] > i[1]
+
+    def op_GreaterOrEqual(self, n, i, a):
+        return i[0] >= i[1]
+
+    def op_And(self, n, i, a):
+        return torch.logical_and(i[0], i[1])
+
+    def op_Or(self, n, i, a):
+        return torch.logical_or(i[0], i[1])
+
+    def op_Xor(self, n, i, a):
+        return torch.logical_xor(i[0], i[1])
+
+    def op_Not(self, n, i, a):
+        return torch.logical_not(i[0])
+
     def op_Where(self, n, i, a):
         return torch.where(i[0], i[1], i[2])
 
@@ -504,6 +532,15 @@ class Executor:
             flat += [begin[d], end[d]]
         return F.pad(x, flat, value=value), [0] * rank_sp
 
+    def _conv_rounded_once(self, fn, x, w, b, **kw):
+        """With --conv-rounded-once, a float16/bfloat16 convolution with a bias is computed in
+        float32 (its inputs widened exactly, TF32 off) and rounded once, bias included; PyTorch's
+        own cuDNN path rounds the convolution to the low type and then adds the bias (a second
+        rounding)."""
+        if self.conv_once and b is not None and x.dtype in (torch.float16, torch.bfloat16):
+            return fn(x.float(), w.float(), b.float(), **kw).to(x.dtype)
+        return fn(x, w, b, **kw)
+
     def op_Conv(self, n, i, a):
         x, w = i[0], i[1]
         b = i[2] if len(i) > 2 else None
@@ -514,7 +551,7 @@ class Executor:
         pads = self._pads(n, a, rank_sp, x, kernel, strides, dil)
         x, pad = self._pad_input(x, pads, rank_sp)
         conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[rank_sp]
-        return conv(x, w, b, stride=strides, padding=pad, dilation=dil, groups=a.get("group", 1))
+        return self._conv_rounded_once(conv, x, w, b, stride=strides, padding=pad, dilation=dil, groups=a.get("group", 1))
 
     def op_ConvTranspose(self, n, i, a):
         x, w = i[0], i[1]
@@ -526,8 +563,9 @@ class Executor:
         if pads[:rank_sp] != pads[rank_sp:] or "output_shape" in a:
             raise Unsupported(f"node '{n.name}': ConvTranspose with asymmetric pads or output_shape")
         conv = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[rank_sp]
-        return conv(x, w, b, stride=strides, padding=pads[:rank_sp],
-                    output_padding=a.get("output_padding", [0] * rank_sp), groups=a.get("group", 1), dilation=dil)
+        return self._conv_rounded_once(conv, x, w, b, stride=strides, padding=pads[:rank_sp],
+                                       output_padding=a.get("output_padding", [0] * rank_sp),
+                                       groups=a.get("group", 1), dilation=dil)
 
     # -- normalization ----------------------------------------------------------------------------
 
@@ -592,7 +630,10 @@ class Executor:
 
     def _reduce_axes(self, n, i, a, x):
         if self.opset >= 18 or (n.op_type == "ReduceSum" and self.opset >= 13):
-            axes = self.ints(i[1]) if len(i) > 1 and i[1] is not None else None
+            # The axes input through static_ints: under torch.compile a tensor's values cannot be
+            # read while tracing (they would be data-dependent symbols, which _norm_axis cannot
+            # compare with 0: Magika's ReduceSum/ReduceMax failed so).
+            axes = self.ints(self.static_ints(n.input[1], i[1])) if len(i) > 1 and i[1] is not None else None
         else:
             axes = a.get("axes")
         if not axes:
@@ -742,13 +783,19 @@ class Executor:
         ctm = a.get("coordinate_transformation_mode", "half_pixel")
         sizes = i[3] if len(i) > 3 and i[3] is not None and i[3].numel() else None
         scales = i[2] if len(i) > 2 and i[2] is not None and i[2].numel() else None
+        if "axes" in a:
+            raise Unsupported(f"node '{n.name}': Resize with axes")
         if sizes is not None:
-            size = self.ints(self.static_ints(n.input[3], sizes))[2:]
-            kw = {"size": size}
+            full = self.ints(self.static_ints(n.input[3], sizes))
+            if full[:2] != list(x.shape[:2]):
+                raise Unsupported(f"node '{n.name}': Resize of the batch or channel axis")
+            kw = {"size": full[2:]}
         else:
             sc = self.static_ints(n.input[2], scales)
-            sc = [float(v) for v in (sc if isinstance(sc, list) else sc.reshape(-1).tolist())][2:]
-            kw = {"size": [int(np.floor(x.shape[2 + k] * s)) for k, s in enumerate(sc)]}
+            sc = [float(v) for v in (sc if isinstance(sc, list) else sc.reshape(-1).tolist())]
+            if sc[:2] != [1.0, 1.0]:
+                raise Unsupported(f"node '{n.name}': Resize of the batch or channel axis")
+            kw = {"size": [int(np.floor(x.shape[2 + k] * s)) for k, s in enumerate(sc[2:])]}
         if mode == "nearest":
             nm = a.get("nearest_mode", "round_prefer_floor")
             if ctm == "asymmetric" and nm == "floor":
@@ -761,10 +808,33 @@ class Executor:
         if mode == "linear" and ctm in ("half_pixel", "pytorch_half_pixel", "align_corners"):
             m = {1: "linear", 2: "bilinear", 3: "trilinear"}[x.dim() - 2]
             return F.interpolate(x, mode=m, align_corners=(ctm == "align_corners"), **kw)
+        if (mode == "cubic" and x.dim() == 4 and ctm in ("half_pixel", "pytorch_half_pixel", "align_corners")
+                and a.get("cubic_coeff_a", -0.75) == -0.75 and not a.get("exclude_outside", 0)):
+            # PyTorch's bicubic is Keys' kernel with A = -0.75 and the border samples repeated
+            # (indices clamped), which is ONNX's cubic with cubic_coeff_a = -0.75 and
+            # exclude_outside = 0; half_pixel is align_corners=False (ViT's position embeddings).
+            return F.interpolate(x, mode="bicubic", align_corners=(ctm == "align_corners"), **kw)
         raise Unsupported(f"node '{n.name}': Resize mode {mode} / {ctm}")
 
 
 # ---------------------------------------------------------------------------------------------
+
+def no_attention_rewrite():
+    """Turns off Inductor's scaled-dot-product-attention rewrite (fx_passes/fuse_attention.py,
+    torch 2.11) before the first compile. Its patterns match `softmax(q @ k.transpose(-2, -1) ...)
+    @ v` without checking the permutation, so on an export whose attention transposes K with
+    perm (0, 2, 3, 1) (MiniLM: [1, 16, 12, 32] -> [1, 12, 32, 16]) it takes K's pre-permute
+    tensor as the key and fails ("Attempting to broadcast a dimension of length 16"), or would
+    compute another function where the shapes happen to agree. Without it Inductor runs
+    attention as the graph says: two cuBLAS GEMMs with a fused scale/mask/softmax kernel between
+    them (scores and probabilities rounded to the graph's dtype between the kernels)."""
+    try:
+        from torch._inductor.fx_passes import fuse_attention
+    except ImportError:  # another torch: nothing to turn off
+        return
+    if hasattr(fuse_attention, "_sfdp_init"):
+        fuse_attention._sfdp_init = lambda *args, **kwargs: None
+
 
 def set_numerics(reduced_reduction):
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -792,12 +862,17 @@ def main(argv=None):
     ap.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     ap.add_argument("--runner-name", default=None)
     ap.add_argument("--mark-all", action="store_true")
+    ap.add_argument("--mark", default=None, metavar="NAMES",
+                    help="values to save besides the outputs: comma-separated, or @FILE (one a line)")
     ap.add_argument("--iterations", type=int, default=None, help="use only the first N input sets")
     ap.add_argument("--isolate", default=None)
     ap.add_argument("--isolate-f64", action="store_true",
                     help="with --isolate: compute each op in float64 on the isolated inputs (the exact result)")
     ap.add_argument("--list-kernels", default=None, metavar="FILE",
                     help="profile the last run and write the names of the CUDA kernels it launched, with counts, to FILE")
+    ap.add_argument("--conv-rounded-once", action="store_true",
+                    help="float16 Conv/ConvTranspose with a bias in float32, rounded once (PyTorch rounds the "
+                         "convolution, then adds the bias: two roundings)")
     ap.add_argument("--no-cudnn", action="store_true",
                     help="torch.backends.cudnn.enabled = False (convolutions through PyTorch's own kernels)")
     ap.add_argument("--fp16-reduced-reduction", action="store_true",
@@ -813,12 +888,24 @@ def main(argv=None):
     model = onnx.load(args.model)
     try:
         ex = Executor(model, device)
+        ex.conv_once = args.conv_rounded_once
     except Unsupported as e:
         print(f"gpu_reference.py: {args.model}: {e}", file=sys.stderr)
         return 2
     feeds_list = load_inputs(args.load_inputs)
     if args.iterations is not None:
         feeds_list = feeds_list[:args.iterations]
+    marked = []
+    if args.mark:
+        if args.mode != "eager":
+            print("--mark runs eager only", file=sys.stderr)
+            return 2
+        text = open(args.mark[1:]).read().split("\n") if args.mark.startswith("@") else args.mark.split(",")
+        marked = [m.strip() for m in text if m.strip()]
+        unknown = sorted(set(marked) - {o for nd in ex.nodes for o in nd.output})
+        if unknown:
+            print(f"gpu_reference.py: --mark: no node computes {unknown[:5]}", file=sys.stderr)
+            return 2
     runner = args.runner_name or f"torch-{args.mode}-{device}"
     isolate = None
     if args.isolate:
@@ -829,6 +916,7 @@ def main(argv=None):
         isolate = list(res.values())[0]
     results = []
     compiled = None
+    compiled_shapes = None
     prof = None
     if args.list_kernels:
         from torch.profiler import ProfilerActivity, profile
@@ -847,6 +935,7 @@ def main(argv=None):
                 t0 = time.perf_counter()
                 names, env = ex.eager(feeds, mark_all=args.mark_all, isolate=iso,
                                       upcast=args.isolate_f64 and iso is not None)
+                names = names + [m for m in marked if m not in names]
                 if device == "cuda":
                     torch.cuda.synchronize()
                 runtime = time.perf_counter() - t0
@@ -855,6 +944,14 @@ def main(argv=None):
                         ex.fold_constants(env)
                         compiled = ex.compiled(args.compile_mode)
                     inputs = [env[nm] for nm in ex.input_names]
+                    shapes = [tuple(t.shape) for t in inputs]
+                    if compiled_shapes is None:
+                        compiled_shapes = shapes
+                    elif shapes != compiled_shapes:
+                        # The folded constants (shapes, masks) are the first input set's.
+                        print(f"gpu_reference.py: input set {it}'s shapes {shapes} differ from the first's "
+                              f"{compiled_shapes}: compile mode needs one shape for all input sets", file=sys.stderr)
+                        return 2
                     t0 = time.perf_counter()
                     outs = compiled(*inputs)
                     if device == "cuda":

@@ -138,6 +138,123 @@ class ExecutorVsOnnxRuntime(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "'r'.*float32.*float16"):
             ex.eager(feeds)
 
+    def run_vs_ort(self, model, feeds, backend=None, tol=1e-6):
+        """The executor (eager, or torch.compile with `backend`) against ONNX Runtime on one model."""
+        from onnx import checker
+        checker.check_model(model)
+        sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+        want = sess.run(None, feeds)
+        ex = gr.Executor(model, "cpu")
+        with gr.torch.no_grad():
+            _, env = ex.eager(feeds)
+            got = [env[n] for n in ex.output_names]
+            if backend is not None:
+                ex.fold_constants(env)
+                got = list(ex.compiled(None, backend=backend)(*[env[n] for n in ex.input_names]))
+        for w, g in zip(want, got):
+            g = gr.to_numpy(g)
+            self.assertEqual(g.dtype, w.dtype)
+            self.assertEqual(g.shape, w.shape)
+            if w.dtype.kind == "f":
+                np.testing.assert_allclose(g, w, rtol=tol, atol=tol)
+            else:
+                np.testing.assert_array_equal(g, w)
+
+    def test_comparisons_and_logic(self):
+        # SmolLM2's plain export builds its causal mask so: Range <= position, And attention_mask.
+        from onnx import TensorProto, helper
+        a = helper.make_tensor_value_info("a", TensorProto.INT64, [2, 5])
+        b = helper.make_tensor_value_info("b", TensorProto.INT64, [2, 5])
+        nodes, outs = [], []
+        for op in ["Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Equal"]:
+            nodes.append(helper.make_node(op, ["a", "b"], [op]))
+        nodes += [helper.make_node("And", ["Less", "Equal"], ["and_"]),
+                  helper.make_node("Or", ["Less", "Equal"], ["or_"]),
+                  helper.make_node("Xor", ["LessOrEqual", "GreaterOrEqual"], ["xor_"]),
+                  helper.make_node("Not", ["Greater"], ["not_"])]
+        for n in nodes:
+            outs.append(helper.make_tensor_value_info(n.output[0], TensorProto.BOOL, [2, 5]))
+        m = helper.make_model(helper.make_graph(nodes, "g", [a, b], outs), opset_imports=[helper.make_opsetid("", 17)])
+        rng = np.random.RandomState(3)
+        self.run_vs_ort(m, {"a": rng.randint(0, 4, (2, 5)).astype(np.int64),
+                            "b": rng.randint(0, 4, (2, 5)).astype(np.int64)})
+
+    def test_resize_cubic_and_linear(self):
+        # ViT-S/16's position embeddings: cubic, half_pixel, cubic_coeff_a -0.75, to sizes (up and
+        # down); its decoder's linear Resize too.
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 7, 7])
+        nodes, outs, inits = [], [], []
+        for k, (mode, size) in enumerate([("cubic", [1, 3, 16, 16]), ("cubic", [1, 3, 5, 9]), ("linear", [1, 3, 16, 11])]):
+            inits.append(helper.make_tensor(f"s{k}", TensorProto.INT64, [4], size))
+            nodes.append(helper.make_node("Resize", ["x", "", "", f"s{k}"], [f"y{k}"], mode=mode,
+                                          coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
+                                          nearest_mode="floor"))
+            outs.append(helper.make_tensor_value_info(f"y{k}", TensorProto.FLOAT, size))
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], outs, inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+        self.run_vs_ort(m, {"x": np.random.RandomState(4).uniform(-1, 1, (1, 3, 7, 7)).astype(np.float32)}, tol=1e-5)
+
+    def test_resize_cubic_other_coefficient_is_refused(self):
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 8, 8])
+        s = helper.make_tensor("s", TensorProto.INT64, [4], [1, 1, 8, 8])
+        m = helper.make_model(helper.make_graph([helper.make_node("Resize", ["x", "", "", "s"], ["y"], name="rz",
+                                                                  mode="cubic", cubic_coeff_a=-0.5)],
+                                                "g", [x], [y], [s]), opset_imports=[helper.make_opsetid("", 17)])
+        ex = gr.Executor(m, "cpu")
+        with self.assertRaisesRegex(gr.Unsupported, "'rz'.*cubic"):
+            ex.eager({"x": np.zeros((1, 1, 4, 4), np.float32)})
+
+    def test_reduce_axes_input_traces_under_compile(self):
+        # Magika: ReduceSum/ReduceMax with their axes as an input (opset 18). torch.compile read
+        # the axes tensor while tracing (a data-dependent symbol) and failed in _norm_axis; the
+        # axes now come from the folded constants. Dynamo alone (backend "eager") shows it, fast.
+        from onnx import TensorProto, helper
+        x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+        outs = [helper.make_tensor_value_info("s", TensorProto.FLOAT, [2, 3, 1]),
+                helper.make_tensor_value_info("m", TensorProto.FLOAT, [2, 3])]
+        axes = helper.make_tensor("axes", TensorProto.INT64, [1], [-1])
+        nodes = [helper.make_node("ReduceSum", ["x", "axes"], ["s"], keepdims=1),
+                 helper.make_node("ReduceMax", ["x", "axes"], ["m"], keepdims=0)]
+        m = helper.make_model(helper.make_graph(nodes, "g", [x], outs, [axes]),
+                              opset_imports=[helper.make_opsetid("", 18)])
+        self.run_vs_ort(m, {"x": np.random.RandomState(5).uniform(-1, 1, (2, 3, 4)).astype(np.float32)},
+                        backend="eager")
+
+    @unittest.skipUnless(os.environ.get("GPUREF_TEST_COMPILE"), "set GPUREF_TEST_COMPILE=1 (slow)")
+    def test_attention_with_a_permuted_key_compiles(self):
+        # MiniLM's float16 attention: K transposed by perm (0, 2, 3, 1). Inductor's SDPA rewrite
+        # took the pre-permute tensor as the key and failed ("Attempting to broadcast a dimension
+        # of length 16"); gpu_reference.py turns the rewrite off. Compiled against eager.
+        from onnx import TensorProto, helper
+        H = TensorProto.FLOAT16
+        q = helper.make_tensor_value_info("q", H, [1, 12, 16, 32])
+        k = helper.make_tensor_value_info("k", H, [1, 16, 12, 32])
+        v = helper.make_tensor_value_info("v", H, [1, 12, 16, 32])
+        mask = helper.make_tensor_value_info("mask", H, [1, 1, 1, 16])
+        y = helper.make_tensor_value_info("y", H, [1, 12, 16, 32])
+        scale = helper.make_tensor("scale", H, [], [5.65625])
+        nodes = [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 3, 1]),
+                 helper.make_node("MatMul", ["q", "kt"], ["qk"]),
+                 helper.make_node("Div", ["qk", "scale"], ["sc"]),
+                 helper.make_node("Add", ["sc", "mask"], ["am"]),
+                 helper.make_node("Softmax", ["am"], ["p"], axis=-1),
+                 helper.make_node("MatMul", ["p", "v"], ["y"])]
+        m = helper.make_model(helper.make_graph(nodes, "g", [q, k, v, mask], [y], [scale]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+        rng = np.random.RandomState(6)
+        feeds = {"q": rng.randn(1, 12, 16, 32).astype(np.float16), "k": rng.randn(1, 16, 12, 32).astype(np.float16),
+                 "v": rng.randn(1, 12, 16, 32).astype(np.float16), "mask": np.zeros((1, 1, 1, 16), np.float16)}
+        ex = gr.Executor(m, "cpu")
+        with gr.torch.no_grad():
+            _, env = ex.eager(feeds)
+            ex.fold_constants(env)
+            got = ex.compiled(None)(*[env[n] for n in ex.input_names])[0]
+        np.testing.assert_allclose(gr.to_numpy(got).astype(np.float32), gr.to_numpy(env["y"]).astype(np.float32),
+                                   rtol=1e-2, atol=1e-2)
+
     def test_unsupported_op_names_the_node(self):
         from onnx import TensorProto, helper
         x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])
