@@ -15,7 +15,7 @@ use crate::graph::{Dim, Graph};
 use crate::tensor::{DType, Feeds, Tensor, TensorData};
 
 /// The generated ids.
-pub const TOKENS: &str = "tokens";
+pub const TOKENS: &str = crate::compare::metrics::TOKENS_OUTPUT;
 /// Each step's logits at the last position.
 pub const LOGITS: &str = "logits";
 

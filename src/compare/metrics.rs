@@ -23,6 +23,10 @@ use serde::Serialize;
 const PAR_MIN: usize = 1 << 16;
 const CHUNK: usize = 1 << 15;
 
+/// The output a bare `tokens:MIN` applies to: the ids `--decode` generates
+/// (`TOKENS` of the decode module).
+pub const TOKENS_OUTPUT: &str = "tokens";
+
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 #[serde(tag = "metric", rename_all = "kebab-case")]
 pub enum MetricKind {
@@ -156,7 +160,7 @@ impl Metric {
     pub fn applies_to(&self, output: &str) -> bool {
         match (&self.output, self.kind) {
             (Some(o), _) => o == output,
-            (None, MetricKind::Tokens { .. }) => output == crate::decode::TOKENS,
+            (None, MetricKind::Tokens { .. }) => output == TOKENS_OUTPUT,
             (None, _) => true,
         }
     }
