@@ -16,7 +16,7 @@
 //! A node whose kernel rejects its constant inputs is simply not folded: it stays an ordinary
 //! node, and running it reports the error with its name.
 
-use crate::graph::{Attribute, Graph, Node};
+use crate::graph::{Attribute, Graph, Node, Origin};
 use crate::ops::{OpCtx, Registry};
 use crate::tensor::Tensor;
 use std::sync::Arc;
@@ -54,11 +54,12 @@ fn fold_in(graph: &mut Graph, enclosing: &[&Graph]) {
     let registry = Registry::global();
     let mut folded = std::mem::take(&mut graph.folded);
     folded.clear();
-    // Names this graph reads from enclosing graphs; anything else it defines itself.
-    let outer_refs: Vec<String> = if enclosing.is_empty() {
-        Vec::new()
-    } else {
-        graph.outer_refs()
+    // What this graph reads from enclosing graphs; anything else it defines itself.
+    let values = graph.values();
+    let outer = |name: &str| {
+        values
+            .id(name)
+            .is_some_and(|id| values.origin(id) == Origin::Outer)
     };
     for node in &graph.nodes {
         if !foldable_op(node) || node.outputs.iter().all(|o| o.is_empty()) {
@@ -74,7 +75,7 @@ fn fold_in(graph: &mut Graph, enclosing: &[&Graph]) {
                 .map(|n| {
                     if n.is_empty() {
                         Some(None)
-                    } else if outer_refs.contains(n) {
+                    } else if outer(n) {
                         crate::graph::enclosing_weight(enclosing, n).map(Some)
                     } else {
                         graph

@@ -725,12 +725,7 @@ impl<'s> Scope<'s> {
             return (Some(t), format!("{}{name}", self.prefix));
         }
         match self.parent {
-            Some(p)
-                if !(g.inputs.iter().any(|v| v.name == name)
-                    || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))) =>
-            {
-                p.resolve(name)
-            }
+            Some(p) if !g.values().defines(name) => p.resolve(name),
             _ => (None, format!("{}{name}", self.prefix)),
         }
     }

@@ -20,8 +20,8 @@
 //! one by one (`tests`).
 
 use super::emulate::{prepare_input, InputPrep, LayerPrep};
-use super::{Source, Step};
-use crate::graph::Graph;
+use super::{slot_readers, Source, Step};
+use crate::graph::{Graph, ValueId, ValueIndex};
 use crate::numeric::Rounding;
 use crate::ops::{ChainShape, Channels, OpCtx, Registry, Stage};
 use crate::precision::Precision;
@@ -60,28 +60,21 @@ impl Chain {
     }
 
     /// The slot the chain's result goes to.
-    pub fn result(&self, steps: &[Step]) -> Option<usize> {
+    pub fn result(&self, steps: &[Step]) -> Option<ValueId> {
         steps[self.stages.last()?.step].outputs[0]
     }
 }
 
-/// Per step: the chain fused into it, if it anchors one.
+/// Per step: the chain fused into it, if it anchors one. `values`: the graph's, whose ids
+/// are the steps' slots.
 pub(super) fn find_chains(
     graph: &Graph,
+    values: &ValueIndex,
     steps: &[Step],
-    outputs: &[Option<usize>],
 ) -> Vec<Option<Chain>> {
     let registry = Registry::global();
-    let mut readers: HashMap<usize, Vec<usize>> = HashMap::new();
-    for (i, st) in steps.iter().enumerate() {
-        for src in &st.inputs {
-            if let Source::Slot(s) = src {
-                readers.entry(*s).or_default().push(i);
-            }
-        }
-    }
-    let graph_output = |s: usize| outputs.contains(&Some(s));
-    let single_output = |i: usize| -> Option<usize> {
+    let readers = |s: ValueId| slot_readers(values, steps, s);
+    let single_output = |i: usize| -> Option<ValueId> {
         match steps[i].outputs.as_slice() {
             [Some(s)] if steps[i].subs.is_empty() && steps[i].explicit == steps[i].inputs.len() => {
                 Some(*s)
@@ -96,15 +89,14 @@ pub(super) fn find_chains(
             def.epilogue?;
             let first = single_output(a)?;
             // Chain values by slot → register.
-            let mut reg_of: HashMap<usize, usize> = HashMap::from([(first, 0)]);
+            let mut reg_of: HashMap<ValueId, usize> = HashMap::from([(first, 0)]);
             let mut stages: Vec<ChainStage> = Vec::new();
             let mut best = 0;
             while stages.len() < MAX_STAGES {
                 let inside = |i: usize| i == a || stages.iter().any(|s| s.step == i);
                 let Some(next) = reg_of
                     .keys()
-                    .flat_map(|s| readers.get(s).into_iter().flatten())
-                    .copied()
+                    .flat_map(|&s| readers(s))
                     .filter(|&i| !inside(i))
                     .min()
                 else {
@@ -142,11 +134,9 @@ pub(super) fn find_chains(
                 reg_of.insert(out, stages.len());
                 // Whole: every value but the newest read only inside the chain.
                 let whole = reg_of.keys().filter(|&&s| s != out).all(|&s| {
-                    !graph_output(s)
-                        && readers.get(&s).is_some_and(|r| {
-                            r.iter()
-                                .all(|&i| i == a || stages.iter().any(|st| st.step == i))
-                        })
+                    !values.is_graph_output(s)
+                        && readers(s).next().is_some()
+                        && readers(s).all(|i| i == a || stages.iter().any(|st| st.step == i))
                 });
                 if whole {
                     best = stages.len();

@@ -272,12 +272,12 @@ impl FusionAnalysis {
                     Kind::Softmax
                 } else if VIEWS.contains(&op) {
                     Kind::View
-                } else if op == "QuantizeLinear" {
-                    Kind::Quantize
-                } else if op == "DequantizeLinear" {
-                    Kind::Dequantize
                 } else {
-                    Kind::Other
+                    match crate::ops::qdq(n) {
+                        Some(crate::ops::Qdq::Quantize) => Kind::Quantize,
+                        Some(crate::ops::Qdq::Dequantize) => Kind::Dequantize,
+                        None => Kind::Other,
+                    }
                 }
             })
             .collect();

@@ -1,7 +1,8 @@
 //! The interpreter: runs a graph's nodes in topological order on concrete inputs.
 //!
-//! Values live in slots indexed by name; a slot is freed after its last reader unless the
-//! caller asks to keep every intermediate (layer-wise comparison needs them all).
+//! Values live in slots indexed by their id in the graph's [`ValueIndex`]; a slot is freed
+//! after its last reader unless the caller asks to keep every intermediate (layer-wise
+//! comparison needs them all).
 //!
 //! A node with subgraphs (If, Loop, Scan) gets an interpreter per subgraph, prepared once.
 //! The values its subgraphs read from enclosing graphs are extra inputs of the node (they
@@ -20,7 +21,7 @@ pub use cache::{CacheStats, ValueCache};
 pub use emulate::{PlanOptions, PreparedPlan};
 
 use crate::error::{Error, Result};
-use crate::graph::Graph;
+use crate::graph::{Graph, ValueId, ValueIndex};
 use crate::ops::{Kernel, OpCtx, OpError, Registry, SubgraphRunner};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
@@ -123,7 +124,8 @@ enum Source<'g> {
     /// A weight (an initializer or folded value of this or an enclosing graph), by name and
     /// resolved once here: a run reads it without a lookup.
     Initializer(String, &'g Tensor),
-    Slot(usize),
+    /// A value a graph input or an earlier step writes: its slot.
+    Slot(ValueId),
     /// A value of an enclosing graph (a subgraph's outer-scope reference), by index in
     /// [`Interpreter::outer_names`].
     Outer(usize),
@@ -147,9 +149,9 @@ struct Step<'g> {
     inputs: Vec<Source<'g>>,
     /// How many of `inputs` are the node's own (the kernel's arguments).
     explicit: usize,
-    outputs: Vec<Option<usize>>,
+    outputs: Vec<Option<ValueId>>,
     /// Slots whose last reader is this step.
-    frees: Vec<usize>,
+    frees: Vec<ValueId>,
     subs: Vec<Sub<'g>>,
     /// Per explicit input: what the kernel derived from it, where it is a graph initializer
     /// passed as it is ([`crate::ops::prepacked`]).
@@ -164,13 +166,57 @@ struct Step<'g> {
 /// was a tenth of a small model's run time in malloc and free).
 type Args<T> = smallvec::SmallVec<[T; 8]>;
 
+/// What a run holds per value, indexed by [`ValueId`] (a vector as long as the graph's
+/// [`ValueIndex`]: its weights' slots stay empty).
+struct Slots<T>(Vec<T>);
+
+impl<T: Clone> Slots<T> {
+    fn new(values: &ValueIndex, init: T) -> Slots<T> {
+        Slots(vec![init; values.len()])
+    }
+}
+
+impl<T> std::ops::Index<ValueId> for Slots<T> {
+    type Output = T;
+    fn index(&self, id: ValueId) -> &T {
+        &self.0[id.index()]
+    }
+}
+
+impl<T> std::ops::IndexMut<ValueId> for Slots<T> {
+    fn index_mut(&mut self, id: ValueId) -> &mut T {
+        &mut self.0[id.index()]
+    }
+}
+
+/// The steps that read `id` from its slot: its readers in the graph's [`ValueIndex`] that
+/// take it as a value (not as a folded weight), in node order, a step once per input.
+fn slot_readers<'a>(
+    values: &'a ValueIndex,
+    steps: &'a [Step],
+    id: ValueId,
+) -> impl Iterator<Item = usize> + 'a {
+    values
+        .consumers(id)
+        .iter()
+        .map(|c| c.node)
+        .filter(move |&i| {
+            steps[i]
+                .inputs
+                .iter()
+                .any(|s| matches!(s, Source::Slot(x) if *x == id))
+        })
+}
+
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
 pub struct Interpreter<'g> {
     graph: &'g Graph,
+    /// The graph's values: slot `id` holds value `id`.
+    values: Arc<ValueIndex>,
     steps: Vec<Step<'g>>,
-    slot_names: Vec<String>,
-    input_slots: Vec<(String, usize)>,
-    output_slots: Vec<(String, Option<usize>)>,
+    input_slots: Vec<ValueId>,
+    /// The graph outputs, and whether a slot holds each (else it is a weight or outer value).
+    output_slots: Vec<(ValueId, bool)>,
     /// For a subgraph: the values of enclosing graphs it reads, in the order the caller
     /// passes them.
     outer_names: Vec<String>,
@@ -271,24 +317,15 @@ impl<'g> Interpreter<'g> {
             .filter_map(|n| Some((n.clone(), crate::graph::enclosing_weight(enclosing, n)?)))
             .collect();
         let scope: Vec<&'g Graph> = enclosing.iter().copied().chain([graph]).collect();
-        let mut slots: HashMap<String, usize> = HashMap::new();
-        let mut slot_names = Vec::new();
-        let mut slot_of = |name: &str, slots: &mut HashMap<String, usize>| -> usize {
-            if let Some(&s) = slots.get(name) {
-                return s;
-            }
-            let s = slot_names.len();
-            slot_names.push(name.to_string());
-            slots.insert(name.to_string(), s);
-            s
-        };
-        let input_slots: Vec<(String, usize)> = graph
-            .inputs
-            .iter()
-            .map(|v| (v.name.clone(), slot_of(&v.name, &mut slots)))
-            .collect();
+        let values = graph.values();
+        // The values held in slots so far: the graph inputs, then each step's outputs.
+        let mut written = vec![false; values.len()];
+        let input_slots: Vec<ValueId> = values.graph_inputs().to_vec();
+        for id in &input_slots {
+            written[id.index()] = true;
+        }
         let mut steps = Vec::with_capacity(graph.nodes.len());
-        for node in &graph.nodes {
+        for (j, node) in graph.nodes.iter().enumerate() {
             let opset = graph.opset_of(&node.domain);
             // `new` checked the whole model first; this names a subgraph's ops if reached.
             let def = registry
@@ -317,11 +354,14 @@ impl<'g> Interpreter<'g> {
                     outer,
                 });
             }
+            let ids = values.node_inputs(j).iter().copied();
+            let implicit_ids = values.node_implicit_inputs(j).iter().map(|&id| Some(id));
             let inputs = node
                 .inputs
                 .iter()
                 .chain(&implicit)
-                .map(|name| {
+                .zip(ids.chain(implicit_ids))
+                .map(|(name, id)| {
                     if name.is_empty() {
                         Source::Absent
                     } else if let Some(t) = graph.folded.get(name) {
@@ -329,8 +369,8 @@ impl<'g> Interpreter<'g> {
                         // as an initializer, so kernels keep what they derive from it
                         // (packed panels) and epilogues take it as a constant operand.
                         Source::Initializer(name.clone(), t)
-                    } else if let Some(&s) = slots.get(name) {
-                        Source::Slot(s)
+                    } else if let Some(id) = id.filter(|id| written[id.index()]) {
+                        Source::Slot(id)
                     } else if let Some(t) = graph
                         .initializers
                         .get(name)
@@ -345,11 +385,10 @@ impl<'g> Interpreter<'g> {
                     }
                 })
                 .collect();
-            let outputs = node
-                .outputs
-                .iter()
-                .map(|name| (!name.is_empty()).then(|| slot_of(name, &mut slots)))
-                .collect();
+            let outputs: Vec<Option<ValueId>> = values.node_outputs(j).to_vec();
+            for id in outputs.iter().flatten() {
+                written[id.index()] = true;
+            }
             steps.push(Step {
                 kernel: def.kernel,
                 epilogue_shape: def.epilogue,
@@ -361,41 +400,31 @@ impl<'g> Interpreter<'g> {
                 subs,
                 prepacked: node.inputs.iter().map(|_| Default::default()).collect(),
                 folded: graph.is_folded(node)
-                    && !node
-                        .outputs
+                    && !values
+                        .node_outputs(j)
                         .iter()
-                        .any(|o| graph.outputs.iter().any(|v| &v.name == o)),
+                        .flatten()
+                        .any(|&id| values.is_graph_output(id)),
             });
         }
-        let output_slots: Vec<(String, Option<usize>)> = graph
-            .outputs
-            .iter()
-            .map(|v| (v.name.clone(), slots.get(&v.name).copied()))
+        let output_slots: Vec<(ValueId, bool)> = (values.graph_outputs().iter())
+            .map(|&id| (id, written[id.index()]))
             .collect();
         // Lifetimes: a slot dies after its last reader, unless it is a graph output.
-        let mut last_reader: HashMap<usize, usize> = HashMap::new();
-        for (i, step) in steps.iter().enumerate() {
-            for src in &step.inputs {
-                if let Source::Slot(s) = src {
-                    last_reader.insert(*s, i);
-                }
+        for id in values.ids() {
+            if !written[id.index()] || values.is_graph_output(id) {
+                continue;
+            }
+            if let Some(i) = slot_readers(&values, &steps, id).last() {
+                steps[i].frees.push(id);
             }
         }
-        for (_, s) in &output_slots {
-            if let Some(s) = s {
-                last_reader.remove(s);
-            }
-        }
-        for (s, i) in last_reader {
-            steps[i].frees.push(s);
-        }
-        let outputs: Vec<Option<usize>> = output_slots.iter().map(|(_, s)| *s).collect();
-        let chains = epilogue::find_chains(graph, &steps, &outputs);
+        let chains = epilogue::find_chains(graph, &values, &steps);
         Ok(Interpreter {
             chains,
             graph,
+            values,
             steps,
-            slot_names,
             input_slots,
             output_slots,
             outer_names,
@@ -444,7 +473,7 @@ impl<'g> Interpreter<'g> {
         Ok(self
             .input_slots
             .iter()
-            .map(|(name, _)| Arc::new(feeds[name].clone()))
+            .map(|&id| Arc::new(feeds[self.values.name(id)].clone()))
             .collect())
     }
 
@@ -499,8 +528,8 @@ impl<'g> Interpreter<'g> {
     /// outputs until the end), with each value's size given by name (0 when unknown). Weights
     /// are not values. What a search's cache budget is measured against.
     pub fn peak_value_bytes(&self, size: &dyn Fn(&str) -> usize) -> usize {
-        let of = |s: usize| size(&self.slot_names[s]);
-        let mut live: usize = self.input_slots.iter().map(|(_, s)| of(*s)).sum();
+        let of = |s: ValueId| size(self.values.name(s));
+        let mut live: usize = self.input_slots.iter().map(|&s| of(s)).sum();
         let mut peak = live;
         for step in &self.steps {
             live += step.outputs.iter().flatten().map(|&s| of(s)).sum::<usize>();
@@ -674,24 +703,24 @@ impl<'g> Interpreter<'g> {
             }
         }
         let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
-        let mut values: Vec<Option<Arc<Tensor>>> = vec![None; self.slot_names.len()];
+        let mut values: Slots<Option<Arc<Tensor>>> = Slots::new(&self.values, None);
         // The float precision each value is already rounded to, so a consumer in the same
         // precision does not round (and copy) it again.
-        let mut rounded: Vec<Option<Precision>> = vec![None; self.slot_names.len()];
+        let mut rounded: Slots<Option<Precision>> = Slots::new(&self.values, None);
         // Fusion regions: the f32 values of outputs that leave a region and are also read
         // inside it (the slot holds the rounded value the region materializes).
-        let mut fused: Vec<Option<Arc<Tensor>>> = vec![None; self.slot_names.len()];
-        for ((name, slot), t) in self.input_slots.iter().zip(inputs) {
+        let mut fused: Slots<Option<Arc<Tensor>>> = Slots::new(&self.values, None);
+        for (&slot, t) in self.input_slots.iter().zip(inputs) {
             if let Some(obs) = observer.as_mut() {
-                obs(name, &t);
+                obs(self.values.name(slot), &t);
             }
-            values[*slot] = Some(t);
+            values[slot] = Some(t);
         }
         // With a cache: which layers can be taken from it, and which of their values this run
         // actually needs (graph outputs and inputs of layers that execute).
-        let mut sigs: Vec<u64> = Vec::new();
+        let mut sigs: Slots<u64> = Slots(Vec::new());
         let mut hit: Vec<bool> = Vec::new();
-        let mut needed: Vec<bool> = Vec::new();
+        let mut needed: Slots<bool> = Slots(Vec::new());
         let mut dead: Vec<bool> = Vec::new();
         if let Some((c, feed_key)) = cache.as_mut() {
             sigs = self.signatures(plan, *feed_key);
@@ -700,16 +729,16 @@ impl<'g> Interpreter<'g> {
                 .steps
                 .iter()
                 .map(|st| {
-                    let outs: Vec<usize> = st.outputs.iter().flatten().copied().collect();
+                    let outs: Vec<ValueId> = st.outputs.iter().flatten().copied().collect();
                     !outs.is_empty() && outs.iter().all(|&s| c.contains(sigs[s]))
                 })
                 .collect();
             emulate::whole_regions(plan, &mut hit);
             // An observer sees every value, so every value is materialized (and freed after use).
-            needed = vec![opts.keep_intermediates || observer.is_some(); self.slot_names.len()];
-            for (_, s) in &self.output_slots {
-                if let Some(s) = s {
-                    needed[*s] = true;
+            needed = Slots::new(&self.values, opts.keep_intermediates || observer.is_some());
+            for &(s, held) in &self.output_slots {
+                if held {
+                    needed[s] = true;
                 }
             }
             // Backwards: a layer not in the cache runs when a value it makes is needed (a
@@ -770,7 +799,7 @@ impl<'g> Interpreter<'g> {
                     if needed[s] {
                         let (t, mark) = c.fetch(sigs[s]).expect("hit entries are pinned");
                         if let Some(obs) = observer.as_mut() {
-                            obs(&self.slot_names[s], &t);
+                            obs(self.values.name(s), &t);
                         }
                         values[s] = Some(t);
                         rounded[s] = mark;
@@ -1112,7 +1141,7 @@ impl<'g> Interpreter<'g> {
                 let f32_copy = inner.next().flatten();
                 if let Some(s) = slot {
                     if let Some(obs) = observer.as_mut() {
-                        obs(&self.slot_names[*s], &t);
+                        obs(self.values.name(*s), &t);
                     }
                     values[*s] = Some(t);
                     rounded[*s] = mark;
@@ -1127,13 +1156,14 @@ impl<'g> Interpreter<'g> {
             }
         }
         let mut outputs = Vec::with_capacity(self.output_slots.len());
-        for (name, slot) in &self.output_slots {
-            let t = match slot {
+        for &(id, held) in &self.output_slots {
+            let name = self.values.name(id);
+            let t = match held {
                 // Without intermediates to return, the value can be moved out (a copy only
                 // when the cache shares it).
-                Some(s) if !opts.keep_intermediates => values[*s].take().map(Arc::unwrap_or_clone),
-                Some(s) => values[*s].as_deref().cloned(),
-                None => self.graph.initializers.get(name).cloned().or_else(|| {
+                true if !opts.keep_intermediates => values[id].take().map(Arc::unwrap_or_clone),
+                true => values[id].as_deref().cloned(),
+                false => self.graph.initializers.get(name).cloned().or_else(|| {
                     let i = self.outer_names.iter().position(|o| o == name)?;
                     outer.get(i).copied().flatten().cloned()
                 }),
@@ -1141,13 +1171,13 @@ impl<'g> Interpreter<'g> {
             let t = t.ok_or_else(|| {
                 Error::Invalid(format!("graph output '{name}' is not produced by any node"))
             })?;
-            outputs.push((name.clone(), t));
+            outputs.push((name.to_string(), t));
         }
         let mut intermediates = HashMap::new();
         if opts.keep_intermediates {
-            for (i, v) in values.into_iter().enumerate() {
-                if let Some(t) = v {
-                    intermediates.insert(self.slot_names[i].clone(), Arc::unwrap_or_clone(t));
+            for id in self.values.ids() {
+                if let Some(t) = values[id].take() {
+                    intermediates.insert(self.values.name(id).to_string(), Arc::unwrap_or_clone(t));
                 }
             }
         }
@@ -1159,11 +1189,11 @@ impl<'g> Interpreter<'g> {
 
     /// The signature of every value slot under `plan` on the input set `feed_key` (see
     /// [`cache`]): equal signatures mean equal bits.
-    fn signatures(&self, plan: Option<&PreparedPlan>, feed_key: u64) -> Vec<u64> {
+    fn signatures(&self, plan: Option<&PreparedPlan>, feed_key: u64) -> Slots<u64> {
         use cache::{hash_str, mix};
-        let mut sig = vec![0u64; self.slot_names.len()];
-        for (name, s) in &self.input_slots {
-            sig[*s] = mix(mix(feed_key, hash_str(name)), 1);
+        let mut sig = Slots::new(&self.values, 0u64);
+        for &s in &self.input_slots {
+            sig[s] = mix(mix(feed_key, hash_str(self.values.name(s))), 1);
         }
         let accumulate = plan.map(|p| p.accumulate).unwrap_or_default();
         for (idx, (node, step)) in self.graph.nodes.iter().zip(&self.steps).enumerate() {

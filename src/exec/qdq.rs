@@ -762,7 +762,7 @@ impl<'g> Tracer<'g> {
         if depth > 32 {
             return Ok(None);
         }
-        if node.op_type == "DequantizeLinear" && node.domain.is_empty() {
+        if crate::ops::qdq(node) == Some(crate::ops::Qdq::Dequantize) {
             let scale = self
                 .param(node.inputs.get(1))
                 .ok_or_else(|| format!("the scale of '{}' is not a constant", node.name))?;
@@ -832,7 +832,7 @@ impl<'g> Tracer<'g> {
             return Ok(None); // a float initializer
         };
         let dq = &self.graph.nodes[p];
-        if dq.op_type != "DequantizeLinear" {
+        if crate::ops::qdq(dq) != Some(crate::ops::Qdq::Dequantize) {
             // A DequantizeLinear further up (DQ → Transpose → MatMul) is not modelled.
             let mut cur = dq;
             for _ in 0..8 {
@@ -844,7 +844,7 @@ impl<'g> Tracer<'g> {
                     break;
                 };
                 cur = &self.graph.nodes[u];
-                if cur.op_type == "DequantizeLinear" {
+                if crate::ops::qdq(cur) == Some(crate::ops::Qdq::Dequantize) {
                     return Err(format!(
                         "its weight '{name}' reaches it from '{}' through '{}' ({})",
                         cur.name, dq.name, dq.op_type

@@ -1091,13 +1091,15 @@ impl<'a> Exporter<'a> {
         }
         read.extend(g.output.iter().filter_map(|v| v.name.clone()));
         let graph_inputs: HashSet<String> = g.input.iter().filter_map(|v| v.name.clone()).collect();
-        let mut orig_read: HashSet<String> = HashSet::new();
-        for n in &g.node {
-            orig_read.extend(n.input.iter().cloned());
-        }
-        let dropped = |name: &str| {
-            orig_read.contains(name) && !read.contains(name) && !graph_inputs.contains(name)
+        // Read by a node of the model as loaded (its nodes are the graph's, input for input).
+        let values = self.graph.values();
+        let orig_read = |name: &str| {
+            values
+                .id(name)
+                .is_some_and(|id| values.consumers(id).iter().any(|c| c.input.is_some()))
         };
+        let dropped =
+            |name: &str| orig_read(name) && !read.contains(name) && !graph_inputs.contains(name);
         let mut initializers = Vec::with_capacity(g.initializer.len() + self.inits.len());
         let mut renames = Vec::new();
         for t in std::mem::take(&mut g.initializer) {

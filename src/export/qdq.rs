@@ -35,7 +35,7 @@ use super::{export, ExportOptions};
 use crate::error::{Error, Result};
 use crate::graph::{Graph, ValueIndex};
 use crate::onnx::{model_from_proto, proto, tensor_to_proto, Model};
-use crate::ops::{OpCtx, Registry};
+use crate::ops::{OpCtx, Qdq, Registry};
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use crate::tensor::{DType, Tensor};
@@ -87,17 +87,14 @@ pub fn is_operator_quantized(n: &crate::graph::Node) -> bool {
 /// embedding table or int4 weights dequantized from an initializer) leave a float model whose
 /// float layers `--fp16`/`--bf16` run in low precision (a "hybrid", docs/numerics.md).
 pub fn is_qdq_quantized(graph: &Graph) -> bool {
-    let quantized: HashSet<&str> = graph
-        .nodes
-        .iter()
-        .filter(|n| is_q(n))
-        .filter_map(|n| n.outputs.first().map(String::as_str))
-        .collect();
-    graph.nodes.iter().any(|n| {
+    let values = graph.values();
+    graph.nodes.iter().enumerate().any(|(j, n)| {
         (is_dq(n)
-            && n.inputs
-                .first()
-                .is_some_and(|x| quantized.contains(x.as_str())))
+            && values
+                .input_producers(j)
+                .next()
+                .flatten()
+                .is_some_and(|p| is_q(&graph.nodes[p])))
             || n.subgraphs().any(|(_, g)| is_qdq_quantized(g))
     })
 }
@@ -107,16 +104,12 @@ pub fn has_qdq(graph: &Graph) -> bool {
     graph.nodes.iter().any(|n| is_q(n) || is_dq(n))
 }
 
-fn default_domain(n: &crate::graph::Node) -> bool {
-    n.domain.is_empty() || n.domain == "ai.onnx"
-}
-
 fn is_q(n: &crate::graph::Node) -> bool {
-    default_domain(n) && n.op_type == "QuantizeLinear"
+    crate::ops::qdq(n) == Some(Qdq::Quantize)
 }
 
 fn is_dq(n: &crate::graph::Node) -> bool {
-    default_domain(n) && n.op_type == "DequantizeLinear"
+    crate::ops::qdq(n) == Some(Qdq::Dequantize)
 }
 
 /// The dequantized input of `node`'s slot, if it is one.
@@ -471,13 +464,7 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
     if precision == Precision::Float16 && !marked.is_empty() {
         let m32 = &stripped.model;
         // The marked layers in the rewritten graph, found by their first output.
-        let by_output: HashMap<&str, usize> = m32
-            .graph
-            .nodes
-            .iter()
-            .enumerate()
-            .filter_map(|(k, n)| n.outputs.first().map(|o| (o.as_str(), k)))
-            .collect();
+        let values = m32.graph.values();
         let mut plan = PrecisionPlan::uniform(&m32.graph, Precision::Float32);
         for &i in marked {
             let o = graph.nodes[i]
@@ -485,12 +472,16 @@ pub fn strip(model: &Model, marked: &[usize], precision: Precision) -> Result<St
                 .first()
                 .map(String::as_str)
                 .unwrap_or("");
-            let k = *by_output.get(o).ok_or_else(|| {
-                Error::Invalid(format!(
-                    "layer '{}' is missing from the rewritten model",
-                    graph.nodes[i].name
-                ))
-            })?;
+            let writer = values.id(o).and_then(|id| values.producer(id));
+            let k = writer
+                .filter(|p| p.output == 0)
+                .map(|p| p.node)
+                .ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "layer '{}' is missing from the rewritten model",
+                        graph.nodes[i].name
+                    ))
+                })?;
             plan.layers[k] = Precision::Float16;
         }
         let exported = export(

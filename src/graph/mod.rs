@@ -243,9 +243,7 @@ pub fn enclosing_weight<'g>(enclosing: &[&'g Graph], name: &str) -> Option<&'g T
         if let Some(t) = g.weight(name) {
             return Some(t);
         }
-        if g.inputs.iter().any(|v| v.name == name)
-            || g.nodes.iter().any(|n| n.outputs.iter().any(|o| o == name))
-        {
+        if g.values().defines(name) {
             return None;
         }
     }
@@ -316,31 +314,10 @@ impl Graph {
     /// for a subgraph, the values of enclosing graphs it refers to — its nodes' inputs, its
     /// outputs, and what its own subgraphs read from outside. Sorted, each once.
     pub fn outer_refs(&self) -> Vec<String> {
-        let mut defined: HashSet<&str> = self.initializers.keys().map(|s| s.as_str()).collect();
-        defined.extend(self.inputs.iter().map(|v| v.name.as_str()));
-        for n in &self.nodes {
-            defined.extend(n.outputs.iter().map(|s| s.as_str()));
-        }
-        defined.insert("");
-        let mut out = BTreeSet::new();
-        for n in &self.nodes {
-            for i in &n.inputs {
-                if !defined.contains(i.as_str()) {
-                    out.insert(i.clone());
-                }
-            }
-            for i in n.implicit_inputs() {
-                if !defined.contains(i.as_str()) {
-                    out.insert(i);
-                }
-            }
-        }
-        for o in &self.outputs {
-            if !defined.contains(o.name.as_str()) {
-                out.insert(o.name.clone());
-            }
-        }
-        out.into_iter().collect()
+        let values = self.values();
+        let mut out: Vec<String> = values.outer().map(|id| values.name(id).into()).collect();
+        out.sort_unstable();
+        out
     }
 
     /// Puts the nodes in topological order, keeping the file's order wherever it is already

@@ -233,6 +233,11 @@ impl ValueIndex {
         self.names.is_empty()
     }
 
+    /// Every value's id, in id order.
+    pub fn ids(&self) -> impl Iterator<Item = ValueId> {
+        (0..self.names.len() as u32).map(ValueId)
+    }
+
     /// The id of a value name (None for "" and for names the graph does not mention).
     pub fn id(&self, name: &str) -> Option<ValueId> {
         self.ids.get(name).copied()
@@ -254,6 +259,19 @@ impl ValueIndex {
         }
     }
 
+    /// Whether the graph makes the value `name` itself, as a graph input or a node's output
+    /// (not a weight, not a value of an enclosing graph).
+    pub fn defines(&self, name: &str) -> bool {
+        self.id(name)
+            .is_some_and(|id| matches!(self.origin(id), Origin::Input | Origin::Node(_)))
+    }
+
+    /// The values the graph reads without defining them (as input, initializer or node
+    /// output): for a subgraph, those of enclosing graphs it refers to.
+    pub fn outer(&self) -> impl Iterator<Item = ValueId> + '_ {
+        self.ids().filter(|&id| self.origin(id) == Origin::Outer)
+    }
+
     /// The node writing the value `name` (None also for a name the graph does not mention).
     pub fn producer_node(&self, name: &str) -> Option<usize> {
         self.producer(self.id(name)?).map(|p| p.node)
@@ -266,6 +284,11 @@ impl ValueIndex {
 
     pub fn is_graph_output(&self, id: ValueId) -> bool {
         self.graph_output[id.index()]
+    }
+
+    /// The graph's inputs, in order.
+    pub fn graph_inputs(&self) -> &[ValueId] {
+        &self.graph_inputs
     }
 
     /// The graph's outputs, in order.

@@ -136,7 +136,12 @@ pub fn marked_tensors(
         .filter(|s| !s.is_empty())
         .collect();
     let mark_all = spec.len() >= 2 && spec[0] == "mark" && spec[1] == "all";
-    let known = |n: &str| produced.contains(&n) || graph.outputs.iter().any(|o| o.name == n);
+    let values = graph.values();
+    let known = |n: &str| {
+        values
+            .id(n)
+            .is_some_and(|id| values.producer(id).is_some() || values.is_graph_output(id))
+    };
     if let Some(n) = exclude.iter().find(|n| !known(n)) {
         return invalid(format!(
             "{flag}-exclude-outputs: the model has no tensor '{n}'"

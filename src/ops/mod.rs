@@ -263,6 +263,29 @@ pub fn computes_in_integers(node: &Node) -> bool {
     ) || op.starts_with("QLinear")
 }
 
+/// A Q/DQ node: which of the two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Qdq {
+    Quantize,
+    Dequantize,
+}
+
+/// THE rule for "is this node Q/DQ?": a QuantizeLinear or DequantizeLinear of the default
+/// ONNX domain (`""`, also spelled `ai.onnx`), the ones the registry runs. Whether a model is
+/// Q/DQ-quantized (`export::qdq::is_qdq_quantized`), Q/DQ absorbed into integer kernels
+/// (`exec::qdq`), fusion regions, the Q/DQ strip and `quantize`'s refusal of a quantized
+/// model all ask it here.
+pub fn qdq(node: &Node) -> Option<Qdq> {
+    if !domain_key(&node.domain).is_empty() {
+        return None;
+    }
+    match node.op_type.as_str() {
+        "QuantizeLinear" => Some(Qdq::Quantize),
+        "DequantizeLinear" => Some(Qdq::Dequantize),
+        _ => None,
+    }
+}
+
 /// The definition of a node's op, looked up by its domain and type.
 pub fn def_of(node: &Node) -> Option<&'static OpDef> {
     Registry::global().def(&node.domain, &node.op_type)

@@ -139,12 +139,22 @@ pub struct Quantized {
     pub quantized_weights: usize,
 }
 
-/// Ops that make a model "already quantized".
+/// Ops that make a model "already quantized": Q/DQ nodes ([`crate::ops::qdq`]), operator-style
+/// integer ops, and the quantization ops of runtimes mixprec does not run, which quantizing
+/// again would stack on too.
 fn is_quantization_op(n: &Node) -> bool {
-    matches!(n.op_type.as_str(), "QuantizeLinear" | "DequantizeLinear")
+    crate::ops::qdq(n).is_some()
         || crate::export::qdq::is_operator_quantized(n)
-        || (n.op_type.starts_with("TRT_") && n.op_type.contains("Quantize"))
-        || n.op_type == "TRT_FP4QDQ"
+        || is_foreign_quantization_op(n)
+}
+
+/// TensorRT's quantization plugins, and QuantizeLinear/DequantizeLinear of other domains than
+/// the default one (ONNX Runtime's com.microsoft): ops mixprec does not run.
+fn is_foreign_quantization_op(n: &Node) -> bool {
+    let op = n.op_type.as_str();
+    (op.starts_with("TRT_") && op.contains("Quantize"))
+        || op == "TRT_FP4QDQ"
+        || matches!(op, "QuantizeLinear" | "DequantizeLinear")
 }
 
 fn qdq_nodes<'a>(graph: &'a Graph, prefix: &str, out: &mut Vec<(String, &'a str)>) {

@@ -954,32 +954,12 @@ fn group_size(n: usize, found: usize, resolved: usize) -> usize {
 }
 
 #[cfg(test)]
+pub(crate) mod testing;
+
+#[cfg(test)]
 mod tests {
+    use super::testing::Planted;
     use super::*;
-
-    /// Passes when every layer of `needed` is marked; error = number of needed layers missing.
-    struct Planted {
-        needed: Vec<usize>,
-        calls: usize,
-        stop_after: Option<(usize, &'static AtomicBool)>,
-    }
-
-    impl Oracle for Planted {
-        fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-            self.calls += 1;
-            if let Some((n, flag)) = self.stop_after {
-                if self.calls >= n {
-                    flag.store(true, Ordering::SeqCst);
-                }
-            }
-            let missing = self.needed.iter().filter(|n| !marked.contains(n)).count();
-            Ok(Evaluation {
-                passed: missing == 0,
-                error: missing as f64,
-                summary: format!("{missing} missing"),
-            })
-        }
-    }
 
     fn opts(mode: Mode, direction: Direction, jobs: usize) -> SearchOptions {
         SearchOptions {
@@ -1007,11 +987,7 @@ mod tests {
         dir: Direction,
         needed: &[usize],
     ) -> (SearchResult, usize) {
-        let mut o = Planted {
-            needed: needed.to_vec(),
-            calls: 0,
-            stop_after: None,
-        };
+        let mut o = Planted::new(needed, &[]);
         let stop = AtomicBool::new(false);
         let r = search(space, &opts(mode, dir, 1), &mut o, &mut |_| {}, &stop).unwrap();
         (r, o.calls)
@@ -1185,9 +1161,8 @@ mod tests {
         static STOP: AtomicBool = AtomicBool::new(false);
         let sp = space(40, &[]);
         let mut o = Planted {
-            needed: vec![10],
-            calls: 0,
             stop_after: Some((4, &STOP)),
+            ..Planted::new(&[10], &[])
         };
         let r = search(
             &sp,
@@ -1514,11 +1489,7 @@ mod tests {
     #[test]
     fn a_sequential_oracle_is_not_asked_to_speculate() {
         let sp = space(40, &[]);
-        let mut o = Planted {
-            needed: vec![23],
-            calls: 0,
-            stop_after: None,
-        };
+        let mut o = Planted::new(&[23], &[]);
         let stop = AtomicBool::new(false);
         let r = search(
             &sp,

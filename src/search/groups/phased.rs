@@ -169,9 +169,42 @@ fn refine_phase(phase: &str) -> &'static str {
     }
 }
 
-/// Phase 1's oracle: a set of roles (indices into `groups`) is judged as their layers.
-struct ByRole<'l, 'a> {
+/// The oracle of both phases: judges sets of something other than layers — roles (indices
+/// into `groups`) in phase 1, one role's layers beside the other roles' kept ones in phase 2 —
+/// as the layers `layers` makes of each, through the ledger. Phase 1 ranks roles too.
+struct Through<'r, 'l, 'a> {
     ledger: &'l RefCell<Ledger<'a>>,
+    layers: &'l dyn Fn(&[usize]) -> Vec<usize>,
+    ranking: Option<&'r mut RoleRanking<'l>>,
+}
+
+impl Oracle for Through<'_, '_, '_> {
+    fn evaluate(&mut self, set: &[usize]) -> Result<Evaluation> {
+        let layers = (self.layers)(set);
+        self.ledger.borrow_mut().evaluate(layers)
+    }
+
+    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        let sets = sets.iter().map(|s| (self.layers)(s)).collect();
+        self.ledger.borrow_mut().evaluate_batch(sets)
+    }
+
+    fn parallel(&self) -> bool {
+        self.ledger.borrow().inner.parallel()
+    }
+
+    fn rank(&mut self) -> Result<Scores> {
+        match self.ranking.as_deref_mut() {
+            Some(r) => r.rank(self.ledger),
+            None => Err(crate::error::Error::Invalid(
+                "a role's refinement is given its layers' scores: it ranks nothing".into(),
+            )),
+        }
+    }
+}
+
+/// Phase 1's ranking of roles, and what it learnt that phase 2 reads.
+struct RoleRanking<'l> {
     groups: &'l [Vec<usize>],
     /// Every candidate layer (the sensitivity ranking's plans mark all but one role).
     all: &'l [usize],
@@ -184,16 +217,25 @@ struct ByRole<'l, 'a> {
     failing_alone: Vec<usize>,
 }
 
-impl ByRole<'_, '_> {
-    fn layers(&self, roles: &[usize]) -> Vec<usize> {
-        union(roles.iter().map(|&g| self.groups[g].as_slice()))
+impl RoleRanking<'_> {
+    fn rank(&mut self, ledger: &RefCell<Ledger<'_>>) -> Result<Scores> {
+        match self.ranking {
+            Ranking::Sensitivity => self.rank_roles_by_sensitivity(ledger),
+            Ranking::Growth => {
+                // One run ranks every layer; a role ranks by its worst layer.
+                let layer_scores = ledger.borrow_mut().inner.rank()?;
+                let scores = role_scores(&layer_scores, self.groups);
+                self.layer_scores = Some(layer_scores);
+                Ok(scores)
+            }
+        }
     }
 
     /// The sensitivity ranking over roles: each role alone in low precision, every other
     /// candidate high, judged through the oracle — one evaluation per role instead of one run
     /// per layer. Its evaluations are trials (`rank-roles`): verdicts on sets of layers like
     /// any other, which the debug replay keeps.
-    fn rank_roles_by_sensitivity(&mut self) -> Result<Scores> {
+    fn rank_roles_by_sensitivity(&mut self, ledger: &RefCell<Ledger<'_>>) -> Result<Scores> {
         let mut scores = Scores::default();
         let order: Vec<usize> = (0..self.groups.len()).collect();
         for chunk in order.chunks(self.jobs.max(1)) {
@@ -212,10 +254,10 @@ impl ByRole<'_, '_> {
                         .collect()
                 })
                 .collect();
-            let verdicts = self.ledger.borrow_mut().evaluate_batch(plans.clone());
+            let verdicts = ledger.borrow_mut().evaluate_batch(plans.clone());
             for ((&g, plan), verdict) in chunk.iter().zip(plans).zip(verdicts) {
                 let e = verdict?;
-                self.ledger.borrow_mut().record("rank-roles", plan, &e);
+                ledger.borrow_mut().record("rank-roles", plan, &e);
                 let score = if e.error.is_nan() {
                     f64::INFINITY
                 } else {
@@ -229,35 +271,6 @@ impl ByRole<'_, '_> {
         }
         self.failing_alone = scores.failing_alone.clone();
         Ok(scores)
-    }
-}
-
-impl Oracle for ByRole<'_, '_> {
-    fn evaluate(&mut self, roles: &[usize]) -> Result<Evaluation> {
-        let layers = self.layers(roles);
-        self.ledger.borrow_mut().evaluate(layers)
-    }
-
-    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
-        let sets = sets.iter().map(|s| self.layers(s)).collect();
-        self.ledger.borrow_mut().evaluate_batch(sets)
-    }
-
-    fn parallel(&self) -> bool {
-        self.ledger.borrow().inner.parallel()
-    }
-
-    fn rank(&mut self) -> Result<Scores> {
-        match self.ranking {
-            Ranking::Sensitivity => self.rank_roles_by_sensitivity(),
-            Ranking::Growth => {
-                // One run ranks every layer; a role ranks by its worst layer.
-                let layer_scores = self.ledger.borrow_mut().inner.rank()?;
-                let scores = role_scores(&layer_scores, self.groups);
-                self.layer_scores = Some(layer_scores);
-                Ok(scores)
-            }
-        }
     }
 }
 
@@ -281,35 +294,6 @@ fn role_scores(layers: &Scores, groups: &[Vec<usize>]) -> Scores {
         }
     }
     scores
-}
-
-/// Phase 2's oracle: the layers of one role, with `fixed` (the other roles' kept layers)
-/// always marked.
-struct WithFixed<'l, 'a> {
-    ledger: &'l RefCell<Ledger<'a>>,
-    fixed: &'l [usize],
-}
-
-impl WithFixed<'_, '_> {
-    fn layers(&self, marked: &[usize]) -> Vec<usize> {
-        union([self.fixed, marked])
-    }
-}
-
-impl Oracle for WithFixed<'_, '_> {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        let layers = self.layers(marked);
-        self.ledger.borrow_mut().evaluate(layers)
-    }
-
-    fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
-        let sets = sets.iter().map(|s| self.layers(s)).collect();
-        self.ledger.borrow_mut().evaluate_batch(sets)
-    }
-
-    fn parallel(&self) -> bool {
-        self.ledger.borrow().inner.parallel()
-    }
 }
 
 /// Runs the strategy over roles, then inside the roles it needs (see the module's docs).
@@ -343,8 +327,7 @@ pub fn search_by_roles(
         scores: role_scores(&space.scores, groups),
         deferred: space.deferred,
     };
-    let mut by_role = ByRole {
-        ledger: &ledger,
+    let mut by_role = RoleRanking {
         groups,
         all: &space.candidates,
         ranking: options.ranking,
@@ -357,15 +340,19 @@ pub fn search_by_roles(
         layer_scores: None,
         failing_alone: Vec::new(),
     };
+    let roles_layers = |roles: &[usize]| union(roles.iter().map(|&g| groups[g].as_slice()));
     let phase1 = search(
         &role_space,
         &plain,
-        &mut by_role,
+        &mut Through {
+            ledger: &ledger,
+            layers: &roles_layers,
+            ranking: Some(&mut by_role),
+        },
         &mut |t: &Trial| {
-            let layers = union(t.marked.iter().map(|&g| groups[g].as_slice()));
             ledger
                 .borrow_mut()
-                .record(roles_phase(t.phase), layers, &t.into());
+                .record(roles_phase(t.phase), roles_layers(&t.marked), &t.into());
         },
         stop,
     )?;
@@ -385,9 +372,7 @@ pub fn search_by_roles(
         Outcome::Found(roles) => roles,
         other => {
             let outcome = match other {
-                Outcome::Interrupted(best) => Outcome::Interrupted(
-                    best.map(|b| union(b.iter().map(|&g| groups[g].as_slice()))),
-                ),
+                Outcome::Interrupted(best) => Outcome::Interrupted(best.map(|b| roles_layers(&b))),
                 o => o,
             };
             return Ok(finish(ledger, outcome, failing_alone));
@@ -430,19 +415,19 @@ pub fn search_by_roles(
             },
             deferred: false,
         };
-        let mut with_fixed = WithFixed {
-            ledger: &ledger,
-            fixed: &fixed,
-        };
+        let with_fixed = |marked: &[usize]| union([fixed.as_slice(), marked]);
         let r = search(
             &inside,
             &plain,
-            &mut with_fixed,
+            &mut Through {
+                ledger: &ledger,
+                layers: &with_fixed,
+                ranking: None,
+            },
             &mut |t: &Trial| {
-                let layers = union([fixed.as_slice(), t.marked.as_slice()]);
                 ledger
                     .borrow_mut()
-                    .record(refine_phase(t.phase), layers, &t.into());
+                    .record(refine_phase(t.phase), with_fixed(&t.marked), &t.into());
             },
             stop,
         )?;

@@ -5,12 +5,12 @@ use crate::precision::plan::parse_layer_precisions;
 use crate::tensor::DType;
 
 /// A graph of `(name, op)` nodes chained through one value each (names are what matters).
-fn named(nodes: &[(&str, &str)]) -> Graph {
+fn named<S: AsRef<str>>(nodes: &[(S, &str)]) -> Graph {
     let mut prev = "x".to_string();
     let mut built = Vec::new();
     for (k, (name, op)) in nodes.iter().enumerate() {
         let out = format!("v{k}");
-        built.push(node(name, op, &[&prev], &[&out]));
+        built.push(node(name.as_ref(), op, &[&prev], &[&out]));
         prev = out;
     }
     let last = prev.clone();
@@ -60,8 +60,7 @@ fn llama(blocks: usize) -> Graph {
     }
     names.push(("/model/norm/Pow".into(), "Pow"));
     names.push(("/lm_head/MatMul".into(), "MatMul"));
-    let refs: Vec<(&str, &str)> = names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
-    named(&refs)
+    named(&names)
 }
 
 #[test]
@@ -141,8 +140,7 @@ fn naming_schemes_of_other_exporters() {
             ],
         ),
     ] {
-        let refs: Vec<(&str, &str)> = names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
-        let g = named(&refs);
+        let g = named(&names);
         let r = roles(&g, None, &all(&g));
         let got: Vec<(String, usize)> = described(&g, &r)
             .into_iter()
@@ -177,8 +175,7 @@ fn t5_groups_by_the_block_not_by_the_sub_layer() {
             "MatMul",
         ));
     }
-    let refs: Vec<(&str, &str)> = names.iter().map(|(n, o)| (n.as_str(), *o)).collect();
-    let g = named(&refs);
+    let g = named(&names);
     let r = roles(&g, None, &all(&g));
     let d = described(&g, &r);
     assert_eq!(
@@ -229,13 +226,7 @@ fn other_ops_or_shapes_or_unscoped_numbers_are_not_a_role() {
         Fact::typed(DType::F32, shape_fact_of(&[1, 32, 4, 4])),
     );
     let r = roles(&g, Some(&facts), &all(&g));
-    assert_eq!(
-        r.groups
-            .iter()
-            .map(|x| x.layers.clone())
-            .collect::<Vec<_>>(),
-        vec![vec![0, 1], vec![2]]
-    );
+    assert_eq!(r.layer_sets(), vec![vec![0, 1], vec![2]]);
     // Without shape facts the op alone confirms the role.
     assert_eq!(roles(&g, None, &all(&g)).groups.len(), 1);
     // Only the given layers are grouped.
@@ -402,11 +393,5 @@ fn shape_facts_confirm_roles_on_a_model_built_in_code() {
     );
     let facts = shape_facts(&g).expect("inferable");
     let r = roles(&g, Some(&facts), &all(&g));
-    assert_eq!(
-        r.groups
-            .iter()
-            .map(|x| x.layers.clone())
-            .collect::<Vec<_>>(),
-        vec![vec![0, 1], vec![2]]
-    );
+    assert_eq!(r.layer_sets(), vec![vec![0, 1], vec![2]]);
 }

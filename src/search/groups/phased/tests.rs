@@ -1,67 +1,6 @@
 use super::*;
+use crate::search::testing::Planted;
 use crate::search::{Direction, Objective};
-
-/// Passes when every layer of `needed` is marked (a monotone criterion); error = the number
-/// of needed layers missing. Ranks by sensitivity through its own evaluations, as the
-/// built-in oracle does (one run per layer, counted in `calls`).
-struct Planted {
-    needed: Vec<usize>,
-    candidates: Vec<usize>,
-    calls: usize,
-    parallel: bool,
-    stop_after: Option<(usize, &'static AtomicBool)>,
-}
-
-impl Planted {
-    fn new(needed: &[usize], candidates: &[usize]) -> Planted {
-        Planted {
-            needed: needed.to_vec(),
-            candidates: candidates.to_vec(),
-            calls: 0,
-            parallel: false,
-            stop_after: None,
-        }
-    }
-}
-
-impl Oracle for Planted {
-    fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
-        self.calls += 1;
-        if let Some((n, flag)) = self.stop_after {
-            if self.calls >= n {
-                flag.store(true, Ordering::SeqCst);
-            }
-        }
-        let missing = self.needed.iter().filter(|n| !marked.contains(n)).count();
-        Ok(Evaluation {
-            passed: missing == 0,
-            error: missing as f64,
-            summary: format!("{missing} missing"),
-        })
-    }
-
-    fn parallel(&self) -> bool {
-        self.parallel
-    }
-
-    fn rank(&mut self) -> Result<Scores> {
-        let mut scores = Scores::default();
-        for &l in &self.candidates.clone() {
-            let plan: Vec<usize> = self
-                .candidates
-                .iter()
-                .copied()
-                .filter(|&c| c != l)
-                .collect();
-            let e = self.evaluate(&plan)?;
-            scores.by_layer.insert(l, e.error);
-            if !e.passed {
-                scores.failing_alone.push(l);
-            }
-        }
-        Ok(scores)
-    }
-}
 
 /// `blocks` blocks of `per_block` roles (layer `b * per_block + r`), then two layers of their
 /// own; the roles as the grouping gives them.
