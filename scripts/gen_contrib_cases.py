@@ -151,6 +151,7 @@ def main():
     case(out, "simplified_layer_norm_axis1", "SimplifiedLayerNormalization",
          [("X", [2, 3, 4]), ("scale", [3, 4])], domain="", weights=("scale",), axis=1,
          epsilon=1e-3)
+    ort_norm_cases(out)
     attention_cases(out)
     gqa_cases(out)
     qlinear_cases(out)
@@ -406,6 +407,39 @@ def attention_cases(out):
     case(out, "rotary_partial", "RotaryEmbedding",
          [("input", [2, 3, 16]), pos, ("cos_cache", [10, 2]), ("sin_cache", [10, 2])],
          num_heads=2, rotary_embedding_dim=4)
+
+
+def ort_norm_cases(out):
+    """The normalizations bit for bit (src/ops/ort_norm.rs): row lengths on both sides of
+    MLAS's AVX2 dispatch threshold (16 for RMS, 8 for LayerNorm) and of whole groups of 8 and
+    4, rows of different scales (a last-bit difference here turns into another int8 code in a
+    MatMulNBits with accuracy_level 4 after it)."""
+    rng = np.random.default_rng(21)
+
+    def rows(n, w):
+        return (rng.standard_normal((n, w)) * rng.uniform(0.05, 20.0, (n, 1))
+                + rng.uniform(-2.0, 2.0, (n, 1))).astype(np.float32)
+
+    for w in (7, 15, 16, 23, 28, 31, 576):
+        case(out, f"ort_norm_rms_{w}", "SimplifiedLayerNormalization",
+             [("X", None, rows(40, w)), ("scale", [w])], n_outputs=2, domain="",
+             weights=("scale",), exact=True)
+    for w in (4, 7, 8, 15, 20, 23, 576):
+        case(out, f"ort_norm_ln_{w}", "LayerNormalization",
+             [("X", None, rows(40, w)), ("scale", [w]), ("B", [w])], n_outputs=3, domain="",
+             weights=("scale", "B"), exact=True)
+    case(out, "ort_norm_ln_no_bias_31", "LayerNormalization",
+         [("X", None, rows(40, 31)), ("scale", [31])], n_outputs=3, domain="",
+         weights=("scale",), exact=True)
+    for w in (5, 23, 576):
+        x = rows(30, w)
+        case(out, f"ort_norm_skip_rms_{w}", "SkipSimplifiedLayerNormalization",
+             [("input", None, x), ("skip", None, rows(30, w)), ("gamma", [w]), ("bias", [w])],
+             n_outputs=4, weights=("gamma", "bias"), exact=True, epsilon=1e-5)
+        case(out, f"ort_norm_skip_ln_{w}", "SkipLayerNormalization",
+             [("input", None, x), ("skip", None, rows(30, w)), ("gamma", [w]), ("beta", [w]),
+              ("bias", [w])], n_outputs=4, weights=("gamma", "beta", "bias"), exact=True,
+             epsilon=1e-5)
 
 
 def gqa_cases(out):

@@ -22,6 +22,7 @@ pub(crate) mod logistic;
 pub mod matmul;
 pub mod movement;
 pub mod norm;
+pub(crate) mod ort_norm;
 pub mod pool;
 pub mod prepacked;
 pub mod qlinear;

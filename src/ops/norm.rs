@@ -1,8 +1,10 @@
 //! BatchNormalization (inference), LayerNormalization, InstanceNormalization, LRN,
 //! GroupNormalization, RMSNormalization, MeanVarianceNormalization and LpNormalization.
 //!
-//! Means and variances are accumulated in f64 (two passes), so the reference stays accurate on
-//! long rows; results are rounded to f32.
+//! LayerNormalization and RMSNormalization of float32 tensors compute what ONNX Runtime's CPU
+//! provider computes, bit for bit (`ort_norm`: MLAS's AVX2 kernel, its scalar loop on short
+//! rows). Elsewhere means and variances are accumulated in f64 (two passes), so the reference
+//! stays accurate on long rows; results are rounded to f32.
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::util::{input, norm_axes, norm_axis, opt_input};
@@ -315,6 +317,25 @@ fn normalize_rows(
     stats.into_iter().unzip()
 }
 
+/// Each row of `width` f32 values normalized in place as ONNX Runtime's CPU LayerNorm
+/// (`simplified`: RMS norm) computes it, bit for bit (`ort_norm`); returns each row's mean and
+/// 1/d.
+pub(crate) fn ort_rows(
+    v: &mut [f32],
+    width: usize,
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    eps: f32,
+    simplified: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    if width == 0 {
+        return (Vec::new(), Vec::new());
+    }
+    v.par_chunks_mut(width)
+        .map(|row| super::ort_norm::layer_norm_row(row, scale, bias, eps, simplified))
+        .unzip()
+}
+
 fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
@@ -341,7 +362,11 @@ fn layer_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         Some(b) => Some(bcast(b, "B")?),
         None => None,
     };
-    let (mean, inv) = normalize_rows(&mut v, width, eps, Some((&s, b.as_deref())));
+    let (mean, inv) = if x.dtype() == crate::tensor::DType::F32 {
+        ort_rows(&mut v, width, &s, b.as_deref(), eps as f32, false)
+    } else {
+        normalize_rows(&mut v, width, eps, Some((&s, b.as_deref())))
+    };
     let mut stat_shape = x.shape().to_vec();
     for d in stat_shape.iter_mut().skip(axis) {
         *d = 1;
@@ -369,8 +394,8 @@ fn broadcast_param(t: &Tensor, what: &str, inner: &[usize]) -> Result<Vec<f32>, 
     Ok(super::util::broadcast_to(&tv, t.shape(), inner))
 }
 
-/// RMSNormalization (opset 23): `X / sqrt(mean(X², axes axis..) + epsilon) * scale`, the mean
-/// of squares accumulated in f64.
+/// RMSNormalization (opset 23): `X / sqrt(mean(X², axes axis..) + epsilon) * scale`; float32
+/// as ONNX Runtime computes it (`ort_norm`), other types with the mean of squares in f64.
 fn rms_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let scale = input(inputs, 1)?;
@@ -387,7 +412,9 @@ fn rms_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let width: usize = inner.iter().product();
     let s = broadcast_param(scale, "scale", inner)?;
     let mut v = floats(x, "X")?;
-    if width > 0 {
+    if x.dtype() == crate::tensor::DType::F32 {
+        ort_rows(&mut v, width, &s, None, eps as f32, true);
+    } else if width > 0 {
         v.par_chunks_mut(width).for_each(|row| {
             let ms = row.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / width as f64;
             let inv = 1.0 / (ms + eps).sqrt();

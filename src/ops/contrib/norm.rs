@@ -3,13 +3,15 @@
 //! then LayerNorm or RMS norm of `s` over the last axis), and SimplifiedLayerNormalization
 //! (RMS norm over `axis..`), which ONNX Runtime registers in the *default* domain.
 //!
-//! Statistics are computed in f64 from the f32 sum (ONNX Runtime accumulates in f32: the
-//! difference is within f32 rounding of the statistics). Optional outputs follow ONNX
-//! Runtime's CPU kernel (contrib_ops/cpu/skip_layer_norm.cc): `mean` and `inv_std_var` have
+//! Float32 inputs are normalized as ONNX Runtime's CPU kernels do it, bit for bit
+//! (`ops::ort_norm`: Skip… in f32 in order, Welford's recurrence for the full form;
+//! SimplifiedLayerNormalization through MLAS's AVX2 kernel); float16/bfloat16 ones with f64
+//! statistics of the f32 values. Optional outputs follow ONNX Runtime's CPU kernel (contrib_ops/cpu/skip_layer_norm.cc): `mean` and `inv_std_var` have
 //! the input's shape with the last axis 1 — the simplified form writes a mean of 0, as ONNX
 //! Runtime does, since it never computes one — and `input_skip_bias_sum` is `s`.
 
 use super::super::attrs::{boxed, AttrError, Attrs};
+use super::super::ort_norm;
 use super::super::shape::{fact, FactsResult};
 use super::super::util::{broadcast_to, float_values, in_dtype, input, norm_axis, opt_input};
 use super::super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
@@ -115,8 +117,13 @@ fn skip_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>], rms: bool) -> OpResult {
         }
     });
     let mut y = sum.clone();
+    let exact = x.dtype() == DType::F32;
     let stats: Vec<(f32, f32)> = if h == 0 {
         Vec::new()
+    } else if exact {
+        y.par_chunks_mut(h)
+            .map(|row| ort_norm::skip_norm_row(row, &g, b.as_deref(), eps as f32, rms))
+            .collect()
     } else {
         y.par_chunks_mut(h)
             .map(|row| normalize_row(row, rms, eps, &g, b.as_deref()))
@@ -192,7 +199,9 @@ fn simplified_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
     let s = broadcast_to(&float_values(scale, "scale")?, scale.shape(), inner);
     let mut v = float_values(x, "X")?;
-    let inv: Vec<f32> = if width == 0 {
+    let inv: Vec<f32> = if x.dtype() == DType::F32 {
+        super::super::norm::ort_rows(&mut v, width, &s, None, attrs.epsilon, true).1
+    } else if width == 0 {
         Vec::new()
     } else {
         v.par_chunks_mut(width)
