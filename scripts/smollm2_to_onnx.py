@@ -2,6 +2,7 @@
 """Derives ONNX models from a Llama-architecture GGUF checkpoint (SmolLM2-135M-Instruct, Q4_1).
 
 Usage: smollm2_to_onnx.py MODEL.gguf OUT_DIR
+       smollm2_to_onnx.py --random CONFIG.json SEED OUT_DIR
 
 Writes, each in its own folder under OUT_DIR (weights as external data, model.onnx.data, as
 ONNX Runtime GenAI's model builder writes them):
@@ -29,6 +30,16 @@ Weights: GGUF's Q4_1 and Q8_0 blocks dequantized to float32 here with numpy (Q4_
 32, x = d*q + m with 4-bit q; Q8_0: x = d*q with int8 q), and attn_q/attn_k rows un-permuted
 (llama.cpp's converter interleaves each head's rotary halves; the GenAI loader undoes it the
 same way).
+
+--random: no GGUF; a Llama of CONFIG.json's shape (Hugging Face config.json keys:
+hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
+vocab_size, max_position_embeddings, rope_theta, rms_norm_eps, bos/eos/pad_token_id,
+tie_word_embeddings) with seeded random weights (each tensor normal with std 0.02 from a
+generator seeded by SEED and the tensor's name; the norms' weights ones), written as
+OUT_DIR/genai-fp32 only (model.onnx, model.onnx.data, genai_config.json). The weights are
+generated one tensor at a time and appended to model.onnx.data as the graph is built, so
+Python never holds more than a tensor or two (a 1.1B model's 4.4 GB are written with well
+under 1 GB of Python memory). bench/llm.sh builds a TinyLlama-1.1B-shaped model this way.
 """
 from __future__ import annotations
 
@@ -37,6 +48,7 @@ import logging
 import os
 import shutil
 import sys
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -170,6 +182,114 @@ class Graph:
         self.nodes.append(helper.make_node(op, inputs, outputs, name=name, domain=domain, **attrs))
 
 
+class StreamingGraph(Graph):
+    """A Graph whose initializers of 1 KiB and more go straight to an external-data file (at
+    4 KiB-aligned offsets, as references in the TensorProto), so each array can be freed as soon
+    as it is written."""
+
+    def __init__(self, data_path: str) -> None:
+        super().__init__()
+        self.location = os.path.basename(data_path)
+        self.file = open(data_path, "wb")
+        self.offset = 0
+
+    def init(self, name: str, array: np.ndarray) -> str:
+        if name in self.names:
+            return name
+        array = np.ascontiguousarray(array)
+        if array.nbytes < 1024:
+            return super().init(name, array)
+        pad = -self.offset % 4096
+        self.file.write(b"\0" * pad)
+        self.offset += pad
+        array.tofile(self.file)
+        t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(array.dtype), dims=list(array.shape),
+                        data_location=TensorProto.EXTERNAL)
+        for key, value in (("location", self.location), ("offset", str(self.offset)), ("length", str(array.nbytes))):
+            e = t.external_data.add()
+            e.key, e.value = key, value
+        self.offset += array.nbytes
+        self.inits.append(t)
+        self.names.add(name)
+        return name
+
+
+class RandomWeights:
+    """The GGUF tensor names build_genai reads, generated on access: normal(0, std) float32 in
+    Hugging Face's orientation from a generator seeded by (seed, crc32(name)), the norms ones.
+    Nothing is kept: a second access regenerates the same values."""
+
+    def __init__(self, cfg: Config, seed: int, tied: bool, std: float = 0.02) -> None:
+        self.cfg, self.seed, self.tied, self.std = cfg, seed, tied, std
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        c = self.cfg
+        if name == "token_embd.weight" or (name == "output.weight" and not self.tied):
+            return (c.vocab, c.hidden)
+        if name == "output_norm.weight":
+            return (c.hidden,)
+        parts = name.split(".")
+        if len(parts) != 4 or parts[0] != "blk" or not 0 <= int(parts[1]) < c.layers:
+            raise KeyError(name)
+        return {
+            "attn_norm": (c.hidden,), "ffn_norm": (c.hidden,),
+            "attn_q": (c.heads * c.head_size, c.hidden), "attn_k": (c.kv_heads * c.head_size, c.hidden),
+            "attn_v": (c.kv_heads * c.head_size, c.hidden), "attn_output": (c.hidden, c.heads * c.head_size),
+            "ffn_gate": (c.intermediate, c.hidden), "ffn_up": (c.intermediate, c.hidden),
+            "ffn_down": (c.hidden, c.intermediate),
+        }[parts[2]]
+
+    def __contains__(self, name: str) -> bool:
+        try:
+            self.shape(name)
+            return True
+        except (KeyError, ValueError):
+            return False
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape = self.shape(name)
+        if name.endswith("norm.weight"):
+            return np.ones(shape, dtype=np.float32)
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        w = rng.standard_normal(shape, dtype=np.float32)
+        w *= np.float32(self.std)
+        return w
+
+
+def config_from_json(path: str) -> tuple[Config, bool]:
+    """A Hugging Face config.json's Llama shape; the bool: tie_word_embeddings."""
+    with open(path) as f:
+        j = json.load(f)
+    heads = int(j["num_attention_heads"])
+    return Config(
+        layers=int(j["num_hidden_layers"]), hidden=int(j["hidden_size"]), intermediate=int(j["intermediate_size"]),
+        heads=heads, kv_heads=int(j.get("num_key_value_heads", heads)),
+        head_size=int(j.get("head_dim", int(j["hidden_size"]) // heads)), vocab=int(j["vocab_size"]),
+        context=int(j.get("max_position_embeddings", 2048)), rope_theta=float(j.get("rope_theta", 10000.0)),
+        rms_eps=float(j.get("rms_norm_eps", 1e-5)), bos=int(j.get("bos_token_id", 1)),
+        eos=int(j.get("eos_token_id", 2)), pad=int(j.get("pad_token_id", 0) or 0),
+    ), bool(j.get("tie_word_embeddings", False))
+
+
+def write_random(config: str, seed: int, out: str) -> None:
+    """--random: OUT/genai-fp32 with seeded random weights, streamed to model.onnx.data."""
+    cfg, tied = config_from_json(config)
+    folder = os.path.join(out, "genai-fp32")
+    os.makedirs(folder, exist_ok=True)
+    g = StreamingGraph(os.path.join(folder, "model.onnx.data"))
+    try:
+        model = build_genai(cfg, RandomWeights(cfg, seed, tied), tied_transpose=True, graph=g)  # type: ignore[arg-type]
+    finally:
+        g.file.close()
+    with open(os.path.join(folder, "model.onnx"), "wb") as f:
+        f.write(model.SerializeToString())
+    with open(os.path.join(folder, "genai_config.json"), "w") as f:
+        json.dump(genai_config(cfg), f, indent=4)
+    params = g.offset // 4
+    print(f"smollm2_to_onnx.py --random: {folder}: {cfg.layers} layers, hidden {cfg.hidden}, "
+          f"{g.offset / 1e9:.2f} GB of weights (~{params / 1e9:.2f}B parameters)", file=sys.stderr)
+
+
 def kv_io(cfg: Config) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     past, present = [], []
     for i in range(cfg.layers):
@@ -183,13 +303,15 @@ def kv_io(cfg: Config) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoPr
     return past, present
 
 
-def build_genai(cfg: Config, w: dict[str, np.ndarray], tied_transpose: bool) -> onnx.ModelProto:
+def build_genai(cfg: Config, w: dict[str, np.ndarray], tied_transpose: bool, graph: Graph | None = None) -> onnx.ModelProto:
     """The builder's Llama graph for CPU float32. tied_transpose: the embedding is a Transpose of
-    lm_head's weight (float32 builds); else its own initializer (int4 builds)."""
-    g = Graph()
+    lm_head's weight (float32 builds); else its own initializer (int4 builds). graph: where the
+    initializers go (a StreamingGraph writes them out as they come)."""
+    g = graph if graph is not None else Graph()
     embed = w["token_embd.weight"]  # [vocab, hidden]
-    lm_head_w = g.init("lm_head.MatMul.weight", embed.T)
-    if tied_transpose:
+    untied = "output.weight" in w  # a separate lm_head (as TinyLlama): the embedding is its own initializer
+    lm_head_w = g.init("lm_head.MatMul.weight", (w["output.weight"] if untied else embed).T)
+    if tied_transpose and not untied:
         table = g.node("Transpose", "/model/embed_tokens/Transpose", [lm_head_w], perm=[1, 0])[0]
     else:
         table = g.init("model.embed_tokens.weight", embed)
@@ -470,6 +592,9 @@ def save(model: onnx.ModelProto, folder: str, check: bool) -> None:
 
 
 def main() -> int:
+    if len(sys.argv) == 5 and sys.argv[1] == "--random":
+        write_random(sys.argv[2], int(sys.argv[3]), sys.argv[4])
+        return 0
     if len(sys.argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
