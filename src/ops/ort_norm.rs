@@ -185,7 +185,7 @@ mod tests {
         assert_eq!(sum_squares_avx2(23, |i| v[i]), want);
         // 2^24 in lane 0 absorbs the 1 added to it (an odd sum rounds to even), the other
         // lanes gather 2 each before the fold meets lane 0: 2^24 + 14, not 2^24 + 15.
-        let mut w = vec![1f32; 16];
+        let mut w = [1f32; 16];
         w[0] = 4096.0;
         let s = sum_squares_avx2(16, |i| w[i]);
         let mut l = [2f32; 8];
