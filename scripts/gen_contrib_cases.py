@@ -401,8 +401,8 @@ def attention_cases(out):
     cache = [("cos_cache", [10, 4]), ("sin_cache", [10, 4])]
     case(out, "rotary", "RotaryEmbedding", [("input", [2, 3, 16]), pos] + cache, num_heads=2,
          exact=True)
-    # Interleaved heads of 8 (under the kernel's 16-wide step): ORT's first head differs from
-    # both the fused and the plain rotation in the last bit (not explained): within tolerance.
+    # Interleaved heads of 8 (not a multiple of the kernel's 16-wide step): ORT's last bits
+    # follow neither the fused nor the plain rotation (not explained): within tolerance.
     case(out, "rotary_interleaved", "RotaryEmbedding", [("input", [2, 3, 16]), pos] + cache,
          interleaved=1, num_heads=2)
     case(out, "rotary_4d_offset", "RotaryEmbedding",
