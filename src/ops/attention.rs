@@ -343,7 +343,9 @@ pub(crate) struct RotaryInput<'a> {
 
 /// Rotates the first `rotary_dim` features of every head of `[B, S, N·H]` or `[B, N, S, H]`:
 /// pairs `(x[i], x[i + r/2])` (or `(x[2i], x[2i+1])` when interleaved) become
-/// `(x1·cos − x2·sin, x2·cos + x1·sin)` with the caches' row `row(b, s)`.
+/// `(x1·cos − x2·sin, x2·cos + x1·sin)` with the caches' row `row(b, s)`, rounded as ONNX
+/// Runtime's MLAS kernel (`MlasRotaryEmbedOneRow`, AVX2) rounds them: `fma(x1, cos,
+/// −round(x2·sin))` and `fma(x1, sin, round(x2·cos))`.
 pub(crate) fn rotate(
     r: &RotaryInput,
     row: impl Fn(usize, usize, usize) -> Result<usize, OpError>,
@@ -393,8 +395,9 @@ pub(crate) fn rotate(
                         (i, i + half)
                     };
                     let (x1, x2) = (head[a], head[bb]);
-                    head[a] = x1 * c[i] - x2 * sn[i];
-                    head[bb] = x2 * c[i] + x1 * sn[i];
+                    // MLAS's AVX2 rotary kernel: fmsub(x1, cos, x2·sin), fmadd(x1, sin, x2·cos).
+                    head[a] = x1.mul_add(c[i], -(x2 * sn[i]));
+                    head[bb] = x1.mul_add(sn[i], x2 * c[i]);
                 }
             }
         }

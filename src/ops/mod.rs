@@ -20,6 +20,7 @@ pub mod integer;
 pub mod lanewise;
 pub(crate) mod logistic;
 pub mod matmul;
+pub(crate) mod mlas_sgemm;
 pub mod movement;
 pub mod norm;
 pub(crate) mod ort_norm;

@@ -51,6 +51,35 @@ enum Kind {
     Hardmax,
 }
 
+/// `MlasComputeSumExpF32KernelFma3` (ONNX Runtime 1.32 on an AVX2 CPU) on a row in place:
+/// every value becomes `exp(x + neg_max)` ([`softmax_exp`]) and the returned sum adds them as the
+/// kernel does, bit for bit: one 8-lane accumulator taking the row 8 values at a time (lane
+/// `k mod 8`, the last partial vector zero-padded), reduced as `((a0+a1)+(a2+a3)) +
+/// ((a4+a5)+(a6+a7))`.
+pub(crate) fn mlas_sum_exp(v: &mut [f32], neg_max: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    for chunk in v.chunks_mut(8) {
+        for (l, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
+            *x = softmax_exp(*x, neg_max);
+            *l += *x;
+        }
+    }
+    ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+        + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]))
+}
+
+/// `MlasComputeSoftmax` of one row in place, bit for bit (ONNX Runtime's attention kernels):
+/// the row's maximum, [`mlas_sum_exp`], then every exponential times `1/sum` (f32).
+pub(crate) fn mlas_softmax_row(v: &mut [f32]) {
+    if v.is_empty() {
+        return;
+    }
+    let max = v.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum = mlas_sum_exp(v, -max);
+    let inv = 1.0 / sum;
+    v.iter_mut().for_each(|x| *x *= inv);
+}
+
 /// Softmax of one contiguous row in place (the attention kernels' probabilities).
 pub(crate) fn softmax_row(v: &mut [f32]) {
     if !v.is_empty() {

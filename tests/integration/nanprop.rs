@@ -52,13 +52,10 @@ const ALLOWED: &[(&str, &str)] = &[
     ),
     // Statistics and reductions that mixprec computes in f64 (docs/numerics.md): values beyond
     // sqrt(f32::MAX) or below f32's normal range stay finite/nonzero where ORT's f32 overflows.
-    (
-        "test_layer_normalization_*",
-        "statistics in f64: x^2 of |x| > 1.8e19 does not overflow",
-    ),
+    // (LayerNormalization and RMSNormalization follow ORT's f32 kernels since 2026-11-28: no
+    // entry.)
     ("test_group_normalization_*", "statistics in f64"),
     ("test_instancenorm_*", "statistics in f64"),
-    ("test_rms_normalization_*", "statistics in f64"),
     ("test_mvn*", "statistics in f64"),
     ("test_l2normalization_*", "norm in f64"),
     ("test_lpnormalization_*", "norm in f64"),
@@ -125,6 +122,11 @@ const ALLOWED: &[(&str, &str)] = &[
     (
         "test_rotary_embedding_with_rotary_dim",
         "sign of two zeros: +0 here, -0 in ORT's MLAS rotary kernel (not yet explained)",
+    ),
+    (
+        "test_rotary_embedding_with_interleaved_rotary_dim",
+        "sign of one zero: -0 here, +0 in ORT; ORT's interleaved rotations of lengths not a \
+         multiple of 16 round neither as its AVX2 step nor as its plain loop (not yet explained)",
     ),
     (
         "test_gemm_transposeB",

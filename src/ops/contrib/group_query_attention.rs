@@ -33,13 +33,15 @@
 use super::super::attention::{rotary_caches, rotate, softcap, Heads, RotaryInput};
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::matmul::sgemm;
+use super::super::mlas_sgemm;
 use super::super::shape::{fact, opt_fact, FactsResult};
-use super::super::softmax::{smooth_softmax_row, softmax_row};
+use super::super::softmax::{mlas_softmax_row, mlas_sum_exp, smooth_softmax_row, softmax_row};
 use super::super::util::{checked_len, float_values, in_dtype, input, opt_input};
 use super::super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
 use super::MS_DOMAIN;
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
+use crate::numeric::Accumulator;
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
@@ -472,25 +474,54 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     };
     let (s, h, l, group) = (d.s, d.h, d.present, d.n / d.nk);
     let acc = ctx.accumulate;
+    // ONNX Runtime's own arithmetic, bit for bit, for a float32 layer outside a precision plan:
+    // its flash kernel where it takes it, else its materializing kernel with MLAS's GEMM and
+    // softmax.
+    let exact = dtype == DType::F32 && ctx.round_to.is_none() && acc == Accumulator::F32;
+    let presents = (1..3).all(|i| ctx.node.outputs.get(i).is_some_and(|o| !o.is_empty()));
+    let flash = exact
+        && d.total > 1
+        && attrs.softcap == 0.0
+        && !attrs.smooth_softmax
+        && sink.is_none()
+        && presents
+        && attrs.causal;
+    let bias_row = |bi: usize, ni: usize, si: usize| -> Option<&[f32]> {
+        bias.as_ref().map(|(bias, per_batch, per_head)| {
+            let bb = if *per_batch { bi } else { 0 };
+            let (nb, nn) = if *per_head { (d.n, ni) } else { (1, 0) };
+            let r = ((bb * nb + nn) * s + si) * d.total;
+            &bias[r..r + d.total]
+        })
+    };
     let per_head: Vec<Vec<f32>> = (0..d.b * d.n)
         .into_par_iter()
         .map(|bn| {
             let (bi, ni) = (bn / d.n, bn % d.n);
             let (t, past) = d.lengths(&seqlens, bi);
             let kv = (bi * d.nk + ni / group) * l * h;
+            let (qh, kh, vh) = (&q.v[bn * s * h..(bn + 1) * s * h], &pk.v[kv..], &pv.v[kv..]);
+            if flash {
+                let head = FlashHead {
+                    h,
+                    t,
+                    past,
+                    scale,
+                    window: attrs.local_window,
+                    bias: &|si| bias_row(bi, ni, si),
+                };
+                return if s == 1 {
+                    head.decode(qh, kh, vh)
+                } else {
+                    head.prefill(qh, kh, vh, s)
+                };
+            }
             let mut probs = vec![0f32; s * t];
-            sgemm(
-                acc,
-                s,
-                t,
-                h,
-                &q.v[bn * s * h..],
-                false,
-                &pk.v[kv..],
-                true,
-                &mut probs,
-                false,
-            );
+            if exact {
+                mlas_sgemm::sgemm(true, s, t, h, scale, qh, h, kh, h, false, &mut probs, t);
+            } else {
+                sgemm(acc, s, t, h, qh, false, kh, true, &mut probs, false);
+            }
             for (si, row) in probs.chunks_mut(t).enumerate() {
                 let full = if attrs.causal { past + si + 1 } else { t };
                 let end = full.min(t);
@@ -499,21 +530,21 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                     _ => 0,
                 };
                 let window = &mut row[start..end];
-                window.iter_mut().for_each(|x| *x *= scale);
+                if !exact {
+                    window.iter_mut().for_each(|x| *x *= scale);
+                }
                 softcap(window, attrs.softcap);
-                if let Some((bias, per_batch, per_head)) = &bias {
-                    let bb = if *per_batch { bi } else { 0 };
-                    let (nb, nn) = if *per_head { (d.n, ni) } else { (1, 0) };
-                    let r = ((bb * nb + nn) * s + si) * d.total;
+                if let Some(b) = bias_row(bi, ni, si) {
                     window
                         .iter_mut()
-                        .zip(&bias[r + start..])
+                        .zip(&b[start..])
                         .for_each(|(x, b)| *x += b);
                 }
                 if !window.is_empty() {
                     match &sink {
                         Some(sink) => smooth_softmax_row(window, sink[ni]),
                         None if attrs.smooth_softmax => smooth_softmax_row(window, 0.0),
+                        None if exact => mlas_softmax_row(window),
                         None => softmax_row(window),
                     }
                 }
@@ -521,18 +552,11 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 row[end..].fill(0.0);
             }
             let mut o = vec![0f32; s * h];
-            sgemm(
-                acc,
-                s,
-                h,
-                t,
-                &probs,
-                false,
-                &pv.v[kv..],
-                false,
-                &mut o,
-                false,
-            );
+            if exact {
+                mlas_sgemm::sgemm(false, s, h, t, 1.0, &probs, t, vh, h, false, &mut o, h);
+            } else {
+                sgemm(acc, s, h, t, &probs, false, vh, false, &mut o, false);
+            }
             o
         })
         .collect();
@@ -548,6 +572,191 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         in_dtype(pk.tensor(), dtype),
         in_dtype(pv.tensor(), dtype),
     ])
+}
+
+/// The L2 cache size ONNX Runtime sizes its flash-attention blocks by (`Env::GetL2CacheSize`:
+/// `sysconf(_SC_LEVEL2_CACHE_SIZE)` on Linux; 512 KiB assumed elsewhere).
+fn l2_cache_size() -> i64 {
+    static L2: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+    *L2.get_or_init(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        {
+            // SAFETY: sysconf only reads a system parameter.
+            unsafe { libc::sysconf(libc::_SC_LEVEL2_CACHE_SIZE) as i64 }
+        }
+        #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+        {
+            512 * 1024
+        }
+    })
+}
+
+/// One (batch, head) of ONNX Runtime 1.32's flash attention for a float32 KV cache
+/// (`contrib_ops/cpu/bert/gqa_attention_base.h` `ApplyAttentionFlash`, MLAS's
+/// `flashattn_gqa.cpp`), bit for bit on an AVX2 CPU. The path ORT takes for float32 when the
+/// batch's total length is above 1 and there is no softcap, smooth softmax, head sink or QK
+/// output.
+struct FlashHead<'a> {
+    h: usize,
+    /// This batch's total length T and the position of its first new row.
+    t: usize,
+    past: usize,
+    scale: f32,
+    window: Option<usize>,
+    /// The attention bias row of query row `si` (`total` columns).
+    bias: &'a dyn Fn(usize) -> Option<&'a [f32]>,
+}
+
+impl FlashHead<'_> {
+    /// The KV block length: `L2 / (4·4·2H)` (at least 1), at most T.
+    fn kv_block(&self) -> usize {
+        let per = (4 * 4 * 2 * self.h) as i64;
+        (l2_cache_size() / per).max(1) as usize
+    }
+
+    /// One query token (`MlasGQADecodeGQAThreaded`): `scores[t] = (Σ q·k in 8 lanes of plain
+    /// multiply-adds, lanes added ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), the tail in order) ·
+    /// scale`, the bias, the local window (`lowest` before `T − W`), MLAS's sum of
+    /// exponentials, `out[h] = Σ_t e_t·v_t[h]` in order (plain multiply-adds), times `1/sum`.
+    fn decode(&self, q: &[f32], k: &[f32], v: &[f32]) -> Vec<f32> {
+        let (h, t) = (self.h, self.t);
+        let mut scores: Vec<f32> = (0..t)
+            .map(|ti| {
+                let row = &k[ti * h..(ti + 1) * h];
+                let mut lanes = [0f32; 8];
+                let full = h / 8 * 8;
+                for base in (0..full).step_by(8) {
+                    for (j, l) in lanes.iter_mut().enumerate() {
+                        *l += q[base + j] * row[base + j];
+                    }
+                }
+                let mut sum = ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
+                    + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7]));
+                for hi in full..h {
+                    sum += q[hi] * row[hi];
+                }
+                sum * self.scale
+            })
+            .collect();
+        if let Some(b) = (self.bias)(0) {
+            scores.iter_mut().zip(b).for_each(|(x, b)| *x += b);
+        }
+        if let Some(w) = self.window {
+            if t > w {
+                scores[..t - w].fill(f32::MIN);
+            }
+        }
+        let mut out = vec![0f32; h];
+        let max = scores.iter().copied().fold(f32::MIN, f32::max);
+        if max == f32::MIN {
+            return out;
+        }
+        let sum = mlas_sum_exp(&mut scores, -max);
+        for (ti, &e) in scores.iter().enumerate() {
+            for (o, &x) in out.iter_mut().zip(&v[ti * h..(ti + 1) * h]) {
+                *o += e * x;
+            }
+        }
+        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
+        out.iter_mut().for_each(|o| *o *= inv);
+        out
+    }
+
+    /// S > 1 query rows (`MlasFlashAttentionGQAThreaded`): blocks of `min(kv_block, 2H, S)`
+    /// query rows and `min(kv_block, T)` keys; per block `scale·Q·Kᵀ` and `S_exp·V` through
+    /// MLAS's SGEMM ([`mlas_sgemm`]), the bias, masked keys (causal, local window) set to
+    /// `lowest`, a row's running max and sum updated online (`exp` of the max's change by
+    /// libm's `expf`, the sum `e·l + rowsum`, the row's output scaled by `e`), the outputs
+    /// times `1/l` at the end. Key blocks past the query block's last position are skipped.
+    fn prefill(&self, q: &[f32], k: &[f32], v: &[f32], s: usize) -> Vec<f32> {
+        let (h, t, past) = (self.h, self.t, self.past);
+        let kv0 = self.kv_block();
+        let qb = kv0.min(2 * h).min(s);
+        let kvb = kv0.min(t);
+        let mut out = vec![0f32; s * h];
+        let mut scores = vec![0f32; qb * kvb];
+        let mut acc = vec![0f32; qb * h];
+        for q0 in (0..s).step_by(qb) {
+            let rq = qb.min(s - q0);
+            let mut m = vec![f32::MIN; rq];
+            let mut l = vec![0f32; rq];
+            acc[..rq * h].fill(0.0);
+            let limit = past + q0 + rq;
+            for ir in (0..t).step_by(kvb) {
+                if ir >= limit {
+                    break;
+                }
+                let rk = kvb.min(t - ir);
+                let sc = &mut scores[..rq * rk];
+                mlas_sgemm::sgemm(
+                    true,
+                    rq,
+                    rk,
+                    h,
+                    self.scale,
+                    &q[q0 * h..],
+                    h,
+                    &k[ir * h..],
+                    h,
+                    false,
+                    sc,
+                    rk,
+                );
+                for (r, row) in sc.chunks_mut(rk).enumerate() {
+                    if let Some(b) = (self.bias)(q0 + r) {
+                        row.iter_mut().zip(&b[ir..]).for_each(|(x, b)| *x += b);
+                    }
+                    let causal = past + q0 + r + 1;
+                    let from = self.window.map_or(0, |w| causal.saturating_sub(w));
+                    for (j, x) in row.iter_mut().enumerate() {
+                        if ir + j >= causal || ir + j < from {
+                            *x = f32::MIN;
+                        }
+                    }
+                    let max = row.iter().copied().fold(f32::MIN, f32::max);
+                    if max == f32::MIN {
+                        row.fill(0.0);
+                        continue;
+                    }
+                    let m_old = m[r];
+                    m[r] = m[r].max(max);
+                    let diff = m_old - m[r];
+                    let sum = mlas_sum_exp(row, -m[r]);
+                    if ir != 0 {
+                        let e = diff.exp();
+                        l[r] = e * l[r] + sum;
+                        acc[r * h..(r + 1) * h].iter_mut().for_each(|o| *o *= e);
+                    } else {
+                        l[r] = sum;
+                    }
+                }
+                mlas_sgemm::sgemm(
+                    false,
+                    rq,
+                    h,
+                    rk,
+                    1.0,
+                    sc,
+                    rk,
+                    &v[ir * h..],
+                    h,
+                    ir != 0,
+                    &mut acc[..rq * h],
+                    h,
+                );
+            }
+            for r in 0..rq {
+                let inv = if l[r] > 0.0 { 1.0 / l[r] } else { 0.0 };
+                for (o, &a) in out[(q0 + r) * h..(q0 + r + 1) * h]
+                    .iter_mut()
+                    .zip(&acc[r * h..(r + 1) * h])
+                {
+                    *o = a * inv;
+                }
+            }
+        }
+        out
+    }
 }
 
 fn gqa_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {

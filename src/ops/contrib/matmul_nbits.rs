@@ -397,8 +397,12 @@ fn x86_abs_max(vals: &[f32]) -> f32 {
 
 /// ORT's `SQNBIT_CompInt8` product: per block, the exact integer sum of A's int8 codes times
 /// B's unsigned codes scaled by `scale_a·scale_b`, plus `(scale_a·Σq_a)·(−zp·scale_b)`, then the
-/// bias.
+/// bias. 4-bit blocks of 32 follow MLAS's AVX2 kernels operation for operation
+/// ([`int8_product_blk32`]); other widths and block sizes sum the block terms in order.
 fn int8_product(attrs: &NBitsAttrs, c: &Checked, a: &[f32], m: usize) -> Vec<f32> {
+    if attrs.bits == 4 && attrs.block_size == 32 {
+        return int8_product_blk32(attrs, c, a, m);
+    }
     let (k, n, bs, bits, kb) = (
         attrs.k,
         attrs.n,
@@ -447,6 +451,126 @@ fn int8_product(attrs: &NBitsAttrs, c: &Checked, a: &[f32], m: usize) -> Vec<f32
             }
             let bias = c.bias.as_ref().map_or(0.0, |b| b[col]);
             *y = zp_part + dot_part + bias;
+        }
+    });
+    y
+}
+
+/// The eight lanes of an AVX register added as MLAS's `hsum_float_8` does: high half onto low
+/// half, lanes 2–3 onto 0–1, lane 1 onto lane 0.
+fn hsum8(l: &[f32; 8]) -> f32 {
+    let r = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+    (r[0] + r[2]) + (r[1] + r[3])
+}
+
+/// One column's eight lanes as MLAS's `FoldAccumulators` reduces them (the columns of a group
+/// of four): each 128-bit half in order, then the two halves.
+fn fold4(l: &[f32; 8]) -> f32 {
+    (((l[0] + l[1]) + l[2]) + l[3]) + (((l[4] + l[5]) + l[6]) + l[7])
+}
+
+/// MLAS's `SQNBIT_CompInt8` product for 4-bit blocks of 32 on an AVX2 CPU
+/// (`sqnbitgemm_kernel_avx2.cpp`, `sqnbitgemm_kernel_avx2_int8_blklen32.h`), bit for bit.
+///
+/// Each output keeps eight f32 lanes; every step adds `fma(isum, scale_a·scale_b, lane)` to a
+/// lane, `isum` an exact integer sum of code products:
+/// - M > 1 (`MlasQ4Int8GemmKernelBlkLen32Avx2`): B's unsigned codes; a pair of blocks j, j+1
+///   gives lane l the 8 elements from `16·(l≥4) + 8·(l odd)` of block `j + (l>>1 & 1)`; a last
+///   odd block gives lane l its elements 4l..4l+3. The lanes are folded (`FoldAccumulators` for
+///   the columns in whole groups of four, `hsum_float_8` for the rest), the bias added, and
+///   then `GemmFloatKernel` adds the zero points: `y = (Σ_blk fma chain of (scale_a·Σq_a) ·
+///   (−scale_b·zp), from 0) + y`.
+/// - M = 1 (`MlasQ4Int8GemmM1KernelBlkLen32Avx2`): B's codes minus the zero point in the
+///   products; without zero points (8) the lanes as above, with them each block of a pair
+///   gives lane l its elements 4l..4l+3 (block j, then block j+1); fold, bias; no second pass.
+///
+/// ONNX Runtime splits M into ranges of 128 rows when it runs with a thread pool, and a range of
+/// one row takes the M = 1 kernel: this models one range (an ORT session with one intra-op
+/// thread, or M ≢ 1 mod 128).
+fn int8_product_blk32(attrs: &NBitsAttrs, c: &Checked, a: &[f32], m: usize) -> Vec<f32> {
+    const BS: usize = 32;
+    let (k, n, kb) = (attrs.k, attrs.n, attrs.k_blocks());
+    let col_bytes = kb * attrs.blob_size();
+    let zp_blob = attrs.zp_blob();
+    let explicit_zp = matches!(c.zp, ZeroPoints::Packed(_));
+    let zp = |col: usize, blk: usize| -> i32 {
+        match c.zp {
+            ZeroPoints::Packed(z) => packed_zp(z, 4, zp_blob, col, blk) as i32,
+            _ => 8,
+        }
+    };
+    let mut qb = vec![0u8; n * kb * BS];
+    qb.par_chunks_mut(kb * BS)
+        .enumerate()
+        .for_each(|(col, row)| {
+            for (i, q) in row.iter_mut().enumerate() {
+                *q = code(c.b, 4, col_bytes, col, i);
+            }
+        });
+    let signed = m == 1;
+    let whole_groups = n / 4 * 4;
+    let mut y = vec![0f32; m * n];
+    y.par_chunks_mut(n).enumerate().for_each(|(row, out)| {
+        let (qa, sa, suma) = quantize_row(&a[row * k..(row + 1) * k], BS);
+        for (col, y) in out.iter_mut().enumerate() {
+            let qcol = &qb[col * kb * BS..(col + 1) * kb * BS];
+            let sb = &c.scales[col * kb..(col + 1) * kb];
+            // B's code at element e of block blk, minus the zero point on the M = 1 path.
+            let w = |blk: usize, e: usize| -> i32 {
+                let q = qcol[blk * BS + e] as i32;
+                if signed {
+                    q - zp(col, blk)
+                } else {
+                    q
+                }
+            };
+            let isum = |blk: usize, from: usize, len: usize| -> f32 {
+                (from..from + len)
+                    .map(|e| qa[blk * BS + e] as i32 * w(blk, e))
+                    .sum::<i32>() as f32
+            };
+            let mut lanes = [0f32; 8];
+            let mut j = 0;
+            while j + 1 < kb {
+                if signed && explicit_zp {
+                    for blk in [j, j + 1] {
+                        let s = sa[blk] * sb[blk];
+                        for (l, lane) in lanes.iter_mut().enumerate() {
+                            *lane = isum(blk, 4 * l, 4).mul_add(s, *lane);
+                        }
+                    }
+                } else {
+                    let s = [sa[j] * sb[j], sa[j + 1] * sb[j + 1]];
+                    for (l, lane) in lanes.iter_mut().enumerate() {
+                        let half = (l >> 1) & 1;
+                        let from = if l >= 4 { 16 } else { 0 } + (l & 1) * 8;
+                        *lane = isum(j + half, from, 8).mul_add(s[half], *lane);
+                    }
+                }
+                j += 2;
+            }
+            if j < kb {
+                let s = sa[j] * sb[j];
+                for (l, lane) in lanes.iter_mut().enumerate() {
+                    *lane = isum(j, 4 * l, 4).mul_add(s, *lane);
+                }
+            }
+            let mut v = if col < whole_groups {
+                fold4(&lanes)
+            } else {
+                hsum8(&lanes)
+            };
+            if let Some(b) = &c.bias {
+                v += b[col];
+            }
+            if !signed {
+                let mut t = 0f32;
+                for blk in 0..kb {
+                    t = suma[blk].mul_add(-sb[blk] * zp(col, blk) as f32, t);
+                }
+                v += t;
+            }
+            *y = v;
         }
     });
     y
@@ -627,6 +751,58 @@ mod tests {
         assert_eq!(x86_abs_max(&[0.0; 16]), 0.0);
         let (q, s, _) = quantize_row(&[0.0; 16], 16);
         assert!(q.iter().all(|&v| v == 0) && s == vec![0.0]);
+    }
+
+    /// 4-bit blocks of 32 with accuracy_level 4 take MLAS's AVX2 kernels: column 4 repeats
+    /// column 0 but folds its lanes as `hsum_float_8` (a fifth column), column 0 as
+    /// `FoldAccumulators`; M = 1 subtracts the zero point in the products, M > 1 adds it in a
+    /// second pass. The bits are those of a numpy model of the kernels that reproduces ORT
+    /// 1.32 on SmolLM2's layers (and the contrib cases `nbits_exact_*`).
+    #[test]
+    fn int4_blocks_of_32_follow_the_avx2_kernels() {
+        let k = 96; // a pair of blocks and a last odd one
+        let col0: Vec<u8> = (0..k).map(|i| ((i * 7 + 3) % 16) as u8).collect();
+        let codes: Vec<Vec<u8>> = (0..5)
+            .map(|c| {
+                if c % 4 == 0 {
+                    col0.clone()
+                } else {
+                    (0..k).map(|i| ((i * 5 + c * 3) % 16) as u8).collect()
+                }
+            })
+            .collect();
+        let b = pack(&codes, 4, 32);
+        let scales: Vec<f32> = (0..5)
+            .flat_map(|c| {
+                (0..3).map(move |blk| (0.01 + ((c % 4) * 3 + blk) as f64 * 0.0037) as f32)
+            })
+            .collect();
+        let s = Tensor::from_f32(vec![5, 3], scales);
+        let row: Vec<f32> = (0..k)
+            .map(|i| ((((i * 37) % 101) as f64 - 50.0) * 0.013) as f32)
+            .collect();
+        let node = ms_node(&[
+            ("K", k as i64),
+            ("N", 5),
+            ("bits", 4),
+            ("block_size", 32),
+            ("accuracy_level", 4),
+        ]);
+        let attrs = NBitsAttrs::parse(&node).unwrap();
+        let bits = |m: usize| -> Vec<u32> {
+            let a = Tensor::from_f32(vec![m, k], row.repeat(m));
+            let c = check(&attrs, &[Some(&a), Some(&b), Some(&s)]).unwrap();
+            let y = int8_product_blk32(&attrs, &c, &row.repeat(m), m);
+            y[..5].iter().map(|v| v.to_bits()).collect()
+        };
+        assert_eq!(
+            bits(1),
+            [0x3deb70c3, 0x3d1e50c8, 0x3eaab976, 0x3d3bd7b0, 0x3deb70c4]
+        );
+        assert_eq!(
+            bits(2),
+            [0x3deb70c6, 0x3d1e50c8, 0x3eaab976, 0x3d3bd7bc, 0x3deb70c4]
+        );
     }
 
     /// Bad inputs are one-line errors naming the input and the expected shape; bad attributes
