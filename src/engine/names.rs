@@ -15,7 +15,7 @@
 //! - since TensorRT 8.6 the layer's `Metadata` lists its nodes: `[ONNX Layer: conv1]`, entries
 //!   separated by `\x1e` or `\x1f`; when present it is used first.
 
-use crate::graph::Graph;
+use crate::graph::{Graph, ValueIndex};
 use std::collections::HashMap;
 
 /// What an engine layer is, as far as names tell.
@@ -39,7 +39,8 @@ pub struct Mapping {
 pub struct NameIndex<'a> {
     graph: &'a Graph,
     by_name: HashMap<&'a str, usize>,
-    by_output: HashMap<&'a str, usize>,
+    /// The graph's values: a layer may be named by the value its node writes.
+    values: std::sync::Arc<ValueIndex>,
     /// Names with `.` and `/`... kept, but `.` as `_` (Myelin's kernel names).
     by_myelin: HashMap<String, usize>,
     myl_suffix: regex::Regex,
@@ -51,21 +52,15 @@ pub struct NameIndex<'a> {
 impl<'a> NameIndex<'a> {
     pub fn new(graph: &'a Graph) -> NameIndex<'a> {
         let mut by_name = HashMap::new();
-        let mut by_output = HashMap::new();
         let mut by_myelin = HashMap::new();
         for (i, n) in graph.nodes.iter().enumerate() {
             by_name.entry(n.name.as_str()).or_insert(i);
             by_myelin.entry(n.name.replace('.', "_")).or_insert(i);
-            for o in &n.outputs {
-                if !o.is_empty() {
-                    by_output.entry(o.as_str()).or_insert(i);
-                }
-            }
         }
         NameIndex {
             graph,
             by_name,
-            by_output,
+            values: graph.values(),
             by_myelin,
             myl_suffix: regex::Regex::new(r"_myl\d+_\d+$").expect("valid regex"),
             profile_suffix: regex::Regex::new(r"\s*\[profile \d+\]$").expect("valid regex"),
@@ -85,7 +80,7 @@ impl<'a> NameIndex<'a> {
         if let Some(&i) = self.by_name.get(a) {
             return Some(i);
         }
-        if let Some(&i) = self.by_output.get(a) {
+        if let Some(i) = self.values.producer_node(a) {
             return Some(i);
         }
         let stripped = self.myl_suffix.replace(a, "");
