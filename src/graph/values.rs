@@ -1,11 +1,11 @@
 //! Values by id: every value name of a graph numbered once, with who produces and who reads it.
 //!
-//! Analyses (fusion regions, Q/DQ tracing, plan checks, rankings, export) ask the same
-//! questions — which node writes this value, which nodes read it, is it a graph output — so
-//! one [`ValueIndex`] answers them for a graph, built on first use and kept with it
-//! ([`Graph::values`]). A graph's `nodes` are a public field, so the kept index is checked
-//! against the nodes on every use (names compared exactly, no allocation) and rebuilt when
-//! they changed: a stale index is never handed out.
+//! The interpreter (slots, lifetimes, epilogue chains), fusion regions, Q/DQ tracing, plan
+//! checks, rankings, folding and export ask the same questions — which node writes this value,
+//! which nodes read it, is it a graph output — so one [`ValueIndex`] answers them for a graph,
+//! built on first use and kept with it ([`Graph::values`]). A graph's `nodes` are a public
+//! field, so the kept index is checked against the nodes on every use (names compared exactly,
+//! no allocation) and rebuilt when they changed: a stale index is never handed out.
 
 use super::Graph;
 use std::collections::HashMap;

@@ -327,7 +327,7 @@ pub fn search_by_roles(
         scores: role_scores(&space.scores, groups),
         deferred: space.deferred,
     };
-    let mut by_role = RoleRanking {
+    let mut role_ranking = RoleRanking {
         groups,
         all: &space.candidates,
         ranking: options.ranking,
@@ -347,7 +347,7 @@ pub fn search_by_roles(
         &mut Through {
             ledger: &ledger,
             layers: &roles_layers,
-            ranking: Some(&mut by_role),
+            ranking: Some(&mut role_ranking),
         },
         &mut |t: &Trial| {
             ledger
@@ -358,13 +358,13 @@ pub fn search_by_roles(
     )?;
     // A role of one layer that failed alone is a layer that failed alone (its plan is the
     // layer's own sensitivity plan).
-    let failing_alone: Vec<usize> = by_role
+    let failing_alone: Vec<usize> = role_ranking
         .failing_alone
         .iter()
         .filter(|&&g| groups[g].len() == 1)
         .map(|&g| groups[g][0])
         .collect();
-    let layer_scores = by_role
+    let layer_scores = role_ranking
         .layer_scores
         .take()
         .unwrap_or_else(|| space.scores.clone());
