@@ -447,10 +447,13 @@ def test_run_decode_generates_greedily_through_the_cache(tmp_path: Path) -> None
     model = tmp_path / "decoder.onnx"
     tiny_decoder(model)
     prompt = np.array([[1, 3, 0]], np.int64)
-    # The prompt as a file: in-memory input sets are still checked against every model input,
-    # the cache and mask included, which --decode fills itself (a known gap).
+    # The prompt alone, in memory: --decode adds the mask, the positions and the empty cache.
+    (out,) = mixprec.run(model, {"input_ids": prompt}, decode=5)
+    # ... or from a file: the same generation.
     np.savez(tmp_path / "prompt.npz", input_ids=prompt)
-    (out,) = mixprec.run(model, tmp_path / "prompt.npz", decode=5)
+    (from_file,) = mixprec.run(model, tmp_path / "prompt.npz", decode=5)
+    np.testing.assert_array_equal(out["tokens"], from_file["tokens"])
+    np.testing.assert_array_equal(out["logits"], from_file["logits"])
     assert out["tokens"].shape == (1, 5) and out["tokens"].dtype == np.int64
     assert out["logits"].shape == (1, 5, 5)
     # The same greedy generation without a cache, in numpy: the whole sequence each step.
@@ -468,15 +471,19 @@ def test_run_decode_generates_greedily_through_the_cache(tmp_path: Path) -> None
     assert list(out["tokens"][0]) == seq[3:]
     with pytest.raises(ValueError, match="no input 'input_ids'"):
         mixprec.run(ROOT / "examples" / "mlp.onnx", None, decode=2)
+    # A completed prompt is still checked against the model's inputs.
+    with pytest.raises(ValueError, match="token ids must be integers"):
+        mixprec.run(model, {"input_ids": prompt.astype(np.float32)}, decode=2)
+    with pytest.raises(ValueError, match="'bogus'.*no such input"):
+        mixprec.run(model, {"input_ids": prompt, "bogus": prompt}, decode=2)
 
 
 def test_debug_precision_decode_judges_generated_tokens(tmp_path: Path) -> None:
     model = tmp_path / "decoder.onnx"
     tiny_decoder(model)
-    np.savez(tmp_path / "prompt.npz", input_ids=np.array([[1, 3, 0]], np.int64))
     result = mixprec.debug_precision(
         model,
-        inputs=tmp_path / "prompt.npz",
+        inputs=[{"input_ids": np.array([[1, 3, 0]], np.int64)}],
         decode=4,
         metrics=["tokens:1.0"],
         progress=False,

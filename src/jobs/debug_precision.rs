@@ -656,24 +656,17 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
                 .into(),
         ));
     }
-    let feeds = config.inputs.feeds(graph, &mut |e| hooks.event(e))?;
     let decoder = config.decode.map(|n| Decoder::new(graph, n)).transpose()?;
+    if decoder.is_some() && qdq {
+        return Err(Error::Invalid(
+            "--decode searches a float model's precisions; a Q/DQ model's search does not generate yet".into(),
+        ));
+    }
     // A generation starts from each input set's prompt with an empty cache: the search's runs
     // of one step (reference, rankings, layer errors) see those feeds.
-    let feeds = match &decoder {
-        Some(d) => {
-            if qdq {
-                return Err(Error::Invalid(
-                    "--decode searches a float model's precisions; a Q/DQ model's search does not generate yet".into(),
-                ));
-            }
-            feeds
-                .iter()
-                .map(|f| d.first_feeds(f))
-                .collect::<Result<Vec<_>>>()?
-        }
-        None => feeds,
-    };
+    let feeds = config
+        .inputs
+        .first_runs(graph, decoder.as_ref(), &mut |e| hooks.event(e))?;
     hooks.inputs_ready(feeds.len());
     let with_check = config.check.is_some();
     let check_and_fusion = |fusion: FusionModel| {

@@ -8,6 +8,7 @@ use crate::calib::CalibAlgo;
 use crate::compare::{Criterion, ErrorStat, Metric, PerOutput, DEFAULT_QUANTILE};
 use crate::data::loader::{self, DataLoaderConfig};
 use crate::data::script::DataLoaderScript;
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::exec::{Feeds, PlanOptions, PreparedPlan};
@@ -461,15 +462,52 @@ impl Inputs {
     /// The input sets as [`feeds`](Self::feeds) gives them, possibly none (`--iterations 0`:
     /// a run that only compares saved results).
     pub fn sets(&self, graph: &Graph, events: &mut dyn FnMut(Event)) -> Result<Vec<Feeds>> {
+        let sets = self.given(graph, events)?;
+        self.check(graph, &sets)?;
+        Ok(sets)
+    }
+
+    /// The input sets as given, before in-memory ones are checked ([`check`](Self::check)).
+    pub fn given(&self, graph: &Graph, events: &mut dyn FnMut(Event)) -> Result<Vec<Feeds>> {
         Ok(match self {
             Inputs::Options(d) => d.feeds(graph, events)?,
-            Inputs::Feeds(f) => {
-                for feed in f {
-                    crate::data::script::validate_feed(&graph.inputs, feed)?;
-                }
-                f.clone()
-            }
+            Inputs::Feeds(f) => f.clone(),
         })
+    }
+
+    /// Checks in-memory feeds against the model's inputs (names, types, shapes); loaded and
+    /// generated sets were made for them.
+    pub fn check(&self, graph: &Graph, feeds: &[Feeds]) -> Result<()> {
+        if let Inputs::Feeds(_) = self {
+            for feed in feeds {
+                crate::data::script::validate_feed(&graph.inputs, feed)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The feeds of each input set's first run, at least one: the set itself, or under
+    /// `--decode` its prompt completed by `decoder` (mask, positions, empty KV cache). In-memory
+    /// sets are checked once completed, so a prompt needs only its `input_ids`.
+    pub fn first_runs(
+        &self,
+        graph: &Graph,
+        decoder: Option<&Decoder>,
+        events: &mut dyn FnMut(Event),
+    ) -> Result<Vec<Feeds>> {
+        let sets = self.given(graph, events)?;
+        if sets.is_empty() {
+            return Err(Error::Invalid("inputs: no input set was given".into()));
+        }
+        let runs = match decoder {
+            Some(d) => sets
+                .iter()
+                .map(|s| d.first_feeds(s))
+                .collect::<Result<Vec<_>>>()?,
+            None => sets,
+        };
+        self.check(graph, &runs)?;
+        Ok(runs)
     }
 
     /// The shapes `--input-shapes` and `--trt-opt-shapes` set (none for in-memory inputs).

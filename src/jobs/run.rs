@@ -410,7 +410,7 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
         &config.onnx_exclude_outputs,
         "--onnx",
     )?;
-    let sets = config.inputs.sets(graph, sinks.events)?;
+    let sets = config.inputs.given(graph, sinks.events)?;
     let decoder = match config.decode {
         Some(n) => {
             if config.mark_all || trt_marked.is_some() || onnx_marked.is_some() || config.profile {
@@ -429,6 +429,7 @@ pub fn run(config: &Config, sinks: &mut Sinks) -> Result<Outcome> {
             .collect::<Result<Vec<_>>>()?,
         None => sets.clone(),
     };
+    config.inputs.check(graph, &feeds)?;
     if config.mark_all && feeds.is_empty() {
         return Err(Error::Invalid(
             "--mark-all needs at least one input set".into(),
@@ -755,7 +756,6 @@ pub fn outputs(
 ) -> Result<Vec<Outputs>> {
     let model = load_model(model)?;
     let graph = &model.graph;
-    let feeds = inputs.feeds(graph, events)?;
     let decoder =
         match decode {
             Some(_) if mark_all => return Err(Error::Invalid(
@@ -765,13 +765,7 @@ pub fn outputs(
             Some(n) => Some(Decoder::new(graph, n)?),
             None => None,
         };
-    let feeds = match &decoder {
-        Some(d) => feeds
-            .iter()
-            .map(|f| d.first_feeds(f))
-            .collect::<Result<Vec<_>>>()?,
-        None => feeds,
-    };
+    let feeds = inputs.first_runs(graph, decoder.as_ref(), events)?;
     let interp = Interpreter::new(graph)?;
     let prepared = if precision.any() {
         let plan = precision.plan(graph, events)?;
