@@ -284,6 +284,7 @@ mod tests {
             assert!(matches!(
                 plan.layers[1].inputs[1],
                 crate::exec::emulate::InputPrep::Converted(..)
+                    | crate::exec::emulate::InputPrep::RoundedByKernel(_)
             ));
             assert_eq!(plan.layer_precision(0), None);
         }
@@ -343,6 +344,7 @@ mod tests {
             assert!(matches!(
                 plan.layers[1].inputs[1],
                 crate::exec::emulate::InputPrep::Converted(..)
+                    | crate::exec::emulate::InputPrep::RoundedByKernel(_)
             ));
         }
         let plan = PrecisionPlan::uniform(&through, Precision::Int8);
@@ -439,6 +441,7 @@ mod tests {
                 matches!(
                     plan.layers[0].subplans[1].layers[4].inputs[1],
                     crate::exec::emulate::InputPrep::Converted(..)
+                        | crate::exec::emulate::InputPrep::RoundedByKernel(_)
                 )
             };
             if p == Precision::Float16 {

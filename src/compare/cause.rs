@@ -343,7 +343,9 @@ pub fn measure(
             continue;
         };
         match layer.inputs.get(k) {
-            Some(InputPrep::Round(_) | InputPrep::Converted(..)) if !p.is_scaled() => {
+            Some(
+                InputPrep::Round(_) | InputPrep::Converted(..) | InputPrep::RoundedByKernel(_),
+            ) if !p.is_scaled() => {
                 let Some(v) = floats(value) else { continue };
                 let max = p.max_finite();
                 for x in v.into_iter().filter(|x| x.is_finite()) {
@@ -442,10 +444,20 @@ fn rerun(
         let prep = layer.inputs.get(k).unwrap_or(&InputPrep::Keep);
         let arg = match prep {
             InputPrep::Converted(c, _) if c.dtype() == base.dtype() => (**c).clone(),
+            // Handed over as stored, rounded by the kernel as in the run (`weight_rounding`).
+            InputPrep::RoundedByKernel(_) => base.clone(),
             _ => prepare_input(prep, base).unwrap_or_else(|| base.clone()),
         };
         args.push(Some(arg));
     }
+    let weight_rounding: Vec<Option<crate::numeric::Rounding>> = layer
+        .inputs
+        .iter()
+        .map(|prep| match prep {
+            InputPrep::RoundedByKernel(r) => Some(*r),
+            _ => None,
+        })
+        .collect();
     let kernel = Registry::global().get(&node.domain, &node.op_type)?;
     let ctx = OpCtx {
         node,
@@ -458,6 +470,7 @@ fn rerun(
         rounded: Default::default(),
         prepacked: &[],
         epilogue: None,
+        weight_rounding: &weight_rounding,
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

@@ -45,6 +45,11 @@ pub(crate) enum InputPrep {
         std::sync::Arc<Tensor>,
         std::sync::Arc<crate::ops::prepacked::Prepacked>,
     ),
+    /// A constant float32 weight the kernel rounds to this type as it reads it (its op
+    /// rounds weights itself, `OpDef::rounds_weight`): the interpreter hands it over as
+    /// stored, so the plan keeps no rounded copy (an LLM's weights once, not twice). Where
+    /// no kernel does, [`prepare_input`] makes the rounded copy.
+    RoundedByKernel(crate::numeric::Rounding),
 }
 
 impl InputPrep {
@@ -267,6 +272,10 @@ impl PreparedPlan {
                             precision: p,
                         }
                     }
+                } else if let Some(r) =
+                    init.and_then(|w| rounded_by_kernel(node, idx, w, p, plan.fusion))
+                {
+                    InputPrep::RoundedByKernel(r)
                 } else if let Some(w) = init {
                     // TensorRT converts a float32 weight of a float16 layer itself and clamps
                     // finite values beyond float16's range to ±65504; a Cast (the plain model,
@@ -740,6 +749,7 @@ pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
             Some(crate::ops::cast::cast_tensor(c, t.dtype()))
         }
         InputPrep::Keep | InputPrep::Converted(..) => None,
+        InputPrep::RoundedByKernel(r) => through_f32(t, |v| r.round_slice(v)),
         InputPrep::Round(p) if already_in(t.dtype(), *p) => None,
         InputPrep::Round(p) => through_f32(t, |v| round_slice(*p, v)),
         InputPrep::Quantize { scale, precision } => match t.as_f32() {
@@ -750,6 +760,27 @@ pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
             None => through_f32(t, |v| fake_quant(v, *scale, *precision)),
         },
     }
+}
+
+/// The rounding a kernel applies itself to weight `w` at input `idx` of a `p` layer: for a
+/// float32 weight of an op that rounds its weights ([`crate::ops::OpDef::rounds_weight`]),
+/// unless TensorRT's conversion would also clamp it (then it is converted in advance).
+fn rounded_by_kernel(
+    node: &crate::graph::Node,
+    idx: usize,
+    w: &Tensor,
+    p: Precision,
+    fusion: FusionModel,
+) -> Option<crate::numeric::Rounding> {
+    let r = p.float_rounding()?;
+    let v = w.as_f32()?;
+    if !crate::ops::def_of(node).is_some_and(|d| d.rounds_weight(idx)) {
+        return None;
+    }
+    let clamps = fusion == FusionModel::TensorRt
+        && p == Precision::Float16
+        && v.iter().any(|x| x.is_finite() && x.abs() >= 65520.0);
+    (!clamps).then_some(r)
 }
 
 /// Weights with fewer elements keep their rounded copy in f32: widening on every call costs
@@ -1100,9 +1131,10 @@ mod tests {
 
     #[test]
     fn rounded_weights_are_stored_in_16_bits_and_compute_as_before() {
-        // A MatMul weight under float16/bfloat16 plans: the prepared copy is F16/BF16 (half the
+        // A Gemm weight under float16/bfloat16 plans: the prepared copy is F16/BF16 (half the
         // memory of an f32 copy), and the result is bit-identical to computing with the
-        // weight rounded in f32 (the reference: a graph whose weight is pre-rounded).
+        // weight rounded in f32 (the reference: a graph whose weight is pre-rounded). (A
+        // MatMul's weight is rounded by its kernel instead, below.)
         let (k, n) = (1024, NARROW_MIN_ELEMENTS / 1024);
         let wv = values(k * n, 3);
         for (p, dt) in [
@@ -1111,7 +1143,7 @@ mod tests {
         ] {
             let mm = |w: Vec<f32>| {
                 graph(
-                    vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                    vec![node("mm", "Gemm", &["x", "w"], &["y"])],
                     vec![vi("x", &[2, k])],
                     vi("y", &[2, n]),
                     vec![("w", Tensor::from_f32(vec![k, n], w))],
@@ -1145,7 +1177,7 @@ mod tests {
         w[1] = f32::from_bits(0x7fc0_1234);
         for (w, shape) in [(w, [k, n]), (vec![1.0; 4], [2, 2])] {
             let g = graph(
-                vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                vec![node("mm", "Gemm", &["x", "w"], &["y"])],
                 vec![vi("x", &[1, shape[0]])],
                 vi("y", &[1, shape[1]]),
                 vec![("w", Tensor::from_f32(shape.to_vec(), w))],
@@ -1160,6 +1192,94 @@ mod tests {
                 panic!("converted")
             };
             assert_eq!(c.dtype(), DType::F32);
+        }
+    }
+
+    #[test]
+    fn a_matmul_rounds_its_weight_as_it_packs_it_and_keeps_no_copy() {
+        // Under float16/bfloat16 a MatMul's f32 weight is handed to the kernel as stored and
+        // rounded in its packed panels: the same bits as the in-order product of the rounded
+        // weight, for one row, a few rows (packed per run) and many rows (packed once and
+        // kept), and for a batched product reading a rounded copy.
+        use crate::ops::sgemm::{gemm, StridedB};
+        let (k, n) = (300, 40);
+        let wv = values(k * n, 3);
+        for p in [Precision::Float16, Precision::BFloat16] {
+            let mut rounded = wv.clone();
+            round_slice(p, &mut rounded);
+            for m in [1, 5, 80] {
+                let g = graph(
+                    vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                    vec![vi("x", &[m, k])],
+                    vi("y", &[m, n]),
+                    vec![("w", Tensor::from_f32(vec![k, n], wv.clone()))],
+                );
+                let plan = PreparedPlan::new(
+                    &g,
+                    &PrecisionPlan::from_layers(vec![p]),
+                    &PlanOptions::default(),
+                )
+                .unwrap();
+                assert!(
+                    matches!(plan.layers[0].inputs[1], InputPrep::RoundedByKernel(r) if Some(r) == p.float_rounding()),
+                    "{p}"
+                );
+                let mut x = values(m * k, 4);
+                round_slice(p, &mut x);
+                let mut want = vec![0f32; m * n];
+                let b = StridedB {
+                    data: &rounded,
+                    n,
+                    rs: n,
+                    cs: 1,
+                };
+                gemm(m, n, k, &x, k, 1, &b, &mut want, n, false);
+                round_slice(p, &mut want);
+                let mut feeds = Feeds::new();
+                feeds.insert("x".into(), Tensor::from_f32(vec![m, k], values(m * k, 4)));
+                let interp = Interpreter::new(&g).unwrap();
+                let opts = RunOptions::default();
+                for _ in 0..2 {
+                    let got = interp.run_plan(&feeds, &opts, &plan).unwrap();
+                    let got = got.outputs[0].1.as_f32().unwrap();
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(got), bits(&want), "{p} m={m}");
+                }
+                // Only a product of many rows keeps a packed form, with the stored weight.
+                assert_eq!(interp.steps[0].prepacked[1].len(), usize::from(m == 80));
+            }
+            // A batch of B matrices is no single product: it reads a rounded copy.
+            let g = graph(
+                vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                vec![vi("x", &[2, 3, k])],
+                vi("y", &[2, 3, 20]),
+                vec![(
+                    "w",
+                    Tensor::from_f32(vec![2, k, 20], wv[..2 * k * 20].to_vec()),
+                )],
+            );
+            let mut feeds = Feeds::new();
+            feeds.insert(
+                "x".into(),
+                Tensor::from_f32(vec![2, 3, k], values(6 * k, 5)),
+            );
+            let got = run(&g, vec![p], &PlanOptions::default(), feeds.clone()).unwrap();
+            let mut w = wv[..2 * k * 20].to_vec();
+            round_slice(p, &mut w);
+            let pre = graph(
+                vec![node("mm", "MatMul", &["x", "w"], &["y"])],
+                vec![vi("x", &[2, 3, k])],
+                vi("y", &[2, 3, 20]),
+                vec![("w", Tensor::from_f32(vec![2, k, 20], w))],
+            );
+            let mut x = feeds["x"].clone();
+            round_slice(p, x.as_f32_mut().unwrap());
+            let mut xf = Feeds::new();
+            xf.insert("x".into(), x);
+            let mut want =
+                run(&pre, vec![Precision::Float32], &PlanOptions::default(), xf).unwrap();
+            round_slice(p, &mut want);
+            assert_eq!(got, want, "{p}");
         }
     }
 

@@ -850,8 +850,10 @@ impl<'g> Interpreter<'g> {
                                 (InputPrep::Round(p), Source::Slot(s)) => rounded[*s] == Some(*p),
                                 _ => false,
                             };
-                            match t {
-                                Some(t) if !already => emulate::prepare_input(prep, t),
+                            match (t, prep) {
+                                // The kernel rounds it as it reads it (`weight_rounding`).
+                                (_, InputPrep::RoundedByKernel(_)) => None,
+                                (Some(t), _) if !already => emulate::prepare_input(prep, t),
                                 _ => None,
                             }
                         })
@@ -939,10 +941,14 @@ impl<'g> Interpreter<'g> {
                 let prepacked: Args<Option<&crate::ops::prepacked::Prepacked>> = (0..step.explicit)
                     .map(|i| match layer.and_then(|l| l.inputs.get(i)) {
                         Some(InputPrep::Converted(_, kept)) => Some(&**kept),
-                        None | Some(InputPrep::Keep) => match step.inputs[i] {
-                            Source::Initializer(..) => step.prepacked.get(i),
-                            _ => None,
-                        },
+                        // The stored weight's own place: the kernel keeps its rounded forms
+                        // under tags of their own.
+                        None | Some(InputPrep::Keep | InputPrep::RoundedByKernel(_)) => {
+                            match step.inputs[i] {
+                                Source::Initializer(..) => step.prepacked.get(i),
+                                _ => None,
+                            }
+                        }
                         _ => None,
                     })
                     .collect();
@@ -976,6 +982,12 @@ impl<'g> Interpreter<'g> {
                         e.apply(ch, v)
                     }
                 };
+                let weight_rounding: Args<Option<crate::numeric::Rounding>> = (0..step.explicit)
+                    .map(|i| match layer.and_then(|l| l.inputs.get(i)) {
+                        Some(InputPrep::RoundedByKernel(r)) => Some(*r),
+                        _ => None,
+                    })
+                    .collect();
                 let ctx = OpCtx {
                     node,
                     opset: step.opset,
@@ -994,6 +1006,7 @@ impl<'g> Interpreter<'g> {
                     epilogue: fused_epilogue
                         .as_ref()
                         .map(|_| &apply as &crate::ops::ChannelFn),
+                    weight_rounding: &weight_rounding,
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);
@@ -1233,6 +1246,7 @@ impl<'g> Interpreter<'g> {
                             mix(mix(3, scale.to_bits() as u64), *precision as u64)
                         }
                         Some(InputPrep::Converted(..)) => mix(4, precision.map_or(0, |p| p as u64)),
+                        Some(InputPrep::RoundedByKernel(r)) => mix(5, *r as u64),
                     },
                 );
                 h = mix(

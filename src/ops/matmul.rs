@@ -16,6 +16,7 @@ pub fn register(r: &mut Registry) {
     r.add("Einsum", einsum_op);
     use super::InputRole::{Bias, Data};
     r.def_mut("MatMul")
+        .rounds_weights(&[1])
         .quantized(&[0, 1], |_, i, rank| match i {
             1 => Some(rank - 1),
             _ if rank >= 2 => Some(rank - 2),
@@ -401,6 +402,39 @@ fn packed_b(
     })
 }
 
+/// [`packed_b`] of a k×n B stored as is and read rounded (kept under the rounding's own tag,
+/// beside the unrounded form a float32 plan keeps of the same weight).
+fn packed_rounded_b(
+    kept: &super::prepacked::Prepacked,
+    b: &[f32],
+    k: usize,
+    n: usize,
+    rounding: crate::numeric::Rounding,
+) -> std::sync::Arc<super::sgemm::PackedB> {
+    use super::prepacked::tag::PACKED_B_ROUNDED;
+    let tag = PACKED_B_ROUNDED[matches!(rounding, crate::numeric::Rounding::BF16) as usize];
+    kept.get_or_insert(tag, || {
+        super::sgemm::PackedB::new(k, n, &rounded_b(b, n, rounding))
+    })
+}
+
+/// A row-major k×n B read rounded.
+fn rounded_b(
+    b: &[f32],
+    n: usize,
+    rounding: crate::numeric::Rounding,
+) -> super::sgemm::RoundedB<'_> {
+    super::sgemm::RoundedB {
+        b: super::sgemm::StridedB {
+            data: b,
+            n,
+            rs: n,
+            cs: 1,
+        },
+        rounding,
+    }
+}
+
 /// A product whose running sum is an f16 register: each step is one fused multiply-add rounded
 /// to f16 (the product of two f16 values is exact in f64, so the sum is rounded once per step),
 /// as fp16-accumulating GPU kernels compute. Scalar and slow; used only with `--accumulate f16`.
@@ -464,15 +498,18 @@ fn to_dtype(shape: Vec<usize>, v: Vec<f32>, dtype: DType) -> Tensor {
 /// NumPy matmul semantics: 1-D operands are promoted and the added dim removed afterwards;
 /// batch dims broadcast.
 pub fn matmul(acc: Accumulator, a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
-    matmul_kept(acc, a, b, None)
+    matmul_kept(acc, a, b, None, None)
 }
 
-/// [`matmul`], with a constant B's packed panels kept in `kept` (made on the first run).
+/// [`matmul`], with a constant B's packed panels kept in `kept` (made on the first run), and
+/// B's values rounded to `b_rounding` first (a float16/bfloat16 layer's weight handed over as
+/// stored, [`super::OpCtx::weight_rounding`]).
 pub fn matmul_kept(
     acc: Accumulator,
     a: &Tensor,
     b: &Tensor,
     kept: Option<&super::prepacked::Prepacked>,
+    b_rounding: Option<crate::numeric::Rounding>,
 ) -> Result<Tensor, OpError> {
     if a.rank() == 0 || b.rank() == 0 {
         return Err(OpError("MatMul operands must have rank >= 1".into()));
@@ -497,6 +534,19 @@ pub fn matmul_kept(
     let nb: usize = batch.iter().product();
     let av = f32_or_convert(a)?;
     let bv = f32_or_convert(b)?;
+    // A B shared by the whole batch with A contiguous is one big product (m·batch rows).
+    let one_product = batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice();
+    // A rounded B is rounded as its panels are packed in that product (mixprec's kernel, the
+    // in-order chain); any other product reads a rounded copy.
+    let rounded_in_packing = b_rounding.filter(|_| one_product && acc == Accumulator::F32);
+    let bv = match b_rounding {
+        Some(r) if rounded_in_packing.is_none() => {
+            let mut v = bv.into_owned();
+            r.round_slice(&mut v);
+            std::borrow::Cow::Owned(v)
+        }
+        _ => bv,
+    };
     // The output is not zeroed first: every product below overwrites its m×n block
     // (`accumulate` false) and the blocks cover it.
     let total = nb * m * n;
@@ -506,8 +556,18 @@ pub fn matmul_kept(
     let sa = super::util::broadcast_strides(batch_a, &batch);
     let sb = super::util::broadcast_strides(batch_b, &batch);
     let bst = strides_of(&batch);
-    // A batch whose B is shared and A contiguous is one big product (m·batch rows).
-    if batch_b.iter().product::<usize>() == 1 && batch_a == batch.as_slice() {
+    if let Some(r) = rounded_in_packing {
+        match kept.filter(|_| keeps_packed_b(nb * m, k, n)) {
+            Some(kept) => {
+                let packed = packed_rounded_b(kept, &bv, k, n, r);
+                super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
+            }
+            None => {
+                let rounded = rounded_b(&bv, n, r);
+                super::sgemm::gemm(nb * m, n, k, &av, k, 1, &rounded, out_values, n, false);
+            }
+        }
+    } else if one_product {
         match kept.filter(|_| acc == Accumulator::F32 && keeps_packed_b(nb * m, k, n)) {
             Some(kept) => {
                 let packed = packed_b(kept, &bv, k, n, false);
@@ -704,6 +764,7 @@ fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         input(inputs, 0)?,
         input(inputs, 1)?,
         ctx.prepacked(1),
+        ctx.weight_rounding(1),
     )?;
     if let (Some(epilogue), [.., n]) = (ctx.epilogue, y.shape()) {
         let n = *n;
@@ -1229,7 +1290,7 @@ mod tests {
         };
         for (m, packed) in [(1, false), (72, false), (73, true), (200, true)] {
             let kept = crate::ops::prepacked::Prepacked::default();
-            let y = matmul_kept(Accumulator::F32, &rows(m), &b, Some(&kept)).unwrap();
+            let y = matmul_kept(Accumulator::F32, &rows(m), &b, Some(&kept), None).unwrap();
             assert_eq!(kept.len(), packed as usize, "{m} rows");
             let want = matmul(Accumulator::F32, &rows(m), &b).unwrap();
             for (a, w) in y.as_f32().unwrap().iter().zip(want.as_f32().unwrap()) {

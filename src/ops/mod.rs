@@ -150,6 +150,11 @@ pub struct OpCtx<'a> {
     /// place of `round_to`, which the interpreter puts into it. The kernel says it did with
     /// [`OpCtx::epilogue_applied`].
     pub epilogue: Option<&'a ChannelFn<'a>>,
+    /// Per input of the node: a constant float32 weight handed over as stored, which the
+    /// kernel rounds to this type as it reads it (only inputs its op registered with
+    /// [`OpDef::rounds_weights`]; shorter than the inputs, or empty, where there is none).
+    /// The layer's values are those of the rounded weight; no rounded copy is kept.
+    pub weight_rounding: &'a [Option<crate::numeric::Rounding>],
 }
 
 impl<'a> OpCtx<'a> {
@@ -165,7 +170,14 @@ impl<'a> OpCtx<'a> {
             rounded: std::sync::atomic::AtomicBool::new(false),
             prepacked: &[],
             epilogue: None,
+            weight_rounding: &[],
         }
+    }
+
+    /// The rounding the kernel applies to constant input `i` as it reads it, if any
+    /// ([`OpCtx::weight_rounding`]).
+    pub fn weight_rounding(&self, i: usize) -> Option<crate::numeric::Rounding> {
+        self.weight_rounding.get(i).copied().flatten()
     }
 
     /// Where forms derived from input `i` may be kept, if its values are constant.
@@ -379,6 +391,9 @@ pub struct OpDef {
     /// The kernel applies [`OpCtx::epilogue`] (it may anchor an epilogue), to an output of
     /// this shape.
     pub epilogue: Option<EpilogueShapeFn>,
+    /// Inputs the kernel rounds itself when a float16/bfloat16 plan hands it a constant
+    /// float32 weight as stored ([`OpCtx::weight_rounding`]).
+    rounds_weights: &'static [usize],
 }
 
 impl OpDef {
@@ -395,7 +410,20 @@ impl OpDef {
             own_output_type: false,
             stage: None,
             epilogue: None,
+            rounds_weights: &[],
         }
+    }
+
+    /// The kernel rounds constant float32 weights at `inputs` to a float16/bfloat16 layer's
+    /// type as it reads them ([`OpCtx::weight_rounding`]), so a plan keeps no rounded copy.
+    pub fn rounds_weights(&mut self, inputs: &'static [usize]) -> &mut Self {
+        self.rounds_weights = inputs;
+        self
+    }
+
+    /// Whether the kernel rounds a constant weight at input `index` itself.
+    pub fn rounds_weight(&self, index: usize) -> bool {
+        self.rounds_weights.contains(&index)
     }
 
     /// How the op runs as an epilogue stage.

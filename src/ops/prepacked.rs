@@ -26,6 +26,9 @@ pub mod tag {
     /// A recurrent layer's W or R, each direction's `[gates·hidden, K]` transposed to
     /// `[K, gates·hidden]` (`recurrent::Weights::Float`).
     pub const RECURRENT_TRANSPOSED: u64 = 9;
+    /// A MatMul's constant B packed whole as [`PACKED_B`] after rounding to float16 or
+    /// bfloat16 (`ops::matmul`: a plan's rounded weight, packed from the stored one).
+    pub const PACKED_B_ROUNDED: [u64; 2] = [10, 11];
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -88,6 +88,23 @@ impl PackB for StridedB<'_> {
     }
 }
 
+/// B as stored, rounded to float16 or bfloat16 as its panels are packed: a float16/bfloat16
+/// layer's constant weight read without a rounded copy of it. Never read in place (the
+/// values in memory are not the rounded ones), so every product packs it.
+pub struct RoundedB<'a> {
+    pub b: StridedB<'a>,
+    pub rounding: crate::numeric::Rounding,
+}
+
+impl PackB for RoundedB<'_> {
+    fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]) {
+        self.b.pack(j0, p0, kc, dst);
+        // Rounding is elementwise (the zeros past n stay zeros): the panel holds exactly the
+        // values a rounded copy of B would give it.
+        self.rounding.round_slice(&mut dst[..kc * NR]);
+    }
+}
+
 /// Copies NR values of `src` into a panel row `dst` (NR long): a fixed-size copy the compiler
 /// inlines (two vector moves), where a slice copy of a run-time length calls memmove.
 #[inline(always)]

@@ -165,7 +165,12 @@ fn search_command(args: SearchArgs, mode: Mode, direction: Direction) -> Result<
         format!(" ({})", answer_label(outcome.fusion))
     };
     let mut written = None;
-    if let (Some(out), Some(exported)) = (&args.output, outcome.export()?) {
+    // Exported only when written: the export converts every weight of the answer's model.
+    let exported = match &args.output {
+        Some(_) => outcome.export()?,
+        None => None,
+    };
+    if let (Some(out), Some(exported)) = (&args.output, exported) {
         for n in &exported.notes {
             eprintln!("note: {n}");
         }
