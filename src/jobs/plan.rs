@@ -287,8 +287,12 @@ pub fn run(
     })?;
     let uniform: Vec<Vec<Precision>> = formats.iter().map(|&f| space.uniform(f)).collect();
     let plans: Vec<PrecisionPlan> = uniform.iter().map(|u| space.plan(u)).collect();
+    let mut verdicts = Vec::new();
+    for chunk in plans.chunks(config.jobs) {
+        verdicts.extend(oracle.evaluate_plans(chunk));
+    }
     let mut baselines = Vec::new();
-    for ((&f, u), e) in formats.iter().zip(&uniform).zip(oracle.evaluate_plans(&plans)) {
+    for ((&f, u), e) in formats.iter().zip(&uniform).zip(verdicts) {
         let e = e?;
         baselines.push(Baseline {
             format: f,
