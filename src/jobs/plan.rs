@@ -90,7 +90,12 @@ impl Config {
             )));
         }
         let mut formats = Vec::new();
-        for f in self.formats.iter().flat_map(|f| f.split(',')).map(str::trim) {
+        for f in self
+            .formats
+            .iter()
+            .flat_map(|f| f.split(','))
+            .map(str::trim)
+        {
             let p = Precision::parse(f).map_err(|_| {
                 Error::Invalid(format!(
                     "--formats: unknown format '{f}' (valid: fp8, int8, fp16, bf16)"
@@ -302,7 +307,11 @@ pub fn run(
             summary: e.summary,
         });
     }
-    let plans = front.points.iter().map(|p| space.plan(&p.formats)).collect();
+    let plans = front
+        .points
+        .iter()
+        .map(|p| space.plan(&p.formats))
+        .collect();
     let groups = space
         .groups
         .iter()
@@ -396,7 +405,13 @@ impl Outcome {
         let Some(plan) = self.chosen_plan() else {
             return Ok(None);
         };
-        export(&self.model, plan, self.amax.as_ref(), &ExportOptions::default()).map(Some)
+        export(
+            &self.model,
+            plan,
+            self.amax.as_ref(),
+            &ExportOptions::default(),
+        )
+        .map(Some)
     }
 
     /// How to build the exported model with TensorRT 11 (strongly typed).
@@ -491,11 +506,19 @@ impl Outcome {
             .collect();
         let (cmin, cmax) = costs
             .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| (a.min(c), b.max(c)));
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &c| {
+                (a.min(c), b.max(c))
+            });
         let (emin, emax) = errors
             .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &e| (a.min(e), b.max(e)));
-        let (emin, emax) = if errors.is_empty() { (1e-6, 1.0) } else { (emin, emax) };
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &e| {
+                (a.min(e), b.max(e))
+            });
+        let (emin, emax) = if errors.is_empty() {
+            (1e-6, 1.0)
+        } else {
+            (emin, emax)
+        };
         let (lmin, lmax) = (emin.log10() - 0.5, emax.log10() + 0.5);
         let x = |c: f64| {
             let span = (cmax - cmin).max(f64::MIN_POSITIVE);
@@ -605,8 +628,14 @@ impl Outcome {
             rows.push_str(&format!(
                 "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>\n",
                 names.join("<br>"),
-                plan.map_or("—".to_string(), |p| p.layers[layers[0]].name().to_string()),
-                formats.iter().map(|f| f.name()).collect::<Vec<_>>().join(" → "),
+                plan.map_or("—".to_string(), |p| p.layers[layers[0]]
+                    .name()
+                    .to_string()),
+                formats
+                    .iter()
+                    .map(|f| f.name())
+                    .collect::<Vec<_>>()
+                    .join(" → "),
                 esc(&sens.join(", "))
             ));
         }
@@ -645,7 +674,12 @@ impl Outcome {
                 let how = match &p.step {
                     Step::Start => "cheapest".to_string(),
                     Step::Raise { group, from, to } => {
-                        format!("{}: {} → {}", self.group_name(*group), from.name(), to.name())
+                        format!(
+                            "{}: {} → {}",
+                            self.group_name(*group),
+                            from.name(),
+                            to.name()
+                        )
                     }
                     Step::Repair { group, from, to } => format!(
                         "repair {}: {} → {}",
@@ -656,7 +690,11 @@ impl Outcome {
                 };
                 format!(
                     "{}{k:>3}  {:>10} {unit}  error {:>9}  {}  {how}",
-                    if Some(k) == self.front.chosen { "*" } else { " " },
+                    if Some(k) == self.front.chosen {
+                        "*"
+                    } else {
+                        " "
+                    },
                     fmt_g(p.cost.by(self.objective), 4),
                     fmt_g(p.error, 3),
                     if p.passed { "PASSED" } else { "FAILED" },
@@ -665,7 +703,6 @@ impl Outcome {
             .collect()
     }
 }
-
 
 #[cfg(test)]
 mod tests;

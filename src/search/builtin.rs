@@ -243,10 +243,8 @@ impl<'a> BuiltinOracle<'a> {
         if let Err(e) = self.check_golden() {
             return plans.iter().map(|_| Err(clone_error(&e))).collect();
         }
-        let prepared: Vec<Result<PreparedPlan>> = plans
-            .iter()
-            .map(|p| self.prepared_assignment(p))
-            .collect();
+        let prepared: Vec<Result<PreparedPlan>> =
+            plans.iter().map(|p| self.prepared_assignment(p)).collect();
         let verdicts = self.judge_prepared(prepared);
         self.evaluations += verdicts.iter().filter(|v| v.is_ok()).count();
         verdicts
@@ -847,8 +845,7 @@ impl BuiltinOracle<'_> {
             user: self.user.as_ref(),
             decode: self.decode,
         };
-        let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> =
-            (0..n).map(|_| None).collect();
+        let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> = (0..n).map(|_| None).collect();
         let caches = std::iter::once(&mut self.cache).chain(forks.iter_mut());
         rayon::scope(|scope| {
             for ((slot, plan), cache) in verdicts.iter_mut().zip(&prepared).zip(caches) {

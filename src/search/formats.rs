@@ -59,7 +59,13 @@ impl DecisionGroup {
     /// The precision of layer `i` of this group when the group is in `format`: an int8/fp8
     /// group's layers without an integer kernel (its epilogue) run in `high`, as the
     /// quantized layer's float32 output feeds them.
-    fn layer_precision(&self, graph: &Graph, i: usize, format: Precision, high: Precision) -> Precision {
+    fn layer_precision(
+        &self,
+        graph: &Graph,
+        i: usize,
+        format: Precision,
+        high: Precision,
+    ) -> Precision {
         if format.is_scaled() && !crate::precision::has_quantized_kernel(&graph.nodes[i]) {
             high
         } else {
@@ -103,7 +109,10 @@ pub fn decision_groups(graph: &Graph, candidates: &[usize]) -> Vec<DecisionGroup
         if !crate::precision::has_quantized_kernel(n) {
             continue;
         }
-        let Some(x) = n.inputs.first().filter(|x| !x.is_empty() && graph.weight(x).is_none())
+        let Some(x) = n
+            .inputs
+            .first()
+            .filter(|x| !x.is_empty() && graph.weight(x).is_none())
         else {
             continue;
         };
@@ -147,7 +156,7 @@ fn epilogue_chains(graph: &Graph, is_candidate: &[bool]) -> Vec<(usize, Vec<usiz
         graph.outputs.iter().map(|o| o.name.as_str()).collect();
     let mut chains = Vec::new();
     for (a, node) in graph.nodes.iter().enumerate() {
-        if !is_candidate[a] || !def_of(node).is_some_and(|d| d.epilogue.is_some()) {
+        if !is_candidate[a] || def_of(node).is_none_or(|d| d.epilogue.is_none()) {
             continue;
         }
         let mut chain = vec![a];
@@ -159,16 +168,17 @@ fn epilogue_chains(graph: &Graph, is_candidate: &[bool]) -> Vec<(usize, Vec<usiz
                 break;
             }
             let Some(id) = values.id(out) else { break };
-            let [reader] = values.consumers(id) else { break };
+            let [reader] = values.consumers(id) else {
+                break;
+            };
             let next = reader.node;
             let m = &graph.nodes[next];
             let fits = is_candidate[next]
                 && reader.input.is_some()
                 && def_of(m).is_some_and(|d| d.stage.is_some())
-                && m.inputs
-                    .iter()
-                    .enumerate()
-                    .all(|(k, x)| Some(k) == reader.input || x.is_empty() || graph.weight(x).is_some());
+                && m.inputs.iter().enumerate().all(|(k, x)| {
+                    Some(k) == reader.input || x.is_empty() || graph.weight(x).is_some()
+                });
             if !fits {
                 break;
             }
@@ -233,6 +243,7 @@ pub fn cost_layers(
                     _ => Source::Fixed,
                 };
                 inputs.push(CostInput {
+                    value: values.id(x).map_or(usize::MAX, |id| id.index()),
                     source,
                     elements: elements.get(x).copied().unwrap_or(0),
                     quantized_operand: quantized(k),
@@ -375,9 +386,17 @@ pub enum Step {
     /// The cheapest assignment.
     Start,
     /// The greedy move: `group` raised from `from` to `to`.
-    Raise { group: usize, from: Precision, to: Precision },
+    Raise {
+        group: usize,
+        from: Precision,
+        to: Precision,
+    },
     /// The previous point was predicted to pass and failed: its worst group raised.
-    Repair { group: usize, from: Precision, to: Precision },
+    Repair {
+        group: usize,
+        from: Precision,
+        to: Precision,
+    },
 }
 
 /// One evaluated point of the front.
@@ -457,7 +476,11 @@ pub fn walk_front(
             evaluations += 1;
             sensitivity[g].push(Sensitivity {
                 format: f,
-                error: if e.error.is_nan() { f64::INFINITY } else { e.error },
+                error: if e.error.is_nan() {
+                    f64::INFINITY
+                } else {
+                    e.error
+                },
                 passed: e.passed,
             });
         }

@@ -134,7 +134,10 @@ fn plan_chooses_the_known_formats_and_writes_the_model_the_front_and_the_report(
     ));
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    assert!(t.contains(&format!("trtexec --onnx={out_s} --stronglyTyped")), "{t}");
+    assert!(
+        t.contains(&format!("trtexec --onnx={out_s} --stronglyTyped")),
+        "{t}"
+    );
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let k = v["chosen"].as_u64().unwrap() as usize;
     let layers = &v["front"][k]["layers"];
@@ -161,18 +164,39 @@ fn plan_chooses_the_known_formats_and_writes_the_model_the_front_and_the_report(
         .iter()
         .map(|n| n.op_type.as_deref().unwrap_or(""))
         .collect();
-    assert!(ops.contains(&"QuantizeLinear") && ops.contains(&"Cast"), "{ops:?}");
+    assert!(
+        ops.contains(&"QuantizeLinear") && ops.contains(&"Cast"),
+        "{ops:?}"
+    );
     // The exported model runs, and passes the same criterion against the FP32 model.
     let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
     let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
     let r = mixprec(&[
-        "run", &model, "--val-range", "[-1,1]", "--iterations", "2", "--save-inputs", &inputs,
-        "--save-outputs", &gold,
+        "run",
+        &model,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
     ]);
     assert!(r.status.success(), "{}", text(&r));
     let r = mixprec(&[
-        "run", &out_s, "--load-inputs", &inputs, "--load-outputs", &gold, "--atol", "1e30",
-        "--metric", "ya:snr:25", "yb:snr:38", "yc:snr:25",
+        "run",
+        &out_s,
+        "--load-inputs",
+        &inputs,
+        "--load-outputs",
+        &gold,
+        "--atol",
+        "1e30",
+        "--metric",
+        "ya:snr:25",
+        "yb:snr:38",
+        "yc:snr:25",
     ]);
     assert!(r.status.success(), "{}", text(&r));
     let report = std::fs::read_to_string(&html).unwrap();
@@ -191,7 +215,11 @@ fn plan_bad_input_is_one_line_and_writes_nothing() {
     for (formats, extra, expected) in [
         ("fp8,int4", vec![], "unknown format 'int4'"),
         ("int8", vec!["--target", "a100"], "unknown target"),
-        ("int8", vec!["--target", cost_s.as_str()], "missing field \"memory_bandwidth_gb_s\""),
+        (
+            "int8",
+            vec!["--target", cost_s.as_str()],
+            "missing field \"memory_bandwidth_gb_s\"",
+        ),
     ] {
         let mut args = plan_args(&model, formats, &["-o", &out_s]);
         args.extend(extra);
@@ -206,6 +234,9 @@ fn plan_bad_input_is_one_line_and_writes_nothing() {
     let o = mixprec(&args);
     let t = text(&o);
     assert!(!o.status.success(), "{t}");
-    assert!(t.contains("no assignment meets the criterion") && t.contains("Front ("), "{t}");
+    assert!(
+        t.contains("no assignment meets the criterion") && t.contains("Front ("),
+        "{t}"
+    );
     assert!(!out.exists());
 }

@@ -52,8 +52,16 @@ pub(crate) fn planted_model(dir: &std::path::Path) -> PathBuf {
             ("wc", weight(3, 1.0, true)),
             ("k", Tensor::from_f32(vec![N], k)),
         ],
-        &[("xa", &[1, N as i64]), ("xb", &[1, N as i64]), ("xc", &[1, N as i64])],
-        &[("ya", &[1, N as i64]), ("yb", &[1, N as i64]), ("yc", &[1, N as i64])],
+        &[
+            ("xa", &[1, N as i64]),
+            ("xb", &[1, N as i64]),
+            ("xc", &[1, N as i64]),
+        ],
+        &[
+            ("ya", &[1, N as i64]),
+            ("yb", &[1, N as i64]),
+            ("yc", &[1, N as i64]),
+        ],
         17,
     );
     let path = dir.join("planted_formats.onnx");
@@ -167,7 +175,10 @@ fn the_exported_model_runs_as_the_emulation_ran_the_plan() {
         for ((name, e), (_, n)) in emulated.iter().zip(&native) {
             let (e, n) = (e.to_f32_vec().unwrap(), n.to_f32_vec().unwrap());
             let same = e.iter().zip(&n).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "{name}: the exported model differs from the emulated plan");
+            assert!(
+                same,
+                "{name}: the exported model differs from the emulated plan"
+            );
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
@@ -183,9 +194,14 @@ fn the_result_file_holds_the_front_the_chosen_point_and_the_baselines() {
     let k = v["chosen"].as_u64().unwrap() as usize;
     assert_eq!(front[k]["passed"], true);
     assert_eq!(front[k]["layers"]["B"], "int8");
-    assert!(front.iter().all(|p| p["cost"].is_number() && p["passed"].is_boolean()));
+    assert!(front
+        .iter()
+        .all(|p| p["cost"].is_number() && p["passed"].is_boolean()));
     let baselines = v["baselines"].as_array().unwrap();
-    let names: Vec<&str> = baselines.iter().map(|b| b["format"].as_str().unwrap()).collect();
+    let names: Vec<&str> = baselines
+        .iter()
+        .map(|b| b["format"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["fp8e4m3", "int8", "float16"]);
     assert_eq!(v["target"]["name"], "h100");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -246,7 +262,10 @@ fn the_report_plots_the_front_and_lists_every_group() {
     let dir = tempdir("html");
     let o = run_plan(config(planted_model(&dir), "fp8,int8,fp16"));
     let html = o.html();
-    assert!(html.contains("<svg") && html.contains(">chosen<"), "no plot");
+    assert!(
+        html.contains("<svg") && html.contains(">chosen<"),
+        "no plot"
+    );
     assert_eq!(html.matches("<circle").count(), o.front.points.len() + 1);
     assert_eq!(html.matches("<rect").count(), o.baselines.len());
     assert!(html.contains("criterion (largest passing error)"));

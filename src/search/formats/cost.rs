@@ -201,11 +201,7 @@ impl Target {
 
     /// Dense peak math of `p`, FLOP/s (0: the target has no such math).
     pub fn peak(&self, p: Precision) -> f64 {
-        self.peak_tflops
-            .get(peak_key(p))
-            .copied()
-            .unwrap_or(0.0)
-            * 1e12
+        self.peak_tflops.get(peak_key(p)).copied().unwrap_or(0.0) * 1e12
     }
 }
 
@@ -279,6 +275,9 @@ pub enum Source {
 /// An activation input of a layer.
 #[derive(Clone, Debug)]
 pub struct CostInput {
+    /// The value read (its [`crate::graph::ValueId`] index): a reformat is shared by every
+    /// reader of one value that wants one type.
+    pub value: usize,
     pub source: Source,
     /// Elements of the value (first input set).
     pub elements: u64,
@@ -357,8 +356,8 @@ impl CostModel {
         let mut storage = vec![Storage::F32; n];
         let mut cost = Cost::default();
         let (mut bits, mut params) = (0.0, 0.0);
-        // (producer, type): every reformat once (export shares one Cast or Q/DQ pair per
-        // tensor and type).
+        // (value, type): every reformat once (export shares one Cast or Q/DQ pair per tensor
+        // and type).
         let mut reformats: BTreeSet<(usize, Storage)> = BTreeSet::new();
         let mut reformat_bytes = 0.0;
         let source_storage = |s: Source, storage: &[Storage]| match s {
@@ -386,7 +385,8 @@ impl CostModel {
                     storage[i] = out;
                     let mut bytes = 0.0;
                     for w in &l.weights {
-                        bytes += w.elements as f64 * Storage::read_by(p, w.quantized_operand).bytes();
+                        bytes +=
+                            w.elements as f64 * Storage::read_by(p, w.quantized_operand).bytes();
                         bits += w.elements as f64 * weight_bits(p, w.quantized_operand);
                         params += w.elements as f64;
                     }
@@ -394,11 +394,7 @@ impl CostModel {
                         let have = source_storage(x.source, &storage);
                         let want = Storage::read_by(p, x.quantized_operand);
                         bytes += x.elements as f64 * want.bytes();
-                        let key = match x.source {
-                            Source::Layer(j) => j,
-                            Source::Fixed => usize::MAX - i,
-                        };
-                        if have != want && reformats.insert((key, want)) {
+                        if have != want && reformats.insert((x.value, want)) {
                             reformat_bytes += x.elements as f64 * (have.bytes() + want.bytes());
                         }
                     }
@@ -442,6 +438,10 @@ mod tests {
             kind: LayerKind::Compute,
             flops: 2 * k * n,
             inputs: vec![CostInput {
+                value: match source {
+                    Source::Layer(j) => j + 1,
+                    Source::Fixed => 0,
+                },
                 source,
                 elements: k,
                 quantized_operand: true,
@@ -504,12 +504,18 @@ mod tests {
             matmul(Source::Layer(0), 256, 256, false),
         ]);
         // float16 → float16: only the graph input's Cast.
-        assert_eq!(m.cost(&[Precision::Float16, Precision::Float16]).reformats, 1);
+        assert_eq!(
+            m.cost(&[Precision::Float16, Precision::Float16]).reformats,
+            1
+        );
         // float16 → int8: the float16 output is quantized to int8 as well.
         let mixed = m.cost(&[Precision::Float16, Precision::Int8]);
         assert_eq!(mixed.reformats, 2);
         // float32 → float32: nothing to convert.
-        assert_eq!(m.cost(&[Precision::Float32, Precision::Float32]).reformats, 0);
+        assert_eq!(
+            m.cost(&[Precision::Float32, Precision::Float32]).reformats,
+            0
+        );
         // The reformats' bytes are part of the cost: the input's Cast (4 + 2 bytes per
         // element) and the float16 value's Q (2 + 1).
         let layer0 = 256.0 * 256.0 * 2.0 + 256.0 * 2.0 + 256.0 * 2.0;
@@ -518,11 +524,24 @@ mod tests {
     }
 
     #[test]
+    fn readers_of_one_value_in_one_type_share_its_reformat() {
+        // Two float16 layers read the graph input (value 0): one Cast, as the export writes.
+        let m = model(vec![
+            matmul(Source::Fixed, 256, 256, false),
+            matmul(Source::Fixed, 256, 256, false),
+        ]);
+        assert_eq!(m.cost(&[Precision::Float16; 2]).reformats, 1);
+        // In two types: a Cast and a Q/DQ pair.
+        assert_eq!(m.cost(&[Precision::Float16, Precision::Int8]).reformats, 2);
+    }
+
+    #[test]
     fn a_fused_epilogue_moves_no_intermediate() {
         let relu = |internal_in: bool| CostLayer {
             kind: LayerKind::Compute,
             flops: 256,
             inputs: vec![CostInput {
+                value: 1,
                 source: Source::Layer(0),
                 elements: 256,
                 quantized_operand: false,
@@ -536,13 +555,16 @@ mod tests {
         let apart = model(vec![matmul(Source::Fixed, 256, 256, false), relu(false)]);
         let p = [Precision::Float16, Precision::Float16];
         // The intermediate's write and read: 256 elements × 2 bytes, twice.
-        assert_eq!(apart.cost(&p).bytes - fused.cost(&p).bytes, 256.0 * 2.0 * 2.0);
+        assert_eq!(
+            apart.cost(&p).bytes - fused.cost(&p).bytes,
+            256.0 * 2.0 * 2.0
+        );
     }
 
     #[test]
     fn effective_bits_weight_each_layer_by_its_parameters() {
         let m = model(vec![
-            matmul(Source::Fixed, 100, 30, false),  // 3000 parameters
+            matmul(Source::Fixed, 100, 30, false),   // 3000 parameters
             matmul(Source::Layer(0), 30, 10, false), // 300 parameters
         ]);
         let c = m.cost(&[Precision::Int8, Precision::Float16]);
@@ -568,13 +590,19 @@ mod tests {
             "missing field \"peak_tflops.int8\""
         );
         let odd = full.replace("\"int8\"", "\"int4\"");
-        assert!(Target::from_json(&odd).unwrap_err().contains("unknown format \"int4\""));
+        assert!(Target::from_json(&odd)
+            .unwrap_err()
+            .contains("unknown format \"int4\""));
         // With a base, only the figures that change.
-        let over = Target::from_json(r#"{"base": "h100", "name": "h100-pcie", "memory_bandwidth_gb_s": 2000}"#)
-            .unwrap();
+        let over = Target::from_json(
+            r#"{"base": "h100", "name": "h100-pcie", "memory_bandwidth_gb_s": 2000}"#,
+        )
+        .unwrap();
         assert_eq!(over.memory_bandwidth_gb_s, 2000.0);
         assert_eq!(over.peak(Precision::Fp8E4M3), 1979e12);
-        assert!(Target::from_json(r#"{"base": "a100"}"#).unwrap_err().contains("unknown target 'a100'"));
+        assert!(Target::from_json(r#"{"base": "a100"}"#)
+            .unwrap_err()
+            .contains("unknown target 'a100'"));
         let e = Target::resolve("a100").unwrap_err().to_string();
         assert!(e.contains("unknown target") && e.contains("h100"), "{e}");
     }

@@ -8,7 +8,9 @@ const K: usize = 16;
 fn w(seed: usize) -> Tensor {
     Tensor::from_f32(
         vec![K, K],
-        (0..K * K).map(|i| ((i * 7 + seed) % 13) as f32 / 13.0 - 0.5).collect(),
+        (0..K * K)
+            .map(|i| ((i * 7 + seed) % 13) as f32 / 13.0 - 0.5)
+            .collect(),
     )
 }
 
@@ -41,16 +43,28 @@ fn space<'g>(graph: &'g Graph, formats: &[Precision]) -> FormatSpace<'g> {
         .flat_map(|n| n.inputs.iter().chain(&n.outputs))
         .map(|v| (v.clone(), K as u64))
         .collect();
-    let flops: HashMap<usize, u64> = (0..graph.nodes.len()).map(|i| (i, 2 * (K * K) as u64)).collect();
+    let flops: HashMap<usize, u64> = (0..graph.nodes.len())
+        .map(|i| (i, 2 * (K * K) as u64))
+        .collect();
     let costs = CostModel {
         layers: cost_layers(graph, &candidates, &elements, &flops),
         target: Target::builtin("h100").unwrap(),
     };
-    FormatSpace::new(graph, groups, formats, Precision::Float32, costs, CostObjective::Latency)
+    FormatSpace::new(
+        graph,
+        groups,
+        formats,
+        Precision::Float32,
+        costs,
+        CostObjective::Latency,
+    )
 }
 
 fn names(graph: &Graph, g: &DecisionGroup) -> Vec<String> {
-    g.layers.iter().map(|&i| graph.nodes[i].name.clone()).collect()
+    g.layers
+        .iter()
+        .map(|&i| graph.nodes[i].name.clone())
+        .collect()
 }
 
 #[test]
@@ -76,7 +90,10 @@ fn int8_groups_run_their_epilogue_in_the_high_precision() {
     let m = model();
     let s = space(&m.graph, &[Precision::Int8, Precision::Float16]);
     // Quantizable groups may take int8 (cheapest) or float16; Adds only float16.
-    assert_eq!(s.orders[0], vec![Precision::Int8, Precision::Float16, Precision::Float32]);
+    assert_eq!(
+        s.orders[0],
+        vec![Precision::Int8, Precision::Float16, Precision::Float32]
+    );
     assert_eq!(s.orders[2], vec![Precision::Float16, Precision::Float32]);
     let layers = s.layer_precisions(&[
         Precision::Int8,
@@ -101,20 +118,32 @@ struct Planted<'g> {
 
 impl Planted<'_> {
     fn precision(&self, plan: &PrecisionPlan, name: &str) -> Precision {
-        let i = self.graph.nodes.iter().position(|n| n.name == name).unwrap();
+        let i = self
+            .graph
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap();
         plan.layers[i]
     }
 
     fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
         let mut failures = 0;
-        if matches!(self.precision(plan, self.overflows), Precision::Float16 | Precision::BFloat16) {
+        if matches!(
+            self.precision(plan, self.overflows),
+            Precision::Float16 | Precision::BFloat16
+        ) {
             failures += 1;
         }
-        if self.precision(plan, self.clips).is_scaled() && self.precision(plan, self.clips) != Precision::Int8 {
+        if self.precision(plan, self.clips).is_scaled()
+            && self.precision(plan, self.clips) != Precision::Int8
+        {
             failures += 1;
         }
         if let Some((a, b)) = self.interact {
-            if self.precision(plan, a) == Precision::Int8 && self.precision(plan, b) == Precision::Int8 {
+            if self.precision(plan, a) == Precision::Int8
+                && self.precision(plan, b) == Precision::Int8
+            {
                 failures += 1;
             }
         }
@@ -145,7 +174,10 @@ fn walk(s: &FormatSpace<'_>, judge: &mut Planted<'_>, jobs: usize) -> FrontWalk 
 fn the_walk_chooses_the_cheapest_passing_assignment() {
     let m = model();
     let g = &m.graph;
-    let s = space(g, &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16]);
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
     let mut judge = Planted {
         graph: g,
         overflows: "a",
@@ -181,7 +213,10 @@ fn the_walk_chooses_the_cheapest_passing_assignment() {
     // Every point was evaluated; the walk starts at the cheapest and ends at the safest.
     assert_eq!(front.points[0].step, Step::Start);
     assert!(!front.points[0].passed);
-    assert_eq!(front.points.last().unwrap().formats, vec![Precision::Float32; 4]);
+    assert_eq!(
+        front.points.last().unwrap().formats,
+        vec![Precision::Float32; 4]
+    );
     let sensitivity_runs: usize = s.orders.iter().map(|o| o.len() - 1).sum();
     assert_eq!(front.evaluations, sensitivity_runs + front.points.len() + 1);
     assert_eq!(judge.judged, sensitivity_runs + front.points.len());
@@ -209,7 +244,11 @@ fn a_predicted_point_that_fails_is_repaired_and_said() {
     };
     let front = walk(&s, &mut judge, 1);
     assert_eq!(front.log.len(), 1, "{:?}", front.log);
-    assert!(front.log[0].starts_with("Repair: point"), "{}", front.log[0]);
+    assert!(
+        front.log[0].starts_with("Repair: point"),
+        "{}",
+        front.log[0]
+    );
     let repair = front
         .points
         .iter()
@@ -227,7 +266,10 @@ fn a_predicted_point_that_fails_is_repaired_and_said() {
 fn the_answer_is_the_same_for_any_number_of_jobs() {
     let m = model();
     let g = &m.graph;
-    let s = space(g, &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16]);
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
     let planted = |g| Planted {
         graph: g,
         overflows: "a",
@@ -237,7 +279,12 @@ fn the_answer_is_the_same_for_any_number_of_jobs() {
     };
     let one = walk(&s, &mut planted(g), 1);
     let four = walk(&s, &mut planted(g), 4);
-    let formats = |f: &FrontWalk| f.points.iter().map(|p| p.formats.clone()).collect::<Vec<_>>();
+    let formats = |f: &FrontWalk| {
+        f.points
+            .iter()
+            .map(|p| p.formats.clone())
+            .collect::<Vec<_>>()
+    };
     assert_eq!(formats(&one), formats(&four));
     assert_eq!(one.chosen, four.chosen);
 }
