@@ -9,6 +9,7 @@ pub mod convert;
 pub mod debug_precision;
 pub mod inspect;
 pub mod options;
+pub mod plan;
 pub mod quantize;
 pub mod ranges;
 pub mod run;

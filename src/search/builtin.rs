@@ -48,6 +48,9 @@ pub struct BuiltinOracle<'a> {
     user: Option<UserCriterion>,
     /// Each input set is a prompt generated from (`--decode`); `feeds` are its first steps'.
     decode: Option<&'a Decoder>,
+    /// Plans with every layer in one precision, prepared once each: assignments of several
+    /// precisions ([`evaluate_plans`](Self::evaluate_plans)) are composed from them.
+    uniform: BTreeMap<Precision, PreparedPlan>,
 }
 
 impl<'a> BuiltinOracle<'a> {
@@ -86,6 +89,7 @@ impl<'a> BuiltinOracle<'a> {
             ranking_jobs: 1,
             user: None,
             decode: None,
+            uniform: BTreeMap::new(),
         })
     }
 
@@ -200,6 +204,69 @@ impl<'a> BuiltinOracle<'a> {
         }
         let (low, high) = self.prepared.as_ref().expect("prepared above");
         low.with_layers_of(high, marked)
+    }
+
+    /// `plan` (any precision per layer) prepared by composing plans of one precision each,
+    /// prepared once per search (weights converted once per precision, not per candidate).
+    /// The plan's regions and fusion model must be the low plan's.
+    fn prepared_assignment(&mut self, plan: &PrecisionPlan) -> Result<PreparedPlan> {
+        let mut by_precision: BTreeMap<Precision, Vec<usize>> = BTreeMap::new();
+        for (i, &p) in plan.layers.iter().enumerate() {
+            if p != self.high {
+                by_precision.entry(p).or_default().push(i);
+            }
+        }
+        let mut composed = self.uniform_prepared(self.high)?.clone();
+        for (p, layers) in by_precision {
+            composed = composed.with_layers_of(self.uniform_prepared(p)?, &layers)?;
+        }
+        Ok(composed)
+    }
+
+    /// The plan with every layer in `p` (the low plan's regions and fusion model), prepared
+    /// on first use.
+    fn uniform_prepared(&mut self, p: Precision) -> Result<&PreparedPlan> {
+        if !self.uniform.contains_key(&p) {
+            let mut plan = PrecisionPlan::uniform(self.interp.graph(), p);
+            plan.regions = self.low.regions.clone();
+            plan.fusion = self.low.fusion;
+            let prepared = self.prepare(&plan)?;
+            self.uniform.insert(p, prepared);
+        }
+        Ok(&self.uniform[&p])
+    }
+
+    /// Judges whole plans (one precision per layer, e.g. the per-layer formats of `mixprec
+    /// plan`) through the cache, `--jobs` at a time as [`Oracle::evaluate_batch`] does; each
+    /// counts as an evaluation.
+    pub fn evaluate_plans(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
+        if let Err(e) = self.check_golden() {
+            return plans.iter().map(|_| Err(clone_error(&e))).collect();
+        }
+        let prepared: Vec<Result<PreparedPlan>> =
+            plans.iter().map(|p| self.prepared_assignment(p)).collect();
+        let verdicts = self.judge_prepared(prepared);
+        self.evaluations += verdicts.iter().filter(|v| v.is_ok()).count();
+        verdicts
+    }
+
+    /// `plan` judged outside the value cache (every layer run again): what re-verifies an
+    /// answer the cache helped find; one evaluation.
+    pub fn evaluate_plan_uncached(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
+        self.check_golden()?;
+        let prepared = self.prepared_assignment(plan)?;
+        let judge = Judge {
+            interp: self.interp,
+            feeds: self.feeds,
+            golden: &self.golden,
+            criterion: &self.criterion,
+            user: self.user.as_ref(),
+            decode: self.decode,
+        };
+        let (e, sets) = judge.judge(&prepared, &mut ValueCache::new(0))?;
+        self.full_executions += sets * self.nodes() * self.runs_per_set();
+        self.evaluations += 1;
+        Ok(e)
     }
 
     fn prepare(&self, plan: &PrecisionPlan) -> Result<PreparedPlan> {
@@ -743,7 +810,33 @@ impl BuiltinOracle<'_> {
         }
         let prepared: Vec<Result<PreparedPlan>> =
             sets.iter().map(|s| self.prepared_for(s)).collect();
-        let mut forks: Vec<ValueCache> = (1..sets.len()).map(|_| self.cache.fork()).collect();
+        self.judge_prepared(prepared)
+    }
+
+    /// [`judge_batch`](Self::judge_batch) over plans already prepared.
+    fn judge_prepared(&mut self, prepared: Vec<Result<PreparedPlan>>) -> Vec<Result<Evaluation>> {
+        let n = prepared.len();
+        if n == 1 {
+            // On the calling thread, as one evaluation runs (worker 0 of the kernels' pool).
+            let judge = Judge {
+                interp: self.interp,
+                feeds: self.feeds,
+                golden: &self.golden,
+                criterion: &self.criterion,
+                user: self.user.as_ref(),
+                decode: self.decode,
+            };
+            let nodes = self.nodes() * self.runs_per_set();
+            let verdict = match &prepared[0] {
+                Ok(p) => judge.judge(p, &mut self.cache),
+                Err(e) => Err(clone_error(e)),
+            };
+            return vec![verdict.map(|(e, sets)| {
+                self.full_executions += sets * nodes;
+                e
+            })];
+        }
+        let mut forks: Vec<ValueCache> = (1..n).map(|_| self.cache.fork()).collect();
         let judge = Judge {
             interp: self.interp,
             feeds: self.feeds,
@@ -752,8 +845,7 @@ impl BuiltinOracle<'_> {
             user: self.user.as_ref(),
             decode: self.decode,
         };
-        let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> =
-            (0..sets.len()).map(|_| None).collect();
+        let mut verdicts: Vec<Option<Result<(Evaluation, u64)>>> = (0..n).map(|_| None).collect();
         let caches = std::iter::once(&mut self.cache).chain(forks.iter_mut());
         rayon::scope(|scope| {
             for ((slot, plan), cache) in verdicts.iter_mut().zip(&prepared).zip(caches) {

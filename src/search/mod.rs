@@ -23,6 +23,7 @@
 pub mod builtin;
 pub mod check;
 pub mod driver;
+pub mod formats;
 pub mod groups;
 pub mod plans;
 pub mod qdq;

@@ -18,6 +18,7 @@ mod hybrid;
 mod layering;
 mod models;
 mod nanprop;
+mod plan;
 mod polygraphy_cli;
 mod precision;
 mod qdq;

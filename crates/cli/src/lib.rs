@@ -5,6 +5,7 @@ mod compare_args;
 mod convert;
 mod debug;
 mod inspect;
+mod plan;
 mod precision_args;
 mod progress;
 mod quantize;
@@ -44,6 +45,8 @@ enum Command {
     Convert(Box<convert::ConvertArgs>),
     /// Insert explicit quantization (Q/DQ) into a float model: int8/fp8 with calibration, or int4/NVFP4 weight-only; exclusions by op type, name or a search's answer.
     Quantize(Box<quantize::QuantizeArgs>),
+    /// The cheapest format per layer (fp8, int8, fp16, bf16) under an accuracy criterion and a cost model (latency, bytes or effective bits on a target GPU); writes the strongly typed mixed-precision model.
+    Plan(Box<plan::PlanArgs>),
     /// Debugging tools: `debug precision` finds the layers that must stay in higher precision.
     Debug(debug::DebugArgs),
     /// Polygraphy's older spelling of `debug precision`: `precision bisect|linear|worst-first|minimal MODEL --mode forward|reverse`.
@@ -78,6 +81,7 @@ where
         Command::Calibrate(a) => calibrate::run(*a),
         Command::Convert(a) => convert::run(*a),
         Command::Quantize(a) => quantize::run(*a),
+        Command::Plan(a) => plan::run(*a),
         Command::Debug(a) => debug::run(a),
         Command::Precision(a) => debug::run_legacy(*a),
         Command::VerifyEngine(a) => verify_engine::run(*a),

@@ -1,0 +1,207 @@
+//! `mixprec plan`: the cheapest format per layer under an accuracy criterion and a cost model
+//! (docs/plan.md).
+
+use super::compare_args::CompareArgs;
+use super::precision_args::CalibAlgoArgs;
+use super::progress::{print_event, Bar};
+use super::run::DataArgs;
+use anyhow::{bail, Result};
+use clap::Args;
+use mixprec::event::Event;
+use mixprec::export::write_model;
+use mixprec::jobs::options::Inputs;
+use mixprec::jobs::plan;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// The ONNX model (float32).
+    model: PathBuf,
+    /// The formats layers may take besides --high, comma-separated: fp8, int8, fp16, bf16.
+    /// int8/fp8 apply to Conv/MatMul/Gemm layers; other layers take the float ones.
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_value = "fp8,int8,fp16")]
+    formats: Vec<String>,
+    /// The safest format, which the walk ends in: float32 (default), float16 or bfloat16.
+    #[arg(long, default_value = "float32", value_name = "DTYPE")]
+    high: String,
+    /// What is minimized: latency (roofline on --target), bytes (moved per inference) or
+    /// effective-bits (weight bits weighted by parameters, as ModelOpt's).
+    #[arg(long, default_value = "latency", value_name = "OBJECTIVE")]
+    objective: String,
+    /// The GPU the cost model prices: h100, b200, or a JSON cost file (docs/plan.md).
+    #[arg(long, default_value = "h100", value_name = "TARGET")]
+    target: String,
+    #[command(flatten)]
+    data: DataArgs,
+    #[command(flatten)]
+    compare: CompareArgs,
+    /// TensorRT calibration cache for int8/fp8 ranges (read if it exists, else written).
+    #[arg(long = "calibration-cache", value_name = "FILE")]
+    calibration_cache: Option<PathBuf>,
+    #[command(flatten)]
+    calib: CalibAlgoArgs,
+    /// Evaluations at the same time (the sensitivity pass and the baselines); the front is the
+    /// same for any N.
+    #[arg(long, short = 'j', default_value_t = 1, value_name = "N")]
+    jobs: usize,
+    /// Memory for cached layer outputs, e.g. 512M; auto (default). Never changes the answer.
+    #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
+    cache_budget: String,
+    /// Write the chosen assignment as a strongly typed mixed-precision model.
+    #[arg(short, long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Write the front, the chosen point and the uniform baselines as JSON.
+    #[arg(long = "save-result", value_name = "FILE")]
+    save_result: Option<PathBuf>,
+    /// Write an HTML report: the front plotted (cost against error) and the per-layer table.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+    /// Print every evaluation of the sensitivity pass and the walk.
+    #[arg(long, short = 'v')]
+    verbose: bool,
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+pub fn run(args: PlanArgs) -> Result<ExitCode> {
+    args.data.check_trt_options()?;
+    for (path, flag) in [
+        (&args.output, "-o"),
+        (&args.report, "--report"),
+        (&args.save_result, "--save-result"),
+    ] {
+        if let Some(path) = path {
+            mixprec::data::check_destination(path, flag)?;
+        }
+    }
+    if args.output.as_ref() == Some(&args.model) {
+        bail!(
+            "{}: the output would overwrite the input model; choose another -o",
+            args.model.display()
+        );
+    }
+    let config = plan::Config {
+        model: args.model.clone(),
+        inputs: Inputs::Options(args.data.options()),
+        formats: args.formats.clone(),
+        high: args.high.clone(),
+        objective: args.objective.clone(),
+        target: args.target.clone(),
+        compare: args.compare.options(),
+        calibration_cache: args.calibration_cache.clone(),
+        calib: args.calib.options(),
+        jobs: args.jobs,
+        cache_budget: args.cache_budget.clone(),
+    };
+    let validated = config.validate()?;
+    mixprec::process::install_stop_handler(&INTERRUPTED);
+    let bar = Bar::calibration(std::io::stderr().is_terminal());
+    let verbose = args.verbose;
+    let mut events = |e: Event| match e {
+        Event::Verbose(_) if !verbose => {}
+        e => print_event(e),
+    };
+    let outcome = plan::run(validated, &mut events, &bar, &INTERRUPTED)?;
+    print_outcome(&outcome);
+    let Some(k) = outcome.front.chosen else {
+        bail!(
+            "no assignment meets the criterion: every point of the front above failed (the safest, all {}, too); nothing was written",
+            outcome.high.name()
+        );
+    };
+    let written = match &args.output {
+        Some(path) => {
+            let exported = outcome.export()?.expect("a point was chosen");
+            write_model(path, &exported.model)?;
+            for n in &exported.notes {
+                println!("[W] {n}");
+            }
+            println!(
+                "[I] Wrote {} (point {k}: {} Cast node(s), {} activation(s) and {} weight(s) quantized)",
+                path.display(),
+                exported.casts,
+                exported.quantized_activations,
+                exported.quantized_weights
+            );
+            Some(path.display().to_string())
+        }
+        None => None,
+    };
+    println!("[I] TensorRT 11 (strongly typed: the model's Casts and Q/DQ set every precision):");
+    let name = written.unwrap_or_else(|| "model_mixed.onnx".into());
+    if args.output.is_none() {
+        println!("[I]   (write it with -o {name})");
+    }
+    for line in outcome.deploy_lines(&name) {
+        println!("[I]   {line}");
+    }
+    if let Some(path) = &args.save_result {
+        mixprec::data::write_atomic(path, &outcome.result_json()?)?;
+        println!("[I] Saved the front to {}", path.display());
+    }
+    if let Some(path) = &args.report {
+        mixprec::data::write_atomic(path, outcome.html().as_bytes())?;
+        println!("[I] Wrote the report to {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_outcome(o: &plan::Outcome) {
+    let f = &o.front;
+    println!(
+        "[I] Plan: {} decision group(s), formats {} (high {}), objective {} on {}",
+        o.groups.len(),
+        o.formats
+            .iter()
+            .map(|p| p.name())
+            .collect::<Vec<_>>()
+            .join(","),
+        o.high.name(),
+        o.objective.name(),
+        o.target.name
+    );
+    println!(
+        "[I] Front ({} point(s), cheapest to safest; * chosen):",
+        f.points.len()
+    );
+    for line in o.front_lines() {
+        println!("[I]   {line}");
+    }
+    for line in &f.log {
+        println!("[I] {line}");
+    }
+    if f.interrupted {
+        println!("[W] Interrupted: the front stops before the safest point");
+    }
+    println!("[I] Uniform baselines:");
+    for b in &o.baselines {
+        println!(
+            "[I]   all {:<9} {:>10} {}  {}",
+            b.format.name(),
+            mixprec::compare::fmt_g(o.cost_of(&b.cost), 4),
+            o.objective.unit(),
+            if b.passed { "PASSED" } else { "FAILED" }
+        );
+    }
+    if let (Some(k), Some(plan)) = (f.chosen, o.chosen_plan()) {
+        let p = &f.points[k];
+        println!(
+            "[I] Chosen: point {k}, {} {} ({} reformat(s); effective bits {}), verified outside the cache",
+            mixprec::compare::fmt_g(o.cost_of(&p.cost), 4),
+            o.objective.unit(),
+            p.cost.reformats,
+            mixprec::compare::fmt_g(p.cost.effective_bits, 4),
+        );
+        for (g, (layers, _)) in o.groups.iter().enumerate() {
+            println!(
+                "[I]   {:<40} {}",
+                o.group_name(g),
+                plan.layers[layers[0]].name()
+            );
+        }
+    }
+    println!("[I] {} evaluation(s)", f.evaluations);
+}

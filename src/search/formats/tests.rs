@@ -1,0 +1,290 @@
+use super::cost::{CostModel, Target};
+use super::*;
+use crate::onnx::testing::{load, model_proto, node};
+use crate::tensor::Tensor;
+
+const K: usize = 16;
+
+fn w(seed: usize) -> Tensor {
+    Tensor::from_f32(
+        vec![K, K],
+        (0..K * K)
+            .map(|i| ((i * 7 + seed) % 13) as f32 / 13.0 - 0.5)
+            .collect(),
+    )
+}
+
+/// x → MatMul a → MatMul b → Relu → MatMul c → y, and q/k/v MatMuls reading b's Relu... no:
+/// x → a → r(Relu) ; r → q, k, v (one input) ; q + k → s(Add) ; s + v → y.
+fn model() -> crate::onnx::Model {
+    load(model_proto(
+        vec![
+            node("MatMul", "a", &["x", "wa"], &["ya"]),
+            node("Relu", "r", &["ya"], &["yr"]),
+            node("MatMul", "q", &["yr", "wq"], &["yq"]),
+            node("MatMul", "k", &["yr", "wk"], &["yk"]),
+            node("MatMul", "v", &["yr", "wv"], &["yv"]),
+            node("Add", "s", &["yq", "yk"], &["ys"]),
+            node("Add", "t", &["ys", "yv"], &["y"]),
+        ],
+        vec![("wa", w(1)), ("wq", w(2)), ("wk", w(3)), ("wv", w(4))],
+        &[("x", &[1, K as i64])],
+        &[("y", &[1, K as i64])],
+        17,
+    ))
+}
+
+fn space<'g>(graph: &'g Graph, formats: &[Precision]) -> FormatSpace<'g> {
+    let candidates = PrecisionPlan::candidates(graph);
+    let groups = decision_groups(graph, &candidates);
+    let elements: HashMap<String, u64> = graph
+        .nodes
+        .iter()
+        .flat_map(|n| n.inputs.iter().chain(&n.outputs))
+        .map(|v| (v.clone(), K as u64))
+        .collect();
+    let flops: HashMap<usize, u64> = (0..graph.nodes.len())
+        .map(|i| (i, 2 * (K * K) as u64))
+        .collect();
+    let costs = CostModel {
+        layers: cost_layers(graph, &candidates, &elements, &flops),
+        target: Target::builtin("h100").unwrap(),
+    };
+    FormatSpace::new(
+        graph,
+        groups,
+        formats,
+        Precision::Float32,
+        costs,
+        CostObjective::Latency,
+    )
+}
+
+fn names(graph: &Graph, g: &DecisionGroup) -> Vec<String> {
+    g.layers
+        .iter()
+        .map(|&i| graph.nodes[i].name.clone())
+        .collect()
+}
+
+#[test]
+fn epilogues_and_gemms_reading_one_input_share_a_decision() {
+    let m = model();
+    let g = &m.graph;
+    let groups = decision_groups(g, &PrecisionPlan::candidates(g));
+    let named: Vec<Vec<String>> = groups.iter().map(|x| names(g, x)).collect();
+    assert_eq!(
+        named,
+        vec![
+            vec!["a".to_string(), "r".into()],
+            vec!["q".into(), "k".into(), "v".into()],
+            vec!["s".into()],
+            vec!["t".into()],
+        ]
+    );
+    assert!(groups[0].quantizable && groups[1].quantizable && !groups[2].quantizable);
+}
+
+#[test]
+fn int8_groups_run_their_epilogue_in_the_high_precision() {
+    let m = model();
+    let s = space(&m.graph, &[Precision::Int8, Precision::Float16]);
+    // Quantizable groups may take int8 (cheapest) or float16; Adds only float16.
+    assert_eq!(
+        s.orders[0],
+        vec![Precision::Int8, Precision::Float16, Precision::Float32]
+    );
+    assert_eq!(s.orders[2], vec![Precision::Float16, Precision::Float32]);
+    let layers = s.layer_precisions(&[
+        Precision::Int8,
+        Precision::Float16,
+        Precision::Float16,
+        Precision::Float32,
+    ]);
+    assert_eq!(&layers[..2], &[Precision::Int8, Precision::Float32]);
+    assert_eq!(&layers[2..5], &[Precision::Float16; 3]);
+    assert_eq!(s.uniform(Precision::Int8)[2], Precision::Float32);
+}
+
+/// Fails when layer `overflows` is float16 or bfloat16, when `clips` is fp8, and when both
+/// layers of `interact` are int8 at once (either alone passes); error: the failures counted.
+struct Planted<'g> {
+    graph: &'g Graph,
+    overflows: &'static str,
+    clips: &'static str,
+    interact: Option<(&'static str, &'static str)>,
+    judged: usize,
+}
+
+impl Planted<'_> {
+    fn precision(&self, plan: &PrecisionPlan, name: &str) -> Precision {
+        let i = self
+            .graph
+            .nodes
+            .iter()
+            .position(|n| n.name == name)
+            .unwrap();
+        plan.layers[i]
+    }
+
+    fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
+        let mut failures = 0;
+        if matches!(
+            self.precision(plan, self.overflows),
+            Precision::Float16 | Precision::BFloat16
+        ) {
+            failures += 1;
+        }
+        if self.precision(plan, self.clips).is_scaled()
+            && self.precision(plan, self.clips) != Precision::Int8
+        {
+            failures += 1;
+        }
+        if let Some((a, b)) = self.interact {
+            if self.precision(plan, a) == Precision::Int8
+                && self.precision(plan, b) == Precision::Int8
+            {
+                failures += 1;
+            }
+        }
+        Evaluation {
+            passed: failures == 0,
+            error: failures as f64,
+            summary: format!("{failures} failure(s)"),
+        }
+    }
+}
+
+impl PlanJudge for Planted<'_> {
+    fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
+        self.judged += plans.len();
+        plans.iter().map(|p| Ok(self.verdict(p))).collect()
+    }
+
+    fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
+        Ok(self.verdict(plan))
+    }
+}
+
+fn walk(s: &FormatSpace<'_>, judge: &mut Planted<'_>, jobs: usize) -> FrontWalk {
+    walk_front(s, judge, jobs, &AtomicBool::new(false), &mut |_| {}).unwrap()
+}
+
+#[test]
+fn the_walk_chooses_the_cheapest_passing_assignment() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let mut judge = Planted {
+        graph: g,
+        overflows: "a",
+        clips: "q",
+        interact: None,
+        judged: 0,
+    };
+    let front = walk(&s, &mut judge, 1);
+    let chosen = &front.points[front.chosen.unwrap()];
+    // a overflows float16 but quantizes; q's group is clipped by fp8 but not by int8.
+    assert!(chosen.formats[0].is_scaled(), "{:?}", chosen.formats);
+    assert_eq!(chosen.formats[1], Precision::Int8);
+    // The cheapest passing assignment of all (36 here), found by trying every one: the Adds
+    // stay float32, as float16 ones would pay for Casts of the int8 layers' float32 outputs.
+    let mut best: Option<(f64, Vec<Precision>)> = None;
+    let mut all: Vec<Vec<Precision>> = vec![vec![]];
+    for o in &s.orders {
+        all = all
+            .into_iter()
+            .flat_map(|a| o.iter().map(move |&f| [a.clone(), vec![f]].concat()))
+            .collect();
+    }
+    for a in all {
+        let c = s.cost(&a).latency_us;
+        if judge.verdict(&s.plan(&a)).passed && best.as_ref().is_none_or(|(b, _)| c < *b) {
+            best = Some((c, a));
+        }
+    }
+    let (best_cost, best) = best.unwrap();
+    assert_eq!(chosen.cost.latency_us, best_cost, "best: {best:?}");
+    assert_eq!(&chosen.formats[2..], &[Precision::Float32; 2]);
+    assert!(chosen.passed && front.verified.as_ref().unwrap().passed);
+    // Every point was evaluated; the walk starts at the cheapest and ends at the safest.
+    assert_eq!(front.points[0].step, Step::Start);
+    assert!(!front.points[0].passed);
+    assert_eq!(
+        front.points.last().unwrap().formats,
+        vec![Precision::Float32; 4]
+    );
+    let sensitivity_runs: usize = s.orders.iter().map(|o| o.len() - 1).sum();
+    assert_eq!(front.evaluations, sensitivity_runs + front.points.len() + 1);
+    assert_eq!(judge.judged, sensitivity_runs + front.points.len());
+    // Nothing cheaper passed: every point before the chosen one failed or cost more.
+    let best = chosen.cost.latency_us;
+    assert!(front
+        .points
+        .iter()
+        .all(|p| !p.passed || p.cost.latency_us >= best));
+    assert!(front.log.is_empty());
+}
+
+#[test]
+fn a_predicted_point_that_fails_is_repaired_and_said() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(g, &[Precision::Int8, Precision::Float16]);
+    // a and q/k/v each pass alone in int8, together they fail.
+    let mut judge = Planted {
+        graph: g,
+        overflows: "s",
+        clips: "t",
+        interact: Some(("a", "q")),
+        judged: 0,
+    };
+    let front = walk(&s, &mut judge, 1);
+    assert_eq!(front.log.len(), 1, "{:?}", front.log);
+    assert!(
+        front.log[0].starts_with("Repair: point"),
+        "{}",
+        front.log[0]
+    );
+    let repair = front
+        .points
+        .iter()
+        .position(|p| matches!(p.step, Step::Repair { .. }))
+        .unwrap();
+    assert!(front.points[repair - 1].predicted_pass && !front.points[repair - 1].passed);
+    let chosen = &front.points[front.chosen.unwrap()];
+    assert!(chosen.passed);
+    // One of the two interacting groups left int8; s stays out of float16.
+    assert!(chosen.formats[0] != Precision::Int8 || chosen.formats[1] != Precision::Int8);
+    assert_eq!(chosen.formats[2], Precision::Float32);
+}
+
+#[test]
+fn the_answer_is_the_same_for_any_number_of_jobs() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let planted = |g| Planted {
+        graph: g,
+        overflows: "a",
+        clips: "k",
+        interact: Some(("a", "q")),
+        judged: 0,
+    };
+    let one = walk(&s, &mut planted(g), 1);
+    let four = walk(&s, &mut planted(g), 4);
+    let formats = |f: &FrontWalk| {
+        f.points
+            .iter()
+            .map(|p| p.formats.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(formats(&one), formats(&four));
+    assert_eq!(one.chosen, four.chosen);
+}

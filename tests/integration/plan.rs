@@ -1,0 +1,242 @@
+//! `mixprec plan` end to end through the binary: a planted model whose best format per layer
+//! is known (src/jobs/plan/tests.rs has the same branches, run through the library).
+
+use crate::common::{mixprec, text};
+use mixprec::onnx::proto::*;
+use mixprec::onnx::tensor_to_proto;
+use mixprec::tensor::Tensor;
+use prost::Message;
+use std::path::Path;
+
+const N: usize = 64;
+
+fn uniform(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        })
+        .collect()
+}
+
+/// `A` overflows float16 but quantizes; `B` is lost by fp8's mantissa, not by int8; `C` reads
+/// one outlier channel (×1000, its weight row 0) that makes int8 round every other value to
+/// 0, which fp8 keeps; `Scale` (the ×1000 Mul) has no int8 kernel.
+fn planted(dir: &Path) -> String {
+    let vi = |name: &str| ValueInfoProto {
+        name: Some(name.into()),
+        r#type: Some(TypeProto {
+            value: Some(type_proto::Value::TensorType(type_proto::Tensor {
+                elem_type: Some(1),
+                shape: Some(TensorShapeProto {
+                    dim: [1, N as i64]
+                        .iter()
+                        .map(|&d| tensor_shape_proto::Dimension {
+                            value: Some(tensor_shape_proto::dimension::Value::DimValue(d)),
+                            ..Default::default()
+                        })
+                        .collect(),
+                }),
+            })),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let node = |name: &str, op: &str, i: &[&str], o: &str| NodeProto {
+        name: Some(name.into()),
+        op_type: Some(op.into()),
+        input: i.iter().map(|s| s.to_string()).collect(),
+        output: vec![o.into()],
+        ..Default::default()
+    };
+    let weight = |name: &str, seed, scale: f32, zero_first_row: bool| {
+        let mut v: Vec<f32> = uniform(seed, N * N).iter().map(|x| x * scale).collect();
+        if zero_first_row {
+            v[..N].iter_mut().for_each(|x| *x = 0.0);
+        }
+        tensor_to_proto(name, &Tensor::from_f32(vec![N, N], v))
+    };
+    let mut k = vec![1.0f32; N];
+    k[0] = 1000.0;
+    let model = ModelProto {
+        ir_version: Some(8),
+        opset_import: vec![OperatorSetIdProto {
+            domain: Some(String::new()),
+            version: Some(17),
+        }],
+        graph: Some(GraphProto {
+            name: Some("planted_formats".into()),
+            node: vec![
+                node("A", "MatMul", &["xa", "wa"], "ya"),
+                node("B", "MatMul", &["xb", "wb"], "yb"),
+                node("Scale", "Mul", &["xc", "k"], "xk"),
+                node("C", "MatMul", &["xk", "wc"], "yc"),
+            ],
+            initializer: vec![
+                weight("wa", 1, 20000.0, false),
+                weight("wb", 2, 1.0, false),
+                weight("wc", 3, 1.0, true),
+                tensor_to_proto("k", &Tensor::from_f32(vec![N], k)),
+            ],
+            input: vec![vi("xa"), vi("xb"), vi("xc")],
+            output: vec![vi("ya"), vi("yb"), vi("yc")],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let p = dir.join("planted_formats.onnx");
+    std::fs::write(&p, model.encode_to_vec()).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+fn plan_args<'a>(model: &'a str, formats: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "plan",
+        model,
+        "--formats",
+        formats,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+        "--atol",
+        "1e30",
+        "--metric",
+        "ya:snr:25",
+        "yb:snr:38",
+        "yc:snr:25",
+        "--calibration-algo",
+        "minmax",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn plan_chooses_the_known_formats_and_writes_the_model_the_front_and_the_report() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = planted(tmp.path());
+    let out = tmp.path().join("mixed.onnx");
+    let json = tmp.path().join("plan.json");
+    let html = tmp.path().join("plan.html");
+    let (out_s, json_s, html_s) = (
+        out.to_string_lossy().into_owned(),
+        json.to_string_lossy().into_owned(),
+        html.to_string_lossy().into_owned(),
+    );
+    let o = mixprec(&plan_args(
+        &model,
+        "fp8,int8,fp16",
+        &["-o", &out_s, "--save-result", &json_s, "--report", &html_s],
+    ));
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(
+        t.contains(&format!("trtexec --onnx={out_s} --stronglyTyped")),
+        "{t}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let k = v["chosen"].as_u64().unwrap() as usize;
+    let layers = &v["front"][k]["layers"];
+    assert!(
+        ["int8", "fp8e4m3"].contains(&layers["A"].as_str().unwrap()),
+        "{layers}"
+    );
+    assert_eq!(layers["B"], "int8", "{layers}");
+    assert_eq!(layers["C"], "fp8e4m3", "{layers}");
+    assert_eq!(layers["Scale"], "float16", "{layers}");
+    assert_eq!(v["front"][k]["passed"], true);
+    assert!(v["baselines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|b| b["passed"] == false));
+    // The exported model is strongly typed: Q/DQ for the int8/fp8 layers, a Cast for Scale.
+    let m = ModelProto::decode(std::fs::read(&out).unwrap().as_slice()).unwrap();
+    let ops: Vec<&str> = m
+        .graph
+        .as_ref()
+        .unwrap()
+        .node
+        .iter()
+        .map(|n| n.op_type.as_deref().unwrap_or(""))
+        .collect();
+    assert!(
+        ops.contains(&"QuantizeLinear") && ops.contains(&"Cast"),
+        "{ops:?}"
+    );
+    // The exported model runs, and passes the same criterion against the FP32 model.
+    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
+    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
+    let r = mixprec(&[
+        "run",
+        &model,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let r = mixprec(&[
+        "run",
+        &out_s,
+        "--load-inputs",
+        &inputs,
+        "--load-outputs",
+        &gold,
+        "--atol",
+        "1e30",
+        "--metric",
+        "ya:snr:25",
+        "yb:snr:38",
+        "yc:snr:25",
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let report = std::fs::read_to_string(&html).unwrap();
+    assert!(report.contains("<svg") && report.contains(">chosen<"));
+}
+
+#[test]
+fn plan_bad_input_is_one_line_and_writes_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = planted(tmp.path());
+    let out = tmp.path().join("mixed.onnx");
+    let out_s = out.to_string_lossy().into_owned();
+    let cost = tmp.path().join("gpu.json");
+    std::fs::write(&cost, r#"{"name": "x", "source": "s", "peak_tflops": {}}"#).unwrap();
+    let cost_s = cost.to_string_lossy().into_owned();
+    for (formats, extra, expected) in [
+        ("fp8,int4", vec![], "unknown format 'int4'"),
+        ("int8", vec!["--target", "a100"], "unknown target"),
+        (
+            "int8",
+            vec!["--target", cost_s.as_str()],
+            "missing field \"memory_bandwidth_gb_s\"",
+        ),
+    ] {
+        let mut args = plan_args(&model, formats, &["-o", &out_s]);
+        args.extend(extra);
+        let o = mixprec(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(expected), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    // No assignment of 16-bit formats reaches 200 dB: the front is printed, nothing written.
+    let mut args = plan_args(&model, "bf16", &["-o", &out_s, "--high", "float16"]);
+    args.extend(["--metric", "yb:snr:200"]);
+    let o = mixprec(&args);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(
+        t.contains("no assignment meets the criterion") && t.contains("Front ("),
+        "{t}"
+    );
+    assert!(!out.exists());
+}
