@@ -435,10 +435,11 @@ impl<'a> Exporter<'a> {
             }
             let p = self.plan.layers[k];
             if p != Precision::Float32 {
-                if !is_default_domain(&node.domain) {
-                    // A contrib op's types are its runtime's business (ONNX Runtime's CPU
-                    // kernels of com.microsoft ops take float32 only): float32 is the one type
-                    // every runtime that has the op accepts.
+                let runtime_float16 = p == Precision::Float16 && types::has_float16_kernel(node);
+                if !is_default_domain(&node.domain) && !runtime_float16 {
+                    // A contrib op's types are its runtime's business: float32 is the one type
+                    // every runtime that has the op accepts (ONNX Runtime's CPU kernels of the
+                    // ops `has_float16_kernel` lists take float16 too).
                     let why = format!(
                         "ops of domain '{}' keep the types their runtime defines",
                         node.domain
@@ -482,6 +483,8 @@ impl<'a> Exporter<'a> {
                         !name.is_empty()
                             && self.orig.get(name.as_str()) == Some(&DType::F32)
                             && input_follows_layer_precision(node, *i)
+                            // (ONNX's schemas; ONNX Runtime's own ops say for themselves.)
+                            && !(t == DType::F16 && types::has_float16_kernel(node))
                             && !schema::input_accepts(op, self.opset, *i, t)
                     });
                     if let Some((i, name)) = bad {

@@ -100,6 +100,36 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
     }
 }
 
+/// Whether ONNX Runtime's CPU kernels of a com.microsoft op (or of its default-domain
+/// SimplifiedLayerNormalization) take float16 (1.32: the op
+/// registered for MLFloat16 in `contrib_ops/cpu/cpu_contrib_kernels.cc`; each one loads and
+/// runs in float16, `integration::contrib::float16_contrib_ops_export_in_float16`): the export
+/// writes such a layer in float16 when the plan has it there, as the emulation ran it. Ops with
+/// quantized weights (MatMulNBits, GatherBlockQuantized), the CUDA-only ones (BiasAdd) and
+/// FusedConv stay float32 with a note.
+pub fn has_float16_kernel(node: &Node) -> bool {
+    // ONNX Runtime's SimplifiedLayerNormalization lives in the default domain, outside ONNX's
+    // schemas.
+    let ort_default_domain = matches!(node.domain.as_str(), "" | "ai.onnx")
+        && node.op_type == "SimplifiedLayerNormalization";
+    ort_default_domain
+        || node.domain == "com.microsoft"
+            && matches!(
+                node.op_type.as_str(),
+                "SkipSimplifiedLayerNormalization"
+                    | "SkipLayerNormalization"
+                    | "GroupQueryAttention"
+                    | "MultiHeadAttention"
+                    | "Attention"
+                    | "RotaryEmbedding"
+                    | "FusedMatMul"
+                    | "Gelu"
+                    | "FastGelu"
+                    | "QuickGelu"
+                    | "BiasGelu"
+            )
+}
+
 /// Output types of the com.microsoft ops mixprec runs, from ONNX Runtime's contrib schemas
 /// (onnxruntime/core/graph/contrib_ops/*_defs.cc). Without them the export cannot tell that a
 /// contrib op it keeps in float32 feeds float32 to a float16 layer, and writes no Cast (the

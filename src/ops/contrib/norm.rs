@@ -22,22 +22,24 @@ use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
-    use InputRole::{Bias, Data, Param};
+    // gamma/beta (and SimplifiedLayerNormalization's scale) are typed T with the input in
+    // ONNX Runtime's schemas: a float16 layer reads them in float16, as LayerNormalization's.
+    use InputRole::{Bias, Data};
     r.add_in(MS_DOMAIN, "SkipLayerNormalization", |c, i| {
         skip_norm(c, i, false)
     })
     .parse(|n, _| boxed(Attrs::new(n).float_or("epsilon", 1e-12)))
-    .roles(&[Data, Data, Param, Param, Bias])
+    .roles(&[Data, Data, Data, Data, Bias])
     .infer(skip_norm_facts);
     r.add_in(MS_DOMAIN, "SkipSimplifiedLayerNormalization", |c, i| {
         skip_norm(c, i, true)
     })
     .parse(|n, _| boxed(Attrs::new(n).float_or("epsilon", 1e-12)))
-    .roles(&[Data, Data, Param, Bias])
+    .roles(&[Data, Data, Data, Bias])
     .infer(skip_norm_facts);
     r.add("SimplifiedLayerNormalization", simplified_norm)
         .parse(|n, _| boxed(SimplifiedAttrs::parse(n)))
-        .roles(&[Data, Param])
+        .roles(&[Data, Data])
         .infer(simplified_facts);
 }
 
