@@ -12,4 +12,5 @@ pub mod options;
 pub mod quantize;
 pub mod ranges;
 pub mod run;
+pub mod search_worker;
 pub mod verify_engine;
