@@ -35,11 +35,14 @@ from typing import (
 
 import numpy as np
 
-from . import _native
+from . import _native, _scale
+from ._scale import ExecutorLike, RayWorkers, WorkerLostError
 
 __all__ = [
     "MixprecWarning",
+    "RayWorkers",
     "SearchResult",
+    "WorkerLostError",
     "calibrate",
     "compare",
     "convert",
@@ -83,6 +86,8 @@ class _Model:
 
     def __init__(self, model: ModelLike) -> None:
         self._tmp: Optional[str] = None
+        # The bytes of a model given in memory (what travels to an executor's workers).
+        self.data: Optional[bytes] = None
         if isinstance(model, (str, os.PathLike)):
             self.path = os.fspath(model)
             return
@@ -95,6 +100,7 @@ class _Model:
                 "model: expected a path, ONNX bytes or an onnx.ModelProto, got "
                 f"{type(model).__name__}"
             )
+        self.data = data
         fd, self._tmp = tempfile.mkstemp(suffix=".onnx", prefix="mixprec-model-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -365,10 +371,12 @@ def debug_precision(
     load_debug_replay: Union[str, "os.PathLike[str]", None] = None,
     save_debug_replay: Union[str, "os.PathLike[str]", None] = None,
     layer_errors: bool = False,
-    jobs: int = 1,
+    jobs: Optional[int] = None,
     group: str = "none",
     decode: Optional[int] = None,
     progress: Union[bool, Callable[[Dict[str, Any]], None], None] = None,
+    executor: Optional[ExecutorLike] = None,
+    retries: int = 3,
 ) -> SearchResult:
     """Finds the layers that must stay in ``higher_precision`` for the model to stay
     accurate with the rest in ``precision`` (Polygraphy's ``debug precision``; the CLI's
@@ -392,6 +400,15 @@ def debug_precision(
     when a criterion names them, e.g. ``atol={"logits": 0.05}``). ``progress``: a callable given a dict per evaluated candidate, False for
     none; by default a tqdm bar when tqdm is installed.
 
+    ``jobs``: candidates evaluated at the same time (default 1; with an ``executor``, its
+    worker count). ``executor``: judge the candidates on other processes or machines — any
+    ``concurrent.futures.Executor``, ``"ray"`` (the connected Ray cluster, or ``ray.init()``)
+    or ``RayWorkers(n, **actor_options)``. Each worker prepares the search once (model,
+    inputs, plans, cache) and runs ``criterion`` / ``check`` itself; the answer, the trials
+    and ``to_dict()`` are those of the same search without an executor (docs/scale-out.md).
+    A candidate whose worker dies runs again on another, ``retries`` times, then
+    ``WorkerLostError`` names it.
+
     Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for a bad option or an
     input that does not fit the model (naming it), ``TypeError`` when ``criterion`` returns
     something other than a bool; an exception raised by ``criterion`` or by an input iterable
@@ -405,43 +422,59 @@ def debug_precision(
         import shlex
 
         check = shlex.split(check)
+    if jobs is None:
+        jobs = 1 if executor is None else _scale.default_workers(executor)
+    # What decides a verdict: the driver's search and every worker's are built from it.
+    settings: Dict[str, Any] = dict(
+        low=_precisions(precision) if precision is not None else [],
+        higher_precision=higher_precision,
+        mode=mode,
+        direction=direction,
+        objective=objective,
+        ranking=ranking,
+        jobs=jobs,
+        group=group,
+        **data,
+        golden=golden_sets,
+        golden_path=golden_path,
+        criterion=criterion,
+        atol=_items(atol, "atol"),
+        rtol=_items(rtol, "rtol"),
+        check_error_stat=_items(check_error_stat, "check_error_stat"),
+        error_quantile=_items(error_quantile, "error_quantile"),
+        metrics=_items(metrics, "metrics"),
+        layer_precisions=_items(layer_precisions, "layer_precisions"),
+        fusion=fusion,
+        calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+        calibration_algo=calibration_algo,
+        cache_budget=cache_budget,
+        check=list(check or []),
+        check_timeout=check_timeout,
+        layer_errors=layer_errors,
+        decode=decode,
+    )
+    dispatch = None
+    if executor is not None:
+        spec = dict(settings, model=m.path, load_debug_replay=None, save_debug_replay=None,
+                    progress=None, on_event=None)
+        if m.data is not None:
+            spec["model_bytes"] = m.data
+        dispatch = _scale.dispatcher(executor, spec, jobs, retries)
     on_trial, close = _progress_sink(progress)
     try:
         native = _native.debug_precision(
             m.path,
-            low=_precisions(precision) if precision is not None else [],
-            higher_precision=higher_precision,
-            mode=mode,
-            direction=direction,
-            objective=objective,
-            ranking=ranking,
-            jobs=jobs,
-            group=group,
-            **data,
-            golden=golden_sets,
-            golden_path=golden_path,
-            criterion=criterion,
-            atol=_items(atol, "atol"),
-            rtol=_items(rtol, "rtol"),
-            check_error_stat=_items(check_error_stat, "check_error_stat"),
-            error_quantile=_items(error_quantile, "error_quantile"),
-            metrics=_items(metrics, "metrics"),
-            layer_precisions=_items(layer_precisions, "layer_precisions"),
-            fusion=fusion,
-            calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
-            calibration_algo=calibration_algo,
-            cache_budget=cache_budget,
-            check=list(check or []),
-            check_timeout=check_timeout,
+            **settings,
             load_debug_replay=None if load_debug_replay is None else os.fspath(load_debug_replay),
             save_debug_replay=None if save_debug_replay is None else os.fspath(save_debug_replay),
-            layer_errors=layer_errors,
-            decode=decode,
             progress=on_trial,
             on_event=_on_event,
+            remote=dispatch,
         )
     finally:
         close()
+        if dispatch is not None:
+            dispatch.close()
     result = SearchResult(native, m)
     if native.interrupted:
         interrupt = KeyboardInterrupt("mixprec: the search was interrupted")

@@ -1,6 +1,6 @@
 """Type stubs of the native module (python/src/lib.rs); use the functions of ``mixprec``."""
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -53,7 +53,16 @@ def debug_precision(
     decode: Optional[int],
     progress: Optional[Callable[[Dict[str, Any]], None]],
     on_event: Optional[Callable[[str, str], None]],
-) -> Search: ...
+    remote: Optional[Callable[[List[List[int]]], Iterator[Tuple[int, Any]]]] = None,
+    as_worker: bool = False,
+) -> Any: ...  # a Search; a Worker with as_worker=True
+
+class Worker:
+    """A search prepared once on a worker (``executor=``): ``evaluate(marked)`` is the verdict
+    on the marked node indices, ``(passed, error, summary)``."""
+
+    def evaluate(self, marked: List[int]) -> Tuple[bool, float, str]: ...
+
 def run(
     model: str,
     *,

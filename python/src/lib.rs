@@ -14,9 +14,13 @@ use mixprec::jobs::debug_precision::{
 use mixprec::jobs::options::{CalibOptions, CompareOptions, DataOptions, Inputs, PrecisionOptions};
 use mixprec::jobs::quantize as quantize_job;
 use mixprec::jobs::run as run_job;
+use mixprec::jobs::search_worker::{worker_config, Worker as SearchWorker};
 use mixprec::search::builtin::UserCriterion;
 use mixprec::search::driver::SearchHooks;
-use mixprec::search::{Direction, Grouping, Mode, Objective, Ranking, SearchSpace, Trial};
+use mixprec::search::remote::{Remote, RemoteJudge};
+use mixprec::search::{
+    Direction, Evaluation, Grouping, Mode, Objective, Ranking, SearchSpace, Trial,
+};
 use mixprec::tensor::{Buf, Feeds, Tensor, TensorData};
 use numpy::{
     PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods,
@@ -25,7 +29,7 @@ use pyo3::exceptions::{
     PyFileNotFoundError, PyKeyboardInterrupt, PyRuntimeError, PyTypeError, PyValueError,
 };
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -298,11 +302,12 @@ impl PyHooks {
     fn call(
         &self,
         f: &Option<Py<PyAny>>,
-        args: impl for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyAny>>,
+        args: impl for<'py> FnOnce(Python<'py>) -> PyResult<Bound<'py, PyTuple>>,
     ) {
         Python::attach(|py| {
             if let Some(f) = f {
-                let called = args(py).and_then(|a| f.bind(py).call1((a,)));
+                // The arguments as positional ones: `progress(dict)`, `on_event(kind, text)`.
+                let called = args(py).and_then(|a| f.bind(py).call1(a));
                 if let Err(e) = called {
                     // Ctrl-C while the callback ran is Ctrl-C; any other exception stops the
                     // search and reaches the caller.
@@ -324,9 +329,7 @@ impl PyHooks {
 
     fn emit(&self, kind: &str, text: String) {
         let kind = kind.to_string();
-        self.call(&self.on_event, move |py| {
-            Ok((kind, text).into_pyobject(py)?.into_any())
-        });
+        self.call(&self.on_event, move |py| (kind, text).into_pyobject(py));
     }
 }
 
@@ -361,7 +364,7 @@ impl SearchHooks for PyHooks {
             d.set_item("passed", passed)?;
             d.set_item("error", error)?;
             d.set_item("summary", summary)?;
-            Ok(d.into_any())
+            PyTuple::new(py, [d])
         });
     }
     fn log(&mut self, line: String) {
@@ -425,7 +428,7 @@ impl Search {
     golden, golden_path, criterion, atol, rtol, check_error_stat, error_quantile, metrics,
     layer_precisions, fusion, calibration_cache, calibration_algo, cache_budget,
     check, check_timeout, load_debug_replay, save_debug_replay, layer_errors, decode,
-    progress, on_event
+    progress, on_event, remote=None, as_worker=false
 ))]
 #[allow(clippy::too_many_arguments)]
 fn debug_precision(
@@ -467,7 +470,9 @@ fn debug_precision(
     decode: Option<usize>,
     progress: Option<Py<PyAny>>,
     on_event: Option<Py<PyAny>>,
-) -> PyResult<Search> {
+    remote: Option<Py<PyAny>>,
+    as_worker: bool,
+) -> PyResult<Py<PyAny>> {
     let golden = match (golden, golden_path) {
         (Some(g), _) => Some(GoldenSource::Outputs(
             to_sets(&g)?
@@ -520,6 +525,17 @@ fn debug_precision(
             })
         }))
     });
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let remote_errors: Arc<Mutex<Vec<PyErr>>> = Arc::default();
+    let remote = remote.map(|dispatch| {
+        RemoteJudge(Arc::new(PyRemote {
+            dispatch,
+            errors: remote_errors.clone(),
+            stop: stop.clone(),
+            interrupted: interrupted.clone(),
+        }))
+    });
     let config = Config {
         model,
         inputs: inputs_from(
@@ -566,10 +582,23 @@ fn debug_precision(
         layer_errors,
         verbose: false,
         decode,
+        remote,
     };
+    if as_worker {
+        let validated = worker_config(config).validate().map_err(to_py)?;
+        let inner = guarded("debug_precision worker", || {
+            py.detach(|| SearchWorker::start(validated)).map_err(to_py)
+        });
+        if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        let worker = Worker {
+            inner: inner?,
+            raised,
+        };
+        return Ok(Py::new(py, worker)?.into_any());
+    }
     let validated = config.validate().map_err(to_py)?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let interrupted = Arc::new(AtomicBool::new(false));
     let failed: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let mut hooks = PyHooks {
         progress,
@@ -588,11 +617,200 @@ fn debug_precision(
             return Err(e);
         }
     }
-    let outcome = result?;
-    Ok(Search {
-        outcome,
-        interrupted: interrupted.load(Ordering::SeqCst),
-    })
+    let outcome = match result {
+        Ok(o) => o,
+        Err(e) => return Err(remote_error(py, e, &remote_errors)),
+    };
+    Ok(Py::new(
+        py,
+        Search {
+            outcome,
+            interrupted: interrupted.load(Ordering::SeqCst),
+        },
+    )?
+    .into_any())
+}
+
+/// The words that tie a library error to the exception a worker raised.
+const RAISED_ON_A_WORKER: &str = "raised on a worker; exception #";
+
+/// The exception a search that failed on a worker's verdict raises: the one the worker raised
+/// (the criterion's, as itself), `mixprec.WorkerLostError` when the candidate's workers kept
+/// dying, else the library error as usual.
+fn remote_error(py: Python<'_>, e: PyErr, errors: &Mutex<Vec<PyErr>>) -> PyErr {
+    let msg = e.value(py).to_string();
+    let mut errors = errors.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(at) = msg.find(RAISED_ON_A_WORKER) {
+        let digits: String = msg[at + RAISED_ON_A_WORKER.len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect();
+        if let Some(k) = digits.parse::<usize>().ok().filter(|&k| k < errors.len()) {
+            let raised = errors.swap_remove(k);
+            let _ = raised
+                .value(py)
+                .call_method1("add_note", (format!("mixprec: {msg}"),));
+            return raised;
+        }
+    }
+    if msg.contains(WORKER_LOST) {
+        if let Ok(class) = py
+            .import("mixprec._scale")
+            .and_then(|m| m.getattr("WorkerLostError"))
+        {
+            if let Ok(v) = class.call1((msg,)) {
+                return PyErr::from_value(v);
+            }
+        }
+    }
+    e
+}
+
+/// What python/mixprec/_scale.py's lost candidates say (`WorkerLostError`).
+const WORKER_LOST: &str = "worker(s) died evaluating it";
+
+/// The driver's side of `executor=`: each batch goes to the Python dispatcher
+/// (`mixprec._scale`), which hands its sets to the executor's workers and returns one entry
+/// per set, in order: `(passed, error, summary)`, or the exception its evaluation raised
+/// (a criterion's, or `WorkerLostError`).
+struct PyRemote {
+    dispatch: Py<PyAny>,
+    /// Exceptions raised on workers, raised as themselves if the search ends on one.
+    errors: Arc<Mutex<Vec<PyErr>>>,
+    stop: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+}
+
+impl PyRemote {
+    fn keep(&self, e: PyErr, py: Python<'_>) -> Error {
+        let text = e.value(py).to_string();
+        let kind = e
+            .get_type(py)
+            .name()
+            .map_or_else(|_| "Exception".into(), |n| n.to_string());
+        if kind == "WorkerLostError" {
+            return Error::Invalid(text);
+        }
+        let mut errors = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        errors.push(e);
+        Error::Invalid(format!(
+            "{kind}: {text} ({RAISED_ON_A_WORKER}{})",
+            errors.len() - 1
+        ))
+    }
+}
+
+impl PyRemote {
+    fn verdict(&self, entry: Bound<'_, PyAny>) -> mixprec::error::Result<Evaluation> {
+        if entry.is_instance_of::<pyo3::exceptions::PyBaseException>() {
+            return Err(self.keep(PyErr::from_value(entry.clone()), entry.py()));
+        }
+        let (passed, error, summary) = entry
+            .extract::<(bool, f64, String)>()
+            .map_err(|e| Error::Invalid(format!("executor: a verdict {e}")))?;
+        Ok(Evaluation {
+            passed,
+            error,
+            summary,
+        })
+    }
+}
+
+impl Remote for PyRemote {
+    /// The dispatcher yields `(position, entry)` as each set finishes.
+    fn evaluate_batch(
+        &self,
+        sets: &[Vec<usize>],
+        done: &mut dyn FnMut(usize, &mixprec::error::Result<Evaluation>),
+    ) -> Vec<mixprec::error::Result<Evaluation>> {
+        Python::attach(|py| {
+            let mut out: Vec<Option<mixprec::error::Result<Evaluation>>> =
+                sets.iter().map(|_| None).collect();
+            let mut failure: Option<String> = None;
+            let answered = self
+                .dispatch
+                .bind(py)
+                .call1((sets.to_vec(),))
+                .and_then(|r| r.try_iter());
+            match answered {
+                Err(e) => failure = Some(self.failed(e, py)),
+                Ok(items) => {
+                    for item in items {
+                        let item = item.and_then(|i| i.extract::<(usize, Bound<'_, PyAny>)>());
+                        match item {
+                            Ok((k, entry)) if k < out.len() => {
+                                let r = self.verdict(entry);
+                                done(k, &r);
+                                out[k] = Some(r);
+                            }
+                            Ok((k, _)) => {
+                                failure = Some(format!(
+                                    "executor: a verdict for set {k} of a batch of {}",
+                                    sets.len()
+                                ));
+                                break;
+                            }
+                            Err(e) => {
+                                failure = Some(self.failed(e, py));
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            out.into_iter()
+                .map(|r| {
+                    r.unwrap_or_else(|| {
+                        Err(Error::Invalid(
+                            failure
+                                .clone()
+                                .unwrap_or_else(|| "executor: no verdict came back".into()),
+                        ))
+                    })
+                })
+                .collect()
+        })
+    }
+}
+
+impl PyRemote {
+    /// The dispatcher itself raised: Ctrl-C stops the search (its batch is not taken); any
+    /// other exception is kept to be raised as itself.
+    fn failed(&self, e: PyErr, py: Python<'_>) -> String {
+        if e.is_instance_of::<PyKeyboardInterrupt>(py) {
+            self.interrupted.store(true, Ordering::SeqCst);
+            self.stop.store(true, Ordering::SeqCst);
+            return "interrupted".into();
+        }
+        self.keep(e, py).to_string()
+    }
+}
+
+/// One worker of a search judged elsewhere (`executor=`): the model, inputs, golden outputs,
+/// plans and value cache of the search, prepared once; `evaluate` judges a marked set.
+#[pyclass(module = "mixprec._native", name = "Worker", frozen)]
+struct Worker {
+    inner: SearchWorker,
+    /// The criterion's exception, raised as itself.
+    raised: Arc<Mutex<Option<PyErr>>>,
+}
+
+#[pymethods]
+impl Worker {
+    /// The verdict on `marked` (node indices): (passed, error, summary).
+    fn evaluate(&self, py: Python<'_>, marked: Vec<usize>) -> PyResult<(bool, f64, String)> {
+        let verdict = guarded("debug_precision worker", || {
+            Ok(py.detach(|| self.inner.evaluate_batch(vec![marked])).pop())
+        })?;
+        if let Some(e) = self.raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        match verdict {
+            Some(Ok(e)) => Ok((e.passed, e.error, e.summary)),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Err(PyRuntimeError::new_err("mixprec worker: no verdict")),
+        }
+    }
 }
 
 /// Runs a model; one dict of outputs per input set.
@@ -940,6 +1158,7 @@ fn main(argv: Vec<String>) -> i32 {
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Search>()?;
+    m.add_class::<Worker>()?;
     m.add_function(wrap_pyfunction!(debug_precision, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;

@@ -476,6 +476,7 @@ fn a_search_judged_on_generations_finds_an_overflow_the_prompt_step_misses() {
                 group: Grouping::None,
             },
             check: None,
+            remote: None,
             replay: None,
             layer_errors: false,
             stop: &stop,

@@ -27,6 +27,7 @@ use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
 use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
 use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
+use crate::search::remote::{RemoteJudge, RemoteOracle};
 use crate::search::replay::{DebugReplay, ModelId};
 use crate::search::report::{html_report, QdqRemoved, QdqResult, ResultFile, SearchSetup};
 use crate::search::space::Found;
@@ -101,6 +102,10 @@ pub struct Config {
     /// `--decode N`: every evaluation generates N tokens greedily from each input set's prompt
     /// (models with ONNX Runtime GenAI's names; [`crate::decode`]).
     pub decode: Option<usize>,
+    /// Workers elsewhere that judge the candidates (the Python API's `executor=`,
+    /// docs/scale-out.md); they run `check` themselves. The reference, the ranking, the
+    /// answer's reasons and a fusion model's first search still run here.
+    pub remote: Option<RemoteJudge>,
 }
 
 impl Default for Config {
@@ -126,6 +131,7 @@ impl Default for Config {
             layer_errors: false,
             verbose: false,
             decode: None,
+            remote: None,
         }
     }
 }
@@ -136,8 +142,8 @@ pub struct Validated {
     pub criterion: Criterion,
     pub high: Precision,
     pub cache_budget: Option<usize>,
-    fail_regex: Option<regex::Regex>,
-    check_timeout: Option<Duration>,
+    pub(crate) fail_regex: Option<regex::Regex>,
+    pub(crate) check_timeout: Option<Duration>,
 }
 
 impl Config {
@@ -568,10 +574,10 @@ impl SearchHooks for &Shared<'_> {
 }
 
 /// A temporary directory removed on drop (candidate models for `--check`).
-struct TempDir(PathBuf);
+pub(crate) struct TempDir(pub(crate) PathBuf);
 
 impl TempDir {
-    fn new() -> Result<TempDir> {
+    pub(crate) fn new() -> Result<TempDir> {
         let base = std::env::temp_dir();
         for k in 0..1000 {
             let p = base.join(format!("mixprec-check-{}-{k}", std::process::id()));
@@ -592,36 +598,20 @@ impl Drop for TempDir {
     }
 }
 
-/// Runs `debug precision`; `stop` (Ctrl-C) ends the search between evaluations with the best
-/// plan so far.
-pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Outcome> {
-    let Validated {
-        config,
-        criterion,
-        high,
-        cache_budget,
-        fail_regex,
-        check_timeout,
-    } = v;
-    // A replay from another model or with other settings fails before any work.
-    let replay = if config.load_debug_replay.is_some() || config.save_debug_replay.is_some() {
-        let id = ModelId::of_file(&config.model)?;
-        let settings = config.replay_settings();
-        Some(match &config.load_debug_replay {
-            Some(path) => {
-                let r = DebugReplay::load(path, &id, &settings)?;
-                hooks.log(format!(
-                    "[I] Loaded debug replay {} ({} evaluation(s))",
-                    path.display(),
-                    r.evaluations.len()
-                ));
-                r
-            }
-            None => DebugReplay::new(id, settings),
-        })
-    } else {
-        None
-    };
+/// What a search works on, loaded and checked once: by the job, and by each of its remote
+/// workers ([`super::search_worker`]).
+pub(crate) struct Loaded {
+    pub(crate) model: Model,
+    pub(crate) golden: Option<GoldenFile>,
+    pub(crate) feeds: Vec<Feeds>,
+    pub(crate) decoder: Option<Decoder>,
+    /// The search is over the model's quantized layers (a Q/DQ model without precision
+    /// flags), not over precision plans.
+    pub(crate) qdq: bool,
+}
+
+/// Loads the model, the golden outputs and the inputs, and decides which search runs.
+pub(crate) fn load(config: &Config, high: Precision, hooks: &mut dyn Hooks) -> Result<Loaded> {
     let golden_file = match &config.golden {
         Some(GoldenSource::File(p)) => Some(GoldenFile::load(p)?),
         Some(GoldenSource::Outputs(o)) => Some(golden_in_memory(o.clone())?),
@@ -668,6 +658,53 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         .inputs
         .first_runs(graph, decoder.as_ref(), &mut |e| hooks.event(e))?;
     hooks.inputs_ready(feeds.len());
+    Ok(Loaded {
+        model,
+        golden: golden_file,
+        feeds,
+        decoder,
+        qdq,
+    })
+}
+
+/// Runs `debug precision`; `stop` (Ctrl-C) ends the search between evaluations with the best
+/// plan so far.
+pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Outcome> {
+    let Validated {
+        config,
+        criterion,
+        high,
+        cache_budget,
+        fail_regex,
+        check_timeout,
+    } = v;
+    // A replay from another model or with other settings fails before any work.
+    let replay = if config.load_debug_replay.is_some() || config.save_debug_replay.is_some() {
+        let id = ModelId::of_file(&config.model)?;
+        let settings = config.replay_settings();
+        Some(match &config.load_debug_replay {
+            Some(path) => {
+                let r = DebugReplay::load(path, &id, &settings)?;
+                hooks.log(format!(
+                    "[I] Loaded debug replay {} ({} evaluation(s))",
+                    path.display(),
+                    r.evaluations.len()
+                ));
+                r
+            }
+            None => DebugReplay::new(id, settings),
+        })
+    } else {
+        None
+    };
+    let Loaded {
+        model,
+        golden: golden_file,
+        feeds,
+        decoder,
+        qdq,
+    } = load(&config, high, hooks)?;
+    let graph = &model.graph;
     let with_check = config.check.is_some();
     let check_and_fusion = |fusion: FusionModel| {
         if with_check && !fusion.is_none() {
@@ -679,7 +716,8 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
     };
     let fusion;
     let model_name = config.model.display().to_string();
-    let workdir = if with_check {
+    // With remote workers, they run the check.
+    let workdir = if with_check && config.remote.is_none() {
         Some(TempDir::new()?)
     } else {
         None
@@ -687,28 +725,24 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
     let shared = Shared(RefCell::new(hooks));
     let make_check = |candidate| {
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
-        Some(CheckOracle {
+        Some(check_oracle(
+            c,
+            &fail_regex,
+            check_timeout,
             graph,
             high,
             candidate,
-            command: c.command.clone(),
-            fail_regex: fail_regex.clone(),
-            timeout: check_timeout,
-            workdir: dir.0.clone(),
-            jobs: config.jobs,
-            verbose: config.verbose,
-            evaluations: 0,
-            iter_artifact: c.iter_artifact.clone().or_else(|| {
-                (!c.command.iter().any(|a| a.contains("{model}")))
-                    .then(|| PathBuf::from("polygraphy_debug.onnx"))
-            }),
-            keep_iter_artifact: c.keep_iter_artifact,
-            artifacts: c.artifacts.clone(),
-            artifacts_dir: c.artifacts_dir.clone(),
-            artifact_stamp: crate::data::polygraphy::runner_stamp().replace(['/', ':'], "-"),
-            show_output: c.show_output,
-            hide_fail_output: c.hide_fail_output,
-            events: Box::new(|e| shared.0.borrow_mut().event(e)),
+            dir.0.clone(),
+            config.jobs,
+            config.verbose,
+            Box::new(|e| shared.0.borrow_mut().event(e)),
+        ))
+    };
+    let make_remote = || {
+        config.remote.as_ref().map(|r| RemoteOracle {
+            remote: r.0.clone(),
+            graph,
+            same_criterion: config.check.is_none(),
         })
     };
     let replay = replay.map(|r| (r, config.save_debug_replay.clone()));
@@ -747,6 +781,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             golden: golden_file.as_ref(),
             options: options(Ranking::Growth),
             check: make_check(qdq_candidates(&model, high)),
+            remote: make_remote(),
             replay,
             layer_errors: false,
             stop,
@@ -796,6 +831,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             cache_budget,
             golden_file.as_ref(),
             |low| make_check(plan_candidates(&model, low, high, amax.as_ref())),
+            make_remote,
             replay,
             &shared,
             stop,
@@ -836,6 +872,7 @@ fn float_searches<'a>(
     cache_budget: Option<usize>,
     golden: Option<&GoldenFile>,
     make_check: impl Fn(PrecisionPlan) -> Option<CheckOracle<'a>>,
+    make_remote: impl Fn() -> Option<RemoteOracle<'a>>,
     mut replay: Option<(DebugReplay, Option<PathBuf>)>,
     shared: &Shared<'_>,
     stop: &AtomicBool,
@@ -886,6 +923,7 @@ fn float_searches<'a>(
                 group: config.group,
             },
             check: if last { make_check(low.clone()) } else { None },
+            remote: if last { make_remote() } else { None },
             replay: if last { replay.take() } else { None },
             layer_errors: config.layer_errors && last,
             stop,
@@ -903,4 +941,43 @@ fn float_searches<'a>(
         }
     }
     Ok(searches)
+}
+
+/// The `--check` oracle of `c` over `candidate`s, writing them under `workdir`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn check_oracle<'a>(
+    c: &CheckOptions,
+    fail_regex: &Option<regex::Regex>,
+    timeout: Option<Duration>,
+    graph: &'a crate::Graph,
+    high: Precision,
+    candidate: crate::search::space::CandidateModel<'a>,
+    workdir: PathBuf,
+    jobs: usize,
+    verbose: bool,
+    events: Box<dyn FnMut(Event) + 'a>,
+) -> CheckOracle<'a> {
+    CheckOracle {
+        graph,
+        high,
+        candidate,
+        command: c.command.clone(),
+        fail_regex: fail_regex.clone(),
+        timeout,
+        workdir,
+        jobs,
+        verbose,
+        evaluations: 0,
+        iter_artifact: c.iter_artifact.clone().or_else(|| {
+            (!c.command.iter().any(|a| a.contains("{model}")))
+                .then(|| PathBuf::from("polygraphy_debug.onnx"))
+        }),
+        keep_iter_artifact: c.keep_iter_artifact,
+        artifacts: c.artifacts.clone(),
+        artifacts_dir: c.artifacts_dir.clone(),
+        artifact_stamp: crate::data::polygraphy::runner_stamp().replace(['/', ':'], "-"),
+        show_output: c.show_output,
+        hide_fail_output: c.hide_fail_output,
+        events,
+    }
 }

@@ -13,4 +13,5 @@ pub mod plan;
 pub mod quantize;
 pub mod ranges;
 pub mod run;
+pub mod search_worker;
 pub mod verify_engine;

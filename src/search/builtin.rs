@@ -905,6 +905,10 @@ pub struct RankedBy<'o> {
     pub judge: &'o mut dyn Oracle,
     /// The space's own oracle.
     pub ranker: &'o mut dyn Oracle,
+    /// Whether `judge` decides as `ranker` does (the same emulation and criterion run
+    /// elsewhere: [`super::remote::RemoteOracle`]): the ranking's verdicts then pass on, as
+    /// they would without it; else (a `--check` command) only its scores do.
+    pub same_criterion: bool,
 }
 
 impl Oracle for RankedBy<'_> {
@@ -916,6 +920,14 @@ impl Oracle for RankedBy<'_> {
         self.judge.evaluate_batch(sets)
     }
 
+    fn evaluate_batch_each(
+        &mut self,
+        sets: &[Vec<usize>],
+        done: &mut dyn FnMut(usize, &Result<Evaluation>),
+    ) -> Vec<Result<Evaluation>> {
+        self.judge.evaluate_batch_each(sets, done)
+    }
+
     fn parallel(&self) -> bool {
         self.judge.parallel()
     }
@@ -924,7 +936,9 @@ impl Oracle for RankedBy<'_> {
         // The emulation's verdicts are under the built-in criterion, not the user's command:
         // they rank, but say nothing about which plans the command fails.
         let mut scores = self.ranker.rank()?;
-        scores.failing_alone.clear();
+        if !self.same_criterion {
+            scores.failing_alone.clear();
+        }
         Ok(scores)
     }
 }
@@ -1345,6 +1359,7 @@ mod tests {
                 let mut by_check = RankedBy {
                     judge: &mut judge,
                     ranker: &mut ranker,
+                    same_criterion: false,
                 };
                 let ranked = by_check.rank().unwrap();
                 assert_eq!(ranked.by_layer, space.scores.by_layer);

@@ -8,6 +8,7 @@
 use super::builtin::RankedBy;
 use super::check::CheckOracle;
 use super::groups::search_as_grouped;
+use super::remote::RemoteOracle;
 use super::replay::{DebugReplay, ReplayOracle};
 use super::report::SearchStats;
 use super::space::{CandidateSpace, Found, Prepared};
@@ -28,6 +29,10 @@ pub struct SearchJob<'a> {
     pub options: SearchOptions,
     /// Candidates judged by a user command (`--check`) instead of the space's oracle.
     pub check: Option<CheckOracle<'a>>,
+    /// Candidates judged by workers elsewhere (the Python API's `executor=`) instead of the
+    /// space's oracle or `check`, which the workers then run themselves; the space still
+    /// prepares and ranks here.
+    pub remote: Option<RemoteOracle<'a>>,
     /// Known evaluations (`--load-debug-replay`, or a new empty replay when one is to be
     /// saved) and where to save the replay (`--save-debug-replay`).
     pub replay: Option<(DebugReplay, Option<PathBuf>)>,
@@ -102,13 +107,23 @@ pub fn run_search(
     } = space.prepare(ranking, job.golden, hooks)?;
     hooks.started(&candidates);
     let mut check = job.check;
+    let mut remote = job.remote;
     let result = {
         let mut ranked;
-        let inner: &mut dyn Oracle = match check.as_mut() {
-            Some(c) => {
+        let judge: Option<(&mut dyn Oracle, bool)> = match (remote.as_mut(), check.as_mut()) {
+            (Some(r), _) => {
+                let same = r.same_criterion;
+                Some((r as &mut dyn Oracle, same))
+            }
+            (None, Some(c)) => Some((c as &mut dyn Oracle, false)),
+            (None, None) => None,
+        };
+        let inner: &mut dyn Oracle = match judge {
+            Some((judge, same_criterion)) => {
                 ranked = RankedBy {
-                    judge: c,
+                    judge,
                     ranker: space.oracle(),
+                    same_criterion,
                 };
                 &mut ranked
             }
@@ -125,6 +140,7 @@ pub fn run_search(
         )?
     };
     drop(check);
+    drop(remote);
     // The search's own time: from the reference run on (not loading or calibrating), less
     // the runs that timed one FP32 inference.
     let wall = t0.elapsed().saturating_sub(timing).as_secs_f64();
@@ -310,6 +326,7 @@ mod tests {
                 group: crate::search::Grouping::None,
             },
             check: None,
+            remote: None,
             replay: None,
             layer_errors: true,
             stop: &stop,

@@ -27,6 +27,7 @@ pub mod formats;
 pub mod groups;
 pub mod plans;
 pub mod qdq;
+pub mod remote;
 pub mod replay;
 pub mod report;
 pub mod space;
@@ -131,6 +132,22 @@ pub trait Oracle {
     /// parallel overrides this (the default evaluates them one after another).
     fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
         sets.iter().map(|s| self.evaluate(s)).collect()
+    }
+
+    /// [`evaluate_batch`](Self::evaluate_batch), telling `done` of each set's result (its
+    /// position, the result) as soon as it is known: the debug replay records and saves each
+    /// verdict then. An oracle whose sets finish one by one (workers elsewhere) overrides it;
+    /// by default `done` hears of them all after the batch, in order.
+    fn evaluate_batch_each(
+        &mut self,
+        sets: &[Vec<usize>],
+        done: &mut dyn FnMut(usize, &Result<Evaluation>),
+    ) -> Vec<Result<Evaluation>> {
+        let results = self.evaluate_batch(sets);
+        for (k, r) in results.iter().enumerate() {
+            done(k, r);
+        }
+        results
     }
 
     /// Whether [`evaluate_batch`](Self::evaluate_batch) evaluates its sets at the same time;

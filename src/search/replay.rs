@@ -199,8 +199,7 @@ impl<'a> ReplayOracle<'a> {
     }
 
     fn interrupted(&self) -> bool {
-        self.stop
-            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        stopped(self.stop)
     }
 
     /// The replay with every evaluation so far.
@@ -215,16 +214,7 @@ impl ReplayOracle<'_> {
         if self.interrupted() {
             return;
         }
-        self.replay.evaluations.push(Record {
-            marked: key
-                .iter()
-                .map(|&i| self.graph.nodes[i].name.clone())
-                .collect(),
-            passed: e.passed,
-            error: e.error.is_finite().then_some(e.error),
-            summary: e.summary.clone(),
-        });
-        self.known.insert(key, e.clone());
+        record_into(self.graph, &mut self.replay, &mut self.known, key, e);
     }
 
     fn save(&self) -> Result<()> {
@@ -233,6 +223,27 @@ impl ReplayOracle<'_> {
             None => Ok(()),
         }
     }
+}
+
+fn stopped(stop: Option<&std::sync::atomic::AtomicBool>) -> bool {
+    stop.is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// Adds the evaluation of `key` (sorted) to the replay and to the known ones.
+fn record_into(
+    graph: &Graph,
+    replay: &mut DebugReplay,
+    known: &mut HashMap<Vec<usize>, Evaluation>,
+    key: Vec<usize>,
+    e: &Evaluation,
+) {
+    replay.evaluations.push(Record {
+        marked: key.iter().map(|&i| graph.nodes[i].name.clone()).collect(),
+        passed: e.passed,
+        error: e.error.is_finite().then_some(e.error),
+        summary: e.summary.clone(),
+    });
+    known.insert(key, e.clone());
 }
 
 fn sorted(marked: &[usize]) -> Vec<usize> {
@@ -255,7 +266,8 @@ impl Oracle for ReplayOracle<'_> {
     }
 
     /// Known sets are answered from the replay, the others go to the inner oracle as one
-    /// batch; the replay is saved once after it.
+    /// batch; the replay is saved after each new verdict, as it arrives (workers elsewhere
+    /// answer one by one: a driver that dies mid-batch keeps what they finished).
     fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
         let mut out: Vec<Option<Result<Evaluation>>> = Vec::with_capacity(sets.len());
         let mut unknown = Vec::new();
@@ -274,17 +286,35 @@ impl Oracle for ReplayOracle<'_> {
         if unknown.is_empty() {
             return out.into_iter().flatten().collect();
         }
-        let mut fresh = self.inner.evaluate_batch(&unknown).into_iter();
-        for (slot, set) in out.iter_mut().filter(|o| o.is_none()).zip(&unknown) {
+        // Each new verdict is recorded and the replay saved as it arrives.
+        let ReplayOracle {
+            inner,
+            graph,
+            replay,
+            known,
+            save_to,
+            stop,
+            ..
+        } = self;
+        let mut saved = Ok(());
+        let fresh = inner.evaluate_batch_each(&unknown, &mut |k, r| {
+            if let (Ok(e), Some(set), true) = (r, unknown.get(k), saved.is_ok()) {
+                if !stopped(*stop) {
+                    record_into(graph, replay, known, sorted(set), e);
+                    if let Some(p) = save_to.as_deref() {
+                        saved = replay.save(p);
+                    }
+                }
+            }
+        });
+        let mut fresh = fresh.into_iter();
+        for slot in out.iter_mut().filter(|o| o.is_none()) {
             let r = fresh
                 .next()
                 .unwrap_or_else(|| Err(Error::Invalid("an oracle answered a batch short".into())));
-            if let Ok(e) = &r {
-                self.record(sorted(set), e);
-            }
             *slot = Some(r);
         }
-        if let Err(e) = self.save() {
+        if let Err(e) = saved {
             // Without a saved replay the search must not go on as if it had one: the error
             // goes to the needed (first) set, which ends the search.
             let mut e = Some(e);

@@ -175,6 +175,7 @@ fn run_search(
                 group: crate::search::Grouping::None,
             },
             check: None,
+            remote: None,
             replay: None,
             layer_errors: false,
             stop: &stop,

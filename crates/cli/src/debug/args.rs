@@ -206,6 +206,7 @@ impl SearchArgs {
             layer_errors: self.report.is_some(),
             verbose: self.verbose,
             decode: self.decode,
+            remote: None,
         })
     }
 }

@@ -337,6 +337,7 @@ fn emulated_search(g: &crate::graph::Graph, group: Grouping) -> crate::search::d
             ..options(Mode::Minimal, 1)
         },
         check: None,
+        remote: None,
         replay: None,
         layer_errors: false,
         stop: &stop,

@@ -1,0 +1,238 @@
+//! One worker of a search whose candidates are judged elsewhere (the Python API's
+//! `executor=`; docs/scale-out.md). A worker is built from the same [`Config`] as the search:
+//! it loads the model (memory-mapped), its inputs and golden outputs, the low plan and its
+//! calibrated ranges, runs the reference, and then judges marked sets as the search's own
+//! oracle would — the emulation under the criterion (or the user's criterion) through its own
+//! incremental value cache, or the `--check` command on the candidate's model — so a
+//! candidate travels as its marked node indices, never as a model. The search's
+//! [`crate::search::remote::RemoteOracle`] gathers the verdicts.
+//!
+//! The prepared state borrows the model, so it lives on a thread of its own, which answers
+//! batches sent over a channel until the worker is dropped.
+
+use super::debug_precision::{check_oracle, load, Config, Hooks, Loaded, TempDir, Validated};
+use super::ranges::ranges_for_plan;
+use crate::error::{Error, Result};
+use crate::event::{Event, NoProgress};
+use crate::search::driver::SearchHooks;
+use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
+use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
+use crate::search::space::CandidateSpace;
+use crate::search::{Evaluation, Oracle};
+use crate::Interpreter;
+use std::sync::atomic::AtomicBool;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Mutex;
+use std::thread::JoinHandle;
+
+type Batch = Vec<Vec<usize>>;
+type Verdicts = Vec<Result<Evaluation>>;
+
+/// A prepared search's oracle, answering marked sets.
+pub struct Worker {
+    channel: Mutex<Option<(Sender<Batch>, Receiver<Verdicts>)>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Worker {
+    /// Loads and prepares everything `v` describes (its replay and progress options are the
+    /// driver's and ignored here); returns once the worker can judge, or the error that
+    /// stopped it.
+    pub fn start(v: Validated) -> Result<Worker> {
+        let (batches, batches_rx) = channel::<Batch>();
+        let (verdicts_tx, verdicts) = channel::<Verdicts>();
+        let (ready_tx, ready) = channel::<Result<()>>();
+        let thread = std::thread::Builder::new()
+            .name("mixprec-search-worker".into())
+            .spawn(move || {
+                if let Err(e) = serve(v, &ready_tx, &batches_rx, &verdicts_tx) {
+                    let _ = ready_tx.send(Err(e));
+                }
+            })
+            .map_err(|e| Error::Invalid(format!("starting a search worker: {e}")))?;
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Worker {
+                channel: Mutex::new(Some((batches, verdicts))),
+                thread: Some(thread),
+            }),
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = thread.join();
+                Err(Error::Invalid(
+                    "the search worker stopped while preparing (an internal error)".into(),
+                ))
+            }
+        }
+    }
+
+    /// Judges `sets` (marked node indices); one result per set, in order.
+    pub fn evaluate_batch(&self, sets: Batch) -> Verdicts {
+        let n = sets.len();
+        let lost = |n: usize| {
+            (0..n)
+                .map(|_| {
+                    Err(Error::Invalid(
+                        "the search worker stopped (an internal error)".into(),
+                    ))
+                })
+                .collect()
+        };
+        let guard = self.channel.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((batches, verdicts)) = guard.as_ref() else {
+            return lost(n);
+        };
+        if batches.send(sets).is_err() {
+            return lost(n);
+        }
+        verdicts.recv().unwrap_or_else(|_| lost(n))
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread's loop.
+        self.channel
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A worker reports nothing: the driver reported the same load and warnings.
+struct Quiet;
+
+impl SearchHooks for Quiet {
+    fn event(&mut self, _e: Event) {}
+    fn log(&mut self, _line: String) {}
+}
+
+impl Hooks for Quiet {}
+
+fn serve(
+    v: Validated,
+    ready: &Sender<Result<()>>,
+    batches: &Receiver<Batch>,
+    verdicts: &Sender<Verdicts>,
+) -> Result<()> {
+    let Validated {
+        config,
+        criterion,
+        high,
+        cache_budget,
+        fail_regex,
+        check_timeout,
+    } = v;
+    let mut quiet = Quiet;
+    let Loaded {
+        model,
+        golden,
+        feeds,
+        decoder,
+        qdq,
+    } = load(&config, high, &mut quiet)?;
+    let graph = &model.graph;
+    let stop = AtomicBool::new(false);
+    let workdir = match config.check {
+        Some(_) => Some(TempDir::new()?),
+        None => None,
+    };
+    let check = |candidate| {
+        let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
+        Some(check_oracle(
+            c,
+            &fail_regex,
+            check_timeout,
+            graph,
+            high,
+            candidate,
+            dir.0.clone(),
+            1,
+            false,
+            Box::new(|_| {}),
+        ))
+    };
+    if qdq {
+        let mut space = QdqSpace::new(QdqSpaceConfig {
+            model: &model,
+            feeds: &feeds,
+            criterion,
+            user: config.user_criterion.clone(),
+            high,
+            fusion: config.precision.fusion_model()?,
+        })?;
+        space.prepare(None, golden.as_ref(), &mut quiet)?;
+        let mut check = check(qdq_candidates(&model, high));
+        let oracle: &mut dyn Oracle = match check.as_mut() {
+            Some(c) => c,
+            None => space.oracle(),
+        };
+        return answer(oracle, ready, batches, verdicts);
+    }
+    let interp = Interpreter::new(graph)?;
+    // The plan of the search the workers judge: with a fusion model, the last one (the job's
+    // first search, without fusion, runs on the driver).
+    let low = config.precision.plan(graph, &mut |_| {})?;
+    let amax = ranges_for_plan(
+        &interp,
+        &low,
+        &config.precision,
+        &feeds,
+        &mut |_| {},
+        &NoProgress,
+    )?;
+    let mut space = PlanSpace::new(PlanSpaceConfig {
+        interp: &interp,
+        feeds: &feeds,
+        criterion,
+        user: config.user_criterion.clone(),
+        low: low.clone(),
+        high,
+        accumulate: config.precision.accumulator()?,
+        amax: amax.as_ref(),
+        cache_budget,
+        jobs: 1,
+        stop: &stop,
+        decode: decoder.as_ref(),
+    })?;
+    space.prepare(None, golden.as_ref(), &mut quiet)?;
+    let mut check = check(plan_candidates(&model, low, high, amax.as_ref()));
+    let oracle: &mut dyn Oracle = match check.as_mut() {
+        Some(c) => c,
+        None => space.oracle(),
+    };
+    answer(oracle, ready, batches, verdicts)
+}
+
+/// Says the worker is ready, then judges batches until the channel closes.
+fn answer(
+    oracle: &mut dyn Oracle,
+    ready: &Sender<Result<()>>,
+    batches: &Receiver<Batch>,
+    verdicts: &Sender<Verdicts>,
+) -> Result<()> {
+    if ready.send(Ok(())).is_err() {
+        return Ok(());
+    }
+    for sets in batches.iter() {
+        if verdicts.send(oracle.evaluate_batch(&sets)).is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// What a worker needs from a [`Config`]: everything but the driver's own options.
+pub fn worker_config(mut config: Config) -> Config {
+    config.load_debug_replay = None;
+    config.save_debug_replay = None;
+    config.remote = None;
+    config.layer_errors = false;
+    config.jobs = 1;
+    config
+}
