@@ -47,6 +47,8 @@ __all__ = [
     "compare",
     "convert",
     "debug_precision",
+    "plan",
+    "PlanResult",
     "quantize",
     "run",
 ]
@@ -708,3 +710,124 @@ def compare(
             metrics=_items(metrics, "metrics"),
         )
     ]
+
+
+class PlanResult:
+    """A finished ``plan``: ``front`` (every evaluated point, cheapest to safest), ``chosen``
+    (the index of the cheapest point that passed, None when none did), ``baselines`` (the
+    uniform assignments), ``assignment`` (the chosen point's format per layer); ``export()``,
+    ``report()``, ``save()`` as the CLI's ``-o``, ``--report``, ``--save-result``."""
+
+    def __init__(self, native: Any) -> None:
+        self._native = native
+        self._dict: Dict[str, Any] = json.loads(native.result_json())
+
+    @property
+    def front(self) -> List[Dict[str, Any]]:
+        return list(self._dict["front"])
+
+    @property
+    def chosen(self) -> Optional[int]:
+        c = self._dict.get("chosen")
+        return None if c is None else int(c)
+
+    @property
+    def baselines(self) -> List[Dict[str, Any]]:
+        return list(self._dict["baselines"])
+
+    @property
+    def assignment(self) -> Dict[str, str]:
+        """The chosen point's format of each layer (empty when no point passed)."""
+        if self.chosen is None:
+            return {}
+        return dict(self._dict["front"][self.chosen]["layers"])
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The ``--save-result`` JSON as a dict (a copy)."""
+        return json.loads(json.dumps(self._dict))
+
+    def save(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        _write(path, self._native.result_json().encode())
+
+    def export(self, path: Union[str, "os.PathLike[str]", None] = None) -> Any:
+        """The chosen point as a strongly typed ONNX model (Q/DQ for int8/fp8, Casts for
+        float16/bfloat16): written to ``path`` when given; an ``onnx.ModelProto`` when onnx is
+        importable, else bytes. None when no point passed."""
+        out = self._native.export()
+        if out is None:
+            return None
+        data, notes = out
+        for note in notes:
+            _log.info(note)
+        if path is not None:
+            _write(path, data)
+        try:
+            import onnx  # type: ignore[import-not-found]
+        except ImportError:
+            return data
+        return onnx.load_model_from_string(data)
+
+    def report(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the HTML report (the front plotted, the per-layer table)."""
+        _write(path, self._native.html().encode())
+
+    def _repr_html_(self) -> str:
+        return str(self._native.html())
+
+    def __repr__(self) -> str:
+        return f"PlanResult(points={len(self.front)}, chosen={self.chosen!r})"
+
+
+def plan(
+    model: ModelLike,
+    *,
+    formats: Union[str, Sequence[str]] = ("fp8", "int8", "fp16"),
+    high: str = "float32",
+    objective: str = "latency",
+    target: Union[str, "os.PathLike[str]"] = "h100",
+    inputs: Optional[DataLike] = None,
+    seed: Optional[int] = None,
+    iterations: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+    atol: Any = None,
+    rtol: Any = None,
+    check_error_stat: Any = None,
+    error_quantile: Any = None,
+    metrics: Any = None,
+    calibration_cache: Union[str, "os.PathLike[str]", None] = None,
+    calibration_algo: Optional[str] = None,
+    jobs: int = 1,
+    cache_budget: str = "auto",
+) -> PlanResult:
+    """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
+    fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
+    bytes or effective-bits on ``target`` (h100, b200 or a JSON cost file), under the same
+    criterion and data arguments as ``debug_precision``. Every point of the returned front was
+    evaluated; the chosen one (the cheapest that passed) was verified again. Raises
+    ``ValueError`` on a bad format, target, cost file or objective (one line naming it)."""
+    m = _Model(model)
+    if isinstance(formats, str):
+        formats = [f.strip() for f in formats.split(",") if f.strip()]
+    data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
+    native = _emit_warnings(
+        lambda: _native.plan(
+            m.path,
+            formats=list(formats),
+            high=high,
+            objective=objective,
+            target=os.fspath(target),
+            **data,
+            atol=_items(atol, "atol"),
+            rtol=_items(rtol, "rtol"),
+            check_error_stat=_items(check_error_stat, "check_error_stat"),
+            error_quantile=_items(error_quantile, "error_quantile"),
+            metrics=_items(metrics, "metrics"),
+            calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+            calibration_algo=calibration_algo,
+            jobs=jobs,
+            cache_budget=cache_budget,
+        )
+    )
+    return PlanResult(native)

@@ -144,3 +144,34 @@ def compare(
     metrics: Sequence[str],
 ) -> List[Dict[str, Dict[str, Any]]]: ...
 def main(argv: List[str]) -> int: ...
+
+class Plan:
+    def result_json(self) -> str: ...
+    def export(self) -> Optional[Tuple[bytes, List[str]]]: ...
+    def html(self) -> str: ...
+    def front_lines(self) -> List[str]: ...
+
+def plan(
+    model: str,
+    *,
+    formats: Sequence[str],
+    high: str,
+    objective: str,
+    target: str,
+    inputs: Optional[List[Dict[str, np.ndarray]]],
+    load_inputs: Sequence[str],
+    seed: Optional[int],
+    iterations: Optional[int],
+    val_range: Sequence[str],
+    input_shapes: Sequence[str],
+    data_loader_script: Optional[str],
+    atol: Sequence[str],
+    rtol: Sequence[str],
+    check_error_stat: Sequence[str],
+    error_quantile: Sequence[str],
+    metrics: Sequence[str],
+    calibration_cache: Optional[str],
+    calibration_algo: Optional[str],
+    jobs: int,
+    cache_budget: str,
+) -> Plan: ...

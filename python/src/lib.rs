@@ -12,6 +12,7 @@ use mixprec::jobs::debug_precision::{
     self as dp, CheckOptions, Config, GoldenSource, Hooks, Outcome,
 };
 use mixprec::jobs::options::{CalibOptions, CompareOptions, DataOptions, Inputs, PrecisionOptions};
+use mixprec::jobs::plan as plan_job;
 use mixprec::jobs::quantize as quantize_job;
 use mixprec::jobs::run as run_job;
 use mixprec::jobs::search_worker::{worker_config, Worker as SearchWorker};
@@ -984,6 +985,116 @@ fn calibrate(
     Ok(done.cache.amax_map())
 }
 
+/// A finished `plan`: the front, the chosen point, the baselines; its model on demand.
+#[pyclass(module = "mixprec._native", name = "Plan", frozen)]
+struct Plan {
+    outcome: plan_job::Outcome,
+}
+
+#[pymethods]
+impl Plan {
+    /// The `--save-result` JSON.
+    fn result_json(&self) -> PyResult<String> {
+        let bytes = self.outcome.result_json().map_err(to_py)?;
+        String::from_utf8(bytes).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
+    /// The chosen point's model as serialized ONNX bytes, and the exporter's notes; None when
+    /// no point passed.
+    fn export<'py>(&self, py: Python<'py>) -> PyResult<Option<(Bound<'py, PyBytes>, Vec<String>)>> {
+        let exported = py.detach(|| self.outcome.export()).map_err(to_py)?;
+        Ok(exported.map(|e| {
+            (
+                PyBytes::new(py, &mixprec::export::model_bytes(&e.model)),
+                e.notes,
+            )
+        }))
+    }
+
+    /// The HTML report (the front plotted, the per-layer table).
+    fn html(&self) -> String {
+        self.outcome.html()
+    }
+
+    /// The front as the CLI prints it.
+    fn front_lines(&self) -> Vec<String> {
+        self.outcome.front_lines()
+    }
+}
+
+/// `plan` in process. See `mixprec.plan` for the arguments.
+#[pyfunction]
+#[pyo3(signature = (
+    model, *, formats, high, objective, target, inputs, load_inputs, seed, iterations,
+    val_range, input_shapes, data_loader_script, atol, rtol, check_error_stat,
+    error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget
+))]
+#[allow(clippy::too_many_arguments)]
+fn plan(
+    py: Python<'_>,
+    model: PathBuf,
+    formats: Vec<String>,
+    high: String,
+    objective: String,
+    target: String,
+    inputs: Option<Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+    atol: Vec<String>,
+    rtol: Vec<String>,
+    check_error_stat: Vec<String>,
+    error_quantile: Vec<String>,
+    metrics: Vec<String>,
+    calibration_cache: Option<PathBuf>,
+    calibration_algo: Option<String>,
+    jobs: usize,
+    cache_budget: String,
+) -> PyResult<Plan> {
+    let config = plan_job::Config {
+        model,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        formats,
+        high,
+        objective,
+        target,
+        compare: CompareOptions {
+            atol,
+            rtol,
+            check_error_stat,
+            error_quantile,
+            metric: metrics,
+        },
+        calibration_cache,
+        calib: CalibOptions {
+            calibration_algo,
+            ..Default::default()
+        },
+        jobs,
+        cache_budget,
+    };
+    let validated = config.validate().map_err(to_py)?;
+    let stop = AtomicBool::new(false);
+    let mut events = Vec::new();
+    let outcome = guarded("plan", || {
+        py.detach(|| plan_job::run(validated, &mut |e| events.push(e), &NoProgress, &stop))
+            .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    Ok(Plan { outcome })
+}
+
 /// `quantize` in process: the model with Q/DQ (int8/fp8 calibrated, or int4/NVFP4 weight-only)
 /// as bytes, the layers quantized, and the notes on the written model.
 #[pyfunction]
@@ -1164,6 +1275,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(convert, m)?)?;
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_class::<Plan>()?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;

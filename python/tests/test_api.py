@@ -490,3 +490,43 @@ def test_debug_precision_decode_judges_generated_tokens(tmp_path: Path) -> None:
     )
     # float16 rounding of these weights does not change a token: nothing needs float32.
     assert result.outcome == "nothing-needed", result.to_dict()
+
+
+def test_plan_chooses_a_format_per_layer_on_an_evaluated_front(tmp_path: Path) -> None:
+    model = ROOT / "examples" / "transformer.onnx"
+    result = mixprec.plan(
+        model,
+        formats="fp8,int8,fp16",
+        objective="latency",
+        target="h100",
+        seed=1,
+        iterations=2,
+        metrics=["snr:30"],
+        atol=1e30,
+    )
+    front = result.front
+    assert front and all(isinstance(p["passed"], bool) for p in front)
+    assert result.chosen is not None and front[result.chosen]["passed"]
+    # The chosen point is the cheapest that passed.
+    passing = [p["cost"] for p in front if p["passed"]]
+    assert front[result.chosen]["cost"] == min(passing)
+    assert set(result.assignment.values()) <= {"fp8e4m3", "int8", "float16", "float32"}
+    assert len(result.baselines) == 3
+    # The same front as the CLI's --save-result.
+    saved = tmp_path / "plan.json"
+    code = mixprec._native.main(
+        ["mixprec", "plan", str(model), "--formats", "fp8,int8,fp16", "--seed", "1",
+         "--iterations", "2", "--metric", "snr:30", "--atol", "1e30",
+         "--save-result", str(saved)]
+    )
+    assert code == 0
+    cli = json.loads(saved.read_text())
+    assert [p["passed"] for p in cli["front"]] == [p["passed"] for p in front]
+    assert cli["chosen"] == result.chosen
+    out = tmp_path / "planned.onnx"
+    result.export(out)
+    assert out.stat().st_size > 0
+    result.report(tmp_path / "plan.html")
+    assert "<svg" in (tmp_path / "plan.html").read_text()
+    with pytest.raises(ValueError, match="fp4"):
+        mixprec.plan(model, formats=["fp4"])
