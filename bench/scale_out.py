@@ -3,7 +3,6 @@ workers (a local Ray instance), with the same answer and trials in every row."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,6 +13,7 @@ from typing import Any, Dict, List
 import ray
 
 import mixprec
+from mixprec._scale import comparable
 
 # The check: sleep (the engine build), then the candidate's model against the FP32 model on
 # fixed inputs, in a child Python (as a deployment check would run).
@@ -28,24 +28,6 @@ ok = all(np.allclose(a[k], b[k], rtol=1e-2, atol=1e-2)
          for a, b in zip(run(candidate), run(reference)) for k in b)
 sys.exit(0 if ok else 1)
 """
-
-DRIVER_COUNTERS = (
-    "wall_seconds",
-    "fp32_inference_seconds",
-    "speculative_evaluations",
-    "layer_executions",
-    "layer_executions_without_cache",
-    "cache_peak_bytes",
-    "cache_evictions",
-)
-
-
-def comparable(result: Dict[str, Any]) -> Dict[str, Any]:
-    r = json.loads(json.dumps(result))
-    r.pop("model", None)
-    for k in DRIVER_COUNTERS:
-        r["stats"].pop(k, None)
-    return r
 
 
 def main() -> None:

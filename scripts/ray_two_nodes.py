@@ -5,7 +5,6 @@ the trials and the result file must be those of the serial search on the driver.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 from typing import Any, Dict, List
@@ -14,24 +13,7 @@ import numpy as np
 import ray
 
 import mixprec
-
-DRIVER_COUNTERS = (
-    "wall_seconds",
-    "fp32_inference_seconds",
-    "speculative_evaluations",
-    "layer_executions",
-    "layer_executions_without_cache",
-    "cache_peak_bytes",
-    "cache_evictions",
-)
-
-
-def comparable(result: Dict[str, Any]) -> Dict[str, Any]:
-    r = json.loads(json.dumps(result))
-    r.pop("model", None)
-    for k in DRIVER_COUNTERS:
-        r["stats"].pop(k, None)
-    return r
+from mixprec._scale import comparable
 
 
 class Close:

@@ -296,15 +296,7 @@ class SearchResult:
         data = self._native.export()
         if data is None:
             return None
-        for note in self._native.export_notes():
-            _log.info(note)
-        if path is not None:
-            _write(path, data)
-        try:
-            import onnx  # type: ignore[import-not-found]
-        except ImportError:
-            return data
-        return onnx.load_model_from_string(data)
+        return _deliver_model(data, self._native.export_notes(), path)
 
     def report(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes the HTML report (the answer, every candidate's error and verdict)."""
@@ -318,6 +310,22 @@ class SearchResult:
             f"SearchResult(outcome={self.outcome!r}, layers={self.layers!r}, "
             f"evaluations={self.evaluations})"
         )
+
+
+def _deliver_model(
+    data: bytes, notes: Sequence[str], path: Union[str, "os.PathLike[str]", None]
+) -> Any:
+    """A written model handed back: its notes logged, written to ``path`` when given, returned
+    as an ``onnx.ModelProto`` when onnx is importable, else as bytes."""
+    for note in notes:
+        _log.info(note)
+    if path is not None:
+        _write(path, data)
+    try:
+        import onnx  # type: ignore[import-not-found]
+    except ImportError:
+        return data
+    return onnx.load_model_from_string(data)
 
 
 def _write(path: Union[str, "os.PathLike[str]"], data: bytes) -> None:
@@ -571,15 +579,7 @@ def convert(
             fallback=fallback,
         )
     )
-    for note in notes:
-        _log.info(note)
-    if output is not None:
-        _write(output, data)
-    try:
-        import onnx  # type: ignore[import-not-found]
-    except ImportError:
-        return data
-    return onnx.load_model_from_string(data)
+    return _deliver_model(data, notes, output)
 
 
 def quantize(
@@ -633,15 +633,7 @@ def quantize(
                 **data,
             )
         )
-    for note in notes:
-        _log.info(note)
-    if output is not None:
-        _write(output, blob)
-    try:
-        import onnx  # type: ignore[import-not-found]
-    except ImportError:
-        return blob
-    return onnx.load_model_from_string(blob)
+    return _deliver_model(blob, notes, output)
 
 
 def calibrate(
@@ -757,15 +749,7 @@ class PlanResult:
         if out is None:
             return None
         data, notes = out
-        for note in notes:
-            _log.info(note)
-        if path is not None:
-            _write(path, data)
-        try:
-            import onnx  # type: ignore[import-not-found]
-        except ImportError:
-            return data
-        return onnx.load_model_from_string(data)
+        return _deliver_model(data, notes, path)
 
     def report(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes the HTML report (the front plotted, the per-layer table)."""

@@ -17,6 +17,7 @@ another (``retries`` times), then the search stops with ``WorkerLostError`` nami
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
 import tempfile
@@ -389,3 +390,27 @@ def dispatcher(executor: ExecutorLike, spec: Spec, jobs: int, retries: int) -> _
     if isinstance(executor, RayWorkers):
         return _Dispatch(_RayBackend(executor, spec, executor.workers or jobs, retries))
     return _Dispatch(_FuturesBackend(executor, spec, retries))
+
+
+# What depends on how a search was spread, not on its answer: the driver's own work (candidates
+# evaluated ahead of need with jobs > 1, the layers its cache executed) and the times.
+DRIVER_COUNTERS = (
+    "wall_seconds",
+    "fp32_inference_seconds",
+    "speculative_evaluations",
+    "layer_executions",
+    "layer_executions_without_cache",
+    "cache_peak_bytes",
+    "cache_evictions",
+)
+
+
+def comparable(result: Dict[str, Any]) -> Dict[str, Any]:
+    """A search's ``--save-result`` dict without the model path and the driver's counters:
+    what is the same for any executor and number of workers (the tests', the two-node
+    script's and the benchmark's check)."""
+    r: Dict[str, Any] = json.loads(json.dumps(result))
+    r.pop("model", None)
+    for k in DRIVER_COUNTERS:
+        r["stats"].pop(k, None)
+    return r

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import mixprec
+from mixprec._scale import comparable
 
 ROOT = Path(__file__).resolve().parents[2]
 RANGE = "[1,2]"
@@ -31,27 +32,6 @@ SPAWN = multiprocessing.get_context("spawn")
 
 def pool(workers: int) -> ProcessPoolExecutor:
     return ProcessPoolExecutor(workers, mp_context=SPAWN)
-
-# What a result file holds of the driver's own work, which moves to the workers: the
-# candidates evaluated ahead of need (with jobs > 1), the layers the driver's cache executed,
-# and the times. Everything else — outcome, answer, every trial, reasons — must be equal.
-DRIVER_COUNTERS = (
-    "wall_seconds",
-    "fp32_inference_seconds",
-    "speculative_evaluations",
-    "layer_executions",
-    "layer_executions_without_cache",
-    "cache_peak_bytes",
-    "cache_evictions",
-)
-
-
-def comparable(result: Dict[str, Any]) -> Dict[str, Any]:
-    r = json.loads(json.dumps(result))
-    r.pop("model", None)
-    for k in DRIVER_COUNTERS:
-        r["stats"].pop(k, None)
-    return r
 
 
 @pytest.fixture(scope="module")
