@@ -98,24 +98,7 @@ pub(crate) fn layer_norm_row(
     }
     let nf = n as f32;
     if n < kernel_threshold(simplified) {
-        if simplified {
-            let mut s = 0f32;
-            for &x in row.iter() {
-                s += x * x;
-            }
-            let d = (s / nf + eps).sqrt();
-            for (x, &g) in row.iter_mut().zip(scale) {
-                *x = *x / d * g;
-            }
-            return (0.0, 1.0 / d);
-        }
-        let (mean, m2) = welford(n, |i| row[i]);
-        let d = (m2 / nf + eps).sqrt();
-        for (i, x) in row.iter_mut().enumerate() {
-            let y = (*x - mean) / d * scale[i];
-            *x = bias.map_or(y, |b| y + b[i]);
-        }
-        return (mean, 1.0 / d);
+        return scalar_norm_row(row, scale, bias, eps, simplified);
     }
     if simplified {
         let s = sum_squares_avx2(n, |i| row[i]);
@@ -147,10 +130,24 @@ pub(crate) fn skip_norm_row(
     eps: f32,
     simplified: bool,
 ) -> (f32, f32) {
-    let n = row.len();
-    if n == 0 {
+    if row.is_empty() {
         return (0.0, 0.0);
     }
+    scalar_norm_row(row, gamma, beta, eps, simplified)
+}
+
+/// The scalar loop both ONNX Runtime kernels share: `layer_norm_impl.cc` below the MLAS
+/// kernel's threshold and `skip_layer_norm.cc` always — f32 in order (the sum of squares, or
+/// Welford's mean and M2), then `(x − mean) / d · scale (+ bias)`; returns (mean, 1/d), mean 0
+/// for the simplified form. `row` is not empty.
+fn scalar_norm_row(
+    row: &mut [f32],
+    scale: &[f32],
+    bias: Option<&[f32]>,
+    eps: f32,
+    simplified: bool,
+) -> (f32, f32) {
+    let n = row.len();
     let nf = n as f32;
     if simplified {
         let mut s = 0f32;
@@ -158,7 +155,7 @@ pub(crate) fn skip_norm_row(
             s += x * x;
         }
         let d = (s / nf + eps).sqrt();
-        for (x, &g) in row.iter_mut().zip(gamma) {
+        for (x, &g) in row.iter_mut().zip(scale) {
             *x = *x / d * g;
         }
         return (0.0, 1.0 / d);
@@ -166,8 +163,8 @@ pub(crate) fn skip_norm_row(
     let (mean, m2) = welford(n, |i| row[i]);
     let d = (m2 / nf + eps).sqrt();
     for (i, x) in row.iter_mut().enumerate() {
-        let y = (*x - mean) / d * gamma[i];
-        *x = beta.map_or(y, |b| y + b[i]);
+        let y = (*x - mean) / d * scale[i];
+        *x = bias.map_or(y, |b| y + b[i]);
     }
     (mean, 1.0 / d)
 }
