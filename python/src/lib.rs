@@ -1251,15 +1251,10 @@ fn warn_events(py: Python<'_>, events: Vec<Event>) -> PyResult<()> {
 }
 
 /// The `mixprec` command in this process: `argv` as `sys.argv` (the program name first);
-/// returns the exit status.
+/// returns the exit status. The host process's signal dispositions are left as they are
+/// (the console script, `mixprec._cli.main`, restores SIGPIPE's default before calling this).
 #[pyfunction]
 fn main(argv: Vec<String>) -> i32 {
-    // Like the binary: end quietly on a closed stdout pipe.
-    // SAFETY: restoring the default disposition of one signal; Python's own handlers are not
-    // needed again (the process exits with the returned status).
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     let code = mixprec_cli::main_from(argv);
     (0..=255u8)
         .find(|&k| std::process::ExitCode::from(k) == code)

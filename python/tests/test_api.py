@@ -520,6 +520,10 @@ def test_plan_chooses_a_format_per_layer_on_an_evaluated_front(tmp_path: Path) -
          "--save-result", str(saved)]
     )
     assert code == 0
+    # The CLI run in process left this process's signals alone: a write to a closed pipe
+    # is still an error here, not a SIGPIPE that kills the interpreter.
+    if hasattr(signal, "SIGPIPE"):
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN
     cli = json.loads(saved.read_text())
     assert [p["passed"] for p in cli["front"]] == [p["passed"] for p in front]
     assert cli["chosen"] == result.chosen
