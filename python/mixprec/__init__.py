@@ -775,6 +775,8 @@ def plan(
     val_range: Any = None,
     input_shapes: Any = None,
     data_loader_script: Optional[str] = None,
+    golden: Optional[DataLike] = None,
+    criterion: Optional[Criterion] = None,
     atol: Any = None,
     rtol: Any = None,
     check_error_stat: Any = None,
@@ -784,17 +786,32 @@ def plan(
     calibration_algo: Optional[str] = None,
     jobs: int = 1,
     cache_budget: str = "auto",
+    check: Union[str, Sequence[str], None] = None,
+    check_timeout: Optional[float] = None,
+    decode: Optional[int] = None,
 ) -> PlanResult:
     """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
     fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
     bytes or effective-bits on ``target`` (h100, b200 or a JSON cost file), under the same
-    criterion and data arguments as ``debug_precision``. Every point of the returned front was
-    evaluated; the chosen one (the cheapest that passed) was verified again. Raises
-    ``ValueError`` on a bad format, target, cost file or objective (one line naming it)."""
+    criterion and data arguments as ``debug_precision`` (``golden``: reference outputs instead of
+    the FP32 run; ``criterion(outputs, golden) -> bool`` judges every point instead of the
+    tolerances, which still measure its error). Every point of the returned front was
+    evaluated; the chosen one (the cheapest that passed) was verified again. ``check``: a
+    command (``--check``; ``{model}`` is each point's strongly typed model, e.g. ``"trtexec
+    --onnx={model} --stronglyTyped ..."``) judges the chosen point and its neighbours by cost,
+    then safer points until one passes; the chosen point is then the cheapest it passed, and
+    each judged point of ``front`` has its ``"check"`` verdict. ``decode=N``: each input set
+    is a prompt and every point generates N tokens (as in ``debug_precision``). Raises ``ValueError`` on a bad
+    format, target, cost file or objective (one line naming it)."""
     m = _Model(model)
+    if isinstance(check, str):
+        import shlex
+
+        check = shlex.split(check)
     if isinstance(formats, str):
         formats = [f.strip() for f in formats.split(",") if f.strip()]
     data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
+    golden_sets, golden_path = _data(golden, "golden")
     native = _emit_warnings(
         lambda: _native.plan(
             m.path,
@@ -803,6 +820,9 @@ def plan(
             objective=objective,
             target=os.fspath(target),
             **data,
+            golden=golden_sets,
+            golden_path=golden_path,
+            criterion=criterion,
             atol=_items(atol, "atol"),
             rtol=_items(rtol, "rtol"),
             check_error_stat=_items(check_error_stat, "check_error_stat"),
@@ -812,6 +832,9 @@ def plan(
             calibration_algo=calibration_algo,
             jobs=jobs,
             cache_budget=cache_budget,
+            check=list(check or []),
+            check_timeout=check_timeout,
+            decode=decode,
         )
     )
     return PlanResult(native)

@@ -474,58 +474,10 @@ fn debug_precision(
     remote: Option<Py<PyAny>>,
     as_worker: bool,
 ) -> PyResult<Py<PyAny>> {
-    let golden = match (golden, golden_path) {
-        (Some(g), _) => Some(GoldenSource::Outputs(
-            to_sets(&g)?
-                .into_iter()
-                .map(|m| m.into_iter().collect())
-                .collect(),
-        )),
-        (None, Some(p)) => Some(GoldenSource::File(p)),
-        (None, None) => None,
-    };
+    let golden = golden_source(golden, golden_path)?;
     // The criterion's exception, kept to be raised as itself once the search has stopped.
     let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
-    let user_criterion = criterion.map(|f| {
-        let raised = raised.clone();
-        let calls = Arc::new(AtomicUsize::new(0));
-        UserCriterion(Arc::new(move |outputs: Vec<Outputs>, golden: &[&Outputs]| {
-            let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
-            Python::attach(|py| {
-                let judged = (|| -> PyResult<bool> {
-                    let outs = PyList::empty(py);
-                    for o in outputs {
-                        outs.append(outputs_to_py(py, o)?)?;
-                    }
-                    let gold = PyList::empty(py);
-                    for g in golden {
-                        gold.append(borrowed_outputs_to_py(py, g)?)?;
-                    }
-                    let verdict = f.bind(py).call1((outs, gold))?;
-                    if let Ok(b) = verdict.cast::<pyo3::types::PyBool>() {
-                        return Ok(b.is_true());
-                    }
-                    // numpy's bool scalar (what `np.all(...)` returns) is a bool too.
-                    if verdict.is_instance(&py.import("numpy")?.getattr("bool_")?)? {
-                        return verdict.is_truthy();
-                    }
-                    Err(PyTypeError::new_err(format!(
-                        "the criterion returned {} ({}), not a bool",
-                        verdict.repr()?,
-                        verdict.get_type().name()?
-                    )))
-                })();
-                judged.map_err(|e| {
-                    let note = format!(
-                        "raised by the criterion on its call {call} (judging a candidate plan of the search)"
-                    );
-                    let _ = e.value(py).call_method1("add_note", (note.clone(),));
-                    *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
-                    Error::Invalid(format!("criterion: {note}"))
-                })
-            })
-        }))
-    });
+    let user_criterion = criterion.map(|f| user_criterion(f, raised.clone()));
     let stop = Arc::new(AtomicBool::new(false));
     let interrupted = Arc::new(AtomicBool::new(false));
     let remote_errors: Arc<Mutex<Vec<PyErr>>> = Arc::default();
@@ -630,6 +582,67 @@ fn debug_precision(
         },
     )?
     .into_any())
+}
+
+/// Golden outputs given in memory (one dict of arrays per input set) or as a file.
+fn golden_source(
+    golden: Option<Bound<'_, PyList>>,
+    golden_path: Option<PathBuf>,
+) -> PyResult<Option<GoldenSource>> {
+    Ok(match (golden, golden_path) {
+        (Some(g), _) => Some(GoldenSource::Outputs(
+            to_sets(&g)?
+                .into_iter()
+                .map(|m| m.into_iter().collect())
+                .collect(),
+        )),
+        (None, Some(p)) => Some(GoldenSource::File(p)),
+        (None, None) => None,
+    })
+}
+
+/// A Python criterion `f(outputs, golden) -> bool` as the library's; an exception it raises is
+/// kept in `raised`, to be raised as itself once the job has stopped.
+fn user_criterion(f: Py<PyAny>, raised: Arc<Mutex<Option<PyErr>>>) -> UserCriterion {
+    let calls = Arc::new(AtomicUsize::new(0));
+    UserCriterion(Arc::new(
+        move |outputs: Vec<Outputs>, golden: &[&Outputs]| {
+            let call = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            Python::attach(|py| {
+                let judged = (|| -> PyResult<bool> {
+                    let outs = PyList::empty(py);
+                    for o in outputs {
+                        outs.append(outputs_to_py(py, o)?)?;
+                    }
+                    let gold = PyList::empty(py);
+                    for g in golden {
+                        gold.append(borrowed_outputs_to_py(py, g)?)?;
+                    }
+                    let verdict = f.bind(py).call1((outs, gold))?;
+                    if let Ok(b) = verdict.cast::<pyo3::types::PyBool>() {
+                        return Ok(b.is_true());
+                    }
+                    // numpy's bool scalar (what `np.all(...)` returns) is a bool too.
+                    if verdict.is_instance(&py.import("numpy")?.getattr("bool_")?)? {
+                        return verdict.is_truthy();
+                    }
+                    Err(PyTypeError::new_err(format!(
+                        "the criterion returned {} ({}), not a bool",
+                        verdict.repr()?,
+                        verdict.get_type().name()?
+                    )))
+                })();
+                judged.map_err(|e| {
+                let note = format!(
+                    "raised by the criterion on its call {call} (judging a candidate plan of the search)"
+                );
+                let _ = e.value(py).call_method1("add_note", (note.clone(),));
+                *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                Error::Invalid(format!("criterion: {note}"))
+            })
+            })
+        },
+    ))
 }
 
 /// The words that tie a library error to the exception a worker raised.
@@ -1026,8 +1039,10 @@ impl Plan {
 #[pyfunction]
 #[pyo3(signature = (
     model, *, formats, high, objective, target, inputs, load_inputs, seed, iterations,
-    val_range, input_shapes, data_loader_script, atol, rtol, check_error_stat,
-    error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget
+    val_range, input_shapes, data_loader_script, golden, golden_path, criterion, atol, rtol,
+    check_error_stat,
+    error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget, check,
+    check_timeout, decode
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
@@ -1044,6 +1059,9 @@ fn plan(
     val_range: Vec<String>,
     input_shapes: Vec<String>,
     data_loader_script: Option<String>,
+    golden: Option<Bound<'_, PyList>>,
+    golden_path: Option<PathBuf>,
+    criterion: Option<Py<PyAny>>,
     atol: Vec<String>,
     rtol: Vec<String>,
     check_error_stat: Vec<String>,
@@ -1053,8 +1071,14 @@ fn plan(
     calibration_algo: Option<String>,
     jobs: usize,
     cache_budget: String,
+    check: Vec<String>,
+    check_timeout: Option<f64>,
+    decode: Option<usize>,
 ) -> PyResult<Plan> {
+    let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let config = plan_job::Config {
+        golden: golden_source(golden, golden_path)?,
+        user_criterion: criterion.map(|f| user_criterion(f, raised.clone())),
         model,
         inputs: inputs_from(
             inputs.as_ref(),
@@ -1083,6 +1107,14 @@ fn plan(
         },
         jobs,
         cache_budget,
+        check: (!check.is_empty()).then(|| CheckOptions {
+            command: check,
+            timeout: check_timeout,
+            artifacts_dir: "polygraphy_artifacts".into(),
+            ..Default::default()
+        }),
+        verbose: false,
+        decode,
     };
     let validated = config.validate().map_err(to_py)?;
     let stop = AtomicBool::new(false);
@@ -1090,7 +1122,11 @@ fn plan(
     let outcome = guarded("plan", || {
         py.detach(|| plan_job::run(validated, &mut |e| events.push(e), &NoProgress, &stop))
             .map_err(to_py)
-    })?;
+    });
+    if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        return Err(e);
+    }
+    let outcome = outcome?;
     warn_events(py, events)?;
     Ok(Plan { outcome })
 }

@@ -534,3 +534,47 @@ def test_plan_chooses_a_format_per_layer_on_an_evaluated_front(tmp_path: Path) -
     assert "<svg" in (tmp_path / "plan.html").read_text()
     with pytest.raises(ValueError, match="fp4"):
         mixprec.plan(model, formats=["fp4"])
+    # A check command judges the chosen point and its neighbours: one that passes everything
+    # keeps the choice; one that passes nothing leaves none.
+    kw: Dict[str, Any] = dict(formats="fp8,int8,fp16", seed=1, iterations=2, metrics=["snr:30"], atol=1e30)
+    agreed = mixprec.plan(model, check="sh -c 'exit 0'", **kw)
+    assert agreed.chosen == result.chosen
+    assert agreed.front[agreed.chosen]["check"]["passed"] is True
+    assert sum(p["check"] is not None for p in agreed.front) >= 2
+    # golden= and criterion= as in debug_precision: a criterion that passes everything
+    # chooses the cheapest point; its exception reaches the caller as itself.
+    golden = mixprec.run(model, seed=1, iterations=2)
+    lenient = mixprec.plan(model, golden=golden, criterion=lambda o, g: True, **kw)
+    costs = [p["cost"] for p in lenient.front]
+    assert lenient.chosen is not None and costs[lenient.chosen] == min(costs)
+
+    def broken(o: Any, g: Any) -> bool:
+        raise ZeroDivisionError("my metric")
+
+    with pytest.raises(ZeroDivisionError, match="my metric"):
+        mixprec.plan(model, criterion=broken, **kw)
+    refused = mixprec.plan(model, check=["sh", "-c", "exit 3"], **kw)
+    assert refused.chosen is None and refused.assignment == {}
+    assert all(p["check"] is None or p["check"]["passed"] is False for p in refused.front)
+
+
+def test_plan_decode_judges_every_point_on_generated_tokens(tmp_path: Path) -> None:
+    model = tmp_path / "decoder.onnx"
+    tiny_decoder(model)
+    seen: List[Any] = []
+
+    def same_tokens(outputs: List[Dict[str, np.ndarray]], golden: List[Dict[str, np.ndarray]]) -> bool:
+        seen.append(outputs[0]["tokens"].shape)
+        return bool(np.array_equal(outputs[0]["tokens"], golden[0]["tokens"]))
+
+    result = mixprec.plan(
+        model,
+        inputs=[{"input_ids": np.array([[1, 3, 0]], np.int64)}],
+        decode=4,
+        formats="int8,fp16",
+        criterion=same_tokens,
+    )
+    # Every evaluation generated 4 tokens and was judged on them.
+    assert seen and all(s == (1, 4) for s in seen)
+    assert len(seen) >= len(result.front)
+    assert result.chosen is not None and result.front[result.chosen]["passed"]

@@ -5,6 +5,8 @@
 //! asks for (`--save-result` JSON, the mixed-precision model, the HTML report). The CLI and
 //! the Python package render the same outcome; the job reports through [`Hooks`].
 
+pub use super::check::CheckOptions;
+use super::check::{check_oracle, CheckLimits, TempDir};
 pub use super::options::Inputs;
 use super::options::{CompareOptions, PrecisionOptions};
 use super::ranges::ranges_for_plan;
@@ -40,7 +42,6 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 /// Golden outputs: a Polygraphy RunResults file, or outputs given in memory (one map per
 /// input set).
@@ -48,22 +49,6 @@ use std::time::Duration;
 pub enum GoldenSource {
     File(PathBuf),
     Outputs(Vec<crate::golden::Outputs>),
-}
-
-/// A user command that judges each candidate (`--check` and the options that go with it).
-#[derive(Clone, Debug, Default)]
-pub struct CheckOptions {
-    /// The command and its arguments, with placeholders (`{model}`, ...).
-    pub command: Vec<String>,
-    pub fail_regex: Option<String>,
-    /// Seconds before the command is killed and the candidate counted as failing.
-    pub timeout: Option<f64>,
-    pub iter_artifact: Option<PathBuf>,
-    pub keep_iter_artifact: bool,
-    pub artifacts: Vec<PathBuf>,
-    pub artifacts_dir: PathBuf,
-    pub show_output: bool,
-    pub hide_fail_output: bool,
 }
 
 /// Everything `debug precision` is asked to do, as the user gave it.
@@ -142,8 +127,7 @@ pub struct Validated {
     pub criterion: Criterion,
     pub high: Precision,
     pub cache_budget: Option<usize>,
-    pub(crate) fail_regex: Option<regex::Regex>,
-    pub(crate) check_timeout: Option<Duration>,
+    pub(crate) check_limits: CheckLimits,
 }
 
 impl Config {
@@ -169,50 +153,16 @@ impl Config {
         if self.jobs == 0 {
             return Err(Error::Invalid("--jobs: expected at least 1".into()));
         }
-        let (mut fail_regex, mut check_timeout) = (None, None);
-        if let Some(c) = &self.check {
-            if c.command.is_empty() {
-                return Err(Error::Invalid("--check: no command given".into()));
-            }
-            if let Some(r) = &c.fail_regex {
-                fail_regex = Some(
-                    regex::Regex::new(r)
-                        .map_err(|e| Error::Invalid(format!("--fail-regex '{r}': {e}")))?,
-                );
-            }
-            check_timeout = match c.timeout {
-                Some(s) if s.is_finite() && s > 0.0 => Some(Duration::from_secs_f64(s)),
-                Some(s) => {
-                    return Err(Error::Invalid(format!(
-                        "--check-timeout {s}: expected a positive number of seconds"
-                    )))
-                }
-                None => None,
-            };
-            if self.jobs > 1 {
-                // Commands running at the same time each work in their own directory; a
-                // file named by an absolute path would be written by all of them.
-                if let Some(p) = c
-                    .iter_artifact
-                    .iter()
-                    .chain(&c.artifacts)
-                    .find(|p| p.is_absolute())
-                {
-                    return Err(Error::Invalid(format!(
-                        "--jobs {}: {} is an absolute path, which every command running at once would write; give it relative to the command's working directory (each job has its own)",
-                        self.jobs,
-                        p.display()
-                    )));
-                }
-            }
-        }
+        let check_limits = match &self.check {
+            Some(c) => c.validate(self.jobs)?,
+            None => CheckLimits::default(),
+        };
         Ok(Validated {
             config: self,
             criterion,
             high,
             cache_budget,
-            fail_regex,
-            check_timeout,
+            check_limits,
         })
     }
 
@@ -304,6 +254,16 @@ fn digest<'t>(sets: Vec<Vec<(&'t str, &'t crate::tensor::Tensor)>>) -> String {
         }
     }
     format!("{} set(s), fnv1a {h:016x}", sets.len())
+}
+
+impl GoldenSource {
+    /// The golden outputs, read and checked.
+    pub(crate) fn load(&self) -> Result<GoldenFile> {
+        match self {
+            GoldenSource::File(p) => GoldenFile::load(p),
+            GoldenSource::Outputs(o) => golden_in_memory(o.clone()),
+        }
+    }
 }
 
 /// Golden outputs given in memory, checked as a golden file is.
@@ -573,31 +533,6 @@ impl SearchHooks for &Shared<'_> {
     }
 }
 
-/// A temporary directory removed on drop (candidate models for `--check`).
-pub(crate) struct TempDir(pub(crate) PathBuf);
-
-impl TempDir {
-    pub(crate) fn new() -> Result<TempDir> {
-        let base = std::env::temp_dir();
-        for k in 0..1000 {
-            let p = base.join(format!("mixprec-check-{}-{k}", std::process::id()));
-            if std::fs::create_dir(&p).is_ok() {
-                return Ok(TempDir(p));
-            }
-        }
-        Err(Error::Invalid(format!(
-            "cannot create a temporary directory in {}",
-            base.display()
-        )))
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// What a search works on, loaded and checked once: by the job, and by each of its remote
 /// workers ([`super::search_worker`]).
 pub(crate) struct Loaded {
@@ -612,11 +547,7 @@ pub(crate) struct Loaded {
 
 /// Loads the model, the golden outputs and the inputs, and decides which search runs.
 pub(crate) fn load(config: &Config, high: Precision, hooks: &mut dyn Hooks) -> Result<Loaded> {
-    let golden_file = match &config.golden {
-        Some(GoldenSource::File(p)) => Some(GoldenFile::load(p)?),
-        Some(GoldenSource::Outputs(o)) => Some(golden_in_memory(o.clone())?),
-        None => None,
-    };
+    let golden_file = config.golden.as_ref().map(GoldenSource::load).transpose()?;
     let model = load_model(&config.model)?;
     let graph = &model.graph;
     hooks.model_loaded(graph);
@@ -675,8 +606,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         criterion,
         high,
         cache_budget,
-        fail_regex,
-        check_timeout,
+        check_limits,
     } = v;
     // A replay from another model or with other settings fails before any work.
     let replay = if config.load_debug_replay.is_some() || config.save_debug_replay.is_some() {
@@ -727,8 +657,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
         Some(check_oracle(
             c,
-            &fail_regex,
-            check_timeout,
+            &check_limits,
             graph,
             high,
             candidate,
@@ -941,43 +870,4 @@ fn float_searches<'a>(
         }
     }
     Ok(searches)
-}
-
-/// The `--check` oracle of `c` over `candidate`s, writing them under `workdir`.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn check_oracle<'a>(
-    c: &CheckOptions,
-    fail_regex: &Option<regex::Regex>,
-    timeout: Option<Duration>,
-    graph: &'a crate::Graph,
-    high: Precision,
-    candidate: crate::search::space::CandidateModel<'a>,
-    workdir: PathBuf,
-    jobs: usize,
-    verbose: bool,
-    events: Box<dyn FnMut(Event) + 'a>,
-) -> CheckOracle<'a> {
-    CheckOracle {
-        graph,
-        high,
-        candidate,
-        command: c.command.clone(),
-        fail_regex: fail_regex.clone(),
-        timeout,
-        workdir,
-        jobs,
-        verbose,
-        evaluations: 0,
-        iter_artifact: c.iter_artifact.clone().or_else(|| {
-            (!c.command.iter().any(|a| a.contains("{model}")))
-                .then(|| PathBuf::from("polygraphy_debug.onnx"))
-        }),
-        keep_iter_artifact: c.keep_iter_artifact,
-        artifacts: c.artifacts.clone(),
-        artifacts_dir: c.artifacts_dir.clone(),
-        artifact_stamp: crate::data::polygraphy::runner_stamp().replace(['/', ':'], "-"),
-        show_output: c.show_output,
-        hide_fail_output: c.hide_fail_output,
-        events,
-    }
 }

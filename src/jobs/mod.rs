@@ -5,6 +5,7 @@
 //! keyword arguments and Python objects.
 
 pub mod calibrate;
+pub mod check;
 pub mod convert;
 pub mod debug_precision;
 pub mod inspect;

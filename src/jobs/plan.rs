@@ -4,9 +4,12 @@
 //! writes the files a user asks for (the mixed-precision model, `--save-result` JSON, the
 //! HTML report). The walk itself is [`crate::search::formats`].
 
+use super::check::{check_oracle, CheckLimits, CheckOptions, TempDir};
+use super::debug_precision::GoldenSource;
 use super::options::{CalibOptions, CompareOptions, Inputs, PrecisionOptions};
 use super::ranges::ranges_for_plan;
 use crate::compare::{fmt_g, Criterion};
+use crate::decode::Decoder;
 use crate::error::{Error, Result};
 use crate::event::{Event, Progress};
 use crate::exec::cache::parse_bytes;
@@ -16,17 +19,19 @@ use crate::numeric::Accumulator;
 use crate::onnx::Model;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
-use crate::search::builtin::BuiltinOracle;
+use crate::search::builtin::{BuiltinOracle, UserCriterion};
 use crate::search::driver::AUTO_BUDGET_MAX;
 use crate::search::formats::cost::{Cost, CostModel, CostObjective, Target};
 use crate::search::formats::{
-    cost_layers, decision_groups, walk_front, FormatSpace, FrontWalk, Sensitivity, Step,
+    check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontWalk,
+    Sensitivity, Step,
 };
 use crate::{load_model, Interpreter};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 /// Everything `plan` is asked to do, as the user gave it.
 #[derive(Clone, Debug)]
@@ -41,13 +46,26 @@ pub struct Config {
     pub objective: String,
     /// `--target`: h100, b200 or a JSON cost file.
     pub target: String,
+    /// Golden outputs (`--golden`); None: the model's own FP32 run.
+    pub golden: Option<GoldenSource>,
     pub compare: CompareOptions,
+    /// A user criterion that decides every verdict instead of the tolerances (the Python
+    /// API's `criterion=`); the tolerances still measure the error points report.
+    pub user_criterion: Option<UserCriterion>,
     pub calibration_cache: Option<PathBuf>,
     pub calib: CalibOptions,
     /// Evaluations at the same time (`--jobs`); the front is the same for any number.
     pub jobs: usize,
     /// `--cache-budget`: `auto` or a size such as `512M`.
     pub cache_budget: String,
+    /// A user command that judges the chosen point and its neighbours (`--check`,
+    /// [`crate::search::formats::check_front`]).
+    pub check: Option<CheckOptions>,
+    /// Report each `--check` command and its output.
+    pub verbose: bool,
+    /// `--decode N`: every evaluation generates N tokens greedily from each input set's prompt
+    /// (models with ONNX Runtime GenAI's names; [`crate::decode`]).
+    pub decode: Option<usize>,
 }
 
 impl Default for Config {
@@ -59,11 +77,16 @@ impl Default for Config {
             high: "float32".into(),
             objective: "latency".into(),
             target: "h100".into(),
+            golden: None,
             compare: CompareOptions::default(),
+            user_criterion: None,
             calibration_cache: None,
             calib: CalibOptions::default(),
             jobs: 1,
             cache_budget: "auto".into(),
+            check: None,
+            verbose: false,
+            decode: None,
         }
     }
 }
@@ -77,6 +100,7 @@ pub struct Validated {
     pub target: Target,
     pub criterion: Criterion,
     pub cache_budget: Option<usize>,
+    check_limits: CheckLimits,
 }
 
 impl Config {
@@ -137,6 +161,10 @@ impl Config {
         if self.jobs == 0 {
             return Err(Error::Invalid("--jobs: expected at least 1".into()));
         }
+        let check_limits = match &self.check {
+            Some(c) => c.validate(self.jobs)?,
+            None => CheckLimits::default(),
+        };
         let costless = CostModel {
             layers: Vec::new(),
             target: target.clone(),
@@ -157,6 +185,7 @@ impl Config {
             target,
             criterion,
             cache_budget,
+            check_limits,
         })
     }
 }
@@ -207,7 +236,9 @@ pub fn run(
         target,
         criterion,
         cache_budget,
+        check_limits,
     } = v;
+    let golden = config.golden.as_ref().map(GoldenSource::load).transpose()?;
     let model = load_model(&config.model)?;
     let graph = &model.graph;
     if crate::export::qdq::is_qdq_quantized(graph) {
@@ -217,7 +248,12 @@ pub fn run(
         )));
     }
     let interp = Interpreter::new(graph)?;
-    let feeds = config.inputs.feeds(graph, events)?;
+    // A generation starts from each input set's prompt with an empty cache: the calibration
+    // and the cost facts see those first steps' feeds.
+    let decoder = config.decode.map(|n| Decoder::new(graph, n)).transpose()?;
+    let feeds = config
+        .inputs
+        .first_runs(graph, decoder.as_ref(), &mut |e| events(e))?;
     let candidates = PrecisionPlan::candidates(graph);
     let groups = decision_groups(graph, &candidates);
     if groups.is_empty() {
@@ -285,11 +321,62 @@ pub fn run(
     )?;
     oracle.ranking_in_jobs(config.jobs);
     oracle.stopping_on(stop);
+    oracle.judging_by(config.user_criterion.clone());
+    oracle.generating(decoder.as_ref());
     let reference = oracle.reference_outputs()?;
-    oracle.set_golden(reference)?;
-    let front = walk_front(&space, &mut oracle, config.jobs, stop, &mut |line| {
+    let golden = match &golden {
+        Some(g) => g.reference_for(&reference[0], &mut |e| events(e))?,
+        None => reference,
+    };
+    oracle.set_golden(golden)?;
+    let mut front = walk_front(&space, &mut oracle, config.jobs, stop, &mut |line| {
         events(Event::Verbose(line.to_string()))
     })?;
+    if let Some(c) = &config.check {
+        let workdir = TempDir::new()?;
+        let mut command = check_oracle(
+            c,
+            &check_limits,
+            graph,
+            high,
+            Box::new(|_| {
+                Err(Error::Invalid(
+                    "plan's --check judges front points, not marked sets".into(),
+                ))
+            }),
+            workdir.0.clone(),
+            config.jobs,
+            config.verbose,
+            Box::new(&mut *events),
+        );
+        let points = front.points.clone();
+        check_front(
+            &space,
+            &mut front,
+            config.jobs,
+            stop,
+            &mut |ks: &[usize]| {
+                let mut candidates = Vec::new();
+                for &k in ks {
+                    let plan = space.plan(&points[k].formats);
+                    let exported =
+                        match export(&model, &plan, amax.as_ref(), &ExportOptions::default()) {
+                            Ok(e) => e,
+                            Err(e) => return vec![Err(e)],
+                        };
+                    // The layers the point keeps in the high precision, for {layer_precisions}.
+                    let high_layers = space
+                        .groups
+                        .iter()
+                        .flat_map(|g| g.layers.iter().copied())
+                        .filter(|&i| plan.layers[i] == high)
+                        .collect();
+                    candidates.push((high_layers, Arc::new(exported.model)));
+                }
+                command.evaluate_models(&candidates)
+            },
+        )?;
+    }
     let uniform: Vec<Vec<Precision>> = formats.iter().map(|&f| space.uniform(f)).collect();
     let plans: Vec<PrecisionPlan> = uniform.iter().map(|u| space.plan(u)).collect();
     let mut verdicts = Vec::new();
@@ -349,6 +436,8 @@ struct PointJson<'a> {
     predicted_pass: bool,
     step: &'a Step,
     summary: &'a str,
+    /// The `--check` command's verdict, when it judged the point.
+    check: Option<&'a CheckVerdict>,
 }
 
 #[derive(Serialize)]
@@ -457,6 +546,7 @@ impl Outcome {
                 predicted_pass: p.predicted_pass,
                 step: &p.step,
                 summary: &p.summary,
+                check: p.check.as_ref(),
             })
             .collect();
         let file = ResultJson {
@@ -688,8 +778,13 @@ impl Outcome {
                         to.name()
                     ),
                 };
+                let check = match &p.check {
+                    Some(c) if c.passed => "  check PASSED",
+                    Some(_) => "  check FAILED",
+                    None => "",
+                };
                 format!(
-                    "{}{k:>3}  {:>10} {unit}  error {:>9}  {}  {how}",
+                    "{}{k:>3}  {:>10} {unit}  error {:>9}  {}{check}  {how}",
                     if Some(k) == self.front.chosen {
                         "*"
                     } else {

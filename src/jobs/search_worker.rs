@@ -10,7 +10,8 @@
 //! The prepared state borrows the model, so it lives on a thread of its own, which answers
 //! batches sent over a channel until the worker is dropped.
 
-use super::debug_precision::{check_oracle, load, Config, Hooks, Loaded, TempDir, Validated};
+use super::check::{check_oracle, TempDir};
+use super::debug_precision::{load, Config, Hooks, Loaded, Validated};
 use super::ranges::ranges_for_plan;
 use crate::error::{Error, Result};
 use crate::event::{Event, NoProgress};
@@ -125,8 +126,7 @@ fn serve(
         criterion,
         high,
         cache_budget,
-        fail_regex,
-        check_timeout,
+        check_limits,
     } = v;
     let mut quiet = Quiet;
     let Loaded {
@@ -146,8 +146,7 @@ fn serve(
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
         Some(check_oracle(
             c,
-            &fail_regex,
-            check_timeout,
+            &check_limits,
             graph,
             high,
             candidate,

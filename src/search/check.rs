@@ -26,11 +26,13 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::export::write_model;
 use crate::graph::Graph;
+use crate::onnx::proto::ModelProto;
 use crate::precision::Precision;
 use crate::process::{Ending, Finished, Run, OUTPUT_LIMIT};
 use regex::Regex;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// trtexec's spelling of a precision in `--layerPrecisions`.
@@ -379,5 +381,23 @@ impl Oracle for CheckOracle<'_> {
 
     fn parallel(&self) -> bool {
         self.jobs > 1
+    }
+}
+
+impl CheckOracle<'_> {
+    /// Judges candidates given as models (a `plan` front's points, whose layers take several
+    /// formats), each with the layers it runs in the high precision (for the layer-precision
+    /// placeholders); with `jobs` > 1 the commands run at once, each in its own directory.
+    pub fn evaluate_models(
+        &mut self,
+        candidates: &[(Vec<usize>, Arc<ModelProto>)],
+    ) -> Vec<Result<Evaluation>> {
+        let many = self.jobs > 1;
+        let launched = candidates
+            .iter()
+            .enumerate()
+            .map(|(k, (marked, model))| self.launch(marked, model, many.then_some(k)))
+            .collect();
+        self.conclude_all(launched)
     }
 }

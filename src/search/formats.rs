@@ -15,6 +15,9 @@
 //!    the sensitivities predict to pass (each group's format passed alone) but that fails is
 //!    repaired: its worst group (largest error alone) is raised next, and the log says so.
 //! 3. The chosen point is the cheapest that passed; it is evaluated again outside the cache.
+//! 4. With a `--check` command ([`check_front`]): the command judges the chosen point and
+//!    its neighbours by cost, then safer points until one passes; the chosen point becomes
+//!    the cheapest the command passed.
 
 pub mod cost;
 
@@ -412,6 +415,15 @@ pub struct FrontPoint {
     /// Whether the sensitivities predicted it to pass (every group's format passed alone).
     pub predicted_pass: bool,
     pub step: Step,
+    /// A `--check` command's verdict, when it judged this point ([`check_front`]).
+    pub check: Option<CheckVerdict>,
+}
+
+/// A `--check` command's verdict on a front point.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckVerdict {
+    pub passed: bool,
+    pub summary: String,
 }
 
 /// What the walk found.
@@ -527,6 +539,7 @@ pub fn walk_front(
             summary: e.summary,
             predicted_pass,
             step: step.clone(),
+            check: None,
         });
         if (0..n).all(|g| levels[g] == top(g)) {
             break;
@@ -632,6 +645,115 @@ pub fn walk_front(
         log,
         interrupted,
     })
+}
+
+/// A `--check` command on front points: judges the points at these indices (one verdict each,
+/// in order).
+pub type PointCheck<'c> = dyn FnMut(&[usize]) -> Vec<Result<Evaluation>> + 'c;
+
+/// Lets a user command (real TensorRT, a task metric) decide among the points the emulation
+/// found: it judges the chosen point and its neighbours by cost (the next cheaper point and
+/// the next safer one), then, while none of them has passed, the safer points that passed the
+/// emulation in order of cost, `jobs` at a time. The chosen point becomes the cheapest one the
+/// command passed (None when it passed none); each judged point keeps the verdict, and the log
+/// says what changed. Without a chosen point there is nothing to judge. `stop` (Ctrl-C) ends
+/// it between batches.
+pub fn check_front(
+    space: &FormatSpace<'_>,
+    walk: &mut FrontWalk,
+    jobs: usize,
+    stop: &AtomicBool,
+    check: &mut PointCheck<'_>,
+) -> Result<()> {
+    let Some(chosen) = walk.chosen else {
+        walk.log
+            .push("--check: no point passed the emulation; the command judged none".into());
+        return Ok(());
+    };
+    let costs: Vec<f64> = walk
+        .points
+        .iter()
+        .map(|p| p.cost.by(space.objective))
+        .collect();
+    let cost = |k: usize| costs[k];
+    let mut order: Vec<usize> = (0..walk.points.len()).collect();
+    order.sort_by(|&a, &b| cost(a).total_cmp(&cost(b)).then(a.cmp(&b)));
+    let at = order
+        .iter()
+        .position(|&k| k == chosen)
+        .expect("the chosen point is on the front");
+    let mut queue: Vec<usize> = vec![chosen];
+    queue.extend(at.checked_sub(1).map(|p| order[p]));
+    queue.extend(order.get(at + 1).copied());
+    let safer: Vec<usize> = order[(at + 2).min(order.len())..]
+        .iter()
+        .copied()
+        .filter(|&k| walk.points[k].passed)
+        .collect();
+    let mut next_safer = safer.into_iter();
+    let mut judged = 0;
+    loop {
+        for batch in queue.chunks(jobs.max(1)) {
+            if stop.load(Ordering::SeqCst) {
+                walk.interrupted = true;
+                break;
+            }
+            let verdicts = check(batch);
+            if verdicts.len() != batch.len() {
+                return Err(Error::Invalid(format!(
+                    "--check: {} verdict(s) for {} point(s)",
+                    verdicts.len(),
+                    batch.len()
+                )));
+            }
+            for (&k, e) in batch.iter().zip(verdicts) {
+                let e = e?;
+                judged += 1;
+                walk.points[k].check = Some(CheckVerdict {
+                    passed: e.passed,
+                    summary: e.summary,
+                });
+            }
+        }
+        let any_passed = walk
+            .points
+            .iter()
+            .any(|p| p.check.as_ref().is_some_and(|c| c.passed));
+        if any_passed || walk.interrupted {
+            break;
+        }
+        match next_safer.next() {
+            Some(k) => queue = vec![k],
+            None => break,
+        }
+    }
+    walk.evaluations += judged;
+    let now = walk
+        .points
+        .iter()
+        .enumerate()
+        .filter(|(_, p)| p.check.as_ref().is_some_and(|c| c.passed))
+        .min_by(|(a, _), (b, _)| cost(*a).total_cmp(&cost(*b)).then(a.cmp(b)))
+        .map(|(k, _)| k);
+    walk.log.push(match now {
+        Some(k) if k == chosen => format!(
+            "--check: judged {judged} point(s); it passed point {chosen}, which stays chosen"
+        ),
+        Some(k) => format!(
+            "--check: judged {judged} point(s); it {} point {chosen}, the emulation's choice, and passed point {k}, chosen instead",
+            if walk.points[chosen].check.as_ref().is_some_and(|c| c.passed) {
+                "passed"
+            } else {
+                "failed"
+            }
+        ),
+        None => format!(
+            "--check: judged {judged} point(s) and passed none{}; nothing is chosen",
+            if walk.interrupted { " before Ctrl-C" } else { "" }
+        ),
+    });
+    walk.chosen = now;
+    Ok(())
 }
 
 #[cfg(test)]

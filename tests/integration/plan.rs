@@ -240,3 +240,126 @@ fn plan_bad_input_is_one_line_and_writes_nothing() {
     );
     assert!(!out.exists());
 }
+
+/// `--check` judges the chosen point and its neighbours, then safer points until one passes:
+/// here the command (`mixprec run` on each point's model, a stand-in for TensorRT) asks more
+/// of `yc` than the emulation's criterion, which fp8 on `C` does not give; float16 does.
+#[test]
+fn plan_check_judges_the_chosen_point_and_its_neighbours_and_chooses_what_it_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = planted(tmp.path());
+    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
+    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
+    let r = mixprec(&[
+        "run",
+        &model,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    let json = tmp.path().join("plan.json");
+    let json_s = json.to_string_lossy().into_owned();
+    let check = |yc: &'static str| -> Vec<String> {
+        vec![
+            "--check".into(),
+            env!("CARGO_BIN_EXE_mixprec").into(),
+            "run".into(),
+            "{model}".into(),
+            "--load-inputs".into(),
+            inputs.clone(),
+            "--load-outputs".into(),
+            gold.clone(),
+            "--atol".into(),
+            "1e30".into(),
+            "--metric".into(),
+            "ya:snr:25".into(),
+            "yb:snr:38".into(),
+            yc.into(),
+        ]
+    };
+    let run = |yc: &'static str, jobs: &str| {
+        let check = check(yc);
+        let mut args = plan_args(
+            &model,
+            "fp8,int8,fp16",
+            &["--save-result", &json_s, "-j", jobs],
+        );
+        args.extend(check.iter().map(String::as_str));
+        let o = mixprec(&args);
+        let v: Option<serde_json::Value> = std::fs::read(&json)
+            .ok()
+            .map(|b| serde_json::from_slice(&b).unwrap());
+        let _ = std::fs::remove_file(&json);
+        (o, v)
+    };
+    // --golden with the FP32 run's own outputs: the same front as without.
+    let fronts = |extra: &[&str]| {
+        let mut args = plan_args(&model, "fp8,int8,fp16", &["--save-result", &json_s]);
+        args.extend_from_slice(extra);
+        let o = mixprec(&args);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        std::fs::remove_file(&json).unwrap();
+        let passed: Vec<bool> = v["front"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["passed"].as_bool().unwrap())
+            .collect();
+        (passed, v["chosen"].clone())
+    };
+    assert_eq!(fronts(&["--golden", &gold]), fronts(&[]));
+    // The same criterion as the emulation's: the choice stays, three points judged.
+    let (o, v) = run("yc:snr:25", "1");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let v = v.unwrap();
+    let k = v["chosen"].as_u64().unwrap() as usize;
+    assert_eq!(v["front"][k]["layers"]["C"], "fp8e4m3", "{t}");
+    assert_eq!(v["front"][k]["check"]["passed"], true, "{t}");
+    let judged = |v: &serde_json::Value| {
+        v["front"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| !p["check"].is_null())
+            .count()
+    };
+    assert!((2..=3).contains(&judged(&v)), "{t}");
+    assert!(
+        t.contains("stays chosen") && t.contains("check PASSED"),
+        "{t}"
+    );
+    // A stricter command: fp8 on C fails it; the cheapest point it passes has C in float16.
+    let (o, v) = run("yc:snr:50", "2");
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let v = v.unwrap();
+    let k = v["chosen"].as_u64().unwrap() as usize;
+    assert_eq!(v["front"][k]["layers"]["C"], "float16", "{t}");
+    assert_eq!(v["front"][k]["check"]["passed"], true, "{t}");
+    assert!(
+        t.contains("chosen instead") && t.contains("check FAILED"),
+        "{t}"
+    );
+    let cost = |p: &serde_json::Value| p["cost"].as_f64().unwrap();
+    for p in v["front"].as_array().unwrap() {
+        if p["check"]["passed"] == true {
+            assert!(cost(p) >= cost(&v["front"][k]), "{t}");
+        }
+    }
+    // A command that passes nothing: a clear verdict, no result file written.
+    let mut args = plan_args(&model, "fp8,int8,fp16", &["--save-result", &json_s]);
+    args.extend(["--check", "sh", "-c", "exit 3"]);
+    let o = mixprec(&args);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("the --check command passed none"), "{t}");
+    assert!(!json.exists());
+}

@@ -1,6 +1,7 @@
 //! The command line: argument parsing and printing only; all work is done by the library.
 
 mod calibrate;
+mod check_args;
 mod compare_args;
 mod convert;
 mod debug;

@@ -1,6 +1,7 @@
 //! `mixprec plan`: the cheapest format per layer under an accuracy criterion and a cost model
 //! (docs/plan.md).
 
+use super::check_args::CheckArgs;
 use super::compare_args::CompareArgs;
 use super::precision_args::CalibAlgoArgs;
 use super::progress::{print_event, Bar};
@@ -9,6 +10,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use mixprec::event::Event;
 use mixprec::export::write_model;
+use mixprec::jobs::debug_precision::GoldenSource;
 use mixprec::jobs::options::Inputs;
 use mixprec::jobs::plan;
 use std::io::IsTerminal;
@@ -36,6 +38,16 @@ pub struct PlanArgs {
     target: String,
     #[command(flatten)]
     data: DataArgs,
+    /// Generate N tokens greedily through the KV cache from each input set's prompt
+    /// (`input_ids`, from --load-inputs), as ONNX Runtime GenAI does, for models with its names;
+    /// every point generates and is judged on `tokens` (and `logits` when a criterion names
+    /// them), as in `debug precision --decode`.
+    #[arg(long, value_name = "N")]
+    decode: Option<usize>,
+    /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or
+    /// `mixprec run --save-outputs`); default: mixprec's FP32 run on the same inputs.
+    #[arg(long, alias = "load-outputs", value_name = "FILE")]
+    golden: Option<PathBuf>,
     #[command(flatten)]
     compare: CompareArgs,
     /// TensorRT calibration cache for int8/fp8 ranges (read if it exists, else written).
@@ -59,9 +71,15 @@ pub struct PlanArgs {
     /// Write an HTML report: the front plotted (cost against error) and the per-layer table.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
-    /// Print every evaluation of the sensitivity pass and the walk.
+    /// Print every evaluation of the sensitivity pass and the walk (and --check commands
+    /// with their output).
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// --check: a command judges the emulation's chosen point and its neighbours by cost
+    /// (then safer points until one passes); the chosen point is the cheapest it passed
+    /// (docs/plan.md). {model} is each point's strongly typed model.
+    #[command(flatten)]
+    check: CheckArgs,
 }
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -90,11 +108,16 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         high: args.high.clone(),
         objective: args.objective.clone(),
         target: args.target.clone(),
+        golden: args.golden.clone().map(GoldenSource::File),
         compare: args.compare.options(),
+        user_criterion: None,
         calibration_cache: args.calibration_cache.clone(),
         calib: args.calib.options(),
         jobs: args.jobs,
         cache_budget: args.cache_budget.clone(),
+        check: args.check.options()?,
+        verbose: args.verbose,
+        decode: args.decode,
     };
     let validated = config.validate()?;
     mixprec::process::install_stop_handler(&INTERRUPTED);
@@ -107,6 +130,9 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     let outcome = plan::run(validated, &mut events, &bar, &INTERRUPTED)?;
     print_outcome(&outcome);
     let Some(k) = outcome.front.chosen else {
+        if outcome.front.points.iter().any(|p| p.check.is_some()) {
+            bail!("the --check command passed none of the points it judged (above); nothing was written");
+        }
         bail!(
             "no assignment meets the criterion: every point of the front above failed (the safest, all {}, too); nothing was written",
             outcome.high.name()
@@ -189,11 +215,16 @@ fn print_outcome(o: &plan::Outcome) {
     if let (Some(k), Some(plan)) = (f.chosen, o.chosen_plan()) {
         let p = &f.points[k];
         println!(
-            "[I] Chosen: point {k}, {} {} ({} reformat(s); effective bits {}), verified outside the cache",
+            "[I] Chosen: point {k}, {} {} ({} reformat(s); effective bits {}), {}",
             mixprec::compare::fmt_g(o.cost_of(&p.cost), 4),
             o.objective.unit(),
             p.cost.reformats,
             mixprec::compare::fmt_g(p.cost.effective_bits, 4),
+            if p.check.is_some() {
+                "passed by --check"
+            } else {
+                "verified outside the cache"
+            }
         );
         for (g, (layers, _)) in o.groups.iter().enumerate() {
             println!(

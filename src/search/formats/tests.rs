@@ -288,3 +288,97 @@ fn the_answer_is_the_same_for_any_number_of_jobs() {
     assert_eq!(formats(&one), formats(&four));
     assert_eq!(one.chosen, four.chosen);
 }
+
+/// A stand-in `--check` command: passes a point when `passes` says so; records what it
+/// judged, batch by batch.
+fn checked(
+    s: &FormatSpace<'_>,
+    front: &mut FrontWalk,
+    jobs: usize,
+    passes: impl Fn(&FrontPoint) -> bool,
+) -> Vec<Vec<usize>> {
+    let mut batches = Vec::new();
+    let points = front.points.clone();
+    check_front(
+        s,
+        front,
+        jobs,
+        &AtomicBool::new(false),
+        &mut |ks: &[usize]| {
+            batches.push(ks.to_vec());
+            ks.iter()
+                .map(|&k| {
+                    Ok(Evaluation {
+                        passed: passes(&points[k]),
+                        error: f64::NAN,
+                        summary: format!("point {k}"),
+                    })
+                })
+                .collect()
+        },
+    )
+    .unwrap();
+    batches
+}
+
+#[test]
+fn a_check_judges_the_chosen_point_and_its_neighbours_and_decides() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let planted = |g| Planted {
+        graph: g,
+        overflows: "a",
+        clips: "q",
+        interact: None,
+        judged: 0,
+    };
+    let emulated = walk(&s, &mut planted(g), 1);
+    let chosen = emulated.chosen.unwrap();
+    let cost = |f: &FrontWalk, k: usize| f.points[k].cost.latency_us;
+    let mut by_cost: Vec<usize> = (0..emulated.points.len()).collect();
+    by_cost.sort_by(|&a, &b| {
+        cost(&emulated, a)
+            .total_cmp(&cost(&emulated, b))
+            .then(a.cmp(&b))
+    });
+    let at = by_cost.iter().position(|&k| k == chosen).unwrap();
+    // The command agrees with the emulation: the chosen point and both neighbours judged
+    // (two at a time), the choice stays.
+    let mut front = emulated.clone();
+    let batches = checked(&s, &mut front, 2, |p| p.passed);
+    let mut want = vec![chosen];
+    want.extend(at.checked_sub(1).map(|p| by_cost[p]));
+    want.push(by_cost[at + 1]);
+    assert_eq!(batches.concat(), want);
+    assert!(batches.iter().all(|b| b.len() <= 2));
+    assert_eq!(front.chosen, Some(chosen));
+    assert!(front.log.last().unwrap().contains("stays chosen"));
+    assert_eq!(front.evaluations, emulated.evaluations + want.len());
+    // The command fails the emulation's choice (and what the emulation failed): the next
+    // points it passes by cost are judged until one passes; the cheapest is chosen.
+    let mut front = emulated.clone();
+    let refused = emulated.points[chosen].formats.clone();
+    let agrees = |p: &FrontPoint| p.passed && p.formats != refused;
+    checked(&s, &mut front, 1, agrees);
+    let now = front.chosen.unwrap();
+    assert!(agrees(&front.points[now]));
+    assert!(front.points[chosen]
+        .check
+        .as_ref()
+        .is_some_and(|c| !c.passed));
+    let cheapest_agreeing = (0..front.points.len())
+        .filter(|&k| agrees(&front.points[k]))
+        .min_by(|&a, &b| cost(&front, a).total_cmp(&cost(&front, b)).then(a.cmp(&b)));
+    assert_eq!(Some(now), cheapest_agreeing, "{:?}", front.log);
+    assert!(front.log.last().unwrap().contains("chosen instead"));
+    // The command passes nothing: every point the emulation passed is judged, none chosen.
+    let mut front = emulated.clone();
+    checked(&s, &mut front, 3, |_| false);
+    assert_eq!(front.chosen, None);
+    assert!(front.points.iter().all(|p| !p.passed || p.check.is_some()));
+    assert!(front.log.last().unwrap().contains("passed none"));
+}

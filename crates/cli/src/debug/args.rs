@@ -1,13 +1,14 @@
 //! `debug precision`'s search options and their validation into the job's config.
 
+use crate::check_args::CheckArgs;
 use crate::compare_args::CompareArgs;
 use crate::precision_args::PrecisionArgs;
 use crate::run::DataArgs;
 use crate::style::ColorChoice;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::Args;
-use mixprec::jobs::debug_precision::{CheckOptions, Config, GoldenSource, Inputs};
+use mixprec::jobs::debug_precision::{Config, GoldenSource, Inputs};
 use mixprec::search::{Direction, Grouping, Mode, Objective, Ranking};
 use std::path::PathBuf;
 
@@ -66,44 +67,9 @@ pub struct SearchArgs {
     /// `logits` [batch, N, vocab] (each step's last position); see docs/search.md: the tokens are judged, the logits when a criterion names them.
     #[arg(long, value_name = "N")]
     pub(super) decode: Option<usize>,
-    /// Judge each candidate with this command instead of the built-in comparison (must be the
-    /// last option: everything after it belongs to the command). Placeholders: {model} (the
-    /// candidate as a mixed-precision ONNX file, written for each candidate: TensorRT 11
-    /// builds it as typed, `--check trtexec --onnx={model} --stronglyTyped`),
-    /// {layer_precisions} (name:float32 items for polygraphy run --layer-precisions),
-    /// {trtexec_layer_precisions} (name:fp32,... for TensorRT <= 10's trtexec
-    /// --layerPrecisions=), {iteration}, {marked_count}. Exit status 0 = pass.
-    #[arg(long, num_args = 1.., allow_hyphen_values = true, value_name = "CMD")]
-    pub(super) check: Vec<String>,
-    /// With --check: a candidate also fails when the command's output matches this regex.
-    #[arg(long = "fail-regex", value_name = "REGEX")]
-    pub(super) fail_regex: Option<String>,
-    /// With --check: seconds before the command is killed and the candidate counted as failing.
-    #[arg(long = "check-timeout", value_name = "SECS")]
-    pub(super) check_timeout: Option<f64>,
-    /// With --check: where each candidate model is written (Polygraphy's iteration artifact);
-    /// default `polygraphy_debug.onnx` when the command has no {model} placeholder.
-    #[arg(
-        long = "iter-artifact",
-        alias = "intermediate-artifact",
-        value_name = "FILE"
-    )]
-    pub(super) iter_artifact: Option<PathBuf>,
-    /// Keep the iteration artifact between candidates (by default it is removed after each).
-    #[arg(long = "no-remove-intermediate")]
-    pub(super) no_remove_intermediate: bool,
-    /// With --check: files the command writes, moved after each candidate into
-    /// `<artifacts-dir>/good` or `/bad` with the start time and iteration in their name.
-    #[arg(long, num_args = 1.., value_name = "FILE")]
-    pub(super) artifacts: Vec<PathBuf>,
-    /// Where --artifacts are sorted (default polygraphy_artifacts).
-    #[arg(
-        long = "artifacts-dir",
-        alias = "art-dir",
-        default_value = "polygraphy_artifacts",
-        value_name = "DIR"
-    )]
-    pub(super) artifacts_dir: PathBuf,
+    /// --check judges each candidate instead of the built-in comparison.
+    #[command(flatten)]
+    pub(super) check: CheckArgs,
     /// Write the verdict of every evaluated candidate to this JSON file after each evaluation
     /// (Polygraphy's debug replay), so an interrupted search can resume.
     #[arg(long = "save-debug-replay", value_name = "FILE")]
@@ -113,12 +79,6 @@ pub struct SearchArgs {
     /// same file to --save-debug-replay to keep recording into it.
     #[arg(long = "load-debug-replay", value_name = "FILE")]
     pub(super) load_debug_replay: Option<PathBuf>,
-    /// Print the --check command's output for passing candidates too.
-    #[arg(long = "show-output", conflicts_with = "hide_fail_output")]
-    pub(super) show_output: bool,
-    /// Do not print the --check command's output for failing candidates (printed by default).
-    #[arg(long = "hide-fail-output")]
-    pub(super) hide_fail_output: bool,
     /// Write the answer as a mixed-precision ONNX model (as `mixprec convert` would).
     #[arg(long, short = 'o', value_name = "FILE")]
     pub(super) output: Option<PathBuf>,
@@ -161,30 +121,7 @@ fn parse_jobs(s: &str) -> std::result::Result<usize, String> {
 impl SearchArgs {
     /// The job's configuration; flags that apply to `--check` only are refused without it.
     pub(super) fn config(&self, mode: Mode, direction: Direction) -> Result<Config> {
-        let check = if self.check.is_empty() {
-            if self.fail_regex.is_some()
-                || self.check_timeout.is_some()
-                || self.iter_artifact.is_some()
-                || !self.artifacts.is_empty()
-                || self.show_output
-                || self.hide_fail_output
-            {
-                bail!("--fail-regex, --check-timeout, --iter-artifact, --artifacts, --show-output and --hide-fail-output apply to --check, which is not given");
-            }
-            None
-        } else {
-            Some(CheckOptions {
-                command: self.check.clone(),
-                fail_regex: self.fail_regex.clone(),
-                timeout: self.check_timeout,
-                iter_artifact: self.iter_artifact.clone(),
-                keep_iter_artifact: self.no_remove_intermediate,
-                artifacts: self.artifacts.clone(),
-                artifacts_dir: self.artifacts_dir.clone(),
-                show_output: self.show_output,
-                hide_fail_output: self.hide_fail_output,
-            })
-        };
+        let check = self.check.options()?;
         Ok(Config {
             model: self.model.clone(),
             inputs: Inputs::Options(self.data.options()),

@@ -155,7 +155,7 @@ impl SearchHooks for CliHooks<'_> {
             out!(
                 p,
                 "[I] Pass criterion: {}{}",
-                if args.check.is_empty() {
+                if args.check.check.is_empty() {
                     format!(
                         "{} error within atol {} or rtol {}",
                         criterion.stat.default.name(),
@@ -163,9 +163,9 @@ impl SearchHooks for CliHooks<'_> {
                         mixprec::compare::fmt_g(criterion.rtol.default, 5),
                     )
                 } else {
-                    format!("--check {}", args.check.join(" "))
+                    format!("--check {}", args.check.check.join(" "))
                 },
-                if criterion.metrics.is_empty() || !args.check.is_empty() {
+                if criterion.metrics.is_empty() || !args.check.check.is_empty() {
                     String::new()
                 } else {
                     format!(
@@ -179,7 +179,7 @@ impl SearchHooks for CliHooks<'_> {
                     )
                 },
             );
-            if let Some(n) = args.decode.filter(|_| args.check.is_empty()) {
+            if let Some(n) = args.decode.filter(|_| args.check.check.is_empty()) {
                 out!(
                     p,
                     "[I] On generations of {n} token(s): {}",
