@@ -19,6 +19,7 @@ mod layering;
 mod models;
 mod nanprop;
 mod plan;
+mod plan_ort;
 mod polygraphy_cli;
 mod precision;
 mod qdq;

@@ -25,7 +25,7 @@ fn uniform(seed: u64, n: usize) -> Vec<f32> {
 /// `A` overflows float16 but quantizes; `B` is lost by fp8's mantissa, not by int8; `C` reads
 /// one outlier channel (×1000, its weight row 0) that makes int8 round every other value to
 /// 0, which fp8 keeps; `Scale` (the ×1000 Mul) has no int8 kernel.
-fn planted(dir: &Path) -> String {
+pub(crate) fn planted(dir: &Path) -> String {
     let vi = |name: &str| ValueInfoProto {
         name: Some(name.into()),
         r#type: Some(TypeProto {
