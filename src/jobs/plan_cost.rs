@@ -61,7 +61,9 @@ pub struct ModelCost {
     pub cost: f64,
     /// The cost by every objective (latency, bytes, effective bits, reformats).
     pub costs: Cost,
-    /// Layers per format (the format's name: float32, float16, int8, fp8e4m3...).
+    /// Layers per format (the format's name: float32, float16, int8, fp8e4m3...), and
+    /// `integer`: layers that compute in integers in either model (shape arithmetic), priced
+    /// as float32 layers.
     pub formats: BTreeMap<&'static str, usize>,
     /// Per candidate layer (by node name) its format in the mixed model.
     pub layers: BTreeMap<String, Precision>,
@@ -74,6 +76,9 @@ impl ModelCost {
             .map_err(|e| Error::Invalid(format!("serializing the cost: {e}")))
     }
 }
+
+/// The [`ModelCost::formats`] key of layers that compute in integers.
+pub const INTEGER: &str = "integer";
 
 /// Prices `config.mixed` by the cost model of `config.model` (module docs). Errors name the
 /// file and the node: a layer of the float model the mixed one lacks, a compute layer of the
@@ -100,6 +105,24 @@ pub fn run(config: &Config, events: &mut dyn FnMut(Event)) -> Result<ModelCost> 
         .enumerate()
         .filter(|(_, n)| !n.name.is_empty())
         .map(|(i, n)| (n.name.as_str(), i))
+        .collect();
+    // Layers that compute in integers (shape arithmetic) take no format in any tool's model;
+    // they are priced as float32 layers, the same in every model.
+    let facts = crate::infer::infer_graph(
+        graph,
+        &crate::infer::declared_input_facts(graph, &BTreeMap::new()),
+    )
+    .map_err(|e| Error::data(&config.model, format!("cannot infer its types: {e}")))?;
+    let integer: Vec<bool> = graph
+        .nodes
+        .iter()
+        .map(|n| {
+            n.outputs
+                .first()
+                .and_then(|o| facts.get(o))
+                .and_then(|f| f.dtype)
+                .is_some_and(|t| !t.is_float())
+        })
         .collect();
     let mut precisions = vec![Precision::Float32; graph.nodes.len()];
     let mut layers = BTreeMap::new();
@@ -139,7 +162,7 @@ pub fn run(config: &Config, events: &mut dyn FnMut(Event)) -> Result<ModelCost> 
                 ),
             ));
         }
-        let Some(p) = types[j] else {
+        let Some(p) = types[j].or_else(|| integer[i].then_some(Precision::Float32)) else {
             return Err(Error::data(
                 &config.mixed,
                 format!(
@@ -149,6 +172,10 @@ pub fn run(config: &Config, events: &mut dyn FnMut(Event)) -> Result<ModelCost> 
             ));
         };
         precisions[i] = p;
+        if types[j].is_none() {
+            *formats.entry(INTEGER).or_default() += 1;
+            continue;
+        }
         layers.insert(n.name.clone(), p);
         *formats.entry(p.name()).or_default() += 1;
     }
