@@ -62,8 +62,8 @@ pub struct ModelCost {
     /// The cost by every objective (latency, bytes, effective bits, reformats).
     pub costs: Cost,
     /// Layers per format (the format's name: float32, float16, int8, fp8e4m3...), and
-    /// `integer`: layers that compute in integers in either model (shape arithmetic), priced
-    /// as float32 layers.
+    /// `integer`: layers that compute in integers in the float model (shape arithmetic; the
+    /// mixed model may have folded them), priced as float32 layers.
     pub formats: BTreeMap<&'static str, usize>,
     /// Per candidate layer (by node name) its format in the mixed model.
     pub layers: BTreeMap<String, Precision>,
@@ -139,6 +139,11 @@ pub fn run(config: &Config, events: &mut dyn FnMut(Event)) -> Result<ModelCost> 
             ));
         }
         let Some(&j) = by_name.get(n.name.as_str()) else {
+            // Shape arithmetic the tool folded into constants: the same in every model.
+            if integer[i] {
+                *formats.entry(INTEGER).or_default() += 1;
+                continue;
+            }
             return Err(Error::data(
                 &config.mixed,
                 format!(
