@@ -48,6 +48,7 @@ __all__ = [
     "convert",
     "debug_precision",
     "plan",
+    "plan_cost",
     "PlanResult",
     "quantize",
     "run",
@@ -838,3 +839,41 @@ def plan(
         )
     )
     return PlanResult(native)
+
+
+def plan_cost(
+    model: ModelLike,
+    mixed: ModelLike,
+    *,
+    target: Union[str, "os.PathLike[str]"] = "h100",
+    objective: str = "latency",
+    inputs: Optional[DataLike] = None,
+    seed: Optional[int] = None,
+    val_range: Any = None,
+    input_shapes: Any = None,
+    data_loader_script: Optional[str] = None,
+) -> Dict[str, Any]:
+    """The modeled cost of any mixed-precision model (``mixprec plan MODEL --cost-of MIXED``,
+    docs/plan.md): ``mixed`` (another tool's Q/DQ or Casts, or ``plan``'s own export) priced by
+    the cost model ``plan`` minimizes, with ``model``'s layers (the float model it was made
+    from; layers are matched by node name) on ``target`` (h100, b200 or a JSON cost file).
+    The shapes come from the first input set (``inputs`` or the generated one).
+
+    Returns a dict: ``cost`` in ``unit`` by ``objective`` (latency in us, bytes, or
+    effective-bits); ``costs`` with every objective (``latency_us``, ``bytes``,
+    ``effective_bits``, ``reformats``); ``formats`` (layers per format name) and ``layers``
+    (each layer's format). Raises ``FileNotFoundError`` for a missing file and ``ValueError``
+    naming the file and the node when the mixed model lacks a layer of ``model`` or holds one
+    ``model`` has not."""
+    m, x = _Model(model), _Model(mixed)
+    data = _input_kwargs(inputs, seed, 1, val_range, input_shapes, data_loader_script)
+    text = _emit_warnings(
+        lambda: _native.plan_cost(
+            m.path,
+            x.path,
+            objective=objective,
+            target=os.fspath(target),
+            **data,
+        )
+    )
+    return dict(json.loads(text))

@@ -1131,6 +1131,52 @@ fn plan(
     Ok(Plan { outcome })
 }
 
+/// `plan --cost-of` in process: the mixed model priced by the cost model of the float one, as
+/// the JSON of `mixprec::jobs::plan_cost::ModelCost`.
+#[pyfunction]
+#[pyo3(signature = (
+    model, mixed, *, objective, target, inputs, load_inputs, seed, iterations, val_range,
+    input_shapes, data_loader_script
+))]
+#[allow(clippy::too_many_arguments)]
+fn plan_cost(
+    py: Python<'_>,
+    model: PathBuf,
+    mixed: PathBuf,
+    objective: String,
+    target: String,
+    inputs: Option<Bound<'_, PyList>>,
+    load_inputs: Vec<PathBuf>,
+    seed: Option<u64>,
+    iterations: Option<usize>,
+    val_range: Vec<String>,
+    input_shapes: Vec<String>,
+    data_loader_script: Option<String>,
+) -> PyResult<String> {
+    let config = mixprec::jobs::plan_cost::Config {
+        model,
+        mixed,
+        inputs: inputs_from(
+            inputs.as_ref(),
+            load_inputs,
+            seed,
+            iterations,
+            val_range,
+            input_shapes,
+            data_loader_script,
+        )?,
+        objective,
+        target,
+    };
+    let mut events = Vec::new();
+    let cost = guarded("plan_cost", || {
+        py.detach(|| mixprec::jobs::plan_cost::run(&config, &mut |e| events.push(e)))
+            .map_err(to_py)
+    })?;
+    warn_events(py, events)?;
+    cost.to_json().map_err(to_py)
+}
+
 /// `quantize` in process: the model with Q/DQ (int8/fp8 calibrated, or int4/NVFP4 weight-only)
 /// as bytes, the layers quantized, and the notes on the written model.
 #[pyfunction]
@@ -1307,6 +1353,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(calibrate, m)?)?;
     m.add_function(wrap_pyfunction!(quantize, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_cost, m)?)?;
     m.add_class::<Plan>()?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;

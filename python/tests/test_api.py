@@ -578,3 +578,30 @@ def test_plan_decode_judges_every_point_on_generated_tokens(tmp_path: Path) -> N
     assert seen and all(s == (1, 4) for s in seen)
     assert len(seen) >= len(result.front)
     assert result.chosen is not None and result.front[result.chosen]["passed"]
+
+
+def test_plan_cost_prices_a_written_model_as_plan_modeled_it(tmp_path: Path) -> None:
+    model = ROOT / "examples" / "transformer.onnx"
+    result = mixprec.plan(
+        model, formats="fp8,int8,fp16", seed=1, iterations=2, metrics=["snr:30"], atol=1e30
+    )
+    assert result.chosen is not None
+    mixed = tmp_path / "mixed.onnx"
+    result.export(mixed)
+    cost = mixprec.plan_cost(model, mixed, target="h100", seed=1)
+    chosen = result.front[result.chosen]
+    # The written model costs what the walk modeled for its point.
+    assert cost["unit"] == "us" and cost["target"] == "h100"
+    assert cost["cost"] == pytest.approx(chosen["cost"], rel=1e-12)
+    assert cost["costs"]["bytes"] == pytest.approx(chosen["costs"]["bytes"], rel=1e-12)
+    assert cost["layers"] == chosen["layers"]
+    assert sum(cost["formats"].values()) == len(chosen["layers"])
+    # The float model itself is the safest point of the front.
+    safest = mixprec.plan_cost(model, model, objective="bytes", seed=1)
+    assert set(safest["formats"]) == {"float32"}
+    assert safest["cost"] == pytest.approx(result.front[-1]["costs"]["bytes"], rel=1e-12)
+    # A mixed model of another network: the first layer it lacks is named.
+    with pytest.raises(ValueError, match="no node named"):
+        mixprec.plan_cost(model, ROOT / "examples" / "mlp.onnx")
+    with pytest.raises(FileNotFoundError, match="missing.onnx"):
+        mixprec.plan_cost(model, tmp_path / "missing.onnx")

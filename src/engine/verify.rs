@@ -63,6 +63,18 @@ fn compared(graph: &Graph, n: &crate::graph::Node) -> bool {
 /// float type of its first output (float32, float16, bfloat16). Types come from shape/type
 /// inference of the declared inputs.
 pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
+    model_types(graph, false)
+}
+
+/// [`expected_from_model`] for every node that computes in a float type, also those it does
+/// not compare: a comparison or another op whose output type is not its precision (Equal,
+/// ArgMax...) runs in the float type of its first float input, and uint8 Q/DQ data (not a
+/// TensorRT type) counts as int8. Data movement, folded weights, Casts and Q/DQ stay None.
+pub fn compute_types_of_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
+    model_types(graph, true)
+}
+
+fn model_types(graph: &Graph, by_inputs: bool) -> Result<Vec<Option<Precision>>> {
     let inputs = crate::infer::declared_input_facts(graph, &BTreeMap::new());
     let facts = crate::infer::infer_graph(graph, &inputs)?;
     let dtype = |v: &str| -> Option<DType> {
@@ -71,13 +83,37 @@ pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
             .and_then(|f| f.dtype)
             .or_else(|| graph.weight(v).map(|t| t.dtype()))
     };
+    let float = |t: Option<DType>| match t {
+        Some(DType::F32) => Some(Precision::Float32),
+        Some(DType::F16) => Some(Precision::Float16),
+        Some(DType::BF16) => Some(Precision::BFloat16),
+        _ => None,
+    };
     let values = graph.values();
     Ok(graph
         .nodes
         .iter()
         .map(|n| {
             if !compared(graph, n) {
-                return None;
+                let typed_elsewhere = by_inputs
+                    && !crate::ops::is_data_movement(n)
+                    && !graph.is_folded(n)
+                    && !matches!(
+                        n.op_type.as_str(),
+                        "Cast"
+                            | "CastLike"
+                            | "QuantizeLinear"
+                            | "DequantizeLinear"
+                            | "DynamicQuantizeLinear"
+                    );
+                return if typed_elsewhere {
+                    n.inputs
+                        .iter()
+                        .filter(|x| !x.is_empty())
+                        .find_map(|x| float(dtype(x)))
+                } else {
+                    None
+                };
             }
             if has_quantized_kernel(n) {
                 for x in n.inputs.iter().take(2) {
@@ -89,18 +125,16 @@ pub fn expected_from_model(graph: &Graph) -> Result<Vec<Option<Precision>>> {
                     }
                     match dq.inputs.first().and_then(|q| dtype(q)) {
                         Some(DType::I8) => return Some(Precision::Int8),
+                        // uint8 activations (ONNX Runtime's and Quark's default): 8-bit
+                        // integer math all the same, for the cost model.
+                        Some(DType::U8) if by_inputs => return Some(Precision::Int8),
                         Some(DType::F8E4M3FN) => return Some(Precision::Fp8E4M3),
                         Some(DType::F8E5M2) => return Some(Precision::Fp8E5M2),
                         _ => {}
                     }
                 }
             }
-            match n.outputs.first().and_then(|o| dtype(o)) {
-                Some(DType::F32) => Some(Precision::Float32),
-                Some(DType::F16) => Some(Precision::Float16),
-                Some(DType::BF16) => Some(Precision::BFloat16),
-                _ => None,
-            }
+            float(n.outputs.first().and_then(|o| dtype(o)))
         })
         .collect())
 }

@@ -11,6 +11,7 @@ pub mod debug_precision;
 pub mod inspect;
 pub mod options;
 pub mod plan;
+pub mod plan_cost;
 pub mod quantize;
 pub mod ranges;
 pub mod run;

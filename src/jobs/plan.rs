@@ -199,6 +199,9 @@ pub struct Baseline {
     pub passed: bool,
     pub error: f64,
     pub summary: String,
+    /// Its plan (one precision per node), as `plan` exports it.
+    #[serde(skip)]
+    pub plan: PrecisionPlan,
 }
 
 /// What `plan` found.
@@ -282,21 +285,7 @@ pub fn run(
         }
         None => None,
     };
-    // Elements of every value and FLOPs of every layer: one FP32 run of the first set.
-    let mut elements: HashMap<String, u64> = HashMap::new();
-    let mut facts = ValueCache::new(0);
-    interp.run_cached_observed(&feeds[0], 0, None, &mut facts, &mut |name, t| {
-        elements.insert(name.to_string(), t.len() as u64);
-    })?;
-    for i in &graph.inputs {
-        if let Some(t) = feeds[0].get(&i.name) {
-            elements.insert(i.name.clone(), t.len() as u64);
-        }
-    }
-    let costs = CostModel {
-        layers: cost_layers(graph, &candidates, &elements, &facts.layer_flops),
-        target: target.clone(),
-    };
+    let costs = cost_model(&interp, &feeds[0], &candidates, &target)?;
     let space = FormatSpace::new(graph, groups, &formats, high, costs, objective);
     // Every format must export before any is searched: a format the opset cannot hold fails
     // here, not after the search.
@@ -384,7 +373,7 @@ pub fn run(
         verdicts.extend(oracle.evaluate_plans(chunk));
     }
     let mut baselines = Vec::new();
-    for ((&f, u), e) in formats.iter().zip(&uniform).zip(verdicts) {
+    for (((&f, u), plan), e) in formats.iter().zip(&uniform).zip(plans).zip(verdicts) {
         let e = e?;
         baselines.push(Baseline {
             format: f,
@@ -392,6 +381,7 @@ pub fn run(
             passed: e.passed,
             error: e.error,
             summary: e.summary,
+            plan,
         });
     }
     let plans = front
@@ -420,6 +410,31 @@ pub fn run(
         plans,
         amax,
         input_sets: feeds.len(),
+    })
+}
+
+/// The cost model of `interp`'s graph on `target`: the elements of every value and the FLOPs
+/// of every layer from one FP32 run of `feeds` (dynamic shapes are priced at them).
+pub(crate) fn cost_model(
+    interp: &Interpreter<'_>,
+    feeds: &crate::tensor::Feeds,
+    candidates: &[usize],
+    target: &Target,
+) -> Result<CostModel> {
+    let graph = interp.graph();
+    let mut elements: HashMap<String, u64> = HashMap::new();
+    let mut facts = ValueCache::new(0);
+    interp.run_cached_observed(feeds, 0, None, &mut facts, &mut |name, t| {
+        elements.insert(name.to_string(), t.len() as u64);
+    })?;
+    for i in &graph.inputs {
+        if let Some(t) = feeds.get(&i.name) {
+            elements.insert(i.name.clone(), t.len() as u64);
+        }
+    }
+    Ok(CostModel {
+        layers: cost_layers(graph, candidates, &elements, &facts.layer_flops),
+        target: target.clone(),
     })
 }
 
@@ -800,4 +815,4 @@ impl Outcome {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -201,6 +201,33 @@ fn plan_chooses_the_known_formats_and_writes_the_model_the_front_and_the_report(
     assert!(r.status.success(), "{}", text(&r));
     let report = std::fs::read_to_string(&html).unwrap();
     assert!(report.contains("<svg") && report.contains(">chosen<"));
+    // --cost-of prices the written model: the chosen point's modeled cost, layer for layer.
+    let priced = tmp.path().join("cost.json");
+    let priced_s = priced.to_string_lossy().into_owned();
+    let r = mixprec(&[
+        "plan",
+        &model,
+        "--cost-of",
+        &out_s,
+        "--val-range",
+        "[-1,1]",
+        "--save-result",
+        &priced_s,
+    ]);
+    let t = text(&r);
+    assert!(r.status.success(), "{t}");
+    assert!(
+        t.contains("on h100 (latency)") && t.contains("reformat(s)"),
+        "{t}"
+    );
+    let c: serde_json::Value = serde_json::from_slice(&std::fs::read(&priced).unwrap()).unwrap();
+    assert_eq!(c["cost"], v["front"][k]["cost"], "{c}");
+    assert_eq!(c["costs"], v["front"][k]["costs"], "{c}");
+    assert_eq!(&c["layers"], layers);
+    // MODEL is the float model the mixed one was made from; a Q/DQ one is refused.
+    let r = mixprec(&["plan", &out_s, "--cost-of", &model, "--val-range", "[-1,1]"]);
+    assert!(!r.status.success());
+    assert!(text(&r).contains("already quantized"), "{}", text(&r));
 }
 
 #[test]

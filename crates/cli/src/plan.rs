@@ -71,6 +71,11 @@ pub struct PlanArgs {
     /// Write an HTML report: the front plotted (cost against error) and the per-layer table.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// Price this mixed-precision model (another tool's Q/DQ or Casts, matched to MODEL's
+    /// layers by node name) by the cost model instead of searching: its cost on --target by
+    /// --objective, and its layers per format (docs/plan.md, "Pricing any mixed model").
+    #[arg(long = "cost-of", value_name = "MIXED.onnx")]
+    cost_of: Option<PathBuf>,
     /// Print every evaluation of the sensitivity pass and the walk (and --check commands
     /// with their output).
     #[arg(long, short = 'v')]
@@ -86,6 +91,9 @@ static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
 pub fn run(args: PlanArgs) -> Result<ExitCode> {
     args.data.check_trt_options()?;
+    if let Some(mixed) = &args.cost_of {
+        return cost_of(&args, mixed);
+    }
     for (path, flag) in [
         (&args.output, "-o"),
         (&args.report, "--report"),
@@ -235,4 +243,45 @@ fn print_outcome(o: &plan::Outcome) {
         }
     }
     println!("[I] {} evaluation(s)", f.evaluations);
+}
+
+/// `--cost-of`: the mixed model priced, one line per fact; `--save-result` writes it as JSON.
+fn cost_of(args: &PlanArgs, mixed: &std::path::Path) -> Result<ExitCode> {
+    if args.output.is_some() || args.report.is_some() {
+        bail!("--cost-of prices a model and writes none: leave out -o and --report");
+    }
+    if let Some(path) = &args.save_result {
+        mixprec::data::check_destination(path, "--save-result")?;
+    }
+    let config = mixprec::jobs::plan_cost::Config {
+        model: args.model.clone(),
+        mixed: mixed.to_path_buf(),
+        inputs: Inputs::Options(args.data.options()),
+        objective: args.objective.clone(),
+        target: args.target.clone(),
+    };
+    let c = mixprec::jobs::plan_cost::run(&config, &mut print_event)?;
+    let formats: Vec<String> = c.formats.iter().map(|(f, n)| format!("{f} {n}")).collect();
+    println!(
+        "[I] {} on {} ({}): {} {}",
+        c.mixed,
+        c.target,
+        c.objective.name(),
+        mixprec::compare::fmt_g(c.cost, 4),
+        c.unit
+    );
+    println!(
+        "[I]   latency {} us, {} bytes moved, effective bits {}, {} reformat(s)",
+        mixprec::compare::fmt_g(c.costs.latency_us, 4),
+        mixprec::compare::fmt_g(c.costs.bytes, 4),
+        mixprec::compare::fmt_g(c.costs.effective_bits, 4),
+        c.costs.reformats
+    );
+    println!("[I]   layers: {}", formats.join(", "));
+    if let Some(path) = &args.save_result {
+        std::fs::write(path, c.to_json()?)
+            .map_err(|e| anyhow::anyhow!("{}: cannot write: {e}", path.display()))?;
+        println!("[I] Wrote {}", path.display());
+    }
+    Ok(ExitCode::SUCCESS)
 }
