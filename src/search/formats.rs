@@ -698,22 +698,24 @@ pub fn check_front(
                 walk.interrupted = true;
                 break;
             }
-            let verdicts = check(batch);
-            if verdicts.len() != batch.len() {
-                return Err(Error::Invalid(format!(
-                    "--check: {} verdict(s) for {} point(s)",
-                    verdicts.len(),
-                    batch.len()
-                )));
-            }
-            for (&k, e) in batch.iter().zip(verdicts) {
+            // An error (a point that would not export, a command that would not start) ends
+            // it as itself, wherever it stands in the batch.
+            let mut verdicts = 0;
+            for (&k, e) in batch.iter().zip(check(batch)) {
                 let e = e?;
-                judged += 1;
+                verdicts += 1;
                 walk.points[k].check = Some(CheckVerdict {
                     passed: e.passed,
                     summary: e.summary,
                 });
             }
+            if verdicts != batch.len() {
+                return Err(Error::Invalid(format!(
+                    "--check: {verdicts} verdict(s) for {} point(s)",
+                    batch.len()
+                )));
+            }
+            judged += verdicts;
         }
         let any_passed = walk
             .points

@@ -382,3 +382,39 @@ fn a_check_judges_the_chosen_point_and_its_neighbours_and_decides() {
     assert!(front.points.iter().all(|p| !p.passed || p.check.is_some()));
     assert!(front.log.last().unwrap().contains("passed none"));
 }
+
+#[test]
+fn a_check_that_cannot_judge_a_point_ends_with_its_own_error() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(g, &[Precision::Int8, Precision::Float16]);
+    let planted = Planted {
+        graph: g,
+        overflows: "s",
+        clips: "t",
+        interact: None,
+        judged: 0,
+    };
+    let mut planted = planted;
+    let mut front = walk(&s, &mut planted, 1);
+    // The first point of a batch of two could not be exported: its error, not a count.
+    let e = check_front(
+        &s,
+        &mut front,
+        2,
+        &AtomicBool::new(false),
+        &mut |_: &[usize]| vec![Err(Error::Invalid("point 3: cannot export".into()))],
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("cannot export"), "{e}");
+    // A command that answers for fewer points than asked is an error too.
+    let e = check_front(
+        &s,
+        &mut front,
+        2,
+        &AtomicBool::new(false),
+        &mut |_: &[usize]| Vec::new(),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("--check: 0 verdict(s) for"), "{e}");
+}
