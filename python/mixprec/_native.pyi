@@ -165,6 +165,9 @@ def plan(
     val_range: Sequence[str],
     input_shapes: Sequence[str],
     data_loader_script: Optional[str],
+    golden: Optional[List[Dict[str, np.ndarray]]],
+    golden_path: Optional[str],
+    criterion: Optional[Callable[[List[Dict[str, np.ndarray]], List[Dict[str, np.ndarray]]], Any]],
     atol: Sequence[str],
     rtol: Sequence[str],
     check_error_stat: Sequence[str],
@@ -174,4 +177,7 @@ def plan(
     calibration_algo: Optional[str],
     jobs: int,
     cache_budget: str,
+    check: Sequence[str],
+    check_timeout: Optional[float],
+    decode: Optional[int],
 ) -> Plan: ...
