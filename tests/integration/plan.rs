@@ -10,7 +10,8 @@ use std::path::Path;
 
 const N: usize = 64;
 
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
+/// Deterministic values in [-1, 1).
+pub(crate) fn uniform(seed: u64, n: usize) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -92,6 +93,27 @@ pub(crate) fn planted(dir: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// The planted model's FP32 run on the inputs plan generates (`--val-range [-1,1]`, two
+/// sets), saved: the input and output files' paths.
+fn fp32_run(dir: &Path, model: &str) -> (String, String) {
+    let gold = dir.join("gold.json").to_string_lossy().into_owned();
+    let inputs = dir.join("in.json").to_string_lossy().into_owned();
+    let r = mixprec(&[
+        "run",
+        model,
+        "--val-range",
+        "[-1,1]",
+        "--iterations",
+        "2",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    (inputs, gold)
+}
+
 fn plan_args<'a>(model: &'a str, formats: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
         "plan",
@@ -169,21 +191,7 @@ fn plan_chooses_the_known_formats_and_writes_the_model_the_front_and_the_report(
         "{ops:?}"
     );
     // The exported model runs, and passes the same criterion against the FP32 model.
-    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
-    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
-    let r = mixprec(&[
-        "run",
-        &model,
-        "--val-range",
-        "[-1,1]",
-        "--iterations",
-        "2",
-        "--save-inputs",
-        &inputs,
-        "--save-outputs",
-        &gold,
-    ]);
-    assert!(r.status.success(), "{}", text(&r));
+    let (inputs, gold) = fp32_run(tmp.path(), &model);
     let r = mixprec(&[
         "run",
         &out_s,
@@ -275,21 +283,7 @@ fn plan_bad_input_is_one_line_and_writes_nothing() {
 fn plan_check_judges_the_chosen_point_and_its_neighbours_and_chooses_what_it_passes() {
     let tmp = tempfile::tempdir().unwrap();
     let model = planted(tmp.path());
-    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
-    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
-    let r = mixprec(&[
-        "run",
-        &model,
-        "--val-range",
-        "[-1,1]",
-        "--iterations",
-        "2",
-        "--save-inputs",
-        &inputs,
-        "--save-outputs",
-        &gold,
-    ]);
-    assert!(r.status.success(), "{}", text(&r));
+    let (inputs, gold) = fp32_run(tmp.path(), &model);
     let json = tmp.path().join("plan.json");
     let json_s = json.to_string_lossy().into_owned();
     let check = |yc: &'static str| -> Vec<String> {

@@ -6,6 +6,7 @@
 //! and Q/DQ decide). docs/plan.md, "What ONNX Runtime runs", says what holds and why.
 
 use crate::common::{mixprec, python, repo_root, text};
+use crate::plan::uniform;
 use mixprec::data::polygraphy::{load_run_results, save_inputs};
 use mixprec::event::NoProgress;
 use mixprec::exec::{feed_shapes, RunOptions};
@@ -21,19 +22,6 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::AtomicBool;
-
-/// Deterministic values in [-1, 1) (plan.rs's generator).
-fn uniform(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            (s >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
-}
 
 /// Bit equality of two tensors of one element type (NaN equals NaN; -0 is not +0).
 fn same_bits(a: &Tensor, b: &Tensor) -> bool {
