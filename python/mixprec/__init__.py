@@ -706,9 +706,10 @@ def compare(
 
 
 class PlanResult:
-    """A finished ``plan``: ``front`` (every evaluated point, cheapest to safest), ``chosen``
-    (the index of the cheapest point that passed, None when none did), ``baselines`` (the
-    uniform assignments), ``assignment`` (the chosen point's format per layer); ``export()``,
+    """A finished ``plan``: ``front`` (every evaluated point: the uniform baselines, then the
+    walk from the cheapest), ``chosen`` (the index of the cheapest point that passed, a walked
+    point or a baseline; None when none passed), ``baselines`` (the uniform assignments, each
+    with its ``point`` on the front), ``assignment`` (the chosen point's format per layer); ``export()``,
     ``report()``, ``save()`` as the CLI's ``-o``, ``--report``, ``--save-result``."""
 
     def __init__(self, native: Any) -> None:
@@ -790,6 +791,7 @@ def plan(
     check: Union[str, Sequence[str], None] = None,
     check_timeout: Optional[float] = None,
     decode: Optional[int] = None,
+    full_front: bool = False,
 ) -> PlanResult:
     """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
     fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
@@ -802,7 +804,10 @@ def plan(
     --onnx={model} --stronglyTyped ..."``) judges the chosen point and its neighbours by cost,
     then safer points until one passes; the chosen point is then the cheapest it passed, and
     each judged point of ``front`` has its ``"check"`` verdict. ``decode=N``: each input set
-    is a prompt and every point generates N tokens (as in ``debug_precision``). Raises ``ValueError`` on a bad
+    is a prompt and every point generates N tokens (as in ``debug_precision``). The uniform
+    baselines (all of one format) are candidates too; the walk stops at the first point that
+    costs as much as the cheapest passing one unless ``full_front`` (``--full-front``; always
+    with ``check``). Raises ``ValueError`` on a bad
     format, target, cost file or objective (one line naming it)."""
     m = _Model(model)
     if isinstance(check, str):
@@ -836,6 +841,7 @@ def plan(
             check=list(check or []),
             check_timeout=check_timeout,
             decode=decode,
+            full_front=full_front,
         )
     )
     return PlanResult(native)

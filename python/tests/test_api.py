@@ -512,6 +512,9 @@ def test_plan_chooses_a_format_per_layer_on_an_evaluated_front(tmp_path: Path) -
     assert front[result.chosen]["cost"] == min(passing)
     assert set(result.assignment.values()) <= {"fp8e4m3", "int8", "float16", "float32"}
     assert len(result.baselines) == 3
+    # Each baseline is a front point (a candidate like the walk's).
+    for b in result.baselines:
+        assert front[b["point"]]["step"] == {"kind": "uniform", "format": b["format"]}
     # The same front as the CLI's --save-result.
     saved = tmp_path / "plan.json"
     code = mixprec._native.main(
@@ -583,7 +586,13 @@ def test_plan_decode_judges_every_point_on_generated_tokens(tmp_path: Path) -> N
 def test_plan_cost_prices_a_written_model_as_plan_modeled_it(tmp_path: Path) -> None:
     model = ROOT / "examples" / "transformer.onnx"
     result = mixprec.plan(
-        model, formats="fp8,int8,fp16", seed=1, iterations=2, metrics=["snr:30"], atol=1e30
+        model,
+        formats="fp8,int8,fp16",
+        seed=1,
+        iterations=2,
+        metrics=["snr:30"],
+        atol=1e30,
+        full_front=True,
     )
     assert result.chosen is not None
     mixed = tmp_path / "mixed.onnx"

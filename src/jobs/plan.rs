@@ -23,8 +23,8 @@ use crate::search::builtin::{BuiltinOracle, UserCriterion};
 use crate::search::driver::AUTO_BUDGET_MAX;
 use crate::search::formats::cost::{Cost, CostModel, CostObjective, Target};
 use crate::search::formats::{
-    check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontWalk,
-    Sensitivity, Step,
+    check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontPoint,
+    FrontWalk, Sensitivity, Step, WalkOptions,
 };
 use crate::{load_model, Interpreter};
 use serde::Serialize;
@@ -66,6 +66,10 @@ pub struct Config {
     /// `--decode N`: every evaluation generates N tokens greedily from each input set's prompt
     /// (models with ONNX Runtime GenAI's names; [`crate::decode`]).
     pub decode: Option<usize>,
+    /// `--full-front`: walk on to the safest assignment instead of stopping at the first
+    /// point that costs as much as the cheapest passing one (always with `--check`, which
+    /// may need the safer points).
+    pub full_front: bool,
 }
 
 impl Default for Config {
@@ -87,6 +91,7 @@ impl Default for Config {
             check: None,
             verbose: false,
             decode: None,
+            full_front: false,
         }
     }
 }
@@ -195,6 +200,8 @@ impl Config {
 #[derive(Clone, Debug, Serialize)]
 pub struct Baseline {
     pub format: Precision,
+    /// Its point on the front.
+    pub point: usize,
     pub cost: Cost,
     pub passed: bool,
     pub error: f64,
@@ -318,7 +325,11 @@ pub fn run(
         None => reference,
     };
     oracle.set_golden(golden)?;
-    let mut front = walk_front(&space, &mut oracle, config.jobs, stop, &mut |line| {
+    let walk = WalkOptions {
+        jobs: config.jobs,
+        full: config.full_front || config.check.is_some(),
+    };
+    let mut front = walk_front(&space, &mut oracle, walk, stop, &mut |line| {
         events(Event::Verbose(line.to_string()))
     })?;
     if let Some(c) = &config.check {
@@ -366,24 +377,23 @@ pub fn run(
             },
         )?;
     }
-    let uniform: Vec<Vec<Precision>> = formats.iter().map(|&f| space.uniform(f)).collect();
-    let plans: Vec<PrecisionPlan> = uniform.iter().map(|u| space.plan(u)).collect();
-    let mut verdicts = Vec::new();
-    for chunk in plans.chunks(config.jobs) {
-        verdicts.extend(oracle.evaluate_plans(chunk));
-    }
-    let mut baselines = Vec::new();
-    for (((&f, u), plan), e) in formats.iter().zip(&uniform).zip(plans).zip(verdicts) {
-        let e = e?;
-        baselines.push(Baseline {
-            format: f,
-            cost: space.cost(u),
-            passed: e.passed,
-            error: e.error,
-            summary: e.summary,
-            plan,
-        });
-    }
+    let baselines = space
+        .formats
+        .iter()
+        .zip(&front.baselines)
+        .map(|(&format, &k)| {
+            let p = &front.points[k];
+            Baseline {
+                format,
+                point: k,
+                cost: p.cost,
+                passed: p.passed,
+                error: p.error,
+                summary: p.summary.clone(),
+                plan: space.plan(&p.formats),
+            }
+        })
+        .collect();
     let plans = front
         .points
         .iter()
@@ -597,7 +607,6 @@ impl Outcome {
             .points
             .iter()
             .map(|p| p.cost.by(self.objective))
-            .chain(self.baselines.iter().map(|b| b.cost.by(self.objective)))
             .collect();
         // Errors on a log axis (a required tolerance spans decades); 0 and non-finite at the
         // axis' ends.
@@ -606,7 +615,6 @@ impl Outcome {
             .points
             .iter()
             .map(|p| p.error)
-            .chain(self.baselines.iter().map(|b| b.error))
             .filter(|e| e.is_finite() && *e > 0.0)
             .collect();
         let (cmin, cmax) = costs
@@ -650,10 +658,13 @@ impl Outcome {
             h / 2.0,
             h / 2.0
         );
+        // The walk's path; the baselines are squares off it.
+        let is_baseline = |p: &FrontPoint| matches!(p.step, Step::Uniform { .. });
         let path: Vec<String> = self
             .front
             .points
             .iter()
+            .filter(|p| !is_baseline(p))
             .map(|p| format!("{:.1},{:.1}", x(p.cost.by(self.objective)), y(p.error)))
             .collect();
         svg.push_str(&format!(
@@ -663,12 +674,14 @@ impl Outcome {
         for (k, p) in self.front.points.iter().enumerate() {
             let (cx, cy) = (x(p.cost.by(self.objective)), y(p.error));
             let fill = if p.passed { "#2a7" } else { "none" };
-            svg.push_str(&format!(
+            if !is_baseline(p) {
+                svg.push_str(&format!(
                 "<circle cx='{cx:.1}' cy='{cy:.1}' r='5' fill='{fill}' stroke='#2a7'><title>point {k}: cost {}, error {}, {}</title></circle>\n",
                 fmt_g(p.cost.by(self.objective), 4),
                 fmt_g(p.error, 3),
                 if p.passed { "passed" } else { "failed" }
-            ));
+                ));
+            }
             if Some(k) == self.front.chosen {
                 svg.push_str(&format!(
                     "<circle cx='{cx:.1}' cy='{cy:.1}' r='10' fill='none' stroke='#d33' stroke-width='2'/>\n\
@@ -777,6 +790,7 @@ impl Outcome {
             .enumerate()
             .map(|(k, p)| {
                 let how = match &p.step {
+                    Step::Uniform { format } => format!("all {}", format.name()),
                     Step::Start => "cheapest".to_string(),
                     Step::Raise { group, from, to } => {
                         format!(
@@ -792,6 +806,9 @@ impl Outcome {
                         from.name(),
                         to.name()
                     ),
+                    Step::Lower { from, lowered } => {
+                        format!("point {from}, {lowered} least sensitive group(s) lowered")
+                    }
                 };
                 let check = match &p.check {
                     Some(c) if c.passed => "  check PASSED",

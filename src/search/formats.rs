@@ -292,6 +292,9 @@ impl PlanJudge for BuiltinOracle<'_> {
 pub struct FormatSpace<'g> {
     pub graph: &'g Graph,
     pub groups: Vec<DecisionGroup>,
+    /// The formats besides the high precision, in the user's order (one uniform baseline
+    /// each).
+    pub formats: Vec<Precision>,
     /// Per group: its formats from cheapest to safest (the high precision last).
     pub orders: Vec<Vec<Precision>>,
     pub high: Precision,
@@ -313,6 +316,7 @@ impl<'g> FormatSpace<'g> {
         let mut space = FormatSpace {
             graph,
             groups,
+            formats: formats.iter().copied().filter(|&f| f != high).collect(),
             orders: Vec::new(),
             high,
             costs,
@@ -386,6 +390,9 @@ pub struct Sensitivity {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum Step {
+    /// A uniform baseline: every group in `format` where it can take it (all fp16, all
+    /// int8, ...), evaluated before the walk.
+    Uniform { format: Precision },
     /// The cheapest assignment.
     Start,
     /// The greedy move: `group` raised from `from` to `to`.
@@ -400,6 +407,9 @@ pub enum Step {
         from: Precision,
         to: Precision,
     },
+    /// The descent: point `from` (the cheapest that passed the walk and the baselines) with
+    /// the first `lowered` groups of its descent order in their cheaper formats.
+    Lower { from: usize, lowered: usize },
 }
 
 /// One evaluated point of the front.
@@ -432,8 +442,11 @@ pub struct FrontWalk {
     /// Per group, its formats other than the high precision, alone.
     pub sensitivity: Vec<Vec<Sensitivity>>,
     pub points: Vec<FrontPoint>,
-    /// The cheapest point that passed (by the objective; the earliest of equals).
+    /// The cheapest point that passed (by the objective; the earliest of equals), a walked
+    /// point or a uniform baseline.
     pub chosen: Option<usize>,
+    /// Per format of [`FormatSpace::formats`], the point of its uniform baseline.
+    pub baselines: Vec<usize>,
     /// The chosen point evaluated again outside the cache.
     pub verified: Option<Evaluation>,
     /// Evaluations made (sensitivity, walk, verification).
@@ -444,16 +457,30 @@ pub struct FrontWalk {
     pub interrupted: bool,
 }
 
-/// Runs the sensitivity pass and the walk, `jobs` evaluations at a time where they are
-/// independent; `stop` (Ctrl-C) ends the walk at the next point.
+/// How far [`walk_front`] goes.
+#[derive(Clone, Copy, Debug)]
+pub struct WalkOptions {
+    /// Evaluations at the same time where they are independent.
+    pub jobs: usize,
+    /// Walk on to the safest assignment; otherwise the walk stops at the first point that
+    /// costs as much as the cheapest point that passed (no later point can be chosen).
+    pub full: bool,
+}
+
+/// Runs the sensitivity pass, the uniform baselines and the walk, `options.jobs` evaluations
+/// at a time where they are independent; `stop` (Ctrl-C) ends the walk at the next point.
+/// The front's points are the baselines (in [`FormatSpace::formats`]' order), then the walk's
+/// points; a walked assignment equal to an evaluated point is that point, not a second one.
 pub fn walk_front(
     space: &FormatSpace<'_>,
     judge: &mut dyn PlanJudge,
-    jobs: usize,
+    options: WalkOptions,
     stop: &AtomicBool,
     progress: &mut dyn FnMut(&str),
 ) -> Result<FrontWalk> {
     let n = space.groups.len();
+    let jobs = options.jobs.max(1);
+    let objective = space.objective;
     let mut evaluations = 0;
     // 1. Sensitivity of every (group, format).
     let pairs: Vec<(usize, Precision)> = (0..n)
@@ -469,7 +496,7 @@ pub fn walk_front(
         pairs.len()
     ));
     let mut sensitivity: Vec<Vec<Sensitivity>> = vec![Vec::new(); n];
-    for chunk in pairs.chunks(jobs.max(1)) {
+    for chunk in pairs.chunks(jobs) {
         if stop.load(Ordering::SeqCst) {
             return Err(Error::Invalid(
                 "interrupted during the sensitivity pass: no front yet".into(),
@@ -497,50 +524,114 @@ pub fn walk_front(
             });
         }
     }
-    let alone = |g: usize, f: Precision| -> (f64, bool) {
-        if f == space.high {
-            return (0.0, true);
+    let alone = |g: usize, f: Precision| alone(space, &sensitivity, g, f);
+    let predicts_pass = |formats: &[Precision]| predicts_pass(space, &sensitivity, formats);
+    // 2. The uniform baselines: what a one-format tool (AutoCast, ModelOpt's PTQ) writes, so
+    // candidates too — the walk's path need not cross them.
+    let mut points: Vec<FrontPoint> = Vec::new();
+    let uniform: Vec<(Precision, Vec<Precision>)> = space
+        .formats
+        .iter()
+        .map(|&f| (f, space.uniform(f)))
+        .collect();
+    progress(&format!(
+        "Baselines: {} uniform assignment(s)...",
+        uniform.len()
+    ));
+    for chunk in uniform.chunks(jobs) {
+        if stop.load(Ordering::SeqCst) {
+            return Err(Error::Invalid(
+                "interrupted during the uniform baselines: no front yet".into(),
+            ));
         }
-        sensitivity[g]
+        let plans: Vec<PrecisionPlan> = chunk.iter().map(|(_, u)| space.plan(u)).collect();
+        for ((f, u), e) in chunk.iter().zip(judge.judge(&plans)) {
+            let e = e?;
+            evaluations += 1;
+            progress(&format!(
+                "Baseline all {}: cost {} {} | {} | {}",
+                f.name(),
+                fmt_g(space.cost(u).by(objective), 4),
+                objective.unit(),
+                if e.passed { "passed" } else { "failed" },
+                e.summary
+            ));
+            points.push(FrontPoint {
+                formats: u.clone(),
+                cost: space.cost(u),
+                passed: e.passed,
+                error: e.error,
+                summary: e.summary,
+                predicted_pass: predicts_pass(u),
+                step: Step::Uniform { format: *f },
+                check: None,
+            });
+        }
+    }
+    let baselines: Vec<usize> = (0..points.len()).collect();
+    // The cheapest passing point so far (cost, index): no point that costs as much can be
+    // chosen.
+    let cheapest_passed = |points: &[FrontPoint]| -> Option<(f64, usize)> {
+        points
             .iter()
-            .find(|s| s.format == f)
-            .map_or((f64::INFINITY, false), |s| (s.error, s.passed))
+            .enumerate()
+            .filter(|(_, p)| p.passed)
+            .map(|(k, p)| (p.cost.by(objective), k))
+            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)))
     };
-    // 2. The walk.
+    // 3. The walk.
     let top = |g: usize| space.orders[g].len() - 1;
     let mut levels = vec![0usize; n];
     let mut step = Step::Start;
-    let mut points: Vec<FrontPoint> = Vec::new();
     let mut log = Vec::new();
     let mut interrupted = false;
     loop {
         let formats: Vec<Precision> = (0..n).map(|g| space.orders[g][levels[g]]).collect();
-        let predicted_pass = (0..n).all(|g| alone(g, formats[g]).1);
-        let e = judge
-            .judge(&[space.plan(&formats)])
-            .pop()
-            .expect("one verdict per plan")?;
-        evaluations += 1;
+        let predicted_pass = predicts_pass(&formats);
         let cost = space.cost(&formats);
-        progress(&format!(
-            "Front point {}: cost {} {} | {} | {}",
-            points.len(),
-            fmt_g(cost.by(space.objective), 4),
-            space.objective.unit(),
-            if e.passed { "passed" } else { "failed" },
-            e.summary
-        ));
-        let failed_prediction = predicted_pass && !e.passed;
-        points.push(FrontPoint {
-            formats: formats.clone(),
-            cost,
-            passed: e.passed,
-            error: e.error,
-            summary: e.summary,
-            predicted_pass,
-            step: step.clone(),
-            check: None,
-        });
+        if !options.full {
+            if let Some((bound, k)) = cheapest_passed(&points) {
+                if cost.by(objective) >= bound {
+                    log.push(format!(
+                        "The walk stopped at cost {} {}: point {k} passed at {}, and the walk's later points raise more formats (--full-front walks on to the safest point)",
+                        fmt_g(cost.by(objective), 4),
+                        objective.unit(),
+                        fmt_g(bound, 4),
+                    ));
+                    break;
+                }
+            }
+        }
+        let (passed, at) = match points.iter().position(|p| p.formats == formats) {
+            Some(k) => (points[k].passed, k),
+            None => {
+                let e = judge
+                    .judge(&[space.plan(&formats)])
+                    .pop()
+                    .expect("one verdict per plan")?;
+                evaluations += 1;
+                progress(&format!(
+                    "Front point {}: cost {} {} | {} | {}",
+                    points.len(),
+                    fmt_g(cost.by(objective), 4),
+                    objective.unit(),
+                    if e.passed { "passed" } else { "failed" },
+                    e.summary
+                ));
+                points.push(FrontPoint {
+                    formats: formats.clone(),
+                    cost,
+                    passed: e.passed,
+                    error: e.error,
+                    summary: e.summary,
+                    predicted_pass,
+                    step: step.clone(),
+                    check: None,
+                });
+                (e.passed, points.len() - 1)
+            }
+        };
+        let failed_prediction = predicted_pass && !passed;
         if (0..n).all(|g| levels[g] == top(g)) {
             break;
         }
@@ -563,8 +654,7 @@ pub fn walk_front(
                 .expect("a point below the safest has a group to raise");
             let to = space.orders[worst][levels[worst] + 1];
             log.push(format!(
-                "Repair: point {} was predicted to pass (each group's format passed alone) but failed; raising its worst group '{}' from {} to {}",
-                points.len() - 1,
+                "Repair: point {at} was predicted to pass (each group's format passed alone) but failed; raising its worst group '{}' from {} to {}",
                 space.groups[worst].name(space.graph),
                 formats[worst].name(),
                 to.name()
@@ -576,12 +666,12 @@ pub fn walk_front(
             };
             worst
         } else {
-            let now = cost.by(space.objective);
+            let now = cost.by(objective);
             let key = |g: usize| {
                 let (from, to) = (formats[g], space.orders[g][levels[g] + 1]);
                 let mut next = formats.clone();
                 next[g] = to;
-                let added = space.cost(&next).by(space.objective) - now;
+                let added = space.cost(&next).by(objective) - now;
                 let (e_from, fails) = {
                     let (e, passed) = alone(g, from);
                     (e, !passed)
@@ -609,18 +699,19 @@ pub fn walk_front(
         };
         levels[g] += 1;
     }
-    // 3. The cheapest passing point, verified.
-    let chosen = points
-        .iter()
-        .enumerate()
-        .filter(|(_, p)| p.passed)
-        .min_by(|(a, pa), (b, pb)| {
-            pa.cost
-                .by(space.objective)
-                .total_cmp(&pb.cost.by(space.objective))
-                .then(a.cmp(b))
-        })
-        .map(|(k, _)| k);
+    // 4. The descent from the cheapest point that passed.
+    if let Some((_, from)) = cheapest_passed(&points).filter(|_| !interrupted) {
+        let mut descent = Descent {
+            space,
+            sensitivity: &sensitivity,
+            points: &mut points,
+            log: &mut log,
+            evaluations: &mut evaluations,
+        };
+        interrupted = descent.run(judge, from, stop, progress)?;
+    }
+    // 5. The cheapest passing point, verified.
+    let chosen = cheapest_passed(&points).map(|(_, k)| k);
     let verified = match chosen {
         Some(k) => {
             let e = judge.verify(&space.plan(&points[k].formats))?;
@@ -640,11 +731,168 @@ pub fn walk_front(
         sensitivity,
         points,
         chosen,
+        baselines,
         verified,
         evaluations,
         log,
         interrupted,
     })
+}
+
+/// Group `g`'s error and verdict in `f` alone (the rest high): the sensitivity pass's, or no
+/// error in the high precision.
+fn alone(
+    space: &FormatSpace<'_>,
+    sensitivity: &[Vec<Sensitivity>],
+    g: usize,
+    f: Precision,
+) -> (f64, bool) {
+    if f == space.high {
+        return (0.0, true);
+    }
+    sensitivity[g]
+        .iter()
+        .find(|s| s.format == f)
+        .map_or((f64::INFINITY, false), |s| (s.error, s.passed))
+}
+
+/// Whether every group's format passed alone.
+fn predicts_pass(
+    space: &FormatSpace<'_>,
+    sensitivity: &[Vec<Sensitivity>],
+    formats: &[Precision],
+) -> bool {
+    (0..space.groups.len()).all(|g| alone(space, sensitivity, g, formats[g]).1)
+}
+
+/// AIMET AMP's bisection over cumulative flips, run from the other end: a passing point with
+/// groups moved to the format that passed alone and saves the most from that point, least
+/// sensitive first (error alone, then the larger saving); the longest prefix of that order that passes is found by
+/// bisection, serially, so the points evaluated are the same for any `jobs`. The walk only
+/// raises, from an assignment whose reformats a uniform one does not pay; this reaches the
+/// cheaper neighbours of a passing baseline or walked point.
+struct Descent<'s, 'g> {
+    space: &'s FormatSpace<'g>,
+    sensitivity: &'s [Vec<Sensitivity>],
+    points: &'s mut Vec<FrontPoint>,
+    log: &'s mut Vec<String>,
+    evaluations: &'s mut usize,
+}
+
+impl Descent<'_, '_> {
+    /// Descends from point `from`; the new points go on the front. Returns whether `stop`
+    /// ended it.
+    fn run(
+        &mut self,
+        judge: &mut dyn PlanJudge,
+        from: usize,
+        stop: &AtomicBool,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<bool> {
+        let (space, objective) = (self.space, self.space.objective);
+        let alone = |g: usize, f: Precision| alone(space, self.sensitivity, g, f);
+        let base = self.points[from].formats.clone();
+        let base_cost = self.points[from].cost.by(objective);
+        // Per group, the format that passed alone and saves the most from this point (its
+        // neighbours' formats decide the reformats, so the order by cost alone may not hold
+        // here); ties keep the cheaper-alone format.
+        let mut moves: Vec<(usize, Precision, f64, f64)> = (0..space.groups.len())
+            .filter_map(|g| {
+                let mut best: Option<(Precision, f64)> = None;
+                for &f in &space.orders[g] {
+                    if f == base[g] || !alone(g, f).1 {
+                        continue;
+                    }
+                    let mut next = base.clone();
+                    next[g] = f;
+                    let saved = base_cost - space.cost(&next).by(objective);
+                    if saved > 0.0 && best.is_none_or(|(_, b)| saved > b) {
+                        best = Some((f, saved));
+                    }
+                }
+                best.map(|(to, saved)| (g, to, alone(g, to).0, saved))
+            })
+            .collect();
+        if moves.is_empty() {
+            return Ok(false);
+        }
+        moves.sort_by(|a, b| {
+            a.2.total_cmp(&b.2)
+                .then(b.3.total_cmp(&a.3))
+                .then(a.0.cmp(&b.0))
+        });
+        self.log.push(format!(
+            "Descent from point {from}: {} group(s) can take a cheaper format that passed alone; bisection over them, least sensitive first",
+            moves.len()
+        ));
+        let prefix = |k: usize| {
+            let mut formats = base.clone();
+            for &(g, to, _, _) in &moves[..k] {
+                formats[g] = to;
+            }
+            formats
+        };
+        // The longest passing prefix lies in [lo, hi): lo passes, hi is the first known to
+        // fail (or one past the end).
+        let (mut lo, mut hi) = (0, moves.len() + 1);
+        let mut interrupted = false;
+        while hi - lo > 1 {
+            if stop.load(Ordering::SeqCst) {
+                interrupted = true;
+                break;
+            }
+            let mid = (lo + hi) / 2;
+            let formats = prefix(mid);
+            let passed = match self.points.iter().position(|p| p.formats == formats) {
+                Some(k) => self.points[k].passed,
+                None => {
+                    let e = judge
+                        .judge(&[space.plan(&formats)])
+                        .pop()
+                        .expect("one verdict per plan")?;
+                    *self.evaluations += 1;
+                    let cost = space.cost(&formats);
+                    progress(&format!(
+                        "Front point {} (descent, {mid} lowered): cost {} {} | {} | {}",
+                        self.points.len(),
+                        fmt_g(cost.by(objective), 4),
+                        objective.unit(),
+                        if e.passed { "passed" } else { "failed" },
+                        e.summary
+                    ));
+                    self.points.push(FrontPoint {
+                        predicted_pass: predicts_pass(space, self.sensitivity, &formats),
+                        formats,
+                        cost,
+                        passed: e.passed,
+                        error: e.error,
+                        summary: e.summary,
+                        step: Step::Lower { from, lowered: mid },
+                        check: None,
+                    });
+                    e.passed
+                }
+            };
+            if passed {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        self.log.push(format!(
+            "Descent: {lo} of {} group(s) lowered still pass{}",
+            moves.len(),
+            match moves.get(lo) {
+                Some(&(g, to, _, _)) if !interrupted => format!(
+                    "; lowering '{}' to {} next fails",
+                    space.groups[g].name(space.graph),
+                    to.name()
+                ),
+                _ => String::new(),
+            }
+        ));
+        Ok(interrupted)
+    }
 }
 
 /// A `--check` command on front points: judges the points at these indices (one verdict each,

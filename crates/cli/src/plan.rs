@@ -62,6 +62,11 @@ pub struct PlanArgs {
     /// Memory for cached layer outputs, e.g. 512M; auto (default). Never changes the answer.
     #[arg(long = "cache-budget", default_value = "auto", value_name = "SIZE")]
     cache_budget: String,
+    /// Walk the front on to the safest assignment (for the whole cost-error curve); by
+    /// default the walk stops at the first point that costs as much as the cheapest point
+    /// that passed. Always on with --check.
+    #[arg(long = "full-front")]
+    full_front: bool,
     /// Write the chosen assignment as a strongly typed mixed-precision model.
     #[arg(short, long, value_name = "FILE")]
     output: Option<PathBuf>,
@@ -126,6 +131,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         check: args.check.options()?,
         verbose: args.verbose,
         decode: args.decode,
+        full_front: args.full_front,
     };
     let validated = config.validate()?;
     mixprec::process::install_stop_handler(&INTERRUPTED);
@@ -198,7 +204,7 @@ fn print_outcome(o: &plan::Outcome) {
         o.target.name
     );
     println!(
-        "[I] Front ({} point(s), cheapest to safest; * chosen):",
+        "[I] Front ({} point(s): the uniform baselines, then the walk from the cheapest; * chosen):",
         f.points.len()
     );
     for line in o.front_lines() {
@@ -209,16 +215,6 @@ fn print_outcome(o: &plan::Outcome) {
     }
     if f.interrupted {
         println!("[W] Interrupted: the front stops before the safest point");
-    }
-    println!("[I] Uniform baselines:");
-    for b in &o.baselines {
-        println!(
-            "[I]   all {:<9} {:>10} {}  {}",
-            b.format.name(),
-            mixprec::compare::fmt_g(o.cost_of(&b.cost), 4),
-            o.objective.unit(),
-            if b.passed { "PASSED" } else { "FAILED" }
-        );
     }
     if let (Some(k), Some(plan)) = (f.chosen, o.chosen_plan()) {
         let p = &f.points[k];

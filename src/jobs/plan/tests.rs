@@ -142,9 +142,22 @@ fn the_planted_model_gets_its_known_best_assignment() {
     // Each uniform baseline fails: all fp16 (A overflows), all int8 (C), all fp8 (B).
     assert_eq!(o.baselines.len(), 3);
     assert!(o.baselines.iter().all(|b| !b.passed), "{:?}", o.baselines);
-    // The chosen point costs less than the safest (everything float32).
+    // The walk stopped once no later point could be chosen; walked on to the safest point
+    // (everything float32), it chooses the same assignment, which costs less.
+    assert!(o
+        .front
+        .log
+        .iter()
+        .any(|l| l.starts_with("The walk stopped")));
+    let full = run_plan(Config {
+        full_front: true,
+        ..config(planted_model(&dir), "fp8,int8,fp16")
+    });
+    assert_eq!(chosen(&full), c);
+    assert!(full.front.evaluations > o.front.evaluations);
+    let last = full.front.points.last().unwrap();
+    assert!(last.formats.iter().all(|&f| f == Precision::Float32));
     let k = o.front.chosen.unwrap();
-    let last = o.front.points.last().unwrap();
     assert!(o.cost_of(&o.front.points[k].cost) < o.cost_of(&last.cost));
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -203,6 +216,13 @@ fn the_result_file_holds_the_front_the_chosen_point_and_the_baselines() {
         .map(|b| b["format"].as_str().unwrap())
         .collect();
     assert_eq!(names, ["fp8e4m3", "int8", "float16"]);
+    // Each baseline is a point of the front too.
+    for b in baselines {
+        let point = &front[b["point"].as_u64().unwrap() as usize];
+        assert_eq!(point["step"]["kind"], "uniform");
+        assert_eq!(point["step"]["format"], b["format"]);
+        assert_eq!(point["passed"], b["passed"]);
+    }
     assert_eq!(v["target"]["name"], "h100");
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -266,7 +286,9 @@ fn the_report_plots_the_front_and_lists_every_group() {
         html.contains("<svg") && html.contains(">chosen<"),
         "no plot"
     );
-    assert_eq!(html.matches("<circle").count(), o.front.points.len() + 1);
+    // A circle per walked point and the chosen point's ring; the baselines are squares.
+    let walked = o.front.points.len() - o.baselines.len();
+    assert_eq!(html.matches("<circle").count(), walked + 1);
     assert_eq!(html.matches("<rect").count(), o.baselines.len());
     assert!(html.contains("criterion (largest passing error)"));
     for name in ["A", "B", "Scale", "C"] {

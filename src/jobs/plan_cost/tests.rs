@@ -29,6 +29,8 @@ fn plan_of(model: &Path) -> crate::jobs::plan::Outcome {
             calibration_algo: Some("minmax".into()),
             ..Default::default()
         },
+        // On to the safest point, which the float model itself is.
+        full_front: true,
         ..Default::default()
     };
     crate::jobs::plan::run(

@@ -166,8 +166,28 @@ impl PlanJudge for Planted<'_> {
     }
 }
 
-fn walk(s: &FormatSpace<'_>, judge: &mut Planted<'_>, jobs: usize) -> FrontWalk {
-    walk_front(s, judge, jobs, &AtomicBool::new(false), &mut |_| {}).unwrap()
+/// The walk on to the safest point (`--full-front`).
+fn walk(s: &FormatSpace<'_>, judge: &mut dyn PlanJudge, jobs: usize) -> FrontWalk {
+    walk_until(s, judge, jobs, true)
+}
+
+fn walk_until(
+    s: &FormatSpace<'_>,
+    judge: &mut dyn PlanJudge,
+    jobs: usize,
+    full: bool,
+) -> FrontWalk {
+    let options = WalkOptions { jobs, full };
+    walk_front(s, judge, options, &AtomicBool::new(false), &mut |_| {}).unwrap()
+}
+
+/// The walk's own points (the uniform baselines left out).
+fn walked(front: &FrontWalk) -> Vec<&FrontPoint> {
+    front
+        .points
+        .iter()
+        .filter(|p| !matches!(p.step, Step::Uniform { .. }))
+        .collect()
 }
 
 #[test]
@@ -210,11 +230,21 @@ fn the_walk_chooses_the_cheapest_passing_assignment() {
     assert_eq!(chosen.cost.latency_us, best_cost, "best: {best:?}");
     assert_eq!(&chosen.formats[2..], &[Precision::Float32; 2]);
     assert!(chosen.passed && front.verified.as_ref().unwrap().passed);
-    // Every point was evaluated; the walk starts at the cheapest and ends at the safest.
-    assert_eq!(front.points[0].step, Step::Start);
-    assert!(!front.points[0].passed);
+    // Every point was evaluated: the uniform baselines, then the walk from the cheapest to
+    // the safest.
+    assert_eq!(front.baselines, vec![0, 1, 2]);
+    for (&k, f) in front.baselines.iter().zip(&s.formats) {
+        assert_eq!(front.points[k].step, Step::Uniform { format: *f });
+        assert_eq!(front.points[k].formats, s.uniform(*f));
+    }
+    let walk = walked(&front);
+    assert_eq!(walk[0].step, Step::Start);
+    assert!(!walk[0].passed);
     assert_eq!(
-        front.points.last().unwrap().formats,
+        walk.iter()
+            .rfind(|p| !matches!(p.step, Step::Lower { .. }))
+            .unwrap()
+            .formats,
         vec![Precision::Float32; 4]
     );
     let sensitivity_runs: usize = s.orders.iter().map(|o| o.len() - 1).sum();
@@ -226,7 +256,11 @@ fn the_walk_chooses_the_cheapest_passing_assignment() {
         .points
         .iter()
         .all(|p| !p.passed || p.cost.latency_us >= best));
-    assert!(front.log.is_empty());
+    assert!(
+        front.log.iter().all(|l| l.starts_with("Descent")),
+        "{:?}",
+        front.log
+    );
 }
 
 #[test]
@@ -243,12 +277,13 @@ fn a_predicted_point_that_fails_is_repaired_and_said() {
         judged: 0,
     };
     let front = walk(&s, &mut judge, 1);
-    assert_eq!(front.log.len(), 1, "{:?}", front.log);
-    assert!(
-        front.log[0].starts_with("Repair: point"),
-        "{}",
-        front.log[0]
-    );
+    let repairs: Vec<&String> = front
+        .log
+        .iter()
+        .filter(|l| !l.starts_with("Descent"))
+        .collect();
+    assert_eq!(repairs.len(), 1, "{:?}", front.log);
+    assert!(repairs[0].starts_with("Repair: point"), "{}", repairs[0]);
     let repair = front
         .points
         .iter()
@@ -287,6 +322,240 @@ fn the_answer_is_the_same_for_any_number_of_jobs() {
     };
     assert_eq!(formats(&one), formats(&four));
     assert_eq!(one.chosen, four.chosen);
+}
+
+#[test]
+fn the_walk_stops_once_no_later_point_can_be_chosen() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let planted = |g| Planted {
+        graph: g,
+        overflows: "a",
+        clips: "q",
+        interact: None,
+        judged: 0,
+    };
+    let full = walk(&s, &mut planted(g), 1);
+    let mut judge = planted(g);
+    let short = walk_until(&s, &mut judge, 1, false);
+    let formats = |f: &FrontWalk| {
+        f.points
+            .iter()
+            .map(|p| p.formats.clone())
+            .collect::<Vec<_>>()
+    };
+    // The same answer from a prefix of the full walk, fewer evaluations.
+    let (cf, cs) = (full.chosen.unwrap(), short.chosen.unwrap());
+    assert_eq!(full.points[cf].formats, short.points[cs].formats);
+    let upto = |f: &FrontWalk| {
+        f.points
+            .iter()
+            .take_while(|p| !matches!(p.step, Step::Lower { .. }))
+            .count()
+    };
+    let n = upto(&short);
+    assert!(n < upto(&full));
+    assert_eq!(formats(&short)[..n], formats(&full)[..n]);
+    assert!(short.evaluations < full.evaluations);
+    assert_eq!(judge.judged + 1, short.evaluations);
+    assert!(
+        short
+            .log
+            .iter()
+            .any(|l| l.starts_with("The walk stopped at cost")),
+        "{:?}",
+        short.log
+    );
+    // The full walk's points after the short one's last cost at least the chosen point.
+    let best = short.points[cs].cost.latency_us;
+    assert!(full.points[n..upto(&full)]
+        .iter()
+        .all(|p| p.cost.latency_us >= best));
+}
+
+/// Passes when the four groups' layers a, q, s and t are all float16, or when at most one
+/// of them is not float32; error: how many are not float32. Each format passes alone, so the
+/// walk repairs from the cheapest point, raising one group at a time to float32: it never
+/// crosses all-float16.
+struct AllOrNothing<'g>(&'g Graph);
+
+impl AllOrNothing<'_> {
+    fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
+        let of = |name: &str| {
+            let i = self.0.nodes.iter().position(|n| n.name == name).unwrap();
+            plan.layers[i]
+        };
+        let layers = ["a", "q", "s", "t"].map(of);
+        let low = layers.iter().filter(|&&p| p != Precision::Float32).count();
+        let passed = layers.iter().all(|&p| p == Precision::Float16) || low <= 1;
+        Evaluation {
+            passed,
+            error: low as f64,
+            summary: format!("{low} low"),
+        }
+    }
+}
+
+impl PlanJudge for AllOrNothing<'_> {
+    fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
+        plans.iter().map(|p| Ok(self.verdict(p))).collect()
+    }
+
+    fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
+        Ok(self.verdict(plan))
+    }
+}
+
+#[test]
+fn a_uniform_baseline_off_the_walk_is_chosen_when_it_is_the_cheapest_that_passed() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let fp16 = front_baseline(&s, Precision::Float16);
+    for full in [true, false] {
+        let front = walk_until(&s, &mut AllOrNothing(g), 1, full);
+        let chosen = front.chosen.unwrap();
+        assert_eq!(chosen, front.baselines[fp16], "full {full}");
+        assert_eq!(
+            front.points[chosen].step,
+            Step::Uniform {
+                format: Precision::Float16
+            }
+        );
+        assert!(front.verified.as_ref().unwrap().passed);
+        // The walk did not cross it, and what the walk passed costs more.
+        let walk = walked(&front);
+        assert!(walk
+            .iter()
+            .all(|p| p.formats != s.uniform(Precision::Float16)));
+        let best = front.points[chosen].cost.latency_us;
+        assert!(walk.iter().all(|p| !p.passed || p.cost.latency_us > best));
+        if full {
+            assert!(walk.iter().any(|p| p.passed));
+        } else {
+            let stopped = format!("point {chosen} passed");
+            assert!(
+                front.log.iter().any(|l| l.contains(&stopped)),
+                "{:?}",
+                front.log
+            );
+        }
+    }
+}
+
+/// Passes when q, s and t are float16 whatever a is, or when at most one of a, q, s, t is
+/// not float32; error: a counts 1, q 3, s and t 1 each when not float32.
+struct LowerableA<'g>(&'g Graph);
+
+impl LowerableA<'_> {
+    fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
+        let of = |name: &str| {
+            let i = self.0.nodes.iter().position(|n| n.name == name).unwrap();
+            plan.layers[i]
+        };
+        let [a, q, s, t] = ["a", "q", "s", "t"].map(of);
+        let low = |p: Precision| usize::from(p != Precision::Float32);
+        let count = low(a) + low(q) + low(s) + low(t);
+        let passed = [q, s, t].iter().all(|&p| p == Precision::Float16) || count <= 1;
+        let error = low(a) + 3 * low(q) + low(s) + low(t);
+        Evaluation {
+            passed,
+            error: error as f64,
+            summary: format!("error {error}"),
+        }
+    }
+}
+
+impl PlanJudge for LowerableA<'_> {
+    fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
+        plans.iter().map(|p| Ok(self.verdict(p))).collect()
+    }
+
+    fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
+        Ok(self.verdict(plan))
+    }
+}
+
+#[test]
+fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let mut judge = LowerableA(g);
+    let sensitivity: Vec<Vec<Sensitivity>> = (0..s.groups.len())
+        .map(|k| {
+            s.orders[k][..s.orders[k].len() - 1]
+                .iter()
+                .map(|&f| {
+                    let mut formats = vec![Precision::Float32; s.groups.len()];
+                    formats[k] = f;
+                    let e = judge.verdict(&s.plan(&formats));
+                    Sensitivity {
+                        format: f,
+                        error: e.error,
+                        passed: e.passed,
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let fp16 = s.uniform(Precision::Float16);
+    let e = judge.verdict(&s.plan(&fp16));
+    assert!(e.passed);
+    let mut points = vec![FrontPoint {
+        formats: fp16.clone(),
+        cost: s.cost(&fp16),
+        passed: true,
+        error: e.error,
+        summary: e.summary,
+        predicted_pass: true,
+        step: Step::Uniform {
+            format: Precision::Float16,
+        },
+        check: None,
+    }];
+    let (mut log, mut evaluations) = (Vec::new(), 0);
+    let interrupted = Descent {
+        space: &s,
+        sensitivity: &sensitivity,
+        points: &mut points,
+        log: &mut log,
+        evaluations: &mut evaluations,
+    }
+    .run(&mut judge, 0, &AtomicBool::new(false), &mut |_| {})
+    .unwrap();
+    assert!(!interrupted);
+    // a (error 1 alone) then q (error 3) can go to fp8; s and t are at their cheapest. The
+    // bisection over [a, q]: one lowered passes, both fail: two evaluations.
+    let steps: Vec<(Step, bool)> = points[1..]
+        .iter()
+        .map(|p| (p.step.clone(), p.passed))
+        .collect();
+    let lower = |lowered| Step::Lower { from: 0, lowered };
+    assert_eq!(steps, [(lower(1), true), (lower(2), false)]);
+    assert_eq!(evaluations, 2);
+    assert_eq!(points[1].formats[0], Precision::Fp8E4M3);
+    assert_eq!(&points[1].formats[1..], &fp16[1..]);
+    assert!(points[1].cost.latency_us < points[0].cost.latency_us);
+    assert_eq!(
+        log.last().unwrap(),
+        "Descent: 1 of 2 group(s) lowered still pass; lowering 'q (+2 fused)' to fp8e4m3 next fails"
+    );
+}
+
+/// The position of format `f`'s baseline among the space's formats.
+fn front_baseline(s: &FormatSpace<'_>, f: Precision) -> usize {
+    s.formats.iter().position(|&x| x == f).unwrap()
 }
 
 /// A stand-in `--check` command: passes a point when `passes` says so; records what it
