@@ -729,6 +729,17 @@ class PlanResult:
         return list(self._dict["baselines"])
 
     @property
+    def fusion(self) -> str:
+        """The engine fusion every point was emulated under: ``"none"`` or ``"tensorrt"``."""
+        return str(self._dict["fusion"])
+
+    @property
+    def fusion_regions(self) -> List[Dict[str, Any]]:
+        """The fusion regions the chosen point ran with (``name``, ``precision``, ``nodes``);
+        empty without a fusion model or a chosen point."""
+        return list(self._dict["fusion_regions"])
+
+    @property
     def assignment(self) -> Dict[str, str]:
         """The chosen point's format of each layer (empty when no point passed)."""
         if self.chosen is None:
@@ -790,6 +801,7 @@ def plan(
     check: Union[str, Sequence[str], None] = None,
     check_timeout: Optional[float] = None,
     decode: Optional[int] = None,
+    fusion: str = "none",
 ) -> PlanResult:
     """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
     fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
@@ -802,8 +814,12 @@ def plan(
     --onnx={model} --stronglyTyped ..."``) judges the chosen point and its neighbours by cost,
     then safer points until one passes; the chosen point is then the cheapest it passed, and
     each judged point of ``front`` has its ``"check"`` verdict. ``decode=N``: each input set
-    is a prompt and every point generates N tokens (as in ``debug_precision``). Raises ``ValueError`` on a bad
-    format, target, cost file or objective (one line naming it)."""
+    is a prompt and every point generates N tokens (as in ``debug_precision``). ``fusion``:
+    ``"none"`` (every layer rounds its outputs, as ONNX Runtime does) or ``"tensorrt"`` (every
+    point emulated under TensorRT's fusion, its regions derived from its formats; not with
+    ``check``); ``fusion`` and ``fusion_regions`` of the result say what the chosen point
+    assumed. Raises ``ValueError`` on a bad format, target, cost file, objective or fusion
+    model (one line naming it)."""
     m = _Model(model)
     if isinstance(check, str):
         import shlex
@@ -836,6 +852,7 @@ def plan(
             check=list(check or []),
             check_timeout=check_timeout,
             decode=decode,
+            fusion=fusion,
         )
     )
     return PlanResult(native)

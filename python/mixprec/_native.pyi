@@ -180,4 +180,5 @@ def plan(
     check: Sequence[str],
     check_timeout: Optional[float],
     decode: Optional[int],
+    fusion: str,
 ) -> Plan: ...

@@ -1042,7 +1042,7 @@ impl Plan {
     val_range, input_shapes, data_loader_script, golden, golden_path, criterion, atol, rtol,
     check_error_stat,
     error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget, check,
-    check_timeout, decode
+    check_timeout, decode, fusion
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
@@ -1074,6 +1074,7 @@ fn plan(
     check: Vec<String>,
     check_timeout: Option<f64>,
     decode: Option<usize>,
+    fusion: String,
 ) -> PyResult<Plan> {
     let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let config = plan_job::Config {
@@ -1115,6 +1116,7 @@ fn plan(
         }),
         verbose: false,
         decode,
+        fusion,
     };
     let validated = config.validate().map_err(to_py)?;
     let stop = AtomicBool::new(false);
