@@ -395,14 +395,27 @@ fn plan_fusion_tensorrt_emulates_every_point_under_tensorrt_fusion() {
     let model = crate::common::example("needs_constraints.onnx");
     let result = tmp.path().join("plan.json");
     let result_s = result.to_string_lossy().into_owned();
+    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
+    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
+    let o = mixprec(&[
+        "run",
+        &model,
+        "--val-range",
+        "x:[1,2]",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
     let run = |fusion: &str, extra: &[&str]| {
         let mut args = vec![
             "plan",
             model.as_str(),
             "--formats",
             "fp16",
-            "--val-range",
-            "x:[1,2]",
+            "--load-inputs",
+            inputs.as_str(),
             "--check-error-stat",
             "median",
             "--atol",
@@ -433,7 +446,8 @@ fn plan_fusion_tensorrt_emulates_every_point_under_tensorrt_fusion() {
     assert_eq!(v["fusion_regions"], serde_json::json!([]));
     assert_eq!(v["front"][0]["passed"], false);
     assert_eq!(chosen_layers(&v)["Add"], "float32");
-    let (t, v) = run("tensorrt", &["-v"]);
+    let mixed = tmp.path().join("mixed.onnx").to_string_lossy().into_owned();
+    let (t, v) = run("tensorrt", &["-v", "-o", &mixed]);
     assert!(
         t.contains("objective latency on h100, fusion tensorrt"),
         "{t}"
@@ -455,6 +469,30 @@ fn plan_fusion_tensorrt_emulates_every_point_under_tensorrt_fusion() {
         v["fusion_regions"][0]["nodes"],
         serde_json::json!(["MatMul", "Add", "Sub"])
     );
+    // The written model (the same file as without fusion: ONNX cannot state it) passes when
+    // run under TensorRT's fusion, as plan predicted, and fails run as ONNX Runtime runs it.
+    let check = |fusion: &str| {
+        mixprec(&[
+            "run",
+            &mixed,
+            "--load-inputs",
+            &inputs,
+            "--load-outputs",
+            &gold,
+            "--check-error-stat",
+            "median",
+            "--atol",
+            "1e-2",
+            "--rtol",
+            "1e-2",
+            "--fusion",
+            fusion,
+        ])
+    };
+    let o = check("tensorrt");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = check("none");
+    assert!(!o.status.success(), "{}", text(&o));
 }
 
 #[test]
