@@ -730,6 +730,17 @@ class PlanResult:
         return list(self._dict["baselines"])
 
     @property
+    def fusion(self) -> str:
+        """The engine fusion every point was emulated under: ``"none"`` or ``"tensorrt"``."""
+        return str(self._dict["fusion"])
+
+    @property
+    def fusion_regions(self) -> List[Dict[str, Any]]:
+        """The fusion regions the chosen point ran with (``name``, ``precision``, ``nodes``);
+        empty without a fusion model or a chosen point."""
+        return list(self._dict["fusion_regions"])
+
+    @property
     def assignment(self) -> Dict[str, str]:
         """The chosen point's format of each layer (empty when no point passed)."""
         if self.chosen is None:
@@ -792,6 +803,7 @@ def plan(
     check_timeout: Optional[float] = None,
     decode: Optional[int] = None,
     full_front: bool = False,
+    fusion: str = "none",
 ) -> PlanResult:
     """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
     fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
@@ -807,8 +819,12 @@ def plan(
     is a prompt and every point generates N tokens (as in ``debug_precision``). The uniform
     baselines (all of one format) are candidates too; the walk stops at the first point that
     costs as much as the cheapest passing one unless ``full_front`` (``--full-front``; always
-    with ``check``). Raises ``ValueError`` on a bad
-    format, target, cost file or objective (one line naming it)."""
+    with ``check``). ``fusion``:
+    ``"none"`` (every layer rounds its outputs, as ONNX Runtime does) or ``"tensorrt"`` (every
+    point emulated under TensorRT's fusion, its regions derived from its formats; not with
+    ``check``); ``fusion`` and ``fusion_regions`` of the result say what the chosen point
+    assumed. Raises ``ValueError`` on a bad format, target, cost file, objective or fusion
+    model (one line naming it)."""
     m = _Model(model)
     if isinstance(check, str):
         import shlex
@@ -842,6 +858,7 @@ def plan(
             check_timeout=check_timeout,
             decode=decode,
             full_front=full_front,
+            fusion=fusion,
         )
     )
     return PlanResult(native)

@@ -181,4 +181,5 @@ def plan(
     check_timeout: Optional[float],
     decode: Optional[int],
     full_front: bool,
+    fusion: str,
 ) -> Plan: ...

@@ -1042,7 +1042,7 @@ impl Plan {
     val_range, input_shapes, data_loader_script, golden, golden_path, criterion, atol, rtol,
     check_error_stat,
     error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget, check,
-    check_timeout, decode, full_front
+    check_timeout, decode, full_front, fusion
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
@@ -1075,6 +1075,7 @@ fn plan(
     check_timeout: Option<f64>,
     decode: Option<usize>,
     full_front: bool,
+    fusion: String,
 ) -> PyResult<Plan> {
     let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
     let config = plan_job::Config {
@@ -1117,6 +1118,7 @@ fn plan(
         verbose: false,
         decode,
         full_front,
+        fusion,
     };
     let validated = config.validate().map_err(to_py)?;
     let stop = AtomicBool::new(false);

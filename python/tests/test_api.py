@@ -581,6 +581,54 @@ def test_plan_decode_judges_every_point_on_generated_tokens(tmp_path: Path) -> N
     assert seen and all(s == (1, 4) for s in seen)
     assert len(seen) >= len(result.front)
     assert result.chosen is not None and result.front[result.chosen]["passed"]
+    # Under TensorRT's fusion every step runs with the regions derived from the prompt's
+    # shapes (one engine for the optimization profile); the front is still judged on tokens.
+    seen.clear()
+    fused = mixprec.plan(
+        model,
+        inputs=[{"input_ids": np.array([[1, 3, 0]], np.int64)}],
+        decode=4,
+        formats="int8,fp16",
+        criterion=same_tokens,
+        fusion="tensorrt",
+    )
+    assert seen and all(s == (1, 4) for s in seen)
+    assert fused.fusion == "tensorrt"
+    assert fused.chosen is not None and fused.front[fused.chosen]["passed"]
+
+
+def test_plan_fusion_tensorrt_emulates_every_point_under_tensorrt_fusion(tmp_path: Path) -> None:
+    # The seed's MatMul -> Add(65504) -> Sub: in float16 the Add overflows unless the three
+    # run as one kernel (TensorRT's GEMM epilogue), whose sum stays in f32.
+    model = ROOT / "examples" / "needs_constraints.onnx"
+    kw: Dict[str, Any] = dict(
+        formats="fp16", val_range="x:[1,2]", check_error_stat="median", atol=1e-2, rtol=1e-2
+    )
+    plain = mixprec.plan(model, **kw)
+    fused = mixprec.plan(model, fusion="tensorrt", **kw)
+    assert plain.fusion == "none" and plain.fusion_regions == []
+    assert fused.fusion == "tensorrt"
+    assert not plain.front[0]["passed"] and fused.front[0]["passed"]
+    assert plain.assignment["MatMul"] == "float32"
+    assert set(fused.assignment.values()) == {"float16"}
+    assert [r["nodes"] for r in fused.fusion_regions] == [["MatMul", "Add", "Sub"]]
+    assert fused.baselines[0]["passed"] and not plain.baselines[0]["passed"]
+    # The CLI's --fusion gives the same front.
+    saved = tmp_path / "plan.json"
+    code = mixprec._native.main(
+        ["mixprec", "plan", str(model), "--formats", "fp16", "--val-range", "x:[1,2]",
+         "--check-error-stat", "median", "--atol", "1e-2", "--rtol", "1e-2",
+         "--fusion", "tensorrt", "--save-result", str(saved)]
+    )
+    assert code == 0
+    cli = json.loads(saved.read_text())
+    assert cli["fusion"] == "tensorrt"
+    assert [p["passed"] for p in cli["front"]] == [p["passed"] for p in fused.front]
+    assert cli["chosen"] == fused.chosen
+    with pytest.raises(ValueError, match="--fusion 'xla'"):
+        mixprec.plan(model, fusion="xla", **kw)
+    with pytest.raises(ValueError, match="no effect with --check"):
+        mixprec.plan(model, fusion="tensorrt", check="sh -c 'exit 0'", **kw)
 
 
 def test_plan_cost_prices_a_written_model_as_plan_modeled_it(tmp_path: Path) -> None:

@@ -17,7 +17,8 @@ use crate::exec::ValueCache;
 use crate::export::{export, ExportOptions};
 use crate::numeric::Accumulator;
 use crate::onnx::Model;
-use crate::precision::plan::PrecisionPlan;
+use crate::precision::fusion::FusionModel;
+use crate::precision::plan::{PrecisionPlan, ResolvedRegion};
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, UserCriterion};
 use crate::search::driver::AUTO_BUDGET_MAX;
@@ -70,6 +71,9 @@ pub struct Config {
     /// point that costs as much as the cheapest passing one (always with `--check`, which
     /// may need the safer points).
     pub full_front: bool,
+    /// `--fusion`: the engine fusion every point is emulated under (`none` or `tensorrt`,
+    /// docs/numerics.md "Fusion rules").
+    pub fusion: String,
 }
 
 impl Default for Config {
@@ -92,6 +96,7 @@ impl Default for Config {
             verbose: false,
             decode: None,
             full_front: false,
+            fusion: "none".into(),
         }
     }
 }
@@ -105,6 +110,7 @@ pub struct Validated {
     pub target: Target,
     pub criterion: Criterion,
     pub cache_budget: Option<usize>,
+    pub fusion: FusionModel,
     check_limits: CheckLimits,
 }
 
@@ -170,6 +176,14 @@ impl Config {
             Some(c) => c.validate(self.jobs)?,
             None => CheckLimits::default(),
         };
+        let fusion = FusionModel::parse(&self.fusion)?;
+        if self.check.is_some() && !fusion.is_none() {
+            // As debug precision: the command's engine fuses as it does; a point the fused
+            // emulation found would be judged under a fusion nobody predicted.
+            return Err(Error::Invalid(format!(
+                "--fusion {fusion} has no effect with --check: the command judges every point on its own engine (leave --fusion out)"
+            )));
+        }
         let costless = CostModel {
             layers: Vec::new(),
             target: target.clone(),
@@ -190,6 +204,7 @@ impl Config {
             target,
             criterion,
             cache_budget,
+            fusion,
             check_limits,
         })
     }
@@ -227,6 +242,11 @@ pub struct Outcome {
     plans: Vec<PrecisionPlan>,
     pub amax: Option<BTreeMap<String, f32>>,
     pub input_sets: usize,
+    /// The engine fusion every point was emulated under.
+    pub fusion: FusionModel,
+    /// The fusion regions the chosen point ran with (derived for its precisions; empty
+    /// without a fusion model or a chosen point).
+    pub chosen_regions: Vec<ResolvedRegion>,
 }
 
 /// Runs `plan`: calibration when a format is int8/fp8, the cost facts from one FP32 run, the
@@ -246,6 +266,7 @@ pub fn run(
         target,
         criterion,
         cache_budget,
+        fusion,
         check_limits,
     } = v;
     let golden = config.golden.as_ref().map(GoldenSource::load).transpose()?;
@@ -293,7 +314,8 @@ pub fn run(
         None => None,
     };
     let costs = cost_model(&interp, &feeds[0], &candidates, &target)?;
-    let space = FormatSpace::new(graph, groups, &formats, high, costs, objective);
+    let space =
+        FormatSpace::new(graph, groups, &formats, high, costs, objective).with_fusion(fusion);
     // Every format must export before any is searched: a format the opset cannot hold fails
     // here, not after the search.
     for &f in &formats {
@@ -305,11 +327,15 @@ pub fn run(
         )
         .map_err(|e| Error::Invalid(format!("--formats {}: cannot export: {e}", f.name())))?;
     }
+    // Every plan the space builds carries its fusion model; the oracle composes them from
+    // plans under the same one and derives each point's regions from its precisions.
+    let mut all_high = PrecisionPlan::uniform(graph, high);
+    all_high.fusion = fusion;
     let mut oracle = BuiltinOracle::new(
         &interp,
         &feeds,
         criterion,
-        PrecisionPlan::uniform(graph, high),
+        all_high,
         high,
         Accumulator::default(),
         amax.as_ref(),
@@ -394,7 +420,7 @@ pub fn run(
             }
         })
         .collect();
-    let plans = front
+    let plans: Vec<PrecisionPlan> = front
         .points
         .iter()
         .map(|p| space.plan(&p.formats))
@@ -405,6 +431,20 @@ pub fn run(
         .zip(&space.orders)
         .map(|(g, o)| (g.layers.clone(), o.clone()))
         .collect();
+    // The regions the chosen point ran with, and the fusion model's notes on nodes it left
+    // unfused (`-v`), read from the shapes the emulation derived them from.
+    let chosen_regions = match front.chosen {
+        Some(k) if !fusion.is_none() => {
+            let (regions, notes) = crate::exec::emulate::plan_regions(
+                graph,
+                &plans[k],
+                &crate::exec::feed_shapes(&feeds[0]),
+            )?;
+            notes.into_iter().for_each(&mut *events);
+            regions
+        }
+        _ => Vec::new(),
+    };
     drop(oracle);
     drop(interp);
     Ok(Outcome {
@@ -420,6 +460,8 @@ pub fn run(
         plans,
         amax,
         input_sets: feeds.len(),
+        fusion,
+        chosen_regions,
     })
 }
 
@@ -474,6 +516,13 @@ struct GroupJson<'a> {
 }
 
 #[derive(Serialize)]
+struct RegionJson<'a> {
+    name: &'a str,
+    precision: Precision,
+    nodes: Vec<&'a str>,
+}
+
+#[derive(Serialize)]
 struct ResultJson<'a> {
     model: &'a str,
     target: &'a Target,
@@ -481,6 +530,10 @@ struct ResultJson<'a> {
     unit: &'static str,
     formats: &'a [Precision],
     high: Precision,
+    /// The engine fusion every point was emulated under.
+    fusion: FusionModel,
+    /// The regions the chosen point ran with under it.
+    fusion_regions: Vec<RegionJson<'a>>,
     input_sets: usize,
     groups: Vec<GroupJson<'a>>,
     front: Vec<PointJson<'a>>,
@@ -581,6 +634,16 @@ impl Outcome {
             unit: self.objective.unit(),
             formats: &self.formats,
             high: self.high,
+            fusion: self.fusion,
+            fusion_regions: self
+                .chosen_regions
+                .iter()
+                .map(|r| RegionJson {
+                    name: &r.name,
+                    precision: r.precision,
+                    nodes: r.nodes.iter().map(|&i| name(i)).collect(),
+                })
+                .collect(),
             input_sets: self.input_sets,
             groups,
             front,
@@ -768,7 +831,7 @@ impl Outcome {
         format!(
             "<!DOCTYPE html>\n<html><head><meta charset='utf-8'><title>mixprec plan: {model}</title>\n\
              <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:3px 8px;text-align:left;vertical-align:top}}</style></head><body>\n\
-             <h1>mixprec plan: {model}</h1>\n<p>Target {target} ({source}); objective {objective}; formats {formats} (high {high}); {points} front point(s), {evals} evaluation(s).</p>\n\
+             <h1>mixprec plan: {model}</h1>\n<p>Target {target} ({source}); objective {objective}; formats {formats} (high {high}); fusion {fusion}; {points} front point(s), {evals} evaluation(s).</p>\n\
              <p>{verdict}</p>\n{svg}\n<h2>Layers</h2>\n<table><tr><th>layers (one decision)</th><th>chosen</th><th>formats, cheapest to safest</th><th>sensitivity (error alone)</th></tr>\n{rows}</table>\n</body></html>\n",
             model = esc(&self.model_name),
             target = esc(&self.target.name),
@@ -776,6 +839,7 @@ impl Outcome {
             objective = self.objective.name(),
             formats = self.formats.iter().map(|f| f.name()).collect::<Vec<_>>().join(","),
             high = self.high.name(),
+            fusion = self.fusion.name(),
             points = self.front.points.len(),
             evals = self.front.evaluations,
         )

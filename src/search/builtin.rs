@@ -210,6 +210,14 @@ impl<'a> BuiltinOracle<'a> {
     /// prepared once per search (weights converted once per precision, not per candidate).
     /// The plan's regions and fusion model must be the low plan's.
     fn prepared_assignment(&mut self, plan: &PrecisionPlan) -> Result<PreparedPlan> {
+        // The composition starts from plans under the low plan's fusion model and regions: a
+        // plan under another would be judged under the wrong one.
+        if plan.fusion != self.low.fusion || plan.regions != self.low.regions {
+            return Err(Error::Invalid(format!(
+                "a plan under fusion model '{}' judged by a search under '{}' (with its regions)",
+                plan.fusion, self.low.fusion
+            )));
+        }
         let mut by_precision: BTreeMap<Precision, Vec<usize>> = BTreeMap::new();
         for (i, &p) in plan.layers.iter().enumerate() {
             if p != self.high {

@@ -25,6 +25,7 @@ use crate::compare::fmt_g;
 use crate::error::{Error, Result};
 use crate::graph::Graph;
 use crate::ops::{def_of, is_data_movement};
+use crate::precision::fusion::FusionModel;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::Precision;
 use cost::{Cost, CostInput, CostLayer, CostModel, CostObjective, CostWeight, LayerKind, Source};
@@ -300,6 +301,10 @@ pub struct FormatSpace<'g> {
     pub high: Precision,
     pub costs: CostModel,
     pub objective: CostObjective,
+    /// The engine fusion every plan of the space is emulated under (`--fusion`): each plan
+    /// carries it, and the emulation derives that plan's regions from its precisions, so a
+    /// precision boundary between two groups splits a region as it does on the engine.
+    pub fusion: FusionModel,
 }
 
 impl<'g> FormatSpace<'g> {
@@ -321,6 +326,7 @@ impl<'g> FormatSpace<'g> {
             high,
             costs,
             objective,
+            fusion: FusionModel::None,
         };
         space.orders = (0..space.groups.len())
             .map(|g| {
@@ -338,6 +344,13 @@ impl<'g> FormatSpace<'g> {
             })
             .collect();
         space
+    }
+
+    /// The space with every plan under `fusion` (the cost model is the same: it prices
+    /// TensorRT's epilogue fusion whatever the emulation assumes).
+    pub fn with_fusion(mut self, fusion: FusionModel) -> FormatSpace<'g> {
+        self.fusion = fusion;
+        self
     }
 
     /// The cost of group `g` in `f` with every other group in the high precision.
@@ -358,9 +371,11 @@ impl<'g> FormatSpace<'g> {
         layers
     }
 
-    /// The plan of an assignment.
+    /// The plan of an assignment, under the space's fusion model.
     pub fn plan(&self, formats: &[Precision]) -> PrecisionPlan {
-        PrecisionPlan::from_layers(self.layer_precisions(formats))
+        let mut plan = PrecisionPlan::from_layers(self.layer_precisions(formats));
+        plan.fusion = self.fusion;
+        plan
     }
 
     pub fn cost(&self, formats: &[Precision]) -> Cost {

@@ -384,3 +384,136 @@ fn plan_check_judges_the_chosen_point_and_its_neighbours_and_chooses_what_it_pas
     assert!(t.contains("the --check command passed none"), "{t}");
     assert!(!json.exists());
 }
+
+/// `--fusion tensorrt` on the seed's model (MatMul → Add(65504) → Sub, then MatMul_1): all
+/// float16 overflows in the Add unless MatMul, Add and Sub run as one kernel, whose sum stays
+/// in f32. Without fusion plan keeps that group in float32; under TensorRT's fusion the
+/// cheapest point (all float16) passes, and the output says which fusion every point assumed.
+#[test]
+fn plan_fusion_tensorrt_emulates_every_point_under_tensorrt_fusion() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = crate::common::example("needs_constraints.onnx");
+    let result = tmp.path().join("plan.json");
+    let result_s = result.to_string_lossy().into_owned();
+    let inputs = tmp.path().join("in.json").to_string_lossy().into_owned();
+    let gold = tmp.path().join("gold.json").to_string_lossy().into_owned();
+    let o = mixprec(&[
+        "run",
+        &model,
+        "--val-range",
+        "x:[1,2]",
+        "--save-inputs",
+        &inputs,
+        "--save-outputs",
+        &gold,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let run = |fusion: &str, extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            model.as_str(),
+            "--formats",
+            "fp16",
+            "--load-inputs",
+            inputs.as_str(),
+            "--check-error-stat",
+            "median",
+            "--atol",
+            "1e-2",
+            "--rtol",
+            "1e-2",
+            "--fusion",
+            fusion,
+            "--save-result",
+            result_s.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        let o = mixprec(&args);
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
+        (t, v)
+    };
+    let chosen_layers = |v: &serde_json::Value| {
+        let k = v["chosen"].as_u64().unwrap() as usize;
+        v["front"][k]["layers"].clone()
+    };
+    let (t, v) = run("none", &[]);
+    assert!(t.contains("objective latency on h100, fusion none"), "{t}");
+    assert!(!t.contains("Fusion (tensorrt)"), "{t}");
+    assert_eq!(v["fusion"], "none");
+    assert_eq!(v["fusion_regions"], serde_json::json!([]));
+    assert_eq!(v["front"][0]["passed"], false);
+    assert_eq!(chosen_layers(&v)["Add"], "float32");
+    let mixed = tmp.path().join("mixed.onnx").to_string_lossy().into_owned();
+    let (t, v) = run("tensorrt", &["-v", "-o", &mixed]);
+    assert!(
+        t.contains("objective latency on h100, fusion tensorrt"),
+        "{t}"
+    );
+    assert!(
+        t.contains("Fusion (tensorrt): 1 region(s) of 3 layer(s)")
+            && t.contains("region MatMul..Sub (float16): MatMul, Add, Sub"),
+        "{t}"
+    );
+    assert_eq!(v["fusion"], "tensorrt");
+    assert_eq!(v["chosen"], 0);
+    assert_eq!(v["front"][0]["passed"], true);
+    assert_eq!(v["baselines"][0]["passed"], true);
+    let layers = chosen_layers(&v);
+    for name in ["MatMul", "Add", "Sub", "MatMul_1"] {
+        assert_eq!(layers[name], "float16", "{layers}");
+    }
+    assert_eq!(
+        v["fusion_regions"][0]["nodes"],
+        serde_json::json!(["MatMul", "Add", "Sub"])
+    );
+    // The written model (the same file as without fusion: ONNX cannot state it) passes when
+    // run under TensorRT's fusion, as plan predicted, and fails run as ONNX Runtime runs it.
+    let check = |fusion: &str| {
+        mixprec(&[
+            "run",
+            &mixed,
+            "--load-inputs",
+            &inputs,
+            "--load-outputs",
+            &gold,
+            "--check-error-stat",
+            "median",
+            "--atol",
+            "1e-2",
+            "--rtol",
+            "1e-2",
+            "--fusion",
+            fusion,
+        ])
+    };
+    let o = check("tensorrt");
+    assert!(o.status.success(), "{}", text(&o));
+    let o = check("none");
+    assert!(!o.status.success(), "{}", text(&o));
+}
+
+#[test]
+fn plan_fusion_bad_input_is_one_line() {
+    let model = crate::common::example("needs_constraints.onnx");
+    for (extra, expected) in [
+        (vec!["--fusion", "xla"], "--fusion 'xla': valid choices are none, tensorrt"),
+        (
+            vec!["--fusion", "tensorrt", "--check", "true"],
+            "--fusion tensorrt has no effect with --check: the command judges every point on its own engine (leave --fusion out)",
+        ),
+        (
+            vec!["--fusion", "tensorrt", "--cost-of", model.as_str()],
+            "--fusion tensorrt has no effect with --cost-of",
+        ),
+    ] {
+        let mut args = vec!["plan", model.as_str(), "--formats", "fp16"];
+        args.extend(extra);
+        let o = mixprec(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(expected), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+}

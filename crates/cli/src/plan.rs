@@ -13,6 +13,7 @@ use mixprec::export::write_model;
 use mixprec::jobs::debug_precision::GoldenSource;
 use mixprec::jobs::options::Inputs;
 use mixprec::jobs::plan;
+use mixprec::precision::summary::{fusion_line, fusion_table};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,6 +45,12 @@ pub struct PlanArgs {
     /// them), as in `debug precision --decode`.
     #[arg(long, value_name = "N")]
     decode: Option<usize>,
+    /// Kernel fusion every point is emulated under: none (every layer rounds its outputs, as
+    /// ONNX Runtime and TensorRT without fusion do: the default) or tensorrt (TensorRT's
+    /// fusions, derived per point from its formats: values passed inside a fused kernel stay
+    /// in f32; groups in different formats are never fused). Not with --check (docs/plan.md).
+    #[arg(long, default_value = "none", value_name = "MODEL")]
+    fusion: String,
     /// Golden outputs (Polygraphy RunResults JSON, e.g. from `polygraphy run --save-outputs` or
     /// `mixprec run --save-outputs`); default: mixprec's FP32 run on the same inputs.
     #[arg(long, alias = "load-outputs", value_name = "FILE")]
@@ -132,6 +139,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         verbose: args.verbose,
         decode: args.decode,
         full_front: args.full_front,
+        fusion: args.fusion.clone(),
     };
     let validated = config.validate()?;
     mixprec::process::install_stop_handler(&INTERRUPTED);
@@ -142,7 +150,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         e => print_event(e),
     };
     let outcome = plan::run(validated, &mut events, &bar, &INTERRUPTED)?;
-    print_outcome(&outcome);
+    print_outcome(&outcome, verbose);
     let Some(k) = outcome.front.chosen else {
         if outcome.front.points.iter().any(|p| p.check.is_some()) {
             bail!("the --check command passed none of the points it judged (above); nothing was written");
@@ -189,10 +197,10 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn print_outcome(o: &plan::Outcome) {
+fn print_outcome(o: &plan::Outcome, verbose: bool) {
     let f = &o.front;
     println!(
-        "[I] Plan: {} decision group(s), formats {} (high {}), objective {} on {}",
+        "[I] Plan: {} decision group(s), formats {} (high {}), objective {} on {}, fusion {}",
         o.groups.len(),
         o.formats
             .iter()
@@ -201,7 +209,8 @@ fn print_outcome(o: &plan::Outcome) {
             .join(","),
         o.high.name(),
         o.objective.name(),
-        o.target.name
+        o.target.name,
+        o.fusion
     );
     println!(
         "[I] Front ({} point(s): the uniform baselines, then the walk from the cheapest; * chosen):",
@@ -237,6 +246,14 @@ fn print_outcome(o: &plan::Outcome) {
                 plan.layers[layers[0]].name()
             );
         }
+        let graph = &o.model.graph;
+        if let Some(line) = fusion_line(graph, o.fusion, &o.chosen_regions) {
+            println!("[I] {line}");
+            println!("[I] The exported model cannot state fusion (TensorRT fuses when it builds the engine): the chosen point's errors assume these regions");
+            if verbose {
+                print!("{}", fusion_table(graph, &o.chosen_regions));
+            }
+        }
     }
     println!("[I] {} evaluation(s)", f.evaluations);
 }
@@ -245,6 +262,10 @@ fn print_outcome(o: &plan::Outcome) {
 fn cost_of(args: &PlanArgs, mixed: &std::path::Path) -> Result<ExitCode> {
     if args.output.is_some() || args.report.is_some() {
         bail!("--cost-of prices a model and writes none: leave out -o and --report");
+    }
+    let fusion = mixprec::precision::fusion::FusionModel::parse(&args.fusion)?;
+    if !fusion.is_none() {
+        bail!("--fusion {fusion} has no effect with --cost-of: the cost model prices TensorRT's epilogue fusion whatever the emulation assumes (leave --fusion out)");
     }
     if let Some(path) = &args.save_result {
         mixprec::data::check_destination(path, "--save-result")?;

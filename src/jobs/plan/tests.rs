@@ -296,3 +296,137 @@ fn the_report_plots_the_front_and_lists_every_group() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `A` (x @ W, sums ~8e4: beyond float16's 65504) then `R` (A's output plus the input `r`,
+/// ~-6e4: back to ~2e4). `R`'s second operand is no weight, so A and R are two decision
+/// groups; TensorRT fuses them (a GEMM with its residual Add epilogue) when both are float16.
+fn residual_model(dir: &std::path::Path) -> PathBuf {
+    let proto = model_proto(
+        vec![
+            node("MatMul", "A", &["x", "w"], &["y"]),
+            node("Add", "R", &["y", "r"], &["z"]),
+        ],
+        vec![("w", Tensor::from_f32(vec![N, N], vec![820.0; N * N]))],
+        &[("x", &[1, N as i64]), ("r", &[1, N as i64])],
+        &[("z", &[1, N as i64])],
+        17,
+    );
+    let path = dir.join("residual.onnx");
+    std::fs::write(&path, prost::Message::encode_to_vec(&proto)).unwrap();
+    path
+}
+
+fn residual_config(model: PathBuf, fusion: &str) -> Config {
+    let feeds = (0..2u64)
+        .map(|set| {
+            let x: Vec<f32> = uniform(200 + set, N)
+                .iter()
+                .map(|v| 1.5 + v / 2.0)
+                .collect();
+            let r: Vec<f32> = uniform(300 + set, N)
+                .iter()
+                .map(|v| -60000.0 + 100.0 * v)
+                .collect();
+            [
+                ("x".to_string(), Tensor::from_f32(vec![1, N], x)),
+                ("r".to_string(), Tensor::from_f32(vec![1, N], r)),
+            ]
+            .into_iter()
+            .collect()
+        })
+        .collect();
+    Config {
+        model,
+        inputs: Inputs::Feeds(feeds),
+        formats: vec!["fp16".into()],
+        compare: CompareOptions {
+            atol: vec!["1e-2".into()],
+            rtol: vec!["1e-2".into()],
+            check_error_stat: vec!["median".into()],
+            ..Default::default()
+        },
+        fusion: fusion.into(),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn under_tensorrt_fusion_a_fused_epilogue_keeps_f32_and_each_point_gets_its_own_regions() {
+    let dir = tempdir("fusion");
+    let model = residual_model(&dir);
+    // No fusion: A's float16 output overflows whatever R does; only all float32 passes.
+    let o = run_plan(residual_config(model.clone(), "none"));
+    assert_eq!(o.fusion, FusionModel::None);
+    assert!(!o.front.points[0].passed, "{:?}", o.front.points[0]);
+    let c = chosen(&o);
+    assert_eq!((c["A"], c["R"]), (Precision::Float32, Precision::Float32));
+    assert!(o.chosen_regions.is_empty());
+    assert!(o.chosen_plan().unwrap().fusion.is_none());
+    // TensorRT: all float16 is one kernel whose sum stays in f32; only z is rounded.
+    let o = run_plan(residual_config(model, "tensorrt"));
+    assert_eq!(o.fusion, FusionModel::TensorRt);
+    let p = &o.front.points[0];
+    assert!(p.passed && p.error.is_finite(), "{p:?}");
+    assert_eq!(o.front.chosen, Some(0));
+    let c = chosen(&o);
+    assert_eq!((c["A"], c["R"]), (Precision::Float16, Precision::Float16));
+    assert_eq!(o.chosen_plan().unwrap().fusion, FusionModel::TensorRt);
+    assert_eq!(o.front.verified.as_ref().map(|e| e.passed), Some(true));
+    // Each group in float16 alone fails: the precision boundary splits the region, so every
+    // point's regions are derived from its own formats, not once for the model.
+    for s in o.front.sensitivity.iter().flatten() {
+        assert!(!s.passed, "{s:?}");
+    }
+    let names = |r: &ResolvedRegion| -> Vec<&str> {
+        r.nodes
+            .iter()
+            .map(|&i| o.model.graph.nodes[i].name.as_str())
+            .collect()
+    };
+    assert_eq!(o.chosen_regions.len(), 1);
+    assert_eq!(names(&o.chosen_regions[0]), ["A", "R"]);
+    assert!(o.baselines[0].passed, "{:?}", o.baselines[0]);
+    let v: serde_json::Value = serde_json::from_slice(&o.result_json().unwrap()).unwrap();
+    assert_eq!(v["fusion"], "tensorrt");
+    assert_eq!(
+        v["fusion_regions"][0]["nodes"],
+        serde_json::json!(["A", "R"])
+    );
+    assert!(o.html().contains("fusion tensorrt"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn fusion_options_are_checked_before_any_model_is_read() {
+    let err = |c: Config| c.validate().err().map(|e| e.to_string()).unwrap();
+    let base = || residual_config(PathBuf::from("m.onnx"), "tensorrt");
+    let e = err(Config {
+        fusion: "xla".into(),
+        ..base()
+    });
+    assert!(
+        e.contains("--fusion 'xla'") && e.contains("tensorrt"),
+        "{e}"
+    );
+    let e = err(Config {
+        check: Some(CheckOptions {
+            command: vec!["true".into()],
+            ..Default::default()
+        }),
+        ..base()
+    });
+    assert_eq!(
+        e,
+        "--fusion tensorrt has no effect with --check: the command judges every point on its own engine (leave --fusion out)"
+    );
+    assert!(Config {
+        fusion: "none".into(),
+        check: Some(CheckOptions {
+            command: vec!["true".into()],
+            ..Default::default()
+        }),
+        ..base()
+    }
+    .validate()
+    .is_ok());
+}
