@@ -15,6 +15,7 @@ use crate::event::{Event, Progress};
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, ExportOptions};
+use crate::golden::GoldenFile;
 use crate::numeric::Accumulator;
 use crate::onnx::Model;
 use crate::precision::plan::PrecisionPlan;
@@ -24,8 +25,10 @@ use crate::search::driver::AUTO_BUDGET_MAX;
 use crate::search::formats::cost::{Cost, CostModel, CostObjective, Target};
 use crate::search::formats::{
     check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontWalk,
-    Sensitivity, Step,
+    PlanJudge, Sensitivity, Step,
 };
+use crate::search::remote::{RemotePlanJudge, RemotePlanWorkers};
+use crate::tensor::Feeds;
 use crate::{load_model, Interpreter};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -66,6 +69,9 @@ pub struct Config {
     /// `--decode N`: every evaluation generates N tokens greedily from each input set's prompt
     /// (models with ONNX Runtime GenAI's names; [`crate::decode`]).
     pub decode: Option<usize>,
+    /// Workers that judge every point instead of this process (the Python API's `executor=`,
+    /// [`crate::search::remote::RemotePlanJudge`]); started once the ranges are calibrated.
+    pub remote: Option<RemotePlanWorkers>,
 }
 
 impl Default for Config {
@@ -87,6 +93,7 @@ impl Default for Config {
             check: None,
             verbose: false,
             decode: None,
+            remote: None,
         }
     }
 }
@@ -298,27 +305,32 @@ pub fn run(
         )
         .map_err(|e| Error::Invalid(format!("--formats {}: cannot export: {e}", f.name())))?;
     }
-    let mut oracle = BuiltinOracle::new(
-        &interp,
-        &feeds,
-        criterion,
-        PrecisionPlan::uniform(graph, high),
-        high,
-        Accumulator::default(),
-        amax.as_ref(),
-        ValueCache::new(cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
-    )?;
-    oracle.ranking_in_jobs(config.jobs);
-    oracle.stopping_on(stop);
-    oracle.judging_by(config.user_criterion.clone());
-    oracle.generating(decoder.as_ref());
-    let reference = oracle.reference_outputs()?;
-    let golden = match &golden {
-        Some(g) => g.reference_for(&reference[0], &mut |e| events(e))?,
-        None => reference,
+    // The points are judged here, or by remote workers given these ranges.
+    let (mut local, mut remote) = (None, None);
+    let judge: &mut dyn PlanJudge = match &config.remote {
+        Some(workers) => remote.insert(RemotePlanJudge {
+            remote: workers.0.start(amax.as_ref())?,
+            graph,
+            high,
+        }),
+        None => local.insert(emulation_judge(
+            &interp,
+            &feeds,
+            Judging {
+                criterion,
+                high,
+                amax: amax.as_ref(),
+                cache_budget,
+                jobs: config.jobs,
+                stop,
+                user: config.user_criterion.clone(),
+                decoder: decoder.as_ref(),
+                golden: golden.as_ref(),
+            },
+            events,
+        )?),
     };
-    oracle.set_golden(golden)?;
-    let mut front = walk_front(&space, &mut oracle, config.jobs, stop, &mut |line| {
+    let mut front = walk_front(&space, judge, config.jobs, stop, &mut |line| {
         events(Event::Verbose(line.to_string()))
     })?;
     if let Some(c) = &config.check {
@@ -370,7 +382,7 @@ pub fn run(
     let plans: Vec<PrecisionPlan> = uniform.iter().map(|u| space.plan(u)).collect();
     let mut verdicts = Vec::new();
     for chunk in plans.chunks(config.jobs) {
-        verdicts.extend(oracle.evaluate_plans(chunk));
+        verdicts.extend(judge.judge(chunk));
     }
     let mut baselines = Vec::new();
     for (((&f, u), plan), e) in formats.iter().zip(&uniform).zip(plans).zip(verdicts) {
@@ -395,7 +407,8 @@ pub fn run(
         .zip(&space.orders)
         .map(|(g, o)| (g.layers.clone(), o.clone()))
         .collect();
-    drop(oracle);
+    drop(local);
+    drop(remote);
     drop(interp);
     Ok(Outcome {
         model_name: config.model.display().to_string(),
@@ -411,6 +424,53 @@ pub fn run(
         amax,
         input_sets: feeds.len(),
     })
+}
+
+/// How plan's emulation judges a point: what [`emulation_judge`] needs besides the model and
+/// its input sets.
+pub(crate) struct Judging<'a> {
+    pub criterion: Criterion,
+    pub high: Precision,
+    pub amax: Option<&'a BTreeMap<String, f32>>,
+    pub cache_budget: Option<usize>,
+    /// Points evaluated at the same time (forks of the value cache).
+    pub jobs: usize,
+    pub stop: &'a AtomicBool,
+    pub user: Option<UserCriterion>,
+    pub decoder: Option<&'a Decoder>,
+    /// Golden outputs given by the user; None: the model's own reference run.
+    pub golden: Option<&'a GoldenFile>,
+}
+
+/// Plan's emulation judge, its golden outputs set: the driver's without workers, and each
+/// remote worker's ([`super::plan_worker`]), so both judge a point alike.
+pub(crate) fn emulation_judge<'a>(
+    interp: &'a Interpreter<'a>,
+    feeds: &'a [Feeds],
+    j: Judging<'a>,
+    events: &mut dyn FnMut(Event),
+) -> Result<BuiltinOracle<'a>> {
+    let mut oracle = BuiltinOracle::new(
+        interp,
+        feeds,
+        j.criterion,
+        PrecisionPlan::uniform(interp.graph(), j.high),
+        j.high,
+        Accumulator::default(),
+        j.amax,
+        ValueCache::new(j.cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
+    )?;
+    oracle.ranking_in_jobs(j.jobs);
+    oracle.stopping_on(j.stop);
+    oracle.judging_by(j.user);
+    oracle.generating(j.decoder);
+    let reference = oracle.reference_outputs()?;
+    let golden = match j.golden {
+        Some(g) => g.reference_for(&reference[0], events)?,
+        None => reference,
+    };
+    oracle.set_golden(golden)?;
+    Ok(oracle)
 }
 
 /// The cost model of `interp`'s graph on `target`: the elements of every value and the FLOPs

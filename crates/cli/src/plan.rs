@@ -126,6 +126,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         check: args.check.options()?,
         verbose: args.verbose,
         decode: args.decode,
+        remote: None,
     };
     let validated = config.validate()?;
     mixprec::process::install_stop_handler(&INTERRUPTED);
