@@ -797,13 +797,15 @@ def plan(
     metrics: Any = None,
     calibration_cache: Union[str, "os.PathLike[str]", None] = None,
     calibration_algo: Optional[str] = None,
-    jobs: int = 1,
+    jobs: Optional[int] = None,
     cache_budget: str = "auto",
     check: Union[str, Sequence[str], None] = None,
     check_timeout: Optional[float] = None,
     decode: Optional[int] = None,
     full_front: bool = False,
     fusion: str = "none",
+    executor: Optional[ExecutorLike] = None,
+    retries: int = 3,
 ) -> PlanResult:
     """The cheapest format for every layer (``mixprec plan``, docs/plan.md): ``formats`` among
     fp8, int8, fp16, bf16 (``high``, float32 by default, the safest), ``objective`` latency,
@@ -819,12 +821,26 @@ def plan(
     is a prompt and every point generates N tokens (as in ``debug_precision``). The uniform
     baselines (all of one format) are candidates too; the walk stops at the first point that
     costs as much as the cheapest passing one unless ``full_front`` (``--full-front``; always
-    with ``check``). ``fusion``:
-    ``"none"`` (every layer rounds its outputs, as ONNX Runtime does) or ``"tensorrt"`` (every
-    point emulated under TensorRT's fusion, its regions derived from its formats; not with
-    ``check``); ``fusion`` and ``fusion_regions`` of the result say what the chosen point
-    assumed. Raises ``ValueError`` on a bad format, target, cost file, objective or fusion
-    model (one line naming it)."""
+    with ``check``). ``fusion``: ``"none"`` (every layer rounds its outputs, as ONNX Runtime
+    does) or ``"tensorrt"`` (every point emulated under TensorRT's fusion, its regions derived
+    from its formats; not with ``check``); ``fusion`` and ``fusion_regions`` of the result say
+    what the chosen point assumed.
+
+    ``jobs``: points evaluated at the same time (default 1; with an ``executor``, its worker
+    count). ``executor``: judge the points on other processes or machines, as in
+    ``debug_precision`` — any ``concurrent.futures.Executor`` (a process pool must spawn its
+    workers), ``"ray"`` or ``RayWorkers(n, **actor_options)``. The driver calibrates once and
+    sends its ranges to the workers; each worker prepares the plan once (model, inputs,
+    golden outputs, cache) and runs ``criterion`` itself on the sensitivity pass, the uniform
+    baselines, the walk's and the descent's points and the chosen point's verification; a
+    point travels as its layers' precisions. ``check`` runs on this process. The result and
+    ``to_dict()`` are those of the same plan without an executor (docs/scale-out.md). A point
+    whose worker dies runs again on another, ``retries`` times, then ``WorkerLostError`` names
+    it.
+
+    Raises ``ValueError`` on a bad format, target, cost file, objective or fusion model (one
+    line naming it); an exception raised by ``criterion`` (on a worker too) reaches the caller
+    as itself."""
     m = _Model(model)
     if isinstance(check, str):
         import shlex
@@ -832,35 +848,60 @@ def plan(
         check = shlex.split(check)
     if isinstance(formats, str):
         formats = [f.strip() for f in formats.split(",") if f.strip()]
+    if retries < 0:
+        raise ValueError(f"retries={retries}: expected 0 or more")
+    if jobs is None:
+        jobs = 1 if executor is None else _scale.default_workers(executor)
     data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     golden_sets, golden_path = _data(golden, "golden")
-    native = _emit_warnings(
-        lambda: _native.plan(
-            m.path,
-            formats=list(formats),
-            high=high,
-            objective=objective,
-            target=os.fspath(target),
-            **data,
-            golden=golden_sets,
-            golden_path=golden_path,
-            criterion=criterion,
-            atol=_items(atol, "atol"),
-            rtol=_items(rtol, "rtol"),
-            check_error_stat=_items(check_error_stat, "check_error_stat"),
-            error_quantile=_items(error_quantile, "error_quantile"),
-            metrics=_items(metrics, "metrics"),
-            calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
-            calibration_algo=calibration_algo,
-            jobs=jobs,
-            cache_budget=cache_budget,
-            check=list(check or []),
-            check_timeout=check_timeout,
-            decode=decode,
-            full_front=full_front,
-            fusion=fusion,
-        )
+    # What decides a verdict: the driver's plan and every worker's are built from it.
+    settings: Dict[str, Any] = dict(
+        formats=list(formats),
+        high=high,
+        objective=objective,
+        target=os.fspath(target),
+        **data,
+        golden=golden_sets,
+        golden_path=golden_path,
+        criterion=criterion,
+        atol=_items(atol, "atol"),
+        rtol=_items(rtol, "rtol"),
+        check_error_stat=_items(check_error_stat, "check_error_stat"),
+        error_quantile=_items(error_quantile, "error_quantile"),
+        metrics=_items(metrics, "metrics"),
+        calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
+        calibration_algo=calibration_algo,
+        jobs=jobs,
+        cache_budget=cache_budget,
+        check=list(check or []),
+        check_timeout=check_timeout,
+        decode=decode,
+        full_front=full_front,
+        fusion=fusion,
     )
+    started: List[Any] = []
+    start: Optional[Callable[[Optional[Dict[str, float]]], Any]] = None
+    if executor is not None:
+        # The workers' settings: the driver's check runs here, not on them.
+        spec = dict(settings, model=m.path, job="plan", check=[], check_timeout=None)
+        if m.data is not None:
+            spec["model_bytes"] = m.data
+        # Refused before any work (calibration), not once the workers start.
+        _scale.refuse(executor, dict(spec, amax=None))
+
+        def start_workers(amax: Optional[Dict[str, float]]) -> Any:
+            """The workers, started once the driver has calibrated: its ranges travel."""
+            dispatch = _scale.dispatcher(executor, dict(spec, amax=amax), jobs, retries)
+            started.append(dispatch)
+            return dispatch
+
+        start = start_workers
+
+    try:
+        native = _emit_warnings(lambda: _native.plan(m.path, **settings, remote=start))
+    finally:
+        for dispatch in started:
+            dispatch.close()
     return PlanResult(native)
 
 

@@ -182,4 +182,20 @@ def plan(
     decode: Optional[int],
     full_front: bool,
     fusion: str,
-) -> Plan: ...
+    remote: Optional[
+        Callable[
+            [Optional[Dict[str, float]]],
+            Callable[[List[Tuple[List[Tuple[int, str]], bool]]], Iterator[Tuple[int, Any]]],
+        ]
+    ] = None,
+    as_worker: bool = False,
+    amax: Optional[Dict[str, float]] = None,
+) -> Any: ...  # a Plan; a PlanWorker with as_worker=True
+
+class PlanWorker:
+    """A plan prepared once on a worker (``executor=``), with the driver's ranges ``amax``:
+    ``evaluate((layers, uncached))`` is the verdict on the point whose layers below the high
+    precision are ``layers`` (``(node index, precision name)``), judged outside the value
+    cache when ``uncached``: ``(passed, error, summary)``."""
+
+    def evaluate(self, point: Tuple[List[Tuple[int, str]], bool]) -> Tuple[bool, float, str]: ...

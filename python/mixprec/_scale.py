@@ -1,12 +1,14 @@
-"""Candidates judged on other processes or machines: ``debug_precision(executor=...)``
-(docs/scale-out.md).
+"""Candidates judged on other processes or machines: ``debug_precision(executor=...)`` and
+``plan(executor=...)`` (docs/scale-out.md).
 
-The search runs in the calling process (one driver, the library's); every batch it would
-evaluate at once (``jobs``: the needed candidate and the ones it speculates on) goes to
-``_Dispatch``, which hands each marked set to a worker and returns the verdicts **in the
-batch's order**, whatever order they finished in. A worker holds the search prepared once
-(``mixprec._native.Worker``: the model memory-mapped, inputs, golden outputs, plans, ranges
-and its value cache), so a candidate travels as its marked node indices.
+The job runs in the calling process (one driver, the library's); every batch it would
+evaluate at once (``jobs``: the needed candidate and the ones it speculates on, or plan's
+points) goes to ``_Dispatch``, which hands each candidate to a worker and returns the
+verdicts **in the batch's order**, whatever order they finished in. A worker holds the job
+prepared once (``mixprec._native.Worker`` or ``PlanWorker``: the model memory-mapped,
+inputs, golden outputs, plans, ranges and its value cache), so a candidate travels as a
+description: a search's marked node indices, or a plan point's ``([(node, precision),
+...], uncached)``.
 
 Workers: a ``concurrent.futures.Executor`` (one prepared search per worker process and
 thread, cached under the search's fingerprint), or Ray actors (``"ray"`` or ``RayWorkers``),
@@ -38,7 +40,12 @@ Verdict = Tuple[bool, float, str]
 """(passed, error, summary) of one candidate."""
 
 Spec = Dict[str, Any]
-"""The keyword arguments of ``_native.debug_precision`` a worker is built from."""
+"""The keyword arguments of ``_native.debug_precision`` (or, with ``job="plan"``,
+``_native.plan``) a worker is built from."""
+
+Candidate = Any
+"""A search's marked node indices (``List[int]``) or a plan point (``(List[Tuple[int, str]],
+bool)``): what the native worker's ``evaluate`` takes."""
 
 #: The text ``python/src/lib.rs`` recognises a lost candidate by.
 _LOST = "worker(s) died evaluating it"
@@ -82,19 +89,21 @@ ExecutorLike = Union[str, Executor, RayWorkers]
 
 
 def _build_worker(spec: Spec) -> Any:
-    """A prepared search (``_native.Worker``) from the driver's keyword arguments."""
+    """A prepared job (``_native.Worker`` or ``_native.PlanWorker``) from the driver's keyword
+    arguments."""
     kwargs = dict(spec)
     model = kwargs.pop("model")
     data = kwargs.pop("model_bytes", None)
+    build = _native.plan if kwargs.pop("job", None) == "plan" else _native.debug_precision
     if data is None:
-        return _native.debug_precision(model, **kwargs, as_worker=True)
+        return build(model, **kwargs, as_worker=True)
     # A model given as bytes travels as bytes; the worker maps its own file, unlinked once
     # loaded (the mapping stays valid).
     fd, path = tempfile.mkstemp(suffix=".onnx", prefix="mixprec-worker-")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        return _native.debug_precision(path, **kwargs, as_worker=True)
+        return build(path, **kwargs, as_worker=True)
     finally:
         try:
             os.unlink(path)
@@ -121,9 +130,9 @@ def _cached_worker(key: str, spec: Union[bytes, Spec]) -> Any:
     return worker
 
 
-def _evaluate_task(key: str, spec: Union[bytes, Spec], marked: List[int]) -> Verdict:
+def _evaluate_task(key: str, spec: Union[bytes, Spec], candidate: Candidate) -> Verdict:
     """One candidate on an executor's worker."""
-    passed, error, summary = _cached_worker(key, spec).evaluate(marked)
+    passed, error, summary = _cached_worker(key, spec).evaluate(candidate)
     return bool(passed), float(error), str(summary)
 
 
@@ -137,8 +146,8 @@ class _RayActor:
     def ready(self) -> int:
         return os.getpid()
 
-    def evaluate(self, marked: List[int]) -> Verdict:
-        passed, error, summary = self.worker.evaluate(marked)
+    def evaluate(self, candidate: Candidate) -> Verdict:
+        passed, error, summary = self.worker.evaluate(candidate)
         return bool(passed), float(error), str(summary)
 
 
@@ -150,43 +159,68 @@ def _fingerprint(blob: bytes) -> str:
     return hashlib.sha256(blob).hexdigest()[:32]
 
 
-def _lost(tries: int, cause: BaseException) -> WorkerLostError:
-    return WorkerLostError(
-        f"{tries} {_LOST} (the last: {type(cause).__name__}: {cause}); "
-        "the search stops here: its debug replay holds every verdict so far"
+def _lost(tries: int, cause: BaseException, spec: Spec) -> WorkerLostError:
+    after = (
+        "the plan stops here"
+        if spec.get("job") == "plan"
+        else "the search stops here: its debug replay holds every verdict so far"
     )
+    return WorkerLostError(f"{tries} {_LOST} (the last: {type(cause).__name__}: {cause}); {after}")
+
+
+def _refuse_fork(executor: Executor) -> None:
+    if isinstance(executor, ProcessPoolExecutor):
+        context = getattr(executor, "_mp_context", None)
+        method = context.get_start_method() if context is not None else None
+        if method == "fork":
+            raise ValueError(
+                "executor: this ProcessPoolExecutor forks its workers from a process whose "
+                "mixprec thread pool is running; a forked copy has the pool without its "
+                "threads and would hang. Create it with "
+                "mp_context=multiprocessing.get_context(\"spawn\") (or \"forkserver\")"
+            )
+
+
+def _pickled(executor: Executor, spec: Spec) -> Optional[bytes]:
+    """``spec`` pickled for ``executor``'s worker processes; None for a thread pool that
+    cannot pickle it (threads take it as it is); else the ``TypeError`` that says why."""
+    try:
+        return pickle.dumps(spec)
+    except Exception as e:  # pickling raises many types (PicklingError, AttributeError...)
+        if isinstance(executor, ThreadPoolExecutor):
+            return None
+        raise TypeError(
+            "executor: the search's settings cannot be sent to the executor's worker "
+            f"processes ({type(e).__name__}: {e}); define the criterion at module "
+            "level (a lambda or a local function does not pickle), or use "
+            'executor="ray", which pickles closures'
+        ) from e
+
+
+def refuse(executor: ExecutorLike, spec: Spec) -> None:
+    """Raises what ``dispatcher(executor, spec, ...)`` would refuse ``executor`` or ``spec``
+    for, without starting any worker (``plan`` starts its workers only once calibrated)."""
+    executor = _checked(executor)
+    if isinstance(executor, Executor):
+        _refuse_fork(executor)
+        _pickled(executor, spec)
 
 
 class _FuturesBackend:
     """Candidates as tasks of a ``concurrent.futures.Executor``."""
 
     def __init__(self, executor: Executor, spec: Spec, retries: int) -> None:
-        if isinstance(executor, ProcessPoolExecutor):
-            context = getattr(executor, "_mp_context", None)
-            method = context.get_start_method() if context is not None else None
-            if method == "fork":
-                raise ValueError(
-                    "executor: this ProcessPoolExecutor forks its workers from a process whose "
-                    "mixprec thread pool is running; a forked copy has the pool without its "
-                    "threads and would hang. Create it with "
-                    "mp_context=multiprocessing.get_context(\"spawn\") (or \"forkserver\")"
-                )
+        _refuse_fork(executor)
         self.executor = executor
         self.owned: Optional[ProcessPoolExecutor] = None
         self.retries = retries
-        try:
-            blob = pickle.dumps(spec)
-        except Exception as e:  # pickling raises many types (PicklingError, AttributeError...)
-            if not isinstance(executor, ThreadPoolExecutor):
-                raise TypeError(
-                    "executor: the search's settings cannot be sent to the executor's worker "
-                    f"processes ({type(e).__name__}: {e}); define the criterion at module "
-                    "level (a lambda or a local function does not pickle), or use "
-                    'executor="ray", which pickles closures'
-                ) from e
+        self.settings = spec
+        pickled = _pickled(executor, spec)
+        if pickled is None:
             blob = repr(sorted(spec)).encode() + str(id(spec)).encode()
             self.spec: Union[bytes, Spec] = spec
         else:
+            blob = pickled
             # Threads share this process: they take the settings as they are.
             self.spec = spec if isinstance(executor, ThreadPoolExecutor) else blob
         self.key = _fingerprint(blob)
@@ -205,8 +239,8 @@ class _FuturesBackend:
                 self.owned.shutdown(wait=False, cancel_futures=True)
             self.owned = ProcessPoolExecutor(max_workers=workers, mp_context=context)
 
-    def run(self, sets: Sequence[List[int]]) -> Iterator[Tuple[int, Any]]:
-        """(position, verdict or exception) for each set, as each finishes."""
+    def run(self, sets: Sequence[Candidate]) -> Iterator[Tuple[int, Any]]:
+        """(position, verdict or exception) for each candidate, as each finishes."""
         tries = [0] * len(sets)
         pending = list(range(len(sets)))
         while pending:
@@ -237,7 +271,7 @@ class _FuturesBackend:
             for k, cause in sorted(lost, key=lambda x: x[0]):
                 tries[k] += 1
                 if tries[k] > self.retries:
-                    yield k, _lost(tries[k], cause)
+                    yield k, _lost(tries[k], cause, self.settings)
                 else:
                     pending.append(k)
 
@@ -269,6 +303,7 @@ class _RayBackend:
         self.retries = retries
         self.options = dict(how.actor_options)
         self.cls = ray.remote(_RayActor)
+        self.settings = spec
         self.spec_ref = ray.put(spec)
         self.actors = [self._new_actor() for _ in range(workers)]
         # Every actor prepared (or the error that stopped one, as itself).
@@ -282,8 +317,8 @@ class _RayBackend:
     def _new_actor(self) -> Any:
         return self.cls.options(max_restarts=0, max_task_retries=0, **self.options).remote(self.spec_ref)
 
-    def run(self, sets: Sequence[List[int]]) -> Iterator[Tuple[int, Any]]:
-        """(position, verdict or exception) for each set, as each finishes."""
+    def run(self, sets: Sequence[Candidate]) -> Iterator[Tuple[int, Any]]:
+        """(position, verdict or exception) for each candidate, as each finishes."""
         ray = self.ray
         tries = [0] * len(sets)
         waiting: Dict[Any, Tuple[int, int, Any]] = {}
@@ -308,7 +343,7 @@ class _RayBackend:
                     self.actors[slot] = self._new_actor()
                 tries[k] += 1
                 if tries[k] > self.retries:
-                    yield k, _lost(tries[k], e)
+                    yield k, _lost(tries[k], e, self.settings)
                 else:
                     submit(k, slot)
                 continue
@@ -330,15 +365,15 @@ class _RayBackend:
 
 
 class _Dispatch:
-    """What the native search calls with each batch: it yields (position, verdict) as each set
-    finishes; the native side puts them back in the batch's order."""
+    """What the native job calls with each batch: it yields (position, verdict) as each
+    candidate finishes; the native side puts them back in the batch's order."""
 
     def __init__(self, backend: Union[_FuturesBackend, _RayBackend]) -> None:
         self.backend = backend
         self.batches = 0
         self.candidates = 0
 
-    def __call__(self, sets: List[List[int]]) -> Iterator[Tuple[int, Any]]:
+    def __call__(self, sets: List[Candidate]) -> Iterator[Tuple[int, Any]]:
         self.batches += 1
         self.candidates += len(sets)
         return self.backend.run(sets)

@@ -13,12 +13,18 @@ use mixprec::jobs::debug_precision::{
 };
 use mixprec::jobs::options::{CalibOptions, CompareOptions, DataOptions, Inputs, PrecisionOptions};
 use mixprec::jobs::plan as plan_job;
+use mixprec::jobs::plan_worker::{
+    worker_config as plan_worker_config, PlanWorker as PlanJobWorker,
+};
 use mixprec::jobs::quantize as quantize_job;
 use mixprec::jobs::run as run_job;
 use mixprec::jobs::search_worker::{worker_config, Worker as SearchWorker};
+use mixprec::precision::Precision;
 use mixprec::search::builtin::UserCriterion;
 use mixprec::search::driver::SearchHooks;
-use mixprec::search::remote::{Remote, RemoteJudge};
+use mixprec::search::remote::{
+    MarkedSet, PlanPoint, PlanWorkers, Remote, RemoteJudge, RemotePlanWorkers,
+};
 use mixprec::search::{
     Direction, Evaluation, Grouping, Mode, Objective, Ranking, SearchSpace, Trial,
 };
@@ -730,21 +736,57 @@ impl PyRemote {
     }
 }
 
-impl Remote for PyRemote {
-    /// The dispatcher yields `(position, entry)` as each set finishes.
+impl Remote<MarkedSet> for PyRemote {
+    /// A marked set travels as a list of node indices.
     fn evaluate_batch(
         &self,
-        sets: &[Vec<usize>],
+        sets: &[MarkedSet],
         done: &mut dyn FnMut(usize, &mixprec::error::Result<Evaluation>),
     ) -> Vec<mixprec::error::Result<Evaluation>> {
+        self.dispatched(sets.to_vec(), done)
+    }
+}
+
+impl Remote<PlanPoint> for PyRemote {
+    /// A plan point travels as `([(node index, precision name), ...], uncached)`.
+    fn evaluate_batch(
+        &self,
+        points: &[PlanPoint],
+        done: &mut dyn FnMut(usize, &mixprec::error::Result<Evaluation>),
+    ) -> Vec<mixprec::error::Result<Evaluation>> {
+        let points: Vec<(Vec<(usize, &str)>, bool)> = points
+            .iter()
+            .map(|p| {
+                (
+                    p.layers.iter().map(|&(i, q)| (i, q.name())).collect(),
+                    p.uncached,
+                )
+            })
+            .collect();
+        self.dispatched(points, done)
+    }
+}
+
+impl PyRemote {
+    /// Hands `candidates` to the dispatcher, which yields `(position, entry)` as each
+    /// finishes; one result per candidate, in order.
+    fn dispatched<C>(
+        &self,
+        candidates: Vec<C>,
+        done: &mut dyn FnMut(usize, &mixprec::error::Result<Evaluation>),
+    ) -> Vec<mixprec::error::Result<Evaluation>>
+    where
+        for<'py> C: IntoPyObject<'py>,
+    {
+        let n = candidates.len();
         Python::attach(|py| {
             let mut out: Vec<Option<mixprec::error::Result<Evaluation>>> =
-                sets.iter().map(|_| None).collect();
+                (0..n).map(|_| None).collect();
             let mut failure: Option<String> = None;
             let answered = self
                 .dispatch
                 .bind(py)
-                .call1((sets.to_vec(),))
+                .call1((candidates,))
                 .and_then(|r| r.try_iter());
             match answered {
                 Err(e) => failure = Some(self.failed(e, py)),
@@ -759,8 +801,7 @@ impl Remote for PyRemote {
                             }
                             Ok((k, _)) => {
                                 failure = Some(format!(
-                                    "executor: a verdict for set {k} of a batch of {}",
-                                    sets.len()
+                                    "executor: a verdict for candidate {k} of a batch of {n}"
                                 ));
                                 break;
                             }
@@ -1042,7 +1083,7 @@ impl Plan {
     val_range, input_shapes, data_loader_script, golden, golden_path, criterion, atol, rtol,
     check_error_stat,
     error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget, check,
-    check_timeout, decode, full_front, fusion
+    check_timeout, decode, full_front, fusion, remote=None, as_worker=false, amax=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
@@ -1076,8 +1117,22 @@ fn plan(
     decode: Option<usize>,
     full_front: bool,
     fusion: String,
-) -> PyResult<Plan> {
+    remote: Option<Py<PyAny>>,
+    as_worker: bool,
+    amax: Option<std::collections::BTreeMap<String, f32>>,
+) -> PyResult<Py<PyAny>> {
     let raised: Arc<Mutex<Option<PyErr>>> = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupted = Arc::new(AtomicBool::new(false));
+    let remote_errors: Arc<Mutex<Vec<PyErr>>> = Arc::default();
+    let remote = remote.map(|start| {
+        RemotePlanWorkers(Arc::new(PyPlanWorkers {
+            start,
+            errors: remote_errors.clone(),
+            stop: stop.clone(),
+            interrupted: interrupted.clone(),
+        }))
+    });
     let config = plan_job::Config {
         golden: golden_source(golden, golden_path)?,
         user_criterion: criterion.map(|f| user_criterion(f, raised.clone())),
@@ -1119,9 +1174,24 @@ fn plan(
         decode,
         full_front,
         fusion,
+        remote,
     };
+    if as_worker {
+        let validated = plan_worker_config(config).validate().map_err(to_py)?;
+        let inner = guarded("plan worker", || {
+            py.detach(|| PlanJobWorker::start(validated, amax))
+                .map_err(to_py)
+        });
+        if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        let worker = PlanWorker {
+            inner: inner?,
+            raised,
+        };
+        return Ok(Py::new(py, worker)?.into_any());
+    }
     let validated = config.validate().map_err(to_py)?;
-    let stop = AtomicBool::new(false);
     let mut events = Vec::new();
     let outcome = guarded("plan", || {
         py.detach(|| plan_job::run(validated, &mut |e| events.push(e), &NoProgress, &stop))
@@ -1130,9 +1200,91 @@ fn plan(
     if let Some(e) = raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
         return Err(e);
     }
-    let outcome = outcome?;
+    if interrupted.load(Ordering::SeqCst) {
+        return Err(PyKeyboardInterrupt::new_err(
+            "mixprec: plan was interrupted while its workers judged a point",
+        ));
+    }
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => return Err(remote_error(py, e, &remote_errors)),
+    };
     warn_events(py, events)?;
-    Ok(Plan { outcome })
+    Ok(Py::new(py, Plan { outcome })?.into_any())
+}
+
+/// `plan`'s workers (`executor=`): once the driver has calibrated, the Python `start(ranges)`
+/// (`mixprec.plan`'s) creates the dispatcher of python/mixprec/_scale.py with the ranges in
+/// the workers' settings; its batches then go through [`PyRemote`].
+struct PyPlanWorkers {
+    start: Py<PyAny>,
+    errors: Arc<Mutex<Vec<PyErr>>>,
+    stop: Arc<AtomicBool>,
+    interrupted: Arc<AtomicBool>,
+}
+
+impl PlanWorkers for PyPlanWorkers {
+    fn start(
+        &self,
+        amax: Option<&std::collections::BTreeMap<String, f32>>,
+    ) -> mixprec::error::Result<Arc<dyn Remote<PlanPoint>>> {
+        Python::attach(|py| {
+            let remote = PyRemote {
+                dispatch: py.None(),
+                errors: self.errors.clone(),
+                stop: self.stop.clone(),
+                interrupted: self.interrupted.clone(),
+            };
+            match self.start.bind(py).call1((amax.cloned(),)) {
+                Ok(dispatch) => Ok(Arc::new(PyRemote {
+                    dispatch: dispatch.unbind(),
+                    ..remote
+                }) as Arc<dyn Remote<PlanPoint>>),
+                // Refused settings (a criterion that does not pickle, a forking pool, Ray
+                // missing): raised as themselves once the plan has stopped.
+                Err(e) => Err(Error::Invalid(remote.failed(e, py))),
+            }
+        })
+    }
+}
+
+/// One worker of a `plan` judged elsewhere (`executor=`): the model, inputs, golden outputs,
+/// the driver's ranges and a value cache, prepared once; `evaluate` judges a point.
+#[pyclass(module = "mixprec._native", name = "PlanWorker", frozen)]
+struct PlanWorker {
+    inner: PlanJobWorker,
+    /// The criterion's exception, raised as itself.
+    raised: Arc<Mutex<Option<PyErr>>>,
+}
+
+#[pymethods]
+impl PlanWorker {
+    /// The verdict on a point `(layers, uncached)`: `layers` the `(node index, precision)` of
+    /// every layer below the high precision, `uncached` to judge it outside the value cache.
+    fn evaluate(
+        &self,
+        py: Python<'_>,
+        point: (Vec<(usize, String)>, bool),
+    ) -> PyResult<(bool, f64, String)> {
+        let (layers, uncached) = point;
+        let layers = layers
+            .into_iter()
+            .map(|(i, p)| Ok((i, Precision::parse(&p)?)))
+            .collect::<mixprec::error::Result<Vec<_>>>()
+            .map_err(to_py)?;
+        let point = PlanPoint { layers, uncached };
+        let verdict = guarded("plan worker", || {
+            Ok(py.detach(|| self.inner.evaluate_batch(vec![point])).pop())
+        })?;
+        if let Some(e) = self.raised.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(e);
+        }
+        match verdict {
+            Some(Ok(e)) => Ok((e.passed, e.error, e.summary)),
+            Some(Err(e)) => Err(to_py(e)),
+            None => Err(PyRuntimeError::new_err("mixprec plan worker: no verdict")),
+        }
+    }
 }
 
 /// `plan --cost-of` in process: the mixed model priced by the cost model of the float one, as
@@ -1351,6 +1503,7 @@ fn main(argv: Vec<String>) -> i32 {
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Search>()?;
     m.add_class::<Worker>()?;
+    m.add_class::<PlanWorker>()?;
     m.add_function(wrap_pyfunction!(debug_precision, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;

@@ -264,6 +264,125 @@ def test_a_criterion_error_on_a_ray_worker_reaches_the_caller_as_itself(
         search(models / "planted_square.onnx", criterion=Broken(os.getpid()), executor="ray")
 
 
+def test_plan_on_ray_actors_gives_the_serial_plan(ray_local: Any) -> None:
+    serial = plan(criterion=Snr(os.getpid()))
+    assert plan(criterion=Snr(os.getpid()), executor="ray").to_dict() == serial.to_dict()
+    driver = os.getpid()
+    three = plan(criterion=lambda o, g: Snr(driver)(o, g), executor=mixprec.RayWorkers(3))
+    assert three.to_dict() == serial.to_dict()
+
+
+# ---------------------------------------------------------------------------------------
+# plan(executor=...): the sensitivity pass, the walk, the verification and the baselines on
+# workers
+
+
+PLAN_MODEL = ROOT / "examples" / "transformer.onnx"
+
+
+class Snr:
+    """A picklable plan criterion: every output's SNR above ``db`` (the driver never judges
+    with an executor; ``die`` and ``always_die`` kill workers as ``Close``'s do)."""
+
+    def __init__(self, driver: int, db: float = 30.0, die: Optional[str] = None,
+                 always_die: bool = False) -> None:
+        self.driver = driver
+        self.db = db
+        self.close = Close(driver, die=die, always_die=always_die)
+
+    def __call__(self, outputs: List[Dict[str, np.ndarray]], golden: List[Dict[str, np.ndarray]]) -> bool:
+        if os.getpid() != self.driver and (self.close.always_die or self.close.die):
+            self.close(outputs, golden)  # dies where Close would
+        for o, g in zip(outputs, golden):
+            for k in g:
+                ref = g[k].astype(np.float64)
+                noise = float(np.sum((o[k].astype(np.float64) - ref) ** 2))
+                if noise > 0 and 10 * np.log10(float(np.sum(ref**2)) / noise) < self.db:
+                    return False
+        return True
+
+
+def plan(**kw: Any) -> mixprec.PlanResult:
+    kw.setdefault("metrics", ["snr:30"])
+    return mixprec.plan(
+        PLAN_MODEL, formats="fp8,int8,fp16", seed=1, iterations=2, atol=1e30, **kw
+    )
+
+
+def test_plan_on_a_process_pool_and_threads_gives_the_serial_plan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    serial = plan()
+    assert serial.chosen is not None and len(serial.front) > 1
+    assert serial.to_dict() == plan(jobs=3).to_dict()
+    # The workers' settings carry the driver's calibrated ranges (the workers never calibrate).
+    specs: List[Dict[str, Any]] = []
+    dispatcher = mixprec._scale.dispatcher
+
+    def recording(executor: Any, spec: Dict[str, Any], jobs: int, retries: int) -> Any:
+        specs.append(spec)
+        return dispatcher(executor, spec, jobs, retries)
+
+    monkeypatch.setattr(mixprec._scale, "dispatcher", recording)
+    with pool(2) as workers:
+        pooled = plan(executor=workers)
+    assert len(specs) == 1 and specs[0]["job"] == "plan" and specs[0]["amax"]
+    assert all(isinstance(v, float) for v in specs[0]["amax"].values())
+    with pool(2) as workers:
+        # More jobs than workers: the same plan, from the workers' kept preparation.
+        pooled3 = plan(executor=workers, jobs=3)
+    with ThreadPoolExecutor(3) as threads:
+        threaded = plan(executor=threads)
+    for other in (pooled, pooled3, threaded):
+        assert other.to_dict() == serial.to_dict()
+
+
+def test_plan_runs_a_user_criterion_on_the_workers() -> None:
+    serial = plan(criterion=Snr(os.getpid()))
+    # The criterion decides: some point fails it, the chosen one passes it.
+    assert serial.chosen is not None and not all(p["passed"] for p in serial.front)
+    with pool(2) as workers:
+        pooled = plan(criterion=Snr(os.getpid()), executor=workers)
+    assert pooled.to_dict() == serial.to_dict()
+    with ThreadPoolExecutor(2) as threads:
+        # Threads need no pickling: a local function works.
+        def loose(o: Any, g: Any) -> bool:
+            return Snr(os.getpid())(o, g)
+
+        assert plan(criterion=loose, executor=threads).to_dict() == serial.to_dict()
+
+
+def test_plan_workers_dying_lose_nothing_then_stop_naming_the_point(tmp_path: Path) -> None:
+    serial = plan(criterion=Snr(os.getpid()))
+    marker = tmp_path / "died"
+    with pool(2) as workers:
+        survived = plan(criterion=Snr(os.getpid(), die=str(marker)), executor=workers)
+    assert marker.exists(), "a worker process died mid-point"
+    assert survived.to_dict() == serial.to_dict()
+    with pool(2) as workers:
+        with pytest.raises(mixprec.WorkerLostError, match=r"the plan point with \d+ layer\(s\) below float32"):
+            plan(criterion=Snr(os.getpid(), always_die=True), executor=workers, retries=1)
+
+
+def test_a_plan_criterion_error_on_a_worker_reaches_the_caller_as_itself() -> None:
+    with pool(1) as workers:
+        with pytest.raises(ZeroDivisionError, match="on a worker"):
+            plan(criterion=Broken(os.getpid()), executor=workers)
+
+
+def test_plan_refuses_bad_executors_before_any_work() -> None:
+    with pytest.raises(ValueError, match="executor 'dask'"):
+        plan(executor="dask")
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork")) as forking:
+        with pytest.raises(ValueError, match="forks its workers"):
+            plan(executor=forking)
+    with pool(1) as workers:
+        with pytest.raises(TypeError, match="cannot be sent to the executor's worker processes"):
+            plan(criterion=lambda o, g: True, executor=workers)
+    with pytest.raises(ValueError, match="retries"):
+        plan(executor="ray", retries=-1)
+
+
 # ---------------------------------------------------------------------------------------
 # The CLI on a cluster scheduler: `--check 'srun ...'`
 

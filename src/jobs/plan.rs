@@ -15,6 +15,7 @@ use crate::event::{Event, Progress};
 use crate::exec::cache::parse_bytes;
 use crate::exec::ValueCache;
 use crate::export::{export, ExportOptions};
+use crate::golden::GoldenFile;
 use crate::numeric::Accumulator;
 use crate::onnx::Model;
 use crate::precision::fusion::FusionModel;
@@ -25,8 +26,10 @@ use crate::search::driver::AUTO_BUDGET_MAX;
 use crate::search::formats::cost::{Cost, CostModel, CostObjective, Target};
 use crate::search::formats::{
     check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontPoint,
-    FrontWalk, Sensitivity, Step, WalkOptions,
+    FrontWalk, PlanJudge, Sensitivity, Step, WalkOptions,
 };
+use crate::search::remote::{RemotePlanJudge, RemotePlanWorkers};
+use crate::tensor::Feeds;
 use crate::{load_model, Interpreter};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -74,6 +77,9 @@ pub struct Config {
     /// `--fusion`: the engine fusion every point is emulated under (`none` or `tensorrt`,
     /// docs/numerics.md "Fusion rules").
     pub fusion: String,
+    /// Workers that judge every point instead of this process (the Python API's `executor=`,
+    /// [`crate::search::remote::RemotePlanJudge`]); started once the ranges are calibrated.
+    pub remote: Option<RemotePlanWorkers>,
 }
 
 impl Default for Config {
@@ -97,6 +103,7 @@ impl Default for Config {
             decode: None,
             full_front: false,
             fusion: "none".into(),
+            remote: None,
         }
     }
 }
@@ -327,35 +334,37 @@ pub fn run(
         )
         .map_err(|e| Error::Invalid(format!("--formats {}: cannot export: {e}", f.name())))?;
     }
-    // Every plan the space builds carries its fusion model; the oracle composes them from
-    // plans under the same one and derives each point's regions from its precisions.
-    let mut all_high = PrecisionPlan::uniform(graph, high);
-    all_high.fusion = fusion;
-    let mut oracle = BuiltinOracle::new(
-        &interp,
-        &feeds,
-        criterion,
-        all_high,
-        high,
-        Accumulator::default(),
-        amax.as_ref(),
-        ValueCache::new(cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
-    )?;
-    oracle.ranking_in_jobs(config.jobs);
-    oracle.stopping_on(stop);
-    oracle.judging_by(config.user_criterion.clone());
-    oracle.generating(decoder.as_ref());
-    let reference = oracle.reference_outputs()?;
-    let golden = match &golden {
-        Some(g) => g.reference_for(&reference[0], &mut |e| events(e))?,
-        None => reference,
+    // The points are judged here, or by remote workers given these ranges.
+    let (mut local, mut remote) = (None, None);
+    let judge: &mut dyn PlanJudge = match &config.remote {
+        Some(workers) => remote.insert(RemotePlanJudge {
+            remote: workers.0.start(amax.as_ref())?,
+            graph,
+            high,
+        }),
+        None => local.insert(emulation_judge(
+            &interp,
+            &feeds,
+            Judging {
+                criterion,
+                high,
+                amax: amax.as_ref(),
+                cache_budget,
+                jobs: config.jobs,
+                stop,
+                user: config.user_criterion.clone(),
+                decoder: decoder.as_ref(),
+                golden: golden.as_ref(),
+                fusion,
+            },
+            events,
+        )?),
     };
-    oracle.set_golden(golden)?;
     let walk = WalkOptions {
         jobs: config.jobs,
         full: config.full_front || config.check.is_some(),
     };
-    let mut front = walk_front(&space, &mut oracle, walk, stop, &mut |line| {
+    let mut front = walk_front(&space, judge, walk, stop, &mut |line| {
         events(Event::Verbose(line.to_string()))
     })?;
     if let Some(c) = &config.check {
@@ -445,7 +454,8 @@ pub fn run(
         }
         _ => Vec::new(),
     };
-    drop(oracle);
+    drop(local);
+    drop(remote);
     drop(interp);
     Ok(Outcome {
         model_name: config.model.display().to_string(),
@@ -463,6 +473,58 @@ pub fn run(
         fusion,
         chosen_regions,
     })
+}
+
+/// How plan's emulation judges a point: what [`emulation_judge`] needs besides the model and
+/// its input sets.
+pub(crate) struct Judging<'a> {
+    pub criterion: Criterion,
+    pub high: Precision,
+    pub amax: Option<&'a BTreeMap<String, f32>>,
+    pub cache_budget: Option<usize>,
+    /// Points evaluated at the same time (forks of the value cache).
+    pub jobs: usize,
+    pub stop: &'a AtomicBool,
+    pub user: Option<UserCriterion>,
+    pub decoder: Option<&'a Decoder>,
+    /// Golden outputs given by the user; None: the model's own reference run.
+    pub golden: Option<&'a GoldenFile>,
+    /// The fusion model every point is emulated under: the judge composes plans under it
+    /// and derives each point's regions from its precisions.
+    pub fusion: FusionModel,
+}
+
+/// Plan's emulation judge, its golden outputs set: the driver's without workers, and each
+/// remote worker's ([`super::plan_worker`]), so both judge a point alike.
+pub(crate) fn emulation_judge<'a>(
+    interp: &'a Interpreter<'a>,
+    feeds: &'a [Feeds],
+    j: Judging<'a>,
+    events: &mut dyn FnMut(Event),
+) -> Result<BuiltinOracle<'a>> {
+    let mut all_high = PrecisionPlan::uniform(interp.graph(), j.high);
+    all_high.fusion = j.fusion;
+    let mut oracle = BuiltinOracle::new(
+        interp,
+        feeds,
+        j.criterion,
+        all_high,
+        j.high,
+        Accumulator::default(),
+        j.amax,
+        ValueCache::new(j.cache_budget.unwrap_or(AUTO_BUDGET_MAX)),
+    )?;
+    oracle.ranking_in_jobs(j.jobs);
+    oracle.stopping_on(j.stop);
+    oracle.judging_by(j.user);
+    oracle.generating(j.decoder);
+    let reference = oracle.reference_outputs()?;
+    let golden = match j.golden {
+        Some(g) => g.reference_for(&reference[0], events)?,
+        None => reference,
+    };
+    oracle.set_golden(golden)?;
+    Ok(oracle)
 }
 
 /// The cost model of `interp`'s graph on `target`: the elements of every value and the FLOPs

@@ -7,101 +7,38 @@
 //! candidate travels as its marked node indices, never as a model. The search's
 //! [`crate::search::remote::RemoteOracle`] gathers the verdicts.
 //!
-//! The prepared state borrows the model, so it lives on a thread of its own, which answers
-//! batches sent over a channel until the worker is dropped.
+//! The prepared state borrows the model, so it lives on a thread of its own
+//! ([`super::worker_thread`]).
 
 use super::check::{check_oracle, TempDir};
 use super::debug_precision::{load, Config, Hooks, Loaded, Validated};
 use super::ranges::ranges_for_plan;
-use crate::error::{Error, Result};
+use super::worker_thread::{Server, WorkerThread};
+use crate::error::Result;
 use crate::event::{Event, NoProgress};
 use crate::search::driver::SearchHooks;
 use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
 use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
+use crate::search::remote::MarkedSet;
 use crate::search::space::CandidateSpace;
 use crate::search::{Evaluation, Oracle};
 use crate::Interpreter;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::Mutex;
-use std::thread::JoinHandle;
-
-type Batch = Vec<Vec<usize>>;
-type Verdicts = Vec<Result<Evaluation>>;
 
 /// A prepared search's oracle, answering marked sets.
-pub struct Worker {
-    channel: Mutex<Option<(Sender<Batch>, Receiver<Verdicts>)>>,
-    thread: Option<JoinHandle<()>>,
-}
+pub struct Worker(WorkerThread<MarkedSet>);
 
 impl Worker {
     /// Loads and prepares everything `v` describes (its replay and progress options are the
     /// driver's and ignored here); returns once the worker can judge, or the error that
     /// stopped it.
     pub fn start(v: Validated) -> Result<Worker> {
-        let (batches, batches_rx) = channel::<Batch>();
-        let (verdicts_tx, verdicts) = channel::<Verdicts>();
-        let (ready_tx, ready) = channel::<Result<()>>();
-        let thread = std::thread::Builder::new()
-            .name("mixprec-search-worker".into())
-            .spawn(move || {
-                if let Err(e) = serve(v, &ready_tx, &batches_rx, &verdicts_tx) {
-                    let _ = ready_tx.send(Err(e));
-                }
-            })
-            .map_err(|e| Error::Invalid(format!("starting a search worker: {e}")))?;
-        match ready.recv() {
-            Ok(Ok(())) => Ok(Worker {
-                channel: Mutex::new(Some((batches, verdicts))),
-                thread: Some(thread),
-            }),
-            Ok(Err(e)) => {
-                let _ = thread.join();
-                Err(e)
-            }
-            Err(_) => {
-                let _ = thread.join();
-                Err(Error::Invalid(
-                    "the search worker stopped while preparing (an internal error)".into(),
-                ))
-            }
-        }
+        WorkerThread::start("mixprec-search-worker", move |server| serve(v, server)).map(Worker)
     }
 
     /// Judges `sets` (marked node indices); one result per set, in order.
-    pub fn evaluate_batch(&self, sets: Batch) -> Verdicts {
-        let n = sets.len();
-        let lost = |n: usize| {
-            (0..n)
-                .map(|_| {
-                    Err(Error::Invalid(
-                        "the search worker stopped (an internal error)".into(),
-                    ))
-                })
-                .collect()
-        };
-        let guard = self.channel.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((batches, verdicts)) = guard.as_ref() else {
-            return lost(n);
-        };
-        if batches.send(sets).is_err() {
-            return lost(n);
-        }
-        verdicts.recv().unwrap_or_else(|_| lost(n))
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        // Closing the channel ends the thread's loop.
-        self.channel
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+    pub fn evaluate_batch(&self, sets: Vec<MarkedSet>) -> Vec<Result<Evaluation>> {
+        self.0.evaluate_batch(sets)
     }
 }
 
@@ -115,12 +52,7 @@ impl SearchHooks for Quiet {
 
 impl Hooks for Quiet {}
 
-fn serve(
-    v: Validated,
-    ready: &Sender<Result<()>>,
-    batches: &Receiver<Batch>,
-    verdicts: &Sender<Verdicts>,
-) -> Result<()> {
+fn serve(v: Validated, server: &Server<MarkedSet>) -> Result<()> {
     let Validated {
         config,
         criterion,
@@ -171,7 +103,7 @@ fn serve(
             Some(c) => c,
             None => space.oracle(),
         };
-        return answer(oracle, ready, batches, verdicts);
+        return server.serve(&mut |sets| oracle.evaluate_batch(&sets));
     }
     let interp = Interpreter::new(graph)?;
     // The plan of the search the workers judge: with a fusion model, the last one (the job's
@@ -205,25 +137,7 @@ fn serve(
         Some(c) => c,
         None => space.oracle(),
     };
-    answer(oracle, ready, batches, verdicts)
-}
-
-/// Says the worker is ready, then judges batches until the channel closes.
-fn answer(
-    oracle: &mut dyn Oracle,
-    ready: &Sender<Result<()>>,
-    batches: &Receiver<Batch>,
-    verdicts: &Sender<Verdicts>,
-) -> Result<()> {
-    if ready.send(Ok(())).is_err() {
-        return Ok(());
-    }
-    for sets in batches.iter() {
-        if verdicts.send(oracle.evaluate_batch(&sets)).is_err() {
-            break;
-        }
-    }
-    Ok(())
+    server.serve(&mut |sets| oracle.evaluate_batch(&sets))
 }
 
 /// What a worker needs from a [`Config`]: everything but the driver's own options.

@@ -140,6 +140,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
         decode: args.decode,
         full_front: args.full_front,
         fusion: args.fusion.clone(),
+        remote: None,
     };
     let validated = config.validate()?;
     mixprec::process::install_stop_handler(&INTERRUPTED);
