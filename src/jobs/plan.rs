@@ -907,6 +907,20 @@ impl Outcome {
         )
     }
 
+    /// What was searched: groups, formats, objective, target and fusion model.
+    pub fn summary_line(&self) -> String {
+        let formats: Vec<&str> = self.formats.iter().map(|p| p.name()).collect();
+        format!(
+            "Plan: {} decision group(s), formats {} (high {}), objective {} on {}, fusion {}",
+            self.groups.len(),
+            formats.join(","),
+            self.high.name(),
+            self.objective.name(),
+            self.target.name,
+            self.fusion
+        )
+    }
+
     /// One line per front point: index, cost, verdict, how it was reached.
     pub fn front_lines(&self) -> Vec<String> {
         let unit = self.objective.unit();

@@ -200,19 +200,7 @@ pub fn run(args: PlanArgs) -> Result<ExitCode> {
 
 fn print_outcome(o: &plan::Outcome, verbose: bool) {
     let f = &o.front;
-    println!(
-        "[I] Plan: {} decision group(s), formats {} (high {}), objective {} on {}, fusion {}",
-        o.groups.len(),
-        o.formats
-            .iter()
-            .map(|p| p.name())
-            .collect::<Vec<_>>()
-            .join(","),
-        o.high.name(),
-        o.objective.name(),
-        o.target.name,
-        o.fusion
-    );
+    println!("[I] {}", o.summary_line());
     println!(
         "[I] Front ({} point(s): the uniform baselines, then the walk from the cheapest; * chosen):",
         f.points.len()

@@ -377,36 +377,71 @@ fn the_walk_stops_once_no_later_point_can_be_chosen() {
         .all(|p| p.cost.latency_us >= best));
 }
 
-/// Passes when the four groups' layers a, q, s and t are all float16, or when at most one
-/// of them is not float32; error: how many are not float32. Each format passes alone, so the
-/// walk repairs from the cheapest point, raising one group at a time to float32: it never
-/// crosses all-float16.
-struct AllOrNothing<'g>(&'g Graph);
+/// A judge by a rule over the precisions of layers a, q, s and t (one per group): the
+/// rule gives the verdict and the error.
+struct Rule<'g> {
+    graph: &'g Graph,
+    rule: fn([Precision; 4]) -> (bool, usize),
+}
 
-impl AllOrNothing<'_> {
+impl Rule<'_> {
     fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
         let of = |name: &str| {
-            let i = self.0.nodes.iter().position(|n| n.name == name).unwrap();
+            let i = self
+                .graph
+                .nodes
+                .iter()
+                .position(|n| n.name == name)
+                .unwrap();
             plan.layers[i]
         };
-        let layers = ["a", "q", "s", "t"].map(of);
-        let low = layers.iter().filter(|&&p| p != Precision::Float32).count();
-        let passed = layers.iter().all(|&p| p == Precision::Float16) || low <= 1;
+        let (passed, error) = (self.rule)(["a", "q", "s", "t"].map(of));
         Evaluation {
             passed,
-            error: low as f64,
-            summary: format!("{low} low"),
+            error: error as f64,
+            summary: format!("error {error}"),
         }
     }
 }
 
-impl PlanJudge for AllOrNothing<'_> {
+impl PlanJudge for Rule<'_> {
     fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
         plans.iter().map(|p| Ok(self.verdict(p))).collect()
     }
 
     fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
         Ok(self.verdict(plan))
+    }
+}
+
+fn low(p: Precision) -> usize {
+    usize::from(p != Precision::Float32)
+}
+
+/// Passes when a, q, s and t are all float16, or when at most one of them is not float32;
+/// error: how many are not float32. Each format passes alone, so the walk repairs from the
+/// cheapest point, raising one group at a time to float32: it never crosses all-float16.
+fn all_or_nothing(g: &Graph) -> Rule<'_> {
+    Rule {
+        graph: g,
+        rule: |layers| {
+            let count: usize = layers.iter().map(|&p| low(p)).sum();
+            let all16 = layers.iter().all(|&p| p == Precision::Float16);
+            (all16 || count <= 1, count)
+        },
+    }
+}
+
+/// Passes when q, s and t are float16 whatever a is, or when at most one of a, q, s, t is
+/// not float32; error: a counts 1, q 3, s and t 1 each when not float32.
+fn lowerable_a(g: &Graph) -> Rule<'_> {
+    Rule {
+        graph: g,
+        rule: |[a, q, s, t]| {
+            let count = low(a) + low(q) + low(s) + low(t);
+            let rest16 = [q, s, t].iter().all(|&p| p == Precision::Float16);
+            (rest16 || count <= 1, low(a) + 3 * low(q) + low(s) + low(t))
+        },
     }
 }
 
@@ -420,7 +455,7 @@ fn a_uniform_baseline_off_the_walk_is_chosen_when_it_is_the_cheapest_that_passed
     );
     let fp16 = front_baseline(&s, Precision::Float16);
     for full in [true, false] {
-        let front = walk_until(&s, &mut AllOrNothing(g), 1, full);
+        let front = walk_until(&s, &mut all_or_nothing(g), 1, full);
         let chosen = front.chosen.unwrap();
         assert_eq!(chosen, front.baselines[fp16], "full {full}");
         assert_eq!(
@@ -450,39 +485,6 @@ fn a_uniform_baseline_off_the_walk_is_chosen_when_it_is_the_cheapest_that_passed
     }
 }
 
-/// Passes when q, s and t are float16 whatever a is, or when at most one of a, q, s, t is
-/// not float32; error: a counts 1, q 3, s and t 1 each when not float32.
-struct LowerableA<'g>(&'g Graph);
-
-impl LowerableA<'_> {
-    fn verdict(&self, plan: &PrecisionPlan) -> Evaluation {
-        let of = |name: &str| {
-            let i = self.0.nodes.iter().position(|n| n.name == name).unwrap();
-            plan.layers[i]
-        };
-        let [a, q, s, t] = ["a", "q", "s", "t"].map(of);
-        let low = |p: Precision| usize::from(p != Precision::Float32);
-        let count = low(a) + low(q) + low(s) + low(t);
-        let passed = [q, s, t].iter().all(|&p| p == Precision::Float16) || count <= 1;
-        let error = low(a) + 3 * low(q) + low(s) + low(t);
-        Evaluation {
-            passed,
-            error: error as f64,
-            summary: format!("error {error}"),
-        }
-    }
-}
-
-impl PlanJudge for LowerableA<'_> {
-    fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
-        plans.iter().map(|p| Ok(self.verdict(p))).collect()
-    }
-
-    fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
-        Ok(self.verdict(plan))
-    }
-}
-
 #[test]
 fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection() {
     let m = model();
@@ -491,7 +493,7 @@ fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection
         g,
         &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
     );
-    let mut judge = LowerableA(g);
+    let mut judge = lowerable_a(g);
     let sensitivity: Vec<Vec<Sensitivity>> = (0..s.groups.len())
         .map(|k| {
             s.orders[k][..s.orders[k].len() - 1]
