@@ -617,35 +617,14 @@ pub fn walk_front(
                 }
             }
         }
-        let (passed, at) = match points.iter().position(|p| p.formats == formats) {
-            Some(k) => (points[k].passed, k),
-            None => {
-                let e = judge
-                    .judge(&[space.plan(&formats)])
-                    .pop()
-                    .expect("one verdict per plan")?;
-                evaluations += 1;
-                progress(&format!(
-                    "Front point {}: cost {} {} | {} | {}",
-                    points.len(),
-                    fmt_g(cost.by(objective), 4),
-                    objective.unit(),
-                    if e.passed { "passed" } else { "failed" },
-                    e.summary
-                ));
-                points.push(FrontPoint {
-                    formats: formats.clone(),
-                    cost,
-                    passed: e.passed,
-                    error: e.error,
-                    summary: e.summary,
-                    predicted_pass,
-                    step: step.clone(),
-                    check: None,
-                });
-                (e.passed, points.len() - 1)
-            }
-        };
+        let at = Front {
+            space,
+            sensitivity: &sensitivity,
+            points: &mut points,
+            evaluations: &mut evaluations,
+        }
+        .point_of(judge, formats.clone(), step.clone(), "", progress)?;
+        let passed = points[at].passed;
         let failed_prediction = predicted_pass && !passed;
         if (0..n).all(|g| levels[g] == top(g)) {
             break;
@@ -717,11 +696,13 @@ pub fn walk_front(
     // 4. The descent from the cheapest point that passed.
     if let Some((_, from)) = cheapest_passed(&points).filter(|_| !interrupted) {
         let mut descent = Descent {
-            space,
-            sensitivity: &sensitivity,
-            points: &mut points,
+            front: Front {
+                space,
+                sensitivity: &sensitivity,
+                points: &mut points,
+                evaluations: &mut evaluations,
+            },
             log: &mut log,
-            evaluations: &mut evaluations,
         };
         interrupted = descent.run(judge, from, stop, progress)?;
     }
@@ -787,11 +768,59 @@ fn predicts_pass(
 /// raises, from an assignment whose reformats a uniform one does not pay; this reaches the
 /// cheaper neighbours of a passing baseline or walked point.
 struct Descent<'s, 'g> {
+    front: Front<'s, 'g>,
+    log: &'s mut Vec<String>,
+}
+
+/// The front as the walk and the descent add to it.
+struct Front<'s, 'g> {
     space: &'s FormatSpace<'g>,
     sensitivity: &'s [Vec<Sensitivity>],
     points: &'s mut Vec<FrontPoint>,
-    log: &'s mut Vec<String>,
     evaluations: &'s mut usize,
+}
+
+impl Front<'_, '_> {
+    /// The index of the point of `formats`: the one already on the front, or judged now and
+    /// added with `step` (`label` follows its index in the progress line).
+    fn point_of(
+        &mut self,
+        judge: &mut dyn PlanJudge,
+        formats: Vec<Precision>,
+        step: Step,
+        label: &str,
+        progress: &mut dyn FnMut(&str),
+    ) -> Result<usize> {
+        if let Some(k) = self.points.iter().position(|p| p.formats == formats) {
+            return Ok(k);
+        }
+        let space = self.space;
+        let e = judge
+            .judge(&[space.plan(&formats)])
+            .pop()
+            .expect("one verdict per plan")?;
+        *self.evaluations += 1;
+        let cost = space.cost(&formats);
+        progress(&format!(
+            "Front point {}{label}: cost {} {} | {} | {}",
+            self.points.len(),
+            fmt_g(cost.by(space.objective), 4),
+            space.objective.unit(),
+            if e.passed { "passed" } else { "failed" },
+            e.summary
+        ));
+        self.points.push(FrontPoint {
+            predicted_pass: predicts_pass(space, self.sensitivity, &formats),
+            formats,
+            cost,
+            passed: e.passed,
+            error: e.error,
+            summary: e.summary,
+            step,
+            check: None,
+        });
+        Ok(self.points.len() - 1)
+    }
 }
 
 impl Descent<'_, '_> {
@@ -804,10 +833,11 @@ impl Descent<'_, '_> {
         stop: &AtomicBool,
         progress: &mut dyn FnMut(&str),
     ) -> Result<bool> {
-        let (space, objective) = (self.space, self.space.objective);
-        let alone = |g: usize, f: Precision| alone(space, self.sensitivity, g, f);
-        let base = self.points[from].formats.clone();
-        let base_cost = self.points[from].cost.by(objective);
+        let (space, objective) = (self.front.space, self.front.space.objective);
+        let sensitivity = self.front.sensitivity;
+        let alone = |g: usize, f: Precision| alone(space, sensitivity, g, f);
+        let base = self.front.points[from].formats.clone();
+        let base_cost = self.front.points[from].cost.by(objective);
         // Per group, the format that passed alone and saves the most from this point (its
         // neighbours' formats decide the reformats, so the order by cost alone may not hold
         // here); ties keep the cheaper-alone format.
@@ -858,36 +888,14 @@ impl Descent<'_, '_> {
             }
             let mid = (lo + hi) / 2;
             let formats = prefix(mid);
-            let passed = match self.points.iter().position(|p| p.formats == formats) {
-                Some(k) => self.points[k].passed,
-                None => {
-                    let e = judge
-                        .judge(&[space.plan(&formats)])
-                        .pop()
-                        .expect("one verdict per plan")?;
-                    *self.evaluations += 1;
-                    let cost = space.cost(&formats);
-                    progress(&format!(
-                        "Front point {} (descent, {mid} lowered): cost {} {} | {} | {}",
-                        self.points.len(),
-                        fmt_g(cost.by(objective), 4),
-                        objective.unit(),
-                        if e.passed { "passed" } else { "failed" },
-                        e.summary
-                    ));
-                    self.points.push(FrontPoint {
-                        predicted_pass: predicts_pass(space, self.sensitivity, &formats),
-                        formats,
-                        cost,
-                        passed: e.passed,
-                        error: e.error,
-                        summary: e.summary,
-                        step: Step::Lower { from, lowered: mid },
-                        check: None,
-                    });
-                    e.passed
-                }
-            };
+            let at = self.front.point_of(
+                judge,
+                formats,
+                Step::Lower { from, lowered: mid },
+                &format!(" (descent, {mid} lowered)"),
+                progress,
+            )?;
+            let passed = self.front.points[at].passed;
             if passed {
                 lo = mid;
             } else {

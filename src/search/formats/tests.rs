@@ -528,11 +528,13 @@ fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection
     }];
     let (mut log, mut evaluations) = (Vec::new(), 0);
     let interrupted = Descent {
-        space: &s,
-        sensitivity: &sensitivity,
-        points: &mut points,
+        front: Front {
+            space: &s,
+            sensitivity: &sensitivity,
+            points: &mut points,
+            evaluations: &mut evaluations,
+        },
         log: &mut log,
-        evaluations: &mut evaluations,
     }
     .run(&mut judge, 0, &AtomicBool::new(false), &mut |_| {})
     .unwrap();
