@@ -84,7 +84,7 @@ pub(crate) fn planted_feeds() -> Vec<crate::tensor::Feeds> {
         .collect()
 }
 
-fn config(model: PathBuf, formats: &str) -> Config {
+pub(crate) fn config(model: PathBuf, formats: &str) -> Config {
     Config {
         model,
         inputs: Inputs::Feeds(planted_feeds()),
@@ -102,7 +102,7 @@ fn config(model: PathBuf, formats: &str) -> Config {
     }
 }
 
-fn run_plan(c: Config) -> Outcome {
+pub(crate) fn run_plan(c: Config) -> Outcome {
     run(
         c.validate().unwrap(),
         &mut |_| {},
@@ -112,7 +112,7 @@ fn run_plan(c: Config) -> Outcome {
     .unwrap()
 }
 
-fn tempdir(tag: &str) -> PathBuf {
+pub(crate) fn tempdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("mixprec-plan-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -3,47 +3,15 @@
 
 use super::*;
 use crate::error::Error;
-use crate::event::NoProgress;
-use crate::jobs::options::{CalibOptions, CompareOptions, Inputs};
-use crate::jobs::plan::tests::{planted_feeds, planted_model};
-use crate::jobs::plan::{run, Outcome};
+use crate::jobs::plan::tests::{planted_model, run_plan, tempdir};
 use crate::precision::Precision;
 use crate::search::remote::{PlanWorkers, Remote, RemotePlanWorkers};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+/// The plan tests' planted model set-up, with its three formats.
 fn config(model: PathBuf) -> Config {
-    Config {
-        model,
-        inputs: Inputs::Feeds(planted_feeds()),
-        formats: vec!["fp8,int8,fp16".into()],
-        compare: CompareOptions {
-            atol: vec!["1e30".into()],
-            metric: vec!["ya:snr:25".into(), "yb:snr:38".into(), "yc:snr:25".into()],
-            ..Default::default()
-        },
-        calib: CalibOptions {
-            calibration_algo: Some("minmax".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    }
-}
-
-fn run_plan(c: Config) -> Outcome {
-    run(
-        c.validate().unwrap(),
-        &mut |_| {},
-        &NoProgress,
-        &AtomicBool::new(false),
-    )
-    .unwrap()
-}
-
-fn tempdir(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("mixprec-plan-worker-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    crate::jobs::plan::tests::config(model, "fp8,int8,fp16")
 }
 
 /// Workers of one process: the k-th point of a batch on worker k % n, all at once, each
