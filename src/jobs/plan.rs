@@ -946,9 +946,11 @@ impl Outcome {
                         from.name(),
                         to.name()
                     ),
-                    Step::Lower { from, lowered } => {
-                        format!("point {from}, {lowered} least sensitive group(s) lowered")
-                    }
+                    Step::Lower {
+                        from,
+                        lowered,
+                        phase,
+                    } => format!("point {from}, {lowered} group(s) lowered ({phase})"),
                 };
                 let check = match &p.check {
                     Some(c) if c.passed => "  check PASSED",

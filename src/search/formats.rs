@@ -1,25 +1,32 @@
 //! `mixprec plan`'s candidate space: a format per decision group (fp8, int8, fp16, bf16 or
 //! the high precision), priced by a cost model ([`cost`]) and judged by the emulation.
 //!
-//! This is not a marked set (the driver's model, [`super::driver::run_search`]): a candidate
-//! is one format per group among several, and the search walks a cost–error front instead
-//! of bisecting a set. It reuses the driver's judge, [`super::builtin::BuiltinOracle`]
-//! (prepared plans composed per precision, the incremental value cache, `--jobs` forks of
-//! it), through [`PlanJudge`]:
+//! An assignment is not a marked set: a candidate is one format per group among several, so
+//! the walk below is its own loop over a cost–error front. It judges through the driver's
+//! judge, [`super::builtin::BuiltinOracle`] (prepared plans composed per precision, the
+//! incremental value cache, `--jobs` forks of it), or remote workers, through [`PlanJudge`].
+//! The question that *is* a marked set — from a passing point, which groups must keep their
+//! format — is the driver's ([`super::driver::run_search`]) third candidate space
+//! ([`descent`]):
 //!
 //! 1. Sensitivity: every (group, format) alone, the rest in the high precision.
-//! 2. The walk (AIMET AMP's phase 2): from the cheapest assignment (every group in its
+//! 2. The uniform baselines (all fp8, all int8, all fp16): points of the front too.
+//! 3. The walk (AIMET AMP's phase 2): from the cheapest assignment (every group in its
 //!    cheapest format), raise one group one format at a time — a group whose format failed
-//!    alone first, then the best error saved (its sensitivity) per cost added — up to every
-//!    group in the high precision. Each point is evaluated under the criterion. A point that
-//!    the sensitivities predict to pass (each group's format passed alone) but that fails is
+//!    alone first, then the best error saved (its sensitivity) per cost added — until a point
+//!    costs as much as the cheapest that passed (or, `--full-front`, up to every group in the
+//!    high precision). Each point is evaluated under the criterion. A point that the
+//!    sensitivities predict to pass (each group's format passed alone) but that fails is
 //!    repaired: its worst group (largest error alone) is raised next, and the log says so.
-//! 3. The chosen point is the cheapest that passed; it is evaluated again outside the cache.
-//! 4. With a `--check` command ([`check_front`]): the command judges the chosen point and
+//! 4. The descent from the cheapest point that passed ([`descent`]): the driver's `minimal`
+//!    search over the groups that passed alone in a cheaper format.
+//! 5. The chosen point is the cheapest that passed; it is evaluated again outside the cache.
+//! 6. With a `--check` command ([`check_front`]): the command judges the chosen point and
 //!    its neighbours by cost, then safer points until one passes; the chosen point becomes
 //!    the cheapest the command passed.
 
 pub mod cost;
+mod descent;
 
 use crate::compare::fmt_g;
 use crate::error::{Error, Result};
@@ -35,6 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::builtin::BuiltinOracle;
 use super::Evaluation;
+use descent::Descent;
 
 /// Most pointwise layers one epilogue takes (as the emulation's epilogues).
 const MAX_EPILOGUE: usize = 8;
@@ -423,8 +431,13 @@ pub enum Step {
         to: Precision,
     },
     /// The descent: point `from` (the cheapest that passed the walk and the baselines) with
-    /// the first `lowered` groups of its descent order in their cheaper formats.
-    Lower { from: usize, lowered: usize },
+    /// `lowered` groups in their cheaper formats, a trial of the driver's `minimal` search in
+    /// its `phase` (`check-none`, `rank-gallop`, `rank-bisect`, `prune`, `confirm`).
+    Lower {
+        from: usize,
+        lowered: usize,
+        phase: &'static str,
+    },
 }
 
 /// One evaluated point of the front.
@@ -704,7 +717,7 @@ pub fn walk_front(
             },
             log: &mut log,
         };
-        interrupted = descent.run(judge, from, stop, progress)?;
+        interrupted = descent.run(judge, from, jobs, stop, progress)?;
     }
     // 5. The cheapest passing point, verified.
     let chosen = cheapest_passed(&points).map(|(_, k)| k);
@@ -761,17 +774,6 @@ fn predicts_pass(
     (0..space.groups.len()).all(|g| alone(space, sensitivity, g, formats[g]).1)
 }
 
-/// AIMET AMP's bisection over cumulative flips, run from the other end: a passing point with
-/// groups moved to the format that passed alone and saves the most from that point, least
-/// sensitive first (error alone, then the larger saving); the longest prefix of that order that passes is found by
-/// bisection, serially, so the points evaluated are the same for any `jobs`. The walk only
-/// raises, from an assignment whose reformats a uniform one does not pay; this reaches the
-/// cheaper neighbours of a passing baseline or walked point.
-struct Descent<'s, 'g> {
-    front: Front<'s, 'g>,
-    log: &'s mut Vec<String>,
-}
-
 /// The front as the walk and the descent add to it.
 struct Front<'s, 'g> {
     space: &'s FormatSpace<'g>,
@@ -820,101 +822,6 @@ impl Front<'_, '_> {
             check: None,
         });
         Ok(self.points.len() - 1)
-    }
-}
-
-impl Descent<'_, '_> {
-    /// Descends from point `from`; the new points go on the front. Returns whether `stop`
-    /// ended it.
-    fn run(
-        &mut self,
-        judge: &mut dyn PlanJudge,
-        from: usize,
-        stop: &AtomicBool,
-        progress: &mut dyn FnMut(&str),
-    ) -> Result<bool> {
-        let (space, objective) = (self.front.space, self.front.space.objective);
-        let sensitivity = self.front.sensitivity;
-        let alone = |g: usize, f: Precision| alone(space, sensitivity, g, f);
-        let base = self.front.points[from].formats.clone();
-        let base_cost = self.front.points[from].cost.by(objective);
-        // Per group, the format that passed alone and saves the most from this point (its
-        // neighbours' formats decide the reformats, so the order by cost alone may not hold
-        // here); ties keep the cheaper-alone format.
-        let mut moves: Vec<(usize, Precision, f64, f64)> = (0..space.groups.len())
-            .filter_map(|g| {
-                let mut best: Option<(Precision, f64)> = None;
-                for &f in &space.orders[g] {
-                    if f == base[g] || !alone(g, f).1 {
-                        continue;
-                    }
-                    let mut next = base.clone();
-                    next[g] = f;
-                    let saved = base_cost - space.cost(&next).by(objective);
-                    if saved > 0.0 && best.is_none_or(|(_, b)| saved > b) {
-                        best = Some((f, saved));
-                    }
-                }
-                best.map(|(to, saved)| (g, to, alone(g, to).0, saved))
-            })
-            .collect();
-        if moves.is_empty() {
-            return Ok(false);
-        }
-        moves.sort_by(|a, b| {
-            a.2.total_cmp(&b.2)
-                .then(b.3.total_cmp(&a.3))
-                .then(a.0.cmp(&b.0))
-        });
-        self.log.push(format!(
-            "Descent from point {from}: {} group(s) can take a cheaper format that passed alone; bisection over them, least sensitive first",
-            moves.len()
-        ));
-        let prefix = |k: usize| {
-            let mut formats = base.clone();
-            for &(g, to, _, _) in &moves[..k] {
-                formats[g] = to;
-            }
-            formats
-        };
-        // The longest passing prefix lies in [lo, hi): lo passes, hi is the first known to
-        // fail (or one past the end).
-        let (mut lo, mut hi) = (0, moves.len() + 1);
-        let mut interrupted = false;
-        while hi - lo > 1 {
-            if stop.load(Ordering::SeqCst) {
-                interrupted = true;
-                break;
-            }
-            let mid = (lo + hi) / 2;
-            let formats = prefix(mid);
-            let at = self.front.point_of(
-                judge,
-                formats,
-                Step::Lower { from, lowered: mid },
-                &format!(" (descent, {mid} lowered)"),
-                progress,
-            )?;
-            let passed = self.front.points[at].passed;
-            if passed {
-                lo = mid;
-            } else {
-                hi = mid;
-            }
-        }
-        self.log.push(format!(
-            "Descent: {lo} of {} group(s) lowered still pass{}",
-            moves.len(),
-            match moves.get(lo) {
-                Some(&(g, to, _, _)) if !interrupted => format!(
-                    "; lowering '{}' to {} next fails",
-                    space.groups[g].name(space.graph),
-                    to.name()
-                ),
-                _ => String::new(),
-            }
-        ));
-        Ok(interrupted)
     }
 }
 

@@ -485,15 +485,13 @@ fn a_uniform_baseline_off_the_walk_is_chosen_when_it_is_the_cheapest_that_passed
     }
 }
 
-#[test]
-fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection() {
-    let m = model();
-    let g = &m.graph;
-    let s = space(
-        g,
-        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
-    );
-    let mut judge = lowerable_a(g);
+/// The descent from the all-float16 point of `judge`'s space (fp8, int8, fp16), `jobs`
+/// evaluations at a time: the front (that point first) and the log.
+fn descend_from_fp16(
+    s: &FormatSpace<'_>,
+    judge: &mut Rule<'_>,
+    jobs: usize,
+) -> (Vec<FrontPoint>, Vec<String>, usize) {
     let sensitivity: Vec<Vec<Sensitivity>> = (0..s.groups.len())
         .map(|k| {
             s.orders[k][..s.orders[k].len() - 1]
@@ -529,32 +527,107 @@ fn the_descent_lowers_the_least_sensitive_groups_of_a_passing_point_by_bisection
     let (mut log, mut evaluations) = (Vec::new(), 0);
     let interrupted = Descent {
         front: Front {
-            space: &s,
+            space: s,
             sensitivity: &sensitivity,
             points: &mut points,
             evaluations: &mut evaluations,
         },
         log: &mut log,
     }
-    .run(&mut judge, 0, &AtomicBool::new(false), &mut |_| {})
+    .run(judge, 0, jobs, &AtomicBool::new(false), &mut |_| {})
     .unwrap();
     assert!(!interrupted);
-    // a (error 1 alone) then q (error 3) can go to fp8; s and t are at their cheapest. The
-    // bisection over [a, q]: one lowered passes, both fail: two evaluations.
+    (points, log, evaluations)
+}
+
+#[test]
+fn the_descent_keeps_the_most_sensitive_groups_and_lowers_the_rest() {
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let (points, log, evaluations) = descend_from_fp16(&s, &mut lowerable_a(g), 1);
+    // a (error 1 alone) and q (error 3) can go to fp8; s and t are at their cheapest. The
+    // driver's minimal search: both lowered fail, q kept (the most sensitive) passes.
     let steps: Vec<(Step, bool)> = points[1..]
         .iter()
         .map(|p| (p.step.clone(), p.passed))
         .collect();
-    let lower = |lowered| Step::Lower { from: 0, lowered };
-    assert_eq!(steps, [(lower(1), true), (lower(2), false)]);
+    let lower = |lowered, phase| Step::Lower {
+        from: 0,
+        lowered,
+        phase,
+    };
+    assert_eq!(
+        steps,
+        [
+            (lower(2, "check-none"), false),
+            (lower(1, "rank-gallop"), true)
+        ]
+    );
     assert_eq!(evaluations, 2);
-    assert_eq!(points[1].formats[0], Precision::Fp8E4M3);
-    assert_eq!(&points[1].formats[1..], &fp16[1..]);
-    assert!(points[1].cost.latency_us < points[0].cost.latency_us);
+    let fp16 = s.uniform(Precision::Float16);
+    assert_eq!(points[2].formats[0], Precision::Fp8E4M3);
+    assert_eq!(&points[2].formats[1..], &fp16[1..]);
+    assert!(points[2].cost.latency_us < points[0].cost.latency_us);
     assert_eq!(
         log.last().unwrap(),
-        "Descent: 1 of 2 group(s) lowered still pass; lowering 'q (+2 fused)' to fp8e4m3 next fails"
+        "Descent: 1 of 2 group(s) lowered pass; 1 keep their format (lowering any one of them too fails): 'q (+2 fused)' (float16)"
     );
+}
+
+/// Passes unless a is in fp8 with another group below float32; error as [`lowerable_a`].
+fn a_must_stay(g: &Graph) -> Rule<'_> {
+    Rule {
+        graph: g,
+        rule: |[a, q, s, t]| {
+            let count = low(a) + low(q) + low(s) + low(t);
+            (
+                a != Precision::Fp8E4M3 || count <= 1,
+                low(a) + 3 * low(q) + low(s) + low(t),
+            )
+        },
+    }
+}
+
+#[test]
+fn the_descent_lowers_a_sensitive_group_when_a_less_sensitive_one_must_stay() {
+    // A prefix of the least sensitive groups (a first) lowers nothing here; the minimal
+    // search's pruning finds that q can go while a stays.
+    let m = model();
+    let g = &m.graph;
+    let s = space(
+        g,
+        &[Precision::Fp8E4M3, Precision::Int8, Precision::Float16],
+    );
+    let (points, log, _) = descend_from_fp16(&s, &mut a_must_stay(g), 1);
+    let best = points
+        .iter()
+        .filter(|p| p.passed)
+        .min_by(|x, y| x.cost.latency_us.total_cmp(&y.cost.latency_us))
+        .unwrap();
+    assert_eq!(best.formats[0], Precision::Float16);
+    assert_eq!(best.formats[1], Precision::Fp8E4M3);
+    assert!(matches!(best.step, Step::Lower { lowered: 1, .. }));
+    assert!(
+        log.last().unwrap().ends_with(
+            "keep their format (lowering any one of them too fails): 'a (+1 fused)' (float16)"
+        ),
+        "{log:?}"
+    );
+    // With evaluations ahead of need the front is the same: the strategy's trials only.
+    for jobs in [2, 3] {
+        let (more, more_log, _) = descend_from_fp16(&s, &mut a_must_stay(g), jobs);
+        let key = |p: &[FrontPoint]| {
+            p.iter()
+                .map(|p| (p.formats.clone(), p.step.clone(), p.passed))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(key(&more), key(&points), "jobs {jobs}");
+        assert_eq!(more_log, log);
+    }
 }
 
 /// The position of format `f`'s baseline among the space's formats.
