@@ -45,6 +45,12 @@ pub trait PackB: Sync {
     fn packed(&self) -> Option<&PackedB> {
         None
     }
+
+    /// B as rows in memory whose values are read rounded ([`RoundedB`]): a product of one row
+    /// rounds each row's piece as it streams it instead of packing B.
+    fn rounded_rows(&self) -> Option<(&[f32], usize, crate::numeric::Rounding)> {
+        None
+    }
 }
 
 /// B as a strided matrix: element (p, j) at `data[p·rs + j·cs]`.
@@ -102,6 +108,10 @@ impl PackB for RoundedB<'_> {
         // Rounding is elementwise (the zeros past n stay zeros): the panel holds exactly the
         // values a rounded copy of B would give it.
         self.rounding.round_slice(&mut dst[..kc * NR]);
+    }
+
+    fn rounded_rows(&self) -> Option<(&[f32], usize, crate::numeric::Rounding)> {
+        self.b.rows().map(|(data, rs)| (data, rs, self.rounding))
     }
 }
 
@@ -200,6 +210,19 @@ pub fn gemm_threads(
         }
         _ => None,
     };
+    if m == 1 && whole.is_none() {
+        let rows = match (direct, b.rounded_rows()) {
+            (Some((data, rs)), _) => Some((data, rs, None)),
+            (None, Some((data, rs, rounding))) => Some((data, rs, Some(rounding))),
+            (None, None) => None,
+        };
+        if let Some((data, rs, rounding)) = rows {
+            let threads = if parallel { threads } else { 1 };
+            let b = BandRows { data, rs, rounding };
+            gemv_rows(kernel, n, k, a, a_cs, &b, &mut c[..n], accumulate, threads);
+            return;
+        }
+    }
     let run = |b_pack: &mut Vec<f32>, t: usize| {
         let (jb, ib) = (t % n_blocks, t / n_blocks);
         let (jp0, jp1) = (jb * nb, ((jb + 1) * nb).min(n_panels));
@@ -293,6 +316,124 @@ pub fn gemm_threads(
     } else {
         let mut b_pack = Vec::new();
         (0..tasks).for_each(|t| run(&mut b_pack, t));
+    }
+}
+
+/// Columns of C one task of [`gemv_rows`] sweeps at most: 4 KiB of running sums (L1) and
+/// 4 KiB of each B row, read in order.
+const GEMV_COLS: usize = 1024;
+
+/// B as rows in memory (element (p, j) at `data[p·rs + j]`), read as stored or rounded.
+struct BandRows<'a> {
+    data: &'a [f32],
+    rs: usize,
+    rounding: Option<crate::numeric::Rounding>,
+}
+
+/// `c[0..n] (+)= a·B` for one row of A (element p at `a[p·a_cs]`) and B in rows: the
+/// matrix-vector product of a decode step. The tiles would read B as 16-column panels, one
+/// 64-byte piece of each row at a stride of a whole row (often more than a page, where the
+/// hardware prefetchers stop), and a B read rounded would be packed whole on every call; here
+/// each task takes a band of columns and streams its piece of every B row in order (rounded
+/// on the way where B is read rounded, as packing rounds it), four rows at a time into the
+/// band's running sums. Each element is still one chain of fused multiply-adds over k in
+/// order, from +0 or C's value, on the same B values, so the bits are the tiles' (the
+/// module's rule).
+#[allow(clippy::too_many_arguments)]
+fn gemv_rows(
+    kernel: Kernel,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    a_cs: usize,
+    b: &BandRows<'_>,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    assert!(c.len() == n && a.len() > (k - 1) * a_cs && b.data.len() >= (k - 1) * b.rs + n);
+    let x: Vec<f32> = (0..k).map(|p| a[p * a_cs]).collect();
+    let width = n
+        .div_ceil(threads.max(1))
+        .next_multiple_of(NR)
+        .clamp(NR, GEMV_COLS);
+    let band = |(t, y): (usize, &mut [f32])| {
+        if !accumulate {
+            y.fill(0.0);
+        }
+        gemv_band(kernel, &x, b, t * width, y);
+    };
+    if threads > 1 {
+        c.par_chunks_mut(width).enumerate().for_each(band);
+    } else {
+        c.chunks_mut(width).enumerate().for_each(band);
+    }
+}
+
+/// `y (+)= x·B[.., j0..j0 + y.len()]`, four rows of B per pass over the band (the sums loaded
+/// and stored once per four steps of their chains).
+fn gemv_band(kernel: Kernel, x: &[f32], b: &BandRows<'_>, j0: usize, y: &mut [f32]) {
+    let len = y.len();
+    let row = |p: usize| &b.data[p * b.rs + j0..p * b.rs + j0 + len];
+    // The rounded pieces of the pass's rows (B read rounded).
+    let mut rounded = vec![0f32; if b.rounding.is_some() { 4 * len } else { 0 }];
+    let mut p = 0;
+    while p < x.len() {
+        let q = (x.len() - p).min(4);
+        let rows: [&[f32]; 4] = match b.rounding {
+            None => [0, 1, 2, 3].map(|r| row(p + r.min(q - 1))),
+            Some(rounding) => {
+                for (r, dst) in rounded.chunks_exact_mut(len).take(q).enumerate() {
+                    dst.copy_from_slice(row(p + r));
+                }
+                rounding.round_slice(&mut rounded[..q * len]);
+                let piece = |r: usize| &rounded[r.min(q - 1) * len..][..len];
+                [piece(0), piece(1), piece(2), piece(3)]
+            }
+        };
+        match (kernel, q) {
+            // SAFETY: the CPU has AVX2 and FMA (detected); each row holds y.len() values.
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx2Fma, 4) => unsafe { fma4_avx2(&x[p..p + 4], rows, y) },
+            _ => {
+                for (r, &xp) in x[p..p + q].iter().enumerate() {
+                    for (t, &bv) in y.iter_mut().zip(rows[r]) {
+                        *t = xp.mul_add(bv, *t);
+                    }
+                }
+            }
+        }
+        p += q;
+    }
+}
+
+/// `y = fma(x3, r3, fma(x2, r2, fma(x1, r1, fma(x0, r0, y))))` element by element.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; each row holds `y.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fma4_avx2(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let len = y.len();
+    let full = len / 8 * 8;
+    let yp = y.as_mut_ptr();
+    let r = rows.map(|row| row.as_ptr());
+    let v = [0, 1, 2, 3].map(|q| _mm256_set1_ps(x[q]));
+    for i in (0..full).step_by(8) {
+        let mut s = _mm256_loadu_ps(yp.add(i));
+        s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(r[0].add(i)), s);
+        s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(r[1].add(i)), s);
+        s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(r[2].add(i)), s);
+        s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(r[3].add(i)), s);
+        _mm256_storeu_ps(yp.add(i), s);
+    }
+    for i in full..len {
+        let mut s = *yp.add(i);
+        for (q, row) in r.iter().enumerate() {
+            s = x[q].mul_add(*row.add(i), s);
+        }
+        *yp.add(i) = s;
     }
 }
 
@@ -954,6 +1095,101 @@ mod tests {
             gemm(m, n, k, &a, k, 1, &packed, &mut c, n, false);
             let want = reference(m, n, k, &a, &b, None);
             assert_eq!(bits(&c), bits(&want), "{m}x{n}x{k} packed whole");
+        }
+    }
+
+    #[test]
+    fn a_product_of_one_row_streams_b_in_bands_with_the_same_chains() {
+        use crate::numeric::Rounding;
+        // Bands of one or several panels, a partial last band, k not a multiple of the four
+        // rows a pass takes, B rows longer than n (a slice of a wider matrix), 1 and 3
+        // threads, the vector and the scalar bands.
+        for &(n, k) in &[
+            (1, 1),
+            (7, 3),
+            (16, 4),
+            (33, 5),
+            (1500, 301),
+            (2100, 8),
+            (40, 1027),
+        ] {
+            let rs = n + 5;
+            let (a, b) = (values(2 * k, 11), values(k * rs, 12));
+            let dense: Vec<f32> = (0..k * n).map(|i| b[(i / n) * rs + i % n]).collect();
+            // A's elements two apart (a column of a row-major matrix, say).
+            let a1: Vec<f32> = (0..k).map(|p| a[2 * p]).collect();
+            let c0 = values(n, 13);
+            for accumulate in [false, true] {
+                let want = reference(1, n, k, &a1, &dense, accumulate.then_some(&c0[..]));
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut c = if accumulate {
+                        c0.clone()
+                    } else {
+                        vec![f32::NAN; n]
+                    };
+                    pool.install(|| {
+                        let bs = StridedB {
+                            data: &b,
+                            n,
+                            rs,
+                            cs: 1,
+                        };
+                        gemm(1, n, k, &a, 1, 2, &bs, &mut c, n, accumulate)
+                    });
+                    assert_eq!(bits(&c), bits(&want), "1x{n}x{k}, {threads} thread(s)");
+                    let mut scalar = if accumulate {
+                        c0.clone()
+                    } else {
+                        vec![f32::NAN; n]
+                    };
+                    let rows = BandRows {
+                        data: &b,
+                        rs,
+                        rounding: None,
+                    };
+                    gemv_rows(
+                        Kernel::Scalar,
+                        n,
+                        k,
+                        &a,
+                        2,
+                        &rows,
+                        &mut scalar,
+                        accumulate,
+                        threads,
+                    );
+                    assert_eq!(bits(&scalar), bits(&want), "1x{n}x{k} scalar");
+                    // B read rounded: the chains over the rounded values, as packing gives.
+                    for rounding in [Rounding::F16, Rounding::BF16] {
+                        let mut rounded_dense = dense.clone();
+                        rounding.round_slice(&mut rounded_dense);
+                        let want =
+                            reference(1, n, k, &a1, &rounded_dense, accumulate.then_some(&c0[..]));
+                        let mut c = if accumulate {
+                            c0.clone()
+                        } else {
+                            vec![f32::NAN; n]
+                        };
+                        pool.install(|| {
+                            let rb = RoundedB {
+                                b: StridedB {
+                                    data: &b,
+                                    n,
+                                    rs,
+                                    cs: 1,
+                                },
+                                rounding,
+                            };
+                            gemm(1, n, k, &a, 1, 2, &rb, &mut c, n, accumulate)
+                        });
+                        assert_eq!(bits(&c), bits(&want), "1x{n}x{k} rounded {rounding:?}");
+                    }
+                }
+            }
         }
     }
 
