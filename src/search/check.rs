@@ -49,7 +49,7 @@ pub struct Candidate {
     /// The layers in the high precision (the marked ones), by name.
     pub marked: Vec<String>,
     /// Every layer the search decides, by name, with the precision it runs in (`float16`,
-    /// `int8`, ...), in graph order.
+    /// `int8`, ...), in the order the search lists them (`plan`: group by group).
     pub layer_precisions: Vec<(String, String)>,
     /// The candidate's strongly typed mixed-precision model: what `{model}` names.
     pub model: Arc<ModelProto>,
