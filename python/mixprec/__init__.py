@@ -39,6 +39,7 @@ from . import _native, _scale
 from ._scale import ExecutorLike, RayWorkers, WorkerLostError
 
 __all__ = [
+    "Candidate",
     "MixprecWarning",
     "RayWorkers",
     "SearchResult",
@@ -75,6 +76,29 @@ of those."""
 
 Criterion = Callable[[List[Arrays], List[Arrays]], bool]
 """``criterion(outputs, golden) -> bool``: one dict per input set in each list."""
+
+Candidate = _native.Candidate
+"""What a ``check`` function is given: ``export(path)`` writes the candidate's strongly typed
+mixed-precision ONNX model (what a check command's ``{model}`` is; all or nothing) and
+returns ``path``; ``model_bytes()`` the same model as bytes; ``layer_precisions`` layer name
+to precision for every layer the search decides; ``marked`` the layers in the high
+precision; ``iteration`` the 1-based count of candidates this check judged (a worker's own
+count on a worker)."""
+
+Check = Union[str, Sequence[str], Callable[[Any], bool]]
+"""A check command (a string or a list, with ``{model}`` and the other placeholders) or a
+function ``check(candidate) -> bool`` given a ``Candidate``."""
+
+
+def _check_kwargs(check: Optional[Check]) -> Dict[str, Any]:
+    """``check`` as the native job's arguments: a command's words, or the function."""
+    if check is not None and callable(check):
+        return dict(check=[], check_function=check)
+    if isinstance(check, str):
+        import shlex
+
+        check = shlex.split(check)
+    return dict(check=list(check or []), check_function=None)
 
 _log = logging.getLogger("mixprec")
 
@@ -377,7 +401,7 @@ def debug_precision(
     input_shapes: Any = None,
     data_loader_script: Optional[str] = None,
     cache_budget: str = "auto",
-    check: Union[str, Sequence[str], None] = None,
+    check: Optional[Check] = None,
     check_timeout: Optional[float] = None,
     load_debug_replay: Union[str, "os.PathLike[str]", None] = None,
     save_debug_replay: Union[str, "os.PathLike[str]", None] = None,
@@ -408,8 +432,20 @@ def debug_precision(
     prompt (``input_ids``) and every candidate generates N tokens greedily through the KV
     cache (ONNX Runtime GenAI's names, the CLI's ``--decode``); its outputs are ``tokens``
     (judged: ``metrics=["tokens:0.9"]`` lets a share differ) and ``logits`` (judged only
-    when a criterion names them, e.g. ``atol={"logits": 0.05}``). ``progress``: a callable given a dict per evaluated candidate, False for
-    none; by default a tqdm bar when tqdm is installed.
+    when a criterion names them, e.g. ``atol={"logits": 0.05}``). ``progress``: a callable
+    given a dict per evaluated candidate, False for none; by default a tqdm bar when tqdm is
+    installed.
+
+    ``check`` judges each candidate instead of the emulation (Polygraphy's ``--check``): a
+    command (a string or a list; ``{model}`` is the candidate's strongly typed model, see
+    docs/search.md for the other placeholders; ``check_timeout`` seconds before its process
+    group is killed) or a function ``check(candidate) -> bool`` given a ``Candidate``:
+    ``candidate.export(path)`` writes the model ``{model}`` would be and returns ``path``,
+    ``candidate.layer_precisions`` maps every candidate layer to its precision (the marked
+    ones in ``higher_precision``), ``candidate.marked`` names the marked ones. Without an
+    executor the function runs in this process, one candidate at a time in the serial
+    search's order (``jobs`` judges none ahead for it); with one, on the workers. A function
+    takes no ``check_timeout``: Python cannot kill it (time out inside it).
 
     ``jobs``: candidates evaluated at the same time (default 1; with an ``executor``, its
     worker count). ``executor``: judge the candidates on other processes or machines — any
@@ -421,18 +457,14 @@ def debug_precision(
     ``WorkerLostError`` names it.
 
     Raises ``FileNotFoundError`` for a missing file, ``ValueError`` for a bad option or an
-    input that does not fit the model (naming it), ``TypeError`` when ``criterion`` returns
-    something other than a bool; an exception raised by ``criterion`` or by an input iterable
-    reaches the caller as itself. Ctrl-C stops the search after the running evaluation and
+    input that does not fit the model (naming it), ``TypeError`` when ``criterion`` or
+    ``check`` returns something other than a bool; an exception raised by ``criterion``, by
+    ``check`` (on a worker too) or by an input iterable reaches the caller as itself. Ctrl-C stops the search after the running evaluation and
     raises ``KeyboardInterrupt`` whose ``result`` attribute is the best answer so far.
     """
     m = _Model(model)
     data = _input_kwargs(inputs, seed, iterations, val_range, input_shapes, data_loader_script)
     golden_sets, golden_path = _data(golden, "golden")
-    if isinstance(check, str):
-        import shlex
-
-        check = shlex.split(check)
     if jobs is None:
         jobs = 1 if executor is None else _scale.default_workers(executor)
     # What decides a verdict: the driver's search and every worker's are built from it.
@@ -459,7 +491,7 @@ def debug_precision(
         calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
         calibration_algo=calibration_algo,
         cache_budget=cache_budget,
-        check=list(check or []),
+        **_check_kwargs(check),
         check_timeout=check_timeout,
         layer_errors=layer_errors,
         decode=decode,
@@ -799,7 +831,7 @@ def plan(
     calibration_algo: Optional[str] = None,
     jobs: Optional[int] = None,
     cache_budget: str = "auto",
-    check: Union[str, Sequence[str], None] = None,
+    check: Optional[Check] = None,
     check_timeout: Optional[float] = None,
     decode: Optional[int] = None,
     full_front: bool = False,
@@ -815,7 +847,10 @@ def plan(
     tolerances, which still measure its error). Every point of the returned front was
     evaluated; the chosen one (the cheapest that passed) was verified again. ``check``: a
     command (``--check``; ``{model}`` is each point's strongly typed model, e.g. ``"trtexec
-    --onnx={model} --stronglyTyped ..."``) judges the chosen point and its neighbours by cost,
+    --onnx={model} --stronglyTyped ..."``) or a function ``check(candidate) -> bool`` given a
+    ``Candidate`` (as in ``debug_precision``; its ``layer_precisions`` hold every group
+    layer's format, ``marked`` the layers in ``high``, ``export(path)`` writes the point's
+    model) judges the chosen point and its neighbours by cost,
     then safer points until one passes; the chosen point is then the cheapest it passed, and
     each judged point of ``front`` has its ``"check"`` verdict. ``decode=N``: each input set
     is a prompt and every point generates N tokens (as in ``debug_precision``). The uniform
@@ -833,19 +868,18 @@ def plan(
     sends its ranges to the workers; each worker prepares the plan once (model, inputs,
     golden outputs, cache) and runs ``criterion`` itself on the sensitivity pass, the uniform
     baselines, the walk's and the descent's points and the chosen point's verification; a
-    point travels as its layers' precisions. ``check`` runs on this process. The result and
+    point travels as its layers' precisions. ``check`` (a command or a function, which must
+    pickle as ``criterion`` does) runs on the workers too: a worker exports the point with the
+    driver's ranges and runs the check there, where the GPU and TensorRT are. The result and
     ``to_dict()`` are those of the same plan without an executor (docs/scale-out.md). A point
     whose worker dies runs again on another, ``retries`` times, then ``WorkerLostError`` names
     it.
 
     Raises ``ValueError`` on a bad format, target, cost file, objective or fusion model (one
-    line naming it); an exception raised by ``criterion`` (on a worker too) reaches the caller
-    as itself."""
+    line naming it), ``TypeError`` when ``criterion`` or ``check`` returns something other
+    than a bool; an exception raised by ``criterion`` or ``check`` (on a worker too) reaches
+    the caller as itself."""
     m = _Model(model)
-    if isinstance(check, str):
-        import shlex
-
-        check = shlex.split(check)
     if isinstance(formats, str):
         formats = [f.strip() for f in formats.split(",") if f.strip()]
     if retries < 0:
@@ -873,7 +907,7 @@ def plan(
         calibration_algo=calibration_algo,
         jobs=jobs,
         cache_budget=cache_budget,
-        check=list(check or []),
+        **_check_kwargs(check),
         check_timeout=check_timeout,
         decode=decode,
         full_front=full_front,
@@ -882,8 +916,8 @@ def plan(
     started: List[Any] = []
     start: Optional[Callable[[Optional[Dict[str, float]]], Any]] = None
     if executor is not None:
-        # The workers' settings: the driver's check runs here, not on them.
-        spec = dict(settings, model=m.path, job="plan", check=[], check_timeout=None)
+        # The workers' settings, the check with them: it runs on the workers.
+        spec = dict(settings, model=m.path, job="plan")
         if m.data is not None:
             spec["model_bytes"] = m.data
         # Refused before any work (calibration), not once the workers start.

@@ -53,9 +53,28 @@ def debug_precision(
     decode: Optional[int],
     progress: Optional[Callable[[Dict[str, Any]], None]],
     on_event: Optional[Callable[[str, str], None]],
+    check_function: Optional[Callable[["Candidate"], Any]] = None,
     remote: Optional[Callable[[List[List[int]]], Iterator[Tuple[int, Any]]]] = None,
     as_worker: bool = False,
 ) -> Any: ...  # a Search; a Worker with as_worker=True
+
+class Candidate:
+    """A candidate as a ``check`` function is given it."""
+
+    @property
+    def iteration(self) -> int:
+        """1-based count of the candidates this check judged (a worker's own on a worker)."""
+    @property
+    def marked(self) -> List[str]:
+        """The layers in the high precision."""
+    @property
+    def layer_precisions(self) -> Dict[str, str]:
+        """Layer name to precision name, for every layer the search decides."""
+    def export(self, path: Any) -> Any:
+        """Writes the candidate's strongly typed model (a command's ``{model}``), all or
+        nothing; returns ``path``."""
+    def model_bytes(self) -> bytes:
+        """The candidate's model as serialized ONNX bytes."""
 
 class Worker:
     """A search prepared once on a worker (``executor=``): ``evaluate(marked)`` is the verdict
@@ -182,10 +201,11 @@ def plan(
     decode: Optional[int],
     full_front: bool,
     fusion: str,
+    check_function: Optional[Callable[["Candidate"], Any]] = None,
     remote: Optional[
         Callable[
             [Optional[Dict[str, float]]],
-            Callable[[List[Tuple[List[Tuple[int, str]], bool]]], Iterator[Tuple[int, Any]]],
+            Callable[[List[Tuple[List[Tuple[int, str]], bool, bool]]], Iterator[Tuple[int, Any]]],
         ]
     ] = None,
     as_worker: bool = False,
@@ -194,8 +214,11 @@ def plan(
 
 class PlanWorker:
     """A plan prepared once on a worker (``executor=``), with the driver's ranges ``amax``:
-    ``evaluate((layers, uncached))`` is the verdict on the point whose layers below the high
-    precision are ``layers`` (``(node index, precision name)``), judged outside the value
-    cache when ``uncached``: ``(passed, error, summary)``."""
+    ``evaluate((layers, uncached, check))`` is the verdict on the point whose layers below
+    the high precision are ``layers`` (``(node index, precision name)``), judged outside the
+    value cache when ``uncached``, by the check (the point exported here) when ``check``:
+    ``(passed, error, summary)``."""
 
-    def evaluate(self, point: Tuple[List[Tuple[int, str]], bool]) -> Tuple[bool, float, str]: ...
+    def evaluate(
+        self, point: Tuple[List[Tuple[int, str]], bool, bool]
+    ) -> Tuple[bool, float, str]: ...

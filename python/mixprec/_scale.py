@@ -8,7 +8,8 @@ verdicts **in the batch's order**, whatever order they finished in. A worker hol
 prepared once (``mixprec._native.Worker`` or ``PlanWorker``: the model memory-mapped,
 inputs, golden outputs, plans, ranges and its value cache), so a candidate travels as a
 description: a search's marked node indices, or a plan point's ``([(node, precision),
-...], uncached)``.
+...], uncached, check)``. A ``check`` (a command or a function) travels in the settings and
+runs on the worker.
 
 Workers: a ``concurrent.futures.Executor`` (one prepared search per worker process and
 thread, cached under the search's fingerprint), or Ray actors (``"ray"`` or ``RayWorkers``),
@@ -45,7 +46,7 @@ Spec = Dict[str, Any]
 
 Candidate = Any
 """A search's marked node indices (``List[int]``) or a plan point (``(List[Tuple[int, str]],
-bool)``): what the native worker's ``evaluate`` takes."""
+bool, bool)``): what the native worker's ``evaluate`` takes."""
 
 #: The text ``python/src/lib.rs`` recognises a lost candidate by.
 _LOST = "worker(s) died evaluating it"
@@ -191,8 +192,8 @@ def _pickled(executor: Executor, spec: Spec) -> Optional[bytes]:
             return None
         raise TypeError(
             "executor: the search's settings cannot be sent to the executor's worker "
-            f"processes ({type(e).__name__}: {e}); define the criterion at module "
-            "level (a lambda or a local function does not pickle), or use "
+            f"processes ({type(e).__name__}: {e}); define the criterion and the check at "
+            "module level (a lambda or a local function does not pickle), or use "
             'executor="ray", which pickles closures'
         ) from e
 

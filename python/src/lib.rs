@@ -21,6 +21,7 @@ use mixprec::jobs::run as run_job;
 use mixprec::jobs::search_worker::{worker_config, Worker as SearchWorker};
 use mixprec::precision::Precision;
 use mixprec::search::builtin::UserCriterion;
+use mixprec::search::check::{Candidate as CheckCandidate, UserCheck};
 use mixprec::search::driver::SearchHooks;
 use mixprec::search::remote::{
     MarkedSet, PlanPoint, PlanWorkers, Remote, RemoteJudge, RemotePlanWorkers,
@@ -435,7 +436,7 @@ impl Search {
     golden, golden_path, criterion, atol, rtol, check_error_stat, error_quantile, metrics,
     layer_precisions, fusion, calibration_cache, calibration_algo, cache_budget,
     check, check_timeout, load_debug_replay, save_debug_replay, layer_errors, decode,
-    progress, on_event, remote=None, as_worker=false
+    progress, on_event, check_function=None, remote=None, as_worker=false
 ))]
 #[allow(clippy::too_many_arguments)]
 fn debug_precision(
@@ -477,6 +478,7 @@ fn debug_precision(
     decode: Option<usize>,
     progress: Option<Py<PyAny>>,
     on_event: Option<Py<PyAny>>,
+    check_function: Option<Py<PyAny>>,
     remote: Option<Py<PyAny>>,
     as_worker: bool,
 ) -> PyResult<Py<PyAny>> {
@@ -530,12 +532,7 @@ fn debug_precision(
         },
         user_criterion,
         cache_budget,
-        check: (!check.is_empty()).then(|| CheckOptions {
-            command: check,
-            timeout: check_timeout,
-            artifacts_dir: "polygraphy_artifacts".into(),
-            ..Default::default()
-        }),
+        check: check_options(check, check_timeout, check_function, &raised),
         load_debug_replay,
         save_debug_replay,
         layer_errors,
@@ -624,19 +621,7 @@ fn user_criterion(f: Py<PyAny>, raised: Arc<Mutex<Option<PyErr>>>) -> UserCriter
                     for g in golden {
                         gold.append(borrowed_outputs_to_py(py, g)?)?;
                     }
-                    let verdict = f.bind(py).call1((outs, gold))?;
-                    if let Ok(b) = verdict.cast::<pyo3::types::PyBool>() {
-                        return Ok(b.is_true());
-                    }
-                    // numpy's bool scalar (what `np.all(...)` returns) is a bool too.
-                    if verdict.is_instance(&py.import("numpy")?.getattr("bool_")?)? {
-                        return verdict.is_truthy();
-                    }
-                    Err(PyTypeError::new_err(format!(
-                        "the criterion returned {} ({}), not a bool",
-                        verdict.repr()?,
-                        verdict.get_type().name()?
-                    )))
+                    as_verdict(&f.bind(py).call1((outs, gold))?, "criterion")
                 })();
                 judged.map_err(|e| {
                 let note = format!(
@@ -649,6 +634,125 @@ fn user_criterion(f: Py<PyAny>, raised: Arc<Mutex<Option<PyErr>>>) -> UserCriter
             })
         },
     ))
+}
+
+/// A callback's answer as a verdict: a bool (numpy's too), else the `TypeError` that names
+/// what `who` returned.
+fn as_verdict(verdict: &Bound<'_, PyAny>, who: &str) -> PyResult<bool> {
+    if let Ok(b) = verdict.cast::<pyo3::types::PyBool>() {
+        return Ok(b.is_true());
+    }
+    // numpy's bool scalar (what `np.all(...)` returns) is a bool too.
+    if verdict.is_instance(&verdict.py().import("numpy")?.getattr("bool_")?)? {
+        return verdict.is_truthy();
+    }
+    Err(PyTypeError::new_err(format!(
+        "the {who} returned {} ({}), not a bool",
+        verdict.repr()?,
+        verdict.get_type().name()?
+    )))
+}
+
+/// The check as the library takes it: the command (`--check` and its timeout), or a Python
+/// function, whose exception is kept in `raised`. Both at once, or a timeout with a
+/// function, is refused by the job's validation.
+fn check_options(
+    command: Vec<String>,
+    timeout: Option<f64>,
+    function: Option<Py<PyAny>>,
+    raised: &Arc<Mutex<Option<PyErr>>>,
+) -> Option<CheckOptions> {
+    if command.is_empty() && function.is_none() {
+        return None;
+    }
+    Some(CheckOptions {
+        command,
+        user: function.map(|f| user_check(f, raised.clone())),
+        timeout,
+        artifacts_dir: "polygraphy_artifacts".into(),
+        ..Default::default()
+    })
+}
+
+/// A Python check `f(candidate) -> bool` as the library's: `candidate` a [`Candidate`]; an
+/// exception it raises is kept in `raised`, to be raised as itself once the job has stopped.
+fn user_check(f: Py<PyAny>, raised: Arc<Mutex<Option<PyErr>>>) -> UserCheck {
+    UserCheck(Arc::new(move |candidate: &CheckCandidate| {
+        Python::attach(|py| {
+            let iteration = candidate.iteration;
+            let judged = (|| -> PyResult<bool> {
+                let c = Py::new(
+                    py,
+                    Candidate {
+                        inner: candidate.clone(),
+                    },
+                )?;
+                as_verdict(&f.bind(py).call1((c,))?, "check")
+            })();
+            judged.map_err(|e| {
+                let note = format!("raised by the check on candidate {iteration}");
+                let _ = e.value(py).call_method1("add_note", (note.clone(),));
+                *raised.lock().unwrap_or_else(|p| p.into_inner()) = Some(e);
+                Error::Invalid(format!("check: {note}"))
+            })
+        })
+    }))
+}
+
+/// A candidate as a `check` function is given it: its model (written with `export`), the
+/// precision of every layer the search decides, the layers in the high precision.
+#[pyclass(module = "mixprec._native", name = "Candidate", frozen)]
+struct Candidate {
+    inner: CheckCandidate,
+}
+
+#[pymethods]
+impl Candidate {
+    /// 1-based count of the candidates judged by this check (the command's `{iteration}`;
+    /// on a worker, that worker's count).
+    #[getter]
+    fn iteration(&self) -> usize {
+        self.inner.iteration
+    }
+
+    /// The names of the layers in the high precision.
+    #[getter]
+    fn marked(&self) -> Vec<String> {
+        self.inner.marked.clone()
+    }
+
+    /// Layer name to precision name for every layer the search decides.
+    #[getter]
+    fn layer_precisions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, p) in &self.inner.layer_precisions {
+            d.set_item(name, p)?;
+        }
+        Ok(d)
+    }
+
+    /// Writes the candidate's strongly typed mixed-precision model to `path` (what a
+    /// command's `{model}` is), all or nothing; returns `path`.
+    fn export<'py>(&self, py: Python<'py>, path: Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let file: PathBuf = path.extract()?;
+        py.detach(|| self.inner.export(&file)).map_err(to_py)?;
+        Ok(path)
+    }
+
+    /// The candidate's model as serialized ONNX bytes.
+    fn model_bytes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let bytes = py.detach(|| self.inner.model_bytes()).map_err(to_py)?;
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Candidate(iteration={}, {} of {} layer(s) in the high precision)",
+            self.inner.iteration,
+            self.inner.marked.len(),
+            self.inner.layer_precisions.len()
+        )
+    }
 }
 
 /// The words that tie a library error to the exception a worker raised.
@@ -747,19 +851,23 @@ impl Remote<MarkedSet> for PyRemote {
     }
 }
 
+/// A plan point as it travels to a worker: `(layers, uncached, check)`.
+type TravellingPoint<'a> = (Vec<(usize, &'a str)>, bool, bool);
+
 impl Remote<PlanPoint> for PyRemote {
-    /// A plan point travels as `([(node index, precision name), ...], uncached)`.
+    /// A plan point travels as `([(node index, precision name), ...], uncached, check)`.
     fn evaluate_batch(
         &self,
         points: &[PlanPoint],
         done: &mut dyn FnMut(usize, &mixprec::error::Result<Evaluation>),
     ) -> Vec<mixprec::error::Result<Evaluation>> {
-        let points: Vec<(Vec<(usize, &str)>, bool)> = points
+        let points: Vec<TravellingPoint<'_>> = points
             .iter()
             .map(|p| {
                 (
                     p.layers.iter().map(|&(i, q)| (i, q.name())).collect(),
                     p.uncached,
+                    p.check,
                 )
             })
             .collect();
@@ -1083,7 +1191,8 @@ impl Plan {
     val_range, input_shapes, data_loader_script, golden, golden_path, criterion, atol, rtol,
     check_error_stat,
     error_quantile, metrics, calibration_cache, calibration_algo, jobs, cache_budget, check,
-    check_timeout, decode, full_front, fusion, remote=None, as_worker=false, amax=None
+    check_timeout, decode, full_front, fusion, check_function=None, remote=None,
+    as_worker=false, amax=None
 ))]
 #[allow(clippy::too_many_arguments)]
 fn plan(
@@ -1117,6 +1226,7 @@ fn plan(
     decode: Option<usize>,
     full_front: bool,
     fusion: String,
+    check_function: Option<Py<PyAny>>,
     remote: Option<Py<PyAny>>,
     as_worker: bool,
     amax: Option<std::collections::BTreeMap<String, f32>>,
@@ -1164,12 +1274,7 @@ fn plan(
         },
         jobs,
         cache_budget,
-        check: (!check.is_empty()).then(|| CheckOptions {
-            command: check,
-            timeout: check_timeout,
-            artifacts_dir: "polygraphy_artifacts".into(),
-            ..Default::default()
-        }),
+        check: check_options(check, check_timeout, check_function, &raised),
         verbose: false,
         decode,
         full_front,
@@ -1259,20 +1364,25 @@ struct PlanWorker {
 
 #[pymethods]
 impl PlanWorker {
-    /// The verdict on a point `(layers, uncached)`: `layers` the `(node index, precision)` of
-    /// every layer below the high precision, `uncached` to judge it outside the value cache.
+    /// The verdict on a point `(layers, uncached, check)`: `layers` the `(node index,
+    /// precision)` of every layer below the high precision, `uncached` to judge it outside
+    /// the value cache, `check` to judge it with the check instead of the emulation.
     fn evaluate(
         &self,
         py: Python<'_>,
-        point: (Vec<(usize, String)>, bool),
+        point: (Vec<(usize, String)>, bool, bool),
     ) -> PyResult<(bool, f64, String)> {
-        let (layers, uncached) = point;
+        let (layers, uncached, check) = point;
         let layers = layers
             .into_iter()
             .map(|(i, p)| Ok((i, Precision::parse(&p)?)))
             .collect::<mixprec::error::Result<Vec<_>>>()
             .map_err(to_py)?;
-        let point = PlanPoint { layers, uncached };
+        let point = PlanPoint {
+            layers,
+            uncached,
+            check,
+        };
         let verdict = guarded("plan worker", || {
             Ok(py.detach(|| self.inner.evaluate_batch(vec![point])).pop())
         })?;
@@ -1504,6 +1614,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Search>()?;
     m.add_class::<Worker>()?;
     m.add_class::<PlanWorker>()?;
+    m.add_class::<Candidate>()?;
     m.add_function(wrap_pyfunction!(debug_precision, m)?)?;
     m.add_function(wrap_pyfunction!(run, m)?)?;
     m.add_function(wrap_pyfunction!(convert, m)?)?;

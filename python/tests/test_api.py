@@ -662,3 +662,31 @@ def test_plan_cost_prices_a_written_model_as_plan_modeled_it(tmp_path: Path) -> 
         mixprec.plan_cost(model, ROOT / "examples" / "mlp.onnx")
     with pytest.raises(FileNotFoundError, match="missing.onnx"):
         mixprec.plan_cost(model, tmp_path / "missing.onnx")
+
+
+def test_a_check_function_sees_each_candidates_layers_and_model(models: Path, tmp_path: Path) -> None:
+    seen: List[Any] = []
+
+    def check(candidate: Any) -> bool:
+        path = candidate.export(tmp_path / f"candidate{candidate.iteration}.onnx")
+        assert isinstance(path, Path) and path.read_bytes() == candidate.model_bytes()
+        seen.append((candidate.iteration, candidate.marked, candidate.layer_precisions))
+        assert repr(candidate).startswith(f"Candidate(iteration={candidate.iteration}, ")
+        return len(candidate.marked) >= 1
+
+    r = mixprec.debug_precision(
+        models / "qdq_cnn.onnx", precision=None, mode="bisect", val_range="[-1,1]",
+        progress=False, check=check,
+    )
+    assert r.outcome == "found" and len(r.layers) == 1
+    assert [s[0] for s in seen] == list(range(1, r.evaluations + 1))
+    # A Q/DQ search's candidates: the marked layers leave quantization, the rest stay int8.
+    for _, marked, precisions in seen:
+        assert set(marked) <= set(precisions)
+        assert all(p == ("float32" if n in marked else "int8") for n, p in precisions.items())
+    assert any(not m for _, m, _ in seen) and any(m for _, m, _ in seen)
+    with pytest.raises(FileNotFoundError):
+        mixprec.debug_precision(
+            models / "qdq_cnn.onnx", precision=None, mode="bisect", val_range="[-1,1]",
+            progress=False, check=lambda c: bool(c.export(tmp_path / "missing" / "m.onnx")),
+        )

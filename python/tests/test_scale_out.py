@@ -467,3 +467,198 @@ def test_the_cli_checks_through_a_stand_in_srun(models: Path, tmp_path: Path) ->
     assert all(" gres=gpu:1 " in line for line in log)
     assert {line.split()[0] for line in log} <= {"node0", "node1"}
     assert not list(nodes.glob("*.busy"))
+
+
+# ---------------------------------------------------------------------------------------
+# A check function (`check=callable`): on the driver without an executor, on the workers with
+# one
+
+
+class RunsCandidate:
+    """A picklable check function, as a deployment check would be: it writes the candidate's
+    model with ``candidate.export`` and runs it on fixed inputs against the FP32 model's
+    outputs (mixprec's own runner standing in for a TensorRT engine on the worker's GPU),
+    exactly as ``RUN_CHECK`` does for a command. Each call leaves a file named by the process
+    that made it in ``calls``."""
+
+    def __init__(self, reference: str, calls: str) -> None:
+        self.reference = reference
+        self.calls = calls
+
+    def __call__(self, candidate: Any) -> bool:
+        import tempfile
+        import uuid
+
+        Path(self.calls, f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+        assert set(candidate.marked) <= set(candidate.layer_precisions)
+        with tempfile.TemporaryDirectory() as d:
+            path = candidate.export(os.path.join(d, "candidate.onnx"))
+            assert Path(path).read_bytes() == candidate.model_bytes()
+
+            def run(p: str) -> List[Dict[str, np.ndarray]]:
+                return mixprec.run(p, val_range="[1,2]", seed=7, iterations=2)
+
+            return all(
+                np.allclose(a[k], b[k], rtol=1e-2, atol=1e-2)
+                for a, b in zip(run(path), run(self.reference))
+                for k in b
+            )
+
+
+class FailsOnWorkers:
+    """A check function that raises, or answers ``answer`` (not a bool)."""
+
+    def __init__(self, answer: Any = None) -> None:
+        self.answer = answer
+
+    def __call__(self, candidate: Any) -> Any:
+        if self.answer is None:
+            raise ZeroDivisionError(f"my check divided by zero on candidate {candidate.iteration}")
+        return self.answer
+
+
+def checked(model: Path, check: Any, **kw: Any) -> mixprec.SearchResult:
+    return mixprec.debug_precision(
+        model, precision="float16", mode="bisect", val_range=RANGE, progress=False,
+        check=check, **kw
+    )
+
+
+def callers(calls: Path) -> List[int]:
+    return [int(p.name.split("-")[0]) for p in calls.iterdir()]
+
+
+def verdicts(r: mixprec.SearchResult) -> List[Any]:
+    return [{k: v for k, v in t.items() if k != "summary"} for t in r.history]
+
+
+def test_a_check_function_judges_as_the_same_check_command(models: Path, tmp_path: Path) -> None:
+    model = models / "planted_square.onnx"
+    script = tmp_path / "ort_check.py"
+    script.write_text(RUN_CHECK)
+    command = checked(model, [sys.executable, str(script), "{model}", str(model)])
+    assert command.outcome == "found" and command.layers
+    calls = tmp_path / "serial"
+    calls.mkdir()
+    serial = checked(model, RunsCandidate(str(model), str(calls)))
+    # The same verdicts, answer and trials; only the summaries say who judged.
+    assert serial.layers == command.layers
+    assert verdicts(serial) == verdicts(command)
+    assert all(t["summary"] in ("check returned True", "check returned False") for t in serial.history)
+    # On the driver, once per evaluated candidate (jobs judges none ahead for a function).
+    assert callers(calls) == [os.getpid()] * serial.evaluations
+    ahead = checked(model, RunsCandidate(str(model), str(calls)), jobs=3)
+    assert comparable(ahead.to_dict()) == comparable(serial.to_dict())
+    assert ahead.to_dict()["stats"]["speculative_evaluations"] == 0
+    # On a process pool: the workers call it, with the serial search's answer and trials.
+    pooled_calls = tmp_path / "pooled"
+    pooled_calls.mkdir()
+    with pool(2) as workers:
+        pooled = checked(model, RunsCandidate(str(model), str(pooled_calls)), executor=workers)
+    assert comparable(pooled.to_dict()) == comparable(serial.to_dict())
+    assert pooled.history == serial.history
+    assert callers(pooled_calls) and os.getpid() not in callers(pooled_calls)
+
+
+def test_a_check_function_error_or_non_bool_reaches_the_caller(models: Path) -> None:
+    model = models / "planted_square.onnx"
+    with pytest.raises(ZeroDivisionError, match="on candidate 1") as info:
+        checked(model, FailsOnWorkers())
+    if sys.version_info >= (3, 11):
+        assert any("raised by the check on candidate 1" in n for n in info.value.__notes__)
+    with pytest.raises(TypeError, match=r"the check returned 'yes' \(str\), not a bool"):
+        checked(model, FailsOnWorkers("yes"))
+    # numpy's bool is a bool.
+    passing = checked(model, FailsOnWorkers(np.bool_(True)))
+    assert passing.history and all(t["passed"] for t in passing.history)
+    with pool(1) as workers:
+        with pytest.raises(ZeroDivisionError, match="divided by zero"):
+            checked(model, FailsOnWorkers(), executor=workers)
+        with pytest.raises(TypeError, match="not a bool"):
+            checked(model, FailsOnWorkers(1), executor=workers)
+
+
+def test_a_check_function_is_refused_where_it_cannot_work(models: Path) -> None:
+    model = models / "planted_square.onnx"
+    with pytest.raises(ValueError, match="check: a function takes no check_timeout.*cannot be killed"):
+        checked(model, FailsOnWorkers(True), check_timeout=60)
+    with pytest.raises(ValueError, match="check: a function takes no check_timeout"):
+        mixprec.plan(PLAN_MODEL, formats="fp16", seed=1, iterations=1,
+                     check=FailsOnWorkers(True), check_timeout=5)
+    with pool(1) as workers:
+        with pytest.raises(TypeError, match="cannot be sent to the executor's worker processes.*the check"):
+            checked(model, lambda c: True, executor=workers)
+        with pytest.raises(TypeError, match="cannot be sent to the executor's worker processes"):
+            plan(check=lambda c: True, executor=workers)
+
+
+class NoFp8:
+    """A picklable plan check: fails every point with an fp8 layer; writes the point's model
+    (it must load as ONNX) and leaves a file named by its process in ``calls``."""
+
+    def __init__(self, calls: str) -> None:
+        self.calls = calls
+
+    def __call__(self, candidate: Any) -> bool:
+        import tempfile
+        import uuid
+
+        import onnx
+
+        Path(self.calls, f"{os.getpid()}-{uuid.uuid4().hex}").touch()
+        with tempfile.TemporaryDirectory() as d:
+            onnx.checker.check_model(onnx.load(candidate.export(os.path.join(d, "point.onnx"))))
+        precisions = candidate.layer_precisions
+        assert all(precisions[n] == "float32" for n in candidate.marked)
+        return "fp8e4m3" not in precisions.values()
+
+
+def check_verdicts(r: mixprec.PlanResult) -> List[Any]:
+    return [p["check"] for p in r.front]
+
+
+def test_plan_runs_its_check_on_the_workers(tmp_path: Path) -> None:
+    calls = tmp_path / "serial"
+    calls.mkdir()
+    serial = plan(check=NoFp8(str(calls)))
+    judged = [c for c in check_verdicts(serial) if c is not None]
+    assert judged and all(c["summary"].startswith("check returned") for c in judged)
+    assert callers(calls) == [os.getpid()] * len(judged)
+    for n, jobs in [(2, None), (2, 3)]:
+        pooled_calls = tmp_path / f"pooled-{n}-{jobs}"
+        pooled_calls.mkdir()
+        with pool(n) as workers:
+            pooled = plan(check=NoFp8(str(pooled_calls)), executor=workers, jobs=jobs)
+        assert pooled.to_dict() == serial.to_dict()
+        assert check_verdicts(pooled) == check_verdicts(serial)
+        assert len(callers(pooled_calls)) == len(judged)
+        assert os.getpid() not in callers(pooled_calls)
+    # A check command runs on the workers too, with the serial verdicts.
+    command = ["sh", "-c", 'test -s "$0"', "{model}"]
+    with pool(2) as workers:
+        assert plan(check=command, executor=workers).to_dict() == plan(check=command).to_dict()
+    # Its exception on a worker reaches the caller as itself.
+    with pool(1) as workers:
+        with pytest.raises(ZeroDivisionError, match="my check divided by zero"):
+            plan(check=FailsOnWorkers(), executor=workers)
+
+
+def test_check_functions_on_ray_actors(models: Path, ray_local: Any, tmp_path: Path) -> None:
+    model = models / "planted_square.onnx"
+    calls = tmp_path / "search"
+    calls.mkdir()
+    serial = checked(model, RunsCandidate(str(model), str(tmp_path)))
+    on_ray = checked(model, RunsCandidate(str(model), str(calls)), executor=mixprec.RayWorkers(2))
+    assert comparable(on_ray.to_dict()) == comparable(serial.to_dict())
+    assert on_ray.history == serial.history
+    assert callers(calls) and os.getpid() not in callers(calls)
+    plan_calls = tmp_path / "plan"
+    plan_calls.mkdir()
+    serial_plan = plan(check=NoFp8(str(tmp_path)))
+    # A closure travels to Ray's actors (cloudpickle).
+    judge = NoFp8(str(plan_calls))
+    on_ray_plan = plan(check=lambda c: judge(c), executor=mixprec.RayWorkers(2))
+    assert on_ray_plan.to_dict() == serial_plan.to_dict()
+    assert callers(plan_calls) and os.getpid() not in callers(plan_calls)
+    with pytest.raises(ZeroDivisionError, match="my check divided by zero"):
+        checked(model, FailsOnWorkers(), executor="ray")

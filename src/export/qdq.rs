@@ -181,6 +181,33 @@ pub fn quantized_layers(graph: &Graph) -> Result<Vec<QdqLayer>> {
     Ok(out)
 }
 
+/// The format a quantized layer computes in, by the element type of its dequantized inputs
+/// (the first one whose type is known): `int8` (int8/uint8), `int4` (int4/uint4), `fp8e4m3`,
+/// `fp8e5m2` or `fp4e2m1`; `quantized` when no input's type is known.
+pub fn layer_format(graph: &Graph, layer: &QdqLayer) -> &'static str {
+    let typed = layer.inputs.iter().find_map(|i| {
+        let dq = &graph.nodes[i.dq];
+        match &i.kind {
+            QdqKind::Activation { q, .. } => q_output_type(graph, &graph.nodes[*q]),
+            QdqKind::Weight => {
+                let x = dq.inputs.first()?;
+                graph
+                    .weight(x)
+                    .map(Tensor::dtype)
+                    .or_else(|| graph.value_info.get(x).and_then(|v| v.dtype))
+            }
+        }
+    });
+    match typed {
+        Some(DType::I8 | DType::U8) => "int8",
+        Some(DType::I4 | DType::U4) => "int4",
+        Some(DType::F8E4M3FN | DType::F8E4M3FNUZ) => Precision::Fp8E4M3.name(),
+        Some(DType::F8E5M2 | DType::F8E5M2FNUZ) => Precision::Fp8E5M2.name(),
+        Some(DType::F4E2M1) => "fp4e2m1",
+        _ => "quantized",
+    }
+}
+
 /// The element type a QuantizeLinear produces: its zero point's type, else its `output_dtype`,
 /// else uint8.
 fn q_output_type(graph: &Graph, q: &crate::graph::Node) -> Option<DType> {

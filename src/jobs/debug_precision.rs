@@ -27,8 +27,8 @@ use crate::precision::Precision;
 use crate::search::builtin::UserCriterion;
 use crate::search::check::CheckOracle;
 use crate::search::driver::{run_search, SearchHooks, SearchJob, SearchRun};
-use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
-use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
+use crate::search::plans::{plan_candidates, plan_decided, PlanSpace, PlanSpaceConfig};
+use crate::search::qdq::{qdq_candidates, qdq_decided, QdqSpace, QdqSpaceConfig};
 use crate::search::remote::{RemoteJudge, RemoteOracle};
 use crate::search::replay::{DebugReplay, ModelId};
 use crate::search::report::{html_report, QdqRemoved, QdqResult, ResultFile, SearchSetup};
@@ -220,7 +220,11 @@ impl Config {
         let check = self.check.as_ref();
         put(
             "check",
-            check.map_or_else(String::new, |c| c.command.join(" ")),
+            check.map_or_else(String::new, |c| match c.user {
+                // A function cannot be compared: only replays of function checks match.
+                Some(_) => "user function".into(),
+                None => c.command.join(" "),
+            }),
         );
         put(
             "fail-regex",
@@ -653,7 +657,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
         None
     };
     let shared = Shared(RefCell::new(hooks));
-    let make_check = |candidate| {
+    let make_check = |candidate, decided| {
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
         Some(check_oracle(
             c,
@@ -661,6 +665,7 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             graph,
             high,
             candidate,
+            decided,
             dir.0.clone(),
             config.jobs,
             config.verbose,
@@ -709,7 +714,10 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             graph,
             golden: golden_file.as_ref(),
             options: options(Ranking::Growth),
-            check: make_check(qdq_candidates(&model, high)),
+            check: match workdir {
+                Some(_) => make_check(qdq_candidates(&model, high), qdq_decided(&model)?),
+                None => None,
+            },
             remote: make_remote(),
             replay,
             layer_errors: false,
@@ -759,7 +767,10 @@ pub fn run(v: Validated, hooks: &mut dyn Hooks, stop: &AtomicBool) -> Result<Out
             amax.as_ref(),
             cache_budget,
             golden_file.as_ref(),
-            |low| make_check(plan_candidates(&model, low, high, amax.as_ref())),
+            |low| {
+                let decided = plan_decided(graph, &low, high);
+                make_check(plan_candidates(&model, low, high, amax.as_ref()), decided)
+            },
             make_remote,
             replay,
             &shared,

@@ -22,11 +22,12 @@ use crate::precision::fusion::FusionModel;
 use crate::precision::plan::{PrecisionPlan, ResolvedRegion};
 use crate::precision::Precision;
 use crate::search::builtin::{BuiltinOracle, UserCriterion};
+use crate::search::check::ModelCandidate;
 use crate::search::driver::AUTO_BUDGET_MAX;
 use crate::search::formats::cost::{Cost, CostModel, CostObjective, Target};
 use crate::search::formats::{
-    check_front, cost_layers, decision_groups, walk_front, CheckVerdict, FormatSpace, FrontPoint,
-    FrontWalk, PlanJudge, Sensitivity, Step, WalkOptions,
+    check_front, cost_layers, decision_groups, walk_front, CheckVerdict, DecisionGroup,
+    FormatSpace, FrontPoint, FrontWalk, PlanJudge, Sensitivity, Step, WalkOptions,
 };
 use crate::search::remote::{RemotePlanJudge, RemotePlanWorkers};
 use crate::tensor::Feeds;
@@ -62,8 +63,9 @@ pub struct Config {
     pub jobs: usize,
     /// `--cache-budget`: `auto` or a size such as `512M`.
     pub cache_budget: String,
-    /// A user command that judges the chosen point and its neighbours (`--check`,
-    /// [`crate::search::formats::check_front`]).
+    /// A user command or function that judges the chosen point and its neighbours
+    /// (`--check`, [`crate::search::formats::check_front`]); with remote workers, it runs
+    /// on them.
     pub check: Option<CheckOptions>,
     /// Report each `--check` command and its output.
     pub verbose: bool,
@@ -118,7 +120,7 @@ pub struct Validated {
     pub criterion: Criterion,
     pub cache_budget: Option<usize>,
     pub fusion: FusionModel,
-    check_limits: CheckLimits,
+    pub(crate) check_limits: CheckLimits,
 }
 
 impl Config {
@@ -256,6 +258,36 @@ pub struct Outcome {
     pub chosen_regions: Vec<ResolvedRegion>,
 }
 
+/// Every layer `plan` decides (its groups' layers, group by group).
+pub(crate) fn decided_layers(groups: &[DecisionGroup]) -> Vec<usize> {
+    groups
+        .iter()
+        .flat_map(|g| g.layers.iter().copied())
+        .collect()
+}
+
+/// A front point as the check judges it: `plan` exported with the ranges `amax` (what
+/// `plan -o` writes for it), the `decided` layers it keeps in `high` (for the
+/// layer-precision placeholders) and every decided layer's format.
+pub(crate) fn point_candidate(
+    model: &Model,
+    decided: &[usize],
+    plan: &PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    high: Precision,
+) -> Result<ModelCandidate> {
+    let exported = export(model, plan, amax, &ExportOptions::default())?;
+    Ok(ModelCandidate {
+        high_layers: decided
+            .iter()
+            .copied()
+            .filter(|&i| plan.layers[i] == high)
+            .collect(),
+        layers: decided.iter().map(|&i| (i, plan.layers[i])).collect(),
+        model: Arc::new(exported.model),
+    })
+}
+
 /// Runs `plan`: calibration when a format is int8/fp8, the cost facts from one FP32 run, the
 /// sensitivities, the walk and the uniform baselines. Notes and progress lines go to
 /// `events`, the calibration's progress to `progress`; `stop` (Ctrl-C) ends the walk early.
@@ -368,49 +400,63 @@ pub fn run(
         events(Event::Verbose(line.to_string()))
     })?;
     if let Some(c) = &config.check {
-        let workdir = TempDir::new()?;
-        let mut command = check_oracle(
-            c,
-            &check_limits,
-            graph,
-            high,
-            Box::new(|_| {
-                Err(Error::Invalid(
-                    "plan's --check judges front points, not marked sets".into(),
-                ))
-            }),
-            workdir.0.clone(),
-            config.jobs,
-            config.verbose,
-            Box::new(&mut *events),
-        );
         let points = front.points.clone();
-        check_front(
-            &space,
-            &mut front,
-            config.jobs,
-            stop,
-            &mut |ks: &[usize]| {
-                let mut candidates = Vec::new();
-                for &k in ks {
-                    let plan = space.plan(&points[k].formats);
-                    let exported =
-                        match export(&model, &plan, amax.as_ref(), &ExportOptions::default()) {
-                            Ok(e) => e,
-                            Err(e) => return vec![Err(e)],
-                        };
-                    // The layers the point keeps in the high precision, for {layer_precisions}.
-                    let high_layers = space
-                        .groups
-                        .iter()
-                        .flat_map(|g| g.layers.iter().copied())
-                        .filter(|&i| plan.layers[i] == high)
-                        .collect();
-                    candidates.push((high_layers, Arc::new(exported.model)));
-                }
-                command.evaluate_models(&candidates)
-            },
-        )?;
+        let plan_of = |k: usize| space.plan(&points[k].formats);
+        match remote.as_ref() {
+            // The workers export each point with the ranges they were given (the driver's)
+            // and run the check on it, where the user's tools are.
+            Some(workers) => check_front(
+                &space,
+                &mut front,
+                config.jobs,
+                stop,
+                &mut |ks: &[usize]| {
+                    workers.check(&ks.iter().map(|&k| plan_of(k)).collect::<Vec<_>>())
+                },
+            )?,
+            None => {
+                let workdir = TempDir::new()?;
+                let mut check = check_oracle(
+                    c,
+                    &check_limits,
+                    graph,
+                    high,
+                    Box::new(|_| {
+                        Err(Error::Invalid(
+                            "plan's --check judges front points, not marked sets".into(),
+                        ))
+                    }),
+                    Vec::new(),
+                    workdir.0.clone(),
+                    config.jobs,
+                    config.verbose,
+                    Box::new(&mut *events),
+                );
+                let decided = decided_layers(&space.groups);
+                check_front(
+                    &space,
+                    &mut front,
+                    config.jobs,
+                    stop,
+                    &mut |ks: &[usize]| {
+                        let mut candidates = Vec::new();
+                        for &k in ks {
+                            match point_candidate(
+                                &model,
+                                &decided,
+                                &plan_of(k),
+                                amax.as_ref(),
+                                high,
+                            ) {
+                                Ok(c) => candidates.push(c),
+                                Err(e) => return vec![Err(e)],
+                            }
+                        }
+                        check.evaluate_models(&candidates)
+                    },
+                )?;
+            }
+        }
     }
     let baselines = space
         .formats

@@ -3,18 +3,23 @@
 //! the driver's calibrated ranges: it loads the model (memory-mapped), its input sets and
 //! golden outputs, runs the reference, and judges points exactly as the driver would
 //! ([`super::plan::emulation_judge`]: the emulation under the criterion, or the user's
-//! criterion, through its own incremental value cache). A point travels as its layers'
-//! precisions ([`PlanPoint`]), never as a model; the driver's
+//! criterion, through its own incremental value cache). A point the check judges (`--check`
+//! or the caller's function, [`PlanPoint::check`]) is exported here with the driver's ranges,
+//! as the driver would, and judged by the check on this machine. A point travels as its
+//! layers' precisions ([`PlanPoint`]), never as a model; the driver's
 //! [`crate::search::remote::RemotePlanJudge`] gathers the verdicts.
 //!
 //! The ranges come from the driver so that no worker calibrates: every worker judges with
 //! the very scales the driver exports.
 
+use super::check::{check_oracle, TempDir};
 use super::debug_precision::GoldenSource;
-use super::plan::{emulation_judge, Config, Judging, Validated};
+use super::plan::{decided_layers, emulation_judge, point_candidate, Config, Judging, Validated};
 use super::worker_thread::{Server, WorkerThread};
 use crate::decode::Decoder;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::precision::plan::PrecisionPlan;
+use crate::search::formats::decision_groups;
 use crate::search::remote::PlanPoint;
 use crate::search::Evaluation;
 use crate::{load_model, Interpreter};
@@ -49,6 +54,7 @@ fn serve(
         criterion,
         cache_budget,
         fusion,
+        check_limits,
         ..
     } = v;
     let golden = config.golden.as_ref().map(GoldenSource::load).transpose()?;
@@ -78,6 +84,31 @@ fn serve(
         },
         &mut |_| {},
     )?;
+    // The check's points are exported here; its candidate models live in `workdir`.
+    let workdir = config.check.as_ref().map(|_| TempDir::new()).transpose()?;
+    let decided = match &config.check {
+        Some(_) => decided_layers(&decision_groups(graph, &PrecisionPlan::candidates(graph))),
+        None => Vec::new(),
+    };
+    let mut check = match (&config.check, &workdir) {
+        (Some(c), Some(dir)) => Some(check_oracle(
+            c,
+            &check_limits,
+            graph,
+            high,
+            Box::new(|_| {
+                Err(Error::Invalid(
+                    "plan's check judges front points, not marked sets".into(),
+                ))
+            }),
+            Vec::new(),
+            dir.0.clone(),
+            1,
+            false,
+            Box::new(|_| {}),
+        )),
+        _ => None,
+    };
     let nodes = graph.nodes.len();
     server.serve(&mut |points| {
         points
@@ -86,6 +117,20 @@ fn serve(
                 // The fusion model is the run's: the worker has it from the settings.
                 let mut plan = p.plan(nodes, high)?;
                 plan.fusion = fusion;
+                if p.check {
+                    let check = check.as_mut().ok_or_else(|| {
+                        Error::Invalid(
+                            "a plan point to check, but this worker was given no check".into(),
+                        )
+                    })?;
+                    let candidate = point_candidate(&model, &decided, &plan, amax.as_ref(), high)?;
+                    return check
+                        .evaluate_models(&[candidate])
+                        .pop()
+                        .unwrap_or_else(|| {
+                            Err(Error::Invalid("the check answered no verdict".into()))
+                        });
+                }
                 if p.uncached {
                     oracle.evaluate_plan_uncached(&plan)
                 } else {
@@ -93,9 +138,7 @@ fn serve(
                         .evaluate_plans(std::slice::from_ref(&plan))
                         .pop()
                         .unwrap_or_else(|| {
-                            Err(crate::error::Error::Invalid(
-                                "the emulation answered no verdict".into(),
-                            ))
+                            Err(Error::Invalid("the emulation answered no verdict".into()))
                         })
                 }
             })
@@ -104,10 +147,9 @@ fn serve(
 }
 
 /// What a worker needs from a [`Config`]: everything but the driver's own options (its
-/// workers, its `--check` command, which runs on the driver, and `--jobs`).
+/// workers and `--jobs`).
 pub fn worker_config(mut config: Config) -> Config {
     config.remote = None;
-    config.check = None;
     config.verbose = false;
     config.jobs = 1;
     config

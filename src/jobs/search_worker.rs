@@ -3,8 +3,9 @@
 //! it loads the model (memory-mapped), its inputs and golden outputs, the low plan and its
 //! calibrated ranges, runs the reference, and then judges marked sets as the search's own
 //! oracle would — the emulation under the criterion (or the user's criterion) through its own
-//! incremental value cache, or the `--check` command on the candidate's model — so a
-//! candidate travels as its marked node indices, never as a model. The search's
+//! incremental value cache, or the check (a `--check` command or the caller's function) on
+//! the candidate's model — so a candidate travels as its marked node indices, never as a
+//! model. The search's
 //! [`crate::search::remote::RemoteOracle`] gathers the verdicts.
 //!
 //! The prepared state borrows the model, so it lives on a thread of its own
@@ -17,8 +18,8 @@ use super::worker_thread::{Server, WorkerThread};
 use crate::error::Result;
 use crate::event::{Event, NoProgress};
 use crate::search::driver::SearchHooks;
-use crate::search::plans::{plan_candidates, PlanSpace, PlanSpaceConfig};
-use crate::search::qdq::{qdq_candidates, QdqSpace, QdqSpaceConfig};
+use crate::search::plans::{plan_candidates, plan_decided, PlanSpace, PlanSpaceConfig};
+use crate::search::qdq::{qdq_candidates, qdq_decided, QdqSpace, QdqSpaceConfig};
 use crate::search::remote::MarkedSet;
 use crate::search::space::CandidateSpace;
 use crate::search::{Evaluation, Oracle};
@@ -74,7 +75,7 @@ fn serve(v: Validated, server: &Server<MarkedSet>) -> Result<()> {
         Some(_) => Some(TempDir::new()?),
         None => None,
     };
-    let check = |candidate| {
+    let check = |candidate, decided| {
         let (c, dir) = (config.check.as_ref()?, workdir.as_ref()?);
         Some(check_oracle(
             c,
@@ -82,6 +83,7 @@ fn serve(v: Validated, server: &Server<MarkedSet>) -> Result<()> {
             graph,
             high,
             candidate,
+            decided,
             dir.0.clone(),
             1,
             false,
@@ -98,7 +100,11 @@ fn serve(v: Validated, server: &Server<MarkedSet>) -> Result<()> {
             fusion: config.precision.fusion_model()?,
         })?;
         space.prepare(None, golden.as_ref(), &mut quiet)?;
-        let mut check = check(qdq_candidates(&model, high));
+        let decided = match workdir {
+            Some(_) => qdq_decided(&model)?,
+            None => Vec::new(),
+        };
+        let mut check = check(qdq_candidates(&model, high), decided);
         let oracle: &mut dyn Oracle = match check.as_mut() {
             Some(c) => c,
             None => space.oracle(),
@@ -132,7 +138,8 @@ fn serve(v: Validated, server: &Server<MarkedSet>) -> Result<()> {
         decode: decoder.as_ref(),
     })?;
     space.prepare(None, golden.as_ref(), &mut quiet)?;
-    let mut check = check(plan_candidates(&model, low, high, amax.as_ref()));
+    let decided = plan_decided(graph, &low, high);
+    let mut check = check(plan_candidates(&model, low, high, amax.as_ref()), decided);
     let oracle: &mut dyn Oracle = match check.as_mut() {
         Some(c) => c,
         None => space.oracle(),

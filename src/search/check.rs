@@ -19,6 +19,12 @@
 //! check is over when its first process exited and its output closed), ended at
 //! `--check-timeout` or on Ctrl-C/SIGTERM, and its output kept up to [`OUTPUT_LIMIT`] bytes a
 //! stream. With `--jobs` the commands of a batch are waited for together.
+//!
+//! A check may instead be a function of the caller's ([`UserCheck`], the Python API's
+//! `check=callable`): it is given each candidate as a [`Candidate`] (its model, which it can
+//! write exactly as `{model}` would be, and its layers' precisions) and answers pass or fail.
+//! It runs in this process, one candidate at a time in the batch's order, so its calls are
+//! those of a serial search whatever `--jobs` is.
 
 use super::space::CandidateModel;
 use super::{Evaluation, Oracle};
@@ -34,6 +40,65 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// A candidate as a [`UserCheck`] sees it.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    /// 1-based count of the candidates this oracle judged (`{iteration}`).
+    pub iteration: usize,
+    /// The layers in the high precision (the marked ones), by name.
+    pub marked: Vec<String>,
+    /// Every layer the search decides, by name, with the precision it runs in (`float16`,
+    /// `int8`, ...), in the order the search lists them (`plan`: group by group).
+    pub layer_precisions: Vec<(String, String)>,
+    /// The candidate's strongly typed mixed-precision model: what `{model}` names.
+    pub model: Arc<ModelProto>,
+}
+
+impl Candidate {
+    /// Writes the candidate's model to `path` as `{model}` is written: all or nothing (a
+    /// temporary file renamed into place; a model over 2 GiB with its weights in
+    /// `<file name>.data` beside it).
+    pub fn export(&self, path: &Path) -> Result<()> {
+        write_model(path, &self.model)
+    }
+
+    /// The candidate's model as ONNX bytes (weights inline, so at most 2 GiB).
+    pub fn model_bytes(&self) -> Result<Vec<u8>> {
+        use prost::Message;
+        let len = self.model.encoded_len();
+        if len > crate::export::external::PROTOBUF_LIMIT {
+            return Err(Error::Invalid(format!(
+                "the candidate's model is {len} bytes, over protobuf's 2 GiB limit: write it with export(path) instead"
+            )));
+        }
+        Ok(self.model.encode_to_vec())
+    }
+}
+
+/// The function of a [`UserCheck`].
+pub type CheckFn = dyn Fn(&Candidate) -> Result<bool> + Send + Sync;
+
+/// A check given as a function: `Ok(true)` passes the candidate, `Ok(false)` fails it, an
+/// error stops the search as itself.
+#[derive(Clone)]
+pub struct UserCheck(pub Arc<CheckFn>);
+
+impl std::fmt::Debug for UserCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("UserCheck(..)")
+    }
+}
+
+/// A candidate given as a model ([`CheckOracle::evaluate_models`]: a `plan` front's point).
+#[derive(Clone, Debug)]
+pub struct ModelCandidate {
+    /// The layers it runs in the high precision (for the layer-precision placeholders).
+    pub high_layers: Vec<usize>,
+    /// Every layer the search decides, with its precision.
+    pub layers: Vec<(usize, Precision)>,
+    pub model: Arc<ModelProto>,
+}
 
 /// trtexec's spelling of a precision in `--layerPrecisions`.
 pub fn trtexec_precision(p: Precision) -> &'static str {
@@ -71,8 +136,13 @@ pub struct CheckOracle<'a> {
     /// Each candidate as the model `{model}` names, from its space
     /// ([`super::plans::plan_candidates`], [`super::qdq::qdq_candidates`]).
     pub candidate: CandidateModel<'a>,
-    /// The command and its arguments, with placeholders.
+    /// The command and its arguments, with placeholders (empty with `user`).
     pub command: Vec<String>,
+    /// The caller's function that judges each candidate instead of a command.
+    pub user: Option<UserCheck>,
+    /// Every layer a marked set decides, with the precision it runs in when not marked (for
+    /// [`Candidate::layer_precisions`]).
+    pub decided: Vec<(usize, String)>,
     pub fail_regex: Option<Regex>,
     pub timeout: Option<Duration>,
     /// Where candidate models are written.
@@ -355,8 +425,78 @@ impl CheckOracle<'_> {
     }
 }
 
+impl CheckOracle<'_> {
+    /// The user's verdict on one candidate (`marked` in the high precision, `layers` every
+    /// decided layer's precision).
+    fn by_user(
+        &mut self,
+        user: &UserCheck,
+        marked: &[usize],
+        layers: Vec<(usize, String)>,
+        model: Arc<ModelProto>,
+    ) -> Result<Evaluation> {
+        self.evaluations += 1;
+        let name = |i: usize| self.graph.nodes[i].name.clone();
+        let candidate = Candidate {
+            iteration: self.evaluations,
+            marked: marked.iter().map(|&i| name(i)).collect(),
+            layer_precisions: layers.into_iter().map(|(i, p)| (name(i), p)).collect(),
+            model,
+        };
+        let passed = (user.0)(&candidate)?;
+        Ok(Evaluation {
+            passed,
+            error: f64::NAN,
+            summary: format!("check returned {}", if passed { "True" } else { "False" }),
+        })
+    }
+
+    /// `marked`'s candidate judged by the user's function.
+    fn evaluate_by_user(&mut self, user: &UserCheck, marked: &[usize]) -> Result<Evaluation> {
+        let model = (self.candidate)(marked)?;
+        let layers = self
+            .decided
+            .iter()
+            .map(|(i, low)| {
+                let p = if marked.contains(i) {
+                    self.high.name().to_string()
+                } else {
+                    low.clone()
+                };
+                (*i, p)
+            })
+            .collect();
+        self.by_user(user, marked, layers, model)
+    }
+}
+
+/// Results for a batch judged one at a time: after an error, the rest are not judged (a
+/// user's function that failed has its error reported once, as the search's).
+fn in_turn<T>(
+    items: &[T],
+    mut judge: impl FnMut(&T) -> Result<Evaluation>,
+) -> Vec<Result<Evaluation>> {
+    let mut failed = false;
+    items
+        .iter()
+        .map(|item| {
+            if failed {
+                return Err(Error::Invalid(
+                    "not judged: the check failed on an earlier candidate of the batch".into(),
+                ));
+            }
+            let r = judge(item);
+            failed = r.is_err();
+            r
+        })
+        .collect()
+}
+
 impl Oracle for CheckOracle<'_> {
     fn evaluate(&mut self, marked: &[usize]) -> Result<Evaluation> {
+        if let Some(user) = self.user.clone() {
+            return self.evaluate_by_user(&user, marked);
+        }
         let candidate = (self.candidate)(marked)?;
         let slot = (self.jobs > 1).then_some(0);
         let launched = self.launch(marked, &candidate, slot);
@@ -368,6 +508,9 @@ impl Oracle for CheckOracle<'_> {
     /// Judges several candidates at once, each command in its own working directory; the
     /// commands' output and notes are reported in batch order.
     fn evaluate_batch(&mut self, sets: &[Vec<usize>]) -> Vec<Result<Evaluation>> {
+        if let Some(user) = self.user.clone() {
+            return in_turn(sets, |marked| self.evaluate_by_user(&user, marked));
+        }
         let launched: Vec<Result<Launched>> = sets
             .iter()
             .enumerate()
@@ -379,25 +522,213 @@ impl Oracle for CheckOracle<'_> {
         self.conclude_all(launched)
     }
 
+    /// A user's function runs one candidate at a time here: judging ahead would only call
+    /// it for candidates the serial search never needs.
     fn parallel(&self) -> bool {
-        self.jobs > 1
+        self.jobs > 1 && self.user.is_none()
     }
 }
 
 impl CheckOracle<'_> {
     /// Judges candidates given as models (a `plan` front's points, whose layers take several
-    /// formats), each with the layers it runs in the high precision (for the layer-precision
-    /// placeholders); with `jobs` > 1 the commands run at once, each in its own directory.
-    pub fn evaluate_models(
-        &mut self,
-        candidates: &[(Vec<usize>, Arc<ModelProto>)],
-    ) -> Vec<Result<Evaluation>> {
+    /// formats); with `jobs` > 1 the commands run at once, each in its own directory, and a
+    /// user's function judges them one at a time, in order.
+    pub fn evaluate_models(&mut self, candidates: &[ModelCandidate]) -> Vec<Result<Evaluation>> {
+        if let Some(user) = self.user.clone() {
+            return in_turn(candidates, |c| {
+                let layers = c
+                    .layers
+                    .iter()
+                    .map(|&(i, p)| (i, p.name().to_string()))
+                    .collect();
+                self.by_user(&user, &c.high_layers, layers, c.model.clone())
+            });
+        }
         let many = self.jobs > 1;
         let launched = candidates
             .iter()
             .enumerate()
-            .map(|(k, (marked, model))| self.launch(marked, model, many.then_some(k)))
+            .map(|(k, c)| self.launch(&c.high_layers, &c.model, many.then_some(k)))
             .collect();
         self.conclude_all(launched)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::testing::{graph, node, vi};
+    use std::sync::Mutex;
+
+    fn three_layers() -> Graph {
+        graph(
+            vec![
+                node("a", "Relu", &["x"], &["y0"]),
+                node("b", "Relu", &["y0"], &["y1"]),
+                node("c", "Relu", &["y1"], &["y"]),
+            ],
+            vec![vi("x", &[1])],
+            vec![vi("y", &[1])],
+            vec![],
+        )
+    }
+
+    /// A stand-in candidate model that names its marked set (so each candidate's bytes are
+    /// its own).
+    fn named_model(marked: &[usize]) -> Arc<ModelProto> {
+        Arc::new(ModelProto {
+            producer_name: Some(format!("marked {marked:?}")),
+            ir_version: Some(8),
+            ..Default::default()
+        })
+    }
+
+    fn oracle<'a>(g: &'a Graph, dir: PathBuf, jobs: usize) -> CheckOracle<'a> {
+        CheckOracle {
+            graph: g,
+            high: Precision::Float32,
+            candidate: Box::new(|marked: &[usize]| Ok(named_model(marked))),
+            command: Vec::new(),
+            user: None,
+            decided: vec![
+                (0, "float16".into()),
+                (1, "int8".into()),
+                (2, "float16".into()),
+            ],
+            fail_regex: None,
+            timeout: None,
+            workdir: dir.clone(),
+            jobs,
+            verbose: false,
+            evaluations: 0,
+            iter_artifact: None,
+            keep_iter_artifact: false,
+            artifacts: Vec::new(),
+            artifacts_dir: dir,
+            artifact_stamp: String::new(),
+            show_output: false,
+            hide_fail_output: false,
+            events: Box::new(|_| {}),
+        }
+    }
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mixprec-check-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_user_check_judges_each_candidate_in_order_and_stops_at_its_error() {
+        let g = three_layers();
+        let dir = tempdir("user");
+        let seen: Arc<Mutex<Vec<Candidate>>> = Arc::default();
+        let log = seen.clone();
+        let mut o = oracle(&g, dir.clone(), 4);
+        o.user = Some(UserCheck(Arc::new(move |c: &Candidate| {
+            log.lock().unwrap().push(c.clone());
+            if c.marked.len() == 3 {
+                return Err(Error::Invalid("the user's check raised".into()));
+            }
+            Ok(c.marked.len() >= 2)
+        })));
+        // One candidate at a time, even with jobs 4: the search never judges ahead for it.
+        assert!(!o.parallel());
+        let r = o.evaluate_batch(&[vec![1], vec![0, 2], vec![0, 1, 2], vec![]]);
+        let verdicts: Vec<_> = r
+            .iter()
+            .map(|e| e.as_ref().map(|e| e.passed).map_err(|e| e.to_string()))
+            .collect();
+        assert_eq!(verdicts[0], Ok(false));
+        assert_eq!(verdicts[1], Ok(true));
+        assert!(verdicts[2]
+            .as_ref()
+            .unwrap_err()
+            .contains("the user's check raised"));
+        // After the error, the rest is not judged.
+        assert!(verdicts[3].as_ref().unwrap_err().contains("not judged"));
+        assert_eq!(r[1].as_ref().unwrap().summary, "check returned True");
+        let calls = seen.lock().unwrap();
+        assert_eq!(calls.len(), 3);
+        let iterations: Vec<usize> = calls.iter().map(|c| c.iteration).collect();
+        assert_eq!(iterations, vec![1, 2, 3]);
+        assert_eq!(calls[1].marked, vec!["a", "c"]);
+        let precisions = |c: &Candidate| {
+            c.layer_precisions
+                .iter()
+                .map(|(n, p)| format!("{n}:{p}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(precisions(&calls[0]), "a:float16 b:float32 c:float16");
+        assert_eq!(precisions(&calls[1]), "a:float32 b:int8 c:float32");
+        assert_eq!(calls[1].model, named_model(&[0, 2]));
+        drop(calls);
+        // Models given whole (plan's points): the layers and formats as given.
+        let r = o.evaluate_models(&[ModelCandidate {
+            high_layers: vec![0, 1],
+            layers: vec![
+                (0, Precision::Float32),
+                (1, Precision::Float32),
+                (2, Precision::Fp8E4M3),
+            ],
+            model: named_model(&[0, 1]),
+        }]);
+        assert!(r[0].as_ref().unwrap().passed);
+        let last = seen.lock().unwrap().last().cloned().unwrap();
+        assert_eq!(last.iteration, 4);
+        assert_eq!(last.marked, vec!["a", "b"]);
+        assert_eq!(
+            last.layer_precisions[2],
+            ("c".to_string(), "fp8e4m3".to_string())
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_candidate_exports_what_the_command_is_given_as_its_model() {
+        let g = three_layers();
+        let dir = tempdir("export");
+        let copies = dir.join("copies");
+        std::fs::create_dir_all(&copies).unwrap();
+        // The command keeps each {model} it is given.
+        let mut command = oracle(&g, dir.join("work"), 1);
+        std::fs::create_dir_all(dir.join("work")).unwrap();
+        command.command = vec![
+            "cp".into(),
+            "{model}".into(),
+            format!("{}/{{iteration}}.onnx", copies.display()),
+        ];
+        let sets = [vec![2], vec![0, 1]];
+        for s in &sets {
+            assert!(command.evaluate(s).unwrap().passed);
+        }
+        let exported = dir.join("exported");
+        let written: Arc<Mutex<Vec<PathBuf>>> = Arc::default();
+        let log = written.clone();
+        let out = exported.clone();
+        let mut user = oracle(&g, dir.join("work"), 1);
+        user.user = Some(UserCheck(Arc::new(move |c: &Candidate| {
+            let path = out.join(format!("{}.onnx", c.iteration));
+            c.export(&path)?;
+            assert_eq!(c.model_bytes()?, std::fs::read(&path).unwrap());
+            log.lock().unwrap().push(path);
+            Ok(true)
+        })));
+        // A missing directory is the export's error, naming the path.
+        let e = user.evaluate(&sets[0]).unwrap_err().to_string();
+        assert!(e.contains("exported"), "{e}");
+        std::fs::create_dir_all(&exported).unwrap();
+        user.evaluations = 0;
+        for s in &sets {
+            assert!(user.evaluate(s).unwrap().passed);
+        }
+        for (k, path) in written.lock().unwrap().iter().enumerate() {
+            let by_command = std::fs::read(copies.join(format!("{}.onnx", k + 1))).unwrap();
+            assert_eq!(std::fs::read(path).unwrap(), by_command);
+        }
+        assert_eq!(written.lock().unwrap().len(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -142,6 +142,20 @@ impl CandidateSpace for PlanSpace<'_> {
     }
 }
 
+/// Every layer a float search over `low` decides (its candidates: the layers `low` runs below
+/// `high`), with its precision in `low`.
+pub fn plan_decided(
+    graph: &crate::graph::Graph,
+    low: &PrecisionPlan,
+    high: Precision,
+) -> Vec<(usize, String)> {
+    PrecisionPlan::candidates(graph)
+        .into_iter()
+        .filter(|&i| low.layers[i] != high)
+        .map(|i| (i, low.layers[i].name().to_string()))
+        .collect()
+}
+
 /// The candidate models of a float search: `low` with the marked layers in `high`, exported
 /// as `mixprec convert` writes it (Casts, Q/DQ with the ranges `amax`).
 pub fn plan_candidates<'a>(

@@ -164,6 +164,21 @@ pub fn qdq_candidates(model: &Model, high: Precision) -> CandidateModel<'_> {
     Box::new(move |marked: &[usize]| Ok(strip(model, marked, high)?.model.proto))
 }
 
+/// Every quantized layer (a Q/DQ search's candidates) with the format it computes in while
+/// it stays quantized ([`crate::export::qdq::layer_format`]).
+pub fn qdq_decided(model: &Model) -> Result<Vec<(usize, String)>> {
+    let graph = &model.graph;
+    Ok(quantized_layers(graph)?
+        .iter()
+        .map(|l| {
+            (
+                l.node,
+                crate::export::qdq::layer_format(graph, l).to_string(),
+            )
+        })
+        .collect())
+}
+
 /// Per quantized layer: its output's relative error in the Q/DQ model minus the largest
 /// relative error of the float values it reads (for a quantized activation, the tensor in
 /// front of its QuantizeLinear: the quantization is the layer's own error), against the

@@ -134,12 +134,15 @@ impl Oracle for RemoteOracle<'_> {
 
 /// A `plan` candidate as it travels: the layers whose precision is not the high one, with
 /// their precision (ascending by node index; every other layer is in the high precision),
-/// and whether to judge it outside the worker's value cache (the chosen point's
-/// verification). Never a model: the worker builds the plan over its own copy of the graph.
+/// whether to judge it outside the worker's value cache (the chosen point's verification),
+/// and whether the check judges it instead of the emulation (`plan`'s `--check` on the
+/// front's points: the worker exports the point and runs the check on it). Never a model:
+/// the worker builds the plan over its own copy of the graph.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanPoint {
     pub layers: Vec<(usize, Precision)>,
     pub uncached: bool,
+    pub check: bool,
 }
 
 impl PlanPoint {
@@ -164,6 +167,7 @@ impl PlanPoint {
                 .map(|(i, &p)| (i, p))
                 .collect(),
             uncached,
+            check: false,
         })
     }
 
@@ -199,8 +203,9 @@ impl std::fmt::Debug for RemotePlanWorkers {
 }
 
 /// `plan`'s judge over a [`Remote`]: every point (the sensitivity pass's, the walk's, the
-/// baselines') is judged by a worker, and so is the chosen point's verification (outside
-/// that worker's cache); a failed point's error names its layers.
+/// baselines') is judged by a worker, and so are the chosen point's verification (outside
+/// that worker's cache) and the check's points ([`RemotePlanJudge::check`]); a failed
+/// point's error names its layers.
 pub struct RemotePlanJudge<'a> {
     pub remote: Arc<dyn Remote<PlanPoint>>,
     pub graph: &'a Graph,
@@ -226,11 +231,22 @@ impl RemotePlanJudge<'_> {
         ))
     }
 
-    fn send(&self, plans: &[PrecisionPlan], uncached: bool) -> Vec<Result<Evaluation>> {
+    /// The check's verdicts on `plans` (`plan`'s `--check` or the caller's function), each
+    /// run by a worker on the point it exports with the driver's ranges.
+    pub fn check(&self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
+        self.send(plans, false, true)
+    }
+
+    fn send(
+        &self,
+        plans: &[PrecisionPlan],
+        uncached: bool,
+        check: bool,
+    ) -> Vec<Result<Evaluation>> {
         let mut points = Vec::with_capacity(plans.len());
         for plan in plans {
             match PlanPoint::of(plan, self.high, uncached) {
-                Ok(p) => points.push(p),
+                Ok(p) => points.push(PlanPoint { check, ..p }),
                 Err(e) => {
                     return plans
                         .iter()
@@ -247,11 +263,11 @@ impl RemotePlanJudge<'_> {
 
 impl PlanJudge for RemotePlanJudge<'_> {
     fn judge(&mut self, plans: &[PrecisionPlan]) -> Vec<Result<Evaluation>> {
-        self.send(plans, false)
+        self.send(plans, false, false)
     }
 
     fn verify(&mut self, plan: &PrecisionPlan) -> Result<Evaluation> {
-        self.send(std::slice::from_ref(plan), true)
+        self.send(std::slice::from_ref(plan), true, false)
             .pop()
             .unwrap_or_else(|| {
                 Err(Error::Invalid(
@@ -421,8 +437,14 @@ mod tests {
             "{e}"
         );
         assert!(judge.verify(&one).unwrap().passed);
+        let checked = judge.check(std::slice::from_ref(&one));
+        assert!(checked[0].as_ref().unwrap().passed);
         let seen = remote.seen.lock().unwrap();
-        let flags: Vec<bool> = seen.iter().map(|p| p.uncached).collect();
-        assert_eq!(flags, vec![false, false, true]);
+        let flags: Vec<(bool, bool)> = seen.iter().map(|p| (p.uncached, p.check)).collect();
+        assert_eq!(
+            flags,
+            vec![(false, false), (false, false), (true, false), (false, true)]
+        );
+        assert_eq!(seen[3].layers, vec![(0, Float16)]);
     }
 }

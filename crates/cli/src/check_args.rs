@@ -70,6 +70,7 @@ impl CheckArgs {
         }
         Ok(Some(CheckOptions {
             command: self.check.clone(),
+            user: None,
             fail_regex: self.fail_regex.clone(),
             timeout: self.check_timeout,
             iter_artifact: self.iter_artifact.clone(),

@@ -170,6 +170,7 @@ fn a_worker_that_cannot_prepare_says_why_and_a_foreign_point_is_an_error() {
     let foreign = PlanPoint {
         layers: vec![(99, Precision::Float16)],
         uncached: false,
+        check: false,
     };
     let r: Result<Evaluation> = w.evaluate_batch(vec![foreign]).pop().unwrap();
     let e = r.unwrap_err();
@@ -177,4 +178,70 @@ fn a_worker_that_cannot_prepare_says_why_and_a_foreign_point_is_an_error() {
         matches!(e, Error::Invalid(_)) && e.to_string().contains("layer 99"),
         "{e}"
     );
+}
+
+/// The plan set-up with a check function that fails every point with an fp8 layer and
+/// records the thread each of its calls ran on.
+fn checked(model: PathBuf, calls: Arc<Mutex<Vec<String>>>) -> Config {
+    use crate::search::check::{Candidate, UserCheck};
+    Config {
+        check: Some(crate::jobs::check::CheckOptions {
+            user: Some(UserCheck(Arc::new(move |c: &Candidate| {
+                let thread = std::thread::current().name().unwrap_or("").to_string();
+                calls.lock().unwrap().push(thread);
+                // The point's model is the one `plan -o` would write for it.
+                assert!(!c.model_bytes()?.is_empty());
+                Ok(!c.layer_precisions.iter().any(|(_, p)| p == "fp8e4m3"))
+            }))),
+            ..Default::default()
+        }),
+        ..config(model)
+    }
+}
+
+#[test]
+fn the_check_runs_on_the_workers_and_gives_the_local_verdicts() {
+    let dir = tempdir("check");
+    let model = planted_model(&dir);
+    let local_calls: Arc<Mutex<Vec<String>>> = Arc::default();
+    let local = run_plan(checked(model.clone(), local_calls.clone()));
+    let verdicts: Vec<bool> = local
+        .front
+        .points
+        .iter()
+        .filter_map(|p| p.check.as_ref().map(|c| c.passed))
+        .collect();
+    assert!(!verdicts.is_empty());
+    assert_eq!(local_calls.lock().unwrap().len(), verdicts.len());
+    assert!(local_calls
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|t| t != "mixprec-plan-worker"));
+    for (n, jobs) in [(1, 1), (2, 3)] {
+        let calls: Arc<Mutex<Vec<String>>> = Arc::default();
+        let starter = Arc::new(Starter {
+            config: checked(model.clone(), calls.clone()),
+            n,
+            ranges: Mutex::new(Vec::new()),
+            pool: Mutex::new(None),
+        });
+        let remote = run_plan(Config {
+            jobs,
+            remote: Some(RemotePlanWorkers(starter.clone())),
+            ..checked(model.clone(), calls.clone())
+        });
+        assert_eq!(
+            String::from_utf8(remote.result_json().unwrap()).unwrap(),
+            String::from_utf8(local.result_json().unwrap()).unwrap(),
+            "{n} worker(s), jobs {jobs}"
+        );
+        // Every check ran on a worker's thread, once per checked point.
+        let calls = calls.lock().unwrap();
+        assert_eq!(calls.len(), verdicts.len(), "{calls:?}");
+        assert!(
+            calls.iter().all(|t| t == "mixprec-plan-worker"),
+            "{calls:?}"
+        );
+    }
 }
