@@ -357,11 +357,19 @@ fn gemv_rows(
         .div_ceil(threads.max(1))
         .next_multiple_of(NR)
         .clamp(NR, GEMV_COLS);
+    // Float16 rounding inside the vector kernel where the CPU converts (F16C): the same
+    // round-to-nearest-even conversion `Rounding::round_slice` runs, without a pass over a copy.
+    #[cfg(target_arch = "x86_64")]
+    let f16_in_kernel = kernel == Kernel::Avx2Fma
+        && b.rounding == Some(crate::numeric::Rounding::F16)
+        && std::arch::is_x86_feature_detected!("f16c");
+    #[cfg(not(target_arch = "x86_64"))]
+    let f16_in_kernel = false;
     let band = |(t, y): (usize, &mut [f32])| {
         if !accumulate {
             y.fill(0.0);
         }
-        gemv_band(kernel, &x, b, t * width, y);
+        gemv_band(kernel, &x, b, t * width, y, f16_in_kernel);
     };
     if threads > 1 {
         c.par_chunks_mut(width).enumerate().for_each(band);
@@ -372,7 +380,14 @@ fn gemv_rows(
 
 /// `y (+)= x·B[.., j0..j0 + y.len()]`, four rows of B per pass over the band (the sums loaded
 /// and stored once per four steps of their chains).
-fn gemv_band(kernel: Kernel, x: &[f32], b: &BandRows<'_>, j0: usize, y: &mut [f32]) {
+fn gemv_band(
+    kernel: Kernel,
+    x: &[f32],
+    b: &BandRows<'_>,
+    j0: usize,
+    y: &mut [f32],
+    f16_in_kernel: bool,
+) {
     let len = y.len();
     let row = |p: usize| &b.data[p * b.rs + j0..p * b.rs + j0 + len];
     // The rounded pieces of the pass's rows (B read rounded).
@@ -380,6 +395,14 @@ fn gemv_band(kernel: Kernel, x: &[f32], b: &BandRows<'_>, j0: usize, y: &mut [f3
     let mut p = 0;
     while p < x.len() {
         let q = (x.len() - p).min(4);
+        #[cfg(target_arch = "x86_64")]
+        if f16_in_kernel && q == 4 {
+            let rows = [0, 1, 2, 3].map(|r| row(p + r));
+            // SAFETY: the CPU has AVX2, FMA and F16C (detected); each row holds y.len() values.
+            unsafe { fma4_avx2_f16(&x[p..p + 4], rows, y) };
+            p += 4;
+            continue;
+        }
         let rows: [&[f32]; 4] = match b.rounding {
             None => [0, 1, 2, 3].map(|r| row(p + r.min(q - 1))),
             Some(rounding) => {
@@ -404,6 +427,46 @@ fn gemv_band(kernel: Kernel, x: &[f32], b: &BandRows<'_>, j0: usize, y: &mut [f3
             }
         }
         p += q;
+    }
+}
+
+/// [`fma4_avx2`] on the rows' values rounded to float16 as they are loaded (eight at a time
+/// through F16C's round-to-nearest-even conversion and back, as `round_slice_to_f16` rounds;
+/// the last 1–7 through a zero-padded copy).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; each row holds `y.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma4_avx2_f16(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
+    let len = y.len();
+    let full = len / 8 * 8;
+    let yp = y.as_mut_ptr();
+    let r = rows.map(|row| row.as_ptr());
+    let v = [0, 1, 2, 3].map(|q| _mm256_set1_ps(x[q]));
+    for i in (0..full).step_by(8) {
+        let mut s = _mm256_loadu_ps(yp.add(i));
+        s = _mm256_fmadd_ps(v[0], round(_mm256_loadu_ps(r[0].add(i))), s);
+        s = _mm256_fmadd_ps(v[1], round(_mm256_loadu_ps(r[1].add(i))), s);
+        s = _mm256_fmadd_ps(v[2], round(_mm256_loadu_ps(r[2].add(i))), s);
+        s = _mm256_fmadd_ps(v[3], round(_mm256_loadu_ps(r[3].add(i))), s);
+        _mm256_storeu_ps(yp.add(i), s);
+    }
+    if full < len {
+        let mut tail = [[0f32; 8]; 4];
+        for (t, row) in tail.iter_mut().zip(&rows) {
+            t[..len - full].copy_from_slice(&row[full..]);
+            _mm256_storeu_ps(t.as_mut_ptr(), round(_mm256_loadu_ps(t.as_ptr())));
+        }
+        for i in full..len {
+            let mut s = *yp.add(i);
+            for (q, t) in tail.iter().enumerate() {
+                s = x[q].mul_add(t[i - full], s);
+            }
+            *yp.add(i) = s;
+        }
     }
 }
 
