@@ -430,47 +430,44 @@ fn gemv_band(
     }
 }
 
-/// [`fma4_avx2`] on the rows' values rounded to float16 as they are loaded (eight at a time
-/// through F16C's round-to-nearest-even conversion and back, as `round_slice_to_f16` rounds;
-/// the last 1–7 through a zero-padded copy).
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; each row holds `y.len()` values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn fma4_avx2_f16(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let round = |v: __m256| _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v));
-    let len = y.len();
-    let full = len / 8 * 8;
-    let yp = y.as_mut_ptr();
-    let r = rows.map(|row| row.as_ptr());
-    let v = [0, 1, 2, 3].map(|q| _mm256_set1_ps(x[q]));
-    for i in (0..full).step_by(8) {
-        let mut s = _mm256_loadu_ps(yp.add(i));
-        s = _mm256_fmadd_ps(v[0], round(_mm256_loadu_ps(r[0].add(i))), s);
-        s = _mm256_fmadd_ps(v[1], round(_mm256_loadu_ps(r[1].add(i))), s);
-        s = _mm256_fmadd_ps(v[2], round(_mm256_loadu_ps(r[2].add(i))), s);
-        s = _mm256_fmadd_ps(v[3], round(_mm256_loadu_ps(r[3].add(i))), s);
-        _mm256_storeu_ps(yp.add(i), s);
-    }
-    if full < len {
-        let mut tail = [[0f32; 8]; 4];
-        for (t, row) in tail.iter_mut().zip(&rows) {
-            t[..len - full].copy_from_slice(&row[full..]);
-            _mm256_storeu_ps(t.as_mut_ptr(), round(_mm256_loadu_ps(t.as_ptr())));
+/// `y = fma(x3, r3, fma(x2, r2, fma(x1, r1, fma(x0, r0, y))))` element by element, eight at a
+/// time, each row's eight values given by `$load` (a pointer to them); the last 1–7 through a
+/// zero-padded copy of each row, loaded the same way.
+macro_rules! fma4_rows {
+    ($x:expr, $rows:expr, $y:expr, $load:expr) => {{
+        let (x, rows, y): (&[f32], [&[f32]; 4], &mut [f32]) = ($x, $rows, $y);
+        let load = $load;
+        let len = y.len();
+        let full = len / 8 * 8;
+        let yp = y.as_mut_ptr();
+        let r = rows.map(|row| row.as_ptr());
+        let v = [0, 1, 2, 3].map(|q| _mm256_set1_ps(x[q]));
+        for i in (0..full).step_by(8) {
+            let mut s = _mm256_loadu_ps(yp.add(i));
+            s = _mm256_fmadd_ps(v[0], load(r[0].add(i)), s);
+            s = _mm256_fmadd_ps(v[1], load(r[1].add(i)), s);
+            s = _mm256_fmadd_ps(v[2], load(r[2].add(i)), s);
+            s = _mm256_fmadd_ps(v[3], load(r[3].add(i)), s);
+            _mm256_storeu_ps(yp.add(i), s);
         }
-        for i in full..len {
-            let mut s = *yp.add(i);
-            for (q, t) in tail.iter().enumerate() {
-                s = x[q].mul_add(t[i - full], s);
+        if full < len {
+            let mut tail = [[0f32; 8]; 4];
+            for (t, row) in tail.iter_mut().zip(&rows) {
+                t[..len - full].copy_from_slice(&row[full..]);
+                _mm256_storeu_ps(t.as_mut_ptr(), load(t.as_ptr()));
             }
-            *yp.add(i) = s;
+            for i in full..len {
+                let mut s = *yp.add(i);
+                for (q, t) in tail.iter().enumerate() {
+                    s = x[q].mul_add(t[i - full], s);
+                }
+                *yp.add(i) = s;
+            }
         }
-    }
+    }};
 }
 
-/// `y = fma(x3, r3, fma(x2, r2, fma(x1, r1, fma(x0, r0, y))))` element by element.
+/// Four steps of the band's chains over the rows as stored.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; each row holds `y.len()` values.
@@ -478,26 +475,23 @@ unsafe fn fma4_avx2_f16(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fma4_avx2(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
     use std::arch::x86_64::*;
-    let len = y.len();
-    let full = len / 8 * 8;
-    let yp = y.as_mut_ptr();
-    let r = rows.map(|row| row.as_ptr());
-    let v = [0, 1, 2, 3].map(|q| _mm256_set1_ps(x[q]));
-    for i in (0..full).step_by(8) {
-        let mut s = _mm256_loadu_ps(yp.add(i));
-        s = _mm256_fmadd_ps(v[0], _mm256_loadu_ps(r[0].add(i)), s);
-        s = _mm256_fmadd_ps(v[1], _mm256_loadu_ps(r[1].add(i)), s);
-        s = _mm256_fmadd_ps(v[2], _mm256_loadu_ps(r[2].add(i)), s);
-        s = _mm256_fmadd_ps(v[3], _mm256_loadu_ps(r[3].add(i)), s);
-        _mm256_storeu_ps(yp.add(i), s);
-    }
-    for i in full..len {
-        let mut s = *yp.add(i);
-        for (q, row) in r.iter().enumerate() {
-            s = x[q].mul_add(*row.add(i), s);
-        }
-        *yp.add(i) = s;
-    }
+    fma4_rows!(x, rows, y, |p: *const f32| _mm256_loadu_ps(p))
+}
+
+/// [`fma4_avx2`] on the rows' values rounded to float16 as they are loaded (F16C's
+/// round-to-nearest-even conversion and back, as `round_slice_to_f16` rounds).
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; each row holds `y.len()` values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fma4_avx2_f16(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    fma4_rows!(x, rows, y, |p: *const f32| {
+        _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(
+            _mm256_loadu_ps(p),
+        ))
+    })
 }
 
 /// B packed whole into NR-column panels of all k rows (panel jp's row p at

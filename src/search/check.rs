@@ -555,12 +555,13 @@ impl CheckOracle<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::graph::testing::{graph, node, vi};
     use std::sync::Mutex;
 
-    fn three_layers() -> Graph {
+    /// Three Relus in a chain, a, b and c.
+    pub(crate) fn three_layers() -> Graph {
         graph(
             vec![
                 node("a", "Relu", &["x"], &["y0"]),

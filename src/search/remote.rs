@@ -280,7 +280,6 @@ impl PlanJudge for RemotePlanJudge<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::testing::{graph, node, vi};
     use crate::precision::fusion::FusionModel;
     use std::sync::Mutex;
 
@@ -322,16 +321,7 @@ mod tests {
 
     #[test]
     fn results_come_back_in_the_batch_order_and_errors_name_the_layers() {
-        let g = graph(
-            vec![
-                node("a", "Relu", &["x"], &["y0"]),
-                node("b", "Relu", &["y0"], &["y1"]),
-                node("c", "Relu", &["y1"], &["y"]),
-            ],
-            vec![vi("x", &[1])],
-            vec![vi("y", &[1])],
-            vec![],
-        );
+        let g = crate::search::check::tests::three_layers();
         let remote = Arc::new(Reversed {
             batches: Mutex::new(Vec::new()),
         });
@@ -408,16 +398,7 @@ mod tests {
     #[test]
     fn plan_points_go_out_with_their_verification_flag_and_errors_name_them() {
         use Precision::*;
-        let g = graph(
-            vec![
-                node("a", "Relu", &["x"], &["y0"]),
-                node("b", "Relu", &["y0"], &["y1"]),
-                node("c", "Relu", &["y1"], &["y"]),
-            ],
-            vec![vi("x", &[1])],
-            vec![vi("y", &[1])],
-            vec![],
-        );
+        let g = crate::search::check::tests::three_layers();
         let remote = Arc::new(Points {
             seen: Mutex::new(Vec::new()),
         });
