@@ -90,6 +90,20 @@ Check = Union[str, Sequence[str], Callable[[Any], bool]]
 function ``check(candidate) -> bool`` given a ``Candidate``."""
 
 
+def _tolerances(
+    atol: Any, rtol: Any, check_error_stat: Any, error_quantile: Any, metrics: Any
+) -> Dict[str, Any]:
+    """The comparison's criterion options (``--atol``, ``--rtol``, ``--check-error-stat``,
+    ``--error-quantile``, ``--metric``) as the native functions take them."""
+    return dict(
+        atol=_items(atol, "atol"),
+        rtol=_items(rtol, "rtol"),
+        check_error_stat=_items(check_error_stat, "check_error_stat"),
+        error_quantile=_items(error_quantile, "error_quantile"),
+        metrics=_items(metrics, "metrics"),
+    )
+
+
 def _check_kwargs(check: Optional[Check]) -> Dict[str, Any]:
     """``check`` as the native job's arguments: a command's words, or the function."""
     if check is not None and callable(check):
@@ -481,11 +495,7 @@ def debug_precision(
         golden=golden_sets,
         golden_path=golden_path,
         criterion=criterion,
-        atol=_items(atol, "atol"),
-        rtol=_items(rtol, "rtol"),
-        check_error_stat=_items(check_error_stat, "check_error_stat"),
-        error_quantile=_items(error_quantile, "error_quantile"),
-        metrics=_items(metrics, "metrics"),
+        **_tolerances(atol, rtol, check_error_stat, error_quantile, metrics),
         layer_precisions=_items(layer_precisions, "layer_precisions"),
         fusion=fusion,
         calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
@@ -728,11 +738,7 @@ def compare(
         for d in _native.compare(
             outs,
             refs,
-            atol=_items(atol, "atol"),
-            rtol=_items(rtol, "rtol"),
-            check_error_stat=_items(check_error_stat, "check_error_stat"),
-            error_quantile=_items(error_quantile, "error_quantile"),
-            metrics=_items(metrics, "metrics"),
+            **_tolerances(atol, rtol, check_error_stat, error_quantile, metrics),
         )
     ]
 
@@ -898,11 +904,7 @@ def plan(
         golden=golden_sets,
         golden_path=golden_path,
         criterion=criterion,
-        atol=_items(atol, "atol"),
-        rtol=_items(rtol, "rtol"),
-        check_error_stat=_items(check_error_stat, "check_error_stat"),
-        error_quantile=_items(error_quantile, "error_quantile"),
-        metrics=_items(metrics, "metrics"),
+        **_tolerances(atol, rtol, check_error_stat, error_quantile, metrics),
         calibration_cache=None if calibration_cache is None else os.fspath(calibration_cache),
         calibration_algo=calibration_algo,
         jobs=jobs,
