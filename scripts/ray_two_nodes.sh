@@ -21,9 +21,13 @@ cleanup() {
   [ -n "${KEEP_LOGS:-}" ] || rm -rf "$logs"
 }
 trap cleanup EXIT
-# Ray 2.60's `ray start` turns token authentication on (the token in ~/.ray/auth_token);
-# every client of the cluster, this script's Python included, must then say so.
+# Ray 2.60's `ray start` turns token authentication on, and `ray start --head` refuses to
+# start without a token (it does not make one, where `ray.init()` writes ~/.ray/auth_token):
+# the cluster gets its own token, in the environment every process here inherits, so the
+# script needs nothing in ~/.ray (a fresh machine has no token there).
 export RAY_AUTH_MODE=token
+RAY_AUTH_TOKEN=$("$py" -c 'import secrets; print(secrets.token_hex(32))')
+export RAY_AUTH_TOKEN
 common=(--num-cpus=1 --disable-usage-stats --block)
 setsid ray start --head --port="$port" --include-dashboard=false "${common[@]}" >"$logs/head.log" 2>&1 &
 pids+=($!)
