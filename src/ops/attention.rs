@@ -25,6 +25,7 @@ use crate::graph::Node;
 use crate::numeric::Accumulator;
 use crate::tensor::{DType, Tensor};
 use rayon::prelude::*;
+use std::borrow::Cow;
 
 pub fn register(r: &mut Registry) {
     use InputRole::{Data, Param};
@@ -434,11 +435,11 @@ impl RotaryAttrs {
 }
 
 /// The caches `[rows, half]` of a rotary embedding, checked alike.
-pub(crate) fn rotary_caches(
-    cos: &Tensor,
-    sin: &Tensor,
+pub(crate) fn rotary_caches<'a>(
+    cos: &'a Tensor,
+    sin: &'a Tensor,
     rank: usize,
-) -> Result<(Vec<f32>, Vec<f32>, usize), OpError> {
+) -> Result<(Cow<'a, [f32]>, Cow<'a, [f32]>, usize), OpError> {
     let cs = cos.shape();
     if cs.len() != rank || sin.shape() != cs {
         return Err(OpError(format!(
@@ -447,11 +448,15 @@ pub(crate) fn rotary_caches(
         )));
     }
     let half = *cs.last().unwrap_or(&0);
-    Ok((
-        float_values(cos, "cos_cache")?,
-        float_values(sin, "sin_cache")?,
-        half,
-    ))
+    // Float32 caches are read where they lie: a GenAI model's are whole [max_position, r/2]
+    // tables, copied on every call before (2 MB per layer and step on SmolLM2).
+    let values = |t: &'a Tensor, what: &str| -> Result<Cow<'a, [f32]>, OpError> {
+        match t.as_f32() {
+            Some(v) => Ok(Cow::Borrowed(v)),
+            None => float_values(t, what).map(Cow::Owned),
+        }
+    };
+    Ok((values(cos, "cos_cache")?, values(sin, "sin_cache")?, half))
 }
 
 /// ONNX RotaryEmbedding: X, cos_cache, sin_cache, position_ids. With position ids the caches

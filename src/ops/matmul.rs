@@ -573,15 +573,16 @@ pub fn matmul_kept(
                 let packed = packed_b(kept, &bv, k, n, false);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
             }
-            // One row (a decode step): mixprec's band-streaming product, its chain.
-            None if nb * m == 1 && acc == Accumulator::F32 => {
+            // A few rows (prefill) or one (a decode step, streamed by bands): mixprec's kernel
+            // reading B where it lies, its chain.
+            None if acc == Accumulator::F32 => {
                 let b = super::sgemm::StridedB {
                     data: &bv,
                     n,
                     rs: n,
                     cs: 1,
                 };
-                super::sgemm::gemm(1, n, k, &av, k, 1, &b, out_values, n, false);
+                super::sgemm::gemm(nb * m, n, k, &av, k, 1, &b, out_values, n, false);
             }
             None => sgemm(acc, nb * m, n, k, &av, false, &bv, false, out_values, false),
         }

@@ -181,7 +181,26 @@ pub fn gemm_threads(
     let parallel = may_split && threads > 1 && m * n * k >= PARALLEL_WORK;
     // Tasks: blocks of B panels (about 128 KiB of packed B each, L2-resident while every A
     // panel passes over them), split over A's rows too when there are too few for the threads.
-    let nb = (32 * 1024 / (k.min(KC * 4) * NR)).clamp(1, n_panels);
+    // A B in rows larger than L2 (a weight, read from memory once per product) by a product of
+    // a few A panels is packed a band at a time, each B row's piece of the band read in order
+    // (see `pack_rows_block`); smaller ones, likely in cache already, are read in place.
+    let streamed = match (
+        b.packed(),
+        b.rows().or(b.rounded_rows().map(|(d, rs, _)| (d, rs))),
+    ) {
+        (None, Some((_, rs))) => {
+            m_panels > 1
+                && m_panels <= DIRECT_B_PANELS
+                && k * n >= STREAMED_B_VALUES
+                && rs >= STREAMED_ROW_VALUES
+        }
+        _ => false,
+    };
+    let nb = if streamed {
+        (STREAMED_BLOCK_VALUES / (k.min(KC) * NR)).clamp(1, n_panels)
+    } else {
+        (32 * 1024 / (k.min(KC * 4) * NR)).clamp(1, n_panels)
+    };
     let n_blocks = n_panels.div_ceil(nb);
     let m_split = if parallel {
         (2 * threads).div_ceil(n_blocks).clamp(1, m_panels)
@@ -204,7 +223,7 @@ pub fn gemm_threads(
     }
     // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS).
     let direct = match b.rows() {
-        Some((data, rs)) if m_panels <= DIRECT_B_PANELS => {
+        Some((data, rs)) if m_panels <= DIRECT_B_PANELS && !streamed => {
             assert!(data.len() >= (k - 1) * rs + n);
             Some((data, rs))
         }
@@ -231,8 +250,19 @@ pub fn gemm_threads(
             let kc = KC.min(k - p0);
             if direct.is_none() && whole.is_none() {
                 b_pack.resize((jp1 - jp0) * kc * NR, 0.0);
-                for (jp, dst) in (jp0..jp1).zip(b_pack.chunks_exact_mut(kc * NR)) {
-                    b.pack(jp * NR, p0, kc, dst);
+                match (streamed, b.rows(), b.rounded_rows()) {
+                    (true, Some((data, rs)), _) => {
+                        pack_rows_block(data, rs, n, jp0..jp1, p0, kc, b_pack)
+                    }
+                    (true, None, Some((data, rs, rounding))) => {
+                        pack_rows_block(data, rs, n, jp0..jp1, p0, kc, b_pack);
+                        rounding.round_slice(b_pack);
+                    }
+                    _ => {
+                        for (jp, dst) in (jp0..jp1).zip(b_pack.chunks_exact_mut(kc * NR)) {
+                            b.pack(jp * NR, p0, kc, dst);
+                        }
+                    }
                 }
             }
             let mut jp = jp0;
@@ -316,6 +346,50 @@ pub fn gemm_threads(
     } else {
         let mut b_pack = Vec::new();
         (0..tasks).for_each(|t| run(&mut b_pack, t));
+    }
+}
+
+/// Rows ahead of the one a tile multiplies that it prefetches when it reads B in place: about
+/// a memory latency (~100 ns) of the tile's steps.
+const PREFETCH_ROWS: usize = 48;
+
+/// Values of B (k·n) from which a product of a few A panels packs B a band at a time instead
+/// of reading it in place: 1 MiB, beyond L2, so B comes from memory.
+const STREAMED_B_VALUES: usize = 1 << 18;
+const STREAMED_ROW_VALUES: usize = 16 * 1024;
+/// Values of one packed band of B (a k block of its panels): 128 KiB, L2-resident while each
+/// A panel passes over it.
+const STREAMED_BLOCK_VALUES: usize = 64 * 1024;
+
+/// Packs rows `p0..p0 + kc` of B's panels `panels` (B in rows: element (p, j) at
+/// `data[p·rs + j]`) into `dst` (panel q of the range: row p at `dst[(q·kc + p − p0)·NR..]`,
+/// zeros past n), reading each B row's piece of the band in order: one run of up to
+/// `panels.len()·NR` values per row, which the hardware prefetchers follow, where packing
+/// panel by panel reads 64 bytes per row at a stride of a whole row.
+fn pack_rows_block(
+    data: &[f32],
+    rs: usize,
+    n: usize,
+    panels: std::ops::Range<usize>,
+    p0: usize,
+    kc: usize,
+    dst: &mut [f32],
+) {
+    let count = panels.len();
+    assert!(dst.len() >= count * kc * NR);
+    for p in 0..kc {
+        let row = &data[(p0 + p) * rs..];
+        for (q, jp) in panels.clone().enumerate() {
+            let j0 = jp * NR;
+            let d = &mut dst[(q * kc + p) * NR..][..NR];
+            let cols = NR.min(n - j0);
+            if cols == NR {
+                copy_panel_row(d, &row[j0..]);
+            } else {
+                d[..cols].copy_from_slice(&row[j0..j0 + cols]);
+                d[cols..].fill(0.0);
+            }
+        }
     }
 }
 
@@ -862,13 +936,20 @@ impl Kernel {
         match self {
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2Fma => {
-                let f = match rows {
-                    1 => tile_avx2_fma::<1, A>,
-                    2 => tile_avx2_fma::<2, A>,
-                    3 => tile_avx2_fma::<3, A>,
-                    4 => tile_avx2_fma::<4, A>,
-                    5 => tile_avx2_fma::<5, A>,
-                    _ => tile_avx2_fma::<6, A>,
+                // B read in place (rows a whole row apart, not a packed panel): prefetched.
+                let f = match (rows, b_stride != NR) {
+                    (1, false) => tile_avx2_fma::<1, false, A>,
+                    (2, false) => tile_avx2_fma::<2, false, A>,
+                    (3, false) => tile_avx2_fma::<3, false, A>,
+                    (4, false) => tile_avx2_fma::<4, false, A>,
+                    (5, false) => tile_avx2_fma::<5, false, A>,
+                    (_, false) => tile_avx2_fma::<6, false, A>,
+                    (1, true) => tile_avx2_fma::<1, true, A>,
+                    (2, true) => tile_avx2_fma::<2, true, A>,
+                    (3, true) => tile_avx2_fma::<3, true, A>,
+                    (4, true) => tile_avx2_fma::<4, true, A>,
+                    (5, true) => tile_avx2_fma::<5, true, A>,
+                    (_, true) => tile_avx2_fma::<6, true, A>,
                 };
                 f(kc, a, b, b_stride, c, ldc, load)
             }
@@ -914,7 +995,7 @@ unsafe fn tile_scalar<A: TileA>(
 /// As [`Kernel::tile`]; the CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_fma<const R: usize, A: TileA>(
+unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, A: TileA>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -932,6 +1013,13 @@ unsafe fn tile_avx2_fma<const R: usize, A: TileA>(
         }
     }
     for p in 0..kc {
+        if PREFETCH {
+            // The row PREFETCH_ROWS steps ahead (past the block: the next block's, or beyond
+            // B, where a prefetch is only a hint): both cache lines its 16 values may span.
+            let ahead = b.wrapping_add((p + PREFETCH_ROWS) * b_stride);
+            _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(NR - 1) as *const i8);
+        }
         let b0 = _mm256_loadu_ps(b.add(p * b_stride));
         let b1 = _mm256_loadu_ps(b.add(p * b_stride + 8));
         for (r, row) in acc.iter_mut().enumerate() {
@@ -1152,6 +1240,60 @@ mod tests {
             gemm(m, n, k, &a, k, 1, &packed, &mut c, n, false);
             let want = reference(m, n, k, &a, &b, None);
             assert_eq!(bits(&c), bits(&want), "{m}x{n}x{k} packed whole");
+        }
+    }
+
+    #[test]
+    fn a_product_of_a_few_rows_reads_b_in_place_or_by_bands_with_the_same_chains() {
+        use crate::numeric::Rounding;
+        // A few A panels: B read in place with prefetching (rows a whole row apart, narrow B)
+        // or packed a band at a time (rows at least STREAMED_ROW_VALUES apart, B larger than
+        // STREAMED_B_VALUES), each with a partial last panel, a partial A panel, k over
+        // several blocks; 1 and 3 threads; B as stored and read rounded.
+        let wide = STREAMED_ROW_VALUES + 21;
+        for &(m, n, k) in &[
+            (13, 100, 300),
+            (16, 16, 520),
+            (7, wide, 20),
+            (16, wide, 300),
+        ] {
+            assert_eq!(
+                k * n >= STREAMED_B_VALUES && n >= STREAMED_ROW_VALUES,
+                n == wide,
+                "{m}x{n}x{k} takes the path it is meant to"
+            );
+            let (a, b) = (values(m * k, 21), values(k * n, 22));
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let want = reference(m, n, k, &a, &b, None);
+                let mut c = vec![f32::NAN; m * n];
+                pool.install(|| product((m, n, k), &a, (k, 1), &b, (n, 1), &mut c, false));
+                assert_eq!(bits(&c), bits(&want), "{m}x{n}x{k}, {threads} thread(s)");
+                for rounding in [Rounding::F16, Rounding::BF16] {
+                    let mut rounded = b.clone();
+                    rounding.round_slice(&mut rounded);
+                    let want = reference(m, n, k, &a, &rounded, None);
+                    let rb = RoundedB {
+                        b: StridedB {
+                            data: &b,
+                            n,
+                            rs: n,
+                            cs: 1,
+                        },
+                        rounding,
+                    };
+                    let mut c = vec![f32::NAN; m * n];
+                    pool.install(|| gemm(m, n, k, &a, k, 1, &rb, &mut c, n, false));
+                    assert_eq!(
+                        bits(&c),
+                        bits(&want),
+                        "{m}x{n}x{k} rounded, {threads} thread(s)"
+                    );
+                }
+            }
         }
     }
 
