@@ -650,8 +650,8 @@ for k, (name, v) in enumerate((("x", x), ("mask", mask))):
 /// (docs/export.md, "An attention kept in float32"): the export casts Q, K and V up directly
 /// in front of the attention graph and its output down directly after it — the pattern
 /// TensorRT 11.3 runs as a float16 kernel with FP32 accumulation — where without fusion the
-/// Cast down stands after the Transpose and Reshape. Moving it changes no value: ONNX
-/// Runtime gives both exports the same bits, within float16 noise of the emulation.
+/// Cast down stands after the Transpose and Reshape. Both run in ONNX Runtime, within
+/// float16 noise of each other and of the emulation.
 #[test]
 fn an_upcast_attention_is_exported_between_casts_up_and_one_cast_down() {
     use mixprec::onnx::proto::NodeProto;
@@ -741,18 +741,13 @@ fn an_upcast_attention_is_exported_between_casts_up_and_one_cast_down() {
         Ort::OrtFailed(e) => panic!("onnxruntime failed on {}: {e}", p.display()),
     };
     let (ort_fused, ort_plain) = (run(&fused_path), run(&plain_path));
-    let bits = |t: &[Tensor]| -> Vec<u32> {
-        t[0].to_f32_vec()
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect()
-    };
-    assert_eq!(
-        bits(&ort_fused),
-        bits(&ort_plain),
-        "moving the Cast changes no value"
-    );
+    // In ONNX both graphs compute the same values. ONNX Runtime's CPU provider has no float16
+    // MatMul and runs o_proj through Casts it inserts, which it arranges differently in the
+    // two graphs: the outputs differ by float16 rounding (measured 3.4e-4 of about 3), not
+    // bit for bit.
+    let plain_as_reference = [("y".to_string(), ort_plain[0].clone())];
+    let (rel, cos) = compare(&ort_fused, &plain_as_reference);
+    assert!(rel < 2e-3 && cos > 0.99999, "rel {rel}, cos {cos}");
     // The emulation of the plan under TensorRT's fusion model: the upcast attention region.
     let feeds = read_input_set(g, &data).unwrap();
     let prepared =
