@@ -753,9 +753,6 @@ impl<'s> Scope<'s> {
     }
 }
 
-/// Applies an activation treatment; None means "use the original tensor" (also for
-/// `Converted`, which the caller takes from the plan by reference, unless it is stored
-/// narrower than the original: then the widened copy, dropped after the kernel call).
 /// An f32 operand of an upcast attention region as its float16 kernel reads it
 /// ([`RegionPrep::float16_operands`]): rounded to float16, a weight first clamped to ±65504
 /// as TensorRT converts weights (docs/numerics.md, "Weights beyond float16's range"). None
@@ -775,6 +772,9 @@ pub(crate) fn float16_operand(t: &Tensor, weight: bool) -> Option<Tensor> {
     Some(Tensor::from_f32(t.shape().to_vec(), v))
 }
 
+/// Applies an activation treatment; None means "use the original tensor" (also for
+/// `Converted`, which the caller takes from the plan by reference, unless it is stored
+/// narrower than the original: then the widened copy, dropped after the kernel call).
 pub(crate) fn prepare_input(prep: &InputPrep, t: &Tensor) -> Option<Tensor> {
     match prep {
         InputPrep::Converted(c, _) if c.dtype() != t.dtype() => {

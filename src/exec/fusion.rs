@@ -631,8 +631,11 @@ impl FusionAnalysis {
         if self.ops[b1] != "MatMul" || !float32(b1) {
             return None;
         }
-        let from_float16 =
-            |k: usize| self.float16_source(self.topo.producer_of_input[b1][k], layers);
+        // (A MatMul missing an input is the kernel's error to report, not a pattern.)
+        let from_float16 = |k: usize| {
+            let u = self.topo.producer_of_input[b1].get(k).copied().flatten();
+            self.float16_source(u, layers)
+        };
         if !(from_float16(0) && from_float16(1)) {
             return None;
         }
