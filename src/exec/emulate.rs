@@ -107,6 +107,10 @@ pub(crate) struct RegionPrep {
     /// passes inside the region stay f32 tensors and those that leave are stored back in
     /// this type (rounded once, as the region's precision says).
     pub native: Option<DType>,
+    /// Per input: an operand the region's float16 kernel reads in float16 although the plan
+    /// keeps the layer float32 (an upcast attention region, [`ResolvedRegion::upcast_attention`]):
+    /// every value entering the region, and the probabilities the second MatMul reads.
+    pub float16_operands: Vec<bool>,
 }
 
 /// Options of a plan that are not per layer.
@@ -571,9 +575,17 @@ fn region_preps(
                 exits.push(exit);
                 shared.push(exit && inside);
             }
-            let internal = topo.producer_of_input[i]
+            let internal: Vec<bool> = topo.producer_of_input[i]
                 .iter()
                 .map(|u| u.is_some_and(|u| region_of[u] == Some(k)))
+                .collect();
+            // TensorRT 11.3's float16 attention with FP32 accumulation reads Q, K, V (and the
+            // scale and mask) in float16, and feeds the probabilities to ·V as float16 (its
+            // last node); the scores stay in the f32 accumulator.
+            let last = r.nodes.last() == Some(&i);
+            let float16_operands = internal
+                .iter()
+                .map(|&inside| r.upcast_attention && (!inside || last))
                 .collect();
             out[i] = Some(RegionPrep {
                 region: k,
@@ -587,6 +599,7 @@ fn region_preps(
                     .copied()
                     .flatten()
                     .and_then(Precision::dtype_16bit),
+                float16_operands,
             });
         }
     }
@@ -639,7 +652,7 @@ pub(crate) fn fusion_signature(layer: Option<&LayerPrep>) -> u64 {
         mix(0x0066_7573_6564, f.first as u64),
         f.precision as u64 + 1,
     );
-    for flags in [&f.exits, &f.shared, &f.internal] {
+    for flags in [&f.exits, &f.shared, &f.internal, &f.float16_operands] {
         h = mix(h, flags.len() as u64);
         for &b in flags.iter() {
             h = mix(h, b as u64);
@@ -738,6 +751,25 @@ impl<'s> Scope<'s> {
             _ => (None, format!("{}{name}", self.prefix)),
         }
     }
+}
+
+/// An f32 operand of an upcast attention region as its float16 kernel reads it
+/// ([`RegionPrep::float16_operands`]): rounded to float16, a weight first clamped to ±65504
+/// as TensorRT converts weights (docs/numerics.md, "Weights beyond float16's range"). None
+/// for values of other types (a Reshape's shape) and for values already float16.
+pub(crate) fn float16_operand(t: &Tensor, weight: bool) -> Option<Tensor> {
+    let v = t.as_f32()?;
+    if v.iter()
+        .all(|&x| half::f16::from_f32(x).to_f32() == x || x.is_nan())
+    {
+        return None;
+    }
+    let mut v = v.to_vec();
+    if weight {
+        clamp_finite_to_f16(&mut v);
+    }
+    round_slice(Precision::Float16, &mut v);
+    Some(Tensor::from_f32(t.shape().to_vec(), v))
 }
 
 /// Applies an activation treatment; None means "use the original tensor" (also for
@@ -1952,5 +1984,117 @@ mod fusion_tests {
         fp32.fusion = FusionModel::TensorRt;
         let p = PreparedPlan::new(&g, &fp32, &PlanOptions::default()).unwrap();
         assert!(p.weight_events().is_empty());
+    }
+
+    /// TensorRT 11.3's float16 attention with FP32 accumulation (docs/numerics.md, "Fusion
+    /// rules", row "attention, upcast"): a float32 attention between float16 projections
+    /// runs, under `--fusion tensorrt`, as the same graph with the kernel's roundings written
+    /// out as Casts through float16 — the mask and the scale as it reads them, the
+    /// probabilities before ·V and the output — with f32 accumulation whatever `--accumulate`
+    /// says, and no longer as the plain float32 layers it runs as without fusion.
+    #[test]
+    fn an_upcast_attention_reads_its_operands_and_probabilities_in_float16() {
+        use crate::exec::fusion::tests::{projected_attention_block, ATTENTION};
+        use crate::graph::Attribute;
+        let g = projected_attention_block();
+        let cast = |name: &str, x: &str, y: &str, to: DType| {
+            let mut n = node(name, "Cast", &[x], &[y]);
+            n.attrs
+                .insert("to".into(), Attribute::Int(to.onnx_code() as i64));
+            n
+        };
+        // The same graph with the roundings as Casts (float16 and back).
+        let mut explicit = g.clone();
+        let through_f16 = |g: &mut Graph, at: usize, v: &str| {
+            let (h, r) = (format!("{v}_h"), format!("{v}_r"));
+            g.nodes
+                .insert(at, cast(&format!("{v}_up"), &h, &r, DType::F32));
+            g.nodes
+                .insert(at, cast(&format!("{v}_down"), v, &h, DType::F16));
+            r
+        };
+        let pos = |g: &Graph, n: &str| g.nodes.iter().position(|x| x.name == n).unwrap();
+        let at = pos(&explicit, "o_proj");
+        let a = through_f16(&mut explicit, at, "a");
+        let at = pos(&explicit, "o_proj");
+        explicit.nodes[at].inputs[0] = a;
+        let at = pos(&explicit, "av");
+        let p = through_f16(&mut explicit, at, "p");
+        let at = pos(&explicit, "av");
+        explicit.nodes[at].inputs[0] = p;
+        let at = pos(&explicit, "mask");
+        let m = through_f16(&mut explicit, at, "m");
+        let at = pos(&explicit, "mask");
+        explicit.nodes[at].inputs[1] = m;
+        let sc = explicit.initializers["sc"].as_f32().unwrap()[0];
+        assert_ne!(f16::from_f32(sc).to_f32(), sc, "√8 is no float16 value");
+        explicit.initializers.insert(
+            "sc".into(),
+            Tensor::from_f32(vec![1], vec![f16::from_f32(sc).to_f32()]),
+        );
+        let explicit = crate::graph::testing::graph(
+            explicit.nodes.clone(),
+            explicit.inputs.clone(),
+            explicit.outputs.clone(),
+            explicit
+                .initializers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.clone()))
+                .collect(),
+        );
+        let mut feeds = Feeds::new();
+        let x = (0..128)
+            .map(|i| ((i * 53 % 97) as f32 / 97.0 - 0.5) * 3.0)
+            .collect();
+        feeds.insert("x".into(), Tensor::from_f32(vec![1, 8, 16], x));
+        // An additive mask of values float16 does not hold.
+        let m: Vec<f32> = (0..64).map(|i| -((i % 5) as f32) * 0.3 - 0.01).collect();
+        feeds.insert("m".into(), Tensor::from_f32(vec![1, 8, 8], m));
+        let run = |g: &Graph, fusion: FusionModel, accumulate: Accumulator| {
+            let layers = g
+                .nodes
+                .iter()
+                .map(|n| {
+                    if ATTENTION.contains(&n.name.as_str()) || is_data_movement(n) {
+                        Precision::Float32
+                    } else {
+                        Precision::Float16
+                    }
+                })
+                .collect();
+            let mut plan = PrecisionPlan::from_layers(layers);
+            plan.fusion = fusion;
+            let opts = PlanOptions {
+                accumulate,
+                ..Default::default()
+            };
+            let prepared = PreparedPlan::new(g, &plan, &opts).unwrap();
+            let upcast: Vec<bool> = prepared
+                .derived_regions()
+                .iter()
+                .map(|r| r.upcast_attention)
+                .collect();
+            let r = Interpreter::new(g)
+                .unwrap()
+                .run_plan(&feeds, &RunOptions::default(), &prepared)
+                .unwrap();
+            let y: Vec<u32> = r.outputs[0]
+                .1
+                .as_f32()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect();
+            (y, upcast)
+        };
+        for acc in [Accumulator::F32, Accumulator::F16] {
+            let (fused, regions) = run(&g, FusionModel::TensorRt, acc);
+            assert_eq!(regions, [true], "{acc:?}");
+            let (want, regions) = run(&explicit, FusionModel::None, acc);
+            assert!(regions.is_empty());
+            assert_eq!(fused, want, "{acc:?}: the roundings of the float16 kernel");
+            let (plain, _) = run(&g, FusionModel::None, acc);
+            assert_ne!(fused, plain, "{acc:?}: the float32 layers round nothing");
+        }
     }
 }

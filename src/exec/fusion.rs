@@ -199,6 +199,18 @@ pub(crate) struct FusionAnalysis {
     pub native: Vec<Option<Precision>>,
 }
 
+/// The second MatMul of every attention that TensorRT 11.3 runs as a float16 kernel with
+/// FP32 accumulation under `layers` (docs/numerics.md, "Fusion rules", row "attention,
+/// upcast"), read with the graph's declared shapes: where the export puts the Cast down.
+pub(crate) fn upcast_attention_outputs(graph: &Graph, layers: &[Precision]) -> Vec<usize> {
+    let a = FusionAnalysis::new(graph, &BTreeMap::new());
+    a.regions(layers, &vec![false; layers.len()], 0)
+        .into_iter()
+        .filter(|r| r.upcast_attention)
+        .filter_map(|r| r.nodes.last().copied())
+        .collect()
+}
+
 /// The precision node computes in for the fusion rules: its declared 16-bit type when the
 /// plan leaves it in float32 or says the same type, else the plan's (None: a plan that asks
 /// a natively 16-bit node for another type, which the rules do not fuse).
@@ -551,6 +563,15 @@ impl FusionAnalysis {
             gid[d] = Some(g);
         }
         let mut out = Vec::new();
+        // TensorRT 11.3's FP32-accumulating float16 attention, among the float32 nodes no
+        // group holds.
+        let mut upcast = Vec::new();
+        let free = |i: usize| gid[i].is_none() && !taken.get(i).copied().unwrap_or(false);
+        for c in 0..n {
+            if let Some(nodes) = self.upcast_attention_from(c, layers, &free) {
+                upcast.push(nodes);
+            }
+        }
         for g in groups {
             let compute = g.nodes.iter().filter(|&&i| self.topo.compute[i]).count();
             if compute < 2 {
@@ -568,9 +589,132 @@ impl FusionAnalysis {
                 name,
                 nodes: g.nodes,
                 precision: g.precision,
+                upcast_attention: false,
+            });
+        }
+        for nodes in upcast {
+            let name = format!(
+                "{}..{}",
+                self.names[nodes[0]],
+                self.names[*nodes.last().expect("non-empty")]
+            );
+            out.push(ResolvedRegion {
+                index: first_index + out.len(),
+                name,
+                nodes,
+                precision: Precision::Float16,
+                upcast_attention: true,
             });
         }
         out
+    }
+
+    /// The nodes of an attention graph starting at MatMul `b1` that TensorRT 11.3 runs as a
+    /// float16 fused attention accumulating in FP32 (docs/numerics.md, "Fusion rules", row
+    /// "attention, upcast"): Q·Kᵀ → pointwise (scale, mask) → Softmax → ·V, every node float32
+    /// under `layers` and free, where Q, K and V are float16 values (a float16 layer's output
+    /// through data movement only, so the export's Casts up stand directly in front) and the
+    /// output is read, through data movement, by float16 layers only (one Cast down after
+    /// it). The release note names FP16 only: bfloat16 is left as it was.
+    pub(crate) fn upcast_attention_from(
+        &self,
+        b1: usize,
+        layers: &[Precision],
+        free: &dyn Fn(usize) -> bool,
+    ) -> Option<Vec<usize>> {
+        const MAX_CHAIN: usize = 12;
+        let float32 = |i: usize| {
+            free(i)
+                && self.kind[i] != Kind::Other
+                && effective_precision(layers[i], self.native[i]) == Some(Precision::Float32)
+        };
+        if self.ops[b1] != "MatMul" || !float32(b1) {
+            return None;
+        }
+        // (A MatMul missing an input is the kernel's error to report, not a pattern.)
+        let from_float16 = |k: usize| {
+            let u = self.topo.producer_of_input[b1].get(k).copied().flatten();
+            self.float16_source(u, layers)
+        };
+        if !(from_float16(0) && from_float16(1)) {
+            return None;
+        }
+        let mut nodes = vec![b1];
+        let mut softmax = false;
+        let mut cur = b1;
+        for _ in 0..MAX_CHAIN {
+            // The scores and probabilities pass along a chain: each read by the next node only.
+            let (readers, out) = self.topo.consumers(cur);
+            let [next] = readers[..] else { return None };
+            if out || !free(next) {
+                return None;
+            }
+            match self.kind[next] {
+                Kind::View => {}
+                Kind::Pointwise if !softmax && float32(next) => {}
+                Kind::Softmax if !softmax && self.ops[next] == "Softmax" && float32(next) => {
+                    softmax = true;
+                }
+                Kind::Anchor
+                    if softmax
+                        && self.ops[next] == "MatMul"
+                        && float32(next)
+                        && self.topo.producer_of_input[next].first() == Some(&Some(cur)) =>
+                {
+                    let v = self.topo.producer_of_input[next].get(1).copied().flatten();
+                    if !self.float16_source(v, layers) || !self.read_in_float16(next, layers) {
+                        return None;
+                    }
+                    nodes.push(next);
+                    nodes.sort_unstable();
+                    return Some(nodes);
+                }
+                _ => return None,
+            }
+            nodes.push(next);
+            cur = next;
+        }
+        None
+    }
+
+    /// Whether the value node `u` produces is float16: a layer computing in float16 (by the
+    /// plan, or as the model declares it) reached back through data movement (Reshape,
+    /// Transpose, a Cast up) only. A graph input or a weight is not.
+    fn float16_source(&self, mut u: Option<usize>, layers: &[Precision]) -> bool {
+        const MAX_MOVES: usize = 8;
+        for _ in 0..=MAX_MOVES {
+            let Some(n) = u else { return false };
+            if self.topo.compute[n] {
+                return effective_precision(layers[n], self.native[n]) == Some(Precision::Float16);
+            }
+            u = self.topo.producer_of_input[n].first().copied().flatten();
+        }
+        false
+    }
+
+    /// Whether every reader of node `u`'s outputs, through data movement, is a layer
+    /// computing in float16 (none a graph output): the value is cast down right after it.
+    fn read_in_float16(&self, u: usize, layers: &[Precision]) -> bool {
+        let mut stack = vec![u];
+        let mut seen = HashSet::new();
+        while let Some(x) = stack.pop() {
+            let (readers, out) = self.topo.consumers(x);
+            if out || readers.is_empty() {
+                return false;
+            }
+            for r in readers {
+                if !seen.insert(r) {
+                    continue;
+                }
+                if !self.topo.compute[r] {
+                    stack.push(r);
+                } else if effective_precision(layers[r], self.native[r]) != Some(Precision::Float16)
+                {
+                    return false;
+                }
+            }
+        }
+        true
     }
 
     /// Whether node `c` (of `kind`, in precision `p`) may join `grp` through the value it reads
@@ -978,6 +1122,50 @@ pub(crate) mod tests {
         )
     }
 
+    /// Deterministic weights of many values (a constant weight makes every column alike).
+    pub(crate) fn varied(shape: &[usize], seed: usize) -> Tensor {
+        let n: usize = shape.iter().product();
+        let v = (0..n)
+            .map(|i| (((i * 37 + seed * 11) % 101) as f32 / 101.0 - 0.5) * 0.7)
+            .collect();
+        Tensor::from_f32(shape.to_vec(), v)
+    }
+
+    /// x → q, k, v projections → softmax(q·kᵀ / √8 + m)·v → output projection: the
+    /// attention graph a plan may keep float32 between float16 projections.
+    pub(crate) fn projected_attention_block() -> Graph {
+        graph(
+            vec![
+                node("q_proj", "MatMul", &["x", "wq"], &["q"]),
+                node("k_proj", "MatMul", &["x", "wk"], &["k"]),
+                with_ints(
+                    node("k_t", "Transpose", &["k"], &["kt"]),
+                    "perm",
+                    &[0, 2, 1],
+                ),
+                node("v_proj", "MatMul", &["x", "wv"], &["v"]),
+                node("qk", "MatMul", &["q", "kt"], &["s"]),
+                node("scale", "Div", &["s", "sc"], &["ss"]),
+                node("mask", "Add", &["ss", "m"], &["sm"]),
+                with_int(node("softmax", "Softmax", &["sm"], &["p"]), "axis", -1),
+                node("av", "MatMul", &["p", "v"], &["a"]),
+                node("o_proj", "MatMul", &["a", "wo"], &["y"]),
+            ],
+            vec![vi("x", &[1, 8, 16]), vi("m", &[1, 8, 8])],
+            vec![vi("y", &[1, 8, 16])],
+            vec![
+                ("wq", varied(&[16, 16], 1)),
+                ("wk", varied(&[16, 16], 2)),
+                ("wv", varied(&[16, 16], 3)),
+                ("wo", varied(&[16, 16], 4)),
+                ("sc", w(&[1], 8f32.sqrt())),
+            ],
+        )
+    }
+
+    /// The attention layers of [`projected_attention_block`].
+    pub(crate) const ATTENTION: [&str; 5] = ["qk", "scale", "mask", "softmax", "av"];
+
     /// relu → neg → floor → add(·, neg) → relu2: Floor is no fusable kernel, so add cannot
     /// join relu's group (the path through floor would leave it and come back).
     fn diamond() -> Graph {
@@ -1115,6 +1303,62 @@ pub(crate) mod tests {
         assert_eq!(
             regions_of(&g, &["softmax"]),
             vec![names(&["qk", "scale", "mask"])]
+        );
+    }
+
+    /// The regions of `g` with the named layers float32 and the rest float16: (node names,
+    /// precision, upcast attention).
+    fn regions_with_kind(g: &Graph, fp32: &[&str]) -> Vec<(Vec<String>, Precision, bool)> {
+        let a = FusionAnalysis::new(g, &BTreeMap::new());
+        let layers: Vec<Precision> = g
+            .nodes
+            .iter()
+            .map(|n| {
+                if fp32.contains(&n.name.as_str()) {
+                    F
+                } else {
+                    H
+                }
+            })
+            .collect();
+        a.regions(&layers, &vec![false; g.nodes.len()], 0)
+            .into_iter()
+            .map(|r| {
+                let names = r.nodes.iter().map(|&i| g.nodes[i].name.clone()).collect();
+                (names, r.precision, r.upcast_attention)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_float32_attention_between_float16_projections_is_an_upcast_float16_region() {
+        let g = projected_attention_block();
+        assert_eq!(
+            regions_with_kind(&g, &ATTENTION),
+            vec![(names(&ATTENTION), H, true)]
+        );
+        // All float16: the plain attention region.
+        assert_eq!(
+            regions_with_kind(&g, &[]),
+            vec![(names(&ATTENTION), H, false)]
+        );
+        // The output read in float32, or Q, K or V not float16: no Cast down after it or no
+        // Cast up in front, so not TensorRT 11.3's pattern.
+        for extra in ["o_proj", "q_proj", "k_proj", "v_proj"] {
+            let mut fp32 = ATTENTION.to_vec();
+            fp32.push(extra);
+            assert_eq!(regions_with_kind(&g, &fp32), vec![], "{extra} in float32");
+        }
+        // A float16 softmax splits the attention: no upcast region.
+        let fp32: Vec<&str> = ATTENTION
+            .iter()
+            .copied()
+            .filter(|&n| n != "softmax")
+            .collect();
+        assert!(
+            regions_with_kind(&g, &fp32).iter().all(|r| !r.2),
+            "{:?}",
+            regions_with_kind(&g, &fp32)
         );
     }
 

@@ -845,12 +845,24 @@ impl<'g> Interpreter<'g> {
                         .iter()
                         .zip(&l.inputs)
                         .zip(&step.inputs)
-                        .map(|((t, prep), src)| {
+                        .enumerate()
+                        .map(|(i, ((t, prep), src))| {
+                            // A float32 layer of TensorRT 11.3's float16 attention with FP32
+                            // accumulation reads this operand in float16.
+                            let float16 =
+                                fusion.is_some_and(|f| f.float16_operands.get(i) == Some(&true));
                             let already = match (prep, src) {
                                 (InputPrep::Round(p), Source::Slot(s)) => rounded[*s] == Some(*p),
+                                (_, Source::Slot(s)) if float16 => {
+                                    rounded[*s] == Some(Precision::Float16)
+                                }
                                 _ => false,
                             };
                             match (t, prep) {
+                                (Some(t), _) if float16 && !already => emulate::float16_operand(
+                                    t,
+                                    matches!(src, Source::Initializer(..)),
+                                ),
                                 // The kernel rounds it as it reads it (`weight_rounding`).
                                 (_, InputPrep::RoundedByKernel(_)) => None,
                                 (Some(t), _) if !already => emulate::prepare_input(prep, t),

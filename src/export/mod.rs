@@ -27,6 +27,7 @@ use crate::graph::{Graph, Node};
 use crate::onnx::{proto, tensor_to_proto, Model};
 use crate::ops::cast::cast_tensor;
 use crate::ops::is_data_movement;
+use crate::precision::fusion::FusionModel;
 use crate::precision::plan::PrecisionPlan;
 use crate::precision::quant::{
     channel_scales, is_quantized_operand, quantize, scale_from_amax, weight_channel_axis,
@@ -946,6 +947,17 @@ impl<'a> Exporter<'a> {
         }
         self.opset = target;
         let roles = self.roles()?;
+        // TensorRT 11.3 runs a float32 attention between float16 values as a float16 kernel
+        // with FP32 accumulation when Q, K and V are cast up around it: the Cast down goes
+        // directly after it (docs/export.md, "Attention kept in float32").
+        let cast_down_after: HashSet<usize> = match self.plan.fusion {
+            FusionModel::TensorRt => {
+                crate::exec::fusion::upcast_attention_outputs(self.graph, &self.plan.layers)
+                    .into_iter()
+                    .collect()
+            }
+            FusionModel::None => HashSet::new(),
+        };
 
         let pgraph = self.model.graph.clone().expect("graph");
         for (k, node) in self.graph.nodes.iter().enumerate() {
@@ -982,8 +994,40 @@ impl<'a> Exporter<'a> {
                 }
             }
             self.nodes.push(out);
+            if cast_down_after.contains(&k) {
+                self.cast_down_after_last(node);
+            }
         }
         self.finish(pgraph, from)
+    }
+
+    /// The attention output `node` (the node just written) writes in float32 leaves it in
+    /// float16 through a Cast directly after it: the node writes `<o>_fp32`, the Cast `o`, so
+    /// the data movement after it (Transpose, Reshape) runs in float16 and TensorRT 11.3 sees
+    /// the attention graph between Casts up and one Cast down.
+    fn cast_down_after_last(&mut self, node: &Node) {
+        let Some(o) = node.outputs.first().filter(|o| !o.is_empty()) else {
+            return;
+        };
+        if self.cur.get(o) != Some(&DType::F32) {
+            return;
+        }
+        let inner = self.fresh(&format!("{o}_fp32"));
+        let last = self.nodes.last_mut().expect("the node was just written");
+        last.output[0] = inner.clone();
+        let node_name = self.fresh(&format!("{o}_Cast_fp16"));
+        self.nodes.push(proto::NodeProto {
+            name: Some(node_name.clone()),
+            op_type: Some("Cast".into()),
+            input: vec![inner.clone()],
+            output: vec![o.clone()],
+            attribute: vec![schema::int_attr("to", DType::F16.onnx_code() as i64)],
+            ..Default::default()
+        });
+        self.added_casts.insert(node_name);
+        self.casts += 1;
+        self.cur.insert(inner, DType::F32);
+        self.cur.insert(o.clone(), DType::F16);
     }
 
     fn rename(&mut self, from: &str, to: &str) {

@@ -190,7 +190,15 @@ pub struct ResolvedRegion {
     /// Node indices, ascending.
     pub nodes: Vec<usize>,
     /// The precision its compute (non-data-movement) nodes share; float32 when it has none.
+    /// For an [`upcast_attention`](Self::upcast_attention) region: float16, the kernel's type
+    /// (the plan keeps its nodes float32).
     pub precision: Precision,
+    /// TensorRT 11.3's FP16 fused attention with FP32 accumulation: an attention graph the
+    /// plan keeps float32 whose query, key and value are float16 values cast up to it and
+    /// whose output is cast down again (docs/numerics.md, "Fusion rules", row "attention,
+    /// upcast"). It runs as one float16 kernel that accumulates in f32 whatever
+    /// `--accumulate` says and rounds the probabilities to float16 for the second product.
+    pub upcast_attention: bool,
 }
 
 /// Every node inside the subgraphs of `graph`'s nodes, nested ones included, with its path
@@ -419,6 +427,7 @@ impl PrecisionPlan {
                 name: r.name.clone(),
                 nodes: top,
                 precision,
+                upcast_attention: false,
             });
         }
         Ok(out)

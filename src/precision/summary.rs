@@ -49,8 +49,14 @@ pub fn fusion_table(graph: &Graph, regions: &[ResolvedRegion]) -> String {
             .iter()
             .map(|&i| graph.nodes[i].name.as_str())
             .collect();
+        // TensorRT 11.3's FP32-accumulating float16 attention: the plan keeps it float32.
+        let kind = if r.upcast_attention {
+            " kernel, float32 accumulation: Q/K/V cast up around it"
+        } else {
+            ""
+        };
         s.push_str(&format!(
-            "    region {} ({}): {}\n",
+            "    region {} ({}{kind}): {}\n",
             r.name,
             r.precision.name(),
             nodes.join(", ")
