@@ -434,12 +434,16 @@ impl RotaryAttrs {
     }
 }
 
+/// A rotary op's cos and sin tables as float32 values (borrowed when stored so) and the
+/// length of their rows (half the rotary dimension).
+pub(crate) type RotaryCaches<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>, usize);
+
 /// The caches `[rows, half]` of a rotary embedding, checked alike.
 pub(crate) fn rotary_caches<'a>(
     cos: &'a Tensor,
     sin: &'a Tensor,
     rank: usize,
-) -> Result<(Cow<'a, [f32]>, Cow<'a, [f32]>, usize), OpError> {
+) -> Result<RotaryCaches<'a>, OpError> {
     let cs = cos.shape();
     if cs.len() != rank || sin.shape() != cs {
         return Err(OpError(format!(
