@@ -211,7 +211,6 @@ pub fn gemm_threads(
     let tasks = n_blocks * m_panels.div_ceil(mb);
     let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
     let kernel = Kernel::detect();
-    let wide = kernel.has_avx512();
     let whole = b.packed();
     if let Some(pb) = whole {
         assert!(
@@ -221,14 +220,26 @@ pub fn gemm_threads(
             pb.n
         );
     }
-    // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS).
-    let direct = match b.rows() {
-        Some((data, rs)) if m_panels <= DIRECT_B_PANELS && !streamed => {
-            assert!(data.len() >= (k - 1) * rs + n);
-            Some((data, rs))
+    // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS); so is a B read
+    // rounded to float16 where the kernel rounds as it loads (more than one row: one row
+    // streams by bands below).
+    let rounding_kernel = kernel.rounding_b_to_f16();
+    let in_place = match (b.rows(), b.rounded_rows(), rounding_kernel) {
+        (Some((data, rs)), _, _) => Some((data, rs, kernel)),
+        (None, Some((data, rs, crate::numeric::Rounding::F16)), Some(f16)) if m > 1 => {
+            Some((data, rs, f16))
         }
         _ => None,
     };
+    let (direct, kernel) = match in_place {
+        Some((data, rs, tile_kernel)) if m_panels <= DIRECT_B_PANELS && !streamed => {
+            assert!(data.len() >= (k - 1) * rs + n);
+            (Some((data, rs)), tile_kernel)
+        }
+        _ => (None, kernel),
+    };
+    // (Not for the rounding kernel: the AVX-512 tiles read B as stored.)
+    let wide = kernel.has_avx512();
     if m == 1 && whole.is_none() {
         let rows = match (direct, b.rounded_rows()) {
             (Some((data, rs)), _) => Some((data, rs, None)),
@@ -863,17 +874,33 @@ impl TileA for GatheredA {
 enum Kernel {
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// The AVX2 + FMA tile reading B rounded to float16 as it loads it (F16C's
+    /// round-to-nearest-even conversion and back, the values `round_slice_to_f16` gives): a
+    /// float16 layer's weight read in place.
+    #[cfg(target_arch = "x86_64")]
+    Avx2FmaF16,
     Scalar,
 }
 
 impl Kernel {
     fn detect() -> Kernel {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        if std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma")
+            && std::arch::is_x86_feature_detected!("f16c")
         {
             return Kernel::Avx2Fma;
         }
         Kernel::Scalar
+    }
+
+    /// This kernel reading B rounded to float16, where the CPU converts (None: it does not).
+    fn rounding_b_to_f16(self) -> Option<Kernel> {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2Fma => Some(Kernel::Avx2FmaF16),
+            _ => None,
+        }
     }
 
     /// Whether the 6×32 AVX-512 tiles may run (the same chains as this kernel's).
@@ -935,21 +962,13 @@ impl Kernel {
     ) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => {
+            Kernel::Avx2Fma | Kernel::Avx2FmaF16 => {
                 // B read in place (rows a whole row apart, not a packed panel): prefetched.
-                let f = match (rows, b_stride != NR) {
-                    (1, false) => tile_avx2_fma::<1, false, A>,
-                    (2, false) => tile_avx2_fma::<2, false, A>,
-                    (3, false) => tile_avx2_fma::<3, false, A>,
-                    (4, false) => tile_avx2_fma::<4, false, A>,
-                    (5, false) => tile_avx2_fma::<5, false, A>,
-                    (_, false) => tile_avx2_fma::<6, false, A>,
-                    (1, true) => tile_avx2_fma::<1, true, A>,
-                    (2, true) => tile_avx2_fma::<2, true, A>,
-                    (3, true) => tile_avx2_fma::<3, true, A>,
-                    (4, true) => tile_avx2_fma::<4, true, A>,
-                    (5, true) => tile_avx2_fma::<5, true, A>,
-                    (_, true) => tile_avx2_fma::<6, true, A>,
+                let f = match (self == Kernel::Avx2FmaF16, b_stride != NR) {
+                    (false, false) => avx2_tile::<false, false, A>(rows),
+                    (false, true) => avx2_tile::<true, false, A>(rows),
+                    (true, false) => avx2_tile::<false, true, A>(rows),
+                    (true, true) => avx2_tile::<true, true, A>(rows),
                 };
                 f(kc, a, b, b_stride, c, ldc, load)
             }
@@ -988,14 +1007,31 @@ unsafe fn tile_scalar<A: TileA>(
     }
 }
 
+/// The AVX2 tile of `rows` rows, prefetching B's rows ahead or not, reading B rounded to float16
+/// or as stored.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+fn avx2_tile<const PREFETCH: bool, const F16: bool, A: TileA>(
+    rows: usize,
+) -> unsafe fn(usize, A, *const f32, usize, *mut f32, usize, bool) {
+    match rows {
+        1 => tile_avx2_fma::<1, PREFETCH, F16, A>,
+        2 => tile_avx2_fma::<2, PREFETCH, F16, A>,
+        3 => tile_avx2_fma::<3, PREFETCH, F16, A>,
+        4 => tile_avx2_fma::<4, PREFETCH, F16, A>,
+        5 => tile_avx2_fma::<5, PREFETCH, F16, A>,
+        _ => tile_avx2_fma::<6, PREFETCH, F16, A>,
+    }
+}
+
 /// The AVX2 + FMA tile of R ≤ MR rows: 2·R accumulator registers, per k step two loads of B,
 /// R broadcasts of A and 2·R fused multiply-adds.
 ///
 /// # Safety
-/// As [`Kernel::tile`]; the CPU has AVX2 and FMA.
+/// As [`Kernel::tile`]; the CPU has AVX2, FMA and F16C ([`Kernel::detect`]).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, A: TileA>(
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const F16: bool, A: TileA>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -1020,8 +1056,16 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, A: TileA>(
             _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(NR - 1) as *const i8);
         }
-        let b0 = _mm256_loadu_ps(b.add(p * b_stride));
-        let b1 = _mm256_loadu_ps(b.add(p * b_stride + 8));
+        let load = |q: *const f32| {
+            let v = _mm256_loadu_ps(q);
+            if F16 {
+                _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+            } else {
+                v
+            }
+        };
+        let b0 = load(b.add(p * b_stride));
+        let b1 = load(b.add(p * b_stride + 8));
         for (r, row) in acc.iter_mut().enumerate() {
             let av = _mm256_broadcast_ss(&*a.at(r, p));
             row[0] = _mm256_fmadd_ps(av, b0, row[0]);
@@ -1420,6 +1464,43 @@ mod tests {
                 Kernel::detect().tile(rows, k, a, bp.as_ptr(), NR, vector.as_mut_ptr(), NR, true);
             }
             assert_eq!(bits(&scalar), bits(&vector), "{rows} rows");
+        }
+        // The tile that rounds B to float16 as it loads (in place, rows NR + 3 apart; values
+        // beyond float16's range, subnormal in float16, and NaN): the scalar tile's bits on a
+        // rounded copy.
+        if let Some(f16) = Kernel::detect().rounding_b_to_f16() {
+            let ld = NR + 3;
+            let mut braw = values(ld * k, 9);
+            braw[5] = 70000.0;
+            braw[ld + 2] = 3e-6;
+            braw[2 * ld + 7] = f32::NAN;
+            let mut rounded = braw.clone();
+            crate::numeric::Rounding::F16.round_slice(&mut rounded);
+            let panel: Vec<f32> = (0..k * NR)
+                .map(|i| rounded[(i / NR) * ld + i % NR])
+                .collect();
+            for rows in 1..=MR {
+                let mut scalar = values(MR * NR, 10);
+                let mut vector = scalar.clone();
+                unsafe {
+                    Kernel::Scalar.tile(
+                        rows,
+                        k,
+                        a,
+                        panel.as_ptr(),
+                        NR,
+                        scalar.as_mut_ptr(),
+                        NR,
+                        true,
+                    );
+                    f16.tile(rows, k, a, braw.as_ptr(), ld, vector.as_mut_ptr(), NR, true);
+                }
+                assert_eq!(
+                    bits(&scalar),
+                    bits(&vector),
+                    "{rows} rows, B rounded to float16"
+                );
+            }
         }
     }
 
