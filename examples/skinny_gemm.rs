@@ -1,7 +1,7 @@
 //! A kernel probe, not a benchmark (it runs no peer): times a product of M rows (default 16; the
 //! first argument) by weights of transformer shapes through each f32 path, on cold weights
 //! (enough copies to exceed the last-level cache), in GFLOP/s. `cargo run --release --example
-//! skinny_gemm -- 16`; ONNX Runtime's figure for the same shapes: a one-MatMul model per weight.
+//! skinny_gemm -- 16`; ONNX Runtime's figure for the same shapes: bench/skinny_gemm_ort.py.
 use mixprec::numeric::Accumulator;
 use mixprec::ops::sgemm::{gemm, PackB, PackedB, StridedB};
 use std::time::Instant;
