@@ -369,19 +369,34 @@ pub fn sgemm(
 /// Most bytes of a weight kept packed a second time (see [`keeps_packed_b`]).
 const MAX_PACKED_B_BYTES: usize = 16 << 20;
 
-/// Whether a product of `rows` rows by a constant k×n weight keeps the weight packed (a copy
-/// beside it, as ONNX Runtime's prepacking keeps one): only where the product packs B on every
-/// run anyway (more rows than `sgemm::gemm` reads B in place for) and the copy is at most
-/// [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its weights' (a 3 GB chain of
-/// one-row MatMuls, `bench/bigmodel.sh`, keeps none); the other products run as before.
-fn keeps_packed_b(rows: usize, k: usize, n: usize) -> bool {
-    rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
-        && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES
+/// Whether a product of `rows` rows by a constant k×n weight keeps the weight packed, as ONNX
+/// Runtime's prepacking keeps one:
+/// - a weight read from a file map (`mapped`), whatever its size or the rows: its packed
+///   panels replace it, since the map's pages are given back once packed
+///   ([`crate::onnx::mapped`]), so the run still holds the weight once — and every product
+///   reads panels, the fastest form for the tiles and, streamed, for one row (a decode step);
+/// - any other (a weight copied at load or converted by a plan) only where the product packs
+///   B on every run anyway (more rows than `sgemm::gemm` reads B in place for) and the copy is
+///   at most [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its weights'.
+fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
+    mapped
+        || (rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
+            && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES)
+}
+
+/// Whether a weight's values are the bytes of a file map (see [`keeps_packed_b`]).
+fn is_mapped(b: &[f32]) -> bool {
+    crate::onnx::mapped::is_mapped(as_bytes(b))
+}
+
+fn as_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: any f32 slice is also a valid byte slice of 4× its length.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
 }
 
 /// A constant k×n B (`b` holds it transposed, n×k, when `transposed`) packed whole into the
 /// product's panels, once: kept with the weight (one tag per orientation, since one weight
-/// may be read both ways).
+/// may be read both ways). A B read from a file map gives its pages back once packed.
 fn packed_b(
     kept: &super::prepacked::Prepacked,
     b: &[f32],
@@ -398,7 +413,9 @@ fn packed_b(
     kept.get_or_insert(tag, || {
         let (rs, cs) = if transposed { (1, k) } else { (n, 1) };
         let strided = super::sgemm::StridedB { data: b, n, rs, cs };
-        super::sgemm::PackedB::new(k, n, &strided)
+        let packed = super::sgemm::PackedB::new(k, n, &strided);
+        crate::onnx::mapped::release_pages(as_bytes(b));
+        packed
     })
 }
 
@@ -414,7 +431,9 @@ fn packed_rounded_b(
     use super::prepacked::tag::PACKED_B_ROUNDED;
     let tag = PACKED_B_ROUNDED[matches!(rounding, crate::numeric::Rounding::BF16) as usize];
     kept.get_or_insert(tag, || {
-        super::sgemm::PackedB::new(k, n, &rounded_b(b, n, rounding))
+        let packed = super::sgemm::PackedB::new(k, n, &rounded_b(b, n, rounding));
+        crate::onnx::mapped::release_pages(as_bytes(b));
+        packed
     })
 }
 
@@ -556,8 +575,19 @@ pub fn matmul_kept(
     let sa = super::util::broadcast_strides(batch_a, &batch);
     let sb = super::util::broadcast_strides(batch_b, &batch);
     let bst = strides_of(&batch);
+    // Only a B borrowed from the tensor can lie in a file map.
+    let mapped = matches!(bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
     if let Some(r) = rounded_in_packing {
-        match kept.filter(|_| keeps_packed_b(nb * m, k, n)) {
+        match kept.filter(|_| keeps_packed_b(nb * m, k, n, mapped)) {
+            // Float16: the panels a float32 plan keeps, rounded as the kernel reads them.
+            Some(kept) if r == crate::numeric::Rounding::F16 => {
+                let packed = packed_b(kept, &bv, k, n, false);
+                let rounded = super::sgemm::RoundedPackedB {
+                    packed: &packed,
+                    rounding: r,
+                };
+                super::sgemm::gemm(nb * m, n, k, &av, k, 1, &rounded, out_values, n, false);
+            }
             Some(kept) => {
                 let packed = packed_rounded_b(kept, &bv, k, n, r);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
@@ -568,7 +598,7 @@ pub fn matmul_kept(
             }
         }
     } else if one_product {
-        match kept.filter(|_| acc == Accumulator::F32 && keeps_packed_b(nb * m, k, n)) {
+        match kept.filter(|_| acc == Accumulator::F32 && keeps_packed_b(nb * m, k, n, mapped)) {
             Some(kept) => {
                 let packed = packed_b(kept, &bv, k, n, false);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
@@ -851,10 +881,10 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let mut out = unsafe {
         super::util::unzeroed_f32(m * n, |o| {
             let o = super::util::assume_written(o);
-            match ctx
-                .prepacked(1)
-                .filter(|_| ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n))
-            {
+            match ctx.prepacked(1).filter(|_| {
+                let mapped = matches!(&bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
+                ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n, mapped)
+            }) {
                 // A constant B (a weight) packed once, in its orientation.
                 Some(kept) => {
                     let packed = packed_b(kept, &bv, k, n, tb);
@@ -1312,9 +1342,78 @@ mod tests {
             }
         }
         // A weight of more than 16 MiB is not copied, whatever the rows.
-        assert!(keeps_packed_b(1000, 2048, 2048));
-        assert!(!keeps_packed_b(1000, 2048, 2049));
-        assert!(!keeps_packed_b(72, 16, 16));
+        assert!(keeps_packed_b(1000, 2048, 2048, false));
+        assert!(!keeps_packed_b(1000, 2048, 2049, false));
+        assert!(!keeps_packed_b(72, 16, 16, false));
+        assert!(keeps_packed_b(1, 4096, 4096, true));
+    }
+
+    /// A weight read from a file map is kept packed whatever the rows (a decode step's one,
+    /// a prefill's few), the map's pages are given back once it is packed, and the products
+    /// (as stored and read rounded to float16 or bfloat16) give the bits of the same product
+    /// over a heap copy of the weight, which is kept packed only where the product packs it
+    /// anyway.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_mapped_weight_is_kept_packed_and_its_pages_given_back() {
+        use crate::numeric::Rounding;
+        use crate::tensor::{Buf, TensorData};
+        let (k, n) = (300, 2048);
+        let w: Vec<f32> = (0..k * n)
+            .map(|i| ((i * 7 % 23) as f32 - 11.0) * 0.013)
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.bin");
+        std::fs::write(&path, as_bytes(&w)).unwrap();
+        let bytes = crate::onnx::map_file(&path).unwrap();
+        let buf = Buf::<f32>::from_le_bytes(bytes).unwrap();
+        assert!(buf.is_borrowed());
+        let mapped = Tensor::from_parts(vec![k, n], TensorData::F32(buf));
+        let heap = Tensor::from_f32(vec![k, n], w.clone());
+        let start = mapped.as_f32().unwrap().as_ptr() as usize;
+        let rss = || crate::onnx::mapped::mapping_rss(start);
+        for m in [1, 16] {
+            let a = Tensor::from_f32(
+                vec![m, k],
+                (0..m * k)
+                    .map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.2)
+                    .collect(),
+            );
+            for rounding in [None, Some(Rounding::F16), Some(Rounding::BF16)] {
+                let kept = crate::ops::prepacked::Prepacked::default();
+                let y = matmul_kept(Accumulator::F32, &a, &mapped, Some(&kept), rounding).unwrap();
+                assert_eq!(kept.len(), 1, "{m} rows, {rounding:?}: kept packed");
+                assert_eq!(
+                    rss(),
+                    0,
+                    "{m} rows, {rounding:?}: the map's pages given back"
+                );
+                let heap_kept = crate::ops::prepacked::Prepacked::default();
+                let want =
+                    matmul_kept(Accumulator::F32, &a, &heap, Some(&heap_kept), rounding).unwrap();
+                assert_eq!(
+                    heap_kept.len(),
+                    0,
+                    "a heap weight by {m} rows is read in place"
+                );
+                let bits = |t: &Tensor| {
+                    t.as_f32()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.to_bits())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&y), bits(&want), "{m} rows, {rounding:?}");
+                // Run again: the kept panels, not the (given back) map.
+                let again =
+                    matmul_kept(Accumulator::F32, &a, &mapped, Some(&kept), rounding).unwrap();
+                assert_eq!(bits(&again), bits(&want), "{m} rows, {rounding:?}, again");
+            }
+        }
+        // The map's pages read again unchanged.
+        assert!(is_mapped(mapped.as_f32().unwrap()));
+        assert_eq!(mapped.as_f32().unwrap(), &w[..]);
+        assert_eq!(rss(), 4 * k * n);
     }
 
     /// Every output value is written by a product (the output is not zeroed first): empty

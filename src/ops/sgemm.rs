@@ -51,6 +51,12 @@ pub trait PackB: Sync {
     fn rounded_rows(&self) -> Option<(&[f32], usize, crate::numeric::Rounding)> {
         None
     }
+
+    /// B packed whole and read rounded ([`RoundedPackedB`]): where the kernel rounds as it
+    /// loads, its panels are read where they lie.
+    fn rounded_packed(&self) -> Option<(&PackedB, crate::numeric::Rounding)> {
+        None
+    }
 }
 
 /// B as a strided matrix: element (p, j) at `data[p·rs + j·cs]`.
@@ -112,6 +118,26 @@ impl PackB for RoundedB<'_> {
 
     fn rounded_rows(&self) -> Option<(&[f32], usize, crate::numeric::Rounding)> {
         self.b.rows().map(|(data, rs)| (data, rs, self.rounding))
+    }
+}
+
+/// B packed whole ([`PackedB`], as stored) and read rounded to float16 or bfloat16: a float16
+/// layer's weight read from the panels a float32 plan of the same weight keeps, so the run
+/// holds one packed form of it. Where the kernel rounds as it loads (float16, F16C) the panels
+/// are read where they lie; otherwise each product packs its panels from them, rounded.
+pub struct RoundedPackedB<'a> {
+    pub packed: &'a PackedB,
+    pub rounding: crate::numeric::Rounding,
+}
+
+impl PackB for RoundedPackedB<'_> {
+    fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]) {
+        self.packed.pack(j0, p0, kc, dst);
+        self.rounding.round_slice(&mut dst[..kc * NR]);
+    }
+
+    fn rounded_packed(&self) -> Option<(&PackedB, crate::numeric::Rounding)> {
+        Some((self.packed, self.rounding))
     }
 }
 
@@ -211,7 +237,16 @@ pub fn gemm_threads(
     let tasks = n_blocks * m_panels.div_ceil(mb);
     let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
     let kernel = Kernel::detect();
-    let whole = b.packed();
+    // Panels read where they lie: B packed whole, or packed whole and read rounded to float16
+    // by a kernel that rounds as it loads.
+    let (whole, kernel) = match (b.packed(), b.rounded_packed()) {
+        (Some(pb), _) => (Some(pb), kernel),
+        (None, Some((pb, crate::numeric::Rounding::F16))) => match kernel.rounding_b_to_f16() {
+            Some(f16) => (Some(pb), f16),
+            None => (None, kernel),
+        },
+        _ => (None, kernel),
+    };
     if let Some(pb) = whole {
         assert!(
             pb.k == k && pb.n == n,
@@ -240,6 +275,13 @@ pub fn gemm_threads(
     };
     // (Not for the rounding kernel: the AVX-512 tiles read B as stored.)
     let wide = kernel.has_avx512();
+    // One row by panels (a decode step's weight): streamed panel by panel, several at once
+    // (the AVX-512 tiles take eight panels at once instead).
+    if let (1, Some(pb), false) = (m, whole, wide) {
+        let threads = if parallel { threads } else { 1 };
+        gemv_panels(kernel, pb, a, a_cs, &mut c[..n], accumulate, threads);
+        return;
+    }
     if m == 1 && whole.is_none() {
         let rows = match (direct, b.rounded_rows()) {
             (Some((data, rs)), _) => Some((data, rs, None)),
@@ -577,6 +619,124 @@ unsafe fn fma4_avx2_f16(x: &[f32], rows: [&[f32]; 4], y: &mut [f32]) {
             _mm256_loadu_ps(p),
         ))
     })
+}
+
+/// Panels one pass of [`gemv_panels`] streams at once: eight running-sum registers, enough
+/// independent chains to hide the fused multiply-add's latency.
+const GEMV_PANELS: usize = 4;
+
+/// `c[0..n] (+)= a·B` for one row of A (element p at `a[p·a_cs]`) and B packed whole: the
+/// matrix-vector product of a decode step over a weight kept as panels. Each thread takes a
+/// run of panels; each pass streams [`GEMV_PANELS`] panels (each k×NR values in one run) into
+/// their columns' running sums. Each element is one chain of fused multiply-adds over k in
+/// order, from +0 or C's value, on the same B values: the tiles' bits (the module's rule).
+fn gemv_panels(
+    kernel: Kernel,
+    pb: &PackedB,
+    a: &[f32],
+    a_cs: usize,
+    c: &mut [f32],
+    accumulate: bool,
+    threads: usize,
+) {
+    let (k, n) = (pb.k, pb.n);
+    assert!(c.len() == n && k > 0 && a.len() > (k - 1) * a_cs);
+    let x: Vec<f32> = (0..k).map(|p| a[p * a_cs]).collect();
+    let width = n
+        .div_ceil(threads.max(1))
+        .next_multiple_of(NR)
+        .clamp(NR, n.next_multiple_of(NR));
+    let run = |(t, y): (usize, &mut [f32])| {
+        let jp0 = t * width / NR;
+        let mut q = 0;
+        while q * NR < y.len() {
+            let cols = (y.len() - q * NR).min(GEMV_PANELS * NR);
+            let panels = cols.div_ceil(NR);
+            let b = &pb.data[(jp0 + q) * k * NR..][..panels * k * NR];
+            // The running sums, full panels wide (a panel's columns past n are zeros).
+            let mut sums = [0f32; GEMV_PANELS * NR];
+            if accumulate {
+                sums[..cols].copy_from_slice(&y[q * NR..q * NR + cols]);
+            }
+            match kernel {
+                // SAFETY: the CPU has AVX2, FMA and F16C (detected); `b` holds `panels`
+                // panels of k×NR values, `sums` panels·NR values.
+                #[cfg(target_arch = "x86_64")]
+                Kernel::Avx2Fma | Kernel::Avx2FmaF16 => unsafe {
+                    let f16 = kernel == Kernel::Avx2FmaF16;
+                    let f = match (panels, f16) {
+                        (4, false) => gemv_panels_avx2::<4, false>,
+                        (3, false) => gemv_panels_avx2::<3, false>,
+                        (2, false) => gemv_panels_avx2::<2, false>,
+                        (_, false) => gemv_panels_avx2::<1, false>,
+                        (4, true) => gemv_panels_avx2::<4, true>,
+                        (3, true) => gemv_panels_avx2::<3, true>,
+                        (2, true) => gemv_panels_avx2::<2, true>,
+                        (_, true) => gemv_panels_avx2::<1, true>,
+                    };
+                    f(&x, b.as_ptr(), k, sums.as_mut_ptr())
+                },
+                _ => {
+                    for (panel, s) in b.chunks_exact(k * NR).zip(sums.chunks_exact_mut(NR)) {
+                        for (&xp, row) in x.iter().zip(panel.chunks_exact(NR)) {
+                            for (t, &bv) in s.iter_mut().zip(row) {
+                                *t = xp.mul_add(bv, *t);
+                            }
+                        }
+                    }
+                }
+            }
+            y[q * NR..q * NR + cols].copy_from_slice(&sums[..cols]);
+            q += panels;
+        }
+    };
+    if threads > 1 {
+        c.par_chunks_mut(width).enumerate().for_each(run);
+    } else {
+        c.chunks_mut(width).enumerate().for_each(run);
+    }
+}
+
+/// P panels' running sums (`sums`, P·NR values, loaded and stored) advanced over all k rows
+/// of the panels at `b` (panel q at `b.add(q·k·NR)`), B rounded to float16 as it is loaded
+/// where `F16`.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `b` holds P panels of k×NR values; `x` holds k values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemv_panels_avx2<const P: usize, const F16: bool>(
+    x: &[f32],
+    b: *const f32,
+    k: usize,
+    sums: *mut f32,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm256_setzero_ps(); 2]; P];
+    for (q, s) in acc.iter_mut().enumerate() {
+        s[0] = _mm256_loadu_ps(sums.add(q * NR));
+        s[1] = _mm256_loadu_ps(sums.add(q * NR + 8));
+    }
+    let load = |q: *const f32| {
+        let v = _mm256_loadu_ps(q);
+        if F16 {
+            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        } else {
+            v
+        }
+    };
+    for (p, xp) in x.iter().enumerate().take(k) {
+        let xv = _mm256_broadcast_ss(xp);
+        for (q, s) in acc.iter_mut().enumerate() {
+            let row = b.add((q * k + p) * NR);
+            s[0] = _mm256_fmadd_ps(xv, load(row), s[0]);
+            s[1] = _mm256_fmadd_ps(xv, load(row.add(8)), s[1]);
+        }
+    }
+    for (q, s) in acc.iter().enumerate() {
+        _mm256_storeu_ps(sums.add(q * NR), s[0]);
+        _mm256_storeu_ps(sums.add(q * NR + 8), s[1]);
+    }
 }
 
 /// B packed whole into NR-column panels of all k rows (panel jp's row p at
@@ -1336,6 +1496,79 @@ mod tests {
                         bits(&want),
                         "{m}x{n}x{k} rounded, {threads} thread(s)"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_weight_packed_whole_is_read_by_panels_with_the_same_chains() {
+        use crate::numeric::Rounding;
+        // One row (streamed panel by panel: full passes of four panels, partial ones, a
+        // partial last panel) and several (the tiles over the panels); B as packed and read
+        // rounded from the same panels (float16 by the rounding tile, bfloat16 packed per
+        // call); with C's values or from zero; 1 and 3 threads. B holds a value beyond
+        // float16's range, a float16 subnormal and a NaN.
+        for &(m, n, k) in &[
+            (1, 7, 5),
+            (1, 64, 3),
+            (1, 100, 300),
+            (1, 1500, 41),
+            (3, 33, 300),
+            (16, 100, 520),
+            (80, 40, 30),
+        ] {
+            let a = values(m * k, 31);
+            let mut b = values(k * n, 32);
+            b[0] = 70000.0;
+            b[k * n / 2] = 3.0e-6;
+            b[k * n - 1] = f32::NAN;
+            let c0 = values(m * n, 33);
+            let strided = StridedB {
+                data: &b,
+                n,
+                rs: n,
+                cs: 1,
+            };
+            let packed = PackedB::new(k, n, &strided);
+            for accumulate in [false, true] {
+                for rounding in [None, Some(Rounding::F16), Some(Rounding::BF16)] {
+                    let mut rb = b.clone();
+                    if let Some(r) = rounding {
+                        r.round_slice(&mut rb);
+                    }
+                    let want = reference(m, n, k, &a, &rb, accumulate.then_some(&c0[..]));
+                    for threads in [1, 3] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let mut c = if accumulate {
+                            c0.clone()
+                        } else {
+                            vec![f32::NAN; m * n]
+                        };
+                        pool.install(|| match rounding {
+                            None => gemm(m, n, k, &a, k, 1, &packed, &mut c, n, accumulate),
+                            Some(rounding) => {
+                                let view = RoundedPackedB {
+                                    packed: &packed,
+                                    rounding,
+                                };
+                                gemm(m, n, k, &a, k, 1, &view, &mut c, n, accumulate)
+                            }
+                        });
+                        assert_eq!(
+                            bits(&c),
+                            bits(&want),
+                            "{m}x{n}x{k} {rounding:?}, {threads} thread(s), accumulate {accumulate}"
+                        );
+                    }
+                    if m == 1 && rounding.is_none() {
+                        let mut scalar = if accumulate { c0.clone() } else { vec![0.0; n] };
+                        gemv_panels(Kernel::Scalar, &packed, &a, 1, &mut scalar, accumulate, 2);
+                        assert_eq!(bits(&scalar), bits(&want), "1x{n}x{k} scalar");
+                    }
                 }
             }
         }
