@@ -413,10 +413,37 @@ fn packed_b(
     kept.get_or_insert(tag, || {
         let (rs, cs) = if transposed { (1, k) } else { (n, 1) };
         let strided = super::sgemm::StridedB { data: b, n, rs, cs };
-        let packed = super::sgemm::PackedB::new(k, n, &strided);
-        crate::onnx::mapped::release_pages(as_bytes(b));
-        packed
+        pack_releasing(k, n, &strided, b, !transposed)
     })
+}
+
+/// Bytes of a weight's rows packed before they are given back (see [`pack_releasing`]).
+const RELEASED_BAND_BYTES: usize = 8 << 20;
+
+/// `b_packs` (a k×n B whose values are `b`) packed whole; where `b` lies in a file map, its
+/// pages are given back: band by band as they are packed where `b` is in rows (`in_rows`), so
+/// that the weight is held about once, not twice, even while it is packed (a 113 MB lm_head
+/// would otherwise add its size to the run's peak), else once packed.
+fn pack_releasing(
+    k: usize,
+    n: usize,
+    b_packs: &dyn super::sgemm::PackB,
+    b: &[f32],
+    in_rows: bool,
+) -> super::sgemm::PackedB {
+    use crate::onnx::mapped::release_pages;
+    if !in_rows || !is_mapped(b) {
+        let packed = super::sgemm::PackedB::new(k, n, b_packs);
+        release_pages(as_bytes(b));
+        return packed;
+    }
+    let band_rows = (RELEASED_BAND_BYTES / (n.max(1) * std::mem::size_of::<f32>())).max(1);
+    let packed = super::sgemm::PackedB::new_in_bands(k, n, b_packs, band_rows, &|rows| {
+        release_pages(as_bytes(&b[rows.start * n..rows.end * n]));
+    });
+    // The pages the bands shared at their ends.
+    release_pages(as_bytes(b));
+    packed
 }
 
 /// [`packed_b`] of a k×n B stored as is and read rounded (kept under the rounding's own tag,
@@ -431,9 +458,7 @@ fn packed_rounded_b(
     use super::prepacked::tag::PACKED_B_ROUNDED;
     let tag = PACKED_B_ROUNDED[matches!(rounding, crate::numeric::Rounding::BF16) as usize];
     kept.get_or_insert(tag, || {
-        let packed = super::sgemm::PackedB::new(k, n, &rounded_b(b, n, rounding));
-        crate::onnx::mapped::release_pages(as_bytes(b));
-        packed
+        pack_releasing(k, n, &rounded_b(b, n, rounding), b, true)
     })
 }
 

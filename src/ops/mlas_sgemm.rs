@@ -196,29 +196,80 @@ fn fma3_kernel(
     c: &mut [f32],
     ldc: usize,
 ) {
-    let bv = |kk: usize, j: usize| {
-        if trans_b {
-            b[j * ldb + kk]
-        } else {
-            b[kk * ldb + j]
-        }
-    };
     for i in 0..m {
-        for j in 0..n {
-            let mut zero_mode = !accumulate;
-            let mut k0 = 0;
-            while k0 < k {
-                let k1 = (k0 + stride_k).min(k);
-                let mut acc = 0f32;
-                for kk in k0..k1 {
-                    acc = a[i * lda + kk].mul_add(bv(kk, j), acc);
+        let mut j0 = 0;
+        while j0 < n {
+            let cols = (n - j0).min(KERNEL_COLS);
+            if cols == KERNEL_COLS {
+                fma3_columns::<KERNEL_COLS>(
+                    trans_b, i, j0, k, stride_k, alpha, a, lda, b, ldb, accumulate, c, ldc,
+                );
+            } else {
+                for j in j0..n {
+                    fma3_columns::<1>(
+                        trans_b, i, j, k, stride_k, alpha, a, lda, b, ldb, accumulate, c, ldc,
+                    );
                 }
-                let cij = &mut c[i * ldc + j];
-                *cij = if zero_mode { acc * alpha } else { acc + *cij };
-                zero_mode = false;
-                k0 = k1;
+            }
+            j0 += cols;
+        }
+    }
+}
+
+/// Outputs a kernel call computes side by side: independent chains, so that they overlap
+/// instead of each waiting on its own fused multiply-adds' latency (GroupQueryAttention's
+/// 16×16×64 products were latency-bound one output at a time).
+const KERNEL_COLS: usize = 8;
+
+/// Outputs (i, j0..j0 + J) of [`fma3_kernel`], each its own chain over each K stride from +0,
+/// added to C after the first stride (or scaled by alpha into C at the first, unless
+/// accumulating): the same operations in the same order per output as one at a time.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn fma3_columns<const J: usize>(
+    trans_b: bool,
+    i: usize,
+    j0: usize,
+    k: usize,
+    stride_k: usize,
+    alpha: f32,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    accumulate: bool,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    let a_row = &a[i * lda..i * lda + k];
+    let c_row = &mut c[i * ldc + j0..i * ldc + j0 + J];
+    let mut zero_mode = !accumulate;
+    let mut k0 = 0;
+    while k0 < k {
+        let k1 = (k0 + stride_k).min(k);
+        let mut acc = [0f32; J];
+        if trans_b {
+            let rows: [&[f32]; J] = std::array::from_fn(|jj| &b[(j0 + jj) * ldb..][..k]);
+            for kk in k0..k1 {
+                let av = a_row[kk];
+                for (s, row) in acc.iter_mut().zip(&rows) {
+                    *s = av.mul_add(row[kk], *s);
+                }
+            }
+        } else {
+            for kk in k0..k1 {
+                let av = a_row[kk];
+                let b_row: &[f32; J] = b[kk * ldb + j0..][..J].try_into().expect("J values");
+                for (s, &bv) in acc.iter_mut().zip(b_row) {
+                    *s = av.mul_add(bv, *s);
+                }
             }
         }
+        for (cij, &s) in c_row.iter_mut().zip(&acc) {
+            *cij = if zero_mode { s * alpha } else { s + *cij };
+        }
+        zero_mode = false;
+        k0 = k1;
     }
 }
 
@@ -256,6 +307,71 @@ mod tests {
             c3[0],
             ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))
         );
+    }
+
+    /// Outputs computed eight side by side are each the chain computed alone: every shape
+    /// with full and partial groups of columns, both B layouts, alpha, accumulation, K strides.
+    #[test]
+    fn side_by_side_outputs_are_each_their_own_chain() {
+        let val = |i: usize, s: usize| ((i * s % 37) as f32 - 18.0) * 0.173;
+        for &(m, n, k) in &[
+            (3, 5, 7),
+            (16, 16, 64),
+            (5, 19, 300),
+            (2, 64, 16),
+            (7, 9, 129),
+        ] {
+            for trans_b in [false, true] {
+                for (alpha, accumulate) in [(1.0, false), (0.125, false), (1.0, true)] {
+                    let a: Vec<f32> = (0..m * k).map(|i| val(i, 7)).collect();
+                    let b: Vec<f32> = (0..k * n).map(|i| val(i, 11)).collect();
+                    let c0: Vec<f32> = (0..m * n).map(|i| val(i, 13)).collect();
+                    let ldb = if trans_b { k } else { n };
+                    let mut want = c0.clone();
+                    let mut stride_k = 128usize;
+                    if n >= k {
+                        while stride_k / 2 >= k {
+                            stride_k /= 2;
+                        }
+                    } else {
+                        let mut stride_n = 128usize;
+                        while stride_n > 16 && stride_n / 2 >= n {
+                            stride_k *= 2;
+                            stride_n /= 2;
+                        }
+                    }
+                    for i in 0..m {
+                        for j in 0..n {
+                            let mut zero = !accumulate;
+                            for k0 in (0..k).step_by(stride_k) {
+                                let mut s = 0f32;
+                                for kk in k0..(k0 + stride_k).min(k) {
+                                    let bv = if trans_b {
+                                        b[j * k + kk]
+                                    } else {
+                                        b[kk * n + j]
+                                    };
+                                    s = a[i * k + kk].mul_add(bv, s);
+                                }
+                                let w = &mut want[i * n + j];
+                                *w = if zero { s * alpha } else { s + *w };
+                                zero = false;
+                            }
+                        }
+                    }
+                    let mut c = c0.clone();
+                    sgemm(
+                        trans_b, m, n, k, alpha, &a, k, &b, ldb, accumulate, &mut c, n,
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&c),
+                        bits(&want),
+                        "{m}x{n}x{k} trans_b {trans_b} alpha {alpha}"
+                    );
+                }
+            }
+        }
     }
 
     /// K strides: each stride's chain starts from +0 and is added to C.

@@ -764,6 +764,33 @@ impl PackedB {
     }
 }
 
+impl PackedB {
+    /// [`new`](Self::new), packing B's rows a band of `band_rows` at a time (every panel's
+    /// piece of the band, then the next band) and calling `done` with each band's row range
+    /// once it is packed: a caller that gives a band's memory back as soon as it is packed
+    /// holds B about once while it is packed, not twice.
+    pub fn new_in_bands(
+        k: usize,
+        n: usize,
+        b: &dyn PackB,
+        band_rows: usize,
+        done: &(dyn Fn(std::ops::Range<usize>) + Sync),
+    ) -> PackedB {
+        let mut data = vec![0f32; n.div_ceil(NR) * k * NR];
+        for p0 in (0..k).step_by(band_rows.max(1)) {
+            let kc = band_rows.max(1).min(k - p0);
+            data.par_chunks_mut(k * NR)
+                .enumerate()
+                .with_min_len(16)
+                .for_each(|(jp, panel)| {
+                    b.pack(jp * NR, p0, kc, &mut panel[p0 * NR..(p0 + kc) * NR])
+                });
+            done(p0..p0 + kc);
+        }
+        PackedB { data, k, n }
+    }
+}
+
 impl PackB for PackedB {
     fn pack(&self, j0: usize, p0: usize, kc: usize, dst: &mut [f32]) {
         let jp = j0 / NR;
