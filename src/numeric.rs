@@ -110,6 +110,20 @@ pub(crate) unsafe fn bf16_x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64
     _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x)
 }
 
+/// 8 values rounded to bfloat16 as [`round_to_bf16`] does it (NaNs unchanged): the AVX2 form
+/// of [`bf16_x16`], for kernels that round a weight as they load it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn bf16_x8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let b = _mm256_castps_si256(x);
+    let odd = _mm256_and_si256(_mm256_srli_epi32::<16>(b), _mm256_set1_epi32(1));
+    let up = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), odd);
+    let r = _mm256_and_si256(up, _mm256_set1_epi32(0xFFFF_0000u32 as i32));
+    let nan = _mm256_cmp_ps::<_CMP_UNORD_Q>(x, x);
+    _mm256_blendv_ps(_mm256_castsi256_ps(r), x, nan)
+}
+
 /// Every 16 values of `v` rounded in place (to bfloat16 if `BF16`, else float16), the last 1–15
 /// through one masked load and store (AVX-512 masks, not the microcoded AVX `vmaskmovps`).
 #[cfg(target_arch = "x86_64")]

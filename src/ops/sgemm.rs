@@ -237,12 +237,12 @@ pub fn gemm_threads(
     let tasks = n_blocks * m_panels.div_ceil(mb);
     let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
     let kernel = Kernel::detect();
-    // Panels read where they lie: B packed whole, or packed whole and read rounded to float16
-    // by a kernel that rounds as it loads.
+    // Panels read where they lie: B packed whole, or packed whole and read rounded by a
+    // kernel that rounds as it loads.
     let (whole, kernel) = match (b.packed(), b.rounded_packed()) {
         (Some(pb), _) => (Some(pb), kernel),
-        (None, Some((pb, crate::numeric::Rounding::F16))) => match kernel.rounding_b_to_f16() {
-            Some(f16) => (Some(pb), f16),
+        (None, Some((pb, rounding))) => match kernel.rounding_b(rounding) {
+            Some(rounding_kernel) => (Some(pb), rounding_kernel),
             None => (None, kernel),
         },
         _ => (None, kernel),
@@ -256,14 +256,13 @@ pub fn gemm_threads(
         );
     }
     // Few A panels: a B in rows is read where it lies (see DIRECT_B_PANELS); so is a B read
-    // rounded to float16 where the kernel rounds as it loads (more than one row: one row
-    // streams by bands below).
-    let rounding_kernel = kernel.rounding_b_to_f16();
-    let in_place = match (b.rows(), b.rounded_rows(), rounding_kernel) {
-        (Some((data, rs)), _, _) => Some((data, rs, kernel)),
-        (None, Some((data, rs, crate::numeric::Rounding::F16)), Some(f16)) if m > 1 => {
-            Some((data, rs, f16))
-        }
+    // rounded where the kernel rounds as it loads (more than one row: one row streams by
+    // bands below).
+    let in_place = match (b.rows(), b.rounded_rows()) {
+        (Some((data, rs)), _) => Some((data, rs, kernel)),
+        (None, Some((data, rs, rounding))) if m > 1 => kernel
+            .rounding_b(rounding)
+            .map(|rounding_kernel| (data, rs, rounding_kernel)),
         _ => None,
     };
     let (direct, kernel) = match in_place {
@@ -668,17 +667,21 @@ fn gemv_panels(
                 // SAFETY: the CPU has AVX2, FMA and F16C (detected); `b` holds `panels`
                 // panels of k×NR values, `sums` panels·NR values.
                 #[cfg(target_arch = "x86_64")]
-                Kernel::Avx2Fma | Kernel::Avx2FmaF16 => unsafe {
-                    let f16 = kernel == Kernel::Avx2FmaF16;
-                    let f = match (panels, f16) {
-                        (4, false) => gemv_panels_avx2::<4, false>,
-                        (3, false) => gemv_panels_avx2::<3, false>,
-                        (2, false) => gemv_panels_avx2::<2, false>,
-                        (_, false) => gemv_panels_avx2::<1, false>,
-                        (4, true) => gemv_panels_avx2::<4, true>,
-                        (3, true) => gemv_panels_avx2::<3, true>,
-                        (2, true) => gemv_panels_avx2::<2, true>,
-                        (_, true) => gemv_panels_avx2::<1, true>,
+                Kernel::Avx2Fma | Kernel::Avx2FmaF16 | Kernel::Avx2FmaBf16 => unsafe {
+                    fn pick<const ROUND: u8>(
+                        panels: usize,
+                    ) -> unsafe fn(&[f32], *const f32, usize, *mut f32) {
+                        match panels {
+                            4 => gemv_panels_avx2::<4, ROUND>,
+                            3 => gemv_panels_avx2::<3, ROUND>,
+                            2 => gemv_panels_avx2::<2, ROUND>,
+                            _ => gemv_panels_avx2::<1, ROUND>,
+                        }
+                    }
+                    let f = match kernel.rounds() {
+                        TO_F16 => pick::<TO_F16>(panels),
+                        TO_BF16 => pick::<TO_BF16>(panels),
+                        _ => pick::<AS_STORED>(panels),
                     };
                     f(&x, b.as_ptr(), k, sums.as_mut_ptr())
                 },
@@ -704,14 +707,14 @@ fn gemv_panels(
 }
 
 /// P panels' running sums (`sums`, P·NR values, loaded and stored) advanced over all k rows
-/// of the panels at `b` (panel q at `b.add(q·k·NR)`), B rounded to float16 as it is loaded
-/// where `F16`.
+/// of the panels at `b` (panel q at `b.add(q·k·NR)`), B rounded as it is loaded as `ROUND`
+/// says ([`round_b`]).
 ///
 /// # Safety
 /// The CPU has AVX2, FMA and F16C; `b` holds P panels of k×NR values; `x` holds k values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn gemv_panels_avx2<const P: usize, const F16: bool>(
+unsafe fn gemv_panels_avx2<const P: usize, const ROUND: u8>(
     x: &[f32],
     b: *const f32,
     k: usize,
@@ -723,14 +726,7 @@ unsafe fn gemv_panels_avx2<const P: usize, const F16: bool>(
         s[0] = _mm256_loadu_ps(sums.add(q * NR));
         s[1] = _mm256_loadu_ps(sums.add(q * NR + 8));
     }
-    let load = |q: *const f32| {
-        let v = _mm256_loadu_ps(q);
-        if F16 {
-            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-        } else {
-            v
-        }
-    };
+    let load = |q: *const f32| round_b::<ROUND>(_mm256_loadu_ps(q));
     for (p, xp) in x.iter().enumerate().take(k) {
         let xv = _mm256_broadcast_ss(xp);
         for (q, s) in acc.iter_mut().enumerate() {
@@ -1073,7 +1069,28 @@ enum Kernel {
     /// float16 layer's weight read in place.
     #[cfg(target_arch = "x86_64")]
     Avx2FmaF16,
+    /// The same, rounding to bfloat16 (`numeric::bf16_x8`: the integer steps of
+    /// `round_to_bf16`, NaN kept).
+    #[cfg(target_arch = "x86_64")]
+    Avx2FmaBf16,
     Scalar,
+}
+
+/// What the AVX2 kernels do to B's values as they load them ([`round_b`]).
+const AS_STORED: u8 = 0;
+const TO_F16: u8 = 1;
+const TO_BF16: u8 = 2;
+
+/// Eight of B's values as loaded by a kernel that rounds them as `ROUND` says.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn round_b<const ROUND: u8>(v: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    match ROUND {
+        TO_F16 => _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)),
+        TO_BF16 => crate::numeric::bf16_x8(v),
+        _ => v,
+    }
 }
 
 impl Kernel {
@@ -1088,12 +1105,26 @@ impl Kernel {
         Kernel::Scalar
     }
 
-    /// This kernel reading B rounded to float16, where the CPU converts (None: it does not).
-    fn rounding_b_to_f16(self) -> Option<Kernel> {
+    /// This kernel reading B rounded to float16 or bfloat16 as it loads it (None: the scalar
+    /// kernel, which reads a rounded copy).
+    fn rounding_b(self, rounding: crate::numeric::Rounding) -> Option<Kernel> {
+        match (self, rounding) {
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx2Fma, crate::numeric::Rounding::F16) => Some(Kernel::Avx2FmaF16),
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx2Fma, crate::numeric::Rounding::BF16) => Some(Kernel::Avx2FmaBf16),
+            _ => None,
+        }
+    }
+
+    /// What this kernel does to B's values as it loads them.
+    fn rounds(self) -> u8 {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => Some(Kernel::Avx2FmaF16),
-            _ => None,
+            Kernel::Avx2FmaF16 => TO_F16,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2FmaBf16 => TO_BF16,
+            _ => AS_STORED,
         }
     }
 
@@ -1171,12 +1202,14 @@ impl Kernel {
     ) {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma | Kernel::Avx2FmaF16 => {
-                let f = match (self == Kernel::Avx2FmaF16, prefetch) {
-                    (false, false) => avx2_tile::<false, false, A>(rows),
-                    (false, true) => avx2_tile::<true, false, A>(rows),
-                    (true, false) => avx2_tile::<false, true, A>(rows),
-                    (true, true) => avx2_tile::<true, true, A>(rows),
+            Kernel::Avx2Fma | Kernel::Avx2FmaF16 | Kernel::Avx2FmaBf16 => {
+                let f = match (self.rounds(), prefetch) {
+                    (TO_F16, false) => avx2_tile::<false, TO_F16, A>(rows),
+                    (TO_F16, true) => avx2_tile::<true, TO_F16, A>(rows),
+                    (TO_BF16, false) => avx2_tile::<false, TO_BF16, A>(rows),
+                    (TO_BF16, true) => avx2_tile::<true, TO_BF16, A>(rows),
+                    (_, false) => avx2_tile::<false, AS_STORED, A>(rows),
+                    (_, true) => avx2_tile::<true, AS_STORED, A>(rows),
                 };
                 f(kc, a, b, b_stride, c, ldc, load)
             }
@@ -1219,16 +1252,16 @@ unsafe fn tile_scalar<A: TileA>(
 /// or as stored.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::type_complexity)]
-fn avx2_tile<const PREFETCH: bool, const F16: bool, A: TileA>(
+fn avx2_tile<const PREFETCH: bool, const ROUND: u8, A: TileA>(
     rows: usize,
 ) -> unsafe fn(usize, A, *const f32, usize, *mut f32, usize, bool) {
     match rows {
-        1 => tile_avx2_fma::<1, PREFETCH, F16, A>,
-        2 => tile_avx2_fma::<2, PREFETCH, F16, A>,
-        3 => tile_avx2_fma::<3, PREFETCH, F16, A>,
-        4 => tile_avx2_fma::<4, PREFETCH, F16, A>,
-        5 => tile_avx2_fma::<5, PREFETCH, F16, A>,
-        _ => tile_avx2_fma::<6, PREFETCH, F16, A>,
+        1 => tile_avx2_fma::<1, PREFETCH, ROUND, A>,
+        2 => tile_avx2_fma::<2, PREFETCH, ROUND, A>,
+        3 => tile_avx2_fma::<3, PREFETCH, ROUND, A>,
+        4 => tile_avx2_fma::<4, PREFETCH, ROUND, A>,
+        5 => tile_avx2_fma::<5, PREFETCH, ROUND, A>,
+        _ => tile_avx2_fma::<6, PREFETCH, ROUND, A>,
     }
 }
 
@@ -1239,7 +1272,7 @@ fn avx2_tile<const PREFETCH: bool, const F16: bool, A: TileA>(
 /// As [`Kernel::tile`]; the CPU has AVX2, FMA and F16C ([`Kernel::detect`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const F16: bool, A: TileA>(
+unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A: TileA>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -1264,14 +1297,7 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const F16: bool, A
             _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
             _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(NR - 1) as *const i8);
         }
-        let load = |q: *const f32| {
-            let v = _mm256_loadu_ps(q);
-            if F16 {
-                _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
-            } else {
-                v
-            }
-        };
+        let load = |q: *const f32| round_b::<ROUND>(_mm256_loadu_ps(q));
         let b0 = load(b.add(p * b_stride));
         let b1 = load(b.add(p * b_stride + 8));
         for (r, row) in acc.iter_mut().enumerate() {
@@ -1766,17 +1792,25 @@ mod tests {
             }
             assert_eq!(bits(&scalar), bits(&vector), "{rows} rows");
         }
-        // The tile that rounds B to float16 as it loads (in place, rows NR + 3 apart; values
-        // beyond float16's range, subnormal in float16, and NaN): the scalar tile's bits on a
-        // rounded copy.
-        if let Some(f16) = Kernel::detect().rounding_b_to_f16() {
+        // The tiles that round B to float16 or bfloat16 as they load (in place, rows NR + 3
+        // apart; values beyond float16's range, subnormal in float16, a bfloat16 tie, NaN):
+        // the scalar tile's bits on a rounded copy.
+        for (rounding, rounding_kernel) in [
+            crate::numeric::Rounding::F16,
+            crate::numeric::Rounding::BF16,
+        ]
+        .into_iter()
+        .filter_map(|r| Kernel::detect().rounding_b(r).map(|k| (r, k)))
+        {
             let ld = NR + 3;
             let mut braw = values(ld * k, 9);
             braw[5] = 70000.0;
             braw[ld + 2] = 3e-6;
             braw[2 * ld + 7] = f32::NAN;
+            braw[3 * ld + 1] = f32::from_bits(0x3F80_8000);
+            braw[3 * ld + 2] = f32::from_bits(0x3F81_8000);
             let mut rounded = braw.clone();
-            crate::numeric::Rounding::F16.round_slice(&mut rounded);
+            rounding.round_slice(&mut rounded);
             let panel: Vec<f32> = (0..k * NR)
                 .map(|i| rounded[(i / NR) * ld + i % NR])
                 .collect();
@@ -1795,7 +1829,7 @@ mod tests {
                         true,
                         false,
                     );
-                    f16.tile(
+                    rounding_kernel.tile(
                         rows,
                         k,
                         a,
@@ -1810,7 +1844,7 @@ mod tests {
                 assert_eq!(
                     bits(&scalar),
                     bits(&vector),
-                    "{rows} rows, B rounded to float16"
+                    "{rows} rows, B rounded as {rounding:?}"
                 );
             }
         }
