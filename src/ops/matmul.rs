@@ -375,13 +375,17 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 ///   panels replace it, since the map's pages are given back once packed
 ///   ([`crate::onnx::mapped`]), so the run still holds the weight once — and every product
 ///   reads panels, the fastest form for the tiles and, streamed, for one row (a decode step);
-/// - any other (a weight copied at load or converted by a plan) only where the product packs
-///   B on every run anyway (more rows than `sgemm::gemm` reads B in place for) and the copy is
-///   at most [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its weights'.
+/// - any other (a weight copied at load, folded at load or converted by a plan) where the
+///   product packs B on every run anyway (more rows than `sgemm::gemm` reads B in place for)
+///   and the copy is at most [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its
+///   weights'; and where a product of a few rows (a prefill) would pack a wide B band by
+///   band on every run (rows of at least `sgemm::STREAMED_ROW_VALUES`: a tied lm_head, the
+///   Transpose of the embedding folded at load), a copy the size of that weight.
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
+    let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
     mapped
-        || (rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
-            && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES)
+        || (rows > few && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES)
+        || ((2..=few).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
 }
 
 /// Whether a weight's values are the bytes of a file map (see [`keeps_packed_b`]).
@@ -1375,6 +1379,9 @@ mod tests {
         assert!(!keeps_packed_b(1000, 2048, 2049, false));
         assert!(!keeps_packed_b(72, 16, 16, false));
         assert!(keeps_packed_b(1, 4096, 4096, true));
+        // A wide weight (a tied lm_head) by a prefill's rows, not by a decode step's.
+        assert!(keeps_packed_b(16, 576, 49152, false));
+        assert!(!keeps_packed_b(1, 576, 49152, false));
     }
 
     /// A weight read from a file map is kept packed whatever the rows (a decode step's one,

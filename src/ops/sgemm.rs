@@ -414,7 +414,7 @@ const PREFETCH_ROWS: usize = 48;
 /// Values of B (k·n) from which a product of a few A panels packs B a band at a time instead
 /// of reading it in place: 1 MiB, beyond L2, so B comes from memory.
 const STREAMED_B_VALUES: usize = 1 << 18;
-const STREAMED_ROW_VALUES: usize = 16 * 1024;
+pub(crate) const STREAMED_ROW_VALUES: usize = 16 * 1024;
 /// Values of one packed band of B (a k block of its panels): 128 KiB, L2-resident while each
 /// A panel passes over it.
 const STREAMED_BLOCK_VALUES: usize = 64 * 1024;
