@@ -21,6 +21,7 @@ pub mod infer;
 pub mod inspect;
 pub mod jobs;
 pub mod lowbit;
+pub mod mapped;
 pub mod numeric;
 pub mod onnx;
 pub mod ops;

@@ -1,6 +1,5 @@
 //! ONNX protobuf ⇄ graph IR: model loading (with external data), tensor conversion.
 
-pub mod mapped;
 pub mod proto;
 #[cfg(test)]
 pub(crate) mod testing;
@@ -51,7 +50,7 @@ pub fn map_file(path: &Path) -> std::io::Result<Bytes> {
     // SAFETY: the map is read-only and private to this process; like every tool that maps
     // its inputs, mixprec requires that the file is not truncated or rewritten while loaded.
     let map = unsafe { memmap2::Mmap::map(&f)? };
-    Ok(Bytes::from_owner(mapped::MappedFile::new(map)))
+    Ok(Bytes::from_owner(crate::mapped::MappedFile::new(map)))
 }
 
 /// Decodes the protobuf bytes of a model (`raw_data` fields are copied out of `bytes`; see

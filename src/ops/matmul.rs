@@ -373,7 +373,7 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 /// Runtime's prepacking keeps one:
 /// - a weight read from a file map (`mapped`), whatever its size or the rows: its packed
 ///   panels replace it, since the map's pages are given back once packed
-///   ([`crate::onnx::mapped`]), so the run still holds the weight once — and every product
+///   ([`crate::mapped`]), so the run still holds the weight once — and every product
 ///   reads panels, the fastest form for the tiles and, streamed, for one row (a decode step);
 /// - any other (a weight copied at load, folded at load or converted by a plan) where the
 ///   product packs B on every run anyway (more rows than `sgemm::gemm` reads B in place for)
@@ -390,7 +390,7 @@ fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
 
 /// Whether a weight's values are the bytes of a file map (see [`keeps_packed_b`]).
 fn is_mapped(b: &[f32]) -> bool {
-    crate::onnx::mapped::is_mapped(as_bytes(b))
+    crate::mapped::is_mapped(as_bytes(b))
 }
 
 fn as_bytes(v: &[f32]) -> &[u8] {
@@ -435,7 +435,7 @@ fn pack_releasing(
     b: &[f32],
     in_rows: bool,
 ) -> super::sgemm::PackedB {
-    use crate::onnx::mapped::release_pages;
+    use crate::mapped::release_pages;
     if !in_rows || !is_mapped(b) {
         let packed = super::sgemm::PackedB::new(k, n, b_packs);
         release_pages(as_bytes(b));
@@ -914,10 +914,13 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let mut out = unsafe {
         super::util::unzeroed_f32(m * n, |o| {
             let o = super::util::assume_written(o);
-            match ctx.prepacked(1).filter(|_| {
-                let mapped = matches!(&bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
-                ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n, mapped)
-            }) {
+            // Not by whether B is mapped, as MatMul: the unkept product below is the `gemm`
+            // crate's order, so the choice must not depend on where B's bytes lie (an exported
+            // model's mapped weight and the emulation's converted one give the same bits).
+            match ctx
+                .prepacked(1)
+                .filter(|_| ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n, false))
+            {
                 // A constant B (a weight) packed once, in its orientation.
                 Some(kept) => {
                     let packed = packed_b(kept, &bv, k, n, tb);
@@ -1407,7 +1410,7 @@ mod tests {
         let mapped = Tensor::from_parts(vec![k, n], TensorData::F32(buf));
         let heap = Tensor::from_f32(vec![k, n], w.clone());
         let start = mapped.as_f32().unwrap().as_ptr() as usize;
-        let rss = || crate::onnx::mapped::mapping_rss(start);
+        let rss = || crate::mapped::mapping_rss(start);
         for m in [1, 16, 80] {
             let a = Tensor::from_f32(
                 vec![m, k],

@@ -1,4 +1,4 @@
-//! The read-only file maps a model's bytes live in ([`map_file`](super::map_file)), and giving
+//! The read-only file maps a model's bytes live in ([`map_file`](crate::onnx::map_file)), and giving
 //! back to the operating system the pages of a weight that a kernel has copied into a form of
 //! its own (a MatMul's packed panels, as ONNX Runtime's prepacking frees the initializer it
 //! packed): the run then holds the weight once, not twice.
@@ -136,7 +136,7 @@ mod tests {
         let path = dir.path().join("w.bin");
         let values: Vec<u8> = (0..64 * 4096u32).map(|i| (i * 7 % 251) as u8).collect();
         std::fs::write(&path, &values).unwrap();
-        let bytes = super::super::map_file(&path).unwrap();
+        let bytes = crate::onnx::map_file(&path).unwrap();
         let start = bytes.as_ptr() as usize;
         let inner = &bytes[100..bytes.len() - 100];
         assert!(is_mapped(inner));
