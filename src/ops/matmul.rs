@@ -384,8 +384,16 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
     let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
     mapped
-        || (rows > few && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES)
+        || packs_small_b_anyway(rows, k, n)
         || ((2..=few).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
+}
+
+/// Whether a product packs B on every run anyway (more rows than `sgemm::gemm` reads B in
+/// place for) and B is at most [`MAX_PACKED_B_BYTES`]: a copy of it costs little memory and
+/// saves the packing (see [`keeps_packed_b`]).
+fn packs_small_b_anyway(rows: usize, k: usize, n: usize) -> bool {
+    rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
+        && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES
 }
 
 /// Whether a weight's values are the bytes of a file map (see [`keeps_packed_b`]).
@@ -611,7 +619,7 @@ pub fn matmul_kept(
         match kept.filter(|_| keeps_packed_b(nb * m, k, n, mapped)) {
             // Many rows, a small weight: a rounded packed copy (the product would pack it on
             // every run anyway, and its tiles read each value once per A panel).
-            Some(kept) if keeps_packed_b(nb * m, k, n, false) => {
+            Some(kept) if packs_small_b_anyway(nb * m, k, n) => {
                 let packed = packed_rounded_b(kept, &bv, k, n, r);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
             }
@@ -919,7 +927,7 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             // model's mapped weight and the emulation's converted one give the same bits).
             match ctx
                 .prepacked(1)
-                .filter(|_| ctx.accumulate == Accumulator::F32 && keeps_packed_b(m, k, n, false))
+                .filter(|_| ctx.accumulate == Accumulator::F32 && packs_small_b_anyway(m, k, n))
             {
                 // A constant B (a weight) packed once, in its orientation.
                 Some(kept) => {
@@ -1385,6 +1393,8 @@ mod tests {
         // A wide weight (a tied lm_head) by a prefill's rows, not by a decode step's.
         assert!(keeps_packed_b(16, 576, 49152, false));
         assert!(!keeps_packed_b(1, 576, 49152, false));
+        // ... as stored only: a float16/bfloat16 plan reads those panels rounded, no copy.
+        assert!(!packs_small_b_anyway(16, 576, 49152));
     }
 
     /// A weight read from a file map is kept packed whatever the rows (a decode step's one,
