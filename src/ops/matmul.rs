@@ -613,8 +613,9 @@ pub fn matmul_kept(
     let sa = super::util::broadcast_strides(batch_a, &batch);
     let sb = super::util::broadcast_strides(batch_b, &batch);
     let bst = strides_of(&batch);
-    // Only a B borrowed from the tensor can lie in a file map.
-    let mapped = matches!(bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
+    // Only a B borrowed from the tensor can lie in a file map; asked only where a packed form
+    // may be kept (the registry takes a lock).
+    let mapped = kept.is_some() && matches!(bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
     if let Some(r) = rounded_in_packing {
         match kept.filter(|_| keeps_packed_b(nb * m, k, n, mapped)) {
             // Many rows, a small weight: a rounded packed copy (the product would pack it on
