@@ -16,6 +16,7 @@ pub mod conv;
 pub mod detection;
 pub mod elementwise;
 pub mod indexing;
+pub mod int_gemm;
 pub mod integer;
 pub mod lanewise;
 pub(crate) mod logistic;

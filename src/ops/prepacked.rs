@@ -29,6 +29,9 @@ pub mod tag {
     /// A MatMul's constant B packed whole as [`PACKED_B`] after rounding to float16 or
     /// bfloat16 (`ops::matmul`: a plan's rounded weight, packed from the stored one).
     pub const PACKED_B_ROUNDED: [u64; 2] = [10, 11];
+    /// A MatMulInteger's constant B minus its zero points, packed for the pair-product
+    /// kernel (`int_gemm::PackedIntB`).
+    pub const INTEGER_B: u64 = 12;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -62,15 +62,24 @@ fn param_index(t: &Tensor, n: usize, side: Side, what: &str) -> Result<Vec<usize
     Ok((0..t.len()).map(|i| (i / inner) % len).collect())
 }
 
-/// `t - zero_point` as an i64 tensor, checking dtypes (uint8/int8, zero point of t's type).
-fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Tensor, OpError> {
-    if !matches!(t.dtype(), DType::U8 | DType::I8) {
-        return Err(OpError(format!(
-            "{what} has dtype {}, expected uint8 or int8",
-            t.dtype()
-        )));
-    }
-    let mut v = t.to_i64_vec().expect("integer");
+/// `t - zero_point` as i32 values (uint8/int8 codes and their zero points differ by at most
+/// 255), checking dtypes (uint8/int8, zero point of t's type) and the zero point's shape.
+fn shifted_codes(
+    t: &Tensor,
+    zp: Option<&Tensor>,
+    side: Side,
+    what: &str,
+) -> Result<Vec<i32>, OpError> {
+    let mut v: Vec<i32> = match t.data() {
+        TensorData::U8(b) => b.as_slice().iter().map(|&x| i32::from(x)).collect(),
+        TensorData::I8(b) => b.as_slice().iter().map(|&x| i32::from(x)).collect(),
+        _ => {
+            return Err(OpError(format!(
+                "{what} has dtype {}, expected uint8 or int8",
+                t.dtype()
+            )))
+        }
+    };
     if let Some(z) = zp {
         if z.dtype() != t.dtype() {
             return Err(OpError(format!(
@@ -85,26 +94,60 @@ fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Te
                 z.shape()
             )));
         }
-        let zv = z.to_i64_vec().expect("integer");
-        let idx = param_index(t, zv.len(), side, &format!("the zero point of {what}"))?;
-        v.iter_mut().zip(idx).for_each(|(x, i)| *x -= zv[i]);
-    }
-    Ok(Tensor::from_i64(t.shape().to_vec(), v))
-}
-
-fn matmul_integer(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    let a = shifted(input(inputs, 0)?, opt_input(inputs, 2), Side::A, "A")?;
-    let b = shifted(input(inputs, 1)?, opt_input(inputs, 3), Side::B, "B")?;
-    // Exact i32 accumulation whatever the layer's accumulator: the kernel ConvInteger and the
-    // fused Q/DQ kernels share (ops/integer.rs).
-    let i32s = |t: &Tensor| -> Vec<i32> {
-        t.to_i64_vec()
+        let zv: Vec<i32> = z
+            .to_i64_vec()
             .expect("integer")
             .into_iter()
             .map(|x| x as i32)
-            .collect()
-    };
-    let (c, shape) = super::integer::imatmul(&i32s(&a), a.shape(), &i32s(&b), b.shape())?;
+            .collect();
+        match zv.as_slice() {
+            [] => {}
+            [z0] => v.iter_mut().for_each(|x| *x -= z0),
+            _ => {
+                let idx = param_index(t, zv.len(), side, &format!("the zero point of {what}"))?;
+                v.iter_mut().zip(idx).for_each(|(x, i)| *x -= zv[i]);
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// `t - zero_point` as an i64 tensor (see [`shifted_codes`]).
+fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Tensor, OpError> {
+    let v = shifted_codes(t, zp, side, what)?;
+    Ok(Tensor::from_i64(
+        t.shape().to_vec(),
+        v.into_iter().map(i64::from).collect(),
+    ))
+}
+
+fn matmul_integer(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
+    let a = shifted_codes(a_t, opt_input(inputs, 2), Side::A, "A")?;
+    // A constant 2-D B (a weight, with a constant zero point) is packed once for the
+    // pair-product kernel (ops/int_gemm.rs), which reads it as 16-bit values.
+    let keep = ctx
+        .prepacked(1)
+        .filter(|_| opt_input(inputs, 3).is_none() || ctx.prepacked(3).is_some());
+    if let (Some(kept), [k, n], [.., ka]) = (keep, b_t.shape(), a_t.shape()) {
+        let (k, n) = (*k, *n);
+        if *ka == k {
+            let packed = kept.get_or_try_insert(super::prepacked::tag::INTEGER_B, || {
+                shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")
+                    .map(|codes| super::int_gemm::PackedIntB::new(&codes, k, n))
+            })?;
+            let m = a.len() / k.max(1);
+            let mut c = vec![0i32; m * n];
+            packed.product(m, &a, &mut c);
+            let mut shape = a_t.shape()[..a_t.rank() - 1].to_vec();
+            shape.push(n);
+            return Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))]);
+        }
+    }
+    let b = shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")?;
+    // Exact i32 accumulation whatever the layer's accumulator: the kernel ConvInteger and the
+    // fused Q/DQ kernels share (ops/integer.rs).
+    let (c, shape) = super::integer::imatmul(&a, a_t.shape(), &b, b_t.shape())?;
     Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))])
 }
 
@@ -241,6 +284,86 @@ mod tests {
         let i8z = Tensor::from_parts(vec![], TensorData::I8(vec![0].into()));
         let e = ctx_run(matmul_integer, &[Some(&a), Some(&b), Some(&i8z)]).unwrap_err();
         assert!(e.0.contains("must match"), "{e}");
+    }
+
+    /// A constant B is packed once and kept; the product equals the i64 product of the
+    /// shifted codes wrapped to i32, small sums and sums past 2^24 (where an f32 product
+    /// would round) alike.
+    #[test]
+    fn matmul_integer_with_a_kept_weight_equals_the_exact_product() {
+        use crate::ops::prepacked::Prepacked;
+        let n = Node {
+            name: "mmi".into(),
+            op_type: "MatMulInteger".into(),
+            inputs: vec!["a".into(), "b".into(), "az".into(), "bz".into()],
+            outputs: vec!["y".into()],
+            ..Default::default()
+        };
+        let mut seed = 7u64;
+        let mut code = |lo: u8, hi: u8| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            lo + ((seed >> 33) % (u64::from(hi - lo) + 1)) as u8
+        };
+        // (rows, k, n, A's code range, whether the sums stay below 2^24): the last has 600
+        // products of 255·255, whose sums pass it.
+        for (m, k, cols, (lo, hi), small) in [
+            (3, 40, 20, (100, 140), true),
+            (2, 64, 16500, (0, 255), true),
+            (2, 600, 17, (255, 255), false),
+        ] {
+            let kept: Vec<Prepacked> = (0..4).map(|_| Prepacked::default()).collect();
+            let kept: Vec<Option<&Prepacked>> = kept.iter().map(Some).collect();
+            let mut ctx = OpCtx::new(&n, 21);
+            ctx.prepacked = &kept;
+            let a = u8t(
+                &[1, m, k],
+                &(0..m * k).map(|_| code(lo, hi)).collect::<Vec<_>>(),
+            );
+            let b = Tensor::from_parts(
+                vec![k, cols],
+                TensorData::I8(
+                    (0..k * cols)
+                        .map(|i| {
+                            if small {
+                                code(0, 40) as i8 - 20
+                            } else {
+                                -128 + (i % 2) as i8
+                            }
+                        })
+                        .collect::<Vec<_>>()
+                        .into(),
+                ),
+            );
+            let az = u8t(&[], &[if small { 120 } else { 0 }]);
+            let bz = Tensor::from_parts(
+                vec![cols],
+                TensorData::I8((0..cols).map(|j| (j % 3) as i8).collect::<Vec<_>>().into()),
+            );
+            let av = shifted_codes(&a, Some(&az), Side::A, "A").unwrap();
+            let bv = shifted_codes(&b, Some(&bz), Side::B, "B").unwrap();
+            let want: Vec<i32> = (0..m * cols)
+                .map(|o| {
+                    let (i, j) = (o / cols, o % cols);
+                    (0..k)
+                        .map(|p| i64::from(av[i * k + p]) * i64::from(bv[p * cols + j]))
+                        .sum::<i64>() as i32
+                })
+                .collect();
+            for run in 0..2 {
+                let y = matmul_integer(&ctx, &[Some(&a), Some(&b), Some(&az), Some(&bz)])
+                    .unwrap()
+                    .remove(0);
+                assert_eq!(y.shape(), &[1, m, cols]);
+                assert_eq!(
+                    y.data(),
+                    &TensorData::I32(want.clone().into()),
+                    "{m}x{k}x{cols} run {run}"
+                );
+            }
+            assert_eq!(kept[1].unwrap().len(), 1, "B is kept packed");
+        }
     }
 
     #[test]

@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""A benchmark kit for a machine without a Rust toolchain (another CPU vendor, a GPU host's CPU).
+
+    kit.py pack KIT_DIR    (here, after `cargo build --release --bin mixprec --bench latency`)
+    kit.py run KIT_DIR     (there: needs only python3 with numpy, onnx and onnxruntime)
+
+`pack` writes KIT_DIR: the stripped `mixprec` and `latency` (benches/latency.rs) binaries, the
+bench models of bench/run.sh, every model of the real-model corpus (tests/fixtures/real_models.json)
+and SmolLM2-135M's plain and GenAI float32 exports (scripts/real_models.sh), each with its input
+set. To keep the kit small (the device tool carries 64 MiB), every stored tensor (initializer,
+Constant, in subgraphs too) of 64 KiB or more
+is replaced by a record of its shape and value statistics, and `run` regenerates it seeded:
+float tensors from a normal distribution with the original's mean and standard deviation,
+integer tensors uniform over the original's range. Tensors with non-finite values or values
+beyond ±1e4 (masks, limits) are kept as they are. Latency does not depend on the values of
+float weights (no denormals are generated: |x| < 1e-30 is written as 0), so both engines time
+the same work as on the real model; accuracy figures from a kit are not the real model's.
+
+`run` regenerates the models, pins every timed process to two CPUs (CPUS=a,b, default the
+first CPU and its hyperthread sibling: a 2-vCPU cloud machine's shape), and prints the CPU, its
+ISA extensions and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) alternating
+rounds of the two engines, each engine's lowest median: FP32 mixprec/ORT, the emulated runs
+against mixprec's own FP32 run, and SmolLM2's prefill and per-token decode against ORT.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import zlib
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHRINK_BYTES = 64 * 1024
+# The prompt bench/llm.sh uses: a SmolLM2 chat prompt of 16 tokens.
+PROMPT = "1,4093,198,1780,314,260,3575,282,4649,47,2,198,1,520,9531,198"
+
+
+def tensors(graph: onnx.GraphProto):
+    """Every stored tensor of `graph` in a fixed order: initializers, Constant values, subgraphs'."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from tensors(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from tensors(g)
+
+
+def shrink(src: str, dst: str) -> None:
+    """Writes `src` to `dst` with every large stored tensor replaced by its statistics."""
+    model = onnx.load(src)
+    records = {}
+    for k, t in enumerate(tensors(model.graph)):
+        a = numpy_helper.to_array(t)
+        if a.nbytes < SHRINK_BYTES or not (np.issubdtype(a.dtype, np.floating) or np.issubdtype(a.dtype, np.integer)):
+            continue
+        if np.issubdtype(a.dtype, np.floating):
+            f = a.astype(np.float64)
+            if not np.isfinite(f).all() or np.abs(f).max() > 1e4:
+                continue
+            stats = {"mean": float(f.mean()), "std": float(f.std())}
+        else:
+            stats = {"min": int(a.min()), "max": int(a.max())}
+        records[str(k)] = {"dims": list(t.dims), "data_type": t.data_type, **stats}
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data", "uint64_data",
+                      "external_data"):
+            t.ClearField(field)
+        t.data_location = TensorProto.DEFAULT
+    external = os.path.exists(src + ".data")
+    model.metadata_props.add(key="mixprec_kit", value=json.dumps({"external": external, "tensors": records}))
+    onnx.save(model, dst)
+
+
+def expand(src: str, dst: str) -> None:
+    """Regenerates the tensors `shrink` replaced, seeded by each one's position and name."""
+    model = onnx.load(src)
+    props = {p.key: p.value for p in model.metadata_props}
+    kit = json.loads(props["mixprec_kit"])
+    for k, t in enumerate(tensors(model.graph)):
+        r = kit["tensors"].get(str(k))
+        if r is None:
+            continue
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(r["data_type"])
+        rng = np.random.default_rng([k, zlib.crc32(t.name.encode())])
+        if "std" in r:
+            a = rng.normal(r["mean"], r["std"], size=r["dims"])
+            a[np.abs(a) < 1e-30] = 0.0
+        else:
+            a = rng.integers(r["min"], r["max"], size=r["dims"], endpoint=True)
+        t.CopyFrom(numpy_helper.from_array(a.astype(dtype), t.name))
+    keep = [p for p in model.metadata_props if p.key != "mixprec_kit"]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    if kit["external"]:
+        onnx.save(model, dst, save_as_external_data=True, location=os.path.basename(dst) + ".data")
+    else:
+        onnx.save(model, dst)
+
+
+def write_inputs(model_path: str, feeds: dict, folder: str) -> None:
+    """The input set as input_K.pb in the graph's input order (benches/latency.rs, ort_latency.py)."""
+    os.makedirs(folder, exist_ok=True)
+    graph = onnx.load(model_path, load_external_data=False).graph
+    inits = {i.name for i in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in inits]
+    for k, name in enumerate(names):
+        with open(os.path.join(folder, f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(feeds[name], name).SerializeToString())
+
+
+def pack(kit: str) -> None:
+    py = sys.executable
+    build = subprocess.run(["cargo", "build", "--release", "--bin", "mixprec", "--bench", "latency",
+                            "--message-format=json"], cwd=ROOT, check=True, capture_output=True, text=True)
+    exes = {}
+    for line in build.stdout.splitlines():
+        j = json.loads(line)
+        if j.get("reason") == "compiler-artifact" and j.get("executable"):
+            exes[j["target"]["name"]] = j["executable"]
+    shutil.rmtree(kit, ignore_errors=True)
+    os.makedirs(f"{kit}/bin")
+    os.makedirs(f"{kit}/models")
+    for name in ("mixprec", "latency"):
+        subprocess.run(["strip", "-o", f"{kit}/bin/{name}", exes[name]], check=True)
+    for script in ("kit.py", "ort_latency.py", "llm_ort.py"):
+        shutil.copy(f"{ROOT}/bench/{script}", f"{kit}/{script}")
+    mix = f"{kit}/bin/mixprec"
+    # bench/run.sh's two generated models, with their input sets.
+    gen = f"{kit}/gen"
+    subprocess.run([py, f"{ROOT}/scripts/gen_models.py", "--out", gen, "--size", "bench", "--only", "cnn,transformer"],
+                   check=True, stdout=subprocess.DEVNULL)
+    names = []
+    for name in ("cnn", "transformer"):
+        shrink(f"{gen}/{name}.onnx", f"{kit}/models/{name}.onnx")
+        shutil.copytree(f"{gen}/{name}", f"{kit}/models/{name}", ignore=shutil.ignore_patterns("output_*"))
+        names.append(name)
+    shutil.rmtree(gen)
+    # The real-model corpus: inputs as bench/corpus.py makes them (mixprec run --save-inputs).
+    env = dict(os.environ, MIXPREC_PYTHON=py)
+    cache_lines = subprocess.run(["bash", f"{ROOT}/scripts/real_models.sh"], cwd=ROOT, env=env, check=True,
+                                 capture_output=True, text=True).stdout.strip().splitlines()
+    cache = cache_lines[-1]
+    sys.path.insert(0, f"{ROOT}/bench")
+    from corpus import gen_args  # noqa: E402  (bench/corpus.py: the corpus' input generators)
+
+    for m in json.load(open(f"{ROOT}/tests/fixtures/real_models.json")):
+        path, name = os.path.join(cache, m["file"]), m["name"]
+        npz = f"{kit}/models/{name}.npz"
+        subprocess.run([mix, "run", path, *gen_args(m), "--save-inputs", npz], check=True, capture_output=True)
+        write_inputs(path, dict(np.load(npz)), f"{kit}/models/{name}")
+        os.remove(npz)
+        shrink(path, f"{kit}/models/{name}.onnx")
+        names.append(name)
+    smollm2 = next(l.split("=", 1)[1] for l in cache_lines if l.startswith("derived smollm2="))
+    llms = ["plain", "genai-fp32"]
+    os.makedirs(f"{kit}/llm")
+    for variant in llms:
+        shrink(f"{smollm2}/{variant}/model.onnx", f"{kit}/llm/{variant}.onnx")
+    json.dump({"models": names, "llms": llms}, open(f"{kit}/kit.json", "w"))
+
+
+def cpu_pair() -> list[int]:
+    """The first allowed CPU and its hyperthread sibling (else the next CPU)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    try:
+        with open(f"/sys/devices/system/cpu/cpu{cpus[0]}/topology/thread_siblings_list") as f:
+            text = f.read().strip()
+        sib = []
+        for part in text.split(","):
+            lo, _, hi = part.partition("-")
+            sib += range(int(lo), int(hi or lo) + 1)
+        if len(sib) >= 2:
+            return sib[:2]
+    except OSError:
+        pass
+    return cpus[:2]
+
+
+def cpu_line() -> str:
+    info = open("/proc/cpuinfo").read()
+    model = next((l.split(":", 1)[1].strip() for l in info.splitlines() if l.startswith("model name")), "?")
+    flags = set(next((l.split(":", 1)[1].split() for l in info.splitlines() if l.startswith("flags")), []))
+    isa = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+                       "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "avx_vnni") if f in flags]
+    return f"{model}; {os.cpu_count()} CPUs; {' '.join(isa)}"
+
+
+def run(kit: str) -> None:
+    kit = os.path.abspath(kit)
+    meta = json.load(open(f"{kit}/kit.json"))
+    work = f"{kit}/expanded"
+    for name in meta["models"]:
+        shutil.copytree(f"{kit}/models/{name}", f"{work}/{name}", dirs_exist_ok=True)
+        expand(f"{kit}/models/{name}.onnx", f"{work}/{name}.onnx")
+    for variant in meta["llms"]:
+        expand(f"{kit}/llm/{variant}.onnx", f"{work}/llm/{variant}/model.onnx")
+    pair = [int(c) for c in os.environ["CPUS"].split(",")] if os.environ.get("CPUS") else cpu_pair()
+    threads = str(len(pair))
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    print(f"cpu: {cpu_line()}")
+    print(f"pinned to CPUs {pair}, {threads} threads; onnxruntime {__import__('onnxruntime').__version__}; "
+          f"{rounds} rounds; models regenerated from the kit's statistics (see kit.py)")
+    pin = ["taskset", "-c", ",".join(map(str, pair))]
+    env = dict(os.environ, RAYON_NUM_THREADS=threads)
+    mix, ort_ = {}, {}
+    emulated: dict = {}
+    llm: dict = {}
+    for _ in range(rounds):
+        for name in meta["models"]:
+            p = subprocess.run([*pin, f"{kit}/bin/latency", work, name], capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                print(f"{name}: mixprec failed: {p.stderr.strip()[-300:]}")
+                continue
+            for j in map(json.loads, p.stdout.strip().splitlines()):
+                for k in ("fp16", "bf16", "int8", "fp8"):
+                    if j.get(k + "_median_ms"):
+                        emulated.setdefault((name, k), []).append(j[k + "_median_ms"] / j["median_ms"])
+                mix[name] = min(mix.get(name, 1e30), j["median_ms"])
+            p = subprocess.run([*pin, sys.executable, f"{kit}/ort_latency.py", work, threads, name],
+                               capture_output=True, text=True)
+            if p.returncode != 0:
+                print(f"{name}: onnxruntime failed: {p.stderr.strip()[-300:]}")
+                continue
+            for j in map(json.loads, p.stdout.strip().splitlines()):
+                ort_[name] = min(ort_.get(name, 1e30), j["median_ms"])
+        for variant in meta["llms"]:
+            model = f"{work}/llm/{variant}/model.onnx"
+            prompt = f"{work}/llm/prompt.npz"
+            np.savez(prompt, input_ids=np.array([[int(t) for t in PROMPT.split(",")]], dtype=np.int64))
+            for n in (1, 9):
+                p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", model, "--load-inputs", prompt, "--decode", str(n),
+                                    "--warm-up", "2", "--threads", threads], capture_output=True, text=True)
+                t = [l for l in (p.stdout + p.stderr).splitlines() if "Average inference time" in l]
+                if not t:
+                    print(f"{variant}: mixprec run --decode {n} failed: {(p.stdout + p.stderr).strip()[-300:]}")
+                    continue
+                ms = float(t[0].split("Average inference time:")[1].split("ms")[0])
+                key = (variant, "mixprec", n)
+                llm[key] = min(llm.get(key, 1e30), ms)
+            p = subprocess.run([*pin, sys.executable, f"{kit}/llm_ort.py", model, PROMPT, threads],
+                               capture_output=True, text=True)
+            if p.returncode == 0:
+                t1, t9 = map(float, p.stdout.split())
+                for n, s in ((1, t1), (9, t9)):
+                    key = (variant, "ort", n)
+                    llm[key] = min(llm.get(key, 1e30), s * 1e3)
+            else:
+                print(f"{variant}: llm_ort.py failed: {p.stderr.strip()[-300:]}")
+    print("| model | mixprec ms | ORT ms | mixprec/ORT | FP16 / BF16 / INT8 / FP8 ÷ FP32 |")
+    print("| --- | --- | --- | --- | --- |")
+    ratios = []
+    for name in meta["models"]:
+        if name not in mix or name not in ort_:
+            continue
+        r = mix[name] / ort_[name]
+        ratios.append(r)
+        em = " / ".join(f"{statistics.median(emulated[(name, k)]):.2f}" if (name, k) in emulated else "-"
+                        for k in ("fp16", "bf16", "int8", "fp8"))
+        print(f"| {name} | {mix[name]:.2f} | {ort_[name]:.2f} | {r:.2f} | {em} |")
+    if ratios:
+        print(f"FP32 mixprec/ORT over {len(ratios)} models: median {statistics.median(ratios):.2f}, "
+              f"max {max(ratios):.2f}")
+    print("| SmolLM2-135M (16-token prompt) | prefill mixprec ms | ORT ms | ratio | decode mixprec ms/token | ORT | ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for variant in meta["llms"]:
+        try:
+            m1, m9 = llm[(variant, "mixprec", 1)], llm[(variant, "mixprec", 9)]
+            o1, o9 = llm[(variant, "ort", 1)], llm[(variant, "ort", 9)]
+        except KeyError:
+            continue
+        md, od = (m9 - m1) / 8, (o9 - o1) / 8
+        print(f"| {variant} | {m1:.1f} | {o1:.1f} | {m1 / o1:.2f} | {md:.2f} | {od:.2f} | {md / od:.2f} |")
+
+
+def main() -> None:
+    if len(sys.argv) != 3 or sys.argv[1] not in ("pack", "run"):
+        sys.exit(__doc__)
+    (pack if sys.argv[1] == "pack" else run)(sys.argv[2])
+
+
+if __name__ == "__main__":
+    main()
