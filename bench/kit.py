@@ -21,6 +21,10 @@ first CPU and its hyperthread sibling: a 2-vCPU cloud machine's shape), and prin
 ISA extensions and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) alternating
 rounds of the two engines, each engine's lowest median: FP32 mixprec/ORT, the emulated runs
 against mixprec's own FP32 run, and SmolLM2's prefill and per-token decode against ORT.
+PROFILE=NAME[,NAME] then prints, for those models, `mixprec run --profile`'s time per op type
+and layer beside ONNX Runtime's time per op type (bench/ort_op_profile.py), on the same inputs:
+the profile recipe of docs/benchmarks.md for a machine where only the kit runs. ONLY=NAME[,NAME]
+times only those models (the LLM variants are named plain and genai-fp32).
 """
 from __future__ import annotations
 
@@ -133,7 +137,7 @@ def pack(kit: str) -> None:
     os.makedirs(f"{kit}/models")
     for name in ("mixprec", "latency"):
         subprocess.run(["strip", "-o", f"{kit}/bin/{name}", exes[name]], check=True)
-    for script in ("kit.py", "ort_latency.py", "llm_ort.py"):
+    for script in ("kit.py", "ort_latency.py", "llm_ort.py", "ort_op_profile.py"):
         shutil.copy(f"{ROOT}/bench/{script}", f"{kit}/{script}")
     mix = f"{kit}/bin/mixprec"
     # bench/run.sh's two generated models, with their input sets.
@@ -200,6 +204,9 @@ def run(kit: str) -> None:
     kit = os.path.abspath(kit)
     meta = json.load(open(f"{kit}/kit.json"))
     work = f"{kit}/expanded"
+    if os.environ.get("ONLY"):
+        only = set(os.environ["ONLY"].split(",")) | set(filter(None, os.environ.get("PROFILE", "").split(",")))
+        meta = {key: [n for n in names if n in only] for key, names in meta.items()}
     for name in meta["models"]:
         shutil.copytree(f"{kit}/models/{name}", f"{work}/{name}", dirs_exist_ok=True)
         expand(f"{kit}/models/{name}.onnx", f"{work}/{name}.onnx")
@@ -281,6 +288,34 @@ def run(kit: str) -> None:
             continue
         md, od = (m9 - m1) / 8, (o9 - o1) / 8
         print(f"| {variant} | {m1:.1f} | {o1:.1f} | {m1 / o1:.2f} | {md:.2f} | {od:.2f} | {md / od:.2f} |")
+    if os.environ.get("PROFILE"):
+        profile(kit, work, os.environ["PROFILE"].split(","), pin, threads)
+
+
+def profile(kit: str, work: str, names: list[str], pin: list[str], threads: str) -> None:
+    """Per-op profiles of both engines on the kit's inputs (PROFILE=...)."""
+    for name in names:
+        graph = onnx.load(f"{work}/{name}.onnx", load_external_data=False).graph
+        inits = {i.name for i in graph.initializer}
+        feeds = {}
+        for k, i in enumerate(i for i in graph.input if i.name not in inits):
+            t = TensorProto()
+            with open(f"{work}/{name}/input_{k}.pb", "rb") as f:
+                t.ParseFromString(f.read())
+            feeds[i.name] = numpy_helper.to_array(t)
+        npz = f"{work}/{name}/feed.npz"
+        np.savez(npz, **feeds)
+        print(f"\n## {name}: mixprec run --profile")
+        p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", f"{work}/{name}.onnx", "--load-inputs", npz,
+                            "--warm-up", "10", "--profile", "--threads", threads], capture_output=True, text=True)
+        lines = (p.stdout + p.stderr).splitlines()
+        by_type = next((i for i, l in enumerate(lines) if "By op type" in l), len(lines))
+        layers = next((i for i, l in enumerate(lines) if "Layer profile" in l), by_type)
+        print("\n".join(lines[layers:layers + 16] + lines[by_type:by_type + 16]))
+        print(f"## {name}: ONNX Runtime")
+        p = subprocess.run([*pin, sys.executable, f"{kit}/ort_op_profile.py", f"{work}/{name}.onnx", npz, "25",
+                            threads], capture_output=True, text=True)
+        print("\n".join((p.stdout + p.stderr).splitlines()[:16]))
 
 
 def main() -> None:
