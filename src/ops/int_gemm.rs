@@ -1,45 +1,89 @@
 //! The exact integer product of 8-bit codes by a constant weight: `c = a · b` in i32, where
 //! `a` and `b` are codes minus their zero points (at most 255 in magnitude). The weight is
-//! packed once into panels of 16 columns with k in pairs, as 16-bit values; the AVX2 kernel
-//! multiplies pairs with `vpmaddwd` (two products of at most 255² each, summed into an i32
-//! lane: exact) and adds them in i32, wrapping as the hardware accumulator does. Integer sums
-//! are the same in any order, so every path (AVX2, portable, any thread count) gives the same
-//! bits as [`super::integer::igemm`]. ONNX Runtime's u8s8 kernels on AVX2 CPUs without VNNI
-//! sum pairs with `vpmaddubsw`, which saturates in 16 bits (docs/export.md): this kernel reads
-//! the same bytes per weight product pair but never saturates.
+//! packed once into panels of 16 columns with k in groups, and the kernels add the products
+//! of a group into an i32 lane, then the lanes in i32, wrapping as the hardware accumulator
+//! does. Integer sums are the same in any order, so every path (any kernel, any thread
+//! count) gives the same bits as [`super::integer::igemm`]:
+//!
+//! - AVX-VNNI / AVX512-VNNI (`vpdpbusd`), where the weight's codes fit int8: groups of four
+//!   products of an unsigned byte of A by a signed byte of B. A row's values are taken as
+//!   `lo + u` with `lo` the row's least value and `u` in 0..=255 (one zero point per row: its
+//!   codes span at most 255), and `Σ a·b = Σ u·b + lo · Σ b` with B's column sums kept.
+//!   ONNX Runtime's u8s8 kernels do the same on these CPUs.
+//! - AVX2 (`vpmaddwd`): groups of two products of 16-bit values, the weight stored as bytes
+//!   where its codes fit int8 and as 16-bit values otherwise. ONNX Runtime's u8s8 kernel on
+//!   AVX2 without VNNI sums byte pairs with `vpmaddubsw`, which saturates in 16 bits
+//!   (docs/export.md); this one reads the same bytes per weight and never saturates.
+//! - portable code otherwise.
 
 use rayon::prelude::*;
 
-/// Columns of one panel: two AVX2 registers of eight i32 lanes.
+/// Columns of one panel: two 256-bit registers of eight i32 lanes.
 const NR: usize = 16;
-/// Rows of A computed together (each row's pair broadcast against the same loaded panel).
+/// Rows of A computed together (each row's group broadcast against the same loaded panel).
 const MR: usize = 4;
 /// Products (m·k·16) from which a panel range is worth a task of its own.
 const TASK_WORK: usize = 1 << 16;
 
 /// A k×n weight's shifted codes packed for [`PackedIntB::product`]: panel `p` holds columns
-/// `16p..16p+16`, and for pair `q` the 32 values `b[2q, j], b[2q+1, j]` for each of its 16
-/// columns (zero past k and n).
+/// `16p..16p+16`, and for group `q` of `g` rows (2 or 4) the values `b[g·q + h, j]`, `h` in
+/// `0..g`, for each of its 16 columns in turn (zero past k and n).
 pub struct PackedIntB {
     k: usize,
     n: usize,
     data: Panels,
 }
 
-/// The packed values: as bytes where every shifted code fits (symmetric int8 weights, the
-/// usual dynamic quantization), halving what a product reads; as 16-bit values otherwise.
+/// The packed values and the kernel that reads them.
 enum Panels {
+    /// Pairs of bytes (every shifted code fits int8: symmetric weights, the usual dynamic
+    /// quantization), for `vpmaddwd`.
     I8(Vec<i8>),
+    /// Pairs of 16-bit values, for `vpmaddwd`.
     I16(Vec<i16>),
+    /// Groups of four bytes for `vpdpbusd`, with each column's sum of codes.
+    Quads {
+        data: Vec<i8>,
+        column_sums: Vec<i32>,
+    },
+}
+
+/// Whether the CPU has a 256-bit `vpdpbusd` (AVX-VNNI, or AVX512-VNNI with AVX512VL).
+fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avxvnni")
+            || (std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 impl PackedIntB {
-    /// Packs the row-major k×n `codes` (each within ±255: 8-bit codes minus zero points).
+    /// Packs the row-major k×n `codes` (each within ±255: 8-bit codes minus zero points)
+    /// for the fastest kernel the CPU has.
     pub fn new(codes: &[i32], k: usize, n: usize) -> PackedIntB {
-        let data = if codes[..k * n].iter().all(|&v| i8::try_from(v).is_ok()) {
-            Panels::I8(pack(codes, k, n))
-        } else {
-            Panels::I16(pack(codes, k, n))
+        Self::with_groups(codes, k, n, has_vnni())
+    }
+
+    fn with_groups(codes: &[i32], k: usize, n: usize, quads: bool) -> PackedIntB {
+        let bytes = codes[..k * n].iter().all(|&v| i8::try_from(v).is_ok());
+        let data = match (bytes, quads) {
+            (true, true) => {
+                let mut column_sums = vec![0i32; n];
+                for row in codes[..k * n].chunks_exact(n.max(1)) {
+                    for (s, &v) in column_sums.iter_mut().zip(row) {
+                        *s = s.wrapping_add(v);
+                    }
+                }
+                Panels::Quads {
+                    data: pack(codes, k, n, 4),
+                    column_sums,
+                }
+            }
+            (true, false) => Panels::I8(pack(codes, k, n, 2)),
+            (false, _) => Panels::I16(pack(codes, k, n, 2)),
         };
         PackedIntB { k, n, data }
     }
@@ -52,27 +96,52 @@ impl PackedIntB {
         self.n
     }
 
+    fn group(&self) -> usize {
+        match self.data {
+            Panels::Quads { .. } => 4,
+            _ => 2,
+        }
+    }
+
+    /// Panel `p`'s values.
+    fn panel(&self, p: usize) -> Panel<'_> {
+        let len = self.k.div_ceil(self.group()) * self.group() * NR;
+        let range = p * len..(p + 1) * len;
+        match &self.data {
+            Panels::I8(v) => Panel::I8(&v[range]),
+            Panels::I16(v) => Panel::I16(&v[range]),
+            Panels::Quads { data, .. } => Panel::I8(&data[range]),
+        }
+    }
+
     /// `c[m, n] = Σ_k a[m, k] · b[k, n]` for the row-major m×k shifted codes `a` (each within
     /// ±255), summed exactly in i32 (wrapping beyond 2^31, as the hardware accumulator).
     pub fn product(&self, m: usize, a: &[i32], c: &mut [i32]) {
         let (k, n) = (self.k, self.n);
         assert!(a.len() >= m * k && c.len() >= m * n, "operand sizes");
-        let pairs = k.div_ceil(2);
-        // A's rows as i16 pairs, each pair one i32 (the lane a broadcast repeats).
-        let mut a_pairs = vec![0i32; m * pairs];
-        for (row, dst) in a[..m * k]
-            .chunks(k.max(1))
-            .zip(a_pairs.chunks_mut(pairs.max(1)))
-        {
-            for (q, d) in dst.iter_mut().enumerate() {
-                let lo = row[2 * q] as i16 as u16 as u32;
-                let hi = row.get(2 * q + 1).map_or(0, |&v| v as i16 as u16 as u32);
-                *d = (lo | hi << 16) as i32;
-            }
-        }
+        let a = &a[..m * k];
+        let g = self.group();
+        let groups = k.div_ceil(g);
+        let kernel = match self.data {
+            Panels::Quads { .. } => Kernel::best_quads(),
+            _ => Kernel::best_pairs(),
+        };
+        // A's rows as the kernel broadcasts them (each group of g values one i32), and for
+        // the quads, each row's offset `lo`.
+        let (a_groups, offsets, kernel) = match (kernel, &self.data) {
+            (_, Panels::Quads { .. }) => match quad_rows(a, k) {
+                Some((quads, lows)) if kernel == Kernel::Portable => {
+                    (quads, Some(lows), Kernel::PortableQuads)
+                }
+                Some((quads, lows)) => (quads, Some(lows), kernel),
+                // A row spanning more than 255 (not one zero point's codes): no bytes.
+                None => (Vec::new(), None, Kernel::Portable),
+            },
+            (Kernel::Portable, _) => (Vec::new(), None, Kernel::Portable),
+            _ => (pair_rows(a, k), None, kernel),
+        };
         let panels = n.div_ceil(NR);
-        let panel_len = pairs * 2 * NR;
-        let per_panel = m * pairs * 2 * NR;
+        let per_panel = m * groups * g * NR;
         let threads = rayon::current_num_threads();
         let per_task = if per_panel * panels < TASK_WORK * 2 || threads == 1 {
             panels
@@ -92,13 +161,40 @@ impl PackedIntB {
                 for r0 in (0..m).step_by(MR) {
                     let rows = MR.min(m - r0);
                     for p in p0..p1 {
-                        let range = p * panel_len..(p + 1) * panel_len;
-                        let panel = match &self.data {
-                            Panels::I8(v) => Panel::I8(&v[range]),
-                            Panels::I16(v) => Panel::I16(&v[range]),
-                        };
                         let mut acc = [[0i32; NR]; MR];
-                        panel_rows(rows, &a_pairs[r0 * pairs..], pairs, panel, &mut acc);
+                        let panel = self.panel(p);
+                        match kernel {
+                            Kernel::Portable => {
+                                panel_rows_portable(rows, &a[r0 * k..], k, g, panel, &mut acc)
+                            }
+                            Kernel::PortableQuads => quads_portable(
+                                rows,
+                                &a_groups[r0 * groups..],
+                                groups,
+                                panel,
+                                &mut acc,
+                            ),
+                            _ => panel_rows(
+                                kernel,
+                                rows,
+                                &a_groups[r0 * groups..],
+                                groups,
+                                panel,
+                                &mut acc,
+                            ),
+                        }
+                        if let (Panels::Quads { column_sums, .. }, Some(lows)) =
+                            (&self.data, &offsets)
+                        {
+                            // Σ a·b = Σ u·b + lo · Σ b.
+                            for (r, lanes) in acc.iter_mut().enumerate().take(rows) {
+                                let lo = lows[r0 + r];
+                                for (jj, lane) in lanes.iter_mut().enumerate() {
+                                    let sum = column_sums.get(p * NR + jj).copied().unwrap_or(0);
+                                    *lane = lane.wrapping_add(lo.wrapping_mul(sum));
+                                }
+                            }
+                        }
                         for (r, lanes) in acc.iter().enumerate().take(rows) {
                             let o = (r0 + r) * width + (p - p0) * NR;
                             out[o..o + NR].copy_from_slice(lanes);
@@ -119,21 +215,71 @@ impl PackedIntB {
     }
 }
 
-/// The panels of [`PackedIntB`] in `T` (every code fits it).
-fn pack<T: Copy + Default + Send + TryFrom<i32>>(codes: &[i32], k: usize, n: usize) -> Vec<T> {
+/// A's rows as i16 pairs, each pair one i32 (the lane a broadcast repeats).
+fn pair_rows(a: &[i32], k: usize) -> Vec<i32> {
     let pairs = k.div_ceil(2);
+    let mut out = vec![0i32; a.len() / k.max(1) * pairs];
+    for (row, dst) in a.chunks(k.max(1)).zip(out.chunks_mut(pairs.max(1))) {
+        for (q, d) in dst.iter_mut().enumerate() {
+            let lo = row[2 * q] as i16 as u16 as u32;
+            let hi = row.get(2 * q + 1).map_or(0, |&v| v as i16 as u16 as u32);
+            *d = (lo | hi << 16) as i32;
+        }
+    }
+    out
+}
+
+/// A's rows as unsigned bytes `u = a − lo` (lo the row's least value) in groups of four, each
+/// group one i32, and each row's `lo`; None if a row spans more than 255.
+fn quad_rows(a: &[i32], k: usize) -> Option<(Vec<i32>, Vec<i32>)> {
+    let quads = k.div_ceil(4);
+    let rows = a.len() / k.max(1);
+    let mut out = vec![0i32; rows * quads];
+    let mut lows = vec![0i32; rows];
+    for ((row, dst), low) in a
+        .chunks(k.max(1))
+        .zip(out.chunks_mut(quads.max(1)))
+        .zip(lows.iter_mut())
+    {
+        let lo = row.iter().copied().min().unwrap_or(0);
+        let hi = row.iter().copied().max().unwrap_or(0);
+        if i64::from(hi) - i64::from(lo) > 255 {
+            return None;
+        }
+        *low = lo;
+        for (q, d) in dst.iter_mut().enumerate() {
+            let mut word = 0u32;
+            for h in 0..4 {
+                if let Some(&v) = row.get(4 * q + h) {
+                    word |= ((v - lo) as u32) << (8 * h);
+                }
+            }
+            *d = word as i32;
+        }
+    }
+    Some((out, lows))
+}
+
+/// The panels of [`PackedIntB`] in `T` (every code fits it), k in groups of `g`.
+fn pack<T: Copy + Default + Send + TryFrom<i32>>(
+    codes: &[i32],
+    k: usize,
+    n: usize,
+    g: usize,
+) -> Vec<T> {
+    let groups = k.div_ceil(g);
     let panels = n.div_ceil(NR);
-    let mut data = vec![T::default(); panels * pairs * 2 * NR];
-    data.par_chunks_mut(pairs * 2 * NR)
+    let mut data = vec![T::default(); panels * groups * g * NR];
+    data.par_chunks_mut(groups * g * NR)
         .enumerate()
         .for_each(|(p, panel)| {
-            for q in 0..pairs {
+            for q in 0..groups {
                 for jj in 0..NR.min(n - p * NR) {
                     let j = p * NR + jj;
-                    for h in 0..2 {
-                        let row = 2 * q + h;
+                    for h in 0..g {
+                        let row = g * q + h;
                         if row < k {
-                            panel[q * 2 * NR + 2 * jj + h] =
+                            panel[q * g * NR + g * jj + h] =
                                 T::try_from(codes[row * n + j]).unwrap_or_default();
                         }
                     }
@@ -159,54 +305,134 @@ impl Panel<'_> {
     }
 }
 
-/// `rows` (≤ MR) rows of A (their pairs at `a_pairs`, `pairs` apart) by one panel: the 16
-/// column sums of each row in `acc`.
-fn panel_rows(rows: usize, a_pairs: &[i32], pairs: usize, panel: Panel, acc: &mut [[i32; NR]; MR]) {
+/// Which kernel a product runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernel {
+    /// A read as it is (any panels).
+    Portable,
+    /// A's unsigned bytes by quad panels, as the VNNI kernels compute (where the CPU has
+    /// none), offsets added after.
+    PortableQuads,
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2; the slices hold `rows` rows of `pairs` pairs and
-        // `pairs` panel steps of 2·NR values (asserted in the kernel).
-        unsafe {
-            match (rows, panel) {
-                (1, Panel::I8(b)) => panel_rows_avx2::<1, i8>(a_pairs, pairs, b, acc),
-                (2, Panel::I8(b)) => panel_rows_avx2::<2, i8>(a_pairs, pairs, b, acc),
-                (3, Panel::I8(b)) => panel_rows_avx2::<3, i8>(a_pairs, pairs, b, acc),
-                (_, Panel::I8(b)) => panel_rows_avx2::<4, i8>(a_pairs, pairs, b, acc),
-                (1, Panel::I16(b)) => panel_rows_avx2::<1, i16>(a_pairs, pairs, b, acc),
-                (2, Panel::I16(b)) => panel_rows_avx2::<2, i16>(a_pairs, pairs, b, acc),
-                (3, Panel::I16(b)) => panel_rows_avx2::<3, i16>(a_pairs, pairs, b, acc),
-                (_, Panel::I16(b)) => panel_rows_avx2::<4, i16>(a_pairs, pairs, b, acc),
-            }
-        }
-        return;
-    }
-    panel_rows_portable(rows, a_pairs, pairs, panel, acc)
+    Avx2Pairs,
+    #[cfg(target_arch = "x86_64")]
+    AvxVnni,
+    #[cfg(target_arch = "x86_64")]
+    Avx512Vnni,
 }
 
+impl Kernel {
+    fn best_pairs() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            return Kernel::Avx2Pairs;
+        }
+        Kernel::Portable
+    }
+
+    fn best_quads() -> Kernel {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avxvnni") {
+                return Kernel::AvxVnni;
+            }
+            if std::arch::is_x86_feature_detected!("avx512vnni")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+            {
+                return Kernel::Avx512Vnni;
+            }
+        }
+        Kernel::Portable
+    }
+}
+
+/// `rows` (≤ MR) rows of A (their groups at `a_groups`, `groups` apart) by one panel with
+/// `kernel` (not [`Kernel::Portable`]): the 16 column sums of each row in `acc`.
+fn panel_rows(
+    kernel: Kernel,
+    rows: usize,
+    a_groups: &[i32],
+    groups: usize,
+    panel: Panel,
+    acc: &mut [[i32; NR]; MR],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        macro_rules! by_rows {
+            ($f:ident, $t:ty, $b:expr) => {
+                // SAFETY: `kernel` was chosen for a CPU feature it has; the slices hold
+                // `rows` rows of `groups` groups and `groups` panel steps (asserted in the
+                // kernel).
+                unsafe {
+                    match rows {
+                        1 => $f::<1, $t>(a_groups, groups, $b, acc),
+                        2 => $f::<2, $t>(a_groups, groups, $b, acc),
+                        3 => $f::<3, $t>(a_groups, groups, $b, acc),
+                        _ => $f::<4, $t>(a_groups, groups, $b, acc),
+                    }
+                }
+            };
+        }
+        match (kernel, panel) {
+            (Kernel::Avx2Pairs, Panel::I8(b)) => by_rows!(pairs_avx2, i8, b),
+            (Kernel::Avx2Pairs, Panel::I16(b)) => by_rows!(pairs_avx2, i16, b),
+            (Kernel::AvxVnni, Panel::I8(b)) => by_rows!(quads_avx_vnni, i8, b),
+            (Kernel::Avx512Vnni, Panel::I8(b)) => by_rows!(quads_avx512_vnni, i8, b),
+            _ => unreachable!("no kernel reads these panels"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (kernel, rows, a_groups, groups, panel, acc);
+        unreachable!("only the portable kernel runs here");
+    }
+}
+
+/// Any panel by `rows` rows of A read as they are (`a`, rows `k` apart): the sums the
+/// kernels compute, in the portable way.
 fn panel_rows_portable(
     rows: usize,
-    a_pairs: &[i32],
-    pairs: usize,
+    a: &[i32],
+    k: usize,
+    g: usize,
     panel: Panel,
     acc: &mut [[i32; NR]; MR],
 ) {
     for (r, lanes) in acc.iter_mut().enumerate().take(rows) {
-        for q in 0..pairs {
-            let pair = a_pairs[r * pairs + q] as u32;
-            let (a0, a1) = (
-                i32::from(pair as u16 as i16),
-                i32::from((pair >> 16) as u16 as i16),
-            );
-            let step = q * 2 * NR;
+        for p in 0..k {
+            let (q, h) = (p / g, p % g);
+            let x = a[r * k + p];
             for (j, lane) in lanes.iter_mut().enumerate() {
-                let two = a0 * panel.get(step + 2 * j) + a1 * panel.get(step + 2 * j + 1);
-                *lane = lane.wrapping_add(two);
+                let y = panel.get(q * g * NR + g * j + h);
+                *lane = lane.wrapping_add(x.wrapping_mul(y));
             }
         }
     }
 }
 
-/// A panel value type the AVX2 kernel widens to 16 bits as it loads.
+/// What the VNNI kernels compute, in portable code: `rows` rows of A's unsigned-byte quads
+/// by a quad panel.
+fn quads_portable(
+    rows: usize,
+    a_quads: &[i32],
+    quads: usize,
+    panel: Panel,
+    acc: &mut [[i32; NR]; MR],
+) {
+    for (r, lanes) in acc.iter_mut().enumerate().take(rows) {
+        for q in 0..quads {
+            let word = a_quads[r * quads + q] as u32;
+            for (j, lane) in lanes.iter_mut().enumerate() {
+                let four: i32 = (0..4)
+                    .map(|h| ((word >> (8 * h)) & 0xff) as i32 * panel.get(q * 4 * NR + 4 * j + h))
+                    .sum();
+                *lane = lane.wrapping_add(four);
+            }
+        }
+    }
+}
+
+/// A panel value type the AVX2 pair kernel widens to 16 bits as it loads.
 #[cfg(target_arch = "x86_64")]
 trait Widen: Copy {
     /// Sixteen values from `p` as 16 i16 lanes.
@@ -233,7 +459,7 @@ impl Widen for i16 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn panel_rows_avx2<const R: usize, T: Widen>(
+unsafe fn pairs_avx2<const R: usize, T: Widen>(
     a_pairs: &[i32],
     pairs: usize,
     panel: &[T],
@@ -259,6 +485,53 @@ unsafe fn panel_rows_avx2<const R: usize, T: Widen>(
     }
 }
 
+/// The quad kernel's body: `$dot(acc, a, b)` is the CPU's 256-bit `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! quads_body {
+    ($dot:path, $a_quads:ident, $quads:ident, $panel:ident, $acc:ident, $r:ident) => {{
+        use std::arch::x86_64::*;
+        assert!($a_quads.len() >= $r * $quads && $panel.len() >= $quads * 4 * NR);
+        let mut sums = [[_mm256_setzero_si256(); 2]; $r];
+        let b = $panel.as_ptr();
+        for q in 0..$quads {
+            // SAFETY: q < quads, so both loads lie inside the panel (asserted above).
+            let b0 = _mm256_loadu_si256(b.add(q * 4 * NR) as *const __m256i);
+            let b1 = _mm256_loadu_si256(b.add(q * 4 * NR + 2 * NR) as *const __m256i);
+            for (r, s) in sums.iter_mut().enumerate() {
+                let a = _mm256_set1_epi32(*$a_quads.get_unchecked(r * $quads + q));
+                s[0] = $dot(s[0], a, b0);
+                s[1] = $dot(s[1], a, b1);
+            }
+        }
+        for (r, s) in sums.iter().enumerate() {
+            _mm256_storeu_si256($acc[r].as_mut_ptr() as *mut __m256i, s[0]);
+            _mm256_storeu_si256($acc[r].as_mut_ptr().add(8) as *mut __m256i, s[1]);
+        }
+    }};
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avxvnni")]
+unsafe fn quads_avx_vnni<const R: usize, T>(
+    a_quads: &[i32],
+    quads: usize,
+    panel: &[T],
+    acc: &mut [[i32; NR]; MR],
+) {
+    quads_body!(_mm256_dpbusd_avx_epi32, a_quads, quads, panel, acc, R)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+unsafe fn quads_avx512_vnni<const R: usize, T>(
+    a_quads: &[i32],
+    quads: usize,
+    panel: &[T],
+    acc: &mut [[i32; NR]; MR],
+) {
+    quads_body!(_mm256_dpbusd_epi32, a_quads, quads, panel, acc, R)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,24 +548,28 @@ mod tests {
             .collect()
     }
 
-    /// Every path equals the i64 sum wrapped to i32: byte and 16-bit panels, odd k, n not a
-    /// multiple of 16, row counts around MR, extreme codes (±255, whose sums of 40,000
-    /// products wrap), one and two threads.
+    /// Every path equals the i64 sum wrapped to i32: pairs of bytes and of 16-bit values,
+    /// quads (the VNNI kernel where the CPU has it, the portable code elsewhere), odd k, n
+    /// not a multiple of 16, row counts around MR, extreme codes (±255, whose sums of 40,000
+    /// products wrap), rows of A spanning more than 255 (no bytes: the portable code), one
+    /// and two threads.
     #[test]
     fn packed_integer_product_equals_the_wrapped_exact_sum() {
-        for (i, &(m, k, n, lo, hi)) in [
-            (1, 1, 1, -255, 255),
-            (3, 7, 17, -255, 255),
-            (4, 64, 16, -128, 127),
-            (5, 33, 40, 0, 255),
-            (9, 129, 100, -255, 255),
-            (2, 40_000, 3, 255, 255),
+        for (i, &(m, k, n, (alo, ahi), (blo, bhi))) in [
+            (1, 1, 1, (-255, 255), (-128, 127)),
+            (3, 7, 17, (-255, 0), (-255, 255)),
+            (4, 64, 16, (-128, 127), (-128, 127)),
+            (5, 33, 40, (0, 255), (0, 255)),
+            (9, 129, 100, (-120, 135), (-128, 127)),
+            (6, 1030, 33, (-255, 0), (-128, 127)),
+            (2, 40_000, 3, (255, 255), (-128, 127)),
+            (2, 40_000, 3, (-255, 255), (-255, 255)),
         ]
         .iter()
         .enumerate()
         {
-            let a = codes(m * k, 3 + i as u64, lo, hi);
-            let b = codes(k * n, 5 + i as u64, lo.min(-lo), hi);
+            let a = codes(m * k, 3 + i as u64, alo, ahi);
+            let b = codes(k * n, 5 + i as u64, blo, bhi);
             let want: Vec<i32> = (0..m * n)
                 .map(|o| {
                     let (r, j) = (o / n, o % n);
@@ -301,44 +578,30 @@ mod tests {
                         .sum::<i64>() as i32
                 })
                 .collect();
-            let packed = PackedIntB::new(&b, k, n);
-            for threads in [1, 2] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                let mut c = vec![7i32; m * n];
-                pool.install(|| packed.product(m, &a, &mut c));
-                assert_eq!(c, want, "case {i}, {threads} threads");
-            }
-            let mut portable = [[0i32; NR]; MR];
-            let pairs = k.div_ceil(2);
-            let mut a_pairs = vec![0i32; m * pairs];
-            for r in 0..m {
-                for q in 0..pairs {
-                    let lo = a[r * k + 2 * q] as i16 as u16 as u32;
-                    let hi = if 2 * q + 1 < k {
-                        a[r * k + 2 * q + 1] as i16 as u16 as u32
-                    } else {
-                        0
-                    };
-                    a_pairs[r * pairs + q] = (lo | hi << 16) as i32;
+            for quads in [false, true] {
+                let packed = PackedIntB::with_groups(&b, k, n, quads);
+                let bytes = b.iter().all(|v| (-128..=127).contains(v));
+                assert_eq!(
+                    matches!(packed.data, Panels::Quads { .. }),
+                    quads && bytes,
+                    "case {i}"
+                );
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut c = vec![7i32; m * n];
+                    pool.install(|| packed.product(m, &a, &mut c));
+                    assert_eq!(c, want, "case {i}, quads {quads}, {threads} threads");
                 }
-            }
-            let rows = m.min(MR);
-            let panel = match &packed.data {
-                Panels::I8(v) => Panel::I8(&v[..pairs * 2 * NR]),
-                Panels::I16(v) => Panel::I16(&v[..pairs * 2 * NR]),
-            };
-            assert_eq!(
-                matches!(panel, Panel::I8(_)),
-                b.iter().all(|v| (-128..=127).contains(v)),
-                "case {i}"
-            );
-            panel_rows_portable(rows, &a_pairs, pairs, panel, &mut portable);
-            for r in 0..rows {
-                for j in 0..NR.min(n) {
-                    assert_eq!(portable[r][j], want[r * n + j], "case {i}, portable");
+                let rows = m.min(MR);
+                let mut portable = [[0i32; NR]; MR];
+                panel_rows_portable(rows, &a, k, packed.group(), packed.panel(0), &mut portable);
+                for r in 0..rows {
+                    for j in 0..NR.min(n) {
+                        assert_eq!(portable[r][j], want[r * n + j], "case {i}, portable");
+                    }
                 }
             }
         }
