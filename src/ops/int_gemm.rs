@@ -535,18 +535,7 @@ unsafe fn quads_avx512_vnni<const R: usize, T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn codes(len: usize, seed: u64, lo: i32, hi: i32) -> Vec<i32> {
-        let mut s = seed;
-        (0..len)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                lo + ((s >> 33) % (hi - lo + 1) as u64) as i32
-            })
-            .collect()
-    }
+    use crate::ops::integer::tests::codes;
 
     /// Every path equals the i64 sum wrapped to i32: pairs of bytes and of 16-bit values,
     /// quads (the VNNI kernel where the CPU has it, the portable code elsewhere), odd k, n

@@ -353,6 +353,37 @@ pub fn iconv_transpose(
     Ok((out, shape))
 }
 
+/// The codes of a uint8/int8 tensor `t` and of its zero point, as i32 (no i64 copy: a
+/// weight's codes may be converted on every run), checking that both are codes of one type.
+pub(crate) fn codes_and_zero_point(
+    t: &Tensor,
+    zp: Option<&Tensor>,
+    what: &str,
+) -> Result<(Vec<i32>, Option<Vec<i32>>), OpError> {
+    let as_i32 = |t: &Tensor| -> Option<Vec<i32>> {
+        match t.data() {
+            crate::tensor::TensorData::U8(c) => Some(c.iter().map(|&x| i32::from(x)).collect()),
+            crate::tensor::TensorData::I8(c) => Some(c.iter().map(|&x| i32::from(x)).collect()),
+            _ => None,
+        }
+    };
+    let Some(v) = as_i32(t) else {
+        return Err(OpError(format!(
+            "{what} has dtype {}, expected uint8 or int8",
+            t.dtype()
+        )));
+    };
+    let Some(z) = zp else { return Ok((v, None)) };
+    if z.dtype() != t.dtype() {
+        return Err(OpError(format!(
+            "the zero point of {what} has dtype {} but {what} has dtype {}: they must match",
+            z.dtype(),
+            t.dtype()
+        )));
+    }
+    Ok((v, as_i32(z)))
+}
+
 /// The codes of a uint8/int8 tensor minus its zero point (one value, or one per slice along
 /// `axis` when `per_axis` allows it), as i32.
 fn shifted_codes(
@@ -361,32 +392,10 @@ fn shifted_codes(
     what: &str,
     per_axis: Option<usize>,
 ) -> Result<Vec<i32>, OpError> {
-    if !matches!(t.dtype(), DType::U8 | DType::I8) {
-        return Err(OpError(format!(
-            "{what} has dtype {}, expected uint8 or int8",
-            t.dtype()
-        )));
-    }
-    // Straight to i32 (no i64 copy): a weight's codes are converted on every run.
-    let mut v: Vec<i32> = match t.data() {
-        crate::tensor::TensorData::U8(c) => c.iter().map(|&x| x as i32).collect(),
-        crate::tensor::TensorData::I8(c) => c.iter().map(|&x| x as i32).collect(),
-        _ => unreachable!("dtype checked above"),
+    let (mut v, zv) = codes_and_zero_point(t, zp, what)?;
+    let (Some(z), Some(zv)) = (zp, zv) else {
+        return Ok(v);
     };
-    let Some(z) = zp else { return Ok(v) };
-    if z.dtype() != t.dtype() {
-        return Err(OpError(format!(
-            "the zero point of {what} has dtype {} but {what} has dtype {}: they must match",
-            z.dtype(),
-            t.dtype()
-        )));
-    }
-    let zv: Vec<i32> = z
-        .to_i64_vec()
-        .expect("integer")
-        .into_iter()
-        .map(|x| x as i32)
-        .collect();
     if zv.len() == 1 && z.rank() <= 1 {
         v.iter_mut().for_each(|x| *x -= zv[0]);
         return Ok(v);
@@ -578,11 +587,11 @@ fn qlinear_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     /// A deterministic pseudo-random stream of codes in [lo, hi].
-    fn codes(n: usize, seed: u64, lo: i32, hi: i32) -> Vec<i32> {
+    pub(crate) fn codes(n: usize, seed: u64, lo: i32, hi: i32) -> Vec<i32> {
         let mut s = seed;
         (0..n)
             .map(|_| {

@@ -70,36 +70,14 @@ fn shifted_codes(
     side: Side,
     what: &str,
 ) -> Result<Vec<i32>, OpError> {
-    let mut v: Vec<i32> = match t.data() {
-        TensorData::U8(b) => b.as_slice().iter().map(|&x| i32::from(x)).collect(),
-        TensorData::I8(b) => b.as_slice().iter().map(|&x| i32::from(x)).collect(),
-        _ => {
-            return Err(OpError(format!(
-                "{what} has dtype {}, expected uint8 or int8",
-                t.dtype()
-            )))
-        }
-    };
-    if let Some(z) = zp {
-        if z.dtype() != t.dtype() {
-            return Err(OpError(format!(
-                "the zero point of {what} has dtype {} but {what} has dtype {}: they must match",
-                z.dtype(),
-                t.dtype()
-            )));
-        }
+    let (mut v, zv) = super::integer::codes_and_zero_point(t, zp, what)?;
+    if let (Some(z), Some(zv)) = (zp, zv) {
         if z.rank() > 1 {
             return Err(OpError(format!(
                 "the zero point of {what} has shape {:?}, expected a scalar or a 1-D tensor",
                 z.shape()
             )));
         }
-        let zv: Vec<i32> = z
-            .to_i64_vec()
-            .expect("integer")
-            .into_iter()
-            .map(|x| x as i32)
-            .collect();
         match zv.as_slice() {
             [] => {}
             [z0] => v.iter_mut().for_each(|x| *x -= z0),
