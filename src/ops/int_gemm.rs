@@ -129,7 +129,7 @@ impl PackedIntB {
         // A's rows as the kernel broadcasts them (each group of g values one i32), and for
         // the quads, each row's offset `lo`.
         let (a_groups, offsets, kernel) = match (kernel, &self.data) {
-            (_, Panels::Quads { .. }) => match quad_rows(a, k) {
+            (_, Panels::Quads { .. }) => match quad_rows(a, m, k) {
                 Some((quads, lows)) if kernel == Kernel::Portable => {
                     (quads, Some(lows), Kernel::PortableQuads)
                 }
@@ -229,11 +229,10 @@ fn pair_rows(a: &[i32], k: usize) -> Vec<i32> {
     out
 }
 
-/// A's rows as unsigned bytes `u = a − lo` (lo the row's least value) in groups of four, each
-/// group one i32, and each row's `lo`; None if a row spans more than 255.
-fn quad_rows(a: &[i32], k: usize) -> Option<(Vec<i32>, Vec<i32>)> {
+/// A's `rows` rows as unsigned bytes `u = a − lo` (lo the row's least value) in groups of
+/// four, each group one i32, and each row's `lo`; None if a row spans more than 255.
+fn quad_rows(a: &[i32], rows: usize, k: usize) -> Option<(Vec<i32>, Vec<i32>)> {
     let quads = k.div_ceil(4);
-    let rows = a.len() / k.max(1);
     let mut out = vec![0i32; rows * quads];
     let mut lows = vec![0i32; rows];
     for ((row, dst), low) in a
@@ -270,7 +269,7 @@ fn pack<T: Copy + Default + Send + TryFrom<i32>>(
     let groups = k.div_ceil(g);
     let panels = n.div_ceil(NR);
     let mut data = vec![T::default(); panels * groups * g * NR];
-    data.par_chunks_mut(groups * g * NR)
+    data.par_chunks_mut((groups * g * NR).max(1))
         .enumerate()
         .for_each(|(p, panel)| {
             for q in 0..groups {
@@ -546,6 +545,7 @@ mod tests {
     fn packed_integer_product_equals_the_wrapped_exact_sum() {
         for (i, &(m, k, n, (alo, ahi), (blo, bhi))) in [
             (1, 1, 1, (-255, 255), (-128, 127)),
+            (3, 0, 5, (0, 0), (0, 0)),
             (3, 7, 17, (-255, 0), (-255, 255)),
             (4, 64, 16, (-128, 127), (-128, 127)),
             (5, 33, 40, (0, 255), (0, 255)),

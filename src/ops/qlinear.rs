@@ -114,7 +114,7 @@ fn matmul_integer(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")
                     .map(|codes| super::int_gemm::PackedIntB::new(&codes, k, n))
             })?;
-            let m = a.len() / k.max(1);
+            let m: usize = a_t.shape()[..a_t.rank() - 1].iter().product();
             let mut c = vec![0i32; m * n];
             packed.product(m, &a, &mut c);
             let mut shape = a_t.shape()[..a_t.rank() - 1].to_vec();
