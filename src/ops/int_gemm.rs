@@ -88,14 +88,6 @@ impl PackedIntB {
         PackedIntB { k, n, data }
     }
 
-    pub fn k(&self) -> usize {
-        self.k
-    }
-
-    pub fn n(&self) -> usize {
-        self.n
-    }
-
     fn group(&self) -> usize {
         match self.data {
             Panels::Quads { .. } => 4,
