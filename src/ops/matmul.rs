@@ -375,25 +375,29 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 ///   panels replace it, since the map's pages are given back once packed
 ///   ([`crate::mapped`]), so the run still holds the weight once — and every product
 ///   reads panels, the fastest form for the tiles and, streamed, for one row (a decode step);
-/// - any other (a weight copied at load, folded at load or converted by a plan) where the
-///   product packs B on every run anyway (more rows than `sgemm::gemm` reads B in place for)
-///   and the copy is at most [`MAX_PACKED_B_BYTES`], so that a run's memory stays near its
-///   weights'; and where a product of a few rows (a prefill) would pack a wide B band by
-///   band on every run (rows of at least `sgemm::STREAMED_ROW_VALUES`: a tied lm_head, the
-///   Transpose of the embedding folded at load), a copy the size of that weight.
+/// - any other (a weight copied at load, folded at load or converted by a plan) by more than
+///   one row where the copy is at most [`MAX_PACKED_B_BYTES`] ([`packs_small_b`]);
+/// - and where a product of a few rows (a prefill) would pack a wide B band by band on every
+///   run (rows of at least `sgemm::STREAMED_ROW_VALUES`: a tied lm_head, the Transpose of the
+///   embedding folded at load), a copy the size of that weight.
+///
+/// One row (a decode step) streams a weight in rows by bands as fast as its panels, so it
+/// keeps no copy.
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
     let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
     mapped
-        || packs_small_b_anyway(rows, k, n)
+        || packs_small_b(rows, k, n)
         || ((2..=few).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
 }
 
-/// Whether a product packs B on every run anyway (more rows than `sgemm::gemm` reads B in
-/// place for) and B is at most [`MAX_PACKED_B_BYTES`]: a copy of it costs little memory and
-/// saves the packing (see [`keeps_packed_b`]).
-fn packs_small_b_anyway(rows: usize, k: usize, n: usize) -> bool {
-    rows > super::sgemm::DIRECT_B_PANELS * super::sgemm::MR
-        && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES
+/// Whether a product of more than one row keeps a copy of a weight of at most
+/// [`MAX_PACKED_B_BYTES`] packed (see [`keeps_packed_b`]). Many rows would pack it on every
+/// run anyway; a few (a short sequence through an encoder, a prefill) read packed panels
+/// 1.4–2.2× as fast as B's rows in place, whose 64 bytes per row a tile reads a row apart
+/// (examples/skinny_gemm.rs, 4–48 rows, cold weights, Zen 3). The copy costs memory: a
+/// run holds such weights twice (ONNX Runtime's prepacking drops the original instead).
+fn packs_small_b(rows: usize, k: usize, n: usize) -> bool {
+    rows >= 2 && k * n * std::mem::size_of::<f32>() <= MAX_PACKED_B_BYTES
 }
 
 /// Whether a weight's values are the bytes of a file map (see [`keeps_packed_b`]).
@@ -617,15 +621,17 @@ pub fn matmul_kept(
     // may be kept (the registry takes a lock).
     let mapped = kept.is_some() && matches!(bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
     if let Some(r) = rounded_in_packing {
+        let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
         match kept.filter(|_| keeps_packed_b(nb * m, k, n, mapped)) {
-            // Many rows, a small weight: a rounded packed copy (the product would pack it on
-            // every run anyway, and its tiles read each value once per A panel).
-            Some(kept) if packs_small_b_anyway(nb * m, k, n) => {
+            // A small weight: a rounded packed copy (its tiles read each value once per A
+            // panel); not a mapped one by a few rows (a prefill), below.
+            Some(kept) if packs_small_b(nb * m, k, n) && !(mapped && nb * m <= few) => {
                 let packed = packed_rounded_b(kept, &bv, k, n, r);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
             }
             // Otherwise (a mapped weight: a prefill's or a decode step's): the panels a float32
-            // plan keeps, rounded as the kernel reads them, so the run holds the weight once.
+            // plan keeps, rounded as the kernel reads them, so the run holds the weight once
+            // (a rounded copy would leave the map's pages beside it).
             Some(kept) => {
                 let packed = packed_b(kept, &bv, k, n, false);
                 let rounded = super::sgemm::RoundedPackedB {
@@ -928,7 +934,7 @@ fn gemm_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             // model's mapped weight and the emulation's converted one give the same bits).
             match ctx
                 .prepacked(1)
-                .filter(|_| ctx.accumulate == Accumulator::F32 && packs_small_b_anyway(m, k, n))
+                .filter(|_| ctx.accumulate == Accumulator::F32 && packs_small_b(m, k, n))
             {
                 // A constant B (a weight) packed once, in its orientation.
                 Some(kept) => {
@@ -1355,10 +1361,10 @@ mod tests {
         }
     }
 
-    /// A constant weight is packed a second time only where the product would pack it on every
-    /// run anyway (more than 72 rows) and the copy is small; the products agree either way.
+    /// A small constant weight is packed a second time for a product of more than one row,
+    /// not for one (a decode step streams its rows); the products agree either way.
     #[test]
-    fn a_weight_is_kept_packed_only_where_the_product_packs_it_anyway() {
+    fn a_small_weight_is_kept_packed_for_more_than_one_row() {
         let (k, n) = (40, 48);
         let b = Tensor::from_f32(
             vec![k, n],
@@ -1374,7 +1380,7 @@ mod tests {
                     .collect(),
             )
         };
-        for (m, packed) in [(1, false), (72, false), (73, true), (200, true)] {
+        for (m, packed) in [(1, false), (2, true), (16, true), (73, true), (200, true)] {
             let kept = crate::ops::prepacked::Prepacked::default();
             let y = matmul_kept(Accumulator::F32, &rows(m), &b, Some(&kept), None).unwrap();
             assert_eq!(kept.len(), packed as usize, "{m} rows");
@@ -1389,13 +1395,14 @@ mod tests {
         // A weight of more than 16 MiB is not copied, whatever the rows.
         assert!(keeps_packed_b(1000, 2048, 2048, false));
         assert!(!keeps_packed_b(1000, 2048, 2049, false));
-        assert!(!keeps_packed_b(72, 16, 16, false));
+        assert!(keeps_packed_b(2, 16, 16, false));
+        assert!(!keeps_packed_b(1, 16, 16, false));
         assert!(keeps_packed_b(1, 4096, 4096, true));
         // A wide weight (a tied lm_head) by a prefill's rows, not by a decode step's.
         assert!(keeps_packed_b(16, 576, 49152, false));
         assert!(!keeps_packed_b(1, 576, 49152, false));
         // ... as stored only: a float16/bfloat16 plan reads those panels rounded, no copy.
-        assert!(!packs_small_b_anyway(16, 576, 49152));
+        assert!(!packs_small_b(16, 576, 49152));
     }
 
     /// A weight read from a file map is kept packed whatever the rows (a decode step's one,
@@ -1443,8 +1450,8 @@ mod tests {
                     matmul_kept(Accumulator::F32, &a, &heap, Some(&heap_kept), rounding).unwrap();
                 assert_eq!(
                     heap_kept.len(),
-                    usize::from(m > 72),
-                    "a heap weight is kept packed only by more than 72 rows ({m})"
+                    usize::from(m > 1),
+                    "a heap weight is kept packed only by more than one row ({m})"
                 );
                 let bits = |t: &Tensor| {
                     t.as_f32()
