@@ -856,20 +856,12 @@ pub fn gemm_gathered(
     let reach = rows.iter().max().unwrap_or(&0) + offsets.iter().max().unwrap_or(&0);
     assert!(reach < image.len(), "a gathered row reads past the image");
     let (m_tiles, n_panels) = (m.div_ceil(MR), n.div_ceil(NR));
-    let threads = rayon::current_num_threads();
-    let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
+    let (tb, target) = gathered_tasks(m, n, k);
+    let parallel = target > 1;
     let kernel = Kernel::detect();
     // Pairs of full panels go through the 6×32 AVX-512 tile where the CPU has it.
     let wide = kernel.has_avx512();
     let group = if wide { 2 } else { 1 };
-    // Tasks: blocks of row tiles (at most GATHERED_TILES_PER_TASK, at least 4 — 24 rows, whole
-    // 8×8 blocks for the callback to transpose — where there are that many), split over groups
-    // of B's panels too: about 8 per thread, so that the last tasks balance the threads.
-    let target = if parallel { 8 * threads } else { 1 };
-    let tb = m_tiles
-        .div_ceil(target)
-        .max(m_tiles.min(4))
-        .min(GATHERED_TILES_PER_TASK);
     let row_blocks = m_tiles.div_ceil(tb);
     let col_units = n_panels.div_ceil(group);
     let cu = col_units.div_ceil(target.div_ceil(row_blocks).clamp(1, col_units));
@@ -1029,6 +1021,29 @@ pub fn gemm_gathered(
     } else {
         (0..tasks).for_each(run);
     }
+}
+
+/// Row tiles per task of [`gemm_gathered`] for an m×n×k product on this pool, and the tasks
+/// it aims at (1: on the calling thread). Tasks are blocks of row tiles (at most
+/// GATHERED_TILES_PER_TASK, at least 4 — 24 rows, whole 8×8 blocks for the callback to
+/// transpose — where there are that many), split over groups of B's panels too: about 8 per
+/// thread, so that the last tasks balance the threads.
+fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
+    let m_tiles = m.div_ceil(MR);
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
+    let target = if parallel { 8 * threads } else { 1 };
+    let tb = m_tiles
+        .div_ceil(target)
+        .max(m_tiles.min(4))
+        .min(GATHERED_TILES_PER_TASK);
+    (tb, target)
+}
+
+/// The most rows of C one block of [`gemm_gathered`] hands to its callback, for an m×n×k
+/// product on this pool (the last block of the rows may hold fewer).
+pub fn gathered_block_rows(m: usize, n: usize, k: usize) -> usize {
+    (gathered_tasks(m, n, k).0 * MR).min(m)
 }
 
 /// Where each of a tile's gathered rows starts in `image`: the first R of `rows` (fewer

@@ -941,6 +941,14 @@ pub fn conv(
     // Planes shorter than this take `finish` in the gathered product's blocks (below).
     const SHORT_PLANE: usize = 64;
     let finish_in_blocks = gathered && finish.is_some() && o_sz < SHORT_PLANE;
+    // Longer planes whose blocks hold at least LONG_PIECE positions take `finish` on each
+    // block's piece of each plane as the block goes into the planes, while in cache, instead of
+    // in a pass over the whole output afterwards (shorter pieces cost more per value: below).
+    const LONG_PIECE: usize = 128;
+    let finish_in_pieces = gathered
+        && finish.is_some()
+        && !finish_in_blocks
+        && super::sgemm::gathered_block_rows(images * o_sz, mg, rows) >= LONG_PIECE;
     for b in (0..n).step_by(images).filter(|_| !direct) {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..((b + images - 1) * c + (g + 1) * cg) * in_sz];
@@ -994,11 +1002,13 @@ pub fn conv(
                 assert!(dst.len() >= ((images - 1) * m + mg) * o_sz);
                 let planes = super::util::DisjointPtr(dst.as_mut_ptr());
                 // Each finished block of the product goes into the planes, bias added, while in
-                // the cache of the thread that computed it. `finish` runs afterwards on whole
-                // planes: a block holds a few dozen positions of each channel, and an epilogue
-                // run on such short pieces cost more than its arithmetic (a SiLU after a
-                // [1,64,20,20] 3×3 Conv 28 % of the convolution; run per plane, YOLOv8n's
-                // convolutions −6 %, bench CNN −1 %, its FP16 −4 %).
+                // the cache of the thread that computed it. `finish` runs there too on the
+                // block's piece of each plane where blocks hold at least LONG_PIECE positions,
+                // else afterwards on whole planes: an epilogue run on pieces of a few dozen
+                // positions cost more than its arithmetic (a SiLU after a [1,64,20,20] 3×3
+                // Conv 28 % of the convolution; run per plane, YOLOv8n's convolutions −6 %),
+                // while on pieces of 198–384 it saves a pass over the output (bench CNN, one
+                // Zen 3 thread, −8 %).
                 let done = |mut block: super::sgemm::GatheredBlock| {
                     let (r0, ld) = (block.rows.start, block.ld);
                     // Short planes: the bias and `finish` on the block's rows (a position's
@@ -1028,9 +1038,21 @@ pub fn conv(
                         // and blocks are disjoint, so no other thread writes these values of
                         // the planes (dst holds, per image, mg planes of o_sz at m planes
                         // from the previous image's, asserted above).
-                        unsafe {
-                            block_into_planes(&part, bias, planes.get().add(image * m * o_sz), o_sz)
-                        };
+                        let image_planes = unsafe { planes.get().add(image * m * o_sz) };
+                        unsafe { block_into_planes(&part, bias, image_planes, o_sz) };
+                        if let (true, Some(f)) = (finish_in_pieces, finish) {
+                            for ch in part.columns.clone() {
+                                // SAFETY: this block's positions of its channel's plane, as
+                                // written just above: no other thread touches them.
+                                let piece = unsafe {
+                                    std::slice::from_raw_parts_mut(
+                                        image_planes.add(ch * o_sz + part.rows.start),
+                                        part.rows.len(),
+                                    )
+                                };
+                                f(super::Channels::One(g * mg + ch), piece);
+                            }
+                        }
                         r = end;
                     }
                 };
@@ -1075,7 +1097,7 @@ pub fn conv(
     unsafe { out.set_len(total) };
     // The bias (where not added yet), then `finish`, one channel plane at a time.
     let bias = bv.as_ref().filter(|_| !bias_added);
-    let finish = finish.filter(|_| !finish_in_blocks);
+    let finish = finish.filter(|_| !finish_in_blocks && !finish_in_pieces);
     if !direct && (bias.is_some() || finish.is_some()) {
         // Tasks of whole planes and at least 8 Ki values: a small output's planes in one
         // task (Silero's [1,128,4] planes were a fork each).
@@ -1364,12 +1386,20 @@ mod tests {
     }
 
     /// A convolution that rounds as it writes (float16 layer) gives its unrounded output
-    /// rounded, bias included, on both orientations (4 and 24 output channels), and says so.
+    /// rounded, bias included, on both orientations (4 and 24 output channels), and says so:
+    /// planes of 399 positions (the gathered product's blocks of 384 and 15 rows, or of a
+    /// batch of two, a block across the images, take the rounding piece by piece) and of 45
+    /// (short planes: in the blocks' rows).
     #[test]
     fn rounding_as_the_planes_are_written_is_rounding_afterwards() {
-        for m in [4usize, 24] {
-            let (c, h, w) = (3usize, 19usize, 21usize);
-            let x: Vec<f32> = (0..c * h * w)
+        for (m, batch, (h, w)) in [
+            (4usize, 1usize, (19usize, 21usize)),
+            (24, 1, (19, 21)),
+            (24, 2, (19, 21)),
+            (24, 2, (5, 9)),
+        ] {
+            let c = 3usize;
+            let x: Vec<f32> = (0..batch * c * h * w)
                 .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
                 .collect();
             let wv: Vec<f32> = (0..m * c * 9)
@@ -1378,7 +1408,7 @@ mod tests {
             let bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.31 - 0.5).collect();
             let n = node("Conv", &[("pads", Attribute::Ints(vec![1, 1, 1, 1]))]);
             let args = [
-                Tensor::from_f32(vec![1, c, h, w], x),
+                Tensor::from_f32(vec![batch, c, h, w], x),
                 Tensor::from_f32(vec![m, c, 3, 3], wv),
                 Tensor::from_f32(vec![m], bias),
             ];
@@ -1386,12 +1416,22 @@ mod tests {
             let plain = conv_op(&OpCtx::new(&n, 17), &args).unwrap().remove(0);
             let mut want = plain.as_f32().unwrap().to_vec();
             crate::numeric::Rounding::F16.round_slice(&mut want);
-            let mut ctx = OpCtx::new(&n, 17);
-            ctx.round_to = Some(crate::numeric::Rounding::F16);
-            let got = conv_op(&ctx, &args).unwrap().remove(0);
-            assert!(ctx.did_round());
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{m} channels");
+            // One thread: blocks of up to 384 rows; three: shorter ones.
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let (got, rounded) = pool.install(|| {
+                    let mut ctx = OpCtx::new(&n, 17);
+                    ctx.round_to = Some(crate::numeric::Rounding::F16);
+                    (conv_op(&ctx, &args).unwrap().remove(0), ctx.did_round())
+                });
+                assert!(rounded);
+                let case = format!("{m} channels, {batch} images of {h}×{w}, {threads} threads");
+                assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
+            }
             assert_ne!(bits(plain.as_f32().unwrap()), bits(&want));
         }
     }
