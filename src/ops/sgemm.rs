@@ -964,24 +964,6 @@ pub fn gemm_gathered(
                         }
                         continue;
                     }
-                    // On AVX2 the 6×16 tile with the row starts in registers, at full size
-                    // whatever the tile's rows and columns (as the AVX-512 tiles above).
-                    #[cfg(target_arch = "x86_64")]
-                    if kernel == Kernel::Avx2Fma {
-                        // SAFETY: as below; the block holds whole panels of MR-row tiles.
-                        unsafe {
-                            tile_avx2_gathered(
-                                kc,
-                                &origins,
-                                offsets[p0..].as_ptr(),
-                                panel(jp),
-                                c_at(jp),
-                                ldc,
-                                p0 > 0,
-                            );
-                        }
-                        continue;
-                    }
                     let a = GatheredA {
                         rows: origins,
                         offsets: offsets[p0..].as_ptr(),
@@ -1446,49 +1428,6 @@ unsafe fn tile_avx512_gathered<const R: usize, const P: usize>(
         for (q, v) in row.iter().enumerate() {
             _mm512_storeu_ps(c.add(r * ldc + q * NR), *v);
         }
-    }
-}
-
-/// The 6×16 AVX2 tile of a gathered product with the row starts in registers and one load
-/// of the tap offset per k step (through [`GatheredA`] the offset is reloaded per row): the
-/// same chains as [`tile_avx2_fma`].
-///
-/// # Safety
-/// `rows[r] + offsets[p]` readable for r < R, p < kc; `b` kc rows of NR values; `c` R rows
-/// of NR values at stride `ldc`; the CPU has AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2_gathered<const R: usize>(
-    kc: usize,
-    rows: &[*const f32; R],
-    offsets: *const usize,
-    b: *const f32,
-    c: *mut f32,
-    ldc: usize,
-    load: bool,
-) {
-    use std::arch::x86_64::*;
-    let mut acc = [[_mm256_setzero_ps(); 2]; R];
-    if load {
-        for (r, row) in acc.iter_mut().enumerate() {
-            row[0] = _mm256_loadu_ps(c.add(r * ldc));
-            row[1] = _mm256_loadu_ps(c.add(r * ldc + 8));
-        }
-    }
-    let rows = *rows;
-    for p in 0..kc {
-        let off = *offsets.add(p);
-        let b0 = _mm256_loadu_ps(b.add(p * NR));
-        let b1 = _mm256_loadu_ps(b.add(p * NR + 8));
-        for (r, row) in acc.iter_mut().enumerate() {
-            let av = _mm256_broadcast_ss(&*rows[r].add(off));
-            row[0] = _mm256_fmadd_ps(av, b0, row[0]);
-            row[1] = _mm256_fmadd_ps(av, b1, row[1]);
-        }
-    }
-    for (r, row) in acc.iter().enumerate() {
-        _mm256_storeu_ps(c.add(r * ldc), row[0]);
-        _mm256_storeu_ps(c.add(r * ldc + 8), row[1]);
     }
 }
 
