@@ -22,7 +22,8 @@ ISA extensions and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) 
 rounds of the two engines, each engine's lowest median: FP32 mixprec/ORT, the emulated runs
 against mixprec's own FP32 run, and SmolLM2's prefill and per-token decode against ORT.
 PROFILE=NAME[,NAME] then prints, for those models, `mixprec run --profile`'s time per op type
-and layer beside ONNX Runtime's time per op type (bench/ort_op_profile.py), on the same inputs:
+and layer beside ONNX Runtime's time per op type (bench/ort_op_profile.py), on the same inputs
+(an LLM variant, e.g. PROFILE=genai-fp32: its prefill of the 16-token prompt):
 the profile recipe of docs/benchmarks.md for a machine where only the kit runs. ONLY=NAME[,NAME]
 times only those models (the LLM variants are named plain and genai-fp32).
 """
@@ -295,27 +296,37 @@ def run(kit: str) -> None:
 def profile(kit: str, work: str, names: list[str], pin: list[str], threads: str) -> None:
     """Per-op profiles of both engines on the kit's inputs (PROFILE=...)."""
     for name in names:
-        graph = onnx.load(f"{work}/{name}.onnx", load_external_data=False).graph
-        inits = {i.name for i in graph.initializer}
-        feeds = {}
-        for k, i in enumerate(i for i in graph.input if i.name not in inits):
-            t = TensorProto()
-            with open(f"{work}/{name}/input_{k}.pb", "rb") as f:
-                t.ParseFromString(f.read())
-            feeds[i.name] = numpy_helper.to_array(t)
-        npz = f"{work}/{name}/feed.npz"
-        np.savez(npz, **feeds)
+        llm = f"{work}/llm/{name}/model.onnx"
+        if os.path.exists(llm):
+            # An LLM variant (PROFILE=genai-fp32): its prefill, on the feed ort_op_profile.py
+            # writes for GenAI's input names (the 16-token prompt, empty KV cache), which
+            # mixprec then loads; so ONNX Runtime runs first.
+            model, npz = llm, f"{work}/llm/{name}/prefill.npz"
+            if os.path.exists(npz):
+                os.remove(npz)
+        else:
+            model, npz = f"{work}/{name}.onnx", f"{work}/{name}/feed.npz"
+            graph = onnx.load(model, load_external_data=False).graph
+            inits = {i.name for i in graph.initializer}
+            feeds = {}
+            for k, i in enumerate(i for i in graph.input if i.name not in inits):
+                t = TensorProto()
+                with open(f"{work}/{name}/input_{k}.pb", "rb") as f:
+                    t.ParseFromString(f.read())
+                feeds[i.name] = numpy_helper.to_array(t)
+            np.savez(npz, **feeds)
+        p = subprocess.run([*pin, sys.executable, f"{kit}/ort_op_profile.py", model, npz, "25", threads],
+                           capture_output=True, text=True)
+        ort_lines = (p.stdout + p.stderr).splitlines()[:16]
         print(f"\n## {name}: mixprec run --profile")
-        p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", f"{work}/{name}.onnx", "--load-inputs", npz,
+        p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", model, "--load-inputs", npz,
                             "--warm-up", "10", "--profile", "--threads", threads], capture_output=True, text=True)
         lines = (p.stdout + p.stderr).splitlines()
         by_type = next((i for i, l in enumerate(lines) if "By op type" in l), len(lines))
         layers = next((i for i, l in enumerate(lines) if "Layer profile" in l), by_type)
         print("\n".join(lines[layers:layers + 16] + lines[by_type:by_type + 16]))
         print(f"## {name}: ONNX Runtime")
-        p = subprocess.run([*pin, sys.executable, f"{kit}/ort_op_profile.py", f"{work}/{name}.onnx", npz, "25",
-                            threads], capture_output=True, text=True)
-        print("\n".join((p.stdout + p.stderr).splitlines()[:16]))
+        print("\n".join(ort_lines))
 
 
 def main() -> None:
