@@ -112,10 +112,14 @@ fn skip_norm(ctx: &OpCtx, inputs: &[Option<&Tensor>], rms: bool) -> OpResult {
         .transpose()?;
     let mut sum = float_values(x, "input")?;
     let sk = float_values(skip, "skip")?;
-    sum.par_iter_mut().enumerate().for_each(|(i, s)| {
-        *s += sk[i % sk.len()];
-        if let Some(bias) = &bias {
-            *s += bias[i % h];
+    // Per batch (skip is one batch, or as long as the input: then one chunk), `input + skip`,
+    // then `+ bias` per row: the same two additions per value in the same order.
+    sum.par_chunks_mut(sk.len().max(1)).for_each(|batch| {
+        batch.iter_mut().zip(sk.iter()).for_each(|(s, k)| *s += k);
+        if let (Some(bias), true) = (&bias, h > 0) {
+            for row in batch.chunks_mut(h) {
+                row.iter_mut().zip(bias.iter()).for_each(|(s, b)| *s += b);
+            }
         }
     });
     let mut y = sum.clone();
@@ -275,6 +279,24 @@ mod tests {
         let y = rms[0].as_f32().unwrap();
         assert!((y[0] - 2.0 / r).abs() < 1e-6 && (y[1] - 8.0 / r).abs() < 1e-6);
         assert_eq!(rms[1].as_f32().unwrap(), &[0.0, 0.0]);
+        // Two batches, one batch of skip that both add, and a bias: sum = input + skip + bias.
+        let x = Tensor::from_f32(vec![2, 2, 2], vec![1.0, 3.0, 0.0, 0.0, 2.0, 2.0, -1.0, 5.0]);
+        let bias = Tensor::from_f32(vec![2], vec![0.25, -0.5]);
+        let out = run(
+            MS_DOMAIN,
+            "SkipLayerNormalization",
+            &[
+                Some(&x),
+                Some(&skip),
+                Some(&gamma),
+                Some(&beta),
+                Some(&bias),
+            ],
+        )
+        .unwrap();
+        let want = [2.25f32, 3.5, 0.25, 3.5, 3.25, 2.5, -0.75, 8.5];
+        assert_eq!(out[3].as_f32().unwrap(), &want);
+        assert_eq!(out[3].shape(), &[2, 2, 2]);
     }
 
     #[test]
