@@ -384,10 +384,9 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 /// One row (a decode step) streams a weight in rows by bands as fast as its panels, so it
 /// keeps no copy.
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
-    let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
     mapped
         || packs_small_b(rows, k, n)
-        || ((2..=few).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
+        || ((2..=super::sgemm::FEW_ROWS).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
 }
 
 /// Whether a product of more than one row keeps a copy of a weight of at most
@@ -621,11 +620,12 @@ pub fn matmul_kept(
     // may be kept (the registry takes a lock).
     let mapped = kept.is_some() && matches!(bv, std::borrow::Cow::Borrowed(v) if is_mapped(v));
     if let Some(r) = rounded_in_packing {
-        let few = super::sgemm::DIRECT_B_PANELS * super::sgemm::MR;
         match kept.filter(|_| keeps_packed_b(nb * m, k, n, mapped)) {
             // A small weight: a rounded packed copy (its tiles read each value once per A
             // panel); not a mapped one by a few rows (a prefill), below.
-            Some(kept) if packs_small_b(nb * m, k, n) && !(mapped && nb * m <= few) => {
+            Some(kept)
+                if packs_small_b(nb * m, k, n) && !(mapped && nb * m <= super::sgemm::FEW_ROWS) =>
+            {
                 let packed = packed_rounded_b(kept, &bv, k, n, r);
                 super::sgemm::gemm(nb * m, n, k, &av, k, 1, &*packed, out_values, n, false);
             }

@@ -25,6 +25,8 @@ const KC: usize = 256;
 /// when enough A panels reuse the packed copy (measured with examples of Conv and MatMul
 /// shapes: in place is faster for m <= 64, packed for m >= 128).
 pub const DIRECT_B_PANELS: usize = 12;
+/// Rows of A up to which a B in rows is read in place: `DIRECT_B_PANELS` panels of `MR` rows.
+pub const FEW_ROWS: usize = DIRECT_B_PANELS * MR;
 /// Work (m·n·k) above which a product is split over threads.
 const PARALLEL_WORK: usize = 1 << 18;
 
