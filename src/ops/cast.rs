@@ -122,6 +122,13 @@ pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
             TensorData::I8(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::I16(v) => v.iter().map(|&x| x as f32).collect(),
             TensorData::U16(v) => v.iter().map(|&x| x as f32).collect(),
+            // Rounded once, to nearest even, as C's conversion in ONNX Runtime's Cast: through
+            // f64 a 64-bit value beyond 2^53 would be rounded twice (2^60 + 2^36 + 1 to 2^60
+            // instead of 2^60 + 2^37).
+            TensorData::I32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U32(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::I64(v) => v.iter().map(|&x| x as f32).collect(),
+            TensorData::U64(v) => v.iter().map(|&x| x as f32).collect(),
             _ => num(d).into_iter().map(|x| x as f32).collect(),
         }),
         DType::F64 => TensorData::F64(num(d).into()),
@@ -232,6 +239,24 @@ fn ints(d: &TensorData) -> Vec<i128> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wide_integer_is_rounded_to_float_once() {
+        let x = (1i64 << 60) + (1 << 36) + 1;
+        let y = cast_tensor(&Tensor::from_i64(vec![2], vec![x, -x]), DType::F32);
+        let want = ((1u64 << 60) + (1 << 37)) as f32;
+        assert_eq!(y.as_f32().unwrap(), &[want, -want]);
+        let u = Tensor::from_parts(vec![1], TensorData::U64(vec![x as u64].into()));
+        assert_eq!(cast_tensor(&u, DType::F32).as_f32().unwrap(), &[want]);
+        let i = Tensor::from_parts(
+            vec![2],
+            TensorData::I32(vec![16_777_217, -16_777_219].into()),
+        );
+        assert_eq!(
+            cast_tensor(&i, DType::F32).as_f32().unwrap(),
+            &[16_777_216.0, -16_777_220.0]
+        );
+    }
 
     #[test]
     fn float_to_int_truncates() {

@@ -22,6 +22,10 @@ use rayon::prelude::*;
 const NR: usize = 16;
 /// Rows of A computed together (each row's group broadcast against the same loaded panel).
 const MR: usize = 4;
+/// The 512-bit VNNI kernel's tile: this many rows of A by two panels (16 accumulators of the
+/// 32 registers; each panel load serves 8 rows, each broadcast 2 panels).
+const WIDE_ROWS: usize = 8;
+const WIDE_COLUMNS: usize = 2 * NR;
 /// Products (m·k·16) from which a panel range is worth a task of its own.
 const TASK_WORK: usize = 1 << 16;
 
@@ -48,13 +52,13 @@ enum Panels {
     },
 }
 
-/// Whether the CPU has a 256-bit `vpdpbusd` (AVX-VNNI, or AVX512-VNNI with AVX512VL).
+/// Whether the CPU has `vpdpbusd` (AVX-VNNI's 256-bit one, or AVX512-VNNI's).
 fn has_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avxvnni")
             || (std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx512vl"))
+                && std::arch::is_x86_feature_detected!("avx512f"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     false
@@ -109,15 +113,20 @@ impl PackedIntB {
     /// `c[m, n] = Σ_k a[m, k] · b[k, n]` for the row-major m×k shifted codes `a` (each within
     /// ±255), summed exactly in i32 (wrapping beyond 2^31, as the hardware accumulator).
     pub fn product(&self, m: usize, a: &[i32], c: &mut [i32]) {
+        let kernel = match self.data {
+            Panels::Quads { .. } => Kernel::best_quads(),
+            _ => Kernel::best_pairs(),
+        };
+        self.product_with(kernel, m, a, c)
+    }
+
+    /// [`Self::product`] with `kernel` (one the CPU has, for these panels).
+    fn product_with(&self, kernel: Kernel, m: usize, a: &[i32], c: &mut [i32]) {
         let (k, n) = (self.k, self.n);
         assert!(a.len() >= m * k && c.len() >= m * n, "operand sizes");
         let a = &a[..m * k];
         let g = self.group();
         let groups = k.div_ceil(g);
-        let kernel = match self.data {
-            Panels::Quads { .. } => Kernel::best_quads(),
-            _ => Kernel::best_pairs(),
-        };
         // A's rows as the kernel broadcasts them (each group of g values one i32), and for
         // the quads, each row's offset `lo`.
         let (a_groups, offsets, kernel) = match (kernel, &self.data) {
@@ -132,6 +141,7 @@ impl PackedIntB {
             (Kernel::Portable, _) => (Vec::new(), None, Kernel::Portable),
             _ => (pair_rows(a, k), None, kernel),
         };
+        let (tile_rows, tile_panels) = kernel.tile();
         let panels = n.div_ceil(NR);
         let per_panel = m * groups * g * NR;
         let threads = rayon::current_num_threads();
@@ -142,68 +152,99 @@ impl PackedIntB {
                 .div_ceil(threads * 4)
                 .max(TASK_WORK.div_ceil(per_panel))
         }
+        .next_multiple_of(tile_panels)
         .max(1);
-        // Each task computes a range of panels into its own m×(16·panels) block.
-        let blocks: Vec<(usize, Vec<i32>)> = (0..panels.div_ceil(per_task))
+        let panel_len = groups * g * NR;
+        // Each task computes a range of panels, the columns of c under them: per tile of
+        // panels, every row tile in turn, so the panels stay in L1 while A's rows pass.
+        let c = OutPtr(c.as_mut_ptr());
+        (0..panels.div_ceil(per_task))
             .into_par_iter()
-            .map(|t| {
+            .for_each(|t| {
                 let (p0, p1) = (t * per_task, ((t + 1) * per_task).min(panels));
-                let width = (p1 - p0) * NR;
-                let mut out = vec![0i32; m * width];
-                for r0 in (0..m).step_by(MR) {
-                    let rows = MR.min(m - r0);
-                    for p in p0..p1 {
-                        let mut acc = [[0i32; NR]; MR];
-                        let panel = self.panel(p);
+                for p in (p0..p1).step_by(tile_panels) {
+                    let np = tile_panels.min(p1 - p);
+                    for r0 in (0..m).step_by(tile_rows) {
+                        let rows = tile_rows.min(m - r0);
+                        let mut acc = [[0i32; WIDE_COLUMNS]; WIDE_ROWS];
                         match kernel {
-                            Kernel::Portable => {
-                                panel_rows_portable(rows, &a[r0 * k..], k, g, panel, &mut acc)
+                            #[cfg(target_arch = "x86_64")]
+                            Kernel::Avx512Vnni => {
+                                let Panels::Quads { data, .. } = &self.data else {
+                                    unreachable!("the 512-bit kernel reads quads")
+                                };
+                                let b = &data[p * panel_len..(p + np) * panel_len];
+                                wide_tile(rows, np, &a_groups[r0 * groups..], groups, b, &mut acc);
                             }
-                            Kernel::PortableQuads => quads_portable(
-                                rows,
-                                &a_groups[r0 * groups..],
-                                groups,
-                                panel,
-                                &mut acc,
-                            ),
-                            _ => panel_rows(
-                                kernel,
-                                rows,
-                                &a_groups[r0 * groups..],
-                                groups,
-                                panel,
-                                &mut acc,
-                            ),
+                            _ => {
+                                let mut narrow = [[0i32; NR]; MR];
+                                let panel = self.panel(p);
+                                match kernel {
+                                    Kernel::Portable => panel_rows_portable(
+                                        rows,
+                                        &a[r0 * k..],
+                                        k,
+                                        g,
+                                        panel,
+                                        &mut narrow,
+                                    ),
+                                    Kernel::PortableQuads => quads_portable(
+                                        rows,
+                                        &a_groups[r0 * groups..],
+                                        groups,
+                                        panel,
+                                        &mut narrow,
+                                    ),
+                                    _ => panel_rows(
+                                        kernel,
+                                        rows,
+                                        &a_groups[r0 * groups..],
+                                        groups,
+                                        panel,
+                                        &mut narrow,
+                                    ),
+                                }
+                                for (wide, lanes) in acc.iter_mut().zip(&narrow) {
+                                    wide[..NR].copy_from_slice(lanes);
+                                }
+                            }
                         }
+                        let cols = np * NR;
                         if let (Panels::Quads { column_sums, .. }, Some(lows)) =
                             (&self.data, &offsets)
                         {
                             // Σ a·b = Σ u·b + lo · Σ b.
                             for (r, lanes) in acc.iter_mut().enumerate().take(rows) {
                                 let lo = lows[r0 + r];
-                                for (jj, lane) in lanes.iter_mut().enumerate() {
+                                for (jj, lane) in lanes[..cols].iter_mut().enumerate() {
                                     let sum = column_sums.get(p * NR + jj).copied().unwrap_or(0);
                                     *lane = lane.wrapping_add(lo.wrapping_mul(sum));
                                 }
                             }
                         }
+                        let (j0, cols) = (p * NR, cols.min(n - p * NR));
                         for (r, lanes) in acc.iter().enumerate().take(rows) {
-                            let o = (r0 + r) * width + (p - p0) * NR;
-                            out[o..o + NR].copy_from_slice(lanes);
+                            // SAFETY: row r0 + r < m, columns j0..j0 + cols <= n of c (m×n,
+                            // asserted above); only this task writes these panels' columns.
+                            let row = unsafe {
+                                std::slice::from_raw_parts_mut(c.get().add((r0 + r) * n + j0), cols)
+                            };
+                            row.copy_from_slice(&lanes[..cols]);
                         }
                     }
                 }
-                (p0, out)
-            })
-            .collect();
-        for (p0, out) in blocks {
-            let width = out.len() / m.max(1);
-            for r in 0..m {
-                let j0 = p0 * NR;
-                let cols = width.min(n - j0);
-                c[r * n + j0..r * n + j0 + cols].copy_from_slice(&out[r * width..r * width + cols]);
-            }
-        }
+            });
+    }
+}
+
+/// c's values, shared by tasks that write disjoint columns.
+struct OutPtr(*mut i32);
+// SAFETY: each task writes only its own panels' columns (see `product_with`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+impl OutPtr {
+    fn get(&self) -> *mut i32 {
+        self.0
     }
 }
 
@@ -322,18 +363,33 @@ impl Kernel {
     }
 
     fn best_quads() -> Kernel {
+        *Kernel::quad_kernels().last().expect("the portable one")
+    }
+
+    /// The kernels for quad panels this CPU runs, the fastest last.
+    fn quad_kernels() -> Vec<Kernel> {
+        let mut kernels = vec![Kernel::Portable];
         #[cfg(target_arch = "x86_64")]
         {
             if std::arch::is_x86_feature_detected!("avxvnni") {
-                return Kernel::AvxVnni;
+                kernels.push(Kernel::AvxVnni);
             }
             if std::arch::is_x86_feature_detected!("avx512vnni")
-                && std::arch::is_x86_feature_detected!("avx512vl")
+                && std::arch::is_x86_feature_detected!("avx512f")
             {
-                return Kernel::Avx512Vnni;
+                kernels.push(Kernel::Avx512Vnni);
             }
         }
-        Kernel::Portable
+        kernels
+    }
+
+    /// The rows of A and the panels one call of the kernel computes.
+    fn tile(self) -> (usize, usize) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Vnni => (WIDE_ROWS, 2),
+            _ => (MR, 1),
+        }
     }
 }
 
@@ -368,7 +424,6 @@ fn panel_rows(
             (Kernel::Avx2Pairs, Panel::I8(b)) => by_rows!(pairs_avx2, i8, b),
             (Kernel::Avx2Pairs, Panel::I16(b)) => by_rows!(pairs_avx2, i16, b),
             (Kernel::AvxVnni, Panel::I8(b)) => by_rows!(quads_avx_vnni, i8, b),
-            (Kernel::Avx512Vnni, Panel::I8(b)) => by_rows!(quads_avx512_vnni, i8, b),
             _ => unreachable!("no kernel reads these panels"),
         }
     }
@@ -512,15 +567,76 @@ unsafe fn quads_avx_vnni<const R: usize, T>(
     quads_body!(_mm256_dpbusd_avx_epi32, a_quads, quads, panel, acc, R)
 }
 
+/// `rows` (≤ WIDE_ROWS) rows of A's unsigned-byte quads by `np` (1 or 2) consecutive quad
+/// panels `b` with the 512-bit `vpdpbusd`: the 16·np column sums of each row in `acc`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-unsafe fn quads_avx512_vnni<const R: usize, T>(
+fn wide_tile(
+    rows: usize,
+    np: usize,
     a_quads: &[i32],
     quads: usize,
-    panel: &[T],
-    acc: &mut [[i32; NR]; MR],
+    b: &[i8],
+    acc: &mut [[i32; WIDE_COLUMNS]; WIDE_ROWS],
 ) {
-    quads_body!(_mm256_dpbusd_epi32, a_quads, quads, panel, acc, R)
+    macro_rules! by_rows {
+        ($p:literal) => {
+            // SAFETY: chosen only where the CPU has AVX512F and AVX512-VNNI
+            // (`Kernel::quad_kernels`); the slices' lengths are asserted in the kernel.
+            unsafe {
+                match rows {
+                    1 => quads_avx512::<1, $p>(a_quads, quads, b, acc),
+                    2 => quads_avx512::<2, $p>(a_quads, quads, b, acc),
+                    3 => quads_avx512::<3, $p>(a_quads, quads, b, acc),
+                    4 => quads_avx512::<4, $p>(a_quads, quads, b, acc),
+                    5 => quads_avx512::<5, $p>(a_quads, quads, b, acc),
+                    6 => quads_avx512::<6, $p>(a_quads, quads, b, acc),
+                    7 => quads_avx512::<7, $p>(a_quads, quads, b, acc),
+                    _ => quads_avx512::<8, $p>(a_quads, quads, b, acc),
+                }
+            }
+        };
+    }
+    if np == 1 {
+        by_rows!(1)
+    } else {
+        by_rows!(2)
+    }
+}
+
+/// `R` rows by `P` panels (each 16 columns of quads, one 512-bit register per group of four
+/// rows of B), `vpdpbusd` per row and panel.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn quads_avx512<const R: usize, const P: usize>(
+    a_quads: &[i32],
+    quads: usize,
+    b: &[i8],
+    acc: &mut [[i32; WIDE_COLUMNS]; WIDE_ROWS],
+) {
+    use std::arch::x86_64::*;
+    let panel_len = quads * 4 * NR;
+    assert!(R <= WIDE_ROWS && P * NR <= WIDE_COLUMNS);
+    assert!(a_quads.len() >= R * quads && b.len() >= P * panel_len);
+    let mut sums = [[_mm512_setzero_si512(); P]; R];
+    let b = b.as_ptr();
+    for q in 0..quads {
+        let mut panel = [_mm512_setzero_si512(); P];
+        for (pi, v) in panel.iter_mut().enumerate() {
+            // SAFETY: q < quads and pi < P: inside the P panels (asserted above).
+            *v = _mm512_loadu_si512(b.add(pi * panel_len + q * 4 * NR) as *const __m512i);
+        }
+        for (r, s) in sums.iter_mut().enumerate() {
+            let a = _mm512_set1_epi32(*a_quads.get_unchecked(r * quads + q));
+            for (sum, &bv) in s.iter_mut().zip(&panel) {
+                *sum = _mm512_dpbusd_epi32(*sum, a, bv);
+            }
+        }
+    }
+    for (r, s) in sums.iter().enumerate() {
+        for (pi, sum) in s.iter().enumerate() {
+            _mm512_storeu_si512(acc[r].as_mut_ptr().add(pi * NR) as *mut __m512i, *sum);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -530,7 +646,7 @@ mod tests {
 
     /// Every path equals the i64 sum wrapped to i32: pairs of bytes and of 16-bit values,
     /// quads (the VNNI kernel where the CPU has it, the portable code elsewhere), odd k, n
-    /// not a multiple of 16, row counts around MR, extreme codes (±255, whose sums of 40,000
+    /// not a multiple of 16, row counts around MR and WIDE_ROWS, odd panel counts, extreme codes (±255, whose sums of 40,000
     /// products wrap), rows of A spanning more than 255 (no bytes: the portable code), one
     /// and two threads.
     #[test]
@@ -543,6 +659,10 @@ mod tests {
             (5, 33, 40, (0, 255), (0, 255)),
             (9, 129, 100, (-120, 135), (-128, 127)),
             (6, 1030, 33, (-255, 0), (-128, 127)),
+            (16, 512, 96, (0, 255), (-128, 127)),
+            (17, 61, 48, (-30, 200), (-128, 127)),
+            (8, 4, 32, (0, 255), (-128, 127)),
+            (13, 300, 80, (-255, 0), (-128, 127)),
             (2, 40_000, 3, (255, 255), (-128, 127)),
             (2, 40_000, 3, (-255, 255), (-255, 255)),
         ]
@@ -567,14 +687,22 @@ mod tests {
                     quads && bytes,
                     "case {i}"
                 );
-                for threads in [1, 2] {
+                let kernels = match packed.data {
+                    Panels::Quads { .. } => Kernel::quad_kernels(),
+                    _ => vec![Kernel::Portable, Kernel::best_pairs()],
+                };
+                for (kernel, threads) in kernels.into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .build()
                         .unwrap();
                     let mut c = vec![7i32; m * n];
-                    pool.install(|| packed.product(m, &a, &mut c));
-                    assert_eq!(c, want, "case {i}, quads {quads}, {threads} threads");
+                    pool.install(|| packed.product_with(kernel, m, &a, &mut c));
+                    let tile = kernel.tile();
+                    assert_eq!(
+                        c, want,
+                        "case {i}, quads {quads}, tile {tile:?}, {threads} threads"
+                    );
                 }
                 let rows = m.min(MR);
                 let mut portable = [[0i32; NR]; MR];
