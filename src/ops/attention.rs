@@ -378,19 +378,75 @@ pub(crate) fn rotate(
         )));
     }
     let mut v = float_values(r.x, "input")?;
+    let geometry = RotaryRows {
+        b,
+        s,
+        n,
+        h,
+        bnsh,
+        rd,
+        half,
+        interleaved: r.interleaved,
+    };
+    // `mul_add` is one instruction where FMA is enabled, else a call to libm's `fmaf` (the
+    // same value: a fused multiply-add is exact before its one rounding).
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        unsafe { rotate_rows_fma(&geometry, r.cos, r.sin, &row, &mut v)? };
+        return Ok(in_dtype(Tensor::from_f32(xs.to_vec(), v), r.x.dtype()));
+    }
+    rotate_rows(&geometry, r.cos, r.sin, &row, &mut v)?;
+    Ok(in_dtype(Tensor::from_f32(xs.to_vec(), v), r.x.dtype()))
+}
+
+/// Where [`rotate`]'s pairs lie.
+struct RotaryRows {
+    b: usize,
+    s: usize,
+    n: usize,
+    h: usize,
+    /// Heads before the sequence (`[B, N, S, H]`).
+    bnsh: bool,
+    rd: usize,
+    half: usize,
+    interleaved: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn rotate_rows_fma(
+    g: &RotaryRows,
+    cos: &[f32],
+    sin: &[f32],
+    row: &impl Fn(usize, usize, usize) -> Result<usize, OpError>,
+    v: &mut [f32],
+) -> Result<(), OpError> {
+    rotate_rows(g, cos, sin, row, v)
+}
+
+#[inline(always)]
+fn rotate_rows(
+    g: &RotaryRows,
+    cos: &[f32],
+    sin: &[f32],
+    row: &impl Fn(usize, usize, usize) -> Result<usize, OpError>,
+    v: &mut [f32],
+) -> Result<(), OpError> {
+    let (b, s, n, h, half) = (g.b, g.s, g.n, g.h, g.half);
     for bi in 0..b {
         for si in 0..s {
             let p = row(bi, si, s)?;
-            let (c, sn) = (&r.cos[p * half..][..half], &r.sin[p * half..][..half]);
+            let (c, sn) = (&cos[p * half..][..half], &sin[p * half..][..half]);
             for ni in 0..n {
-                let off = if bnsh {
+                let off = if g.bnsh {
                     ((bi * n + ni) * s + si) * h
                 } else {
                     ((bi * s + si) * n + ni) * h
                 };
-                let head = &mut v[off..off + rd];
+                let head = &mut v[off..off + g.rd];
                 for i in 0..half {
-                    let (a, bb) = if r.interleaved {
+                    let (a, bb) = if g.interleaved {
                         (2 * i, 2 * i + 1)
                     } else {
                         (i, i + half)
@@ -403,7 +459,7 @@ pub(crate) fn rotate(
             }
         }
     }
-    Ok(in_dtype(Tensor::from_f32(xs.to_vec(), v), r.x.dtype()))
+    Ok(())
 }
 
 /// RotaryEmbedding's attributes (ONNX's and com.microsoft's).
@@ -769,4 +825,77 @@ fn onnx_attention_facts(ctx: &InferCtx, ins: &[Option<&Fact>]) -> FactsResult {
         present(opt_fact(ins, 2)),
         Fact::new(q.dtype, Some((0..4).map(|_| ctx.unknown_dim()).collect())),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The FMA build of the rotation gives the portable build's bits (each `mul_add` one
+    /// rounding either way), and those are the fused values, not the product rounded first.
+    #[test]
+    fn the_fma_build_gives_the_portable_bits() {
+        let (b, s, n, h, half) = (2, 3, 2, 8, 4);
+        let mut seed = 7u32;
+        let mut next = || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1 << 24) as f32 * 2.0 - 1.0
+        };
+        let x: Vec<f32> = (0..b * s * n * h).map(|_| next() * 3.1).collect();
+        let cos: Vec<f32> = (0..s * half).map(|_| next()).collect();
+        let sin: Vec<f32> = (0..s * half).map(|_| next()).collect();
+        for (bnsh, interleaved) in [(true, false), (false, true)] {
+            let g = RotaryRows {
+                b,
+                s,
+                n,
+                h,
+                bnsh,
+                rd: 2 * half,
+                half,
+                interleaved,
+            };
+            let row = |_: usize, si: usize, _: usize| Ok(si);
+            let mut portable = x.clone();
+            rotate_rows(&g, &cos, &sin, &row, &mut portable).unwrap();
+            #[cfg(target_arch = "x86_64")]
+            if std::arch::is_x86_feature_detected!("fma") {
+                let mut fused = x.clone();
+                // SAFETY: the CPU has FMA (checked).
+                unsafe { rotate_rows_fma(&g, &cos, &sin, &row, &mut fused).unwrap() };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&fused), bits(&portable));
+            }
+            let mut unfused = x.clone();
+            for (bi, si, ni, i) in (0..b * s * n * half).map(|j| {
+                (
+                    j / (s * n * half),
+                    j / (n * half) % s,
+                    j / half % n,
+                    j % half,
+                )
+            }) {
+                let off = if bnsh {
+                    ((bi * n + ni) * s + si) * h
+                } else {
+                    ((bi * s + si) * n + ni) * h
+                };
+                let (a, bb) = if interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (x1, x2) = (x[off + a], x[off + bb]);
+                let (c, sn) = (cos[si * half + i], sin[si * half + i]);
+                unfused[off + a] = x1 * c - x2 * sn;
+                unfused[off + bb] = x1 * sn + x2 * c;
+            }
+            assert_ne!(unfused, portable, "some pair rounds differently unfused");
+            let close = unfused
+                .iter()
+                .zip(&portable)
+                .all(|(u, p)| (u - p).abs() <= 1e-6 * (1.0 + u.abs()));
+            assert!(close, "the same rotation");
+        }
+    }
 }

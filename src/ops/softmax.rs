@@ -57,6 +57,24 @@ enum Kind {
 /// `k mod 8`, the last partial vector zero-padded), reduced as `((a0+a1)+(a2+a3)) +
 /// ((a4+a5)+(a6+a7))`.
 pub(crate) fn mlas_sum_exp(v: &mut [f32], neg_max: f32) -> f32 {
+    // `softmax_exp`'s nine `mul_add`s are instructions where FMA is enabled, else calls to
+    // libm's `fmaf` (the same values).
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        return unsafe { mlas_sum_exp_fma(v, neg_max) };
+    }
+    mlas_sum_exp_with(v, neg_max)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn mlas_sum_exp_fma(v: &mut [f32], neg_max: f32) -> f32 {
+    mlas_sum_exp_with(v, neg_max)
+}
+
+#[inline(always)]
+fn mlas_sum_exp_with(v: &mut [f32], neg_max: f32) -> f32 {
     let mut lanes = [0f32; 8];
     for chunk in v.chunks_mut(8) {
         for (l, x) in lanes.iter_mut().zip(chunk.iter_mut()) {
@@ -91,6 +109,22 @@ pub(crate) fn softmax_row(v: &mut [f32]) {
 /// (ONNX Runtime's smooth softmax and attention sinks): `exp(x − m) / (Σ exp(x − m) +
 /// exp(sink − m))`, `m` the maximum of the row and the sink.
 pub(crate) fn smooth_softmax_row(v: &mut [f32], sink: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        return unsafe { smooth_softmax_row_fma(v, sink) };
+    }
+    smooth_softmax_row_with(v, sink)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "fma")]
+unsafe fn smooth_softmax_row_fma(v: &mut [f32], sink: f32) {
+    smooth_softmax_row_with(v, sink)
+}
+
+#[inline(always)]
+fn smooth_softmax_row_with(v: &mut [f32], sink: f32) {
     let neg_max = -row_max(v).max(sink);
     v.iter_mut().for_each(|x| *x = softmax_exp(*x, neg_max));
     normalize_plus(v, softmax_exp(sink, neg_max) as f64);
@@ -382,6 +416,35 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The FMA builds of MLAS's sum of exponentials and of the smooth softmax give the
+    /// portable builds' bits (each `mul_add` one rounding either way).
+    #[test]
+    fn the_fma_builds_give_the_portable_bits() {
+        let row: Vec<f32> = (0..37)
+            .map(|i| ((i * 7919) % 113) as f32 * 0.173 - 9.0)
+            .collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let mut portable = row.clone();
+        let sum = mlas_sum_exp_with(&mut portable, -10.5);
+        let mut smooth = row.clone();
+        smooth_softmax_row_with(&mut smooth, 1.5);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("fma") {
+            let mut fused = row.clone();
+            // SAFETY: the CPU has FMA (checked).
+            let fused_sum = unsafe { mlas_sum_exp_fma(&mut fused, -10.5) };
+            assert_eq!(
+                (fused_sum.to_bits(), bits(&fused)),
+                (sum.to_bits(), bits(&portable))
+            );
+            let mut fused = row.clone();
+            unsafe { smooth_softmax_row_fma(&mut fused, 1.5) };
+            assert_eq!(bits(&fused), bits(&smooth));
+        }
+        let exact: f64 = row.iter().map(|&x| (x as f64 - 10.5).exp()).sum();
+        assert!((sum as f64 - exact).abs() < 1e-5 * exact);
+    }
     use crate::graph::Node;
 
     fn run(op: &str, opset: i64, x: &Tensor) -> Vec<f32> {
