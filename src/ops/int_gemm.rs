@@ -75,7 +75,8 @@ impl PackedIntB {
         let bytes = codes[..k * n].iter().all(|&v| i8::try_from(v).is_ok());
         let data = match (bytes, quads) {
             (true, true) => {
-                let mut column_sums = vec![0i32; n];
+                // Zeros past n, to a whole panel: the kernels read them 16 at a time.
+                let mut column_sums = vec![0i32; n.div_ceil(NR) * NR];
                 for row in codes[..k * n].chunks_exact(n.max(1)) {
                     for (s, &v) in column_sums.iter_mut().zip(row) {
                         *s = s.wrapping_add(v);
@@ -174,7 +175,16 @@ impl PackedIntB {
                                     unreachable!("the 512-bit kernel reads quads")
                                 };
                                 let b = &data[p * panel_len..(p + np) * panel_len];
-                                wide_tile(rows, np, &a_groups[r0 * groups..], groups, b, &mut acc);
+                                // The accumulators start at lo · Σ b (Σ a·b = Σ u·b + lo · Σ b).
+                                let start = match (&self.data, &offsets) {
+                                    (Panels::Quads { column_sums, .. }, Some(lows)) => Some((
+                                        &lows[r0..r0 + rows],
+                                        &column_sums[p * NR..(p + np) * NR],
+                                    )),
+                                    _ => None,
+                                };
+                                let a = &a_groups[r0 * groups..];
+                                wide_tile(rows, np, a, groups, b, start, &mut acc);
                             }
                             _ => {
                                 let mut narrow = [[0i32; NR]; MR];
@@ -210,14 +220,14 @@ impl PackedIntB {
                             }
                         }
                         let cols = np * NR;
-                        if let (Panels::Quads { column_sums, .. }, Some(lows)) =
-                            (&self.data, &offsets)
+                        let wide = tile_panels > 1;
+                        if let (Panels::Quads { column_sums, .. }, Some(lows), false) =
+                            (&self.data, &offsets, wide)
                         {
                             // Σ a·b = Σ u·b + lo · Σ b.
-                            for (r, lanes) in acc.iter_mut().enumerate().take(rows) {
-                                let lo = lows[r0 + r];
-                                for (jj, lane) in lanes[..cols].iter_mut().enumerate() {
-                                    let sum = column_sums.get(p * NR + jj).copied().unwrap_or(0);
+                            let sums = &column_sums[p * NR..(p + np) * NR];
+                            for (lanes, &lo) in acc.iter_mut().zip(&lows[r0..r0 + rows]) {
+                                for (lane, &sum) in lanes[..cols].iter_mut().zip(sums) {
                                     *lane = lane.wrapping_add(lo.wrapping_mul(sum));
                                 }
                             }
@@ -279,14 +289,15 @@ fn quad_rows(a: &[i32], rows: usize, k: usize) -> Option<(Vec<i32>, Vec<i32>)> {
             return None;
         }
         *low = lo;
-        for (q, d) in dst.iter_mut().enumerate() {
-            let mut word = 0u32;
-            for h in 0..4 {
-                if let Some(&v) = row.get(4 * q + h) {
-                    word |= ((v - lo) as u32) << (8 * h);
-                }
-            }
-            *d = word as i32;
+        let byte = |v: i32, h: usize| ((v - lo) as u32) << (8 * h);
+        let full = row.chunks_exact(4);
+        let tail = full.remainder();
+        for (d, c) in dst.iter_mut().zip(full) {
+            *d = (byte(c[0], 0) | byte(c[1], 1) | byte(c[2], 2) | byte(c[3], 3)) as i32;
+        }
+        if !tail.is_empty() {
+            let word = tail.iter().enumerate().fold(0, |w, (h, &v)| w | byte(v, h));
+            dst[quads - 1] = word as i32;
         }
     }
     Some((out, lows))
@@ -568,7 +579,9 @@ unsafe fn quads_avx_vnni<const R: usize, T>(
 }
 
 /// `rows` (≤ WIDE_ROWS) rows of A's unsigned-byte quads by `np` (1 or 2) consecutive quad
-/// panels `b` with the 512-bit `vpdpbusd`: the 16·np column sums of each row in `acc`.
+/// panels `b` with the 512-bit `vpdpbusd`: the 16·np column sums of each row in `acc`, each
+/// row's sums started at `lo · column sum` where `start` gives the rows' `lo` and the panels'
+/// column sums.
 #[cfg(target_arch = "x86_64")]
 fn wide_tile(
     rows: usize,
@@ -576,6 +589,7 @@ fn wide_tile(
     a_quads: &[i32],
     quads: usize,
     b: &[i8],
+    start: Option<(&[i32], &[i32])>,
     acc: &mut [[i32; WIDE_COLUMNS]; WIDE_ROWS],
 ) {
     macro_rules! by_rows {
@@ -584,14 +598,14 @@ fn wide_tile(
             // (`Kernel::quad_kernels`); the slices' lengths are asserted in the kernel.
             unsafe {
                 match rows {
-                    1 => quads_avx512::<1, $p>(a_quads, quads, b, acc),
-                    2 => quads_avx512::<2, $p>(a_quads, quads, b, acc),
-                    3 => quads_avx512::<3, $p>(a_quads, quads, b, acc),
-                    4 => quads_avx512::<4, $p>(a_quads, quads, b, acc),
-                    5 => quads_avx512::<5, $p>(a_quads, quads, b, acc),
-                    6 => quads_avx512::<6, $p>(a_quads, quads, b, acc),
-                    7 => quads_avx512::<7, $p>(a_quads, quads, b, acc),
-                    _ => quads_avx512::<8, $p>(a_quads, quads, b, acc),
+                    1 => quads_avx512::<1, $p>(a_quads, quads, b, start, acc),
+                    2 => quads_avx512::<2, $p>(a_quads, quads, b, start, acc),
+                    3 => quads_avx512::<3, $p>(a_quads, quads, b, start, acc),
+                    4 => quads_avx512::<4, $p>(a_quads, quads, b, start, acc),
+                    5 => quads_avx512::<5, $p>(a_quads, quads, b, start, acc),
+                    6 => quads_avx512::<6, $p>(a_quads, quads, b, start, acc),
+                    7 => quads_avx512::<7, $p>(a_quads, quads, b, start, acc),
+                    _ => quads_avx512::<8, $p>(a_quads, quads, b, start, acc),
                 }
             }
         };
@@ -611,6 +625,7 @@ unsafe fn quads_avx512<const R: usize, const P: usize>(
     a_quads: &[i32],
     quads: usize,
     b: &[i8],
+    start: Option<(&[i32], &[i32])>,
     acc: &mut [[i32; WIDE_COLUMNS]; WIDE_ROWS],
 ) {
     use std::arch::x86_64::*;
@@ -618,6 +633,18 @@ unsafe fn quads_avx512<const R: usize, const P: usize>(
     assert!(R <= WIDE_ROWS && P * NR <= WIDE_COLUMNS);
     assert!(a_quads.len() >= R * quads && b.len() >= P * panel_len);
     let mut sums = [[_mm512_setzero_si512(); P]; R];
+    if let Some((lows, column_sums)) = start {
+        assert!(lows.len() >= R && column_sums.len() >= P * NR);
+        for (s, &lo) in sums.iter_mut().zip(lows) {
+            for (pi, sum) in s.iter_mut().enumerate() {
+                // SAFETY: pi < P, inside the P·16 column sums (asserted above).
+                let column =
+                    _mm512_loadu_si512(column_sums.as_ptr().add(pi * NR) as *const __m512i);
+                // The low 32 bits of the product: `wrapping_mul`.
+                *sum = _mm512_mullo_epi32(_mm512_set1_epi32(lo), column);
+            }
+        }
+    }
     let b = b.as_ptr();
     for q in 0..quads {
         let mut panel = [_mm512_setzero_si512(); P];
