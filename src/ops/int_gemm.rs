@@ -167,24 +167,33 @@ impl PackedIntB {
                     let np = tile_panels.min(p1 - p);
                     for r0 in (0..m).step_by(tile_rows) {
                         let rows = tile_rows.min(m - r0);
-                        let mut acc = [[0i32; WIDE_COLUMNS]; WIDE_ROWS];
+                        let (j0, cols) = (p * NR, (np * NR).min(n - p * NR));
+                        // Row r of the tile into c.
+                        let store = |r: usize, lanes: &[i32]| {
+                            // SAFETY: row r0 + r < m, columns j0..j0 + cols <= n of c (m×n,
+                            // asserted above); only this task writes these panels' columns.
+                            let row = unsafe {
+                                std::slice::from_raw_parts_mut(c.get().add((r0 + r) * n + j0), cols)
+                            };
+                            row.copy_from_slice(&lanes[..cols]);
+                        };
                         match kernel {
                             #[cfg(target_arch = "x86_64")]
                             Kernel::Avx512Vnni => {
-                                let Panels::Quads { data, .. } = &self.data else {
+                                let Panels::Quads { data, column_sums } = &self.data else {
                                     unreachable!("the 512-bit kernel reads quads")
                                 };
                                 let b = &data[p * panel_len..(p + np) * panel_len];
                                 // The accumulators start at lo · Σ b (Σ a·b = Σ u·b + lo · Σ b).
-                                let start = match (&self.data, &offsets) {
-                                    (Panels::Quads { column_sums, .. }, Some(lows)) => Some((
-                                        &lows[r0..r0 + rows],
-                                        &column_sums[p * NR..(p + np) * NR],
-                                    )),
-                                    _ => None,
-                                };
+                                let start = offsets.as_ref().map(|lows| {
+                                    (&lows[r0..r0 + rows], &column_sums[p * NR..(p + np) * NR])
+                                });
                                 let a = &a_groups[r0 * groups..];
+                                let mut acc = [[0i32; WIDE_COLUMNS]; WIDE_ROWS];
                                 wide_tile(rows, np, a, groups, b, start, &mut acc);
+                                for (r, lanes) in acc.iter().enumerate().take(rows) {
+                                    store(r, lanes);
+                                }
                             }
                             _ => {
                                 let mut narrow = [[0i32; NR]; MR];
@@ -214,32 +223,22 @@ impl PackedIntB {
                                         &mut narrow,
                                     ),
                                 }
-                                for (wide, lanes) in acc.iter_mut().zip(&narrow) {
-                                    wide[..NR].copy_from_slice(lanes);
+                                if let (Panels::Quads { column_sums, .. }, Some(lows)) =
+                                    (&self.data, &offsets)
+                                {
+                                    // Σ a·b = Σ u·b + lo · Σ b.
+                                    let sums = &column_sums[p * NR..(p + 1) * NR];
+                                    for (lanes, &lo) in narrow.iter_mut().zip(&lows[r0..r0 + rows])
+                                    {
+                                        for (lane, &sum) in lanes.iter_mut().zip(sums) {
+                                            *lane = lane.wrapping_add(lo.wrapping_mul(sum));
+                                        }
+                                    }
+                                }
+                                for (r, lanes) in narrow.iter().enumerate().take(rows) {
+                                    store(r, lanes);
                                 }
                             }
-                        }
-                        let cols = np * NR;
-                        let wide = tile_panels > 1;
-                        if let (Panels::Quads { column_sums, .. }, Some(lows), false) =
-                            (&self.data, &offsets, wide)
-                        {
-                            // Σ a·b = Σ u·b + lo · Σ b.
-                            let sums = &column_sums[p * NR..(p + np) * NR];
-                            for (lanes, &lo) in acc.iter_mut().zip(&lows[r0..r0 + rows]) {
-                                for (lane, &sum) in lanes[..cols].iter_mut().zip(sums) {
-                                    *lane = lane.wrapping_add(lo.wrapping_mul(sum));
-                                }
-                            }
-                        }
-                        let (j0, cols) = (p * NR, cols.min(n - p * NR));
-                        for (r, lanes) in acc.iter().enumerate().take(rows) {
-                            // SAFETY: row r0 + r < m, columns j0..j0 + cols <= n of c (m×n,
-                            // asserted above); only this task writes these panels' columns.
-                            let row = unsafe {
-                                std::slice::from_raw_parts_mut(c.get().add((r0 + r) * n + j0), cols)
-                            };
-                            row.copy_from_slice(&lanes[..cols]);
                         }
                     }
                 }
