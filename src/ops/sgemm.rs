@@ -374,20 +374,18 @@ pub fn gemm_threads(
                         let load = accumulate || p0 > 0;
                         #[cfg(target_arch = "x86_64")]
                         if group == 8 {
-                            tile_avx512_panels::<1, 8, StridedA>(
-                                kc, ap, bp, panel_step, b_stride, c_tile, ldc, load,
-                            );
+                            let f = match prefetch {
+                                true => tile_avx512_panels::<1, 8, true, StridedA>,
+                                false => tile_avx512_panels::<1, 8, false, StridedA>,
+                            };
+                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
                             continue;
                         }
                         #[cfg(target_arch = "x86_64")]
                         if group == 2 {
-                            let f = match rows {
-                                1 => tile_avx512_panels::<1, 2, StridedA>,
-                                2 => tile_avx512_panels::<2, 2, StridedA>,
-                                3 => tile_avx512_panels::<3, 2, StridedA>,
-                                4 => tile_avx512_panels::<4, 2, StridedA>,
-                                5 => tile_avx512_panels::<5, 2, StridedA>,
-                                _ => tile_avx512_panels::<6, 2, StridedA>,
+                            let f = match prefetch {
+                                true => avx512_pair_tile::<true>(rows),
+                                false => avx512_pair_tile::<false>(rows),
                             };
                             f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
                             continue;
@@ -1282,6 +1280,22 @@ fn avx2_tile<const PREFETCH: bool, const ROUND: u8, A: TileA>(
     }
 }
 
+/// The AVX-512 tile of `rows` rows by two panels, prefetching B's rows ahead or not.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::type_complexity)]
+fn avx512_pair_tile<const PREFETCH: bool>(
+    rows: usize,
+) -> unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool) {
+    match rows {
+        1 => tile_avx512_panels::<1, 2, PREFETCH, StridedA>,
+        2 => tile_avx512_panels::<2, 2, PREFETCH, StridedA>,
+        3 => tile_avx512_panels::<3, 2, PREFETCH, StridedA>,
+        4 => tile_avx512_panels::<4, 2, PREFETCH, StridedA>,
+        5 => tile_avx512_panels::<5, 2, PREFETCH, StridedA>,
+        _ => tile_avx512_panels::<6, 2, PREFETCH, StridedA>,
+    }
+}
+
 /// The AVX2 + FMA tile of R ≤ MR rows: 2·R accumulator registers, per k step two loads of B,
 /// R broadcasts of A and 2·R fused multiply-adds.
 ///
@@ -1335,7 +1349,9 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 /// 512-bit FMA units, the transformer's MatMuls ~1.6× as fast as through the `gemm` crate's
 /// AVX2 kernel) and, for a product of one row, 1×128 (P = 8: eight independent chains hide
 /// the FMA latency that a one-row 1×32 tile waits on; Silero's LSTM step [1,128]·[128,512]
-/// was 1.5× slower on 1×32 than on the `gemm` crate's one-row path).
+/// was 1.5× slower on 1×32 than on the `gemm` crate's one-row path). With PREFETCH, each
+/// panel's row PREFETCH_ROWS steps ahead is prefetched, as the AVX2 tile does for a B streamed
+/// from memory.
 ///
 /// # Safety
 /// As [`Kernel::tile`] for each of the P panels (16·P full columns of C); the CPU has
@@ -1343,7 +1359,7 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx512_panels<const R: usize, const P: usize, A: TileA>(
+unsafe fn tile_avx512_panels<const R: usize, const P: usize, const PREFETCH: bool, A: TileA>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -1363,6 +1379,15 @@ unsafe fn tile_avx512_panels<const R: usize, const P: usize, A: TileA>(
         }
     }
     for p in 0..kc {
+        if PREFETCH {
+            // As the AVX2 tile: each panel's row PREFETCH_ROWS steps ahead (a hint, also past
+            // the block or beyond B), both cache lines its 16 values may span.
+            for q in 0..P {
+                let ahead = b.wrapping_add(q * panel_step + (p + PREFETCH_ROWS) * b_stride);
+                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(NR - 1) as *const i8);
+            }
+        }
         let bv: [__m512; P] =
             std::array::from_fn(|q| _mm512_loadu_ps(b.add(q * panel_step + p * b_stride)));
         for (r, row) in acc.iter_mut().enumerate() {
