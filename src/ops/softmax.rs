@@ -416,6 +416,7 @@ fn softmax_like(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::graph::Node;
 
     /// The FMA builds of MLAS's sum of exponentials and of the smooth softmax give the
     /// portable builds' bits (each `mul_add` one rounding either way).
@@ -439,13 +440,13 @@ mod tests {
                 (sum.to_bits(), bits(&portable))
             );
             let mut fused = row.clone();
+            // SAFETY: as above.
             unsafe { smooth_softmax_row_fma(&mut fused, 1.5) };
             assert_eq!(bits(&fused), bits(&smooth));
         }
         let exact: f64 = row.iter().map(|&x| (x as f64 - 10.5).exp()).sum();
         assert!((sum as f64 - exact).abs() < 1e-5 * exact);
     }
-    use crate::graph::Node;
 
     fn run(op: &str, opset: i64, x: &Tensor) -> Vec<f32> {
         let node = Node {
