@@ -14,6 +14,7 @@ pub mod emulate;
 mod epilogue;
 pub(crate) mod fusion;
 pub(crate) mod qdq;
+mod scaled;
 mod spin;
 
 pub use cache::{CacheStats, ValueCache};
@@ -224,6 +225,8 @@ pub struct Interpreter<'g> {
     checked_shapes: std::sync::Mutex<std::collections::HashSet<Vec<Vec<usize>>>>,
     /// Per step: the pointwise layers after it that may run as its epilogue.
     chains: Vec<Option<epilogue::Chain>>,
+    /// Per step: the Cast and Mul after an integer kernel that it may compute itself.
+    scaled: Vec<Option<scaled::ScaledProduct>>,
     /// The epilogues runs without a plan made (a plan keeps its own).
     epilogues: epilogue::Cache,
 }
@@ -420,8 +423,10 @@ impl<'g> Interpreter<'g> {
             }
         }
         let chains = epilogue::find_chains(graph, &values, &steps);
+        let scaled = scaled::find(graph, &values, &steps);
         Ok(Interpreter {
             chains,
+            scaled,
             graph,
             values,
             steps,
@@ -818,7 +823,10 @@ impl<'g> Interpreter<'g> {
                 Some(Precision::Float16 | Precision::BFloat16) => accumulate,
                 _ => crate::precision::Accumulator::F32,
             };
+            // The slot the last fused layer writes, and the layers fused into this one (an
+            // epilogue's, or a scaled product's Cast and Mul), in graph order.
             let mut chain_result = None;
+            let mut fused_steps: Args<usize> = Args::new();
             let (mut outs, movement_mark, cost, kernel_rounded) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
                 // Declared first, so dropped last: the argument lists below may borrow it
@@ -1022,9 +1030,32 @@ impl<'g> Interpreter<'g> {
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);
-                let outs = match layer.and_then(|l| l.integer.as_deref()) {
-                    Some(k) => k.run(&ctx, args),
-                    None => (step.kernel)(&ctx, args),
+                // The Cast and Mul after an integer kernel, computed by it, where this run
+                // allows (`scaled`) and the scale is known.
+                let scaled = self.scaled[idx]
+                    .as_ref()
+                    .filter(|sp| epilogues && sp.applies(idx, plan.map(|p| p.layers.as_slice())))
+                    .and_then(|sp| {
+                        let scale = match &self.steps[sp.mul].inputs[sp.scale] {
+                            Source::Slot(s) => values[*s].as_deref(),
+                            Source::Initializer(_, t) => Some(*t),
+                            Source::Outer(_) | Source::Absent => None,
+                        };
+                        Some((sp, scale?))
+                    });
+                let outs = match (layer.and_then(|l| l.integer.as_deref()), scaled) {
+                    (Some(k), _) => k.run(&ctx, args),
+                    (None, Some((sp, scale))) => match (sp.kernel)(&ctx, args, scale) {
+                        Ok(Some(t)) => {
+                            fused_steps.extend(sp.steps());
+                            chain_result = Some(self.steps[sp.mul].outputs[0]);
+                            Ok(vec![t])
+                        }
+                        // A scale that broadcasts the output: the layers run one by one.
+                        Ok(None) => (step.kernel)(&ctx, args),
+                        Err(e) => Err(e),
+                    },
+                    (None, None) => (step.kernel)(&ctx, args),
                 }
                 .map_err(|e| Error::Op {
                     node: node.name.clone(),
@@ -1034,23 +1065,18 @@ impl<'g> Interpreter<'g> {
                 // A kernel that could not take its epilogue (an output it does not compute in
                 // float32) leaves the layers to run on their own, its output rounded below.
                 if let Some((chain, _)) = fused_epilogue.as_ref().filter(|_| ctx.did_round()) {
-                    for s in chain.steps() {
-                        done_in_epilogue[s] = true;
-                    }
+                    fused_steps.extend(chain.steps());
                     chain_result = Some(chain.result(&self.steps));
+                }
+                for &s in &fused_steps {
+                    done_in_epilogue[s] = true;
                 }
                 let elapsed = started.map(|t0| t0.elapsed().as_secs_f64());
                 if let Some(cell) = nested_profile.as_ref() {
                     profile = cell.borrow_mut().take();
                 }
                 if let (Some(times), Some(elapsed)) = (profile.as_deref_mut(), elapsed) {
-                    let fused: Vec<usize> = match &chain_result {
-                        Some(_) => fused_epilogue
-                            .as_ref()
-                            .map(|(c, _)| c.steps().collect())
-                            .unwrap_or_default(),
-                        None => Vec::new(),
-                    };
+                    let fused = fused_steps.to_vec();
                     // Its subgraphs' layers were listed while it ran: its own time is the rest.
                     let nested: f64 = times[before..].iter().map(|t| t.seconds).sum();
                     times.push(LayerTime {
@@ -1081,12 +1107,9 @@ impl<'g> Interpreter<'g> {
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was. An epilogue's output is its last
             // layer's, in that layer's precision.
-            let written_by = match (&chain_result, &self.chains[idx]) {
-                (Some(_), Some(chain)) => chain
-                    .stages
-                    .last()
-                    .and_then(|st| plan.map(|p| &p.layers[st.step])),
-                _ => layer,
+            let written_by = match fused_steps.last() {
+                Some(&last) => plan.map(|p| &p.layers[last]),
+                None => layer,
             };
             let (marks, inner) = match written_by {
                 Some(l) if l.fusion.is_some() => {
@@ -1132,12 +1155,10 @@ impl<'g> Interpreter<'g> {
                 c.stats.executed += 1;
                 c.layer_flops.insert(idx, cost);
                 let mut cost = cost;
-                if let (Some(_), Some(chain), Some(out)) =
-                    (&chain_result, &self.chains[idx], outs.first())
-                {
-                    // The epilogue's layers ran too: their work as if alone (every chain value
-                    // has the anchor's output shape), for the search's FLOP counts.
-                    for j in chain.steps() {
+                if let (false, Some(out)) = (fused_steps.is_empty(), outs.first()) {
+                    // The fused layers ran too: their work as if alone (every chain value has
+                    // the anchor's output shape), for the search's FLOP counts.
+                    for &j in &fused_steps {
                         let ins: Vec<Option<Vec<usize>>> = (self.steps[j].inputs.iter())
                             .map(|src| match src {
                                 Source::Slot(_) => Some(out.shape().to_vec()),

@@ -118,6 +118,14 @@ pub type StageFn =
 /// The shape of the output an epilogue anchor will produce from these inputs.
 pub type EpilogueShapeFn = fn(&[Option<&Tensor>]) -> Option<ChainShape>;
 
+/// An integer kernel's output converted to float32 and multiplied by `scale`, in one pass:
+/// what the layers `Cast(to=FLOAT) → Mul(scale)` after it compute (ONNX Runtime's dynamic
+/// quantization writes them; its MatMulIntegerToFloat fuses them the same way), the same bits:
+/// `(float)acc · scale`, one rounding each. `scale`: the Mul's other input. Ok(None) where
+/// that scale would broadcast the output to another shape, or is not float32 (the layers then
+/// run one by one).
+pub type ScaledFn = fn(&OpCtx, &[Option<&Tensor>], &Tensor) -> Result<Option<Tensor>, OpError>;
+
 /// What a kernel knows about the node it runs.
 pub struct OpCtx<'a> {
     pub node: &'a Node,
@@ -392,6 +400,9 @@ pub struct OpDef {
     /// The kernel applies [`OpCtx::epilogue`] (it may anchor an epilogue), to an output of
     /// this shape.
     pub epilogue: Option<EpilogueShapeFn>,
+    /// The kernel's integer output converted to float32 and scaled, for the Cast and Mul
+    /// after it ([`ScaledFn`]).
+    pub scaled: Option<ScaledFn>,
     /// Inputs the kernel rounds itself when a float16/bfloat16 plan hands it a constant
     /// float32 weight as stored ([`OpCtx::weight_rounding`]).
     rounds_weights: &'static [usize],
@@ -411,6 +422,7 @@ impl OpDef {
             own_output_type: false,
             stage: None,
             epilogue: None,
+            scaled: None,
             rounds_weights: &[],
         }
     }
@@ -437,6 +449,13 @@ impl OpDef {
     /// `shape` tells before it runs.
     pub fn epilogue(&mut self, shape: EpilogueShapeFn) -> &mut Self {
         self.epilogue = Some(shape);
+        self
+    }
+
+    /// The kernel can write its integer output converted to float32 and scaled
+    /// ([`ScaledFn`]).
+    pub fn scaled(&mut self, f: ScaledFn) -> &mut Self {
+        self.scaled = Some(f);
         self
     }
 
@@ -527,7 +546,7 @@ impl OpDef {
 }
 
 /// The registry's key for a domain: the default ONNX domain is `""` (also spelled `ai.onnx`).
-fn domain_key(domain: &str) -> &str {
+pub(crate) fn domain_key(domain: &str) -> &str {
     if domain == "ai.onnx" {
         ""
     } else {

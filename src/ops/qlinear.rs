@@ -14,6 +14,7 @@ pub fn register(r: &mut Registry) {
     use super::InputRole::{Data, Scale, ZeroPoint};
     r.def_mut("MatMulInteger")
         .roles(&[Data, Data, ZeroPoint, ZeroPoint])
+        .scaled(matmul_integer_scaled)
         .infer(|ctx, ins| {
             let mut out = super::shape::infer_as("MatMul", ctx, ins, [0, 1])?.remove(0);
             out.dtype = Some(DType::I32);
@@ -100,6 +101,51 @@ fn shifted(t: &Tensor, zp: Option<&Tensor>, side: Side, what: &str) -> Result<Te
 }
 
 fn matmul_integer(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
+    let (c, shape) = integer_product(ctx, inputs)?;
+    Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))])
+}
+
+/// MatMulInteger's output converted to float32 and multiplied by `scale` ([`super::ScaledFn`]):
+/// a single value or one per column, as ONNX Runtime's MatMulIntegerToFloat takes it.
+fn matmul_integer_scaled(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+    scale: &Tensor,
+) -> Result<Option<Tensor>, OpError> {
+    let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
+    // A 1-D operand drops an axis of the output: left to the layers one by one.
+    let ([_, .., n], true) = (b_t.shape(), a_t.rank() >= 2) else {
+        return Ok(None);
+    };
+    let (n, rank, sh) = (*n, a_t.rank().max(b_t.rank()), scale.shape());
+    let Some(s) = scale.as_f32() else {
+        return Ok(None);
+    };
+    // Broadcast against the output, the scale must leave its shape as it is.
+    let leading_ones = sh.iter().rev().skip(1).all(|&d| d == 1);
+    if sh.len() > rank
+        || !leading_ones
+        || !matches!(sh.last(), None | Some(1)) && sh.last() != Some(&n)
+    {
+        return Ok(None);
+    }
+    let (c, shape) = integer_product(ctx, inputs)?;
+    let out: Vec<f32> = match s {
+        [s] => c.into_iter().map(|v| v as f32 * s).collect(),
+        _ => c
+            .into_iter()
+            .zip(s.iter().cycle())
+            .map(|(v, s)| v as f32 * s)
+            .collect(),
+    };
+    Ok(Some(Tensor::from_parts(shape, TensorData::F32(out.into()))))
+}
+
+/// MatMulInteger's exact product and its shape.
+fn integer_product(
+    ctx: &OpCtx,
+    inputs: &[Option<&Tensor>],
+) -> Result<(Vec<i32>, Vec<usize>), OpError> {
     let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
     let a = shifted_codes(a_t, opt_input(inputs, 2), Side::A, "A")?;
     // A constant 2-D B (a weight, with a constant zero point) is packed once for the
@@ -119,14 +165,13 @@ fn matmul_integer(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             packed.product(m, &a, &mut c);
             let mut shape = a_t.shape()[..a_t.rank() - 1].to_vec();
             shape.push(n);
-            return Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))]);
+            return Ok((c, shape));
         }
     }
     let b = shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")?;
     // Exact i32 accumulation whatever the layer's accumulator: the kernel ConvInteger and the
     // fused Q/DQ kernels share (ops/integer.rs).
-    let (c, shape) = super::integer::imatmul(&a, a_t.shape(), &b, b_t.shape())?;
-    Ok(vec![Tensor::from_parts(shape, TensorData::I32(c.into()))])
+    super::integer::imatmul(&a, a_t.shape(), &b, b_t.shape())
 }
 
 /// A float scale tensor as f32 values, rejecting other dtypes.

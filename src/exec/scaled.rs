@@ -1,0 +1,333 @@
+//! Scaled integer products: an integer kernel whose only reader is `Cast(to=FLOAT)`, whose
+//! only reader is a `Mul` by a scale, runs as one kernel writing the float32 result
+//! ([`crate::ops::ScaledFn`]). ONNX Runtime's dynamic quantization writes this chain after
+//! every MatMulInteger (`(float)acc · (x_scale · w_scale)`), and ONNX Runtime runs it fused
+//! (MatMulIntegerToFloat); as three layers it is two more passes over the output and two more
+//! layers to dispatch, for a product of a few rows.
+//!
+//! [`find`] reads a graph once; [`ScaledProduct::applies`] tells whether one run can fuse it:
+//! nothing shows the two values never stored (no observer, no kept intermediates: the caller
+//! checks), no fusion region or quantized kernel takes any of the three layers, and the Cast
+//! and the Mul run in float32 reading their inputs as stored. The kernel computes exactly the
+//! two layers' values, so the result is the same bits (`tests`).
+
+use super::emulate::{InputPrep, LayerPrep};
+use super::{slot_readers, Source, Step};
+use crate::graph::{Graph, ValueIndex};
+use crate::ops::{domain_key, Registry};
+use crate::precision::Precision;
+
+/// The two layers after an integer kernel that it computes itself.
+#[derive(Clone, Debug)]
+pub(super) struct ScaledProduct {
+    /// The Cast's step.
+    pub cast: usize,
+    /// The Mul's step.
+    pub mul: usize,
+    /// Which input of the Mul is the scale (the other is the Cast's output).
+    pub scale: usize,
+    /// The anchor's kernel that computes them.
+    pub kernel: crate::ops::ScaledFn,
+}
+
+/// Per step: the Cast and Mul it may compute, where its op can ([`crate::ops::OpDef::scaled`]).
+pub(super) fn find(
+    graph: &Graph,
+    values: &ValueIndex,
+    steps: &[Step],
+) -> Vec<Option<ScaledProduct>> {
+    let registry = Registry::global();
+    // The step's one output, read by one step only, and not a graph output.
+    let sole_reader = |i: usize| -> Option<usize> {
+        let [Some(out)] = steps[i].outputs.as_slice() else {
+            return None;
+        };
+        if values.is_graph_output(*out) || !steps[i].subs.is_empty() {
+            return None;
+        }
+        let mut readers = slot_readers(values, steps, *out);
+        let (first, None) = (readers.next()?, readers.next()) else {
+            return None;
+        };
+        // Read once by that step (Mul(x, x) reads it twice).
+        let reads = steps[first]
+            .inputs
+            .iter()
+            .filter(|s| matches!(s, Source::Slot(x) if x == out))
+            .count();
+        (reads == 1).then_some(first)
+    };
+    let plain = |i: usize, op: &str| {
+        let n = &graph.nodes[i];
+        n.op_type == op && domain_key(&n.domain).is_empty() && steps[i].subs.is_empty()
+    };
+    (0..steps.len())
+        .map(|a| {
+            let node = &graph.nodes[a];
+            let kernel = registry.def(&node.domain, &node.op_type)?.scaled?;
+            let cast = sole_reader(a).filter(|&c| plain(c, "Cast"))?;
+            if graph.nodes[cast].attr_int("to")
+                != Some(i64::from(crate::tensor::DType::F32.onnx_code()))
+            {
+                return None;
+            }
+            let mul = sole_reader(cast).filter(|&m| plain(m, "Mul"))?;
+            let [Some(out)] = steps[cast].outputs.as_slice() else {
+                return None;
+            };
+            let [Some(_)] = steps[mul].outputs.as_slice() else {
+                return None;
+            };
+            let scale = match steps[mul].inputs.as_slice() {
+                [Source::Slot(x), other] if x == out => (1, other),
+                [other, Source::Slot(x)] if x == out => (0, other),
+                _ => return None,
+            };
+            matches!(scale.1, Source::Slot(_) | Source::Initializer(..)).then_some(ScaledProduct {
+                cast,
+                mul,
+                scale: scale.0,
+                kernel,
+            })
+        })
+        .collect()
+}
+
+impl ScaledProduct {
+    /// The layers the kernel computes, in graph order.
+    pub fn steps(&self) -> [usize; 2] {
+        [self.cast, self.mul]
+    }
+
+    /// Whether a run under `layers` (a plan's, if any) may fuse the Cast and Mul into the
+    /// kernel at `anchor` (see the module's introduction).
+    pub fn applies(&self, anchor: usize, layers: Option<&[LayerPrep]>) -> bool {
+        let Some(layers) = layers else {
+            return true;
+        };
+        let as_stored = |l: &LayerPrep| {
+            l.fusion.is_none()
+                && l.integer.is_none()
+                && l.inputs.iter().all(|p| matches!(p, InputPrep::Keep))
+        };
+        let float32 = |l: &LayerPrep| matches!(l.precision, None | Some(Precision::Float32));
+        as_stored(&layers[anchor])
+            && self
+                .steps()
+                .iter()
+                .all(|&s| as_stored(&layers[s]) && float32(&layers[s]))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
+    use crate::graph::testing::{graph, node, vi};
+    use crate::graph::{Attribute, Graph, Node};
+    use crate::precision::plan::PrecisionPlan;
+    use crate::precision::Precision;
+    use crate::tensor::{Tensor, TensorData};
+
+    const K: usize = 1024;
+    const N: usize = 24;
+
+    fn cast(name: &str, input: &str, out: &str, to: i64) -> Node {
+        let mut n = node(name, "Cast", &[input], &[out]);
+        n.attrs.insert("to".into(), Attribute::Int(to));
+        n
+    }
+
+    /// ONNX Runtime's dynamic quantization of `x · w`: DynamicQuantizeLinear, MatMulInteger,
+    /// Cast, Mul by `x_scale · w_scale` (`scale`: "s", computed per run; or a constant per
+    /// column). B's codes are 128–255, most of x's near its maximum and K 1024, so accumulators pass 2^24 and the Cast
+    /// rounds. `extra`: more nodes; `outputs`: the graph's.
+    fn model(scale: &str, extra: Vec<Node>, outputs: &[&str]) -> Graph {
+        let mut nodes = vec![
+            node("dql", "DynamicQuantizeLinear", &["x"], &["xq", "xs", "xz"]),
+            node("scales", "Mul", &["xs", "ws"], &["s"]),
+            node("mmi", "MatMulInteger", &["xq", "wq", "xz", "wz"], &["acc"]),
+            cast("cast", "acc", "accf", 1),
+            node("rescale", "Mul", &[scale, "accf"], &["y"]),
+        ];
+        nodes.extend(extra);
+        let mut rng = crate::data::loader::Mt19937::new(5);
+        let codes: Vec<u8> = (0..K * N)
+            .map(|i| {
+                if i % 7 == 0 {
+                    255
+                } else {
+                    128 + (rng.random_sample() * 128.0) as u8
+                }
+            })
+            .collect();
+        let per_column: Vec<f32> = (0..N).map(|j| 1e-3 * (j as f32 + 0.3)).collect();
+        graph(
+            nodes,
+            vec![vi("x", &[2, 5, K])],
+            outputs.iter().map(|o| vi(o, &[])).collect(),
+            vec![
+                (
+                    "wq",
+                    Tensor::from_parts(vec![K, N], TensorData::U8(codes.into())),
+                ),
+                (
+                    "wz",
+                    Tensor::from_parts(vec![], TensorData::U8(vec![0].into())),
+                ),
+                ("ws", Tensor::from_f32(vec![], vec![0.013])),
+                ("cols", Tensor::from_f32(vec![1, N], per_column)),
+                ("rows", Tensor::from_f32(vec![2, 1, 1], vec![0.5, 2.0])),
+            ],
+        )
+    }
+
+    fn feeds() -> Feeds {
+        let mut rng = crate::data::loader::Mt19937::new(9);
+        let mut x: Vec<f32> = (0..10 * K)
+            .map(|_| (rng.random_sample() * 2.0 + 3.0) as f32)
+            .collect();
+        // The extremes, so codes span 0..=255.
+        x[0] = -3.0;
+        x[1] = 5.0;
+        let mut f = Feeds::new();
+        f.insert("x".into(), Tensor::from_f32(vec![2, 5, K], x));
+        f
+    }
+
+    fn bits(t: &Tensor) -> Vec<u32> {
+        t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// The steps the profiled run fused into the MatMulInteger (step 2).
+    fn fused_into_product(interp: &Interpreter, plan: Option<&PreparedPlan>) -> Vec<usize> {
+        let (_, times) = interp.run_profiled(&feeds(), plan).unwrap();
+        let t = times.iter().find(|t| t.node == 2).unwrap();
+        t.fused.clone()
+    }
+
+    /// The fused run gives the bits of the layers run one by one (kept intermediates turn
+    /// fusion off), and the profile lists the Cast and Mul with the product.
+    fn fused_is_alone(g: &Graph, plan: Option<&PreparedPlan>) -> Vec<usize> {
+        let interp = Interpreter::new(g).unwrap();
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let (fused, alone) = match plan {
+            None => (interp.run(&feeds()), interp.run_with(&feeds(), &keep)),
+            Some(p) => (
+                interp.run_plan(&feeds(), &RunOptions::default(), p),
+                interp.run_plan(&feeds(), &keep, p),
+            ),
+        };
+        let (fused, alone) = (fused.unwrap(), alone.unwrap());
+        assert_eq!(fused.outputs.len(), alone.outputs.len());
+        for ((n, f), (_, a)) in fused.outputs.iter().zip(&alone.outputs) {
+            assert_eq!(bits(f), bits(a), "{n}");
+        }
+        fused_into_product(&interp, plan)
+    }
+
+    #[test]
+    fn the_cast_and_the_scaling_after_an_integer_product_are_found() {
+        let g = model("s", Vec::new(), &["y"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let found: Vec<Option<(usize, usize, usize)>> = (interp.scaled.iter())
+            .map(|p| p.as_ref().map(|p| (p.cast, p.mul, p.scale)))
+            .collect();
+        assert_eq!(found, vec![None, None, Some((3, 4, 0)), None, None]);
+        // Not where the product or the Cast is read elsewhere, or the Cast is to float16.
+        let peek = node("peek", "Neg", &["accf"], &["p"]);
+        let g = model("s", vec![peek], &["y", "p"]);
+        assert!(Interpreter::new(&g)
+            .unwrap()
+            .scaled
+            .iter()
+            .all(Option::is_none));
+        let g = model("s", Vec::new(), &["y", "acc"]);
+        assert!(Interpreter::new(&g)
+            .unwrap()
+            .scaled
+            .iter()
+            .all(Option::is_none));
+        let mut g = model("s", Vec::new(), &["y"]);
+        g.nodes[3] = cast("cast", "acc", "accf", 10);
+        assert!(Interpreter::new(&g)
+            .unwrap()
+            .scaled
+            .iter()
+            .all(Option::is_none));
+    }
+
+    #[test]
+    fn a_scaled_product_has_the_bits_of_its_three_layers() {
+        // The scale computed in the run (a scalar), and a constant one per column.
+        for scale in ["s", "cols"] {
+            let g = model(scale, Vec::new(), &["y"]);
+            assert_eq!(fused_is_alone(&g, None), vec![3, 4], "{scale}");
+        }
+        // A Cast that rounds: some accumulator is above 2^24 and not a multiple of 2^k.
+        let g = model("s", vec![], &["y"]);
+        let interp = Interpreter::new(&g).unwrap();
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let r = interp.run_with(&feeds(), &keep).unwrap();
+        let TensorData::I32(acc) = r.intermediates["acc"].data() else {
+            panic!("MatMulInteger writes int32");
+        };
+        let acc = acc.as_slice();
+        assert!(acc
+            .iter()
+            .any(|&v| v.abs() > 1 << 24 && v as f32 as i32 != v));
+        // A NaN or infinite scale propagates as the Mul propagates it.
+        let mut g = model("cols", vec![], &["y"]);
+        let mut cols = vec![0.5f32; N];
+        cols[3] = f32::NAN;
+        cols[4] = f32::INFINITY;
+        g.initializers
+            .insert("cols".into(), Tensor::from_f32(vec![N], cols));
+        assert_eq!(fused_is_alone(&g, None), vec![3, 4]);
+    }
+
+    #[test]
+    fn a_scale_that_broadcasts_the_output_or_comes_later_leaves_the_layers_alone() {
+        let g = model("rows", Vec::new(), &["y"]);
+        assert_eq!(fused_is_alone(&g, None), Vec::<usize>::new());
+        // The scale computed after the product (graph order): not known when it runs.
+        let mut g = model("s", Vec::new(), &["y"]);
+        g.nodes.swap(1, 2);
+        let interp = Interpreter::new(&g).unwrap();
+        assert!(interp.scaled[1].is_some());
+        let (r, times) = interp.run_profiled(&feeds(), None).unwrap();
+        assert!(times.iter().all(|t| t.fused.is_empty()));
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let alone = interp.run_with(&feeds(), &keep).unwrap();
+        assert_eq!(bits(&r.outputs[0].1), bits(&alone.outputs[0].1));
+    }
+
+    #[test]
+    fn plans_fuse_only_a_float32_cast_and_scaling() {
+        let g = model("s", Vec::new(), &["y"]);
+        let prepared = |layers: Vec<Precision>| {
+            let plan = PrecisionPlan::from_layers(layers);
+            PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap()
+        };
+        // A float16 plan runs the Cast and Mul in float16: one by one.
+        let f16 = prepared(vec![Precision::Float16; 5]);
+        assert_eq!(fused_is_alone(&g, Some(&f16)), Vec::<usize>::new());
+        // The two float32 among float16 layers: fused.
+        let mut layers = vec![Precision::Float16; 5];
+        layers[3] = Precision::Float32;
+        layers[4] = Precision::Float32;
+        assert_eq!(fused_is_alone(&g, Some(&prepared(layers))), vec![3, 4]);
+        // Only one of them float32: one by one.
+        let mut layers = vec![Precision::Float32; 5];
+        layers[4] = Precision::BFloat16;
+        assert_eq!(
+            fused_is_alone(&g, Some(&prepared(layers))),
+            Vec::<usize>::new()
+        );
+    }
+}
