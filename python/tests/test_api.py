@@ -492,6 +492,58 @@ def test_debug_precision_decode_judges_generated_tokens(tmp_path: Path) -> None:
     assert result.outcome == "nothing-needed", result.to_dict()
 
 
+def repeated_blocks(path: Path, blocks: int, overflowing: List[int]) -> None:
+    """Blocks named as PyTorch exports them (``/model/layers.{b}/scale/Mul``,
+    ``.../unscale/Mul``, ``.../act/Relu``): x in [70, 72] times 1024 passes float16's 65504 in
+    the blocks of ``overflowing`` (times 8 elsewhere), so both products of those blocks must
+    stay in float32."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes, inits, prev = [], [], "x"
+    for b in range(blocks):
+        w = 1024.0 if b in overflowing else 8.0
+        p, out = f"/model/layers.{b}", "y" if b + 1 == blocks else f"h{b}"
+        nodes += [
+            helper.make_node("Mul", [prev, f"w{b}"], [f"s{b}"], name=f"{p}/scale/Mul"),
+            helper.make_node("Mul", [f"s{b}", f"iw{b}"], [f"u{b}"], name=f"{p}/unscale/Mul"),
+            helper.make_node("Relu", [f"u{b}"], [out], name=f"{p}/act/Relu"),
+        ]
+        inits += [
+            numpy_helper.from_array(np.array([w], np.float32), f"w{b}"),
+            numpy_helper.from_array(np.array([1.0 / w], np.float32), f"iw{b}"),
+        ]
+        prev = out
+    graph = helper.make_graph(
+        nodes,
+        "repeated_blocks",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_group_roles_reads_the_answer_as_rules(tmp_path: Path) -> None:
+    model = tmp_path / "blocks.onnx"
+    repeated_blocks(model, 8, [5, 6, 7])
+    args: Dict[str, Any] = dict(val_range={"x": [70, 72]}, atol=0.1, rtol=0.01, progress=False)
+    grouped = mixprec.debug_precision(model, group="roles", **args)
+    plain = mixprec.debug_precision(model, **args)
+    want = [f"/model/layers.{b}/{r}/Mul" for b in (5, 6, 7) for r in ("scale", "unscale")]
+    assert grouped.layers == want and plain.layers == want
+    # Both read the answer as the same two rules; the grouped search ran fewer models
+    # (evaluations and ranking runs; it ranks three roles instead of 24 layers).
+    assert grouped.groups == plain.groups
+    roles = [(g["role"], g["blocks"], g["block_indices"], len(g["layers"])) for g in grouped.groups]
+    assert roles == [("scale/Mul", "5–7", [5, 6, 7], 3), ("unscale/Mul", "5–7", [5, 6, 7], 3)]
+    assert grouped.groups[0]["layer_precisions"].startswith("re:^/model/layers")
+    runs = lambda r: r.to_dict()["stats"]["evaluations"] + r.to_dict()["stats"]["ranking_runs"]
+    assert runs(grouped) < runs(plain), (grouped.to_dict()["stats"], plain.to_dict()["stats"])
+    with pytest.raises(ValueError, match="group"):
+        mixprec.debug_precision(model, group="blocks", **args)
+
+
 def test_plan_chooses_a_format_per_layer_on_an_evaluated_front(tmp_path: Path) -> None:
     model = ROOT / "examples" / "transformer.onnx"
     result = mixprec.plan(

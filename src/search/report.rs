@@ -813,4 +813,61 @@ mod deploy_tests {
         assert_eq!(shell_word("[-1,1]"), "'[-1,1]'");
         assert_eq!(shell_word("it's:float32"), r"'it'\''s:float32'");
     }
+
+    /// The HTML report's groups: one row per rule with its ops, count, names and items; a
+    /// rule of more than FOLD_AFTER layers folds its names into a `<details>`, a short one
+    /// lists them; names are escaped.
+    #[test]
+    fn the_groups_table_lists_each_rule_and_folds_long_ones() {
+        let rule = |role: &str, blocks: std::ops::Range<u64>, ops: &[&str]| {
+            let layers: Vec<String> = blocks
+                .clone()
+                .flat_map(|b| {
+                    ops.iter()
+                        .map(move |op| format!("/model/layers.{b}/{op}<x>"))
+                })
+                .collect();
+            Rule {
+                role: role.into(),
+                scope: "/model/layers".into(),
+                block_indices: blocks.clone().collect(),
+                blocks: format!("{}–{}", blocks.start, blocks.end - 1),
+                ops: ops.iter().map(|s| s.to_string()).collect(),
+                indices: (0..layers.len()).collect(),
+                regex: format!("^/model/layers\\.{role}$"),
+                layers,
+            }
+        };
+        let long = rule("norm/{Pow,Sqrt}", 2..6, &["Pow", "Sqrt"]);
+        let short = rule("mask/Mul", 0..3, &["Mul"]);
+        let html = groups_html(&[long, short], Precision::Float32);
+        assert_eq!(html.matches("<tr><td").count(), 2, "{html}");
+        assert!(
+            html.contains("norm/{Pow,Sqrt} in /model/layers 2–5"),
+            "{html}"
+        );
+        assert!(
+            html.contains("<td class=\"l\">Pow, Sqrt</td><td>8</td>"),
+            "{html}"
+        );
+        assert_eq!(
+            html.matches("<details><summary>8 layers</summary>").count(),
+            1,
+            "{html}"
+        );
+        assert!(html.contains("/model/layers.5/Sqrt&lt;x&gt;"), "{html}");
+        assert!(!html.contains("<x>"), "{html}");
+        // The short rule lists its three names unfolded, with its item.
+        let short_row = html.split("<tr>").find(|r| r.contains("mask/Mul")).unwrap();
+        assert!(!short_row.contains("<details>"), "{short_row}");
+        assert_eq!(
+            short_row.matches("/model/layers.").count(),
+            3,
+            "{short_row}"
+        );
+        assert!(
+            short_row.contains(r"re:^/model/layers\.mask/Mul$:float32"),
+            "{short_row}"
+        );
+    }
 }

@@ -196,6 +196,53 @@ fn fails_cleanly(args: &[&str], needle: &str, out_file: &Path) {
     );
 }
 
+/// LLM ops whose inputs contradict them (issue: GroupQueryAttention head counts, a past KV
+/// against the cache, a MatMulNBits blob of the wrong size; scripts/gen_bad_llm_ops.py) and
+/// `--decode` on a model without ONNX Runtime GenAI's names: one error line naming the node or
+/// input, exit ≠ 0, no output file — from `run` and from `debug precision -o`.
+#[test]
+fn llm_ops_that_contradict_their_inputs_fail_naming_the_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    crate::common::generate_cases("gen_bad_llm_ops.py", d);
+    let (out_path, out) = p(d, "out.json");
+    let (onnx_path, onnx) = p(d, "mixed.onnx");
+    for (model, needle) in [
+        (
+            "gqa_heads.onnx",
+            "'attn_bad_heads' (GroupQueryAttention): key [1, 5, 48]",
+        ),
+        (
+            "gqa_past.onnx",
+            "'attn_bad_past' (GroupQueryAttention): past_key [1, 2, 6, 8]",
+        ),
+        (
+            "nbits_blob.onnx",
+            "'proj_bad_blob' (MatMulNBits): B is uint8 [8, 2, 8]",
+        ),
+    ] {
+        let model = p(d, model).1;
+        fails_cleanly(&["run", &model, "--save-outputs", &out], needle, &out_path);
+        fails_cleanly(
+            &["debug", "precision", &model, "--fp16", "-o", &onnx],
+            needle.split(':').next().unwrap(),
+            &onnx_path,
+        );
+    }
+    fails_cleanly(
+        &[
+            "run",
+            &example("mlp.onnx"),
+            "--decode",
+            "2",
+            "--save-outputs",
+            &out,
+        ],
+        "--decode: the model has no input 'input_ids'",
+        &out_path,
+    );
+}
+
 #[test]
 fn bad_input_gives_clear_errors_and_no_files() {
     let tmp = tempfile::tempdir().unwrap();
