@@ -14,7 +14,9 @@ inputs and outputs, SimplifiedLayerNormalization, Attention and MultiHeadAttenti
 mask form, causality, past/present, attention bias, scale and filter value, RotaryEmbedding
 (3-D and 4-D, interleaved, partial, position offset), MatMulNBits (4 and 8 bits, blocks 16-128,
 K not a multiple of the block, zero points default/packed/float, g_idx, bias, accuracy_level 0
-and 4, 3-D A) and GatherBlockQuantized (uint8, uint4, int4; gather_axis 0 and 1).
+and 4, 3-D A) and GatherBlockQuantized (uint8, uint4, int4; gather_axis 0 and 1). Two chains
+are also cases: `chain` (contrib ops of a transformer block) and `int4_chain` (ONNX Runtime
+GenAI's int4 layout in small), which tests/integration/contrib.rs also exports in float16.
 """
 import os
 import sys
@@ -161,6 +163,7 @@ def main():
     qlinear_conv_cases(out)
     nbits_cases(out)
     chain(out)
+    int4_chain(out)
 
 
 def qlinear_cases(out):
@@ -683,6 +686,69 @@ def chain(out):
     x = rng.uniform(-1, 1, [1, 8, 16]).astype(np.float32)
     with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
         f.write(numpy_helper.from_array(x, "X").SerializeToString())
+
+
+def int4_chain(out):
+    """ONNX Runtime GenAI's int4 layout in small: a GatherBlockQuantized embedding (4 bits in
+    uint8, zero points), two MatMulNBits with accuracy_level 4 in blocks of 32 (zero points and
+    bias on the first; MLAS's AVX2 kernels, bit for bit), output `y_exact`, then an 8-bit
+    accuracy_level 0 MatMulNBits (the float path), output `y`. For the float16 plan's export
+    (tests/integration/contrib.rs); in float32 one more case of the harness."""
+    rng = np.random.default_rng(21)
+    d = os.path.join(out, "int4_chain")
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    vocab, k = 50, 64
+
+    def pack4(q):
+        return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+    def nbits(name, a, y, k, n, bits, bs, acc, zp=False, bias=False):
+        kb = (k + bs - 1) // bs
+        q = rng.integers(0, 2 ** bits, (n, kb * bs)).astype(np.uint8)
+        b = pack4(q).reshape(n, kb, bs // 2) if bits == 4 else q.reshape(n, kb, bs)
+        s = rng.uniform(0.01, 0.1, (n, kb)).astype(np.float32) * (16.0 / 2 ** bits)
+        inits = [numpy_helper.from_array(b, f"{name}.B"),
+                 numpy_helper.from_array(s, f"{name}.scales")]
+        ins = [a, f"{name}.B", f"{name}.scales"]
+        if zp:
+            inits.append(numpy_helper.from_array(
+                pack4(rng.integers(0, 16, (n, kb + kb % 2)).astype(np.uint8)), f"{name}.zp"))
+            ins.append(f"{name}.zp")
+        if bias:
+            ins += [""] * (5 - len(ins)) + [f"{name}.bias"]
+            inits.append(numpy_helper.from_array(
+                rng.uniform(-1, 1, n).astype(np.float32), f"{name}.bias"))
+        node = helper.make_node("MatMulNBits", ins, [y], name=name, domain=MS, K=k, N=n,
+                                bits=bits, block_size=bs, accuracy_level=acc)
+        return node, inits
+
+    emb_inits = [
+        numpy_helper.from_array(pack4(rng.integers(0, 16, (vocab, k)).astype(np.uint8)), "emb.data"),
+        numpy_helper.from_array(rng.uniform(0.05, 0.5, (vocab, k // 32)).astype(np.float32),
+                                "emb.scales"),
+        numpy_helper.from_array(pack4(rng.integers(0, 16, (vocab, 2)).astype(np.uint8)), "emb.zp"),
+    ]
+    nodes = [helper.make_node("GatherBlockQuantized", ["emb.data", "ids", "emb.scales", "emb.zp"],
+                              ["e"], name="emb", domain=MS, bits=4, block_size=32, gather_axis=0,
+                              quantize_axis=1)]
+    inits = emb_inits
+    for spec in [("qkv", "e", "h", k, 96, 4, 32, 4, True, True),
+                 ("o_proj", "h", "y_exact", 96, 24, 4, 32, 4),
+                 ("head", "y_exact", "y", 24, 10, 8, 16, 0)]:
+        node, w = nbits(*spec)
+        nodes.append(node)
+        inits += w
+    graph = helper.make_graph(
+        nodes, "int4_chain", [helper.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2, 3])],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in ("y_exact", "y")],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    ids = rng.integers(0, vocab, (2, 3)).astype(np.int64)
+    with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(ids, "ids").SerializeToString())
 
 
 if __name__ == "__main__":

@@ -104,9 +104,12 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
 /// SimplifiedLayerNormalization) take float16 (1.32: the op
 /// registered for MLFloat16 in `contrib_ops/cpu/cpu_contrib_kernels.cc`; each one loads and
 /// runs in float16, `integration::contrib::float16_contrib_ops_export_in_float16`): the export
-/// writes such a layer in float16 when the plan has it there, as the emulation ran it. Ops with
-/// quantized weights (MatMulNBits, GatherBlockQuantized), the CUDA-only ones (BiasAdd) and
-/// FusedConv stay float32 with a note.
+/// writes such a layer in float16 when the plan has it there, as the emulation ran it. The
+/// weight-only quantized ops (MatMulNBits, GatherBlockQuantized) are among them: their scales
+/// (and float zero points) become float16 with A, as ONNX Runtime GenAI's builder writes float16
+/// models, and ORT's x86 kernel computes in f32 and rounds the output, as the emulation does
+/// (`integration::contrib::weight_only_ops_export_in_float16_as_emulated`). The CUDA-only ops
+/// (BiasAdd) and FusedConv stay float32 with a note.
 pub fn has_float16_kernel(node: &Node) -> bool {
     // ONNX Runtime's SimplifiedLayerNormalization lives in the default domain, outside ONNX's
     // schemas.
@@ -127,6 +130,8 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "FastGelu"
                     | "QuickGelu"
                     | "BiasGelu"
+                    | "MatMulNBits"
+                    | "GatherBlockQuantized"
             )
 }
 

@@ -314,9 +314,10 @@ pub fn def_of(node: &Node) -> Option<&'static OpDef> {
     Registry::global().def(&node.domain, &node.op_type)
 }
 
-/// What an input of an op is, for precision and quantization: only `Data` and `Bias` inputs
-/// take the layer's precision; scales, zero points and parameters keep their own type (ONNX
-/// gives them their own type constraint, and rounding a scale would move the quantization grid).
+/// What an input of an op is, for precision and quantization: only `Data`, `Bias` and
+/// `WeightScale` inputs take the layer's precision; scales, zero points and parameters keep
+/// their own type (ONNX gives them their own type constraint, and rounding a scale would move
+/// the quantization grid).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum InputRole {
     /// An activation or weight operand.
@@ -328,6 +329,11 @@ pub enum InputRole {
     Scale,
     /// A quantization zero point.
     ZeroPoint,
+    /// A scale (or float zero point) of a weight-only quantized op whose schema gives it the
+    /// activation's type (MatMulNBits' and GatherBlockQuantized's `T1`/`T2`): follows a float
+    /// precision as a bias does — ONNX Runtime's float16 kernels take float16 scales —, keeps
+    /// its type under int8/fp8 (docs/numerics.md, "Weight-only quantized ops").
+    WeightScale,
     /// A shape, index, axis, ratio or other parameter.
     Param,
 }

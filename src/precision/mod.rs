@@ -123,13 +123,18 @@ pub fn has_quantized_kernel(node: &crate::graph::Node) -> bool {
 }
 
 /// Whether input `index` of an op carries the layer's data type, i.e. is converted to the
-/// layer's precision: data and bias inputs do; scales, zero points and parameters keep their
-/// type (ONNX gives them their own). Integer and bool inputs never are (callers check the
-/// dtype). Read from the op's input roles.
+/// layer's precision: data and bias inputs do, and so do the scales of weight-only quantized
+/// ops, typed as their activation (`InputRole::WeightScale`); other scales, zero points and
+/// parameters keep their type (ONNX gives them their own). Integer and bool inputs never are
+/// (callers check the dtype). Read from the op's input roles.
 pub fn input_follows_layer_precision(node: &crate::graph::Node, index: usize) -> bool {
     use crate::ops::InputRole;
-    crate::ops::def_of(node)
-        .is_none_or(|d| matches!(d.role(index), InputRole::Data | InputRole::Bias))
+    crate::ops::def_of(node).is_none_or(|d| {
+        matches!(
+            d.role(index),
+            InputRole::Data | InputRole::Bias | InputRole::WeightScale
+        )
+    })
 }
 
 /// Rounds one f32 to the nearest value representable in `p` (int8: to the integer grid,

@@ -21,10 +21,12 @@ use crate::graph::Node;
 use crate::tensor::{DType, Tensor, TensorData};
 
 pub fn register(r: &mut Registry) {
-    use InputRole::{Param, Scale, ZeroPoint};
+    use InputRole::{Param, WeightScale, ZeroPoint};
+    // The scales are T2, the output's type: they follow the layer's precision (ONNX Runtime's
+    // float16 kernel computes `f32(q − zp)·f32(scale)` and narrows it, as this one does).
     r.add_in(MS_DOMAIN, "GatherBlockQuantized", gather_block_quantized)
         .parse(|n, _| boxed(GbqAttrs::parse(n)))
-        .roles(&[Param, Param, Scale, ZeroPoint])
+        .roles(&[Param, Param, WeightScale, ZeroPoint])
         .own_output_type()
         .infer(gbq_facts);
 }

@@ -23,9 +23,12 @@
 //! - otherwise (`accuracy_level` 0–3, or B computed at run time): B dequantized to f32 as
 //!   `(q − zp)·s` and an f32 product, the bias added as the product's initial value.
 //!
-//! Under a float16/bfloat16 plan the dequantized weights are rounded to the layer's type (A
-//! and the bias arrive rounded) and the product runs in f32 with the layer's accumulator: the
-//! int8 path models ORT's CPU kernel, not the plan's arithmetic.
+//! Under a float16/bfloat16 plan A, the scales, float zero points and the bias arrive rounded
+//! to the layer's type, the weights are dequantized to it (`(q − zp)·s` rounded once, as
+//! ONNX Runtime's CUDA kernel dequantizes B into a float16 buffer for its GEMM) and the
+//! product runs in f32 with the layer's accumulator: a GPU's arithmetic. ONNX Runtime's x86
+//! CPU kernel computes a float16 layer as float32 instead (int8 path included) and only
+//! narrows the output (docs/numerics.md, "Weight-only quantized ops").
 
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::matmul::sgemm;
@@ -39,10 +42,12 @@ use crate::tensor::{DType, Tensor, TensorData};
 use rayon::prelude::*;
 
 pub fn register(r: &mut Registry) {
-    use InputRole::{Bias, Data, Param, Scale, ZeroPoint};
+    use InputRole::{Bias, Data, Param, WeightScale};
+    // The scales and float zero points are T1, A's type: they follow the layer's precision
+    // (packed uint8 zero points are integers and keep theirs).
     r.add_in(MS_DOMAIN, "MatMulNBits", matmul_nbits)
         .parse(|n, _| boxed(NBitsAttrs::parse(n)))
-        .roles(&[Data, Param, Scale, ZeroPoint, Param, Bias])
+        .roles(&[Data, Param, WeightScale, WeightScale, Param, Bias])
         .infer(nbits_facts)
         .flops(nbits_flops);
 }
@@ -203,7 +208,9 @@ fn check<'a>(attrs: &NBitsAttrs, inputs: &[Option<&'a Tensor>]) -> Result<Checke
                 }
                 ZeroPoints::Packed(&v[..])
             }
-            _ if z.dtype() == st.dtype() && flat_or_2d(z, kb) => {
+            // (ORT wants the scales' type; a plan may hold one of them narrowed, the other
+            // widened, with the same values.)
+            _ if z.dtype().is_float() && flat_or_2d(z, kb) => {
                 ZeroPoints::Float(float_slice(z, "zero_points")?.into_owned())
             }
             _ => {
@@ -281,6 +288,7 @@ fn matmul_nbits(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             attrs.bits
         )));
     }
+    // The int8 path is ORT's CPU kernel's; a float16/bfloat16 layer dequantizes to its type.
     let int8 = attrs.accuracy_level == 4
         && !reordered
         && attrs.block_size <= 256
@@ -859,7 +867,8 @@ mod tests {
         }
     }
 
-    /// Under a float16 plan the dequantized weights are float16 values.
+    /// Under a float16 plan the dequantized weights are float16 values (the int8 path of
+    /// accuracy_level 4 is the CPU kernel's: not taken).
     #[test]
     fn weights_round_to_the_plans_type() {
         let node = ms_node(&[("K", 16), ("N", 1), ("bits", 4), ("block_size", 16)]);
