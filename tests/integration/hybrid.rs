@@ -10,9 +10,10 @@ use mixprec::onnx::read_tensor_file;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Generates the model, its inputs (.npz and input_K.pb) and ONNX Runtime's outputs.
-fn generate() -> PathBuf {
-    let dir = models_dir().join("hybrid_case");
+/// Generates the model, its inputs (.npz and input_K.pb) and ONNX Runtime's outputs into
+/// `name` (one folder per test: they run in parallel).
+fn generate(name: &str) -> PathBuf {
+    let dir = models_dir().join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let st = Command::new(python())
         .arg(repo_root().join("scripts/gen_hybrid.py"))
@@ -29,7 +30,7 @@ fn s(p: &std::path::Path) -> String {
 
 #[test]
 fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
-    let dir = generate();
+    let dir = generate("hybrid_case");
     let model = s(&dir.join("hybrid.onnx"));
     let npz = s(&dir.join("hybrid.npz"));
     let golden = s(&dir.join("golden.json"));
@@ -130,4 +131,89 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// The same hybrid under `--bf16`: not "already quantized"; bfloat16's range holds the Pow,
+/// so the search needs no layer (max error 0.016 < 0.05); the exported model keeps the
+/// integer ops as written, casts the float rest to bfloat16, and computes — run as typed —
+/// exactly what the emulated bfloat16 plan computed. (ONNX Runtime's CPU provider has no
+/// bfloat16 Add, so it cannot run the file: mixprec's typed run is the check.)
+#[test]
+fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_bfloat16() {
+    let dir = generate("hybrid_case_bf16");
+    let model = s(&dir.join("hybrid.onnx"));
+    let npz = s(&dir.join("hybrid.npz"));
+    let golden = s(&dir.join("golden_bf16.json"));
+    let o = mixprec(&[
+        "run",
+        &model,
+        "--load-inputs",
+        &npz,
+        "--save-outputs",
+        &golden,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let emulated = s(&dir.join("emulated_bf16.json"));
+    let o = mixprec(&[
+        "run",
+        &model,
+        "--load-inputs",
+        &npz,
+        "--bf16",
+        "--save-outputs",
+        &emulated,
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(!t.contains("already quantized"), "{t}");
+
+    let mixed = dir.join("mixed_bf16.onnx");
+    let result = dir.join("result_bf16.json");
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        &model,
+        "--bf16",
+        "--load-inputs",
+        &npz,
+        "--golden",
+        &golden,
+        "--atol",
+        "0.05",
+        "--rtol",
+        "0",
+        "--save-result",
+        &s(&result),
+        "-o",
+        &s(&mixed),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("no layer needs float32"), "{t}");
+    assert!(mixprec::quantize::result_file_layers(&result)
+        .unwrap()
+        .is_empty());
+    let m = mixprec::onnx::load_model(&mixed).unwrap();
+    for op in ["DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"] {
+        assert!(m.graph.nodes.iter().any(|n| n.op_type == op), "{op} kept");
+    }
+    assert!(m
+        .graph
+        .nodes
+        .iter()
+        .any(|n| n.op_type == "Cast" && n.name.ends_with("_bf16")));
+    // The file, run as typed, gives the emulated plan's bits.
+    let o = mixprec(&[
+        "run",
+        &s(&mixed),
+        "--load-inputs",
+        &npz,
+        "--load-outputs",
+        &emulated,
+        "--atol",
+        "0",
+        "--rtol",
+        "0",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
 }
