@@ -58,11 +58,6 @@ impl Chain {
     pub fn steps(&self) -> impl Iterator<Item = usize> + '_ {
         self.stages.iter().map(|s| s.step)
     }
-
-    /// The slot the chain's result goes to.
-    pub fn result(&self, steps: &[Step]) -> Option<ValueId> {
-        steps[self.stages.last()?.step].outputs[0]
-    }
 }
 
 /// Per step: the chain fused into it, if it anchors one. `values`: the graph's, whose ids

@@ -823,9 +823,8 @@ impl<'g> Interpreter<'g> {
                 Some(Precision::Float16 | Precision::BFloat16) => accumulate,
                 _ => crate::precision::Accumulator::F32,
             };
-            // The slot the last fused layer writes, and the layers fused into this one (an
-            // epilogue's, or a scaled product's Cast and Mul), in graph order.
-            let mut chain_result = None;
+            // The layers fused into this one (an epilogue's, or a scaled product's Cast and
+            // Mul), in graph order: the last one's output is what this step writes.
             let mut fused_steps: Args<usize> = Args::new();
             let (mut outs, movement_mark, cost, kernel_rounded) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
@@ -1048,7 +1047,6 @@ impl<'g> Interpreter<'g> {
                     (None, Some((sp, scale))) => match (sp.kernel)(&ctx, args, scale) {
                         Ok(Some(t)) => {
                             fused_steps.extend(sp.steps());
-                            chain_result = Some(self.steps[sp.mul].outputs[0]);
                             Ok(vec![t])
                         }
                         // A scale that broadcasts the output: the layers run one by one.
@@ -1066,7 +1064,6 @@ impl<'g> Interpreter<'g> {
                 // float32) leaves the layers to run on their own, its output rounded below.
                 if let Some((chain, _)) = fused_epilogue.as_ref().filter(|_| ctx.did_round()) {
                     fused_steps.extend(chain.steps());
-                    chain_result = Some(chain.result(&self.steps));
                 }
                 for &s in &fused_steps {
                     done_in_epilogue[s] = true;
@@ -1147,8 +1144,8 @@ impl<'g> Interpreter<'g> {
             // Shared from here on: the cache keeps a reference instead of a copy.
             let outs: Args<Arc<Tensor>> = outs.into_iter().map(Arc::new).collect();
             // An epilogue's output is its last layer's.
-            let out_slots = match &chain_result {
-                Some(result) => std::slice::from_ref(result),
+            let out_slots = match fused_steps.last() {
+                Some(&last) => &self.steps[last].outputs[..1],
                 None => step.outputs.as_slice(),
             };
             if let Some((c, _)) = cache.as_mut() {

@@ -28,6 +28,42 @@ fn s(p: &std::path::Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// `debug precision` with `flag` (`--fp16`/`--bf16`) on the hybrid against `golden`, the
+/// criterion atol 0.05: the log, the answer's layers, the `-o` model.
+fn search(
+    dir: &std::path::Path,
+    flag: &str,
+    golden: &str,
+    suffix: &str,
+) -> (String, Vec<String>, PathBuf) {
+    let model = s(&dir.join("hybrid.onnx"));
+    let npz = s(&dir.join("hybrid.npz"));
+    let mixed = dir.join(format!("mixed{suffix}.onnx"));
+    let result = dir.join(format!("result{suffix}.json"));
+    let o = mixprec(&[
+        "debug",
+        "precision",
+        &model,
+        flag,
+        "--load-inputs",
+        &npz,
+        "--golden",
+        golden,
+        "--atol",
+        "0.05",
+        "--rtol",
+        "0",
+        "--save-result",
+        &s(&result),
+        "-o",
+        &s(&mixed),
+    ]);
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let answer = mixprec::quantize::result_file_layers(&result).unwrap();
+    (t, answer, mixed)
+}
+
 #[test]
 fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
     let dir = generate("hybrid_case");
@@ -51,29 +87,7 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
     assert!(!t.contains("already quantized"), "{t}");
 
     // debug precision --fp16 finds the overflowing Pow and writes a model ORT runs.
-    let mixed = dir.join("mixed.onnx");
-    let result = dir.join("result.json");
-    let o = mixprec(&[
-        "debug",
-        "precision",
-        &model,
-        "--fp16",
-        "--load-inputs",
-        &npz,
-        "--golden",
-        &golden,
-        "--atol",
-        "0.05",
-        "--rtol",
-        "0",
-        "--save-result",
-        &s(&result),
-        "-o",
-        &s(&mixed),
-    ]);
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
-    let answer = mixprec::quantize::result_file_layers(&result).unwrap();
+    let (_, answer, mixed) = search(&dir, "--fp16", &golden, "");
     assert!(answer.iter().any(|n| n == "/rms/Pow"), "{answer:?}");
     for int_op in ["/lin/DynamicQuantizeLinear", "/lin/MatMulInteger"] {
         assert!(
@@ -167,32 +181,9 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_bfloat16() {
     assert!(o.status.success(), "{t}");
     assert!(!t.contains("already quantized"), "{t}");
 
-    let mixed = dir.join("mixed_bf16.onnx");
-    let result = dir.join("result_bf16.json");
-    let o = mixprec(&[
-        "debug",
-        "precision",
-        &model,
-        "--bf16",
-        "--load-inputs",
-        &npz,
-        "--golden",
-        &golden,
-        "--atol",
-        "0.05",
-        "--rtol",
-        "0",
-        "--save-result",
-        &s(&result),
-        "-o",
-        &s(&mixed),
-    ]);
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let (t, answer, mixed) = search(&dir, "--bf16", &golden, "_bf16");
     assert!(t.contains("no layer needs float32"), "{t}");
-    assert!(mixprec::quantize::result_file_layers(&result)
-        .unwrap()
-        .is_empty());
+    assert!(answer.is_empty(), "{answer:?}");
     let m = mixprec::onnx::load_model(&mixed).unwrap();
     for op in ["DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"] {
         assert!(m.graph.nodes.iter().any(|n| n.op_type == op), "{op} kept");
