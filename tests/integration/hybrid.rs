@@ -10,8 +10,9 @@ use mixprec::onnx::read_tensor_file;
 use std::path::PathBuf;
 use std::process::Command;
 
-/// Generates the model, its inputs (.npz and input_K.pb) and ONNX Runtime's outputs into
-/// `name` (one folder per test: they run in parallel).
+/// Generates the model, its inputs (.npz and input_K.pb), ONNX Runtime's outputs and
+/// mixprec's FP32 outputs (golden.json) into `name` (one folder per test: they run in
+/// parallel).
 fn generate(name: &str) -> PathBuf {
     let dir = models_dir().join(name);
     std::fs::create_dir_all(&dir).unwrap();
@@ -21,6 +22,16 @@ fn generate(name: &str) -> PathBuf {
         .status()
         .unwrap();
     assert!(st.success(), "scripts/gen_hybrid.py failed");
+    // mixprec's FP32 outputs, the searches' golden.
+    let o = mixprec(&[
+        "run",
+        &s(&dir.join("hybrid.onnx")),
+        "--load-inputs",
+        &s(&dir.join("hybrid.npz")),
+        "--save-outputs",
+        &s(&dir.join("golden.json")),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
     dir
 }
 
@@ -70,15 +81,6 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
     let model = s(&dir.join("hybrid.onnx"));
     let npz = s(&dir.join("hybrid.npz"));
     let golden = s(&dir.join("golden.json"));
-    let o = mixprec(&[
-        "run",
-        &model,
-        "--load-inputs",
-        &npz,
-        "--save-outputs",
-        &golden,
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
 
     // run --fp16: not "already quantized"; the integer ops stay float32 in the plan.
     let o = mixprec(&["run", &model, "--load-inputs", &npz, "--fp16"]);
@@ -157,16 +159,7 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_bfloat16() {
     let dir = generate("hybrid_case_bf16");
     let model = s(&dir.join("hybrid.onnx"));
     let npz = s(&dir.join("hybrid.npz"));
-    let golden = s(&dir.join("golden_bf16.json"));
-    let o = mixprec(&[
-        "run",
-        &model,
-        "--load-inputs",
-        &npz,
-        "--save-outputs",
-        &golden,
-    ]);
-    assert!(o.status.success(), "{}", text(&o));
+    let golden = s(&dir.join("golden.json"));
     let emulated = s(&dir.join("emulated_bf16.json"));
     let o = mixprec(&[
         "run",
