@@ -380,72 +380,22 @@ pub fn search_by_roles(
     };
     // Phase 2: the kept layers of each needed role, refined one role at a time.
     let mut kept: Vec<Vec<usize>> = needed.iter().map(|&g| groups[g].clone()).collect();
-    let mut interrupted = false;
-    for k in 0..kept.len() {
-        let fixed = union(
-            kept.iter()
-                .enumerate()
-                .filter(|&(j, _)| j != k)
-                .map(|(_, v)| v.as_slice()),
-        );
-        // Where galloping starts: at the layers of this role that failed alone. Without
-        // scores for its layers (the sensitivity ranking ranked roles, not layers) minimal
-        // starts from the whole role, which passed in phase 1: galloping over the role in
-        // block order would only find a prefix that passes again (on 30 blocks, 3 needed
-        // near the end: 9 evaluations), and group testing drops what is not needed from
-        // the whole role as well (its last layer, which pruning keeps, is tried again by the
-        // confirmation).
-        let failing: Vec<usize> =
-            if options.mode == Mode::Minimal && layer_scores.by_layer.is_empty() {
-                kept[k].clone()
-            } else {
-                layer_scores
-                    .failing_alone
-                    .iter()
-                    .copied()
-                    .filter(|l| kept[k].contains(l))
-                    .collect()
-            };
-        let inside = SearchSpace {
-            candidates: kept[k].clone(),
-            flops: space.flops.clone(),
-            scores: Scores {
-                by_layer: layer_scores.by_layer.clone(),
-                failing_alone: failing,
-            },
-            deferred: false,
-        };
-        let with_fixed = |marked: &[usize]| union([fixed.as_slice(), marked]);
-        let r = search(
-            &inside,
-            &plain,
-            &mut Through {
-                ledger: &ledger,
-                layers: &with_fixed,
-                ranking: None,
-            },
-            &mut |t: &Trial| {
-                ledger
-                    .borrow_mut()
-                    .record(refine_phase(t.phase), with_fixed(&t.marked), &t.into());
-            },
-            stop,
-        )?;
-        match r.outcome {
-            Outcome::Found(m) => kept[k] = m,
-            Outcome::NothingNeeded => kept[k].clear(),
-            // Every set this search judged failed but the whole role (it passed before:
-            // the ledger's verdict): the role stays whole.
-            Outcome::ReferenceFails | Outcome::NotFound => {}
-            Outcome::Interrupted(best) => {
-                if let Some(b) = best {
-                    kept[k] = b;
-                }
-                interrupted = true;
-                break;
-            }
-        }
-    }
+    let refinement = Refinement {
+        options,
+        layer_scores: &layer_scores,
+        flops: &space.flops,
+        ledger: &ledger,
+        stop,
+    };
+    let mut interrupted = if options.mode == Mode::Minimal {
+        // First each role's least likely needed layers go together (the trim), then each role
+        // is pruned in the context of the others' trimmed sets: most drops happen before the
+        // single-layer tests, so those are made in the answer's final context and the last
+        // confirmation finds them judged already.
+        refinement.each(&mut kept, Step::Trim)? || refinement.each(&mut kept, Step::Prune)?
+    } else {
+        refinement.each(&mut kept, Step::Mode)?
+    };
     let mut answer = union(kept.iter().map(|v| v.as_slice()));
     if !interrupted && options.mode == Mode::Minimal {
         let (confirmed, finished) = confirm(&ledger, answer, stop)?;
@@ -458,6 +408,206 @@ pub fn search_by_roles(
         Outcome::Found(answer)
     };
     Ok(finish(ledger, outcome, failing_alone))
+}
+
+/// What a step of phase 2 runs inside a role.
+#[derive(Clone, Copy, PartialEq)]
+enum Step {
+    /// The mode as asked (contiguous modes and worst-first).
+    Mode,
+    /// Minimal's first step: the shortest passing prefix of the role's layers in ranking
+    /// order by the layers' own scores (galloping, as minimal does); without them, the
+    /// shortest passing run of blocks ([`Refinement::trim`] from each end).
+    Trim,
+    /// Minimal's second step: group testing and confirmation from the trimmed set.
+    Prune,
+}
+
+/// Phase 2: the strategy inside each needed role, beside the others' kept layers.
+struct Refinement<'r, 'a> {
+    options: &'r SearchOptions,
+    /// The layers' scores where the ranking gave them (growth); empty otherwise.
+    layer_scores: &'r Scores,
+    flops: &'r [u64],
+    ledger: &'r RefCell<Ledger<'a>>,
+    stop: &'r AtomicBool,
+}
+
+impl Refinement<'_, '_> {
+    /// Runs `step` inside each role of `kept` in turn, each with the others' layers as they
+    /// stand marked. Returns whether it was interrupted (then `kept` holds the best set).
+    fn each(&self, kept: &mut [Vec<usize>], step: Step) -> Result<bool> {
+        let by_depth = self.layer_scores.by_layer.is_empty();
+        for k in 0..kept.len() {
+            let fixed = union(
+                kept.iter()
+                    .enumerate()
+                    .filter(|&(j, _)| j != k)
+                    .map(|(_, v)| v.as_slice()),
+            );
+            if step == Step::Trim && by_depth {
+                // From the earliest block, then from the latest.
+                let late_first: Vec<usize> = kept[k].iter().rev().copied().collect();
+                let (rest, finished) = self.trim(late_first, &fixed)?;
+                let (rest, finished) = if finished {
+                    self.trim(union([rest.as_slice()]), &fixed)?
+                } else {
+                    (rest, false)
+                };
+                kept[k] = union([rest.as_slice()]);
+                if !finished {
+                    return Ok(true);
+                }
+                continue;
+            }
+            let with_fixed = |marked: &[usize]| union([fixed.as_slice(), marked]);
+            let (inside, options) = self.inside(&kept[k], step);
+            let r = search(
+                &inside,
+                &options,
+                &mut Through {
+                    ledger: self.ledger,
+                    layers: &with_fixed,
+                    ranking: None,
+                },
+                &mut |t: &Trial| {
+                    self.ledger.borrow_mut().record(
+                        refine_phase(t.phase),
+                        with_fixed(&t.marked),
+                        &t.into(),
+                    );
+                },
+                self.stop,
+            )?;
+            match r.outcome {
+                Outcome::Found(m) => kept[k] = m,
+                Outcome::NothingNeeded => kept[k].clear(),
+                // Every set this search judged failed but the whole role (it passed before:
+                // the ledger's verdict): the role stays whole.
+                Outcome::ReferenceFails | Outcome::NotFound => {}
+                Outcome::Interrupted(best) => {
+                    if let Some(b) = best {
+                        kept[k] = b;
+                    }
+                    return Ok(true);
+                }
+            }
+        }
+        Ok(false)
+    }
+
+    /// Drops a role's layers from the end of `order` while the rest passes beside `fixed`:
+    /// galloping down from the whole role (1, 2, 4… layers dropped) to the first failure,
+    /// then bisecting between it and the last pass. Returns the shortest passing prefix of
+    /// `order` found — its last layer needed (the prefix without it was evaluated and
+    /// failed), or nothing when the role is not needed at all — and whether it finished
+    /// (false: interrupted, the prefix is the last that passed).
+    ///
+    /// Galloping down costs one evaluation where the whole role is needed (the stack of
+    /// RMSNorms of an LLM), about 2·log₂ d where d layers can go; the whole role with the
+    /// others passed before (the set phase 1 or the previous step ended with).
+    fn trim(&self, order: Vec<usize>, fixed: &[usize]) -> Result<(Vec<usize>, bool)> {
+        let n = order.len();
+        let judge = |len: usize| -> Result<Option<bool>> {
+            if self.stop.load(Ordering::SeqCst) {
+                return Ok(None);
+            }
+            let layers = union([fixed, &order[..len]]);
+            let e = self.ledger.borrow_mut().evaluate(layers.clone())?;
+            if self.stop.load(Ordering::SeqCst) {
+                // The evaluation may have been cut short: its verdict is not taken.
+                return Ok(None);
+            }
+            self.ledger.borrow_mut().record("refine-trim", layers, &e);
+            Ok(Some(e.passed))
+        };
+        let (mut good, mut bad) = (n, None);
+        let mut dropped = 1;
+        while bad.is_none() && good > 0 {
+            let len = n.saturating_sub(dropped);
+            match judge(len)? {
+                None => return Ok((order[..good].to_vec(), false)),
+                Some(true) => good = len,
+                Some(false) => bad = Some(len),
+            }
+            dropped *= 2;
+        }
+        if let Some(mut bad) = bad {
+            while good - bad > 1 {
+                let mid = (good + bad) / 2;
+                match judge(mid)? {
+                    None => return Ok((order[..good].to_vec(), false)),
+                    Some(true) => good = mid,
+                    Some(false) => bad = mid,
+                }
+            }
+        }
+        Ok((order[..good].to_vec(), true))
+    }
+
+    /// The search space and options of `step` over a role's kept layers `role` (ascending).
+    ///
+    /// Without per-layer scores (the sensitivity ranking ranked roles, not layers) minimal
+    /// ranks a role's layers by depth, the later block first: in a stack of repeated blocks
+    /// activations grow with depth (residual streams), so a later block's layer is the more
+    /// likely needed, and pruning tests the earlier ones first. That says where to look,
+    /// never what the answer is: pruning and confirmation evaluate every drop. (The trim
+    /// without scores is [`Refinement::trim`], from both ends.)
+    fn inside(&self, role: &[usize], step: Step) -> (SearchSpace, SearchOptions) {
+        let by_depth = self.layer_scores.by_layer.is_empty();
+        let scores = match step {
+            Step::Mode => Scores {
+                by_layer: self.layer_scores.by_layer.clone(),
+                failing_alone: self
+                    .layer_scores
+                    .failing_alone
+                    .iter()
+                    .copied()
+                    .filter(|l| role.contains(l))
+                    .collect(),
+            },
+            Step::Trim | Step::Prune => Scores {
+                by_layer: if by_depth {
+                    role.iter()
+                        .enumerate()
+                        .map(|(depth, &l)| (l, depth as f64))
+                        .collect()
+                } else {
+                    self.layer_scores.by_layer.clone()
+                },
+                // Pruning starts from the trimmed set, whose last layer in ranking order the
+                // trim found needed (the prefix without it failed): galloping starts at the
+                // whole set ([`Scores::failing_alone`]'s count) and evaluates nothing.
+                failing_alone: match step {
+                    Step::Prune => role.to_vec(),
+                    _ => self
+                        .layer_scores
+                        .failing_alone
+                        .iter()
+                        .copied()
+                        .filter(|l| role.contains(l))
+                        .collect(),
+                },
+            },
+        };
+        let mode = match step {
+            Step::Mode => self.options.mode,
+            Step::Trim => Mode::WorstFirst,
+            Step::Prune => Mode::Minimal,
+        };
+        let options = SearchOptions {
+            mode,
+            group: Grouping::None,
+            ..*self.options
+        };
+        let space = SearchSpace {
+            candidates: role.to_vec(),
+            flops: self.flops.to_vec(),
+            scores,
+            deferred: false,
+        };
+        (space, options)
+    }
 }
 
 /// The plain search's last round over the whole answer: drop each layer whose removal passes,

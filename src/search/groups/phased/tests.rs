@@ -390,3 +390,125 @@ fn an_emulated_repeated_block_model_gets_the_plain_answer_in_fewer_runs() {
         ]
     );
 }
+
+/// Needed layers on 30 blocks × 6 roles (layer `b * 6 + r`; 180 is the seventh role's only
+/// layer, 181 the eighth's), as LLM answers look: a role needed late, in every block,
+/// scattered, or only in the first block.
+fn shapes_of_answers() -> Vec<(&'static str, Vec<usize>)> {
+    let in_blocks = |roles: &[usize], blocks: &mut dyn Iterator<Item = usize>| -> Vec<usize> {
+        blocks
+            .flat_map(|b| roles.iter().map(move |r| b * 6 + r).collect::<Vec<_>>())
+            .collect()
+    };
+    let mut shapes = vec![
+        (
+            "roles 1, 2 in blocks 27–29, and 181",
+            [in_blocks(&[1, 2], &mut (27..30)), vec![181]].concat(),
+        ),
+        (
+            "roles 1, 2 in blocks 2–29, and 181",
+            [in_blocks(&[1, 2], &mut (2..30)), vec![181]].concat(),
+        ),
+        (
+            "roles 1–4 in every block, and 181",
+            [in_blocks(&[1, 2, 3, 4], &mut (0..30)), vec![181]].concat(),
+        ),
+        (
+            "role 1 in blocks 7, 19, 26",
+            in_blocks(&[1], &mut [7, 19, 26].into_iter()),
+        ),
+        (
+            "role 1 in blocks 2–29, role 3 in 10–29, role 5 in block 0",
+            [
+                in_blocks(&[1], &mut (2..30)),
+                in_blocks(&[3], &mut (10..30)),
+                vec![5],
+            ]
+            .concat(),
+        ),
+    ];
+    for (_, n) in &mut shapes {
+        n.sort_unstable();
+    }
+    shapes
+}
+
+#[test]
+fn the_refinement_costs_about_one_evaluation_per_layer_of_the_answer() {
+    // 1-minimality alone takes one failing evaluation per layer of the answer (without it);
+    // beyond that, phase 1 (8 role rankings, its own strategy), the trims and the drops cost
+    // a few dozen evaluations, not one per layer of every needed role twice over.
+    let (space, groups) = blocks(30, 6);
+    let stop = AtomicBool::new(false);
+    for (shape, needed) in shapes_of_answers() {
+        let mut oracle = Planted::new(&needed, &space.candidates);
+        let (r, seen) = by_roles(
+            &space,
+            &groups,
+            &options(Mode::Minimal, 1),
+            &mut oracle,
+            &stop,
+        );
+        assert_eq!(r.outcome, Outcome::Found(needed.clone()), "{shape}");
+        check_trials(&space, &r, &seen);
+        assert_eq!(oracle.calls, r.trials.len(), "{shape}");
+        let mut plain_oracle = Planted::new(&needed, &space.candidates);
+        let plain = search(
+            &space,
+            &SearchOptions {
+                group: Grouping::None,
+                ..options(Mode::Minimal, 1)
+            },
+            &mut plain_oracle,
+            &mut |_| {},
+            &stop,
+        )
+        .unwrap();
+        assert_eq!(plain.outcome, r.outcome, "{shape}");
+        assert!(
+            oracle.calls <= needed.len() + 45 && oracle.calls < plain_oracle.calls,
+            "{shape}: {} layers needed; by roles {} evaluations, plain {} (182 of them ranking)",
+            needed.len(),
+            oracle.calls,
+            plain_oracle.calls
+        );
+    }
+}
+
+#[test]
+fn an_interruption_anywhere_keeps_a_passing_set_that_holds_the_answer() {
+    let (space, groups) = blocks(30, 6);
+    let (_, needed) = shapes_of_answers().swap_remove(4);
+    let mut total = Planted::new(&needed, &space.candidates);
+    let stop = AtomicBool::new(false);
+    let _ = by_roles(
+        &space,
+        &groups,
+        &options(Mode::Minimal, 1),
+        &mut total,
+        &stop,
+    );
+    for n in 1..=total.calls {
+        // Leaked: the oracle raises a flag it holds for 'static; a few hundred bytes.
+        let flag: &'static AtomicBool = Box::leak(Box::new(AtomicBool::new(false)));
+        let mut oracle = Planted::new(&needed, &space.candidates);
+        oracle.stop_after = Some((n, flag));
+        let (r, seen) = by_roles(
+            &space,
+            &groups,
+            &options(Mode::Minimal, 1),
+            &mut oracle,
+            flag,
+        );
+        check_trials(&space, &r, &seen);
+        match &r.outcome {
+            Outcome::Interrupted(Some(best)) => assert!(
+                needed.iter().all(|l| best.contains(l)),
+                "stopped at {n}: {best:?}"
+            ),
+            // Stopped before any set passed but the reference checks (phase 1's ranking).
+            Outcome::Interrupted(None) => {}
+            other => panic!("stopped at {n}: {other:?}"),
+        }
+    }
+}
