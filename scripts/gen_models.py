@@ -103,8 +103,10 @@ def cnn(size, planted=False):
         x = b.op("Relu", [b.op("Add", [y, short])])
         cin = c
         if planted and i == 2:
-            # A layer that only works in FP32: its divisor (1e5) is inf in float16, so in
-            # float16 it outputs zeros; its inputs (x * 1000) and outputs (x / 100) fit.
+            # A layer that only works in FP32: its divisor (1e5) is beyond float16's range —
+            # clamped to 65504 as a float16 weight (TensorRT's builder, mixprec's export), so
+            # in float16 it outputs 1.53x too much (a Cast would make it inf: zeros); its
+            # inputs (x * 1000) and outputs (x / 100) fit.
             up = b.op("Mul", [x, b.const(np.array(1000.0, np.float32), "k")], node_name="scale_1000")
             down = b.op("Div", [up, b.const(np.array(1e5, np.float32), "k")], node_name="planted_div")
             x = b.op("Mul", [down, b.const(np.array(100.0, np.float32), "k")], node_name="scale_100")
@@ -146,7 +148,8 @@ def transformer(size, planted=False):
     for layer in range(layers):
         if planted and layer == 1:
             # The residual stream scaled by 1e5 and back: the first layer overflows float16
-            # (|x| > 0.65), the second reads that overflow; both must stay in FP32.
+            # (|x| > 0.65; > 1 with the factor clamped to 65504 as a float16 weight), the
+            # second reads that overflow; both must stay in FP32.
             up = b.op("Mul", [x, b.const(np.array(1e5, np.float32), "k")], node_name="planted_scale_up")
             x = b.op("Mul", [up, b.const(np.array(1e-5, np.float32), "k")], node_name="planted_scale_down")
         h = layer_norm(x)

@@ -276,18 +276,12 @@ impl PreparedPlan {
                             precision: p,
                         }
                     }
-                } else if let Some(r) =
-                    init.and_then(|w| rounded_by_kernel(node, idx, w, p, plan.fusion))
-                {
+                } else if let Some(r) = init.and_then(|w| {
+                    rounded_by_kernel(node, idx, w, p, saturates(w, p, scope.is_constant(name)))
+                }) {
                     InputPrep::RoundedByKernel(r)
                 } else if let Some(w) = init {
-                    // TensorRT converts a float32 weight of a float16 layer itself and clamps
-                    // finite values beyond float16's range to ±65504; a Cast (the plain model,
-                    // ONNX Runtime) makes them ±inf. docs/numerics.md, "Weights beyond
-                    // float16's range".
-                    let saturate = plan.fusion == FusionModel::TensorRt
-                        && p == Precision::Float16
-                        && w.dtype() == DType::F32;
+                    let saturate = saturates(w, p, scope.is_constant(name));
                     let mut n = 0;
                     let r = through_f32(w, |v| {
                         if saturate {
@@ -388,16 +382,17 @@ impl PreparedPlan {
     }
 
     /// Warnings for the weights this plan's float16 layers read clamped to float16's range
-    /// (`--fusion tensorrt`, TensorRT's rule; docs/numerics.md, "Weights beyond float16's
-    /// range"), one per (layer, weight), subgraph layers included, in graph order.
+    /// (as the export stores them and TensorRT's builder converts them; docs/numerics.md,
+    /// "Weights beyond float16's range"), one per (layer, weight), subgraph layers included,
+    /// in graph order.
     pub fn weight_events(&self) -> Vec<crate::event::Event> {
         let mut out = Vec::new();
         for l in &self.layers {
             for (name, layer, n) in &l.clamped {
                 out.push(crate::event::Event::Warning(format!(
                     "weight '{name}' of float16 layer '{}' has {n} finite float32 value{} \
-                     beyond float16's range: clamped to ±65504, as TensorRT converts weights \
-                     (a Cast would make {} ±inf)",
+                     beyond float16's range: clamped to ±65504, as the export stores it and \
+                     TensorRT converts weights (a Cast would make {} ±inf)",
                     layer,
                     if *n == 1 { "" } else { "s" },
                     if *n == 1 { "it" } else { "them" },
@@ -751,6 +746,20 @@ impl<'s> Scope<'s> {
             _ => (None, format!("{}{name}", self.prefix)),
         }
     }
+
+    /// Whether `name` is, where it is read, a constant initializer of the graph defining it
+    /// ([`Graph::constant_initializer`]): a weight the export stores converted, not one
+    /// converted at run time.
+    fn is_constant(&self, name: &str) -> bool {
+        let g = self.graph;
+        if g.weight(name).is_some() {
+            return g.constant_initializer(name).is_some();
+        }
+        match self.parent {
+            Some(p) if !g.values().defines(name) => p.is_constant(name),
+            _ => false,
+        }
+    }
 }
 
 /// An f32 operand of an upcast attention region as its float16 kernel reads it
@@ -802,17 +811,26 @@ fn rounded_by_kernel(
     idx: usize,
     w: &Tensor,
     p: Precision,
-    fusion: FusionModel,
+    saturate: bool,
 ) -> Option<crate::numeric::Rounding> {
     let r = p.float_rounding()?;
     let v = w.as_f32()?;
     if !crate::ops::def_of(node).is_some_and(|d| d.rounds_weight(idx)) {
         return None;
     }
-    let clamps = fusion == FusionModel::TensorRt
-        && p == Precision::Float16
-        && v.iter().any(|x| x.is_finite() && x.abs() >= 65520.0);
+    let clamps = saturate && v.iter().any(|x| x.is_finite() && x.abs() >= 65520.0);
     (!clamps).then_some(r)
+}
+
+/// Whether weight `w` of a `p` layer is converted as the export stores it and TensorRT's
+/// builder converts it — finite values beyond float16's range clamped to ±65504 before the
+/// rounding — rather than as a Cast, which makes them ±inf: a float32 constant initializer
+/// (`constant`, [`Graph::constant_initializer`]) read by a float16 layer, under every fusion
+/// model (the exported file is what any engine runs). A weight the export converts at run
+/// time (folded, or an initializer a graph input overrides) goes through its Cast; bfloat16
+/// keeps the Cast's rule. docs/numerics.md, "Weights beyond float16's range".
+fn saturates(w: &Tensor, p: Precision, constant: bool) -> bool {
+    constant && p == Precision::Float16 && w.dtype() == DType::F32
 }
 
 /// Weights with fewer elements keep their rounded copy in f32: widening on every call costs
@@ -1932,59 +1950,86 @@ mod fusion_tests {
         )
     }
 
+    /// Every emulation of a float16 layer converts a float32 constant initializer as the
+    /// export stores it and TensorRT's builder converts it: finite values beyond float16's
+    /// range clamped to ±65504, with a warning per (weight, layer). A weight converted at run
+    /// time (folded, or an initializer a graph input overrides) and a bfloat16 layer keep the
+    /// Cast's rule: ±inf.
     #[test]
-    fn tensorrt_clamps_weights_beyond_float16_a_cast_makes_them_infinite() {
-        let g = masked_softmax();
+    fn float16_layers_clamp_constant_weights_beyond_float16_a_cast_makes_them_infinite() {
         let mut f = Feeds::new();
         f.insert(
             "x".into(),
             Tensor::from_f32(vec![2, 4], vec![1.0, 2.0, 3.0, 4.0, 1.0, 2.0, 3.0, 4.0]),
         );
-        let prepare = |fusion: FusionModel| {
-            let mut plan = PrecisionPlan::uniform(&g, Precision::Float16);
+        let prepare = |g: &Graph, p: Precision, fusion: FusionModel| {
+            let mut plan = PrecisionPlan::uniform(g, p);
             plan.fusion = fusion;
-            PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap()
+            PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap()
         };
-        let out = |p: &PreparedPlan| {
-            let r = Interpreter::new(&g)
+        let out = |g: &Graph, p: &PreparedPlan| {
+            let r = Interpreter::new(g)
                 .unwrap()
                 .run_plan(&f, &RunOptions::default(), p)
                 .unwrap();
             r.outputs[0].1.as_f32().unwrap().to_vec()
         };
-        // A Cast: the mask becomes -inf; exp(-inf) = 0 masks as in float32, and the fully
-        // masked row is -inf - (-inf) = NaN (IEEE), as ONNX Runtime gives for the Cast model.
-        let plain = prepare(FusionModel::None);
-        assert!(plain.weight_events().is_empty());
-        let y = out(&plain);
         let w = 1.0 / (1.0 + (-2f32).exp());
         let row0 = [1.0 - w, 0.0, w, 0.0];
-        for (a, b) in y[..4].iter().zip(row0) {
-            assert!((a - b).abs() < 1e-3, "{y:?}");
-        }
-        assert!(y[4..].iter().all(|v| v.is_nan()), "{y:?}");
-        // TensorRT: -65504 (a warning names the weight and its layer); the masked positions
-        // still vanish and the fully masked row stays finite, as in float32.
-        let trt = prepare(FusionModel::TensorRt);
-        let ev = trt.weight_events();
-        assert_eq!(ev.len(), 1, "{ev:?}");
-        let crate::event::Event::Warning(msg) = &ev[0] else {
-            panic!("{ev:?}")
+        // (bfloat16's 8-bit significand: within 1e-2.)
+        let row0_masks = |y: &[f32], tol: f32| {
+            for (a, b) in y[..4].iter().zip(row0) {
+                assert!((a - b).abs() < tol, "{y:?}");
+            }
         };
-        assert!(msg.contains("'mask'") && msg.contains("'add'") && msg.contains("6 finite"));
-        let y = out(&trt);
-        for (a, b) in y[..4].iter().zip(row0) {
-            assert!((a - b).abs() < 1e-3, "{y:?}");
+        let g = masked_softmax();
+        for fusion in [FusionModel::None, FusionModel::TensorRt] {
+            // -65504 (a warning names the weight and its layer); the masked positions still
+            // vanish and the fully masked row stays finite, as in float32.
+            let p = prepare(&g, Precision::Float16, fusion);
+            let ev = p.weight_events();
+            assert_eq!(ev.len(), 1, "{fusion:?}: {ev:?}");
+            let crate::event::Event::Warning(msg) = &ev[0] else {
+                panic!("{ev:?}")
+            };
+            assert!(msg.contains("'mask'") && msg.contains("'add'") && msg.contains("6 finite"));
+            let y = out(&g, &p);
+            row0_masks(&y, 1e-3);
+            // (Under --fusion tensorrt Add and Softmax may run as one kernel, where x - 65504
+            // stays in f32: the row is softmax(x), not uniform; finite either way.)
+            assert!(y[4..].iter().all(|v| v.is_finite()), "{fusion:?}: {y:?}");
+            assert!((y[4..].iter().sum::<f32>() - 1.0).abs() < 1e-3, "{y:?}");
+            // A float32 layer reads the weight as it is: nothing clamped.
+            let p = prepare(&g, Precision::Float32, fusion);
+            assert!(p.weight_events().is_empty());
         }
-        // (Add and Softmax may run as one kernel, where x - 65504 stays in f32: the row is
-        // softmax(x), not uniform; finite either way.)
-        assert!(y[4..].iter().all(|v| v.is_finite()), "{y:?}");
-        assert!((y[4..].iter().sum::<f32>() - 1.0).abs() < 1e-3, "{y:?}");
-        // A float32 layer reads the weight as it is: nothing clamped.
-        let mut fp32 = PrecisionPlan::uniform(&g, Precision::Float32);
-        fp32.fusion = FusionModel::TensorRt;
-        let p = PreparedPlan::new(&g, &fp32, &PlanOptions::default()).unwrap();
-        assert!(p.weight_events().is_empty());
+        // The Cast's rule: the mask becomes -inf; exp(-inf) = 0 masks as in float32, and the
+        // fully masked row is -inf - (-inf) = NaN (IEEE), as ONNX Runtime gives for the Cast.
+        let cast_rule = |g: &Graph, p: Precision, fusion: FusionModel| {
+            let prepared = prepare(g, p, fusion);
+            assert!(prepared.weight_events().is_empty(), "{p} {fusion:?}");
+            let y = out(g, &prepared);
+            row0_masks(&y, if p == Precision::BFloat16 { 1e-2 } else { 1e-3 });
+            assert!(y[4..].iter().all(|v| v.is_nan()), "{p} {fusion:?}: {y:?}");
+        };
+        // An initializer a graph input overrides: the export casts it at run time.
+        let mut overridable = masked_softmax();
+        overridable.overridable.insert("mask".into());
+        // A folded weight (computed from an initializer by a node the export keeps).
+        let mut folded = masked_softmax();
+        let m = folded.initializers.remove("mask").unwrap();
+        folded.initializers.insert("m".into(), m);
+        folded
+            .nodes
+            .insert(0, node("id", "Identity", &["m"], &["mask"]));
+        crate::fold::fold_weights(&mut folded);
+        assert!(folded.folded.contains_key("mask"));
+        for fusion in [FusionModel::None, FusionModel::TensorRt] {
+            cast_rule(&overridable, Precision::Float16, fusion);
+            cast_rule(&folded, Precision::Float16, fusion);
+            // bfloat16: -3.4028235e38 rounds to -inf (bfloat16's largest is 3.3895e38).
+            cast_rule(&g, Precision::BFloat16, fusion);
+        }
     }
 
     /// TensorRT 11.3's float16 attention with FP32 accumulation (docs/numerics.md, "Fusion

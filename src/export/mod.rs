@@ -281,6 +281,15 @@ fn movement_data_inputs(node: &Node, n: usize) -> Vec<usize> {
         .unwrap_or_else(|| vec![0])
 }
 
+/// "s" after a count other than one.
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
 struct Exporter<'a> {
     model: &'a proto::ModelProto,
     graph: &'a Graph,
@@ -340,12 +349,12 @@ impl<'a> Exporter<'a> {
         for n in &graph.nodes {
             names.insert(n.name.clone());
         }
-        let graph_inputs: HashSet<&str> =
-            g.input.iter().filter_map(|v| v.name.as_deref()).collect();
+        // The emulation converts exactly these weights as the export stores them
+        // (`Graph::constant_initializer`; docs/numerics.md, "Weights beyond float16's range").
         let foldable = graph
             .initializers
             .keys()
-            .filter(|k| !graph_inputs.contains(k.as_str()))
+            .filter(|k| graph.constant_initializer(k).is_some())
             .cloned()
             .collect();
         let mut ex = Exporter {
@@ -553,12 +562,40 @@ impl<'a> Exporter<'a> {
                     self.notes.push(format!(
                         "initializer '{t}' (read by float16 layer '{}') has {n} finite value{} beyond float16's range: stored clamped to ±65504, as TensorRT converts weights",
                         node.name,
-                        if *n == 1 { "" } else { "s" }
+                        plural(*n)
                     ));
                     cast_tensor(v, to)
                 }
                 None => cast_tensor(w, to),
             };
+            // Infinities the converted copy holds (the float32 ones, which TensorRT's builder
+            // keeps too; bfloat16's overflows, which a Cast makes) are said, never written
+            // silently.
+            if let (Some(v), DType::F16 | DType::BF16) = (w.as_f32(), to) {
+                let ty = to.name();
+                let kept = v.iter().filter(|x| x.is_infinite()).count();
+                let made = match to {
+                    DType::BF16 => v
+                        .iter()
+                        .filter(|x| x.is_finite() && half::bf16::from_f32(**x).is_infinite())
+                        .count(),
+                    _ => 0,
+                };
+                if kept > 0 {
+                    self.notes.push(format!(
+                        "initializer '{t}' (read by {ty} layer '{}') holds {kept} infinite value{}: stored as ±inf in {ty}, as TensorRT keeps them",
+                        node.name,
+                        plural(kept)
+                    ));
+                }
+                if made > 0 {
+                    self.notes.push(format!(
+                        "initializer '{t}' (read by {ty} layer '{}') has {made} finite value{} beyond {ty}'s range: stored as ±inf, as a Cast rounds them (keep the layer in float32 to avoid it)",
+                        node.name,
+                        plural(made)
+                    ));
+                }
+            }
             self.inits.push(tensor_to_proto(&name, &c));
             self.init_copies
                 .entry(t.to_string())
@@ -1399,12 +1436,105 @@ mod tests {
         assert_eq!(notes.len(), 2, "{:?}", e.notes);
         assert!(notes[0].contains("'mask'") && notes[0].contains("'add'"));
         assert!(notes[1].contains("'inf'") && notes[1].contains("1 finite value "));
+        // The infinity the float16 copy keeps is said too.
+        let inf_notes: Vec<&String> = e.notes.iter().filter(|n| n.contains("infinite")).collect();
+        assert_eq!(inf_notes.len(), 1, "{:?}", e.notes);
+        assert!(inf_notes[0].contains("'inf'") && inf_notes[0].contains("'add2'"));
+        assert!(inf_notes[0].contains("1 infinite value:"), "{inf_notes:?}");
+        // bfloat16 converts as a Cast does (float32's lowest rounds to -inf there): said.
+        let e = run(m(), &[BFloat16; 2], None, &ExportOptions::default()).unwrap();
+        assert_eq!(v_of(&e, "mask"), [f32::NEG_INFINITY, 0.5]);
+        let made: Vec<&String> = e
+            .notes
+            .iter()
+            .filter(|n| n.contains("stored as ±inf, as a Cast"))
+            .collect();
+        assert_eq!(made.len(), 1, "{:?}", e.notes);
+        assert!(made[0].contains("'mask'") && made[0].contains("bfloat16 layer 'add'"));
+        assert!(e
+            .notes
+            .iter()
+            .any(|n| n.contains("'inf'") && n.contains("holds 1 infinite value")));
         let e = run(m(), &[Float32; 2], None, &ExportOptions::default()).unwrap();
         assert_eq!(
             init(graph(&e), "mask").data_type,
             Some(DType::F32.onnx_code())
         );
         assert!(e.notes.iter().all(|n| !n.contains("clamped")));
+    }
+
+    fn v_of(e: &Exported, name: &str) -> Vec<f32> {
+        tensor_from_proto(init(graph(e), name), None)
+            .unwrap()
+            .to_f32_vec()
+            .unwrap()
+    }
+
+    /// The exported float16 model, run as typed, computes what the emulation of its plan
+    /// computes, bit for bit, for weights beyond float16's range: a constant initializer
+    /// clamped to -65504 in both (the fully masked row finite), an initializer a graph input
+    /// overrides cast at run time to -inf in both (that row NaN).
+    #[test]
+    fn float16_exports_compute_the_emulated_weights_beyond_its_range_bit_for_bit() {
+        use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
+        const MIN: f32 = -3.402_823_5e38;
+        let mask = || Tensor::from_f32(vec![2, 4], vec![0.0, MIN, 0.0, MIN, MIN, MIN, MIN, MIN]);
+        let m = crate::onnx::testing::model_proto(
+            vec![
+                node("Add", "add", &["x", "mask"], &["s"]),
+                node("Softmax", "softmax", &["s"], &["y"]),
+                node("Add", "add_over", &["x", "over"], &["t"]),
+                node("Softmax", "softmax_over", &["t"], &["z"]),
+            ],
+            vec![("mask", mask()), ("over", mask())],
+            &[("x", &[2, 4]), ("over", &[2, 4])],
+            &[("y", &[2, 4]), ("z", &[2, 4])],
+            17,
+        );
+        let original = crate::onnx::testing::load(m);
+        assert!(original.graph.overridable.contains("over"));
+        let plan = PrecisionPlan::uniform(&original.graph, Float16);
+        let e = export(&original, &plan, None, &ExportOptions::default()).unwrap();
+        assert_eq!(v_of(&e, "mask")[1], -65504.0);
+        assert!(
+            e.notes
+                .iter()
+                .any(|n| n.contains("'over'") && n.contains("Cast to float16 makes them ±inf")),
+            "{:?}",
+            e.notes
+        );
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![2, 4], vec![1.0, 2.0, 3.0, 4.0, 0.5, -1.0, 7.0, 2.5]),
+        );
+        let prepared = PreparedPlan::new(&original.graph, &plan, &PlanOptions::default()).unwrap();
+        let emulated = Interpreter::new(&original.graph)
+            .unwrap()
+            .run_plan(&feeds, &RunOptions::default(), &prepared)
+            .unwrap()
+            .outputs;
+        let exported = crate::onnx::testing::load(e.model);
+        let typed = Interpreter::new(&exported.graph)
+            .unwrap()
+            .run(&feeds)
+            .unwrap()
+            .outputs;
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.to_f32_vec()
+                .unwrap()
+                .iter()
+                .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                .collect()
+        };
+        assert_eq!(typed.len(), 2);
+        for ((name, a), (_, b)) in typed.iter().zip(&emulated) {
+            assert_eq!(bits(a), bits(b), "{name}: {a:?} vs {b:?}");
+        }
+        let y = emulated[0].1.to_f32_vec().unwrap();
+        let z = emulated[1].1.to_f32_vec().unwrap();
+        assert!(y[4..].iter().all(|v| v.is_finite()), "{y:?}");
+        assert!(z[4..].iter().all(|v| v.is_nan()), "{z:?}");
     }
 
     #[test]

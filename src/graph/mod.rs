@@ -257,6 +257,9 @@ pub struct Graph {
     /// Nodes in topological order.
     pub nodes: Vec<Node>,
     pub initializers: HashMap<String, Tensor>,
+    /// Initializers the file also lists as graph inputs: ONNX (IR ≥ 4) lets a runtime feed
+    /// another value for them, so they are not constants (see [`Graph::constant_initializer`]).
+    pub overridable: HashSet<String>,
     /// Inputs the user feeds (graph inputs that have no initializer).
     pub inputs: Vec<ValueInfo>,
     pub outputs: Vec<ValueInfo>,
@@ -293,6 +296,16 @@ impl Graph {
         self.initializers
             .get(name)
             .or_else(|| self.folded.get(name))
+    }
+
+    /// An initializer of this graph that no graph input overrides: a constant of the file,
+    /// which the export stores converted to a layer's precision and TensorRT's builder converts
+    /// itself. None for folded values and overridable initializers (both converted at run
+    /// time, through a Cast).
+    pub fn constant_initializer(&self, name: &str) -> Option<&Tensor> {
+        self.initializers
+            .get(name)
+            .filter(|_| !self.overridable.contains(name))
     }
 
     /// Whether `node` only computes folded weights: it runs untouched under every precision

@@ -869,6 +869,16 @@ fn float_searches<'a>(
             stop,
         };
         let run = run_search(&mut space, job, &mut &*shared)?;
+        if last {
+            if let Found::Plans {
+                answer: Some(plan), ..
+            } = &run.found
+            {
+                for e in answer_weight_events(config, graph, plan, amax, feeds)? {
+                    shared.0.borrow_mut().event(e);
+                }
+            }
+        }
         let search = SearchPass {
             run,
             low: low_k,
@@ -881,4 +891,25 @@ fn float_searches<'a>(
         }
     }
     Ok(searches)
+}
+
+/// Warnings for the weights the answer's float16 layers read clamped to float16's range, as
+/// the exported model stores them ([`crate::exec::PreparedPlan::weight_events`]): once per
+/// (weight, layer), for the plan the job answers and exports, where every trial's plan ran
+/// under the same rule silently.
+fn answer_weight_events(
+    config: &Config,
+    graph: &crate::Graph,
+    plan: &PrecisionPlan,
+    amax: Option<&BTreeMap<String, f32>>,
+    feeds: &[Feeds],
+) -> Result<Vec<Event>> {
+    let shapes = feeds
+        .first()
+        .map(crate::exec::feed_shapes)
+        .unwrap_or_default();
+    Ok(config
+        .precision
+        .prepare(graph, plan, amax, &shapes)?
+        .weight_events())
 }

@@ -362,7 +362,8 @@ fn prepare_trt(
         None => config.inputs.shape_overrides()?,
     };
     let prepared = precision.prepare(graph, &plan, amax.as_ref(), &shapes)?;
-    // Weights TensorRT clamps to float16's range (`--fusion tensorrt`): its builder warns too.
+    // Weights clamped to float16's range, as the export stores them: TensorRT's builder warns
+    // too.
     for e in prepared.weight_events() {
         (sinks.events)(e);
     }

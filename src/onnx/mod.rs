@@ -176,6 +176,14 @@ fn graph_from_proto(
         initializers.insert(name, tensor);
     }
 
+    // The main graph's initializers that it also lists as inputs (a subgraph's inputs are
+    // its parameters, never defaults of initializers).
+    let overridable = g
+        .input
+        .iter()
+        .filter_map(|v| v.name.clone())
+        .filter(|n| outer.is_none() && initializers.contains_key(n))
+        .collect();
     // A subgraph's inputs are its formal parameters (positional), all of them.
     let inputs = g
         .input
@@ -256,6 +264,7 @@ fn graph_from_proto(
         name: g.name.clone().unwrap_or_default(),
         nodes,
         initializers,
+        overridable,
         inputs,
         outputs,
         value_info,
