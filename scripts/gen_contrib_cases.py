@@ -17,6 +17,10 @@ K not a multiple of the block, zero points default/packed/float, g_idx, bias, ac
 and 4, 3-D A) and GatherBlockQuantized (uint8, uint4, int4; gather_axis 0 and 1). Two chains
 are also cases: `chain` (contrib ops of a transformer block) and `int4_chain` (ONNX Runtime
 GenAI's int4 layout in small), which tests/integration/contrib.rs also exports in float16.
+MoE and QMoE (ONNX Runtime GenAI's mixture-of-experts layers): every activation ONNX Runtime's
+CPU kernels run, k 1-3, normalized routing or not, biases, 2-D and 3-D input, ties and -inf in
+the router, sparse mixer; QMoE with 4 and 8 bits, per-row and per-block scales, zero points,
+router_weights and accuracy_level 4.
 """
 import os
 import sys
@@ -164,6 +168,7 @@ def main():
     nbits_cases(out)
     chain(out)
     int4_chain(out)
+    moe_cases(out)
 
 
 def qlinear_cases(out):
@@ -749,6 +754,127 @@ def int4_chain(out):
     ids = rng.integers(0, vocab, (2, 3)).astype(np.int64)
     with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
         f.write(numpy_helper.from_array(ids, "ids").SerializeToString())
+
+
+def pack_codes(q: np.ndarray, bits: int) -> np.ndarray:
+    """Codes along the last axis as QMoE stores them: 8-bit as is, 4-bit two per byte, the even
+    element in the low nibble."""
+    if bits == 8:
+        return q.astype(np.uint8)
+    return (q[..., 0::2] | (q[..., 1::2] << 4)).astype(np.uint8)
+
+
+def moe_case(out: str, name: str, tokens: int, e: int, h: int, inter: int, seed: int,
+             bits: int = 0, block_size: int = 0, zp: bool = False, bias: bool = False,
+             x_shape: "list[int] | None" = None, router: "np.ndarray | None" = None,
+             router_weights: bool = False, **attrs: object) -> None:
+    """One MoE node (bits 0) or QMoE node (bits 4 or 8): the input and router logits are graph
+    inputs, the experts initializers, FC1 of 2*inter rows for swiglu."""
+    rng = np.random.default_rng(seed)
+    f1 = 2 * inter if attrs.get("activation_type") == "swiglu" else inter
+    x = rng.uniform(-2.0, 2.0, x_shape or [tokens, h]).astype(np.float32)
+    logits = router if router is not None else rng.normal(0.0, 1.5, (tokens, e)).astype(np.float32)
+    inputs: list = [("input", None, x), ("router_probs", None, logits)]
+    weights = []
+
+    def add(n: str, v: "np.ndarray | None") -> None:
+        if v is None:
+            inputs.append(None)
+        else:
+            inputs.append((n, None, v))
+            weights.append(n)
+
+    def quantized(n: str, rows: int, k: int) -> "tuple[np.ndarray, np.ndarray, np.ndarray | None]":
+        """Random codes, scales per row or block, packed zero points (or None)."""
+        blocks = k // block_size if block_size else 1
+        q = rng.integers(0, 2 ** bits, (e, rows, k)).astype(np.uint8)
+        scales = rng.uniform(0.005, 0.05, (e, rows, blocks) if block_size else (e, rows))
+        z = None
+        # Zero points near the middle of the codes, as a quantizer writes them: 8-bit codes
+        # minus a zero point far off would give f32 sums whose rounding order shows.
+        lo, hi = (0, 16) if bits == 4 else (120, 136)
+        if zp:
+            if block_size:
+                z = pack_codes(rng.integers(lo, hi, (e, rows, blocks + blocks % 2)), bits)
+                z = z[..., :(blocks * bits + 7) // 8]
+            else:
+                z = pack_codes(rng.integers(lo, hi, (e, rows + rows % 2)), bits)
+                z = z[..., :(rows * bits + 7) // 8]
+        return pack_codes(q, bits), scales.astype(np.float32), z
+
+    b1 = rng.uniform(-0.5, 0.5, (e, f1)).astype(np.float32) if bias else None
+    b2 = rng.uniform(-0.5, 0.5, (e, h)).astype(np.float32) if bias else None
+    if bits == 0:
+        add("fc1", rng.normal(0.0, 0.2, (e, f1, h)).astype(np.float32))
+        add("fc1_bias", b1)
+        add("fc2", rng.normal(0.0, 0.2, (e, h, inter)).astype(np.float32))
+        add("fc2_bias", b2)
+        op = "MoE"
+    else:
+        w1, s1, z1 = quantized("fc1", f1, h)
+        w2, s2, z2 = quantized("fc2", h, inter)
+        add("fc1", w1)
+        add("fc1_scales", s1)
+        add("fc1_bias", b1)
+        add("fc2", w2)
+        add("fc2_scales", s2)
+        add("fc2_bias", b2)
+        inputs += [None, None, None]
+        add("fc1_zp", z1)
+        add("fc2_zp", z2)
+        if router_weights:
+            inputs.append(None)
+            inputs.append(("router_weights", None,
+                           rng.uniform(0.0, 1.0, (tokens, e)).astype(np.float32)))
+        attrs["expert_weight_bits"] = bits
+        if block_size:
+            attrs["block_size"] = block_size
+        op = "QMoE"
+    case(out, name, op, inputs, weights=tuple(weights), seed=seed, **attrs)
+
+
+def moe_cases(out: str) -> None:
+    """MoE and QMoE against ONNX Runtime 1.32's CPU kernels (`contrib_ops/cpu/moe/`)."""
+    gptoss = dict(activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.702,
+                  activation_beta=1.0, swiglu_limit=7.0, normalize_routing_weights=1, k=2)
+    qwen = dict(activation_type="swiglu", swiglu_fusion=1, normalize_routing_weights=1, k=2)
+    moe_case(out, "moe_relu_default", 6, 4, 32, 16, 1)
+    moe_case(out, "moe_gelu_k2_bias", 7, 4, 32, 16, 2, bias=True, activation_type="gelu", k=2)
+    moe_case(out, "moe_silu_k2_norm_3d", 6, 8, 32, 24, 3, x_shape=[2, 3, 32],
+             activation_type="silu", k=2, normalize_routing_weights=1)
+    moe_case(out, "moe_identity_k3", 5, 6, 16, 8, 4, bias=True, activation_type="identity", k=3)
+    moe_case(out, "moe_swiglu_gptoss", 9, 8, 32, 16, 5, bias=True, **gptoss)
+    moe_case(out, "moe_swiglu_qwen", 9, 8, 32, 16, 6, **qwen)
+    # Phi-3.5-MoE's sparse mixer (k = 2): no effect on the CPU kernel.
+    moe_case(out, "moe_sparse_mixer", 6, 4, 32, 16, 7, activation_type="silu", k=2,
+             use_sparse_mixer=1)
+    # Ties go to the larger expert index; a zero probability (-inf logit) drops the route, its
+    # bias included.
+    tie = np.array([[0.0, 0.0, 0.0, 0.0], [1.0, 0.5, 1.0, 0.5], [-np.inf, 0.0, -np.inf, -np.inf],
+                    [2.0, -np.inf, 1.0, 0.0]], np.float32)
+    moe_case(out, "moe_router_ties_and_inf", 4, 4, 16, 8, 8, bias=True, router=tie,
+             activation_type="relu", k=2)
+    moe_case(out, "qmoe_4b_row_gptoss", 7, 4, 64, 32, 9, bits=4, bias=True, **gptoss)
+    moe_case(out, "qmoe_4b_bs32_zp_silu", 6, 4, 64, 32, 10, bits=4, block_size=32, zp=True,
+             activation_type="silu", k=2)
+    moe_case(out, "qmoe_4b_bs16_qwen", 8, 8, 64, 32, 11, bits=4, block_size=16, **qwen)
+    moe_case(out, "qmoe_8b_bs32_qwen_3d", 6, 4, 64, 32, 12, bits=8, block_size=32,
+             x_shape=[3, 2, 64], **qwen)
+    moe_case(out, "qmoe_8b_row_zp_relu_k1", 5, 4, 32, 16, 13, bits=8, zp=True, bias=True,
+             activation_type="relu", k=1)
+    moe_case(out, "qmoe_4b_row_zp_gelu_k3", 5, 6, 32, 16, 14, bits=4, zp=True,
+             activation_type="gelu", k=3)
+    moe_case(out, "qmoe_8b_bs16_zp_identity", 5, 4, 32, 32, 15, bits=8, block_size=16, zp=True,
+             activation_type="identity", k=2)
+    # normalize_routing_weights is read only with router_weights (DeepSeek-style routing).
+    moe_case(out, "qmoe_router_weights", 5, 4, 32, 16, 16, bits=4, block_size=16,
+             router_weights=True, activation_type="silu", k=2)
+    moe_case(out, "qmoe_router_weights_norm", 5, 4, 32, 16, 17, bits=4, block_size=16,
+             router_weights=True, activation_type="silu", k=2, normalize_routing_weights=1)
+    moe_case(out, "qmoe_acc4_4b_bs32", 6, 4, 64, 32, 18, bits=4, block_size=32,
+             accuracy_level=4, **qwen)
+    moe_case(out, "qmoe_router_ties", 4, 4, 32, 16, 19, bits=4, block_size=16, router=tie,
+             activation_type="silu", k=2)
 
 
 if __name__ == "__main__":

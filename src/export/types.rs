@@ -162,7 +162,9 @@ fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DTyp
         | "QLinearAveragePool"
         | "QLinearGlobalAveragePool"
         | "QLinearLeakyRelu"
-        | "QLinearSigmoid" => all(input(0)),
+        | "QLinearSigmoid"
+        | "MoE"
+        | "QMoE" => all(input(0)),
         // A quantized KV cache (k_quant_type other than NONE) has its own cache type: not
         // typed here.
         "GroupQueryAttention" if node.attr_str("k_quant_type").is_none_or(|q| q == "NONE") => {

@@ -145,7 +145,6 @@ fn packed_zp(z: &[u8], bits: usize, zp_blob: usize, n: usize, blk: usize) -> u8 
 /// Checks every input against the attributes (ONNX Runtime's `CheckInputs`), each error naming
 /// the input and the shape it must have.
 struct Checked<'a> {
-    a: &'a Tensor,
     b: &'a [u8],
     scales: Vec<f32>,
     zp: ZeroPoints<'a>,
@@ -264,7 +263,6 @@ fn check<'a>(attrs: &NBitsAttrs, inputs: &[Option<&'a Tensor>]) -> Result<Checke
         }
     };
     Ok(Checked {
-        a,
         b,
         scales,
         zp,
@@ -277,9 +275,10 @@ fn matmul_nbits(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<NBitsAttrs>()?;
     let c = check(attrs, inputs)?;
     let (k, n) = (attrs.k, attrs.n);
-    let a = float_slice(c.a, "A")?;
+    let at = input(inputs, 0)?;
+    let a = float_slice(at, "A")?;
     let m = a.len() / k;
-    let mut out_shape = c.a.shape()[..c.a.rank() - 1].to_vec();
+    let mut out_shape = at.shape()[..at.rank() - 1].to_vec();
     out_shape.push(n);
     let reordered = c.g_idx.is_some() || matches!(c.zp, ZeroPoints::Float(_));
     if reordered && attrs.bits != 4 {
@@ -318,7 +317,38 @@ fn matmul_nbits(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         );
         y
     };
-    Ok(vec![in_dtype(Tensor::from_f32(out_shape, y), c.a.dtype())])
+    Ok(vec![in_dtype(Tensor::from_f32(out_shape, y), at.dtype())])
+}
+
+/// MLAS's `SQNBIT_CompInt8` product `a·dequantize(B)ᵀ (+ bias)` of `a` (`[m, k]`) and B's
+/// codes `[n, k/block_size, block_size·bits/8]` (k a whole number of blocks), scales
+/// `[n, k/block_size]` and packed zero points, as MatMulNBits' int8 path computes it: QMoE's
+/// CPU kernel runs its constant experts through the same MLAS kernels (`moe.rs`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn int8_matmul(
+    (k, n, bits, block_size): (usize, usize, usize, usize),
+    b: &[u8],
+    scales: &[f32],
+    zero_points: Option<&[u8]>,
+    bias: Option<&[f32]>,
+    a: &[f32],
+    m: usize,
+) -> Vec<f32> {
+    let attrs = NBitsAttrs {
+        k,
+        n,
+        bits,
+        block_size,
+        accuracy_level: 4,
+    };
+    let c = Checked {
+        b,
+        scales: scales.to_vec(),
+        zp: zero_points.map_or(ZeroPoints::Default, ZeroPoints::Packed),
+        g_idx: None,
+        bias: bias.map(<[f32]>::to_vec),
+    };
+    int8_product(&attrs, &c, a, m)
 }
 
 /// B as f32 `[N, K]`: `(q − zp)·s`, or on the reordered path (g_idx or float zero points)

@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
 //! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
-//! (GroupQueryAttention too) and rotary embeddings. Each computes what
+//! (GroupQueryAttention too), rotary embeddings and the mixtures of experts (MoE, QMoE). Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -16,7 +16,8 @@ pub(crate) mod dynamic_quantize_lstm;
 mod fused;
 mod gather_block_quantized;
 mod group_query_attention;
-mod matmul_nbits;
+pub(crate) mod matmul_nbits;
+mod moe;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
@@ -35,6 +36,7 @@ pub fn register(r: &mut Registry) {
     group_query_attention::register(r);
     gather_block_quantized::register(r);
     matmul_nbits::register(r);
+    moe::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
@@ -86,6 +88,8 @@ mod tests {
             "DynamicQuantizeLSTM",
             "MatMulNBits",
             "GatherBlockQuantized",
+            "MoE",
+            "QMoE",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
