@@ -555,39 +555,30 @@ impl Refinement<'_, '_> {
     /// without scores is [`Refinement::trim`], from both ends.)
     fn inside(&self, role: &[usize], step: Step) -> (SearchSpace, SearchOptions) {
         let by_depth = self.layer_scores.by_layer.is_empty();
-        let scores = match step {
-            Step::Mode => Scores {
-                by_layer: self.layer_scores.by_layer.clone(),
-                failing_alone: self
-                    .layer_scores
-                    .failing_alone
-                    .iter()
-                    .copied()
-                    .filter(|l| role.contains(l))
-                    .collect(),
-            },
-            Step::Trim | Step::Prune => Scores {
-                by_layer: if by_depth {
-                    role.iter()
-                        .enumerate()
-                        .map(|(depth, &l)| (l, depth as f64))
-                        .collect()
-                } else {
-                    self.layer_scores.by_layer.clone()
-                },
-                // Pruning starts from the trimmed set, whose last layer in ranking order the
-                // trim found needed (the prefix without it failed): galloping starts at the
-                // whole set ([`Scores::failing_alone`]'s count) and evaluates nothing.
-                failing_alone: match step {
-                    Step::Prune => role.to_vec(),
-                    _ => self
-                        .layer_scores
-                        .failing_alone
-                        .iter()
-                        .copied()
-                        .filter(|l| role.contains(l))
-                        .collect(),
-                },
+        let failing_in_role: Vec<usize> = self
+            .layer_scores
+            .failing_alone
+            .iter()
+            .copied()
+            .filter(|l| role.contains(l))
+            .collect();
+        let by_layer = if by_depth && step != Step::Mode {
+            role.iter()
+                .enumerate()
+                .map(|(depth, &l)| (l, depth as f64))
+                .collect()
+        } else {
+            self.layer_scores.by_layer.clone()
+        };
+        let scores = Scores {
+            by_layer,
+            // Pruning starts from the trimmed set, whose last layer in ranking order the trim
+            // found needed (the prefix without it failed): galloping starts at the whole set
+            // ([`Scores::failing_alone`]'s count) and evaluates nothing.
+            failing_alone: if step == Step::Prune {
+                role.to_vec()
+            } else {
+                failing_in_role
             },
         };
         let mode = match step {

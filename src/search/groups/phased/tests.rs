@@ -51,6 +51,24 @@ fn by_roles(
     (r, seen)
 }
 
+/// The plain minimal search over `space` with `needed` planted, and the oracle's calls (its
+/// sensitivity ranking's one run per layer included).
+fn plain_minimal(space: &SearchSpace, needed: &[usize]) -> (SearchResult, usize) {
+    let mut oracle = Planted::new(needed, &space.candidates);
+    let r = search(
+        space,
+        &SearchOptions {
+            group: Grouping::None,
+            ..options(Mode::Minimal, 1)
+        },
+        &mut oracle,
+        &mut |_| {},
+        &AtomicBool::new(false),
+    )
+    .unwrap();
+    (r, oracle.calls)
+}
+
 /// Trials in layer terms, numbered in order, each set once; the answer one of the passing.
 fn check_trials(space: &SearchSpace, r: &SearchResult, seen: &[Trial]) {
     assert_eq!(seen.len(), r.trials.len());
@@ -104,24 +122,12 @@ fn minimal_by_roles_finds_the_planted_layers_in_fewer_evaluations() {
     assert_eq!(r.failing_alone, vec![181]);
 
     // The plain search: one ranking run per layer, then its own evaluations.
-    let mut plain_oracle = Planted::new(&needed, &space.candidates);
-    let plain = search(
-        &space,
-        &SearchOptions {
-            group: Grouping::None,
-            ..options(Mode::Minimal, 1)
-        },
-        &mut plain_oracle,
-        &mut |_| {},
-        &stop,
-    )
-    .unwrap();
+    let (plain, plain_calls) = plain_minimal(&space, &needed);
     assert_eq!(plain.outcome, r.outcome);
     assert!(
-        oracle.calls * 2 < plain_oracle.calls,
-        "by roles {} evaluations, plain {}",
+        oracle.calls * 2 < plain_calls,
+        "by roles {} evaluations, plain {plain_calls}",
         oracle.calls,
-        plain_oracle.calls
     );
 }
 
@@ -452,25 +458,13 @@ fn the_refinement_costs_about_one_evaluation_per_layer_of_the_answer() {
         assert_eq!(r.outcome, Outcome::Found(needed.clone()), "{shape}");
         check_trials(&space, &r, &seen);
         assert_eq!(oracle.calls, r.trials.len(), "{shape}");
-        let mut plain_oracle = Planted::new(&needed, &space.candidates);
-        let plain = search(
-            &space,
-            &SearchOptions {
-                group: Grouping::None,
-                ..options(Mode::Minimal, 1)
-            },
-            &mut plain_oracle,
-            &mut |_| {},
-            &stop,
-        )
-        .unwrap();
+        let (plain, plain_calls) = plain_minimal(&space, &needed);
         assert_eq!(plain.outcome, r.outcome, "{shape}");
         assert!(
-            oracle.calls <= needed.len() + 45 && oracle.calls < plain_oracle.calls,
-            "{shape}: {} layers needed; by roles {} evaluations, plain {} (182 of them ranking)",
+            oracle.calls <= needed.len() + 45 && oracle.calls < plain_calls,
+            "{shape}: {} layers needed; by roles {} evaluations, plain {plain_calls} (182 of them ranking)",
             needed.len(),
             oracle.calls,
-            plain_oracle.calls
         );
     }
 }
