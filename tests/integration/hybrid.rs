@@ -122,15 +122,7 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_float16() {
         .fold(0f64, |m, (a, b)| m.max((a - b).abs()));
     println!("hybrid: ORT mixed vs ORT fp32 max|diff| {diff:.3e} (max|ref| {scale:.3})");
     assert!(diff <= 0.05, "max|diff| {diff:.3e}");
-    let m = mixprec::onnx::load_model(&mixed).unwrap();
-    for op in ["DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"] {
-        assert!(m.graph.nodes.iter().any(|n| n.op_type == op), "{op} kept");
-    }
-    assert!(m
-        .graph
-        .nodes
-        .iter()
-        .any(|n| n.op_type == "Cast" && n.name.ends_with("_fp16")));
+    assert_keeps_integer_ops_and_casts(&mixed, "_fp16");
 
     // convert --fp16 writes the whole float part in float16: ORT runs it (the Pow overflows,
     // so only that it runs is checked).
@@ -177,15 +169,7 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_bfloat16() {
     let (t, answer, mixed) = search(&dir, "--bf16", &golden, "_bf16");
     assert!(t.contains("no layer needs float32"), "{t}");
     assert!(answer.is_empty(), "{answer:?}");
-    let m = mixprec::onnx::load_model(&mixed).unwrap();
-    for op in ["DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"] {
-        assert!(m.graph.nodes.iter().any(|n| n.op_type == op), "{op} kept");
-    }
-    assert!(m
-        .graph
-        .nodes
-        .iter()
-        .any(|n| n.op_type == "Cast" && n.name.ends_with("_bf16")));
+    assert_keeps_integer_ops_and_casts(&mixed, "_bf16");
     // The file, run as typed, gives the emulated plan's bits.
     let o = mixprec(&[
         "run",
@@ -200,4 +184,18 @@ fn a_dynamically_quantized_hybrid_runs_searches_and_exports_in_bfloat16() {
         "0",
     ]);
     assert!(o.status.success(), "{}", text(&o));
+}
+
+/// The exported hybrid keeps its integer ops (dynamic quantization, weight-only dequantization)
+/// and casts its float part down through Casts named with `suffix`.
+fn assert_keeps_integer_ops_and_casts(mixed: &std::path::Path, suffix: &str) {
+    let m = mixprec::onnx::load_model(mixed).unwrap();
+    for op in ["DynamicQuantizeLinear", "MatMulInteger", "DequantizeLinear"] {
+        assert!(m.graph.nodes.iter().any(|n| n.op_type == op), "{op} kept");
+    }
+    assert!(m
+        .graph
+        .nodes
+        .iter()
+        .any(|n| n.op_type == "Cast" && n.name.ends_with(suffix)));
 }
