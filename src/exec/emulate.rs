@@ -1950,9 +1950,10 @@ mod fusion_tests {
         )
     }
 
-    /// Every emulation of a float16 layer converts a float32 constant initializer as the
-    /// export stores it and TensorRT's builder converts it: finite values beyond float16's
-    /// range clamped to ±65504, with a warning per (weight, layer). A weight converted at run
+    /// Every emulation of a float16 layer converts a float32 constant initializer (or a
+    /// Constant node's value) as the export stores it and TensorRT's builder converts it:
+    /// finite values beyond float16's range clamped to ±65504, with a warning per (weight,
+    /// layer). A weight converted at run
     /// time (folded, or an initializer a graph input overrides) and a bfloat16 layer keep the
     /// Cast's rule: ±inf.
     #[test]
@@ -1982,8 +1983,19 @@ mod fusion_tests {
                 assert!((a - b).abs() < tol, "{y:?}");
             }
         };
-        let g = masked_softmax();
-        for fusion in [FusionModel::None, FusionModel::TensorRt] {
+        // The same mask as a Constant node's value (MiniLM's): a constant of the file too.
+        let mut constant_node = masked_softmax();
+        let m = constant_node.initializers.remove("mask").unwrap();
+        let mut c = node("mask_const", "Constant", &[], &["mask"]);
+        c.attrs
+            .insert("value".into(), crate::graph::Attribute::Tensor(m));
+        constant_node.nodes.insert(0, c);
+        crate::fold::fold_weights(&mut constant_node);
+        assert!(constant_node.constant_initializer("mask").is_some());
+        for (g, fusion) in [masked_softmax(), constant_node]
+            .into_iter()
+            .flat_map(|g| [(g.clone(), FusionModel::None), (g, FusionModel::TensorRt)])
+        {
             // -65504 (a warning names the weight and its layer); the masked positions still
             // vanish and the fully masked row stays finite, as in float32.
             let p = prepare(&g, Precision::Float16, fusion);
@@ -2024,6 +2036,8 @@ mod fusion_tests {
             .insert(0, node("id", "Identity", &["m"], &["mask"]));
         crate::fold::fold_weights(&mut folded);
         assert!(folded.folded.contains_key("mask"));
+        assert!(folded.constant_initializer("mask").is_none());
+        let g = masked_softmax();
         for fusion in [FusionModel::None, FusionModel::TensorRt] {
             cast_rule(&overridable, Precision::Float16, fusion);
             cast_rule(&folded, Precision::Float16, fusion);

@@ -354,6 +354,7 @@ impl<'a> Exporter<'a> {
         let foldable = graph
             .initializers
             .keys()
+            .chain(graph.folded.keys())
             .filter(|k| graph.constant_initializer(k).is_some())
             .cloned()
             .collect();
@@ -543,8 +544,17 @@ impl<'a> Exporter<'a> {
             return Ok(n.clone());
         }
         let name = self.fresh(&format!("{t}_{}", suffix(to)));
-        if self.foldable.contains(t) {
-            let w = &self.graph.initializers[t];
+        if let Some(w) = self
+            .foldable
+            .contains(t)
+            .then(|| self.graph.constant_initializer(t))
+            .flatten()
+        {
+            let what = if self.graph.initializers.contains_key(t) {
+                "initializer"
+            } else {
+                "Constant value"
+            };
             // A float16 initializer never holds an infinity the float32 one did not: finite
             // values beyond ±65504 are clamped to it, as TensorRT, onnxconverter-common and
             // ModelOpt AutoCast convert weights (docs/numerics.md, "Weights beyond float16's
@@ -560,7 +570,7 @@ impl<'a> Exporter<'a> {
             let c = match &clamped {
                 Some((n, v)) => {
                     self.notes.push(format!(
-                        "initializer '{t}' (read by float16 layer '{}') has {n} finite value{} beyond float16's range: stored clamped to ±65504, as TensorRT converts weights",
+                        "{what} '{t}' (read by float16 layer '{}') has {n} finite value{} beyond float16's range: stored clamped to ±65504, as TensorRT converts weights",
                         node.name,
                         plural(*n)
                     ));
@@ -583,14 +593,14 @@ impl<'a> Exporter<'a> {
                 };
                 if kept > 0 {
                     self.notes.push(format!(
-                        "initializer '{t}' (read by {ty} layer '{}') holds {kept} infinite value{}: stored as ±inf in {ty}, as TensorRT keeps them",
+                        "{what} '{t}' (read by {ty} layer '{}') holds {kept} infinite value{}: stored as ±inf in {ty}, as TensorRT keeps them",
                         node.name,
                         plural(kept)
                     ));
                 }
                 if made > 0 {
                     self.notes.push(format!(
-                        "initializer '{t}' (read by {ty} layer '{}') has {made} finite value{} beyond {ty}'s range: stored as ±inf, as a Cast rounds them (keep the layer in float32 to avoid it)",
+                        "{what} '{t}' (read by {ty} layer '{}') has {made} finite value{} beyond {ty}'s range: stored as ±inf, as a Cast rounds them (keep the layer in float32 to avoid it)",
                         node.name,
                         plural(made)
                     ));
@@ -633,9 +643,10 @@ impl<'a> Exporter<'a> {
         Ok(name)
     }
 
-    /// Whether initializer `t` converts to `to` without changing any value.
+    /// Whether constant `t` ([`Graph::constant_initializer`]) converts to `to` without changing
+    /// any value.
     fn exact_in(&self, t: &str, to: DType) -> bool {
-        let Some(w) = self.graph.initializers.get(t) else {
+        let Some(w) = self.graph.constant_initializer(t) else {
             return false;
         };
         let Some(v) = w.to_f32_vec() else {
@@ -1184,6 +1195,13 @@ impl<'a> Exporter<'a> {
         };
         let dropped =
             |name: &str| orig_read(name) && !read.contains(name) && !graph_inputs.contains(name);
+        // A Constant node whose every reader now reads its converted copy goes, like an
+        // initializer nothing reads any more.
+        self.nodes.retain(|n| {
+            n.op_type.as_deref() != Some("Constant")
+                || !n.domain.as_deref().unwrap_or("").is_empty()
+                || !n.output.iter().all(|o| dropped(o))
+        });
         let mut initializers = Vec::with_capacity(g.initializer.len() + self.inits.len());
         let mut renames = Vec::new();
         for t in std::mem::take(&mut g.initializer) {
@@ -1472,8 +1490,8 @@ mod tests {
 
     /// The exported float16 model, run as typed, computes what the emulation of its plan
     /// computes, bit for bit, for weights beyond float16's range: a constant initializer
-    /// clamped to -65504 in both (the fully masked row finite), an initializer a graph input
-    /// overrides cast at run time to -inf in both (that row NaN).
+    /// clamped to -65504 in both (the fully masked row finite), a Constant node's value alike,
+    /// an initializer a graph input overrides cast at run time to -inf in both (that row NaN).
     #[test]
     fn float16_exports_compute_the_emulated_weights_beyond_its_range_bit_for_bit() {
         use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
@@ -1485,10 +1503,13 @@ mod tests {
                 node("Softmax", "softmax", &["s"], &["y"]),
                 node("Add", "add_over", &["x", "over"], &["t"]),
                 node("Softmax", "softmax_over", &["t"], &["z"]),
+                schema::constant_node("mask_const".into(), tensor_to_proto("cmask", &mask())),
+                node("Add", "add_const", &["x", "cmask"], &["u"]),
+                node("Softmax", "softmax_const", &["u"], &["w"]),
             ],
             vec![("mask", mask()), ("over", mask())],
             &[("x", &[2, 4]), ("over", &[2, 4])],
-            &[("y", &[2, 4]), ("z", &[2, 4])],
+            &[("y", &[2, 4]), ("z", &[2, 4]), ("w", &[2, 4])],
             17,
         );
         let original = crate::onnx::testing::load(m);
@@ -1496,6 +1517,18 @@ mod tests {
         let plan = PrecisionPlan::uniform(&original.graph, Float16);
         let e = export(&original, &plan, None, &ExportOptions::default()).unwrap();
         assert_eq!(v_of(&e, "mask")[1], -65504.0);
+        // The Constant node's value (MiniLM's mask) is stored converted the same way; the
+        // node, read by nothing any more, goes.
+        assert_eq!(v_of(&e, "cmask_fp16")[1], -65504.0);
+        assert!(
+            !ops(graph(&e)).contains(&"Constant"),
+            "{:?}",
+            ops(graph(&e))
+        );
+        assert!(e
+            .notes
+            .iter()
+            .any(|n| n.contains("'cmask'") && n.contains("stored clamped")));
         assert!(
             e.notes
                 .iter()
@@ -1527,14 +1560,16 @@ mod tests {
                 .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
                 .collect()
         };
-        assert_eq!(typed.len(), 2);
+        assert_eq!(typed.len(), 3);
         for ((name, a), (_, b)) in typed.iter().zip(&emulated) {
             assert_eq!(bits(a), bits(b), "{name}: {a:?} vs {b:?}");
         }
         let y = emulated[0].1.to_f32_vec().unwrap();
         let z = emulated[1].1.to_f32_vec().unwrap();
+        let w = emulated[2].1.to_f32_vec().unwrap();
         assert!(y[4..].iter().all(|v| v.is_finite()), "{y:?}");
         assert!(z[4..].iter().all(|v| v.is_nan()), "{z:?}");
+        assert!(w[4..].iter().all(|v| v.is_finite()), "{w:?}");
     }
 
     #[test]

@@ -365,7 +365,7 @@ fn attr_to_input(
     n.input.push(name);
 }
 
-fn constant_node(name: String, t: proto::TensorProto) -> proto::NodeProto {
+pub(crate) fn constant_node(name: String, t: proto::TensorProto) -> proto::NodeProto {
     let output = t.name.clone().unwrap_or_default();
     proto::NodeProto {
         name: Some(name),

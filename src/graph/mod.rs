@@ -298,14 +298,21 @@ impl Graph {
             .or_else(|| self.folded.get(name))
     }
 
-    /// An initializer of this graph that no graph input overrides: a constant of the file,
-    /// which the export stores converted to a layer's precision and TensorRT's builder converts
-    /// itself. None for folded values and overridable initializers (both converted at run
-    /// time, through a Cast).
+    /// A constant of the file: an initializer of this graph that no graph input overrides, or
+    /// the value of a `Constant` node (ONNX defines it as an initializer written as a node;
+    /// TensorRT's parser imports both as weights). The export stores it converted to a
+    /// layer's precision, as TensorRT's builder converts weights. None for overridable
+    /// initializers and values computed from weights (both converted at run time, through a
+    /// Cast).
     pub fn constant_initializer(&self, name: &str) -> Option<&Tensor> {
-        self.initializers
-            .get(name)
-            .filter(|_| !self.overridable.contains(name))
+        if let Some(t) = self.initializers.get(name) {
+            return (!self.overridable.contains(name)).then_some(t);
+        }
+        let t = self.folded.get(name)?;
+        let producer = self.values().producer_node(name)?;
+        let node = &self.nodes[producer];
+        (node.op_type == "Constant" && (node.domain.is_empty() || node.domain == "ai.onnx"))
+            .then_some(t)
     }
 
     /// Whether `node` only computes folded weights: it runs untouched under every precision
