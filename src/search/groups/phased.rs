@@ -388,11 +388,13 @@ pub fn search_by_roles(
         stop,
     };
     let mut interrupted = if options.mode == Mode::Minimal {
-        // First each role's least likely needed layers go together (the trim), then each role
-        // is pruned in the context of the others' trimmed sets: most drops happen before the
-        // single-layer tests, so those are made in the answer's final context and the last
-        // confirmation finds them judged already.
-        refinement.each(&mut kept, Step::Trim)? || refinement.each(&mut kept, Step::Prune)?
+        // First each role's least likely needed layers go together (the trim, then runs of
+        // blocks inside it), then each role is pruned in the context of the others' reduced
+        // sets: most drops happen before the single-layer tests, so those are made in the
+        // answer's final context and the last confirmation finds them judged already.
+        refinement.each(&mut kept, Step::Trim)?
+            || refinement.each(&mut kept, Step::Holes)?
+            || refinement.each(&mut kept, Step::Prune)?
     } else {
         refinement.each(&mut kept, Step::Mode)?
     };
@@ -419,9 +421,25 @@ enum Step {
     /// order by the layers' own scores (galloping, as minimal does); without them, the
     /// shortest passing run of blocks ([`Refinement::trim`] from each end).
     Trim,
-    /// Minimal's second step: group testing and confirmation from the trimmed set.
+    /// Minimal's second step, without per-layer scores: runs of blocks inside the trimmed
+    /// set that can go together ([`Refinement::open_holes`]), in the roles where finding
+    /// one pays ([`HOLE_WORTH`]). With scores, nothing (the trim went by the scores, not by
+    /// blocks).
+    Holes,
+    /// Minimal's last step: group testing and confirmation from the reduced set.
     Prune,
 }
+
+/// How many times [`Refinement::open_holes`] halves a role's interior: a role needed in every
+/// block costs 2^levels − 1 evaluations (7), a run of at least an eighth of its blocks that
+/// can go is found whole.
+const HOLE_LEVELS: u32 = 3;
+
+/// A hole found while pruning a role costs the last confirmation one evaluation per layer of
+/// the roles pruned before it (their drops were judged beside the role whole). Looking for
+/// holes first costs up to 2^[`HOLE_LEVELS`] − 1 evaluations a role, so a role is searched
+/// only where a hole would save at least 8 times that: after roles holding 56 layers or more.
+const HOLE_WORTH: usize = 8 * ((1 << HOLE_LEVELS) - 1);
 
 /// Phase 2: the strategy inside each needed role, beside the others' kept layers.
 struct Refinement<'r, 'a> {
@@ -445,12 +463,24 @@ impl Refinement<'_, '_> {
                     .filter(|&(j, _)| j != k)
                     .map(|(_, v)| v.as_slice()),
             );
+            if step == Step::Holes {
+                let before: usize = kept[..k].iter().map(Vec::len).sum();
+                if !by_depth || before < HOLE_WORTH {
+                    continue;
+                }
+                let (rest, finished) = self.open_holes(&kept[k], &fixed)?;
+                kept[k] = rest;
+                if !finished {
+                    return Ok(true);
+                }
+                continue;
+            }
             if step == Step::Trim && by_depth {
                 // From the earliest block, then from the latest.
                 let late_first: Vec<usize> = kept[k].iter().rev().copied().collect();
-                let (rest, finished) = self.trim(late_first, &fixed)?;
+                let (rest, finished) = self.trim(late_first, &fixed, "refine-trim")?;
                 let (rest, finished) = if finished {
-                    self.trim(union([rest.as_slice()]), &fixed)?
+                    self.trim(union([rest.as_slice()]), &fixed, "refine-trim")?
                 } else {
                     (rest, false)
                 };
@@ -506,7 +536,12 @@ impl Refinement<'_, '_> {
     /// Galloping down costs one evaluation where the whole role is needed (the stack of
     /// RMSNorms of an LLM), about 2·log₂ d where d layers can go; the whole role with the
     /// others passed before (the set phase 1 or the previous step ended with).
-    fn trim(&self, order: Vec<usize>, fixed: &[usize]) -> Result<(Vec<usize>, bool)> {
+    fn trim(
+        &self,
+        order: Vec<usize>,
+        fixed: &[usize],
+        phase: &'static str,
+    ) -> Result<(Vec<usize>, bool)> {
         let n = order.len();
         let judge = |len: usize| -> Result<Option<bool>> {
             if self.stop.load(Ordering::SeqCst) {
@@ -518,7 +553,7 @@ impl Refinement<'_, '_> {
                 // The evaluation may have been cut short: its verdict is not taken.
                 return Ok(None);
             }
-            self.ledger.borrow_mut().record("refine-trim", layers, &e);
+            self.ledger.borrow_mut().record(phase, layers, &e);
             Ok(Some(e.passed))
         };
         let (mut good, mut bad) = (n, None);
@@ -543,6 +578,88 @@ impl Refinement<'_, '_> {
             }
         }
         Ok((order[..good].to_vec(), true))
+    }
+
+    /// Drops runs of blocks from the inside of a trimmed role (`role` ascending, in block
+    /// order; both ends needed, the trims found): the interior whole, then its halves,
+    /// quarters… down to [`HOLE_LEVELS`] levels, each run dropped when the rest passes beside
+    /// `fixed` and then widened on both sides ([`Refinement::trim`] towards each neighbour).
+    /// A run that fails holds a needed layer and is halved at the next level; runs of one
+    /// layer are pruning's. Returns the layers kept (a passing set) and whether it finished.
+    ///
+    /// Without it, a hole in the middle of a role (an LLM's post-attention norms needed in
+    /// the early and the late blocks only) opens one layer at a time during pruning — after
+    /// the earlier roles were pruned beside it whole, so the last confirmation tests each of
+    /// their layers again.
+    fn open_holes(&self, role: &[usize], fixed: &[usize]) -> Result<(Vec<usize>, bool)> {
+        let n = role.len();
+        let mut kept: Vec<usize> = role.to_vec();
+        if n < 4 {
+            return Ok((kept, true));
+        }
+        let mut runs = vec![(1, n - 1)];
+        for level in 0..HOLE_LEVELS {
+            let mut halves = Vec::new();
+            for (a, b) in runs {
+                let run: Vec<usize> = role[a..b]
+                    .iter()
+                    .copied()
+                    .filter(|l| kept.contains(l))
+                    .collect();
+                if run.len() < 2 {
+                    continue;
+                }
+                if self.stop.load(Ordering::SeqCst) {
+                    return Ok((kept, false));
+                }
+                let without: Vec<usize> =
+                    kept.iter().copied().filter(|l| !run.contains(l)).collect();
+                let layers = union([fixed, &without]);
+                let e = self.ledger.borrow_mut().evaluate(layers.clone())?;
+                if self.stop.load(Ordering::SeqCst) {
+                    return Ok((kept, false));
+                }
+                self.ledger.borrow_mut().record("refine-holes", layers, &e);
+                if !e.passed {
+                    if level + 1 < HOLE_LEVELS {
+                        let mid = (a + b) / 2;
+                        halves.extend([(a, mid), (mid, b)]);
+                    }
+                    continue;
+                }
+                kept = without;
+                // Widen the hole: the kept layers before it, nearest last (the trim drops from
+                // the end of its order), then those after it, nearest last. The role's ends
+                // stay (the trims found them needed).
+                let (first, last) = (role[0], role[n - 1]);
+                let before: Vec<usize> = kept
+                    .iter()
+                    .copied()
+                    .filter(|&l| l != first && l < run[0])
+                    .collect();
+                let after: Vec<usize> = kept
+                    .iter()
+                    .rev()
+                    .copied()
+                    .filter(|&l| l != last && l > run[run.len() - 1])
+                    .collect();
+                for side in [before, after] {
+                    if side.is_empty() {
+                        continue;
+                    }
+                    let others: Vec<usize> =
+                        kept.iter().copied().filter(|l| !side.contains(l)).collect();
+                    let (rest, finished) =
+                        self.trim(side, &union([fixed, &others]), "refine-holes")?;
+                    kept = union([others.as_slice(), rest.as_slice()]);
+                    if !finished {
+                        return Ok((kept, false));
+                    }
+                }
+            }
+            runs = halves;
+        }
+        Ok((kept, true))
     }
 
     /// The search space and options of `step` over a role's kept layers `role` (ascending).
@@ -584,7 +701,7 @@ impl Refinement<'_, '_> {
         let mode = match step {
             Step::Mode => self.options.mode,
             Step::Trim => Mode::WorstFirst,
-            Step::Prune => Mode::Minimal,
+            Step::Holes | Step::Prune => Mode::Minimal,
         };
         let options = SearchOptions {
             mode,

@@ -432,11 +432,54 @@ fn shapes_of_answers() -> Vec<(&'static str, Vec<usize>)> {
             ]
             .concat(),
         ),
+        (
+            "roles 1, 2 in blocks 2–29, role 4 in blocks 2–10 and 24–29",
+            [
+                in_blocks(&[1, 2], &mut (2..30)),
+                in_blocks(&[4], &mut (2..11).chain(24..30)),
+            ]
+            .concat(),
+        ),
     ];
     for (_, n) in &mut shapes {
         n.sort_unstable();
     }
     shapes
+}
+
+#[test]
+fn a_run_of_blocks_inside_a_role_goes_before_the_single_layer_tests() {
+    // SmolLM2's post-attention norms: needed in the early and the late blocks, not between,
+    // in a role pruned after two others needed in every block from 2. Found before pruning,
+    // the hole leaves the last confirmation nothing to test again: every set it judges was
+    // judged while pruning.
+    let (space, groups) = blocks(30, 6);
+    let (shape, needed) = shapes_of_answers().swap_remove(5);
+    let mut oracle = Planted::new(&needed, &space.candidates);
+    let (r, seen) = by_roles(
+        &space,
+        &groups,
+        &options(Mode::Minimal, 1),
+        &mut oracle,
+        &AtomicBool::new(false),
+    );
+    assert_eq!(r.outcome, Outcome::Found(needed.clone()), "{shape}");
+    check_trials(&space, &r, &seen);
+    let in_phase = |p: &str| r.trials.iter().filter(|t| t.phase == p).count();
+    assert_eq!(
+        in_phase("confirm"),
+        0,
+        "{shape}: {} evaluations",
+        oracle.calls
+    );
+    // The hole's 13 blocks go in a few evaluations (halving, then widening), not 13.
+    assert!(in_phase("refine-holes") <= 3 * 7 + 12, "{shape}");
+    assert!(
+        r.trials
+            .iter()
+            .any(|t| t.phase == "refine-holes" && t.passed),
+        "{shape}"
+    );
 }
 
 #[test]
@@ -461,7 +504,7 @@ fn the_refinement_costs_about_one_evaluation_per_layer_of_the_answer() {
         let (plain, plain_calls) = plain_minimal(&space, &needed);
         assert_eq!(plain.outcome, r.outcome, "{shape}");
         assert!(
-            oracle.calls <= needed.len() + 45 && oracle.calls < plain_calls,
+            oracle.calls <= needed.len() + 50 && oracle.calls < plain_calls,
             "{shape}: {} layers needed; by roles {} evaluations, plain {plain_calls} (182 of them ranking)",
             needed.len(),
             oracle.calls,
