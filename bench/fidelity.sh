@@ -4,9 +4,11 @@
 #
 #   bench/fidelity.sh prepare [DIR]          here, on the CPU (default DIR: target/fidelity)
 #   bash DIR/device/run_gpu.sh OUT [NAME...] on the GPU machine (needs python3 with torch, onnx):
-#                                            every model, or the NAMEs
+#                                            every model, or the NAMEs (PACK=DIR: also the results
+#                                            as DIR/results.tar.xz.partNN, 15 MB each)
 #   bench/fidelity.sh compare [DIR] RESULTS...  here: each RESULTS is OUT (a folder) or OUT's
-#                                            results.tar.gz (several: runs of parts of the models)
+#                                            results.tar.gz or .tar.xz (several: runs of parts of
+#                                            the models)
 #
 # prepare writes, for each model, the inputs (4 to 64 input sets), mixprec's FP32 reference
 # outputs, its emulated FP16 outputs (`run --fp16`, unfused; `--fusion tensorrt` too when this
@@ -23,12 +25,17 @@
 # transformer corpus (scripts/real_models.sh: downloads and derives it once): ViT-S/16, MiniLM-L3
 # and SmolLM2-135M's plain-op export, the last two with their float32-min attention-mask Mul in
 # float32 (in float16 it is -inf, and every output NaN), SmolLM2 also with its RMSNorm
-# statistics in float32 (the search's answer); each export's sha256 lands beside it.
+# statistics in float32 (the search's answer); each export's sha256 lands beside it. MAGIKA=1 adds
+# the real-corpus Magika (standard_v3_3, all float16) on the corpus test's input (the bytes of a
+# Python file, tests/fixtures/real_model_inputs.py:magika). ONLY=NAME,... prepares those models
+# alone. Inputs drawn by mixprec's generator (float inputs) get a recipe beside them
+# (inputs.recipe, bench/fidelity_inputs.py): run_gpu.sh writes inputs.json again from it when a
+# transfer left it behind, and checks the arrays' digest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 step=${1:-}
-[ -n "$step" ] || { sed -n "2,28p" "$0"; exit 2; }
+[ -n "$step" ] || { sed -n "2,33p" "$0"; exit 2; }
 shift
 py=${PYTHON:-}
 [ -n "$py" ] || py=$(bash scripts/setup-python.sh)
@@ -81,16 +88,23 @@ prepare() {
             cp "$smollm2/tokens.json" "$dir/models/smollm2_tokens.json"
             local mask=/model/attn_mask/Mul:float32
             local norms='re:/(input_layernorm|post_attention_layernorm|norm)/(Pow|ReduceMean|Add|Sqrt)$:float32'
-            echo "vit_s16 other no [0,1] input_image:[1,3,224,224] 10 -"
+            # 64 images: the output error is one amplified vector per image (docs/fidelity.md).
+            echo "vit_s16 other no [0,1] input_image:[1,3,224,224] 64 -"
             echo "minilm_l3 other no input_ids:[101,3000];attention_mask:[1,1] input_ids:[1,16];attention_mask:[1,16] 8 /model/model.0/auto_model/Mul_1:float32"
             echo "smollm2_plain other no @prompt - 8 $mask"
             echo "smollm2_plain_f32norm other no @prompt - 8 $mask;$norms"
         fi
-    } >"$dir/models.txt"
+        if [ "${MAGIKA:-}" = 1 ]; then
+            local corpus
+            corpus=$(MIXPREC_PYTHON="$py" bash scripts/real_models.sh | tail -n 1)
+            cp "$corpus/magika-1.0.3/magika/models/standard_v3_3/model.onnx" "$dir/models/magika_v3_3.onnx"
+            echo "magika_v3_3 other no @magika - 1 -"
+        fi
+    } | if [ -n "${ONLY:-}" ]; then grep -E "^(${ONLY//,/|}) " || true; else cat; fi >"$dir/models.txt"
     local fusion=no
     if "$mix" run --help | grep -q -- '--fusion'; then fusion=yes; fi
     echo "fusion=$fusion" >"$dir/local/config"
-    cp scripts/gpu_reference.py "$dir/device/"
+    cp scripts/gpu_reference.py bench/fidelity_inputs.py "$dir/device/"
     if [ "${TRANSFORMERS:-}" = 1 ]; then
         # What bench/fidelity_rebuild.sh needs to write the SmolLM2 exports on the GPU machine.
         cp scripts/smollm2_to_onnx.py bench/fidelity_rebuild.sh "$dir/device/"
@@ -120,11 +134,18 @@ EOF
         if [ "$range" = "@prompt" ]; then
             "$py" bench/fidelity_inputs.py prompt "$src" "$dir/models/smollm2_tokens.json" "$dev/inputs.json"
             "$mix" run "$src" --load-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
+        elif [ "$range" = "@magika" ]; then
+            MIXPREC_PYTHON="$py" "$mix" run "$src" --data-loader-script tests/fixtures/real_model_inputs.py:magika \
+                --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
         else
             IFS=';' read -ra items <<<"$range"
             range_args=(--val-range "${items[@]}")
             "$mix" run "$src" "${shape_args[@]}" "${range_args[@]}" --seed 1 --iterations "$iterations" \
                 --save-inputs "$dev/inputs.json" --save-outputs "$loc/fp32.json" -q >/dev/null
+            # A recipe, so the GPU machine can draw them again instead of receiving them (float
+            # inputs only: integer ones have none).
+            "$py" bench/fidelity_inputs.py recipe "$dev/inputs.json" "$range" 1 "$dev/inputs.recipe" 2>/dev/null ||
+                rm -f "$dev/inputs.recipe"
         fi
         "$mix" run "$src" "${plan[@]}" --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_none.json" -q >/dev/null
         if [ $fusion = yes ]; then
@@ -142,18 +163,21 @@ EOF
             "$mix" convert "$src" --bf16 -o "$dev/model_bf16.onnx" >/dev/null 2>"$loc/bf16.log"; then
             "$mix" run "$src" --bf16 --load-inputs "$dev/inputs.json" --save-outputs "$loc/emu_bf16.json" -q >/dev/null
         fi
-        # The FP32 model too (the GPU's FP32 run checks the executor), where it is small.
-        if [ "$(stat -L -c %s "$src")" -lt 4000000 ]; then cp "$src" "$dev/model_fp32.onnx"; fi
+        # The FP32 model too (the GPU's FP32 run checks the executor), where it is small (and
+        # whole: SmolLM2's model.onnx is a small graph whose weights are in model.onnx.data).
+        if [ "$(stat -L -c %s "$src")" -lt 4000000 ] && [ ! -e "$src.data" ]; then cp "$src" "$dev/model_fp32.onnx"; fi
         echo "prepared $name"
     done <"$dir/models.txt"
     # Layer-wise investigation of the ResNet-like CNN: every layer of the emulation and of FP32,
     # on the first input set.
-    "$py" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))[:1], open(sys.argv[2], "w"))' \
-        "$dir/device/cnn_small/inputs.json" "$dir/local/cnn_small/inputs_first.json"
-    "$mix" run "$dir/models/cnn_small.onnx" --fp16 --trt-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
-        --save-outputs "$dir/device/cnn_small/emu_layers.json" -q >/dev/null
-    "$mix" run "$dir/models/cnn_small.onnx" --onnx-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
-        --save-outputs "$dir/local/cnn_small/fp32_layers.json" -q >/dev/null
+    if [ -d "$dir/device/cnn_small" ]; then
+        "$py" -c 'import json, sys; json.dump(json.load(open(sys.argv[1]))[:1], open(sys.argv[2], "w"))' \
+            "$dir/device/cnn_small/inputs.json" "$dir/local/cnn_small/inputs_first.json"
+        "$mix" run "$dir/models/cnn_small.onnx" --fp16 --trt-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
+            --save-outputs "$dir/device/cnn_small/emu_layers.json" -q >/dev/null
+        "$mix" run "$dir/models/cnn_small.onnx" --onnx-outputs mark all --load-inputs "$dir/local/cnn_small/inputs_first.json" \
+            --save-outputs "$dir/local/cnn_small/fp32_layers.json" -q >/dev/null
+    fi
     cat >"$dir/device/run_gpu.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs every prepared model (or the NAMEs given) on the GPU (eager, torch.compile, and FP32 eager
@@ -173,6 +197,11 @@ date -u >>"$out/env.txt"
 run_model() {
     local name=$1 d=$here/$1 o=$out/$1 mode t0 s
     mkdir -p "$o"
+    if [ ! -f "$d/inputs.json" ] && [ -f "$d/inputs.recipe" ]; then
+        # Left behind by the transfer: drawn again as mixprec drew them (the digest checked).
+        "$py" "$here/fidelity_inputs.py" regen "$d/inputs.recipe" "$d/inputs.json" || { echo "$name: regen FAILED"; return; }
+        echo "$name: inputs.json drawn again from inputs.recipe (digest as prepared)"
+    fi
     for mode in eager compile; do
         t0=$(date +%s)
         if "$py" "$here/gpu_reference.py" "$d/model_fp16.onnx" --load-inputs "$d/inputs.json" --mode $mode \
@@ -234,6 +263,39 @@ wait
 cat "$out"/*.txt
 tmp=$(mktemp)
 tar -C "$out" -czf "$tmp" . && mv "$tmp" "$out/results.tar.gz"
+if [ -n "${PACK:-}" ]; then
+    # For a transfer of at most 16 MB a file (the workplace's device tool): float32 outputs that
+    # hold float16 values (the FP16 exports' outputs) are stored as float16, the same numbers;
+    # then xz in 15 MB parts, PACK/results.tar.xz.partNN (cat them into one results.tar.xz).
+    "$py" - "$out" "$here" <<'PY'
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, sys.argv[2])
+import gpu_reference as gr  # noqa: E402
+
+for root, _, files in os.walk(sys.argv[1]):
+    for f in files:
+        p = os.path.join(root, f)
+        if not f.endswith(".json"):
+            continue
+        (runner, iters), = gr.load_run_results(p).items()
+        its = []
+        for it in iters:
+            outs = []
+            for k, a in it.items():
+                if a.dtype == np.float32 and np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True):
+                    a = a.astype(np.float16)
+                outs.append((k, a))
+            its.append((outs, 0.0))
+        gr.save_run_results(p, runner, its)
+PY
+    tar -C "$out" --exclude ./results.tar.gz -cf - . | xz -T0 -4 >"$tmp" && mv "$tmp" "$out/results.tar.xz"
+    mkdir -p "$PACK" && split -b 15M -d "$out/results.tar.xz" "$PACK/results.tar.xz.part"
+    ls -l "$PACK"
+fi
 EOF
     echo "wrote $dir/device ($(du -sh "$dir/device" | cut -f1)) and $dir/local"
 }
@@ -247,7 +309,7 @@ compare() {
         local unpacked=$dir/gpu_results r
         rm -rf "$unpacked" && mkdir -p "$unpacked"
         for r in "$@"; do
-            if [ -f "$r" ]; then tar -C "$unpacked" -xzf "$r"; else cp -r "$r"/. "$unpacked"/; fi
+            if [ -f "$r" ]; then tar -C "$unpacked" -xf "$r"; else cp -r "$r"/. "$unpacked"/; fi
         done
         res=$unpacked
     fi

@@ -1,18 +1,33 @@
 #!/usr/bin/env python3
 """Inputs of bench/fidelity.sh for the models whose inputs mixprec's generator cannot make:
 a decoder LLM's prompt (token ids of real text, its attention mask, position ids 0..n-1 and an
-empty KV cache).
+empty KV cache); and mixprec's own generated inputs written again from a recipe, on a machine
+the inputs are too large to carry to (the device tool's 64 MiB a call: 64 ViT images are 51 MB
+of JSON beside a 50 MB export).
 
 Usage: fidelity_inputs.py prompt MODEL.onnx TOKENS.json OUT.json
+       fidelity_inputs.py recipe IN.json RANGES SEED OUT.recipe
+       fidelity_inputs.py regen RECIPE OUT.json
+       fidelity_inputs.py digest IN.json
 
   prompt   SmolLM2 plain (scripts/smollm2_to_onnx.py's plain/ export): eight chat turns spelled
            in the GGUF's own tokens (TOKENS.json, token strings by id), one input set each:
            input_ids and attention_mask [1, n] (all ones), position_ids [1, n] = 0..n-1, and
            every past_key_values.* input empty ([1, kv_heads, 0, head_size], its declared type).
 
+  recipe   IN.json (`mixprec run --val-range RANGES --seed SEED --save-inputs`, float inputs
+           only) as a recipe: per input set and input the name, dtype, shape and range, and the
+           digest of IN.json's arrays; refused when regen does not give those arrays back.
+  regen    the inputs again from a recipe, as mixprec's generator draws them (Polygraphy's
+           default data loader, src/data/loader.rs): set i from NumPy's legacy
+           RandomState(SEED + i), the inputs in order, random_sample(n) * (hi - lo) + lo cast
+           to the dtype; checks the digest (exit status 1 when it differs).
+  digest   a sha256 of the arrays (names, dtypes, shapes, bytes) of every input set, in order.
+
 Writes Polygraphy JSON (a list of feed dicts), the format of `mixprec run --load-inputs`.
 Deterministic: the same files give the same bytes.
 """
+import hashlib
 import json
 import os
 import sys
@@ -21,7 +36,8 @@ import numpy as np
 import onnx
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts"))
-from gpu_reference import _encode_array  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # beside it on the GPU machine
+from gpu_reference import _decode_array, _encode_array  # noqa: E402
 
 # `<|im_start|>user\n` + a seven-token question + `<|im_end|>\n<|im_start|>assistant\n`, 16 tokens each
 # (gpu_reference.py compiles for the first input set's shapes), spelled in the GGUF's own tokens
@@ -77,14 +93,93 @@ def prompt_feeds(model_path, tokens_path):
     return feeds
 
 
-def main(argv):
-    if len(argv) != 5 or argv[1] != "prompt":
-        print(__doc__, file=sys.stderr)
-        return 2
-    feeds = prompt_feeds(argv[2], argv[3])
-    with open(argv[4], "w") as f:
+FLOAT_TYPES = {"float32": np.float32, "float64": np.float64, "float16": np.float16}
+
+
+def load_feeds(path):
+    with open(path) as f:
+        doc = json.load(f)
+    if isinstance(doc, dict):
+        doc = [doc]
+    return [{k: _decode_array(v) for k, v in feed.items()} for feed in doc]
+
+
+def digest(feeds):
+    h = hashlib.sha256()
+    for feed in feeds:
+        for name, a in feed.items():
+            a = np.ascontiguousarray(a)
+            h.update(f"{name}|{a.dtype.str}|{a.shape}|".encode())
+            h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def parse_ranges(text):
+    """bench/fidelity.sh's value-range column: '[lo,hi]' for every input, or 'name:[lo,hi]'
+    items separated by ';' (mixprec's --val-range)."""
+    ranges = {}
+    for item in text.split(";"):
+        name, rng = item.split(":[", 1) if ":[" in item else ("", item)
+        lo, hi = (float(x) for x in rng.strip().strip("[]").split(","))
+        ranges[name] = (lo, hi)
+    return ranges
+
+
+def make_recipe(in_path, ranges_text, seed):
+    feeds = load_feeds(in_path)
+    ranges = parse_ranges(ranges_text)
+    inputs = []
+    for name, a in feeds[0].items():
+        if a.dtype.name not in FLOAT_TYPES:
+            raise SystemExit(f"fidelity_inputs.py: input '{name}' is {a.dtype}: regen draws float inputs only")
+        lo, hi = ranges.get(name, ranges.get("", (0.0, 1.0)))  # Polygraphy's default range
+        inputs.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape), "range": [lo, hi]})
+    recipe = {"seed": seed, "sets": len(feeds), "inputs": inputs, "digest": digest(feeds)}
+    if digest(regen_feeds(recipe)) != recipe["digest"]:
+        raise SystemExit(f"fidelity_inputs.py: regen does not give {in_path}'s arrays back; no recipe")
+    return recipe
+
+
+def regen_feeds(recipe):
+    feeds = []
+    for i in range(recipe["sets"]):
+        rng = np.random.RandomState(recipe["seed"] + i)
+        feed = {}
+        for vi in recipe["inputs"]:
+            lo, hi = vi["range"]
+            n = int(np.prod(vi["shape"], dtype=np.int64))
+            x = rng.random_sample(n) * (hi - lo) + lo
+            feed[vi["name"]] = x.astype(FLOAT_TYPES[vi["dtype"]]).reshape(vi["shape"])
+        feeds.append(feed)
+    return feeds
+
+
+def write_feeds(path, feeds):
+    with open(path, "w") as f:
         json.dump([{k: _encode_array(v) for k, v in feed.items()} for feed in feeds], f)
-    return 0
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] == "prompt":
+        write_feeds(argv[4], prompt_feeds(argv[2], argv[3]))
+        return 0
+    if len(argv) == 6 and argv[1] == "recipe":
+        with open(argv[5], "w") as f:
+            json.dump(make_recipe(argv[2], argv[3], int(argv[4])), f, indent=1)
+        return 0
+    if len(argv) == 4 and argv[1] == "regen":
+        recipe = json.load(open(argv[2]))
+        feeds = regen_feeds(recipe)
+        if digest(feeds) != recipe["digest"]:
+            print(f"fidelity_inputs.py: the regenerated inputs differ from the recipe's digest", file=sys.stderr)
+            return 1
+        write_feeds(argv[3], feeds)
+        return 0
+    if len(argv) == 3 and argv[1] == "digest":
+        print(digest(load_feeds(argv[2])))
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

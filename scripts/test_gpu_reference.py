@@ -44,6 +44,52 @@ class JsonRoundTrip(unittest.TestCase):
             gr._decode_array({"polygraphy_class": "RunResults"})
 
 
+class FidelityInputsRecipe(unittest.TestCase):
+    """bench/fidelity_inputs.py's recipe: the GPU machine draws mixprec's generated inputs again
+    instead of receiving them (numpy only; MIXPREC=path also checks against mixprec's generator)."""
+
+    @classmethod
+    def setUpClass(cls):
+        sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+        import fidelity_inputs
+        cls.fi = fidelity_inputs
+
+    def test_ranges(self):
+        self.assertEqual(self.fi.parse_ranges("[0,1]"), {"": (0.0, 1.0)})
+        self.assertEqual(self.fi.parse_ranges("a:[-1,2];b:[3,4]"), {"a": (-1.0, 2.0), "b": (3.0, 4.0)})
+
+    def test_regen_round_trip(self):
+        recipe = {"seed": 5, "sets": 3, "digest": "",
+                  "inputs": [{"name": "x", "dtype": "float32", "shape": [2, 3], "range": [-1.0, 1.0]},
+                             {"name": "y", "dtype": "float16", "shape": [4], "range": [0.0, 2.0]}]}
+        feeds = self.fi.regen_feeds(recipe)
+        # Polygraphy's data loader: set i from RandomState(seed + i), inputs in order.
+        rng = np.random.RandomState(6)
+        np.testing.assert_array_equal(feeds[1]["x"], (rng.random_sample(6) * 2.0 - 1.0).astype(np.float32).reshape(2, 3))
+        np.testing.assert_array_equal(feeds[1]["y"], (rng.random_sample(4) * 2.0).astype(np.float16))
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "in.json")
+            self.fi.write_feeds(p, feeds)
+            back = self.fi.make_recipe(p, "x:[-1,1];y:[0,2]", 5)
+            self.assertEqual(back["digest"], self.fi.digest(feeds))
+            self.assertEqual(back["inputs"], recipe["inputs"])
+            with self.assertRaises(SystemExit):  # another seed does not give the arrays back
+                self.fi.make_recipe(p, "x:[-1,1];y:[0,2]", 6)
+
+    @unittest.skipUnless(os.environ.get("MIXPREC"), "MIXPREC=path to a mixprec binary")
+    def test_mixprec_generator(self):
+        with tempfile.TemporaryDirectory() as d:
+            model = os.path.join(d, "m.onnx")
+            subprocess.run([sys.executable, os.path.join(HERE, "gen_models.py"), "--out", d, "--no-ort",
+                            "--only", "cnn"], check=True, stdout=subprocess.DEVNULL)
+            os.replace(os.path.join(d, "cnn.onnx"), model)
+            p = os.path.join(d, "in.json")
+            subprocess.run([os.environ["MIXPREC"], "run", model, "--val-range", "[-1,1]", "--seed", "3",
+                            "--iterations", "3", "--save-inputs", p, "-q"], check=True, stdout=subprocess.DEVNULL)
+            recipe = self.fi.make_recipe(p, "[-1,1]", 3)  # refuses when regen differs
+            self.assertEqual(recipe["sets"], 3)
+
+
 @unittest.skipIf(gr.torch is None or gr.onnx is None or ort is None, "needs torch, onnx and onnxruntime")
 class ExecutorVsOnnxRuntime(unittest.TestCase):
     @classmethod
