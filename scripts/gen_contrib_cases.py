@@ -24,7 +24,10 @@ router_weights and accuracy_level 4. MRotaryEmbedding (M-RoPE of ONNX Runtime Ge
 and Qwen3-VL: sectioned and interleaved layouts, 3-D and 4-D input, interleaved pairs, partial
 rotary dimension with a scale, text positions) and GatedAdd (plain mode, NaN and infinities), all
 bit for bit; the `rope_gate_chain` (the two in a row) is also exported in float16 by
-tests/integration/contrib.rs.
+tests/integration/contrib.rs. SparseAttention (Phi-3-small's block-sparse layouts: local blocks
+and a vertical stride per layout, prompts, tokens and a chunk after a past, grouped KV heads,
+packed QKV, rotary inside), bit for bit; ONNX Runtime runs these with present bound to past's
+buffer (`ort_shared_buffers` in the model's metadata, scripts/ort_batch.py).
 """
 import os
 import sys
@@ -37,11 +40,12 @@ MS = "com.microsoft"
 
 
 def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
-         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), exact=False, **attrs):
+         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), exact=False, metadata=None, **attrs):
     """inputs: list of (name, shape) or None for an omitted optional input; names in
     `weights` become initializers; outputs whose index is in `omit_outputs` are not asked
     for; `exact` asks the harness to compare float outputs bit for bit (an `exact` file in the
-    case's directory)."""
+    case's directory); `metadata` (a dict) goes into the model's metadata_props
+    (scripts/ort_batch.py reads `ort_shared_buffers` there)."""
     rng = np.random.default_rng(seed)
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
@@ -72,6 +76,8 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
     model.ir_version = 8
+    if metadata:
+        onnx.helper.set_model_props(model, metadata)
     onnx.save(model, os.path.join(d, "model.onnx"))
     if exact:
         open(os.path.join(d, "exact"), "w").close()
@@ -176,6 +182,7 @@ def main():
     moe_cases(out)
     mrotary_cases(out)
     gated_add_cases(out)
+    sparse_attention_cases(out)
 
 
 def qlinear_cases(out):
@@ -967,6 +974,70 @@ def gated_add_cases(out: str) -> None:
          [("X", [6, 7]), ("Y", [6, 7], y), ("gate", [6, 1], odd)], seed=1, exact=True)
     case(out, "gated_add_4d", "GatedAdd",
          [("X", [2, 2, 3, 5]), ("Y", [2, 2, 3, 5]), ("gate", [2, 2, 3, 1])], seed=2, exact=True)
+
+
+def block_mask(max_blocks, local, stride, layouts):
+    """Phi-3-small's block-sparse layouts in CSR form: block row r sees column blocks c <= r
+    with r - c < `local` or (c + 1 + shift) % `stride` == 0, layout l shifting its vertical
+    stride by l (heads cycle through the layouts); column lists padded with -1."""
+    rows, cols = [], []
+    for shift in range(layouts):
+        r_idx, c_idx = [0], []
+        for r in range(max_blocks):
+            c_idx += [c for c in range(r + 1) if r - c < local or (c + 1 + shift) % stride == 0]
+            r_idx.append(len(c_idx))
+        rows.append(r_idx)
+        cols.append(c_idx)
+    nnz = max(len(c) for c in cols)
+    cols = [c + [-1] * (nnz - len(c)) for c in cols]
+    return np.array(rows, np.int32), np.array(cols, np.int32)
+
+
+def sparse_attention_cases(out: str) -> None:
+    """SparseAttention (Phi-3-small) against ONNX Runtime 1.32's CPU kernel
+    (`contrib_ops/cpu/sparse/`), which needs present_key/value to share past's buffer: the
+    models ask scripts/ort_batch.py to bind them so (`ort_shared_buffers`). Bit for bit (MLAS's
+    GEMM and softmax, its rotary kernel)."""
+    rng = np.random.default_rng(25)
+    # The outputs are y0 (output), y1 (present_key), y2 (present_value).
+    shared = {"ort_shared_buffers": "past_key:y1,past_value:y2"}
+
+    def sa(name, b, s, total, n, nk, h, bs, max_blocks, local, stride, layouts, m=None,
+           packed=False, rot=0, **attrs):
+        m = m or max_blocks * bs
+        row, col = block_mask(max_blocks, local, stride, layouts)
+        qkv = ([("query", [b, s, (n + 2 * nk) * h]), None, None] if packed else
+               [("query", [b, s, n * h]), ("key", [b, s, nk * h]), ("value", [b, s, nk * h])])
+        inputs = qkv + [
+            ("past_key", [b, nk, m, h]), ("past_value", [b, nk, m, h]),
+            ("block_row_indices", list(row.shape), row), ("block_col_indices", list(col.shape), col),
+            ("total_sequence_length", [1], np.array([total], np.int32)),
+            ("key_total_sequence_lengths", [b], np.full([b], total, np.int32))]
+        if rot:
+            angles = rng.uniform(0.0, 6.0, (m, rot))
+            inputs += [("cos_cache", [m, rot], np.cos(angles).astype(np.float32)),
+                       ("sin_cache", [m, rot], np.sin(angles).astype(np.float32))]
+            attrs["do_rotary"] = 1
+        case(out, name, "SparseAttention", inputs, n_outputs=3, exact=True, metadata=shared,
+             seed=int(rng.integers(1 << 30)), num_heads=n, kv_num_heads=nk, sparse_block_size=bs,
+             **attrs)
+
+    # Prompts: two layouts (heads alternate), grouped KV heads, a local window of 2 blocks and
+    # every third block; one layout of blocks of 16.
+    sa("sparse_prompt_gqa", 1, 24, 24, 4, 2, 16, 4, 8, 2, 3, 2)
+    sa("sparse_prompt_bs16", 1, 40, 40, 2, 1, 16, 16, 4, 1, 2, 1)
+    # Tokens after a past (the cache a buffer of M rows), batch 2; a chunk of 5 after a past.
+    sa("sparse_token_past", 2, 1, 21, 4, 2, 16, 4, 8, 2, 3, 2)
+    sa("sparse_chunk_after_past", 1, 5, 13, 2, 2, 8, 4, 6, 1, 2, 2, m=30)
+    # A dense layout (the whole lower triangle) and a scale.
+    sa("sparse_dense_layout_scale", 1, 9, 9, 2, 1, 8, 4, 3, 3, 1, 1, scale=0.2)
+    # Rotary inside: the prompt (positions 0..S), a token (position T-1) interleaved with a
+    # partial rotary width, packed QKV.
+    sa("sparse_rotary_prompt", 1, 12, 12, 2, 1, 32, 4, 4, 1, 2, 1, rot=16)
+    sa("sparse_rotary_token_interleaved_partial", 2, 1, 14, 4, 2, 32, 4, 4, 2, 2, 2, rot=8,
+       rotary_interleaved=1)
+    sa("sparse_packed_rotary_token", 1, 1, 10, 2, 1, 16, 4, 4, 1, 2, 1, packed=True, rot=8)
+    sa("sparse_packed_prompt", 2, 8, 8, 2, 2, 16, 4, 2, 1, 2, 2, packed=True)
 
 
 if __name__ == "__main__":

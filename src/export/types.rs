@@ -128,6 +128,7 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "RotaryEmbedding"
                     | "MRotaryEmbedding"
                     | "GatedAdd"
+                    | "SparseAttention"
                     | "FusedMatMul"
                     | "Gelu"
                     | "FastGelu"
@@ -159,6 +160,7 @@ fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DTyp
         | "RotaryEmbedding"
         | "MRotaryEmbedding"
         | "GatedAdd"
+        | "SparseAttention"
         | "MultiHeadAttention"
         | "Attention"
         | "DynamicQuantizeLSTM"
@@ -383,6 +385,10 @@ mod tests {
         assert_eq!(
             infer_outputs(&contrib("GatedAdd", 1), &[f16, f16, f16]),
             Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("SparseAttention", 3), &[f16, f16, f16, f16, f16]),
+            Some(vec![f16, f16, f16])
         );
         assert_eq!(infer_outputs(&contrib("NoSuchOp", 1), &[f32]), None);
     }

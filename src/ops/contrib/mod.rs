@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
 //! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
-//! (GroupQueryAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE). Each computes what
+//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE). Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -24,6 +24,7 @@ mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
 mod qlinear_pool;
+mod sparse_attention;
 
 use super::Registry;
 
@@ -45,6 +46,7 @@ pub fn register(r: &mut Registry) {
     qlinear::register(r);
     qlinear_binary::register(r);
     qlinear_pool::register(r);
+    sparse_attention::register(r);
 }
 
 /// What a kernel rounds its in-kernel values of the input's type to, where ONNX Runtime's
@@ -113,6 +115,7 @@ mod tests {
             "QMoE",
             "MRotaryEmbedding",
             "GatedAdd",
+            "SparseAttention",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
