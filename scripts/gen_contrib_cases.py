@@ -20,7 +20,14 @@ GenAI's int4 layout in small), which tests/integration/contrib.rs also exports i
 MoE and QMoE (ONNX Runtime GenAI's mixture-of-experts layers): every activation ONNX Runtime's
 CPU kernels run, k 1-3, normalized routing or not, biases, 2-D and 3-D input, ties and -inf in
 the router, sparse mixer; QMoE with 4 and 8 bits, per-row and per-block scales, zero points,
-router_weights and accuracy_level 4.
+router_weights and accuracy_level 4. MRotaryEmbedding (M-RoPE of ONNX Runtime GenAI's Qwen2.5-VL
+and Qwen3-VL: sectioned and interleaved layouts, 3-D and 4-D input, interleaved pairs, partial
+rotary dimension with a scale, text positions) and GatedAdd (plain mode, NaN and infinities), all
+bit for bit; the `rope_gate_chain` (the two in a row) is also exported in float16 by
+tests/integration/contrib.rs. SparseAttention (Phi-3-small's block-sparse layouts: local blocks
+and a vertical stride per layout, prompts, tokens and a chunk after a past, grouped KV heads,
+packed QKV, rotary inside), bit for bit; ONNX Runtime runs these with present bound to past's
+buffer (`ort_shared_buffers` in the model's metadata, scripts/ort_batch.py).
 """
 import os
 import sys
@@ -33,11 +40,12 @@ MS = "com.microsoft"
 
 
 def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
-         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), exact=False, **attrs):
+         out_type=onnx.TensorProto.FLOAT, omit_outputs=(), exact=False, metadata=None, **attrs):
     """inputs: list of (name, shape) or None for an omitted optional input; names in
     `weights` become initializers; outputs whose index is in `omit_outputs` are not asked
     for; `exact` asks the harness to compare float outputs bit for bit (an `exact` file in the
-    case's directory)."""
+    case's directory); `metadata` (a dict) goes into the model's metadata_props
+    (scripts/ort_batch.py reads `ort_shared_buffers` there)."""
     rng = np.random.default_rng(seed)
     d = os.path.join(out, name)
     os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
@@ -68,6 +76,8 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
     model.ir_version = 8
+    if metadata:
+        onnx.helper.set_model_props(model, metadata)
     onnx.save(model, os.path.join(d, "model.onnx"))
     if exact:
         open(os.path.join(d, "exact"), "w").close()
@@ -168,7 +178,11 @@ def main():
     nbits_cases(out)
     chain(out)
     int4_chain(out)
+    rope_gate_chain(out)
     moe_cases(out)
+    mrotary_cases(out)
+    gated_add_cases(out)
+    sparse_attention_cases(out)
 
 
 def qlinear_cases(out):
@@ -693,6 +707,37 @@ def chain(out):
         f.write(numpy_helper.from_array(x, "X").SerializeToString())
 
 
+def rope_gate_chain(out):
+    """ONNX Runtime GenAI's M-RoPE and shared-expert gate in small: MRotaryEmbedding (Qwen3-VL's
+    interleaved sections) on X, then GatedAdd of the rotated X onto X. The float16 plan's
+    export runs in ONNX Runtime (tests/integration/contrib.rs)."""
+    rng = np.random.default_rng(24)
+    d = os.path.join(out, "rope_gate_chain")
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    b, s, half, max_pos = 1, 4, 8, 10
+    angles = rng.uniform(0.0, 6.0, (max_pos, half))
+    inits = [numpy_helper.from_array(mrope_positions(rng, b, s, max_pos), "pos"),
+             numpy_helper.from_array(np.cos(angles).astype(np.float32), "cos"),
+             numpy_helper.from_array(np.sin(angles).astype(np.float32), "sin"),
+             numpy_helper.from_array(rng.uniform(-1, 1, (b, s, 1)).astype(np.float32), "gate")]
+    nodes = [
+        helper.make_node("MRotaryEmbedding", ["X", "pos", "cos", "sin"], ["rot"], domain=MS,
+                         name="mrope", num_heads=2, mrope_section=[4, 2, 2], mrope_layout=1),
+        helper.make_node("GatedAdd", ["X", "rot", "gate"], ["Y"], domain=MS, name="gate_add"),
+    ]
+    graph = helper.make_graph(
+        nodes, "rope_gate_chain",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [b, s, 32])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    x = rng.uniform(-4, 4, [b, s, 32]).astype(np.float32)
+    with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(x, "X").SerializeToString())
+
+
 def int4_chain(out):
     """ONNX Runtime GenAI's int4 layout in small: a GatherBlockQuantized embedding (4 bits in
     uint8, zero points), two MatMulNBits with accuracy_level 4 in blocks of 32 (zero points and
@@ -875,6 +920,124 @@ def moe_cases(out: str) -> None:
              accuracy_level=4, **qwen)
     moe_case(out, "qmoe_router_ties", 4, 4, 32, 16, 19, bits=4, block_size=16, router=tie,
              activation_type="silu", k=2)
+
+
+def mrope_positions(rng, b, s, max_pos, text_only=False):
+    """position_ids `[3, B, S]` (T, H, W): distinct per stream, or one stream three times."""
+    if text_only:
+        t = np.arange(s, dtype=np.int64)[None, :] + np.arange(b, dtype=np.int64)[:, None]
+        return np.stack([t, t, t])
+    return rng.integers(0, max_pos, (3, b, s)).astype(np.int64)
+
+
+def mrotary_cases(out: str) -> None:
+    """MRotaryEmbedding (Qwen2.5-VL's sectioned and Qwen3-VL's interleaved M-RoPE) against
+    ONNX Runtime 1.32's CPU kernel (`contrib_ops/cpu/bert/mrotary_embedding.cc`): bit for bit
+    (MLAS's rotary kernel, the angles gathered per column from the T, H or W row)."""
+    rng = np.random.default_rng(21)
+
+    def mr(name, x_shape, b, s, half, section, max_pos=12, text_only=False, exact=True,
+           **attrs):
+        pos = ("position_ids", [3, b, s], mrope_positions(rng, b, s, max_pos, text_only))
+        cache = [("cos_cache", [max_pos, half]), ("sin_cache", [max_pos, half])]
+        case(out, name, "MRotaryEmbedding", [("input", x_shape), pos] + cache,
+             mrope_section=section, exact=exact, **attrs)
+
+    # Qwen2.5-VL: contiguous sections, 3-D input.
+    mr("mrotary_sectioned", [2, 3, 32], 2, 3, 8, [2, 3, 3], num_heads=2)
+    # Qwen3-VL: interleaved sections (H and W every third column), 4-D input.
+    mr("mrotary_layout_interleaved", [2, 2, 3, 16], 2, 3, 8, [4, 2, 2], mrope_layout=1)
+    # Interleaved H/W sections shorter than the columns they could reach.
+    mr("mrotary_layout_interleaved_short", [1, 4, 48], 1, 4, 12, [8, 3, 1], num_heads=2,
+       mrope_layout=1)
+    # Rotated pairs interleaved (x[2i], x[2i+1]), heads of 16.
+    mr("mrotary_pairs_interleaved", [2, 3, 32], 2, 3, 8, [2, 3, 3], num_heads=2, interleaved=1)
+    # A partial rotary dimension (the rest copied) and a scale on the gathered angles.
+    mr("mrotary_partial_scale", [2, 4, 32], 2, 4, 4, [2, 1, 1], num_heads=2,
+       rotary_embedding_dim=8, scale=0.75)
+    # Text tokens: T = H = W (RotaryEmbedding's result); one stream holding every column.
+    mr("mrotary_text_positions", [1, 5, 24], 1, 5, 4, [1, 2, 1], num_heads=3, text_only=True)
+    mr("mrotary_one_section", [2, 2, 4, 8], 2, 4, 4, [0, 4, 0], max_pos=6)
+
+
+def gated_add_cases(out: str) -> None:
+    """GatedAdd (Qwen-MoE's shared-expert gate, plain mode) against ONNX Runtime 1.32's CPU
+    kernel (`contrib_ops/cpu/bert/gated_add.cc`): `X + Y·gate` bit for bit, NaN and
+    infinities included."""
+    case(out, "gated_add", "GatedAdd", [("X", [2, 3, 16]), ("Y", [2, 3, 16]), ("gate", [2, 3, 1])],
+         exact=True)
+    odd = np.random.default_rng(22).uniform(-2.0, 2.0, (6, 1)).astype(np.float32)
+    odd[1, 0], odd[2, 0], odd[3, 0] = np.inf, np.nan, 0.0
+    y = np.random.default_rng(23).uniform(-2.0, 2.0, (6, 7)).astype(np.float32)
+    y[3, 2] = np.inf
+    case(out, "gated_add_2d_nan_inf", "GatedAdd",
+         [("X", [6, 7]), ("Y", [6, 7], y), ("gate", [6, 1], odd)], seed=1, exact=True)
+    case(out, "gated_add_4d", "GatedAdd",
+         [("X", [2, 2, 3, 5]), ("Y", [2, 2, 3, 5]), ("gate", [2, 2, 3, 1])], seed=2, exact=True)
+
+
+def block_mask(max_blocks, local, stride, layouts):
+    """Phi-3-small's block-sparse layouts in CSR form: block row r sees column blocks c <= r
+    with r - c < `local` or (c + 1 + shift) % `stride` == 0, layout l shifting its vertical
+    stride by l (heads cycle through the layouts); column lists padded with -1."""
+    rows, cols = [], []
+    for shift in range(layouts):
+        r_idx, c_idx = [0], []
+        for r in range(max_blocks):
+            c_idx += [c for c in range(r + 1) if r - c < local or (c + 1 + shift) % stride == 0]
+            r_idx.append(len(c_idx))
+        rows.append(r_idx)
+        cols.append(c_idx)
+    nnz = max(len(c) for c in cols)
+    cols = [c + [-1] * (nnz - len(c)) for c in cols]
+    return np.array(rows, np.int32), np.array(cols, np.int32)
+
+
+def sparse_attention_cases(out: str) -> None:
+    """SparseAttention (Phi-3-small) against ONNX Runtime 1.32's CPU kernel
+    (`contrib_ops/cpu/sparse/`), which needs present_key/value to share past's buffer: the
+    models ask scripts/ort_batch.py to bind them so (`ort_shared_buffers`). Bit for bit (MLAS's
+    GEMM and softmax, its rotary kernel)."""
+    rng = np.random.default_rng(25)
+    # The outputs are y0 (output), y1 (present_key), y2 (present_value).
+    shared = {"ort_shared_buffers": "past_key:y1,past_value:y2"}
+
+    def sa(name, b, s, total, n, nk, h, bs, max_blocks, local, stride, layouts, m=None,
+           packed=False, rot=0, **attrs):
+        m = m or max_blocks * bs
+        row, col = block_mask(max_blocks, local, stride, layouts)
+        qkv = ([("query", [b, s, (n + 2 * nk) * h]), None, None] if packed else
+               [("query", [b, s, n * h]), ("key", [b, s, nk * h]), ("value", [b, s, nk * h])])
+        inputs = qkv + [
+            ("past_key", [b, nk, m, h]), ("past_value", [b, nk, m, h]),
+            ("block_row_indices", list(row.shape), row), ("block_col_indices", list(col.shape), col),
+            ("total_sequence_length", [1], np.array([total], np.int32)),
+            ("key_total_sequence_lengths", [b], np.full([b], total, np.int32))]
+        if rot:
+            angles = rng.uniform(0.0, 6.0, (m, rot))
+            inputs += [("cos_cache", [m, rot], np.cos(angles).astype(np.float32)),
+                       ("sin_cache", [m, rot], np.sin(angles).astype(np.float32))]
+            attrs["do_rotary"] = 1
+        case(out, name, "SparseAttention", inputs, n_outputs=3, exact=True, metadata=shared,
+             seed=int(rng.integers(1 << 30)), num_heads=n, kv_num_heads=nk, sparse_block_size=bs,
+             **attrs)
+
+    # Prompts: two layouts (heads alternate), grouped KV heads, a local window of 2 blocks and
+    # every third block; one layout of blocks of 16.
+    sa("sparse_prompt_gqa", 1, 24, 24, 4, 2, 16, 4, 8, 2, 3, 2)
+    sa("sparse_prompt_bs16", 1, 40, 40, 2, 1, 16, 16, 4, 1, 2, 1)
+    # Tokens after a past (the cache a buffer of M rows), batch 2; a chunk of 5 after a past.
+    sa("sparse_token_past", 2, 1, 21, 4, 2, 16, 4, 8, 2, 3, 2)
+    sa("sparse_chunk_after_past", 1, 5, 13, 2, 2, 8, 4, 6, 1, 2, 2, m=30)
+    # A dense layout (the whole lower triangle) and a scale.
+    sa("sparse_dense_layout_scale", 1, 9, 9, 2, 1, 8, 4, 3, 3, 1, 1, scale=0.2)
+    # Rotary inside: the prompt (positions 0..S), a token (position T-1) interleaved with a
+    # partial rotary width, packed QKV.
+    sa("sparse_rotary_prompt", 1, 12, 12, 2, 1, 32, 4, 4, 1, 2, 1, rot=16)
+    sa("sparse_rotary_token_interleaved_partial", 2, 1, 14, 4, 2, 32, 4, 4, 2, 2, 2, rot=8,
+       rotary_interleaved=1)
+    sa("sparse_packed_rotary_token", 1, 1, 10, 2, 1, 16, 4, 4, 1, 2, 1, packed=True, rot=8)
+    sa("sparse_packed_prompt", 2, 8, 8, 2, 2, 16, 4, 2, 1, 2, 2, packed=True)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,9 @@ OUT_DIR/error.txt with the first line of ONNX Runtime's error when it cannot loa
 model. OUT_DIR/done is written last, so a caller can tell which case a crash (a signal, not an
 exception) happened in and start again after it. Consecutive cases of one model share a session.
 
+A model whose metadata names `ort_shared_buffers` (`input:output` pairs) runs with those
+outputs bound to their inputs' buffers (IOBinding), as kernels that update a cache in place need.
+
 Used by tests/integration/nanprop.rs (NaN/inf/signed-zero/subnormal propagation vs ORT).
 """
 import os
@@ -17,6 +20,7 @@ import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 from onnx import numpy_helper
 
 
@@ -43,8 +47,35 @@ def to_proto(meta, v):
     return numpy_helper.from_array(v, meta.name)
 
 
+SHARED_BUFFERS = "ort_shared_buffers"
+
+
+def run(sess, feeds):
+    """Runs the session; a model whose metadata has `ort_shared_buffers` ("in:out,in:out")
+    runs with each named output bound to its input's buffer, which ONNX Runtime then updates
+    in place (SparseAttention's CPU kernel insists that present_key/value share past's
+    buffer, as ONNX Runtime GenAI binds them)."""
+    pairs = sess.get_modelmeta().custom_metadata_map.get(SHARED_BUFFERS)
+    if not pairs:
+        return sess.run(None, feeds)
+    shared = dict(reversed(p.split(":")) for p in pairs.split(","))
+    binding = sess.io_binding()
+    # The arrays stay referenced until the run ends: OrtValues do not own numpy's memory.
+    arrays = {k: np.ascontiguousarray(v).copy() for k, v in feeds.items()}
+    values = {k: ort.OrtValue.ortvalue_from_numpy(v) for k, v in arrays.items()}
+    for k, v in values.items():
+        binding.bind_ortvalue_input(k, v)
+    for meta in sess.get_outputs():
+        if meta.name in shared:
+            binding.bind_ortvalue_output(meta.name, values[shared[meta.name]])
+        else:
+            binding.bind_output(meta.name)
+    sess.run_with_iobinding(binding)
+    # Copies: an output bound to an input's buffer views `arrays`, freed on return.
+    return [np.array(v.numpy(), copy=True) for v in binding.get_outputs()]
+
+
 def main():
-    import onnxruntime as ort
 
     ort.set_default_logger_severity(4)
     with open(sys.argv[1]) as f:
@@ -75,7 +106,7 @@ def main():
                     t.ParseFromString(fh.read())
                 feeds[meta.name] = numpy_helper.to_array(t)
             with np.errstate(all="ignore"):
-                outs = sess.run(None, feeds)
+                outs = run(sess, feeds)
             for k, (meta, v) in enumerate(zip(sess.get_outputs(), outs)):
                 with open(os.path.join(out, f"output_{k}.pb"), "wb") as fh:
                     fh.write(to_proto(meta, v).SerializeToString())

@@ -103,7 +103,8 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
 /// Whether ONNX Runtime's CPU kernels of a com.microsoft op (or of its default-domain
 /// SimplifiedLayerNormalization) take float16 (1.32: the op
 /// registered for MLFloat16 in `contrib_ops/cpu/cpu_contrib_kernels.cc`; each one loads and
-/// runs in float16, `integration::contrib::float16_contrib_ops_export_in_float16`): the export
+/// runs in float16, `integration::contrib::float16_contrib_ops_export_in_float16`,
+/// `genai_rope_and_gate_export_in_float16`): the export
 /// writes such a layer in float16 when the plan has it there, as the emulation ran it. The
 /// weight-only quantized ops (MatMulNBits, GatherBlockQuantized) are among them: their scales
 /// (and float zero points) become float16 with A, as ONNX Runtime GenAI's builder writes float16
@@ -125,6 +126,9 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "MultiHeadAttention"
                     | "Attention"
                     | "RotaryEmbedding"
+                    | "MRotaryEmbedding"
+                    | "GatedAdd"
+                    | "SparseAttention"
                     | "FusedMatMul"
                     | "Gelu"
                     | "FastGelu"
@@ -154,6 +158,9 @@ fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DTyp
         | "FusedConv"
         | "FusedMatMul"
         | "RotaryEmbedding"
+        | "MRotaryEmbedding"
+        | "GatedAdd"
+        | "SparseAttention"
         | "MultiHeadAttention"
         | "Attention"
         | "DynamicQuantizeLSTM"
@@ -370,6 +377,18 @@ mod tests {
         assert_eq!(
             infer_outputs(&node("SimplifiedLayerNormalization", 2, &[]), &[f16, f32]),
             Some(vec![f32, f32])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("MRotaryEmbedding", 1), &[f16, None, f16, f16]),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("GatedAdd", 1), &[f16, f16, f16]),
+            Some(vec![f16])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("SparseAttention", 3), &[f16, f16, f16, f16, f16]),
+            Some(vec![f16, f16, f16])
         );
         assert_eq!(infer_outputs(&contrib("NoSuchOp", 1), &[f32]), None);
     }

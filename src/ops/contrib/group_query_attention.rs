@@ -148,7 +148,7 @@ impl Dims {
 }
 
 /// An int32 input's values, or an error naming it.
-fn int32_values(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
+pub(super) fn int32_values(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
     if t.dtype() != DType::I32 {
         return Err(OpError(format!(
             "{what} has dtype {}, expected int32",
@@ -158,13 +158,13 @@ fn int32_values(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
     Ok(t.to_i64_vec().expect("int32 tensor"))
 }
 
-/// Q, K and V as heads `[B, N, S, H]` / `[B, N_kv, S, H]`, from separate or packed inputs.
-fn split_qkv(
+/// Q, K and V as heads `[B, N, S, H]` / `[B, N_kv, S, H]`, from separate or packed inputs
+/// (inputs 0–2; `n` query and `nk` key/value heads). SparseAttention shares the layout.
+pub(super) fn split_qkv(
     inputs: &[Option<&Tensor>],
-    attrs: &GqaAttrs,
+    (n, nk): (usize, usize),
 ) -> Result<(Heads, Heads, Heads), OpError> {
     let query = input(inputs, 0)?;
-    let (n, nk) = (attrs.num_heads, attrs.kv_num_heads);
     let qs = query.shape();
     let &[b, s, d] = qs else {
         return Err(OpError(format!("query {qs:?} must be [B, S, D]")));
@@ -446,7 +446,7 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         return Err(OpError("the output_qk output is not supported".into()));
     }
     let dtype = input(inputs, 0)?.dtype();
-    let (mut q, mut k, v) = split_qkv(inputs, attrs)?;
+    let (mut q, mut k, v) = split_qkv(inputs, (attrs.num_heads, attrs.kv_num_heads))?;
     let (d, seqlens) = check_lengths(inputs, &q, attrs.kv_num_heads)?;
     if attrs.do_rotary {
         apply_rotary(inputs, attrs, &d, &seqlens, [&mut q, &mut k])?;

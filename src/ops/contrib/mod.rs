@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
 //! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
-//! (GroupQueryAttention too), rotary embeddings and the mixtures of experts (MoE, QMoE). Each computes what
+//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE). Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -14,14 +14,17 @@ mod activation;
 mod attention;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
+mod gated_add;
 mod gather_block_quantized;
 mod group_query_attention;
 pub(crate) mod matmul_nbits;
 mod moe;
+mod mrotary;
 mod norm;
 pub(crate) mod qlinear;
 mod qlinear_binary;
 mod qlinear_pool;
+mod sparse_attention;
 
 use super::Registry;
 
@@ -33,14 +36,34 @@ pub fn register(r: &mut Registry) {
     attention::register(r);
     dynamic_quantize_lstm::register(r);
     fused::register(r);
+    gated_add::register(r);
     group_query_attention::register(r);
     gather_block_quantized::register(r);
     matmul_nbits::register(r);
     moe::register(r);
+    mrotary::register(r);
     norm::register(r);
     qlinear::register(r);
     qlinear_binary::register(r);
     qlinear_pool::register(r);
+    sparse_attention::register(r);
+}
+
+/// What a kernel rounds its in-kernel values of the input's type to, where ONNX Runtime's
+/// kernel keeps them in that type (MRotaryEmbedding's scaled angles, GatedAdd's product): the
+/// layer's float16/bfloat16 under a precision plan, else a float16/bfloat16 input's own type,
+/// else none (float32).
+fn type_rounding(
+    ctx: &super::OpCtx,
+    dtype: crate::tensor::DType,
+) -> Option<crate::numeric::Rounding> {
+    use crate::numeric::Rounding;
+    use crate::tensor::DType;
+    ctx.round_to.or(match dtype {
+        DType::F16 => Some(Rounding::F16),
+        DType::BF16 => Some(Rounding::BF16),
+        _ => None,
+    })
 }
 
 /// The last dimension of `x`, which a 1-D `bias` of a fused op must have; an error naming the
@@ -90,6 +113,9 @@ mod tests {
             "GatherBlockQuantized",
             "MoE",
             "QMoE",
+            "MRotaryEmbedding",
+            "GatedAdd",
+            "SparseAttention",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
