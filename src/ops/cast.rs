@@ -132,13 +132,19 @@ pub fn cast_tensor_saturate(x: &Tensor, to: DType, saturate: bool) -> Tensor {
             _ => num(d).into_iter().map(|x| x as f32).collect(),
         }),
         DType::F64 => TensorData::F64(num(d).into()),
+        // Every other source goes through f32 first, rounded twice as ONNX Runtime's Cast
+        // rounds it (`static_cast<float>`, then float → half): double 2049.00001 is 2048 in
+        // float16 there (2049.0 in f32, a tie), not 2050; int64 2^25 + 131073 is 2^25 in
+        // bfloat16, not 2^25 + 2^18.
         DType::F16 => TensorData::F16(match d {
             TensorData::F32(v) => v.iter().map(|&x| f16::from_f32(x)).collect(),
-            _ => num(d).into_iter().map(f16::from_f64).collect(),
+            TensorData::BF16(v) => v.iter().map(|x| f16::from_f32(x.to_f32())).collect(),
+            _ => through_f32(x).iter().map(|&x| f16::from_f32(x)).collect(),
         }),
         DType::BF16 => TensorData::BF16(match d {
             TensorData::F32(v) => v.iter().map(|&x| bf16::from_f32(x)).collect(),
-            _ => num(d).into_iter().map(bf16::from_f64).collect(),
+            TensorData::F16(v) => v.iter().map(|x| bf16::from_f32(x.to_f32())).collect(),
+            _ => through_f32(x).iter().map(|&x| bf16::from_f32(x)).collect(),
         }),
         DType::Bool => TensorData::Bool(num(d).into_iter().map(|x| x != 0.0).collect()),
         DType::I8 => TensorData::I8(ints(d).into_iter().map(|x| x as i8).collect()),
@@ -215,6 +221,13 @@ fn is_float_data(d: &TensorData) -> bool {
     d.dtype().is_float() || matches!(d.dtype(), DType::F4E2M1) || d.dtype().is_fp8()
 }
 
+/// `x` as f32 values, each rounded once (the F32 arm of [`cast_tensor_saturate`]).
+fn through_f32(x: &Tensor) -> Vec<f32> {
+    cast_tensor_saturate(x, DType::F32, true)
+        .to_f32_vec()
+        .unwrap_or_default()
+}
+
 fn num(d: &TensorData) -> Vec<f64> {
     d.to_f64_vec().unwrap_or_default()
 }
@@ -238,6 +251,28 @@ fn ints(d: &TensorData) -> Vec<i128> {
 
 #[cfg(test)]
 mod tests {
+    /// Measured in ONNX Runtime 1.32 (Cast to float16/bfloat16, then to double): a double or
+    /// an integer is rounded to f32 first, then to 16 bits.
+    #[test]
+    fn doubles_and_integers_reach_16_bits_through_f32_as_in_onnxruntime() {
+        use super::*;
+        let to = |x: Tensor, d: DType| cast_tensor(&x, d).to_f32_vec().unwrap();
+        let doubles = || {
+            Tensor::from_f64(
+                vec![3],
+                vec![2049.00001, 1.0 + 2f64.powi(-11) + 2f64.powi(-30), 1e6],
+            )
+        };
+        assert_eq!(to(doubles(), DType::F16), [2048.0, 1.0, f32::INFINITY]);
+        let big = (1i64 << 25) + 131_073;
+        let ints = Tensor::from_i64(vec![2], vec![big, 2049]);
+        assert_eq!(to(ints.clone(), DType::BF16), [33_554_432.0, 2048.0]);
+        assert_eq!(to(ints, DType::F16), [f32::INFINITY, 2048.0]);
+        let b = (1u64 << 25) + 131_073;
+        let u = Tensor::new(vec![1], TensorData::U64(vec![b].into())).unwrap();
+        assert_eq!(to(u, DType::BF16), [33_554_432.0]);
+    }
+
     use super::*;
 
     #[test]
