@@ -148,6 +148,44 @@ impl Dims {
 }
 
 /// An int32 input's values, or an error naming it.
+/// One head's scores Q·Kᵀ, [s, t] from Q [s, h] and K [t, h] (the cache's rows from the
+/// first): with `exact`, MLAS's GEMM with `scale` applied inside it, as ONNX Runtime computes
+/// them; otherwise the layer's GEMM, unscaled (the caller scales in the layer's arithmetic).
+pub(super) fn head_scores(
+    exact: bool,
+    acc: Accumulator,
+    (s, t, h): (usize, usize, usize),
+    scale: f32,
+    qh: &[f32],
+    kh: &[f32],
+) -> Vec<f32> {
+    let mut probs = vec![0f32; s * t];
+    if exact {
+        mlas_sgemm::sgemm(true, s, t, h, scale, qh, h, kh, h, false, &mut probs, t);
+    } else {
+        sgemm(acc, s, t, h, qh, false, kh, true, &mut probs, false);
+    }
+    probs
+}
+
+/// One head's output P·V, [s, h] from the probabilities [s, t] and V [t, h]: MLAS's GEMM
+/// with `exact` (ONNX Runtime's bits), else the layer's.
+pub(super) fn head_values(
+    exact: bool,
+    acc: Accumulator,
+    (s, t, h): (usize, usize, usize),
+    probs: &[f32],
+    vh: &[f32],
+) -> Vec<f32> {
+    let mut o = vec![0f32; s * h];
+    if exact {
+        mlas_sgemm::sgemm(false, s, h, t, 1.0, probs, t, vh, h, false, &mut o, h);
+    } else {
+        sgemm(acc, s, h, t, probs, false, vh, false, &mut o, false);
+    }
+    o
+}
+
 pub(super) fn int32_values(t: &Tensor, what: &str) -> Result<Vec<i64>, OpError> {
     if t.dtype() != DType::I32 {
         return Err(OpError(format!(
@@ -516,12 +554,7 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                     head.prefill(qh, kh, vh, s)
                 };
             }
-            let mut probs = vec![0f32; s * t];
-            if exact {
-                mlas_sgemm::sgemm(true, s, t, h, scale, qh, h, kh, h, false, &mut probs, t);
-            } else {
-                sgemm(acc, s, t, h, qh, false, kh, true, &mut probs, false);
-            }
+            let mut probs = head_scores(exact, acc, (s, t, h), scale, qh, kh);
             for (si, row) in probs.chunks_mut(t).enumerate() {
                 let full = if attrs.causal { past + si + 1 } else { t };
                 let end = full.min(t);
@@ -551,13 +584,7 @@ fn group_query_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 row[..start].fill(0.0);
                 row[end..].fill(0.0);
             }
-            let mut o = vec![0f32; s * h];
-            if exact {
-                mlas_sgemm::sgemm(false, s, h, t, 1.0, &probs, t, vh, h, false, &mut o, h);
-            } else {
-                sgemm(acc, s, h, t, &probs, false, vh, false, &mut o, false);
-            }
-            o
+            head_values(exact, acc, (s, t, h), &probs, vh)
         })
         .collect();
     let out = Heads {

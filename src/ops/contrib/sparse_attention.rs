@@ -29,13 +29,11 @@
 
 use super::super::attention::{rotary_caches, rotate, Heads, RotaryInput};
 use super::super::attrs::{boxed, AttrError, Attrs};
-use super::super::matmul::sgemm;
-use super::super::mlas_sgemm;
 use super::super::shape::{fact, opt_fact, FactsResult};
 use super::super::softmax::{mlas_softmax_row, softmax_row};
 use super::super::util::{checked_len, float_values, in_dtype, input, opt_input};
 use super::super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
-use super::group_query_attention::{int32_values, split_qkv};
+use super::group_query_attention::{head_scores, head_values, int32_values, split_qkv};
 use super::MS_DOMAIN;
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
@@ -312,12 +310,7 @@ fn sparse_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             let (bi, ni) = (bn / n, bn % n);
             let kv = (bi * nk + ni / group) * m * h;
             let (qh, kh, vh) = (&q.v[bn * s * h..(bn + 1) * s * h], &pk[kv..], &pv[kv..]);
-            let mut probs = vec![0f32; s * t];
-            if exact {
-                mlas_sgemm::sgemm(true, s, t, h, scale, qh, h, kh, h, false, &mut probs, t);
-            } else {
-                sgemm(acc, s, t, h, qh, false, kh, true, &mut probs, false);
-            }
+            let mut probs = head_scores(exact, acc, (s, t, h), scale, qh, kh);
             let layout = &blocks[ni % mask.layouts];
             for (si, row) in probs.chunks_mut(t).enumerate() {
                 let pos = past + si;
@@ -339,13 +332,7 @@ fn sparse_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 }
                 row[pos + 1..].fill(0.0);
             }
-            let mut o = vec![0f32; s * h];
-            if exact {
-                mlas_sgemm::sgemm(false, s, h, t, 1.0, &probs, t, vh, h, false, &mut o, h);
-            } else {
-                sgemm(acc, s, h, t, &probs, false, vh, false, &mut o, false);
-            }
-            o
+            head_values(exact, acc, (s, t, h), &probs, vh)
         })
         .collect();
     let out = Heads {
