@@ -395,19 +395,37 @@ fn apply_rotary(
             }
         }
     }
+    rotate_heads(
+        heads,
+        attrs.rotary_interleaved,
+        (&cos, &sin, half),
+        &|bi, si, s| Ok(pos[bi * s + si]),
+    )
+}
+
+/// Rotates each of `heads` ([B, N, S, H] rows) in place with the rotary caches `cos`/`sin`
+/// (`half` columns each): row `si` of batch `bi` (of `s` rows) at `position(bi, si, s)`.
+pub(super) fn rotate_heads<const N: usize>(
+    heads: [&mut Heads; N],
+    interleaved: bool,
+    (cos, sin, half): (&[f32], &[f32], usize),
+    position: &dyn Fn(usize, usize, usize) -> Result<usize, OpError>,
+) -> Result<(), OpError> {
     for x in heads {
         let t = Tensor::from_f32(vec![x.b, x.n, x.len, x.h], std::mem::take(&mut x.v));
         let r = RotaryInput {
             x: &t,
             num_heads: None,
             rotary_dim: 2 * half,
-            interleaved: attrs.rotary_interleaved,
-            cos: &cos,
-            sin: &sin,
+            interleaved,
+            cos,
+            sin,
             half,
         };
-        let y = rotate(&r, |bi, si, s| Ok(pos[bi * s + si]))?;
-        x.v = y.as_f32().expect("f32").to_vec();
+        let y = rotate(&r, position)?;
+        x.v = y
+            .to_f32_vec()
+            .ok_or_else(|| OpError("rotary embedding gave a non-float32 tensor".into()))?;
     }
     Ok(())
 }

@@ -27,13 +27,15 @@
 //! `total_sequence_length`: other lengths are refused here. So are column blocks outside the
 //! mask, which ONNX Runtime writes out of bounds.
 
-use super::super::attention::{rotary_caches, rotate, Heads, RotaryInput};
+use super::super::attention::{rotary_caches, Heads};
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::shape::{fact, opt_fact, FactsResult};
 use super::super::softmax::{mlas_softmax_row, softmax_row};
 use super::super::util::{checked_len, float_values, in_dtype, input, opt_input};
 use super::super::{InferCtx, InputRole, OpCtx, OpError, OpResult, Registry};
-use super::group_query_attention::{head_scores, head_values, int32_values, split_qkv};
+use super::group_query_attention::{
+    head_scores, head_values, int32_values, rotate_heads, split_qkv,
+};
 use super::MS_DOMAIN;
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::Node;
@@ -258,20 +260,12 @@ fn sparse_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                  rows at least total_sequence_length {total} (ONNX Runtime's rules)"
             )));
         }
-        for x in [&mut q, &mut k] {
-            let t = Tensor::from_f32(vec![x.b, x.n, x.len, x.h], std::mem::take(&mut x.v));
-            let r = RotaryInput {
-                x: &t,
-                num_heads: None,
-                rotary_dim: 2 * half,
-                interleaved: attrs.rotary_interleaved,
-                cos: &cos,
-                sin: &sin,
-                half,
-            };
-            let y = rotate(&r, |_, si, _| Ok(past + si))?;
-            x.v = y.as_f32().expect("f32").to_vec();
-        }
+        rotate_heads(
+            [&mut q, &mut k],
+            attrs.rotary_interleaved,
+            (&cos, &sin, half),
+            &|_, si, _| Ok(past + si),
+        )?;
     }
     // Present: the past buffer with the new rows written at `past..past + S`.
     let write = |t: &Tensor, new: &Heads, what: &str| -> Result<Vec<f32>, OpError> {
