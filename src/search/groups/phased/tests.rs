@@ -89,6 +89,29 @@ fn check_trials(space: &SearchSpace, r: &SearchResult, seen: &[Trial]) {
     }
 }
 
+/// `--mode minimal --group roles` over `space` with `needed` planted: the answer is `needed`,
+/// the trials are well formed ([`check_trials`]) and every evaluation is a trial (none made
+/// twice). Returns the result and the oracle's calls.
+fn minimal_by_roles(
+    space: &SearchSpace,
+    groups: &[Vec<usize>],
+    needed: &[usize],
+    what: &str,
+) -> (SearchResult, usize) {
+    let mut oracle = Planted::new(needed, &space.candidates);
+    let (r, seen) = by_roles(
+        space,
+        groups,
+        &options(Mode::Minimal, 1),
+        &mut oracle,
+        &AtomicBool::new(false),
+    );
+    assert_eq!(r.outcome, Outcome::Found(needed.to_vec()), "{what}");
+    check_trials(space, &r, &seen);
+    assert_eq!(oracle.calls, r.trials.len(), "{what}");
+    (r, oracle.calls)
+}
+
 #[test]
 fn minimal_by_roles_finds_the_planted_layers_in_fewer_evaluations() {
     // 30 blocks of 6 roles: roles 1 and 2 needed in blocks 27–29, and a layer of its own.
@@ -99,19 +122,8 @@ fn minimal_by_roles_finds_the_planted_layers_in_fewer_evaluations() {
         .collect();
     needed.push(181);
     needed.sort_unstable();
-    let stop = AtomicBool::new(false);
-    let mut oracle = Planted::new(&needed, &space.candidates);
-    let (r, seen) = by_roles(
-        &space,
-        &groups,
-        &options(Mode::Minimal, 1),
-        &mut oracle,
-        &stop,
-    );
-    assert_eq!(r.outcome, Outcome::Found(needed.clone()));
-    check_trials(&space, &r, &seen);
     // Every evaluation is a trial (none made twice), the role ranking's included.
-    assert_eq!(oracle.calls, r.trials.len());
+    let (r, calls) = minimal_by_roles(&space, &groups, &needed, "27–29");
     assert_eq!(
         r.trials.iter().filter(|t| t.phase == "rank-roles").count(),
         groups.len()
@@ -125,9 +137,9 @@ fn minimal_by_roles_finds_the_planted_layers_in_fewer_evaluations() {
     let (plain, plain_calls) = plain_minimal(&space, &needed);
     assert_eq!(plain.outcome, r.outcome);
     assert!(
-        oracle.calls * 2 < plain_calls,
+        calls * 2 < plain_calls,
         "by roles {} evaluations, plain {plain_calls}",
-        oracle.calls,
+        calls,
     );
 }
 
@@ -455,23 +467,9 @@ fn a_run_of_blocks_inside_a_role_goes_before_the_single_layer_tests() {
     // judged while pruning.
     let (space, groups) = blocks(30, 6);
     let (shape, needed) = shapes_of_answers().swap_remove(5);
-    let mut oracle = Planted::new(&needed, &space.candidates);
-    let (r, seen) = by_roles(
-        &space,
-        &groups,
-        &options(Mode::Minimal, 1),
-        &mut oracle,
-        &AtomicBool::new(false),
-    );
-    assert_eq!(r.outcome, Outcome::Found(needed.clone()), "{shape}");
-    check_trials(&space, &r, &seen);
+    let (r, calls) = minimal_by_roles(&space, &groups, &needed, shape);
     let in_phase = |p: &str| r.trials.iter().filter(|t| t.phase == p).count();
-    assert_eq!(
-        in_phase("confirm"),
-        0,
-        "{shape}: {} evaluations",
-        oracle.calls
-    );
+    assert_eq!(in_phase("confirm"), 0, "{shape}: {} evaluations", calls);
     // The hole's 13 blocks go in a few evaluations (halving, then widening), not 13.
     assert!(in_phase("refine-holes") <= 3 * 7 + 12, "{shape}");
     assert!(
@@ -488,26 +486,15 @@ fn the_refinement_costs_about_one_evaluation_per_layer_of_the_answer() {
     // beyond that, phase 1 (8 role rankings, its own strategy), the trims and the drops cost
     // a few dozen evaluations, not one per layer of every needed role twice over.
     let (space, groups) = blocks(30, 6);
-    let stop = AtomicBool::new(false);
     for (shape, needed) in shapes_of_answers() {
-        let mut oracle = Planted::new(&needed, &space.candidates);
-        let (r, seen) = by_roles(
-            &space,
-            &groups,
-            &options(Mode::Minimal, 1),
-            &mut oracle,
-            &stop,
-        );
-        assert_eq!(r.outcome, Outcome::Found(needed.clone()), "{shape}");
-        check_trials(&space, &r, &seen);
-        assert_eq!(oracle.calls, r.trials.len(), "{shape}");
+        let (r, calls) = minimal_by_roles(&space, &groups, &needed, shape);
         let (plain, plain_calls) = plain_minimal(&space, &needed);
         assert_eq!(plain.outcome, r.outcome, "{shape}");
         assert!(
-            oracle.calls <= needed.len() + 50 && oracle.calls < plain_calls,
+            calls <= needed.len() + 50 && calls < plain_calls,
             "{shape}: {} layers needed; by roles {} evaluations, plain {plain_calls} (182 of them ranking)",
             needed.len(),
-            oracle.calls,
+            calls,
         );
     }
 }
