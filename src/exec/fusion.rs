@@ -105,7 +105,14 @@ const REDUCTIONS: &[&str] = &[
     "ReduceSumSquare",
     "ReduceL2",
 ];
-const VIEWS: &[&str] = &["Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"];
+const VIEWS: &[&str] = &[
+    "Reshape",
+    "Squeeze",
+    "Unsqueeze",
+    "Flatten",
+    "Identity",
+    "Expand",
+];
 
 /// Who produces and who reads every value of a graph, by node index.
 #[derive(Clone, Debug, Default)]
@@ -361,10 +368,12 @@ impl FusionAnalysis {
 
     /// A reduction belongs to a normalization or softmax when a pointwise node after it also
     /// reads the values it reduced (or the values they were computed from): x → ReduceMean →
-    /// Sub(x, ·), exp → ReduceSum → Div(exp, ·), x² → ReduceMean → ... → Div(x, ·). A global
-    /// average pool feeding a classifier is not one.
+    /// Sub(x, ·), exp → ReduceSum → Div(exp, ·), x² → ReduceMean → ... → Div(x, ·),
+    /// x² → ReduceSum → ... → Mul(x − mean, ·). A global average pool feeding a classifier is
+    /// not one.
     fn reduces_for_normalization(&self, graph: &Graph, r: usize) -> bool {
         const DEPTH: usize = 8;
+        const DERIVED_DEPTH: usize = 2;
         let Some(&Some(x)) = self.topo.producer_of_input[r].first() else {
             // Reducing a graph input: its readers are the nodes reading that input.
             return self.reads_value_after(graph, r, &[graph.nodes[r].inputs[0].as_str()]);
@@ -393,14 +402,39 @@ impl FusionAnalysis {
             }
             frontier = next;
         }
+        // And the values computed elementwise from them: a LayerNorm written as E[x²] − E[x]²
+        // scales x − mean (not x) by its statistic (jax2tf's LayerNorm in Magika).
+        for _ in 0..DERIVED_DEPTH {
+            let mut next: Vec<&str> = Vec::new();
+            for (c, node) in graph.nodes.iter().enumerate() {
+                if !matches!(self.kind[c], Kind::Pointwise | Kind::View)
+                    || !node.inputs.iter().any(|i| values.contains(&i.as_str()))
+                {
+                    continue;
+                }
+                for o in &node.outputs {
+                    if !o.is_empty() && !values.contains(&o.as_str()) && !next.contains(&o.as_str())
+                    {
+                        next.push(o.as_str());
+                    }
+                }
+            }
+            if next.is_empty() {
+                break;
+            }
+            values.extend(next);
+        }
         self.reads_value_after(graph, r, &values)
     }
 
     /// Whether a pointwise node reached from `r` through pointwise steps reads one of `values`.
     fn reads_value_after(&self, graph: &Graph, r: usize, values: &[&str]) -> bool {
         let mut seen = HashSet::new();
+        // A LayerNorm's variance reaches x − mean through its Sub, Max, epsilon Add, Sqrt,
+        // Reciprocal, scale Mul and the broadcasting views between them.
+        const DEPTH: usize = 12;
         let mut frontier = vec![r];
-        for _ in 0..8 {
+        for _ in 0..DEPTH {
             let mut next = Vec::new();
             for u in frontier {
                 for &c in self.topo.readers[u].iter().flatten() {
@@ -1058,6 +1092,38 @@ pub(crate) mod tests {
         )
     }
 
+    /// jax2tf's LayerNorm (Magika's): variance as E[x²] − E[x]², the statistics broadcast
+    /// back through Reshape and Expand, x − mean scaled by the reciprocal deviation.
+    fn broadcast_layernorm_block() -> Graph {
+        let keep0 = |n: Node| with_int(with_ints(n, "axes", &[-1]), "keepdims", 0);
+        let shape = |v: &[i64]| Tensor::from_i64(vec![v.len()], v.to_vec());
+        graph(
+            vec![
+                keep0(node("mean", "ReduceMean", &["x"], &["mu"])),
+                node("sq", "Mul", &["x", "x"], &["x2"]),
+                keep0(node("msq", "ReduceMean", &["x2"], &["m2"])),
+                node("mu2", "Mul", &["mu", "mu"], &["musq"]),
+                node("var", "Sub", &["m2", "musq"], &["v"]),
+                node("var_col", "Reshape", &["v", "col"], &["vc"]),
+                node("var_wide", "Expand", &["vc", "wide"], &["vb"]),
+                node("add_eps", "Add", &["vb", "eps"], &["ve"]),
+                node("sqrt", "Sqrt", &["ve"], &["sd"]),
+                node("inv", "Reciprocal", &["sd"], &["is"]),
+                node("mean_col", "Reshape", &["mu", "col"], &["mc"]),
+                node("mean_wide", "Expand", &["mc", "wide"], &["mb"]),
+                node("sub", "Sub", &["x", "mb"], &["d"]),
+                node("norm", "Mul", &["d", "is"], &["y"]),
+            ],
+            vec![vi("x", &[2, 4])],
+            vec![vi("y", &[2, 4])],
+            vec![
+                ("eps", w(&[1], 1e-5)),
+                ("col", shape(&[2, 1])),
+                ("wide", shape(&[2, 4])),
+            ],
+        )
+    }
+
     fn rmsnorm_block() -> Graph {
         graph(
             vec![
@@ -1278,6 +1344,18 @@ pub(crate) mod tests {
             regions_of(&g, &[]),
             vec![names(&["sq", "ms", "eps", "rsqrt", "norm", "scale"])]
         );
+    }
+
+    #[test]
+    fn a_layernorm_broadcasting_its_statistics_through_expand_is_one_region() {
+        let g = broadcast_layernorm_block();
+        let all: Vec<String> = g.nodes.iter().map(|n| n.name.clone()).collect();
+        let mut got = regions_of(&g, &[]);
+        assert_eq!(got.len(), 1, "{got:?}");
+        got[0].sort();
+        let mut want = all;
+        want.sort();
+        assert_eq!(got[0], want);
     }
 
     #[test]
