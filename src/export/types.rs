@@ -136,6 +136,8 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "BiasGelu"
                     | "MatMulNBits"
                     | "GatherBlockQuantized"
+                    | "MoE"
+                    | "QMoE"
             )
 }
 

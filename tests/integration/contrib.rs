@@ -94,6 +94,17 @@ fn genai_rope_and_gate_export_in_float16() {
     float16_export_runs_as_emulated("rope_gate_chain", None);
 }
 
+/// MoE and QMoE (ONNX Runtime GenAI's mixture-of-experts layers) have float16 CPU kernels:
+/// a float16 plan writes them in float16 and ONNX Runtime runs the file as the emulation ran
+/// it (QMoE: bit for bit in these cases but for MLAS's GEMM order; MoE: its float16 GEMM's own
+/// order, within float16 noise).
+#[test]
+fn mixtures_of_experts_export_in_float16() {
+    float16_export_runs_as_emulated("moe_swiglu_qwen", None);
+    float16_export_runs_as_emulated("qmoe_4b_bs32_zp_silu", None);
+    float16_export_runs_as_emulated("qmoe_acc4_4b_bs32", None);
+}
+
 /// `convert --fp16 --fallback` of the generated chain `case`: only the layer `kept` (a
 /// FusedConv, no float16 kernel) stays float32 with its note, every other com.microsoft layer
 /// reads float16, and ONNX Runtime's output of the file is the emulated float16 plan's within
@@ -166,14 +177,15 @@ fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
     let y = tmp.path().join("ort.npy");
     let script =
         "import sys, numpy as np, onnx, onnxruntime as ort; from onnx import numpy_helper as nh; \
-        x = nh.to_array(onnx.load_tensor(sys.argv[2])); s = ort.InferenceSession(sys.argv[1]); \
-        np.save(sys.argv[3], s.run(None, {s.get_inputs()[0].name: x})[0].astype(np.float32))";
+        s = ort.InferenceSession(sys.argv[1]); \
+        xs = [nh.to_array(onnx.load_tensor(f'{sys.argv[2]}/input_{k}.pb')) for k in range(len(s.get_inputs()))]; \
+        np.save(sys.argv[3], s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)})[0].astype(np.float32))";
     let o = std::process::Command::new(crate::common::python())
         .args([
             "-c",
             script,
             out.to_str().unwrap(),
-            d.join("inputs/input_0.pb").to_str().unwrap(),
+            d.join("inputs").to_str().unwrap(),
             y.to_str().unwrap(),
         ])
         .output()

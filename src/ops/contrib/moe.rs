@@ -34,10 +34,13 @@
 //! The products run in f32 (`sgemm` with the layer's accumulator) and each token sums its
 //! experts' weighted outputs in f32 in ascending expert order, as ORT's kernel with one
 //! thread; ORT's MLAS GEMM sums in its own order, so the result agrees within f32 rounding, not
-//! bit for bit. Under a float16/bfloat16 plan the inputs arrive rounded, dequantized weights
-//! are rounded to the layer's type, and FC1's output, the activation and FC2's output are
-//! rounded to it (ORT's float16 MoE kernel keeps them in float16 buffers, as the CUDA kernels
-//! do); the routing weights and the weighted sum stay f32.
+//! bit for bit. Under a float16/bfloat16 plan the inputs (scales and biases included) arrive
+//! rounded. MoE rounds FC1's product, FC1's output after its bias, the activation, FC2's
+//! product and its output after its bias to the layer's type (ORT 1.32's float16 MoE keeps
+//! them in float16 buffers, `contrib_ops/cpu/moe/moe_cpu.cc`); QMoE computes in f32 and only
+//! its output is rounded (ORT's float16 QMoE converts the input and scales to f32 and runs the
+//! f32 kernel, int8 path included: bit for bit with ORT's f32 QMoE on the rounded inputs);
+//! the routing weights and the weighted sum stay f32.
 
 use super::super::attrs::{boxed, AttrError, Attrs};
 use super::super::matmul::sgemm;
@@ -542,11 +545,10 @@ fn quantized_projection<'a>(
         }
     };
     // ONNX Runtime prepacks constant block-wise experts for MLAS's QNBit kernels: 8-bit ones
-    // have only the int8 kernel, 4-bit ones take it with accuracy_level 4. A float16/bfloat16
-    // layer dequantizes to its type instead (as MatMulNBits does).
+    // have only the int8 kernel, 4-bit ones take it with accuracy_level 4, in float16 layers
+    // too (its float16 QMoE converts the input to f32 and runs the f32 kernel).
     // (A single block per row takes it too: ORT prepacks by the block_size attribute.)
     let int8 = ctx.prepacked(at).is_some()
-        && ctx.round_to.is_none()
         && attrs.block_size.is_some_and(|bs| bs <= 256)
         && (bits == 8 || attrs.accuracy_level == 4);
     Ok(Projection {
@@ -661,7 +663,15 @@ fn moe(ctx: &OpCtx, inputs: &[Option<&Tensor>], quantized: bool) -> OpResult {
             by_expert[*ex].push(r);
         }
     }
-    let round = ctx.rounder();
+    // ONNX Runtime's float16 MoE keeps FC1's output, the activation and FC2's output in
+    // float16 buffers, the bias added to the rounded product and rounded again; its float16
+    // QMoE converts the input to f32, runs the f32 kernel and rounds the output only.
+    let rounder = ctx.rounder();
+    let round = |v: &mut [f32]| {
+        if !quantized {
+            rounder(v)
+        }
+    };
     let acc = ctx.accumulate;
     let k = attrs.k;
     // Each active expert's outputs for its routes: [routes, h].
@@ -682,13 +692,11 @@ fn moe(ctx: &OpCtx, inputs: &[Option<&Tensor>], quantized: bool) -> OpResult {
                 if p.int8 {
                     return p.int8_product(attrs, ex, a, m);
                 }
-                let mut w = p.expert(attrs, ex);
-                if matches!(p.weights, Weights::Quantized { .. }) {
-                    round(&mut w);
-                }
+                let w = p.expert(attrs, ex);
                 let mut y = vec![0f32; m * p.n];
                 sgemm(acc, m, p.n, p.k, a, false, &w, true, &mut y, false);
                 if let Some(b) = &p.bias {
+                    round(&mut y);
                     let b = &b[ex * p.n..(ex + 1) * p.n];
                     for row in y.chunks_mut(p.n) {
                         row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
@@ -1117,6 +1125,87 @@ mod tests {
     }
 
     /// Attributes and inputs the CPU kernels refuse are refused, naming what is wrong.
+    /// Under a float16 plan QMoE computes in f32 and leaves only its output to be rounded
+    /// (ONNX Runtime 1.32's float16 QMoE: the f32 kernel on the converted input), while MoE
+    /// rounds its products, biased outputs and activation as its float16 buffers do.
+    #[test]
+    fn a_float16_qmoe_computes_in_f32_and_a_float16_moe_rounds_its_buffers() {
+        let (e, h, i) = (2usize, 32usize, 4usize);
+        let f16 = |v: f32| half::f16::from_f32(v).to_f32();
+        let x = t(
+            &[3, h],
+            &(0..3 * h)
+                .map(|v| f16((v as f32 * 0.37).sin() * 1.7))
+                .collect::<Vec<_>>(),
+        );
+        let router = t(&[3, e], &[0.3, -0.2, 1.0, 1.5, -0.4, 0.1]);
+        let with_f16 = |node: &Node, ins: &[Option<&Tensor>]| {
+            let mut ctx = OpCtx::new(node, 1);
+            ctx.round_to = Some(crate::numeric::Rounding::F16);
+            let k = Registry::global().get(MS_DOMAIN, &node.op_type).unwrap();
+            k(&ctx, ins).unwrap().remove(0)
+        };
+        // QMoE, 8-bit codes, one scale per row (float16 values, as the plan rounds them).
+        let codes: Vec<Vec<Vec<u8>>> = (0..e)
+            .map(|a| {
+                (0..i)
+                    .map(|b| {
+                        (0..h)
+                            .map(|c| ((a * 31 + b * 17 + c * 13) % 256) as u8)
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let codes2: Vec<Vec<Vec<u8>>> = (0..e)
+            .map(|a| {
+                (0..h)
+                    .map(|b| {
+                        (0..i)
+                            .map(|c| ((a * 7 + b * 29 + c * 11) % 256) as u8)
+                            .collect()
+                    })
+                    .collect()
+            })
+            .collect();
+        let (w1, w2) = (pack(&codes, 8), pack(&codes2, 8));
+        let s1 = t(
+            &[e, i],
+            &[f16(0.0131), f16(0.0217), f16(0.0173), f16(0.0119)].repeat(e),
+        );
+        let s2 = t(&[e, h], &vec![f16(0.0097); e * h]);
+        let qnode = ms_node(
+            "QMoE",
+            &[int("k", 2), act("silu"), int("expert_weight_bits", 8)],
+        );
+        let mut ins: Vec<Option<&Tensor>> = vec![None; 7];
+        ins[0] = Some(&x);
+        ins[1] = Some(&router);
+        ins[2] = Some(&w1);
+        ins[3] = Some(&s1);
+        ins[5] = Some(&w2);
+        ins[6] = Some(&s2);
+        let (plain, half) = (run(&qnode, &ins).unwrap(), with_f16(&qnode, &ins));
+        assert_eq!(plain.as_f32().unwrap(), half.as_f32().unwrap());
+        // MoE on float weights: the rounded buffers change the result.
+        let w1f = t(
+            &[e, i, h],
+            &(0..e * i * h)
+                .map(|v| f16((v as f32 * 0.11).cos() * 0.3))
+                .collect::<Vec<_>>(),
+        );
+        let w2f = t(
+            &[e, h, i],
+            &(0..e * h * i)
+                .map(|v| f16((v as f32 * 0.23).sin() * 0.3))
+                .collect::<Vec<_>>(),
+        );
+        let mnode = ms_node("MoE", &[int("k", 2), act("silu")]);
+        let ins = [Some(&x), Some(&router), Some(&w1f), None, Some(&w2f)];
+        let (plain, half) = (run(&mnode, &ins).unwrap(), with_f16(&mnode, &ins));
+        assert_ne!(plain.as_f32().unwrap(), half.as_f32().unwrap());
+    }
+
     #[test]
     fn refuses_what_the_cpu_kernel_refuses() {
         let x = t(&[1, 2], &[1.0, 2.0]);
