@@ -28,6 +28,12 @@ tests/integration/contrib.rs. SparseAttention (Phi-3-small's block-sparse layout
 and a vertical stride per layout, prompts, tokens and a chunk after a past, grouped KV heads,
 packed QKV, rotary inside), bit for bit; ONNX Runtime runs these with present bound to past's
 buffer (`ort_shared_buffers` in the model's metadata, scripts/ort_batch.py).
+CausalConvWithState, VarlenCausalConvWithState and GatedRMSNorm (ONNX Runtime GenAI's Qwen3.5 /
+Qwen3-Next linear-attention convolution and output norm, LFM2's short convolution): prompts with
+and without a past, decode steps, dilation, channels-last, packed sequences (an empty one too),
+the compact state capture, both gates, NaN and infinities, float32 and float16, all bit for bit;
+the `conv_norm_chain` (the three in a row) is also exported in float16 by
+tests/integration/contrib.rs.
 """
 import os
 import sys

@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
 //! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
-//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE). Each computes what
+//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE), the causal convolutions (CausalConvWithState, VarlenCausalConvWithState) and GatedRMSNorm. Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
