@@ -184,11 +184,24 @@ fn silu(s: f32) -> f32 {
     s / (1.0 + (-s).exp())
 }
 
-/// One channel's convolution: `out[l]` for every position of `window[pad..]`, `w` the K taps.
-/// `skip_state`: the state is absent and the sequence one position long, where ORT adds only
-/// the last tap.
+/// The window's value `p` of one channel-first row: the state below `pad` (zeros without one),
+/// the input from there.
+#[inline]
+fn window_at(p: usize, pad: usize, x: &[f32], state: Option<&[f32]>) -> f32 {
+    if p >= pad {
+        x[p - pad]
+    } else {
+        state.map_or(0.0, |s| s[p])
+    }
+}
+
+/// One channel of the channels-first layout: `out[l]` for every position of `x` (the row's
+/// input), `state` its `pad` samples before (None: zeros), `w` the K taps. `skip_state`: the
+/// state is absent and the sequence one position long, where ORT adds only the last tap.
+#[allow(clippy::too_many_arguments)]
 fn conv_row(
-    window: &[f32],
+    x: &[f32],
+    state: Option<&[f32]>,
     w: &[f32],
     bias: f32,
     dilation: usize,
@@ -196,17 +209,104 @@ fn conv_row(
     skip_state: bool,
     out: &mut [f32],
 ) {
-    let k = w.len();
+    let pad = (w.len() - 1) * dilation;
+    let first = if skip_state { w.len() - 1 } else { 0 };
     for (l, o) in out.iter_mut().enumerate() {
         let mut sum = bias;
-        if skip_state {
-            sum += w[k - 1] * window[l + (k - 1) * dilation];
-        } else {
-            for (j, &wj) in w.iter().enumerate() {
-                sum += wj * window[l + j * dilation];
-            }
+        for (j, &wj) in w.iter().enumerate().skip(first) {
+            sum += wj * window_at(l + j * dilation, pad, x, state);
         }
         *o = if act { silu(sum) } else { sum };
+    }
+}
+
+/// The convolution in the token-major layout (channels last, packed sequences): every value of
+/// a token's row is computed in the same order as [`conv_row`]'s, a row at a time, so the loops
+/// run across contiguous channels.
+struct TokenTaps<'a> {
+    /// The taps tap-major, `[K, C]`.
+    wt: Vec<f32>,
+    bias: &'a [f32],
+    k: usize,
+    dilation: usize,
+    silu: bool,
+}
+
+impl<'a> TokenTaps<'a> {
+    /// `w` is `[C, 1, K]`.
+    fn new(w: &[f32], bias: &'a [f32], k: usize, dilation: usize, silu: bool) -> TokenTaps<'a> {
+        let c = bias.len();
+        let mut wt = vec![0f32; k * c];
+        for ch in 0..c {
+            for j in 0..k {
+                wt[j * c + ch] = w[ch * k + j];
+            }
+        }
+        TokenTaps {
+            wt,
+            bias,
+            k,
+            dilation,
+            silu,
+        }
+    }
+
+    fn pad(&self) -> usize {
+        (self.k - 1) * self.dilation
+    }
+
+    /// The window's row `p` of a sequence: `state [pad, C]` rows below `pad` (None: zeros),
+    /// the input rows `x [len, C]` from there.
+    fn window_row<'b>(
+        &self,
+        p: usize,
+        x: &'b [f32],
+        state: Option<&'b [f32]>,
+    ) -> Option<&'b [f32]> {
+        let (c, pad) = (self.bias.len(), self.pad());
+        if p >= pad {
+            Some(&x[(p - pad) * c..(p - pad + 1) * c])
+        } else {
+            state.map(|s| &s[p * c..(p + 1) * c])
+        }
+    }
+
+    /// Output row `l` of a sequence (see [`conv_row`] for `skip_state`).
+    fn row(&self, l: usize, x: &[f32], state: Option<&[f32]>, skip_state: bool, out: &mut [f32]) {
+        let c = out.len();
+        out.copy_from_slice(self.bias);
+        let first = if skip_state { self.k - 1 } else { 0 };
+        for j in first..self.k {
+            let w = &self.wt[j * c..(j + 1) * c];
+            match self.window_row(l + j * self.dilation, x, state) {
+                Some(src) => {
+                    for ((o, &wv), &v) in out.iter_mut().zip(w).zip(src) {
+                        *o += wv * v;
+                    }
+                }
+                // ORT multiplies the zero padding too (an infinite weight gives NaN).
+                None => {
+                    for (o, &wv) in out.iter_mut().zip(w) {
+                        *o += wv * 0.0;
+                    }
+                }
+            }
+        }
+        if self.silu {
+            out.iter_mut().for_each(|o| *o = silu(*o));
+        }
+    }
+
+    /// The state after a sequence of `len` rows, `[pad, C]`: the window's last `pad` rows.
+    fn final_state(&self, len: usize, x: &[f32], state: Option<&[f32]>) -> Vec<f32> {
+        let (c, pad) = (self.bias.len(), self.pad());
+        let mut st = vec![0f32; pad * c];
+        for (j, row) in st.chunks_exact_mut(c.max(1)).enumerate().take(pad) {
+            if let Some(src) = self.window_row(len + j, x, state) {
+                row.copy_from_slice(src);
+            }
+        }
+        st
     }
 }
 
@@ -219,17 +319,6 @@ fn transpose(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
     }
     t
-}
-
-/// `[B, rows, cols]` → `[B, cols, rows]`.
-fn transpose_batches(v: &[f32], b: usize, rows: usize, cols: usize) -> Vec<f32> {
-    let per = rows * cols;
-    if per == 0 {
-        return vec![0f32; v.len()];
-    }
-    (0..b)
-        .flat_map(|i| transpose(&v[i * per..(i + 1) * per], rows, cols))
-        .collect()
 }
 
 /// The weight `[C, 1, K]` checked against the channels: its K (>= 1).
@@ -301,49 +390,61 @@ fn causal_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let w = float_slice(weight, "weight")?;
     let xv = float_slice(x, "input")?;
     let pv = past.map(|p| float_slice(p, "past_state")).transpose()?;
-    // Channels first: [B, C, L] input rows, [B, C, pad] state rows.
-    let (xv, pv) = if attrs.channels_last {
-        (
-            std::borrow::Cow::Owned(transpose_batches(&xv, b, l, c)),
-            pv.map(|p| std::borrow::Cow::Owned(transpose_batches(&p, b, pad, c))),
-        )
-    } else {
-        (xv, pv)
-    };
+    let pv = pv.as_deref();
     let skip_state = pv.is_none() && l == 1;
-    // One (batch, channel) row per task: its outputs and its new state.
-    let rows: Vec<(Vec<f32>, Vec<f32>)> = (0..b * c)
-        .into_par_iter()
-        .map(|i| {
-            let ch = i % c;
-            let mut window = vec![0f32; pad + l];
-            if let Some(p) = &pv {
-                window[..pad].copy_from_slice(&p[i * pad..(i + 1) * pad]);
-            }
-            window[pad..].copy_from_slice(&xv[i * l..(i + 1) * l]);
-            let mut o = vec![0f32; l];
-            conv_row(
-                &window,
-                &w[ch * k..(ch + 1) * k],
-                bias[ch],
-                attrs.dilation,
-                attrs.silu,
-                skip_state,
-                &mut o,
-            );
-            (o, window.split_off(l))
-        })
-        .collect();
-    let out: Vec<f32> = rows.iter().flat_map(|r| r.0.iter().copied()).collect();
-    let present: Vec<f32> = rows.iter().flat_map(|r| r.1.iter().copied()).collect();
-    let (out, present) = if attrs.channels_last {
-        (
-            transpose_batches(&out, b, c, l),
-            transpose_batches(&present, b, c, pad),
-        )
+    let mut out = vec![0f32; b * c * l];
+    let mut present = vec![0f32; b * c * pad];
+    if attrs.channels_last {
+        let taps = TokenTaps::new(&w, &bias, k, attrs.dilation, attrs.silu);
+        let per_batch = |i: usize| {
+            (
+                &xv[i * l * c..(i + 1) * l * c],
+                pv.map(|p| &p[i * pad * c..(i + 1) * pad * c]),
+            )
+        };
+        if c > 0 {
+            out.par_chunks_mut(c).enumerate().for_each(|(i, o)| {
+                let (xb, sb) = per_batch(i / l);
+                taps.row(i % l, xb, sb, skip_state, o);
+            });
+        }
+        for i in 0..b {
+            let (xb, sb) = per_batch(i);
+            present[i * pad * c..(i + 1) * pad * c].copy_from_slice(&taps.final_state(l, xb, sb));
+        }
     } else {
-        (out, present)
-    };
+        let row = |i: usize| {
+            (
+                &xv[i * l..(i + 1) * l],
+                pv.map(|p| &p[i * pad..(i + 1) * pad]),
+            )
+        };
+        if l > 0 {
+            out.par_chunks_mut(l).enumerate().for_each(|(i, o)| {
+                let (xr, sr) = row(i);
+                let ch = i % c;
+                let wc = &w[ch * k..(ch + 1) * k];
+                conv_row(
+                    xr,
+                    sr,
+                    wc,
+                    bias[ch],
+                    attrs.dilation,
+                    attrs.silu,
+                    skip_state,
+                    o,
+                );
+            });
+        }
+        if pad > 0 {
+            for (i, st) in present.chunks_exact_mut(pad).enumerate() {
+                let (xr, sr) = row(i);
+                for (j, v) in st.iter_mut().enumerate() {
+                    *v = window_at(l + j, pad, xr, sr);
+                }
+            }
+        }
+    }
     Ok(vec![
         in_dtype(Tensor::from_f32(shape.to_vec(), out), x.dtype()),
         in_dtype(Tensor::from_f32(state_shape, present), x.dtype()),
@@ -413,43 +514,32 @@ fn varlen_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let w = float_slice(weight, "weight")?;
     let xv = float_slice(x, "input")?;
     let sv = float_slice(state, "initial_state")?;
-    let xt = transpose(&xv, t, c);
-    // Per channel: its outputs over all tokens ([C, T]) and its final states ([N, pad]).
-    let per_channel: Vec<(Vec<f32>, Vec<f32>)> = (0..c)
-        .into_par_iter()
-        .map(|ch| {
-            let mut out = vec![0f32; t];
-            let mut fin = vec![0f32; n * pad];
-            for s in 0..n {
-                let (start, end) = (offsets[s], offsets[s + 1]);
-                let st = &sv[(s * c + ch) * pad..(s * c + ch + 1) * pad];
-                let mut window = Vec::with_capacity(pad + end - start);
-                window.extend_from_slice(st);
-                window.extend_from_slice(&xt[ch * t + start..ch * t + end]);
-                conv_row(
-                    &window,
-                    &w[ch * k..(ch + 1) * k],
-                    bias[ch],
-                    attrs.dilation,
-                    attrs.silu,
-                    false,
-                    &mut out[start..end],
-                );
-                fin[s * pad..(s + 1) * pad].copy_from_slice(&window[end - start..]);
-            }
-            (out, fin)
-        })
+    let taps = TokenTaps::new(&w, &bias, k, attrs.dilation, attrs.silu);
+    // Each sequence's state token-major, [pad, C].
+    let states: Vec<Vec<f32>> = (0..n)
+        .map(|s| transpose(&sv[s * c * pad..(s + 1) * c * pad], c, pad))
         .collect();
+    let seq = |s: usize| {
+        let (start, end) = (offsets[s], offsets[s + 1]);
+        (start, end - start, &xv[start * c..end * c])
+    };
+    // The sequence of every token.
+    let mut seq_of = vec![0usize; t];
+    for s in 0..n {
+        seq_of[offsets[s]..offsets[s + 1]].fill(s);
+    }
     let mut out = vec![0f32; t * c];
-    let mut fin = vec![0f32; n * c * pad];
-    for (ch, (o, f)) in per_channel.iter().enumerate() {
-        for (tok, &v) in o.iter().enumerate() {
-            out[tok * c + ch] = v;
-        }
-        for s in 0..n {
-            fin[(s * c + ch) * pad..(s * c + ch + 1) * pad]
-                .copy_from_slice(&f[s * pad..(s + 1) * pad]);
-        }
+    if c > 0 {
+        out.par_chunks_mut(c).enumerate().for_each(|(tok, o)| {
+            let s = seq_of[tok];
+            let (start, _, xs) = seq(s);
+            taps.row(tok - start, xs, Some(&states[s]), false, o);
+        });
+    }
+    let mut fin = Vec::with_capacity(n * c * pad);
+    for (s, st) in states.iter().enumerate() {
+        let (_, len, xs) = seq(s);
+        fin.extend(transpose(&taps.final_state(len, xs, Some(st)), pad, c));
     }
     let dt = x.dtype();
     let mut outs = vec![
@@ -460,12 +550,11 @@ fn varlen_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         let cap = attrs.capacity;
         let mut update = vec![0f32; n * cap * c];
         for s in 0..n {
-            let len = offsets[s + 1] - offsets[s];
+            let (_, len, xs) = seq(s);
             let take = (counts.get(s).copied().unwrap_or(0).max(0) as usize)
                 .min(cap)
                 .min(len);
-            let src = &xv[offsets[s] * c..(offsets[s] + take) * c];
-            update[s * cap * c..s * cap * c + take * c].copy_from_slice(src);
+            update[s * cap * c..s * cap * c + take * c].copy_from_slice(&xs[..take * c]);
         }
         outs.push(in_dtype(Tensor::from_f32(vec![n, cap, c], update), dt));
     }
