@@ -848,6 +848,10 @@ mod tests {
             r[2].as_f32().unwrap(),
             &[1.0, 10.0, 2.0, 20.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
         );
+        // Without a capacity, a requested capture is empty ([N, 0, C]), as in ORT.
+        let n = node("VarlenCausalConvWithState", &[], &["y", "f", "u"]);
+        let r = run(&n, &[Some(&x), Some(&w), Some(&cu), None, Some(&st)]).unwrap();
+        assert_eq!(r[2].shape(), &[3, 0, 2]);
     }
 
     #[test]
