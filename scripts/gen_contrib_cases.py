@@ -28,6 +28,12 @@ tests/integration/contrib.rs. SparseAttention (Phi-3-small's block-sparse layout
 and a vertical stride per layout, prompts, tokens and a chunk after a past, grouped KV heads,
 packed QKV, rotary inside), bit for bit; ONNX Runtime runs these with present bound to past's
 buffer (`ort_shared_buffers` in the model's metadata, scripts/ort_batch.py).
+CausalConvWithState, VarlenCausalConvWithState and GatedRMSNorm (ONNX Runtime GenAI's Qwen3.5 /
+Qwen3-Next linear-attention convolution and output norm, LFM2's short convolution): prompts with
+and without a past, decode steps, dilation, channels-last, packed sequences (an empty one too),
+the compact state capture, both gates, NaN and infinities, float32 and float16, all bit for bit;
+the `conv_norm_chain` (the three in a row) is also exported in float16 by
+tests/integration/contrib.rs.
 """
 import os
 import sys
@@ -183,6 +189,7 @@ def main():
     mrotary_cases(out)
     gated_add_cases(out)
     sparse_attention_cases(out)
+    linear_attention_conv_norm_cases(out)
 
 
 def qlinear_cases(out):
@@ -1038,6 +1045,150 @@ def sparse_attention_cases(out: str) -> None:
        rotary_interleaved=1)
     sa("sparse_packed_rotary_token", 1, 1, 10, 2, 1, 16, 4, 4, 1, 2, 1, packed=True, rot=8)
     sa("sparse_packed_prompt", 2, 8, 8, 2, 2, 16, 4, 2, 1, 2, 2, packed=True)
+
+
+def linear_attention_conv_norm_cases(out: str) -> None:
+    """CausalConvWithState, VarlenCausalConvWithState and GatedRMSNorm (ONNX Runtime GenAI's
+    Qwen3.5 / Qwen3-Next linear-attention convolution and output norm, LFM2's short
+    convolution), bit for bit in float32 and float16."""
+    rng = np.random.default_rng(41)
+    f16 = np.float16
+
+    def u(shape, lo=-2.0, hi=2.0, dtype=np.float32):
+        return rng.uniform(lo, hi, shape).astype(dtype)
+
+    def conv(name, b, c, l, k, past=True, bias=True, dtype=np.float32, channels_last=None,
+             x=None, **attrs):
+        pad = (k - 1) * attrs.get("dilation", 1)
+        if channels_last is None:
+            x_shape, s_shape = [b, c, l], [b, c, pad]
+        else:
+            x_shape, s_shape = [b, l] + channels_last, [b, pad] + channels_last
+            attrs["channels_last"] = 1
+        inputs = [("x", None, u(x_shape, dtype=dtype) if x is None else x),
+                  ("weight", None, u([c, 1, k], -1.0, 1.0, dtype)),
+                  ("bias", None, u([c], dtype=dtype)) if bias else None,
+                  ("past_state", None, u(s_shape, dtype=dtype)) if past else None]
+        out_type = onnx.TensorProto.FLOAT16 if dtype == f16 else onnx.TensorProto.FLOAT
+        case(out, name, "CausalConvWithState", inputs, n_outputs=2, weights=("weight", "bias"),
+             out_type=out_type, exact=True, **attrs)
+
+    # Qwen3.5's layer (K 4, SiLU, a zero-or-trained bias): a prompt after a past, a prompt
+    # without one, decode steps (ORT's fixed-K path; without a past only the last tap), a
+    # prompt shorter than the state, K 6 (ORT's generic decode path).
+    conv("causal_conv_prompt_past", 2, 16, 9, 4, activation="silu")
+    conv("causal_conv_prompt_no_past", 1, 12, 7, 4, past=False, activation="silu")
+    conv("causal_conv_decode_past", 3, 16, 1, 4, activation="silu")
+    conv("causal_conv_decode_no_past", 2, 8, 1, 4, past=False, activation="swish")
+    conv("causal_conv_short_prompt", 2, 8, 2, 4, activation="silu")
+    conv("causal_conv_decode_k6", 1, 8, 1, 6, activation="silu")
+    # LFM2's block (K 3, no activation, no bias).
+    conv("causal_conv_lfm2_none_no_bias", 2, 12, 5, 3, bias=False)
+    # Dilation: a prompt and a decode step (the generic path).
+    conv("causal_conv_dilation2", 1, 8, 6, 3, activation="silu", dilation=2)
+    conv("causal_conv_decode_dilation3", 2, 6, 1, 3, activation="silu", dilation=3)
+    # Channels last with two trailing channel axes; a decode step channels last.
+    conv("causal_conv_channels_last", 2, 12, 5, 4, channels_last=[2, 6], activation="silu")
+    conv("causal_conv_channels_last_decode", 1, 8, 1, 4, channels_last=[8], activation="silu")
+    # NaN and infinities propagate (SiLU of -inf is NaN there as in ORT: -inf / inf).
+    bad = u([1, 4, 6])
+    bad[0, 0, 1], bad[0, 1, 4], bad[0, 2, 0], bad[0, 3, 5] = np.nan, np.inf, -np.inf, 1e30
+    conv("causal_conv_nan_inf", 1, 4, 6, 4, x=bad, activation="silu")
+    # Float16 (ORT runs its float32 kernel between Casts).
+    conv("causal_conv_f16_prompt", 2, 8, 5, 4, dtype=f16, activation="silu")
+    conv("causal_conv_f16_decode", 2, 8, 1, 4, dtype=f16, activation="silu")
+
+    def varlen(name, lens, c, k, bias=True, dtype=np.float32, capacity=0, counts=None, **attrs):
+        n = len(lens)
+        pad = (k - 1) * attrs.get("dilation", 1)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+        inputs = [("x", None, u([int(cu[-1]), c], dtype=dtype)),
+                  ("weight", None, u([c, 1, k], -1.0, 1.0, dtype)),
+                  ("cu_seqlens", None, cu),
+                  ("bias", None, u([c], dtype=dtype)) if bias else None,
+                  ("initial_state", None, u([n, c, pad], dtype=dtype))]
+        if capacity:
+            inputs.append(("capture_count", None, np.array(counts, np.int32)))
+            attrs["state_update_capacity"] = capacity
+        out_type = onnx.TensorProto.FLOAT16 if dtype == f16 else onnx.TensorProto.FLOAT
+        case(out, name, "VarlenCausalConvWithState", inputs, n_outputs=3 if capacity else 2,
+             weights=("weight", "bias"), out_type=out_type, exact=True, **attrs)
+
+    # Packed prompts of different lengths, decode steps (one token each), an empty sequence
+    # (keeps its state), dilation without bias or activation, the compact state capture
+    # (counts clamped to [0, min(capacity, length)]), float16.
+    varlen("varlen_conv_prompts", [3, 5, 1], 12, 4, activation="silu")
+    varlen("varlen_conv_decode", [1, 1, 1, 1], 16, 4, activation="silu")
+    varlen("varlen_conv_empty_sequence", [2, 0, 3], 8, 4, activation="silu")
+    varlen("varlen_conv_dilation2_none_no_bias", [4, 6], 8, 3, bias=False, dilation=2)
+    varlen("varlen_conv_capture", [2, 1, 6, 3], 8, 4, capacity=3, counts=[5, -1, 2, 3],
+           activation="silu")
+    varlen("varlen_conv_f16", [3, 1, 4], 8, 4, dtype=f16, activation="silu")
+
+    def norm(name, x_shape, c, dtype=np.float32, x=None, gate=None, **attrs):
+        x = u(x_shape, -3.0, 3.0, dtype) if x is None else x
+        gate = u(x_shape, -6.0, 6.0, dtype) if gate is None else gate
+        out_type = onnx.TensorProto.FLOAT16 if dtype == f16 else onnx.TensorProto.FLOAT
+        case(out, name, "GatedRMSNorm",
+             [("X", None, x), ("scale", None, u([c], dtype=dtype)), ("gate", None, gate)],
+             weights=("scale",), out_type=out_type, exact=True, **attrs)
+
+    # Per-head norm of a packed [B, S, H*C] tensor (Qwen3.5: epsilon 1e-6, SiLU gate), whole
+    # rows, the sigmoid gate, swish, the default epsilon on 1-D X, gates past MLAS's logistic
+    # clamp, NaN and infinities, float16.
+    norm("gated_rms_norm_heads", [2, 3, 64], 16, epsilon=1e-6)
+    norm("gated_rms_norm_rows_sigmoid", [5, 48], 48, activation="sigmoid", epsilon=1e-6)
+    norm("gated_rms_norm_swish", [7, 128], 32, activation="swish", epsilon=1e-5)
+    norm("gated_rms_norm_1d_default_eps", [24], 8)
+    wide = u([4, 32], -30.0, 30.0)
+    wide[0, :4] = [np.nan, np.inf, -np.inf, 0.0]
+    xs = u([4, 32], -3.0, 3.0)
+    xs[1, 3], xs[2, 0], xs[3, 7] = np.nan, np.inf, 0.0
+    xs[3, :] = 0.0
+    norm("gated_rms_norm_nan_inf_zero_rows", [4, 32], 16, x=xs, gate=wide, epsilon=1e-6)
+    norm("gated_rms_norm_f16", [2, 4, 32], 16, dtype=f16, epsilon=1e-6)
+    norm("gated_rms_norm_f16_sigmoid", [6, 24], 24, dtype=f16, activation="sigmoid")
+    conv_norm_chain(out)
+
+
+def conv_norm_chain(out):
+    """A Qwen3.5-style linear-attention tail in small: VarlenCausalConvWithState (two packed
+    sequences) on X, GatedRMSNorm of it gated by X, then a channels-last CausalConvWithState.
+    Its float16 export keeps the CausalConvWithState in float32 (ORT's CPU kernel is float32
+    only) and runs in ONNX Runtime (tests/integration/contrib.rs)."""
+    rng = np.random.default_rng(42)
+    d = os.path.join(out, "conv_norm_chain")
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    t, c, k = 6, 16, 4
+    u = lambda shape, lo=-1.0, hi=1.0: rng.uniform(lo, hi, shape).astype(np.float32)
+    inits = [numpy_helper.from_array(u([c, 1, k]), "w1"),
+             numpy_helper.from_array(np.array([0, 2, t], np.int32), "cu"),
+             numpy_helper.from_array(u([c]), "b1"),
+             numpy_helper.from_array(u([2, c, k - 1]), "state"),
+             numpy_helper.from_array(u([8], 0.5, 1.5), "scale"),
+             numpy_helper.from_array(np.array([1, t, c], np.int64), "shape"),
+             numpy_helper.from_array(u([c, 1, 3]), "w2")]
+    nodes = [
+        helper.make_node("VarlenCausalConvWithState", ["X", "w1", "cu", "b1", "state"],
+                         ["conv", "final_state"], domain=MS, name="varlen_conv",
+                         activation="silu"),
+        helper.make_node("GatedRMSNorm", ["conv", "scale", "X"], ["normed"], domain=MS,
+                         name="gated_norm", epsilon=1e-6),
+        helper.make_node("Reshape", ["normed", "shape"], ["normed3"], name="reshape"),
+        helper.make_node("CausalConvWithState", ["normed3", "w2"], ["Y", "present"], domain=MS,
+                         name="short_conv", channels_last=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_norm_chain",
+        [helper.make_tensor_value_info("X", onnx.TensorProto.FLOAT, [t, c])],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    x = rng.uniform(-2, 2, [t, c]).astype(np.float32)
+    with open(os.path.join(d, "inputs", "input_0.pb"), "wb") as f:
+        f.write(numpy_helper.from_array(x, "X").SerializeToString())
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
 /// (and float zero points) become float16 with A, as ONNX Runtime GenAI's builder writes float16
 /// models, and ORT's x86 kernel computes in f32 and rounds the output, as the emulation does
 /// (`integration::contrib::weight_only_ops_export_in_float16_as_emulated`). The CUDA-only ops
-/// (BiasAdd) and FusedConv stay float32 with a note.
+/// (BiasAdd), FusedConv and CausalConvWithState (ORT 1.32's CPU kernel is float32 only: a
+/// float16 one runs between Casts ORT inserts) stay float32 with a note.
 pub fn has_float16_kernel(node: &Node) -> bool {
     // ONNX Runtime's SimplifiedLayerNormalization lives in the default domain, outside ONNX's
     // schemas.
@@ -138,6 +139,8 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "GatherBlockQuantized"
                     | "MoE"
                     | "QMoE"
+                    | "VarlenCausalConvWithState"
+                    | "GatedRMSNorm"
             )
 }
 
@@ -173,7 +176,10 @@ fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DTyp
         | "QLinearLeakyRelu"
         | "QLinearSigmoid"
         | "MoE"
-        | "QMoE" => all(input(0)),
+        | "QMoE"
+        | "CausalConvWithState"
+        | "VarlenCausalConvWithState"
+        | "GatedRMSNorm" => all(input(0)),
         // A quantized KV cache (k_quant_type other than NONE) has its own cache type: not
         // typed here.
         "GroupQueryAttention" if node.attr_str("k_quant_type").is_none_or(|q| q == "NONE") => {
@@ -392,6 +398,24 @@ mod tests {
             infer_outputs(&contrib("SparseAttention", 3), &[f16, f16, f16, f16, f16]),
             Some(vec![f16, f16, f16])
         );
+        assert_eq!(
+            infer_outputs(
+                &contrib("VarlenCausalConvWithState", 3),
+                &[f16, f16, None, f16]
+            ),
+            Some(vec![f16, f16, f16])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("CausalConvWithState", 2), &[f32, f32]),
+            Some(vec![f32, f32])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("GatedRMSNorm", 1), &[f16, f16, f16]),
+            Some(vec![f16])
+        );
+        assert!(has_float16_kernel(&contrib("GatedRMSNorm", 1)));
+        assert!(has_float16_kernel(&contrib("VarlenCausalConvWithState", 2)));
+        assert!(!has_float16_kernel(&contrib("CausalConvWithState", 2)));
         assert_eq!(infer_outputs(&contrib("NoSuchOp", 1), &[f32]), None);
     }
 }

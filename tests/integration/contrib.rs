@@ -8,7 +8,7 @@ use crate::common::cases_against_onnxruntime;
 #[test]
 fn contrib_ops_match_onnxruntime() {
     let tmp = tempfile::tempdir().unwrap();
-    let failures = cases_against_onnxruntime("gen_contrib_cases.py", tmp.path(), 242);
+    let failures = cases_against_onnxruntime("gen_contrib_cases.py", tmp.path(), 270);
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -105,8 +105,17 @@ fn mixtures_of_experts_export_in_float16() {
     float16_export_runs_as_emulated("qmoe_acc4_4b_bs32", None);
 }
 
-/// `convert --fp16 --fallback` of the generated chain `case`: only the layer `kept` (a
-/// FusedConv, no float16 kernel) stays float32 with its note, every other com.microsoft layer
+/// VarlenCausalConvWithState and GatedRMSNorm (ONNX Runtime GenAI's Qwen3.5 linear-attention
+/// ops) have float16 CPU kernels and are written in float16; CausalConvWithState's CPU kernel
+/// is float32 only, so it stays float32 with its note. ONNX Runtime runs the file as the
+/// emulation ran the float16 plan.
+#[test]
+fn linear_attention_conv_and_norm_export_in_float16() {
+    float16_export_runs_as_emulated("conv_norm_chain", Some("short_conv"));
+}
+
+/// `convert --fp16 --fallback` of the generated chain `case`: only the layer `kept` (no
+/// float16 kernel: FusedConv, CausalConvWithState) stays float32 with its note, every other com.microsoft layer
 /// reads float16, and ONNX Runtime's output of the file is the emulated float16 plan's within
 /// 1e-2 of the largest output.
 fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
@@ -128,9 +137,17 @@ fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
     let t = crate::common::text(&o);
     assert!(o.status.success(), "{t}");
     if let Some(kept) = kept {
+        let source = mixprec::load_model(&model).unwrap();
+        let op = &source
+            .graph
+            .nodes
+            .iter()
+            .find(|n| n.name == kept)
+            .unwrap()
+            .op_type;
         assert!(
             t.contains(&format!(
-                "layer '{kept}' (com.microsoft.FusedConv) stays float32"
+                "layer '{kept}' (com.microsoft.{op}) stays float32"
             )),
             "{t}"
         );

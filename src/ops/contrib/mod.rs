@@ -1,7 +1,7 @@
 //! Ops of the `com.microsoft` domain (and the few ONNX Runtime adds to the default domain) that
 //! ONNX Runtime's transformer optimizer and graph optimizations write into saved models: fused
 //! activations, fused Conv/MatMul, the skip/simplified layer normalizations, attention
-//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE). Each computes what
+//! (GroupQueryAttention and SparseAttention too), rotary embeddings (MRotaryEmbedding too), GatedAdd and the mixtures of experts (MoE, QMoE), the causal convolutions (CausalConvWithState, VarlenCausalConvWithState) and GatedRMSNorm. Each computes what
 //! ONNX Runtime's CPU kernel computes (`onnxruntime/contrib_ops/cpu/`); tests compare them with
 //! ONNX Runtime (tests/integration/contrib.rs).
 //!
@@ -12,9 +12,11 @@
 
 mod activation;
 mod attention;
+mod causal_conv;
 pub(crate) mod dynamic_quantize_lstm;
 mod fused;
 mod gated_add;
+mod gated_rms_norm;
 mod gather_block_quantized;
 mod group_query_attention;
 pub(crate) mod matmul_nbits;
@@ -47,6 +49,8 @@ pub fn register(r: &mut Registry) {
     qlinear_binary::register(r);
     qlinear_pool::register(r);
     sparse_attention::register(r);
+    causal_conv::register(r);
+    gated_rms_norm::register(r);
 }
 
 /// What a kernel rounds its in-kernel values of the input's type to, where ONNX Runtime's
@@ -116,6 +120,9 @@ mod tests {
             "MRotaryEmbedding",
             "GatedAdd",
             "SparseAttention",
+            "CausalConvWithState",
+            "VarlenCausalConvWithState",
+            "GatedRMSNorm",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
