@@ -183,6 +183,7 @@ def main():
     mrotary_cases(out)
     gated_add_cases(out)
     sparse_attention_cases(out)
+    linear_attention_cases(out)
 
 
 def qlinear_cases(out):
@@ -1038,6 +1039,105 @@ def sparse_attention_cases(out: str) -> None:
        rotary_interleaved=1)
     sa("sparse_packed_rotary_token", 1, 1, 10, 2, 1, 16, 4, 4, 1, 2, 1, packed=True, rot=8)
     sa("sparse_packed_prompt", 2, 8, 8, 2, 2, 16, 4, 2, 1, 2, 2, packed=True)
+
+
+def linear_attention_cases(out: str) -> None:
+    """LinearAttentionGate, LinearAttention and GatedDeltaNet (ONNX Runtime GenAI's Qwen3.5 /
+    Qwen3-Next linear-attention layers), bit for bit with ONNX Runtime 1.32's CPU kernels:
+    prompts and decode steps after a past state, grouped and inverse-grouped heads, every
+    update rule, per-key-dimension decay, each of LinearAttention's three product orders (head
+    sizes 16x32 vector, 72x64 MLAS, 8x8 and 48x48 scalar, 128x128 Qwen's), GatedDeltaNet's
+    rank 3/4 layouts, ragged cu_seqlens and the builder's fused gate (softplus/qwen), sigmoid
+    beta and qk_l2_norm."""
+    def gate(name, shape, seed, b=True, dtype=np.float32):
+        rng = np.random.default_rng(seed)
+        h = shape[-1]
+        a = rng.uniform(-25.0, 25.0, shape).astype(dtype)
+        ins = [("a", None, a), ("dt_bias", None, rng.uniform(-2, 2, h).astype(np.float32)),
+               ("decay_scale", None, -np.exp(rng.uniform(-3, 1, h)).astype(np.float32))]
+        if b:
+            ins.append(("b", None, rng.uniform(-20.0, 20.0, shape).astype(dtype)))
+        out_type = onnx.TensorProto.FLOAT16 if dtype == np.float16 else onnx.TensorProto.FLOAT
+        case(out, name, "LinearAttentionGate", ins, n_outputs=2 if b else 1, exact=True,
+             out_type=out_type)
+    gate("la_gate", [2, 5, 7], 1)
+    gate("la_gate_no_beta", [3, 4], 2, b=False)
+    gate("la_gate_f16", [2, 3, 6], 3, dtype=np.float16)
+
+    def la(name, b, t, hq, hkv, dk, dv, seed, rule="gated_delta", past=True, per_key=False,
+           beta_one=False, nk=None, **attrs):
+        rng = np.random.default_rng(seed)
+        nk = nk or hkv
+        u = lambda *s: rng.uniform(-1.0, 1.0, s).astype(np.float32)
+        k = u(b, t, nk, dk)
+        k = (k / np.linalg.norm(k, axis=-1, keepdims=True)).astype(np.float32)
+        ins = [("query", None, (u(b, t, hq * dk) / np.sqrt(dk)).astype(np.float32)),
+               ("key", None, k.reshape(b, t, nk * dk)), ("value", None, u(b, t, hkv * dv)),
+               ("past_state", None, u(b, hkv, dk, dv)) if past else None]
+        gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+        w = hkv * dk if per_key else hkv
+        ins.append(("decay", None, -rng.uniform(0.0, 1.0, (b, t, w)).astype(np.float32))
+                   if gated else None)
+        ins.append(("beta", None, rng.uniform(0.0, 1.0, (b, t, 1 if beta_one else hkv))
+                    .astype(np.float32)) if delta else None)
+        case(out, name, "LinearAttention", ins, n_outputs=2, exact=True, q_num_heads=hq,
+             kv_num_heads=hkv, update_rule=rule, **attrs)
+    la("la_prompt_scalar", 2, 5, 4, 2, 8, 8, 10)
+    la("la_token_scalar_48", 1, 1, 1, 1, 48, 48, 11, scale=1.0)
+    la("la_prompt_vector", 1, 6, 2, 2, 16, 32, 12)
+    la("la_token_vector_gqa", 2, 1, 4, 2, 32, 32, 13, scale=0.5)
+    la("la_prompt_vector_inverse_gqa", 1, 4, 2, 4, 16, 32, 14, scale=1.0)
+    la("la_prompt_mlas", 1, 3, 1, 1, 72, 64, 15)
+    la("la_token_mlas_scale", 1, 1, 2, 2, 72, 64, 16, scale=0.7)
+    la("la_qwen_128", 1, 3, 2, 4, 128, 128, 17, scale=1.0)
+    la("la_prompt_no_past", 1, 4, 2, 2, 16, 32, 18, past=False)
+    la("la_linear", 1, 4, 2, 2, 8, 8, 19, rule="linear")
+    la("la_linear_vector", 1, 3, 1, 1, 16, 32, 20, rule="linear")
+    la("la_gated_per_key", 1, 4, 2, 2, 8, 8, 21, rule="gated", per_key=True)
+    la("la_gated_per_key_vector", 1, 3, 1, 1, 16, 32, 22, rule="gated", per_key=True)
+    la("la_delta_beta_one", 1, 4, 2, 2, 8, 8, 23, rule="delta", beta_one=True)
+    la("la_delta_vector", 1, 3, 2, 2, 16, 32, 24, rule="delta")
+    la("la_key_heads_shared", 1, 3, 2, 4, 8, 8, 25, nk=2)
+
+    def gdn(name, lead, hq, hv, dk, dv, seed, cu=None, qwen=False, l2=False, rule="gated_delta",
+            state=True, per_key=False, **attrs):
+        rng = np.random.default_rng(seed)
+        u = lambda *s: rng.uniform(-1.0, 1.0, s).astype(np.float32)
+        n = int(np.prod(lead))
+        batch = len(cu) - 1 if cu is not None else (lead[0] if len(lead) == 2 else attrs.pop("batch"))
+        k = u(*lead, hq, dk)
+        if not l2:
+            k = (k / np.linalg.norm(k, axis=-1, keepdims=True)).astype(np.float32)
+        ins = [("query", None, u(*lead, hq, dk)), ("key", None, k), ("value", None, u(*lead, hv, dv)),
+               ("cu_seqlens", None, np.array(cu, np.int32)) if cu is not None else None]
+        gated, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+        gshape = [*lead, hv, dk] if per_key else [*lead, hv]
+        if qwen:
+            ins.append(("decay", None, rng.uniform(-3.0, 3.0, gshape).astype(np.float32)))
+        else:
+            ins.append(("decay", None, -rng.uniform(0.0, 1.0, gshape).astype(np.float32))
+                       if gated else None)
+        beta = rng.uniform(-3.0, 3.0, [*lead, hv]) if qwen else rng.uniform(0.0, 1.0, [*lead, hv])
+        ins.append(("beta", None, beta.astype(np.float32)) if delta else None)
+        ins.append(("initial_state", None, u(batch, hv, dv, dk)) if state else None)
+        if qwen:
+            ins += [("a_log", None, rng.uniform(-2.0, 1.0, hv).astype(np.float32)),
+                    ("dt_bias", None, rng.uniform(-1.0, 1.0, hv).astype(np.float32))]
+            attrs.update(gate_activation="qwen", beta_activation="sigmoid")
+        if l2:
+            attrs["qk_l2_norm"] = 1
+        case(out, name, "GatedDeltaNet", ins, n_outputs=2, exact=True, update_rule=rule, **attrs)
+    # The builder's dense layout: [B, S, H, D], qwen gate, sigmoid beta, qk_l2_norm, scale 0.
+    gdn("gdn_builder_prompt", [2, 5], 2, 4, 16, 8, 30, qwen=True, l2=True, scale=0.0)
+    gdn("gdn_builder_token", [2, 1], 2, 4, 16, 8, 31, qwen=True, l2=True)
+    gdn("gdn_builder_128", [1, 3], 1, 2, 128, 128, 32, qwen=True, l2=True)
+    # The builder's packed layout: ragged cu_seqlens (one empty request).
+    gdn("gdn_varlen", [7], 2, 2, 16, 16, 33, cu=[0, 3, 3, 7], qwen=True, l2=True)
+    gdn("gdn_uniform_rank3", [6], 1, 2, 8, 8, 34, batch=2, scale=0.5)
+    gdn("gdn_no_state", [1, 4], 1, 1, 8, 8, 35, state=False)
+    gdn("gdn_linear", [1, 4], 2, 2, 8, 8, 36, rule="linear")
+    gdn("gdn_gated_per_key", [1, 4], 1, 1, 8, 8, 37, rule="gated", per_key=True)
+    gdn("gdn_delta", [1, 4], 1, 2, 8, 8, 38, rule="delta")
 
 
 if __name__ == "__main__":

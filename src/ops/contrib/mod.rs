@@ -17,6 +17,7 @@ mod fused;
 mod gated_add;
 mod gather_block_quantized;
 mod group_query_attention;
+mod linear_attention;
 pub(crate) mod matmul_nbits;
 mod moe;
 mod mrotary;
@@ -39,6 +40,7 @@ pub fn register(r: &mut Registry) {
     gated_add::register(r);
     group_query_attention::register(r);
     gather_block_quantized::register(r);
+    linear_attention::register(r);
     matmul_nbits::register(r);
     moe::register(r);
     mrotary::register(r);
@@ -116,6 +118,9 @@ mod tests {
             "MRotaryEmbedding",
             "GatedAdd",
             "SparseAttention",
+            "LinearAttentionGate",
+            "LinearAttention",
+            "GatedDeltaNet",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
