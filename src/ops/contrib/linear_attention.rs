@@ -299,10 +299,13 @@ fn la_step(
                     *oj = qk.mul_add(dj, bj) * scale;
                 }
             }
+            // With a decay `fma(S, g, k·δ)`; without one `fma(k, δ, S)` (measured).
             for i in 0..dk {
-                let (g, ki) = (gi(i), k[i]);
-                for (sij, &dj) in s[i * dv..(i + 1) * dv].iter_mut().zip(&delta) {
-                    *sij = sij.mul_add(g, ki * dj);
+                let ki = k[i];
+                let row = s[i * dv..(i + 1) * dv].iter_mut().zip(&delta);
+                match g {
+                    Some(g) => row.for_each(|(sij, &dj)| *sij = sij.mul_add(g[i], ki * dj)),
+                    None => row.for_each(|(sij, &dj)| *sij = ki.mul_add(dj, *sij)),
                 }
             }
         }
