@@ -28,6 +28,11 @@ tests/integration/contrib.rs. SparseAttention (Phi-3-small's block-sparse layout
 and a vertical stride per layout, prompts, tokens and a chunk after a past, grouped KV heads,
 packed QKV, rotary inside), bit for bit; ONNX Runtime runs these with present bound to past's
 buffer (`ort_shared_buffers` in the model's metadata, scripts/ort_batch.py).
+LinearAttentionGate, LinearAttention and GatedDeltaNet (Qwen3.5 / Qwen3-Next linear attention:
+prompts and decode steps after a past state, grouped and inverse-grouped heads, every update
+rule, per-key-dimension decay, the three product orders of LinearAttention, GatedDeltaNet's
+rank 3/4 layouts, ragged cu_seqlens, the builder's qwen gate, sigmoid beta, qk_l2_norm), bit
+for bit.
 """
 import os
 import sys

@@ -82,7 +82,10 @@ fn linear_attention_gate(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     if h == 0 {
         return Err(OpError("a's last dimension must be positive".into()));
     }
-    let (dtv, dsv) = (float_values(dt, "dt_bias")?, float_values(ds, "decay_scale")?);
+    let (dtv, dsv) = (
+        float_values(dt, "dt_bias")?,
+        float_values(ds, "decay_scale")?,
+    );
     if dtv.len() != h || dsv.len() != h {
         return Err(OpError(format!(
             "dt_bias ({}) and decay_scale ({}) must have {h} elements (a's last dimension)",
@@ -712,7 +715,9 @@ fn gated_delta_net(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             )));
         }
         if c.windows(2).any(|w| w[1] < w[0]) {
-            return Err(OpError(format!("cu_seqlens must be non-decreasing, got {c:?}")));
+            return Err(OpError(format!(
+                "cu_seqlens must be non-decreasing, got {c:?}"
+            )));
         }
         c.windows(2)
             .map(|w| (w[0] as usize, w[1] as usize))
@@ -825,16 +830,13 @@ fn gated_delta_net(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         }
     }
     let g: Option<Vec<f32>> = g.map(|g| g.iter().map(|x| x.exp()).collect());
-    let bet: Option<Vec<f32>> = beta
-        .map(|x| float_values(x, "beta"))
-        .transpose()?
-        .map(|b| {
-            if at.beta_sigmoid {
-                b.iter().map(|&x| gdn_sigmoid(x)).collect()
-            } else {
-                b
-            }
-        });
+    let bet: Option<Vec<f32>> = beta.map(|x| float_values(x, "beta")).transpose()?.map(|b| {
+        if at.beta_sigmoid {
+            b.iter().map(|&x| gdn_sigmoid(x)).collect()
+        } else {
+            b
+        }
+    });
     if bet.as_ref().is_some_and(|b| b.len() != n * hv) {
         return Err(OpError("beta's token count must be query's".into()));
     }
@@ -975,18 +977,33 @@ mod tests {
         let s0 = t(&[1, 1, 2, 1], &[1.0, 2.0]);
         let g = t(&[1, 1, 1], &[0.5f32.ln()]);
         let b = t(&[1, 1, 1], &[0.5]);
-        let out = run(&n, &[Some(&q), Some(&k), Some(&v), Some(&s0), Some(&g), Some(&b)]).unwrap();
+        let out = run(
+            &n,
+            &[Some(&q), Some(&k), Some(&v), Some(&s0), Some(&g), Some(&b)],
+        )
+        .unwrap();
         let o = out[0].as_f32().unwrap()[0];
         assert!((o - 2.75).abs() < 1e-6, "{o}");
         let s = out[1].as_f32().unwrap();
-        assert!((s[0] - 1.75).abs() < 1e-6 && (s[1] - 1.0).abs() < 1e-6, "{s:?}");
+        assert!(
+            (s[0] - 1.75).abs() < 1e-6 && (s[1] - 1.0).abs() < 1e-6,
+            "{s:?}"
+        );
         // GatedDeltaNet: the same step with the V-major state [1, 1, 1, 2].
         let n = node("GatedDeltaNet", vec![("scale", Float(1.0))]);
         let (q, k) = (t(&[1, 1, 2], &[1.0, 1.0]), t(&[1, 1, 2], &[1.0, 0.0]));
         let v = t(&[1, 1, 1], &[3.0]);
         let s0 = t(&[1, 1, 1, 2], &[1.0, 2.0]);
         let (g, b) = (t(&[1, 1], &[0.5f32.ln()]), t(&[1, 1], &[0.5]));
-        let ins = [Some(&q), Some(&k), Some(&v), None, Some(&g), Some(&b), Some(&s0)];
+        let ins = [
+            Some(&q),
+            Some(&k),
+            Some(&v),
+            None,
+            Some(&g),
+            Some(&b),
+            Some(&s0),
+        ];
         let out = run(&n, &ins).unwrap();
         assert!((out[0].as_f32().unwrap()[0] - 2.75).abs() < 1e-6);
         assert_eq!(out[1].shape(), &[1, 1, 1, 2]);
@@ -1000,11 +1017,25 @@ mod tests {
             vec![("q_num_heads", Int(2)), ("kv_num_heads", Int(1))],
         );
         let z = |s: &[usize]| Tensor::from_f32(s.to_vec(), vec![0.5; s.iter().product()]);
-        let e = run(&la, &[Some(&z(&[1, 2, 8])), Some(&z(&[1, 2, 4])), Some(&z(&[1, 3, 4]))])
-            .unwrap_err();
+        let e = run(
+            &la,
+            &[
+                Some(&z(&[1, 2, 8])),
+                Some(&z(&[1, 2, 4])),
+                Some(&z(&[1, 3, 4])),
+            ],
+        )
+        .unwrap_err();
         assert!(e.0.contains("batch and length"), "{e}");
-        let e = run(&la, &[Some(&z(&[1, 2, 8])), Some(&z(&[1, 2, 4])), Some(&z(&[1, 2, 4]))])
-            .unwrap_err();
+        let e = run(
+            &la,
+            &[
+                Some(&z(&[1, 2, 8])),
+                Some(&z(&[1, 2, 4])),
+                Some(&z(&[1, 2, 4])),
+            ],
+        )
+        .unwrap_err();
         assert!(e.0.contains("decay is required"), "{e}");
         let w = node(
             "LinearAttention",
