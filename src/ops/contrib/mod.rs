@@ -19,6 +19,7 @@ mod gated_add;
 mod gated_rms_norm;
 mod gather_block_quantized;
 mod group_query_attention;
+mod linear_attention;
 pub(crate) mod matmul_nbits;
 mod moe;
 mod mrotary;
@@ -41,6 +42,7 @@ pub fn register(r: &mut Registry) {
     gated_add::register(r);
     group_query_attention::register(r);
     gather_block_quantized::register(r);
+    linear_attention::register(r);
     matmul_nbits::register(r);
     moe::register(r);
     mrotary::register(r);
@@ -123,6 +125,9 @@ mod tests {
             "CausalConvWithState",
             "VarlenCausalConvWithState",
             "GatedRMSNorm",
+            "LinearAttentionGate",
+            "LinearAttention",
+            "GatedDeltaNet",
         ] {
             assert!(ms.contains(&op), "{op} is missing from {ms:?}");
         }
