@@ -44,10 +44,19 @@ pub fn onnx_node_dir() -> PathBuf {
 
 /// Runs the mixprec binary built for this test run.
 pub fn mixprec(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_mixprec"))
-        .args(args)
-        .output()
-        .expect("run mixprec")
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_mixprec"));
+    cmd.args(args);
+    // A --check command without {model} reads Polygraphy's iteration artifact,
+    // polygraphy_debug.onnx, from the working directory: each such run gets its own, so tests
+    // running at once never share it (and none lands in the source tree).
+    let artifact_in_cwd = args.contains(&"--check")
+        && !args.iter().any(|a| a.contains("{model}"))
+        && !args.contains(&"--iter-artifact");
+    let cwd = artifact_in_cwd.then(|| tempfile::tempdir().expect("a working directory"));
+    if let Some(d) = &cwd {
+        cmd.current_dir(d.path());
+    }
+    cmd.output().expect("run mixprec")
 }
 
 /// A bundled example model's path.
