@@ -228,7 +228,7 @@ enum Order {
 
 impl Order {
     fn of(dk: usize, dv: usize) -> Order {
-        if dk % 16 == 0 && dv % 32 == 0 {
+        if dk.is_multiple_of(16) && dv.is_multiple_of(32) {
             Order::Vector {
                 lanes: vector_lanes(),
             }
@@ -757,7 +757,7 @@ fn gated_delta_net(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 }
             }
         };
-        if batch == 0 || n % batch != 0 {
+        if batch == 0 || !n.is_multiple_of(batch) {
             return Err(OpError(format!(
                 "total_tokens ({n}) must be divisible by batch ({batch})"
             )));
