@@ -37,8 +37,9 @@ tests/integration/contrib.rs.
 LinearAttentionGate, LinearAttention and GatedDeltaNet (Qwen3.5 / Qwen3-Next linear attention:
 prompts and decode steps after a past state, grouped and inverse-grouped heads, every update
 rule, per-key-dimension decay, the three product orders of LinearAttention, GatedDeltaNet's
-rank 3/4 layouts, ragged cu_seqlens, the builder's qwen gate, sigmoid beta, qk_l2_norm), bit
-for bit.
+rank 3/4 layouts, ragged cu_seqlens, the builder's qwen gate, sigmoid beta, qk_l2_norm,
+float16 data with a float32 state), bit for bit; the `linear_attention_chain` (the gate, then
+GatedDeltaNet) is also exported in float16 by tests/integration/contrib.rs.
 """
 import os
 import sys
@@ -81,9 +82,11 @@ def case(out, name, op, inputs, n_outputs=1, domain=MS, seed=0, weights=(),
         names.pop()
     outs = ["" if i in omit_outputs else f"y{i}" for i in range(n_outputs)]
     node = helper.make_node(op, names, outs, name=name, domain=domain, **attrs)
+    # out_type: one element type for every output, or a list of one per output.
+    types = out_type if isinstance(out_type, (list, tuple)) else [out_type] * n_outputs
     graph = helper.make_graph(
         [node], name, graph_inputs,
-        [helper.make_tensor_value_info(o, out_type, None) for o in outs if o],
+        [helper.make_tensor_value_info(o, ty, None) for o, ty in zip(outs, types) if o],
         initializer=inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
                                                     helper.make_opsetid(MS, 1)])
@@ -1262,8 +1265,24 @@ def linear_attention_cases(out: str) -> None:
     la("la_delta_vector", 1, 3, 2, 2, 16, 32, 24, rule="delta")
     la("la_key_heads_shared", 1, 3, 2, 4, 8, 8, 25, nk=2)
 
+    # Float16 query, key, value, decay and beta with a float32 state: ORT 1.32 runs it as its
+    # float32 kernel between Casts it inserts, the state left float32 (measured).
+    f16, F16, F32 = np.float16, onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    rng = np.random.default_rng(26)
+    b, t, h, dk, dv = 1, 4, 2, 16, 32
+    u = lambda *s: rng.uniform(-1.0, 1.0, s)
+    k = u(b, t, h, dk)
+    k = (k / np.linalg.norm(k, axis=-1, keepdims=True)).reshape(b, t, h * dk)
+    case(out, "la_f16_state_f32", "LinearAttention",
+         [("query", None, (u(b, t, h * dk) / 4).astype(f16)), ("key", None, k.astype(f16)),
+          ("value", None, u(b, t, h * dv).astype(f16)),
+          ("past_state", None, u(b, h, dk, dv).astype(np.float32)),
+          ("decay", None, -rng.uniform(0, 1, (b, t, h)).astype(f16)),
+          ("beta", None, rng.uniform(0, 1, (b, t, h)).astype(f16))],
+         n_outputs=2, exact="avx512", out_type=[F16, F32], q_num_heads=h, kv_num_heads=h)
+
     def gdn(name, lead, hq, hv, dk, dv, seed, cu=None, qwen=False, l2=False, rule="gated_delta",
-            state=True, per_key=False, **attrs):
+            state=True, per_key=False, dtype=np.float32, gate_dtype=None, **attrs):
         rng = np.random.default_rng(seed)
         u = lambda *s: rng.uniform(-1.0, 1.0, s).astype(np.float32)
         n = int(np.prod(lead))
@@ -1289,7 +1308,16 @@ def linear_attention_cases(out: str) -> None:
             attrs.update(gate_activation="qwen", beta_activation="sigmoid")
         if l2:
             attrs["qk_l2_norm"] = 1
-        case(out, name, "GatedDeltaNet", ins, n_outputs=2, exact=True, update_rule=rule, **attrs)
+        # A float16 query, key and value (T); decay and beta (TG) float16 or float32; the state
+        # float32 (TS) always.
+        gate_dtype = gate_dtype or dtype
+        typed = {"query": dtype, "key": dtype, "value": dtype, "decay": gate_dtype,
+                 "beta": gate_dtype}
+        ins = [x if x is None or x[0] not in typed else (x[0], None, x[2].astype(typed[x[0]]))
+               for x in ins]
+        out_type = [F16 if dtype == f16 else F32, F32]
+        case(out, name, "GatedDeltaNet", ins, n_outputs=2, exact=True, update_rule=rule,
+             out_type=out_type, **attrs)
     # The builder's dense layout: [B, S, H, D], qwen gate, sigmoid beta, qk_l2_norm, scale 0.
     gdn("gdn_builder_prompt", [2, 5], 2, 4, 16, 8, 30, qwen=True, l2=True, scale=0.0)
     gdn("gdn_builder_token", [2, 1], 2, 4, 16, 8, 31, qwen=True, l2=True)
@@ -1301,6 +1329,49 @@ def linear_attention_cases(out: str) -> None:
     gdn("gdn_linear", [1, 4], 2, 2, 8, 8, 36, rule="linear")
     gdn("gdn_gated_per_key", [1, 4], 1, 1, 8, 8, 37, rule="gated", per_key=True)
     gdn("gdn_delta", [1, 4], 1, 2, 8, 8, 38, rule="delta")
+    # ORT 1.32's float16 kernel: f32 inside from the widened inputs, the output rounded once,
+    # the state float32 (measured bit for bit), with float16 and with float32 decay and beta.
+    gdn("gdn_f16_builder", [2, 3], 2, 4, 16, 8, 39, qwen=True, l2=True, dtype=f16)
+    gdn("gdn_f16_gates_f32", [6], 1, 2, 8, 8, 40, cu=[0, 2, 6], dtype=f16, gate_dtype=np.float32)
+    linear_attention_chain(out)
+
+
+def linear_attention_chain(out):
+    """ONNX Runtime GenAI's Qwen3.5 linear attention in small: LinearAttentionGate makes the
+    decay and beta that GatedDeltaNet (dense [B, S, H, D] layout, qk_l2_norm) reads with a
+    float32 state, over a 5-token prompt after a past state. Outputs Y and the final state. Its
+    float16 export writes both ops in float16 with the state float32 (tests/integration/
+    contrib.rs)."""
+    rng = np.random.default_rng(43)
+    d = os.path.join(out, "linear_attention_chain")
+    os.makedirs(os.path.join(d, "inputs"), exist_ok=True)
+    b, t, hq, hv, dk, dv = 1, 5, 2, 4, 16, 16
+    u = lambda shape, lo=-1.0, hi=1.0: rng.uniform(lo, hi, shape).astype(np.float32)
+    inits = [numpy_helper.from_array(u([hv], -1.0, 1.0), "dt_bias"),
+             numpy_helper.from_array(-np.exp(u([hv], -3.0, 0.0)), "decay_scale")]
+    nodes = [
+        helper.make_node("LinearAttentionGate", ["a", "dt_bias", "decay_scale", "b"],
+                         ["decay", "beta"], domain=MS, name="gate"),
+        helper.make_node("GatedDeltaNet", ["q", "k", "v", "", "decay", "beta", "state"],
+                         ["Y", "final_state"], domain=MS, name="gdn", qk_l2_norm=1),
+    ]
+    feeds = [("q", u([b, t, hq, dk])), ("k", u([b, t, hq, dk])), ("v", u([b, t, hv, dv])),
+             ("a", u([b, t, hv], -4.0, 4.0)), ("b", u([b, t, hv], -4.0, 4.0)),
+             ("state", u([b, hv, dv, dk]))]
+    vi = lambda n, v: helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, list(v.shape))
+    graph = helper.make_graph(
+        nodes, "linear_attention_chain", [vi(n, v) for n, v in feeds],
+        [helper.make_tensor_value_info("Y", onnx.TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("final_state", onnx.TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid(MS, 1)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, "model.onnx"))
+    for k, (n, v) in enumerate(feeds):
+        with open(os.path.join(d, "inputs", f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(v, n).SerializeToString())
+    with open(os.path.join(d, "exact"), "w") as f:
+        f.write("")
 
 
 if __name__ == "__main__":

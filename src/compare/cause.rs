@@ -30,7 +30,7 @@
 
 use super::check_output;
 use super::Criterion;
-use crate::exec::emulate::{finish_fused_outputs, prepare_input, round_outputs, InputPrep};
+use crate::exec::emulate::{finish_fused_outputs, prepare_input, round_layer_outputs, InputPrep};
 use crate::exec::PreparedPlan;
 use crate::graph::Graph;
 use crate::ops::{OpCtx, Registry};
@@ -476,9 +476,11 @@ fn rerun(
     let mut outs = kernel(&ctx, &refs).ok()?;
     match &layer.fusion {
         Some(fu) => {
-            finish_fused_outputs(fu, true, None, &mut outs);
+            finish_fused_outputs(fu, node, true, None, &mut outs);
         }
-        None => round_outputs(p, &mut outs),
+        None => {
+            round_layer_outputs(p, node, &mut outs, false);
+        }
     }
     Some(outs)
 }

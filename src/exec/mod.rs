@@ -1108,24 +1108,23 @@ impl<'g> Interpreter<'g> {
                 Some(&last) => plan.map(|p| &p.layers[last]),
                 None => layer,
             };
+            let out_node = fused_steps.last().map_or(node, |&j| &self.graph.nodes[j]);
             let (marks, inner) = match written_by {
                 Some(l) if l.fusion.is_some() => {
                     let f = l.fusion.as_ref().expect("checked");
                     emulate::finish_fused_outputs(
                         f,
+                        out_node,
                         l.precision.is_some(),
                         movement_mark,
                         &mut outs,
                     )
                 }
                 Some(l) => match l.precision {
-                    Some(p) => {
-                        if !kernel_rounded {
-                            emulate::round_outputs(p, &mut outs);
-                        }
-                        let m = (!p.is_scaled() && p != Precision::Float32).then_some(p);
-                        (vec![m; outs.len()], Vec::new())
-                    }
+                    Some(p) => (
+                        emulate::round_layer_outputs(p, out_node, &mut outs, kernel_rounded),
+                        Vec::new(),
+                    ),
                     None => (vec![movement_mark; outs.len()], Vec::new()),
                 },
                 None => (vec![None; outs.len()], Vec::new()),

@@ -110,8 +110,13 @@ pub fn infer_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DT
 /// (and float zero points) become float16 with A, as ONNX Runtime GenAI's builder writes float16
 /// models, and ORT's x86 kernel computes in f32 and rounds the output, as the emulation does
 /// (`integration::contrib::weight_only_ops_export_in_float16_as_emulated`). The CUDA-only ops
-/// (BiasAdd), FusedConv and CausalConvWithState (ORT 1.32's CPU kernel is float32 only: a
-/// float16 one runs between Casts ORT inserts) stay float32 with a note.
+/// (BiasAdd), FusedConv, CausalConvWithState and LinearAttention (ORT 1.32's CPU kernels are
+/// float32 only: a float16 one runs between Casts ORT inserts) stay float32 with a note.
+/// LinearAttentionGate's float16 kernel computes in f32 and rounds each output once;
+/// GatedDeltaNet's computes in f32 from the widened inputs, rounds the output once and keeps
+/// its state float32 (measured bit for bit against ORT 1.32): their float32 inputs (the gate's
+/// dt_bias and decay_scale, the net's decay, beta, initial_state, a_log and dt_bias) stay
+/// float32, as their input roles say.
 pub fn has_float16_kernel(node: &Node) -> bool {
     // ONNX Runtime's SimplifiedLayerNormalization lives in the default domain, outside ONNX's
     // schemas.
@@ -141,6 +146,8 @@ pub fn has_float16_kernel(node: &Node) -> bool {
                     | "QMoE"
                     | "VarlenCausalConvWithState"
                     | "GatedRMSNorm"
+                    | "LinearAttentionGate"
+                    | "GatedDeltaNet"
             )
 }
 
@@ -179,7 +186,27 @@ fn contrib_outputs(node: &Node, ins: &[Option<DType>]) -> Option<Vec<Option<DTyp
         | "QMoE"
         | "CausalConvWithState"
         | "VarlenCausalConvWithState"
-        | "GatedRMSNorm" => all(input(0)),
+        | "GatedRMSNorm"
+        | "LinearAttentionGate" => all(input(0)),
+        // output is T; present_state S, past_state's type (without one, the model declares
+        // it: the query's here).
+        "LinearAttention" => Some(
+            (0..n)
+                .map(|j| {
+                    if j == 0 {
+                        input(0)
+                    } else {
+                        input(3).or(input(0))
+                    }
+                })
+                .collect(),
+        ),
+        // output is T; final_state and state_update float32 (TS).
+        "GatedDeltaNet" => Some(
+            (0..n)
+                .map(|j| if j == 0 { input(0) } else { Some(DType::F32) })
+                .collect(),
+        ),
         // A quantized KV cache (k_quant_type other than NONE) has its own cache type: not
         // typed here.
         "GroupQueryAttention" if node.attr_str("k_quant_type").is_none_or(|q| q == "NONE") => {
@@ -413,6 +440,28 @@ mod tests {
             infer_outputs(&contrib("GatedRMSNorm", 1), &[f16, f16, f16]),
             Some(vec![f16])
         );
+        assert_eq!(
+            infer_outputs(&contrib("LinearAttentionGate", 2), &[f16, f32, f32, f16]),
+            Some(vec![f16, f16])
+        );
+        assert_eq!(
+            infer_outputs(
+                &contrib("GatedDeltaNet", 2),
+                &[f16, f16, f16, None, f32, f32, f32, f32, f32]
+            ),
+            Some(vec![f16, f32])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("LinearAttention", 2), &[f16, f16, f16, f32]),
+            Some(vec![f16, f32])
+        );
+        assert_eq!(
+            infer_outputs(&contrib("LinearAttention", 2), &[f32, f32, f32]),
+            Some(vec![f32, f32])
+        );
+        assert!(has_float16_kernel(&contrib("LinearAttentionGate", 2)));
+        assert!(has_float16_kernel(&contrib("GatedDeltaNet", 2)));
+        assert!(!has_float16_kernel(&contrib("LinearAttention", 2)));
         assert!(has_float16_kernel(&contrib("GatedRMSNorm", 1)));
         assert!(has_float16_kernel(&contrib("VarlenCausalConvWithState", 2)));
         assert!(!has_float16_kernel(&contrib("CausalConvWithState", 2)));

@@ -205,7 +205,9 @@ impl<'a> OpCtx<'a> {
         }
     }
 
-    /// The kernel has rounded every float32 output it returns with [`OpCtx::rounder`].
+    /// The kernel has rounded every float32 output it returns with [`OpCtx::rounder`] (but
+    /// those its op keeps in their own type, [`OpDef::keeps_output_types`], which it leaves
+    /// as computed).
     pub fn outputs_rounded(&self) {
         if self.round_to.is_some() {
             self.rounded
@@ -314,6 +316,12 @@ pub fn def_of(node: &Node) -> Option<&'static OpDef> {
     Registry::global().def(&node.domain, &node.op_type)
 }
 
+/// Whether output `index` of `node` keeps its own type under a float16/bfloat16 plan
+/// ([`OpDef::keeps_output_types`]).
+pub fn output_keeps_type(node: &Node, index: usize) -> bool {
+    def_of(node).is_some_and(|d| d.keeps_output_type(index))
+}
+
 /// What an input of an op is, for precision and quantization: only `Data`, `Bias` and
 /// `WeightScale` inputs take the layer's precision; scales, zero points and parameters keep
 /// their own type (ONNX gives them their own type constraint, and rounding a scale would move
@@ -412,6 +420,9 @@ pub struct OpDef {
     /// Inputs the kernel rounds itself when a float16/bfloat16 plan hands it a constant
     /// float32 weight as stored ([`OpCtx::weight_rounding`]).
     rounds_weights: &'static [usize],
+    /// Outputs that keep the type the op gives them whatever the layer's precision: never
+    /// rounded to a float16/bfloat16 layer's type ([`OpDef::keeps_output_types`]).
+    kept_outputs: &'static [usize],
 }
 
 impl OpDef {
@@ -430,7 +441,21 @@ impl OpDef {
             epilogue: None,
             scaled: None,
             rounds_weights: &[],
+            kept_outputs: &[],
         }
+    }
+
+    /// Outputs `outputs` keep their own type under a float16/bfloat16 plan: a recurrent state
+    /// ONNX Runtime's 16-bit kernels keep in float32 (GatedDeltaNet's `final_state`), which
+    /// the interpreter neither rounds nor marks as rounded.
+    pub fn keeps_output_types(&mut self, outputs: &'static [usize]) -> &mut Self {
+        self.kept_outputs = outputs;
+        self
+    }
+
+    /// Whether output `index` keeps its own type under a 16-bit plan.
+    pub fn keeps_output_type(&self, index: usize) -> bool {
+        self.kept_outputs.contains(&index)
     }
 
     /// The kernel rounds constant float32 weights at `inputs` to a float16/bfloat16 layer's

@@ -8,7 +8,7 @@ use crate::common::cases_against_onnxruntime;
 #[test]
 fn contrib_ops_match_onnxruntime() {
     let tmp = tempfile::tempdir().unwrap();
-    let failures = cases_against_onnxruntime("gen_contrib_cases.py", tmp.path(), 298);
+    let failures = cases_against_onnxruntime("gen_contrib_cases.py", tmp.path(), 302);
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -112,6 +112,115 @@ fn mixtures_of_experts_export_in_float16() {
 #[test]
 fn linear_attention_conv_and_norm_export_in_float16() {
     float16_export_runs_as_emulated("conv_norm_chain", Some("short_conv"));
+}
+
+/// LinearAttentionGate → GatedDeltaNet (ONNX Runtime GenAI's Qwen3.5 linear attention) have
+/// float16 CPU kernels that compute in f32 and round their outputs once, GatedDeltaNet's state
+/// staying float32: the float16 export writes both in float16 with the gate's dt_bias and
+/// decay_scale, the net's decay, beta and state float32, and ONNX Runtime's outputs of the
+/// file (Y and the final state) are the emulated float16 plan's bit for bit.
+#[test]
+fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
+    use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
+    use mixprec::precision::{plan::PrecisionPlan, Precision};
+    use mixprec::tensor::DType;
+    float16_export_runs_as_emulated("linear_attention_chain", None);
+    let tmp = tempfile::tempdir().unwrap();
+    crate::common::generate_cases("gen_contrib_cases.py", tmp.path());
+    let d = tmp.path().join("linear_attention_chain");
+    let model = d.join("model.onnx");
+    let out = tmp.path().join("fp16.onnx");
+    let o = crate::common::mixprec(&[
+        "convert",
+        model.to_str().unwrap(),
+        "--fp16",
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", crate::common::text(&o));
+    let written = mixprec::load_model(&out).unwrap();
+    let types = mixprec::export::types::scope_types(&written.graph, &Default::default());
+    let node = |op: &str| {
+        written
+            .graph
+            .nodes
+            .iter()
+            .find(|n| n.op_type == op)
+            .unwrap()
+    };
+    let ty = |name: &str| types.get(name).copied();
+    let (gate, gdn) = (node("LinearAttentionGate"), node("GatedDeltaNet"));
+    assert_eq!(
+        [1, 2, 3].map(|i| ty(&gate.inputs[i])),
+        [Some(DType::F32), Some(DType::F32), Some(DType::F16)]
+    );
+    assert_eq!(ty(&gate.outputs[0]), Some(DType::F16));
+    // q, k, v float16; decay and beta float32 (TG: the gate's float16 output cast back, the
+    // values unchanged); the state float32 in and out.
+    assert_eq!(
+        [0, 1, 2, 4, 5, 6].map(|i| ty(&gdn.inputs[i])),
+        [
+            Some(DType::F16),
+            Some(DType::F16),
+            Some(DType::F16),
+            Some(DType::F32),
+            Some(DType::F32),
+            Some(DType::F32)
+        ]
+    );
+    assert_eq!(gdn.inputs[6], "state", "the state input is read as given");
+    assert_eq!(
+        [ty(&gdn.outputs[0]), ty(&gdn.outputs[1])],
+        [Some(DType::F16), Some(DType::F32)]
+    );
+    assert_eq!(gdn.outputs[1], "final_state", "no Cast after the state");
+    // ONNX Runtime on the file against the emulated float16 plan, both outputs.
+    let m = mixprec::load_model(&model).unwrap();
+    let feeds = crate::common::feeds_of(&m.graph, &d.join("inputs"));
+    let plan = PrecisionPlan::uniform(&m.graph, Precision::Float16);
+    let prepared = PreparedPlan::new(&m.graph, &plan, &PlanOptions::default()).unwrap();
+    let emulated = mixprec::Interpreter::new(&m.graph)
+        .unwrap()
+        .run_plan(&feeds, &RunOptions::default(), &prepared)
+        .unwrap()
+        .outputs;
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import sys, os, numpy as np, onnx, onnxruntime as ort; \
+        from onnx import numpy_helper as nh; \
+        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); \
+        xs = [nh.to_array(onnx.load_tensor(f'{sys.argv[2]}/input_{k}.pb')) for k in range(len(s.get_inputs()))]; \
+        [np.save(os.path.join(sys.argv[3], f'out_{k}.npy'), y) \
+         for k, y in enumerate(s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)}))]";
+    let o = std::process::Command::new(crate::common::python())
+        .args([
+            "-c",
+            script,
+            out.to_str().unwrap(),
+            d.join("inputs").to_str().unwrap(),
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", crate::common::text(&o));
+    assert_eq!(emulated.len(), 2);
+    for (k, (name, e)) in emulated.iter().enumerate() {
+        let f = dir.path().join(format!("out_{k}.npy"));
+        let ort = mixprec::data::npy::from_npy(&std::fs::read(f).unwrap()).unwrap();
+        assert_eq!(ort.dtype(), DType::F32, "{name}");
+        let (a, b) = (e.as_f32().unwrap(), ort.as_f32().unwrap());
+        assert_eq!(a.len(), b.len(), "{name}");
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{name}: {differ} of {} values differ", a.len());
+    }
+    // The state is not float16 values: the emulation left it float32.
+    let state = emulated[1].1.as_f32().unwrap();
+    assert!(state
+        .iter()
+        .any(|&x| half::f16::from_f32(x).to_f32().to_bits() != x.to_bits()));
 }
 
 /// `convert --fp16 --fallback` of the generated chain `case`: only the layer `kept` (no

@@ -32,15 +32,23 @@ pub fn register(r: &mut Registry) {
     r.add_in(MS_DOMAIN, "LinearAttentionGate", linear_attention_gate)
         .roles(&[Data, Param, Param, Data])
         .infer(gate_facts);
+    // The state (past_state, present_state: type S) keeps its own type under a 16-bit plan:
+    // ORT 1.32 runs a float16 LinearAttention with a float32 state as its float32 kernel
+    // between Casts of query, key, value, decay, beta and output only (measured).
     r.add_in(MS_DOMAIN, "LinearAttention", linear_attention)
         .parse(|n, _| boxed(LaAttrs::parse(n)))
-        .roles(&[Data, Data, Data, Data, Data, Data])
+        .roles(&[Data, Data, Data, Param, Data, Data])
+        .keeps_output_types(&[1])
         .infer(la_facts);
+    // initial_state, final_state and state_update are float32 (TS) in every kernel; decay and
+    // beta (TG) may stay float32 beside a float16 query (measured: ORT 1.32's float16 kernel
+    // takes them so, bit for bit as float16 ones holding the same values).
     r.add_in(MS_DOMAIN, "GatedDeltaNet", gated_delta_net)
         .parse(|n, _| boxed(GdnAttrs::parse(n)))
         .roles(&[
             Data, Data, Data, Param, Param, Param, Param, Param, Param, Param, Param,
         ])
+        .keeps_output_types(&[1, 2])
         .infer(gdn_facts);
 }
 
@@ -521,6 +529,12 @@ fn linear_attention(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             }
         }
     }
+    // Under a 16-bit plan the output is rounded once, the state left as computed (a float16
+    // ORT model with a float32 state: Casts around the float32 kernel, measured).
+    if q.dtype() == DType::F32 {
+        ctx.rounder()(&mut out);
+        ctx.outputs_rounded();
+    }
     let state_dtype = past.map_or(q.dtype(), |p| p.dtype());
     Ok(vec![
         in_dtype(Tensor::from_f32(vec![b, t, out_heads * dv], out), q.dtype()),
@@ -904,6 +918,12 @@ fn gated_delta_net(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
             }
         }
     }
+    // ORT 1.32's float16 and bfloat16 kernels compute in f32 from the widened inputs and
+    // round the output once; the state stays float32 (measured, bit for bit).
+    if q.dtype() == DType::F32 {
+        ctx.rounder()(&mut out);
+        ctx.outputs_rounded();
+    }
     let mut out_shape = qs[..td].to_vec();
     out_shape.extend([hv, dv]);
     Ok(vec![
@@ -1057,6 +1077,200 @@ mod tests {
         let gate = node("LinearAttentionGate", vec![]);
         let e = run(&gate, &[Some(&z(&[2, 3])), Some(&z(&[2])), Some(&z(&[3]))]).unwrap_err();
         assert!(e.0.contains("must have 3 elements"), "{e}");
+    }
+
+    /// Values in [-1, 1) (deterministic), not all float16.
+    fn vals(n: usize, seed: u32) -> Vec<f32> {
+        let mut rng = crate::data::loader::Mt19937::new(seed);
+        (0..n)
+            .map(|_| (rng.random_sample() * 2.0 - 1.0) as f32)
+            .collect()
+    }
+
+    fn f16_rounded(v: &[f32]) -> Vec<f32> {
+        v.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// A float16 layer's GatedDeltaNet and LinearAttention (OpCtx::round_to F16): the output
+    /// is the f32 one rounded once, the state the f32 one as computed (ORT 1.32's float16
+    /// kernels, measured: docs/numerics.md, "Linear attention"); both kernels say they rounded.
+    #[test]
+    fn under_float16_the_output_is_rounded_once_and_the_state_kept() {
+        use crate::graph::Attribute::{Int, String as Str};
+        let (n, h, dk, dv) = (5usize, 2usize, 16usize, 8usize);
+        let q = t(&[n, h, dk], &vals(n * h * dk, 1));
+        let k = t(&[n, h, dk], &vals(n * h * dk, 2));
+        let v = t(&[n, h, dv], &vals(n * h * dv, 3));
+        let decay = t(&[n, h], &vals(n * h, 4));
+        let beta = t(&[n, h], &vals(n * h, 5));
+        let s0 = t(&[1, h, dv, dk], &vals(h * dv * dk, 6));
+        let (al, db) = (t(&[h], &vals(h, 7)), t(&[h], &vals(h, 8)));
+        let gdn = node(
+            "GatedDeltaNet",
+            vec![
+                ("gate_activation", Str("qwen".into())),
+                ("beta_activation", Str("sigmoid".into())),
+                ("qk_l2_norm", Int(1)),
+            ],
+        );
+        let gdn_ins = [
+            Some(&q),
+            Some(&k),
+            Some(&v),
+            None,
+            Some(&decay),
+            Some(&beta),
+            Some(&s0),
+            Some(&al),
+            Some(&db),
+        ];
+        let la = node(
+            "LinearAttention",
+            vec![
+                ("q_num_heads", Int(h as i64)),
+                ("kv_num_heads", Int(h as i64)),
+            ],
+        );
+        let (q3, k3) = (
+            t(&[1, n, h * dk], q.as_f32().unwrap()),
+            t(&[1, n, h * dk], k.as_f32().unwrap()),
+        );
+        let v3 = t(&[1, n, h * dv], v.as_f32().unwrap());
+        let past = t(&[1, h, dk, dv], s0.as_f32().unwrap());
+        let g3 = t(
+            &[1, n, h],
+            &vals(n * h, 9).iter().map(|x| -x.abs()).collect::<Vec<_>>(),
+        );
+        let b3 = t(
+            &[1, n, h],
+            &vals(n * h, 10).iter().map(|x| x.abs()).collect::<Vec<_>>(),
+        );
+        let la_ins = [
+            Some(&q3),
+            Some(&k3),
+            Some(&v3),
+            Some(&past),
+            Some(&g3),
+            Some(&b3),
+        ];
+        for (nd, ins) in [(&gdn, &gdn_ins[..]), (&la, &la_ins[..])] {
+            // (Parses the node's attributes too.)
+            let want = run(nd, ins).unwrap();
+            let kernel = Registry::global().get(MS_DOMAIN, &nd.op_type).unwrap();
+            let mut ctx = OpCtx::new(nd, 1);
+            ctx.round_to = Some(crate::numeric::Rounding::F16);
+            let got = kernel(&ctx, ins).unwrap();
+            assert!(ctx.did_round(), "{}", nd.op_type);
+            let (o, o32) = (got[0].as_f32().unwrap(), want[0].as_f32().unwrap());
+            assert_eq!(bits(o), bits(&f16_rounded(o32)), "{} output", nd.op_type);
+            let (s, s32) = (got[1].as_f32().unwrap(), want[1].as_f32().unwrap());
+            assert_eq!(bits(s), bits(s32), "{} state", nd.op_type);
+            assert_ne!(
+                bits(s),
+                bits(&f16_rounded(s)),
+                "{}: a float16 state",
+                nd.op_type
+            );
+            let def = crate::ops::def_of(nd).unwrap();
+            assert!(!def.keeps_output_type(0) && def.keeps_output_type(1));
+        }
+    }
+
+    /// Under a float16 plan the interpreter leaves GatedDeltaNet's state float32 and marks it
+    /// so: a float16 layer reading it rounds it first (a mark saying "rounded" would skip that).
+    /// The reader subtracts the rounded state, so it gives zeros only if it rounded its input.
+    #[test]
+    fn a_float16_plan_keeps_the_state_and_its_reader_rounds_it() {
+        use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
+        use crate::graph::testing::{graph, node as gnode, vi};
+        use crate::precision::{plan::PrecisionPlan, Precision};
+        let (n, h, dk, dv) = (6usize, 2usize, 16usize, 16usize);
+        let sshape = vec![1, h, dv, dk];
+        let mut g_node = gnode(
+            "gdn",
+            "GatedDeltaNet",
+            &["q", "k", "v", "", "g", "b", "s0"],
+            &["y", "s"],
+        );
+        g_node.domain = MS_DOMAIN.into();
+        let feeds_v = [
+            ("q", vec![n, h, dk], vals(n * h * dk, 11)),
+            ("k", vec![n, h, dk], vals(n * h * dk, 12)),
+            ("v", vec![n, h, dv], vals(n * h * dv, 13)),
+            (
+                "g",
+                vec![n, h],
+                vals(n * h, 14).iter().map(|x| -x.abs()).collect(),
+            ),
+            (
+                "b",
+                vec![n, h],
+                vals(n * h, 15).iter().map(|x| x.abs()).collect(),
+            ),
+            ("s0", sshape.clone(), vals(h * dv * dk, 16)),
+        ];
+        // The reference: q, k, v rounded (data inputs), decay, beta and the state as given.
+        let tensors: Vec<Tensor> = feeds_v
+            .iter()
+            .map(|(name, shape, v)| {
+                let v = if ["q", "k", "v"].contains(name) {
+                    f16_rounded(v)
+                } else {
+                    v.clone()
+                };
+                Tensor::from_f32(shape.clone(), v)
+            })
+            .collect();
+        let ins = [
+            Some(&tensors[0]),
+            Some(&tensors[1]),
+            Some(&tensors[2]),
+            None,
+            Some(&tensors[3]),
+            Some(&tensors[4]),
+            Some(&tensors[5]),
+        ];
+        let want = run(&g_node, &ins).unwrap();
+        let (y32, s32) = (want[0].as_f32().unwrap(), want[1].as_f32().unwrap());
+        let rounded_state = f16_rounded(s32);
+        assert_ne!(bits(s32), bits(&rounded_state), "a float16 state");
+        let g = {
+            let sub = gnode("sub", "Sub", &["s", "r"], &["diff"]);
+            let mut g = graph(
+                vec![g_node.clone(), sub],
+                feeds_v
+                    .iter()
+                    .map(|(name, shape, _)| vi(name, shape))
+                    .chain([vi("r", &sshape)])
+                    .collect(),
+                vec![vi("y", &[n, h, dv]), vi("s", &sshape), vi("diff", &sshape)],
+                vec![],
+            );
+            g.opsets.insert(MS_DOMAIN.into(), 1);
+            g
+        };
+        let mut feeds = Feeds::new();
+        for (name, shape, v) in &feeds_v {
+            feeds.insert(name.to_string(), Tensor::from_f32(shape.clone(), v.clone()));
+        }
+        feeds.insert("r".into(), Tensor::from_f32(sshape.clone(), rounded_state));
+        let plan = PrecisionPlan::from_layers(vec![Precision::Float16; 2]);
+        let prepared = PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap();
+        let r = Interpreter::new(&g)
+            .unwrap()
+            .run_plan(&feeds, &RunOptions::default(), &prepared)
+            .unwrap();
+        let out = |name: &str| {
+            let t = &r.outputs.iter().find(|(o, _)| o == name).unwrap().1;
+            bits(t.as_f32().unwrap())
+        };
+        assert_eq!(out("y"), bits(&f16_rounded(y32)));
+        assert_eq!(out("s"), bits(s32));
+        assert_eq!(out("diff"), vec![0u32; s32.len()]);
     }
 
     #[test]
