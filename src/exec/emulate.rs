@@ -908,7 +908,6 @@ pub(crate) fn state_type(p: Option<Precision>) -> crate::numeric::StateType {
     }
 }
 
-/// Rounds a float layer's f32 outputs to its precision (quantized layers output f32).
 /// Rounds the outputs of `node`, a layer in `p`, but those its op keeps in their own type
 /// (`OpDef::keeps_output_types`: a recurrent state ONNX Runtime's 16-bit kernels keep in
 /// float32). Returns, per output, the precision its value is rounded to.
@@ -932,6 +931,7 @@ pub(crate) fn round_layer_outputs(
         .collect()
 }
 
+/// Rounds a float layer's f32 outputs to its precision (quantized layers output f32).
 pub(crate) fn round_outputs(p: Precision, outs: &mut [Tensor]) {
     if p == Precision::Float32 || p.is_scaled() {
         return;
