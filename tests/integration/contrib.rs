@@ -121,8 +121,6 @@ fn linear_attention_conv_and_norm_export_in_float16() {
 /// file (Y and the final state) are the emulated float16 plan's bit for bit.
 #[test]
 fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
-    use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
-    use mixprec::precision::{plan::PrecisionPlan, Precision};
     use mixprec::tensor::DType;
     float16_export_runs_as_emulated("linear_attention_chain", None);
     let tmp = tempfile::tempdir().unwrap();
@@ -175,37 +173,10 @@ fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
     );
     assert_eq!(gdn.outputs[1], "final_state", "no Cast after the state");
     // ONNX Runtime on the file against the emulated float16 plan, both outputs.
-    let m = mixprec::load_model(&model).unwrap();
-    let feeds = crate::common::feeds_of(&m.graph, &d.join("inputs"));
-    let plan = PrecisionPlan::uniform(&m.graph, Precision::Float16);
-    let prepared = PreparedPlan::new(&m.graph, &plan, &PlanOptions::default()).unwrap();
-    let emulated = mixprec::Interpreter::new(&m.graph)
-        .unwrap()
-        .run_plan(&feeds, &RunOptions::default(), &prepared)
-        .unwrap()
-        .outputs;
-    let dir = tempfile::tempdir().unwrap();
-    let script = "import sys, os, numpy as np, onnx, onnxruntime as ort; \
-        from onnx import numpy_helper as nh; \
-        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); \
-        xs = [nh.to_array(onnx.load_tensor(f'{sys.argv[2]}/input_{k}.pb')) for k in range(len(s.get_inputs()))]; \
-        [np.save(os.path.join(sys.argv[3], f'out_{k}.npy'), y) \
-         for k, y in enumerate(s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)}))]";
-    let o = std::process::Command::new(crate::common::python())
-        .args([
-            "-c",
-            script,
-            out.to_str().unwrap(),
-            d.join("inputs").to_str().unwrap(),
-            dir.path().to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", crate::common::text(&o));
+    let emulated = emulated_float16(&model, &d.join("inputs"));
+    let ort_outputs = onnxruntime_outputs(&out, &d.join("inputs"));
     assert_eq!(emulated.len(), 2);
-    for (k, (name, e)) in emulated.iter().enumerate() {
-        let f = dir.path().join(format!("out_{k}.npy"));
-        let ort = mixprec::data::npy::from_npy(&std::fs::read(f).unwrap()).unwrap();
+    for ((name, e), ort) in emulated.iter().zip(&ort_outputs) {
         assert_eq!(ort.dtype(), DType::F32, "{name}");
         let (a, b) = (e.as_f32().unwrap(), ort.as_f32().unwrap());
         assert_eq!(a.len(), b.len(), "{name}");
@@ -228,8 +199,6 @@ fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
 /// reads float16, and ONNX Runtime's output of the file is the emulated float16 plan's within
 /// 1e-2 of the largest output.
 fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
-    use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
-    use mixprec::precision::{plan::PrecisionPlan, Precision};
     let tmp = tempfile::tempdir().unwrap();
     crate::common::generate_cases("gen_contrib_cases.py", tmp.path());
     let d = tmp.path().join(case);
@@ -289,35 +258,8 @@ fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
         );
     }
     // ONNX Runtime's output against the emulation of the float16 plan.
-    let m = mixprec::load_model(&model).unwrap();
-    let feeds = crate::common::feeds_of(&m.graph, &d.join("inputs"));
-    let plan = PrecisionPlan::uniform(&m.graph, Precision::Float16);
-    let prepared = PreparedPlan::new(&m.graph, &plan, &PlanOptions::default()).unwrap();
-    let emulated = mixprec::Interpreter::new(&m.graph)
-        .unwrap()
-        .run_plan(&feeds, &RunOptions::default(), &prepared)
-        .unwrap()
-        .outputs[0]
-        .1
-        .clone();
-    let y = tmp.path().join("ort.npy");
-    let script =
-        "import sys, numpy as np, onnx, onnxruntime as ort; from onnx import numpy_helper as nh; \
-        s = ort.InferenceSession(sys.argv[1]); \
-        xs = [nh.to_array(onnx.load_tensor(f'{sys.argv[2]}/input_{k}.pb')) for k in range(len(s.get_inputs()))]; \
-        np.save(sys.argv[3], s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)})[0].astype(np.float32))";
-    let o = std::process::Command::new(crate::common::python())
-        .args([
-            "-c",
-            script,
-            out.to_str().unwrap(),
-            d.join("inputs").to_str().unwrap(),
-            y.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", crate::common::text(&o));
-    let ort = mixprec::data::npy::from_npy(&std::fs::read(&y).unwrap()).unwrap();
+    let emulated = emulated_float16(&model, &d.join("inputs")).remove(0).1;
+    let ort = onnxruntime_outputs(&out, &d.join("inputs")).remove(0);
     let (a, b) = (emulated.as_f32().unwrap(), ort.as_f32().unwrap());
     assert_eq!(a.len(), b.len());
     let err = a
@@ -330,6 +272,56 @@ fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
         err <= 1e-2 * scale.max(1.0),
         "ONNX Runtime vs emulation: {err:e} (scale {scale})"
     );
+}
+
+/// The outputs of `model` under a uniform float16 plan, on the inputs in `inputs`
+/// (input_K.pb).
+fn emulated_float16(
+    model: &std::path::Path,
+    inputs: &std::path::Path,
+) -> Vec<(String, mixprec::tensor::Tensor)> {
+    use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
+    use mixprec::precision::{plan::PrecisionPlan, Precision};
+    let m = mixprec::load_model(model).unwrap();
+    let feeds = crate::common::feeds_of(&m.graph, inputs);
+    let plan = PrecisionPlan::uniform(&m.graph, Precision::Float16);
+    let prepared = PreparedPlan::new(&m.graph, &plan, &PlanOptions::default()).unwrap();
+    mixprec::Interpreter::new(&m.graph)
+        .unwrap()
+        .run_plan(&feeds, &RunOptions::default(), &prepared)
+        .unwrap()
+        .outputs
+}
+
+/// Every output ONNX Runtime's CPU provider computes for the model file `model` on the inputs
+/// in `inputs` (input_K.pb, one per graph input), as float32.
+fn onnxruntime_outputs(
+    model: &std::path::Path,
+    inputs: &std::path::Path,
+) -> Vec<mixprec::tensor::Tensor> {
+    let dir = tempfile::tempdir().unwrap();
+    let script = "import sys, os, numpy as np, onnx, onnxruntime as ort; \
+        from onnx import numpy_helper as nh; \
+        s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider']); \
+        xs = [nh.to_array(onnx.load_tensor(f'{sys.argv[2]}/input_{k}.pb')) for k in range(len(s.get_inputs()))]; \
+        [np.save(os.path.join(sys.argv[3], f'out_{k}.npy'), y.astype(np.float32)) \
+         for k, y in enumerate(s.run(None, {i.name: x for i, x in zip(s.get_inputs(), xs)}))]";
+    let o = std::process::Command::new(crate::common::python())
+        .args([
+            "-c",
+            script,
+            model.to_str().unwrap(),
+            inputs.to_str().unwrap(),
+            dir.path().to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", crate::common::text(&o));
+    (0..)
+        .map(|k| dir.path().join(format!("out_{k}.npy")))
+        .take_while(|f| f.exists())
+        .map(|f| mixprec::data::npy::from_npy(&std::fs::read(f).unwrap()).unwrap())
+        .collect()
 }
 
 /// The outputs ONNX Runtime's CPU provider computes for a model of one input (one intra-op
