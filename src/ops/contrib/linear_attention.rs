@@ -722,8 +722,10 @@ fn gated_delta_net(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 cu.shape()
             )));
         }
-        let c = cu.to_i64_vec().expect("int32");
-        if c[0] != 0 || *c.last().unwrap() != n as i64 {
+        let c = cu
+            .to_i64_vec()
+            .ok_or_else(|| OpError("cu_seqlens holds no integers".into()))?;
+        if c.first() != Some(&0) || c.last() != Some(&(n as i64)) {
             return Err(OpError(format!(
                 "cu_seqlens must start at 0 and end at total_tokens {n}, got {c:?}"
             )));
