@@ -122,21 +122,10 @@ fn linear_attention_conv_and_norm_export_in_float16() {
 #[test]
 fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
     use mixprec::tensor::DType;
-    float16_export_runs_as_emulated("linear_attention_chain", None);
-    let tmp = tempfile::tempdir().unwrap();
-    crate::common::generate_cases("gen_contrib_cases.py", tmp.path());
-    let d = tmp.path().join("linear_attention_chain");
-    let model = d.join("model.onnx");
-    let out = tmp.path().join("fp16.onnx");
-    let o = crate::common::mixprec(&[
-        "convert",
-        model.to_str().unwrap(),
-        "--fp16",
-        "-o",
-        out.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", crate::common::text(&o));
-    let written = mixprec::load_model(&out).unwrap();
+    // Nothing stays float32 (kept: None), so `--fallback` wrote the plain float16 export.
+    let export = float16_export_runs_as_emulated("linear_attention_chain", None);
+    let (d, model, out) = (&export.case, &export.model, &export.out);
+    let written = mixprec::load_model(out).unwrap();
     let types = mixprec::export::types::scope_types(&written.graph, &Default::default());
     let node = |op: &str| {
         written
@@ -173,8 +162,8 @@ fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
     );
     assert_eq!(gdn.outputs[1], "final_state", "no Cast after the state");
     // ONNX Runtime on the file against the emulated float16 plan, both outputs.
-    let emulated = emulated_float16(&model, &d.join("inputs"));
-    let ort_outputs = onnxruntime_outputs(&out, &d.join("inputs"));
+    let emulated = emulated_float16(model, &d.join("inputs"));
+    let ort_outputs = onnxruntime_outputs(out, &d.join("inputs"));
     assert_eq!(emulated.len(), 2);
     for ((name, e), ort) in emulated.iter().zip(&ort_outputs) {
         assert_eq!(ort.dtype(), DType::F32, "{name}");
@@ -197,8 +186,8 @@ fn linear_attention_gate_and_gated_delta_net_export_in_float16() {
 /// `convert --fp16 --fallback` of the generated chain `case`: only the layer `kept` (no
 /// float16 kernel: FusedConv, CausalConvWithState) stays float32 with its note, every other com.microsoft layer
 /// reads float16, and ONNX Runtime's output of the file is the emulated float16 plan's within
-/// 1e-2 of the largest output.
-fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
+/// 1e-2 of the largest output. Returns the case and the written file, for more checks.
+fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) -> Float16Export {
     let tmp = tempfile::tempdir().unwrap();
     crate::common::generate_cases("gen_contrib_cases.py", tmp.path());
     let d = tmp.path().join(case);
@@ -272,6 +261,21 @@ fn float16_export_runs_as_emulated(case: &str, kept: Option<&str>) {
         err <= 1e-2 * scale.max(1.0),
         "ONNX Runtime vs emulation: {err:e} (scale {scale})"
     );
+    Float16Export {
+        _dir: tmp,
+        case: d,
+        model,
+        out,
+    }
+}
+
+/// A generated case and its float16 export ([`float16_export_runs_as_emulated`]); the files
+/// live as long as `_dir`.
+struct Float16Export {
+    _dir: tempfile::TempDir,
+    case: std::path::PathBuf,
+    model: std::path::PathBuf,
+    out: std::path::PathBuf,
 }
 
 /// The outputs of `model` under a uniform float16 plan, on the inputs in `inputs`
