@@ -108,6 +108,10 @@ def expand(src: str, dst: str) -> None:
     model.metadata_props.extend(keep)
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     if kit["external"]:
+        # onnx.save appends to an existing data file: start it afresh on every expansion.
+        data = dst + ".data"
+        if os.path.exists(data):
+            os.remove(data)
         onnx.save(model, dst, save_as_external_data=True, location=os.path.basename(dst) + ".data")
     else:
         onnx.save(model, dst)

@@ -386,7 +386,7 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
     mapped
         || packs_small_b(rows, k, n)
-        || ((2..=super::sgemm::FEW_ROWS).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
+        || ((1..=super::sgemm::FEW_ROWS).contains(&rows) && n >= super::sgemm::STREAMED_ROW_VALUES)
 }
 
 /// Whether a product of more than one row keeps a copy of a weight of at most
@@ -1398,9 +1398,10 @@ mod tests {
         assert!(keeps_packed_b(2, 16, 16, false));
         assert!(!keeps_packed_b(1, 16, 16, false));
         assert!(keeps_packed_b(1, 4096, 4096, true));
-        // A wide weight (a tied lm_head) by a prefill's rows, not by a decode step's.
+        // A wide weight (a tied lm_head) by a prefill's rows and by a decode step's.
         assert!(keeps_packed_b(16, 576, 49152, false));
-        assert!(!keeps_packed_b(1, 576, 49152, false));
+        assert!(keeps_packed_b(1, 576, 49152, false));
+        assert!(!keeps_packed_b(1, 576, 16383, false));
         // ... as stored only: a float16/bfloat16 plan reads those panels rounded, no copy.
         assert!(!packs_small_b(16, 576, 49152));
     }

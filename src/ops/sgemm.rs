@@ -276,9 +276,11 @@ pub fn gemm_threads(
     };
     // (Not for the rounding kernel: the AVX-512 tiles read B as stored.)
     let wide = kernel.has_avx512();
-    // One row by panels (a decode step's weight): streamed panel by panel, several at once
-    // (the AVX-512 tiles take eight panels at once instead).
-    if let (1, Some(pb), false) = (m, whole, wide) {
+    // One row by panels (a decode step's weight), on every CPU: each thread streams one run of
+    // adjacent panels, as ONNX Runtime splits a product statically, which the memory system
+    // reads at its full rate; the tiles' small blocks of panels, one rayon task each, do not
+    // (docs/performance-history.md, 2026-11-30).
+    if let (1, Some(pb)) = (m, whole) {
         let threads = if parallel { threads } else { 1 };
         gemv_panels(kernel, pb, a, a_cs, &mut c[..n], accumulate, threads);
         return;
