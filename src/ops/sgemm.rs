@@ -357,14 +357,25 @@ pub fn gemm_threads(
                     (None, Some(_)) => NR,
                     (None, None) => kc * NR,
                 };
-                for ip in ip0..ip1 {
+                let mut ip = ip0;
+                while ip < ip1 {
                     let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
+                    // Two full A panels at once by a pair of panels (the 12×32 tile, ONNX
+                    // Runtime's AVX-512 shape) in a product of a few A panels (a prefill),
+                    // where B comes from memory: each B value loaded once per 12 rows, not
+                    // per 6. With many A panels (B packed per call, in cache) 6×32 stays.
+                    let double = group == 2
+                        && m_panels <= DIRECT_B_PANELS
+                        && ip + 1 < ip1
+                        && (ip + 2) * MR <= m;
+                    ip += 1 + double as usize;
                     let ap = StridedA {
                         data: a[i0 * a_rs + p0 * a_cs..].as_ptr(),
                         rs: a_rs,
                         cs: a_cs,
                     };
-                    // SAFETY: `ap` reaches rows i0..i0 + rows of columns p0..p0 + kc of A,
+                    // SAFETY: `ap` reaches rows i0..i0 + rows (i0 + 2·MR where `double`: both
+                    // panels full, inside A) of columns p0..p0 + kc of A,
                     // inside A as asserted above; `bp` holds kc rows of NR values at stride
                     // `b_stride` (a packed panel, or B's own rows with j0 + NR <= n, asserted
                     // above), and so does each of the group's next panels, `panel_step` apart
@@ -379,6 +390,15 @@ pub fn gemm_threads(
                             let f = match prefetch {
                                 true => tile_avx512_panels::<1, 8, true, StridedA>,
                                 false => tile_avx512_panels::<1, 8, false, StridedA>,
+                            };
+                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
+                            continue;
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        if double {
+                            let f = match prefetch {
+                                true => tile_avx512_panels::<12, 2, true, StridedA>,
+                                false => tile_avx512_panels::<12, 2, false, StridedA>,
                             };
                             f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
                             continue;
@@ -1347,9 +1367,11 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 
 /// R rows × P B panels (16·P columns; panel q at `b.add(q·panel_step)`, kc rows each at
 /// stride `b_stride`) of a product whose A the tile reads through `a`, in AVX-512 registers:
-/// the same chains as the 6×16 tile. Two shapes run: R×32 (P = 2; on Zen 5, with full-width
+/// the same chains as the 6×16 tile. Three shapes run: R×32 (P = 2; on Zen 5, with full-width
 /// 512-bit FMA units, the transformer's MatMuls ~1.6× as fast as through the `gemm` crate's
-/// AVX2 kernel) and, for a product of one row, 1×128 (P = 8: eight independent chains hide
+/// AVX2 kernel), 12×32 for a product of a few A panels (24 accumulators: B streamed from
+/// memory is loaded once per 12 rows; a 16-row prefill 5–10 % faster on Zen 4; with many A
+/// panels, B packed per call and in cache, 6×32 stays) and, for a product of one row, 1×128 (P = 8: eight independent chains hide
 /// the FMA latency that a one-row 1×32 tile waits on; Silero's LSTM step [1,128]·[128,512]
 /// was 1.5× slower on 1×32 than on the `gemm` crate's one-row path). With PREFETCH, each
 /// panel's row PREFETCH_ROWS steps ahead is prefetched, as the AVX2 tile does for a B streamed
