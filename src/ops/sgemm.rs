@@ -229,6 +229,12 @@ pub fn gemm_threads(
     } else {
         (32 * 1024 / (k.min(KC * 4) * NR)).clamp(1, n_panels)
     };
+    // Where the AVX-512 tiles take B panels in pairs, blocks of an even number of panels: an
+    // odd block leaves its last panel to the 16-column AVX2 tile, at half the width.
+    let nb = match Kernel::detect().has_avx512() && nb % 2 == 1 {
+        true => (nb + 1).min(n_panels),
+        false => nb,
+    };
     let n_blocks = n_panels.div_ceil(nb);
     let m_split = if parallel {
         (2 * threads).div_ceil(n_blocks).clamp(1, m_panels)
