@@ -377,12 +377,13 @@ const MAX_PACKED_B_BYTES: usize = 16 << 20;
 ///   reads panels, the fastest form for the tiles and, streamed, for one row (a decode step);
 /// - any other (a weight copied at load, folded at load or converted by a plan) by more than
 ///   one row where the copy is at most [`MAX_PACKED_B_BYTES`] ([`packs_small_b`]);
-/// - and where a product of a few rows (a prefill) would pack a wide B band by band on every
-///   run (rows of at least `sgemm::STREAMED_ROW_VALUES`: a tied lm_head, the Transpose of the
-///   embedding folded at load), a copy the size of that weight.
+/// - and a wide B (rows of at least `sgemm::STREAMED_ROW_VALUES`: a tied lm_head, the
+///   Transpose of the embedding folded at load) by one row or a few: a prefill would pack it
+///   band by band on every run, and a decode step reads rows that far apart at about two
+///   thirds of the rate of its panels; a copy the size of that weight.
 ///
-/// One row (a decode step) streams a weight in rows by bands as fast as its panels, so it
-/// keeps no copy.
+/// Any other weight by one row (a decode step) is streamed in rows by bands, and keeps no
+/// copy.
 fn keeps_packed_b(rows: usize, k: usize, n: usize, mapped: bool) -> bool {
     mapped
         || packs_small_b(rows, k, n)
