@@ -26,6 +26,9 @@ const MR: usize = 4;
 /// 32 registers; each panel load serves 8 rows, each broadcast 2 panels).
 const WIDE_ROWS: usize = 8;
 const WIDE_COLUMNS: usize = 2 * NR;
+/// How many groups of four rows of B ahead the 512-bit kernel prefetches its panels: a
+/// kept weight is read once per call, most of it from L3 or memory.
+const PREFETCH_QUADS: usize = 16;
 /// Products (m·k·16) from which a panel range is worth a task of its own.
 const TASK_WORK: usize = 1 << 16;
 
@@ -768,6 +771,12 @@ unsafe fn quads_avx512<const R: usize, const P: usize>(
     let b = b.as_ptr();
     for q in 0..quads {
         let mut panel = [_mm512_setzero_si512(); P];
+        for pi in 0..P {
+            // A hint PREFETCH_QUADS groups ahead (past a panel's end: the next panel's start,
+            // or beyond the weight, where it is dropped).
+            let ahead = b.wrapping_add(pi * panel_len + (q + PREFETCH_QUADS) * 4 * NR);
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+        }
         for (pi, v) in panel.iter_mut().enumerate() {
             // SAFETY: q < quads and pi < P: inside the P panels (asserted above).
             *v = _mm512_loadu_si512(b.add(pi * panel_len + q * 4 * NR) as *const __m512i);
