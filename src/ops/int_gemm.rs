@@ -26,6 +26,9 @@ const MR: usize = 4;
 /// 32 registers; each panel load serves 8 rows, each broadcast 2 panels).
 const WIDE_ROWS: usize = 8;
 const WIDE_COLUMNS: usize = 2 * NR;
+/// How many groups of four rows of B ahead the 512-bit kernel prefetches its panels: a
+/// kept weight is read once per call, most of it from L3 or memory.
+const PREFETCH_QUADS: usize = 16;
 /// Products (m·k·16) from which a panel range is worth a task of its own.
 const TASK_WORK: usize = 1 << 16;
 
@@ -111,36 +114,68 @@ impl PackedIntB {
         }
     }
 
-    /// `c[m, n] = Σ_k a[m, k] · b[k, n]` for the row-major m×k shifted codes `a` (each within
-    /// ±255), summed exactly in i32 (wrapping beyond 2^31, as the hardware accumulator).
-    pub fn product(&self, m: usize, a: &[i32], c: &mut [i32]) {
+    /// `c[m, n] = Σ_k a[m, k] · b[k, n]` for the m×k rows `a`, summed exactly in i32
+    /// (wrapping beyond 2^31, as the hardware accumulator), written to `out` as the sums or
+    /// as float32 scaled.
+    pub fn product(&self, m: usize, a: RowsOfA, out: ProductOut) {
         let kernel = match self.data {
             Panels::Quads { .. } => Kernel::best_quads(),
             _ => Kernel::best_pairs(),
         };
-        self.product_with(kernel, m, a, c)
+        self.product_with(kernel, m, a, out)
     }
 
     /// [`Self::product`] with `kernel` (one the CPU has, for these panels).
-    fn product_with(&self, kernel: Kernel, m: usize, a: &[i32], c: &mut [i32]) {
+    fn product_with(&self, kernel: Kernel, m: usize, a: RowsOfA, out: ProductOut) {
         let (k, n) = (self.k, self.n);
-        assert!(a.len() >= m * k && c.len() >= m * n, "operand sizes");
-        let a = &a[..m * k];
+        assert!(a.len() >= m * k && out.len() >= m * n, "operand sizes");
+        if let ProductOut::Scaled { scale, .. } = &out {
+            assert!(
+                scale.len() == 1 || scale.len() == n,
+                "one scale or one per column"
+            );
+        }
         let g = self.group();
         let groups = k.div_ceil(g);
+        // Uint8 codes by quads need no shifted copy: `u` is the code itself and `lo` minus
+        // the zero point. Any other pairing reads the codes minus the zero point.
+        let shifted;
+        let a = match (a, &self.data) {
+            (RowsOfA::Codes { codes, zero_point }, Panels::Quads { .. }) => RowsOfA::Codes {
+                codes: &codes[..m * k],
+                zero_point,
+            },
+            (RowsOfA::Codes { codes, zero_point }, _) => {
+                shifted = codes[..m * k]
+                    .iter()
+                    .map(|&c| i32::from(c) - zero_point)
+                    .collect::<Vec<i32>>();
+                RowsOfA::Shifted(&shifted)
+            }
+            (RowsOfA::Shifted(a), _) => RowsOfA::Shifted(&a[..m * k]),
+        };
         // A's rows as the kernel broadcasts them (each group of g values one i32), and for
         // the quads, each row's offset `lo`.
-        let (a_groups, offsets, kernel) = match (kernel, &self.data) {
-            (_, Panels::Quads { .. }) => match quad_rows(a, m, k) {
+        let (a_groups, offsets, kernel, a) = match (a, kernel, &self.data) {
+            (RowsOfA::Codes { codes, zero_point }, _, _) => {
+                let kernel = if kernel == Kernel::Portable {
+                    Kernel::PortableQuads
+                } else {
+                    kernel
+                };
+                let lows = vec![zero_point.wrapping_neg(); m];
+                (code_quads(codes, m, k), Some(lows), kernel, &[][..])
+            }
+            (RowsOfA::Shifted(a), _, Panels::Quads { .. }) => match quad_rows(a, m, k) {
                 Some((quads, lows)) if kernel == Kernel::Portable => {
-                    (quads, Some(lows), Kernel::PortableQuads)
+                    (quads, Some(lows), Kernel::PortableQuads, a)
                 }
-                Some((quads, lows)) => (quads, Some(lows), kernel),
+                Some((quads, lows)) => (quads, Some(lows), kernel, a),
                 // A row spanning more than 255 (not one zero point's codes): no bytes.
-                None => (Vec::new(), None, Kernel::Portable),
+                None => (Vec::new(), None, Kernel::Portable, a),
             },
-            (Kernel::Portable, _) => (Vec::new(), None, Kernel::Portable),
-            _ => (pair_rows(a, k), None, kernel),
+            (RowsOfA::Shifted(a), Kernel::Portable, _) => (Vec::new(), None, Kernel::Portable, a),
+            (RowsOfA::Shifted(a), _, _) => (pair_rows(a, k), None, kernel, a),
         };
         let (tile_rows, tile_panels) = kernel.tile();
         let panels = n.div_ceil(NR);
@@ -158,7 +193,10 @@ impl PackedIntB {
         let panel_len = groups * g * NR;
         // Each task computes a range of panels, the columns of c under them: per tile of
         // panels, every row tile in turn, so the panels stay in L1 while A's rows pass.
-        let c = OutPtr(c.as_mut_ptr());
+        let c = match out {
+            ProductOut::Sums(c) => OutPtr::Sums(c.as_mut_ptr()),
+            ProductOut::Scaled { out, scale } => OutPtr::Scaled(out.as_mut_ptr(), scale),
+        };
         (0..panels.div_ceil(per_task))
             .into_par_iter()
             .for_each(|t| {
@@ -170,12 +208,20 @@ impl PackedIntB {
                         let (j0, cols) = (p * NR, (np * NR).min(n - p * NR));
                         // Row r of the tile into c.
                         let store = |r: usize, lanes: &[i32]| {
+                            let (at, lanes) = ((r0 + r) * n + j0, &lanes[..cols]);
                             // SAFETY: row r0 + r < m, columns j0..j0 + cols <= n of c (m×n,
                             // asserted above); only this task writes these panels' columns.
-                            let row = unsafe {
-                                std::slice::from_raw_parts_mut(c.get().add((r0 + r) * n + j0), cols)
-                            };
-                            row.copy_from_slice(&lanes[..cols]);
+                            match &c {
+                                OutPtr::Sums(c) => {
+                                    unsafe { std::slice::from_raw_parts_mut(c.add(at), cols) }
+                                        .copy_from_slice(lanes)
+                                }
+                                OutPtr::Scaled(y, scale) => {
+                                    let y =
+                                        unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
+                                    scale_into(y, lanes, scale, j0);
+                                }
+                            }
                         };
                         match kernel {
                             #[cfg(target_arch = "x86_64")]
@@ -246,15 +292,93 @@ impl PackedIntB {
     }
 }
 
-/// c's values, shared by tasks that write disjoint columns.
-struct OutPtr(*mut i32);
-// SAFETY: each task writes only its own panels' columns (see `product_with`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-impl OutPtr {
-    fn get(&self) -> *mut i32 {
-        self.0
+/// A's m×k rows.
+#[derive(Clone, Copy)]
+pub enum RowsOfA<'a> {
+    /// Codes minus their zero points, row-major, each within ±255.
+    Shifted(&'a [i32]),
+    /// Uint8 codes, row-major, and their one zero point.
+    Codes { codes: &'a [u8], zero_point: i32 },
+}
+
+impl RowsOfA<'_> {
+    fn len(&self) -> usize {
+        match self {
+            RowsOfA::Shifted(a) => a.len(),
+            RowsOfA::Codes { codes, .. } => codes.len(),
+        }
     }
+}
+
+/// Where a product's m×n values go, row-major.
+pub enum ProductOut<'a> {
+    /// The sums.
+    Sums(&'a mut [i32]),
+    /// Each sum converted to float32 (to nearest, as Cast) times its column's scale (one
+    /// value for all, or one per column), as Cast then Mul compute it.
+    Scaled {
+        out: &'a mut [f32],
+        scale: &'a [f32],
+    },
+}
+
+impl ProductOut<'_> {
+    fn len(&self) -> usize {
+        match self {
+            ProductOut::Sums(c) => c.len(),
+            ProductOut::Scaled { out, .. } => out.len(),
+        }
+    }
+}
+
+/// The output's values, shared by tasks that write disjoint columns.
+enum OutPtr<'a> {
+    Sums(*mut i32),
+    Scaled(*mut f32, &'a [f32]),
+}
+// SAFETY: each task writes only its own panels' columns (see `product_with`).
+unsafe impl Send for OutPtr<'_> {}
+unsafe impl Sync for OutPtr<'_> {}
+
+/// `y[j] = (float)sums[j] · scale` for the columns from `j0` (`scale`: one value, or one per
+/// column of the whole output).
+fn scale_into(y: &mut [f32], sums: &[i32], scale: &[f32], j0: usize) {
+    match scale {
+        [s] => {
+            for (y, &v) in y.iter_mut().zip(sums) {
+                *y = v as f32 * s;
+            }
+        }
+        _ => {
+            for ((y, &v), s) in y.iter_mut().zip(sums).zip(&scale[j0..]) {
+                *y = v as f32 * s;
+            }
+        }
+    }
+}
+
+/// Uint8 codes' `rows` rows of k in groups of four, each group one i32 (the bytes in order,
+/// zeros past k).
+fn code_quads(codes: &[u8], rows: usize, k: usize) -> Vec<i32> {
+    let quads = k.div_ceil(4);
+    let mut out = vec![0i32; rows * quads];
+    for (row, dst) in codes
+        .chunks(k.max(1))
+        .take(rows)
+        .zip(out.chunks_mut(quads.max(1)))
+    {
+        let full = row.chunks_exact(4);
+        let tail = full.remainder();
+        for (d, c) in dst.iter_mut().zip(full) {
+            *d = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+        if !tail.is_empty() {
+            let mut word = [0u8; 4];
+            word[..tail.len()].copy_from_slice(tail);
+            dst[quads - 1] = i32::from_le_bytes(word);
+        }
+    }
+    out
 }
 
 /// A's rows as i16 pairs, each pair one i32 (the lane a broadcast repeats).
@@ -647,6 +771,12 @@ unsafe fn quads_avx512<const R: usize, const P: usize>(
     let b = b.as_ptr();
     for q in 0..quads {
         let mut panel = [_mm512_setzero_si512(); P];
+        for pi in 0..P {
+            // A hint PREFETCH_QUADS groups ahead (past a panel's end: the next panel's start,
+            // or beyond the weight, where it is dropped).
+            let ahead = b.wrapping_add(pi * panel_len + (q + PREFETCH_QUADS) * 4 * NR);
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+        }
         for (pi, v) in panel.iter_mut().enumerate() {
             // SAFETY: q < quads and pi < P: inside the P panels (asserted above).
             *v = _mm512_loadu_si512(b.add(pi * panel_len + q * 4 * NR) as *const __m512i);
@@ -674,7 +804,8 @@ mod tests {
     /// quads (the VNNI kernel where the CPU has it, the portable code elsewhere), odd k, n
     /// not a multiple of 16, row counts around MR and WIDE_ROWS, odd panel counts, extreme codes (±255, whose sums of 40,000
     /// products wrap), rows of A spanning more than 255 (no bytes: the portable code), one
-    /// and two threads.
+    /// and two threads; A's rows as shifted codes and as uint8 codes with a zero point; the
+    /// sums, and the sums as float32 times one scale or one per column.
     #[test]
     fn packed_integer_product_equals_the_wrapped_exact_sum() {
         for (i, &(m, k, n, (alo, ahi), (blo, bhi))) in [
@@ -717,18 +848,46 @@ mod tests {
                     Panels::Quads { .. } => Kernel::quad_kernels(),
                     _ => vec![Kernel::Portable, Kernel::best_pairs()],
                 };
+                // A's rows also as uint8 codes and a zero point, where they span at most 255.
+                let zero_point = (-alo).max(0);
+                let a_codes: Option<Vec<u8>> = a
+                    .iter()
+                    .map(|&v| u8::try_from(v + zero_point).ok())
+                    .collect();
+                let column_scales: Vec<f32> = (0..n).map(|j| 1e-3 * (j as f32 + 0.7)).collect();
                 for (kernel, threads) in kernels.into_iter().flat_map(|k| [(k, 1), (k, 2)]) {
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
                         .build()
                         .unwrap();
-                    let mut c = vec![7i32; m * n];
-                    pool.install(|| packed.product_with(kernel, m, &a, &mut c));
                     let tile = kernel.tile();
-                    assert_eq!(
-                        c, want,
-                        "case {i}, quads {quads}, tile {tile:?}, {threads} threads"
-                    );
+                    let what = format!("case {i}, quads {quads}, tile {tile:?}, {threads} threads");
+                    let mut rows = vec![RowsOfA::Shifted(&a)];
+                    if let Some(codes) = &a_codes {
+                        rows.push(RowsOfA::Codes { codes, zero_point });
+                    }
+                    for a in rows {
+                        let mut c = vec![7i32; m * n];
+                        pool.install(|| {
+                            packed.product_with(kernel, m, a, ProductOut::Sums(&mut c))
+                        });
+                        assert_eq!(c, want, "{what}");
+                        // Scaled: what Cast to float32 then Mul by the scale give.
+                        for scale in [&[0.37f32][..], &column_scales] {
+                            let mut y = vec![f32::NAN; m * n];
+                            let out = ProductOut::Scaled { out: &mut y, scale };
+                            pool.install(|| packed.product_with(kernel, m, a, out));
+                            let expected = want
+                                .iter()
+                                .enumerate()
+                                .map(|(o, &v)| (v as f32 * scale[(o % n) % scale.len()]).to_bits());
+                            assert!(
+                                y.iter().map(|v| v.to_bits()).eq(expected),
+                                "{what}, {} scales",
+                                scale.len()
+                            );
+                        }
+                    }
                 }
                 let rows = m.min(MR);
                 let mut portable = [[0i32; NR]; MR];

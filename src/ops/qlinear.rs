@@ -2,6 +2,7 @@
 //! QLinearMatMul. Products are exact: operands minus zero points are multiplied and summed in
 //! i64 (the i32 accumulator of real kernels, without its overflow).
 
+use super::int_gemm::{PackedIntB, ProductOut, RowsOfA};
 use super::matmul::matmul;
 use super::util::{input, opt_input};
 use super::{OpCtx, OpError, OpResult, Registry};
@@ -129,6 +130,17 @@ fn matmul_integer_scaled(
     {
         return Ok(None);
     }
+    if let Some((packed, m, shape)) = kept_weight(ctx, inputs)? {
+        // The product writes the scaled float32 values from its tiles.
+        let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
+        let mut y = vec![0f32; m * n];
+        let out = ProductOut::Scaled {
+            out: &mut y,
+            scale: s,
+        };
+        packed.product(m, a.rows(), out);
+        return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
+    }
     let (c, shape) = integer_product(ctx, inputs)?;
     let out: Vec<f32> = match s {
         [s] => c.into_iter().map(|v| v as f32 * s).collect(),
@@ -141,33 +153,79 @@ fn matmul_integer_scaled(
     Ok(Some(Tensor::from_parts(shape, TensorData::F32(out.into()))))
 }
 
+/// A's rows for [`PackedIntB::product`]: uint8 codes with one zero point as they are, any
+/// other codes minus their zero points (checked as [`shifted_codes`] checks them).
+enum ProductRows<'a> {
+    Codes(&'a [u8], i32),
+    Shifted(Vec<i32>),
+}
+
+impl ProductRows<'_> {
+    fn rows(&self) -> RowsOfA<'_> {
+        match self {
+            ProductRows::Codes(codes, zero_point) => RowsOfA::Codes {
+                codes,
+                zero_point: *zero_point,
+            },
+            ProductRows::Shifted(a) => RowsOfA::Shifted(a),
+        }
+    }
+}
+
+fn rows_of_a<'a>(a_t: &'a Tensor, zp: Option<&Tensor>) -> Result<ProductRows<'a>, OpError> {
+    if let TensorData::U8(codes) = a_t.data() {
+        let zero_point = match zp.map(|z| (z.rank(), z.data())) {
+            None => Some(0),
+            Some((0 | 1, TensorData::U8(z))) if z.len() == 1 => Some(i32::from(z[0])),
+            _ => None,
+        };
+        if let Some(zero_point) = zero_point {
+            return Ok(ProductRows::Codes(codes, zero_point));
+        }
+    }
+    shifted_codes(a_t, zp, Side::A, "A").map(ProductRows::Shifted)
+}
+
+/// A kept weight's panels, the product's row count m and its output shape.
+type KeptProduct = (std::sync::Arc<PackedIntB>, usize, Vec<usize>);
+
+/// A constant 2-D B (a weight, with a constant zero point), packed once for the integer
+/// kernels (ops/int_gemm.rs), with the product's row count and shape; None for any other B.
+fn kept_weight(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> Result<Option<KeptProduct>, OpError> {
+    let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
+    let keep = ctx
+        .prepacked(1)
+        .filter(|_| opt_input(inputs, 3).is_none() || ctx.prepacked(3).is_some());
+    let (Some(kept), [k, n], [.., ka]) = (keep, b_t.shape(), a_t.shape()) else {
+        return Ok(None);
+    };
+    let (k, n) = (*k, *n);
+    if *ka != k {
+        return Ok(None);
+    }
+    let packed = kept.get_or_try_insert(super::prepacked::tag::INTEGER_B, || {
+        shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")
+            .map(|codes| PackedIntB::new(&codes, k, n))
+    })?;
+    let m: usize = a_t.shape()[..a_t.rank() - 1].iter().product();
+    let mut shape = a_t.shape()[..a_t.rank() - 1].to_vec();
+    shape.push(n);
+    Ok(Some((packed, m, shape)))
+}
+
 /// MatMulInteger's exact product and its shape.
 fn integer_product(
     ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
 ) -> Result<(Vec<i32>, Vec<usize>), OpError> {
     let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
-    let a = shifted_codes(a_t, opt_input(inputs, 2), Side::A, "A")?;
-    // A constant 2-D B (a weight, with a constant zero point) is packed once for the
-    // pair-product kernel (ops/int_gemm.rs), which reads it as 16-bit values.
-    let keep = ctx
-        .prepacked(1)
-        .filter(|_| opt_input(inputs, 3).is_none() || ctx.prepacked(3).is_some());
-    if let (Some(kept), [k, n], [.., ka]) = (keep, b_t.shape(), a_t.shape()) {
-        let (k, n) = (*k, *n);
-        if *ka == k {
-            let packed = kept.get_or_try_insert(super::prepacked::tag::INTEGER_B, || {
-                shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")
-                    .map(|codes| super::int_gemm::PackedIntB::new(&codes, k, n))
-            })?;
-            let m: usize = a_t.shape()[..a_t.rank() - 1].iter().product();
-            let mut c = vec![0i32; m * n];
-            packed.product(m, &a, &mut c);
-            let mut shape = a_t.shape()[..a_t.rank() - 1].to_vec();
-            shape.push(n);
-            return Ok((c, shape));
-        }
+    if let Some((packed, m, shape)) = kept_weight(ctx, inputs)? {
+        let a = rows_of_a(a_t, opt_input(inputs, 2))?;
+        let mut c = vec![0i32; m * shape[shape.len() - 1]];
+        packed.product(m, a.rows(), ProductOut::Sums(&mut c));
+        return Ok((c, shape));
     }
+    let a = shifted_codes(a_t, opt_input(inputs, 2), Side::A, "A")?;
     let b = shifted_codes(b_t, opt_input(inputs, 3), Side::B, "B")?;
     // Exact i32 accumulation whatever the layer's accumulator: the kernel ConvInteger and the
     // fused Q/DQ kernels share (ops/integer.rs).
