@@ -1033,26 +1033,33 @@ impl<'g> Interpreter<'g> {
                 // allows (`scaled`) and the scale is known.
                 let scaled = self.scaled[idx]
                     .as_ref()
-                    .filter(|sp| epilogues && sp.applies(idx, plan.map(|p| p.layers.as_slice())))
+                    .filter(|_| epilogues)
                     .and_then(|sp| {
+                        let rounding = sp.applies(idx, plan.map(|p| p.layers.as_slice()))?;
                         let scale = match &self.steps[sp.mul].inputs[sp.scale] {
                             Source::Slot(s) => values[*s].as_deref(),
                             Source::Initializer(_, t) => Some(*t),
                             Source::Outer(_) | Source::Absent => None,
-                        };
-                        Some((sp, scale?))
+                        }?;
+                        // The scale as the Mul reads it.
+                        let rounded = rounding
+                            .scale
+                            .and_then(|p| emulate::prepare_input(&InputPrep::Round(p), scale));
+                        Some((sp, scale, rounded, rounding.cast))
                     });
-                let outs = match (layer.and_then(|l| l.integer.as_deref()), scaled) {
+                let outs = match (layer.and_then(|l| l.integer.as_deref()), &scaled) {
                     (Some(k), _) => k.run(&ctx, args),
-                    (None, Some((sp, scale))) => match (sp.kernel)(&ctx, args, scale) {
-                        Ok(Some(t)) => {
-                            fused_steps.extend(sp.steps());
-                            Ok(vec![t])
+                    (None, Some((sp, scale, rounded, cast))) => {
+                        match (sp.kernel)(&ctx, args, rounded.as_ref().unwrap_or(scale), *cast) {
+                            Ok(Some(t)) => {
+                                fused_steps.extend(sp.steps());
+                                Ok(vec![t])
+                            }
+                            // A scale that broadcasts the output: the layers run one by one.
+                            Ok(None) => (step.kernel)(&ctx, args),
+                            Err(e) => Err(e),
                         }
-                        // A scale that broadcasts the output: the layers run one by one.
-                        Ok(None) => (step.kernel)(&ctx, args),
-                        Err(e) => Err(e),
-                    },
+                    }
                     (None, None) => (step.kernel)(&ctx, args),
                 }
                 .map_err(|e| Error::Op {

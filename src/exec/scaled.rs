@@ -100,23 +100,45 @@ impl ScaledProduct {
     }
 
     /// Whether a run under `layers` (a plan's, if any) may fuse the Cast and Mul into the
-    /// kernel at `anchor` (see the module's introduction).
-    pub fn applies(&self, anchor: usize, layers: Option<&[LayerPrep]>) -> bool {
+    /// kernel at `anchor` (see the module's introduction), and if so what the Mul rounds as it
+    /// reads its inputs.
+    pub fn applies(&self, anchor: usize, layers: Option<&[LayerPrep]>) -> Option<MulRounding> {
         let Some(layers) = layers else {
-            return true;
+            return Some(MulRounding::default());
         };
-        let as_stored = |l: &LayerPrep| {
-            l.fusion.is_none()
-                && l.integer.is_none()
-                && l.inputs.iter().all(|p| matches!(p, InputPrep::Keep))
-        };
+        let plain = |l: &LayerPrep| l.fusion.is_none() && l.integer.is_none();
+        let as_stored =
+            |l: &LayerPrep| plain(l) && l.inputs.iter().all(|p| matches!(p, InputPrep::Keep));
         let float32 = |l: &LayerPrep| matches!(l.precision, None | Some(Precision::Float32));
-        as_stored(&layers[anchor])
-            && self
-                .steps()
-                .iter()
-                .all(|&s| as_stored(&layers[s]) && float32(&layers[s]))
+        let (cast, mul) = (&layers[self.cast], &layers[self.mul]);
+        if !(as_stored(&layers[anchor]) && as_stored(cast) && float32(cast) && plain(mul)) {
+            return None;
+        }
+        if float32(mul) {
+            return as_stored(mul).then_some(MulRounding::default());
+        }
+        // A float16/bfloat16 Mul: each input kept or rounded to its precision, its product
+        // rounded to it after (by the interpreter, as the Mul's output).
+        let p = mul.precision.filter(|p| p.float_rounding().is_some())?;
+        let rounds = |i: usize| match mul.inputs.get(i) {
+            None | Some(InputPrep::Keep) => Some(false),
+            Some(InputPrep::Round(q)) if *q == p => Some(true),
+            Some(_) => None,
+        };
+        let (by_scale, by_cast) = (rounds(self.scale)?, rounds(1 - self.scale)?);
+        Some(MulRounding {
+            cast: by_cast.then_some(p),
+            scale: by_scale.then_some(p),
+        })
     }
+}
+
+/// What a reduced-precision Mul rounds its inputs to as it reads them (None: read as they
+/// are): the Cast's values and the scale.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct MulRounding {
+    pub cast: Option<Precision>,
+    pub scale: Option<Precision>,
 }
 
 #[cfg(test)]
@@ -308,26 +330,48 @@ mod tests {
     }
 
     #[test]
-    fn plans_fuse_only_a_float32_cast_and_scaling() {
-        let g = model("s", Vec::new(), &["y"]);
-        let prepared = |layers: Vec<Precision>| {
+    fn plans_fuse_a_cast_and_a_scaling_that_read_their_values_as_stored_or_rounded() {
+        let prepared = |g: &Graph, layers: Vec<Precision>| {
             let plan = PrecisionPlan::from_layers(layers);
-            PreparedPlan::new(&g, &plan, &PlanOptions::default()).unwrap()
+            PreparedPlan::new(g, &plan, &PlanOptions::default()).unwrap()
         };
-        // A float16 plan runs the Cast and Mul in float16: one by one.
-        let f16 = prepared(vec![Precision::Float16; 5]);
-        assert_eq!(fused_is_alone(&g, Some(&f16)), Vec::<usize>::new());
-        // The two float32 among float16 layers: fused.
-        let mut layers = vec![Precision::Float16; 5];
-        layers[3] = Precision::Float32;
-        layers[4] = Precision::Float32;
-        assert_eq!(fused_is_alone(&g, Some(&prepared(layers))), vec![3, 4]);
-        // Only one of them float32: one by one.
-        let mut layers = vec![Precision::Float32; 5];
-        layers[4] = Precision::BFloat16;
-        assert_eq!(
-            fused_is_alone(&g, Some(&prepared(layers))),
-            Vec::<usize>::new()
-        );
+        // The scale computed in the run (rounded by its float16/bfloat16 Mul already), and a
+        // constant per column (converted in advance for a float16/bfloat16 Mul).
+        for scale in ["s", "cols"] {
+            let g = model(scale, Vec::new(), &["y"]);
+            let fused = if scale == "s" { vec![3, 4] } else { vec![] };
+            for p in [Precision::Float16, Precision::BFloat16] {
+                // A float16/bfloat16 Mul rounds the Cast's values and the scale, then its
+                // product: fused with the same bits.
+                let all = prepared(&g, vec![p; 5]);
+                assert_eq!(fused_is_alone(&g, Some(&all)), fused, "{scale} {p:?}");
+                // Float32 among float16/bfloat16 layers.
+                let mut layers = vec![p; 5];
+                layers[3] = Precision::Float32;
+                layers[4] = Precision::Float32;
+                let plan = prepared(&g, layers);
+                assert_eq!(fused_is_alone(&g, Some(&plan)), vec![3, 4], "{scale} {p:?}");
+                // Only the Mul reduced.
+                let mut layers = vec![Precision::Float32; 5];
+                layers[4] = p;
+                let plan = prepared(&g, layers);
+                assert_eq!(fused_is_alone(&g, Some(&plan)), fused, "{scale} {p:?}");
+            }
+        }
+        // A bfloat16 product stays finite here (float16's overflows: its bits are checked
+        // too, above), and the Cast's values are not all on bfloat16's grid: the rounding
+        // before the product shows.
+        let g = model("s", Vec::new(), &["y"]);
+        let plan = prepared(&g, vec![Precision::BFloat16; 5]);
+        let r = Interpreter::new(&g)
+            .unwrap()
+            .run_plan(&feeds(), &RunOptions::default(), &plan)
+            .unwrap();
+        assert!(r.outputs[0]
+            .1
+            .as_f32()
+            .unwrap()
+            .iter()
+            .all(|v| v.is_finite()));
     }
 }

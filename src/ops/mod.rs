@@ -121,10 +121,18 @@ pub type EpilogueShapeFn = fn(&[Option<&Tensor>]) -> Option<ChainShape>;
 /// An integer kernel's output converted to float32 and multiplied by `scale`, in one pass:
 /// what the layers `Cast(to=FLOAT) → Mul(scale)` after it compute (ONNX Runtime's dynamic
 /// quantization writes them; its MatMulIntegerToFloat fuses them the same way), the same bits:
-/// `(float)acc · scale`, one rounding each. `scale`: the Mul's other input. Ok(None) where
-/// that scale would broadcast the output to another shape, or is not float32 (the layers then
-/// run one by one).
-pub type ScaledFn = fn(&OpCtx, &[Option<&Tensor>], &Tensor) -> Result<Option<Tensor>, OpError>;
+/// `(float)acc · scale`, one rounding each. `scale`: the Mul's other input, as the Mul reads
+/// it. `cast_rounding`: the float16/bfloat16 rounding a reduced-precision Mul applies to the
+/// Cast's values as it reads them (the kernel then rounds `(float)acc` before the product; the
+/// product's own rounding to the Mul's precision is the interpreter's, as for the Mul).
+/// Ok(None) where that scale would broadcast the output to another shape, or is not float32
+/// (the layers then run one by one).
+pub type ScaledFn = fn(
+    &OpCtx,
+    &[Option<&Tensor>],
+    &Tensor,
+    Option<crate::precision::Precision>,
+) -> Result<Option<Tensor>, OpError>;
 
 /// What a kernel knows about the node it runs.
 pub struct OpCtx<'a> {

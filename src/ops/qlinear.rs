@@ -112,6 +112,7 @@ fn matmul_integer_scaled(
     ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     scale: &Tensor,
+    cast_rounding: Option<crate::precision::Precision>,
 ) -> Result<Option<Tensor>, OpError> {
     let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
     // A 1-D operand drops an axis of the output: left to the layers one by one.
@@ -130,27 +131,39 @@ fn matmul_integer_scaled(
     {
         return Ok(None);
     }
-    if let Some((packed, m, shape)) = kept_weight(ctx, inputs)? {
-        // The product writes the scaled float32 values from its tiles.
-        let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
-        let mut y = vec![0f32; m * n];
-        let out = ProductOut::Scaled {
-            out: &mut y,
-            scale: s,
-        };
-        packed.product(m, a.rows(), out);
-        return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
-    }
-    let (c, shape) = integer_product(ctx, inputs)?;
-    let out: Vec<f32> = match s {
-        [s] => c.into_iter().map(|v| v as f32 * s).collect(),
-        _ => c
-            .into_iter()
-            .zip(s.iter().cycle())
-            .map(|(v, s)| v as f32 * s)
-            .collect(),
+    let (mut y, shape) = match kept_weight(ctx, inputs)? {
+        Some((packed, m, shape)) => {
+            // The product writes the float32 values from its tiles: scaled, or as the Cast
+            // gives them where the Mul rounds them first.
+            let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
+            let mut y = vec![0f32; m * n];
+            let scale = if cast_rounding.is_some() {
+                &[1.0][..]
+            } else {
+                s
+            };
+            packed.product(m, a.rows(), ProductOut::Scaled { out: &mut y, scale });
+            if cast_rounding.is_none() {
+                return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
+            }
+            (y, shape)
+        }
+        None => {
+            let (c, shape) = integer_product(ctx, inputs)?;
+            (c.into_iter().map(|v| v as f32).collect(), shape)
+        }
     };
-    Ok(Some(Tensor::from_parts(shape, TensorData::F32(out.into()))))
+    if let Some(p) = cast_rounding {
+        crate::precision::round_slice(p, &mut y);
+    }
+    match s {
+        [s] => y.iter_mut().for_each(|v| *v *= s),
+        _ => y
+            .iter_mut()
+            .zip(s.iter().cycle())
+            .for_each(|(v, s)| *v *= s),
+    }
+    Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))))
 }
 
 /// A's rows for [`PackedIntB::product`]: uint8 codes with one zero point as they are, any
