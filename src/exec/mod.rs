@@ -1045,7 +1045,12 @@ impl<'g> Interpreter<'g> {
                         let rounded = rounding
                             .scale
                             .and_then(|p| emulate::prepare_input(&InputPrep::Round(p), scale));
-                        Some((sp, scale, rounded, rounding.cast))
+                        Some((
+                            sp,
+                            scale,
+                            rounded,
+                            rounding.cast.and_then(|p| p.float_rounding()),
+                        ))
                     });
                 let outs = match (layer.and_then(|l| l.integer.as_deref()), &scaled) {
                     (Some(k), _) => k.run(&ctx, args),

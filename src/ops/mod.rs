@@ -131,7 +131,7 @@ pub type ScaledFn = fn(
     &OpCtx,
     &[Option<&Tensor>],
     &Tensor,
-    Option<crate::precision::Precision>,
+    Option<crate::numeric::Rounding>,
 ) -> Result<Option<Tensor>, OpError>;
 
 /// What a kernel knows about the node it runs.

@@ -112,7 +112,7 @@ fn matmul_integer_scaled(
     ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
     scale: &Tensor,
-    cast_rounding: Option<crate::precision::Precision>,
+    cast_rounding: Option<crate::numeric::Rounding>,
 ) -> Result<Option<Tensor>, OpError> {
     let (a_t, b_t) = (input(inputs, 0)?, input(inputs, 1)?);
     // A 1-D operand drops an axis of the output: left to the layers one by one.
@@ -153,8 +153,8 @@ fn matmul_integer_scaled(
             (c.into_iter().map(|v| v as f32).collect(), shape)
         }
     };
-    if let Some(p) = cast_rounding {
-        crate::precision::round_slice(p, &mut y);
+    if let Some(rounding) = cast_rounding {
+        rounding.round_slice(&mut y);
     }
     match s {
         [s] => y.iter_mut().for_each(|v| *v *= s),
