@@ -231,7 +231,8 @@ pub fn gemm_threads(
     };
     // Where the AVX-512 tiles take B panels in pairs, blocks of an even number of panels: an
     // odd block leaves its last panel to the 16-column AVX2 tile, at half the width.
-    let nb = match Kernel::detect().has_avx512() && nb % 2 == 1 {
+    let kernel = Kernel::detect();
+    let nb = match kernel.has_avx512() && nb % 2 == 1 {
         true => (nb + 1).min(n_panels),
         false => nb,
     };
@@ -244,7 +245,6 @@ pub fn gemm_threads(
     let mb = m_panels.div_ceil(m_split);
     let tasks = n_blocks * m_panels.div_ceil(mb);
     let c_ptr = super::util::DisjointPtr(c.as_mut_ptr());
-    let kernel = Kernel::detect();
     // Panels read where they lie: B packed whole, or packed whole and read rounded by a
     // kernel that rounds as it loads.
     let (whole, kernel) = match (b.packed(), b.rounded_packed()) {
@@ -1377,9 +1377,10 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 /// 512-bit FMA units, the transformer's MatMuls ~1.6× as fast as through the `gemm` crate's
 /// AVX2 kernel), 12×32 for a product of a few A panels (24 accumulators: B streamed from
 /// memory is loaded once per 12 rows; a 16-row prefill 5–10 % faster on Zen 4; with many A
-/// panels, B packed per call and in cache, 6×32 stays) and, for a product of one row, 1×128 (P = 8: eight independent chains hide
-/// the FMA latency that a one-row 1×32 tile waits on; Silero's LSTM step [1,128]·[128,512]
-/// was 1.5× slower on 1×32 than on the `gemm` crate's one-row path). With PREFETCH, each
+/// panels, B packed per call and in cache, 6×32 stays) and, for a product of one row, 1×128
+/// (P = 8: eight independent chains hide the FMA latency that a one-row 1×32 tile waits on;
+/// Silero's LSTM step [1,128]·[128,512] was 1.5× slower on 1×32 than on the `gemm` crate's
+/// one-row path). With PREFETCH, each
 /// panel's row PREFETCH_ROWS steps ahead is prefetched, as the AVX2 tile does for a B streamed
 /// from memory.
 ///
