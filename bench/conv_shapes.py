@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Per-shape convolution probe: mixprec against ONNX Runtime on single Conv(+Relu) models.
+
+Usage: conv_shapes.py LATENCY_BIN [ROUNDS] [SHAPE...]
+  LATENCY_BIN  the `latency` bench binary (cargo build --release --bench latency; it is
+               target/release/deps/latency-<hash>, or the kit's bin/latency)
+  ROUNDS       alternating rounds, the best median of each engine kept (default 5)
+  SHAPE        name=C,H,M,K,S,P (input channels, input height = width, output channels, square
+               kernel, stride, padding); default: the bench CNN's convolutions
+
+Writes the models to a temporary folder, then prints per shape both engines' best median,
+their GFLOP/s and the ratio, and the CPU. Each model is one Conv with bias and a Relu (fused
+by both engines); ONNX Runtime's time includes the NCHWc reorders it adds around a lone Conv,
+so its in-graph convolutions are somewhat faster than these. Pin it (`taskset -c 0,1`) and
+hold the build lock on a shared machine: a single run moves by 10-30 % there.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# The bench CNN's convolutions (scripts/gen_models.py): stem, 3x3 stride 1 and 2, 1x1 stride 2.
+CNN = [
+    "stem=3,224,32,7,2,3", "c1=32,56,32,3,1,1", "c3=32,56,64,3,2,1", "c4=64,28,64,3,1,1",
+    "c5=32,56,64,1,2,0", "c6=64,28,128,3,2,1", "c7=128,14,128,3,1,1", "c9=128,14,256,3,2,1",
+    "c10=256,7,256,3,1,1",
+]
+
+
+def write(d: str, name: str, c: int, h: int, m: int, k: int, s: int, p: int) -> float:
+    """Writes d/name.onnx and d/name/input_0.pb; returns the model's MFLOP."""
+    rng = np.random.default_rng(0)
+    o = (h + 2 * p - k) // s + 1
+    w = numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.1).astype(np.float32), "W")
+    b = numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B")
+    nodes = [
+        helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, o, o])], [w, b])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, os.path.join(d, f"{name}.onnx"))
+    os.makedirs(os.path.join(d, name), exist_ok=True)
+    x = numpy_helper.from_array(rng.standard_normal((1, c, h, h)).astype(np.float32))
+    with open(os.path.join(d, name, "input_0.pb"), "wb") as f:
+        f.write(x.SerializeToString())
+    return 2 * o * o * m * c * k * k / 1e6
+
+
+def median_ms(cmd: list, env: dict) -> float:
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout
+    return json.loads(out.strip().splitlines()[0])["median_ms"]
+
+
+def main() -> None:
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    latency = sys.argv[1]
+    rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
+    shapes = sys.argv[3:] or CNN
+    ort_latency = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_latency.py")
+    env = dict(os.environ, RAYON_NUM_THREADS=os.environ.get("RAYON_NUM_THREADS", "2"))
+    threads = env["RAYON_NUM_THREADS"]
+    with open("/proc/cpuinfo") as f:
+        cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), "?")
+    print(f"cpu: {cpu}; {threads} threads; onnxruntime via {sys.executable}; best of {rounds} rounds")
+    with tempfile.TemporaryDirectory() as d:
+        mflop = {}
+        for spec in shapes:
+            name, dims = spec.split("=")
+            mflop[name] = write(d, name, *map(int, dims.split(",")))
+        best: dict = {}
+        for _ in range(rounds):
+            for name in mflop:
+                for engine, cmd in (("mixprec", [latency, "--fp32-only", d, name]),
+                                    ("ort", [sys.executable, ort_latency, d, threads, name])):
+                    t = median_ms(cmd, env)
+                    best[name, engine] = min(best.get((name, engine), t), t)
+        print("| conv | MFLOP | mixprec ms | GFLOP/s | ORT ms | GFLOP/s | mixprec/ORT |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
+        for name, mf in mflop.items():
+            a, b = best[name, "mixprec"], best[name, "ort"]
+            print(f"| {name} | {mf:.1f} | {a:.3f} | {mf / a:.0f} | {b:.3f} | {mf / b:.0f} | {a / b:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
