@@ -476,10 +476,10 @@ fn rerun(
     let mut outs = kernel(&ctx, &refs).ok()?;
     match &layer.fusion {
         Some(fu) => {
-            finish_fused_outputs(fu, node, true, None, &mut outs);
+            finish_fused_outputs(fu, crate::ops::kept_outputs(node), true, None, &mut outs);
         }
         None => {
-            round_layer_outputs(p, node, &mut outs, false);
+            round_layer_outputs(p, crate::ops::kept_outputs(node), &mut outs, false);
         }
     }
     Some(outs)

@@ -12,7 +12,7 @@
 
 use super::fusion::{FusionAnalysis, Topology};
 use crate::error::{Error, Result};
-use crate::graph::{Graph, Node};
+use crate::graph::Graph;
 use crate::ops::{computes_in_integers, is_data_movement};
 use crate::precision::fusion::FusionModel;
 use crate::precision::plan::ResolvedRegion;
@@ -608,7 +608,7 @@ fn region_preps(
 /// output that leaves the region and is also read inside it, the f32 value inside readers use.
 pub(crate) fn finish_fused_outputs(
     f: &RegionPrep,
-    node: &Node,
+    kept: &[usize],
     compute: bool,
     carried: Option<Precision>,
     outs: &mut [Tensor],
@@ -618,7 +618,7 @@ pub(crate) fn finish_fused_outputs(
     let mut marks = Vec::with_capacity(outs.len());
     let mut inner = Vec::with_capacity(outs.len());
     for (i, t) in outs.iter_mut().enumerate() {
-        if crate::ops::output_keeps_type(node, i) {
+        if kept.contains(&i) {
             // Its own type (a float32 recurrent state), inside the region and out of it.
             inner.push(None);
             marks.push(None);
@@ -908,19 +908,19 @@ pub(crate) fn state_type(p: Option<Precision>) -> crate::numeric::StateType {
     }
 }
 
-/// Rounds the outputs of `node`, a layer in `p`, but those its op keeps in their own type
-/// (`OpDef::keeps_output_types`: a recurrent state ONNX Runtime's 16-bit kernels keep in
-/// float32). Returns, per output, the precision its value is rounded to.
+/// Rounds the outputs of a layer in `p`, but those its op keeps in their own type (`kept`,
+/// the op's `OpDef::keeps_output_types`: a recurrent state ONNX Runtime's 16-bit kernels keep
+/// in float32). Returns, per output, the precision its value is rounded to.
 pub(crate) fn round_layer_outputs(
     p: Precision,
-    node: &Node,
+    kept: &[usize],
     outs: &mut [Tensor],
     kernel_rounded: bool,
 ) -> Vec<Option<Precision>> {
     let m = (!p.is_scaled() && p != Precision::Float32).then_some(p);
     (outs.iter_mut().enumerate())
         .map(|(i, t)| {
-            if crate::ops::output_keeps_type(node, i) {
+            if kept.contains(&i) {
                 return None;
             }
             if !kernel_rounded {

@@ -324,10 +324,10 @@ pub fn def_of(node: &Node) -> Option<&'static OpDef> {
     Registry::global().def(&node.domain, &node.op_type)
 }
 
-/// Whether output `index` of `node` keeps its own type under a float16/bfloat16 plan
-/// ([`OpDef::keeps_output_types`]).
-pub fn output_keeps_type(node: &Node, index: usize) -> bool {
-    def_of(node).is_some_and(|d| d.keeps_output_type(index))
+/// The outputs of `node` that keep their own type under a float16/bfloat16 plan (none for an
+/// op without a kernel).
+pub fn kept_outputs(node: &Node) -> &'static [usize] {
+    def_of(node).map_or(&[], |d| d.kept_outputs())
 }
 
 /// What an input of an op is, for precision and quantization: only `Data`, `Bias` and
@@ -464,6 +464,11 @@ impl OpDef {
     /// Whether output `index` keeps its own type under a 16-bit plan.
     pub fn keeps_output_type(&self, index: usize) -> bool {
         self.kept_outputs.contains(&index)
+    }
+
+    /// The outputs that keep their own type under a 16-bit plan ([`Self::keeps_output_types`]).
+    pub fn kept_outputs(&self) -> &'static [usize] {
+        self.kept_outputs
     }
 
     /// The kernel rounds constant float32 weights at `inputs` to a float16/bfloat16 layer's
