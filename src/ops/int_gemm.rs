@@ -361,23 +361,20 @@ fn scale_into(y: &mut [f32], sums: &[i32], scale: &[f32], j0: usize) {
 /// zeros past k).
 fn code_quads(codes: &[u8], rows: usize, k: usize) -> Vec<i32> {
     let quads = k.div_ceil(4);
-    let mut out = vec![0i32; rows * quads];
-    for (row, dst) in codes
-        .chunks(k.max(1))
-        .take(rows)
-        .zip(out.chunks_mut(quads.max(1)))
-    {
+    // Appended row by row (not zeroed first and overwritten).
+    let mut out = Vec::with_capacity(rows * quads);
+    for row in codes.chunks(k.max(1)).take(rows) {
         let full = row.chunks_exact(4);
         let tail = full.remainder();
-        for (d, c) in dst.iter_mut().zip(full) {
-            *d = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        }
+        out.extend(full.map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])));
         if !tail.is_empty() {
             let mut word = [0u8; 4];
             word[..tail.len()].copy_from_slice(tail);
-            dst[quads - 1] = i32::from_le_bytes(word);
+            out.push(i32::from_le_bytes(word));
         }
     }
+    // Rows past the codes (none where `codes` holds rows·k values) as zeros.
+    out.resize(rows * quads, 0);
     out
 }
 

@@ -136,13 +136,22 @@ fn matmul_integer_scaled(
             // The product writes the float32 values from its tiles: scaled, or as the Cast
             // gives them where the Mul rounds them first.
             let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
-            let mut y = vec![0f32; m * n];
             let scale = if cast_rounding.is_some() {
                 &[1.0][..]
             } else {
                 s
             };
-            packed.product(m, a.rows(), ProductOut::Scaled { out: &mut y, scale });
+            // Not zeroed first: the product writes every value of its m×n output.
+            let mut y: Vec<f32> = Vec::with_capacity(m * n);
+            // SAFETY: written whole by the product (each task its panels' columns of every
+            // row) before `set_len` and before anything reads it.
+            let out = unsafe { super::util::assume_written(&mut y.spare_capacity_mut()[..m * n]) };
+            // Tests poison it: a value the product misses shows up as a NaN.
+            #[cfg(test)]
+            out.fill(f32::NAN);
+            packed.product(m, a.rows(), ProductOut::Scaled { out, scale });
+            // SAFETY: all m·n values are written (above).
+            unsafe { y.set_len(m * n) };
             if cast_rounding.is_none() {
                 return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
             }
