@@ -392,29 +392,17 @@ pub fn gemm_threads(
                         let c_tile = c_ptr.get().add(i0 * ldc + j0);
                         let load = accumulate || p0 > 0;
                         #[cfg(target_arch = "x86_64")]
-                        if group == 8 {
-                            let f = match prefetch {
-                                true => tile_avx512_panels::<1, 8, true, StridedA>,
-                                false => tile_avx512_panels::<1, 8, false, StridedA>,
-                            };
-                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
-                            continue;
-                        }
+                        let tile: Option<PanelTile> = if group == 8 {
+                            Some(avx512_panels_tile::<1, 8>(prefetch))
+                        } else if double {
+                            Some(avx512_panels_tile::<12, 2>(prefetch))
+                        } else if group == 2 {
+                            Some(avx512_pair_tile(rows, prefetch))
+                        } else {
+                            None
+                        };
                         #[cfg(target_arch = "x86_64")]
-                        if double {
-                            let f = match prefetch {
-                                true => tile_avx512_panels::<12, 2, true, StridedA>,
-                                false => tile_avx512_panels::<12, 2, false, StridedA>,
-                            };
-                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
-                            continue;
-                        }
-                        #[cfg(target_arch = "x86_64")]
-                        if group == 2 {
-                            let f = match prefetch {
-                                true => avx512_pair_tile::<true>(rows),
-                                false => avx512_pair_tile::<false>(rows),
-                            };
+                        if let Some(f) = tile {
                             f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
                             continue;
                         }
@@ -1362,19 +1350,31 @@ fn avx2_tile<const PREFETCH: bool, const ROUND: u8, A: TileA>(
     }
 }
 
+/// An AVX-512 panel tile over a strided A ([`tile_avx512_panels`]'s arguments after its
+/// const parameters).
+#[cfg(target_arch = "x86_64")]
+type PanelTile = unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool);
+
+/// The AVX-512 tile of R rows by P panels, prefetching B's rows ahead or not.
+#[cfg(target_arch = "x86_64")]
+fn avx512_panels_tile<const R: usize, const P: usize>(prefetch: bool) -> PanelTile {
+    if prefetch {
+        tile_avx512_panels::<R, P, true, StridedA>
+    } else {
+        tile_avx512_panels::<R, P, false, StridedA>
+    }
+}
+
 /// The AVX-512 tile of `rows` rows by two panels, prefetching B's rows ahead or not.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::type_complexity)]
-fn avx512_pair_tile<const PREFETCH: bool>(
-    rows: usize,
-) -> unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool) {
+fn avx512_pair_tile(rows: usize, prefetch: bool) -> PanelTile {
     match rows {
-        1 => tile_avx512_panels::<1, 2, PREFETCH, StridedA>,
-        2 => tile_avx512_panels::<2, 2, PREFETCH, StridedA>,
-        3 => tile_avx512_panels::<3, 2, PREFETCH, StridedA>,
-        4 => tile_avx512_panels::<4, 2, PREFETCH, StridedA>,
-        5 => tile_avx512_panels::<5, 2, PREFETCH, StridedA>,
-        _ => tile_avx512_panels::<6, 2, PREFETCH, StridedA>,
+        1 => avx512_panels_tile::<1, 2>(prefetch),
+        2 => avx512_panels_tile::<2, 2>(prefetch),
+        3 => avx512_panels_tile::<3, 2>(prefetch),
+        4 => avx512_panels_tile::<4, 2>(prefetch),
+        5 => avx512_panels_tile::<5, 2>(prefetch),
+        _ => avx512_panels_tile::<6, 2>(prefetch),
     }
 }
 
