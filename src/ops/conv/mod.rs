@@ -705,22 +705,36 @@ impl PaddedImage {
         let plane = hp * row;
         // DW_LANES values of slack: the depthwise kernel reads whole vectors past a row's end
         // (into lanes it does not store).
-        let mut data = vec![0f32; channels * plane + DW_LANES];
-        let fill = |(ci, dst): (usize, &mut [f32])| {
+        let planes_len = channels * plane;
+        // Each plane is zeroed by the task that fills it, just before the copy: in parallel and
+        // in cache (one memset of the whole buffer ran on one thread while the others waited:
+        // 10 % of a lone [1,32,56,56] 3×3/2 convolution). Zeroing only the padding was slower.
+        let fill = |(ci, dst): (usize, &mut [std::mem::MaybeUninit<f32>])| {
+            dst.fill(std::mem::MaybeUninit::new(0.0));
+            // SAFETY: every value was written (zeroed) just above.
+            let dst = unsafe { super::util::assume_written(dst) };
             let src = &x[ci * ih * iw..(ci + 1) * ih * iw];
             // Input column c is padded column c + pw.
             let out = &mut dst[ph * row..(ph + ih) * row];
             super::util::split_rows(src, iw, pw, sw, phase, out, row);
         };
-        let planes = &mut data[..channels * plane];
-        // In parallel from 32 Ki values (128 KiB; 64 Ki before 2026-11-27: the bench CNN's
-        // [1,128,14,14] 3×3/2 convolution 89 → 80 µs alone, the CNN 1461 → 1436 µs; from 16 Ki
-        // YOLOv8n and PP-OCRv4's smaller copies lost more to the fork than they gained).
-        if channels * plane >= 1 << 15 {
-            planes.par_chunks_mut(plane).enumerate().for_each(fill);
-        } else {
-            planes.chunks_mut(plane).enumerate().for_each(fill);
-        }
+        // SAFETY: the slack is zeroed here and each plane by its `fill`, which the loops below
+        // run on every plane.
+        let data = unsafe {
+            super::util::unzeroed_f32(planes_len + DW_LANES, |buf| {
+                let (planes, slack) = buf.split_at_mut(planes_len);
+                slack.fill(std::mem::MaybeUninit::new(0.0));
+                // In parallel from 32 Ki values (128 KiB; 64 Ki before 2026-11-27: the bench
+                // CNN's [1,128,14,14] 3×3/2 convolution 89 → 80 µs alone, the CNN 1461 → 1436
+                // µs; from 16 Ki YOLOv8n and PP-OCRv4's smaller copies lost more to the fork
+                // than they gained).
+                if planes_len >= 1 << 15 {
+                    planes.par_chunks_mut(plane).enumerate().for_each(fill);
+                } else {
+                    planes.chunks_mut(plane.max(1)).enumerate().for_each(fill);
+                }
+            })
+        };
         PaddedImage {
             data,
             row,
