@@ -5,7 +5,12 @@ With a model in ONNX Runtime GenAI's input names and no feed file, it writes a p
 first (SmolLM2's 16-token chat prompt, empty KV cache, all-ones mask) to FEED, which mixprec
 then loads: both engines time the same inputs.
 
-Usage: target/venv/bin/python bench/ort_op_profile.py MODEL FEED.npz [RUNS] [THREADS]
+With --nodes it also prints each node's time (ONNX Runtime's node names: a fused or NCHWc
+node is named after the output it writes, e.g. `/Relu_1_out_nchwc` for a Conv+BN+Relu), the
+peer's side of mixprec's per-layer list; run both at 1 and at 2 threads to see how each layer
+scales (docs/benchmarks.md, profile recipe step 4).
+
+Usage: target/venv/bin/python bench/ort_op_profile.py MODEL FEED.npz [RUNS] [THREADS] [--nodes]
 """
 
 from __future__ import annotations
@@ -38,9 +43,11 @@ def prefill_feed(sess: ort.InferenceSession) -> dict[str, np.ndarray]:
 
 
 def main() -> None:
-    model, feed_path = sys.argv[1], sys.argv[2]
-    runs = int(sys.argv[3]) if len(sys.argv) > 3 else 25
-    threads = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    nodes = "--nodes" in sys.argv
+    args = [a for a in sys.argv[1:] if a != "--nodes"]
+    model, feed_path = args[0], args[1]
+    runs = int(args[2]) if len(args) > 2 else 25
+    threads = int(args[3]) if len(args) > 3 else 2
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.enable_profiling = True
@@ -62,10 +69,12 @@ def main() -> None:
     spans = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")
     timed = spans[WARM_UP:]
     per_op: collections.Counter[str] = collections.Counter()
+    per_node: collections.Counter[tuple[str, str]] = collections.Counter()
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             if any(start <= e["ts"] <= end for start, end in timed):
                 per_op[e["args"]["op_name"]] += e["dur"]
+                per_node[e["name"][: -len("_kernel_time")], e["args"]["op_name"]] += e["dur"]
     total = sum(per_op.values())
     print(
         f"ONNX Runtime, {threads} threads, {runs} runs after {WARM_UP} untimed ones"
@@ -74,6 +83,10 @@ def main() -> None:
     print(f"  {total / runs / 1000:9.3f} ms per run in nodes")
     for op, us in per_op.most_common():
         print(f"  {us / runs / 1000:9.3f} ms  {100 * us / total:5.1f} %  {op}")
+    if nodes:
+        print("  per node:")
+        for (name, op), us in per_node.most_common():
+            print(f"  {us / runs / 1000:9.4f} ms  {100 * us / total:5.1f} %  {name} ({op})")
 
 
 if __name__ == "__main__":
