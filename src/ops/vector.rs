@@ -74,38 +74,19 @@ fn zip_body<F: Fn(f32, f32) -> f32>(a: &mut [f32], b: &[f32], f: &F) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn map_avx2<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+    // `zip8` with an unused second operand (constant zeros, folded away).
+    let g = |x: f32, _: f32| f(x);
     let mut chunks = v.chunks_exact_mut(8);
     for c in &mut chunks {
-        map8(c, f);
+        zip8(c, &[0.0; 8], &g);
     }
     let rest = chunks.into_remainder();
     if !rest.is_empty() {
         let mut buf = [0f32; 8];
         buf[..rest.len()].copy_from_slice(rest);
-        map8(&mut buf, f);
+        zip8(&mut buf, &[0.0; 8], &g);
         rest.copy_from_slice(&buf[..rest.len()]);
     }
-}
-
-/// `f` on the eight values at `c` (eight or more), stored whole.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[inline]
-unsafe fn map8<F: Fn(f32) -> f32>(c: &mut [f32], f: &F) {
-    use std::arch::x86_64::*;
-    assert!(c.len() >= 8);
-    let x: [f32; 8] = std::mem::transmute(opaque(_mm256_loadu_ps(c.as_ptr())));
-    let r = [
-        f(x[0]),
-        f(x[1]),
-        f(x[2]),
-        f(x[3]),
-        f(x[4]),
-        f(x[5]),
-        f(x[6]),
-        f(x[7]),
-    ];
-    _mm256_storeu_ps(c.as_mut_ptr(), std::mem::transmute::<[f32; 8], __m256>(r));
 }
 
 /// As [`map_avx2`], with a second operand.
@@ -128,7 +109,8 @@ unsafe fn zip_avx2<F: Fn(f32, f32) -> f32>(a: &mut [f32], b: &[f32], f: &F) {
     }
 }
 
-/// `f` on the eight values at `c` and `y` (eight or more each), stored whole into `c`.
+/// `f` on the eight values at `c` and `y` (eight or more each), stored whole into `c` (the
+/// input vector made opaque first: [`map_avx2`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
