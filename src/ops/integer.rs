@@ -345,6 +345,7 @@ pub fn iconv_transpose(
                 &geo.pad_begin,
                 &geo.out,
                 dst,
+                None,
             );
         }
     }

@@ -32,6 +32,8 @@ pub mod tag {
     /// A MatMulInteger's constant B minus its zero points, packed for the pair-product
     /// kernel (`int_gemm::PackedIntB`).
     pub const INTEGER_B: u64 = 12;
+    /// A ConvTranspose's weights packed as `conv::transposed_weight_panels` packs them.
+    pub const TRANSPOSED_CONV_WEIGHTS: u64 = 13;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
-use super::prepacked::tag::{DEPTHWISE_TAP_MAJOR, GATHERED_WEIGHTS};
+use super::prepacked::tag::{DEPTHWISE_TAP_MAJOR, GATHERED_WEIGHTS, TRANSPOSED_CONV_WEIGHTS};
 use super::util::{input, opt_input};
 use super::{ChannelFn, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
@@ -610,6 +610,28 @@ fn weight_panels(wv: &[f32], group: usize, mg: usize, rows: usize) -> Vec<super:
                 cs: rows,
             };
             super::sgemm::PackedB::new(rows, mg, &wt)
+        })
+        .collect()
+}
+
+/// Per group, a ConvTranspose's weights ([cg, rows] of `wv`: an input channel's row of output
+/// channel × kernel tap values) packed as the B operand of [`super::sgemm::gemm_gathered`]:
+/// row ci an input channel, column an (output channel, tap) row of col.
+fn transposed_weight_panels(
+    wv: &[f32],
+    group: usize,
+    cg: usize,
+    rows: usize,
+) -> Vec<super::sgemm::PackedB> {
+    (0..group)
+        .map(|g| {
+            let w = super::sgemm::StridedB {
+                data: &wv[g * cg * rows..(g + 1) * cg * rows],
+                n: rows,
+                rs: rows,
+                cs: 1,
+            };
+            super::sgemm::PackedB::new(cg, rows, &w)
         })
         .collect()
 }
@@ -1220,7 +1242,9 @@ pub fn transpose_geometry(
 }
 
 /// ConvTranspose's col2im: scatter-adds every entry of `col` ([M·prod(k)] rows × prod(in)
-/// columns, one group of one image) to its output position in `dst` ([M, *out]).
+/// columns, one group of one image) to its output position in `dst` ([M, *out]), kernel tap
+/// by kernel tap, then adds plane m's `bias[m]` where given (each output the sum of its taps
+/// in tap order, then the bias: ONNX Runtime's order).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
     col: &[T],
@@ -1231,6 +1255,7 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
     pb: &[usize],
     out_sp: &[usize],
     dst: &mut [T],
+    bias: Option<&[T]>,
 ) {
     let r = in_sp.len();
     let k_sz: usize = kernel.iter().product();
@@ -1248,19 +1273,33 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
                     let (kh, kw) = (ki / kernel[1], ki % kernel[1]);
                     let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
                     let col0 = (kw * dilations[1]) as isize - pb[1] as isize;
+                    // The input columns whose output column x = iw·s + col0 lies in the row.
+                    let s = strides[1] as isize;
+                    let first = (if col0 < 0 { (-col0 + s - 1) / s } else { 0 }) as usize;
+                    let end = if ow_n > col0 {
+                        (((ow_n - 1 - col0) / s + 1) as usize).min(iw_n)
+                    } else {
+                        0
+                    };
+                    if first >= end {
+                        continue;
+                    }
+                    let x0 = (first as isize * s + col0) as usize;
                     for (ih, line) in src.chunks_exact(iw_n).enumerate().take(ih_n) {
                         let o = (ih * strides[0] + kh * dilations[0]) as isize - pb[0] as isize;
                         if o < 0 || o >= oh_n {
                             continue;
                         }
                         let row = &mut plane[o as usize * ow_n as usize..][..ow_n as usize];
-                        for (iw, &v) in line.iter().enumerate() {
-                            let x = (iw * strides[1]) as isize + col0;
-                            if x >= 0 && x < ow_n {
-                                row[x as usize] += v;
-                            }
-                        }
+                        row[x0..]
+                            .iter_mut()
+                            .step_by(strides[1])
+                            .zip(&line[first..end])
+                            .for_each(|(y, &v)| *y += v);
                     }
+                }
+                if let Some(b) = bias {
+                    plane.iter_mut().for_each(|y| *y += b[oc]);
                 }
             });
         return;
@@ -1298,6 +1337,9 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
                         plane[off] += v;
                     }
                 }
+            }
+            if let Some(b) = bias {
+                plane.iter_mut().for_each(|y| *y += b[oc]);
             }
         });
 }
@@ -1337,6 +1379,16 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     } = transpose_geometry(attrs, &in_sp, &kernel)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
+    let bv = match bias {
+        Some(b) if b.len() == m => Some(f32_input(b, "B")?),
+        Some(b) => {
+            return Err(OpError(format!(
+                "bias has {} values, expected {m}",
+                b.len()
+            )))
+        }
+        None => None,
+    };
     let k_sz: usize = kernel.iter().product();
     let in_sz: usize = in_sp.iter().product();
     let o_sz: usize = out_sp.iter().product();
@@ -1347,43 +1399,66 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         shape.extend(&out_sp);
         return Ok(vec![restore_dtype(Tensor::from_f32(shape, out), x.dtype())]);
     }
-    let mut col = vec![0f32; rows * in_sz];
+    // col[mg·k, in] = Wg^T [mg·k, cg] × Xg [cg, in], per image and group, then col2im. A 2-D
+    // one in f32 takes the gathered product with its output rows across the vector lanes: A's
+    // rows are the input positions (a pointwise convolution's A: each channel plane read
+    // where it lies), B the weights packed once per model, each block moved into col's planes
+    // while in cache.
+    let gathered = in_sp.len() == 2
+        && ctx.accumulate == crate::numeric::Accumulator::F32
+        && in_sz > 0
+        && cg > 0
+        && channels_across_lanes(rows);
+    let (offsets, origins): (Vec<usize>, Vec<usize>) = if gathered {
+        ((0..cg).map(|ci| ci * in_sz).collect(), (0..in_sz).collect())
+    } else {
+        Default::default()
+    };
+    let packed = gathered.then(|| {
+        super::prepacked::kept_or_made(ctx.prepacked(1), TRANSPOSED_CONV_WEIGHTS, || {
+            transposed_weight_panels(&wv, group, cg, rows)
+        })
+    });
+    let mut col: Vec<f32> = if gathered {
+        Vec::with_capacity(rows * in_sz)
+    } else {
+        vec![0f32; rows * in_sz]
+    };
     for b in 0..n {
         for g in 0..group {
             let xg = &xv[(b * c + g * cg) * in_sz..(b * c + (g + 1) * cg) * in_sz];
-            let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
-            // col[mg·k, in] = Wg^T [mg·k, cg] × Xg [cg, in]
-            sgemm(
-                ctx.accumulate,
-                rows,
-                in_sz,
-                cg,
-                wg,
-                true,
-                xg,
-                false,
-                &mut col,
-                false,
-            );
+            if let Some(packed) = &packed {
+                let planes = super::util::DisjointPtr(col.as_mut_ptr());
+                let done = |block: super::sgemm::GatheredBlock| {
+                    // SAFETY: col has room for rows planes of in_sz values; the product hands
+                    // each block of positions × rows once and the blocks are disjoint.
+                    unsafe { block_into_planes(&block, None, planes.get(), in_sz) }
+                };
+                super::sgemm::gemm_gathered(xg, &origins, &offsets, &packed[g], &done);
+                // SAFETY: the blocks cover every (position, row) of the product, so all of
+                // col's rows · in_sz values are written.
+                unsafe { col.set_len(rows * in_sz) };
+            } else {
+                let wg = &wv[g * cg * rows..(g + 1) * cg * rows];
+                sgemm(
+                    ctx.accumulate,
+                    rows,
+                    in_sz,
+                    cg,
+                    wg,
+                    true,
+                    xg,
+                    false,
+                    &mut col,
+                    false,
+                );
+            }
             let dst = &mut out[(b * m + g * mg) * o_sz..(b * m + (g + 1) * mg) * o_sz];
-            // col2im: scatter-add every column entry to its output position.
+            let bias = bv.as_deref().map(|b| &b[g * mg..(g + 1) * mg]);
             col2im(
-                &col, &in_sp, &kernel, &strides, &dilations, &pb, &out_sp, dst,
+                &col, &in_sp, &kernel, &strides, &dilations, &pb, &out_sp, dst, bias,
             );
         }
-    }
-    if let Some(bt) = bias {
-        let bv = f32_input(bt, "B")?;
-        if bv.len() != m {
-            return Err(OpError(format!(
-                "bias has {} values, expected {m}",
-                bv.len()
-            )));
-        }
-        out.chunks_mut(o_sz).enumerate().for_each(|(i, ch)| {
-            let bias = bv[i % m];
-            ch.iter_mut().for_each(|v| *v += bias);
-        });
     }
     let mut shape = vec![n, m];
     shape.extend(&out_sp);
@@ -1999,7 +2074,7 @@ mod tests {
             let o_sz = out_sp[0] * out_sp[1];
             let mut got = vec![0.5f32; planes * o_sz];
             col2im(
-                &col, &in_sp, &kernel, &strides, &dil, &pb, &out_sp, &mut got,
+                &col, &in_sp, &kernel, &strides, &dil, &pb, &out_sp, &mut got, None,
             );
             let mut want = vec![0.5f32; planes * o_sz];
             let three = |a: [usize; 2], lead: usize| [lead, a[0], a[1]];
@@ -2012,9 +2087,149 @@ mod tests {
                 &three(pb, 0),
                 &three(out_sp, 1),
                 &mut want,
+                None,
             );
             assert_eq!(got, want, "{in_sp:?} {kernel:?} {strides:?}");
             assert!(got.iter().any(|&v| v != 0.5));
+        }
+    }
+
+    /// A 2-D ConvTranspose in f32 (the gathered product, then col2im): each output is, tap by
+    /// tap in kernel order from +0, the in-order chain of fused multiply-adds over the input
+    /// channels of its tap's col entry, then plus the bias — on 1 and 3 threads, with batches,
+    /// groups, strides, dilations, pads that crop and output padding.
+    #[test]
+    fn conv_transpose_is_the_in_order_chain_of_each_tap_then_the_bias() {
+        // (batch, channels, group, output channels per group, input, kernel, strides,
+        // dilations, pads, output_padding)
+        type Case = (
+            usize,
+            usize,
+            usize,
+            usize,
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 2],
+            [usize; 4],
+            [usize; 2],
+        );
+        let cases: [Case; 3] = [
+            (
+                2,
+                5,
+                1,
+                4,
+                [7, 9],
+                [4, 4],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                [0, 0],
+            ),
+            (
+                1,
+                6,
+                2,
+                3,
+                [5, 6],
+                [3, 3],
+                [1, 2],
+                [2, 1],
+                [0, 2, 1, 0],
+                [0, 1],
+            ),
+            (
+                1,
+                300,
+                1,
+                2,
+                [3, 4],
+                [3, 5],
+                [3, 1],
+                [1, 1],
+                [2, 0, 0, 3],
+                [1, 0],
+            ),
+        ];
+        for (batch, c, group, mg, in_sp, kernel, strides, dil, pads, out_pad) in cases {
+            let (cg, m) = (c / group, mg * group);
+            let in_sz = in_sp[0] * in_sp[1];
+            let k_sz = kernel[0] * kernel[1];
+            let x: Vec<f32> = (0..batch * c * in_sz)
+                .map(|i| ((i * 7919 % 211) as f32 - 100.0) / 13.0)
+                .collect();
+            let wv: Vec<f32> = (0..c * mg * k_sz)
+                .map(|i| ((i * 104729 % 197) as f32 - 98.0) / 17.0)
+                .collect();
+            let bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.37 - 0.9).collect();
+            let full =
+                |a: usize| strides[a] * (in_sp[a] - 1) + out_pad[a] + (kernel[a] - 1) * dil[a] + 1;
+            let out_sp = [full(0) - pads[0] - pads[2], full(1) - pads[1] - pads[3]];
+            let o_sz = out_sp[0] * out_sp[1];
+            let mut want = vec![0f32; batch * m * o_sz];
+            for b in 0..batch {
+                for g in 0..group {
+                    for oc in 0..mg {
+                        let plane = &mut want[(b * m + g * mg + oc) * o_sz..][..o_sz];
+                        for ki in 0..k_sz {
+                            let (kh, kw) = (ki / kernel[1], ki % kernel[1]);
+                            for p in 0..in_sz {
+                                let (ih, iw) = (p / in_sp[1], p % in_sp[1]);
+                                let mut acc = 0f32;
+                                for ci in 0..cg {
+                                    let ch = g * cg + ci;
+                                    let xv = x[(b * c + ch) * in_sz + p];
+                                    acc = xv.mul_add(wv[(ch * mg + oc) * k_sz + ki], acc);
+                                }
+                                let oh =
+                                    (ih * strides[0] + kh * dil[0]) as isize - pads[0] as isize;
+                                let ow =
+                                    (iw * strides[1] + kw * dil[1]) as isize - pads[1] as isize;
+                                if (0..out_sp[0] as isize).contains(&oh)
+                                    && (0..out_sp[1] as isize).contains(&ow)
+                                {
+                                    plane[oh as usize * out_sp[1] + ow as usize] += acc;
+                                }
+                            }
+                        }
+                        plane.iter_mut().for_each(|v| *v += bias[g * mg + oc]);
+                    }
+                }
+            }
+            let ints = |v: &[usize]| Attribute::Ints(v.iter().map(|&i| i as i64).collect());
+            let n = node(
+                "ConvTranspose",
+                &[
+                    ("group", Attribute::Int(group as i64)),
+                    ("strides", ints(&strides)),
+                    ("dilations", ints(&dil)),
+                    ("pads", ints(&pads)),
+                    ("output_padding", ints(&out_pad)),
+                ],
+            );
+            let args = [
+                Tensor::from_f32(vec![batch, c, in_sp[0], in_sp[1]], x.clone()),
+                Tensor::from_f32(vec![c, mg, kernel[0], kernel[1]], wv.clone()),
+                Tensor::from_f32(vec![m], bias.clone()),
+            ];
+            let args: Vec<Option<&Tensor>> = args.iter().map(Some).collect();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let y = pool
+                    .install(|| conv_transpose_op(&OpCtx::new(&n, 17), &args))
+                    .unwrap()
+                    .remove(0);
+                assert_eq!(y.shape(), &[batch, m, out_sp[0], out_sp[1]]);
+                let case = format!(
+                    "{in_sp:?} k {kernel:?} s {strides:?} group {group}, {threads} threads"
+                );
+                assert_eq!(bits(y.as_f32().unwrap()), bits(&want), "{case}");
+            }
         }
     }
 
