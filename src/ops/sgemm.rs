@@ -824,6 +824,10 @@ impl PackB for PackedB {
 /// rows its tiles read stay in L2).
 const GATHERED_TILES_PER_TASK: usize = 64;
 
+/// The most values of C one task of [`gemm_gathered`] computes before handing them on (128
+/// KiB: in L2 with room to spare on every x86 core since Skylake-SP and Zen 2).
+const GATHERED_C_VALUES: usize = 32 * 1024;
+
 /// A finished block of [`gemm_gathered`]'s C: rows × columns of C, row-major in `values`
 /// with `ld` values per row (element (i, j) of C at `values[(i − rows.start)·ld + j −
 /// columns.start]`).
@@ -881,6 +885,13 @@ pub fn gemm_gathered(
     let row_blocks = m_tiles.div_ceil(tb);
     let col_units = n_panels.div_ceil(group);
     let cu = col_units.div_ceil(target.div_ceil(row_blocks).clamp(1, col_units));
+    // A task's C block holds at most GATHERED_C_VALUES, so that it stays in the core's L2
+    // beside the A rows and B panels its tiles read until the callback moves it out: a wide
+    // product (a ConvTranspose's 1024 columns of output channel × tap) otherwise made blocks
+    // of 384 rows × 1024 columns (1.5 MiB) on one thread, which the callback then read back
+    // from L3. Whole 6×64 tiles where a block takes more than one pair of panels.
+    let fit = (GATHERED_C_VALUES / (tb * MR * NR * group)).max(1);
+    let cu = cu.min(if fit >= 2 { fit / 2 * 2 } else { fit });
     let col_blocks = col_units.div_ceil(cu);
     let cb = cu * group;
     let task = |t: usize, block: &mut Vec<f32>| {
@@ -1062,10 +1073,18 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && m * n * k >= PARALLEL_WORK;
     let target = if parallel { 8 * threads } else { 1 };
-    let tb = m_tiles
-        .div_ceil(target)
-        .max(m_tiles.min(4))
-        .min(GATHERED_TILES_PER_TASK);
+    // Where B is wider than A is tall (a ConvTranspose's 2048–4096 columns of output channel
+    // × tap on 196–784 positions), the tasks take as many rows as they may and split the
+    // columns: each task then streams its slice of B once and re-reads the rows of A, which
+    // stay in L2 (split by rows, every row block streamed all of B, 6 MiB, from L3).
+    let tb = if n > m {
+        m_tiles.min(GATHERED_TILES_PER_TASK)
+    } else {
+        m_tiles
+            .div_ceil(target)
+            .max(m_tiles.min(4))
+            .min(GATHERED_TILES_PER_TASK)
+    };
     (tb, target)
 }
 
@@ -1997,7 +2016,10 @@ mod tests {
         // threads; one panel (full or partial) and an odd panel count, whose lone panel takes
         // the 12×16 AVX-512 tile; four panels and more (the 6×64 tile), the last partial. Rows
         // also as a convolution's are, runs of 14 consecutive values (output rows) apart: whole
-        // runs of 12 take the 12×32 tile, tiles across a run's end the gathered ones.
+        // runs of 12 take the 12×32 tile, tiles across a run's end the gathered ones. Blocks
+        // split by columns too where C's blocks would outgrow GATHERED_C_VALUES: B wider than
+        // A is tall (whole rows per task, columns split, the last block partial) and a tall
+        // product on one thread.
         for (&(m, n, k), runs) in [
             (50, 70, 300),
             (44, 120, 270),
@@ -2010,6 +2032,8 @@ mod tests {
             (40, 16, 300),
             (25, 9, 20),
             (61, 48, 27),
+            (40, 1100, 20),
+            (400, 300, 10),
         ]
         .iter()
         .flat_map(|s| [(s, false), (s, true)])

@@ -1241,12 +1241,12 @@ pub fn transpose_geometry(
     })
 }
 
-/// ConvTranspose's col2im: scatter-adds every entry of `col` ([M·prod(k)] rows × prod(in)
-/// columns, one group of one image) to its output position in `dst` ([M, *out]), kernel tap
-/// by kernel tap, then adds plane m's `bias[m]` where given (each output the sum of its taps
-/// in tap order, then the bias: ONNX Runtime's order).
+/// ConvTranspose's col2im: every output of `dst` ([M, *out], all zeros on entry) is the sum,
+/// from zero, of the entries of `col` ([M·prod(k)] rows × prod(in) columns, one group of one
+/// image) that land on it, in kernel tap order, then plus its plane's `bias[m]` where given
+/// (ONNX Runtime's order: the scatter-add tap by tap, then the bias).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
+pub(crate) fn col2im<T: Copy + Default + Send + Sync + std::ops::AddAssign>(
     col: &[T],
     in_sp: &[usize],
     kernel: &[usize],
@@ -1262,46 +1262,9 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
     let in_sz: usize = in_sp.iter().product();
     let o_sz: usize = out_sp.iter().product();
     if r == 2 {
-        // 2-D: rows and columns walked directly (no index division per value); the same
-        // additions in the same order.
-        let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
-        let (oh_n, ow_n) = (out_sp[0] as isize, out_sp[1] as isize);
-        dst.par_chunks_mut(o_sz)
-            .enumerate()
-            .for_each(|(oc, plane)| {
-                for ki in 0..k_sz {
-                    let (kh, kw) = (ki / kernel[1], ki % kernel[1]);
-                    let src = &col[(oc * k_sz + ki) * in_sz..(oc * k_sz + ki + 1) * in_sz];
-                    let col0 = (kw * dilations[1]) as isize - pb[1] as isize;
-                    // The input columns whose output column x = iw·s + col0 lies in the row.
-                    let s = strides[1] as isize;
-                    let first = (if col0 < 0 { (-col0 + s - 1) / s } else { 0 }) as usize;
-                    let end = if ow_n > col0 {
-                        (((ow_n - 1 - col0) / s + 1) as usize).min(iw_n)
-                    } else {
-                        0
-                    };
-                    if first >= end {
-                        continue;
-                    }
-                    let x0 = (first as isize * s + col0) as usize;
-                    for (ih, line) in src.chunks_exact(iw_n).enumerate().take(ih_n) {
-                        let o = (ih * strides[0] + kh * dilations[0]) as isize - pb[0] as isize;
-                        if o < 0 || o >= oh_n {
-                            continue;
-                        }
-                        let row = &mut plane[o as usize * ow_n as usize..][..ow_n as usize];
-                        row[x0..]
-                            .iter_mut()
-                            .step_by(strides[1])
-                            .zip(&line[first..end])
-                            .for_each(|(y, &v)| *y += v);
-                    }
-                }
-                if let Some(b) = bias {
-                    plane.iter_mut().for_each(|y| *y += b[oc]);
-                }
-            });
+        col2im_2d(
+            col, in_sp, kernel, strides, dilations, pb, out_sp, dst, bias,
+        );
         return;
     }
     dst.par_chunks_mut(o_sz)
@@ -1340,6 +1303,82 @@ pub(crate) fn col2im<T: Copy + Send + Sync + std::ops::AddAssign>(
             }
             if let Some(b) = bias {
                 plane.iter_mut().for_each(|y| *y += b[oc]);
+            }
+        });
+}
+
+/// [`col2im`] in 2-D, an output row at a time: the row's sums build up in one buffer per
+/// column stride phase (output columns x ≡ q mod the stride), where each kernel tap adds a
+/// contiguous run of its col row (vector adds, the row in L1), tap by tap in kernel order;
+/// then the phases interleave into the row, plus the bias. Each output gets the same
+/// additions in the same order as a scatter tap by tap. A tap that misses an output adds
+/// nothing, where a scatter-add over the phases' whole length would add +0: the same bits,
+/// as a sum from +0 is never −0.
+#[allow(clippy::too_many_arguments)]
+fn col2im_2d<T: Copy + Default + Send + Sync + std::ops::AddAssign>(
+    col: &[T],
+    in_sp: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+    pb: &[usize],
+    out_sp: &[usize],
+    dst: &mut [T],
+    bias: Option<&[T]>,
+) {
+    let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+    let (oh_n, ow_n) = (out_sp[0], out_sp[1]);
+    let (kh_n, kw_n) = (kernel[0], kernel[1]);
+    let (sh, sw) = (strides[0], strides[1]);
+    let (k_sz, in_sz, o_sz) = (kh_n * kw_n, ih_n * iw_n, oh_n * ow_n);
+    // Values per phase buffer: the output columns of phase 0, the longest.
+    let phase_len = ow_n.div_ceil(sw);
+    // Per kernel column: its phase q and the shift d from input column to phase index (output
+    // column x = iw·sw + kw·dw − pw = q + (iw + d)·sw), and the input columns that land in
+    // the row.
+    let taps: Vec<(usize, isize, std::ops::Range<usize>)> = (0..kw_n)
+        .map(|kw| {
+            let off = (kw * dilations[1]) as isize - pb[1] as isize;
+            let q = off.rem_euclid(sw as isize);
+            let d = (off - q) / sw as isize;
+            let len = ow_n.saturating_sub(q as usize).div_ceil(sw) as isize;
+            let first = (-d).clamp(0, iw_n as isize) as usize;
+            let end = (len - d).clamp(first as isize, iw_n as isize) as usize;
+            (q as usize, d, first..end)
+        })
+        .collect();
+    dst.par_chunks_mut(o_sz.max(1))
+        .enumerate()
+        .for_each(|(oc, plane)| {
+            let mut sums = vec![T::default(); sw * phase_len];
+            for (o, row) in plane.chunks_exact_mut(ow_n.max(1)).enumerate().take(oh_n) {
+                sums.fill(T::default());
+                for kh in 0..kh_n {
+                    let from = (o + pb[0]) as isize - (kh * dilations[0]) as isize;
+                    if from < 0 || from % sh as isize != 0 || from / sh as isize >= ih_n as isize {
+                        continue;
+                    }
+                    let ih = from as usize / sh;
+                    for (kw, (q, d, cols)) in taps.iter().enumerate() {
+                        if cols.is_empty() {
+                            continue;
+                        }
+                        let ki = kh * kw_n + kw;
+                        let line = &col[(oc * k_sz + ki) * in_sz + ih * iw_n..][..iw_n];
+                        let at = q * phase_len + (cols.start as isize + d) as usize;
+                        sums[at..at + cols.len()]
+                            .iter_mut()
+                            .zip(&line[cols.clone()])
+                            .for_each(|(y, &v)| *y += v);
+                    }
+                }
+                for (q, phase) in sums.chunks_exact(phase_len.max(1)).enumerate() {
+                    let columns = row.iter_mut().skip(q).step_by(sw);
+                    columns.zip(phase).for_each(|(y, &v)| *y = v);
+                }
+                if let Some(b) = bias {
+                    row.iter_mut().for_each(|y| *y += b[oc]);
+                }
             }
         });
 }
@@ -2049,9 +2088,9 @@ mod tests {
         assert_eq!(y.as_f32().unwrap(), &[10., 20., 300., 400.]);
     }
 
-    /// The 2-D col2im walk adds what the N-D one adds, in the same order: the same result
-    /// as the 2-D problem posed in 3-D (a leading axis of one), with strides, dilations and
-    /// pads that crop.
+    /// The 2-D col2im (by output rows and column phases) adds what the N-D walk adds, in the
+    /// same order, then the bias: the same bits as the 2-D problem posed in 3-D (a leading
+    /// axis of one), with strides, dilations and pads that crop, and columns no tap reaches.
     #[test]
     fn col2im_in_2d_is_the_general_walk() {
         for (in_sp, kernel, strides, dil, pb, out_sp) in [
@@ -2065,6 +2104,9 @@ mod tests {
             ),
             ([4, 3], [3, 2], [1, 2], [2, 1], [1, 0], [6, 6]),
             ([5, 5], [3, 3], [2, 3], [1, 1], [1, 2], [9, 11]),
+            ([3, 3], [1, 1], [3, 3], [1, 1], [0, 0], [9, 10]),
+            ([4, 4], [4, 4], [2, 2], [1, 1], [3, 2], [4, 5]),
+            ([6, 7], [4, 4], [2, 2], [1, 1], [1, 1], [12, 14]),
         ] {
             let (k_sz, in_sz) = (kernel[0] * kernel[1], in_sp[0] * in_sp[1]);
             let planes = 3;
@@ -2072,11 +2114,20 @@ mod tests {
                 .map(|i| ((i * 7919 % 211) as f32 - 100.0) / 13.0)
                 .collect();
             let o_sz = out_sp[0] * out_sp[1];
-            let mut got = vec![0.5f32; planes * o_sz];
+            let bias: Vec<f32> = (0..planes).map(|p| p as f32 * 0.75 - 0.5).collect();
+            let mut got = vec![0f32; planes * o_sz];
             col2im(
-                &col, &in_sp, &kernel, &strides, &dil, &pb, &out_sp, &mut got, None,
+                &col,
+                &in_sp,
+                &kernel,
+                &strides,
+                &dil,
+                &pb,
+                &out_sp,
+                &mut got,
+                Some(&bias),
             );
-            let mut want = vec![0.5f32; planes * o_sz];
+            let mut want = vec![0f32; planes * o_sz];
             let three = |a: [usize; 2], lead: usize| [lead, a[0], a[1]];
             col2im(
                 &col,
@@ -2087,10 +2138,10 @@ mod tests {
                 &three(pb, 0),
                 &three(out_sp, 1),
                 &mut want,
-                None,
+                Some(&bias),
             );
-            assert_eq!(got, want, "{in_sp:?} {kernel:?} {strides:?}");
-            assert!(got.iter().any(|&v| v != 0.5));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{in_sp:?} {kernel:?} {strides:?}");
         }
     }
 
