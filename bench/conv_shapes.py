@@ -6,11 +6,13 @@ Usage: conv_shapes.py LATENCY_BIN [ROUNDS] [SHAPE...]
                target/release/deps/latency-<hash>, or the kit's bin/latency)
   ROUNDS       alternating rounds, the best median of each engine kept (default 5)
   SHAPE        name=C,H,M,K,S,P (input channels, input height = width, output channels, square
-               kernel, stride, padding); default: the bench CNN's convolutions
+               kernel, stride, padding); name=T:C,H,M,K,S,P a ConvTranspose (no Relu) of
+               those; `vit-decoder` the ViT-S segmentation model's three ConvTransposes;
+               default: the bench CNN's convolutions
 
 Writes the models to a temporary folder, then prints per shape both engines' best median,
 their GFLOP/s and the ratio, and the CPU. Each model is one Conv with bias and a Relu (fused
-by both engines); ONNX Runtime's time includes the NCHWc reorders it adds around a lone Conv,
+by both engines), or one ConvTranspose with bias; ONNX Runtime's time includes the NCHWc reorders it adds around a lone Conv,
 so its in-graph convolutions are somewhat faster than these. Pin it (`taskset -c 0,1`) and
 hold the build lock on a shared machine: a single run moves by 10-30 % there.
 """
@@ -30,18 +32,24 @@ CNN = [
     "c5=32,56,64,1,2,0", "c6=64,28,128,3,2,1", "c7=128,14,128,3,1,1", "c9=128,14,256,3,2,1",
     "c10=256,7,256,3,1,1",
 ]
+# The corpus ViT-S segmentation model's decoder: 4x4 stride-2 ConvTransposes doubling 14 -> 112.
+VIT_DECODER = ["u1=T:384,14,256,4,2,1", "u2=T:256,28,128,4,2,1", "u3=T:128,56,64,4,2,1"]
 
 
-def write(d: str, name: str, c: int, h: int, m: int, k: int, s: int, p: int) -> float:
+def write(d: str, name: str, c: int, h: int, m: int, k: int, s: int, p: int,
+          transpose: bool = False) -> float:
     """Writes d/name.onnx and d/name/input_0.pb; returns the model's MFLOP."""
     rng = np.random.default_rng(0)
-    o = (h + 2 * p - k) // s + 1
-    w = numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.1).astype(np.float32), "W")
+    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+    if transpose:
+        o = (h - 1) * s + k - 2 * p
+        w = numpy_helper.from_array((rng.standard_normal((c, m, k, k)) * 0.1).astype(np.float32), "W")
+        nodes = [helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)]
+    else:
+        o = (h + 2 * p - k) // s + 1
+        w = numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.1).astype(np.float32), "W")
+        nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
     b = numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B")
-    nodes = [
-        helper.make_node("Conv", ["x", "W", "B"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[p] * 4),
-        helper.make_node("Relu", ["c"], ["y"]),
-    ]
     graph = helper.make_graph(
         nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, o, o])], [w, b])
@@ -52,7 +60,8 @@ def write(d: str, name: str, c: int, h: int, m: int, k: int, s: int, p: int) -> 
     x = numpy_helper.from_array(rng.standard_normal((1, c, h, h)).astype(np.float32))
     with open(os.path.join(d, name, "input_0.pb"), "wb") as f:
         f.write(x.SerializeToString())
-    return 2 * o * o * m * c * k * k / 1e6
+    # A ConvTranspose multiplies every input position by every weight.
+    return 2 * (h * h if transpose else o * o) * m * c * k * k / 1e6
 
 
 def median_ms(cmd: list, env: dict) -> float:
@@ -65,7 +74,7 @@ def main() -> None:
         sys.exit(__doc__)
     latency = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    shapes = sys.argv[3:] or CNN
+    shapes = [s for a in sys.argv[3:] for s in (VIT_DECODER if a == "vit-decoder" else [a])] or CNN
     ort_latency = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_latency.py")
     env = dict(os.environ, RAYON_NUM_THREADS=os.environ.get("RAYON_NUM_THREADS", "2"))
     threads = env["RAYON_NUM_THREADS"]
@@ -76,7 +85,8 @@ def main() -> None:
         mflop = {}
         for spec in shapes:
             name, dims = spec.split("=")
-            mflop[name] = write(d, name, *map(int, dims.split(",")))
+            transpose = dims.startswith("T:")
+            mflop[name] = write(d, name, *map(int, dims.removeprefix("T:").split(",")), transpose=transpose)
         best: dict = {}
         for _ in range(rounds):
             for name in mflop:
@@ -84,7 +94,7 @@ def main() -> None:
                                     ("ort", [sys.executable, ort_latency, d, threads, name])):
                     t = median_ms(cmd, env)
                     best[name, engine] = min(best.get((name, engine), t), t)
-        print("| conv | MFLOP | mixprec ms | GFLOP/s | ORT ms | GFLOP/s | mixprec/ORT |")
+        print("| layer | MFLOP | mixprec ms | GFLOP/s | ORT ms | GFLOP/s | mixprec/ORT |")
         print("| --- | --- | --- | --- | --- | --- | --- |")
         for name, mf in mflop.items():
             a, b = best[name, "mixprec"], best[name, "ort"]
