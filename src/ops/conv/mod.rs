@@ -404,6 +404,21 @@ fn per_axis(
     }
 }
 
+/// The bias B of a convolution with `m` output channels as f32, checked to hold `m` values.
+fn bias_values(
+    bias: Option<&Tensor>,
+    m: usize,
+) -> Result<Option<std::borrow::Cow<'_, [f32]>>, OpError> {
+    match bias {
+        Some(b) if b.len() == m => Ok(Some(f32_input(b, "B")?)),
+        Some(b) => Err(OpError(format!(
+            "bias has {} values, expected {m}",
+            b.len()
+        ))),
+        None => Ok(None),
+    }
+}
+
 fn f32_input<'a>(t: &'a Tensor, what: &str) -> Result<std::borrow::Cow<'a, [f32]>, OpError> {
     match t.as_f32() {
         Some(v) => Ok(std::borrow::Cow::Borrowed(v)),
@@ -906,16 +921,7 @@ pub fn conv(
     let w = window(&attrs.window, in_sp, &kernel, false)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
-    let bv = match bias {
-        Some(b) if b.len() == m => Some(f32_input(b, "B")?),
-        Some(b) => {
-            return Err(OpError(format!(
-                "bias has {} values, expected {m}",
-                b.len()
-            )))
-        }
-        None => None,
-    };
+    let bv = bias_values(bias, m)?;
     let k_sz: usize = kernel.iter().product();
     let o_sz: usize = w.out.iter().product();
     let in_sz: usize = in_sp.iter().product();
@@ -1262,9 +1268,70 @@ pub(crate) fn col2im<T: Copy + Default + Send + Sync + std::ops::AddAssign>(
     let in_sz: usize = in_sp.iter().product();
     let o_sz: usize = out_sp.iter().product();
     if r == 2 {
-        col2im_2d(
-            col, in_sp, kernel, strides, dilations, pb, out_sp, dst, bias,
-        );
+        // 2-D, an output row at a time: the row's sums build up in one buffer per column stride
+        // phase (output columns x ≡ q mod the stride), where each kernel tap adds a contiguous run
+        // of its col row (vector adds, the row in L1), tap by tap in kernel order; then the phases
+        // interleave into the row, plus the bias. Each output gets the same additions in the same
+        // order as a scatter tap by tap. A tap that misses an output adds nothing, where a
+        // scatter-add over the phases' whole length would add +0: the same bits, as a sum from +0
+        // is never −0.
+        let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
+        let (oh_n, ow_n) = (out_sp[0], out_sp[1]);
+        let (kh_n, kw_n) = (kernel[0], kernel[1]);
+        let (sh, sw) = (strides[0], strides[1]);
+        // Values per phase buffer: the output columns of phase 0, the longest.
+        let phase_len = ow_n.div_ceil(sw);
+        // Per kernel column: its phase q and the shift d from input column to phase index (output
+        // column x = iw·sw + kw·dw − pw = q + (iw + d)·sw), and the input columns that land in the
+        // row.
+        let taps: Vec<(usize, isize, std::ops::Range<usize>)> = (0..kw_n)
+            .map(|kw| {
+                let off = (kw * dilations[1]) as isize - pb[1] as isize;
+                let q = off.rem_euclid(sw as isize);
+                let d = (off - q) / sw as isize;
+                let len = ow_n.saturating_sub(q as usize).div_ceil(sw) as isize;
+                let first = (-d).clamp(0, iw_n as isize) as usize;
+                let end = (len - d).clamp(first as isize, iw_n as isize) as usize;
+                (q as usize, d, first..end)
+            })
+            .collect();
+        dst.par_chunks_mut(o_sz.max(1))
+            .enumerate()
+            .for_each(|(oc, plane)| {
+                let mut sums = vec![T::default(); sw * phase_len];
+                for (o, row) in plane.chunks_exact_mut(ow_n.max(1)).enumerate().take(oh_n) {
+                    sums.fill(T::default());
+                    for kh in 0..kh_n {
+                        let from = (o + pb[0]) as isize - (kh * dilations[0]) as isize;
+                        if from < 0
+                            || from % sh as isize != 0
+                            || from / sh as isize >= ih_n as isize
+                        {
+                            continue;
+                        }
+                        let ih = from as usize / sh;
+                        for (kw, (q, d, cols)) in taps.iter().enumerate() {
+                            if cols.is_empty() {
+                                continue;
+                            }
+                            let ki = kh * kw_n + kw;
+                            let line = &col[(oc * k_sz + ki) * in_sz + ih * iw_n..][..iw_n];
+                            let at = q * phase_len + (cols.start as isize + d) as usize;
+                            sums[at..at + cols.len()]
+                                .iter_mut()
+                                .zip(&line[cols.clone()])
+                                .for_each(|(y, &v)| *y += v);
+                        }
+                    }
+                    for (q, phase) in sums.chunks_exact(phase_len.max(1)).enumerate() {
+                        let columns = row.iter_mut().skip(q).step_by(sw);
+                        columns.zip(phase).for_each(|(y, &v)| *y = v);
+                    }
+                    if let Some(b) = bias {
+                        row.iter_mut().for_each(|y| *y += b[oc]);
+                    }
+                }
+            });
         return;
     }
     dst.par_chunks_mut(o_sz)
@@ -1307,82 +1374,6 @@ pub(crate) fn col2im<T: Copy + Default + Send + Sync + std::ops::AddAssign>(
         });
 }
 
-/// [`col2im`] in 2-D, an output row at a time: the row's sums build up in one buffer per
-/// column stride phase (output columns x ≡ q mod the stride), where each kernel tap adds a
-/// contiguous run of its col row (vector adds, the row in L1), tap by tap in kernel order;
-/// then the phases interleave into the row, plus the bias. Each output gets the same
-/// additions in the same order as a scatter tap by tap. A tap that misses an output adds
-/// nothing, where a scatter-add over the phases' whole length would add +0: the same bits,
-/// as a sum from +0 is never −0.
-#[allow(clippy::too_many_arguments)]
-fn col2im_2d<T: Copy + Default + Send + Sync + std::ops::AddAssign>(
-    col: &[T],
-    in_sp: &[usize],
-    kernel: &[usize],
-    strides: &[usize],
-    dilations: &[usize],
-    pb: &[usize],
-    out_sp: &[usize],
-    dst: &mut [T],
-    bias: Option<&[T]>,
-) {
-    let (ih_n, iw_n) = (in_sp[0], in_sp[1]);
-    let (oh_n, ow_n) = (out_sp[0], out_sp[1]);
-    let (kh_n, kw_n) = (kernel[0], kernel[1]);
-    let (sh, sw) = (strides[0], strides[1]);
-    let (k_sz, in_sz, o_sz) = (kh_n * kw_n, ih_n * iw_n, oh_n * ow_n);
-    // Values per phase buffer: the output columns of phase 0, the longest.
-    let phase_len = ow_n.div_ceil(sw);
-    // Per kernel column: its phase q and the shift d from input column to phase index (output
-    // column x = iw·sw + kw·dw − pw = q + (iw + d)·sw), and the input columns that land in
-    // the row.
-    let taps: Vec<(usize, isize, std::ops::Range<usize>)> = (0..kw_n)
-        .map(|kw| {
-            let off = (kw * dilations[1]) as isize - pb[1] as isize;
-            let q = off.rem_euclid(sw as isize);
-            let d = (off - q) / sw as isize;
-            let len = ow_n.saturating_sub(q as usize).div_ceil(sw) as isize;
-            let first = (-d).clamp(0, iw_n as isize) as usize;
-            let end = (len - d).clamp(first as isize, iw_n as isize) as usize;
-            (q as usize, d, first..end)
-        })
-        .collect();
-    dst.par_chunks_mut(o_sz.max(1))
-        .enumerate()
-        .for_each(|(oc, plane)| {
-            let mut sums = vec![T::default(); sw * phase_len];
-            for (o, row) in plane.chunks_exact_mut(ow_n.max(1)).enumerate().take(oh_n) {
-                sums.fill(T::default());
-                for kh in 0..kh_n {
-                    let from = (o + pb[0]) as isize - (kh * dilations[0]) as isize;
-                    if from < 0 || from % sh as isize != 0 || from / sh as isize >= ih_n as isize {
-                        continue;
-                    }
-                    let ih = from as usize / sh;
-                    for (kw, (q, d, cols)) in taps.iter().enumerate() {
-                        if cols.is_empty() {
-                            continue;
-                        }
-                        let ki = kh * kw_n + kw;
-                        let line = &col[(oc * k_sz + ki) * in_sz + ih * iw_n..][..iw_n];
-                        let at = q * phase_len + (cols.start as isize + d) as usize;
-                        sums[at..at + cols.len()]
-                            .iter_mut()
-                            .zip(&line[cols.clone()])
-                            .for_each(|(y, &v)| *y += v);
-                    }
-                }
-                for (q, phase) in sums.chunks_exact(phase_len.max(1)).enumerate() {
-                    let columns = row.iter_mut().skip(q).step_by(sw);
-                    columns.zip(phase).for_each(|(y, &v)| *y = v);
-                }
-                if let Some(b) = bias {
-                    row.iter_mut().for_each(|y| *y += b[oc]);
-                }
-            }
-        });
-}
-
 fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let x = input(inputs, 0)?;
     let wt = input(inputs, 1)?;
@@ -1418,16 +1409,7 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     } = transpose_geometry(attrs, &in_sp, &kernel)?;
     let xv = f32_input(x, "X")?;
     let wv = f32_input(wt, "W")?;
-    let bv = match bias {
-        Some(b) if b.len() == m => Some(f32_input(b, "B")?),
-        Some(b) => {
-            return Err(OpError(format!(
-                "bias has {} values, expected {m}",
-                b.len()
-            )))
-        }
-        None => None,
-    };
+    let bv = bias_values(bias, m)?;
     let k_sz: usize = kernel.iter().product();
     let in_sz: usize = in_sp.iter().product();
     let o_sz: usize = out_sp.iter().product();
