@@ -6,9 +6,10 @@ Usage: conv_shapes.py LATENCY_BIN [ROUNDS] [SHAPE...]
                target/release/deps/latency-<hash>, or the kit's bin/latency)
   ROUNDS       alternating rounds, the best median of each engine kept (default 5)
   SHAPE        name=C,H,M,K,S,P (input channels, input height = width, output channels, square
-               kernel, stride, padding); name=T:C,H,M,K,S,P a ConvTranspose (no Relu) of
-               those; `vit-decoder` the ViT-S segmentation model's three ConvTransposes;
-               default: the bench CNN's convolutions
+               kernel, stride, padding; H and K may be HxW and KhxKw for a rectangular image or
+               kernel); name=T:C,H,M,K,S,P a ConvTranspose (no Relu) of those; `vit-decoder`
+               the ViT-S segmentation model's three ConvTransposes; `magika` Magika's one
+               convolution (5x1 over 512x1 positions); default: the bench CNN's convolutions
 
 Writes the models to a temporary folder, then prints per shape both engines' best median,
 their GFLOP/s and the ratio, and the CPU. Each model is one Conv with bias and a Relu (fused
@@ -34,34 +35,44 @@ CNN = [
 ]
 # The corpus ViT-S segmentation model's decoder: 4x4 stride-2 ConvTransposes doubling 14 -> 112.
 VIT_DECODER = ["u1=T:384,14,256,4,2,1", "u2=T:256,28,128,4,2,1", "u3=T:128,56,64,4,2,1"]
+# Magika v3.3's one convolution: 256 -> 512 channels, a 5x1 kernel over [512, 1] positions.
+MAGIKA = ["magika=256,512x1,512,5x1,1,0"]
+PRESETS = {"vit-decoder": VIT_DECODER, "magika": MAGIKA}
 
 
-def write(d: str, name: str, c: int, h: int, m: int, k: int, s: int, p: int,
+def pair(v: str) -> tuple:
+    """"7" -> (7, 7); "5x1" -> (5, 1)."""
+    a, _, b = v.partition("x")
+    return int(a), int(b or a)
+
+
+def write(d: str, name: str, c: int, hw: tuple, m: int, khw: tuple, s: int, p: int,
           transpose: bool = False) -> float:
     """Writes d/name.onnx and d/name/input_0.pb; returns the model's MFLOP."""
     rng = np.random.default_rng(0)
-    attrs = dict(kernel_shape=[k, k], strides=[s, s], pads=[p] * 4)
+    (h, wd), (kh, kw) = hw, khw
+    attrs = dict(kernel_shape=[kh, kw], strides=[s, s], pads=[p] * 4)
     if transpose:
-        o = (h - 1) * s + k - 2 * p
-        w = numpy_helper.from_array((rng.standard_normal((c, m, k, k)) * 0.1).astype(np.float32), "W")
+        o = ((h - 1) * s + kh - 2 * p, (wd - 1) * s + kw - 2 * p)
+        w = numpy_helper.from_array((rng.standard_normal((c, m, kh, kw)) * 0.1).astype(np.float32), "W")
         nodes = [helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)]
     else:
-        o = (h + 2 * p - k) // s + 1
-        w = numpy_helper.from_array((rng.standard_normal((m, c, k, k)) * 0.1).astype(np.float32), "W")
+        o = ((h + 2 * p - kh) // s + 1, (wd + 2 * p - kw) // s + 1)
+        w = numpy_helper.from_array((rng.standard_normal((m, c, kh, kw)) * 0.1).astype(np.float32), "W")
         nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
     b = numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B")
     graph = helper.make_graph(
-        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, h])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, o, o])], [w, b])
+        nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, wd])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, *o])], [w, b])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, os.path.join(d, f"{name}.onnx"))
     os.makedirs(os.path.join(d, name), exist_ok=True)
-    x = numpy_helper.from_array(rng.standard_normal((1, c, h, h)).astype(np.float32))
+    x = numpy_helper.from_array(rng.standard_normal((1, c, h, wd)).astype(np.float32))
     with open(os.path.join(d, name, "input_0.pb"), "wb") as f:
         f.write(x.SerializeToString())
     # A ConvTranspose multiplies every input position by every weight.
-    return 2 * (h * h if transpose else o * o) * m * c * k * k / 1e6
+    return 2 * (h * wd if transpose else o[0] * o[1]) * m * c * kh * kw / 1e6
 
 
 def median_ms(cmd: list, env: dict) -> float:
@@ -74,7 +85,7 @@ def main() -> None:
         sys.exit(__doc__)
     latency = sys.argv[1]
     rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 5
-    shapes = [s for a in sys.argv[3:] for s in (VIT_DECODER if a == "vit-decoder" else [a])] or CNN
+    shapes = [s for a in sys.argv[3:] for s in PRESETS.get(a, [a])] or CNN
     ort_latency = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ort_latency.py")
     env = dict(os.environ, RAYON_NUM_THREADS=os.environ.get("RAYON_NUM_THREADS", "2"))
     threads = env["RAYON_NUM_THREADS"]
@@ -86,7 +97,9 @@ def main() -> None:
         for spec in shapes:
             name, dims = spec.split("=")
             transpose = dims.startswith("T:")
-            mflop[name] = write(d, name, *map(int, dims.removeprefix("T:").split(",")), transpose=transpose)
+            c, hw, m, khw, s, p = dims.removeprefix("T:").split(",")
+            mflop[name] = write(d, name, int(c), pair(hw), int(m), pair(khw), int(s), int(p),
+                                transpose=transpose)
         best: dict = {}
         for _ in range(rounds):
             for name in mflop:

@@ -21,6 +21,10 @@ pub const MR: usize = 6;
 pub const NR: usize = 16;
 /// Depth of one k block: a 16-column B panel of KC rows (16 KiB) stays in L1.
 const KC: usize = 256;
+/// The gathered product's k block on cores with full-width 512-bit FMAs
+/// ([`Kernel::full_width_avx512`]) where k exceeds KC: 128 rows of four panels are 32 KiB,
+/// in L1 (48 KiB on Golden Cove and Zen 5) beside A's rows.
+const FULL_WIDTH_KC: usize = 128;
 /// A panels up to which a B in rows is read in place rather than packed: packing pays only
 /// when enough A panels reuse the packed copy (measured with examples of Conv and MatMul
 /// shapes: in place is faster for m <= 64, packed for m >= 128).
@@ -858,6 +862,20 @@ pub fn gemm_gathered(
     b: &PackedB,
     done: &(dyn Fn(GatheredBlock) + Sync),
 ) {
+    let full_width = Kernel::detect().full_width_avx512();
+    gathered_product(image, rows, offsets, b, done, full_width);
+}
+
+/// [`gemm_gathered`], its blocks sized for a core with full-width 512-bit FMAs or not (tests
+/// run both on any AVX-512 CPU; the bits are the same).
+fn gathered_product(
+    image: &[f32],
+    rows: &[usize],
+    offsets: &[usize],
+    b: &PackedB,
+    done: &(dyn Fn(GatheredBlock) + Sync),
+    full_width: bool,
+) {
     let (m, k, n) = (rows.len(), offsets.len(), b.n);
     assert_eq!(b.k, k, "B has {} rows, A {k} columns", b.k);
     if m == 0 || n == 0 {
@@ -894,6 +912,17 @@ pub fn gemm_gathered(
     let cu = cu.min(if fit >= 2 { fit / 2 * 2 } else { fit });
     let col_blocks = col_units.div_ceil(cu);
     let cb = cu * group;
+    // On cores that run two 512-bit FMAs a cycle, the tiles must find B in L1: k blocks of
+    // FULL_WIDTH_KC (the 6×64 tile's four panels then hold 32 KiB instead of 64) and, where
+    // twelve rows start at consecutive values, 12×32 tiles inside the four panels (each pair's
+    // B, 8 KiB a block, read by twelve rows instead of six). On Zen 4's half-width units the
+    // tiles keep up with B from L2 either way, and the extra passes over C cost 1–3 %.
+    let full_width = wide && full_width;
+    let kc_block = if full_width && k > KC {
+        FULL_WIDTH_KC
+    } else {
+        KC
+    };
     let task = |t: usize, block: &mut Vec<f32>| {
         let (tr, tc) = (t % row_blocks, t / row_blocks);
         let (it0, it1) = (tr * tb, ((tr + 1) * tb).min(m_tiles));
@@ -905,8 +934,8 @@ pub fn gemm_gathered(
             block.resize(size, 0.0);
         }
         let c_base = block.as_mut_ptr();
-        for p0 in (0..k).step_by(KC) {
-            let kc = KC.min(k - p0);
+        for p0 in (0..k).step_by(kc_block) {
+            let kc = kc_block.min(k - p0);
             let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
             let mut jp = jp0;
             while jp < jp1 {
@@ -919,8 +948,40 @@ pub fn gemm_gathered(
                 // broadcasts of A for 24 FMAs, against 2 + 6 for 12 in the pair tile.
                 #[cfg(target_arch = "x86_64")]
                 if wide && jp + 3 < jp1 {
-                    for it in it0..it1 {
+                    let mut it = it0;
+                    while it < it1 {
                         let i0 = it * MR;
+                        if full_width
+                            && it + 1 < it1
+                            && m - i0 >= 2 * MR
+                            && consecutive(&rows[i0..], 2 * MR)
+                        {
+                            let a = RunA {
+                                first: image[rows[i0]..].as_ptr(),
+                                offsets: offsets[p0..].as_ptr(),
+                            };
+                            for q in [0, 2] {
+                                let c_at = c_base
+                                    .wrapping_add((i0 - it0 * MR) * ldc + (jp + q - jp0) * NR);
+                                // SAFETY: as the 12×32 tile's below (panels jp + q and
+                                // jp + q + 1 of the four).
+                                unsafe {
+                                    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA>(
+                                        kc,
+                                        a,
+                                        panel(jp + q),
+                                        k * NR,
+                                        NR,
+                                        c_at,
+                                        ldc,
+                                        p0 > 0,
+                                    );
+                                }
+                            }
+                            it += 2;
+                            continue;
+                        }
+                        it += 1;
                         let origins: [*const f32; MR] = row_starts(image, &rows[i0..]);
                         let c_at = c_base.wrapping_add((i0 - it0 * MR) * ldc + (jp - jp0) * NR);
                         // SAFETY: as the pair tile's below, over four panels.
@@ -1237,6 +1298,31 @@ impl Kernel {
         #[cfg(target_arch = "x86_64")]
         if self == Kernel::Avx2Fma {
             return std::arch::is_x86_feature_detected!("avx512f");
+        }
+        false
+    }
+
+    /// Whether this core runs two 512-bit FMAs a cycle (Intel's AVX-512 cores; AMD's from
+    /// Zen 5, family 26) rather than splitting each into two 256-bit halves (Zen 4): the
+    /// gathered product then sizes its blocks for L1 ([`FULL_WIDTH_KC`]).
+    fn full_width_avx512(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if self.has_avx512() {
+            static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+            return *FULL.get_or_init(|| {
+                use std::arch::x86_64::__cpuid;
+                let (vendor, signature) = (__cpuid(0), __cpuid(1));
+                let name: Vec<u8> = [vendor.ebx, vendor.edx, vendor.ecx]
+                    .iter()
+                    .flat_map(|r| r.to_le_bytes())
+                    .collect();
+                let family = ((signature.eax >> 8) & 0xf) + ((signature.eax >> 20) & 0xff);
+                match &name[..] {
+                    b"GenuineIntel" => true,
+                    b"AuthenticAMD" => family >= 0x1a,
+                    _ => false,
+                }
+            });
         }
         false
     }
@@ -2019,7 +2105,8 @@ mod tests {
         // runs of 12 take the 12×32 tile, tiles across a run's end the gathered ones. Blocks
         // split by columns too where C's blocks would outgrow GATHERED_C_VALUES: B wider than
         // A is tall (whole rows per task, columns split, the last block partial) and a tall
-        // product on one thread.
+        // product on one thread. Both block layouts: on cores with full-width 512-bit FMAs, k
+        // in blocks of FULL_WIDTH_KC and runs of 12 through 12×32 tiles inside four panels.
         for (&(m, n, k), runs) in [
             (50, 70, 300),
             (44, 120, 270),
@@ -2060,7 +2147,7 @@ mod tests {
                     cs: 1,
                 },
             );
-            for threads in [1, 3] {
+            for (threads, full_width) in [(1, false), (3, false), (1, true), (3, true)] {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
@@ -2077,14 +2164,20 @@ mod tests {
                         }
                     }
                 };
-                pool.install(|| gemm_gathered(&image, &rows, &offsets, &packed, &done));
+                pool.install(|| {
+                    gathered_product(&image, &rows, &offsets, &packed, &done, full_width)
+                });
                 // The finished blocks cover C once.
                 assert!(
                     seen.into_inner().unwrap().iter().all(|&s| s == 1),
                     "{m}x{n}x{k}"
                 );
                 let got = c.into_inner().unwrap();
-                assert_eq!(bits(&got), bits(&want), "{m}x{n}x{k}, {threads} threads");
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{m}x{n}x{k}, {threads} threads, full width {full_width}"
+                );
             }
         }
     }
