@@ -8,7 +8,8 @@
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", and for P in fp16,
 //! bf16, int8, fp8 (e4m3) "P_median_ms", "P_min_ms"}: the FP32 reference run and the emulated
 //! all-P runs of the same inputs (int8 and fp8 with ranges calibrated with minmax on them; null
-//! where the plan cannot be prepared).
+//! where the plan cannot be prepared). The runners take turns, round after round, so that the
+//! ratios of their medians hold on a machine whose speed drifts during the run.
 
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_input_set;
@@ -41,18 +42,17 @@ fn main() {
         let model = load_model(dir.join(format!("{name}.onnx"))).expect("load model");
         let interp = Interpreter::new(&model.graph).expect("supported model");
         let feeds = read_input_set(&model.graph, &dir.join(name)).expect("input");
-        let fp32 = time(|| {
+        let run_fp32 = || {
             interp.run(&feeds).expect("run");
-        });
+        };
         if fp32_only {
+            let fp32 = time(&mut [Box::new(run_fp32)])[0];
             println!(
                 "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
                 fp32.0, fp32.1, fp32.2
             );
             continue;
         }
-        // The emulated all-<precision> runs; int8 and fp8 with ranges calibrated (minmax) on
-        // the same inputs.
         let cache = mixprec::calib::calibrate(
             &interp,
             std::slice::from_ref(&feeds),
@@ -61,54 +61,61 @@ fn main() {
         )
         .expect("calibrate");
         let amax = cache.amax_map();
-        let mut line = format!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}",
-            fp32.0, fp32.1, fp32.2
-        );
-        for (key, p) in [
+        let formats = [
             ("fp16", Precision::Float16),
             ("bf16", Precision::BFloat16),
             ("int8", Precision::Int8),
             ("fp8", Precision::Fp8E4M3),
-        ] {
-            let opts = PlanOptions {
-                amax: p.is_scaled().then_some(&amax),
-                ..PlanOptions::default()
-            };
-            // null where the plan cannot be prepared or run.
-            let t = PreparedPlan::new(
-                &model.graph,
-                &PrecisionPlan::uniform(&model.graph, p),
-                &opts,
-            )
-            .ok()
-            .and_then(|prepared| {
+        ];
+        // Each format's plan, where it can be prepared and run.
+        let plans: Vec<Option<PreparedPlan>> = formats
+            .iter()
+            .map(|&(_, p)| {
+                let opts = PlanOptions {
+                    amax: p.is_scaled().then_some(&amax),
+                    ..PlanOptions::default()
+                };
+                let prepared = PreparedPlan::new(
+                    &model.graph,
+                    &PrecisionPlan::uniform(&model.graph, p),
+                    &opts,
+                )
+                .ok()?;
                 interp
                     .run_plan(&feeds, &RunOptions::default(), &prepared)
                     .ok()?;
-                Some(time(|| {
-                    interp
-                        .run_plan(&feeds, &RunOptions::default(), &prepared)
-                        .expect("run");
-                }))
-            });
-            let (median, min) = t.map_or(("null".to_string(), "null".to_string()), |t| {
-                (format!("{:.4}", t.0), format!("{:.4}", t.1))
-            });
+                Some(prepared)
+            })
+            .collect();
+        // The runners take turns (FP32, then each format, round after round), so that a
+        // machine that slows down or speeds up during the run moves them all alike and the
+        // ratios of their medians hold.
+        let mut runners: Vec<Box<dyn FnMut() + '_>> = vec![Box::new(run_fp32)];
+        for prepared in plans.iter().flatten() {
+            let (interp, feeds) = (&interp, &feeds);
+            runners.push(Box::new(move || {
+                interp
+                    .run_plan(feeds, &RunOptions::default(), prepared)
+                    .expect("run");
+            }));
+        }
+        let mut times = time(&mut runners).into_iter();
+        let fp32 = times.next().expect("the FP32 runner");
+        let mut line = format!(
+            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}",
+            fp32.0, fp32.1, fp32.2
+        );
+        for ((key, _), prepared) in formats.iter().zip(&plans) {
+            let (median, min) = match prepared.as_ref().and_then(|_| times.next()) {
+                Some(t) => (format!("{:.4}", t.0), format!("{:.4}", t.1)),
+                None => ("null".to_string(), "null".to_string()),
+            };
             line += &format!(", \"{key}_median_ms\": {median}, \"{key}_min_ms\": {min}");
         }
         println!("{line}}}");
     }
 }
 
-/// Median and minimum milliseconds and the number of runs: 3 warm-up runs, then at least 20
-/// runs and at least 2 seconds (at most 500 runs).
-/// Nanoseconds for a cache line to go from CPU 0 to CPU 1 and back (two threads pinned there,
-/// handing a flag to each other), the median of 20 rounds of 20,000. On the 2-core benchmark
-/// machine it reads ~40–110 ns when the two cores share an L3 cache and ~350 ns in its "slow
-/// mode", when they do not (then every two-thread hand-over inside a run costs a trip across
-/// the chips: mixprec's two-thread runs take ~1.4× as long, ONNX Runtime's ~1.1×). The
-/// benchmarks print it so that a table says which mode it was measured in.
 fn round_trip() -> f64 {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::sync::Arc;
@@ -153,20 +160,32 @@ fn round_trip() -> f64 {
     rounds[rounds.len() / 2]
 }
 
-fn time(mut f: impl FnMut()) -> (f64, f64, usize) {
-    for _ in 0..3 {
-        f();
+/// Each runner's (median ms, min ms, runs): three untimed runs each, then rounds in which each
+/// runs once, at least 20 rounds and then until 2 s a runner have passed, at most 500.
+fn time(runners: &mut [Box<dyn FnMut() + '_>]) -> Vec<(f64, f64, usize)> {
+    for f in runners.iter_mut() {
+        for _ in 0..3 {
+            f();
+        }
     }
-    let mut times = Vec::new();
+    let mut times = vec![Vec::new(); runners.len()];
+    let budget = 2.0 * runners.len() as f64;
     let start = Instant::now();
-    while times.len() < 20 || start.elapsed().as_secs_f64() < 2.0 {
-        let t = Instant::now();
-        f();
-        times.push(t.elapsed().as_secs_f64() * 1e3);
-        if times.len() >= 500 {
+    while times[0].len() < 20 || start.elapsed().as_secs_f64() < budget {
+        for (f, times) in runners.iter_mut().zip(&mut times) {
+            let t = Instant::now();
+            f();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+        }
+        if times[0].len() >= 500 {
             break;
         }
     }
-    times.sort_by(|a, b| a.total_cmp(b));
-    (times[times.len() / 2], times[0], times.len())
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            (t[t.len() / 2], t[0], t.len())
+        })
+        .collect()
 }

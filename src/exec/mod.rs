@@ -1050,19 +1050,22 @@ impl<'g> Interpreter<'g> {
                         let rounded = rounding
                             .scale
                             .and_then(|p| emulate::prepare_input(&InputPrep::Round(p), scale));
-                        Some((
-                            sp,
-                            scale,
-                            rounded,
-                            rounding.cast.and_then(|p| p.float_rounding()),
-                        ))
+                        let kernel_rounding = crate::ops::ScaledRounding {
+                            cast: rounding.cast.and_then(|p| p.float_rounding()),
+                            output: rounding.output.and_then(|p| p.float_rounding()),
+                        };
+                        Some((sp, scale, rounded, kernel_rounding))
                     });
+                // The scaled kernel rounded its output as the Mul's (in the pass that scales it).
+                let mut scaled_rounded = false;
                 let outs = match (layer.and_then(|l| l.integer.as_deref()), &scaled) {
                     (Some(k), _) => k.run(&ctx, args),
-                    (None, Some((sp, scale, rounded, cast))) => {
-                        match (sp.kernel)(&ctx, args, rounded.as_ref().unwrap_or(scale), *cast) {
+                    (None, Some((sp, scale, rounded, rounding))) => {
+                        match (sp.kernel)(&ctx, args, rounded.as_ref().unwrap_or(scale), *rounding)
+                        {
                             Ok(Some(t)) => {
                                 fused_steps.extend(sp.steps());
+                                scaled_rounded = rounding.output.is_some();
                                 Ok(vec![t])
                             }
                             // A scale that broadcasts the output: the layers run one by one.
@@ -1116,7 +1119,7 @@ impl<'g> Interpreter<'g> {
                     }
                     None => 0,
                 };
-                (outs, movement_mark, cost, ctx.did_round())
+                (outs, movement_mark, cost, ctx.did_round() || scaled_rounded)
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was. An epilogue's output is its last

@@ -118,7 +118,7 @@ impl ScaledProduct {
             return as_stored(mul).then_some(MulRounding::default());
         }
         // A float16/bfloat16 Mul: each input kept or rounded to its precision, its product
-        // rounded to it after (by the interpreter, as the Mul's output).
+        // rounded to it after (by the kernel, in the same pass).
         let p = mul.precision.filter(|p| p.float_rounding().is_some())?;
         let rounds = |i: usize| match mul.inputs.get(i) {
             None | Some(InputPrep::Keep) => Some(false),
@@ -129,16 +129,18 @@ impl ScaledProduct {
         Some(MulRounding {
             cast: by_cast.then_some(p),
             scale: by_scale.then_some(p),
+            output: Some(p),
         })
     }
 }
 
 /// What a reduced-precision Mul rounds its inputs to as it reads them (None: read as they
-/// are): the Cast's values and the scale.
+/// are): the Cast's values and the scale; and its product (None: float32).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct MulRounding {
     pub cast: Option<Precision>,
     pub scale: Option<Precision>,
+    pub output: Option<Precision>,
 }
 
 #[cfg(test)]

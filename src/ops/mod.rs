@@ -122,17 +122,21 @@ pub type EpilogueShapeFn = fn(&[Option<&Tensor>]) -> Option<ChainShape>;
 /// what the layers `Cast(to=FLOAT) → Mul(scale)` after it compute (ONNX Runtime's dynamic
 /// quantization writes them; its MatMulIntegerToFloat fuses them the same way), the same bits:
 /// `(float)acc · scale`, one rounding each. `scale`: the Mul's other input, as the Mul reads
-/// it. `cast_rounding`: the float16/bfloat16 rounding a reduced-precision Mul applies to the
-/// Cast's values as it reads them (the kernel then rounds `(float)acc` before the product; the
-/// product's own rounding to the Mul's precision is the interpreter's, as for the Mul).
-/// Ok(None) where that scale would broadcast the output to another shape, or is not float32
-/// (the layers then run one by one).
-pub type ScaledFn = fn(
-    &OpCtx,
-    &[Option<&Tensor>],
-    &Tensor,
-    Option<crate::numeric::Rounding>,
-) -> Result<Option<Tensor>, OpError>;
+/// it. [`ScaledRounding`]: what a reduced-precision Mul rounds, which the kernel then applies
+/// in the same pass. Ok(None) where that scale would broadcast the output to another shape, or
+/// is not float32 (the layers then run one by one).
+pub type ScaledFn =
+    fn(&OpCtx, &[Option<&Tensor>], &Tensor, ScaledRounding) -> Result<Option<Tensor>, OpError>;
+
+/// The float16/bfloat16 roundings of a reduced-precision Mul fused into a [`ScaledFn`]:
+/// `cast` of the Cast's values as the Mul reads them (`(float)acc` rounded before the
+/// product), `output` of the product (the Mul's output, which the interpreter then leaves as
+/// it is). None: not rounded.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct ScaledRounding {
+    pub cast: Option<crate::numeric::Rounding>,
+    pub output: Option<crate::numeric::Rounding>,
+}
 
 /// What a kernel knows about the node it runs.
 pub struct OpCtx<'a> {
