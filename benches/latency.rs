@@ -8,8 +8,9 @@
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", and for P in fp16,
 //! bf16, int8, fp8 (e4m3) "P_median_ms", "P_min_ms"}: the FP32 reference run and the emulated
 //! all-P runs of the same inputs (int8 and fp8 with ranges calibrated with minmax on them; null
-//! where the plan cannot be prepared). The runners take turns, round after round, so that the
-//! ratios of their medians hold on a machine whose speed drifts during the run.
+//! where the plan cannot be prepared). The runners take turns, a block of about 20 ms of runs
+//! each, round after round, so that the ratios of their medians hold on a machine whose speed
+//! drifts during the run.
 
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_input_set;
@@ -161,21 +162,31 @@ fn round_trip() -> f64 {
 }
 
 /// Each runner's (median ms, min ms, runs): three untimed runs each, then rounds in which each
-/// runs once, at least 20 rounds and then until 2 s a runner have passed, at most 500.
+/// runner in turn runs a block of consecutive runs (about 20 ms of them; the first of each
+/// block untimed, so that a small model's runs find their plan's data in cache as one runner
+/// alone would), at least 20 timed runs a runner and then until 2 s a runner have passed, at
+/// most 500.
 fn time(runners: &mut [Box<dyn FnMut() + '_>]) -> Vec<(f64, f64, usize)> {
+    let mut block = Vec::new();
     for f in runners.iter_mut() {
+        let t = Instant::now();
         for _ in 0..3 {
             f();
         }
+        let ms = t.elapsed().as_secs_f64() * 1e3 / 3.0;
+        block.push(((20.0 / ms.max(1e-3)) as usize).clamp(1, 100));
     }
     let mut times = vec![Vec::new(); runners.len()];
     let budget = 2.0 * runners.len() as f64;
     let start = Instant::now();
     while times[0].len() < 20 || start.elapsed().as_secs_f64() < budget {
-        for (f, times) in runners.iter_mut().zip(&mut times) {
-            let t = Instant::now();
+        for ((f, times), &block) in runners.iter_mut().zip(&mut times).zip(&block) {
             f();
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            for _ in 0..block {
+                let t = Instant::now();
+                f();
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
         }
         if times[0].len() >= 500 {
             break;
