@@ -8,8 +8,10 @@
 //! [`find`] reads a graph once; [`ScaledProduct::applies`] tells whether one run can fuse it:
 //! nothing shows the two values never stored (no observer, no kept intermediates: the caller
 //! checks), no fusion region or quantized kernel takes any of the three layers, and the Cast
-//! and the Mul run in float32 reading their inputs as stored. The kernel computes exactly the
-//! two layers' values, so the result is the same bits (`tests`).
+//! runs in float32 (or int8/fp8, which it has no kernel for: float32) reading its input as
+//! stored; the Mul likewise, or in float16/bfloat16 with its roundings applied by the kernel.
+//! The kernel computes exactly the two layers' values, so the result is the same bits
+//! (`tests`).
 
 use super::emulate::{InputPrep, LayerPrep};
 use super::{slot_readers, Source, Step};
@@ -109,7 +111,12 @@ impl ScaledProduct {
         let plain = |l: &LayerPrep| l.fusion.is_none() && l.integer.is_none();
         let as_stored =
             |l: &LayerPrep| plain(l) && l.inputs.iter().all(|p| matches!(p, InputPrep::Keep));
-        let float32 = |l: &LayerPrep| matches!(l.precision, None | Some(Precision::Float32));
+        // Float32, or int8/fp8 on these layers, which have no quantized kernel: they then
+        // compute in float32 (reading their inputs as stored, which `as_stored` checks).
+        let float32 = |l: &LayerPrep| match l.precision {
+            None | Some(Precision::Float32) => true,
+            Some(p) => p.is_scaled(),
+        };
         let (cast, mul) = (&layers[self.cast], &layers[self.mul]);
         if !(as_stored(&layers[anchor]) && as_stored(cast) && float32(cast) && plain(mul)) {
             return None;
@@ -358,6 +365,15 @@ mod tests {
                 layers[4] = p;
                 let plan = prepared(&g, layers);
                 assert_eq!(fused_is_alone(&g, Some(&plan)), fused, "{scale} {p:?}");
+            }
+        }
+        // An int8 or fp8 plan: the Cast and the Mul have no quantized kernel and compute in
+        // float32 (their inputs as stored), so they fuse as under no plan.
+        for scale in ["s", "cols"] {
+            let g = model(scale, Vec::new(), &["y"]);
+            for p in [Precision::Int8, Precision::Fp8E4M3] {
+                let all = prepared(&g, vec![p; 5]);
+                assert_eq!(fused_is_alone(&g, Some(&all)), vec![3, 4], "{scale} {p:?}");
             }
         }
         // A bfloat16 product stays finite here (float16's overflows: its bits are checked
