@@ -937,6 +937,41 @@ fn gathered_product(
         for p0 in (0..k).step_by(kc_block) {
             let kc = kc_block.min(k - p0);
             let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
+            // Whether row tiles it and it + 1 are twelve rows of A in this block that start at
+            // consecutive values.
+            #[cfg(target_arch = "x86_64")]
+            let runs_of_twelve = |it: usize| {
+                let i0 = it * MR;
+                it + 1 < it1 && m - i0 >= 2 * MR && consecutive(&rows[i0..], 2 * MR)
+            };
+            // Those twelve rows over panels jq and jq + 1: a 12×32 tile, 24 accumulators (per k
+            // step 12 broadcasts of A and 2 loads of B for 24 FMAs, against 6 + 2 for 12 in the
+            // 6×32 tile: what a CPU with two 512-bit FMA units per core needs to keep both busy).
+            #[cfg(target_arch = "x86_64")]
+            let tile_12x32 = |it: usize, jq: usize| {
+                let i0 = it * MR;
+                let a = RunA {
+                    first: image[rows[i0]..].as_ptr(),
+                    offsets: offsets[p0..].as_ptr(),
+                };
+                let c_at = c_base.wrapping_add((i0 - it0 * MR) * ldc + (jq - jp0) * NR);
+                // SAFETY: called where `runs_of_twelve(it)`: the 12 rows are rows of A whose
+                // every offset reads inside `image` (asserted above); panel jq + 1 < jp1
+                // follows panel jq at k·NR values in B, each holding kc rows from p0; the 12×32
+                // tile lies inside this thread's block (it + 1 < it1, whole panels).
+                unsafe {
+                    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA>(
+                        kc,
+                        a,
+                        panel(jq),
+                        k * NR,
+                        NR,
+                        c_at,
+                        ldc,
+                        p0 > 0,
+                    );
+                }
+            };
             let mut jp = jp0;
             while jp < jp1 {
                 // Two panels at once where the CPU has AVX-512: a 6×32 tile. The second
@@ -951,33 +986,9 @@ fn gathered_product(
                     let mut it = it0;
                     while it < it1 {
                         let i0 = it * MR;
-                        if full_width
-                            && it + 1 < it1
-                            && m - i0 >= 2 * MR
-                            && consecutive(&rows[i0..], 2 * MR)
-                        {
-                            let a = RunA {
-                                first: image[rows[i0]..].as_ptr(),
-                                offsets: offsets[p0..].as_ptr(),
-                            };
-                            for q in [0, 2] {
-                                let c_at = c_base
-                                    .wrapping_add((i0 - it0 * MR) * ldc + (jp + q - jp0) * NR);
-                                // SAFETY: as the 12×32 tile's below (panels jp + q and
-                                // jp + q + 1 of the four).
-                                unsafe {
-                                    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA>(
-                                        kc,
-                                        a,
-                                        panel(jp + q),
-                                        k * NR,
-                                        NR,
-                                        c_at,
-                                        ldc,
-                                        p0 > 0,
-                                    );
-                                }
-                            }
+                        if full_width && runs_of_twelve(it) {
+                            tile_12x32(it, jp);
+                            tile_12x32(it, jp + 2);
                             it += 2;
                             continue;
                         }
@@ -1028,34 +1039,10 @@ fn gathered_product(
                         it += 2;
                         continue;
                     }
-                    // A pair of panels with two full row tiles whose 12 rows start at
-                    // consecutive values: a 12×32 tile, 24 accumulators (per k step 12
-                    // broadcasts of A and 2 loads of B for 24 FMAs, against 6 + 2 for 12 in the
-                    // 6×32 tile: what a CPU with two 512-bit FMA units per core needs to keep
-                    // both busy).
+                    // A pair of panels with twelve rows that start at consecutive values.
                     #[cfg(target_arch = "x86_64")]
-                    if pair && it + 1 < it1 && m - i0 >= 2 * MR && consecutive(&rows[i0..], 2 * MR)
-                    {
-                        let a = RunA {
-                            first: image[rows[i0]..].as_ptr(),
-                            offsets: offsets[p0..].as_ptr(),
-                        };
-                        // SAFETY: the 12 rows are rows of A (m − i0 ≥ 12) whose every offset
-                        // reads inside `image` (asserted above); panel jp + 1 follows panel jp at
-                        // k·NR values in B, each holding kc rows from p0; the 12×32 tile lies
-                        // inside this thread's block (it + 1 < it1, whole panels).
-                        unsafe {
-                            tile_avx512_panels::<{ 2 * MR }, 2, false, RunA>(
-                                kc,
-                                a,
-                                panel(jp),
-                                k * NR,
-                                NR,
-                                c_at(jp),
-                                ldc,
-                                p0 > 0,
-                            );
-                        }
+                    if pair && runs_of_twelve(it) {
+                        tile_12x32(it, jp);
                         it += 2;
                         continue;
                     }
