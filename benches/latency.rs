@@ -46,12 +46,16 @@ fn main() {
         let run_fp32 = || {
             interp.run(&feeds).expect("run");
         };
+        // The line's FP32 fields (median, min, runs).
+        let fp32_fields = |t: (f64, f64, usize)| {
+            format!(
+                "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}",
+                t.0, t.1, t.2
+            )
+        };
         if fp32_only {
             let fp32 = time(&mut [Box::new(run_fp32)])[0];
-            println!(
-                "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}}}",
-                fp32.0, fp32.1, fp32.2
-            );
+            println!("{}}}", fp32_fields(fp32));
             continue;
         }
         let cache = mixprec::calib::calibrate(
@@ -88,9 +92,9 @@ fn main() {
                 Some(prepared)
             })
             .collect();
-        // The runners take turns (FP32, then each format, round after round), so that a
-        // machine that slows down or speeds up during the run moves them all alike and the
-        // ratios of their medians hold.
+        // The runners take turns (FP32, then each format, a block of runs each, round after
+        // round), so that a machine that slows down or speeds up during the run moves them all
+        // alike and the ratios of their medians hold.
         let mut runners: Vec<Box<dyn FnMut() + '_>> = vec![Box::new(run_fp32)];
         for prepared in plans.iter().flatten() {
             let (interp, feeds) = (&interp, &feeds);
@@ -102,10 +106,7 @@ fn main() {
         }
         let mut times = time(&mut runners).into_iter();
         let fp32 = times.next().expect("the FP32 runner");
-        let mut line = format!(
-            "{{\"model\": \"{name}\", \"median_ms\": {:.4}, \"min_ms\": {:.4}, \"runs\": {}",
-            fp32.0, fp32.1, fp32.2
-        );
+        let mut line = fp32_fields(fp32);
         for ((key, _), prepared) in formats.iter().zip(&plans) {
             let (median, min) = match prepared.as_ref().and_then(|_| times.next()) {
                 Some(t) => (format!("{:.4}", t.0), format!("{:.4}", t.1)),

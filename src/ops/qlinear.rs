@@ -131,36 +131,30 @@ fn matmul_integer_scaled(
     {
         return Ok(None);
     }
-    let (mut y, shape) = match kept_weight(ctx, inputs)? {
-        Some((packed, m, shape)) => {
-            // The product writes the float32 values from its tiles, scaled and rounded as the
-            // Mul rounds them, each row of a tile as it is stored (as three passes over the
-            // whole output after the product, an emulated float16 run of the dynamically
-            // quantized Flan-T5 encoder spent 15 % more on these layers than its float32 run).
-            let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
-            // Not zeroed first: the product writes every value of its m×n output.
-            let mut y: Vec<f32> = Vec::with_capacity(m * n);
-            // SAFETY: written whole by the product (each task its panels' columns of every
-            // row) before `set_len` and before anything reads it.
-            let out = unsafe { super::util::assume_written(&mut y.spare_capacity_mut()[..m * n]) };
-            // Tests poison it: a value the product misses shows up as a NaN.
-            #[cfg(test)]
-            out.fill(f32::NAN);
-            let out = ProductOut::Scaled {
-                out,
-                scale: s,
-                rounding,
-            };
-            packed.product(m, a.rows(), out);
-            // SAFETY: all m·n values are written (above).
-            unsafe { y.set_len(m * n) };
-            return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
-        }
-        None => {
-            let (c, shape) = integer_product(ctx, inputs)?;
-            (c.into_iter().map(|v| v as f32).collect::<Vec<f32>>(), shape)
-        }
-    };
+    if let Some((packed, m, shape)) = kept_weight(ctx, inputs)? {
+        // The product writes the float32 values from its tiles, scaled and rounded as the Mul
+        // rounds them, each row of a tile as it is stored (`int_gemm::scale_into`).
+        let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
+        // Not zeroed first: the product writes every value of its m×n output.
+        let mut y: Vec<f32> = Vec::with_capacity(m * n);
+        // SAFETY: written whole by the product (each task its panels' columns of every row)
+        // before `set_len` and before anything reads it.
+        let out = unsafe { super::util::assume_written(&mut y.spare_capacity_mut()[..m * n]) };
+        // Tests poison it: a value the product misses shows up as a NaN.
+        #[cfg(test)]
+        out.fill(f32::NAN);
+        let out = ProductOut::Scaled {
+            out,
+            scale: s,
+            rounding,
+        };
+        packed.product(m, a.rows(), out);
+        // SAFETY: all m·n values are written (above).
+        unsafe { y.set_len(m * n) };
+        return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
+    }
+    let (c, shape) = integer_product(ctx, inputs)?;
+    let mut y: Vec<f32> = c.into_iter().map(|v| v as f32).collect();
     for row in y.chunks_mut(n.max(1)) {
         super::int_gemm::scale_in_place(row, s, 0, rounding);
     }
