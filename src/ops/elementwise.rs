@@ -6,12 +6,15 @@
 
 use super::cast::cast_tensor;
 use super::lanewise::{Binary, Lanewise};
-use super::util::{broadcast_binary, broadcast_ternary, input, opt_input};
+use super::util::{
+    broadcast_binary, broadcast_binary_finished, broadcast_ternary, input, opt_input,
+};
 use super::{OpCtx, OpError, OpResult, Registry, Stage};
 use crate::graph::fact::{DimFact, Fact};
 use crate::tensor::{DType, Tensor, TensorData};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::cmp::Ordering;
 
 pub fn register(r: &mut Registry) {
     // Unary math.
@@ -158,11 +161,19 @@ pub fn register(r: &mut Registry) {
         )
     });
     // Comparisons and logic.
-    r.add("Equal", |_, i| compare(i, |a, b| a == b));
-    r.add("Less", |_, i| compare(i, |a, b| a < b));
-    r.add("Greater", |_, i| compare(i, |a, b| a > b));
-    r.add("LessOrEqual", |_, i| compare(i, |a, b| a <= b));
-    r.add("GreaterOrEqual", |_, i| compare(i, |a, b| a >= b));
+    r.add("Equal", |_, i| compare(i, |o| o == Some(Ordering::Equal)));
+    r.add("Less", |_, i| compare(i, |o| o == Some(Ordering::Less)));
+    r.add("Greater", |_, i| {
+        compare(i, |o| o == Some(Ordering::Greater))
+    });
+    r.add("LessOrEqual", |_, i| {
+        compare(i, |o| matches!(o, Some(Ordering::Less | Ordering::Equal)))
+    });
+    r.add("GreaterOrEqual", |_, i| {
+        compare(i, |o| {
+            matches!(o, Some(Ordering::Greater | Ordering::Equal))
+        })
+    });
     r.add("Not", not);
     r.add("And", |_, i| logic(i, |a, b| a && b));
     r.add("Or", |_, i| logic(i, |a, b| a || b));
@@ -962,33 +973,15 @@ fn binary<F64F, F32F, IntF>(
     finish: &super::Finish,
 ) -> Result<Tensor, OpError>
 where
-    F64F: Fn(f64, f64) -> f64,
+    F64F: Fn(f64, f64) -> f64 + Sync,
     F32F: Fn(f32, f32) -> f32 + Sync,
-    IntF: Fn(i64, i64) -> Result<i64, OpError>,
+    IntF: Fn(i64, i64) -> Result<i64, OpError> + Sync,
 {
     same_dtype(a, b)?;
     let dtype = a.dtype();
     match (a.data(), b.data()) {
         (TensorData::F32(x), TensorData::F32(y)) => {
-            if a.shape() == b.shape() && x.len() >= 2 * MAP_CHUNK {
-                let fill = |v: &mut [std::mem::MaybeUninit<f32>]| {
-                    v.par_chunks_mut(MAP_CHUNK)
-                        .zip(x.par_chunks(MAP_CHUNK).zip(y.par_chunks(MAP_CHUNK)))
-                        .for_each(|(d, (p, q))| {
-                            for (d, (&p, &q)) in d.iter_mut().zip(p.iter().zip(q)) {
-                                d.write(f32f(p, q));
-                            }
-                            // SAFETY: every value of `d` was written just now.
-                            let d = unsafe { super::util::assume_written(d) };
-                            finish(d);
-                        });
-                };
-                // SAFETY: the chunks cover the buffer; x, y and it have one length.
-                let v = unsafe { super::util::unzeroed_f32(x.len(), fill) };
-                return Ok(Tensor::from_f32(a.shape().to_vec(), v));
-            }
-            let (s, mut v) = broadcast_binary(x, a.shape(), y, b.shape(), f32f)?;
-            finish(&mut v);
+            let (s, v) = broadcast_binary_finished(x, a.shape(), y, b.shape(), f32f, finish)?;
             Ok(Tensor::from_f32(s, v))
         }
         (TensorData::F64(x), TensorData::F64(y)) => {
@@ -1018,9 +1011,9 @@ where
 fn arith(
     ctx: &OpCtx,
     inputs: &[Option<&Tensor>],
-    f64f: impl Fn(f64, f64) -> f64,
+    f64f: impl Fn(f64, f64) -> f64 + Sync,
     f32f: impl Fn(f32, f32) -> f32 + Sync,
-    intf: impl Fn(i64, i64) -> Result<i64, OpError>,
+    intf: impl Fn(i64, i64) -> Result<i64, OpError> + Sync,
 ) -> OpResult {
     let y = binary(
         input(inputs, 0)?,
@@ -1039,9 +1032,9 @@ fn arith(
 /// Max/Min/Sum/Mean over any number of inputs (Mean divides by `mean_of` at the end).
 fn variadic(
     inputs: &[Option<&Tensor>],
-    f64f: impl Fn(f64, f64) -> f64,
+    f64f: impl Fn(f64, f64) -> f64 + Sync,
     f32f: impl Fn(f32, f32) -> f32 + Sync,
-    intf: impl Fn(i64, i64) -> Result<i64, OpError>,
+    intf: impl Fn(i64, i64) -> Result<i64, OpError> + Sync,
     mean_of: Option<usize>,
 ) -> OpResult {
     let mut acc = input(inputs, 0)?.clone();
@@ -1152,31 +1145,52 @@ fn bit_shift(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     Ok(vec![cast_tensor(&Tensor::from_i64(s, v), a.dtype())])
 }
 
-fn compare(inputs: &[Option<&Tensor>], f: impl Fn(f64, f64) -> bool) -> OpResult {
+/// Equal, Less, Greater, LessOrEqual, GreaterOrEqual: `f` of the two values' order (`None`
+/// where either is NaN, so every comparison with NaN is false, as in IEEE), on the values in
+/// their own type — exact for every integer (int64 and uint64 beyond 2^53 included) and
+/// vectorized; float16, bfloat16 and the float8 types through float32, which holds them
+/// exactly.
+fn compare(inputs: &[Option<&Tensor>], f: impl Fn(Option<Ordering>) -> bool + Sync) -> OpResult {
     let a = input(inputs, 0)?;
     let b = input(inputs, 1)?;
     same_dtype(a, b)?;
-    if let (TensorData::I64(x), TensorData::I64(y)) = (a.data(), b.data()) {
-        // Exact for all int64 values (f64 is exact only up to 2^53).
-        let (s, v) = broadcast_binary(x, a.shape(), y, b.shape(), |p: i64, q: i64| {
-            f(p.cmp(&q) as i8 as f64, 0.0)
-        })?;
-        return Ok(vec![Tensor::from_bool(s, v)]);
+    fn typed<T: PartialOrd + Copy + Sync>(
+        x: &[T],
+        x_shape: &[usize],
+        y: &[T],
+        y_shape: &[usize],
+        f: &(impl Fn(Option<Ordering>) -> bool + Sync),
+    ) -> OpResult {
+        let (s, v) = broadcast_binary(x, x_shape, y, y_shape, |p: T, q: T| f(p.partial_cmp(&q)))?;
+        Ok(vec![Tensor::from_bool(s, v)])
     }
-    if let (TensorData::Str(x), TensorData::Str(y)) = (a.data(), b.data()) {
-        let idx: Vec<usize> = (0..x.len()).collect();
-        let jdx: Vec<usize> = (0..y.len()).collect();
-        let (s, v) = broadcast_binary(&idx, a.shape(), &jdx, b.shape(), |i, j| {
-            f(x[i].cmp(&y[j]) as i8 as f64, 0.0)
-        })?;
-        return Ok(vec![Tensor::from_bool(s, v)]);
+    let (sa, sb) = (a.shape(), b.shape());
+    match (a.data(), b.data()) {
+        (TensorData::F32(x), TensorData::F32(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::F64(x), TensorData::F64(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::I8(x), TensorData::I8(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::U8(x), TensorData::U8(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::I16(x), TensorData::I16(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::U16(x), TensorData::U16(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::I32(x), TensorData::I32(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::U32(x), TensorData::U32(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::I64(x), TensorData::I64(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::U64(x), TensorData::U64(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::Bool(x), TensorData::Bool(y)) => typed(x, sa, y, sb, &f),
+        (TensorData::Str(x), TensorData::Str(y)) => {
+            let idx: Vec<usize> = (0..x.len()).collect();
+            let jdx: Vec<usize> = (0..y.len()).collect();
+            let (s, v) = broadcast_binary(&idx, sa, &jdx, sb, |i, j| f(Some(x[i].cmp(&y[j]))))?;
+            Ok(vec![Tensor::from_bool(s, v)])
+        }
+        _ => {
+            let x = a
+                .to_f32_vec()
+                .ok_or_else(|| OpError(format!("dtype {} is not supported", a.dtype())))?;
+            let y = b.to_f32_vec().expect("same dtype");
+            typed(&x, sa, &y, sb, &f)
+        }
     }
-    let x = a
-        .to_f64_vec()
-        .ok_or_else(|| OpError(format!("dtype {} is not supported", a.dtype())))?;
-    let y = b.to_f64_vec().expect("same dtype");
-    let (s, v) = broadcast_binary(&x, a.shape(), &y, b.shape(), f)?;
-    Ok(vec![Tensor::from_bool(s, v)])
 }
 
 fn bools(t: &Tensor) -> Result<&[bool], OpError> {
@@ -1192,7 +1206,7 @@ fn not(_ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     )])
 }
 
-fn logic(inputs: &[Option<&Tensor>], f: impl Fn(bool, bool) -> bool) -> OpResult {
+fn logic(inputs: &[Option<&Tensor>], f: impl Fn(bool, bool) -> bool + Sync) -> OpResult {
     let a = input(inputs, 0)?;
     let b = input(inputs, 1)?;
     let (s, v) = broadcast_binary(bools(a)?, a.shape(), bools(b)?, b.shape(), f)?;
@@ -1373,6 +1387,93 @@ mod tests {
             run("Equal", &[&a, &b]).as_bool().unwrap(),
             &[false, true, false]
         );
+    }
+
+    /// Each comparison in the inputs' own type: int64/uint64 values 2^53 apart that float64
+    /// would make equal, NaN unordered, int32 broadcast over a big output (the parallel
+    /// path), float16 through float32.
+    #[test]
+    fn comparisons_are_exact_in_every_type() {
+        let ops = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"];
+        let truth = |op: &str, o: Option<std::cmp::Ordering>| match op {
+            "Equal" => o == Some(Ordering::Equal),
+            "Less" => o == Some(Ordering::Less),
+            "Greater" => o == Some(Ordering::Greater),
+            "LessOrEqual" => matches!(o, Some(Ordering::Less | Ordering::Equal)),
+            _ => matches!(o, Some(Ordering::Greater | Ordering::Equal)),
+        };
+        let big = 1i64 << 60;
+        let i64s = (vec![big, big + 1, -3], vec![big + 1, big + 1, -3]);
+        let u64s = (
+            vec![u64::MAX, u64::MAX - 1, 0],
+            vec![u64::MAX - 1, u64::MAX - 1, 1],
+        );
+        let f32s = (
+            vec![f32::NAN, 1.0, f32::NEG_INFINITY],
+            vec![f32::NAN, f32::NAN, -1e38],
+        );
+        for op in ops {
+            let pairs: Vec<(Tensor, Tensor, Vec<bool>)> = vec![
+                (
+                    Tensor::from_i64(vec![3], i64s.0.clone()),
+                    Tensor::from_i64(vec![3], i64s.1.clone()),
+                    i64s.0
+                        .iter()
+                        .zip(&i64s.1)
+                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
+                        .collect(),
+                ),
+                (
+                    Tensor::new(vec![3], TensorData::U64(u64s.0.clone().into())).unwrap(),
+                    Tensor::new(vec![3], TensorData::U64(u64s.1.clone().into())).unwrap(),
+                    u64s.0
+                        .iter()
+                        .zip(&u64s.1)
+                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
+                        .collect(),
+                ),
+                (
+                    Tensor::from_f32(vec![3], f32s.0.clone()),
+                    Tensor::from_f32(vec![3], f32s.1.clone()),
+                    f32s.0
+                        .iter()
+                        .zip(&f32s.1)
+                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
+                        .collect(),
+                ),
+                (
+                    cast_tensor(&Tensor::from_f32(vec![2], vec![0.1, 65504.0]), DType::F16),
+                    cast_tensor(
+                        &Tensor::from_f32(vec![2], vec![0.1, f32::INFINITY]),
+                        DType::F16,
+                    ),
+                    vec![
+                        truth(op, Some(Ordering::Equal)),
+                        truth(op, Some(Ordering::Less)),
+                    ],
+                ),
+            ];
+            for (a, b, expected) in pairs {
+                assert_eq!(
+                    run(op, &[&a, &b]).as_bool().unwrap(),
+                    &expected[..],
+                    "{op} {}",
+                    a.dtype()
+                );
+            }
+            // [1, 2048, 1] against [257] (a one-hot's Equal): 526 336 values, several tasks.
+            let a: Vec<i32> = (0..2048).map(|i| i % 300).collect();
+            let b: Vec<i32> = (0..257).collect();
+            let ta = Tensor::new(vec![1, 2048, 1], TensorData::I32(a.clone().into())).unwrap();
+            let tb = Tensor::new(vec![257], TensorData::I32(b.clone().into())).unwrap();
+            let got = run(op, &[&ta, &tb]);
+            assert_eq!(got.shape(), &[1, 2048, 257]);
+            let expected: Vec<bool> = a
+                .iter()
+                .flat_map(|p| b.iter().map(move |q| truth(op, p.partial_cmp(q))))
+                .collect();
+            assert!(got.as_bool().unwrap() == &expected[..], "{op} broadcast");
+        }
     }
 
     #[test]
