@@ -4,8 +4,10 @@
 //! innermost axis stays innermost) or 8×8 blocks are transposed through registers (it moves).
 //! Only values move, so the result is the same bits whatever the path or thread count.
 
+use crate::ops::util::unzeroed_f32;
 use crate::tensor::strides_of;
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Values above which the copy is split over threads.
 const PARALLEL_VALUES: usize = 1 << 16;
@@ -21,7 +23,6 @@ pub fn permute_f32(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
     let in_st = strides_of(&dims);
     let out_dims: Vec<usize> = perm.iter().map(|&p| dims[p]).collect();
     let out_st = strides_of(&out_dims);
-    let mut out = vec![0f32; n];
     if perm[r - 1] == r - 1 {
         // Runs of the innermost axis, contiguous on both sides.
         let run = dims[r - 1];
@@ -34,16 +35,21 @@ pub fn permute_f32(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
             }
             off
         };
-        let copy = |(j, dst): (usize, &mut [f32])| {
+        let copy = |(j, dst): (usize, &mut [MaybeUninit<f32>])| {
             let s = src_of(j);
-            dst.copy_from_slice(&x[s..s + run]);
+            for (d, &v) in dst.iter_mut().zip(&x[s..s + run]) {
+                d.write(v);
+            }
         };
-        if n >= PARALLEL_VALUES {
-            out.par_chunks_mut(run).enumerate().for_each(copy);
-        } else {
-            out.chunks_mut(run).enumerate().for_each(copy);
-        }
-        return out;
+        let fill = |out: &mut [MaybeUninit<f32>]| {
+            if n >= PARALLEL_VALUES {
+                out.par_chunks_mut(run).enumerate().for_each(copy);
+            } else {
+                out.chunks_mut(run).enumerate().for_each(copy);
+            }
+        };
+        // SAFETY: the runs (chunks of `run` values) cover the n outputs, each copied whole.
+        return unsafe { unzeroed_f32(n, fill) };
     }
     // The innermost axis moves: input axis `pi` becomes the output's innermost, and the
     // input's innermost becomes output axis q. For every index of the other axes a 2-D
@@ -58,61 +64,65 @@ pub fn permute_f32(x: &[f32], shape: &[usize], perm: &[usize]) -> Vec<f32> {
     let (rows, cols) = (dims[r - 1], dims[pi]);
     let (ld_src, ld_dst) = (in_st[pi], out_st[q]);
     let how = crate::ops::util::Transpose8::detect();
-    let dst_ptr = crate::ops::util::DisjointPtr(out.as_mut_ptr());
-    // One task: plane `t`, rows a0..a1 of it.
-    let row_blocks = if planes >= 4 || n < PARALLEL_VALUES {
-        1
-    } else {
-        rows.div_ceil(64).clamp(1, 16)
-    };
-    let task = |t: usize| {
-        let (plane, rb) = (t / row_blocks, t % row_blocks);
-        let (mut rest, mut src0, mut dst0) = (plane, 0, 0);
-        for &d in others.iter().rev() {
-            let i = rest % out_dims[d];
-            rest /= out_dims[d];
-            src0 += i * in_st[perm[d]];
-            dst0 += i * out_st[d];
-        }
-        let per = rows.div_ceil(row_blocks);
-        let (a0, a1) = (rb * per, ((rb + 1) * per).min(rows));
-        let (a8, b8) = (a0 + (a1 - a0) / 8 * 8, cols / 8 * 8);
-        let put = |a: usize, b: usize| {
-            // SAFETY: (plane, a, b) is one output element, written by the one task that owns
-            // plane and row a; inside `out` (n values).
-            unsafe { *dst_ptr.get().add(dst0 + a * ld_dst + b) = x[src0 + a + b * ld_src] };
+    let fill = |out: &mut [MaybeUninit<f32>]| {
+        let dst_ptr = crate::ops::util::DisjointPtr(out.as_mut_ptr() as *mut f32);
+        // One task: plane `t`, rows a0..a1 of it.
+        let row_blocks = if planes >= 4 || n < PARALLEL_VALUES {
+            1
+        } else {
+            rows.div_ceil(64).clamp(1, 16)
         };
-        for a in (a0..a8).step_by(8) {
-            for b in (0..b8).step_by(8) {
-                assert!(src0 + (a + 7) + (b + 7) * ld_src < x.len());
-                // SAFETY: the 8×8 block's source lies in x (asserted), its destination is
-                // rows a..a + 8 of this task's plane (see `put`).
-                unsafe {
-                    crate::ops::util::transpose_8x8(
-                        x[src0 + a + b * ld_src..].as_ptr(),
-                        ld_src,
-                        dst_ptr.get().add(dst0 + a * ld_dst + b),
-                        ld_dst,
-                        None,
-                        how,
-                    );
+        let task = |t: usize| {
+            let (plane, rb) = (t / row_blocks, t % row_blocks);
+            let (mut rest, mut src0, mut dst0) = (plane, 0, 0);
+            for &d in others.iter().rev() {
+                let i = rest % out_dims[d];
+                rest /= out_dims[d];
+                src0 += i * in_st[perm[d]];
+                dst0 += i * out_st[d];
+            }
+            let per = rows.div_ceil(row_blocks);
+            let (a0, a1) = (rb * per, ((rb + 1) * per).min(rows));
+            let (a8, b8) = (a0 + (a1 - a0) / 8 * 8, cols / 8 * 8);
+            let put = |a: usize, b: usize| {
+                // SAFETY: (plane, a, b) is one output element, written by the one task that owns
+                // plane and row a; inside `out` (n values).
+                unsafe { *dst_ptr.get().add(dst0 + a * ld_dst + b) = x[src0 + a + b * ld_src] };
+            };
+            for a in (a0..a8).step_by(8) {
+                for b in (0..b8).step_by(8) {
+                    assert!(src0 + (a + 7) + (b + 7) * ld_src < x.len());
+                    // SAFETY: the 8×8 block's source lies in x (asserted), its destination is
+                    // rows a..a + 8 of this task's plane (see `put`).
+                    unsafe {
+                        crate::ops::util::transpose_8x8(
+                            x[src0 + a + b * ld_src..].as_ptr(),
+                            ld_src,
+                            dst_ptr.get().add(dst0 + a * ld_dst + b),
+                            ld_dst,
+                            None,
+                            how,
+                        );
+                    }
+                }
+                for a in a..a + 8 {
+                    (b8..cols).for_each(|b| put(a, b));
                 }
             }
-            for a in a..a + 8 {
-                (b8..cols).for_each(|b| put(a, b));
+            for a in a8..a1 {
+                (0..cols).for_each(|b| put(a, b));
             }
-        }
-        for a in a8..a1 {
-            (0..cols).for_each(|b| put(a, b));
+        };
+        let tasks = planes * row_blocks;
+        if n >= PARALLEL_VALUES {
+            (0..tasks).into_par_iter().for_each(task);
+        } else {
+            (0..tasks).for_each(task);
         }
     };
-    let tasks = planes * row_blocks;
-    if n >= PARALLEL_VALUES {
-        (0..tasks).into_par_iter().for_each(task);
-    } else {
-        (0..tasks).for_each(task);
-    }
-    out
+    // SAFETY: the tasks cover every plane, and each of its rows a (a0..a1 over the row
+    // blocks) and columns b (8×8 blocks, then the rest one by one): all n values written.
+    unsafe { unzeroed_f32(n, fill) }
 }
 
 /// The same permutation on the fewest axes: unit axes dropped, and runs of input axes that
