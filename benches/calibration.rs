@@ -5,6 +5,10 @@
 //! For each model: 100 FP32 inferences, then calibration over 100 samples with minmax (one
 //! pass) and entropy (two passes plus the KL search); prints the times and their ratios.
 
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use mixprec::calib::{calibrate, CalibAlgo};
 use mixprec::exec::Feeds;
 use mixprec::onnx::read_input_set;
@@ -15,8 +19,7 @@ use std::time::Instant;
 const SAMPLES: usize = 100;
 
 fn main() {
-    // What the mixprec binary runs with (src/alloc.rs, src/threads.rs).
-    mixprec::alloc::keep_freed_memory_for_reuse();
+    // What the mixprec binary runs with (src/threads.rs).
     mixprec::threads::run_kernels_on_the_calling_thread(None).expect("the kernels' pool");
     let args: Vec<String> = std::env::args()
         .skip(1)

@@ -12,6 +12,10 @@
 //! each, round after round, so that the ratios of their medians hold on a machine whose speed
 //! drifts during the run.
 
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use mixprec::exec::{PlanOptions, PreparedPlan, RunOptions};
 use mixprec::onnx::read_input_set;
 use mixprec::precision::plan::PrecisionPlan;
@@ -21,8 +25,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 fn main() {
-    // What the mixprec binary runs with (src/alloc.rs, src/threads.rs).
-    mixprec::alloc::keep_freed_memory_for_reuse();
+    // What the mixprec binary runs with (src/threads.rs).
     mixprec::threads::run_kernels_on_the_calling_thread(None).expect("the kernels' pool");
     let mut args: Vec<String> = std::env::args()
         .skip(1)

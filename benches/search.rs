@@ -5,6 +5,10 @@
 //!
 //! Usage: cargo bench --bench search -- DIR NAME [NAME...]   (bench/search.sh prepares DIR)
 
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use mixprec::compare::{Criterion, ErrorStat, PerOutput};
 use mixprec::exec::{Interpreter, ValueCache};
 use mixprec::load_model;
@@ -18,8 +22,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 fn main() {
-    // What the mixprec binary runs with (src/alloc.rs, src/threads.rs).
-    mixprec::alloc::keep_freed_memory_for_reuse();
+    // What the mixprec binary runs with (src/threads.rs).
     mixprec::threads::run_kernels_on_the_calling_thread(None).expect("the kernels' pool");
     let args: Vec<String> = std::env::args()
         .skip(1)

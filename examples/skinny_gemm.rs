@@ -2,6 +2,10 @@
 //! first argument) by weights of transformer shapes through each f32 path, on cold weights
 //! (enough copies to exceed the last-level cache), in GFLOP/s. `cargo run --release --example
 //! skinny_gemm -- 16`; ONNX Runtime's figure for the same shapes: bench/skinny_gemm_ort.py.
+
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use mixprec::numeric::Accumulator;
 use mixprec::ops::sgemm::{gemm, PackB, PackedB, StridedB};
 use std::time::Instant;
@@ -30,7 +34,6 @@ fn time(mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    mixprec::alloc::keep_freed_memory_for_reuse();
     mixprec::threads::run_kernels_on_the_calling_thread(None).unwrap();
     let m: usize = std::env::args()
         .nth(1)

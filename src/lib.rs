@@ -4,7 +4,6 @@
 //! kernels) → comparison, search and export; `jobs` are the commands. The CLI (crates/cli) and
 //! the Python package (python/) only turn arguments into a job's config and render its outcome.
 
-pub mod alloc;
 pub mod calib;
 pub mod compare;
 pub mod data;

@@ -3,6 +3,11 @@
 //! library works, and no Rust panic crosses into Python. The Pythonic API (defaults, input
 //! forms, tqdm, `SearchResult`) is `python/mixprec/__init__.py`.
 
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why): the
+/// library's buffers in this module come from it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use mixprec::error::Error;
 use mixprec::event::{Event, NoProgress};
 use mixprec::golden::Outputs;
