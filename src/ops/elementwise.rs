@@ -1395,13 +1395,21 @@ mod tests {
     #[test]
     fn comparisons_are_exact_in_every_type() {
         let ops = ["Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual"];
-        let truth = |op: &str, o: Option<std::cmp::Ordering>| match op {
-            "Equal" => o == Some(Ordering::Equal),
-            "Less" => o == Some(Ordering::Less),
-            "Greater" => o == Some(Ordering::Greater),
-            "LessOrEqual" => matches!(o, Some(Ordering::Less | Ordering::Equal)),
-            _ => matches!(o, Some(Ordering::Greater | Ordering::Equal)),
-        };
+        fn truth(op: &str, o: Option<Ordering>) -> bool {
+            match op {
+                "Equal" => o == Some(Ordering::Equal),
+                "Less" => o == Some(Ordering::Less),
+                "Greater" => o == Some(Ordering::Greater),
+                "LessOrEqual" => matches!(o, Some(Ordering::Less | Ordering::Equal)),
+                _ => matches!(o, Some(Ordering::Greater | Ordering::Equal)),
+            }
+        }
+        fn truths<T: PartialOrd>(op: &str, x: &[T], y: &[T]) -> Vec<bool> {
+            x.iter()
+                .zip(y)
+                .map(|(p, q)| truth(op, p.partial_cmp(q)))
+                .collect()
+        }
         let big = 1i64 << 60;
         let i64s = (vec![big, big + 1, -3], vec![big + 1, big + 1, -3]);
         let u64s = (
@@ -1417,29 +1425,17 @@ mod tests {
                 (
                     Tensor::from_i64(vec![3], i64s.0.clone()),
                     Tensor::from_i64(vec![3], i64s.1.clone()),
-                    i64s.0
-                        .iter()
-                        .zip(&i64s.1)
-                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
-                        .collect(),
+                    truths(op, &i64s.0, &i64s.1),
                 ),
                 (
                     Tensor::new(vec![3], TensorData::U64(u64s.0.clone().into())).unwrap(),
                     Tensor::new(vec![3], TensorData::U64(u64s.1.clone().into())).unwrap(),
-                    u64s.0
-                        .iter()
-                        .zip(&u64s.1)
-                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
-                        .collect(),
+                    truths(op, &u64s.0, &u64s.1),
                 ),
                 (
                     Tensor::from_f32(vec![3], f32s.0.clone()),
                     Tensor::from_f32(vec![3], f32s.1.clone()),
-                    f32s.0
-                        .iter()
-                        .zip(&f32s.1)
-                        .map(|(p, q)| truth(op, p.partial_cmp(q)))
-                        .collect(),
+                    truths(op, &f32s.0, &f32s.1),
                 ),
                 (
                     cast_tensor(&Tensor::from_f32(vec![2], vec![0.1, 65504.0]), DType::F16),
