@@ -7,7 +7,7 @@
 use super::cast::cast_tensor;
 use super::lanewise::{Binary, Lanewise};
 use super::util::{
-    broadcast_binary, broadcast_binary_finished, broadcast_ternary, input, opt_input,
+    broadcast_binary, broadcast_binary_finished, broadcast_ternary, input, opt_input, PAR_CHUNK,
 };
 use super::{OpCtx, OpError, OpResult, Registry, Stage};
 use crate::graph::fact::{DimFact, Fact};
@@ -525,24 +525,22 @@ fn softplus<T: Float>(x: T) -> T {
     x.max(T::zero()) + (-x.abs()).exp().ln_1p()
 }
 
-/// Elements per task of the parallel maps (below twice this, one task).
-const MAP_CHUNK: usize = 1 << 15;
-
-/// Parallel map for big f32 buffers (the hot path of CNN and transformer activations); each
+/// Parallel map for big f32 buffers (the hot path of CNN and transformer activations), in
+/// tasks of [`PAR_CHUNK`] values (below twice that, one task); each
 /// finished piece goes through `finish` (the layer's output rounding) while still in cache.
 pub(crate) fn map_f32(
     v: &[f32],
     f: impl Fn(f32) -> f32 + Sync,
     finish: &super::Finish,
 ) -> Vec<f32> {
-    if v.len() < 2 * MAP_CHUNK {
+    if v.len() < 2 * PAR_CHUNK {
         let mut out: Vec<f32> = v.iter().map(|&x| f(x)).collect();
         finish(&mut out);
         return out;
     }
     let fill = |out: &mut [std::mem::MaybeUninit<f32>]| {
-        out.par_chunks_mut(MAP_CHUNK)
-            .zip(v.par_chunks(MAP_CHUNK))
+        out.par_chunks_mut(PAR_CHUNK)
+            .zip(v.par_chunks(PAR_CHUNK))
             .for_each(|(d, s)| {
                 d.iter_mut().zip(s).for_each(|(d, &x)| {
                     d.write(f(x));

@@ -233,7 +233,8 @@ pub fn broadcast_strides(shape: &[usize], out_shape: &[usize]) -> Vec<usize> {
         .collect()
 }
 
-/// Output elements per task of the parallel elementwise loops (below twice this, one task):
+/// Output elements per task of the parallel elementwise loops (`broadcast_binary_finished`,
+/// `elementwise::map_f32`; below twice this, one task):
 /// 128 KiB of float32, in L2 on every core the project measures.
 pub const PAR_CHUNK: usize = 1 << 15;
 
