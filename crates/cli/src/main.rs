@@ -7,8 +7,9 @@
 /// bench transformer's 256 KiB attention scores: 100 µs on a product that runs in 42 µs on
 /// memory in cache). mimalloc reuses a thread's most recently freed block of a size class
 /// first: Intel Xeon, two cores, −6 to −15 % on every model measured, Zen 4 0 to −5 %
-/// (Magika +2 %; docs/performance-history.md, "Layer outputs in warm memory"). The benchmarks and the Python
-/// module run with it too; the library itself never chooses an allocator.
+/// (Magika +2 %; docs/performance-history.md, "Layer outputs in warm memory"). The
+/// benchmarks and the Python module run with it too; the library itself never chooses an
+/// allocator.
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
