@@ -5,6 +5,10 @@
 //! Usage: cargo bench --bench compare [-- N]   (N elements, default 10_000_000)
 //! Prints the best of 5 runs and the throughput in GB/s of input (2 × N × 4 bytes).
 
+/// The allocator the `mixprec` binary runs with (crates/cli/src/main.rs says why).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use mixprec::compare::stats::{histogram, quantiles, Stats};
 use mixprec::compare::{compare_output, Criterion, ErrorStat, Metric, PerOutput};
 use mixprec::tensor::Tensor;
