@@ -146,6 +146,27 @@ pub struct PreparedPlan {
     /// Layers with one origin are prepared alike, so composed plans key shared epilogues by
     /// the origins of a chain's layers.
     pub(super) origins: Vec<u64>,
+    /// Which values a run may quantize as their producer writes them (derived from the
+    /// layers on a run's first use; empty in a clone, whose layers may change).
+    pub(super) quantized_on_write: QuantizedOnWrite,
+}
+
+/// Per value slot of the interpreter: the per-tensor quantization (scale, precision) that
+/// every layer reading it applies to it, where they all apply the same one and nothing else
+/// reads it (see `Interpreter::quantized_on_write`).
+#[derive(Default)]
+pub(super) struct QuantizedOnWrite(pub std::sync::OnceLock<Vec<Option<(f32, Precision)>>>);
+
+impl Clone for QuantizedOnWrite {
+    fn clone(&self) -> Self {
+        QuantizedOnWrite::default()
+    }
+}
+
+impl std::fmt::Debug for QuantizedOnWrite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QuantizedOnWrite")
+    }
 }
 
 /// A number for each prepared plan (and each re-derivation of one's regions).
@@ -344,6 +365,7 @@ impl PreparedPlan {
             explicit: n_explicit,
             analysis,
             epilogues: Default::default(),
+            quantized_on_write: Default::default(),
             origins,
         })
     }

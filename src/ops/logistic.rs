@@ -364,6 +364,36 @@ pub(crate) fn silu_in_place(v: &mut [f32], round: Option<crate::numeric::Roundin
     }
 }
 
+/// `f` of every value in place on this thread (a piece of a kernel's parallel loop, often a
+/// few dozen values: no staging buffer; `f` as in [`map_in_place`]).
+pub(crate) fn map_piece_in_place<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+    fn generic<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+        v.iter_mut().for_each(|x| *x = f(*x));
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn avx512<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+        generic(v, f)
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn fma<F: Fn(f32) -> f32>(v: &mut [f32], f: &F) {
+        generic(v, f)
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        // SAFETY: the CPU has the features the function was compiled for.
+        return unsafe { avx512(v, f) };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: the CPU has the features the function was compiled for.
+        return unsafe { fma(v, f) };
+    }
+    generic(v, f)
+}
+
 /// `f` of every value in place, in parallel chunks for big buffers (`f` one of this file's
 /// functions, inlined into the AVX2+FMA loop where the CPU has it).
 pub(crate) fn map_in_place<F: Fn(f32) -> f32 + Sync>(v: &mut [f32], f: &F) {

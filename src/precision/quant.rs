@@ -61,19 +61,32 @@ fn fake_quant_int8(x: f32, scale: f32) -> f32 {
     r * scale
 }
 
+/// `quantize(x)·scale` of every value of `$v` through the in-place map `$map`, with the
+/// precision a constant in each loop, so `quantize` folds to its branch-free rounding and the
+/// loop vectorizes (a macro: a closure passed as `dyn Fn` would not be inlined into it).
+macro_rules! fake_quant_through {
+    ($map:path, $v:expr, $scale:expr, $p:expr) => {{
+        let (scale, p) = ($scale, $p);
+        match p {
+            Precision::Int8 => $map($v, &|x| fake_quant_int8(x, scale)),
+            Precision::Fp8E4M3 => $map($v, &|x| quantize(x, scale, Precision::Fp8E4M3) * scale),
+            Precision::Fp8E5M2 => $map($v, &|x| quantize(x, scale, Precision::Fp8E5M2) * scale),
+            _ => $map($v, &|x| quantize(x, scale, p) * scale),
+        }
+    }};
+}
+
 /// Quantizes and dequantizes a buffer in place with one scale: `quantize(x)·scale` for every
 /// value, through the logistic family's in-place map (AVX2 vectors where the CPU has them,
 /// parallel pieces for big buffers).
 pub fn fake_quant(v: &mut [f32], scale: f32, p: Precision) {
-    use crate::ops::logistic::map_in_place;
-    match p {
-        Precision::Int8 => map_in_place(v, &|x| fake_quant_int8(x, scale)),
-        // The precision a constant in each loop, so `quantize` folds to its branch-free fp8
-        // rounding and the loop vectorizes.
-        Precision::Fp8E4M3 => map_in_place(v, &|x| quantize(x, scale, Precision::Fp8E4M3) * scale),
-        Precision::Fp8E5M2 => map_in_place(v, &|x| quantize(x, scale, Precision::Fp8E5M2) * scale),
-        _ => map_in_place(v, &|x| quantize(x, scale, p) * scale),
-    }
+    fake_quant_through!(crate::ops::logistic::map_in_place, v, scale, p)
+}
+
+/// [`fake_quant`] on this thread: a piece of a kernel's parallel loop (a layer's output
+/// quantized as its epilogue writes it, where every reader quantizes it alike).
+pub fn fake_quant_piece(v: &mut [f32], scale: f32, p: Precision) {
+    fake_quant_through!(crate::ops::logistic::map_piece_in_place, v, scale, p)
 }
 
 /// [`fake_quant`] of a copy, in one pass that reads `v` and writes the copy (an int8 or fp8
@@ -166,8 +179,10 @@ mod tests {
             for scale in [0.37f32, 1.0, 3e-3] {
                 let mut in_place = v.clone();
                 fake_quant(&mut in_place, scale, p);
+                let mut piece = v.clone();
+                fake_quant_piece(&mut piece, scale, p);
                 let copied = fake_quantized(&v, scale, p);
-                for got in [in_place, copied] {
+                for got in [in_place, piece, copied] {
                     for (x, g) in v.iter().zip(&got) {
                         let want = quantize(*x, scale, p) * scale;
                         assert!(
