@@ -1301,43 +1301,38 @@ impl<'g> Interpreter<'g> {
             for j in chained.chain(scaled) {
                 fused_away[j] = true;
             }
-            let mut out: Vec<Option<(f32, Precision)>> = vec![None; self.values.len()];
-            for id in self.values.ids() {
-                if self.output_slots.iter().any(|&(s, _)| s == id) {
-                    continue;
-                }
-                let mut seen: Option<(f32, Precision)> = None;
-                let mut all_alike = true;
-                let mut readers = self.values.consumers(id).iter().map(|c| c.node).peekable();
-                if readers.peek().is_none() {
-                    continue;
-                }
-                for j in readers {
-                    let (step, layer) = (&self.steps[j], &plan.layers[j]);
-                    let plain = !fused_away[j] && layer.fusion.is_none() && layer.integer.is_none();
-                    for (i, src) in step.inputs.iter().enumerate() {
-                        if !matches!(src, Source::Slot(x) if *x == id) {
-                            continue;
+            // Per slot: the quantization its readers so far apply, or Err where one does not.
+            let mut state: Vec<Option<std::result::Result<(f32, Precision), ()>>> =
+                vec![None; self.values.len()];
+            // Every step's every input (implicit ones too: a subgraph reads the value as is).
+            for (j, step) in self.steps.iter().enumerate() {
+                let layer = &plan.layers[j];
+                let plain = !fused_away[j] && layer.fusion.is_none() && layer.integer.is_none();
+                for (i, src) in step.inputs.iter().enumerate() {
+                    let Source::Slot(id) = src else { continue };
+                    let q = match layer.inputs.get(i) {
+                        Some(InputPrep::Quantize { scale, precision })
+                            if plain && i < step.explicit =>
+                        {
+                            Some((*scale, *precision))
                         }
-                        let q = match layer.inputs.get(i) {
-                            Some(InputPrep::Quantize { scale, precision })
-                                if plain && i < step.explicit =>
-                            {
-                                Some((*scale, *precision))
-                            }
-                            _ => None,
-                        };
-                        match (q, seen) {
-                            (Some(q), None) => seen = Some(q),
-                            (Some(q), Some(s)) if q.0.to_bits() == s.0.to_bits() && q.1 == s.1 => {}
-                            _ => all_alike = false,
+                        _ => None,
+                    };
+                    let slot = &mut state[id.index()];
+                    *slot = match (q, *slot) {
+                        (Some(q), None) => Some(Ok(q)),
+                        (Some(q), Some(Ok(s))) if q.0.to_bits() == s.0.to_bits() && q.1 == s.1 => {
+                            Some(Ok(s))
                         }
-                    }
-                }
-                if all_alike {
-                    out[id.index()] = seen;
+                        _ => Some(Err(())),
+                    };
                 }
             }
+            for &(id, _) in &self.output_slots {
+                state[id.index()] = Some(Err(()));
+            }
+            let mut out: Vec<Option<(f32, Precision)>> =
+                state.into_iter().map(|s| s.and_then(|s| s.ok())).collect();
             if out.iter().all(Option::is_none) {
                 out.clear();
             }
