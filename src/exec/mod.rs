@@ -1549,6 +1549,80 @@ mod tests {
         }
     }
 
+    /// Convolutions as producers, on each of their paths (the gathered product with its
+    /// epilogue on short planes' block rows and on long planes' pieces, the depthwise loop
+    /// writing its planes): the value their Relu epilogue writes quantized for two int8
+    /// convolutions gives the bits of the run without epilogues.
+    #[test]
+    fn convolutions_write_quantized_values_on_every_path() {
+        use crate::exec::emulate::PlanOptions;
+        use crate::graph::Attribute;
+        use crate::precision::plan::PrecisionPlan;
+        let mut r = crate::data::loader::Mt19937::new(7);
+        let mut values =
+            |n: usize| -> Vec<f32> { (0..n).map(|_| r.random_sample() as f32 - 0.5).collect() };
+        // (channels, side, depthwise producer)
+        for (c, side, depthwise) in [(16, 6, false), (16, 20, false), (16, 12, true)] {
+            let (cg, group) = if depthwise { (1, c) } else { (c, 1) };
+            let w0 = Tensor::from_f32(vec![c, cg, 3, 3], values(c * cg * 9));
+            let w1 = Tensor::from_f32(vec![c, c, 3, 3], values(c * c * 9));
+            let w2 = Tensor::from_f32(vec![8, c, 1, 1], values(8 * c));
+            let conv = |name: &str, ins: &[&str], out: &str, pad: i64, group: i64| {
+                let mut n = node(name, "Conv", ins, &[out]);
+                n.attrs.insert("pads".into(), Attribute::Ints(vec![pad; 4]));
+                n.attrs.insert("group".into(), Attribute::Int(group));
+                n
+            };
+            let g = graph(
+                vec![
+                    conv("c0", &["x", "w0"], "a", 1, group as i64),
+                    node("relu", "Relu", &["a"], &["y"]),
+                    conv("c1", &["y", "w1"], "z1", 1, 1),
+                    conv("c2", &["y", "w2"], "z2", 0, 1),
+                ],
+                vec![vi("x", &[1, c, side, side])],
+                vec![vi("z1", &[1, c, side, side]), vi("z2", &[1, 8, side, side])],
+                vec![("w0", w0), ("w1", w1), ("w2", w2)],
+            );
+            let mut feeds = Feeds::new();
+            let x = values(c * side * side);
+            feeds.insert("x".into(), Tensor::from_f32(vec![1, c, side, side], x));
+            let mut amax = std::collections::BTreeMap::new();
+            amax.insert("y".to_string(), 1.5f32);
+            let opts = PlanOptions {
+                amax: Some(&amax),
+                ..PlanOptions::default()
+            };
+            let layers = vec![
+                Precision::Float32,
+                Precision::Float32,
+                Precision::Int8,
+                Precision::Int8,
+            ];
+            let plan = PreparedPlan::new(&g, &PrecisionPlan::from_layers(layers), &opts).unwrap();
+            let interp = Interpreter::new(&g).unwrap();
+            let y = interp.values.id("y").unwrap();
+            assert!(interp.quantized_on_write(&plan)[y.index()].is_some());
+            let fused = interp
+                .run_plan(&feeds, &RunOptions::default(), &plan)
+                .unwrap();
+            let keep = RunOptions {
+                keep_intermediates: true,
+            };
+            let apart = interp.run_plan(&feeds, &keep, &plan).unwrap();
+            for ((name, a), (_, b)) in fused.outputs.iter().zip(&apart.outputs) {
+                let bits = |t: &Tensor| -> Vec<u32> {
+                    t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
+                };
+                assert_eq!(
+                    bits(a),
+                    bits(b),
+                    "{c}×{side}², depthwise {depthwise}: {name}"
+                );
+            }
+        }
+    }
+
     /// A subgraph reads an enclosing graph's initializer as a weight (`Source::Initializer`,
     /// so a kernel keeps its packed panels across runs), an enclosing activation as an outer
     /// value; the result is the bits of the same layer in the main graph.
