@@ -1458,6 +1458,30 @@ mod tests {
     use crate::graph::testing::{graph, node, vi};
     use crate::graph::{Attribute, ValueInfo};
 
+    /// Runs `plan` as is and without epilogues (`keep_intermediates`: every layer on its own,
+    /// each reader quantizing its own copy), asserts every output has the same bits, and
+    /// returns the first run's result.
+    fn same_bits_without_epilogues(
+        interp: &Interpreter,
+        feeds: &Feeds,
+        plan: &PreparedPlan,
+        what: &str,
+    ) -> RunResult {
+        let fused = interp
+            .run_plan(feeds, &RunOptions::default(), plan)
+            .unwrap();
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let apart = interp.run_plan(feeds, &keep, plan).unwrap();
+        let bits =
+            |t: &Tensor| -> Vec<u32> { t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect() };
+        for ((name, a), (_, b)) in fused.outputs.iter().zip(&apart.outputs) {
+            assert_eq!(bits(a), bits(b), "{what}: {name}");
+        }
+        fused
+    }
+
     /// A value whose readers all quantize it alike (int8 MatMuls with one scale) is written
     /// quantized by its producer's epilogue; one with another reader, or a graph output, is
     /// not. Either way every output has the bits of a run without epilogues (each reader
@@ -1530,19 +1554,7 @@ mod tests {
             if let Some((scale, p)) = marked {
                 assert_eq!((scale, p), (3.0 / 127.0, Precision::Int8));
             }
-            let fused = interp
-                .run_plan(&feeds, &RunOptions::default(), &plan)
-                .unwrap();
-            let keep = RunOptions {
-                keep_intermediates: true,
-            };
-            let apart = interp.run_plan(&feeds, &keep, &plan).unwrap();
-            for ((name, a), (_, b)) in fused.outputs.iter().zip(&apart.outputs) {
-                let bits = |t: &Tensor| -> Vec<u32> {
-                    t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
-                };
-                assert_eq!(bits(a), bits(b), "{case}: {name}");
-            }
+            let fused = same_bits_without_epilogues(&interp, &feeds, &plan, case);
             // The run is not the float32 one: the readers did quantize.
             let float = interp.run(&feeds).unwrap();
             assert_ne!(float.outputs[0].1, fused.outputs[0].1, "{case}");
@@ -1603,23 +1615,8 @@ mod tests {
             let interp = Interpreter::new(&g).unwrap();
             let y = interp.values.id("y").unwrap();
             assert!(interp.quantized_on_write(&plan)[y.index()].is_some());
-            let fused = interp
-                .run_plan(&feeds, &RunOptions::default(), &plan)
-                .unwrap();
-            let keep = RunOptions {
-                keep_intermediates: true,
-            };
-            let apart = interp.run_plan(&feeds, &keep, &plan).unwrap();
-            for ((name, a), (_, b)) in fused.outputs.iter().zip(&apart.outputs) {
-                let bits = |t: &Tensor| -> Vec<u32> {
-                    t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
-                };
-                assert_eq!(
-                    bits(a),
-                    bits(b),
-                    "{c}×{side}², depthwise {depthwise}: {name}"
-                );
-            }
+            let what = format!("{c}×{side}², depthwise {depthwise}");
+            same_bits_without_epilogues(&interp, &feeds, &plan, &what);
         }
     }
 
