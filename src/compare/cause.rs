@@ -470,6 +470,9 @@ fn rerun(
         rounded: Default::default(),
         prepacked: &[],
         epilogue: None,
+        epilogue_shape: None,
+        epilogue_otherwise: None,
+        took_otherwise: Default::default(),
         weight_rounding: &weight_rounding,
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();

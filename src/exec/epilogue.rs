@@ -23,7 +23,7 @@ use super::emulate::{prepare_input, InputPrep, LayerPrep};
 use super::{slot_readers, Source, Step};
 use crate::graph::{Graph, ValueId, ValueIndex};
 use crate::numeric::Rounding;
-use crate::ops::{ChainShape, Channels, OpCtx, Registry, Stage};
+use crate::ops::{ChainShape, OpCtx, Piece, Registry, Stage};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
 use std::borrow::Cow;
@@ -42,6 +42,10 @@ const CHUNK: usize = 2048;
 #[derive(Clone, Debug)]
 pub(super) struct Chain {
     pub stages: Vec<ChainStage>,
+    /// Where a stage reads an operand: the chain's layers before the first that does (the
+    /// longest run of them whose values nothing else reads), the epilogue where the operands
+    /// do not fit the output.
+    pub fallback: Option<Box<Chain>>,
 }
 
 /// One layer of a chain. Register 0 holds the kernel's output, register k + 1 stage k's.
@@ -49,14 +53,39 @@ pub(super) struct Chain {
 pub(super) struct ChainStage {
     /// The layer's step (node index).
     pub step: usize,
-    /// Per explicit input: the register holding it, where it is a value of the chain.
-    pub regs: Vec<Option<usize>>,
+    /// Per explicit input: where it comes from, where it is not a constant.
+    pub regs: Vec<Option<ChainInput>>,
+}
+
+/// Where a stage's input comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ChainInput {
+    /// A value of the chain, in this register.
+    Reg(usize),
+    /// A value computed before the anchor runs, of the anchor's output shape, read where
+    /// each piece of the output lies (a residual Add's other operand): an operand.
+    Operand(ValueId),
 }
 
 impl Chain {
     /// Every step whose work the chain does, the anchor's excluded.
     pub fn steps(&self) -> impl Iterator<Item = usize> + '_ {
         self.stages.iter().map(|s| s.step)
+    }
+
+    /// The chain's operands, each once, in the order its stages first read them.
+    pub fn operands(&self) -> Vec<ValueId> {
+        let mut out: Vec<ValueId> = Vec::new();
+        for st in &self.stages {
+            for input in st.regs.iter().flatten() {
+                if let ChainInput::Operand(v) = input {
+                    if !out.contains(v) {
+                        out.push(*v);
+                    }
+                }
+            }
+        }
+        out
     }
 }
 
@@ -69,6 +98,13 @@ pub(super) fn find_chains(
 ) -> Vec<Option<Chain>> {
     let registry = Registry::global();
     let readers = |s: ValueId| slot_readers(values, steps, s);
+    // The step that writes each value (graph inputs: none, there before any step).
+    let mut written_by: HashMap<ValueId, usize> = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        for &s in step.outputs.iter().flatten() {
+            written_by.insert(s, i);
+        }
+    }
     let single_output = |i: usize| -> Option<ValueId> {
         match steps[i].outputs.as_slice() {
             [Some(s)] if steps[i].subs.is_empty() && steps[i].explicit == steps[i].inputs.len() => {
@@ -87,6 +123,8 @@ pub(super) fn find_chains(
             let mut reg_of: HashMap<ValueId, usize> = HashMap::from([(first, 0)]);
             let mut stages: Vec<ChainStage> = Vec::new();
             let mut best = 0;
+            // The longest whole chain before the first stage that reads an operand.
+            let mut best_plain: Option<usize> = None;
             while stages.len() < MAX_STAGES {
                 let inside = |i: usize| i == a || stages.iter().any(|s| s.step == i);
                 let Some(next) = reg_of
@@ -109,7 +147,12 @@ pub(super) fn find_chains(
                 for src in &steps[next].inputs {
                     regs.push(match src {
                         Source::Slot(s) => match reg_of.get(s) {
-                            Some(&r) => Some(r),
+                            Some(&r) => Some(ChainInput::Reg(r)),
+                            // A value there before the anchor runs: an operand (whether it
+                            // has the output's shape, the run tells: `OpCtx::epilogue_for`).
+                            None if written_by.get(s).is_none_or(|&w| w < a) => {
+                                Some(ChainInput::Operand(*s))
+                            }
                             None => {
                                 ok = false;
                                 None
@@ -122,8 +165,13 @@ pub(super) fn find_chains(
                         }
                     });
                 }
-                if !ok || regs.iter().all(Option::is_none) {
+                let chained = |r: &Option<ChainInput>| matches!(r, Some(ChainInput::Reg(_)));
+                if !ok || !regs.iter().any(chained) {
                     break;
+                }
+                let operand = |r: &Option<ChainInput>| matches!(r, Some(ChainInput::Operand(_)));
+                if best_plain.is_none() && regs.iter().any(operand) {
+                    best_plain = Some(best);
                 }
                 stages.push(ChainStage { step: next, regs });
                 reg_of.insert(out, stages.len());
@@ -137,8 +185,15 @@ pub(super) fn find_chains(
                     best = stages.len();
                 }
             }
+            let fallback = match best_plain {
+                Some(plain) if plain < best && plain > 0 => Some(Box::new(Chain {
+                    stages: stages[..plain].to_vec(),
+                    fallback: None,
+                })),
+                _ => None,
+            };
             stages.truncate(best);
-            (!stages.is_empty()).then_some(Chain { stages })
+            (!stages.is_empty()).then_some(Chain { stages, fallback })
         })
         .collect()
 }
@@ -156,13 +211,27 @@ pub(super) struct Epilogue {
     /// values with (a layer in another precision than the anchor's).
     round: Option<Rounding>,
     then: Option<Rounding>,
+    /// Whether a stage reads an operand ([`ChainInput::Operand`]): pieces then go through
+    /// the stages CHUNK values at a time.
+    reads_operands: bool,
+}
+
+/// What a stage reads: a register (before buffers are assigned; a buffer after), or operand
+/// `index` of the chain's [`Chain::operands`], rounded as the stage's layer takes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arg {
+    Reg(usize),
+    Operand {
+        index: usize,
+        round: Option<Rounding>,
+    },
 }
 
 /// A stage before buffers are assigned: the registers it reads, its layer's output rounding,
 /// and the rounding the stages that read its value take it with (see [`Op`]).
 struct Staged {
     stage: Stage,
-    regs: Vec<usize>,
+    regs: Vec<Arg>,
     round: Option<Rounding>,
     then: Option<Rounding>,
 }
@@ -179,9 +248,10 @@ struct Staged {
 #[derive(Default)]
 pub(super) struct Cache(Arc<Mutex<HashMap<CacheKey, Option<Arc<Epilogue>>>>>);
 
-/// An epilogue's anchor step, the anchor's output shape, and the prepared plans the anchor's
-/// and the chain's layers come from (empty without a plan).
-type CacheKey = (usize, ChainShape, smallvec::SmallVec<[u64; 9]>);
+/// An epilogue's anchor step, its number of stages (a chain's fallback has fewer), the
+/// anchor's output shape, and the prepared plans the anchor's and the chain's layers come
+/// from (empty without a plan).
+type CacheKey = (usize, usize, ChainShape, smallvec::SmallVec<[u64; 9]>);
 
 impl Clone for Cache {
     fn clone(&self) -> Self {
@@ -202,16 +272,17 @@ impl Cache {
         Cache(Arc::clone(&self.0))
     }
 
-    /// The epilogue of the chain anchored at `anchor` for output `shape`: kept, or made by
+    /// The epilogue of `chain` (anchored at `anchor`) for output `shape`: kept, or made by
     /// `make` and kept (an error is not kept).
     pub(super) fn get_or_make(
         &self,
         anchor: usize,
         shape: ChainShape,
+        chain: &Chain,
         origins: smallvec::SmallVec<[u64; 9]>,
         make: impl FnOnce() -> crate::error::Result<Option<Epilogue>>,
     ) -> crate::error::Result<Option<Arc<Epilogue>>> {
-        let key = (anchor, shape, origins);
+        let key = (anchor, chain.stages.len(), shape, origins);
         if let Some(e) = self.0.lock().expect("epilogue cache").get(&key) {
             return Ok(e.clone());
         }
@@ -229,10 +300,11 @@ impl Cache {
     }
 }
 
-/// A stage with the buffers it reads (its chained inputs, in input order) and writes.
+/// A stage with the buffers it reads (its chained inputs, in input order: `Arg::Reg` a
+/// buffer, or an operand) and writes.
 struct Op {
     stage: Stage,
-    inputs: Vec<usize>,
+    inputs: Vec<Arg>,
     out: usize,
     /// The layer's output rounding.
     round: Option<Rounding>,
@@ -249,8 +321,9 @@ thread_local! {
     /// Each thread's temporaries, zeroed once: [`Epilogue::apply`] runs per channel of every
     /// finished block (often a few hundred values), and a fresh zeroed 4 KiB array per call
     /// was ~10 % of YOLOv8n's run (memset).
-    static TEMPS: std::cell::RefCell<[[f32; CHUNK]; MAX_TEMPS]> =
-        const { std::cell::RefCell::new([[0.0; CHUNK]; MAX_TEMPS]) };
+    /// The last one is for an operand's values ([`Epilogue::run`]).
+    static TEMPS: std::cell::RefCell<[[f32; CHUNK]; MAX_TEMPS + 1]> =
+        const { std::cell::RefCell::new([[0.0; CHUNK]; MAX_TEMPS + 1]) };
 }
 
 /// The rounding a layer's outputs get under a plan, for the layers an epilogue may take:
@@ -296,6 +369,7 @@ impl Epilogue {
         let mut written: Vec<Option<Rounding>> = vec![anchor_round];
         let mut read_as: Vec<Option<Option<Rounding>>> = vec![None];
         let mut stages: Vec<Staged> = Vec::with_capacity(chain.stages.len());
+        let operands = chain.operands();
         for st in &chain.stages {
             let layer = layers.map(|l| &l[st.step]);
             let Some(round) = output_rounding(layer) else {
@@ -305,9 +379,28 @@ impl Epilogue {
             let step = &steps[st.step];
             // The layer's constant inputs as its kernel would get them under the plan.
             let mut args: Vec<Option<Cow<Tensor>>> = Vec::with_capacity(st.regs.len());
+            let mut regs: Vec<Arg> = Vec::with_capacity(st.regs.len());
             for (i, (src, reg)) in step.inputs.iter().zip(&st.regs).enumerate() {
                 let prep = layer.and_then(|l| l.inputs.get(i));
-                if let Some(r) = *reg {
+                if let Some(ChainInput::Operand(v)) = *reg {
+                    // Read as the layer reads it: as it is, or rounded to the layer's
+                    // precision (a value already in it is left as it is).
+                    let round = match prep {
+                        None | Some(InputPrep::Keep) => None,
+                        Some(InputPrep::Round(Precision::Float32)) => None,
+                        Some(InputPrep::Round(p)) => match p.float_rounding() {
+                            Some(r) => Some(r),
+                            None => return Ok(None),
+                        },
+                        _ => return Ok(None),
+                    };
+                    let index = operands.iter().position(|&o| o == v).expect("listed");
+                    regs.push(Arg::Operand { index, round });
+                    args.push(None);
+                    continue;
+                }
+                if let Some(ChainInput::Reg(r)) = *reg {
+                    regs.push(Arg::Reg(r));
                     // A chain value: read as its layer wrote it, or rounded to this layer's
                     // precision where that differs. One register holds one form, so its
                     // readers must agree (they do unless one chain value feeds layers of two
@@ -343,6 +436,7 @@ impl Epilogue {
             }
             let refs: Vec<Option<&Tensor>> = args.iter().map(|a| a.as_deref()).collect();
             let chained: Vec<bool> = st.regs.iter().map(Option::is_some).collect();
+            let reads_operand = regs.iter().any(|r| matches!(r, Arg::Operand { .. }));
             let def = Registry::global()
                 .def(&node.domain, &node.op_type)
                 .and_then(|d| d.stage)
@@ -354,9 +448,11 @@ impl Epilogue {
                 msg: e.0,
             })?;
             match stage {
+                // An operand is read by a stage of two values (Zip, Combine) only.
+                Some(Stage::Map(_) | Stage::Lanewise(_)) if reads_operand => return Ok(None),
                 Some(s) => stages.push(Staged {
                     stage: s,
-                    regs: st.regs.iter().flatten().copied().collect(),
+                    regs,
                     round,
                     then: None,
                 }),
@@ -383,25 +479,37 @@ impl Epilogue {
             result,
             round: anchor_round,
             then: read_as[0].flatten(),
+            reads_operands: !operands.is_empty(),
         }))
     }
 
-    /// Applies the anchor's rounding and every stage to one channel's finished values.
-    pub fn apply(&self, channels: Channels, values: &mut [f32]) {
-        if self.temps == 0 {
+    /// Applies the anchor's rounding and every stage to one piece of finished values;
+    /// `operands`: the values of the chain's [`Chain::operands`], each of the output's shape.
+    pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[&[f32]]) {
+        if self.temps == 0 && !self.reads_operands {
             // Every stage in place on the output itself.
-            return self.run(channels, values, &mut []);
+            return self.run(piece, values, &mut [], &mut [], operands);
         }
-        let apply = |temps: &mut [[f32; CHUNK]; MAX_TEMPS]| {
+        let apply = |buffers: &mut [[f32; CHUNK]; MAX_TEMPS + 1]| {
+            let (scratch, temps) = buffers.split_last_mut().expect("MAX_TEMPS + 1 buffers");
+            let temps = &mut temps[..self.temps];
             for (k, part) in values.chunks_mut(CHUNK).enumerate() {
-                self.run(channels.skip(k * CHUNK), part, &mut temps[..self.temps]);
+                self.run(piece.skip(k * CHUNK), part, temps, scratch, operands);
             }
         };
-        crate::ops::util::with_scratch(&TEMPS, || [[0.0; CHUNK]; MAX_TEMPS], apply)
+        crate::ops::util::with_scratch(&TEMPS, || [[0.0; CHUNK]; MAX_TEMPS + 1], apply)
     }
 
-    /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries).
-    fn run(&self, channel: Channels, part: &mut [f32], temps: &mut [[f32; CHUNK]]) {
+    /// The stages on `part` (buffer 0; at most CHUNK values where there are temporaries or
+    /// operands, `scratch` then CHUNK values for an operand's).
+    fn run(
+        &self,
+        piece: Piece,
+        part: &mut [f32],
+        temps: &mut [[f32; CHUNK]],
+        scratch: &mut [f32],
+        operands: &[&[f32]],
+    ) {
         let n = part.len();
         let round = |v: &mut [f32], r: Option<Rounding>| {
             if let Some(r) = r {
@@ -410,47 +518,61 @@ impl Epilogue {
         };
         round(part, self.round);
         round(part, self.then);
-        for op in &self.ops {
-            let first = op.inputs[0];
-            if first != op.out {
-                // Into a temporary (only with temporaries: n <= CHUNK): the value is read again.
-                let (to, from) = pair(part, temps, op.out, first);
-                to.copy_from_slice(from);
+        // Both operands one value (x·x): the second through a copy.
+        let squared = |out: &mut [f32], f: &dyn Fn(&mut [f32], &[f32])| {
+            for chunk in out.chunks_mut(CHUNK) {
+                let mut b = [0f32; CHUNK];
+                b[..chunk.len()].copy_from_slice(chunk);
+                f(chunk, &b[..chunk.len()]);
             }
-            // Both operands one value (x·x): the second through a copy.
-            let squared = |out: &mut [f32], f: &dyn Fn(&mut [f32], &[f32])| {
-                for piece in out.chunks_mut(CHUNK) {
-                    let mut b = [0f32; CHUNK];
-                    b[..piece.len()].copy_from_slice(piece);
-                    f(piece, &b[..piece.len()]);
+        };
+        for op in &self.ops {
+            match op.inputs[0] {
+                Arg::Reg(first) if first == op.out => {}
+                Arg::Reg(first) => {
+                    // Into a temporary (only with temporaries: n <= CHUNK): the value is read
+                    // again.
+                    let (to, from) = pair(part, temps, op.out, first);
+                    to.copy_from_slice(from);
+                }
+                Arg::Operand { index, round } => {
+                    let from = operand_piece(operands[index], piece, n, round, scratch);
+                    buffer(part, temps, op.out).copy_from_slice(from);
+                }
+            }
+            // A two-value stage `f` on the output buffer and the op's second input.
+            let with_second = |part: &mut [f32],
+                               temps: &mut [[f32; CHUNK]],
+                               scratch: &mut [f32],
+                               f: &dyn Fn(&mut [f32], &[f32])| {
+                match op.inputs[1] {
+                    Arg::Reg(b) if b == op.out => squared(buffer(part, temps, op.out), f),
+                    Arg::Reg(b) => {
+                        let (a, b) = pair(part, temps, op.out, b);
+                        f(a, b)
+                    }
+                    Arg::Operand { index, round } => {
+                        let b = operand_piece(operands[index], piece, n, round, scratch);
+                        f(buffer(part, temps, op.out), b)
+                    }
                 }
             };
             // Lanewise and Zip stages round as they go (or keep the format).
             let rounds_itself = match &op.stage {
                 Stage::Map(f) => {
-                    f(channel, buffer(part, temps, op.out));
+                    f(piece.channels, buffer(part, temps, op.out));
                     false
                 }
                 Stage::Lanewise(l) => {
                     l.run(buffer(part, temps, op.out), op.round);
                     true
                 }
-                Stage::Zip(z) if op.inputs[1] == op.out => {
-                    squared(buffer(part, temps, op.out), &|a, b| z.run(a, b, op.round));
-                    true
-                }
                 Stage::Zip(z) => {
-                    let (a, b) = pair(part, temps, op.out, op.inputs[1]);
-                    z.run(a, b, op.round);
+                    with_second(part, temps, scratch, &|a, b| z.run(a, b, op.round));
                     true
-                }
-                Stage::Combine(f) if op.inputs[1] == op.out => {
-                    squared(buffer(part, temps, op.out), &|a, b| f(a, b));
-                    false
                 }
                 Stage::Combine(f) => {
-                    let (a, b) = pair(part, temps, op.out, op.inputs[1]);
-                    f(a, b);
+                    with_second(part, temps, scratch, &|a, b| f(a, b));
                     false
                 }
             };
@@ -466,6 +588,28 @@ impl Epilogue {
     }
 }
 
+/// An operand's `n` values for `piece`: in place where they are consecutive and read as they
+/// are, else gathered (and rounded as its reader takes them) into `scratch`.
+fn operand_piece<'a>(
+    src: &'a [f32],
+    piece: Piece,
+    n: usize,
+    round: Option<Rounding>,
+    scratch: &'a mut [f32],
+) -> &'a [f32] {
+    if piece.step == 1 && round.is_none() {
+        return &src[piece.start..piece.start + n];
+    }
+    let to = &mut scratch[..n];
+    for (i, v) in to.iter_mut().enumerate() {
+        *v = src[piece.start + i * piece.step];
+    }
+    if let Some(r) = round {
+        r.round_slice(to);
+    }
+    to
+}
+
 /// SiLU (`x·σ(x)`, exported as a Sigmoid and a Mul of its input and output: YOLO's every
 /// convolution) as one stage: the product in the pass that computes σ, no register between
 /// them. The same bits: σ's values rounded as its layer writes them, then the Mul's product of
@@ -473,7 +617,7 @@ impl Epilogue {
 /// Mul takes σ as written). `ops[k]`: stage k's op (default domain). Stages after the pair
 /// read registers one lower (register k + 1 is stage k's).
 fn fuse_silu(stages: Vec<Staged>, ops: &[Option<&str>]) -> Vec<Staged> {
-    let regs: Vec<Vec<usize>> = stages.iter().map(|s| s.regs.clone()).collect();
+    let regs: Vec<Vec<Arg>> = stages.iter().map(|s| s.regs.clone()).collect();
     let rounds: Vec<(Option<Rounding>, Option<Rounding>)> =
         stages.iter().map(|s| (s.round, s.then)).collect();
     // Stage k is a Sigmoid of x whose output only stage k + 1, a Mul of x and it, reads.
@@ -481,7 +625,10 @@ fn fuse_silu(stages: Vec<Staged>, ops: &[Option<&str>]) -> Vec<Staged> {
         if k + 1 >= regs.len() {
             return None;
         }
-        let (sig, x) = (k + 1, *regs[k].first()?);
+        let (sig, x) = (Arg::Reg(k + 1), *regs[k].first()?);
+        if !matches!(x, Arg::Reg(_)) {
+            return None;
+        }
         let read_later = regs[k + 2..].iter().flatten().any(|&r| r == sig);
         // σ as its layer writes it is what the Mul reads.
         let one_form = rounds[k].0 == rounds[k + 1].0 && rounds[k].1.is_none();
@@ -507,9 +654,16 @@ fn fuse_silu(stages: Vec<Staged>, ops: &[Option<&str>]) -> Vec<Staged> {
     let mut new_reg: Vec<usize> = vec![0];
     let mut it = stages.into_iter().enumerate();
     while let Some((k, st)) = it.next() {
-        let remap = |r: &[usize], new_reg: &[usize]| r.iter().map(|&q| new_reg[q]).collect();
+        let remap = |r: &[Arg], new_reg: &[usize]| {
+            r.iter()
+                .map(|&a| match a {
+                    Arg::Reg(q) => Arg::Reg(new_reg[q]),
+                    operand => operand,
+                })
+                .collect()
+        };
         if let Some(x_first) = pair_at(k) {
-            let x = new_reg[st.regs[0]];
+            let x = remap(&st.regs[..1], &new_reg);
             let mul = it.next().expect("pair_at saw the Mul").1;
             let round = mul.round;
             let fused = Stage::Map(Box::new(move |_, v: &mut [f32]| {
@@ -519,7 +673,7 @@ fn fuse_silu(stages: Vec<Staged>, ops: &[Option<&str>]) -> Vec<Staged> {
             // writes it.
             out.push(Staged {
                 stage: fused,
-                regs: vec![x],
+                regs: x,
                 round,
                 then: mul.then,
             });
@@ -571,11 +725,14 @@ fn buffer<'a>(part: &'a mut [f32], temps: &'a mut [[f32; CHUNK]], b: usize) -> &
 /// value's last reader, otherwise into a free temporary. Returns the ops, the temporaries used
 /// and the result's buffer; None past [`MAX_TEMPS`].
 fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
-    // Register 0: the anchor's output; register k + 1: stage k's.
+    // Register 0: the anchor's output; register k + 1: stage k's. Operands are read where
+    // they lie (or through the scratch buffer): no buffer of their own.
     let mut last_read = vec![0usize; stages.len() + 1];
     for (k, st) in stages.iter().enumerate() {
-        for &r in &st.regs {
-            last_read[r] = last_read[r].max(k);
+        for &a in &st.regs {
+            if let Arg::Reg(r) = a {
+                last_read[r] = last_read[r].max(k);
+            }
         }
     }
     let mut buf_of = vec![0usize; stages.len() + 1];
@@ -588,23 +745,31 @@ fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
             round,
             then,
         } = st;
-        let first = regs[0];
-        let out = if last_read[first] == k {
-            buf_of[first]
-        } else if let Some(b) = free.pop() {
-            b
-        } else {
-            temps += 1;
-            temps
+        let out = match regs[0] {
+            Arg::Reg(first) if last_read[first] == k => buf_of[first],
+            _ => match free.pop() {
+                Some(b) => b,
+                None => {
+                    temps += 1;
+                    temps
+                }
+            },
         };
-        for &r in &regs {
+        for &a in &regs {
+            let Arg::Reg(r) = a else { continue };
             if last_read[r] == k && buf_of[r] != out && !free.contains(&buf_of[r]) && buf_of[r] != 0
             {
                 free.push(buf_of[r]);
             }
         }
         buf_of[k + 1] = out;
-        let inputs = regs.iter().map(|&r| buf_of[r]).collect();
+        let inputs = regs
+            .iter()
+            .map(|&a| match a {
+                Arg::Reg(r) => Arg::Reg(buf_of[r]),
+                operand => operand,
+            })
+            .collect();
         ops.push(Op {
             stage,
             inputs,
@@ -1007,10 +1172,10 @@ mod tests {
     /// one, rounded or not; where a later stage reads the sigmoid they stay two.
     #[test]
     fn sigmoid_then_mul_of_its_input_is_one_silu_stage_with_the_same_bits() {
-        use super::{assign_buffers, fuse_silu, Epilogue, Staged};
+        use super::{assign_buffers, fuse_silu, Arg, Epilogue, Staged};
         use crate::numeric::Rounding;
         use crate::ops::logistic::logistic_in_place;
-        use crate::ops::{Channels, Stage};
+        use crate::ops::{Piece, Stage};
         let stage = |op: &str| -> Stage {
             match op {
                 "Sigmoid" => Stage::Map(Box::new(|_, v: &mut [f32]| logistic_in_place(v))),
@@ -1062,7 +1227,7 @@ mod tests {
                     spec.iter()
                         .map(|(op, r)| Staged {
                             stage: stage(op),
-                            regs: r.clone(),
+                            regs: r.iter().map(|&r| Arg::Reg(r)).collect(),
                             round,
                             then: None,
                         })
@@ -1076,9 +1241,10 @@ mod tests {
                         result,
                         round,
                         then: None,
+                        reads_operands: false,
                     };
                     let mut v = values.clone();
-                    e.apply(Channels::One(0), &mut v);
+                    e.apply(Piece::plane(0, 0), &mut v, &[]);
                     v.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                 };
                 let fused = fuse_silu(make(), &ops);
@@ -1104,6 +1270,214 @@ mod tests {
         let out = fused.as_f32().unwrap();
         assert!(out.iter().any(|v| v.is_nan()));
         assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
+    }
+
+    /// A residual block: `c1` (3×3) → Relu → `c2` (3×3, `group` groups), plus the block's
+    /// input `x` (`shortcut` None) or a 1×1 convolution of it (`Some(true)`: written before
+    /// `c2`, `Some(false)`: after it), added in that order (`x_first`: the other way round),
+    /// then a Relu.
+    fn residual_graph(
+        c: usize,
+        side: usize,
+        n: usize,
+        group: usize,
+        shortcut: Option<bool>,
+        x_first: bool,
+    ) -> Graph {
+        let t = |shape: Vec<usize>, seed| {
+            let len = shape.iter().product();
+            Tensor::from_f32(shape, values(len, seed))
+        };
+        let mut c2 = conv("c2", &["a1", "w2", "b2"], "b", 1);
+        c2.attrs
+            .insert("group".into(), Attribute::Int(group as i64));
+        let other = if shortcut.is_some() { "t" } else { "x" };
+        let sum = if x_first { [other, "b"] } else { ["b", other] };
+        let mut nodes = vec![
+            conv("c1", &["x", "w1"], "a", 1),
+            node("relu1", "Relu", &["a"], &["a1"]),
+        ];
+        let cs = conv("cs", &["x", "ws"], "t", 0);
+        match shortcut {
+            Some(true) => nodes.extend([cs, c2]),
+            Some(false) => nodes.extend([c2, cs]),
+            None => nodes.push(c2),
+        }
+        nodes.push(node("sum", "Add", &sum, &["s"]));
+        nodes.push(node("relu2", "Relu", &["s"], &["out"]));
+        graph(
+            nodes,
+            vec![vi("x", &[n, c, side, side])],
+            vec![vi("out", &[n, c, side, side])],
+            vec![
+                ("w1", t(vec![c, c, 3, 3], 41)),
+                ("w2", t(vec![c, c / group, 3, 3], 42)),
+                ("b2", t(vec![c], 43)),
+                ("ws", t(vec![c, c, 1, 1], 44)),
+            ],
+        )
+    }
+
+    /// Residual blocks: a convolution's output plus an earlier value (the block's input, or a
+    /// shortcut convolution's output), then a Relu — the Add and the Relu run as the epilogue
+    /// of whichever of the two convolutions runs later, reading the other operand where each
+    /// piece of the output lies, on each path of the convolution (the gathered product's
+    /// short planes' block rows, pieces and whole planes, batches of images, both depthwise
+    /// loops): the bits of the layers run one by one in float32, all-float16 and
+    /// all-bfloat16, and under random mixed plans (an Add in float16 rounds a float32
+    /// operand as it reads it). A wrong offset into the operand fails every case.
+    #[test]
+    fn residual_adds_run_in_the_epilogue_with_the_bits_of_their_layers_alone() {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
+        let mut rng = crate::data::loader::Mt19937::new(5);
+        // (channels, side, images, c2's groups, shortcut, x first)
+        let cases = [
+            (16, 6, 1, 1, None, false),
+            (16, 20, 1, 1, None, true),
+            (8, 10, 1, 1, Some(true), false),
+            (8, 30, 2, 1, Some(false), false),
+            (16, 12, 1, 16, None, false),
+            (16, 5, 2, 16, Some(true), true),
+            (8, 12, 2, 8, None, false),
+        ];
+        // On one thread and on two: the product's blocks (and so whether the epilogue takes
+        // pieces or whole planes) depend on the threads.
+        let pools: Vec<rayon::ThreadPool> = [1, 2]
+            .map(|t| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(t)
+                    .build()
+                    .unwrap()
+            })
+            .into();
+        for ((c, side, n, group, shortcut, x_first), pool) in cases
+            .into_iter()
+            .flat_map(|case| pools.iter().map(move |p| (case, p)))
+        {
+            pool.install(|| {
+                let what = format!(
+                    "{c}×{side}², {n} images, {group} groups, {shortcut:?} {x_first}, {} threads",
+                    pool.current_num_threads()
+                );
+                let g = residual_graph(c, side, n, group, shortcut, x_first);
+                let interp = Interpreter::new(&g).unwrap();
+                let anchor = if shortcut == Some(false) { "cs" } else { "c2" };
+                let lengths = chain_lengths(&interp);
+                assert!(
+                    lengths.contains(&(anchor.to_string(), 2)),
+                    "{what}: {lengths:?}"
+                );
+                let mut feeds = Feeds::new();
+                let x = values(n * c * side * side, 45);
+                feeds.insert("x".into(), Tensor::from_f32(vec![n, c, side, side], x));
+                fused_is_alone(&g, &interp, &feeds);
+                // The Add and the second Relu ran inside the later convolution.
+                let (_, times) = interp.run_profiled(&feeds, None).unwrap();
+                let sum = g.nodes.iter().position(|n| n.name == "sum").unwrap();
+                let a = g.nodes.iter().position(|n| n.name == anchor).unwrap();
+                let t = times.iter().find(|t| t.node == a).unwrap();
+                assert_eq!(t.fused, vec![sum, sum + 1], "{what}");
+                for _ in 0..6 {
+                    let layers: Vec<Precision> = (0..g.nodes.len())
+                        .map(|_| choices[(rng.random_sample() * 3.0) as usize % 3])
+                        .collect();
+                    let plan = PreparedPlan::new(
+                        &g,
+                        &PrecisionPlan::from_layers(layers.clone()),
+                        &PlanOptions::default(),
+                    )
+                    .unwrap();
+                    let fused = interp
+                        .run_plan(&feeds, &RunOptions::default(), &plan)
+                        .unwrap();
+                    let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
+                    assert_eq!(
+                        bits(&fused.outputs[0].1),
+                        bits(&alone.outputs[0].1),
+                        "{what} {layers:?}"
+                    );
+                }
+            });
+        }
+    }
+
+    /// An operand of another shape than the convolution's output (a per-channel bias fed as
+    /// an input, which the Add broadcasts): the kernel takes the chain's layers before the
+    /// Add as its epilogue (the SiLU) and leaves the rest to run on their own; an operand of
+    /// the output's shape takes the whole chain. The bits are those of the layers alone.
+    #[test]
+    fn an_operand_of_another_shape_leaves_the_layers_from_its_reader_to_run_alone() {
+        for (shape, ran, fused) in [
+            (vec![1, 8, 1, 1], vec![0, 3, 4], vec![1, 2]),
+            (vec![1, 8, 10, 10], vec![0], vec![1, 2, 3, 4]),
+        ] {
+            let w = Tensor::from_f32(vec![8, 8, 3, 3], values(576, 51));
+            let g = graph(
+                vec![
+                    conv("c", &["x", "w"], "y", 1),
+                    node("sig", "Sigmoid", &["y"], &["y1"]),
+                    node("silu", "Mul", &["y", "y1"], &["y2"]),
+                    node("sum", "Add", &["y2", "other"], &["s"]),
+                    node("relu", "Relu", &["s"], &["out"]),
+                ],
+                vec![vi("x", &[1, 8, 10, 10]), vi("other", &shape)],
+                vec![vi("out", &[1, 8, 10, 10])],
+                vec![("w", w)],
+            );
+            let interp = Interpreter::new(&g).unwrap();
+            assert_eq!(chain_lengths(&interp), vec![("c".to_string(), 4)]);
+            let mut feeds = Feeds::new();
+            feeds.insert(
+                "x".into(),
+                Tensor::from_f32(vec![1, 8, 10, 10], values(800, 52)),
+            );
+            let len = shape.iter().product();
+            feeds.insert(
+                "other".into(),
+                Tensor::from_f32(shape.clone(), values(len, 53)),
+            );
+            let out = fused_is_alone(&g, &interp, &feeds);
+            assert_eq!(out.shape(), &[1, 8, 10, 10]);
+            let (_, times) = interp.run_profiled(&feeds, None).unwrap();
+            assert_eq!(
+                times.iter().map(|t| t.node).collect::<Vec<_>>(),
+                ran,
+                "{shape:?}"
+            );
+            assert_eq!(times[0].fused, fused, "{shape:?}");
+        }
+    }
+
+    /// A transformer's residual: MatMul, bias Add, then the block's input added — the two
+    /// Adds as the product's epilogue, reading the input row by row.
+    #[test]
+    fn a_matrix_products_residual_add_is_its_epilogue() {
+        let g = graph(
+            vec![
+                node("mm", "MatMul", &["x", "w"], &["h"]),
+                node("bias", "Add", &["h", "bv"], &["hb"]),
+                node("res", "Add", &["x", "hb"], &["out"]),
+            ],
+            vec![vi("x", &[2, 5, 16])],
+            vec![vi("out", &[2, 5, 16])],
+            vec![
+                ("w", Tensor::from_f32(vec![16, 16], values(256, 61))),
+                ("bv", Tensor::from_f32(vec![16], values(16, 62))),
+            ],
+        );
+        let interp = Interpreter::new(&g).unwrap();
+        assert_eq!(chain_lengths(&interp), vec![("mm".to_string(), 2)]);
+        let mut feeds = Feeds::new();
+        feeds.insert(
+            "x".into(),
+            Tensor::from_f32(vec![2, 5, 16], values(160, 63)),
+        );
+        fused_is_alone(&g, &interp, &feeds);
+        let (_, times) = interp.run_profiled(&feeds, None).unwrap();
+        assert_eq!(times.iter().map(|t| t.node).collect::<Vec<_>>(), vec![0]);
     }
 
     /// A decomposed HardSwish after a convolution and a Clip with a lower bound only.

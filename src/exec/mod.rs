@@ -996,43 +996,97 @@ impl<'g> Interpreter<'g> {
                     })
                     .collect();
                 // The pointwise layers after this one, as its epilogue.
-                let fused_epilogue = match (&self.chains[idx], args.first().copied().flatten()) {
+                let prepared =
+                    |chain: &epilogue::Chain| -> Result<Option<Arc<epilogue::Epilogue>>> {
+                        match step.epilogue_shape.and_then(|f| f(args)) {
+                            Some(shape) => {
+                                plan.map_or(&self.epilogues, |p| &p.epilogues).get_or_make(
+                                    idx,
+                                    shape,
+                                    chain,
+                                    chain_origins(plan, idx, chain),
+                                    || {
+                                        epilogue::Epilogue::prepare(
+                                            chain,
+                                            idx,
+                                            self.graph,
+                                            &self.steps,
+                                            plan.map(|p| p.layers.as_slice()),
+                                            shape,
+                                        )
+                                    },
+                                )
+                            }
+                            None => Ok(None),
+                        }
+                    };
+                let chain = match (&self.chains[idx], args.first().copied().flatten()) {
                     (Some(chain), Some(x))
                         if epilogues && x.dtype() == crate::tensor::DType::F32 =>
                     {
-                        let shape = step.epilogue_shape.and_then(|f| f(args));
-                        match shape {
-                            Some(shape) => plan
-                                .map_or(&self.epilogues, |p| &p.epilogues)
-                                .get_or_make(idx, shape, chain_origins(plan, idx, chain), || {
-                                    epilogue::Epilogue::prepare(
-                                        chain,
-                                        idx,
-                                        self.graph,
-                                        &self.steps,
-                                        plan.map(|p| p.layers.as_slice()),
-                                        shape,
-                                    )
-                                })?
-                                .map(|e| (chain, e)),
-                            None => None,
-                        }
+                        Some(chain)
                     }
                     _ => None,
                 };
-                // The epilogue's output quantized too, where every reader quantizes it alike.
-                let quantize_out = fused_epilogue
+                // The values of other layers the chain reads (a residual Add's other operand):
+                // at hand, float32 and of one shape, the shape the kernel's output must have
+                // for it to apply the epilogue. Where they are not, or the output has another
+                // shape, the chain's layers before the first that reads one (its `fallback`)
+                // are the epilogue, and the rest run on their own.
+                let operands: Option<Args<&Tensor>> = chain.and_then(|c| {
+                    let ts: Option<Args<&Tensor>> =
+                        c.operands().iter().map(|&s| values[s].as_deref()).collect();
+                    ts.filter(|ts| {
+                        ts.iter().all(|t| {
+                            t.dtype() == crate::tensor::DType::F32 && t.shape() == ts[0].shape()
+                        })
+                    })
+                });
+                let (first, otherwise) = match (chain, &operands) {
+                    (None, _) => (None, None),
+                    (Some(c), Some(_)) => (Some(c), c.fallback.as_deref()),
+                    (Some(c), None) => (c.fallback.as_deref(), None),
+                };
+                let fused_epilogue = match first {
+                    Some(c) => prepared(c)?.map(|e| (c, e)),
+                    None => None,
+                };
+                let fallback_epilogue = match otherwise {
+                    Some(c) => prepared(c)?.map(|e| (c, e)),
+                    None => None,
+                };
+                let operand_values: Args<&[f32]> = (operands.iter().flatten())
+                    .map(|t| t.as_f32().expect("float32"))
+                    .collect();
+                let epilogue_shape = fused_epilogue
                     .as_ref()
-                    .filter(|_| !quantize_on_write.is_empty())
-                    .and_then(|(chain, _)| {
-                        let last = chain.steps().last()?;
-                        let out = (self.steps[last].outputs.first()).copied().flatten()?;
-                        quantize_on_write[out.index()].map(|q| (out, q))
-                    });
-                let apply = |ch: crate::ops::Channels, v: &mut [f32]| {
+                    .filter(|(c, _)| !c.operands().is_empty())
+                    .and_then(|_| Some(operands.as_ref()?.first()?.shape()));
+                // The epilogue's output quantized too, where every reader quantizes it alike.
+                let quantized_out = |fused: &Option<(&epilogue::Chain, _)>| {
+                    fused
+                        .as_ref()
+                        .filter(|_| !quantize_on_write.is_empty())
+                        .and_then(|(chain, _)| {
+                            let last = chain.steps().last()?;
+                            let out = (self.steps[last].outputs.first()).copied().flatten()?;
+                            quantize_on_write[out.index()].map(|q| (out, q))
+                        })
+                };
+                let quantize_out = quantized_out(&fused_epilogue);
+                let quantize_fallback_out = quantized_out(&fallback_epilogue);
+                let apply = |piece: crate::ops::Piece, v: &mut [f32]| {
                     if let Some((_, e)) = &fused_epilogue {
-                        e.apply(ch, v);
+                        e.apply(piece, v, &operand_values);
                         if let Some((_, (scale, p))) = quantize_out {
+                            crate::precision::quant::fake_quant_piece(v, scale, p);
+                        }
+                    }
+                };
+                let apply_fallback = |piece: crate::ops::Piece, v: &mut [f32]| {
+                    if let Some((_, e)) = &fallback_epilogue {
+                        e.apply(piece, v, &[]);
+                        if let Some((_, (scale, p))) = quantize_fallback_out {
                             crate::precision::quant::fake_quant_piece(v, scale, p);
                         }
                     }
@@ -1061,6 +1115,11 @@ impl<'g> Interpreter<'g> {
                     epilogue: fused_epilogue
                         .as_ref()
                         .map(|_| &apply as &crate::ops::ChannelFn),
+                    epilogue_shape,
+                    epilogue_otherwise: fallback_epilogue
+                        .as_ref()
+                        .map(|_| &apply_fallback as &crate::ops::ChannelFn),
+                    took_otherwise: Default::default(),
                     weight_rounding: &weight_rounding,
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
@@ -1113,9 +1172,13 @@ impl<'g> Interpreter<'g> {
                 })?;
                 // A kernel that could not take its epilogue (an output it does not compute in
                 // float32) leaves the layers to run on their own, its output rounded below.
-                if let Some((chain, _)) = fused_epilogue.as_ref().filter(|_| ctx.did_round()) {
+                let (applied, quantized_as_written) = match ctx.took_otherwise() {
+                    false => (&fused_epilogue, quantize_out),
+                    true => (&fallback_epilogue, quantize_fallback_out),
+                };
+                if let Some((chain, _)) = applied.as_ref().filter(|_| ctx.did_round()) {
                     fused_steps.extend(chain.steps());
-                    if let Some((out, _)) = quantize_out {
+                    if let Some((out, _)) = quantized_as_written {
                         quantized[out] = true;
                     }
                 }

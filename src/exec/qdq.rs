@@ -375,14 +375,14 @@ impl IntegerKernel {
                 let col_scales: Vec<f32> = (0..n).map(|col| self.scale(1, col)).collect();
                 // A float32 output takes the layer's epilogue row by row (a column is a
                 // channel), as the float MatMul's does.
-                let epilogue = ctx.epilogue.filter(|_| out_dtype == DType::F32);
+                let epilogue = ctx.epilogue_for(&shape).filter(|_| out_dtype == DType::F32);
                 for (r, row) in y.chunks_mut(n.max(1)).enumerate() {
                     let row_scale = self.scale(0, r % m.max(1));
                     for (v, &col_scale) in row.iter_mut().zip(&col_scales) {
                         *v *= row_scale * col_scale;
                     }
                     if let Some(e) = epilogue {
-                        e(Channels::From(0), row);
+                        e(crate::ops::Piece::row(0, r * n, 1), row);
                     }
                 }
                 if epilogue.is_some() {
@@ -605,9 +605,12 @@ impl IntegerKernel {
         let rescale: Vec<f32> = (0..m)
             .map(|c| aq.scale * wq.scales[c % wq.scales.len()])
             .collect();
-        let epilogue = ctx.epilogue.filter(|_| f32_out);
-        let finish = |ch: Channels, v: &mut [f32]| {
-            let channel = |i: usize| match ch {
+        let attrs = ctx.attrs::<ConvAttrs>()?;
+        let epilogue = crate::ops::conv::conv_output_shape(attrs, &xc, &fw.w)
+            .and_then(|shape| ctx.epilogue_for(&shape))
+            .filter(|_| f32_out);
+        let finish = |piece: crate::ops::Piece, v: &mut [f32]| {
+            let channel = |i: usize| match piece.channels {
                 Channels::One(c) => c,
                 Channels::From(f) => f + i,
             };
@@ -619,10 +622,9 @@ impl IntegerKernel {
                 }
             }
             if let Some(e) = epilogue {
-                e(ch, v);
+                e(piece, v);
             }
         };
-        let attrs = ctx.attrs::<ConvAttrs>()?;
         let y = crate::ops::conv::conv(
             ctx,
             attrs,

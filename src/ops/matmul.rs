@@ -856,17 +856,19 @@ fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx.prepacked(1),
         ctx.weight_rounding(1),
     )?;
-    if let (Some(epilogue), [.., n]) = (ctx.epilogue, y.shape()) {
+    if let (Some(epilogue), [.., n]) = (ctx.epilogue_for(y.shape()), y.shape()) {
         let n = *n;
         if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
             // Rows (a column is a channel), about 64 KiB per task: an epilogue costs a few
             // operations per value (a GELU a few dozen), so even a 64 Ki-value output splits.
             let rows = (1usize << 14).div_ceil(n).max(1);
-            v.par_chunks_mut(rows * n).for_each(|block| {
-                block
-                    .chunks_mut(n)
-                    .for_each(|row| epilogue(super::Channels::From(0), row))
-            });
+            v.par_chunks_mut(rows * n)
+                .enumerate()
+                .for_each(|(b, block)| {
+                    for (r, row) in block.chunks_mut(n).enumerate() {
+                        epilogue(super::Piece::row(0, (b * rows + r) * n, 1), row);
+                    }
+                });
             ctx.epilogue_applied();
         }
     }

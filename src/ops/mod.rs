@@ -70,9 +70,50 @@ impl Channels {
     }
 }
 
-/// A pointwise function applied in place to finished float32 values (their channels, values):
-/// a layer's epilogue ([`OpCtx::epilogue`]).
-pub type ChannelFn<'a> = dyn Fn(Channels, &mut [f32]) + Sync + 'a;
+/// Finished values of a kernel's output handed to its epilogue: their channels, and where they
+/// lie in the output (value i at flat index `start + i·step`), so that a stage that reads
+/// another value of the output's shape (a residual Add) finds its operand's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Piece {
+    pub channels: Channels,
+    pub start: usize,
+    pub step: usize,
+}
+
+impl Piece {
+    /// A run of consecutive values of one channel's plane from flat index `start`.
+    pub fn plane(channel: usize, start: usize) -> Piece {
+        Piece {
+            channels: Channels::One(channel),
+            start,
+            step: 1,
+        }
+    }
+
+    /// Consecutive values of channels `first`, `first + 1`, … from flat index `start`, each
+    /// `step` values after the one before (a row of an output whose last axis is the channel:
+    /// step 1; a position's channels of an [N, C, ...] output: step = the plane's size).
+    pub fn row(first: usize, start: usize, step: usize) -> Piece {
+        Piece {
+            channels: Channels::From(first),
+            start,
+            step,
+        }
+    }
+
+    /// The values from `offset` on.
+    pub fn skip(self, offset: usize) -> Piece {
+        Piece {
+            channels: self.channels.skip(offset),
+            start: self.start + offset * self.step,
+            step: self.step,
+        }
+    }
+}
+
+/// A pointwise function applied in place to finished float32 values: a layer's epilogue
+/// ([`OpCtx::epilogue`]).
+pub type ChannelFn<'a> = dyn Fn(Piece, &mut [f32]) + Sync + 'a;
 
 /// What a pointwise op computes as a stage of the epilogue of the kernel before it
 /// (docs/architecture.md, "Epilogues"): exactly the float32 values its own kernel computes,
@@ -169,8 +210,15 @@ pub struct OpCtx<'a> {
     /// The pointwise layers after this one, fused into it (a kernel registered with
     /// [`OpDef::epilogue`] only): applied to each finished channel of its float32 output in
     /// place of `round_to`, which the interpreter puts into it. The kernel says it did with
-    /// [`OpCtx::epilogue_applied`].
+    /// [`OpCtx::epilogue_applied`]. Kernels take it through [`OpCtx::epilogue_for`].
     pub epilogue: Option<&'a ChannelFn<'a>>,
+    /// The only output shape the epilogue may be applied to, where it reads other values of
+    /// that shape (a residual Add's operand); None where any shape will do.
+    pub epilogue_shape: Option<&'a [usize]>,
+    /// The epilogue for an output of another shape than `epilogue_shape` (fewer layers).
+    pub epilogue_otherwise: Option<&'a ChannelFn<'a>>,
+    /// Set by [`OpCtx::epilogue_for`] where it handed out `epilogue_otherwise`.
+    pub took_otherwise: std::sync::atomic::AtomicBool,
     /// Per input of the node: a constant float32 weight handed over as stored, which the
     /// kernel rounds to this type as it reads it (only inputs its op registered with
     /// [`OpDef::rounds_weights`]; shorter than the inputs, or empty, where there is none).
@@ -191,8 +239,31 @@ impl<'a> OpCtx<'a> {
             rounded: std::sync::atomic::AtomicBool::new(false),
             prepacked: &[],
             epilogue: None,
+            epilogue_shape: None,
+            epilogue_otherwise: None,
+            took_otherwise: std::sync::atomic::AtomicBool::new(false),
             weight_rounding: &[],
         }
+    }
+
+    /// The epilogue, for a kernel about to write an output of `shape`: `epilogue`, or
+    /// `epilogue_otherwise` where that was made for another shape (None where there is none:
+    /// the kernel then leaves the fused layers to run on their own). The kernel applies what
+    /// it gets to every value of that output, or to none.
+    pub fn epilogue_for(&self, shape: &[usize]) -> Option<&'a ChannelFn<'a>> {
+        self.epilogue?;
+        if self.epilogue_shape.is_none_or(|s| s == shape) {
+            return self.epilogue;
+        }
+        self.took_otherwise
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.epilogue_otherwise
+    }
+
+    /// Whether [`OpCtx::epilogue_for`] handed out `epilogue_otherwise`.
+    pub fn took_otherwise(&self) -> bool {
+        self.took_otherwise
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The rounding the kernel applies to constant input `i` as it reads it, if any
@@ -227,7 +298,8 @@ impl<'a> OpCtx<'a> {
         }
     }
 
-    /// The kernel has applied [`OpCtx::epilogue`] to every value of its output.
+    /// The kernel has applied what [`OpCtx::epilogue_for`] gave it to every value of its
+    /// output.
     pub fn epilogue_applied(&self) {
         if self.epilogue.is_some() {
             self.rounded

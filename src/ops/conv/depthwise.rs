@@ -56,7 +56,7 @@ pub(super) fn depthwise_2d(
                 dst.iter_mut().for_each(|v| *v += b);
             }
             if let Some(f) = finish {
-                f(crate::ops::Channels::One(ch), dst);
+                f(crate::ops::Piece::plane(ch, bc * oh_n * ow_n), dst);
             }
         });
 }
@@ -350,7 +350,12 @@ pub(super) fn depthwise_2d_channels_last(
                 };
                 let rowwise = finish.is_some() && positions < c1 - c0;
                 if let (true, Some(f)) = (rowwise, finish) {
-                    super::finish_block_rows(&mut into, c0, None, f);
+                    let planes = super::PlanesOf {
+                        plane: o_sz,
+                        channels: c,
+                        image: img,
+                    };
+                    super::finish_block_rows(&mut into, c0, None, f, planes);
                 }
                 // SAFETY: image `img`'s C planes of o_sz values lie in `out`; tasks take
                 // disjoint (image, channels, rows), so no two write the same value.
@@ -365,7 +370,8 @@ pub(super) fn depthwise_2d_channels_last(
                                 positions,
                             )
                         };
-                        f(crate::ops::Channels::One(ch), part);
+                        let start = (img * c + ch) * o_sz + r0 * ow_n;
+                        f(crate::ops::Piece::plane(ch, start), part);
                     }
                 }
             });

@@ -699,19 +699,39 @@ unsafe fn block_into_planes(
 /// `finish` on each position's row of channels of a finished block ([position, channel]; the
 /// block's first column is channel `first`), each value plus its column's `bias` first where
 /// given: a layer's epilogue where the planes are too short to take it plane by plane.
+/// `planes`: where the block's rows go in the output (its positions' values lie a plane apart).
 fn finish_block_rows(
     block: &mut super::sgemm::GatheredBlock,
     first: usize,
     bias: Option<&[f32]>,
     finish: &ChannelFn,
+    planes: PlanesOf,
 ) {
     let (rows, width, c0) = (block.rows.len(), block.columns.len(), block.columns.start);
-    for row in block.values.chunks_mut(block.ld).take(rows) {
+    for (r, row) in block.values.chunks_mut(block.ld).take(rows).enumerate() {
         let row = &mut row[..width];
         if let Some(b) = bias {
             row.iter_mut().zip(&b[c0..]).for_each(|(v, b)| *v += b);
         }
-        finish(super::Channels::From(first), row);
+        let start = planes.at(block.rows.start + r, first);
+        finish(super::Piece::row(first, start, planes.plane), row);
+    }
+}
+
+/// Where the positions of a block go in an [N, C, positions] output: row r of the block is
+/// position r mod `plane` of image `image + r / plane`, each image `channels` planes.
+#[derive(Clone, Copy)]
+struct PlanesOf {
+    plane: usize,
+    channels: usize,
+    image: usize,
+}
+
+impl PlanesOf {
+    /// The flat index of row `r`'s value of channel `ch`.
+    fn at(self, r: usize, ch: usize) -> usize {
+        let image = self.image + r / self.plane;
+        (image * self.channels + ch) * self.plane + r % self.plane
     }
 }
 
@@ -826,9 +846,14 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let attrs = ctx.attrs::<ConvAttrs>()?;
     let x = input(inputs, 0)?;
     let round = ctx.rounder();
-    let round_channel = move |_: super::Channels, v: &mut [f32]| round(v);
+    let round_channel = move |_: super::Piece, v: &mut [f32]| round(v);
     // A float32 output: the fused pointwise layers after it, or the layer's rounding.
-    let finish: Option<&ChannelFn> = match (ctx.epilogue, ctx.round_to) {
+    let w_in = input(inputs, 1)?;
+    let epilogue = match conv_output_shape(attrs, x, w_in) {
+        Some(shape) => ctx.epilogue_for(&shape),
+        None => None,
+    };
+    let finish: Option<&ChannelFn> = match (epilogue, ctx.round_to) {
         _ if x.dtype() != crate::tensor::DType::F32 => None,
         (Some(e), _) => Some(e),
         (None, Some(_)) => Some(&round_channel),
@@ -838,16 +863,34 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx,
         attrs,
         x,
-        input(inputs, 1)?,
+        w_in,
         opt_input(inputs, 2),
         finish,
         ctx.prepacked(1),
     )?;
     if finish.is_some() {
         ctx.outputs_rounded();
-        ctx.epilogue_applied();
+        if epilogue.is_some() {
+            ctx.epilogue_applied();
+        }
     }
     Ok(vec![y])
+}
+
+/// The shape [`conv`] gives `x` and `w` under `attrs`, where they are valid (None: the
+/// convolution fails on them, or its 1-D / 3-D geometry is not the 2-D one's).
+pub(crate) fn conv_output_shape(attrs: &ConvAttrs, x: &Tensor, w: &Tensor) -> Option<Vec<usize>> {
+    let (xs, ws) = (x.shape(), w.shape());
+    if xs.len() < 3 || ws.len() != xs.len() {
+        return None;
+    }
+    let kernel = attrs
+        .window
+        .kernel_shape
+        .clone()
+        .unwrap_or_else(|| ws[2..].to_vec());
+    let win = window(&attrs.window, &xs[2..], &kernel, false).ok()?;
+    Some([&[xs[0], ws[0]][..], &win.out].concat())
 }
 
 /// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops);
@@ -1060,7 +1103,12 @@ pub fn conv(
                     let bias = match (finish_in_blocks, finish) {
                         (true, Some(f)) => {
                             let first = g * mg + block.columns.start;
-                            finish_block_rows(&mut block, first, bias, f);
+                            let planes = PlanesOf {
+                                plane: o_sz,
+                                channels: m,
+                                image: b,
+                            };
+                            finish_block_rows(&mut block, first, bias, f, planes);
                             None
                         }
                         _ => bias,
@@ -1092,7 +1140,9 @@ pub fn conv(
                                         part.rows.len(),
                                     )
                                 };
-                                f(super::Channels::One(g * mg + ch), piece);
+                                let ch = g * mg + ch;
+                                let start = ((b + image) * m + ch) * o_sz + part.rows.start;
+                                f(super::Piece::plane(ch, start), piece);
                             }
                         }
                         r = end;
@@ -1153,7 +1203,7 @@ pub fn conv(
                     ch.iter_mut().for_each(|v| *v += bias);
                 }
                 if let Some(f) = finish {
-                    f(super::Channels::One(i % m), ch);
+                    f(super::Piece::plane(i % m, i * o_sz), ch);
                 }
             });
     }
