@@ -1002,6 +1002,23 @@ mod tests {
         t.as_f32().unwrap().iter().map(|v| v.to_bits()).collect()
     }
 
+    /// Asserts that a run of `plan` gives the bits of its layers run one by one (kept
+    /// intermediates turn epilogues off).
+    fn plan_fuses_as_alone(interp: &Interpreter, feeds: &Feeds, plan: &PreparedPlan, what: &str) {
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let fused = interp
+            .run_plan(feeds, &RunOptions::default(), plan)
+            .unwrap();
+        let alone = interp.run_plan(feeds, &keep, plan).unwrap();
+        assert_eq!(
+            bits(&fused.outputs[0].1),
+            bits(&alone.outputs[0].1),
+            "{what}"
+        );
+    }
+
     /// Plans that give the layers of one chain different precisions (a search's plans: a
     /// few layers back in float32 among float16 ones) still run the chain as an epilogue —
     /// each stage rounds its output to its own layer's precision, and a value whose readers
@@ -1066,9 +1083,6 @@ mod tests {
     /// changed gets its own, and every run gives the bits of its layers run one by one.
     #[test]
     fn composed_plans_share_epilogues_by_where_their_layers_were_prepared() {
-        let keep = RunOptions {
-            keep_intermediates: true,
-        };
         let g = model(Vec::new(), &["out"]);
         let interp = Interpreter::new(&g).unwrap();
         let feeds = feeds();
@@ -1095,13 +1109,7 @@ mod tests {
                 .filter(|_| rng.random_sample() < 0.3)
                 .collect();
             let p = low.with_layers_of(&high, &marked).unwrap();
-            let fused = interp.run_plan(&feeds, &RunOptions::default(), &p).unwrap();
-            let alone = interp.run_plan(&feeds, &keep, &p).unwrap();
-            assert_eq!(
-                bits(&fused.outputs[0].1),
-                bits(&alone.outputs[0].1),
-                "{marked:?}"
-            );
+            plan_fuses_as_alone(&interp, &feeds, &p, &format!("{marked:?}"));
         }
     }
 
@@ -1328,9 +1336,6 @@ mod tests {
     /// operand as it reads it). A wrong offset into the operand fails every case.
     #[test]
     fn residual_adds_run_in_the_epilogue_with_the_bits_of_their_layers_alone() {
-        let keep = RunOptions {
-            keep_intermediates: true,
-        };
         let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
         let mut rng = crate::data::loader::Mt19937::new(5);
         // (channels, side, images, c2's groups, shortcut, x first)
@@ -1390,15 +1395,7 @@ mod tests {
                         &PlanOptions::default(),
                     )
                     .unwrap();
-                    let fused = interp
-                        .run_plan(&feeds, &RunOptions::default(), &plan)
-                        .unwrap();
-                    let alone = interp.run_plan(&feeds, &keep, &plan).unwrap();
-                    assert_eq!(
-                        bits(&fused.outputs[0].1),
-                        bits(&alone.outputs[0].1),
-                        "{what} {layers:?}"
-                    );
+                    plan_fuses_as_alone(&interp, &feeds, &plan, &format!("{what} {layers:?}"));
                 }
             });
         }
