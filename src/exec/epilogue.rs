@@ -42,6 +42,9 @@ const CHUNK: usize = 2048;
 #[derive(Clone, Debug)]
 pub(super) struct Chain {
     pub stages: Vec<ChainStage>,
+    /// The values from outside the chain its stages read ([`ChainInput::Operand`]), each
+    /// once, in the order they are first read.
+    pub operands: Vec<ValueId>,
     /// Where a stage reads an operand: the chain's layers before the first that does (the
     /// longest run of them whose values nothing else reads), the epilogue where the operands
     /// do not fit the output.
@@ -72,21 +75,19 @@ impl Chain {
     pub fn steps(&self) -> impl Iterator<Item = usize> + '_ {
         self.stages.iter().map(|s| s.step)
     }
+}
 
-    /// The chain's operands, each once, in the order its stages first read them.
-    pub fn operands(&self) -> Vec<ValueId> {
-        let mut out: Vec<ValueId> = Vec::new();
-        for st in &self.stages {
-            for input in st.regs.iter().flatten() {
-                if let ChainInput::Operand(v) = input {
-                    if !out.contains(v) {
-                        out.push(*v);
-                    }
-                }
+/// The operands `stages` read, each once, in the order they are first read.
+fn operands_of(stages: &[ChainStage]) -> Vec<ValueId> {
+    let mut out: Vec<ValueId> = Vec::new();
+    for input in stages.iter().flat_map(|st| st.regs.iter().flatten()) {
+        if let ChainInput::Operand(v) = input {
+            if !out.contains(v) {
+                out.push(*v);
             }
         }
-        out
     }
+    out
 }
 
 /// Per step: the chain fused into it, if it anchors one. `values`: the graph's, whose ids
@@ -188,12 +189,18 @@ pub(super) fn find_chains(
             let fallback = match best_plain {
                 Some(plain) if plain < best && plain > 0 => Some(Box::new(Chain {
                     stages: stages[..plain].to_vec(),
+                    operands: Vec::new(),
                     fallback: None,
                 })),
                 _ => None,
             };
             stages.truncate(best);
-            (!stages.is_empty()).then_some(Chain { stages, fallback })
+            let operands = operands_of(&stages);
+            (!stages.is_empty()).then_some(Chain {
+                stages,
+                operands,
+                fallback,
+            })
         })
         .collect()
 }
@@ -369,7 +376,7 @@ impl Epilogue {
         let mut written: Vec<Option<Rounding>> = vec![anchor_round];
         let mut read_as: Vec<Option<Option<Rounding>>> = vec![None];
         let mut stages: Vec<Staged> = Vec::with_capacity(chain.stages.len());
-        let operands = chain.operands();
+        let operands = &chain.operands;
         for st in &chain.stages {
             let layer = layers.map(|l| &l[st.step]);
             let Some(round) = output_rounding(layer) else {

@@ -1035,7 +1035,7 @@ impl<'g> Interpreter<'g> {
                 // are the epilogue, and the rest run on their own.
                 let operands: Option<Args<&Tensor>> = chain.and_then(|c| {
                     let ts: Option<Args<&Tensor>> =
-                        c.operands().iter().map(|&s| values[s].as_deref()).collect();
+                        c.operands.iter().map(|&s| values[s].as_deref()).collect();
                     ts.filter(|ts| {
                         ts.iter().all(|t| {
                             t.dtype() == crate::tensor::DType::F32 && t.shape() == ts[0].shape()
@@ -1060,7 +1060,7 @@ impl<'g> Interpreter<'g> {
                     .collect();
                 let epilogue_shape = fused_epilogue
                     .as_ref()
-                    .filter(|(c, _)| !c.operands().is_empty())
+                    .filter(|(c, _)| !c.operands.is_empty())
                     .and_then(|_| Some(operands.as_ref()?.first()?.shape()));
                 // The epilogue's output quantized too, where every reader quantizes it alike.
                 let quantized_out = |fused: &Option<(&epilogue::Chain, _)>| {
