@@ -606,7 +606,9 @@ impl IntegerKernel {
             .map(|c| aq.scale * wq.scales[c % wq.scales.len()])
             .collect();
         let attrs = ctx.attrs::<ConvAttrs>()?;
-        let epilogue = crate::ops::conv::conv_output_shape(attrs, &xc, &fw.w)
+        let epilogue = ctx
+            .epilogue
+            .and_then(|_| crate::ops::conv::conv_output_shape(attrs, &xc, &fw.w))
             .and_then(|shape| ctx.epilogue_for(&shape))
             .filter(|_| f32_out);
         let finish = |piece: crate::ops::Piece, v: &mut [f32]| {

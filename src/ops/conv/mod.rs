@@ -849,10 +849,11 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     let round_channel = move |_: super::Piece, v: &mut [f32]| round(v);
     // A float32 output: the fused pointwise layers after it, or the layer's rounding.
     let w_in = input(inputs, 1)?;
-    let epilogue = match conv_output_shape(attrs, x, w_in) {
-        Some(shape) => ctx.epilogue_for(&shape),
-        None => None,
-    };
+    // The output's shape is worked out only where there is an epilogue to check it against.
+    let epilogue = ctx
+        .epilogue
+        .and_then(|_| conv_output_shape(attrs, x, w_in))
+        .and_then(|shape| ctx.epilogue_for(&shape));
     let finish: Option<&ChannelFn> = match (epilogue, ctx.round_to) {
         _ if x.dtype() != crate::tensor::DType::F32 => None,
         (Some(e), _) => Some(e),
