@@ -1354,6 +1354,9 @@ mod tests {
             (16, 12, 1, 16, None, false),
             (16, 5, 2, 16, Some(true), true),
             (8, 12, 2, 8, None, false),
+            // Rows of 48 and pointwise planes of 48² (the planar product, on AVX-512 CPUs).
+            (16, 48, 1, 1, None, true),
+            (8, 48, 2, 1, Some(true), false),
         ];
         // On one thread and on two: the product's blocks (and so whether the epilogue takes
         // pieces or whole planes) depend on the threads.

@@ -34,6 +34,8 @@ pub mod tag {
     pub const INTEGER_B: u64 = 12;
     /// A ConvTranspose's weights packed as `conv::transposed_weight_panels` packs them.
     pub const TRANSPOSED_CONV_WEIGHTS: u64 = 13;
+    /// A convolution's weights in tiles of output channels (`conv::planar::ChannelTiles`).
+    pub const PLANAR_WEIGHTS: u64 = 14;
 }
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

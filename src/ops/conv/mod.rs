@@ -2,12 +2,15 @@
 //! a 1-D one, as 2-D on a [N, C, 1, W] view) is an implicit GEMM: [`super::sgemm::gemm`]
 //! packs its panels straight from the padded image (no im2col buffer); pointwise ones
 //! read the image in place, depthwise ones sum 16 outputs per vector from a padded copy of
-//! each channel; 3-D and the float16 accumulator go through im2col / col2im and the shared
+//! each channel; where output rows (pointwise: planes) fill the vector lanes, the planar
+//! product ([`planar`]) writes the channel planes directly; 3-D and the float16 accumulator go through im2col / col2im and the shared
 //! [`sgemm`](super::matmul::sgemm).
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
-use super::prepacked::tag::{DEPTHWISE_TAP_MAJOR, GATHERED_WEIGHTS, TRANSPOSED_CONV_WEIGHTS};
+use super::prepacked::tag::{
+    DEPTHWISE_TAP_MAJOR, GATHERED_WEIGHTS, PLANAR_WEIGHTS, TRANSPOSED_CONV_WEIGHTS,
+};
 use super::util::{input, opt_input};
 use super::{ChannelFn, OpCtx, OpError, OpResult, Registry};
 use crate::graph::fact::{DimFact, Fact};
@@ -17,6 +20,7 @@ use rayon::prelude::*;
 
 mod depthwise;
 use depthwise::{depthwise_2d, DW_LANES};
+mod planar;
 
 pub fn register(r: &mut Registry) {
     r.add("Conv", conv_op);
@@ -1015,9 +1019,22 @@ pub fn conv(
     // gathered path adds the bias.
     let mut bias_added = direct;
     let mut packed_weights: Option<std::sync::Arc<Vec<super::sgemm::PackedB>>> = None;
+    // The planar product (output positions across the vector lanes, written into the
+    // planes), where its runs fill the lanes.
+    let planar_layout = if group == 1
+        && !direct
+        && ctx.accumulate == crate::numeric::Accumulator::F32
+        && (pointwise || !unpadded_1x1)
+    {
+        planar::layout(pointwise, &w)
+    } else {
+        None
+    };
+    let planar = planar_layout.is_some();
     // The gathered product (output channels across the vector lanes), where it applies.
     let gathered = (unpadded_1x1 || in_sp.len() == 2)
         && ctx.accumulate == crate::numeric::Accumulator::F32
+        && !planar
         && channels_across_lanes(mg);
     // With one group, a batch's images are one gathered product: their output positions are
     // rows of one A (Silero's batches of four short sequences were four products of 4 rows,
@@ -1041,7 +1058,32 @@ pub fn conv(
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
             let dst = &mut out_values
                 [(b * m + g * mg) * o_sz..((b + images - 1) * m + (g + 1) * mg) * o_sz];
-            if gathered {
+            if let Some(layout) = planar_layout {
+                let tiles = super::prepacked::kept_or_made(prepacked, PLANAR_WEIGHTS, || {
+                    planar::ChannelTiles::new(&wv, m, rows)
+                });
+                let padded;
+                let (image, offsets, runs) = if layout == planar::Layout::Plane {
+                    let plane = planar::Run {
+                        image: 0,
+                        out: 0,
+                        len: o_sz,
+                    };
+                    (xg, (0..cg).map(|ci| ci * in_sz).collect(), vec![plane])
+                } else {
+                    padded = PaddedImage::new(xg, cg, in_sp, &w);
+                    let runs = planar::row_runs(w.out[0], w.out[1], w.strides[0] * padded.row);
+                    (&padded.data[..], padded.tap_offsets(cg, &w), runs)
+                };
+                let finish = planar::Finish {
+                    bias: bv.as_deref(),
+                    finish,
+                    first_channel: 0,
+                    plane_start: b * m * o_sz,
+                };
+                planar::planar_product(image, &runs, &offsets, &tiles, dst, o_sz, &finish);
+                bias_added = true;
+            } else if gathered {
                 // Output channels across the vector lanes: the product reads the image's taps
                 // where they lie and writes [position, channel]; then into planes. A 2-D
                 // convolution reads a padded, stride-phased copy of the image; a pointwise
@@ -1190,7 +1232,7 @@ pub fn conv(
     unsafe { out.set_len(total) };
     // The bias (where not added yet), then `finish`, one channel plane at a time.
     let bias = bv.as_ref().filter(|_| !bias_added);
-    let finish = finish.filter(|_| !finish_in_blocks && !finish_in_pieces);
+    let finish = finish.filter(|_| !finish_in_blocks && !finish_in_pieces && !planar);
     if !direct && (bias.is_some() || finish.is_some()) {
         // Tasks of whole planes and at least 8 Ki values: a small output's planes in one
         // task (Silero's [1,128,4] planes were a fork each).
@@ -2024,6 +2066,49 @@ mod tests {
                 [1, 1],
                 [0, 0, 0, 0],
                 false,
+            ),
+            // Positions across the lanes (the planar product, on AVX-512 CPUs): rows of 48,
+            // a 7×7/2 stem with batches, an edge tile of channels and an infinite weight;
+            // dilated rows of 60 (a masked last vector); pointwise planes of 320.
+            (
+                [1, 5, 6, 48],
+                1,
+                16,
+                [3, 3],
+                [1, 1],
+                [1, 1],
+                [1, 1, 1, 1],
+                false,
+            ),
+            (
+                [2, 3, 9, 96],
+                1,
+                9,
+                [7, 7],
+                [2, 2],
+                [1, 1],
+                [3, 3, 3, 3],
+                true,
+            ),
+            (
+                [1, 4, 7, 64],
+                1,
+                20,
+                [3, 3],
+                [1, 1],
+                [2, 2],
+                [0, 0, 0, 0],
+                false,
+            ),
+            (
+                [2, 20, 16, 20],
+                1,
+                11,
+                [1, 1],
+                [1, 1],
+                [1, 1],
+                [0, 0, 0, 0],
+                true,
             ),
             // Strided 1×1 (the image read in place at the stride): groups, batches, an
             // infinite weight, rows and columns of different strides.

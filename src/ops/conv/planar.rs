@@ -1,0 +1,552 @@
+//! The planar product: a convolution with output positions across the vector lanes, written
+//! straight into its channel planes. Along a run of consecutive output positions (an output
+//! row of a padded, stride-phased image, or a pointwise convolution's whole plane) every tap
+//! reads consecutive values, so a tile loads 16 positions of a tap as one vector, where the
+//! image lies, and broadcasts each output channel's weight: no copy of the image's taps, and
+//! no move of a [position, channel] block into the planes afterwards (the gathered product's
+//! transposes were 6 % of the bench CNN on Intel).
+//!
+//! Every output is the chain the gathered product and [`crate::ops::sgemm::gemm`] give: fused
+//! multiply-adds over the taps in order from +0, then the bias.
+
+use super::ChannelFn;
+use rayon::prelude::*;
+
+/// Positions one vector of a tile holds.
+pub(super) const LANES: usize = 16;
+/// Output channels a tile computes (rows of the tile; channels past the last are computed on
+/// zero weights and never stored).
+const TILE_CHANNELS: usize = 8;
+/// The most vectors of positions a tile holds: 8 × 3 accumulators, per tap 8 broadcasts of
+/// a weight and 3 loads of the image for 24 fused multiply-adds.
+const TILE_VECTORS: usize = 3;
+/// The fewest positions a task takes (its pieces of the planes are the epilogue's pieces).
+const BAND_POSITIONS: usize = 256;
+/// Products smaller than this (outputs × taps) run on the calling thread.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// A convolution's weights ([m, k], an output channel's taps in a row) tile by tile: per tile
+/// of TILE_CHANNELS channels, per tap, the tile's weights together (zeros past channel m).
+pub(crate) struct ChannelTiles {
+    data: Vec<f32>,
+    m: usize,
+    k: usize,
+}
+
+impl ChannelTiles {
+    pub(crate) fn new(w: &[f32], m: usize, k: usize) -> ChannelTiles {
+        let tiles = m.div_ceil(TILE_CHANNELS);
+        let mut data = vec![0f32; tiles * k * TILE_CHANNELS];
+        for (ch, row) in w.chunks_exact(k.max(1)).take(m).enumerate() {
+            let tile = &mut data[ch / TILE_CHANNELS * k * TILE_CHANNELS..];
+            for (p, &v) in row.iter().enumerate() {
+                tile[p * TILE_CHANNELS + ch % TILE_CHANNELS] = v;
+            }
+        }
+        ChannelTiles { data, m, k }
+    }
+
+    fn tile(&self, t: usize) -> &[f32] {
+        &self.data[t * self.k * TILE_CHANNELS..][..self.k * TILE_CHANNELS]
+    }
+}
+
+/// Output positions `out..out + len` of a plane, whose window origins are the consecutive
+/// values from `image` on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Run {
+    pub image: usize,
+    pub out: usize,
+    pub len: usize,
+}
+
+/// The runs of a 2-D convolution over a padded image whose output row `oh` starts its windows
+/// at `oh · row_step`: one per output row.
+pub(super) fn row_runs(rows: usize, width: usize, row_step: usize) -> Vec<Run> {
+    (0..rows)
+        .map(|oh| Run {
+            image: oh * row_step,
+            out: oh * width,
+            len: width,
+        })
+        .collect()
+}
+
+/// What the planar product does with each finished piece of a plane: the bias, then `finish`
+/// (a layer's rounding or epilogue) with the channel's index in the whole output and where
+/// the plane's first value lies in it.
+pub(super) struct Finish<'a> {
+    pub bias: Option<&'a [f32]>,
+    pub finish: Option<&'a ChannelFn<'a>>,
+    /// Channel c of the product is channel `first_channel + c` of the output, its plane at
+    /// `plane_start + c · o_sz` of the output's values.
+    pub first_channel: usize,
+    pub plane_start: usize,
+}
+
+/// `out` ([m, o_sz] planes) = the convolution whose output positions are `runs` (one after
+/// another in plane order, covering 0..o_sz), each tap p of a run's position i at `image[run.image + i +
+/// offsets[p]]`, by `weights`; then `finish` on each task's piece of each plane, in its cache.
+/// Every output is the in-order chain of its taps' fused multiply-adds from +0, then the bias.
+pub(super) fn planar_product(
+    image: &[f32],
+    runs: &[Run],
+    offsets: &[usize],
+    weights: &ChannelTiles,
+    out: &mut [f32],
+    o_sz: usize,
+    finish: &Finish,
+) {
+    let (m, k) = (weights.m, weights.k);
+    assert_eq!(offsets.len(), k, "{} offsets for {k} taps", offsets.len());
+    assert!(out.len() >= m * o_sz);
+    if m == 0 || o_sz == 0 {
+        return;
+    }
+    let reach = offsets.iter().max().copied().unwrap_or(0);
+    let mut next = 0;
+    for run in runs {
+        assert!(
+            run.out == next && (run.len == 0 || run.image + run.len + reach <= image.len()),
+            "a run reads past the image or leaves a gap in its plane"
+        );
+        next += run.len;
+    }
+    assert_eq!(next, o_sz, "the runs store {next} of {o_sz} outputs");
+    let threads = rayon::current_num_threads();
+    let parallel = threads > 1 && m * o_sz * k >= PARALLEL_WORK;
+    let target = if parallel { 8 * threads } else { 1 };
+    let want = o_sz.div_ceil(target).max(BAND_POSITIONS);
+    // A run longer than a band (a pointwise convolution's plane) in pieces of whole tiles.
+    let step = want.div_ceil(TILE_VECTORS * LANES) * TILE_VECTORS * LANES;
+    let split: Vec<Run>;
+    let runs = if runs.iter().any(|r| r.len > step) {
+        split = runs
+            .iter()
+            .flat_map(|r| {
+                (0..r.len).step_by(step).map(move |i| Run {
+                    image: r.image + i,
+                    out: r.out + i,
+                    len: step.min(r.len - i),
+                })
+            })
+            .collect();
+        &split[..]
+    } else {
+        runs
+    };
+    let bands = bands(runs, want);
+    let tiles = m.div_ceil(TILE_CHANNELS);
+    // Where bands are fewer than the tasks aimed at, the channel tiles split too.
+    let per_group = tiles.div_ceil(target.div_ceil(bands.len()).clamp(1, tiles));
+    let groups = tiles.div_ceil(per_group);
+    let planes = super::super::util::DisjointPtr(out.as_mut_ptr());
+    let avx512 = has_avx512();
+    let task = |t: usize| {
+        let (band, group) = (&bands[t / groups], t % groups);
+        let tile_range = group * per_group..((group + 1) * per_group).min(tiles);
+        // The band's tiles of positions: (where in the image, where in a plane, how many).
+        let mut segments = Vec::new();
+        for run in &runs[band.runs.clone()] {
+            let vectors = run.len.div_ceil(LANES);
+            let pieces = vectors.div_ceil(TILE_VECTORS);
+            let mut done = 0;
+            for piece in 0..pieces {
+                // Vectors spread evenly over the run's tiles (7 vectors: 2, 2, 3).
+                let take = vectors * (piece + 1) / pieces - vectors * piece / pieces;
+                let len = (take * LANES).min(run.len - done);
+                segments.push((run.image + done, run.out + done, len));
+                done += len;
+            }
+        }
+        let one = |tile: usize, &(at, out, len): &(usize, usize, usize)| {
+            let channels = TILE_CHANNELS.min(m - tile * TILE_CHANNELS);
+            // SAFETY: the run's positions read inside `image` (asserted above, with a masked
+            // last vector); the tile writes `channels` planes of this task's channels at
+            // those positions, which no other task writes.
+            unsafe {
+                let a = image.as_ptr().add(at);
+                let c = planes.get().add(tile * TILE_CHANNELS * o_sz + out);
+                let w = weights.tile(tile).as_ptr();
+                tile_dispatch(avx512, k, w, a, offsets.as_ptr(), c, o_sz, channels, len);
+            }
+        };
+        for tile in tile_range.clone() {
+            for segment in &segments {
+                one(tile, segment);
+            }
+        }
+        let positions = band.positions.clone();
+        let channels = tile_range.start * TILE_CHANNELS..(tile_range.end * TILE_CHANNELS).min(m);
+        for ch in channels {
+            // SAFETY: this task's positions of its channel's plane, written above: no other
+            // task touches them.
+            let piece = unsafe {
+                std::slice::from_raw_parts_mut(
+                    planes.get().add(ch * o_sz + positions.start),
+                    positions.len(),
+                )
+            };
+            if let Some(b) = finish.bias {
+                piece.iter_mut().for_each(|v| *v += b[ch]);
+            }
+            if let Some(f) = finish.finish {
+                let start = finish.plane_start + ch * o_sz + positions.start;
+                f(
+                    super::super::Piece::plane(finish.first_channel + ch, start),
+                    piece,
+                );
+            }
+        }
+    };
+    let tasks = bands.len() * groups;
+    if parallel {
+        (0..tasks).into_par_iter().for_each(task);
+    } else {
+        (0..tasks).for_each(task);
+    }
+}
+
+/// Consecutive runs one task takes, and the positions of the plane they cover.
+struct Band {
+    runs: std::ops::Range<usize>,
+    positions: std::ops::Range<usize>,
+}
+
+/// The runs cut into bands of whole runs of at least `want` positions (the last may hold
+/// fewer), each covering consecutive positions of the plane.
+fn bands(runs: &[Run], want: usize) -> Vec<Band> {
+    let mut bands = Vec::new();
+    let (mut first, mut taken) = (0, 0);
+    for (i, run) in runs.iter().enumerate() {
+        taken += run.len;
+        if taken >= want || i + 1 == runs.len() {
+            let start = runs[first].out;
+            bands.push(Band {
+                runs: first..i + 1,
+                positions: start..start + taken,
+            });
+            (first, taken) = (i + 1, 0);
+        }
+    }
+    bands
+}
+
+/// How a convolution's outputs form the planar product's runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Layout {
+    /// A pointwise convolution's plane, one run.
+    Plane,
+    /// One run per output row.
+    Rows,
+}
+
+/// Whether a convolution (`pointwise`: 1×1, stride 1, unpadded; else 2-D over a padded image
+/// under `w`) takes the planar product rather than the gathered one, and its runs: on a CPU
+/// with AVX-512 (elsewhere the gathered product's AVX2 tiles are the faster), where the runs
+/// fill at least 9/10 of the lanes of their vectors and most tiles hold three vectors — a
+/// pointwise plane of at least 256 values, output rows of at least 48. Measured per layer (2
+/// threads, Intel Xeon and Zen 4, same bits either way): stems and pointwise convolutions,
+/// whose products are short next to their outputs' move into planes, 10–30 % faster (the
+/// bench CNN's 7×7/2 stem on rows of 112 0.54 → 0.47 ms, nudenet's 1×1 convolutions on
+/// planes of 400–6400 0.058 → 0.040 ms); 3×3 convolutions on rows of 28 and 56 (7/8 of their
+/// lanes filled, a product of 288–576 taps) 4–26 % slower, and as slower still as one run per
+/// plane over the padded rows (rows 93–97 % filled; Zen 4, nudenet's 3×3 on 40² 0.18 → 0.23
+/// ms) or with the taps in blocks of 64 or 128 kept in L1 across the channel tiles.
+pub(super) fn layout(pointwise: bool, w: &super::Window) -> Option<Layout> {
+    if !has_avx512() {
+        return None;
+    }
+    if pointwise {
+        let plane: usize = w.out.iter().product();
+        return (plane >= BAND_POSITIONS).then_some(Layout::Plane);
+    }
+    if w.out.len() != 2 {
+        return None;
+    }
+    let width = w.out[1];
+    let lanes = width.div_ceil(LANES) * LANES;
+    (width >= TILE_VECTORS * LANES && 10 * width >= 9 * lanes).then_some(Layout::Rows)
+}
+
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One tile: `channels` planes (at `ldc` apart) of `len` ≤ TILE_VECTORS · LANES positions from
+/// `c`, tap p of position i read at `a[offsets[p] + i]`, by the tile's weights `w` (k ×
+/// TILE_CHANNELS).
+///
+/// # Safety
+/// As [`tile_scalar`]; `avx512` only where the CPU has AVX-512F.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_dispatch(
+    avx512: bool,
+    k: usize,
+    w: *const f32,
+    a: *const f32,
+    offsets: *const usize,
+    c: *mut f32,
+    ldc: usize,
+    channels: usize,
+    len: usize,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if avx512 {
+        let vectors = len.div_ceil(LANES);
+        let masked = !len.is_multiple_of(LANES);
+        // The positions of the last vector.
+        let last = ((1u32 << (len - (vectors - 1) * LANES)) - 1) as u16;
+        let tile = match (vectors, masked) {
+            (1, false) => tile_avx512::<1, false>,
+            (2, false) => tile_avx512::<2, false>,
+            (3, false) => tile_avx512::<3, false>,
+            (1, true) => tile_avx512::<1, true>,
+            (2, true) => tile_avx512::<2, true>,
+            _ => tile_avx512::<3, true>,
+        };
+        tile(k, w, a, offsets, c, ldc, channels, last);
+        return;
+    }
+    let _ = avx512;
+    tile_scalar(k, w, a, offsets, c, ldc, channels, len);
+}
+
+/// The tile in scalar code: the same chains.
+///
+/// # Safety
+/// `a[offsets[p] + i]` readable for p < k, i < len; `w` k · TILE_CHANNELS values; `c` writable
+/// at `r · ldc + i` for r < channels, i < len.
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_scalar(
+    k: usize,
+    w: *const f32,
+    a: *const f32,
+    offsets: *const usize,
+    c: *mut f32,
+    ldc: usize,
+    channels: usize,
+    len: usize,
+) {
+    for r in 0..channels {
+        for i in 0..len {
+            let mut acc = 0f32;
+            for p in 0..k {
+                let x = *a.add(*offsets.add(p) + i);
+                acc = (*w.add(p * TILE_CHANNELS + r)).mul_add(x, acc);
+            }
+            *c.add(r * ldc + i) = acc;
+        }
+    }
+}
+
+/// TILE_CHANNELS channels × P vectors of positions in AVX-512 registers; with MASKED, the last
+/// vector holds the positions `last` marks (loaded and stored under the mask: nothing past the
+/// run is read or written).
+///
+/// # Safety
+/// As [`tile_scalar`] with len = 16·(P − 1) + the bits of `last` (all 16 without MASKED);
+/// the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_avx512<const P: usize, const MASKED: bool>(
+    k: usize,
+    w: *const f32,
+    a: *const f32,
+    offsets: *const usize,
+    c: *mut f32,
+    ldc: usize,
+    channels: usize,
+    last: u16,
+) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); P]; TILE_CHANNELS];
+    for p in 0..k {
+        let src = a.add(*offsets.add(p));
+        let x: [__m512; P] = std::array::from_fn(|q| {
+            if MASKED && q + 1 == P {
+                _mm512_maskz_loadu_ps(last, src.add(q * LANES))
+            } else {
+                _mm512_loadu_ps(src.add(q * LANES))
+            }
+        });
+        let wp = w.add(p * TILE_CHANNELS);
+        for (r, row) in acc.iter_mut().enumerate() {
+            let wv = _mm512_set1_ps(*wp.add(r));
+            for (v, x) in row.iter_mut().zip(&x) {
+                *v = _mm512_fmadd_ps(wv, *x, *v);
+            }
+        }
+    }
+    for (r, row) in acc.iter().enumerate().take(channels) {
+        for (q, v) in row.iter().enumerate() {
+            let at = c.add(r * ldc + q * LANES);
+            if MASKED && q + 1 == P {
+                _mm512_mask_storeu_ps(at, last, *v);
+            } else {
+                _mm512_storeu_ps(at, *v);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Per output (channel, run position): the in-order chain of its taps from +0, then the
+    /// bias — what the planar product promises.
+    fn reference(
+        image: &[f32],
+        runs: &[Run],
+        offsets: &[usize],
+        w: &[f32],
+        m: usize,
+        o_sz: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
+        let k = offsets.len();
+        let mut out = vec![0f32; m * o_sz];
+        for ch in 0..m {
+            for run in runs {
+                for i in 0..run.len {
+                    let mut acc = 0f32;
+                    for (p, &off) in offsets.iter().enumerate() {
+                        acc = image[run.image + i + off].mul_add(w[ch * k + p], acc);
+                    }
+                    out[ch * o_sz + run.out + i] = bias.map_or(acc, |b| acc + b[ch]);
+                }
+            }
+        }
+        out
+    }
+
+    fn values(len: usize, seed: usize) -> Vec<f32> {
+        (0..len)
+            .map(|i| (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 17.0)
+            .collect()
+    }
+
+    /// Runs of every length from 1 to 3 vectors and past (masked last vectors, tiles spread
+    /// over a run; one run of a plane split into bands), channel counts off the tile (the
+    /// last tile's spare rows never stored), one and several threads, with and without a
+    /// bias; the scalar and vector tiles alike.
+    #[test]
+    fn every_output_is_the_in_order_chain_of_its_taps_then_the_bias() {
+        for (m, width, rows, k) in [
+            (8usize, 56usize, 4usize, 9usize),
+            (3, 1, 5, 4),
+            (13, 17, 3, 27),
+            (32, 112, 2, 147),
+            (20, 33, 7, 5),
+            (8, 48, 1, 300),
+            (9, 2000, 1, 20),
+        ] {
+            let row_step = width + 9;
+            let offsets: Vec<usize> = (0..k).map(|p| p * 3 % (2 * row_step + 5)).collect();
+            let runs = row_runs(rows, width, row_step);
+            let o_sz = rows * width;
+            let image = values(rows * row_step + 2 * row_step + 5 + width, m);
+            let mut w = values(m * k, 7);
+            w[k + 1] = f32::INFINITY;
+            let bias: Vec<f32> = (0..m).map(|c| c as f32 * 0.5 - 1.0).collect();
+            let tiles = ChannelTiles::new(&w, m, k);
+            for with_bias in [false, true] {
+                let bias = with_bias.then_some(&bias[..]);
+                let want = reference(&image, &runs, &offsets, &w, m, o_sz, bias);
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut got = vec![f32::NAN; m * o_sz];
+                    let finish = Finish {
+                        bias,
+                        finish: None,
+                        first_channel: 0,
+                        plane_start: 0,
+                    };
+                    pool.install(|| {
+                        planar_product(&image, &runs, &offsets, &tiles, &mut got, o_sz, &finish)
+                    });
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert_eq!(
+                            g.to_bits(),
+                            w.to_bits(),
+                            "m {m} width {width} k {k} output {i}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+            // The scalar tile alone, as a CPU without AVX-512 runs it.
+            let mut got = vec![f32::NAN; m * o_sz];
+            for t in 0..m.div_ceil(TILE_CHANNELS) {
+                for run in &runs {
+                    // SAFETY: the run lies inside the image and the planes (as above).
+                    unsafe {
+                        tile_scalar(
+                            k,
+                            tiles.tile(t).as_ptr(),
+                            image.as_ptr().add(run.image),
+                            offsets.as_ptr(),
+                            got.as_mut_ptr().add(t * TILE_CHANNELS * o_sz + run.out),
+                            o_sz,
+                            TILE_CHANNELS.min(m - t * TILE_CHANNELS),
+                            run.len,
+                        )
+                    }
+                }
+            }
+            let want = reference(&image, &runs, &offsets, &w, m, o_sz, None);
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    /// Each task hands `finish` its piece of each plane once: the pieces cover every plane
+    /// exactly, with the channel and start of the whole output.
+    #[test]
+    fn finish_sees_each_planes_positions_once_where_they_lie() {
+        let (m, width, rows, k) = (11usize, 40usize, 30usize, 9usize);
+        let runs = row_runs(rows, width, width + 2);
+        let offsets: Vec<usize> = (0..k).collect();
+        let image = values(rows * (width + 2) + 64, 1);
+        let tiles = ChannelTiles::new(&values(m * k, 2), m, k);
+        let o_sz = rows * width;
+        let seen = std::sync::Mutex::new(vec![0u8; 2 * m * o_sz]);
+        let record = |piece: super::super::super::Piece, v: &mut [f32]| {
+            let mut seen = seen.lock().unwrap();
+            assert_eq!(piece.step, 1);
+            for i in 0..v.len() {
+                seen[piece.start + i] += 1;
+            }
+            let super::super::super::Channels::One(ch) = piece.channels else {
+                panic!("a piece of one plane")
+            };
+            assert_eq!((piece.start - m * o_sz) / o_sz, ch - 5);
+        };
+        let finish = Finish {
+            bias: None,
+            finish: Some(&record),
+            first_channel: 5,
+            plane_start: m * o_sz,
+        };
+        let mut out = vec![0f32; m * o_sz];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        pool.install(|| planar_product(&image, &runs, &offsets, &tiles, &mut out, o_sz, &finish));
+        let seen = seen.into_inner().unwrap();
+        assert!(seen[..m * o_sz].iter().all(|&s| s == 0));
+        assert!(seen[m * o_sz..].iter().all(|&s| s == 1));
+    }
+}
