@@ -165,10 +165,16 @@ pub(super) fn planar_product(
             // last vector); the tile writes `channels` planes of this task's channels at
             // those positions, which no other task writes.
             unsafe {
-                let a = image.as_ptr().add(at);
-                let c = planes.get().add(tile * TILE_CHANNELS * o_sz + out);
-                let w = weights.tile(tile).as_ptr();
-                tile_dispatch(avx512, k, w, a, offsets.as_ptr(), c, o_sz, channels, len);
+                let operands = Tile {
+                    k,
+                    w: weights.tile(tile).as_ptr(),
+                    a: image.as_ptr().add(at),
+                    offsets: offsets.as_ptr(),
+                    c: planes.get().add(tile * TILE_CHANNELS * o_sz + out),
+                    ldc: o_sz,
+                    channels,
+                };
+                tile_dispatch(avx512, operands, len);
             }
         };
         for tile in tile_range.clone() {
@@ -278,15 +284,10 @@ fn has_avx512() -> bool {
     false
 }
 
-/// One tile: `channels` planes (at `ldc` apart) of `len` ≤ TILE_VECTORS · LANES positions from
-/// `c`, tap p of position i read at `a[offsets[p] + i]`, by the tile's weights `w` (k ×
-/// TILE_CHANNELS).
-///
-/// # Safety
-/// As [`tile_scalar`]; `avx512` only where the CPU has AVX-512F.
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_dispatch(
-    avx512: bool,
+/// One tile's operands: tap p of position i read at `a[offsets[p] + i]` (p < k), the tile's
+/// weights `w` (k × TILE_CHANNELS), its first `channels` planes written from `c`, `ldc` apart.
+#[derive(Clone, Copy)]
+struct Tile {
     k: usize,
     w: *const f32,
     a: *const f32,
@@ -294,15 +295,20 @@ unsafe fn tile_dispatch(
     c: *mut f32,
     ldc: usize,
     channels: usize,
-    len: usize,
-) {
+}
+
+/// `tile`'s `len` ≤ TILE_VECTORS · LANES positions.
+///
+/// # Safety
+/// As [`tile_scalar`]; `avx512` only where the CPU has AVX-512F.
+unsafe fn tile_dispatch(avx512: bool, tile: Tile, len: usize) {
     #[cfg(target_arch = "x86_64")]
     if avx512 {
         let vectors = len.div_ceil(LANES);
         let masked = !len.is_multiple_of(LANES);
         // The positions of the last vector.
         let last = ((1u32 << (len - (vectors - 1) * LANES)) - 1) as u16;
-        let tile = match (vectors, masked) {
+        let run = match (vectors, masked) {
             (1, false) => tile_avx512::<1, false>,
             (2, false) => tile_avx512::<2, false>,
             (3, false) => tile_avx512::<3, false>,
@@ -310,11 +316,11 @@ unsafe fn tile_dispatch(
             (2, true) => tile_avx512::<2, true>,
             _ => tile_avx512::<3, true>,
         };
-        tile(k, w, a, offsets, c, ldc, channels, last);
+        run(tile, last);
         return;
     }
     let _ = avx512;
-    tile_scalar(k, w, a, offsets, c, ldc, channels, len);
+    tile_scalar(tile, len);
 }
 
 /// The tile in scalar code: the same chains.
@@ -322,25 +328,15 @@ unsafe fn tile_dispatch(
 /// # Safety
 /// `a[offsets[p] + i]` readable for p < k, i < len; `w` k · TILE_CHANNELS values; `c` writable
 /// at `r · ldc + i` for r < channels, i < len.
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_scalar(
-    k: usize,
-    w: *const f32,
-    a: *const f32,
-    offsets: *const usize,
-    c: *mut f32,
-    ldc: usize,
-    channels: usize,
-    len: usize,
-) {
-    for r in 0..channels {
+unsafe fn tile_scalar(t: Tile, len: usize) {
+    for r in 0..t.channels {
         for i in 0..len {
             let mut acc = 0f32;
-            for p in 0..k {
-                let x = *a.add(*offsets.add(p) + i);
-                acc = (*w.add(p * TILE_CHANNELS + r)).mul_add(x, acc);
+            for p in 0..t.k {
+                let x = *t.a.add(*t.offsets.add(p) + i);
+                acc = (*t.w.add(p * TILE_CHANNELS + r)).mul_add(x, acc);
             }
-            *c.add(r * ldc + i) = acc;
+            *t.c.add(r * t.ldc + i) = acc;
         }
     }
 }
@@ -354,21 +350,11 @@ unsafe fn tile_scalar(
 /// the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx512<const P: usize, const MASKED: bool>(
-    k: usize,
-    w: *const f32,
-    a: *const f32,
-    offsets: *const usize,
-    c: *mut f32,
-    ldc: usize,
-    channels: usize,
-    last: u16,
-) {
+unsafe fn tile_avx512<const P: usize, const MASKED: bool>(t: Tile, last: u16) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); P]; TILE_CHANNELS];
-    for p in 0..k {
-        let src = a.add(*offsets.add(p));
+    for p in 0..t.k {
+        let src = t.a.add(*t.offsets.add(p));
         let x: [__m512; P] = std::array::from_fn(|q| {
             if MASKED && q + 1 == P {
                 _mm512_maskz_loadu_ps(last, src.add(q * LANES))
@@ -376,7 +362,7 @@ unsafe fn tile_avx512<const P: usize, const MASKED: bool>(
                 _mm512_loadu_ps(src.add(q * LANES))
             }
         });
-        let wp = w.add(p * TILE_CHANNELS);
+        let wp = t.w.add(p * TILE_CHANNELS);
         for (r, row) in acc.iter_mut().enumerate() {
             let wv = _mm512_set1_ps(*wp.add(r));
             for (v, x) in row.iter_mut().zip(&x) {
@@ -384,9 +370,9 @@ unsafe fn tile_avx512<const P: usize, const MASKED: bool>(
             }
         }
     }
-    for (r, row) in acc.iter().enumerate().take(channels) {
+    for (r, row) in acc.iter().enumerate().take(t.channels) {
         for (q, v) in row.iter().enumerate() {
-            let at = c.add(r * ldc + q * LANES);
+            let at = t.c.add(r * t.ldc + q * LANES);
             if MASKED && q + 1 == P {
                 _mm512_mask_storeu_ps(at, last, *v);
             } else {
@@ -489,18 +475,16 @@ mod tests {
             for t in 0..m.div_ceil(TILE_CHANNELS) {
                 for run in &runs {
                     // SAFETY: the run lies inside the image and the planes (as above).
-                    unsafe {
-                        tile_scalar(
-                            k,
-                            tiles.tile(t).as_ptr(),
-                            image.as_ptr().add(run.image),
-                            offsets.as_ptr(),
-                            got.as_mut_ptr().add(t * TILE_CHANNELS * o_sz + run.out),
-                            o_sz,
-                            TILE_CHANNELS.min(m - t * TILE_CHANNELS),
-                            run.len,
-                        )
-                    }
+                    let operands = Tile {
+                        k,
+                        w: tiles.tile(t).as_ptr(),
+                        a: image[run.image..].as_ptr(),
+                        offsets: offsets.as_ptr(),
+                        c: got[t * TILE_CHANNELS * o_sz + run.out..].as_mut_ptr(),
+                        ldc: o_sz,
+                        channels: TILE_CHANNELS.min(m - t * TILE_CHANNELS),
+                    };
+                    unsafe { tile_scalar(operands, run.len) }
                 }
             }
             let want = reference(&image, &runs, &offsets, &w, m, o_sz, None);
