@@ -3,8 +3,8 @@
 //! packs its panels straight from the padded image (no im2col buffer); pointwise ones
 //! read the image in place, depthwise ones sum 16 outputs per vector from a padded copy of
 //! each channel; where output rows (pointwise: planes) fill the vector lanes, the planar
-//! product ([`planar`]) writes the channel planes directly; 3-D and the float16 accumulator go through im2col / col2im and the shared
-//! [`sgemm`](super::matmul::sgemm).
+//! product ([`planar`]) writes the channel planes directly; 3-D and the float16 accumulator
+//! go through im2col / col2im and the shared [`sgemm`](super::matmul::sgemm).
 
 use super::attrs::{boxed, AttrError, Attrs};
 use super::matmul::sgemm;
@@ -1031,6 +1031,12 @@ pub fn conv(
         None
     };
     let planar = planar_layout.is_some();
+    // Its weights in tiles of output channels, once for all images.
+    let planar_tiles = planar_layout.map(|_| {
+        super::prepacked::kept_or_made(prepacked, PLANAR_WEIGHTS, || {
+            planar::ChannelTiles::new(&wv, m, rows)
+        })
+    });
     // The gathered product (output channels across the vector lanes), where it applies.
     let gathered = (unpadded_1x1 || in_sp.len() == 2)
         && ctx.accumulate == crate::numeric::Accumulator::F32
@@ -1058,10 +1064,7 @@ pub fn conv(
             let wg = &wv[g * mg * rows..(g + 1) * mg * rows];
             let dst = &mut out_values
                 [(b * m + g * mg) * o_sz..((b + images - 1) * m + (g + 1) * mg) * o_sz];
-            if let Some(layout) = planar_layout {
-                let tiles = super::prepacked::kept_or_made(prepacked, PLANAR_WEIGHTS, || {
-                    planar::ChannelTiles::new(&wv, m, rows)
-                });
+            if let (Some(layout), Some(tiles)) = (planar_layout, &planar_tiles) {
                 let padded;
                 let (image, offsets, runs) = if layout == planar::Layout::Plane {
                     let plane = planar::Run {
@@ -1081,7 +1084,7 @@ pub fn conv(
                     first_channel: 0,
                     plane_start: b * m * o_sz,
                 };
-                planar::planar_product(image, &runs, &offsets, &tiles, dst, o_sz, &finish);
+                planar::planar_product(image, &runs, &offsets, tiles, dst, o_sz, &finish);
                 bias_added = true;
             } else if gathered {
                 // Output channels across the vector lanes: the product reads the image's taps

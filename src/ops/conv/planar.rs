@@ -85,9 +85,10 @@ pub(super) struct Finish<'a> {
 }
 
 /// `out` ([m, o_sz] planes) = the convolution whose output positions are `runs` (one after
-/// another in plane order, covering 0..o_sz), each tap p of a run's position i at `image[run.image + i +
-/// offsets[p]]`, by `weights`; then `finish` on each task's piece of each plane, in its cache.
-/// Every output is the in-order chain of its taps' fused multiply-adds from +0, then the bias.
+/// another in plane order, covering 0..o_sz), tap p of a run's position i at
+/// `image[run.image + i + offsets[p]]`, by `weights`; then `finish` on each task's piece of
+/// each plane, in its cache. Every output is the in-order chain of its taps' fused
+/// multiply-adds from +0, then the bias.
 pub(super) fn planar_product(
     image: &[f32],
     runs: &[Run],
@@ -251,14 +252,11 @@ pub(super) enum Layout {
 /// under `w`) takes the planar product rather than the gathered one, and its runs: on a CPU
 /// with AVX-512 (elsewhere the gathered product's AVX2 tiles are the faster), where the runs
 /// fill at least 9/10 of the lanes of their vectors and most tiles hold three vectors — a
-/// pointwise plane of at least 256 values, output rows of at least 48. Measured per layer (2
-/// threads, Intel Xeon and Zen 4, same bits either way): stems and pointwise convolutions,
-/// whose products are short next to their outputs' move into planes, 10–30 % faster (the
-/// bench CNN's 7×7/2 stem on rows of 112 0.54 → 0.47 ms, nudenet's 1×1 convolutions on
-/// planes of 400–6400 0.058 → 0.040 ms); 3×3 convolutions on rows of 28 and 56 (7/8 of their
-/// lanes filled, a product of 288–576 taps) 4–26 % slower, and as slower still as one run per
-/// plane over the padded rows (rows 93–97 % filled; Zen 4, nudenet's 3×3 on 40² 0.18 → 0.23
-/// ms) or with the taps in blocks of 64 or 128 kept in L1 across the channel tiles.
+/// pointwise plane of at least 256 values, output rows of at least 48. It pays where the
+/// product is short next to the output the gathered product would move into planes (stems,
+/// pointwise convolutions: 10–30 % a layer on Intel and Zen 4); 3×3 convolutions whose rows
+/// leave lanes empty ran 4–26 % slower than on the gathered product's 12×32 tiles
+/// (performance-history, "The planar product").
 pub(super) fn layout(pointwise: bool, w: &super::Window) -> Option<Layout> {
     if !has_avx512() {
         return None;
