@@ -1020,11 +1020,13 @@ pub fn conv(
     let mut bias_added = direct;
     let mut packed_weights: Option<std::sync::Arc<Vec<super::sgemm::PackedB>>> = None;
     // The planar product (output positions across the vector lanes, written into the
-    // planes), where its runs fill the lanes.
+    // planes), where its runs fill the lanes and the path it replaces gives the same chains:
+    // a pointwise convolution's only where the gathered product would run (with fewer
+    // channels it takes the `gemm` crate's order, on every CPU).
     let planar_layout = if group == 1
         && !direct
         && ctx.accumulate == crate::numeric::Accumulator::F32
-        && (pointwise || !unpadded_1x1)
+        && ((pointwise && channels_across_lanes(mg)) || !unpadded_1x1)
     {
         planar::layout(pointwise, &w)
     } else {
@@ -2106,7 +2108,7 @@ mod tests {
             (
                 [2, 20, 16, 20],
                 1,
-                11,
+                28,
                 [1, 1],
                 [1, 1],
                 [1, 1],
