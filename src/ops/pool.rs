@@ -758,25 +758,42 @@ mod stride2 {
                 _mm512_cmpge_epi32_mask(col, _mm512_setzero_si512())
                     & _mm512_cmplt_epi32_mask(col, _mm512_set1_epi32(iw as i32))
             };
+            // Per block of 16 output columns: the first column its windows read (output column
+            // x reads columns 2x − pl, 2x + 1 − pl, 2x + 2 − pl) and, where some of its 33
+            // columns lie outside the row, the lanes of its three loads that lie inside — the
+            // same for every row, so worked out once (per row they cost more than the maxima).
+            let blocks: Vec<(isize, Option<[__mmask16; 3]>)> = (0..ow)
+                .step_by(16)
+                .map(|x0| {
+                    let s = (2 * x0) as isize - pl as isize;
+                    let plain = s >= 0 && s as usize + 33 <= iw;
+                    (
+                        s,
+                        (!plain).then(|| [inside(s), inside(s + 16), inside(s + 32)]),
+                    )
+                })
+                .collect();
             super::super::util::with_scratch(&ROWS, Vec::new, |h: &mut Vec<f32>| {
                 h.resize(ih * stride, 0.0);
                 // Each input row's maxima over the three columns of every output column.
                 for (r, hrow) in h.chunks_exact_mut(stride).enumerate() {
                     let row = img.as_ptr().add(r * iw);
-                    for x0 in (0..ow).step_by(16) {
-                        // Output column x reads columns 2x − pl, 2x + 1 − pl, 2x + 2 − pl.
-                        let s = (2 * x0) as isize - pl as isize;
-                        let (a, b, c) = if s >= 0 && s as usize + 33 <= iw {
-                            // All 33 columns inside the row: plain loads.
-                            let at = row.add(s as usize);
-                            let (a, b) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
-                            (a, b, _mm512_set1_ps(*at.add(32)))
-                        } else {
-                            let load = |at: isize| {
+                    for (j, &(s, masks)) in blocks.iter().enumerate() {
+                        let x0 = 16 * j;
+                        let (a, b, c) = match masks {
+                            None => {
+                                // All 33 columns inside the row: plain loads.
+                                let at = row.add(s as usize);
+                                let (a, b) = (_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16)));
+                                (a, b, _mm512_set1_ps(*at.add(32)))
+                            }
+                            Some([ka, kb, kc]) => {
                                 // Masked-off lanes are not read (no fault, no access).
-                                _mm512_mask_loadu_ps(lowest, inside(at), row.wrapping_offset(at))
-                            };
-                            (load(s), load(s + 16), load(s + 32))
+                                let load = |k: __mmask16, at: isize| {
+                                    _mm512_mask_loadu_ps(lowest, k, row.wrapping_offset(at))
+                                };
+                                (load(ka, s), load(kb, s + 16), load(kc, s + 32))
+                            }
                         };
                         let t0 = _mm512_permutex2var_ps(a, even, b);
                         let t1 = _mm512_permutex2var_ps(a, odd, b);
