@@ -172,6 +172,10 @@ def main():
             keep_lowest(lat_ort, p.stdout)
         trips.append(round_trip())
 
+    # The CPU and the instruction sets mixprec's kernels run with on it (src/ops/isa.rs).
+    p = subprocess.run(["cargo", "bench", "--quiet", "--bench", "latency", "--", "--cpu"],
+                       capture_output=True, text=True, cwd=ROOT)
+    print("cpu: " + (json.loads(p.stdout)["kernels"] if p.returncode == 0 else "unknown"))
     print(f"threads={threads}")
     if timed and None not in trips:
         slow = max(trips) >= 250

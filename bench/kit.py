@@ -221,6 +221,10 @@ def run(kit: str) -> None:
     threads = str(len(pair))
     rounds = int(os.environ.get("ROUNDS", "3"))
     print(f"cpu: {cpu_line()}")
+    # The instruction sets mixprec's kernels run with there (src/ops/isa.rs).
+    p = subprocess.run([f"{kit}/bin/latency", "--cpu"], capture_output=True, text=True)
+    if p.returncode == 0:
+        print(f"mixprec: {json.loads(p.stdout)['kernels']}")
     print(f"pinned to CPUs {pair}, {threads} threads; onnxruntime {__import__('onnxruntime').__version__}; "
           f"{rounds} rounds; models regenerated from the kit's statistics (see kit.py)")
     pin = ["taskset", "-c", ",".join(map(str, pair))]

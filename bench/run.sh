@@ -23,6 +23,8 @@ rounds=${ROUNDS:-3}
 # The cores' cache-line round trip before and after (benches/latency.rs `round_trip`): 40-110 ns
 # when the two cores share an L3 cache, ~350 ns in the machine's slow mode.
 trip() { cargo bench --quiet --bench latency -- --core-round-trip | sed 's/.*: \([0-9]*\)}/\1/'; }
+# The CPU and the instruction sets mixprec's kernels run with on it (src/ops/isa.rs).
+kernels=$(cargo bench --quiet --bench latency -- --cpu | "$py" -c 'import json,sys; print(json.load(sys.stdin)["kernels"])')
 trip_before=$(trip)
 mix=""
 ort=""
@@ -31,6 +33,7 @@ for _ in $(seq 1 "$rounds"); do
   ort+=$("$py" bench/ort_latency.py "$dir" "$threads" cnn transformer)$'\n'
 done
 trip_after=$(trip)
+echo "cpu: $kernels"
 "$py" - "$threads" "$rounds" "$trip_before" "$trip_after" <<PY
 import json, statistics, sys
 def lowest(text):

@@ -5,6 +5,8 @@
 //! DIR/NAME/input_K.pb; `--fp32-only` skips the emulated runs, for profiling the FP32 interpreter)
 //!        cargo bench --bench latency -- --core-round-trip   (prints {"core_round_trip_ns": X}: a
 //! cache line passed between CPUs 0 and 1 and back, median of 20 × 20,000; see [`round_trip`])
+//!        cargo bench --bench latency -- --cpu   (prints {"cpu", "kernels"}: the CPU's name and
+//! the line `mixprec::ops::isa::KernelIsa` writes, the instruction sets the kernels run with)
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", and for P in fp16,
 //! bf16, int8, fp8 (e4m3) "P_median_ms", "P_min_ms"}: the FP32 reference run and the emulated
 //! all-P runs of the same inputs (int8 and fp8 with ranges calibrated with minmax on them; null
@@ -33,6 +35,15 @@ fn main() {
         .collect();
     if args.iter().any(|a| a == "--core-round-trip") {
         println!("{{\"core_round_trip_ns\": {:.0}}}", round_trip());
+        return;
+    }
+    if args.iter().any(|a| a == "--cpu") {
+        // The CPU and the instruction sets the kernels run with, for the report's heading.
+        let isa = mixprec::ops::isa::kernel_isa();
+        println!(
+            "{}",
+            serde_json::json!({"cpu": isa.cpu, "kernels": isa.to_string()})
+        );
         return;
     }
     let fp32_only = args.iter().any(|a| a == "--fp32-only");

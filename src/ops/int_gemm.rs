@@ -580,6 +580,24 @@ enum Kernel {
     Avx512Vnni,
 }
 
+/// The instruction set the integer products run with on this CPU (`ops::isa`'s report).
+pub(crate) fn instruction_set() -> &'static str {
+    let kernel = if has_vnni() {
+        Kernel::best_quads()
+    } else {
+        Kernel::best_pairs()
+    };
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512Vnni => "avx512-vnni",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::AvxVnni => "avx-vnni",
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2Pairs => "avx2",
+        _ => "portable",
+    }
+}
+
 impl Kernel {
     fn best_pairs() -> Kernel {
         #[cfg(target_arch = "x86_64")]

@@ -18,6 +18,7 @@ pub mod elementwise;
 pub mod indexing;
 pub mod int_gemm;
 pub mod integer;
+pub mod isa;
 pub mod lanewise;
 pub(crate) mod logistic;
 pub mod matmul;

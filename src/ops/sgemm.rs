@@ -1245,6 +1245,23 @@ unsafe fn round_b<const ROUND: u8>(v: std::arch::x86_64::__m256) -> std::arch::x
     }
 }
 
+/// The instruction set the float tiles run with on this CPU (`ops::isa`'s report).
+pub(crate) fn instruction_set() -> &'static str {
+    let kernel = Kernel::detect();
+    if kernel.has_avx512() {
+        return if kernel.full_width_avx512() {
+            "avx512 (two 512-bit FMAs a cycle)"
+        } else {
+            "avx512 (512-bit FMAs in two halves)"
+        };
+    }
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx2Fma {
+        return "avx2+fma";
+    }
+    "scalar"
+}
+
 impl Kernel {
     fn detect() -> Kernel {
         #[cfg(target_arch = "x86_64")]
