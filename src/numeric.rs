@@ -76,10 +76,6 @@ impl Rounding {
     }
 }
 
-/// Rounds a buffer to bfloat16 values: [`round_to_bf16`] on every element, 16 at a time with
-/// AVX-512 where the CPU has it (the same integer steps; a NaN is kept as it is, which the
-/// conversion instruction `vcvtneps2bf16` would quiet). The scalar loop, with its early return
-/// for NaN, did not vectorize: emulated bfloat16 took 1.2–1.6× float16's time on the corpus.
 /// The instruction set [`round_slice_to_f16`] and [`round_slice_to_bf16`] run with on this CPU
 /// (`ops::isa`'s report).
 pub fn rounding_instruction_set() -> &'static str {
@@ -96,6 +92,10 @@ pub fn rounding_instruction_set() -> &'static str {
     "scalar"
 }
 
+/// Rounds a buffer to bfloat16 values: [`round_to_bf16`] on every element, 16 at a time with
+/// AVX-512 where the CPU has it (the same integer steps; a NaN is kept as it is, which the
+/// conversion instruction `vcvtneps2bf16` would quiet). The scalar loop, with its early return
+/// for NaN, did not vectorize: emulated bfloat16 took 1.2–1.6× float16's time on the corpus.
 pub fn round_slice_to_bf16(v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx512f") {
