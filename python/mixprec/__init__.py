@@ -53,6 +53,7 @@ __all__ = [
     "PlanResult",
     "quantize",
     "run",
+    "runtime",
 ]
 
 __version__ = "0.1.0"
@@ -939,6 +940,20 @@ def plan(
         for dispatch in started:
             dispatch.close()
     return PlanResult(native)
+
+
+def runtime() -> Dict[str, str]:
+    """The CPU and the instruction sets the engine's kernels run with on it, as each kernel
+    family chose them when the module loaded — what to print beside a timing or attach to a
+    report (the same code runs different kernels on different CPUs; numpy's
+    ``show_runtime`` answers the same question for numpy).
+
+    Returns a dict: ``cpu`` (the CPU's name, family and model), ``float_kernels`` (the float
+    products and convolutions: ``avx512 (...)``, ``avx2+fma`` or ``scalar``),
+    ``integer_kernels`` (``avx512-vnni``, ``avx-vnni``, ``avx2`` or ``portable``),
+    ``rounding_kernels`` (the emulation's float16/bfloat16 rounding) and ``summary`` (the line
+    the benchmarks print)."""
+    return dict(_native.kernel_isa())
 
 
 def plan_cost(

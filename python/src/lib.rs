@@ -1614,6 +1614,20 @@ fn main(argv: Vec<String>) -> i32 {
         .map_or(1, i32::from)
 }
 
+/// The CPU and the instruction sets the engine's kernels run with on it, as each kernel family
+/// chose them at run time (`mixprec.runtime()`; `mixprec::ops::isa`).
+#[pyfunction]
+fn kernel_isa(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let isa = mixprec::ops::isa::kernel_isa();
+    let info = PyDict::new(py);
+    info.set_item("cpu", &isa.cpu)?;
+    info.set_item("float_kernels", isa.float)?;
+    info.set_item("integer_kernels", isa.integer)?;
+    info.set_item("rounding_kernels", isa.rounding)?;
+    info.set_item("summary", isa.to_string())?;
+    Ok(info)
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Search>()?;
@@ -1629,6 +1643,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan_cost, m)?)?;
     m.add_class::<Plan>()?;
     m.add_function(wrap_pyfunction!(compare, m)?)?;
+    m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
     m.add_function(wrap_pyfunction!(main, m)?)?;
     m.add("KeyboardInterrupt", py_keyboard_interrupt(m.py()))?;
     Ok(())

@@ -742,3 +742,14 @@ def test_a_check_function_sees_each_candidates_layers_and_model(models: Path, tm
             models / "qdq_cnn.onnx", precision=None, mode="bisect", val_range="[-1,1]",
             progress=False, check=lambda c: bool(c.export(tmp_path / "missing" / "m.onnx")),
         )
+
+
+def test_runtime_names_the_cpu_and_the_kernels_it_runs() -> None:
+    info = mixprec.runtime()
+    assert set(info) == {"cpu", "float_kernels", "integer_kernels", "rounding_kernels", "summary"}
+    assert info["float_kernels"].split(" ")[0] in {"avx512", "avx2+fma", "scalar"}
+    assert info["integer_kernels"] in {"avx512-vnni", "avx-vnni", "avx2", "portable"}
+    assert info["rounding_kernels"].split(" ")[0] in {"avx512", "f16c", "scalar"}
+    assert info["cpu"] and info["float_kernels"] in info["summary"]
+    if sys.platform == "linux" and "avx512f" in Path("/proc/cpuinfo").read_text():
+        assert info["float_kernels"].startswith("avx512"), info
