@@ -3,6 +3,8 @@
 
     kit.py pack KIT_DIR    (here, after `cargo build --release --bin mixprec --bench latency`)
     kit.py run KIT_DIR     (there: needs only python3 with numpy, onnx and onnxruntime)
+    kit.py ab KIT_DIR LABEL=LATENCY [LABEL=LATENCY...]   (there: the kit's `latency` binary
+                           against other builds of benches/latency.rs, alternating rounds)
 
 `pack` writes KIT_DIR: the stripped `mixprec` and `latency` (benches/latency.rs) binaries, the
 bench models of bench/run.sh, every model of the real-model corpus (tests/fixtures/real_models.json)
@@ -26,6 +28,13 @@ and layer beside ONNX Runtime's time per op type (bench/ort_op_profile.py), on t
 (an LLM variant, e.g. PROFILE=genai-fp32: its prefill of the 16-token prompt):
 the profile recipe of docs/benchmarks.md for a machine where only the kit runs. ONLY=NAME[,NAME]
 times only those models (the LLM variants are named plain and genai-fp32).
+
+`ab` is how a change is measured where instances of a machine differ by more than the change
+(the device's Intel hosts: up to 1.5× between instances): ROUNDS (default 4) alternating rounds
+of the kit's `latency`, each LABEL's and ONNX Runtime on the kit's models (ONLY=...), FP32
+only; it prints each binary's lowest median and its ratio to ORT's, then every round's
+medians. Build the other binary from the other commit (`cargo build --release --bench
+latency`, then `strip` a copy) and carry it beside the kit.
 """
 from __future__ import annotations
 
@@ -205,8 +214,10 @@ def cpu_line() -> str:
     return f"{model}; {os.cpu_count()} CPUs; {' '.join(isa)}"
 
 
-def run(kit: str) -> None:
-    kit = os.path.abspath(kit)
+def prepare(kit: str, rounds: int) -> tuple[dict, str, list[str], str, dict]:
+    """Regenerates the kit's models (ONLY=... of them) under KIT/expanded and prints the CPU,
+    the kernels' instruction sets and the pinning: the models to time, where they are, the
+    pinning command, the thread count and the environment the timed processes run with."""
     meta = json.load(open(f"{kit}/kit.json"))
     work = f"{kit}/expanded"
     if os.environ.get("ONLY"):
@@ -219,7 +230,6 @@ def run(kit: str) -> None:
         expand(f"{kit}/llm/{variant}.onnx", f"{work}/llm/{variant}/model.onnx")
     pair = [int(c) for c in os.environ["CPUS"].split(",")] if os.environ.get("CPUS") else cpu_pair()
     threads = str(len(pair))
-    rounds = int(os.environ.get("ROUNDS", "3"))
     print(f"cpu: {cpu_line()}")
     # The instruction sets mixprec's kernels run with there (src/ops/isa.rs).
     p = subprocess.run([f"{kit}/bin/latency", "--cpu"], capture_output=True, text=True)
@@ -228,7 +238,13 @@ def run(kit: str) -> None:
     print(f"pinned to CPUs {pair}, {threads} threads; onnxruntime {__import__('onnxruntime').__version__}; "
           f"{rounds} rounds; models regenerated from the kit's statistics (see kit.py)")
     pin = ["taskset", "-c", ",".join(map(str, pair))]
-    env = dict(os.environ, RAYON_NUM_THREADS=threads)
+    return meta, work, pin, threads, dict(os.environ, RAYON_NUM_THREADS=threads)
+
+
+def run(kit: str) -> None:
+    kit = os.path.abspath(kit)
+    rounds = int(os.environ.get("ROUNDS", "3"))
+    meta, work, pin, threads, env = prepare(kit, rounds)
     mix, ort_ = {}, {}
     emulated: dict = {}
     llm: dict = {}
@@ -337,7 +353,56 @@ def profile(kit: str, work: str, names: list[str], pin: list[str], threads: str)
         print("\n".join(ort_lines))
 
 
+def ab(kit: str, others: list[str]) -> None:
+    """The kit's `latency` binary against other builds of it (LABEL=PATH each), FP32 only, in
+    ROUNDS (default 4) alternating rounds with ONNX Runtime on the kit's models (ONLY=...):
+    each binary's lowest median and its ratio to ORT's, and every round's medians, so that
+    the spread shows whether a difference is the code's or the machine's."""
+    kit = os.path.abspath(kit)
+    rounds = int(os.environ.get("ROUNDS", "4"))
+    binaries = [("kit", f"{kit}/bin/latency")]
+    for other in others:
+        label, sep, path = other.partition("=")
+        if not sep or not label or not os.path.isfile(path):
+            sys.exit(f"kit.py ab: '{other}' is not LABEL=PATH of a latency binary")
+        binaries.append((label, os.path.abspath(path)))
+    meta, work, pin, threads, env = prepare(kit, rounds)
+    names = meta["models"]
+    medians: dict = {}
+    for _ in range(rounds):
+        for label, path in binaries:
+            p = subprocess.run([*pin, path, "--fp32-only", work, *names], capture_output=True, text=True, env=env)
+            if p.returncode != 0:
+                print(f"{label}: failed: {p.stderr.strip()[-300:]}")
+            for j in map(json.loads, filter(None, p.stdout.strip().splitlines())):
+                medians.setdefault((label, j["model"]), []).append(j["median_ms"])
+        p = subprocess.run([*pin, sys.executable, f"{kit}/ort_latency.py", work, threads, *names],
+                           capture_output=True, text=True)
+        if p.returncode != 0:
+            print(f"onnxruntime: failed: {p.stderr.strip()[-300:]}")
+        for j in map(json.loads, filter(None, p.stdout.strip().splitlines())):
+            medians.setdefault(("ORT", j["model"]), []).append(j["median_ms"])
+    labels = [label for label, _ in binaries]
+    print("| model | " + " | ".join(f"{l} ms" for l in labels) + " | ORT ms | "
+          + " | ".join(f"{l}/ORT" for l in labels) + " |")
+    print("| --- " * (2 * len(labels) + 2) + "|")
+    for name in names:
+        best = {l: min(medians[(l, name)]) for l in labels + ["ORT"] if (l, name) in medians}
+        if "ORT" not in best:
+            continue
+        cells = [f"{best[l]:.3f}" if l in best else "-" for l in labels + ["ORT"]]
+        ratios = [f"{best[l] / best['ORT']:.3f}" if l in best else "-" for l in labels]
+        print(f"| {name} | " + " | ".join(cells + ratios) + " |")
+    print("every round's medians (ms):")
+    for name in names:
+        for l in labels + ["ORT"]:
+            if (l, name) in medians:
+                print(f"  {name} {l}: " + " ".join(f"{v:.3f}" for v in medians[(l, name)]))
+
+
 def main() -> None:
+    if len(sys.argv) >= 4 and sys.argv[1] == "ab":
+        return ab(sys.argv[2], sys.argv[3:])
     if len(sys.argv) != 3 or sys.argv[1] not in ("pack", "run"):
         sys.exit(__doc__)
     (pack if sys.argv[1] == "pack" else run)(sys.argv[2])
