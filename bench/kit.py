@@ -214,8 +214,9 @@ def cpu_line() -> str:
     return f"{model}; {os.cpu_count()} CPUs; {' '.join(isa)}"
 
 
-def prepare(kit: str, rounds: int) -> tuple[dict, str, list[str], str, dict]:
-    """Regenerates the kit's models (ONLY=... of them) under KIT/expanded and prints the CPU,
+def prepare(kit: str, rounds: int, llms: bool = True) -> tuple[dict, str, list[str], str, dict]:
+    """Regenerates the kit's models (ONLY=... of them; the LLM variants only with `llms`) under
+    KIT/expanded and prints the CPU,
     the kernels' instruction sets and the pinning: the models to time, where they are, the
     pinning command, the thread count and the environment the timed processes run with."""
     meta = json.load(open(f"{kit}/kit.json"))
@@ -223,6 +224,8 @@ def prepare(kit: str, rounds: int) -> tuple[dict, str, list[str], str, dict]:
     if os.environ.get("ONLY"):
         only = set(os.environ["ONLY"].split(",")) | set(filter(None, os.environ.get("PROFILE", "").split(",")))
         meta = {key: [n for n in names if n in only] for key, names in meta.items()}
+    if not llms:
+        meta["llms"] = []
     for name in meta["models"]:
         shutil.copytree(f"{kit}/models/{name}", f"{work}/{name}", dirs_exist_ok=True)
         expand(f"{kit}/models/{name}.onnx", f"{work}/{name}.onnx")
@@ -366,7 +369,8 @@ def ab(kit: str, others: list[str]) -> None:
         if not sep or not label or not os.path.isfile(path):
             sys.exit(f"kit.py ab: '{other}' is not LABEL=PATH of a latency binary")
         binaries.append((label, os.path.abspath(path)))
-    meta, work, pin, threads, env = prepare(kit, rounds)
+    # The LLM variants are not regenerated: `ab` times the kit's models only.
+    meta, work, pin, threads, env = prepare(kit, rounds, llms=False)
     names = meta["models"]
     medians: dict = {}
     for _ in range(rounds):
