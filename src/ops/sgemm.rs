@@ -1052,8 +1052,7 @@ fn gathered_product(
                     // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
                     // a panel holds kc rows of NR values; the tile (at most MR rows of its
                     // panels' columns) lies inside this thread's block, sized above.
-                    // A partial row tile too (rows past m start at the image's start and are
-                    // written into the block's spare rows, where nothing reads them): at full
+                    // A partial row tile too, at its own height (`tile_avx512_rows`): at full
                     // width instead of the 6×16 tile twice (PP-OCRv4 det's 384-channel
                     // pointwise convolutions on 3×3 planes are 9 rows).
                     #[cfg(target_arch = "x86_64")]
@@ -1657,9 +1656,8 @@ unsafe fn tile_avx512_gathered<const R: usize, const P: usize>(
 
 /// [`tile_avx512_gathered`] over the first `rows` (1 to MR) of `origins`: a product's last row
 /// tile computes only the rows it has (the 49 positions of a 7×7 plane are eight tiles of six
-/// and one of one: a whole tile there was 5 rows of 54 computed for nothing, and the 7² layers
-/// ran at 219 GFLOP/s against ONNX Runtime's 243 on Zen 5). Each row is the same chain either
-/// way.
+/// and one of one; at the full height the last tile computed 5 rows for nothing, 54 rows for
+/// 49). Each row is the same chain either way.
 ///
 /// # Safety
 /// As [`tile_avx512_gathered`] for its first `rows` rows.
