@@ -104,12 +104,15 @@ fn conversions_match_ml_dtypes() {
     for (name, dtype) in [("int4", DType::I4), ("uint4", DType::U4)] {
         let want = std::fs::read(dir.join(format!("{name}.cast.u8"))).unwrap();
         let got = codes(&cast_tensor_saturate(&x, dtype, true));
+        // Out of range ONNX leaves float → integer undefined; mixprec keeps the low bits, as
+        // ml_dtypes 0.6 (pinned in scripts/requirements-test.txt) does — 0.7 returns 0 there.
         let bad = (0..xs.len()).find(|&i| got[i] != want[i]);
         assert!(
             bad.is_none(),
-            "{name}: {} -> {:?}",
+            "{name}: {} -> code {:#x}, ml_dtypes {:#x}",
             xs[bad.unwrap()],
-            got[bad.unwrap()]
+            got[bad.unwrap()],
+            want[bad.unwrap()]
         );
     }
 }
