@@ -863,14 +863,67 @@ pub fn gemm_gathered(
     done: &(dyn Fn(GatheredBlock) + Sync),
 ) {
     let full_width = Kernel::detect().full_width_avx512();
-    gathered_product(image, rows, offsets, b, done, full_width);
+    let rows = GatheredRows::new(&[image], rows.iter().map(|&r| (0, r)), offsets);
+    gathered_product(&rows, offsets, b, done, full_width);
+}
+
+/// [`gemm_gathered`] with each row of A gathered from one of several images that share the
+/// offsets' geometry: element (i, p) at `sources[s][o + offsets[p]]` for `rows[i] = (s, o)`.
+/// (A convolution reads the rows of positions whose windows lie inside its input from the
+/// input itself, and the others from buffers that hold their windows' values and zeros.)
+pub fn gemm_gathered_sources(
+    sources: &[&[f32]],
+    rows: &[(usize, usize)],
+    offsets: &[usize],
+    b: &PackedB,
+    done: &(dyn Fn(GatheredBlock) + Sync),
+) {
+    let full_width = Kernel::detect().full_width_avx512();
+    let rows = GatheredRows::new(sources, rows.iter().copied(), offsets);
+    gathered_product(&rows, offsets, b, done, full_width);
+}
+
+/// Where each row of a gathered A starts, checked once: every offset of every row reads
+/// inside the row's source, which outlives the value.
+struct GatheredRows<'a> {
+    starts: Vec<*const f32>,
+    _sources: std::marker::PhantomData<&'a [f32]>,
+}
+
+// SAFETY: the pointers are only read through, into slices shared for 'a.
+unsafe impl Sync for GatheredRows<'_> {}
+
+impl<'a> GatheredRows<'a> {
+    /// Row i starts at `sources[s][o]` for the i-th (s, o); panics where a row's furthest
+    /// offset lies past its source (or a source index is out of range).
+    fn new(
+        sources: &[&'a [f32]],
+        rows: impl Iterator<Item = (usize, usize)>,
+        offsets: &[usize],
+    ) -> Self {
+        let reach = offsets.iter().max().copied().unwrap_or(0);
+        let starts = rows
+            .map(|(s, o)| {
+                let src = sources[s];
+                assert!(o + reach < src.len(), "a gathered row reads past its image");
+                src[o..].as_ptr()
+            })
+            .collect();
+        GatheredRows {
+            starts,
+            _sources: std::marker::PhantomData,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.starts.len()
+    }
 }
 
 /// [`gemm_gathered`], its blocks sized for a core with full-width 512-bit FMAs or not (tests
 /// run both on any AVX-512 CPU; the bits are the same).
 fn gathered_product(
-    image: &[f32],
-    rows: &[usize],
+    rows: &GatheredRows,
     offsets: &[usize],
     b: &PackedB,
     done: &(dyn Fn(GatheredBlock) + Sync),
@@ -891,8 +944,6 @@ fn gathered_product(
         });
         return;
     }
-    let reach = rows.iter().max().unwrap_or(&0) + offsets.iter().max().unwrap_or(&0);
-    assert!(reach < image.len(), "a gathered row reads past the image");
     let (m_tiles, n_panels) = (m.div_ceil(MR), n.div_ceil(NR));
     let (tb, target) = gathered_tasks(m, n, k);
     let parallel = target > 1;
@@ -937,39 +988,53 @@ fn gathered_product(
         for p0 in (0..k).step_by(kc_block) {
             let kc = kc_block.min(k - p0);
             let panel = |jp: usize| b.data[(jp * k + p0) * NR..][..kc * NR].as_ptr();
-            // Whether row tiles it and it + 1 are twelve rows of A in this block that start at
-            // consecutive values.
+            // Whether row tiles it and it + 1 are twelve rows of A in this block that start
+            // evenly spaced (a run of one output row's positions: one value apart, or two at
+            // stride 2), and how far apart.
             #[cfg(target_arch = "x86_64")]
             let runs_of_twelve = |it: usize| {
                 let i0 = it * MR;
-                it + 1 < it1 && m - i0 >= 2 * MR && consecutive(&rows[i0..], 2 * MR)
+                (it + 1 < it1 && m - i0 >= 2 * MR)
+                    .then(|| run_step(&rows.starts[i0..i0 + 2 * MR]))
+                    .flatten()
             };
             // Those twelve rows over panels jq and jq + 1: a 12×32 tile, 24 accumulators (per k
             // step 12 broadcasts of A and 2 loads of B for 24 FMAs, against 6 + 2 for 12 in the
             // 6×32 tile: what a CPU with two 512-bit FMA units per core needs to keep both busy).
             #[cfg(target_arch = "x86_64")]
-            let tile_12x32 = |it: usize, jq: usize| {
+            let tile_12x32 = |it: usize, jq: usize, step: RunStep| {
                 let i0 = it * MR;
-                let a = RunA {
-                    first: image[rows[i0]..].as_ptr(),
-                    offsets: offsets[p0..].as_ptr(),
-                };
+                let (first, offsets) = (rows.starts[i0], offsets[p0..].as_ptr());
                 let c_at = c_base.wrapping_add((i0 - it0 * MR) * ldc + (jq - jp0) * NR);
-                // SAFETY: called where `runs_of_twelve(it)`: the 12 rows are rows of A whose
-                // every offset reads inside `image` (asserted above); panel jq + 1 < jp1
-                // follows panel jq at k·NR values in B, each holding kc rows from p0; the 12×32
-                // tile lies inside this thread's block (it + 1 < it1, whole panels).
+                // SAFETY: called where `runs_of_twelve(it)` gave `step`: the 12 rows are rows
+                // of A, `step` values apart, whose every offset reads inside their image
+                // (`GatheredRows`); panel jq + 1 < jp1 follows panel jq at k·NR values in B,
+                // each holding kc rows from p0; the 12×32 tile lies inside this thread's block
+                // (it + 1 < it1, whole panels).
                 unsafe {
-                    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA>(
-                        kc,
-                        a,
-                        panel(jq),
-                        k * NR,
-                        NR,
-                        c_at,
-                        ldc,
-                        p0 > 0,
-                    );
+                    let (b, load) = (panel(jq), p0 > 0);
+                    match step {
+                        RunStep::One => tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<1>>(
+                            kc,
+                            RunA { first, offsets },
+                            b,
+                            k * NR,
+                            NR,
+                            c_at,
+                            ldc,
+                            load,
+                        ),
+                        RunStep::Two => tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<2>>(
+                            kc,
+                            RunA { first, offsets },
+                            b,
+                            k * NR,
+                            NR,
+                            c_at,
+                            ldc,
+                            load,
+                        ),
+                    }
                 }
             };
             let mut jp = jp0;
@@ -986,14 +1051,14 @@ fn gathered_product(
                     let mut it = it0;
                     while it < it1 {
                         let i0 = it * MR;
-                        if full_width && runs_of_twelve(it) {
-                            tile_12x32(it, jp);
-                            tile_12x32(it, jp + 2);
+                        if let Some(step) = runs_of_twelve(it).filter(|_| full_width) {
+                            tile_12x32(it, jp, step);
+                            tile_12x32(it, jp + 2, step);
                             it += 2;
                             continue;
                         }
                         it += 1;
-                        let origins: [*const f32; MR] = row_starts(image, &rows[i0..]);
+                        let origins: [*const f32; MR] = row_starts(&rows.starts[i0..]);
                         let c_at = c_base.wrapping_add((i0 - it0 * MR) * ldc + (jp - jp0) * NR);
                         // SAFETY: as the pair tile's below, over four panels.
                         unsafe {
@@ -1022,10 +1087,10 @@ fn gathered_product(
                     // accumulators of 16 lanes (the 6×16 AVX2 tile fills half of each FMA).
                     #[cfg(target_arch = "x86_64")]
                     if wide && !pair && it + 1 < it1 {
-                        let origins: [*const f32; 2 * MR] = row_starts(image, &rows[i0..]);
+                        let origins: [*const f32; 2 * MR] = row_starts(&rows.starts[i0..]);
                         // SAFETY: as below; the block holds the 12 rows (it + 1 < it1) of
                         // whole panels (columns past n are zeros in B, rows past m start at
-                        // the image's start: both written where nothing reads them).
+                        // the first row's start: both written where nothing reads them).
                         unsafe {
                             tile_avx512_gathered(
                                 kc,
@@ -1042,14 +1107,14 @@ fn gathered_product(
                     }
                     // A pair of panels with twelve rows that start at consecutive values.
                     #[cfg(target_arch = "x86_64")]
-                    if pair && runs_of_twelve(it) {
-                        tile_12x32(it, jp);
+                    if let Some(step) = runs_of_twelve(it).filter(|_| pair) {
+                        tile_12x32(it, jp, step);
                         it += 2;
                         continue;
                     }
                     it += 1;
-                    let origins: [*const f32; MR] = row_starts(image, &rows[i0..i0 + tile_rows]);
-                    // SAFETY: every (row, offset) pair reads inside `image` (asserted above);
+                    let origins: [*const f32; MR] = row_starts(&rows.starts[i0..i0 + tile_rows]);
+                    // SAFETY: every (row, offset) pair reads inside its image (`GatheredRows`);
                     // a panel holds kc rows of NR values; the tile (at most MR rows of its
                     // panels' columns) lies inside this thread's block, sized above.
                     // A partial row tile too, at its own height (`tile_avx512_rows`): at full
@@ -1143,12 +1208,12 @@ pub fn gathered_block_rows(m: usize, n: usize, k: usize) -> usize {
     (gathered_tasks(m, n, k).0 * MR).min(m)
 }
 
-/// Where each of a tile's gathered rows starts in `image`: the first R of `rows` (fewer
-/// rows: the rest start at the image's start, rows the tile computes but nothing reads).
-fn row_starts<const R: usize>(image: &[f32], rows: &[usize]) -> [*const f32; R] {
-    let mut starts = [image.as_ptr(); R];
+/// A tile's first R row starts (fewer rows: the rest start where the first does, rows the
+/// tile computes but nothing reads).
+fn row_starts<const R: usize>(rows: &[*const f32]) -> [*const f32; R] {
+    let mut starts = [rows[0]; R];
     for (s, &row) in starts.iter_mut().zip(rows) {
-        *s = image[row..].as_ptr();
+        *s = row;
     }
     starts
 }
@@ -1189,27 +1254,42 @@ impl TileA for GatheredA {
     }
 }
 
-/// Rows gathered from an image that start at consecutive values (a run of output positions of
-/// one output row, each a value further in its stride phase): element (r, p) at `first + r +
-/// offsets[p]`. One pointer instead of one per row: the compiler keeps a 12-row tile's
-/// pointers and offsets in registers (with a pointer per row it spilled them, and the 12×32
-/// tile ran 1.3× slower than the 6×32 one on Zen 4).
+/// Rows gathered from an image that start STEP values apart (a run of output positions of one
+/// output row: consecutive values in a stride phase or at stride 1, two apart read in place
+/// at stride 2): element (r, p) at `first + r·STEP + offsets[p]`. One pointer instead of one
+/// per row: the compiler keeps a 12-row tile's pointers and offsets in registers (with a
+/// pointer per row it spilled them, and the 12×32 tile ran 1.3× slower than the 6×32 one on
+/// Zen 4).
 #[derive(Clone, Copy)]
-struct RunA {
+struct RunA<const STEP: usize> {
     first: *const f32,
     offsets: *const usize,
 }
 
-impl TileA for RunA {
+impl<const STEP: usize> TileA for RunA<STEP> {
     #[inline(always)]
     unsafe fn at(self, r: usize, p: usize) -> *const f32 {
-        self.first.add(*self.offsets.add(p) + r)
+        self.first.add(*self.offsets.add(p) + r * STEP)
     }
 }
 
-/// Whether the first `len` of `rows` (it holds at least `len`) are consecutive integers.
-fn consecutive(rows: &[usize], len: usize) -> bool {
-    rows[..len].windows(2).all(|w| w[1] == w[0] + 1)
+/// How far apart the rows of a [`RunA`] start.
+#[derive(Clone, Copy)]
+enum RunStep {
+    One,
+    Two,
+}
+
+/// Whether `rows` start evenly one or two values apart, and which.
+fn run_step(rows: &[*const f32]) -> Option<RunStep> {
+    let gap = |w: &[*const f32]| (w[1] as usize).wrapping_sub(w[0] as usize);
+    let step = match gap(rows) / std::mem::size_of::<f32>() {
+        1 => RunStep::One,
+        2 => RunStep::Two,
+        _ => return None,
+    };
+    let first = gap(rows);
+    rows.windows(2).all(|w| gap(w) == first).then_some(step)
 }
 
 /// The register-tile kernel this CPU runs (both give the same bits).
@@ -2167,17 +2247,25 @@ mod tests {
             (53, 40, 30),
         ]
         .iter()
-        .flat_map(|s| [(s, false), (s, true)])
+        .flat_map(|s| (0..4).map(move |rows| (s, rows)))
         {
-            let image = values(3 * m + 2 * k + 5, 9);
-            let rows: Vec<usize> = if runs {
-                (0..m).map(|i| i / 14 * 20 + i % 14).collect()
-            } else {
-                (0..m).map(|i| i * 3 % (m + 1)).collect()
-            };
+            // Rows scattered; runs of 14 one value apart; runs two apart (a stride-2
+            // convolution read in place); runs from two images, taking turns every 7 rows.
+            let images = [values(4 * m + 2 * k + 40, 9), values(4 * m + 2 * k + 40, 5)];
+            let rows: Vec<(usize, usize)> = (0..m)
+                .map(|i| match runs {
+                    0 => (0, i * 3 % (m + 1)),
+                    1 => (0, i / 14 * 20 + i % 14),
+                    2 => (0, i / 14 * 40 + 2 * (i % 14)),
+                    _ => (i / 7 % 2, i / 14 * 20 + i % 14),
+                })
+                .collect();
             let offsets: Vec<usize> = (0..k).map(|p| 2 * p + p % 3).collect();
             let a: Vec<f32> = (0..m * k)
-                .map(|x| image[rows[x / k] + offsets[x % k]])
+                .map(|x| {
+                    let (src, o) = rows[x / k];
+                    images[src][o + offsets[x % k]]
+                })
                 .collect();
             let b = values(k * n, 2);
             let want = reference(m, n, k, &a, &b, None);
@@ -2208,9 +2296,9 @@ mod tests {
                         }
                     }
                 };
-                pool.install(|| {
-                    gathered_product(&image, &rows, &offsets, &packed, &done, full_width)
-                });
+                let sources = [&images[0][..], &images[1][..]];
+                let starts = GatheredRows::new(&sources, rows.iter().copied(), &offsets);
+                pool.install(|| gathered_product(&starts, &offsets, &packed, &done, full_width));
                 // The finished blocks cover C once.
                 assert!(
                     seen.into_inner().unwrap().iter().all(|&s| s == 1),
@@ -2220,7 +2308,7 @@ mod tests {
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "{m}x{n}x{k}, {threads} threads, full width {full_width}"
+                    "{m}x{n}x{k}, rows {runs}, {threads} threads, full width {full_width}"
                 );
             }
         }

@@ -20,6 +20,7 @@ use rayon::prelude::*;
 
 mod depthwise;
 use depthwise::{depthwise_2d, DW_LANES};
+mod inplace;
 mod planar;
 
 pub fn register(r: &mut Registry) {
@@ -1099,10 +1100,20 @@ pub fn conv(
                 // they use at stride 2, before 2026-11-27: the bench CNN's three 1×1 stride-2
                 // shortcuts 34–38 µs, ORT 11.)
                 let padded;
+                // At column stride 2 the product reads the input in place, the windows across
+                // its edges from edge buffers (`inplace`), instead of a padded copy split into
+                // stride phases. At stride 1 the padded copy stays: its edge columns would
+                // break the runs of twelve positions that take the 12×32 tile at every row's
+                // start and end, and their edge buffers are columns a few values wide.
+                let in_place = (!unpadded_1x1 && in_sp.len() == 2 && w.strides[1] == 2)
+                    .then(|| inplace::InPlaceImage::new(xg, images, cg, in_sp, &w))
+                    .flatten();
                 // Rows of one image's positions, then the next image's (`images` > 1 only
                 // with one group: an image's channels are `cg` = c planes).
                 let (image, offsets, origins, image_step): (&[f32], Vec<usize>, Vec<usize>, usize) =
-                    if unpadded_1x1 {
+                    if in_place.is_some() {
+                        (&[], Vec::new(), Vec::new(), 0)
+                    } else if unpadded_1x1 {
                         (
                             xg,
                             (0..cg).map(|ci| ci * in_sz).collect(),
@@ -1196,7 +1207,18 @@ pub fn conv(
                         r = end;
                     }
                 };
-                super::sgemm::gemm_gathered(image, &origins, &offsets, &packed[g], &done);
+                match &in_place {
+                    Some(im) => super::sgemm::gemm_gathered_sources(
+                        &[xg, &im.edges],
+                        &im.rows,
+                        &im.offsets,
+                        &packed[g],
+                        &done,
+                    ),
+                    None => {
+                        super::sgemm::gemm_gathered(image, &origins, &offsets, &packed[g], &done)
+                    }
+                }
                 bias_added = true;
             } else if pointwise {
                 sgemm(
@@ -2038,6 +2060,50 @@ mod tests {
                 [1, 1],
                 [1, 1],
                 [0, 1, 0, 1],
+                false,
+            ),
+            // Column stride 2, channels across the lanes: the input read in place, the windows
+            // across its edges from edge buffers (`inplace`) — rows of 28 (runs of twelve two
+            // values apart) over batches with an infinite weight; groups, dilation 2 and
+            // asymmetric padding; a 1-D-like [1, 3] kernel; 64 channels over 1152 taps.
+            (
+                [2, 8, 17, 56],
+                1,
+                32,
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
+                true,
+            ),
+            (
+                [1, 6, 15, 29],
+                2,
+                48,
+                [3, 3],
+                [2, 2],
+                [2, 2],
+                [2, 0, 1, 3],
+                false,
+            ),
+            (
+                [2, 16, 1, 41],
+                1,
+                32,
+                [1, 3],
+                [1, 2],
+                [1, 1],
+                [0, 1, 0, 1],
+                false,
+            ),
+            (
+                [1, 128, 14, 14],
+                1,
+                64,
+                [3, 3],
+                [2, 2],
+                [1, 1],
+                [1, 1, 1, 1],
                 false,
             ),
             // Pointwise, channels across the lanes (the image read in place): batches with an
