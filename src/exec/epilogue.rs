@@ -23,6 +23,7 @@ use super::emulate::{prepare_input, InputPrep, LayerPrep};
 use super::{slot_readers, Source, Step};
 use crate::graph::{Graph, ValueId, ValueIndex};
 use crate::numeric::Rounding;
+use crate::ops::lanewise::{Binary, Lanewise};
 use crate::ops::{ChainShape, OpCtx, Piece, Registry, Stage};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
@@ -221,6 +222,76 @@ pub(super) struct Epilogue {
     /// Whether a stage reads an operand ([`ChainInput::Operand`]): pieces then go through
     /// the stages CHUNK values at a time.
     reads_operands: bool,
+    /// Where the chain is an affine stage (BatchNormalization), then maybe the Add of an
+    /// operand, then maybe one lanewise stage (Relu, Clip), none rounding (float32): those
+    /// stages as one pass over a channel's piece ([`SinglePass`]).
+    single_pass: Option<SinglePass>,
+}
+
+/// The stages after the affine first one of an epilogue that runs in one pass: the operand
+/// added (its index) and the lanewise stage, where there are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct SinglePass {
+    operand: Option<usize>,
+    last: Option<Lanewise>,
+}
+
+impl SinglePass {
+    /// The pass for `ops` where they are such a chain, in place on buffer 0 without
+    /// temporaries or rounding.
+    fn of(ops: &[Op], temps: usize, result: usize, rounds: bool) -> Option<SinglePass> {
+        if temps != 0 || result != 0 || rounds || ops.is_empty() || ops.len() > 3 {
+            return None;
+        }
+        let in_place = |op: &Op| op.out == 0 && op.inputs.first() == Some(&Arg::Reg(0));
+        if ops
+            .iter()
+            .any(|op| !in_place(op) || op.round.is_some() || op.then.is_some())
+        {
+            return None;
+        }
+        if !matches!(ops[0].stage, Stage::Affine { .. }) {
+            return None;
+        }
+        let mut pass = SinglePass {
+            operand: None,
+            last: None,
+        };
+        let mut rest = &ops[1..];
+        if let Some(op) = rest.first() {
+            if let (Stage::Zip(Binary::Add), [_, Arg::Operand { index, round: None }]) =
+                (&op.stage, &op.inputs[..])
+            {
+                pass.operand = Some(*index);
+                rest = &rest[1..];
+            }
+        }
+        match rest {
+            [] => {}
+            [op] => match op.stage {
+                Stage::Lanewise(l) => pass.last = Some(l),
+                _ => return None,
+            },
+            _ => return None,
+        }
+        Some(pass)
+    }
+
+    /// `v = last((v·a + b) + operand)` in one pass: each step the IEEE operation its stage
+    /// computes, in the stages' order (`tests::one_pass_is_the_stages_in_turn`).
+    fn run(self, v: &mut [f32], a: f32, b: f32, operand: Option<&[f32]>) {
+        use crate::ops::vector::{map_in_place, zip_in_place};
+        match (operand, self.last) {
+            (None, None) => map_in_place(v, |x| x * a + b),
+            (None, Some(Lanewise::Relu)) => map_in_place(v, |x| Lanewise::Relu.apply(x * a + b)),
+            (None, Some(l)) => map_in_place(v, |x| l.apply(x * a + b)),
+            (Some(o), None) => zip_in_place(v, o, |x, y| (x * a + b) + y),
+            (Some(o), Some(Lanewise::Relu)) => {
+                zip_in_place(v, o, |x, y| Lanewise::Relu.apply((x * a + b) + y))
+            }
+            (Some(o), Some(l)) => zip_in_place(v, o, |x, y| l.apply((x * a + b) + y)),
+        }
+    }
 }
 
 /// What a stage reads: a register (before buffers are assigned; a buffer after), or operand
@@ -456,7 +527,11 @@ impl Epilogue {
             })?;
             match stage {
                 // An operand is read by a stage of two values (Zip, Combine) only.
-                Some(Stage::Map(_) | Stage::Lanewise(_)) if reads_operand => return Ok(None),
+                Some(Stage::Map(_) | Stage::Affine { .. } | Stage::Lanewise(_))
+                    if reads_operand =>
+                {
+                    return Ok(None)
+                }
                 Some(s) => stages.push(Staged {
                     stage: s,
                     regs,
@@ -480,19 +555,34 @@ impl Epilogue {
             })
             .collect();
         let stages = fuse_silu(stages, &ops);
-        Ok(assign_buffers(stages).map(|(ops, temps, result)| Epilogue {
-            ops,
-            temps,
-            result,
-            round: anchor_round,
-            then: read_as[0].flatten(),
-            reads_operands: !operands.is_empty(),
+        let then = read_as[0].flatten();
+        Ok(assign_buffers(stages).map(|(ops, temps, result)| {
+            let rounds = anchor_round.is_some() || then.is_some();
+            Epilogue {
+                single_pass: SinglePass::of(&ops, temps, result, rounds),
+                ops,
+                temps,
+                result,
+                round: anchor_round,
+                then,
+                reads_operands: !operands.is_empty(),
+            }
         }))
     }
 
     /// Applies the anchor's rounding and every stage to one piece of finished values;
     /// `operands`: the values of the chain's [`Chain::operands`], each of the output's shape.
     pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[&[f32]]) {
+        if let (Some(pass), crate::ops::Channels::One(ch), 1) =
+            (self.single_pass, piece.channels, piece.step)
+        {
+            if let Stage::Affine { scale, shift } = &self.ops[0].stage {
+                let operand = pass
+                    .operand
+                    .map(|i| &operands[i][piece.start..piece.start + values.len()]);
+                return pass.run(values, scale[ch], shift[ch], operand);
+            }
+        }
         if self.temps == 0 && !self.reads_operands {
             // Every stage in place on the output itself.
             return self.run(piece, values, &mut [], &mut [], operands);
@@ -568,6 +658,11 @@ impl Epilogue {
             let rounds_itself = match &op.stage {
                 Stage::Map(f) => {
                     f(piece.channels, buffer(part, temps, op.out));
+                    false
+                }
+                Stage::Affine { scale, shift } => {
+                    let v = buffer(part, temps, op.out);
+                    crate::ops::norm::affine_stage(piece.channels, v, scale, shift);
                     false
                 }
                 Stage::Lanewise(l) => {
@@ -790,9 +885,13 @@ fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Arg, Op, SinglePass};
     use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
     use crate::graph::testing::{graph, node, vi};
     use crate::graph::{Attribute, Graph, Node};
+    use crate::numeric::Rounding;
+    use crate::ops::lanewise::{Binary, Lanewise};
+    use crate::ops::Stage;
     use crate::precision::plan::PrecisionPlan;
     use crate::precision::Precision;
     use crate::tensor::Tensor;
@@ -1257,6 +1356,7 @@ mod tests {
                         round,
                         then: None,
                         reads_operands: false,
+                        single_pass: None,
                     };
                     let mut v = values.clone();
                     e.apply(Piece::plane(0, 0), &mut v, &[]);
@@ -1534,6 +1634,7 @@ mod tests {
                 Stage::Lanewise(l) => format!("{l:?}"),
                 Stage::Zip(b) => format!("{b:?}"),
                 Stage::Map(_) => "Map".into(),
+                Stage::Affine { .. } => "Affine".into(),
                 Stage::Combine(_) => "Combine".into(),
             })
             .collect();
@@ -1619,6 +1720,119 @@ mod tests {
             .unwrap();
         assert_eq!(bits(&first.outputs[0].1), bits(&second.outputs[0].1));
         assert_eq!(bits(&first.outputs[0].1), bits(&third.outputs[0].1));
+    }
+
+    /// The one-pass affine chain computes what its stages compute in turn, bit for bit, on
+    /// NaNs (payloads and signs; where two meet, a NaN), infinities, signed zeros, subnormals
+    /// and large values, with
+    /// and without an operand and each lanewise stage; an epilogue of BatchNormalization →
+    /// Add → Relu takes it, one whose stages round does not.
+    #[test]
+    fn one_pass_is_the_stages_in_turn() {
+        let specials = [
+            f32::NAN,
+            -f32::NAN,
+            f32::from_bits(0x7fc0_1234),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            -1e-40,
+            3.0e38,
+            -2.5,
+            0.75,
+            0.1,
+            1.0 / 3.0,
+            16_777_215.0,
+            -1.0e-3,
+        ];
+        let v: Vec<f32> = (0..300)
+            .map(|i| specials[i % 16] * if i % 5 == 0 { 1.0 } else { 1.5 })
+            .collect();
+        let o: Vec<f32> = (0..300).map(|i| specials[(i * 7 + 3) % 16]).collect();
+        let lasts = [
+            None,
+            Some(Lanewise::Relu),
+            Some(Lanewise::Clip(-1.0, 6.0)),
+            Some(Lanewise::Add(0.5)),
+        ];
+        for (a, b) in [
+            (1.5f32, -0.25f32),
+            (0.0, -0.0),
+            (f32::INFINITY, 1.0),
+            (-2.0, f32::NAN),
+            (0.1, 1.0 / 3.0),
+        ] {
+            for last in lasts {
+                for operand in [None, Some(&o[..])] {
+                    let mut want = v.clone();
+                    crate::ops::norm::affine_stage(
+                        crate::ops::Channels::One(1),
+                        &mut want,
+                        &[9.0, a],
+                        &[9.0, b],
+                    );
+                    if let Some(o) = operand {
+                        Binary::Add.run(&mut want, o, None);
+                    }
+                    if let Some(l) = last {
+                        l.run(&mut want, None);
+                    }
+                    let mut got = v.clone();
+                    let pass = SinglePass {
+                        operand: operand.map(|_| 0),
+                        last,
+                    };
+                    pass.run(&mut got, a, b, operand);
+                    // Where two NaNs meet in the Add, either may come out (the compiler may
+                    // swap an addition's operands): a NaN then, the same bits elsewhere.
+                    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            g.to_bits() == w.to_bits() || g.is_nan() && w.is_nan(),
+                            "{a} {b} {last:?} {}: value {i} {g} against {w}",
+                            operand.is_some()
+                        );
+                    }
+                }
+            }
+        }
+        let affine = || Stage::Affine {
+            scale: vec![1.0],
+            shift: vec![0.0],
+        };
+        let op = |stage: Stage, inputs: Vec<Arg>, round: Option<Rounding>| Op {
+            stage,
+            inputs,
+            out: 0,
+            round,
+            then: None,
+        };
+        let operand = Arg::Operand {
+            index: 0,
+            round: None,
+        };
+        let chain = vec![
+            op(affine(), vec![Arg::Reg(0)], None),
+            op(Stage::Zip(Binary::Add), vec![Arg::Reg(0), operand], None),
+            op(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(0)], None),
+        ];
+        assert_eq!(
+            SinglePass::of(&chain, 0, 0, false),
+            Some(SinglePass {
+                operand: Some(0),
+                last: Some(Lanewise::Relu)
+            })
+        );
+        assert_eq!(SinglePass::of(&chain, 0, 0, true), None);
+        let rounded = vec![op(affine(), vec![Arg::Reg(0)], Some(Rounding::F16))];
+        assert_eq!(SinglePass::of(&rounded, 0, 0, false), None);
+        // The operand first (Add(operand, x)): its NaN would win, so the stages run in turn.
+        let swapped = vec![
+            op(affine(), vec![Arg::Reg(0)], None),
+            op(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)], None),
+        ];
+        assert_eq!(SinglePass::of(&swapped, 0, 0, false), None);
     }
 
     #[test]

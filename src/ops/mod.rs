@@ -122,6 +122,10 @@ pub type ChannelFn<'a> = dyn Fn(Piece, &mut [f32]) + Sync + 'a;
 pub enum Stage {
     /// In place on values of the chained value (their channels, values).
     Map(Box<MapFn>),
+    /// `x · scale[c] + shift[c]` for channel c, a product then a sum, each rounded to f32
+    /// (BatchNormalization's kernel): a Map the epilogue can fuse with the stages after it
+    /// into one pass ([`crate::exec`]'s epilogues).
+    Affine { scale: Vec<f32>, shift: Vec<f32> },
     /// Two chained values of the same shape combined elementwise, `a[i] = f(a[i], b[i])`, `a`
     /// the op's first input (slices of the same length).
     Combine(Box<CombineFn>),

@@ -246,17 +246,21 @@ fn batch_norm_stage(
     {
         return Ok(None);
     }
-    let (a, b) = batch_norm_coefficients(ctx, inputs, shape.channels)?;
-    Ok(Some(super::Stage::Map(Box::new(
-        move |chans, v| match chans {
-            super::Channels::One(ch) => affine(v, a[ch], b[ch]),
-            super::Channels::From(first) => {
-                for (i, x) in v.iter_mut().enumerate() {
-                    *x = *x * a[first + i] + b[first + i];
-                }
+    let (scale, shift) = batch_norm_coefficients(ctx, inputs, shape.channels)?;
+    Ok(Some(super::Stage::Affine { scale, shift }))
+}
+
+/// An [`Stage::Affine`](super::Stage::Affine) stage on values of `channels`: `x·a + b` with
+/// each channel's coefficients.
+pub(crate) fn affine_stage(channels: super::Channels, v: &mut [f32], a: &[f32], b: &[f32]) {
+    match channels {
+        super::Channels::One(ch) => affine(v, a[ch], b[ch]),
+        super::Channels::From(first) => {
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = *x * a[first + i] + b[first + i];
             }
-        },
-    ))))
+        }
+    }
 }
 
 /// Normalizes each row of `width` values: (x - mean) / sqrt(var + eps); returns mean and
