@@ -1012,28 +1012,19 @@ fn gathered_product(
                 // each holding kc rows from p0; the 12×32 tile lies inside this thread's block
                 // (it + 1 < it1, whole panels).
                 unsafe {
-                    let (b, load) = (panel(jq), p0 > 0);
+                    let tile = RunTile {
+                        kc,
+                        first,
+                        offsets,
+                        b: panel(jq),
+                        panel_step: k * NR,
+                        c: c_at,
+                        ldc,
+                        load: p0 > 0,
+                    };
                     match step {
-                        RunStep::One => tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<1>>(
-                            kc,
-                            RunA { first, offsets },
-                            b,
-                            k * NR,
-                            NR,
-                            c_at,
-                            ldc,
-                            load,
-                        ),
-                        RunStep::Two => tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<2>>(
-                            kc,
-                            RunA { first, offsets },
-                            b,
-                            k * NR,
-                            NR,
-                            c_at,
-                            ldc,
-                            load,
-                        ),
+                        RunStep::One => tile_12x32_run::<1>(tile),
+                        RunStep::Two => tile_12x32_run::<2>(tile),
                     }
                 }
             };
@@ -1271,6 +1262,46 @@ impl<const STEP: usize> TileA for RunA<STEP> {
     unsafe fn at(self, r: usize, p: usize) -> *const f32 {
         self.first.add(*self.offsets.add(p) + r * STEP)
     }
+}
+
+/// One 12×32 panel tile over twelve rows a run apart ([`tile_12x32_run`]).
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct RunTile {
+    kc: usize,
+    /// The first row's start and the offsets ([`RunA`]).
+    first: *const f32,
+    offsets: *const usize,
+    /// B's first panel and the step to the second.
+    b: *const f32,
+    panel_step: usize,
+    /// C, its row stride, and whether C is loaded first.
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+}
+
+/// `t` over rows STEP values apart.
+///
+/// # Safety
+/// As [`tile_avx512_panels`] with [`RunA`]; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_12x32_run<const STEP: usize>(t: RunTile) {
+    let a = RunA::<STEP> {
+        first: t.first,
+        offsets: t.offsets,
+    };
+    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<STEP>>(
+        t.kc,
+        a,
+        t.b,
+        t.panel_step,
+        NR,
+        t.c,
+        t.ldc,
+        t.load,
+    )
 }
 
 /// How far apart the rows of a [`RunA`] start.
