@@ -28,7 +28,7 @@ const GROUPS: usize = 8;
 
 thread_local! {
     /// Each thread's edge buffers: grown, never shrunk (a buffer of the input's size per
-    /// group, of which a few rows and columns a plane are written and read).
+    /// group, of which only the few rows and columns a plane that are written are resident).
     static EDGES: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
@@ -157,10 +157,12 @@ impl InPlaceImage {
         }
         debug_assert!(used <= GROUPS);
         // Every cell a group's windows read is written below (values or zeros): the rest of
-        // the buffer keeps what an earlier convolution left, unread.
+        // the buffer keeps what an earlier convolution left, unread. Grown as a fresh zeroed
+        // allocation, not by resizing: the system's zero pages stay untouched (not resident)
+        // except where cells are written, a few rows and columns a plane.
         let mut edges = EDGES.with(|kept| kept.take());
         if edges.len() < used * span {
-            edges.resize(used * span, 0.0);
+            edges = vec![0f32; used * span];
         }
         for group in groups.iter().flatten() {
             fill(&mut edges, group, x, images, channels, (ih, iw));
