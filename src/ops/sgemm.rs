@@ -1182,8 +1182,17 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
     // × tap on 196–784 positions), the tasks take as many rows as they may and split the
     // columns: each task then streams its slice of B once and re-reads the rows of A, which
     // stay in L2 (split by rows, every row block streamed all of B, 6 MiB, from L3).
+    // Where the column groups alone give fewer tasks than the target (a 7² convolution's 256
+    // channels: 8 pairs of panels), the rows split into the fewest equal blocks that reach it
+    // (9 row tiles: 3 blocks of 3, not 5 + 4): with a task per column group the last task
+    // left one thread idle for up to an eighth of the product.
     let tb = if n > m {
-        m_tiles.min(GATHERED_TILES_PER_TASK)
+        let column_groups = n.div_ceil(NR).div_ceil(2).max(1);
+        let fewest = target.div_ceil(column_groups).min(m_tiles).max(1);
+        let blocks = (fewest..=(2 * fewest).min(m_tiles).max(fewest))
+            .min_by_key(|&r| (m_tiles.div_ceil(r) * r, r))
+            .unwrap_or(1);
+        m_tiles.div_ceil(blocks).min(GATHERED_TILES_PER_TASK)
     } else {
         m_tiles
             .div_ceil(target)
@@ -2276,6 +2285,9 @@ mod tests {
             (47, 96, 33),
             (45, 32, 20),
             (53, 40, 30),
+            // B wider than A is tall with too few column groups for the threads' tasks: the
+            // rows split too (one row tile a block at 3 threads).
+            (49, 96, 60),
         ]
         .iter()
         .flat_map(|s| (0..4).map(move |rows| (s, rows)))
@@ -2343,6 +2355,38 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// Where B is wider than A is tall but its column groups alone give fewer tasks than the
+    /// pool aims at, the rows split into the fewest equal blocks that reach the target; with
+    /// enough column groups, or on one thread, the rows stay whole.
+    #[test]
+    fn wide_products_split_rows_into_equal_blocks_when_columns_are_too_few() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        // (m, n, k) → row tiles per task: a 7² convolution's 256 channels (8 column groups,
+        // 9 row tiles: 3 blocks of 3, not 5 + 4), 160 channels (5 groups: 4 blocks of 3
+        // tiles for 12), a ConvTranspose's 2048 columns (rows whole).
+        for ((m, n, k), tb) in [
+            ((49, 256, 1152), 3),
+            ((72, 160, 500), 3),
+            ((196, 2048, 64), 33),
+        ] {
+            let (got, target) = pool.install(|| gathered_tasks(m, n, k));
+            assert_eq!(got, tb, "{m}x{n}x{k}");
+            let (groups, blocks) = (n.div_ceil(NR).div_ceil(2), m.div_ceil(MR).div_ceil(got));
+            assert!(
+                groups * blocks >= target,
+                "{m}x{n}x{k}: {blocks} row blocks"
+            );
+        }
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
+        assert_eq!(one.install(|| gathered_tasks(49, 256, 1152)), (9, 1));
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
