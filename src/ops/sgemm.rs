@@ -863,55 +863,38 @@ pub fn gemm_gathered(
     done: &(dyn Fn(GatheredBlock) + Sync),
 ) {
     let full_width = Kernel::detect().full_width_avx512();
-    let rows = GatheredRows::new(&[image], rows.iter().map(|&r| (0, r)), offsets);
-    gathered_product(&rows, offsets, b, done, full_width);
-}
-
-/// [`gemm_gathered`] with each row of A gathered from one of several images that share the
-/// offsets' geometry: element (i, p) at `sources[s][o + offsets[p]]` for `rows[i] = (s, o)`.
-/// (A convolution reads the rows of positions whose windows lie inside its input from the
-/// input itself, and the others from buffers that hold their windows' values and zeros.)
-pub fn gemm_gathered_sources(
-    sources: &[&[f32]],
-    rows: &[(usize, usize)],
-    offsets: &[usize],
-    b: &PackedB,
-    done: &(dyn Fn(GatheredBlock) + Sync),
-) {
-    let full_width = Kernel::detect().full_width_avx512();
-    let rows = GatheredRows::new(sources, rows.iter().copied(), offsets);
+    let rows = GatheredRows::new(image, rows, offsets);
     gathered_product(&rows, offsets, b, done, full_width);
 }
 
 /// Where each row of a gathered A starts, checked once: every offset of every row reads
-/// inside the row's source, which outlives the value.
+/// inside the image, which outlives the value.
 struct GatheredRows<'a> {
     starts: Vec<*const f32>,
-    _sources: std::marker::PhantomData<&'a [f32]>,
+    _image: std::marker::PhantomData<&'a [f32]>,
 }
 
 // SAFETY: the pointers are only read through, into slices shared for 'a.
 unsafe impl Sync for GatheredRows<'_> {}
 
 impl<'a> GatheredRows<'a> {
-    /// Row i starts at `sources[s][o]` for the i-th (s, o); panics where a row's furthest
-    /// offset lies past its source (or a source index is out of range).
-    fn new(
-        sources: &[&'a [f32]],
-        rows: impl Iterator<Item = (usize, usize)>,
-        offsets: &[usize],
-    ) -> Self {
+    /// Row i starts at `image[rows[i]]`; panics where a row's furthest offset lies past the
+    /// image.
+    fn new(image: &'a [f32], rows: &[usize], offsets: &[usize]) -> Self {
         let reach = offsets.iter().max().copied().unwrap_or(0);
         let starts = rows
-            .map(|(s, o)| {
-                let src = sources[s];
-                assert!(o + reach < src.len(), "a gathered row reads past its image");
-                src[o..].as_ptr()
+            .iter()
+            .map(|&o| {
+                assert!(
+                    o + reach < image.len(),
+                    "a gathered row reads past its image"
+                );
+                image[o..].as_ptr()
             })
             .collect();
         GatheredRows {
             starts,
-            _sources: std::marker::PhantomData,
+            _image: std::marker::PhantomData,
         }
     }
 
@@ -1255,8 +1238,8 @@ impl TileA for GatheredA {
 }
 
 /// Rows gathered from an image that start STEP values apart (a run of output positions of one
-/// output row: consecutive values in a stride phase or at stride 1, two apart read in place
-/// at stride 2): element (r, p) at `first + r·STEP + offsets[p]`. One pointer instead of one
+/// output row: consecutive values in a stride phase or at stride 1, two apart where a strided
+/// 1×1 convolution reads its image in place): element (r, p) at `first + r·STEP + offsets[p]`. One pointer instead of one
 /// per row: the compiler keeps a 12-row tile's pointers and offsets in registers (with a
 /// pointer per row it spilled them, and the 12×32 tile ran 1.3× slower than the 6×32 one on
 /// Zen 4).
@@ -2290,25 +2273,21 @@ mod tests {
             (49, 96, 60),
         ]
         .iter()
-        .flat_map(|s| (0..4).map(move |rows| (s, rows)))
+        .flat_map(|s| (0..3).map(move |rows| (s, rows)))
         {
-            // Rows scattered; runs of 14 one value apart; runs two apart (a stride-2
-            // convolution read in place); runs from two images, taking turns every 7 rows.
-            let images = [values(4 * m + 2 * k + 40, 9), values(4 * m + 2 * k + 40, 5)];
-            let rows: Vec<(usize, usize)> = (0..m)
+            // Rows scattered; runs of 14 one value apart; runs two apart (a strided 1×1
+            // convolution's rows).
+            let image = values(4 * m + 2 * k + 40, 9);
+            let rows: Vec<usize> = (0..m)
                 .map(|i| match runs {
-                    0 => (0, i * 3 % (m + 1)),
-                    1 => (0, i / 14 * 20 + i % 14),
-                    2 => (0, i / 14 * 40 + 2 * (i % 14)),
-                    _ => (i / 7 % 2, i / 14 * 20 + i % 14),
+                    0 => i * 3 % (m + 1),
+                    1 => i / 14 * 20 + i % 14,
+                    _ => i / 14 * 40 + 2 * (i % 14),
                 })
                 .collect();
             let offsets: Vec<usize> = (0..k).map(|p| 2 * p + p % 3).collect();
             let a: Vec<f32> = (0..m * k)
-                .map(|x| {
-                    let (src, o) = rows[x / k];
-                    images[src][o + offsets[x % k]]
-                })
+                .map(|x| image[rows[x / k] + offsets[x % k]])
                 .collect();
             let b = values(k * n, 2);
             let want = reference(m, n, k, &a, &b, None);
@@ -2339,8 +2318,7 @@ mod tests {
                         }
                     }
                 };
-                let sources = [&images[0][..], &images[1][..]];
-                let starts = GatheredRows::new(&sources, rows.iter().copied(), &offsets);
+                let starts = GatheredRows::new(&image, &rows, &offsets);
                 pool.install(|| gathered_product(&starts, &offsets, &packed, &done, full_width));
                 // The finished blocks cover C once.
                 assert!(

@@ -20,7 +20,6 @@ use rayon::prelude::*;
 
 mod depthwise;
 use depthwise::{depthwise_2d, DW_LANES};
-mod inplace;
 mod planar;
 
 pub fn register(r: &mut Registry) {
@@ -1100,20 +1099,14 @@ pub fn conv(
                 // they use at stride 2, before 2026-11-27: the bench CNN's three 1×1 stride-2
                 // shortcuts 34–38 µs, ORT 11.)
                 let padded;
-                // At column stride 2 the product reads the input in place, the windows across
-                // its edges from edge buffers (`inplace`), instead of a padded copy split into
-                // stride phases. At stride 1 the padded copy stays: its edge columns would
-                // break the runs of twelve positions that take the 12×32 tile at every row's
-                // start and end, and their edge buffers are columns a few values wide.
-                let in_place = (!unpadded_1x1 && in_sp.len() == 2 && w.strides[1] == 2)
-                    .then(|| inplace::InPlaceImage::new(xg, images, cg, in_sp, &w))
-                    .flatten();
                 // Rows of one image's positions, then the next image's (`images` > 1 only
-                // with one group: an image's channels are `cg` = c planes).
+                // with one group: an image's channels are `cg` = c planes). A 3×3 stride-2
+                // convolution reads the padded copy too: reading its input in place (the
+                // windows across the edges from small edge buffers) was no faster in a model
+                // and slower on two Intel threads, whose reads of the other core's fresh output
+                // the copy's streaming hides (docs/performance-history.md).
                 let (image, offsets, origins, image_step): (&[f32], Vec<usize>, Vec<usize>, usize) =
-                    if in_place.is_some() {
-                        (&[], Vec::new(), Vec::new(), 0)
-                    } else if unpadded_1x1 {
+                    if unpadded_1x1 {
                         (
                             xg,
                             (0..cg).map(|ci| ci * in_sz).collect(),
@@ -1207,18 +1200,7 @@ pub fn conv(
                         r = end;
                     }
                 };
-                match &in_place {
-                    Some(im) => super::sgemm::gemm_gathered_sources(
-                        &[xg, &im.edges],
-                        &im.rows,
-                        &im.offsets,
-                        &packed[g],
-                        &done,
-                    ),
-                    None => {
-                        super::sgemm::gemm_gathered(image, &origins, &offsets, &packed[g], &done)
-                    }
-                }
+                super::sgemm::gemm_gathered(image, &origins, &offsets, &packed[g], &done);
                 bias_added = true;
             } else if pointwise {
                 sgemm(
@@ -2062,9 +2044,8 @@ mod tests {
                 [0, 1, 0, 1],
                 false,
             ),
-            // Column stride 2, channels across the lanes: the input read in place, the windows
-            // across its edges from edge buffers (`inplace`) — rows of 28 (runs of twelve two
-            // values apart) over batches with an infinite weight; groups, dilation 2 and
+            // Column stride 2, channels across the lanes: rows of 28 (runs of twelve in the
+            // stride-phased copy) over batches with an infinite weight; groups, dilation 2 and
             // asymmetric padding; a 1-D-like [1, 3] kernel; 64 channels over 1152 taps.
             (
                 [2, 8, 17, 56],
