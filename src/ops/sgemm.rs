@@ -2349,35 +2349,30 @@ mod tests {
             .num_threads(2)
             .build()
             .unwrap();
-        // (m, n, k) → row tiles per task: a 7² convolution's 256 channels (8 column groups,
-        // 9 row tiles: 3 blocks of 3, not 5 + 4), 160 channels (5 groups: 4 blocks of 3
-        // tiles for 12), a ConvTranspose's 2048 columns (rows whole).
+        // (m, n, k) → row tiles per task. Wide: a 7² convolution's 256 channels (8 column
+        // groups, 9 row tiles: 3 blocks of 3, not 5 + 4), 160 channels (5 groups: 4 blocks of
+        // 3 tiles for 12), a ConvTranspose's 2048 columns (rows whole). Tall: a 28²
+        // convolution's 131 row tiles (17 blocks of 8, B's columns whole), a 56² one's 523,
+        // and a 14² one's 33 tiles, which keep blocks of 4 (9 blocks; the columns then split).
         for ((m, n, k), tb) in [
             ((49, 256, 1152), 3),
             ((72, 160, 500), 3),
             ((196, 2048, 64), 33),
-        ] {
-            let (got, target) = pool.install(|| gathered_tasks(m, n, k));
-            assert_eq!(got, tb, "{m}x{n}x{k}");
-            let (groups, blocks) = (n.div_ceil(NR).div_ceil(2), m.div_ceil(MR).div_ceil(got));
-            assert!(
-                groups * blocks >= target,
-                "{m}x{n}x{k}: {blocks} row blocks"
-            );
-        }
-        // Tall products: the row blocks alone reach the target where each can hold 4 tiles
-        // (a 28² convolution's 131 row tiles: 17 blocks of 8, B's columns whole), and a 14²
-        // one's 33 tiles keep blocks of 4 (9 blocks; the columns then split).
-        for ((m, n, k), tb) in [
             ((784, 64, 288), 8),
             ((3136, 32, 288), 32),
             ((196, 128, 1152), 4),
         ] {
             let (got, target) = pool.install(|| gathered_tasks(m, n, k));
             assert_eq!(got, tb, "{m}x{n}x{k}");
-            let m_tiles = m.div_ceil(MR);
-            if m_tiles >= 4 * target {
-                assert!(m_tiles.div_ceil(got) >= target, "{m}x{n}x{k}");
+            let (groups, m_tiles) = (n.div_ceil(NR).div_ceil(2), m.div_ceil(MR));
+            let blocks = m_tiles.div_ceil(got);
+            if n > m {
+                assert!(
+                    groups * blocks >= target,
+                    "{m}x{n}x{k}: {blocks} row blocks"
+                );
+            } else if m_tiles >= 4 * target {
+                assert!(blocks >= target, "{m}x{n}x{k}: {blocks} row blocks");
             }
         }
         let one = rayon::ThreadPoolBuilder::new()

@@ -1100,7 +1100,7 @@ pub fn conv(
                 // shortcuts 34–38 µs, ORT 11.)
                 let padded;
                 // Rows of one image's positions, then the next image's (`images` > 1 only
-                // with one group: an image's channels are `cg` = c planes). A 3×3 stride-2
+                // with one group: an image's channels are `cg` = c planes). A padded stride-2
                 // convolution reads the padded copy too: reading its input in place (the
                 // windows across the edges from small edge buffers) was no faster in a model
                 // and slower on two Intel threads, whose reads of the other core's fresh output
