@@ -1243,10 +1243,10 @@ impl TileA for GatheredA {
 
 /// Rows gathered from an image that start STEP values apart (a run of output positions of one
 /// output row: consecutive values in a stride phase or at stride 1, two apart where a strided
-/// 1×1 convolution reads its image in place): element (r, p) at `first + r·STEP + offsets[p]`. One pointer instead of one
-/// per row: the compiler keeps a 12-row tile's pointers and offsets in registers (with a
-/// pointer per row it spilled them, and the 12×32 tile ran 1.3× slower than the 6×32 one on
-/// Zen 4).
+/// 1×1 convolution reads its image in place): element (r, p) at `first + r·STEP + offsets[p]`.
+/// One pointer instead of one per row: the compiler keeps a 12-row tile's pointers and offsets
+/// in registers (with a pointer per row it spilled them, and the 12×32 tile ran 1.3× slower
+/// than the 6×32 one on Zen 4).
 #[derive(Clone, Copy)]
 struct RunA<const STEP: usize> {
     first: *const f32,
