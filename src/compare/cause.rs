@@ -472,6 +472,7 @@ fn rerun(
         epilogue: None,
         epilogue_shape: None,
         epilogue_otherwise: None,
+        epilogue_store: None,
         took_otherwise: Default::default(),
         weight_rounding: &weight_rounding,
     };

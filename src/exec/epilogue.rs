@@ -570,6 +570,29 @@ impl Epilogue {
         }))
     }
 
+    /// The epilogue as a kernel may compute it while storing each value, where it is a
+    /// [`SinglePass`] (an affine stage, perhaps an operand's Add, perhaps one lanewise stage,
+    /// no rounding); `operands` as [`Epilogue::apply`] takes them.
+    pub fn store_form<'a>(
+        &'a self,
+        operands: &[&'a [f32]],
+    ) -> Option<crate::ops::StoreEpilogue<'a>> {
+        let pass = self.single_pass?;
+        let Stage::Affine { scale, shift } = &self.ops.first()?.stage else {
+            return None;
+        };
+        let operand = match pass.operand {
+            Some(i) => Some(*operands.get(i)?),
+            None => None,
+        };
+        Some(crate::ops::StoreEpilogue {
+            scale,
+            shift,
+            operand,
+            last: pass.last,
+        })
+    }
+
     /// Applies the anchor's rounding and every stage to one piece of finished values;
     /// `operands`: the values of the chain's [`Chain::operands`], each of the output's shape.
     pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[&[f32]]) {
@@ -1387,10 +1410,10 @@ mod tests {
         assert!(out.iter().filter(|v| !v.is_nan()).all(|&v| v >= -0.25));
     }
 
-    /// A residual block: `c1` (3×3) → Relu → `c2` (3×3, `group` groups), plus the block's
-    /// input `x` (`shortcut` None) or a 1×1 convolution of it (`Some(true)`: written before
-    /// `c2`, `Some(false)`: after it), added in that order (`x_first`: the other way round),
-    /// then a Relu.
+    /// A residual block: `c1` (3×3) → Relu → `c2` (3×3, `group` groups; then a
+    /// BatchNormalization where `bn`), plus the block's input `x` (`shortcut` None) or a 1×1
+    /// convolution of it (`Some(true)`: written before `c2`, `Some(false)`: after it), added in
+    /// that order (`x_first`: the other way round), then a Relu.
     fn residual_graph(
         c: usize,
         side: usize,
@@ -1398,12 +1421,13 @@ mod tests {
         group: usize,
         shortcut: Option<bool>,
         x_first: bool,
+        bn: bool,
     ) -> Graph {
         let t = |shape: Vec<usize>, seed| {
             let len = shape.iter().product();
             Tensor::from_f32(shape, values(len, seed))
         };
-        let mut c2 = conv("c2", &["a1", "w2", "b2"], "b", 1);
+        let mut c2 = conv("c2", &["a1", "w2", "b2"], if bn { "b0" } else { "b" }, 1);
         c2.attrs
             .insert("group".into(), Attribute::Int(group as i64));
         let other = if shortcut.is_some() { "t" } else { "x" };
@@ -1413,10 +1437,15 @@ mod tests {
             node("relu1", "Relu", &["a"], &["a1"]),
         ];
         let cs = conv("cs", &["x", "ws"], "t", 0);
+        let mut c2 = vec![c2];
+        if bn {
+            let inputs = ["b0", "s", "bb", "mu", "var"];
+            c2.push(node("bn", "BatchNormalization", &inputs, &["b"]));
+        }
         match shortcut {
-            Some(true) => nodes.extend([cs, c2]),
-            Some(false) => nodes.extend([c2, cs]),
-            None => nodes.push(c2),
+            Some(true) => nodes.extend([cs].into_iter().chain(c2)),
+            Some(false) => nodes.extend(c2.into_iter().chain([cs])),
+            None => nodes.extend(c2),
         }
         nodes.push(node("sum", "Add", &sum, &["s"]));
         nodes.push(node("relu2", "Relu", &["s"], &["out"]));
@@ -1429,6 +1458,16 @@ mod tests {
                 ("w2", t(vec![c, c / group, 3, 3], 42)),
                 ("b2", t(vec![c], 43)),
                 ("ws", t(vec![c, c, 1, 1], 44)),
+                ("s", t(vec![c], 46)),
+                ("bb", t(vec![c], 47)),
+                ("mu", t(vec![c], 48)),
+                (
+                    "var",
+                    Tensor::from_f32(
+                        vec![c],
+                        values(c, 49).iter().map(|v| v.abs() + 0.1).collect(),
+                    ),
+                ),
             ],
         )
     }
@@ -1445,18 +1484,24 @@ mod tests {
     fn residual_adds_run_in_the_epilogue_with_the_bits_of_their_layers_alone() {
         let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
         let mut rng = crate::data::loader::Mt19937::new(5);
-        // (channels, side, images, c2's groups, shortcut, x first)
+        // (channels, side, images, c2's groups, shortcut, x first, a BatchNormalization after
+        // c2: the chain then is the affine stage, the Add and the Relu, which the gathered
+        // product computes in registers as it stores its blocks)
         let cases = [
-            (16, 6, 1, 1, None, false),
-            (16, 20, 1, 1, None, true),
-            (8, 10, 1, 1, Some(true), false),
-            (8, 30, 2, 1, Some(false), false),
-            (16, 12, 1, 16, None, false),
-            (16, 5, 2, 16, Some(true), true),
-            (8, 12, 2, 8, None, false),
+            (16, 6, 1, 1, None, false, false),
+            (16, 6, 1, 1, None, false, true),
+            (16, 20, 1, 1, None, true, false),
+            (16, 20, 2, 1, None, true, true),
+            (24, 9, 1, 2, Some(true), false, true),
+            (8, 10, 1, 1, Some(true), false, false),
+            (8, 30, 2, 1, Some(false), false, false),
+            (16, 30, 1, 1, Some(false), true, true),
+            (16, 12, 1, 16, None, false, false),
+            (16, 5, 2, 16, Some(true), true, false),
+            (8, 12, 2, 8, None, false, false),
             // Rows of 48 and pointwise planes of 48² (the planar product, on AVX-512 CPUs).
-            (16, 48, 1, 1, None, true),
-            (8, 48, 2, 1, Some(true), false),
+            (16, 48, 1, 1, None, true, false),
+            (8, 48, 2, 1, Some(true), false, false),
         ];
         // On one thread and on two: the product's blocks (and so whether the epilogue takes
         // pieces or whole planes) depend on the threads.
@@ -1468,21 +1513,23 @@ mod tests {
                     .unwrap()
             })
             .into();
-        for ((c, side, n, group, shortcut, x_first), pool) in cases
+        for ((c, side, n, group, shortcut, x_first, bn), pool) in cases
             .into_iter()
             .flat_map(|case| pools.iter().map(move |p| (case, p)))
         {
             pool.install(|| {
                 let what = format!(
-                    "{c}×{side}², {n} images, {group} groups, {shortcut:?} {x_first}, {} threads",
+                    "{c}×{side}², {n} images, {group} groups, {shortcut:?} {x_first}, bn {bn}, \
+                     {} threads",
                     pool.current_num_threads()
                 );
-                let g = residual_graph(c, side, n, group, shortcut, x_first);
+                let g = residual_graph(c, side, n, group, shortcut, x_first, bn);
                 let interp = Interpreter::new(&g).unwrap();
                 let anchor = if shortcut == Some(false) { "cs" } else { "c2" };
+                let with_bn = bn && anchor == "c2";
                 let lengths = chain_lengths(&interp);
                 assert!(
-                    lengths.contains(&(anchor.to_string(), 2)),
+                    lengths.contains(&(anchor.to_string(), 2 + with_bn as usize)),
                     "{what}: {lengths:?}"
                 );
                 let mut feeds = Feeds::new();
@@ -1494,7 +1541,8 @@ mod tests {
                 let sum = g.nodes.iter().position(|n| n.name == "sum").unwrap();
                 let a = g.nodes.iter().position(|n| n.name == anchor).unwrap();
                 let t = times.iter().find(|t| t.node == a).unwrap();
-                assert_eq!(t.fused, vec![sum, sum + 1], "{what}");
+                let first = sum - with_bn as usize;
+                assert_eq!(t.fused, (first..sum + 2).collect::<Vec<_>>(), "{what}");
                 for _ in 0..6 {
                     let layers: Vec<Precision> = (0..g.nodes.len())
                         .map(|_| choices[(rng.random_sample() * 3.0) as usize % 3])

@@ -1120,6 +1120,11 @@ impl<'g> Interpreter<'g> {
                         .as_ref()
                         .map(|_| &apply_fallback as &crate::ops::ChannelFn),
                     took_otherwise: Default::default(),
+                    // Not where the epilogue's output is quantized too (after the stages).
+                    epilogue_store: fused_epilogue
+                        .as_ref()
+                        .filter(|_| quantize_out.is_none())
+                        .and_then(|(_, e)| e.store_form(&operand_values)),
                     weight_rounding: &weight_rounding,
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.

@@ -634,6 +634,7 @@ impl IntegerKernel {
             &fw.w,
             None,
             Some(&finish),
+            None,
             Some(&self.kept),
         )?;
         if epilogue.is_some() {

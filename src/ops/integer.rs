@@ -497,7 +497,7 @@ fn iconv_op(
         return iconv(attrs, xv, x_shape, &fw.ints(), w.shape());
     }
     let x = Tensor::from_f32(x_shape.to_vec(), xv.iter().map(|&v| v as f32).collect());
-    let y = super::conv::conv(ctx, attrs, &x, &fw.w, None, None, keep)?;
+    let y = super::conv::conv(ctx, attrs, &x, &fw.w, None, None, None, keep)?;
     let out = y.as_f32().expect("f32").iter().map(|&v| v as i32).collect();
     Ok((out, y.shape().to_vec()))
 }

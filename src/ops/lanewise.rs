@@ -38,6 +38,28 @@ pub enum Lanewise {
     Relu,
 }
 
+/// [`Lanewise::apply`] on 8 values in AVX registers: the same results (the same IEEE
+/// operation; Clip and Relu as the same compares and selects).
+///
+/// # Safety
+/// The CPU has AVX (inlined into a function compiled for it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn apply8(op: Lanewise, x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    // `x < c ? c : x` and `x > c ? c : x` (a NaN or a tie keeps `x`).
+    let raise_to = |x: __m256, c: __m256| _mm256_blendv_ps(x, c, _mm256_cmp_ps::<_CMP_LT_OQ>(x, c));
+    let lower_to = |x: __m256, c: __m256| _mm256_blendv_ps(x, c, _mm256_cmp_ps::<_CMP_GT_OQ>(x, c));
+    match op {
+        Lanewise::Add(c) => _mm256_add_ps(x, _mm256_set1_ps(c)),
+        Lanewise::Sub(c) => _mm256_sub_ps(x, _mm256_set1_ps(c)),
+        Lanewise::Mul(c) => _mm256_mul_ps(x, _mm256_set1_ps(c)),
+        Lanewise::Div(c) => _mm256_div_ps(x, _mm256_set1_ps(c)),
+        Lanewise::Clip(lo, hi) => lower_to(raise_to(x, _mm256_set1_ps(lo)), _mm256_set1_ps(hi)),
+        Lanewise::Relu => raise_to(x, _mm256_setzero_ps()),
+    }
+}
+
 /// A two-input stage on two chained values: `a[i] = a[i] op b[i]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Binary {

@@ -116,6 +116,35 @@ impl Piece {
 /// ([`OpCtx::epilogue`]).
 pub type ChannelFn<'a> = dyn Fn(Piece, &mut [f32]) + Sync + 'a;
 
+/// A layer's epilogue in the one form a kernel may compute as it stores each value, in
+/// registers, instead of calling [`OpCtx::epilogue`] on pieces afterwards: for the value of
+/// output channel `c` at flat index `i`, `x·scale[c] + shift[c]` (a product, then a sum), then
+/// `+ operand[i]`, then `last` — the operations the epilogue applies, in its order, so the
+/// same bits ([`OpCtx::store_epilogue`]).
+#[derive(Clone, Copy, Debug)]
+pub struct StoreEpilogue<'a> {
+    pub scale: &'a [f32],
+    pub shift: &'a [f32],
+    /// A value of the output's shape added (a residual Add's other operand).
+    pub operand: Option<&'a [f32]>,
+    pub last: Option<lanewise::Lanewise>,
+}
+
+impl StoreEpilogue<'_> {
+    /// The finished value of `x`, output channel `ch`, flat index `i`.
+    #[inline(always)]
+    pub fn value(&self, x: f32, ch: usize, i: usize) -> f32 {
+        let mut v = x * self.scale[ch] + self.shift[ch];
+        if let Some(o) = self.operand {
+            v += o[i];
+        }
+        match self.last {
+            Some(l) => l.apply(v),
+            None => v,
+        }
+    }
+}
+
 /// What a pointwise op computes as a stage of the epilogue of the kernel before it
 /// (docs/architecture.md, "Epilogues"): exactly the float32 values its own kernel computes,
 /// before the layer's output rounding.
@@ -224,6 +253,9 @@ pub struct OpCtx<'a> {
     pub epilogue_otherwise: Option<&'a ChannelFn<'a>>,
     /// Set by [`OpCtx::epilogue_for`] where it handed out `epilogue_otherwise`.
     pub took_otherwise: std::sync::atomic::AtomicBool,
+    /// `epilogue` in the form a kernel may compute as it stores its values, where it has one
+    /// (kernels take it through [`OpCtx::store_epilogue`]).
+    pub epilogue_store: Option<StoreEpilogue<'a>>,
     /// Per input of the node: a constant float32 weight handed over as stored, which the
     /// kernel rounds to this type as it reads it (only inputs its op registered with
     /// [`OpDef::rounds_weights`]; shorter than the inputs, or empty, where there is none).
@@ -247,6 +279,7 @@ impl<'a> OpCtx<'a> {
             epilogue_shape: None,
             epilogue_otherwise: None,
             took_otherwise: std::sync::atomic::AtomicBool::new(false),
+            epilogue_store: None,
             weight_rounding: &[],
         }
     }
@@ -263,6 +296,13 @@ impl<'a> OpCtx<'a> {
         self.took_otherwise
             .store(true, std::sync::atomic::Ordering::Relaxed);
         self.epilogue_otherwise
+    }
+
+    /// The epilogue [`OpCtx::epilogue_for`] handed out, in its store form where it has one (not
+    /// for `epilogue_otherwise`): a kernel that stores its values with it applies it to every
+    /// value and does not call the epilogue itself.
+    pub fn store_epilogue(&self) -> Option<StoreEpilogue<'a>> {
+        self.epilogue_store.filter(|_| !self.took_otherwise())
     }
 
     /// Whether [`OpCtx::epilogue_for`] handed out `epilogue_otherwise`.

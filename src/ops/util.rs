@@ -625,7 +625,7 @@ pub(crate) unsafe fn transpose_8x8(
     }
 }
 
-/// [`transpose_8x8`] in AVX registers: unpack pairs, shuffle quads, swap 128-bit halves.
+/// [`transpose_8x8`] in AVX registers ([`transpose_8x8_regs`]).
 ///
 /// # Safety
 /// As [`transpose_8x8`]; the CPU has AVX.
@@ -638,6 +638,28 @@ unsafe fn transpose_8x8_avx(
     ld_dst: usize,
     bias: Option<&[f32; 8]>,
 ) {
+    use std::arch::x86_64::*;
+    let out = transpose_8x8_regs(src, ld_src);
+    for (j, &v) in out.iter().enumerate() {
+        let v = match bias {
+            Some(b) => _mm256_add_ps(v, _mm256_set1_ps(b[j])),
+            None => v,
+        };
+        _mm256_storeu_ps(dst.add(j * ld_dst), v);
+    }
+}
+
+/// The 8×8 block at `src` (rows `ld_src` apart) transposed into registers: register j holds
+/// column j. Unpack pairs, shuffle quads, swap 128-bit halves.
+///
+/// # Safety
+/// As [`transpose_8x8`]'s `src`; inlined into a function compiled for AVX.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn transpose_8x8_regs(
+    src: *const f32,
+    ld_src: usize,
+) -> [std::arch::x86_64::__m256; 8] {
     use std::arch::x86_64::*;
     let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(src.add(i * ld_src)));
     let t = [
@@ -660,7 +682,7 @@ unsafe fn transpose_8x8_avx(
         _mm256_shuffle_ps::<0x44>(t[5], t[7]),
         _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
     ];
-    let out = [
+    [
         _mm256_permute2f128_ps::<0x20>(u[0], u[4]),
         _mm256_permute2f128_ps::<0x20>(u[1], u[5]),
         _mm256_permute2f128_ps::<0x20>(u[2], u[6]),
@@ -669,14 +691,7 @@ unsafe fn transpose_8x8_avx(
         _mm256_permute2f128_ps::<0x31>(u[1], u[5]),
         _mm256_permute2f128_ps::<0x31>(u[2], u[6]),
         _mm256_permute2f128_ps::<0x31>(u[3], u[7]),
-    ];
-    for (j, &v) in out.iter().enumerate() {
-        let v = match bias {
-            Some(b) => _mm256_add_ps(v, _mm256_set1_ps(b[j])),
-            None => v,
-        };
-        _mm256_storeu_ps(dst.add(j * ld_dst), v);
-    }
+    ]
 }
 
 #[cfg(test)]

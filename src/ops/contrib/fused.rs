@@ -150,6 +150,7 @@ fn fused_conv(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         input(inputs, 1)?,
         opt_input(inputs, 2),
         None,
+        None,
         ctx.prepacked(1),
     )?;
     let mut v = float_values(&y, "Y")?;

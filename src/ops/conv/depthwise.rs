@@ -360,7 +360,7 @@ pub(super) fn depthwise_2d_channels_last(
                 // SAFETY: image `img`'s C planes of o_sz values lie in `out`; tasks take
                 // disjoint (image, channels, rows), so no two write the same value.
                 let planes = unsafe { planes.get().add(img * c * o_sz) };
-                unsafe { super::block_into_planes(&into, None, planes, o_sz) };
+                unsafe { super::block_into_planes(&into, None, planes, o_sz, None) };
                 if let (false, Some(f)) = (rowwise, finish) {
                     for ch in c0..c1 {
                         // SAFETY: as above: this task's positions of channel `ch`.

@@ -668,6 +668,7 @@ unsafe fn block_into_planes(
     bias: Option<&[f32]>,
     planes: *mut f32,
     n_pos: usize,
+    stored: Option<StoredPlanes>,
 ) {
     let bias_of = |ch: usize| bias.map_or(0.0, |b| b[ch]);
     let how = super::util::Transpose8::detect();
@@ -681,22 +682,117 @@ unsafe fn block_into_planes(
     for cb in (c0..c8).step_by(8) {
         let b8: Option<[f32; 8]> = bias.map(|_| std::array::from_fn(|j| bias_of(cb + j)));
         for q0 in (p0..q8).step_by(8) {
-            super::util::transpose_8x8(
-                ct.add(at(q0, cb)),
-                block.ld,
-                planes.add(cb * n_pos + q0),
-                n_pos,
-                b8.as_ref(),
-                how,
-            );
+            let (src, dst) = (ct.add(at(q0, cb)), planes.add(cb * n_pos + q0));
+            match (&stored, how) {
+                #[cfg(target_arch = "x86_64")]
+                (Some(s), super::util::Transpose8::Avx) => {
+                    transpose_8x8_stored(src, block.ld, dst, n_pos, b8.as_ref(), s, cb, q0)
+                }
+                (Some(s), _) => {
+                    for j in 0..8 {
+                        for i in 0..8 {
+                            let v = *src.add(i * block.ld + j);
+                            let v = b8.map_or(v, |b| v + b[j]);
+                            *dst.add(j * n_pos + i) = s.value(v, cb + j, q0 + i, n_pos);
+                        }
+                    }
+                }
+                (None, _) => {
+                    super::util::transpose_8x8(src, block.ld, dst, n_pos, b8.as_ref(), how)
+                }
+            }
         }
     }
     for pos in p0..p1 {
         let rest = if pos < q8 { c8..c1 } else { c0..c1 };
         for ch in rest {
             let v = block.values[at(pos, ch)];
-            *planes.add(ch * n_pos + pos) = if bias.is_some() { v + bias_of(ch) } else { v };
+            let v = if bias.is_some() { v + bias_of(ch) } else { v };
+            *planes.add(ch * n_pos + pos) = match &stored {
+                Some(s) => s.value(v, ch, pos, n_pos),
+                None => v,
+            };
         }
+    }
+}
+
+/// Where a gathered block's planes lie in the output, for the epilogue applied as they are
+/// stored: the block's column 0 is output channel `first_channel`, and its plane 0 starts at
+/// flat index `start` of the output.
+struct StoredPlanes<'a> {
+    epilogue: &'a super::StoreEpilogue<'a>,
+    first_channel: usize,
+    start: usize,
+}
+
+impl StoredPlanes<'_> {
+    /// The finished value of `x` at position `pos` of the block's plane `ch`.
+    #[inline(always)]
+    fn value(&self, x: f32, ch: usize, pos: usize, n_pos: usize) -> f32 {
+        self.epilogue
+            .value(x, self.first_channel + ch, self.start + ch * n_pos + pos)
+    }
+}
+
+/// [`super::util::transpose_8x8`] (plus the bias) with the epilogue applied in registers
+/// before each store: channel `cb + j`'s 8 positions from `q0`.
+///
+/// # Safety
+/// As `transpose_8x8`; the CPU has AVX; the operand, if any, holds the output's values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn transpose_8x8_stored(
+    src: *const f32,
+    ld_src: usize,
+    dst: *mut f32,
+    n_pos: usize,
+    bias: Option<&[f32; 8]>,
+    stored: &StoredPlanes,
+    cb: usize,
+    q0: usize,
+) {
+    use std::arch::x86_64::*;
+    let out = super::util::transpose_8x8_regs(src, ld_src);
+    let e = stored.epilogue;
+    let first = stored.first_channel + cb;
+    let (scale, shift) = (&e.scale[first..first + 8], &e.shift[first..first + 8]);
+    let operand = e.operand.map(|o| {
+        let at = stored.start + cb * n_pos + q0;
+        assert!(at + 7 * n_pos + 8 <= o.len());
+        o.as_ptr().add(at)
+    });
+    let mut v = [_mm256_setzero_ps(); 8];
+    for j in 0..8 {
+        let x = match bias {
+            Some(b) => _mm256_add_ps(out[j], _mm256_set1_ps(b[j])),
+            None => out[j],
+        };
+        v[j] = _mm256_add_ps(
+            _mm256_mul_ps(x, _mm256_set1_ps(scale[j])),
+            _mm256_set1_ps(shift[j]),
+        );
+    }
+    if let Some(o) = operand {
+        for (j, x) in v.iter_mut().enumerate() {
+            *x = _mm256_add_ps(*x, _mm256_loadu_ps(o.add(j * n_pos)));
+        }
+    }
+    match e.last {
+        Some(super::lanewise::Lanewise::Relu) => {
+            for x in &mut v {
+                *x = super::lanewise::apply8(super::lanewise::Lanewise::Relu, *x);
+            }
+        }
+        Some(l) => {
+            for x in &mut v {
+                *x = super::lanewise::apply8(l, *x);
+            }
+        }
+        None => {}
+    }
+    for (j, &x) in v.iter().enumerate() {
+        _mm256_storeu_ps(dst.add(j * n_pos), x);
     }
 }
 
@@ -864,6 +960,10 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         (None, Some(_)) => Some(&round_channel),
         (None, None) => None,
     };
+    // The epilogue in the form the gathered product applies as it stores its values.
+    let store = epilogue
+        .filter(|_| x.dtype() == crate::tensor::DType::F32)
+        .and(ctx.store_epilogue());
     let y = conv(
         ctx,
         attrs,
@@ -871,6 +971,7 @@ fn conv_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         w_in,
         opt_input(inputs, 2),
         finish,
+        store,
         ctx.prepacked(1),
     )?;
     if finish.is_some() {
@@ -901,7 +1002,10 @@ pub(crate) fn conv_output_shape(attrs: &ConvAttrs, x: &Tensor, w: &Tensor) -> Op
 /// Conv of `x` by `wt` plus `bias` under `attrs` (also the convolution inside fused ops);
 /// each finished output plane (the depthwise kernel's, as it is written; the others', after
 /// the product) goes through `finish` with its channel (a layer's output rounding, or its
-/// epilogue).
+/// epilogue). `store`, where given, is `finish` in the form the gathered product computes in
+/// registers as its blocks go into the planes ([`super::StoreEpilogue`]); the other paths
+/// call `finish`.
+#[allow(clippy::too_many_arguments)]
 pub fn conv(
     ctx: &OpCtx,
     attrs: &ConvAttrs,
@@ -909,6 +1013,7 @@ pub fn conv(
     wt: &Tensor,
     bias: Option<&Tensor>,
     finish: Option<&ChannelFn>,
+    store: Option<super::StoreEpilogue>,
     prepacked: Option<&super::prepacked::Prepacked>,
 ) -> Result<Tensor, OpError> {
     if x.rank() < 3 || wt.rank() != x.rank() {
@@ -939,7 +1044,16 @@ pub fn conv(
                 .reshaped(vec![s[0], s[1], 1, s[2]])
                 .expect("one more axis of 1")
         };
-        let y = conv(ctx, &attrs2, &view(x), &view(wt), bias, finish, prepacked)?;
+        let y = conv(
+            ctx,
+            &attrs2,
+            &view(x),
+            &view(wt),
+            bias,
+            finish,
+            store,
+            prepacked,
+        )?;
         let s = y.shape().to_vec();
         return Ok(y
             .reshaped(vec![s[0], s[1], s[3]])
@@ -1051,13 +1165,17 @@ pub fn conv(
     let images = if gathered && group == 1 { n.max(1) } else { 1 };
     // Planes shorter than this take `finish` in the gathered product's blocks (below).
     const SHORT_PLANE: usize = 64;
-    let finish_in_blocks = gathered && finish.is_some() && o_sz < SHORT_PLANE;
+    // The epilogue in registers as the gathered product's blocks go into the planes, where
+    // it has that form: no pass over the output afterwards, no call per piece.
+    let store = store.filter(|_| gathered && finish.is_some());
+    let finish_in_blocks = gathered && finish.is_some() && store.is_none() && o_sz < SHORT_PLANE;
     // Longer planes whose blocks hold at least LONG_PIECE positions take `finish` on each
     // block's piece of each plane as the block goes into the planes, while in cache, instead of
     // in a pass over the whole output afterwards (shorter pieces cost more per value: below).
     const LONG_PIECE: usize = 128;
     let finish_in_pieces = gathered
         && finish.is_some()
+        && store.is_none()
         && !finish_in_blocks
         && super::sgemm::gathered_block_rows(images * o_sz, mg, rows) >= LONG_PIECE;
     for b in (0..n).step_by(images).filter(|_| !direct) {
@@ -1181,7 +1299,12 @@ pub fn conv(
                         // the planes (dst holds, per image, mg planes of o_sz at m planes
                         // from the previous image's, asserted above).
                         let image_planes = unsafe { planes.get().add(image * m * o_sz) };
-                        unsafe { block_into_planes(&part, bias, image_planes, o_sz) };
+                        let stored = store.as_ref().map(|e| StoredPlanes {
+                            epilogue: e,
+                            first_channel: g * mg,
+                            start: ((b + image) * m + g * mg) * o_sz,
+                        });
+                        unsafe { block_into_planes(&part, bias, image_planes, o_sz, stored) };
                         if let (true, Some(f)) = (finish_in_pieces, finish) {
                             for ch in part.columns.clone() {
                                 // SAFETY: this block's positions of its channel's plane, as
@@ -1241,7 +1364,8 @@ pub fn conv(
     unsafe { out.set_len(total) };
     // The bias (where not added yet), then `finish`, one channel plane at a time.
     let bias = bv.as_ref().filter(|_| !bias_added);
-    let finish = finish.filter(|_| !finish_in_blocks && !finish_in_pieces && !planar);
+    let finish =
+        finish.filter(|_| !finish_in_blocks && !finish_in_pieces && !planar && store.is_none());
     if !direct && (bias.is_some() || finish.is_some()) {
         // Tasks of whole planes and at least 8 Ki values: a small output's planes in one
         // task (Silero's [1,128,4] planes were a fork each).
@@ -1555,7 +1679,7 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
                 let done = |block: super::sgemm::GatheredBlock| {
                     // SAFETY: col has room for rows planes of in_sz values; the product hands
                     // each block of positions × rows once and the blocks are disjoint.
-                    unsafe { block_into_planes(&block, None, planes.get(), in_sz) }
+                    unsafe { block_into_planes(&block, None, planes.get(), in_sz, None) }
                 };
                 super::sgemm::gemm_gathered(xg, &origins, &offsets, &packed[g], &done);
                 // SAFETY: the blocks cover every (position, row) of the product, so all of
@@ -1645,6 +1769,110 @@ mod tests {
                 assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
             }
             assert_ne!(bits(plain.as_f32().unwrap()), bits(&want));
+        }
+    }
+
+    /// A fused BatchNormalization chain (its affine stage, perhaps a residual operand, perhaps
+    /// Relu or Clip) handed over in its store form: the gathered product applies it in
+    /// registers as its blocks go into the planes, never calling the epilogue, with the bits
+    /// of the epilogue applied to the plain output afterwards — with a bias or none, one and
+    /// two groups, one and two images, whole and partial 8×8 blocks (12 channels a group; 81
+    /// and 25 positions), short planes, NaN, −0 (a channel of zero weights and bias −0 scaled by
+    /// −1 and shifted by −0) and values past Clip's bounds; on 1 and 3 threads.
+    #[test]
+    fn an_epilogue_stored_with_the_planes_is_the_epilogue_afterwards() {
+        use crate::ops::lanewise::Lanewise;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (m, group, batch, side, with_bias) in [
+            (24usize, 1usize, 1usize, 9usize, true),
+            (24, 2, 2, 9, false),
+            (32, 1, 2, 14, true),
+            (16, 1, 1, 5, false),
+        ] {
+            let c = 4usize;
+            let cg = c / group;
+            let mut x: Vec<f32> = (0..batch * c * side * side)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+                .collect();
+            x[side + 2] = f32::NAN;
+            let mut wv: Vec<f32> = (0..m * cg * 9)
+                .map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.3)
+                .collect();
+            wv[3 * cg * 9..4 * cg * 9].fill(0.0);
+            let n = node(
+                "Conv",
+                &[
+                    ("pads", Attribute::Ints(vec![1, 1, 1, 1])),
+                    ("group", Attribute::Int(group as i64)),
+                ],
+            );
+            let mut args = vec![
+                Tensor::from_f32(vec![batch, c, side, side], x),
+                Tensor::from_f32(vec![m, cg, 3, 3], wv),
+            ];
+            if with_bias {
+                let mut bias: Vec<f32> = (0..m).map(|i| i as f32 * 0.31 - 3.5).collect();
+                bias[3] = -0.0;
+                args.push(Tensor::from_f32(vec![m], bias));
+            }
+            let args: Vec<Option<&Tensor>> = args.iter().map(Some).collect();
+            let plain = conv_op(&OpCtx::new(&n, 17), &args).unwrap().remove(0);
+            let plain = plain.as_f32().unwrap();
+            let plane = side * side;
+            let mut scale: Vec<f32> = (0..m).map(|i| (i as f32 - 7.5) / 5.0).collect();
+            let mut shift: Vec<f32> = (0..m).map(|i| i as f32 * 0.2 - 1.0).collect();
+            (scale[3], shift[3]) = (-1.0, -0.0);
+            let mut operand: Vec<f32> = (0..plain.len())
+                .map(|i| ((i * 7 % 23) as f32 - 11.0) / 3.0)
+                .collect();
+            operand[5] = f32::NAN;
+            operand[plane + 1] = -0.0;
+            for with_operand in [false, true] {
+                for last in [None, Some(Lanewise::Relu), Some(Lanewise::Clip(-0.5, 0.75))] {
+                    let e = crate::ops::StoreEpilogue {
+                        scale: &scale,
+                        shift: &shift,
+                        operand: with_operand.then_some(&operand[..]),
+                        last,
+                    };
+                    let want: Vec<f32> = (plain.iter().enumerate())
+                        .map(|(i, &v)| e.value(v, i / plane % m, i))
+                        .collect();
+                    let calls = AtomicUsize::new(0);
+                    let finish = |piece: crate::ops::Piece, v: &mut [f32]| {
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        for (k, v) in v.iter_mut().enumerate() {
+                            let i = piece.start + k * piece.step;
+                            *v = e.value(*v, i / plane % m, i);
+                        }
+                    };
+                    for threads in [1, 3] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let got = pool.install(|| {
+                            let mut ctx = OpCtx::new(&n, 17);
+                            ctx.epilogue = Some(&finish);
+                            ctx.epilogue_store = Some(e);
+                            let y = conv_op(&ctx, &args).unwrap().remove(0);
+                            assert!(ctx.did_round());
+                            y
+                        });
+                        let case = format!(
+                            "{m} channels in {group} groups, {batch} images of {side}², bias \
+                             {with_bias}, operand {with_operand}, {last:?}, {threads} threads"
+                        );
+                        assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
+                        assert_eq!(calls.load(Ordering::Relaxed), 0, "{case}");
+                    }
+                    assert!(want.iter().any(|v| v.is_nan()));
+                    if !with_operand {
+                        assert!(want.iter().any(|v| v.to_bits() == (-0f32).to_bits()));
+                    }
+                }
+            }
         }
     }
 
