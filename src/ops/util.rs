@@ -515,8 +515,11 @@ pub(crate) fn split_phases(src: &[f32], first: usize, s: usize, per: usize, dst:
 
 /// [`split_phases`] on each of a plane's rows: row y of `src` (`iw` values) into the `row`
 /// values of `dst` from `y · row` on. Stride 2 (the common strided convolution and pooling)
-/// goes through 8-lane AVX2 shuffles where the CPU has them, the rows in one call (the per-row
-/// baseline loop, 4-lane SSE, was a fifth of a 3×3/2 convolution on [1,32,56,56]).
+/// goes through AVX-512 or AVX2 shuffles where the CPU has them, the rows in one call (the
+/// per-row baseline loop, 4-lane SSE, was a fifth of a 3×3/2 convolution on [1,32,56,56]).
+/// AVX-512 takes a row's last values under masks: AVX2's scalar tail was half of a row of 28
+/// and all of a row of 14 (the bench CNN's 3×3/2 convolutions to 14² and 7² alone −3 to −5 %
+/// on one and two Zen 5 threads).
 pub(crate) fn split_rows(
     src: &[f32],
     iw: usize,
@@ -527,12 +530,67 @@ pub(crate) fn split_rows(
     row: usize,
 ) {
     #[cfg(target_arch = "x86_64")]
+    if s == 2 && std::arch::is_x86_feature_detected!("avx512f") {
+        // SAFETY: the CPU has the feature the function was compiled for.
+        return unsafe { split_rows_2_avx512(src, iw, first, per, dst, row) };
+    }
+    #[cfg(target_arch = "x86_64")]
     if s == 2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has the feature the function was compiled for.
         return unsafe { split_rows_2_avx2(src, iw, first, per, dst, row) };
     }
     for (line, out) in src.chunks_exact(iw.max(1)).zip(dst.chunks_mut(row)) {
         split_phases(line, first, s, per, out);
+    }
+}
+
+/// [`split_rows`] at stride 2 in AVX-512: 32 values at a time into 16 of each phase, a row's
+/// last 1–31 under masks (no scalar tail).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn split_rows_2_avx512(
+    src: &[f32],
+    iw: usize,
+    first: usize,
+    per: usize,
+    dst: &mut [f32],
+    row: usize,
+) {
+    use std::arch::x86_64::*;
+    let even_lanes = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    let odd_lanes = _mm512_add_epi32(even_lanes, _mm512_set1_epi32(1));
+    let upto = |n: usize| -> __mmask16 {
+        if n >= 16 {
+            !0
+        } else {
+            (1u16 << n) - 1
+        }
+    };
+    for (line, out) in src.chunks_exact(iw.max(1)).zip(dst.chunks_mut(row)) {
+        assert!(2 * per >= first + line.len() && out.len() >= 2 * per);
+        // As in `split_phases`: src[0] lands in phase first % 2 at first / 2.
+        let (j0, j1) = (first / 2, first.div_ceil(2));
+        let (p0, p1) = if first.is_multiple_of(2) {
+            (0, per)
+        } else {
+            (per, 0)
+        };
+        let (from, to) = (line.as_ptr(), out.as_mut_ptr());
+        let len = line.len();
+        let mut c = 0;
+        while c < len {
+            let n = (len - c).min(32);
+            // Masked-off lanes are not read (no fault, no access); the second pointer may lie
+            // past the row where its mask is empty.
+            let a = _mm512_maskz_loadu_ps(upto(n), from.add(c));
+            let b = _mm512_maskz_loadu_ps(upto(n.saturating_sub(16)), from.wrapping_add(c + 16));
+            let even = _mm512_permutex2var_ps(a, even_lanes, b);
+            let odd = _mm512_permutex2var_ps(a, odd_lanes, b);
+            // Within the row: the masked stores end at j0 + ⌈len/2⌉ ≤ per and j1 + ⌊len/2⌋ ≤ per.
+            _mm512_mask_storeu_ps(to.add(p0 + j0 + c / 2), upto(n.div_ceil(2)), even);
+            _mm512_mask_storeu_ps(to.add(p1 + j1 + c / 2), upto(n / 2), odd);
+            c += 32;
+        }
     }
 }
 
@@ -700,10 +758,10 @@ mod tests {
 
     #[test]
     fn split_rows_is_split_phases_row_by_row() {
-        // Rows shorter and longer than the 16 values of the AVX2 stride-2 loop, odd and even
-        // first columns, slack past each row.
+        // Rows shorter and longer than the 16 values of the AVX2 stride-2 loop and the 32 of
+        // the AVX-512 one (whole and masked), odd and even first columns, slack past each row.
         for s in 1..=3 {
-            for iw in [1usize, 7, 16, 33, 50] {
+            for iw in [1usize, 7, 14, 16, 28, 32, 33, 50, 64] {
                 for first in 0..3 {
                     let rows = 3;
                     let src: Vec<f32> = (0..rows * iw).map(|i| i as f32 + 0.5).collect();
