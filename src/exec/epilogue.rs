@@ -233,54 +233,82 @@ pub(super) struct Epilogue {
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct SinglePass {
     operand: Option<usize>,
+    /// Whether the operand is the Add's first input (`Add(operand, x)`): the sum is then
+    /// written `operand + x`, as the Add's own kernel computes it (where both are NaN, the
+    /// first's payload comes out).
+    operand_first: bool,
     last: Option<Lanewise>,
 }
 
 impl SinglePass {
-    /// The pass for `ops` where they are such a chain, in place on buffer 0 without
-    /// temporaries or rounding.
-    fn of(ops: &[Op], temps: usize, result: usize, rounds: bool) -> Option<SinglePass> {
-        if temps != 0 || result != 0 || rounds || ops.is_empty() || ops.len() > 3 {
+    /// The pass for `ops` where they are such a chain: each stage reads the value the one
+    /// before it wrote (the first, the anchor's output in buffer 0), the Add the operand too,
+    /// none rounds, and the last one's buffer is the result. Which buffers the stages use does
+    /// not matter: the pass runs in place on the values (an Add of the operand first writes a
+    /// temporary in the stage-by-stage run).
+    fn of(ops: &[Op], result: usize, rounds: bool) -> Option<SinglePass> {
+        if rounds || ops.is_empty() || ops.len() > 3 {
             return None;
         }
-        let in_place = |op: &Op| op.out == 0 && op.inputs.first() == Some(&Arg::Reg(0));
-        if ops
-            .iter()
-            .any(|op| !in_place(op) || op.round.is_some() || op.then.is_some())
-        {
+        if ops.iter().any(|op| op.round.is_some() || op.then.is_some()) {
             return None;
         }
-        if !matches!(ops[0].stage, Stage::Affine { .. }) {
+        let first = &ops[0];
+        if !matches!(first.stage, Stage::Affine { .. }) || first.inputs[..] != [Arg::Reg(0)] {
             return None;
         }
+        // The buffer holding the chain's value so far.
+        let mut at = first.out;
         let mut pass = SinglePass {
             operand: None,
+            operand_first: false,
             last: None,
         };
         let mut rest = &ops[1..];
         if let Some(op) = rest.first() {
-            if let (Stage::Zip(Binary::Add), [_, Arg::Operand { index, round: None }]) =
-                (&op.stage, &op.inputs[..])
-            {
-                pass.operand = Some(*index);
-                rest = &rest[1..];
+            let operand = |a: &Arg| match a {
+                Arg::Operand { index, round: None } => Some(*index),
+                _ => None,
+            };
+            if let (Stage::Zip(Binary::Add), [a, b]) = (&op.stage, &op.inputs[..]) {
+                if let Some(index) = operand(b).filter(|_| *a == Arg::Reg(at)) {
+                    pass.operand = Some(index);
+                } else if let Some(index) = operand(a).filter(|_| *b == Arg::Reg(at)) {
+                    (pass.operand, pass.operand_first) = (Some(index), true);
+                }
+                if pass.operand.is_some() {
+                    at = op.out;
+                    rest = &rest[1..];
+                }
             }
         }
         match rest {
             [] => {}
             [op] => match op.stage {
-                Stage::Lanewise(l) => pass.last = Some(l),
+                Stage::Lanewise(l) if op.inputs[..] == [Arg::Reg(at)] => {
+                    pass.last = Some(l);
+                    at = op.out;
+                }
                 _ => return None,
             },
             _ => return None,
         }
-        Some(pass)
+        (result == at).then_some(pass)
     }
 
     /// `v = last((v·a + b) + operand)` in one pass: each step the IEEE operation its stage
     /// computes, in the stages' order (`tests::one_pass_is_the_stages_in_turn`).
     fn run(self, v: &mut [f32], a: f32, b: f32, operand: Option<&[f32]>) {
         use crate::ops::vector::{map_in_place, zip_in_place};
+        if let (Some(o), true) = (operand, self.operand_first) {
+            return match self.last {
+                None => zip_in_place(v, o, |x, y| y + (x * a + b)),
+                Some(Lanewise::Relu) => {
+                    zip_in_place(v, o, |x, y| Lanewise::Relu.apply(y + (x * a + b)))
+                }
+                Some(l) => zip_in_place(v, o, |x, y| l.apply(y + (x * a + b))),
+            };
+        }
         match (operand, self.last) {
             (None, None) => map_in_place(v, |x| x * a + b),
             (None, Some(Lanewise::Relu)) => map_in_place(v, |x| Lanewise::Relu.apply(x * a + b)),
@@ -559,7 +587,7 @@ impl Epilogue {
         Ok(assign_buffers(stages).map(|(ops, temps, result)| {
             let rounds = anchor_round.is_some() || then.is_some();
             Epilogue {
-                single_pass: SinglePass::of(&ops, temps, result, rounds),
+                single_pass: SinglePass::of(&ops, result, rounds),
                 ops,
                 temps,
                 result,
@@ -589,6 +617,7 @@ impl Epilogue {
             scale,
             shift,
             operand,
+            operand_first: pass.operand_first,
             last: pass.last,
         })
     }
@@ -1813,7 +1842,9 @@ mod tests {
             (0.1, 1.0 / 3.0),
         ] {
             for last in lasts {
-                for operand in [None, Some(&o[..])] {
+                for (operand, operand_first) in
+                    [(None, false), (Some(&o[..]), false), (Some(&o[..]), true)]
+                {
                     let mut want = v.clone();
                     crate::ops::norm::affine_stage(
                         crate::ops::Channels::One(1),
@@ -1821,8 +1852,14 @@ mod tests {
                         &[9.0, a],
                         &[9.0, b],
                     );
-                    if let Some(o) = operand {
-                        Binary::Add.run(&mut want, o, None);
+                    match (operand, operand_first) {
+                        (Some(o), false) => Binary::Add.run(&mut want, o, None),
+                        (Some(o), true) => {
+                            let mut sum = o.to_vec();
+                            Binary::Add.run(&mut sum, &want, None);
+                            want = sum;
+                        }
+                        (None, _) => {}
                     }
                     if let Some(l) = last {
                         l.run(&mut want, None);
@@ -1830,6 +1867,7 @@ mod tests {
                     let mut got = v.clone();
                     let pass = SinglePass {
                         operand: operand.map(|_| 0),
+                        operand_first,
                         last,
                     };
                     pass.run(&mut got, a, b, operand);
@@ -1866,21 +1904,60 @@ mod tests {
             op(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(0)], None),
         ];
         assert_eq!(
-            SinglePass::of(&chain, 0, 0, false),
+            SinglePass::of(&chain, 0, false),
             Some(SinglePass {
                 operand: Some(0),
+                operand_first: false,
                 last: Some(Lanewise::Relu)
             })
         );
-        assert_eq!(SinglePass::of(&chain, 0, 0, true), None);
+        assert_eq!(SinglePass::of(&chain, 0, true), None);
         let rounded = vec![op(affine(), vec![Arg::Reg(0)], Some(Rounding::F16))];
-        assert_eq!(SinglePass::of(&rounded, 0, 0, false), None);
-        // The operand first (Add(operand, x)): its NaN would win, so the stages run in turn.
+        assert_eq!(SinglePass::of(&rounded, 0, false), None);
+        // The operand first (Add(operand, x)): the pass adds in that order.
         let swapped = vec![
             op(affine(), vec![Arg::Reg(0)], None),
             op(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)], None),
         ];
-        assert_eq!(SinglePass::of(&swapped, 0, 0, false), None);
+        assert_eq!(
+            SinglePass::of(&swapped, 0, false),
+            Some(SinglePass {
+                operand: Some(0),
+                operand_first: true,
+                last: None
+            })
+        );
+        // A Sub of the chain value from the operand does not commute: the stages in turn.
+        let subtracted = vec![
+            op(affine(), vec![Arg::Reg(0)], None),
+            op(Stage::Zip(Binary::Sub), vec![operand, Arg::Reg(0)], None),
+        ];
+        assert_eq!(SinglePass::of(&subtracted, 0, false), None);
+        // As `assign_buffers` lays out BatchNormalization → Add(operand, x) → Relu (the bench
+        // CNN's shortcuts): the Add writes a temporary, the Relu reads it, the result is there.
+        let in_temp = |stage: Stage, inputs: Vec<Arg>| Op {
+            out: 1,
+            ..op(stage, inputs, None)
+        };
+        let laid_out = vec![
+            op(affine(), vec![Arg::Reg(0)], None),
+            in_temp(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)]),
+            in_temp(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(1)]),
+        ];
+        let want = SinglePass {
+            operand: Some(0),
+            operand_first: true,
+            last: Some(Lanewise::Relu),
+        };
+        assert_eq!(SinglePass::of(&laid_out, 1, false), Some(want));
+        // Not where the result lies elsewhere, or a stage reads a value before the last.
+        assert_eq!(SinglePass::of(&laid_out, 0, false), None);
+        let rereads = vec![
+            op(affine(), vec![Arg::Reg(0)], None),
+            in_temp(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)]),
+            in_temp(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(0)]),
+        ];
+        assert_eq!(SinglePass::of(&rereads, 1, false), None);
     }
 
     #[test]

@@ -119,7 +119,7 @@ pub type ChannelFn<'a> = dyn Fn(Piece, &mut [f32]) + Sync + 'a;
 /// A layer's epilogue in the one form a kernel may compute as it stores each value, in
 /// registers, instead of calling [`OpCtx::epilogue`] on pieces afterwards: for the value of
 /// output channel `c` at flat index `i`, `x·scale[c] + shift[c]` (a product, then a sum), then
-/// `+ operand[i]`, then `last` — the operations the epilogue applies, in its order, so the
+/// the sum with `operand[i]`, then `last` — the operations the epilogue applies, in its order, so the
 /// same bits ([`OpCtx::store_epilogue`]).
 #[derive(Clone, Copy, Debug)]
 pub struct StoreEpilogue<'a> {
@@ -127,16 +127,26 @@ pub struct StoreEpilogue<'a> {
     pub shift: &'a [f32],
     /// A value of the output's shape added (a residual Add's other operand).
     pub operand: Option<&'a [f32]>,
+    /// Whether the sum is `operand[i] + v` (the Add's first input is the operand) rather than
+    /// `v + operand[i]`: the same value, but where both are NaN the first's payload comes out.
+    pub operand_first: bool,
     pub last: Option<lanewise::Lanewise>,
 }
 
 impl StoreEpilogue<'_> {
     /// The finished value of `x`, output channel `ch`, flat index `i`.
     #[inline(always)]
+    // The sum is the same value either way; written in the Add's order for the NaN payload
+    // where two NaNs meet (which the compiler may still swap: docs/numerics.md).
+    #[allow(clippy::if_same_then_else)]
     pub fn value(&self, x: f32, ch: usize, i: usize) -> f32 {
         let mut v = x * self.scale[ch] + self.shift[ch];
         if let Some(o) = self.operand {
-            v += o[i];
+            v = if self.operand_first {
+                o[i] + v
+            } else {
+                v + o[i]
+            };
         }
         match self.last {
             Some(l) => l.apply(v),

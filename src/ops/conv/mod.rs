@@ -775,7 +775,13 @@ unsafe fn transpose_8x8_stored(
     }
     if let Some(o) = operand {
         for (j, x) in v.iter_mut().enumerate() {
-            *x = _mm256_add_ps(*x, _mm256_loadu_ps(o.add(j * n_pos)));
+            // In the Add's order (where both are NaN, the first source's payload comes out).
+            let y = _mm256_loadu_ps(o.add(j * n_pos));
+            *x = if e.operand_first {
+                _mm256_add_ps(y, *x)
+            } else {
+                _mm256_add_ps(*x, y)
+            };
         }
     }
     match e.last {
@@ -1828,12 +1834,13 @@ mod tests {
                 .collect();
             operand[5] = f32::NAN;
             operand[plane + 1] = -0.0;
-            for with_operand in [false, true] {
+            for (with_operand, operand_first) in [(false, false), (true, false), (true, true)] {
                 for last in [None, Some(Lanewise::Relu), Some(Lanewise::Clip(-0.5, 0.75))] {
                     let e = crate::ops::StoreEpilogue {
                         scale: &scale,
                         shift: &shift,
                         operand: with_operand.then_some(&operand[..]),
+                        operand_first,
                         last,
                     };
                     let want: Vec<f32> = (plain.iter().enumerate())
@@ -1862,7 +1869,8 @@ mod tests {
                         });
                         let case = format!(
                             "{m} channels in {group} groups, {batch} images of {side}², bias \
-                             {with_bias}, operand {with_operand}, {last:?}, {threads} threads"
+                             {with_bias}, operand {with_operand} (first {operand_first}), \
+                             {last:?}, {threads} threads"
                         );
                         assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
                         assert_eq!(calls.load(Ordering::Relaxed), 0, "{case}");
