@@ -544,6 +544,17 @@ pub(crate) fn split_rows(
     }
 }
 
+/// Where a row's even-indexed and odd-indexed values start in its stride-2 phase split (as in
+/// `split_phases`: value 0 lands in phase `first % 2` at `first / 2`, phases `per` apart).
+fn stride2_starts(first: usize, per: usize) -> (usize, usize) {
+    let (j0, j1) = (first / 2, first.div_ceil(2));
+    if first.is_multiple_of(2) {
+        (j0, per + j1)
+    } else {
+        (per + j0, j1)
+    }
+}
+
 /// [`split_rows`] at stride 2 in AVX-512: 32 values at a time into 16 of each phase, a row's
 /// last 1–31 under masks (no scalar tail).
 #[cfg(target_arch = "x86_64")]
@@ -568,13 +579,7 @@ unsafe fn split_rows_2_avx512(
     };
     for (line, out) in src.chunks_exact(iw.max(1)).zip(dst.chunks_mut(row)) {
         assert!(2 * per >= first + line.len() && out.len() >= 2 * per);
-        // As in `split_phases`: src[0] lands in phase first % 2 at first / 2.
-        let (j0, j1) = (first / 2, first.div_ceil(2));
-        let (p0, p1) = if first.is_multiple_of(2) {
-            (0, per)
-        } else {
-            (per, 0)
-        };
+        let (even_at, odd_at) = stride2_starts(first, per);
         let (from, to) = (line.as_ptr(), out.as_mut_ptr());
         let len = line.len();
         let mut c = 0;
@@ -586,9 +591,10 @@ unsafe fn split_rows_2_avx512(
             let b = _mm512_maskz_loadu_ps(upto(n.saturating_sub(16)), from.wrapping_add(c + 16));
             let even = _mm512_permutex2var_ps(a, even_lanes, b);
             let odd = _mm512_permutex2var_ps(a, odd_lanes, b);
-            // Within the row: the masked stores end at j0 + ⌈len/2⌉ ≤ per and j1 + ⌊len/2⌋ ≤ per.
-            _mm512_mask_storeu_ps(to.add(p0 + j0 + c / 2), upto(n.div_ceil(2)), even);
-            _mm512_mask_storeu_ps(to.add(p1 + j1 + c / 2), upto(n / 2), odd);
+            // Within the row: the masked stores end ⌈len/2⌉ and ⌊len/2⌋ values past the phases'
+            // starts, inside their phases (asserted above).
+            _mm512_mask_storeu_ps(to.add(even_at + c / 2), upto(n.div_ceil(2)), even);
+            _mm512_mask_storeu_ps(to.add(odd_at + c / 2), upto(n / 2), odd);
             c += 32;
         }
     }
@@ -608,13 +614,7 @@ unsafe fn split_rows_2_avx2(
     use std::arch::x86_64::*;
     for (line, out) in src.chunks_exact(iw.max(1)).zip(dst.chunks_mut(row)) {
         assert!(2 * per >= first + line.len() && out.len() >= 2 * per);
-        // As in `split_phases`: src[0] lands in phase first % 2 at first / 2.
-        let (j0, j1) = (first / 2, first.div_ceil(2));
-        let (p0, p1) = if first.is_multiple_of(2) {
-            (0, per)
-        } else {
-            (per, 0)
-        };
+        let (even_at, odd_at) = stride2_starts(first, per);
         let n16 = line.len() / 16 * 16;
         let (from, to) = (line.as_ptr(), out.as_mut_ptr());
         for c in (0..n16).step_by(16) {
@@ -625,12 +625,13 @@ unsafe fn split_rows_2_avx2(
             let odd = _mm256_shuffle_ps::<0xDD>(a, b);
             let even = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(even)));
             let odd = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(odd)));
-            // Within the row: j0 + c/2 + 8 ≤ per and j1 + c/2 + 8 ≤ per (asserted above).
-            _mm256_storeu_ps(to.add(p0 + j0 + c / 2), even);
-            _mm256_storeu_ps(to.add(p1 + j1 + c / 2), odd);
+            // Within the row: c/2 + 8 values past the phases' starts, inside their phases
+            // (asserted above).
+            _mm256_storeu_ps(to.add(even_at + c / 2), even);
+            _mm256_storeu_ps(to.add(odd_at + c / 2), odd);
         }
         for (c, &v) in line.iter().enumerate().skip(n16) {
-            let at = if c % 2 == 0 { p0 + j0 } else { p1 + j1 };
+            let at = if c % 2 == 0 { even_at } else { odd_at };
             out[at + c / 2] = v;
         }
     }
