@@ -42,6 +42,9 @@ const CHUNK: usize = 2048;
 /// A run of pointwise layers fused into the kernel before them.
 #[derive(Clone, Debug)]
 pub(super) struct Chain {
+    /// The step whose output is register 0: the anchor, or the Mul of the scaled product
+    /// the anchor computes (`exec/scaled.rs`: its Cast and Mul, then the chain).
+    pub head: usize,
     pub stages: Vec<ChainStage>,
     /// The values from outside the chain its stages read ([`ChainInput::Operand`]), each
     /// once, in the order they are first read.
@@ -92,11 +95,13 @@ fn operands_of(stages: &[ChainStage]) -> Vec<ValueId> {
 }
 
 /// Per step: the chain fused into it, if it anchors one. `values`: the graph's, whose ids
-/// are the steps' slots.
+/// are the steps' slots; `scaled`: per step, the Cast and Mul its kernel may compute
+/// ([`super::scaled::find`]), after which its chain starts.
 pub(super) fn find_chains(
     graph: &Graph,
     values: &ValueIndex,
     steps: &[Step],
+    scaled: &[Option<super::scaled::ScaledProduct>],
 ) -> Vec<Option<Chain>> {
     let registry = Registry::global();
     let readers = |s: ValueId| slot_readers(values, steps, s);
@@ -120,7 +125,13 @@ pub(super) fn find_chains(
             let node = &graph.nodes[a];
             let def = registry.def(&node.domain, &node.op_type)?;
             def.epilogue?;
-            let first = single_output(a)?;
+            // The layers the anchor computes before the chain: itself, or itself and the
+            // Cast and Mul of its scaled product.
+            let (head, fused) = match scaled.get(a).and_then(Option::as_ref) {
+                Some(sp) => (sp.mul, vec![a, sp.cast, sp.mul]),
+                None => (a, vec![a]),
+            };
+            let first = single_output(head)?;
             // Chain values by slot → register.
             let mut reg_of: HashMap<ValueId, usize> = HashMap::from([(first, 0)]);
             let mut stages: Vec<ChainStage> = Vec::new();
@@ -128,7 +139,7 @@ pub(super) fn find_chains(
             // The longest whole chain before the first stage that reads an operand.
             let mut best_plain: Option<usize> = None;
             while stages.len() < MAX_STAGES {
-                let inside = |i: usize| i == a || stages.iter().any(|s| s.step == i);
+                let inside = |i: usize| fused.contains(&i) || stages.iter().any(|s| s.step == i);
                 let Some(next) = reg_of
                     .keys()
                     .flat_map(|&s| readers(s))
@@ -181,7 +192,8 @@ pub(super) fn find_chains(
                 let whole = reg_of.keys().filter(|&&s| s != out).all(|&s| {
                     !values.is_graph_output(s)
                         && readers(s).next().is_some()
-                        && readers(s).all(|i| i == a || stages.iter().any(|st| st.step == i))
+                        && readers(s)
+                            .all(|i| fused.contains(&i) || stages.iter().any(|st| st.step == i))
                 });
                 if whole {
                     best = stages.len();
@@ -189,6 +201,7 @@ pub(super) fn find_chains(
             }
             let fallback = match best_plain {
                 Some(plain) if plain < best && plain > 0 => Some(Box::new(Chain {
+                    head,
                     stages: stages[..plain].to_vec(),
                     operands: Vec::new(),
                     fallback: None,
@@ -198,6 +211,7 @@ pub(super) fn find_chains(
             stages.truncate(best);
             let operands = operands_of(&stages);
             (!stages.is_empty()).then_some(Chain {
+                head,
                 stages,
                 operands,
                 fallback,
@@ -1102,6 +1116,60 @@ mod tests {
         )
     }
 
+    /// A matrix product with GELU's tanh form after it: ½h · (1 + tanh(√(2/π) · (h + 0.044715
+    /// · h³))), the cube a Pow by 3.
+    fn gelu_tanh_model() -> Graph {
+        let (k, n) = (8usize, 80usize);
+        let nodes = vec![
+            node("mm", "MatMul", &["x", "w"], &["h"]),
+            node("half", "Mul", &["h", "half_c"], &["hh"]),
+            node("cube", "Pow", &["h", "three"], &["h3"]),
+            node("cubic", "Mul", &["k1", "h3"], &["c"]),
+            node("inner", "Add", &["h", "c"], &["i"]),
+            node("scaled", "Mul", &["i", "k2"], &["a"]),
+            node("tanh", "Tanh", &["a"], &["t"]),
+            node("plus1", "Add", &["t", "one_c"], &["t1"]),
+            node("gelu", "Mul", &["hh", "t1"], &["out"]),
+        ];
+        let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
+        graph(
+            nodes,
+            vec![vi("x", &[2, 5, k])],
+            vec![vi("out", &[2, 5, n])],
+            vec![
+                ("w", Tensor::from_f32(vec![k, n], values(k * n, 24))),
+                ("half_c", scalar(0.5)),
+                ("three", scalar(3.0)),
+                ("k1", scalar(0.044715)),
+                ("k2", scalar(0.797_884_6)),
+                ("one_c", scalar(1.0)),
+            ],
+        )
+    }
+
+    /// GELU's tanh form, its cube a Pow stage: NaN, infinities and values whose cube
+    /// overflows float16 go through it as through the layers alone.
+    #[test]
+    fn gelu_in_its_tanh_form_is_a_matrix_products_epilogue() {
+        let g = gelu_tanh_model();
+        let interp = Interpreter::new(&g).unwrap();
+        assert_eq!(chain_lengths(&interp), vec![("mm".to_string(), 8)]);
+        let mut x = values(80, 25);
+        x[3] = f32::NAN;
+        x[17] = f32::INFINITY;
+        x[30] = 40.0;
+        let mut feeds = Feeds::new();
+        feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], x));
+        fused_is_alone(&g, &interp, &feeds);
+        // An integer exponent (Pow's kernel computes it in f64): no stage, no epilogue.
+        let mut g = gelu_tanh_model();
+        (g.initializers).insert("three".into(), Tensor::from_i64(vec![], vec![3]));
+        let interp = Interpreter::new(&g).unwrap();
+        let (_, times) = interp.run_profiled(&feeds, None).unwrap();
+        assert!(times.iter().all(|t| t.fused.is_empty()));
+        fused_is_alone(&g, &interp, &feeds);
+    }
+
     #[test]
     fn a_matrix_product_takes_its_columns_constants_and_gelu_as_its_epilogue() {
         let g = gelu_model();
@@ -1194,10 +1262,13 @@ mod tests {
         hs_feeds.insert("x".into(), Tensor::from_f32(vec![1, 3, 9, 9], x));
         let mut gelu_feeds = Feeds::new();
         gelu_feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], values(80, 23)));
+        let mut gelu_tanh_feeds = Feeds::new();
+        gelu_tanh_feeds.insert("x".into(), Tensor::from_f32(vec![2, 5, 8], values(80, 26)));
         let cases = [
             (model(Vec::new(), &["out"]), feeds()),
             (hard_swish_graph(), hs_feeds),
             (gelu_model(), gelu_feeds),
+            (gelu_tanh_model(), gelu_tanh_feeds),
         ];
         let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
         let mut rng = crate::data::loader::Mt19937::new(7);

@@ -42,15 +42,14 @@ pub fn feed_shapes(feeds: &Feeds) -> std::collections::BTreeMap<String, Vec<usiz
 /// A callback shown every value as it is produced (see [`Interpreter::run_observed`]).
 pub type Observer<'a> = &'a mut dyn FnMut(&str, &Tensor);
 
-/// Where the layers of the chain anchored at `anchor` were prepared, under `plan` (empty
+/// Where the layers of `chain` (its head and stages) were prepared, under `plan` (empty
 /// without one): the part of an epilogue's key that tells composed plans apart.
 fn chain_origins(
     plan: Option<&PreparedPlan>,
-    anchor: usize,
     chain: &epilogue::Chain,
 ) -> smallvec::SmallVec<[u64; 9]> {
     match plan {
-        Some(p) => std::iter::once(anchor)
+        Some(p) => std::iter::once(chain.head)
             .chain(chain.steps())
             .map(|i| p.origins[i])
             .collect(),
@@ -427,8 +426,8 @@ impl<'g> Interpreter<'g> {
                 steps[i].frees.push(id);
             }
         }
-        let chains = epilogue::find_chains(graph, &values, &steps);
         let scaled = scaled::find(graph, &values, &steps);
+        let chains = epilogue::find_chains(graph, &values, &steps, &scaled);
         Ok(Interpreter {
             chains,
             scaled,
@@ -999,28 +998,48 @@ impl<'g> Interpreter<'g> {
                 let prepared =
                     |chain: &epilogue::Chain| -> Result<Option<Arc<epilogue::Epilogue>>> {
                         match step.epilogue_shape.and_then(|f| f(args)) {
-                            Some(shape) => {
-                                plan.map_or(&self.epilogues, |p| &p.epilogues).get_or_make(
-                                    idx,
-                                    shape,
-                                    chain,
-                                    chain_origins(plan, idx, chain),
-                                    || {
-                                        epilogue::Epilogue::prepare(
-                                            chain,
-                                            idx,
-                                            self.graph,
-                                            &self.steps,
-                                            plan.map(|p| p.layers.as_slice()),
-                                            shape,
-                                        )
-                                    },
-                                )
-                            }
+                            Some(shape) => plan
+                                .map_or(&self.epilogues, |p| &p.epilogues)
+                                .get_or_make(idx, shape, chain, chain_origins(plan, chain), || {
+                                    epilogue::Epilogue::prepare(
+                                        chain,
+                                        chain.head,
+                                        self.graph,
+                                        &self.steps,
+                                        plan.map(|p| p.layers.as_slice()),
+                                        shape,
+                                    )
+                                }),
                             None => Ok(None),
                         }
                     };
+                // The Cast and Mul after an integer kernel, computed by it, where this run
+                // allows (`scaled`) and the scale is known.
+                let scaled = self.scaled[idx]
+                    .as_ref()
+                    .filter(|_| epilogues)
+                    .and_then(|sp| {
+                        let rounding = sp.applies(idx, plan.map(|p| p.layers.as_slice()))?;
+                        let scale = match &self.steps[sp.mul].inputs[sp.scale] {
+                            Source::Slot(s) => values[*s].as_deref(),
+                            Source::Initializer(_, t) => Some(*t),
+                            Source::Outer(_) | Source::Absent => None,
+                        }?;
+                        // The scale as the Mul reads it.
+                        let rounded = rounding
+                            .scale
+                            .and_then(|p| emulate::prepare_input(&InputPrep::Round(p), scale));
+                        let kernel_rounding = crate::ops::ScaledRounding {
+                            cast: rounding.cast.and_then(|p| p.float_rounding()),
+                            output: rounding.output.and_then(|p| p.float_rounding()),
+                        };
+                        Some((sp, scale, rounded, kernel_rounding))
+                    });
+                // A chain after a scaled product's Mul only where the kernel computes them.
                 let chain = match (&self.chains[idx], args.first().copied().flatten()) {
+                    (Some(chain), _) if chain.head != idx => {
+                        Some(chain).filter(|_| scaled.is_some())
+                    }
                     (Some(chain), Some(x))
                         if epilogues && x.dtype() == crate::tensor::DType::F32 =>
                     {
@@ -1129,28 +1148,6 @@ impl<'g> Interpreter<'g> {
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);
-                // The Cast and Mul after an integer kernel, computed by it, where this run
-                // allows (`scaled`) and the scale is known.
-                let scaled = self.scaled[idx]
-                    .as_ref()
-                    .filter(|_| epilogues)
-                    .and_then(|sp| {
-                        let rounding = sp.applies(idx, plan.map(|p| p.layers.as_slice()))?;
-                        let scale = match &self.steps[sp.mul].inputs[sp.scale] {
-                            Source::Slot(s) => values[*s].as_deref(),
-                            Source::Initializer(_, t) => Some(*t),
-                            Source::Outer(_) | Source::Absent => None,
-                        }?;
-                        // The scale as the Mul reads it.
-                        let rounded = rounding
-                            .scale
-                            .and_then(|p| emulate::prepare_input(&InputPrep::Round(p), scale));
-                        let kernel_rounding = crate::ops::ScaledRounding {
-                            cast: rounding.cast.and_then(|p| p.float_rounding()),
-                            output: rounding.output.and_then(|p| p.float_rounding()),
-                        };
-                        Some((sp, scale, rounded, kernel_rounding))
-                    });
                 // The scaled kernel rounded its output as the Mul's (in the pass that scales it).
                 let mut scaled_rounded = false;
                 let outs = match (layer.and_then(|l| l.integer.as_deref()), &scaled) {

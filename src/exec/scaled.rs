@@ -392,4 +392,88 @@ mod tests {
             .iter()
             .all(|v| v.is_finite()));
     }
+
+    /// GELU's tanh form after the scaled product of [`model`] (its "y", of both signs and
+    /// made small by a small weight scale): ½y · (1 + tanh(√(2/π) · (y + 0.044715 · y³))), eight layers,
+    /// steps 5–12, the last writing "g".
+    fn gelu_tanh_after(exponent: Tensor) -> Graph {
+        let extra = vec![
+            node("half", "Mul", &["y", "half_c"], &["h"]),
+            node("cube", "Pow", &["y", "three"], &["y3"]),
+            node("cubic", "Mul", &["y3", "k1"], &["c"]),
+            node("inner", "Add", &["y", "c"], &["i"]),
+            node("scaled", "Mul", &["i", "k2"], &["a"]),
+            node("tanh", "Tanh", &["a"], &["t"]),
+            node("plus1", "Add", &["t", "one"], &["t1"]),
+            node("gelu", "Mul", &["h", "t1"], &["g"]),
+        ];
+        let mut g = model("s", extra, &["g"]);
+        let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
+        for (name, t) in [
+            ("ws", scalar(1e-4)),
+            // B's codes centred on 200: products of both signs.
+            (
+                "wz",
+                Tensor::from_parts(vec![], TensorData::U8(vec![200].into())),
+            ),
+            ("half_c", scalar(0.5)),
+            ("three", exponent),
+            ("k1", scalar(0.044715)),
+            ("k2", scalar(0.797_884_6)),
+            ("one", scalar(1.0)),
+        ] {
+            g.initializers.insert(name.into(), t);
+        }
+        g
+    }
+
+    #[test]
+    fn the_pointwise_chain_after_a_scaled_product_runs_in_its_kernel() {
+        let g = gelu_tanh_after(Tensor::from_f32(vec![], vec![3.0]));
+        let interp = Interpreter::new(&g).unwrap();
+        let chain = interp.chains[2].as_ref().expect("a chain after the Mul");
+        assert_eq!(chain.head, 4);
+        assert_eq!(
+            chain.steps().collect::<Vec<_>>(),
+            (5..13).collect::<Vec<_>>()
+        );
+        // The values span GELU's curve, not only its linear ends.
+        let r = interp.run(&feeds()).unwrap();
+        let g_out = r.outputs[0].1.as_f32().unwrap();
+        assert!(g_out.iter().any(|&v| v < -0.05) && g_out.iter().any(|&v| v > 0.5));
+        let fused: Vec<usize> = (3..13).collect();
+        assert_eq!(fused_is_alone(&g, None), fused);
+        let prepared = |layers: Vec<Precision>| {
+            PreparedPlan::new(
+                &g,
+                &PrecisionPlan::from_layers(layers),
+                &PlanOptions::default(),
+            )
+            .unwrap()
+        };
+        let n = g.nodes.len();
+        for p in [Precision::Float16, Precision::BFloat16, Precision::Int8] {
+            assert_eq!(
+                fused_is_alone(&g, Some(&prepared(vec![p; n]))),
+                fused,
+                "{p:?}"
+            );
+        }
+        // Layers of the chain in other precisions than the scaled Mul's: the same bits.
+        let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
+        let mut rng = crate::data::loader::Mt19937::new(3);
+        for _ in 0..12 {
+            let layers: Vec<Precision> = (0..n)
+                .map(|_| choices[(rng.random_sample() * 3.0) as usize % 3])
+                .collect();
+            fused_is_alone(&g, Some(&prepared(layers)));
+        }
+        // A scale that broadcasts the output: no scaled product, no chain; an exponent of
+        // another type (computed in f64 by Pow's kernel): no stage, the layers run alone.
+        let mut g = gelu_tanh_after(Tensor::from_f32(vec![], vec![3.0]));
+        g.nodes[4] = node("rescale", "Mul", &["rows", "accf"], &["y"]);
+        assert_eq!(fused_is_alone(&g, None), Vec::<usize>::new());
+        let g = gelu_tanh_after(Tensor::from_i64(vec![], vec![3]));
+        assert_eq!(fused_is_alone(&g, None), vec![3, 4]);
+    }
 }

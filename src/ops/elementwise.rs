@@ -779,6 +779,21 @@ fn register_stages(r: &mut Registry) {
         let (lo, hi) = clip_bounds(ctx, i, DType::F32)?;
         Ok(Some(Stage::Lanewise(Lanewise::Clip(lo as f32, hi as f32))))
     });
+    r.def_mut("Pow").stage(|_, i, chained, shape| {
+        // A float32 base to one float32 exponent (RMSNorm's x², GELU's tanh form's x³): the
+        // kernel's own float32 function. An exponent of another type is computed in f64 by
+        // the kernel: not a stage.
+        let exponent = i.get(1).copied().flatten().and_then(|t| {
+            let v = t
+                .as_f32()
+                .filter(|v| v.len() == 1 && t.rank() <= shape.rank)?;
+            Some(v[0])
+        });
+        Ok(match (chained, exponent) {
+            ([true, false], Some(y)) => map_stage(&chained[..1], move |x| pow_f32(x, y)),
+            _ => None,
+        })
+    });
     r.def_mut("Add")
         .stage(|_, i, chained, shape| Ok(binary_stage(i, chained, shape, Binary::Add, f32_add)));
     r.def_mut("Sub")

@@ -848,7 +848,6 @@ fn matmul_exact(a: &Tensor, b: &Tensor) -> Result<Tensor, OpError> {
 }
 
 fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
-    use rayon::prelude::*;
     let mut y = matmul_kept(
         ctx.accumulate,
         input(inputs, 0)?,
@@ -856,28 +855,41 @@ fn matmul_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
         ctx.prepacked(1),
         ctx.weight_rounding(1),
     )?;
-    if let (Some(epilogue), [.., n]) = (ctx.epilogue_for(y.shape()), y.shape()) {
-        let n = *n;
-        if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
-            // Rows (a column is a channel), about 64 KiB per task: an epilogue costs a few
-            // operations per value (a GELU a few dozen), so even a 64 Ki-value output splits.
-            let rows = (1usize << 14).div_ceil(n).max(1);
-            v.par_chunks_mut(rows * n)
-                .enumerate()
-                .for_each(|(b, block)| {
-                    for (r, row) in block.chunks_mut(n).enumerate() {
-                        epilogue(super::Piece::row(0, (b * rows + r) * n, 1), row);
-                    }
-                });
-            ctx.epilogue_applied();
-        }
-    }
+    apply_epilogue_by_rows(ctx, &mut y);
     Ok(vec![y])
+}
+
+/// The epilogue of a matrix product (its columns are the channels) applied to each row of its
+/// float32 output `y`, where the run has one for it.
+pub(crate) fn apply_epilogue_by_rows(ctx: &OpCtx, y: &mut Tensor) {
+    use rayon::prelude::*;
+    let Some(&n) = y.shape().last() else {
+        return;
+    };
+    let Some(epilogue) = ctx.epilogue_for(y.shape()) else {
+        return;
+    };
+    if let (Some(v), true) = (y.as_f32_mut(), n > 0) {
+        // Rows (a column is a channel), at most about 64 KiB per task and at least two tasks
+        // a thread where there are the rows: an epilogue costs a few operations per value (a
+        // GELU a few dozen), so even the 16 Ki values of a 16-token prompt's projection split.
+        let m = v.len() / n;
+        let per_thread = m.div_ceil(2 * rayon::current_num_threads());
+        let rows = (1usize << 14).div_ceil(n).min(per_thread).max(1);
+        v.par_chunks_mut(rows * n)
+            .enumerate()
+            .for_each(|(b, block)| {
+                for (r, row) in block.chunks_mut(n).enumerate() {
+                    epilogue(super::Piece::row(0, (b * rows + r) * n, 1), row);
+                }
+            });
+        ctx.epilogue_applied();
+    }
 }
 
 /// The output of a MatMul of two operands of rank >= 2, for its epilogue: its columns are the
 /// channels.
-fn matmul_epilogue_shape(inputs: &[Option<&Tensor>]) -> Option<super::ChainShape> {
+pub(crate) fn matmul_epilogue_shape(inputs: &[Option<&Tensor>]) -> Option<super::ChainShape> {
     let (a, b) = (inputs.first()?.as_ref()?, inputs.get(1)?.as_ref()?);
     if a.rank() < 2 || b.rank() < 2 {
         return None;

@@ -209,7 +209,8 @@ pub type EpilogueShapeFn = fn(&[Option<&Tensor>]) -> Option<ChainShape>;
 /// `(float)acc · scale`, one rounding each. `scale`: the Mul's other input, as the Mul reads
 /// it. [`ScaledRounding`]: what a reduced-precision Mul rounds, which the kernel then applies
 /// in the same pass. Ok(None) where that scale would broadcast the output to another shape, or
-/// is not float32 (the layers then run one by one).
+/// is not float32 (the layers then run one by one). The kernel then applies the epilogue
+/// [`OpCtx::epilogue_for`] hands it, if any: the pointwise chain after the Mul.
 pub type ScaledFn =
     fn(&OpCtx, &[Option<&Tensor>], &Tensor, ScaledRounding) -> Result<Option<Tensor>, OpError>;
 

@@ -16,6 +16,9 @@ pub fn register(r: &mut Registry) {
     r.def_mut("MatMulInteger")
         .roles(&[Data, Data, ZeroPoint, ZeroPoint])
         .scaled(matmul_integer_scaled)
+        // The chain after the scaled product's Mul (`exec/epilogue.rs`): GELU's tanh form
+        // after a dynamically quantized projection.
+        .epilogue(super::matmul::matmul_epilogue_shape)
         .infer(|ctx, ins| {
             let mut out = super::shape::infer_as("MatMul", ctx, ins, [0, 1])?.remove(0);
             out.dtype = Some(DType::I32);
@@ -151,14 +154,18 @@ fn matmul_integer_scaled(
         packed.product(m, a.rows(), out);
         // SAFETY: all m·n values are written (above).
         unsafe { y.set_len(m * n) };
-        return Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))));
+        let mut y = Tensor::from_parts(shape, TensorData::F32(y.into()));
+        super::matmul::apply_epilogue_by_rows(ctx, &mut y);
+        return Ok(Some(y));
     }
     let (c, shape) = integer_product(ctx, inputs)?;
     let mut y: Vec<f32> = c.into_iter().map(|v| v as f32).collect();
     for row in y.chunks_mut(n.max(1)) {
         super::int_gemm::scale_in_place(row, s, 0, rounding);
     }
-    Ok(Some(Tensor::from_parts(shape, TensorData::F32(y.into()))))
+    let mut y = Tensor::from_parts(shape, TensorData::F32(y.into()));
+    super::matmul::apply_epilogue_by_rows(ctx, &mut y);
+    Ok(Some(y))
 }
 
 /// A's rows for [`PackedIntB::product`]: uint8 codes with one zero point as they are, any
