@@ -950,7 +950,7 @@ fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{Arg, Op, SinglePass};
     use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
     use crate::graph::testing::{graph, node, vi};
@@ -1116,34 +1116,43 @@ mod tests {
         )
     }
 
-    /// A matrix product with GELU's tanh form after it: ½h · (1 + tanh(√(2/π) · (h + 0.044715
-    /// · h³))), the cube a Pow by 3.
-    fn gelu_tanh_model() -> Graph {
-        let (k, n) = (8usize, 80usize);
+    /// GELU's tanh form of `x` written as its eight layers, ½x · (1 + tanh(√(2/π) · (x +
+    /// 0.044715 · x³))), the cube a Pow by 3, the result `out`; and its constants.
+    pub(crate) fn gelu_tanh_nodes(x: &str, out: &str) -> (Vec<Node>, Vec<(&'static str, Tensor)>) {
         let nodes = vec![
-            node("mm", "MatMul", &["x", "w"], &["h"]),
-            node("half", "Mul", &["h", "half_c"], &["hh"]),
-            node("cube", "Pow", &["h", "three"], &["h3"]),
-            node("cubic", "Mul", &["k1", "h3"], &["c"]),
-            node("inner", "Add", &["h", "c"], &["i"]),
-            node("scaled", "Mul", &["i", "k2"], &["a"]),
-            node("tanh", "Tanh", &["a"], &["t"]),
-            node("plus1", "Add", &["t", "one_c"], &["t1"]),
-            node("gelu", "Mul", &["hh", "t1"], &["out"]),
+            node("gelu_half", "Mul", &[x, "half_c"], &["gelu_h"]),
+            node("gelu_cube", "Pow", &[x, "three"], &["gelu_x3"]),
+            node("gelu_cubic", "Mul", &["k1", "gelu_x3"], &["gelu_c"]),
+            node("gelu_inner", "Add", &[x, "gelu_c"], &["gelu_i"]),
+            node("gelu_scaled", "Mul", &["gelu_i", "k2"], &["gelu_a"]),
+            node("gelu_tanh", "Tanh", &["gelu_a"], &["gelu_t"]),
+            node("gelu_plus1", "Add", &["gelu_t", "one_c"], &["gelu_t1"]),
+            node("gelu", "Mul", &["gelu_h", "gelu_t1"], &[out]),
         ];
         let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
+        let constants = vec![
+            ("half_c", scalar(0.5)),
+            ("three", scalar(3.0)),
+            ("k1", scalar(0.044715)),
+            ("k2", scalar(0.797_884_6)),
+            ("one_c", scalar(1.0)),
+        ];
+        (nodes, constants)
+    }
+
+    /// A matrix product with GELU's tanh form after it ([`gelu_tanh_nodes`]).
+    fn gelu_tanh_model() -> Graph {
+        let (k, n) = (8usize, 80usize);
+        let (gelu, constants) = gelu_tanh_nodes("h", "out");
+        let mut nodes = vec![node("mm", "MatMul", &["x", "w"], &["h"])];
+        nodes.extend(gelu);
+        let mut inits = vec![("w", Tensor::from_f32(vec![k, n], values(k * n, 24)))];
+        inits.extend(constants);
         graph(
             nodes,
             vec![vi("x", &[2, 5, k])],
             vec![vi("out", &[2, 5, n])],
-            vec![
-                ("w", Tensor::from_f32(vec![k, n], values(k * n, 24))),
-                ("half_c", scalar(0.5)),
-                ("three", scalar(3.0)),
-                ("k1", scalar(0.044715)),
-                ("k2", scalar(0.797_884_6)),
-                ("one_c", scalar(1.0)),
-            ],
+            inits,
         )
     }
 

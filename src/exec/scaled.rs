@@ -393,37 +393,23 @@ mod tests {
             .all(|v| v.is_finite()));
     }
 
-    /// GELU's tanh form after the scaled product of [`model`] (its "y", of both signs and
-    /// made small by a small weight scale): ½y · (1 + tanh(√(2/π) · (y + 0.044715 · y³))), eight layers,
-    /// steps 5–12, the last writing "g".
+    /// GELU's tanh form ([`crate::exec::epilogue::tests::gelu_tanh_nodes`], steps 5–12) after
+    /// the scaled product of [`model`] (its "y", of both signs and made small by a small
+    /// weight scale), the last writing "g"; `exponent` the Pow's.
     fn gelu_tanh_after(exponent: Tensor) -> Graph {
-        let extra = vec![
-            node("half", "Mul", &["y", "half_c"], &["h"]),
-            node("cube", "Pow", &["y", "three"], &["y3"]),
-            node("cubic", "Mul", &["y3", "k1"], &["c"]),
-            node("inner", "Add", &["y", "c"], &["i"]),
-            node("scaled", "Mul", &["i", "k2"], &["a"]),
-            node("tanh", "Tanh", &["a"], &["t"]),
-            node("plus1", "Add", &["t", "one"], &["t1"]),
-            node("gelu", "Mul", &["h", "t1"], &["g"]),
-        ];
+        let (extra, constants) = crate::exec::epilogue::tests::gelu_tanh_nodes("y", "g");
         let mut g = model("s", extra, &["g"]);
-        let scalar = |v: f32| Tensor::from_f32(vec![], vec![v]);
-        for (name, t) in [
-            ("ws", scalar(1e-4)),
-            // B's codes centred on 200: products of both signs.
-            (
-                "wz",
-                Tensor::from_parts(vec![], TensorData::U8(vec![200].into())),
-            ),
-            ("half_c", scalar(0.5)),
-            ("three", exponent),
-            ("k1", scalar(0.044715)),
-            ("k2", scalar(0.797_884_6)),
-            ("one", scalar(1.0)),
-        ] {
+        for (name, t) in constants {
             g.initializers.insert(name.into(), t);
         }
+        g.initializers.insert("three".into(), exponent);
+        g.initializers
+            .insert("ws".into(), Tensor::from_f32(vec![], vec![1e-4]));
+        // B's codes centred on 200: products of both signs.
+        g.initializers.insert(
+            "wz".into(),
+            Tensor::from_parts(vec![], TensorData::U8(vec![200].into())),
+        );
         g
     }
 
