@@ -462,4 +462,35 @@ mod tests {
         let g = gelu_tanh_after(Tensor::from_i64(vec![], vec![3]));
         assert_eq!(fused_is_alone(&g, None), vec![3, 4]);
     }
+
+    /// A residual Add of a value computed before the product (the Flan-T5 encoder's `wo`
+    /// projection plus its block's input) after the scaled Mul: read at each row's own place.
+    #[test]
+    fn a_residual_add_after_a_scaled_product_reads_its_operand_in_place() {
+        let add = node("residual", "Add", &["r", "y"], &["out"]);
+        let mut g = model("s", vec![add], &["out"]);
+        g.inputs.push(crate::graph::testing::vi("r", &[2, 5, N]));
+        let interp = Interpreter::new(&g).unwrap();
+        let mut feeds = feeds();
+        let r: Vec<f32> = (0..10 * N).map(|i| (i as f32 * 0.37).sin() * 1e5).collect();
+        feeds.insert("r".into(), Tensor::from_f32(vec![2, 5, N], r));
+        let (fused, times) = interp.run_profiled(&feeds, None).unwrap();
+        let t = times.iter().find(|t| t.node == 2).unwrap();
+        assert_eq!(t.fused, vec![3, 4, 5]);
+        let keep = RunOptions {
+            keep_intermediates: true,
+        };
+        let alone = interp.run_with(&feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+        // An operand of another shape (broadcast over the rows): the Add runs on its own.
+        let mut g = g;
+        g.inputs[1] = crate::graph::testing::vi("r", &[N]);
+        let interp = Interpreter::new(&g).unwrap();
+        feeds.insert("r".into(), Tensor::from_f32(vec![N], vec![0.5; N]));
+        let (fused, times) = interp.run_profiled(&feeds, None).unwrap();
+        let t = times.iter().find(|t| t.node == 2).unwrap();
+        assert_eq!(t.fused, vec![3, 4]);
+        let alone = interp.run_with(&feeds, &keep).unwrap();
+        assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
+    }
 }
