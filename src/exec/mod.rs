@@ -14,6 +14,7 @@ pub mod emulate;
 mod epilogue;
 pub(crate) mod fusion;
 pub(crate) mod qdq;
+mod rms;
 mod scaled;
 mod spin;
 
@@ -212,6 +213,28 @@ fn slot_readers<'a>(
         })
 }
 
+/// The one step that reads step `i`'s one output, once, where that output is no graph output
+/// and `i` has no subgraphs: where a kernel may compute its reader too.
+fn sole_reader(values: &ValueIndex, steps: &[Step], i: usize) -> Option<usize> {
+    let [Some(out)] = steps[i].outputs.as_slice() else {
+        return None;
+    };
+    if values.is_graph_output(*out) || !steps[i].subs.is_empty() {
+        return None;
+    }
+    let mut readers = slot_readers(values, steps, *out);
+    let (first, None) = (readers.next()?, readers.next()) else {
+        return None;
+    };
+    // Read once by that step (Mul(x, x) reads it twice).
+    let reads = steps[first]
+        .inputs
+        .iter()
+        .filter(|s| matches!(s, Source::Slot(x) if x == out))
+        .count();
+    (reads == 1).then_some(first)
+}
+
 /// A graph prepared for execution: kernels resolved, value slots and lifetimes computed.
 pub struct Interpreter<'g> {
     graph: &'g Graph,
@@ -230,6 +253,8 @@ pub struct Interpreter<'g> {
     chains: Vec<Option<epilogue::Chain>>,
     /// Per step: the Cast and Mul after an integer kernel that it may compute itself.
     scaled: Vec<Option<scaled::ScaledProduct>>,
+    /// Per step: the decomposed RMS normalization it starts, which it may compute whole.
+    rms: Vec<Option<rms::RmsNorm>>,
     /// The epilogues runs without a plan made (a plan keeps its own).
     epilogues: epilogue::Cache,
 }
@@ -428,9 +453,11 @@ impl<'g> Interpreter<'g> {
         }
         let scaled = scaled::find(graph, &values, &steps);
         let chains = epilogue::find_chains(graph, &values, &steps, &scaled);
+        let rms = rms::find(graph, &values, &steps);
         Ok(Interpreter {
             chains,
             scaled,
+            rms,
             graph,
             values,
             steps,
@@ -842,7 +869,7 @@ impl<'g> Interpreter<'g> {
             // The layers fused into this one (an epilogue's, or a scaled product's Cast and
             // Mul), in graph order: the last one's output is what this step writes.
             let mut fused_steps: Args<usize> = Args::new();
-            let (mut outs, movement_mark, cost, kernel_rounded) = {
+            let (mut outs, movement_mark, cost, kernel_rounded, rms_shapes) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
                 // Declared first, so dropped last: the argument lists below may borrow it
                 // (their type, a SmallVec, does not let a borrow end before its drop).
@@ -1146,18 +1173,39 @@ impl<'g> Interpreter<'g> {
                         .and_then(|(_, e)| e.store_form(&operand_values)),
                     weight_rounding: &weight_rounding,
                 };
+                // A decomposed RMS normalization that starts here, computed whole where this
+                // run allows (`rms`): the value it normalizes as stored (the kernel rounds it
+                // as each layer reads it).
+                let rms_norm = (self.rms[idx].as_ref())
+                    .filter(|_| epilogues && scaled.is_none())
+                    .and_then(|r| {
+                        let x = values[r.x()].as_deref()?;
+                        let layers = plan.map(|p| p.layers.as_slice());
+                        Some((r, x, r.layers(idx, &self.steps, x, layers, accumulate)?))
+                    });
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);
-                // The scaled kernel rounded its output as the Mul's (in the pass that scales it).
-                let mut scaled_rounded = false;
+                // The fused kernel rounded its output as its last layer's (the scaled product's
+                // Mul, in the pass that scales; the normalization's last layer).
+                let mut fused_rounded = false;
                 let outs = match (layer.and_then(|l| l.integer.as_deref()), &scaled) {
                     (Some(k), _) => k.run(&ctx, args),
+                    (None, None) if rms_norm.is_some() => {
+                        let (r, x, layers) = rms_norm.as_ref().expect("checked");
+                        let v = x.as_f32().expect("a float32 input (RmsNorm::layers)");
+                        let width = *x.shape().last().expect("rank >= 1");
+                        let mut out = vec![0f32; v.len()];
+                        crate::ops::rms_decomposed::rms_rows(v, width, layers, &mut out);
+                        fused_steps.extend(r.steps());
+                        fused_rounded = true;
+                        Ok(vec![Tensor::from_f32(x.shape().to_vec(), out)])
+                    }
                     (None, Some((sp, scale, rounded, rounding))) => {
                         match (sp.kernel)(&ctx, args, rounded.as_ref().unwrap_or(scale), *rounding)
                         {
                             Ok(Some(t)) => {
                                 fused_steps.extend(sp.steps());
-                                scaled_rounded = rounding.output.is_some();
+                                fused_rounded = rounding.output.is_some();
                                 Ok(vec![t])
                             }
                             // A scale that broadcasts the output: the layers run one by one.
@@ -1218,7 +1266,15 @@ impl<'g> Interpreter<'g> {
                     }
                     None => 0,
                 };
-                (outs, movement_mark, cost, ctx.did_round() || scaled_rounded)
+                // The normalization computed here, and its input's shape (for the FLOP counts).
+                let rms_shapes = rms_norm.map(|(r, x, _)| (r, x.shape().to_vec()));
+                (
+                    outs,
+                    movement_mark,
+                    cost,
+                    ctx.did_round() || fused_rounded,
+                    rms_shapes,
+                )
             };
             // What the outputs are rounded to: the layer's float precision, or for data
             // movement whatever its first input was. An epilogue's output is its last
@@ -1271,20 +1327,26 @@ impl<'g> Interpreter<'g> {
                 c.layer_flops.insert(idx, cost);
                 let mut cost = cost;
                 if let (false, Some(out)) = (fused_steps.is_empty(), outs.first()) {
-                    // The fused layers ran too: their work as if alone (every chain value has
-                    // the anchor's output shape), for the search's FLOP counts.
+                    // The fused layers ran too: their work as if alone, for the search's FLOP
+                    // counts (every chain value has the anchor's output shape; a
+                    // normalization's statistics one value per row).
+                    let shape = |s: ValueId| match &rms_shapes {
+                        Some((r, x)) => r.shape_of(s, x, &self.steps),
+                        None => out.shape().to_vec(),
+                    };
                     for &j in &fused_steps {
                         let ins: Vec<Option<Vec<usize>>> = (self.steps[j].inputs.iter())
                             .map(|src| match src {
-                                Source::Slot(_) => Some(out.shape().to_vec()),
+                                Source::Slot(s) => Some(shape(*s)),
                                 Source::Initializer(_, t) => Some(t.shape().to_vec()),
                                 Source::Outer(_) | Source::Absent => None,
                             })
                             .collect();
+                        let written = self.steps[j].outputs.first().copied().flatten();
                         let flops = crate::inspect::node_flops(
                             &self.graph.nodes[j],
                             &ins,
-                            &[out.shape().to_vec()],
+                            &[written.map_or_else(|| out.shape().to_vec(), shape)],
                         );
                         c.stats.executed += 1;
                         c.layer_flops.insert(j, flops);

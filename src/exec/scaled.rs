@@ -14,7 +14,7 @@
 //! (`tests`).
 
 use super::emulate::{InputPrep, LayerPrep};
-use super::{slot_readers, Source, Step};
+use super::{sole_reader, Source, Step};
 use crate::graph::{Graph, ValueIndex};
 use crate::ops::{domain_key, Registry};
 use crate::precision::Precision;
@@ -39,26 +39,7 @@ pub(super) fn find(
     steps: &[Step],
 ) -> Vec<Option<ScaledProduct>> {
     let registry = Registry::global();
-    // The step's one output, read by one step only, and not a graph output.
-    let sole_reader = |i: usize| -> Option<usize> {
-        let [Some(out)] = steps[i].outputs.as_slice() else {
-            return None;
-        };
-        if values.is_graph_output(*out) || !steps[i].subs.is_empty() {
-            return None;
-        }
-        let mut readers = slot_readers(values, steps, *out);
-        let (first, None) = (readers.next()?, readers.next()) else {
-            return None;
-        };
-        // Read once by that step (Mul(x, x) reads it twice).
-        let reads = steps[first]
-            .inputs
-            .iter()
-            .filter(|s| matches!(s, Source::Slot(x) if x == out))
-            .count();
-        (reads == 1).then_some(first)
-    };
+    let sole_reader = |i: usize| sole_reader(values, steps, i);
     let plain = |i: usize, op: &str| {
         let n = &graph.nodes[i];
         n.op_type == op && domain_key(&n.domain).is_empty() && steps[i].subs.is_empty()

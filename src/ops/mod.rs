@@ -33,6 +33,7 @@ pub mod quantize;
 pub mod recurrent;
 pub mod reduce;
 pub mod resize;
+pub(crate) mod rms_decomposed;
 pub mod sampling;
 pub mod sgemm;
 pub mod shape;

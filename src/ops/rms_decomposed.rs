@@ -1,0 +1,186 @@
+//! The RMS normalization that T5 and Llama-style exports write as plain layers — `Pow(x, 2)`
+//! (or `Mul(x, x)`), `ReduceMean` over the last axis, `Add ε`, `Sqrt`, then `Div(1, ·)` (or
+//! `Reciprocal`) and `Mul(x, ·)`, or `Div(x, ·)`, and perhaps a `Mul` by a weight per column —
+//! computed row by row in one pass, with the bits of those layers run one by one: each
+//! layer's float32 operation in the same order, the mean as `ReduceMean`'s float32 kernel
+//! sums (each row's f64 chain in order from its first term, divided by the width, rounded to
+//! float32: `reduce::trailing_f32_sums`), and under a 16-bit plan each layer's roundings of
+//! what it reads and writes. ONNX Runtime fuses the same layers into one kernel
+//! (`SimplifiedLayerNormalization`); here they were six to eight layers of a few thousand
+//! values each, per normalization (`exec::rms` finds them).
+
+use crate::numeric::Rounding;
+use rayon::prelude::*;
+
+/// Rows whose f64 chains are summed side by side (`ReduceMean`'s kernel does the same: one
+/// chain alone waits on each addition).
+const ROWS_AT_ONCE: usize = 8;
+/// Tensors with fewer values run on the calling thread.
+const PARALLEL_VALUES: usize = 1 << 16;
+
+/// What a layer of one activation input rounds (None: nothing, float32): that input as it
+/// reads it, and its output.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Rounds {
+    pub reads: Option<Rounding>,
+    pub writes: Option<Rounding>,
+}
+
+/// What a layer of two activation inputs rounds: the row's value `x` and the row's scale.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct Rounds2 {
+    pub reads_x: Option<Rounding>,
+    pub reads_scale: Option<Rounding>,
+    pub writes: Option<Rounding>,
+}
+
+/// How each value is divided by its row's root mean square.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Scale {
+    /// `r = one / root` (`Div(one, root)`, or `Reciprocal`: one = 1), then `x · r`.
+    Reciprocal {
+        one: f32,
+        reciprocal: Rounds,
+        mul: Rounds2,
+    },
+    /// `x / root`.
+    Divide(Rounds2),
+}
+
+/// The layers of one decomposed RMS normalization, as the kernel runs them: each constant as
+/// its layer reads it (rounded already where the layer rounds it).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct RmsLayers<'a> {
+    /// `x · x`.
+    pub square: Rounds,
+    pub mean: Rounds,
+    /// `mean + epsilon`.
+    pub epsilon: f32,
+    pub add: Rounds,
+    pub sqrt: Rounds,
+    pub scale: Scale,
+    /// `y · weight[column]`, one weight per column of a row.
+    pub weight: Option<(std::borrow::Cow<'a, [f32]>, Rounds)>,
+}
+
+impl RmsLayers<'_> {
+    fn rounds_anything(&self) -> bool {
+        let one = |r: &Rounds| r.reads.is_some() || r.writes.is_some();
+        let two =
+            |r: &Rounds2| r.reads_x.is_some() || r.reads_scale.is_some() || r.writes.is_some();
+        one(&self.square)
+            || one(&self.mean)
+            || one(&self.add)
+            || one(&self.sqrt)
+            || match &self.scale {
+                Scale::Reciprocal {
+                    reciprocal, mul, ..
+                } => one(reciprocal) || two(mul),
+                Scale::Divide(d) => two(d),
+            }
+            || self.weight.as_ref().is_some_and(|(_, r)| one(r))
+    }
+}
+
+#[inline(always)]
+fn round(r: Option<Rounding>, v: f32) -> f32 {
+    match r {
+        Some(r) => r.round(v),
+        None => v,
+    }
+}
+
+/// `x` normalized row by row (rows of `width` values) into `out`, as the layers of `layers`
+/// compute it.
+pub(crate) fn rms_rows(x: &[f32], width: usize, layers: &RmsLayers<'_>, out: &mut [f32]) {
+    assert_eq!(x.len(), out.len());
+    assert!(width > 0 && x.len().is_multiple_of(width));
+    if let Some((w, _)) = &layers.weight {
+        assert_eq!(w.len(), width, "one weight per column");
+    }
+    let exact = !layers.rounds_anything();
+    let group = width * ROWS_AT_ONCE;
+    let run = |(xs, os): (&[f32], &mut [f32])| rows(xs, os, width, layers, exact);
+    if x.len() >= PARALLEL_VALUES {
+        x.par_chunks(group)
+            .zip(out.par_chunks_mut(group))
+            .for_each(run);
+    } else {
+        x.chunks(group).zip(out.chunks_mut(group)).for_each(run);
+    }
+}
+
+/// Up to ROWS_AT_ONCE rows.
+fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool) {
+    let n = x.len() / width;
+    // The squares' sums, each row's chain in order from its first term.
+    let square = |v: f32| {
+        let v = round(l.square.reads, v);
+        round(l.mean.reads, round(l.square.writes, v * v)) as f64
+    };
+    let mut sums = [0f64; ROWS_AT_ONCE];
+    for (s, row) in sums.iter_mut().zip(x.chunks_exact(width)) {
+        *s = square(row[0]);
+    }
+    for k in 1..width {
+        for (r, s) in sums.iter_mut().enumerate().take(n) {
+            *s += square(x[r * width + k]);
+        }
+    }
+    for ((sum, row), out) in sums
+        .iter()
+        .zip(x.chunks_exact(width))
+        .zip(out.chunks_exact_mut(width))
+    {
+        let mean = round(l.mean.writes, (sum / width as f64) as f32);
+        let shifted = round(l.add.writes, round(l.add.reads, mean) + l.epsilon);
+        let root = round(l.sqrt.writes, round(l.sqrt.reads, shifted).sqrt());
+        match (&l.scale, &l.weight, exact) {
+            // Float32 throughout: loops the compiler vectorizes.
+            (Scale::Reciprocal { one, .. }, weight, true) => {
+                let r = one / root;
+                match weight {
+                    Some((w, _)) => {
+                        for ((o, &v), &w) in out.iter_mut().zip(row).zip(w.iter()) {
+                            *o = v * r * w;
+                        }
+                    }
+                    None => out.iter_mut().zip(row).for_each(|(o, &v)| *o = v * r),
+                }
+            }
+            (Scale::Divide(_), weight, true) => match weight {
+                Some((w, _)) => {
+                    for ((o, &v), &w) in out.iter_mut().zip(row).zip(w.iter()) {
+                        *o = v / root * w;
+                    }
+                }
+                None => out.iter_mut().zip(row).for_each(|(o, &v)| *o = v / root),
+            },
+            (scale, weight, false) => {
+                let scaled: Box<dyn Fn(f32) -> f32> = match *scale {
+                    Scale::Reciprocal {
+                        one,
+                        reciprocal,
+                        mul,
+                    } => {
+                        let r = round(reciprocal.writes, one / round(reciprocal.reads, root));
+                        let r = round(mul.reads_scale, r);
+                        Box::new(move |v| round(mul.writes, round(mul.reads_x, v) * r))
+                    }
+                    Scale::Divide(div) => {
+                        let s = round(div.reads_scale, root);
+                        Box::new(move |v| round(div.writes, round(div.reads_x, v) / s))
+                    }
+                };
+                match weight {
+                    Some((w, by)) => {
+                        for ((o, &v), &w) in out.iter_mut().zip(row).zip(w.iter()) {
+                            *o = round(by.writes, round(by.reads, scaled(v)) * w);
+                        }
+                    }
+                    None => out.iter_mut().zip(row).for_each(|(o, &v)| *o = scaled(v)),
+                }
+            }
+        }
+    }
+}
