@@ -1181,7 +1181,8 @@ impl<'g> Interpreter<'g> {
                     .and_then(|r| {
                         let x = values[r.x()].as_deref()?;
                         let layers = plan.map(|p| p.layers.as_slice());
-                        Some((r, x, r.layers(idx, &self.steps, x, layers, accumulate)?))
+                        let on = rounded[r.x()];
+                        Some((r, x, r.layers(idx, &self.steps, x, on, layers, accumulate)?))
                     });
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);

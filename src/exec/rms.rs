@@ -251,14 +251,15 @@ impl RmsNorm {
         shape
     }
 
-    /// The kernel's layers for a run of `x` under `layers` (a plan's, if any; `accumulate`
-    /// its accumulator), the square at step `square`; None where they must run one by one
+    /// The kernel's layers for a run of `x` (on the grid of `x_on`, if any) under `layers` (a
+    /// plan's, if any; `accumulate` its accumulator), the square at step `square`; None where they must run one by one
     /// (the module's introduction), or the weight does not hold one value per column of `x`.
     pub fn layers<'a>(
         &self,
         square: usize,
         steps: &'a [Step],
         x: &Tensor,
+        x_on: Option<Precision>,
         layers: Option<&'a [LayerPrep]>,
         accumulate: Accumulator,
     ) -> Option<RmsLayers<'a>> {
@@ -362,7 +363,7 @@ impl RmsNorm {
                 Some((l.weight(at, t)?, one_input(&l, 1 - at)?))
             }
         };
-        Some(RmsLayers {
+        let layers = RmsLayers {
             square: one_input(&sq, 0)?,
             mean: one_input(&mean, 0)?,
             epsilon: add.constant(at, epsilon)?,
@@ -370,7 +371,8 @@ impl RmsNorm {
             sqrt: one_input(&layer(self.sqrt)?, 0)?,
             scale,
             weight,
-        })
+        };
+        Some(layers.without_repeated_roundings(x_on.and_then(Precision::float_rounding)))
     }
 }
 
@@ -491,7 +493,13 @@ mod tests {
         let (fused, alone) = (fused.unwrap(), alone.unwrap());
         assert_eq!(bits(&fused.outputs[0].1), bits(&alone.outputs[0].1));
         let (_, times) = interp.run_profiled(feeds, plan).unwrap();
-        times.iter().find(|t| t.node == 0).unwrap().fused.clone()
+        let square = g.nodes.iter().position(|n| n.name == "square").unwrap();
+        times
+            .iter()
+            .find(|t| t.node == square)
+            .unwrap()
+            .fused
+            .clone()
     }
 
     fn prepared(g: &Graph, layers: Vec<Precision>) -> PreparedPlan {
@@ -575,6 +583,36 @@ mod tests {
                     "{form:?} {layers:?}"
                 );
             }
+        }
+        // x written by a layer of the plan (on its grid, or another's): the roundings of x
+        // the layers skip or apply as they read it.
+        let mut g = model(Form::T5, &shape);
+        g.nodes.iter_mut().for_each(|n| {
+            n.inputs
+                .iter_mut()
+                .filter(|i| *i == "x")
+                .for_each(|i| *i = "x1".into());
+        });
+        g.nodes
+            .insert(0, node("pre", "Mul", &["x", "three"], &["x1"]));
+        g.initializers
+            .insert("three".into(), Tensor::from_f32(vec![], vec![1.37]));
+        let n = g.nodes.len();
+        let all: Vec<usize> = (2..n).collect();
+        for (pre, rest) in [
+            (Precision::Float16, Precision::Float16),
+            (Precision::BFloat16, Precision::Float16),
+            (Precision::Float16, Precision::BFloat16),
+            (Precision::Float32, Precision::Float16),
+        ] {
+            let mut layers = vec![rest; n];
+            layers[0] = pre;
+            let plan = prepared(&g, layers);
+            assert_eq!(
+                fused_is_alone(&g, &feeds, Some(&plan)),
+                all,
+                "{pre:?} {rest:?}"
+            );
         }
         // Float16 accumulation of a float16 mean: ReduceMean's own order, not fused.
         let g = model(Form::T5, &shape);
