@@ -866,8 +866,9 @@ impl<'g> Interpreter<'g> {
                 Some(Precision::Float16 | Precision::BFloat16) => accumulate,
                 _ => crate::precision::Accumulator::F32,
             };
-            // The layers fused into this one (an epilogue's, or a scaled product's Cast and
-            // Mul), in graph order: the last one's output is what this step writes.
+            // The layers fused into this one (an epilogue's, a scaled product's Cast and Mul,
+            // or the rest of an RMS normalization), in graph order: the last one's output is
+            // what this step writes.
             let mut fused_steps: Args<usize> = Args::new();
             let (mut outs, movement_mark, cost, kernel_rounded, rms_shapes) = {
                 let fusion = layer.and_then(|l| l.fusion.as_ref());
