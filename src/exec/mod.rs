@@ -889,9 +889,21 @@ impl<'g> Interpreter<'g> {
                         Source::Absent => None,
                     })
                     .collect();
+                // A decomposed RMS normalization that starts here, computed whole where this
+                // run allows (`rms`): the value it normalizes as stored (the kernel rounds it as
+                // each layer reads it, so no rounded copy is made for the square below).
+                let rms_norm = (self.rms[idx].as_ref())
+                    .filter(|_| epilogues && self.scaled[idx].is_none())
+                    .and_then(|r| {
+                        let x = values[r.x()].as_deref()?;
+                        let layers = plan.map(|p| p.layers.as_slice());
+                        let on = rounded[r.x()];
+                        Some((r, x, r.layers(idx, &self.steps, x, on, layers, accumulate)?))
+                    });
                 // Converted copies of activations, where the layer's precision asks for them.
                 let owned: Args<Option<Tensor>> = match layer {
                     None => Args::new(),
+                    Some(_) if rms_norm.is_some() => Args::new(),
                     Some(l) => base
                         .iter()
                         .zip(&l.inputs)
@@ -1174,17 +1186,6 @@ impl<'g> Interpreter<'g> {
                         .and_then(|(_, e)| e.store_form(&operand_values)),
                     weight_rounding: &weight_rounding,
                 };
-                // A decomposed RMS normalization that starts here, computed whole where this
-                // run allows (`rms`): the value it normalizes as stored (the kernel rounds it
-                // as each layer reads it).
-                let rms_norm = (self.rms[idx].as_ref())
-                    .filter(|_| epilogues && scaled.is_none())
-                    .and_then(|r| {
-                        let x = values[r.x()].as_deref()?;
-                        let layers = plan.map(|p| p.layers.as_slice());
-                        let on = rounded[r.x()];
-                        Some((r, x, r.layers(idx, &self.steps, x, on, layers, accumulate)?))
-                    });
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);
                 // The fused kernel rounded its output as its last layer's (the scaled product's
