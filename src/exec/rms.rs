@@ -26,11 +26,11 @@ use std::borrow::Cow;
 /// How the row's root mean square divides the values.
 #[derive(Clone, Debug, PartialEq)]
 enum ScaleSteps {
-    /// `Div(one, root)` (`one` the Div's first input) or `Reciprocal(root)` (`one`: None), then
-    /// `Mul` with x (x its input `x_at`).
+    /// `Div(1, root)` (`divides`) or `Reciprocal(root)`, then `Mul` with x (x its input
+    /// `x_at`).
     Reciprocal {
         reciprocal: usize,
-        one: Option<f32>,
+        divides: bool,
         mul: usize,
         x_at: usize,
     },
@@ -114,11 +114,11 @@ fn find_at(graph: &Graph, values: &ValueIndex, steps: &[Step], square: usize) ->
             _ => None,
         }
     };
-    let reciprocal = |one: Option<f32>| -> Option<ScaleSteps> {
+    let reciprocal = |divides: bool| -> Option<ScaleSteps> {
         let (mul, x_at) = times_x(after)?;
         Some(ScaleSteps::Reciprocal {
             reciprocal: after,
-            one,
+            divides,
             mul,
             x_at,
         })
@@ -127,12 +127,12 @@ fn find_at(graph: &Graph, values: &ValueIndex, steps: &[Step], square: usize) ->
         [one, Source::Slot(s)]
             if plain(after, "Div") && *s == root && one_value(one) == Some(1.0) =>
         {
-            reciprocal(Some(1.0))?
+            reciprocal(true)?
         }
         [Source::Slot(a), Source::Slot(s)] if plain(after, "Div") && *a == x && *s == root => {
             ScaleSteps::Divide(after)
         }
-        [Source::Slot(s)] if plain(after, "Reciprocal") && *s == root => reciprocal(None)?,
+        [Source::Slot(s)] if plain(after, "Reciprocal") && *s == root => reciprocal(false)?,
         _ => return None,
     };
     let scaled = match scale {
@@ -172,7 +172,8 @@ enum Read<'a> {
 /// A layer's roundings under a plan (no reads listed: every input as stored).
 #[derive(Default)]
 struct LayerRounds<'a> {
-    reads: Vec<Read<'a>>,
+    /// Inline: the layers have one or two inputs, and this runs on every run of a plan.
+    reads: Args<Read<'a>>,
     writes: Option<Rounding>,
 }
 
@@ -293,7 +294,7 @@ impl RmsNorm {
                     (InputPrep::Converted(c, _), Some(_)) => Some(Read::Converted(c)),
                     _ => None,
                 })
-                .collect::<Option<Vec<Read>>>()?;
+                .collect::<Option<Args<Read>>>()?;
             Some(LayerRounds { reads, writes })
         };
         let one_input = |l: &LayerRounds, at: usize| -> Option<Rounds> {
@@ -317,14 +318,15 @@ impl RmsNorm {
         let scale = match self.scale {
             ScaleSteps::Reciprocal {
                 reciprocal,
-                one,
+                divides,
                 mul,
                 x_at,
             } => {
                 let r = layer(reciprocal)?;
-                let (one, reads) = match one {
-                    Some(one) => (r.constant(0, one)?, r.activation(1)?),
-                    None => (1.0, r.activation(0)?),
+                // The Div's 1 as the layer reads it (1 on every grid, or a converted copy).
+                let (one, reads) = match divides {
+                    true => (r.constant(0, 1.0)?, r.activation(1)?),
+                    false => (1.0, r.activation(0)?),
                 };
                 let m = layer(mul)?;
                 Scale::Reciprocal {
