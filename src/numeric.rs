@@ -126,6 +126,17 @@ pub(crate) unsafe fn bf16_x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64
     _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x)
 }
 
+/// 8 values rounded to float16 and back (`vcvtps2ph`, to nearest even, as [`f16_x16`]).
+///
+/// # Safety
+/// The CPU has F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn f16_x8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x))
+}
+
 /// 8 values rounded to bfloat16 as [`round_to_bf16`] does it (NaNs unchanged): the AVX2 form
 /// of [`bf16_x16`], for kernels that round a weight as they load it.
 #[cfg(target_arch = "x86_64")]

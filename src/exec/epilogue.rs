@@ -24,7 +24,7 @@ use super::{slot_readers, Source, Step};
 use crate::graph::{Graph, ValueId, ValueIndex};
 use crate::numeric::Rounding;
 use crate::ops::lanewise::{Binary, Lanewise};
-use crate::ops::{ChainShape, OpCtx, Piece, Registry, Stage};
+use crate::ops::{ChainShape, OpCtx, Piece, Registry, Stage, StoreRounds};
 use crate::precision::Precision;
 use crate::tensor::Tensor;
 use std::borrow::Cow;
@@ -237,13 +237,15 @@ pub(super) struct Epilogue {
     /// the stages CHUNK values at a time.
     reads_operands: bool,
     /// Where the chain is an affine stage (BatchNormalization), then maybe the Add of an
-    /// operand, then maybe one lanewise stage (Relu, Clip), none rounding (float32): those
-    /// stages as one pass over a channel's piece ([`SinglePass`]).
+    /// operand, then maybe one lanewise stage (Relu, Clip): those stages as one pass — over a
+    /// channel's piece where none rounds (float32), and in the kernel's registers as it
+    /// stores its values ([`Epilogue::store_form`]) with or without roundings ([`SinglePass`]).
     single_pass: Option<SinglePass>,
 }
 
 /// The stages after the affine first one of an epilogue that runs in one pass: the operand
-/// added (its index) and the lanewise stage, where there are.
+/// added (its index) and the lanewise stage, where there are, and where the values are
+/// rounded (an emulated plan's layers).
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct SinglePass {
     operand: Option<usize>,
@@ -252,19 +254,18 @@ struct SinglePass {
     /// first's payload comes out).
     operand_first: bool,
     last: Option<Lanewise>,
+    rounds: StoreRounds,
 }
 
 impl SinglePass {
     /// The pass for `ops` where they are such a chain: each stage reads the value the one
-    /// before it wrote (the first, the anchor's output in buffer 0), the Add the operand too,
-    /// none rounds, and the last one's buffer is the result. Which buffers the stages use does
-    /// not matter: the pass runs in place on the values (an Add of the operand first writes a
-    /// temporary in the stage-by-stage run).
-    fn of(ops: &[Op], result: usize, rounds: bool) -> Option<SinglePass> {
-        if rounds || ops.is_empty() || ops.len() > 3 {
-            return None;
-        }
-        if ops.iter().any(|op| op.round.is_some() || op.then.is_some()) {
+    /// before it wrote (the first, the anchor's output in buffer 0, rounded by `anchor`), the
+    /// Add the operand too, and the last one's buffer is the result. Which buffers the stages
+    /// use does not matter: the pass runs in place on the values (an Add of the operand first
+    /// writes a temporary in the stage-by-stage run). Each rounding of the stage-by-stage run
+    /// is the pass's at the same point ([`StoreRounds`]).
+    fn of(ops: &[Op], result: usize, anchor: [Option<Rounding>; 2]) -> Option<SinglePass> {
+        if ops.is_empty() || ops.len() > 3 {
             return None;
         }
         let first = &ops[0];
@@ -277,20 +278,32 @@ impl SinglePass {
             operand: None,
             operand_first: false,
             last: None,
+            rounds: StoreRounds {
+                product: anchor,
+                affine: [first.round, first.then],
+                ..StoreRounds::default()
+            },
         };
         let mut rest = &ops[1..];
         if let Some(op) = rest.first() {
             let operand = |a: &Arg| match a {
-                Arg::Operand { index, round: None } => Some(*index),
+                Arg::Operand { index, round } => Some((*index, *round)),
                 _ => None,
             };
             if let (Stage::Zip(Binary::Add), [a, b]) = (&op.stage, &op.inputs[..]) {
-                if let Some(index) = operand(b).filter(|_| *a == Arg::Reg(at)) {
+                let read = if let Some(read) = operand(b).filter(|_| *a == Arg::Reg(at)) {
+                    Some(read)
+                } else if let Some(read) = operand(a).filter(|_| *b == Arg::Reg(at)) {
+                    pass.operand_first = true;
+                    Some(read)
+                } else {
+                    None
+                };
+                if let Some((index, round)) = read {
                     pass.operand = Some(index);
-                } else if let Some(index) = operand(a).filter(|_| *b == Arg::Reg(at)) {
-                    (pass.operand, pass.operand_first) = (Some(index), true);
-                }
-                if pass.operand.is_some() {
+                    pass.rounds.operand = round;
+                    // The Add's kernel rounds the sum as it computes it.
+                    pass.rounds.sum = [op.round, op.then];
                     at = op.out;
                     rest = &rest[1..];
                 }
@@ -301,6 +314,8 @@ impl SinglePass {
             [op] => match op.stage {
                 Stage::Lanewise(l) if op.inputs[..] == [Arg::Reg(at)] => {
                     pass.last = Some(l);
+                    // As `Lanewise::run` rounds: not where the operation keeps the grid.
+                    pass.rounds.last = [op.round.filter(|&r| !l.keeps(r)), op.then];
                     at = op.out;
                 }
                 _ => return None,
@@ -598,23 +613,21 @@ impl Epilogue {
             .collect();
         let stages = fuse_silu(stages, &ops);
         let then = read_as[0].flatten();
-        Ok(assign_buffers(stages).map(|(ops, temps, result)| {
-            let rounds = anchor_round.is_some() || then.is_some();
-            Epilogue {
-                single_pass: SinglePass::of(&ops, result, rounds),
-                ops,
-                temps,
-                result,
-                round: anchor_round,
-                then,
-                reads_operands: !operands.is_empty(),
-            }
+        Ok(assign_buffers(stages).map(|(ops, temps, result)| Epilogue {
+            single_pass: SinglePass::of(&ops, result, [anchor_round, then]),
+            ops,
+            temps,
+            result,
+            round: anchor_round,
+            then,
+            reads_operands: !operands.is_empty(),
         }))
     }
 
     /// The epilogue as a kernel may compute it while storing each value, where it is a
     /// [`SinglePass`] (an affine stage, perhaps an operand's Add, perhaps one lanewise stage,
-    /// no rounding); `operands` as [`Epilogue::apply`] takes them.
+    /// each value rounded where its layer rounds it); `operands` as [`Epilogue::apply`] takes
+    /// them.
     pub fn store_form<'a>(
         &'a self,
         operands: &[&'a [f32]],
@@ -633,15 +646,18 @@ impl Epilogue {
             operand,
             operand_first: pass.operand_first,
             last: pass.last,
+            rounds: pass.rounds,
         })
     }
 
     /// Applies the anchor's rounding and every stage to one piece of finished values;
     /// `operands`: the values of the chain's [`Chain::operands`], each of the output's shape.
     pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[&[f32]]) {
-        if let (Some(pass), crate::ops::Channels::One(ch), 1) =
-            (self.single_pass, piece.channels, piece.step)
-        {
+        if let (Some(pass), crate::ops::Channels::One(ch), 1) = (
+            self.single_pass.filter(|p| p.rounds.is_empty()),
+            piece.channels,
+            piece.step,
+        ) {
             if let Stage::Affine { scale, shift } = &self.ops[0].stage {
                 let operand = pass
                     .operand
@@ -951,13 +967,13 @@ fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{Arg, Op, SinglePass};
+    use super::{Arg, Epilogue, Op, SinglePass};
     use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
     use crate::graph::testing::{graph, node, vi};
     use crate::graph::{Attribute, Graph, Node};
     use crate::numeric::Rounding;
     use crate::ops::lanewise::{Binary, Lanewise};
-    use crate::ops::Stage;
+    use crate::ops::{Piece, Stage, StoreRounds};
     use crate::precision::plan::PrecisionPlan;
     use crate::precision::Precision;
     use crate::tensor::Tensor;
@@ -1879,11 +1895,113 @@ pub(crate) mod tests {
         assert_eq!(bits(&first.outputs[0].1), bits(&third.outputs[0].1));
     }
 
+    const NO_ROUNDS: [Option<Rounding>; 2] = [None, None];
+
+    /// The one-pass form with roundings (an emulated plan's BatchNormalization → Add → Relu or
+    /// Clip, each layer in float32, float16 or bfloat16, the operand read on another grid, a
+    /// reader in another precision): each value a kernel stores through it
+    /// ([`crate::ops::StoreEpilogue::value`]) has the bits of the stages run in turn.
+    #[test]
+    fn the_store_form_rounds_where_the_stages_do() {
+        let specials = [
+            f32::NAN,
+            f32::from_bits(0x7fc0_1234),
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            0.0,
+            -0.0,
+            1e-40,
+            6.0e-8,
+            65519.0,
+            65520.0,
+            3.0e38,
+            -2.5,
+            0.1,
+            1.0 / 3.0,
+            16_777_215.0,
+            -1.0e-3,
+        ];
+        let v: Vec<f32> = (0..320)
+            .map(|i| specials[i % 16] * if i % 5 == 0 { 1.0 } else { 1.37 })
+            .collect();
+        let o: Vec<f32> = (0..320).map(|i| specials[(i * 7 + 3) % 16] * 0.9).collect();
+        let grids = [None, Some(Rounding::F16), Some(Rounding::BF16)];
+        let mut rng = crate::data::loader::Mt19937::new(11);
+        let mut pick = || grids[(rng.random_sample() * 3.0) as usize % 3];
+        let (scale, shift) = (vec![1.5f32, 0.1], vec![-0.25f32, 1.0 / 3.0]);
+        let mut rounded = 0;
+        for case in 0..400 {
+            let last = [None, Some(Lanewise::Relu), Some(Lanewise::Clip(-1.0, 6.1))][case % 3];
+            let (with_operand, operand_first) =
+                [(false, false), (true, false), (true, true)][case / 3 % 3];
+            let anchor = [pick(), pick()];
+            let (affine, sum, after) = ([pick(), pick()], [pick(), pick()], [pick(), pick()]);
+            let operand = Arg::Operand {
+                index: 0,
+                round: pick(),
+            };
+            // As `assign_buffers` lays them out: an Add of the operand first writes a
+            // temporary, and the stages after it work there.
+            let temps = (with_operand && operand_first) as usize;
+            let op = |stage: Stage, inputs: Vec<Arg>, out: usize, r: [Option<Rounding>; 2]| Op {
+                stage,
+                inputs,
+                out,
+                round: r[0],
+                then: r[1],
+            };
+            let mut ops = vec![op(
+                Stage::Affine {
+                    scale: scale.clone(),
+                    shift: shift.clone(),
+                },
+                vec![Arg::Reg(0)],
+                0,
+                affine,
+            )];
+            if with_operand {
+                let inputs = match operand_first {
+                    true => vec![operand, Arg::Reg(0)],
+                    false => vec![Arg::Reg(0), operand],
+                };
+                ops.push(op(Stage::Zip(Binary::Add), inputs, temps, sum));
+            }
+            if let Some(l) = last {
+                ops.push(op(Stage::Lanewise(l), vec![Arg::Reg(temps)], temps, after));
+            }
+            let pass = SinglePass::of(&ops, temps, anchor).expect("one pass");
+            rounded += !pass.rounds.is_empty() as usize;
+            let e = Epilogue {
+                ops,
+                temps,
+                result: temps,
+                round: anchor[0],
+                then: anchor[1],
+                reads_operands: with_operand,
+                single_pass: Some(pass),
+            };
+            // The stages in turn (a pass with roundings is not taken here).
+            let mut want = v.clone();
+            e.apply(Piece::plane(1, 0), &mut want, &[&o]);
+            let store = e.store_form(&[&o]).expect("the store form");
+            for (i, (&x, &w)) in v.iter().zip(&want).enumerate() {
+                let got = store.value(x, 1, i);
+                // Where two NaNs meet in the Add, either may come out.
+                assert!(
+                    got.to_bits() == w.to_bits() || got.is_nan() && w.is_nan(),
+                    "case {case}: {:?}, value {i} ({x}): {got} against {w}",
+                    store.rounds
+                );
+            }
+        }
+        assert!(rounded > 390, "{rounded} of 400 cases round");
+    }
+
     /// The one-pass affine chain computes what its stages compute in turn, bit for bit, on
     /// NaNs (payloads and signs; where two meet, a NaN), infinities, signed zeros, subnormals
     /// and large values, with
     /// and without an operand and each lanewise stage; an epilogue of BatchNormalization →
-    /// Add → Relu takes it, one whose stages round does not.
+    /// Add → Relu takes it, and notes where its stages round.
     #[test]
     fn one_pass_is_the_stages_in_turn() {
         let specials = [
@@ -1949,6 +2067,7 @@ pub(crate) mod tests {
                         operand: operand.map(|_| 0),
                         operand_first,
                         last,
+                        rounds: StoreRounds::default(),
                     };
                     pass.run(&mut got, a, b, operand);
                     // Where two NaNs meet in the Add, either may come out (the compiler may
@@ -1983,28 +2102,32 @@ pub(crate) mod tests {
             op(Stage::Zip(Binary::Add), vec![Arg::Reg(0), operand], None),
             op(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(0)], None),
         ];
-        assert_eq!(
-            SinglePass::of(&chain, 0, false),
-            Some(SinglePass {
-                operand: Some(0),
-                operand_first: false,
-                last: Some(Lanewise::Relu)
-            })
-        );
-        assert_eq!(SinglePass::of(&chain, 0, true), None);
+        let plain = SinglePass {
+            operand: Some(0),
+            operand_first: false,
+            last: Some(Lanewise::Relu),
+            rounds: StoreRounds::default(),
+        };
+        assert_eq!(SinglePass::of(&chain, 0, NO_ROUNDS), Some(plain));
+        // The anchor's roundings are the product's; a stage's, its value's.
+        let (f16, bf16) = (Some(Rounding::F16), Some(Rounding::BF16));
+        let anchored = SinglePass::of(&chain, 0, [f16, bf16]).unwrap();
+        assert_eq!(anchored.rounds.product, [f16, bf16]);
         let rounded = vec![op(affine(), vec![Arg::Reg(0)], Some(Rounding::F16))];
-        assert_eq!(SinglePass::of(&rounded, 0, false), None);
+        let pass = SinglePass::of(&rounded, 0, NO_ROUNDS).unwrap();
+        assert_eq!(pass.rounds.affine, [f16, None]);
         // The operand first (Add(operand, x)): the pass adds in that order.
         let swapped = vec![
             op(affine(), vec![Arg::Reg(0)], None),
             op(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)], None),
         ];
         assert_eq!(
-            SinglePass::of(&swapped, 0, false),
+            SinglePass::of(&swapped, 0, NO_ROUNDS),
             Some(SinglePass {
                 operand: Some(0),
                 operand_first: true,
-                last: None
+                last: None,
+                rounds: StoreRounds::default(),
             })
         );
         // A Sub of the chain value from the operand does not commute: the stages in turn.
@@ -2012,7 +2135,7 @@ pub(crate) mod tests {
             op(affine(), vec![Arg::Reg(0)], None),
             op(Stage::Zip(Binary::Sub), vec![operand, Arg::Reg(0)], None),
         ];
-        assert_eq!(SinglePass::of(&subtracted, 0, false), None);
+        assert_eq!(SinglePass::of(&subtracted, 0, NO_ROUNDS), None);
         // As `assign_buffers` lays out BatchNormalization → Add(operand, x) → Relu (the bench
         // CNN's shortcuts): the Add writes a temporary, the Relu reads it, the result is there.
         let in_temp = |stage: Stage, inputs: Vec<Arg>| Op {
@@ -2028,16 +2151,17 @@ pub(crate) mod tests {
             operand: Some(0),
             operand_first: true,
             last: Some(Lanewise::Relu),
+            rounds: StoreRounds::default(),
         };
-        assert_eq!(SinglePass::of(&laid_out, 1, false), Some(want));
+        assert_eq!(SinglePass::of(&laid_out, 1, NO_ROUNDS), Some(want));
         // Not where the result lies elsewhere, or a stage reads a value before the last.
-        assert_eq!(SinglePass::of(&laid_out, 0, false), None);
+        assert_eq!(SinglePass::of(&laid_out, 0, NO_ROUNDS), None);
         let rereads = vec![
             op(affine(), vec![Arg::Reg(0)], None),
             in_temp(Stage::Zip(Binary::Add), vec![operand, Arg::Reg(0)]),
             in_temp(Stage::Lanewise(Lanewise::Relu), vec![Arg::Reg(0)]),
         ];
-        assert_eq!(SinglePass::of(&rereads, 1, false), None);
+        assert_eq!(SinglePass::of(&rereads, 1, NO_ROUNDS), None);
     }
 
     #[test]

@@ -45,6 +45,7 @@ pub(crate) mod vector;
 
 use crate::graph::fact::{DimFact, Fact};
 use crate::graph::{Graph, Node};
+use crate::numeric::Rounding;
 use crate::tensor::Tensor;
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -120,8 +121,9 @@ pub type ChannelFn<'a> = dyn Fn(Piece, &mut [f32]) + Sync + 'a;
 /// A layer's epilogue in the one form a kernel may compute as it stores each value, in
 /// registers, instead of calling [`OpCtx::epilogue`] on pieces afterwards: for the value of
 /// output channel `c` at flat index `i`, `x·scale[c] + shift[c]` (a product, then a sum), then
-/// the sum with `operand[i]`, then `last` — the operations the epilogue applies, in its order, so the
-/// same bits ([`OpCtx::store_epilogue`]).
+/// the sum with `operand[i]`, then `last`, each value rounded where `rounds` says — the
+/// operations the epilogue applies, in its order, so the same bits
+/// ([`OpCtx::store_epilogue`]).
 #[derive(Clone, Copy, Debug)]
 pub struct StoreEpilogue<'a> {
     pub scale: &'a [f32],
@@ -132,6 +134,42 @@ pub struct StoreEpilogue<'a> {
     /// `v + operand[i]`: the same value, but where both are NaN the first's payload comes out.
     pub operand_first: bool,
     pub last: Option<lanewise::Lanewise>,
+    pub rounds: StoreRounds,
+}
+
+/// Where a [`StoreEpilogue`] rounds (an emulated float16 or bfloat16 plan's layers): per value
+/// of the chain, its layer's output rounding, then the rounding its reader in the chain takes
+/// it with where that layer's precision differs (each None: float32, as computed).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StoreRounds {
+    /// The kernel's output (the bias added).
+    pub product: [Option<Rounding>; 2],
+    /// The affine stage's value.
+    pub affine: [Option<Rounding>; 2],
+    /// The operand as the Add reads it.
+    pub operand: Option<Rounding>,
+    /// The sum with the operand.
+    pub sum: [Option<Rounding>; 2],
+    /// `last`'s value (none where `last` keeps the values on the layer's grid, as its own
+    /// kernel then skips the rounding).
+    pub last: [Option<Rounding>; 2],
+}
+
+impl StoreRounds {
+    /// Whether nothing is rounded.
+    pub fn is_empty(&self) -> bool {
+        *self == StoreRounds::default()
+    }
+}
+
+/// `v` rounded by each of `rounds` in turn.
+#[inline(always)]
+pub fn rounded_by(v: f32, rounds: [Option<Rounding>; 2]) -> f32 {
+    let mut v = v;
+    for r in [rounds[0], rounds[1]].into_iter().flatten() {
+        v = r.round(v);
+    }
+    v
 }
 
 impl StoreEpilogue<'_> {
@@ -141,16 +179,15 @@ impl StoreEpilogue<'_> {
     // where two NaNs meet (which the compiler may still swap: docs/numerics.md).
     #[allow(clippy::if_same_then_else)]
     pub fn value(&self, x: f32, ch: usize, i: usize) -> f32 {
-        let mut v = x * self.scale[ch] + self.shift[ch];
+        let r = &self.rounds;
+        let x = rounded_by(x, r.product);
+        let mut v = rounded_by(x * self.scale[ch] + self.shift[ch], r.affine);
         if let Some(o) = self.operand {
-            v = if self.operand_first {
-                o[i] + v
-            } else {
-                v + o[i]
-            };
+            let o = r.operand.map_or(o[i], |r| r.round(o[i]));
+            v = rounded_by(if self.operand_first { o + v } else { v + o }, r.sum);
         }
         match self.last {
-            Some(l) => l.apply(v),
+            Some(l) => rounded_by(l.apply(v), r.last),
             None => v,
         }
     }

@@ -672,6 +672,8 @@ unsafe fn block_into_planes(
 ) {
     let bias_of = |ch: usize| bias.map_or(0.0, |b| b[ch]);
     let how = super::util::Transpose8::detect();
+    #[cfg(target_arch = "x86_64")]
+    let rounds_in_registers = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c");
     let (p0, p1) = (block.rows.start, block.rows.end);
     let (c0, c1) = (block.columns.start, block.columns.end);
     let c8 = c0 + (c1 - c0) / 8 * 8;
@@ -685,8 +687,12 @@ unsafe fn block_into_planes(
             let (src, dst) = (ct.add(at(q0, cb)), planes.add(cb * n_pos + q0));
             match (&stored, how) {
                 #[cfg(target_arch = "x86_64")]
-                (Some(s), super::util::Transpose8::Avx) => {
+                (Some(s), super::util::Transpose8::Avx) if s.epilogue.rounds.is_empty() => {
                     transpose_8x8_stored(src, block.ld, dst, n_pos, b8.as_ref(), s, cb, q0)
+                }
+                #[cfg(target_arch = "x86_64")]
+                (Some(s), super::util::Transpose8::Avx) if rounds_in_registers => {
+                    transpose_8x8_stored_rounded(src, block.ld, dst, n_pos, b8.as_ref(), s, cb, q0)
                 }
                 (Some(s), _) => {
                     for j in 0..8 {
@@ -735,10 +741,12 @@ impl StoredPlanes<'_> {
 }
 
 /// [`super::util::transpose_8x8`] (plus the bias) with the epilogue applied in registers
-/// before each store: channel `cb + j`'s 8 positions from `q0`.
+/// before each store: channel `cb + j`'s 8 positions from `q0`. Where the epilogue rounds,
+/// [`transpose_8x8_stored_rounded`].
 ///
 /// # Safety
-/// As `transpose_8x8`; the CPU has AVX; the operand, if any, holds the output's values.
+/// As `transpose_8x8`; the CPU has AVX; the operand, if any, holds the output's values; the
+/// epilogue does not round.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx")]
 #[allow(clippy::too_many_arguments)]
@@ -752,7 +760,89 @@ unsafe fn transpose_8x8_stored(
     cb: usize,
     q0: usize,
 ) {
+    stored_8x8::<false>(src, ld_src, dst, n_pos, bias, stored, cb, q0)
+}
+
+/// [`transpose_8x8_stored`] for an epilogue that rounds (an emulated plan's layers): each
+/// value rounded in registers where the layers round it (`vcvtps2ph` and back for float16,
+/// the integer rounding of [`crate::numeric::bf16_x8`] for bfloat16).
+///
+/// # Safety
+/// As `transpose_8x8_stored`, the CPU having AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn transpose_8x8_stored_rounded(
+    src: *const f32,
+    ld_src: usize,
+    dst: *mut f32,
+    n_pos: usize,
+    bias: Option<&[f32; 8]>,
+    stored: &StoredPlanes,
+    cb: usize,
+    q0: usize,
+) {
+    stored_8x8::<true>(src, ld_src, dst, n_pos, bias, stored, cb, q0)
+}
+
+/// 8 values rounded by each of `rounds` in turn.
+///
+/// # Safety
+/// The CPU has AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn rounded8(
+    x: std::arch::x86_64::__m256,
+    rounds: [Option<crate::numeric::Rounding>; 2],
+) -> std::arch::x86_64::__m256 {
+    use crate::numeric::{bf16_x8, f16_x8, Rounding};
+    // No closures or iterator adapters: they would be functions of their own, compiled
+    // without the caller's F16C and AVX2, and the intrinsics in them calls.
+    let mut x = x;
+    for r in [rounds[0], rounds[1]] {
+        x = match r {
+            Some(Rounding::F16) => f16_x8(x),
+            Some(Rounding::BF16) => bf16_x8(x),
+            None => x,
+        };
+    }
+    x
+}
+
+/// `x` rounded by `rounds` where the store rounds (ROUNDS), else `x`.
+///
+/// # Safety
+/// With ROUNDS, the CPU has AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn round_if<const ROUNDS: bool>(
+    x: std::arch::x86_64::__m256,
+    rounds: [Option<crate::numeric::Rounding>; 2],
+) -> std::arch::x86_64::__m256 {
+    if ROUNDS {
+        rounded8(x, rounds)
+    } else {
+        x
+    }
+}
+
+/// The body of [`transpose_8x8_stored`] (ROUNDS false: `stored` must not round) and of
+/// [`transpose_8x8_stored_rounded`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn stored_8x8<const ROUNDS: bool>(
+    src: *const f32,
+    ld_src: usize,
+    dst: *mut f32,
+    n_pos: usize,
+    bias: Option<&[f32; 8]>,
+    stored: &StoredPlanes,
+    cb: usize,
+    q0: usize,
+) {
     use std::arch::x86_64::*;
+    let rounds = stored.epilogue.rounds;
     let out = super::util::transpose_8x8_regs(src, ld_src);
     let e = stored.epilogue;
     let first = stored.first_channel + cb;
@@ -768,20 +858,25 @@ unsafe fn transpose_8x8_stored(
             Some(b) => _mm256_add_ps(out[j], _mm256_set1_ps(b[j])),
             None => out[j],
         };
-        v[j] = _mm256_add_ps(
-            _mm256_mul_ps(x, _mm256_set1_ps(scale[j])),
-            _mm256_set1_ps(shift[j]),
+        let x = round_if::<ROUNDS>(x, rounds.product);
+        v[j] = round_if::<ROUNDS>(
+            _mm256_add_ps(
+                _mm256_mul_ps(x, _mm256_set1_ps(scale[j])),
+                _mm256_set1_ps(shift[j]),
+            ),
+            rounds.affine,
         );
     }
     if let Some(o) = operand {
         for (j, x) in v.iter_mut().enumerate() {
             // In the Add's order (where both are NaN, the first source's payload comes out).
-            let y = _mm256_loadu_ps(o.add(j * n_pos));
-            *x = if e.operand_first {
+            let y = round_if::<ROUNDS>(_mm256_loadu_ps(o.add(j * n_pos)), [rounds.operand, None]);
+            let sum = if e.operand_first {
                 _mm256_add_ps(y, *x)
             } else {
                 _mm256_add_ps(*x, y)
             };
+            *x = round_if::<ROUNDS>(sum, rounds.sum);
         }
     }
     // Relu (nearly every CNN's) as its own arm: `apply8`'s match is then decided at compile
@@ -789,12 +884,13 @@ unsafe fn transpose_8x8_stored(
     match e.last {
         Some(super::lanewise::Lanewise::Relu) => {
             for x in &mut v {
-                *x = super::lanewise::apply8(super::lanewise::Lanewise::Relu, *x);
+                let y = super::lanewise::apply8(super::lanewise::Lanewise::Relu, *x);
+                *x = round_if::<ROUNDS>(y, rounds.last);
             }
         }
         Some(l) => {
             for x in &mut v {
-                *x = super::lanewise::apply8(l, *x);
+                *x = round_if::<ROUNDS>(super::lanewise::apply8(l, *x), rounds.last);
             }
         }
         None => {}
@@ -1724,6 +1820,8 @@ fn conv_transpose_op(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
 mod tests {
     use super::*;
     use crate::graph::Attribute;
+    use crate::numeric::Rounding;
+    use crate::ops::StoreRounds;
 
     fn node(op: &str, attrs: &[(&str, Attribute)]) -> Node {
         crate::graph::testing::node_with(op, attrs)
@@ -1836,7 +1934,29 @@ mod tests {
                 .collect();
             operand[5] = f32::NAN;
             operand[plane + 1] = -0.0;
-            for (with_operand, operand_first) in [(false, false), (true, false), (true, true)] {
+            // Float32, then an emulated plan's roundings (the kernel's AVX2 + F16C stores).
+            let (f16, bf16) = (Some(Rounding::F16), Some(Rounding::BF16));
+            let roundings = [
+                StoreRounds::default(),
+                StoreRounds {
+                    product: [f16, None],
+                    affine: [f16, None],
+                    operand: None,
+                    sum: [f16, None],
+                    last: [f16, None],
+                },
+                StoreRounds {
+                    product: [bf16, f16],
+                    affine: [None, bf16],
+                    operand: f16,
+                    sum: [bf16, None],
+                    last: [None, f16],
+                },
+            ];
+            let cases = [(false, false), (true, false), (true, true)]
+                .into_iter()
+                .flat_map(|o| roundings.iter().map(move |r| (o, *r)));
+            for ((with_operand, operand_first), rounds) in cases {
                 for last in [None, Some(Lanewise::Relu), Some(Lanewise::Clip(-0.5, 0.75))] {
                     let e = crate::ops::StoreEpilogue {
                         scale: &scale,
@@ -1844,6 +1964,7 @@ mod tests {
                         operand: with_operand.then_some(&operand[..]),
                         operand_first,
                         last,
+                        rounds,
                     };
                     let want: Vec<f32> = (plain.iter().enumerate())
                         .map(|(i, &v)| e.value(v, i / plane % m, i))
@@ -1872,7 +1993,7 @@ mod tests {
                         let case = format!(
                             "{m} channels in {group} groups, {batch} images of {side}², bias \
                              {with_bias}, operand {with_operand} (first {operand_first}), \
-                             {last:?}, {threads} threads"
+                             {last:?}, {rounds:?}, {threads} threads"
                         );
                         assert_eq!(bits(got.as_f32().unwrap()), bits(&want), "{case}");
                         assert_eq!(calls.load(Ordering::Relaxed), 0, "{case}");
