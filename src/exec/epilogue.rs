@@ -647,6 +647,7 @@ impl Epilogue {
             operand_first: pass.operand_first,
             last: pass.last,
             rounds: pass.rounds,
+            affine_done: false,
         })
     }
 

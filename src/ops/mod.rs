@@ -135,6 +135,10 @@ pub struct StoreEpilogue<'a> {
     pub operand_first: bool,
     pub last: Option<lanewise::Lanewise>,
     pub rounds: StoreRounds,
+    /// Whether the values handed over already went through the affine stage and the
+    /// roundings before and after it (a kernel's pass over them first: see
+    /// [`StoreEpilogue::after_affine`]); the store then starts at the operand.
+    pub affine_done: bool,
 }
 
 /// Where a [`StoreEpilogue`] rounds (an emulated float16 or bfloat16 plan's layers): per value
@@ -173,6 +177,15 @@ pub fn rounded_by(v: f32, rounds: [Option<Rounding>; 2]) -> f32 {
 }
 
 impl StoreEpilogue<'_> {
+    /// The rest of the epilogue for values that went through its affine stage already (the
+    /// kernel output's rounding, the affine stage, its rounding).
+    pub fn after_affine(&self) -> Self {
+        let mut rest = *self;
+        rest.affine_done = true;
+        (rest.rounds.product, rest.rounds.affine) = ([None, None], [None, None]);
+        rest
+    }
+
     /// The finished value of `x`, output channel `ch`, flat index `i`.
     #[inline(always)]
     // The sum is the same value either way; written in the Add's order for the NaN payload
@@ -180,8 +193,13 @@ impl StoreEpilogue<'_> {
     #[allow(clippy::if_same_then_else)]
     pub fn value(&self, x: f32, ch: usize, i: usize) -> f32 {
         let r = &self.rounds;
-        let x = rounded_by(x, r.product);
-        let mut v = rounded_by(x * self.scale[ch] + self.shift[ch], r.affine);
+        let mut v = match self.affine_done {
+            true => x,
+            false => rounded_by(
+                rounded_by(x, r.product) * self.scale[ch] + self.shift[ch],
+                r.affine,
+            ),
+        };
         if let Some(o) = self.operand {
             let o = r.operand.map_or(o[i], |r| r.round(o[i]));
             v = rounded_by(if self.operand_first { o + v } else { v + o }, r.sum);

@@ -785,6 +785,68 @@ unsafe fn transpose_8x8_stored_rounded(
     stored_8x8::<true>(src, ld_src, dst, n_pos, bias, stored, cb, q0)
 }
 
+/// The first steps of a rounding store epilogue on a finished block's rows ([position,
+/// channel], in place): each value plus its channel's bias (where there is one), rounded as
+/// the kernel's output, times the channel's scale plus its shift, rounded as that stage's —
+/// the operations and order of [`StoreEpilogue::value`], 16 channels at a time. Channel `ch`
+/// of the block is `first + ch` of the epilogue's constants.
+///
+/// # Safety
+/// The CPU has AVX-512F; `block.values` holds its rows at stride `ld`, each with its columns'
+/// values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn affine_rows_avx512(
+    block: &mut super::sgemm::GatheredBlock,
+    bias: Option<&[f32]>,
+    e: &super::StoreEpilogue,
+    first: usize,
+) {
+    use crate::numeric::{bf16_x16, f16_x16, Rounding};
+    use std::arch::x86_64::*;
+    // Plain code, no closures: they would be compiled without AVX-512.
+    #[inline(always)]
+    unsafe fn rounded16(x: __m512, rounds: [Option<Rounding>; 2]) -> __m512 {
+        let mut x = x;
+        for r in [rounds[0], rounds[1]] {
+            x = match r {
+                Some(Rounding::F16) => f16_x16(x),
+                Some(Rounding::BF16) => bf16_x16(x),
+                None => x,
+            };
+        }
+        x
+    }
+    let (c0, c1) = (block.columns.start, block.columns.end);
+    let (rows, width, ld) = (block.rows.len(), c1 - c0, block.ld);
+    if rows == 0 || width == 0 {
+        return;
+    }
+    assert!((rows - 1) * ld + width <= block.values.len());
+    assert!(first + c1 <= e.scale.len() && first + c1 <= e.shift.len());
+    assert!(bias.is_none_or(|b| c1 <= b.len()));
+    let (scale, shift) = (
+        e.scale.as_ptr().add(first + c0),
+        e.shift.as_ptr().add(first + c0),
+    );
+    let bias = bias.map(|b| b.as_ptr().add(c0));
+    for r in 0..rows {
+        let row = block.values.as_mut_ptr().add(r * ld);
+        for c in (0..width).step_by(16) {
+            let mask = (u32::MAX >> (32 - (width - c).min(16))) as u16;
+            let mut x = _mm512_maskz_loadu_ps(mask, row.add(c));
+            if let Some(b) = bias {
+                x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(mask, b.add(c)));
+            }
+            let x = rounded16(x, e.rounds.product);
+            let a = _mm512_maskz_loadu_ps(mask, scale.add(c));
+            let s = _mm512_maskz_loadu_ps(mask, shift.add(c));
+            let v = rounded16(_mm512_add_ps(_mm512_mul_ps(x, a), s), e.rounds.affine);
+            _mm512_mask_storeu_ps(row.add(c), mask, v);
+        }
+    }
+}
+
 /// 8 values rounded by each of `rounds` in turn.
 ///
 /// # Safety
@@ -858,6 +920,10 @@ unsafe fn stored_8x8<const ROUNDS: bool>(
             Some(b) => _mm256_add_ps(out[j], _mm256_set1_ps(b[j])),
             None => out[j],
         };
+        if e.affine_done {
+            v[j] = x;
+            continue;
+        }
         let x = round_if::<ROUNDS>(x, rounds.product);
         v[j] = round_if::<ROUNDS>(
             _mm256_add_ps(
@@ -1272,6 +1338,12 @@ pub fn conv(
     // The epilogue in registers as the gathered product's blocks go into the planes, where
     // it has that form: no pass over the output afterwards, no call per piece.
     let store = store.filter(|_| gathered && finish.is_some());
+    // Where it rounds, on AVX-512 CPUs: what the store does after a pass over each block
+    // (`affine_rows_avx512`).
+    #[cfg(target_arch = "x86_64")]
+    let affine_first = store
+        .filter(|e| !e.rounds.is_empty() && is_x86_feature_detected!("avx512f"))
+        .map(|e| e.after_affine());
     let finish_in_blocks = gathered && finish.is_some() && store.is_none() && o_sz < SHORT_PLANE;
     // Longer planes whose blocks hold at least LONG_PIECE positions take `finish` on each
     // block's piece of each plane as the block goes into the planes, while in cache, instead of
@@ -1370,6 +1442,20 @@ pub fn conv(
                 // Zen 3 thread, −8 %).
                 let done = |mut block: super::sgemm::GatheredBlock| {
                     let (r0, ld) = (block.rows.start, block.ld);
+                    // An epilogue that rounds: the bias, the output's rounding, the affine
+                    // stage and its rounding in the block's rows first, 16 channels to a
+                    // vector (a channel's constants one load away, no shuffles), so that the
+                    // 8×8 stores round only the Add's and the last stage's values.
+                    #[cfg(target_arch = "x86_64")]
+                    let (bias, store) = match (&store, &affine_first) {
+                        (Some(e), Some(rest)) => {
+                            // SAFETY: the CPU has AVX-512F (`affine_first`); the block holds
+                            // its rows of its columns' values.
+                            unsafe { affine_rows_avx512(&mut block, bias, e, g * mg) };
+                            (None, Some(*rest))
+                        }
+                        _ => (bias, store),
+                    };
                     // Short planes: the bias and `finish` on the block's rows (a position's
                     // channels, `Channels::From`), the same values in the same order; per
                     // plane they were thousands of calls of a few values each (Silero's planes
@@ -1965,6 +2051,7 @@ mod tests {
                         operand_first,
                         last,
                         rounds,
+                        affine_done: false,
                     };
                     let want: Vec<f32> = (plain.iter().enumerate())
                         .map(|(i, &v)| e.value(v, i / plane % m, i))
