@@ -173,9 +173,9 @@ fn sums(x: &[f32], width: usize, term: impl Fn(f32) -> f64 + Copy) -> [f64; ROWS
 /// Up to ROWS_AT_ONCE rows.
 fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool) {
     // The squares' sums, each row's chain in order from its first term. Under roundings the
-    // squares are made in `out` first (each rounding a vector pass over the rows: one value
-    // at a time, seven roundings of each value made an emulated Flan-T5 encoder 2.4× its
-    // float32 run on Intel); the rows are written over them below, after the sums.
+    // squares are made in `out` first, each rounding a vector pass over the rows rather than
+    // a scalar rounding per value (docs/performance-history.md, "Decomposed RMS
+    // normalizations as one kernel"); the rows are written over them below, after the sums.
     let sums = if exact {
         sums(x, width, |v| (v * v) as f64)
     } else {
