@@ -129,6 +129,42 @@ pub(crate) unsafe fn bf16_x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64
     _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x)
 }
 
+/// A rounding as a constant of a vector loop's type, so that each rounding (or none) is a
+/// loop of its own rather than a choice per vector: [`rounded_x16`]'s `R`.
+pub(crate) mod grid {
+    pub const NONE: u8 = 0;
+    pub const F16: u8 = 1;
+    pub const BF16: u8 = 2;
+
+    /// `r` as such a constant.
+    pub fn of(r: Option<super::Rounding>) -> u8 {
+        match r {
+            None => NONE,
+            Some(super::Rounding::F16) => F16,
+            Some(super::Rounding::BF16) => BF16,
+        }
+    }
+}
+
+/// 16 values rounded as `R` ([`grid`]) says: [`f16_x16`], [`bf16_x16`], or left as they are.
+///
+/// # Safety
+/// The CPU has AVX-512F (the caller is compiled for it, so that this inlines there).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn rounded_x16<const R: u8>(
+    x: std::arch::x86_64::__m512,
+) -> std::arch::x86_64::__m512 {
+    // SAFETY: the caller's.
+    unsafe {
+        match R {
+            grid::F16 => f16_x16(x),
+            grid::BF16 => bf16_x16(x),
+            _ => x,
+        }
+    }
+}
+
 /// 8 values rounded to float16 and back (`vcvtps2ph`, to nearest even, as [`f16_x16`]).
 ///
 /// # Safety

@@ -351,6 +351,29 @@ impl SinglePass {
     }
 }
 
+/// A value of another layer that an epilogue reads (a residual Add's other operand): its
+/// values, of the anchor's output shape, and the grid they are on where their layer rounded
+/// them as it wrote them (a stage that reads them in that precision takes them as they are:
+/// rounding them again would change nothing and cost a copy and a pass).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<'a> {
+    pub values: &'a [f32],
+    pub on: Option<Rounding>,
+}
+
+impl<'a> Operand<'a> {
+    /// Values on no known grid: read as each stage's layer takes them.
+    #[cfg(test)]
+    fn float32(values: &'a [f32]) -> Self {
+        Operand { values, on: None }
+    }
+
+    /// The rounding a reader that takes the values rounded by `round` still has to apply.
+    fn still_to_round(&self, round: Option<Rounding>) -> Option<Rounding> {
+        round.filter(|&r| self.on != Some(r))
+    }
+}
+
 /// What a stage reads: a register (before buffers are assigned; a buffer after), or operand
 /// `index` of the chain's [`Chain::operands`], rounded as the stage's layer takes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -624,20 +647,36 @@ impl Epilogue {
         }))
     }
 
+    /// This epilogue after a kernel that writes the anchor's values rounded as the anchor's
+    /// layer writes them (a scaled product's Mul, computed in the integer kernel's store):
+    /// that rounding is not applied a second time (it would change nothing).
+    pub fn after_rounded_anchor(mut self) -> Self {
+        self.round = None;
+        if let Some(pass) = &mut self.single_pass {
+            pass.rounds.product[0] = None;
+        }
+        self
+    }
+
     /// The epilogue as a kernel may compute it while storing each value, where it is a
     /// [`SinglePass`] (an affine stage, perhaps an operand's Add, perhaps one lanewise stage,
     /// each value rounded where its layer rounds it); `operands` as [`Epilogue::apply`] takes
     /// them.
     pub fn store_form<'a>(
         &'a self,
-        operands: &[&'a [f32]],
+        operands: &[Operand<'a>],
     ) -> Option<crate::ops::StoreEpilogue<'a>> {
         let pass = self.single_pass?;
         let Stage::Affine { scale, shift } = &self.ops.first()?.stage else {
             return None;
         };
+        let mut rounds = pass.rounds;
         let operand = match pass.operand {
-            Some(i) => Some(*operands.get(i)?),
+            Some(i) => {
+                let o = operands.get(i)?;
+                rounds.operand = o.still_to_round(rounds.operand);
+                Some(o.values)
+            }
             None => None,
         };
         Some(crate::ops::StoreEpilogue {
@@ -646,14 +685,14 @@ impl Epilogue {
             operand,
             operand_first: pass.operand_first,
             last: pass.last,
-            rounds: pass.rounds,
+            rounds,
             affine_done: false,
         })
     }
 
     /// Applies the anchor's rounding and every stage to one piece of finished values;
     /// `operands`: the values of the chain's [`Chain::operands`], each of the output's shape.
-    pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[&[f32]]) {
+    pub fn apply(&self, piece: Piece, values: &mut [f32], operands: &[Operand<'_>]) {
         if let (Some(pass), crate::ops::Channels::One(ch), 1) = (
             self.single_pass.filter(|p| p.rounds.is_empty()),
             piece.channels,
@@ -662,7 +701,7 @@ impl Epilogue {
             if let Stage::Affine { scale, shift } = &self.ops[0].stage {
                 let operand = pass
                     .operand
-                    .map(|i| &operands[i][piece.start..piece.start + values.len()]);
+                    .map(|i| &operands[i].values[piece.start..piece.start + values.len()]);
                 return pass.run(values, scale[ch], shift[ch], operand);
             }
         }
@@ -688,7 +727,7 @@ impl Epilogue {
         part: &mut [f32],
         temps: &mut [[f32; CHUNK]],
         scratch: &mut [f32],
-        operands: &[&[f32]],
+        operands: &[Operand<'_>],
     ) {
         let n = part.len();
         let round = |v: &mut [f32], r: Option<Rounding>| {
@@ -776,12 +815,13 @@ impl Epilogue {
 /// An operand's `n` values for `piece`: in place where they are consecutive and read as they
 /// are, else gathered (and rounded as its reader takes them) into `scratch`.
 fn operand_piece<'a>(
-    src: &'a [f32],
+    operand: Operand<'a>,
     piece: Piece,
     n: usize,
     round: Option<Rounding>,
     scratch: &'a mut [f32],
 ) -> &'a [f32] {
+    let (src, round) = (operand.values, operand.still_to_round(round));
     if piece.step == 1 && round.is_none() {
         return &src[piece.start..piece.start + n];
     }
@@ -968,7 +1008,7 @@ fn assign_buffers(stages: Vec<Staged>) -> Option<(Vec<Op>, usize, usize)> {
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use super::{Arg, Epilogue, Op, SinglePass};
+    use super::{Arg, Epilogue, Op, Operand, SinglePass};
     use crate::exec::{Feeds, Interpreter, PlanOptions, PreparedPlan, RunOptions};
     use crate::graph::testing::{graph, node, vi};
     use crate::graph::{Attribute, Graph, Node};
@@ -1981,10 +2021,27 @@ pub(crate) mod tests {
                 reads_operands: with_operand,
                 single_pass: Some(pass),
             };
-            // The stages in turn (a pass with roundings is not taken here).
+            // The operand on a grid of its own (its layer rounded it as it wrote it), said
+            // or not: the stages in turn read it on no known grid (a pass with roundings is not
+            // taken here), the store form knowing where it is (a rounding to its own grid
+            // left out).
+            let on = pick();
+            let mut o = o.clone();
+            if let Some(r) = on {
+                r.round_slice(&mut o);
+            }
+            let said = [Operand::float32(&o), Operand { values: &o, on }][case / 9 % 2];
             let mut want = v.clone();
-            e.apply(Piece::plane(1, 0), &mut want, &[&o]);
-            let store = e.store_form(&[&o]).expect("the store form");
+            e.apply(Piece::plane(1, 0), &mut want, &[Operand::float32(&o)]);
+            let store = e.store_form(&[said]).expect("the store form");
+            let mut by_stages = v.clone();
+            e.apply(Piece::plane(1, 0), &mut by_stages, &[said]);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(
+                bits(&by_stages),
+                bits(&want),
+                "case {case}: the stages, on {on:?}"
+            );
             for (i, (&x, &w)) in v.iter().zip(&want).enumerate() {
                 let got = store.value(x, 1, i);
                 // Where two NaNs meet in the Add, either may come out.

@@ -1041,14 +1041,20 @@ impl<'g> Interpreter<'g> {
                             Some(shape) => plan
                                 .map_or(&self.epilogues, |p| &p.epilogues)
                                 .get_or_make(idx, shape, chain, chain_origins(plan, chain), || {
-                                    epilogue::Epilogue::prepare(
+                                    let e = epilogue::Epilogue::prepare(
                                         chain,
                                         chain.head,
                                         self.graph,
                                         &self.steps,
                                         plan.map(|p| p.layers.as_slice()),
                                         shape,
-                                    )
+                                    )?;
+                                    // A chain after a scaled product's Mul (its head) runs
+                                    // after the integer kernel, which rounds as the Mul writes.
+                                    Ok(e.map(|e| match chain.head != idx {
+                                        true => e.after_rounded_anchor(),
+                                        false => e,
+                                    }))
                                 }),
                             None => Ok(None),
                         }
@@ -1114,8 +1120,13 @@ impl<'g> Interpreter<'g> {
                     Some(c) => prepared(c)?.map(|e| (c, e)),
                     None => None,
                 };
-                let operand_values: Args<&[f32]> = (operands.iter().flatten())
-                    .map(|t| t.as_f32().expect("float32"))
+                // With the grid each is on (as the layer that wrote it rounded it).
+                let operand_values: Args<epilogue::Operand> = (operands.iter().flatten())
+                    .zip(chain.map_or(&[][..], |c| &c.operands[..]))
+                    .map(|(t, &s)| epilogue::Operand {
+                        values: t.as_f32().expect("float32"),
+                        on: rounded[s].and_then(|p| p.float_rounding()),
+                    })
                     .collect();
                 let epilogue_shape = fused_epilogue
                     .as_ref()

@@ -587,34 +587,69 @@ mod tests {
             }
         }
         // x written by a layer of the plan (on its grid, or another's): the roundings of x
-        // the layers skip or apply as they read it.
-        let mut g = model(Form::T5, &shape);
-        g.nodes.iter_mut().for_each(|n| {
-            n.inputs
-                .iter_mut()
-                .filter(|i| *i == "x")
-                .for_each(|i| *i = "x1".into());
-        });
-        g.nodes
-            .insert(0, node("pre", "Mul", &["x", "three"], &["x1"]));
-        g.initializers
-            .insert("three".into(), Tensor::from_f32(vec![], vec![1.37]));
-        let n = g.nodes.len();
-        let all: Vec<usize> = (2..n).collect();
-        for (pre, rest) in [
-            (Precision::Float16, Precision::Float16),
-            (Precision::BFloat16, Precision::Float16),
-            (Precision::Float16, Precision::BFloat16),
-            (Precision::Float32, Precision::Float16),
-        ] {
-            let mut layers = vec![rest; n];
-            layers[0] = pre;
-            let plan = prepared(&g, layers);
-            assert_eq!(
-                fused_is_alone(&g, &feeds, Some(&plan)),
-                all,
-                "{pre:?} {rest:?}"
-            );
+        // the layers skip or apply as they read it (where none is left, the squares and the
+        // scaling run in one pass each, rounding in registers: every form, rows of 64 and of
+        // 67 values, a vector's tail), then random plans for the rest.
+        let choices = [Precision::Float32, Precision::Float16, Precision::BFloat16];
+        let mut rng = crate::data::loader::Mt19937::new(7);
+        for (form, shape) in [Form::T5, Form::Llama, Form::Reciprocal]
+            .into_iter()
+            .flat_map(|f| [(f, [2usize, 5, 64]), (f, [1, 9, 67])])
+        {
+            let feeds = self::feeds(&shape);
+            let mut g = model(form, &shape);
+            g.nodes.iter_mut().for_each(|n| {
+                n.inputs
+                    .iter_mut()
+                    .filter(|i| *i == "x")
+                    .for_each(|i| *i = "x1".into());
+            });
+            g.nodes
+                .insert(0, node("pre", "Mul", &["x", "three"], &["x1"]));
+            g.initializers
+                .insert("three".into(), Tensor::from_f32(vec![], vec![1.37]));
+            let n = g.nodes.len();
+            let all: Vec<usize> = (2..n).collect();
+            let mut plans = vec![
+                (Precision::Float16, Precision::Float16),
+                (Precision::BFloat16, Precision::BFloat16),
+                (Precision::BFloat16, Precision::Float16),
+                (Precision::Float16, Precision::BFloat16),
+                (Precision::Float32, Precision::Float16),
+            ]
+            .into_iter()
+            .map(|(pre, rest)| {
+                let mut layers = vec![rest; n];
+                layers[0] = pre;
+                layers
+            })
+            .collect::<Vec<_>>();
+            // The squares' roundings seen whole (every layer after them in float32); the
+            // scaled values' (the weights' layer, the last, in float32; the scaling's before
+            // it too).
+            let after_square: Vec<usize> = (2..n).collect();
+            for p in [Precision::Float16, Precision::BFloat16] {
+                for float32 in [&after_square[..], &[n - 1], &[n - 2, n - 1]] {
+                    let mut layers = vec![p; n];
+                    float32.iter().for_each(|&i| layers[i] = Precision::Float32);
+                    plans.push(layers);
+                }
+            }
+            for _ in 0..12 {
+                plans.push(
+                    (0..n)
+                        .map(|_| choices[(rng.random_sample() * 3.0) as usize % 3])
+                        .collect(),
+                );
+            }
+            for layers in plans {
+                let plan = prepared(&g, layers.clone());
+                assert_eq!(
+                    fused_is_alone(&g, &feeds, Some(&plan)),
+                    all,
+                    "{form:?} {shape:?} {layers:?}"
+                );
+            }
         }
         // Float16 accumulation of a float16 mean: ReduceMean's own order, not fused.
         let g = model(Form::T5, &shape);

@@ -210,21 +210,29 @@ impl PackedIntB {
                     for r0 in (0..m).step_by(tile_rows) {
                         let rows = tile_rows.min(m - r0);
                         let (j0, cols) = (p * NR, (np * NR).min(n - p * NR));
-                        // Row r of the tile into c.
-                        let store = |r: usize, lanes: &[i32]| {
-                            let (at, lanes) = ((r0 + r) * n + j0, &lanes[..cols]);
-                            // SAFETY: row r0 + r < m, columns j0..j0 + cols <= n of c (m×n,
-                            // asserted above); only this task writes these panels' columns.
+                        // The tile's rows (row r at tile[r · stride..]) into c.
+                        let store = |tile: &[i32], stride: usize| {
+                            // SAFETY: rows r0..r0 + rows < m, columns j0..j0 + cols <= n of c
+                            // (m×n, asserted above); only this task writes these panels'
+                            // columns.
                             match &c {
                                 OutPtr::Sums(c) => {
-                                    unsafe { std::slice::from_raw_parts_mut(c.add(at), cols) }
-                                        .copy_from_slice(lanes)
+                                    for (r, lanes) in tile.chunks(stride).take(rows).enumerate() {
+                                        let at = (r0 + r) * n + j0;
+                                        unsafe { std::slice::from_raw_parts_mut(c.add(at), cols) }
+                                            .copy_from_slice(&lanes[..cols])
+                                    }
                                 }
-                                OutPtr::Scaled(y, scale, rounding) => {
-                                    let y =
-                                        unsafe { std::slice::from_raw_parts_mut(y.add(at), cols) };
-                                    scale_into(y, lanes, scale, j0, *rounding);
-                                }
+                                OutPtr::Scaled(y, scale, rounding) => unsafe {
+                                    scale_tile(
+                                        y.add(r0 * n + j0),
+                                        n,
+                                        (tile, stride),
+                                        [rows, cols],
+                                        (scale, j0),
+                                        *rounding,
+                                    )
+                                },
                             }
                         };
                         match kernel {
@@ -241,9 +249,7 @@ impl PackedIntB {
                                 let a = &a_groups[r0 * groups..];
                                 let mut acc = [[0i32; WIDE_COLUMNS]; WIDE_ROWS];
                                 wide_tile(rows, np, a, groups, b, start, &mut acc);
-                                for (r, lanes) in acc.iter().enumerate().take(rows) {
-                                    store(r, lanes);
-                                }
+                                store(acc.as_flattened(), WIDE_COLUMNS);
                             }
                             _ => {
                                 let mut narrow = [[0i32; NR]; MR];
@@ -285,9 +291,7 @@ impl PackedIntB {
                                         }
                                     }
                                 }
-                                for (r, lanes) in narrow.iter().enumerate().take(rows) {
-                                    store(r, lanes);
-                                }
+                                store(narrow.as_flattened(), NR);
                             }
                         }
                     }
@@ -346,88 +350,144 @@ enum OutPtr<'a> {
 unsafe impl Send for OutPtr<'_> {}
 unsafe impl Sync for OutPtr<'_> {}
 
-/// `y[j] = (float)sums[j] · scale` for the columns from `j0` (`scale`: one value, or one per
-/// column of the whole output), with a reduced-precision Mul's roundings ([`scale_in_place`]).
-fn scale_into(
-    y: &mut [f32],
-    sums: &[i32],
-    scale: &[f32],
-    j0: usize,
+/// Rows of a tile of sums scaled into the output: for r < rows, j < cols,
+/// `y[r · y_stride + j] = (float)tile[r · stride + j] · scale` (`scale`: one value, or one per
+/// column of the whole output, whose columns here start at `j0`), with a reduced-precision
+/// Mul's roundings ([`scale_in_place`]).
+///
+/// # Safety
+/// `y` points to rows × cols values (row r at `r · y_stride`) that nothing else reads or
+/// writes meanwhile; `tile` holds `rows` rows of `stride` >= cols values.
+unsafe fn scale_tile(
+    y: *mut f32,
+    y_stride: usize,
+    (tile, stride): (&[i32], usize),
+    [rows, cols]: [usize; 2],
+    (scale, j0): (&[f32], usize),
     rounding: super::ScaledRounding,
 ) {
+    assert!(
+        tile.len() >= rows * stride && stride >= cols,
+        "the tile's rows"
+    );
+    assert!(scale.len() == 1 || scale.len() >= j0 + cols, "the scales");
     if rounding != super::ScaledRounding::default() {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has the feature the function was compiled for.
-            return unsafe { scale_into_avx512(y, sums, scale, j0, rounding) };
+            // SAFETY: the CPU has the feature the function was compiled for; the caller
+            // vouches for `y`.
+            return unsafe {
+                scale_tile_avx512(
+                    y,
+                    y_stride,
+                    (tile, stride),
+                    [rows, cols],
+                    (scale, j0),
+                    rounding,
+                )
+            };
         }
-        for (y, &v) in y.iter_mut().zip(sums) {
-            *y = v as f32;
-        }
-        return scale_in_place(y, scale, j0, rounding);
     }
-    match scale {
-        [s] => {
+    for (r, sums) in tile.chunks(stride).take(rows).enumerate() {
+        // SAFETY: row r of the rows the caller vouches for.
+        let y = unsafe { std::slice::from_raw_parts_mut(y.add(r * y_stride), cols) };
+        let sums = &sums[..cols];
+        if rounding != super::ScaledRounding::default() {
             for (y, &v) in y.iter_mut().zip(sums) {
-                *y = v as f32 * s;
+                *y = v as f32;
             }
+            scale_in_place(y, scale, j0, rounding);
+            continue;
         }
-        _ => {
-            for ((y, &v), s) in y.iter_mut().zip(sums).zip(&scale[j0..]) {
-                *y = v as f32 * s;
+        match scale {
+            [s] => {
+                for (y, &v) in y.iter_mut().zip(sums) {
+                    *y = v as f32 * s;
+                }
+            }
+            _ => {
+                for ((y, &v), s) in y.iter_mut().zip(sums).zip(&scale[j0..]) {
+                    *y = v as f32 * s;
+                }
             }
         }
     }
 }
 
-/// [`scale_into`] with a Mul's roundings, 16 values at a time in registers: the conversion,
+/// [`scale_tile`] with a Mul's roundings, 16 values at a time in registers: the conversion,
 /// the roundings and the product in one pass (as [`scale_in_place`]'s three passes over the
-/// row, the float16 run of the dynamically quantized Flan-T5 encoder spent 10 % more on its
-/// scaled products than its float32 run; in registers the roundings cost about half of that).
-/// The same IEEE steps: `vcvtdq2ps` rounds to nearest even as `as f32` does, and
-/// [`crate::numeric::f16_x16`] / [`crate::numeric::bf16_x16`] round as `Rounding::round`.
+/// rows, the float16 run of the dynamically quantized Flan-T5 encoder spent 10 % more on its
+/// scaled products than its float32 run), a tile (not a row) a call and each pair of
+/// roundings its own loop (a call per row and a choice of rounding per vector were a third
+/// of what the roundings cost). The same IEEE steps: `vcvtdq2ps` rounds to nearest even as
+/// `as f32` does, and [`crate::numeric::f16_x16`] / [`crate::numeric::bf16_x16`] round as
+/// `Rounding::round`.
+///
+/// # Safety
+/// As [`scale_tile`]'s, and the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn scale_into_avx512(
-    y: &mut [f32],
-    sums: &[i32],
-    scale: &[f32],
-    j0: usize,
+unsafe fn scale_tile_avx512(
+    y: *mut f32,
+    y_stride: usize,
+    tile: (&[i32], usize),
+    shape: [usize; 2],
+    scale: (&[f32], usize),
     rounding: super::ScaledRounding,
 ) {
-    use crate::numeric::{bf16_x16, f16_x16, Rounding};
+    use crate::numeric::grid::{self, BF16 as B, F16 as H, NONE as N};
+    // SAFETY (each arm): as this function's.
+    unsafe {
+        match (grid::of(rounding.cast), grid::of(rounding.output)) {
+            (N, N) => scaled_rows::<N, N>(y, y_stride, tile, shape, scale),
+            (N, H) => scaled_rows::<N, H>(y, y_stride, tile, shape, scale),
+            (N, _) => scaled_rows::<N, B>(y, y_stride, tile, shape, scale),
+            (H, N) => scaled_rows::<H, N>(y, y_stride, tile, shape, scale),
+            (H, H) => scaled_rows::<H, H>(y, y_stride, tile, shape, scale),
+            (H, _) => scaled_rows::<H, B>(y, y_stride, tile, shape, scale),
+            (_, N) => scaled_rows::<B, N>(y, y_stride, tile, shape, scale),
+            (_, H) => scaled_rows::<B, H>(y, y_stride, tile, shape, scale),
+            (_, _) => scaled_rows::<B, B>(y, y_stride, tile, shape, scale),
+        }
+    }
+}
+
+/// [`scale_tile_avx512`]'s loop for one pair of roundings (`CAST`, `OUTPUT`: each a
+/// [`crate::numeric::grid`] constant), column block by column block (its scales loaded once), row by row.
+///
+/// # Safety
+/// As [`scale_tile_avx512`]'s.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn scaled_rows<const CAST: u8, const OUTPUT: u8>(
+    y: *mut f32,
+    y_stride: usize,
+    (tile, stride): (&[i32], usize),
+    [rows, cols]: [usize; 2],
+    (scale, j0): (&[f32], usize),
+) {
+    use crate::numeric::rounded_x16 as rounded;
     use std::arch::x86_64::*;
-    let round = |r: Option<Rounding>, x: __m512| match r {
-        None => x,
-        Some(Rounding::F16) => f16_x16(x),
-        Some(Rounding::BF16) => bf16_x16(x),
-    };
-    let n = y.len().min(sums.len());
-    let one = match scale {
-        [s] => Some(_mm512_set1_ps(*s)),
-        _ => None,
-    };
-    for at in (0..n).step_by(16) {
-        let mask: __mmask16 = if n - at >= 16 {
+    for at in (0..cols).step_by(16) {
+        let mask: __mmask16 = if cols - at >= 16 {
             u16::MAX
         } else {
-            (1u16 << (n - at)) - 1
+            (1u16 << (cols - at)) - 1
         };
-        // SAFETY: the mask covers values at..min(at + 16, n) of `sums`, `y` and, per column,
-        // `scale` from j0 (it holds the whole output's columns); masked-off lanes are neither
+        // SAFETY: the mask covers columns at..min(at + 16, cols) of each row of `tile`
+        // (stride >= cols) and of `y` (the caller's), and per column `scale` from j0 (it holds
+        // the whole output's columns: asserted by `scale_tile`); masked-off lanes are neither
         // read nor written.
         unsafe {
-            let v = _mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(mask, sums.as_ptr().add(at)));
-            let s = match one {
-                Some(s) => s,
-                None => _mm512_maskz_loadu_ps(mask, scale.as_ptr().add(j0 + at)),
+            let s = match scale {
+                [s] => _mm512_set1_ps(*s),
+                _ => _mm512_maskz_loadu_ps(mask, scale.as_ptr().add(j0 + at)),
             };
-            let product = _mm512_mul_ps(round(rounding.cast, v), s);
-            _mm512_mask_storeu_ps(
-                y.as_mut_ptr().add(at),
-                mask,
-                round(rounding.output, product),
-            );
+            for r in 0..rows {
+                let sums = _mm512_maskz_loadu_epi32(mask, tile.as_ptr().add(r * stride + at));
+                let product = _mm512_mul_ps(rounded::<CAST>(_mm512_cvtepi32_ps(sums)), s);
+                _mm512_mask_storeu_ps(y.add(r * y_stride + at), mask, rounded::<OUTPUT>(product));
+            }
         }
     }
 }
@@ -993,13 +1053,12 @@ mod tests {
                         });
                         assert_eq!(c, want, "{what}");
                         // Scaled: what Cast to float32 then Mul by the scale give, the Mul
-                        // in float32 or rounding what it reads and writes (float16,
-                        // bfloat16; its cast input only, its output only).
-                        let (f16, bf16) = (Some(Rounding::F16), Some(Rounding::BF16));
-                        let roundings = [(None, None), (f16, f16), (bf16, bf16), (f16, None)]
-                            .into_iter()
-                            .chain([(None, bf16)])
-                            .map(|(cast, output)| crate::ops::ScaledRounding { cast, output });
+                        // in float32 or rounding what it reads and writes: every pair of
+                        // none, float16 and bfloat16 (each its own loop in the AVX-512 store).
+                        let grids = [None, Some(Rounding::F16), Some(Rounding::BF16)];
+                        let roundings = grids.into_iter().flat_map(|cast| {
+                            grids.map(|output| crate::ops::ScaledRounding { cast, output })
+                        });
                         for (scale, rounding) in [&[0.37f32][..], &column_scales, &odd_scales]
                             .into_iter()
                             .flat_map(|s| roundings.clone().map(move |r| (s, r)))

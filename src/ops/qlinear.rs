@@ -136,7 +136,7 @@ fn matmul_integer_scaled(
     }
     if let Some((packed, m, shape)) = kept_weight(ctx, inputs)? {
         // The product writes the float32 values from its tiles, scaled and rounded as the Mul
-        // rounds them, each row of a tile as it is stored (`int_gemm::scale_into`).
+        // rounds them, each tile as it is stored (`int_gemm::scale_tile`).
         let a = rows_of_a(input(inputs, 0)?, opt_input(inputs, 2))?;
         // Not zeroed first: the product writes every value of its m×n output.
         let mut y: Vec<f32> = Vec::with_capacity(m * n);

@@ -179,11 +179,13 @@ fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool
     let sums = if exact {
         sums(x, width, |v| (v * v) as f64)
     } else {
-        out.copy_from_slice(x);
-        round_slice(l.square.reads, out);
-        map_in_place(out, |v| v * v);
-        round_slice(l.square.writes, out);
-        round_slice(l.mean.reads, out);
+        if !one_pass::squares(x, out, l) {
+            out.copy_from_slice(x);
+            round_slice(l.square.reads, out);
+            map_in_place(out, |v| v * v);
+            round_slice(l.square.writes, out);
+            round_slice(l.mean.reads, out);
+        }
         sums(out, width, |v| v as f64)
     };
     for ((sum, row), out) in sums
@@ -194,6 +196,22 @@ fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool
         let mean = round(l.mean.writes, (sum / width as f64) as f32);
         let shifted = round(l.add.writes, round(l.add.reads, mean) + l.epsilon);
         let root = round(l.sqrt.writes, round(l.sqrt.reads, shifted).sqrt());
+        // The row's scale as the layer that scales reads it: Div's divisor, or the Mul's
+        // reciprocal as its layer writes it and the Mul reads it.
+        let scale = match l.scale {
+            Scale::Reciprocal {
+                one,
+                reciprocal,
+                mul,
+            } => round(
+                mul.reads_scale,
+                round(reciprocal.writes, one / round(reciprocal.reads, root)),
+            ),
+            Scale::Divide(div) => round(div.reads_scale, root),
+        };
+        if !exact && one_pass::scaled_row(row, scale, l, out) {
+            continue;
+        }
         // The row copied, then scaled in AVX2 loops where the CPU has them (`vector`: the same
         // operations in every lane width).
         out.copy_from_slice(row);
@@ -212,23 +230,16 @@ fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool
             }
             (Scale::Divide(_), None, true) => map_in_place(out, move |v| v / root),
             // Each layer's roundings, a pass each.
-            (scale, weight, false) => {
-                match scale {
-                    Scale::Reciprocal {
-                        one,
-                        reciprocal,
-                        mul,
-                    } => {
-                        let r = round(reciprocal.writes, one / round(reciprocal.reads, root));
-                        let r = round(mul.reads_scale, r);
+            (_, weight, false) => {
+                match l.scale {
+                    Scale::Reciprocal { mul, .. } => {
                         round_slice(mul.reads_x, out);
-                        map_in_place(out, move |v| v * r);
+                        map_in_place(out, move |v| v * scale);
                         round_slice(mul.writes, out);
                     }
                     Scale::Divide(div) => {
-                        let s = round(div.reads_scale, root);
                         round_slice(div.reads_x, out);
-                        map_in_place(out, move |v| v / s);
+                        map_in_place(out, move |v| v / scale);
                         round_slice(div.writes, out);
                     }
                 }
@@ -236,6 +247,147 @@ fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool
                     round_slice(by.reads, out);
                     zip_in_place(out, w, |v, w| v * w);
                     round_slice(by.writes, out);
+                }
+            }
+        }
+    }
+}
+
+/// The squares and each row's scaling of a 16-bit plan in one pass each, every rounding in
+/// registers (AVX-512F; the float16 Flan-T5 encoder's normalizations took 1.5× their float32
+/// time as a pass per rounding), where each layer reads what the one before wrote as it is
+/// (its roundings of what it reads gone: [`RmsLayers::without_repeated_roundings`]). Each
+/// returns false, having written nothing, where that does not hold or the CPU lacks the
+/// instructions: the passes then run.
+mod one_pass {
+    use super::{RmsLayers, Scale};
+
+    /// `out[i]` = x[i]·x[i] as the square's layer writes it (and the mean reads it).
+    pub(super) fn squares(x: &[f32], out: &mut [f32], l: &RmsLayers<'_>) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if l.square.reads.is_none()
+            && l.mean.reads.is_none()
+            && std::arch::is_x86_feature_detected!("avx512f")
+        {
+            use crate::numeric::grid::{self, BF16, F16, NONE};
+            // SAFETY: the CPU has the feature the functions were compiled for.
+            unsafe {
+                match grid::of(l.square.writes) {
+                    NONE => avx512::squares::<NONE>(x, out),
+                    F16 => avx512::squares::<F16>(x, out),
+                    _ => avx512::squares::<BF16>(x, out),
+                }
+            }
+            return true;
+        }
+        let _ = (x, out, l);
+        false
+    }
+
+    /// `out` = the row scaled (`x · scale` or `x / scale`, as the scaling layer writes it),
+    /// then times the weights as their layer writes it.
+    pub(super) fn scaled_row(x: &[f32], scale: f32, l: &RmsLayers<'_>, out: &mut [f32]) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let (divides, by) = match l.scale {
+                Scale::Reciprocal { mul, .. } => (false, mul),
+                Scale::Divide(div) => (true, div),
+            };
+            let weight = (l.weight.as_ref()).map(|(w, r)| (&w[..], r.reads, r.writes));
+            // What the weights' layer rounds: nothing, or (reading the scaled values as they
+            // are, so in the same precision) what the scaling layer rounds.
+            let by_weight = weight.map(|(.., r)| r);
+            if by.reads_x.is_none()
+                && weight.is_none_or(|(_, reads, _)| reads.is_none())
+                && by_weight.is_none_or(|r| r.is_none() || r == by.writes)
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                use crate::numeric::grid::{self, BF16 as B, F16 as H, NONE as N};
+                let w = weight.map(|(w, ..)| w);
+                let (a, b) = (grid::of(by.writes), grid::of(by_weight.flatten()));
+                // SAFETY (each arm): the CPU has the feature the functions were compiled for.
+                unsafe {
+                    match (divides, a, b) {
+                        (false, N, _) => avx512::scaled::<false, N, N>(x, scale, w, out),
+                        (false, H, N) => avx512::scaled::<false, H, N>(x, scale, w, out),
+                        (false, H, _) => avx512::scaled::<false, H, H>(x, scale, w, out),
+                        (false, _, N) => avx512::scaled::<false, B, N>(x, scale, w, out),
+                        (false, _, _) => avx512::scaled::<false, B, B>(x, scale, w, out),
+                        (true, N, _) => avx512::scaled::<true, N, N>(x, scale, w, out),
+                        (true, H, N) => avx512::scaled::<true, H, N>(x, scale, w, out),
+                        (true, H, _) => avx512::scaled::<true, H, H>(x, scale, w, out),
+                        (true, _, N) => avx512::scaled::<true, B, N>(x, scale, w, out),
+                        (true, _, _) => avx512::scaled::<true, B, B>(x, scale, w, out),
+                    }
+                }
+                return true;
+            }
+        }
+        let _ = (x, scale, l, out);
+        false
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    mod avx512 {
+        use crate::numeric::rounded_x16 as rounded;
+        use std::arch::x86_64::*;
+
+        /// The mask of the 16 lanes from `at` that lie below `n`.
+        fn lanes(at: usize, n: usize) -> __mmask16 {
+            if n - at >= 16 {
+                u16::MAX
+            } else {
+                (1u16 << (n - at)) - 1
+            }
+        }
+
+        /// # Safety
+        /// The CPU has AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn squares<const W: u8>(x: &[f32], out: &mut [f32]) {
+            let n = x.len().min(out.len());
+            for at in (0..n).step_by(16) {
+                let mask = lanes(at, n);
+                // SAFETY: the mask covers values at..min(at + 16, n) of both; masked-off
+                // lanes are neither read nor written.
+                unsafe {
+                    let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(at));
+                    let sq = rounded::<W>(_mm512_mul_ps(v, v));
+                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), mask, sq);
+                }
+            }
+        }
+
+        /// `out` = x·scale (x/scale where DIVIDES) rounded as `S` says, then times `w` (one
+        /// per value) rounded as `W` says.
+        ///
+        /// # Safety
+        /// The CPU has AVX-512F.
+        #[target_feature(enable = "avx512f")]
+        pub(super) unsafe fn scaled<const DIVIDES: bool, const S: u8, const W: u8>(
+            x: &[f32],
+            scale: f32,
+            w: Option<&[f32]>,
+            out: &mut [f32],
+        ) {
+            let n = x.len().min(out.len());
+            assert!(w.is_none_or(|w| w.len() >= n), "a weight per value");
+            let s = _mm512_set1_ps(scale);
+            for at in (0..n).step_by(16) {
+                let mask = lanes(at, n);
+                // SAFETY: the mask covers values at..min(at + 16, n) of x, out and w (at
+                // least n values, asserted); masked-off lanes are neither read nor written.
+                unsafe {
+                    let v = _mm512_maskz_loadu_ps(mask, x.as_ptr().add(at));
+                    let mut y = rounded::<S>(match DIVIDES {
+                        true => _mm512_div_ps(v, s),
+                        false => _mm512_mul_ps(v, s),
+                    });
+                    if let Some(w) = w {
+                        let wv = _mm512_maskz_loadu_ps(mask, w.as_ptr().add(at));
+                        y = rounded::<W>(_mm512_mul_ps(y, wv));
+                    }
+                    _mm512_mask_storeu_ps(out.as_mut_ptr().add(at), mask, y);
                 }
             }
         }
