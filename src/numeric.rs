@@ -165,6 +165,18 @@ pub(crate) unsafe fn rounded_x16<const R: u8>(
     }
 }
 
+/// The mask of the 16 lanes from `at` that lie below `n` (`at < n`): a masked loop's last
+/// vector.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn lanes16(at: usize, n: usize) -> std::arch::x86_64::__mmask16 {
+    if n - at >= 16 {
+        u16::MAX
+    } else {
+        (1u16 << (n - at)) - 1
+    }
+}
+
 /// 8 values rounded to float16 and back (`vcvtps2ph`, to nearest even, as [`f16_x16`]).
 ///
 /// # Safety

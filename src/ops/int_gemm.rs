@@ -466,14 +466,10 @@ unsafe fn scaled_rows<const CAST: u8, const OUTPUT: u8>(
     [rows, cols]: [usize; 2],
     (scale, j0): (&[f32], usize),
 ) {
-    use crate::numeric::rounded_x16 as rounded;
+    use crate::numeric::{lanes16, rounded_x16 as rounded};
     use std::arch::x86_64::*;
     for at in (0..cols).step_by(16) {
-        let mask: __mmask16 = if cols - at >= 16 {
-            u16::MAX
-        } else {
-            (1u16 << (cols - at)) - 1
-        };
+        let mask = lanes16(at, cols);
         // SAFETY: the mask covers columns at..min(at + 16, cols) of each row of `tile`
         // (stride >= cols) and of `y` (the caller's), and per column `scale` from j0 (it holds
         // the whole output's columns: asserted by `scale_tile`); masked-off lanes are neither

@@ -217,18 +217,14 @@ fn rows(x: &[f32], out: &mut [f32], width: usize, l: &RmsLayers<'_>, exact: bool
         out.copy_from_slice(row);
         match (l.scale, &l.weight, exact) {
             // Float32 throughout: one pass.
-            (Scale::Reciprocal { one, .. }, Some((w, _)), true) => {
-                let r = one / root;
-                zip_in_place(out, w, move |v, w| v * r * w);
+            (Scale::Reciprocal { .. }, Some((w, _)), true) => {
+                zip_in_place(out, w, move |v, w| v * scale * w);
             }
-            (Scale::Reciprocal { one, .. }, None, true) => {
-                let r = one / root;
-                map_in_place(out, move |v| v * r);
-            }
+            (Scale::Reciprocal { .. }, None, true) => map_in_place(out, move |v| v * scale),
             (Scale::Divide(_), Some((w, _)), true) => {
-                zip_in_place(out, w, move |v, w| v / root * w);
+                zip_in_place(out, w, move |v, w| v / scale * w);
             }
-            (Scale::Divide(_), None, true) => map_in_place(out, move |v| v / root),
+            (Scale::Divide(_), None, true) => map_in_place(out, move |v| v / scale),
             // Each layer's roundings, a pass each.
             (_, weight, false) => {
                 match l.scale {
@@ -329,17 +325,8 @@ mod one_pass {
 
     #[cfg(target_arch = "x86_64")]
     mod avx512 {
-        use crate::numeric::rounded_x16 as rounded;
+        use crate::numeric::{lanes16 as lanes, rounded_x16 as rounded};
         use std::arch::x86_64::*;
-
-        /// The mask of the 16 lanes from `at` that lie below `n`.
-        fn lanes(at: usize, n: usize) -> __mmask16 {
-            if n - at >= 16 {
-                u16::MAX
-            } else {
-                (1u16 << (n - at)) - 1
-            }
-        }
 
         /// # Safety
         /// The CPU has AVX-512F.
