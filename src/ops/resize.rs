@@ -761,6 +761,9 @@ fn nearest(
             .ok_or_else(|| OpError(format!("dtype {dt} is not supported")))?,
     };
     if let (TensorData::F32(src), true) = (x.data(), tables.iter().all(|t| !t.contains(&MISSING))) {
+        if let Some(out) = repeat_planes_f32(src, x.shape(), out_shape, &tables) {
+            return Ok(TensorData::F32(out.into()));
+        }
         return Ok(TensorData::F32(
             gather_rows_f32(src, out_shape, &tables).into(),
         ));
@@ -778,6 +781,122 @@ fn nearest(
     Ok(by_dtype!(
         F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str
     ))
+}
+
+/// How many times each input index repeats along an axis whose offset table reads index
+/// `i / f` (times `stride`) for output index i, the table of an integer upsampling (nearest,
+/// floor, asymmetric or half-pixel coordinates: YOLO's and FPNs' ×2 Upsample): f, or None.
+fn repeat_factor(table: &[usize], in_len: usize, stride: usize) -> Option<usize> {
+    let f = table.len() / in_len.max(1);
+    (f >= 1
+        && f * in_len == table.len()
+        && table.iter().enumerate().all(|(i, &t)| t == i / f * stride))
+    .then_some(f)
+}
+
+/// [`gather_rows_f32`] where every axis but the last two is copied as it is and the last two
+/// are integer upsamplings ([`repeat_factor`]): each input row is widened once (each value
+/// written f times) and the widened row copied to the next rows it repeats into, plane by
+/// plane, with no offset lookups (the gather took 0.8 ns a value on YOLOv8n's 5×5 → 10×10
+/// planes, 3.6× ONNX Runtime's time). None where the tables are not of that form.
+fn repeat_planes_f32(
+    src: &[f32],
+    in_shape: &[usize],
+    out_shape: &[usize],
+    tables: &[Vec<usize>],
+) -> Option<Vec<f32>> {
+    let r = out_shape.len();
+    if r < 2 || in_shape.len() != r {
+        return None;
+    }
+    let (ih, iw) = (in_shape[r - 2], in_shape[r - 1]);
+    let (oh, ow) = (out_shape[r - 2], out_shape[r - 1]);
+    let strides = strides_of(in_shape);
+    let copied = (0..r - 2).all(|d| {
+        in_shape[d] == out_shape[d]
+            && tables[d]
+                .iter()
+                .enumerate()
+                .all(|(i, &t)| t == i * strides[d])
+    });
+    if !copied || ih * iw == 0 {
+        return None;
+    }
+    let fh = repeat_factor(&tables[r - 2], ih, iw)?;
+    let fw = repeat_factor(&tables[r - 1], iw, 1)?;
+    let (in_plane, out_plane) = (ih * iw, oh * ow);
+    let n = out_plane * out_shape[..r - 2].iter().product::<usize>();
+    #[cfg(target_arch = "x86_64")]
+    let vectors = 16 % fw == 0 && std::arch::is_x86_feature_detected!("avx512f");
+    let planes = |first: usize, out: &mut [f32]| {
+        for (p, plane) in out.chunks_exact_mut(out_plane).enumerate() {
+            let img = &src[(first + p) * in_plane..][..in_plane];
+            #[cfg(target_arch = "x86_64")]
+            if vectors {
+                // SAFETY: the CPU has AVX-512F; fw divides 16; the plane holds ih·fh rows of
+                // iw·fw values.
+                unsafe { widen_plane_avx512(img, iw, fh, fw, plane) };
+                continue;
+            }
+            for (rows, row) in plane.chunks_exact_mut(fh * ow).zip(img.chunks_exact(iw)) {
+                let (wide, copies) = rows.split_at_mut(ow);
+                for (values, &v) in wide.chunks_exact_mut(fw).zip(row) {
+                    values.fill(v);
+                }
+                for copy in copies.chunks_exact_mut(ow) {
+                    copy.copy_from_slice(wide);
+                }
+            }
+        }
+    };
+    let per_task = (TASK_ELEMS / out_plane).max(1);
+    // SAFETY: every plane is written whole below (each row widened or copied) before the
+    // vector is returned.
+    Some(unsafe {
+        super::util::unzeroed_f32(n, |out| {
+            let out = super::util::assume_written(out);
+            if n < PARALLEL_MIN {
+                planes(0, out);
+            } else {
+                out.par_chunks_mut(out_plane * per_task)
+                    .enumerate()
+                    .for_each(|(t, chunk)| planes(t * per_task, chunk));
+            }
+        })
+    })
+}
+
+/// [`repeat_planes_f32`]'s plane in AVX-512 where fw divides 16: 16 / fw input values at a
+/// time widened into a vector by one permute and stored fh times, once in each output row it
+/// repeats into (the per-value fills and per-row copies were calls on runs of 10–40 values).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn widen_plane_avx512(img: &[f32], iw: usize, fh: usize, fw: usize, plane: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let ow = iw * fw;
+    assert!(16 % fw == 0 && img.len().is_multiple_of(iw) && plane.len() >= img.len() * fh * fw);
+    let lanes: [i32; 16] = std::array::from_fn(|l| (l / fw) as i32);
+    let spread = _mm512_loadu_si512(lanes.as_ptr().cast());
+    let first = |n: usize| -> __mmask16 {
+        if n >= 16 {
+            !0
+        } else {
+            (1u16 << n) - 1
+        }
+    };
+    for (r, row) in img.chunks_exact(iw).enumerate() {
+        let out = plane.as_mut_ptr().add(r * fh * ow);
+        for x0 in (0..ow).step_by(16) {
+            let j0 = x0 / fw;
+            // Lanes past the row's end are not read, nor stored.
+            let v = _mm512_maskz_loadu_ps(first(iw - j0), row.as_ptr().add(j0));
+            let wide = _mm512_permutexvar_ps(spread, v);
+            let keep = first(ow - x0);
+            for k in 0..fh {
+                _mm512_mask_storeu_ps(out.add(k * ow + x0), keep, wide);
+            }
+        }
+    }
 }
 
 /// [`gather_nd`] of float32 values where no table entry is MISSING (no extrapolation): the
@@ -1097,6 +1216,51 @@ mod tests {
         // half_pixel (the default) maps 6 outputs onto 2 inputs the same way.
         let y = call("Resize", 13, &[], &[Some(&x), None, Some(&sc)]).unwrap();
         assert_close(&y[0], &[1, 1, 4, 6], &want);
+    }
+
+    /// Integer upsamplings of the last two axes are widened and copied plane by plane
+    /// (`repeat_planes_f32`): each output the input at (y / fh, x / fw), over several images
+    /// and channels, small and parallel (above PARALLEL_MIN values), under both coordinate
+    /// modes whose tables are such repeats; other tables are not taken for one.
+    #[test]
+    fn integer_upsampling_repeats_every_value() {
+        for (shape, fh, fw, mode) in [
+            ([2usize, 3, 5, 7], 2usize, 3usize, ("asymmetric", "floor")),
+            ([1, 128, 10, 10], 2, 2, ("asymmetric", "floor")),
+            ([1, 2, 3, 4], 1, 4, ("half_pixel", "round_prefer_floor")),
+            ([1, 256, 5, 5], 2, 2, ("half_pixel", "round_prefer_floor")),
+            // Rows of whole and partial vectors: 23 inputs widened 2× (46 outputs), 4× and 8×.
+            ([1, 3, 4, 23], 3, 2, ("asymmetric", "floor")),
+            ([2, 2, 3, 23], 1, 4, ("asymmetric", "floor")),
+            ([1, 1, 2, 9], 2, 8, ("half_pixel", "round_prefer_floor")),
+        ] {
+            let len: usize = shape.iter().product();
+            let v: Vec<f32> = (0..len).map(|i| (i * 7 % 31) as f32 - 15.5).collect();
+            let x = f32s(&shape, &v);
+            let sc = f32s(&[4], &[1.0, 1.0, fh as f32, fw as f32]);
+            let attrs = [
+                ("coordinate_transformation_mode", s(mode.0)),
+                ("nearest_mode", s(mode.1)),
+            ];
+            let y = call("Resize", 13, &attrs, &[Some(&x), None, Some(&sc)]).unwrap();
+            let [n, c, h, w] = shape;
+            let (oh, ow) = (h * fh, w * fw);
+            assert_eq!(y[0].shape(), &[n, c, oh, ow]);
+            let got = y[0].as_f32().unwrap();
+            for (i, &g) in got.iter().enumerate() {
+                let (p, yy, xx) = (i / (oh * ow), i / ow % oh, i % ow);
+                assert_eq!(
+                    g,
+                    v[p * h * w + yy / fh * w + xx / fw],
+                    "{shape:?} {mode:?} at {i}"
+                );
+            }
+        }
+        assert_eq!(repeat_factor(&[0, 0, 1, 1, 2, 2], 3, 1), Some(2));
+        assert_eq!(repeat_factor(&[0, 4, 8], 3, 4), Some(1));
+        assert_eq!(repeat_factor(&[0, 0, 1, 2], 3, 1), None);
+        assert_eq!(repeat_factor(&[0, 1, 1, 2], 2, 1), None);
+        assert_eq!(repeat_factor(&[0, 0, 2, 2], 2, 1), None);
     }
 
     #[test]
