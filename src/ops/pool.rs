@@ -273,6 +273,10 @@ fn back(t: Tensor, dtype: DType) -> Tensor {
     }
 }
 
+/// A kernel that pools one whole plane (input plane, output plane).
+#[cfg(target_arch = "x86_64")]
+type PlanePool = Box<dyn Fn(&[f32], &mut [f32]) + Sync>;
+
 fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
     let x = input(inputs, 0)?;
     if x.rank() < 3 {
@@ -419,60 +423,50 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
         // plane cost more in scheduling than the pooling.
         let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
+        // The AVX-512 paths that pool a whole plane at once, where one applies.
         #[cfg(target_arch = "x86_64")]
-        if kind == Kind::Max
-            && kernel[..] == [3, 3]
-            && w.strides[..] == [2, 2]
-            && w.dilations[..] == [1, 1]
-            && w.pad_begin.iter().all(|&p| p <= 1)
-            && std::arch::is_x86_feature_detected!("avx512f")
-        {
-            let stem = stride2::Plane {
-                ih: in_sp[0],
-                iw: in_sp[1],
-                pad: (w.pad_begin[0], w.pad_begin[1]),
-                oh,
-                ow,
+        let vector_plane: Option<PlanePool> =
+            if kind != Kind::Max || !std::arch::is_x86_feature_detected!("avx512f") {
+                None
+            } else if kernel[..] == [3, 3]
+                && w.strides[..] == [2, 2]
+                && w.dilations[..] == [1, 1]
+                && w.pad_begin.iter().all(|&p| p <= 1)
+            {
+                let stem = stride2::Plane {
+                    ih: in_sp[0],
+                    iw: in_sp[1],
+                    pad: (w.pad_begin[0], w.pad_begin[1]),
+                    oh,
+                    ow,
+                };
+                // SAFETY: the CPU has the feature the function was compiled for (above).
+                Some(Box::new(move |img, plane| unsafe {
+                    stem.pool_avx512(img, plane)
+                }))
+            } else if w.strides[..] == [1, 1] && ow == in_sp[1] && in_sp[1] < flat::LANES {
+                // Stride 1 keeping the row length (YOLOv8's SPPF: 5×5 windows on 5×5–20×20
+                // planes) over rows narrower than a vector: each plane one flat run of values.
+                let flat = flat::Plane::new(
+                    (in_sp[0], in_sp[1]),
+                    oh,
+                    (kernel[0], kernel[1]),
+                    (w.dilations[0], w.dilations[1]),
+                    (w.pad_begin[0], w.pad_begin[1]),
+                );
+                // SAFETY: the CPU has the feature the function was compiled for (above).
+                Some(Box::new(move |img, plane| unsafe {
+                    flat.pool_avx512(img, plane)
+                }))
+            } else {
+                None
             };
-            out.par_chunks_mut(o_sz.max(1))
-                .with_min_len(planes_per_task)
-                .enumerate()
-                .for_each(|(p, plane)| {
-                    let img = &xv[p * in_sz..(p + 1) * in_sz];
-                    // SAFETY: the CPU has the feature the function was compiled for.
-                    unsafe { stem.pool_avx512(img, plane) }
-                });
-            let mut shape = vec![n, c];
-            shape.extend(&w.out);
-            // SAFETY: every value was written above.
-            unsafe { out_buffer.set_len(total) };
-            return Ok(vec![back(Tensor::from_f32(shape, out_buffer), x.dtype())]);
-        }
-        // Max pooling at stride 1 that keeps the row length (YOLOv8's SPPF: 5×5 windows on
-        // 5×5–20×20 planes) over rows narrower than a vector: each plane as one flat run of
-        // values, 16 at a time (`flat`).
         #[cfg(target_arch = "x86_64")]
-        if kind == Kind::Max
-            && w.strides[..] == [1, 1]
-            && ow == in_sp[1]
-            && in_sp[1] < flat::LANES
-            && std::arch::is_x86_feature_detected!("avx512f")
-        {
-            let flat = flat::Plane::new(
-                (in_sp[0], in_sp[1]),
-                oh,
-                (kernel[0], kernel[1]),
-                (w.dilations[0], w.dilations[1]),
-                (w.pad_begin[0], w.pad_begin[1]),
-            );
+        if let Some(pool_plane) = vector_plane {
             out.par_chunks_mut(o_sz.max(1))
                 .with_min_len(planes_per_task)
                 .enumerate()
-                .for_each(|(p, plane)| {
-                    let img = &xv[p * in_sz..(p + 1) * in_sz];
-                    // SAFETY: the CPU has the feature the function was compiled for.
-                    unsafe { flat.pool_avx512(img, plane) }
-                });
+                .for_each(|(p, plane)| pool_plane(&xv[p * in_sz..(p + 1) * in_sz], plane));
             let mut shape = vec![n, c];
             shape.extend(&w.out);
             // SAFETY: every value was written above.
