@@ -842,8 +842,7 @@ mod stride2 {
                             let v = _mm512_loadu_ps(h.as_ptr().add(r * stride + x0));
                             m = if r == first { v } else { rule(m, v) };
                         }
-                        let n = (ow - x0).min(16);
-                        let mask: __mmask16 = if n == 16 { !0 } else { (1u16 << n) - 1 };
+                        let mask = crate::numeric::lanes16(x0, ow);
                         _mm512_mask_storeu_ps(out.as_mut_ptr().add(x0), mask, m);
                     }
                 }
@@ -973,8 +972,7 @@ mod flat {
                 }
                 let len = oh * w;
                 for b in 0..len.div_ceil(LANES) {
-                    let n = (len - b * LANES).min(LANES);
-                    let mask: __mmask16 = if n == LANES { !0 } else { (1u16 << n) - 1 };
+                    let mask = crate::numeric::lanes16(b * LANES, len);
                     let m = fold(&self.rows, h.as_ptr(), b);
                     _mm512_mask_storeu_ps(plane.as_mut_ptr().add(b * LANES), mask, m);
                 }

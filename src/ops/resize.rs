@@ -877,21 +877,14 @@ unsafe fn widen_plane_avx512(img: &[f32], iw: usize, fh: usize, fw: usize, plane
     assert!(16 % fw == 0 && img.len().is_multiple_of(iw) && plane.len() >= img.len() * fh * fw);
     let lanes: [i32; 16] = std::array::from_fn(|l| (l / fw) as i32);
     let spread = _mm512_loadu_si512(lanes.as_ptr().cast());
-    let first = |n: usize| -> __mmask16 {
-        if n >= 16 {
-            !0
-        } else {
-            (1u16 << n) - 1
-        }
-    };
     for (r, row) in img.chunks_exact(iw).enumerate() {
         let out = plane.as_mut_ptr().add(r * fh * ow);
         for x0 in (0..ow).step_by(16) {
             let j0 = x0 / fw;
             // Lanes past the row's end are not read, nor stored.
-            let v = _mm512_maskz_loadu_ps(first(iw - j0), row.as_ptr().add(j0));
+            let v = _mm512_maskz_loadu_ps(crate::numeric::lanes16(j0, iw), row.as_ptr().add(j0));
             let wide = _mm512_permutexvar_ps(spread, v);
-            let keep = first(ow - x0);
+            let keep = crate::numeric::lanes16(x0, ow);
             for k in 0..fh {
                 _mm512_mask_storeu_ps(out.add(k * ow + x0), keep, wide);
             }
