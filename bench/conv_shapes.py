@@ -9,7 +9,11 @@ Usage: conv_shapes.py LATENCY_BIN [ROUNDS] [SHAPE...]
                kernel, stride, padding; H and K may be HxW and KhxKw for a rectangular image or
                kernel); name=T:C,H,M,K,S,P a ConvTranspose (no Relu) of those; `vit-decoder`
                the ViT-S segmentation model's three ConvTransposes; `magika` Magika's one
-               convolution (5x1 over 512x1 positions); default: the bench CNN's convolutions
+               convolution (5x1 over 512x1 positions); a `*L` suffix (name=C,H,C,K,1,P*L:
+               same channels and size in and out) makes a chain of L such Conv+Relu layers,
+               each reading the previous one's output, as in a model (a lone layer's time
+               includes ONNX Runtime's ~8 µs Python call and its layout reorders); `chains`
+               the nudenet-sized chains of eight; default: the bench CNN's convolutions
 
 Writes the models to a temporary folder, then prints per shape both engines' best median,
 their GFLOP/s and the ratio, and the CPU. Each model is one Conv with bias and a Relu (fused
@@ -37,7 +41,10 @@ CNN = [
 VIT_DECODER = ["u1=T:384,14,256,4,2,1", "u2=T:256,28,128,4,2,1", "u3=T:128,56,64,4,2,1"]
 # Magika v3.3's one convolution: 256 -> 512 channels, a 5x1 kernel over [512, 1] positions.
 MAGIKA = ["magika=256,512x1,512,5x1,1,0"]
-PRESETS = {"vit-decoder": VIT_DECODER, "magika": MAGIKA}
+# Chains of eight 3x3 convolutions at nudenet's (YOLOv8n at 160x160) small sizes.
+CHAINS = ["k128_5=128,5,128,3,1,1*8", "k64_10=64,10,64,3,1,1*8", "k128_10=128,10,128,3,1,1*8",
+          "k64_20=64,20,64,3,1,1*8"]
+PRESETS = {"vit-decoder": VIT_DECODER, "magika": MAGIKA, "chains": CHAINS}
 
 
 def pair(v: str) -> tuple:
@@ -47,7 +54,7 @@ def pair(v: str) -> tuple:
 
 
 def write(d: str, name: str, c: int, hw: tuple, m: int, khw: tuple, s: int, p: int,
-          transpose: bool = False) -> float:
+          transpose: bool = False, layers: int = 1) -> float:
     """Writes d/name.onnx and d/name/input_0.pb; returns the model's MFLOP."""
     rng = np.random.default_rng(0)
     (h, wd), (kh, kw) = hw, khw
@@ -56,14 +63,24 @@ def write(d: str, name: str, c: int, hw: tuple, m: int, khw: tuple, s: int, p: i
         o = ((h - 1) * s + kh - 2 * p, (wd - 1) * s + kw - 2 * p)
         w = numpy_helper.from_array((rng.standard_normal((c, m, kh, kw)) * 0.1).astype(np.float32), "W")
         nodes = [helper.make_node("ConvTranspose", ["x", "W", "B"], ["y"], **attrs)]
+        weights = [w, numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B")]
     else:
         o = ((h + 2 * p - kh) // s + 1, (wd + 2 * p - kw) // s + 1)
-        w = numpy_helper.from_array((rng.standard_normal((m, c, kh, kw)) * 0.1).astype(np.float32), "W")
-        nodes = [helper.make_node("Conv", ["x", "W", "B"], ["c"], **attrs), helper.make_node("Relu", ["c"], ["y"])]
-    b = numpy_helper.from_array(rng.standard_normal(m).astype(np.float32), "B")
+        if layers > 1 and (c != m or o != (h, wd)):
+            sys.exit(f"{name}: a chain's layers keep their input's channels and size")
+        nodes, weights = [], []
+        for i in range(layers):
+            # Weights scaled to keep the chain's values near unit size.
+            w = rng.standard_normal((m, c, kh, kw)) / np.sqrt(c * kh * kw)
+            weights += [numpy_helper.from_array(w.astype(np.float32), f"W{i}"),
+                        numpy_helper.from_array(rng.standard_normal(m).astype(np.float32) * 0.1, f"B{i}")]
+            x = "x" if i == 0 else f"y{i - 1}"
+            y = "y" if i == layers - 1 else f"y{i}"
+            nodes += [helper.make_node("Conv", [x, f"W{i}", f"B{i}"], [f"c{i}"], **attrs),
+                      helper.make_node("Relu", [f"c{i}"], [y])]
     graph = helper.make_graph(
         nodes, name, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, wd])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, *o])], [w, b])
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, m, *o])], weights)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, os.path.join(d, f"{name}.onnx"))
@@ -72,7 +89,7 @@ def write(d: str, name: str, c: int, hw: tuple, m: int, khw: tuple, s: int, p: i
     with open(os.path.join(d, name, "input_0.pb"), "wb") as f:
         f.write(x.SerializeToString())
     # A ConvTranspose multiplies every input position by every weight.
-    return 2 * (h * wd if transpose else o[0] * o[1]) * m * c * kh * kw / 1e6
+    return 2 * (h * wd if transpose else o[0] * o[1]) * m * c * kh * kw * layers / 1e6
 
 
 def median_ms(cmd: list, env: dict) -> float:
@@ -97,9 +114,10 @@ def main() -> None:
         for spec in shapes:
             name, dims = spec.split("=")
             transpose = dims.startswith("T:")
+            dims, _, layers = dims.partition("*")
             c, hw, m, khw, s, p = dims.removeprefix("T:").split(",")
             mflop[name] = write(d, name, int(c), pair(hw), int(m), pair(khw), int(s), int(p),
-                                transpose=transpose)
+                                transpose=transpose, layers=int(layers or 1))
         best: dict = {}
         for _ in range(rounds):
             for name in mflop:
