@@ -1200,8 +1200,9 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
 /// A small product's split, as ONNX Runtime splits an op's work: one task per thread, in the
 /// grid of row blocks × column blocks whose largest task is least (ties split the larger
 /// operand, so that each thread reads part of it), the row blocks doubled, tripled… where one
-/// would hold more than GATHERED_C_VALUES. Eight tasks a thread cost a few microseconds of
-/// dispatch each and cut the columns into pairs of panels, out of the 6×64 tile: a 3×3
+/// would hold more than GATHERED_C_VALUES. Eight tasks a thread there are tasks of a few
+/// microseconds, each dispatched, that cut the columns into pairs of panels, out of the 6×64
+/// tile: a 3×3
 /// convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads 26.5 → 22.5 µs
 /// alone, 96 → 96 on 6² −15 %, PP-OCRv4 det −5 %, nudenet −3 %.
 fn small_product_tasks(m_tiles: usize, n: usize, threads: usize, wide: bool) -> (usize, usize) {
