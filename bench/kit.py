@@ -20,7 +20,8 @@ the same work as on the real model; accuracy figures from a kit are not the real
 
 `run` regenerates the models, pins every timed process to two CPUs (CPUS=a,b, default the
 first CPU and its hyperthread sibling: a 2-vCPU cloud machine's shape), and prints the CPU, its
-ISA extensions and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) alternating
+ISA extensions, the two CPUs' cache-line round trip before and after (as bench/run.sh: how quiet
+the run was) and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) alternating
 rounds of the two engines, each engine's lowest median: FP32 mixprec/ORT, the emulated runs
 against mixprec's own FP32 run, and SmolLM2's prefill and per-token decode against ORT.
 PROFILE=NAME[,NAME] then prints, for those models, `mixprec run --profile`'s time per op type
@@ -244,10 +245,19 @@ def prepare(kit: str, rounds: int, llms: bool = True) -> tuple[dict, str, list[s
     return meta, work, pin, threads, dict(os.environ, RAYON_NUM_THREADS=threads)
 
 
+def core_round_trip(kit: str, pin: list[str]) -> int | None:
+    """A cache line's round trip between the two CPUs in ns (`latency --core-round-trip`, which
+    pins to CPUs 0 and 1): 40-110 ns where they share an L3 cache, ~350+ in a machine's slow
+    mode. None where the binary fails."""
+    p = subprocess.run([*pin, f"{kit}/bin/latency", "--core-round-trip"], capture_output=True, text=True)
+    return json.loads(p.stdout)["core_round_trip_ns"] if p.returncode == 0 else None
+
+
 def run(kit: str) -> None:
     kit = os.path.abspath(kit)
     rounds = int(os.environ.get("ROUNDS", "3"))
     meta, work, pin, threads, env = prepare(kit, rounds)
+    trip_before = core_round_trip(kit, pin)
     mix, ort_ = {}, {}
     emulated: dict = {}
     llm: dict = {}
@@ -292,6 +302,10 @@ def run(kit: str) -> None:
                     llm[key] = min(llm.get(key, 1e30), s * 1e3)
             else:
                 print(f"{variant}: llm_ort.py failed: {p.stderr.strip()[-300:]}")
+    # How quiet the machine was: the run is a verdict only where both are low.
+    trips = [trip_before, core_round_trip(kit, pin)]
+    note = " (>= 250: a slow state of the machine; two-thread times inflate)" if max(t or 0 for t in trips) >= 250 else ""
+    print(f"core round trip before / after: {trips[0]} / {trips[1]} ns{note}")
     print("| model | mixprec ms | ORT ms | mixprec/ORT | FP16 / BF16 / INT8 / FP8 ÷ FP32 |")
     print("| --- | --- | --- | --- | --- |")
     ratios = []
