@@ -59,6 +59,8 @@ def write(d: str, name: str, c: int, hw: tuple, m: int, khw: tuple, s: int, p: i
     rng = np.random.default_rng(0)
     (h, wd), (kh, kw) = hw, khw
     attrs = dict(kernel_shape=[kh, kw], strides=[s, s], pads=[p] * 4)
+    if transpose and layers > 1:
+        sys.exit(f"{name}: chains are of Conv layers (no *L on a ConvTranspose)")
     if transpose:
         o = ((h - 1) * s + kh - 2 * p, (wd - 1) * s + kw - 2 * p)
         w = numpy_helper.from_array((rng.standard_normal((c, m, kh, kw)) * 0.1).astype(np.float32), "W")
