@@ -475,7 +475,6 @@ fn rerun(
         epilogue_store: None,
         took_otherwise: Default::default(),
         weight_rounding: &weight_rounding,
-        channels_last: Default::default(),
     };
     let refs: Vec<Option<&Tensor>> = args.iter().map(Option::as_ref).collect();
     let mut outs = kernel(&ctx, &refs).ok()?;

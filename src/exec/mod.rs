@@ -1196,7 +1196,6 @@ impl<'g> Interpreter<'g> {
                         .filter(|_| quantize_out.is_none())
                         .and_then(|(_, e)| e.store_form(&operand_values)),
                     weight_rounding: &weight_rounding,
-                    channels_last: Default::default(),
                 };
                 // A quantized kernel (Q/DQ absorbed, `--fusion tensorrt`) replaces the op's own.
                 let started = profile.is_some().then(std::time::Instant::now);

@@ -328,20 +328,6 @@ pub struct OpCtx<'a> {
     /// [`OpDef::rounds_weights`]; shorter than the inputs, or empty, where there is none).
     /// The layer's values are those of the rounded weight; no rounded copy is kept.
     pub weight_rounding: &'a [Option<crate::numeric::Rounding>],
-    /// Which of a Conv's X and output the interpreter hands over and takes channels-last
-    /// (only to Conv kernels; see [`ChannelsLast`]).
-    pub channels_last: ChannelsLast,
-}
-
-/// Whether a 2-D convolution's X and output are channels-last: [N, H, W, C] values, the
-/// tensor's shape saying so, instead of [N, C, H, W]. The interpreter carries a value in that
-/// layout from a convolution to convolutions that all read it in place (the gathered
-/// product's rows: no transposition into planes, no plane-by-plane copy of the input); every
-/// other reader, and everything a run shows, sees [N, C, H, W].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ChannelsLast {
-    pub input: bool,
-    pub output: bool,
 }
 
 impl<'a> OpCtx<'a> {
@@ -362,7 +348,6 @@ impl<'a> OpCtx<'a> {
             took_otherwise: std::sync::atomic::AtomicBool::new(false),
             epilogue_store: None,
             weight_rounding: &[],
-            channels_last: ChannelsLast::default(),
         }
     }
 
