@@ -21,9 +21,9 @@ pub const MR: usize = 6;
 pub const NR: usize = 16;
 /// Depth of one k block: a 16-column B panel of KC rows (16 KiB) stays in L1.
 const KC: usize = 256;
-/// The gathered product's k block on cores with full-width 512-bit FMAs
-/// ([`Kernel::full_width_avx512`]) where k exceeds KC: 128 rows of four panels are 32 KiB,
-/// in L1 (48 KiB on Golden Cove and Zen 5) beside A's rows.
+/// The gathered product's k block on Intel's AVX-512 cores ([`Kernel::l1_blocks`]) where k
+/// exceeds KC: 128 rows of four panels are 32 KiB, in L1 (48 KiB on Golden Cove) beside A's
+/// rows.
 const FULL_WIDTH_KC: usize = 128;
 /// A panels up to which a B in rows is read in place rather than packed: packing pays only
 /// when enough A panels reuse the packed copy (measured with examples of Conv and MatMul
@@ -866,9 +866,9 @@ pub fn gemm_gathered(
     b: &PackedB,
     done: &(dyn Fn(GatheredBlock) + Sync),
 ) {
-    let full_width = Kernel::detect().full_width_avx512();
+    let l1_blocks = Kernel::detect().l1_blocks();
     let rows = GatheredRows::new(image, rows, offsets);
-    gathered_product(&rows, offsets, b, done, full_width);
+    gathered_product(&rows, offsets, b, done, l1_blocks);
 }
 
 /// Where each row of a gathered A starts, checked once: every offset of every row reads
@@ -907,14 +907,14 @@ impl<'a> GatheredRows<'a> {
     }
 }
 
-/// [`gemm_gathered`], its blocks sized for a core with full-width 512-bit FMAs or not (tests
-/// run both on any AVX-512 CPU; the bits are the same).
+/// [`gemm_gathered`], with L1-sized k blocks and 12×32 tiles ([`Kernel::l1_blocks`]) or not
+/// (tests run both on any AVX-512 CPU; the bits are the same).
 fn gathered_product(
     rows: &GatheredRows,
     offsets: &[usize],
     b: &PackedB,
     done: &(dyn Fn(GatheredBlock) + Sync),
-    full_width: bool,
+    l1_blocks: bool,
 ) {
     let (m, k, n) = (rows.len(), offsets.len(), b.n);
     assert_eq!(b.k, k, "B has {} rows, A {k} columns", b.k);
@@ -950,13 +950,13 @@ fn gathered_product(
     let cu = cu.min(if fit >= 2 { fit / 2 * 2 } else { fit });
     let col_blocks = col_units.div_ceil(cu);
     let cb = cu * group;
-    // On cores that run two 512-bit FMAs a cycle, the tiles must find B in L1: k blocks of
-    // FULL_WIDTH_KC (the 6×64 tile's four panels then hold 32 KiB instead of 64) and, where
-    // twelve rows start at consecutive values, 12×32 tiles inside the four panels (each pair's
-    // B, 8 KiB a block, read by twelve rows instead of six). On Zen 4's half-width units the
-    // tiles keep up with B from L2 either way, and the extra passes over C cost 1–3 %.
-    let full_width = wide && full_width;
-    let kc_block = if full_width && k > KC {
+    // On Intel's cores, which run two 512-bit FMAs a cycle, the tiles must find B in L1: k
+    // blocks of FULL_WIDTH_KC (the 6×64 tile's four panels then hold 32 KiB instead of 64)
+    // and, where twelve rows start at consecutive values, 12×32 tiles inside the four panels
+    // (each pair's B, 8 KiB a block, read by twelve rows instead of six). AMD's keep up with B
+    // from L2 either way, and the extra passes over C cost 1–5 % ([`avx512_layout`]).
+    let l1_blocks = wide && l1_blocks;
+    let kc_block = if l1_blocks && k > KC {
         FULL_WIDTH_KC
     } else {
         KC
@@ -1029,7 +1029,7 @@ fn gathered_product(
                     let mut it = it0;
                     while it < it1 {
                         let i0 = it * MR;
-                        if let Some(step) = runs_of_twelve(it).filter(|_| full_width) {
+                        if let Some(step) = runs_of_twelve(it).filter(|_| l1_blocks) {
                             tile_12x32(it, jp, step);
                             tile_12x32(it, jp + 2, step);
                             it += 2;
@@ -1447,30 +1447,54 @@ impl Kernel {
     }
 
     /// Whether this core runs two 512-bit FMAs a cycle (Intel's AVX-512 cores; AMD's from
-    /// Zen 5, family 26) rather than splitting each into two 256-bit halves (Zen 4): the
-    /// gathered product then sizes its blocks for L1 ([`FULL_WIDTH_KC`]).
+    /// Zen 5, family 26) rather than splitting each into two 256-bit halves (Zen 4).
     fn full_width_avx512(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if self.has_avx512() {
-            static FULL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-            return *FULL.get_or_init(|| {
-                use std::arch::x86_64::__cpuid;
-                let (vendor, signature) = (__cpuid(0), __cpuid(1));
-                let name: Vec<u8> = [vendor.ebx, vendor.edx, vendor.ecx]
-                    .iter()
-                    .flat_map(|r| r.to_le_bytes())
-                    .collect();
-                let family = ((signature.eax >> 8) & 0xf) + ((signature.eax >> 20) & 0xff);
-                match &name[..] {
-                    b"GenuineIntel" => true,
-                    b"AuthenticAMD" => family >= 0x1a,
-                    _ => false,
-                }
-            });
-        }
-        false
+        self.has_avx512() && cpu_signature().is_some_and(|(v, f)| avx512_layout(v, f).0)
     }
 
+    /// Whether the gathered product sizes its k blocks for L1 ([`FULL_WIDTH_KC`]) and runs
+    /// 12×32 tiles (see [`gathered_product`]).
+    fn l1_blocks(self) -> bool {
+        self.has_avx512() && cpu_signature().is_some_and(|(v, f)| avx512_layout(v, f).1)
+    }
+}
+
+/// This CPU's vendor string and family (CPUID leaves 0 and 1), read once.
+fn cpu_signature() -> Option<([u8; 12], u32)> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static SIGNATURE: std::sync::OnceLock<([u8; 12], u32)> = std::sync::OnceLock::new();
+        Some(*SIGNATURE.get_or_init(|| {
+            use std::arch::x86_64::__cpuid;
+            let (vendor, signature) = (__cpuid(0), __cpuid(1));
+            let mut name = [0u8; 12];
+            for (i, r) in [vendor.ebx, vendor.edx, vendor.ecx].iter().enumerate() {
+                name[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
+            }
+            let family = ((signature.eax >> 8) & 0xf) + ((signature.eax >> 20) & 0xff);
+            (name, family)
+        }))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// For an AVX-512 CPU of this vendor and family: whether it runs two 512-bit FMAs a cycle,
+/// and whether the gathered product gives it L1-sized k blocks and 12×32 tiles. Intel's cores
+/// stall on B from L2 without them (bench CNN −5 to −8 %, its 3×3 layers −8 to −12 % with
+/// them, one thread). AMD's keep up with B from L2: Zen 4's half-width units (the blocks cost
+/// 0–3 %) and, measured in one process on a Zen 5 (family 26 model 2), its full-width ones
+/// too — there the L1 blocks and 12×32 tiles made the bench CNN 1–5 % and YOLOv8n 3 % slower,
+/// no model faster.
+fn avx512_layout(vendor: [u8; 12], family: u32) -> (bool, bool) {
+    match &vendor {
+        b"GenuineIntel" => (true, true),
+        b"AuthenticAMD" => (family >= 0x1a, false),
+        _ => (false, false),
+    }
+}
+
+impl Kernel {
     /// One tile: `C[rows×cols] (+)= A_panel·B_panel` over `kc` steps.
     ///
     /// # Safety
@@ -2337,7 +2361,7 @@ mod tests {
                     cs: 1,
                 },
             );
-            for (threads, full_width) in [(1, false), (3, false), (1, true), (3, true)] {
+            for (threads, l1_blocks) in [(1, false), (3, false), (1, true), (3, true)] {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
@@ -2355,7 +2379,7 @@ mod tests {
                     }
                 };
                 let starts = GatheredRows::new(&image, &rows, &offsets);
-                pool.install(|| gathered_product(&starts, &offsets, &packed, &done, full_width));
+                pool.install(|| gathered_product(&starts, &offsets, &packed, &done, l1_blocks));
                 // The finished blocks cover C once.
                 assert!(
                     seen.into_inner().unwrap().iter().all(|&s| s == 1),
@@ -2365,7 +2389,7 @@ mod tests {
                 assert_eq!(
                     bits(&got),
                     bits(&want),
-                    "{m}x{n}x{k}, rows {runs}, {threads} threads, full width {full_width}"
+                    "{m}x{n}x{k}, rows {runs}, {threads} threads, L1 blocks {l1_blocks}"
                 );
             }
         }
@@ -2444,6 +2468,16 @@ mod tests {
             let got = pool.install(|| gathered_tasks(m, n, k));
             assert_eq!(got, want, "{m}x{n}x{k} on {threads} threads");
         }
+    }
+
+    /// The gathered product's L1 blocks go to Intel's AVX-512 cores only; the ISA report
+    /// still names Zen 5's FMAs full width, Zen 4's halves.
+    #[test]
+    fn l1_blocks_are_for_intel_cores() {
+        assert_eq!(avx512_layout(*b"GenuineIntel", 6), (true, true));
+        assert_eq!(avx512_layout(*b"AuthenticAMD", 0x19), (false, false));
+        assert_eq!(avx512_layout(*b"AuthenticAMD", 0x1a), (true, false));
+        assert_eq!(avx512_layout(*b"HygonGenuine", 0x18), (false, false));
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
