@@ -54,21 +54,49 @@ fn cpu_name() -> Option<String> {
             .collect();
         let name = String::from_utf8_lossy(&bytes);
         let name = name.trim_matches(|c: char| c == '\0' || c.is_whitespace());
-        let signature = __cpuid(1).eax;
-        let base = (signature >> 8) & 0xf;
-        let family = base
-            + if base == 0xf {
-                (signature >> 20) & 0xff
-            } else {
-                0
-            };
-        let model = ((signature >> 4) & 0xf)
-            | if base == 0x6 || base == 0xf {
-                ((signature >> 16) & 0xf) << 4
-            } else {
-                0
-            };
+        let Signature { family, model, .. } = signature()?;
         (!name.is_empty()).then(|| format!("{name} (family {family}, model {model})"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
+/// A CPU's vendor string (CPUID leaf 0) and family and model numbers (leaf 1, with the
+/// extended fields where the base family calls for them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Signature {
+    pub vendor: [u8; 12],
+    pub family: u32,
+    pub model: u32,
+}
+
+/// This CPU's [`Signature`], read once.
+pub(crate) fn signature() -> Option<Signature> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static SIGNATURE: std::sync::OnceLock<Signature> = std::sync::OnceLock::new();
+        Some(*SIGNATURE.get_or_init(|| {
+            use std::arch::x86_64::__cpuid;
+            let leaf0 = __cpuid(0);
+            let mut vendor = [0u8; 12];
+            for (i, r) in [leaf0.ebx, leaf0.edx, leaf0.ecx].iter().enumerate() {
+                vendor[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
+            }
+            let eax = __cpuid(1).eax;
+            let base = (eax >> 8) & 0xf;
+            let family = base + if base == 0xf { (eax >> 20) & 0xff } else { 0 };
+            let model = ((eax >> 4) & 0xf)
+                | if base == 0x6 || base == 0xf {
+                    ((eax >> 16) & 0xf) << 4
+                } else {
+                    0
+                };
+            Signature {
+                vendor,
+                family,
+                model,
+            }
+        }))
     }
     #[cfg(not(target_arch = "x86_64"))]
     None

@@ -1449,52 +1449,15 @@ impl Kernel {
     /// Whether this core runs two 512-bit FMAs a cycle (Intel's AVX-512 cores; AMD's from
     /// Zen 5, family 26) rather than splitting each into two 256-bit halves (Zen 4).
     fn full_width_avx512(self) -> bool {
-        self.has_avx512() && cpu_signature().is_some_and(|(v, f)| avx512_layout(v, f).0)
+        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).0)
     }
 
     /// Whether the gathered product sizes its k blocks for L1 ([`FULL_WIDTH_KC`]) and runs
     /// 12×32 tiles (see [`gathered_product`]).
     fn l1_blocks(self) -> bool {
-        self.has_avx512() && cpu_signature().is_some_and(|(v, f)| avx512_layout(v, f).1)
+        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).1)
     }
-}
 
-/// This CPU's vendor string and family (CPUID leaves 0 and 1), read once.
-fn cpu_signature() -> Option<([u8; 12], u32)> {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static SIGNATURE: std::sync::OnceLock<([u8; 12], u32)> = std::sync::OnceLock::new();
-        Some(*SIGNATURE.get_or_init(|| {
-            use std::arch::x86_64::__cpuid;
-            let (vendor, signature) = (__cpuid(0), __cpuid(1));
-            let mut name = [0u8; 12];
-            for (i, r) in [vendor.ebx, vendor.edx, vendor.ecx].iter().enumerate() {
-                name[4 * i..4 * i + 4].copy_from_slice(&r.to_le_bytes());
-            }
-            let family = ((signature.eax >> 8) & 0xf) + ((signature.eax >> 20) & 0xff);
-            (name, family)
-        }))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    None
-}
-
-/// For an AVX-512 CPU of this vendor and family: whether it runs two 512-bit FMAs a cycle,
-/// and whether the gathered product gives it L1-sized k blocks and 12×32 tiles. Intel's cores
-/// stall on B from L2 without them (bench CNN −5 to −8 %, its 3×3 layers −8 to −12 % with
-/// them, one thread). AMD's keep up with B from L2: Zen 4's half-width units (the blocks cost
-/// 0–3 %) and, measured in one process on a Zen 5 (family 26 model 2), its full-width ones
-/// too — there the L1 blocks and 12×32 tiles made the bench CNN 1–5 % and YOLOv8n 3 % slower,
-/// no model faster.
-fn avx512_layout(vendor: [u8; 12], family: u32) -> (bool, bool) {
-    match &vendor {
-        b"GenuineIntel" => (true, true),
-        b"AuthenticAMD" => (family >= 0x1a, false),
-        _ => (false, false),
-    }
-}
-
-impl Kernel {
     /// One tile: `C[rows×cols] (+)= A_panel·B_panel` over `kc` steps.
     ///
     /// # Safety
@@ -1847,6 +1810,21 @@ unsafe fn tile_avx512_rows<const P: usize>(
         4 => tile_avx512_gathered::<4, P>(kc, &first(origins), offsets, b, c, ldc, load),
         5 => tile_avx512_gathered::<5, P>(kc, &first(origins), offsets, b, c, ldc, load),
         _ => tile_avx512_gathered::<MR, P>(kc, origins, offsets, b, c, ldc, load),
+    }
+}
+
+/// For an AVX-512 CPU of this signature: whether it runs two 512-bit FMAs a cycle,
+/// and whether the gathered product gives it L1-sized k blocks and 12×32 tiles. Intel's cores
+/// stall on B from L2 without them (bench CNN −5 to −8 %, its 3×3 layers −8 to −12 % with
+/// them, one thread). AMD's keep up with B from L2: Zen 4's half-width units (the blocks cost
+/// 0–3 %) and, measured in one process on a Zen 5 (family 26 model 2), its full-width ones
+/// too — there the L1 blocks and 12×32 tiles made the bench CNN 1–5 % and YOLOv8n 3 % slower,
+/// no model faster.
+fn avx512_layout(cpu: super::isa::Signature) -> (bool, bool) {
+    match &cpu.vendor {
+        b"GenuineIntel" => (true, true),
+        b"AuthenticAMD" => (cpu.family >= 0x1a, false),
+        _ => (false, false),
     }
 }
 
@@ -2474,10 +2452,15 @@ mod tests {
     /// still names Zen 5's FMAs full width, Zen 4's halves.
     #[test]
     fn l1_blocks_are_for_intel_cores() {
-        assert_eq!(avx512_layout(*b"GenuineIntel", 6), (true, true));
-        assert_eq!(avx512_layout(*b"AuthenticAMD", 0x19), (false, false));
-        assert_eq!(avx512_layout(*b"AuthenticAMD", 0x1a), (true, false));
-        assert_eq!(avx512_layout(*b"HygonGenuine", 0x18), (false, false));
+        let cpu = |vendor: &[u8; 12], family| super::super::isa::Signature {
+            vendor: *vendor,
+            family,
+            model: 0,
+        };
+        assert_eq!(avx512_layout(cpu(b"GenuineIntel", 6)), (true, true));
+        assert_eq!(avx512_layout(cpu(b"AuthenticAMD", 0x19)), (false, false));
+        assert_eq!(avx512_layout(cpu(b"AuthenticAMD", 0x1a)), (true, false));
+        assert_eq!(avx512_layout(cpu(b"HygonGenuine", 0x18)), (false, false));
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
