@@ -1202,8 +1202,7 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
 /// operand, so that each thread reads part of it), the row blocks doubled, tripled… where one
 /// would hold more than GATHERED_C_VALUES. Eight tasks a thread there are tasks of a few
 /// microseconds, each dispatched, that cut the columns into pairs of panels, out of the 6×64
-/// tile: a 3×3
-/// convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads 26.5 → 22.5 µs
+/// tile: a 3×3 convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads 26.5 → 22.5 µs
 /// alone, 96 → 96 on 6² −15 %, PP-OCRv4 det −5 %, nudenet −3 %.
 fn small_product_tasks(m_tiles: usize, n: usize, threads: usize, wide: bool) -> (usize, usize) {
     let pairs = n.div_ceil(NR).div_ceil(2).max(1);
@@ -1449,13 +1448,13 @@ impl Kernel {
     /// Whether this core runs two 512-bit FMAs a cycle (Intel's AVX-512 cores; AMD's from
     /// Zen 5, family 26) rather than splitting each into two 256-bit halves (Zen 4).
     fn full_width_avx512(self) -> bool {
-        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).0)
+        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).full_width)
     }
 
     /// Whether the gathered product sizes its k blocks for L1 ([`FULL_WIDTH_KC`]) and runs
     /// 12×32 tiles (see [`gathered_product`]).
     fn l1_blocks(self) -> bool {
-        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).1)
+        self.has_avx512() && super::isa::signature().is_some_and(|s| avx512_layout(s).l1_blocks)
     }
 
     /// One tile: `C[rows×cols] (+)= A_panel·B_panel` over `kc` steps.
@@ -1813,6 +1812,15 @@ unsafe fn tile_avx512_rows<const P: usize>(
     }
 }
 
+/// What an AVX-512 core does with 512-bit FMAs ([`avx512_layout`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Avx512Layout {
+    /// Two 512-bit FMAs a cycle (not two 256-bit halves each).
+    full_width: bool,
+    /// The gathered product's L1-sized k blocks and 12×32 tiles.
+    l1_blocks: bool,
+}
+
 /// For an AVX-512 CPU of this signature: whether it runs two 512-bit FMAs a cycle,
 /// and whether the gathered product gives it L1-sized k blocks and 12×32 tiles. Intel's cores
 /// stall on B from L2 without them (bench CNN −5 to −8 %, its 3×3 layers −8 to −12 % with
@@ -1820,11 +1828,15 @@ unsafe fn tile_avx512_rows<const P: usize>(
 /// 0–3 %) and, measured in one process on a Zen 5 (family 26 model 2), its full-width ones
 /// too — there the L1 blocks and 12×32 tiles made the bench CNN 1–5 % and YOLOv8n 3 % slower,
 /// no model faster.
-fn avx512_layout(cpu: super::isa::Signature) -> (bool, bool) {
-    match &cpu.vendor {
+fn avx512_layout(cpu: super::isa::Signature) -> Avx512Layout {
+    let (full_width, l1_blocks) = match &cpu.vendor {
         b"GenuineIntel" => (true, true),
         b"AuthenticAMD" => (cpu.family >= 0x1a, false),
         _ => (false, false),
+    };
+    Avx512Layout {
+        full_width,
+        l1_blocks,
     }
 }
 
@@ -2457,10 +2469,23 @@ mod tests {
             family,
             model: 0,
         };
-        assert_eq!(avx512_layout(cpu(b"GenuineIntel", 6)), (true, true));
-        assert_eq!(avx512_layout(cpu(b"AuthenticAMD", 0x19)), (false, false));
-        assert_eq!(avx512_layout(cpu(b"AuthenticAMD", 0x1a)), (true, false));
-        assert_eq!(avx512_layout(cpu(b"HygonGenuine", 0x18)), (false, false));
+        let layout = |full_width, l1_blocks| Avx512Layout {
+            full_width,
+            l1_blocks,
+        };
+        assert_eq!(avx512_layout(cpu(b"GenuineIntel", 6)), layout(true, true));
+        assert_eq!(
+            avx512_layout(cpu(b"AuthenticAMD", 0x19)),
+            layout(false, false)
+        );
+        assert_eq!(
+            avx512_layout(cpu(b"AuthenticAMD", 0x1a)),
+            layout(true, false)
+        );
+        assert_eq!(
+            avx512_layout(cpu(b"HygonGenuine", 0x18)),
+            layout(false, false)
+        );
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
