@@ -5,7 +5,7 @@ With a model in ONNX Runtime GenAI's input names and no feed file, it writes a p
 first (SmolLM2's 16-token chat prompt, empty KV cache, all-ones mask) to FEED, which mixprec
 then loads: both engines time the same inputs.
 
-With --nodes it also prints each node's time (ONNX Runtime's node names: a fused or NCHWc
+With --nodes it also prints each node's time (mean and median) (ONNX Runtime's node names: a fused or NCHWc
 node is named after the output it writes, e.g. `/Relu_1_out_nchwc` for a Conv+BN+Relu), the
 peer's side of mixprec's per-layer list; run both at 1 and at 2 threads to see how each layer
 scales (docs/benchmarks.md, profile recipe step 4).
@@ -70,11 +70,14 @@ def main() -> None:
     timed = spans[WARM_UP:]
     per_op: collections.Counter[str] = collections.Counter()
     per_node: collections.Counter[tuple[str, str]] = collections.Counter()
+    node_times: dict[tuple[str, str], list[int]] = collections.defaultdict(list)
     for e in events:
         if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
             if any(start <= e["ts"] <= end for start, end in timed):
                 per_op[e["args"]["op_name"]] += e["dur"]
-                per_node[e["name"][: -len("_kernel_time")], e["args"]["op_name"]] += e["dur"]
+                key = e["name"][: -len("_kernel_time")], e["args"]["op_name"]
+                per_node[key] += e["dur"]
+                node_times[key].append(e["dur"])
     total = sum(per_op.values())
     print(
         f"ONNX Runtime, {threads} threads, {runs} runs after {WARM_UP} untimed ones"
@@ -84,9 +87,16 @@ def main() -> None:
     for op, us in per_op.most_common():
         print(f"  {us / runs / 1000:9.3f} ms  {100 * us / total:5.1f} %  {op}")
     if nodes:
-        print("  per node:")
+        # The mean moves with every slow run on a shared machine; the median per node is the
+        # one to set beside `latency --layers` (benches/latency.rs), which prints medians.
+        print("  per node (mean, share, median):")
         for (name, op), us in per_node.most_common():
-            print(f"  {us / runs / 1000:9.4f} ms  {100 * us / total:5.1f} %  {name} ({op})")
+            times = sorted(node_times[name, op])
+            median = times[len(times) // 2]
+            print(
+                f"  {us / runs / 1000:9.4f} ms  {100 * us / total:5.1f} %  {median:8.1f} µs"
+                f"  {name} ({op})"
+            )
 
 
 if __name__ == "__main__":

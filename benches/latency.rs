@@ -5,6 +5,17 @@
 //! DIR/NAME/input_K.pb; `--fp32-only` skips the emulated runs, for profiling the FP32 interpreter)
 //!        cargo bench --bench latency -- --core-round-trip   (prints {"core_round_trip_ns": X}: a
 //! cache line passed between CPUs 0 and 1 and back, median of 20 × 20,000; see [`round_trip`])
+//!        cargo bench --bench latency -- --layers DIR NAME [NAME...]   (per layer of the FP32 run:
+//! the median of its times over about 2 s of profiled runs of the same inputs, in µs, in the
+//! order the layers ran; the peer's side is bench/ort_op_profile.py --nodes, which also feeds
+//! the same inputs every run. `mixprec run --profile` feeds a new input set every iteration
+//! and keeps every iteration's outputs, as Polygraphy's runs do, which makes its first and
+//! last layers slower than in a loop over one input set)
+//!        latency --serve DIR NAME [--layers]   (for bench/paired.py: loads the model, prints one
+//! line (the layer names, a JSON list, with --layers; else []), then for each line "N" on
+//! stdin runs the model N times on its inputs and prints one JSON line: each run's time in
+//! µs, or with --layers each run's [total, layer times...]; ends at EOF. Blocked on stdin
+//! between blocks, it leaves the CPUs to the peer the script runs in the meantime)
 //!        cargo bench --bench latency -- --cpu   (prints {"cpu", "kernels"}: the CPU's name and
 //! the line `mixprec::ops::isa::KernelIsa` writes, the instruction sets the kernels run with)
 //! Prints one JSON line per model: {"model", "median_ms", "min_ms", "runs", and for P in fp16,
@@ -47,12 +58,18 @@ fn main() {
         return;
     }
     let fp32_only = args.iter().any(|a| a == "--fp32-only");
-    args.retain(|a| a != "--fp32-only");
+    let layers = args.iter().any(|a| a == "--layers");
+    let serve = args.iter().any(|a| a == "--serve");
+    args.retain(|a| a != "--fp32-only" && a != "--layers" && a != "--serve");
     let Some((dir, names)) = args.split_first() else {
         eprintln!("usage: latency DIR NAME [NAME...]");
         std::process::exit(2);
     };
     let dir = PathBuf::from(dir);
+    if serve {
+        serve_blocks(&dir, &names[0], layers);
+        return;
+    }
     for name in names {
         let model = load_model(dir.join(format!("{name}.onnx"))).expect("load model");
         let interp = Interpreter::new(&model.graph).expect("supported model");
@@ -67,6 +84,10 @@ fn main() {
                 t.0, t.1, t.2
             )
         };
+        if layers {
+            print!("{}", layer_medians(name, &interp, &feeds));
+            continue;
+        }
         if fp32_only {
             let fp32 = time(&mut [Box::new(run_fp32)])[0];
             println!("{}}}", fp32_fields(fp32));
@@ -214,4 +235,101 @@ fn time(runners: &mut [Box<dyn FnMut() + '_>]) -> Vec<(f64, f64, usize)> {
             (t[t.len() / 2], t[0], t.len())
         })
         .collect()
+}
+
+/// Each layer's median time over profiled runs of one input set (ten untimed, then at least
+/// 20 and until 2 s have passed), in the order the layers ran, as a table; its last line the
+/// median run's sum.
+fn layer_medians(name: &str, interp: &Interpreter, feeds: &mixprec::exec::Feeds) -> String {
+    for _ in 0..10 {
+        interp.run_profiled(feeds, None).expect("run");
+    }
+    let mut runs: Vec<Vec<mixprec::exec::LayerTime>> = Vec::new();
+    // Plain runs between the profiled ones: how much of a run is outside its layers.
+    let mut plain = Vec::new();
+    let start = Instant::now();
+    while runs.len() < 20 || start.elapsed().as_secs_f64() < 2.0 {
+        runs.push(interp.run_profiled(feeds, None).expect("run").1);
+        let t = Instant::now();
+        interp.run(feeds).expect("run");
+        plain.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let mut out = format!(
+        "{name}: {} profiled runs, median µs per layer\n",
+        runs.len()
+    );
+    for (i, t) in runs[0].iter().enumerate() {
+        let us = median(
+            runs.iter()
+                .filter_map(|r| r.get(i))
+                .map(|t| t.seconds * 1e6)
+                .collect(),
+        );
+        out += &format!("{us:10.1}  {}{} ({})\n", t.scope, t.name, t.op_type);
+    }
+    let total = median(
+        runs.iter()
+            .map(|r| r.iter().map(|t| t.seconds * 1e6).sum())
+            .collect(),
+    );
+    out += &format!("{total:10.1}  total of the layers\n");
+    out += &format!("{:10.1}  whole unprofiled run\n", median(plain));
+    out
+}
+
+/// `--serve`: blocks of runs on request (see the module's usage), for a script that runs the
+/// peer between them in its own process.
+fn serve_blocks(dir: &std::path::Path, name: &str, layers: bool) {
+    use std::io::{BufRead, Write};
+    let model = load_model(dir.join(format!("{name}.onnx"))).expect("load model");
+    let interp = Interpreter::new(&model.graph).expect("supported model");
+    let feeds = read_input_set(&model.graph, &dir.join(name)).expect("input");
+    let (_, first) = interp.run_profiled(&feeds, None).expect("run");
+    let names: Vec<String> = if layers {
+        first
+            .iter()
+            .map(|t| format!("{}{}", t.scope, t.name))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    // FLUSH_MB=N: N MiB written before every run, evicting the caches (a model's run in a
+    // pipeline that does other work between runs).
+    let mut flush: Vec<u8> = vec![
+        0;
+        std::env::var("FLUSH_MB")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(0)
+            << 20
+    ];
+    let mut stdout = std::io::stdout().lock();
+    writeln!(stdout, "{}", serde_json::json!(names)).expect("stdout");
+    stdout.flush().expect("stdout");
+    for line in std::io::stdin().lock().lines() {
+        let n: usize = line.expect("stdin").trim().parse().expect("a run count");
+        let block: Vec<serde_json::Value> = (0..n)
+            .map(|i| {
+                flush.iter_mut().for_each(|b| *b = b.wrapping_add(i as u8));
+                std::hint::black_box(&flush);
+                let t = Instant::now();
+                if layers {
+                    let (_, times) = interp.run_profiled(&feeds, None).expect("run");
+                    let total = t.elapsed().as_secs_f64() * 1e6;
+                    let mut row = vec![total];
+                    row.extend(times.iter().map(|t| t.seconds * 1e6));
+                    serde_json::json!(row)
+                } else {
+                    interp.run(&feeds).expect("run");
+                    serde_json::json!(t.elapsed().as_secs_f64() * 1e6)
+                }
+            })
+            .collect();
+        writeln!(stdout, "{}", serde_json::Value::Array(block)).expect("stdout");
+        stdout.flush().expect("stdout");
+    }
 }
