@@ -11,6 +11,10 @@ Usage: paired.py LATENCY_BIN DIR NAME [NAME...] [--threads T] [--seconds S] [--l
   --layers     per layer too: mixprec's profiled runs (its layers in the order they ran) and
                ONNX Runtime's node profiler (its nodes, which it names after their outputs),
                both as medians over the same blocks
+  --peer-threads N, --peer-env KEY=VALUE (repeatable)
+               the peer is mixprec itself, at N threads or with KEY=VALUE in its environment
+               (an experiment's switch, e.g. XALT=1 in a throwaway build), layer by layer
+               beside this one: which layers do not scale with threads, which a change moves
 
 A shared virtual machine moves by 10-50 % over seconds to minutes (other guests, CPU steal), so
 two engines timed one after the other, even in alternating rounds of seconds, compare two
@@ -87,75 +91,113 @@ def node_medians(sess: ort.InferenceSession, skip: int) -> list[tuple[str, float
     return [(k, statistics.median(times[k])) for k in order]
 
 
-def paired(binary: str, d: str, name: str, threads: int, seconds: float, layers: bool) -> str:
-    env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    cmd = [binary, "--serve", d, name] + (["--layers"] if layers else [])
-    child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    assert child.stdin and child.stdout
-    layer_names = json.loads(child.stdout.readline())
+class Mixprec:
+    """A `latency --serve` child: blocks of runs on request, each run [total µs, layer µs...]."""
 
-    def mixprec_block(n: int) -> list:
-        child.stdin.write(f"{n + 1}\n")
-        child.stdin.flush()
-        line = child.stdout.readline()
+    def __init__(self, binary: str, d: str, name: str, threads: int, layers: bool, env: dict[str, str]):
+        self.name = name
+        cmd = [binary, "--serve", d, name] + (["--layers"] if layers else [])
+        env = dict(os.environ, RAYON_NUM_THREADS=str(threads), **env)
+        self.child = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        assert self.child.stdin and self.child.stdout
+        self.layer_names: list[str] = json.loads(self.child.stdout.readline())
+        self.layers = layers
+
+    def block(self, n: int) -> list[list[float]]:
+        assert self.child.stdin and self.child.stdout
+        self.child.stdin.write(f"{n + 1}\n")
+        self.child.stdin.flush()
+        line = self.child.stdout.readline()
         if not line:
-            raise SystemExit(f"{name}: the latency process ended ({child.wait()})")
-        return json.loads(line)[1:]
+            raise SystemExit(f"{self.name}: the latency process ended ({self.child.wait()})")
+        rows = json.loads(line)[1:]
+        return rows if self.layers else [[r] for r in rows]
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    if layers:
-        opts.enable_profiling = True
-        opts.profile_file_prefix = f"/tmp/paired_ort_{os.getpid()}"
-    sess = ort.InferenceSession(os.path.join(d, f"{name}.onnx"), opts, providers=["CPUExecutionProvider"])
-    feeds = feeds_of(sess, d, name)
-    # Warm-up, and each engine's block size (about BLOCK_S of runs).
+    def close(self) -> None:
+        assert self.child.stdin
+        self.child.stdin.close()
+        self.child.wait()
+
+
+class Ort:
+    """ONNX Runtime in this process; per node from its profiler (`nodes`, after the runs)."""
+
+    def __init__(self, d: str, name: str, threads: int, layers: bool):
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        if layers:
+            opts.enable_profiling = True
+            opts.profile_file_prefix = f"/tmp/paired_ort_{os.getpid()}"
+        self.sess = ort.InferenceSession(os.path.join(d, f"{name}.onnx"), opts, providers=["CPUExecutionProvider"])
+        self.feeds = feeds_of(self.sess, d, name)
+
+    def block(self, n: int) -> list[list[float]]:
+        return [[t] for t in ort_block(self.sess, self.feeds, n)]
+
+
+def paired(binary: str, d: str, name: str, threads: int, seconds: float, layers: bool,
+           peer_threads: int | None, peer_env: dict[str, str]) -> str:
+    mix = Mixprec(binary, d, name, threads, layers, {})
+    # The peer: ONNX Runtime, or mixprec itself at another thread count or in another
+    # environment (an experiment's switch), layer by layer beside this one.
+    peer: Mixprec | Ort
+    if peer_threads is not None or peer_env:
+        peer = Mixprec(binary, d, name, peer_threads or threads, layers, peer_env)
+        peer_label = f"mixprec{'' if peer_threads is None else f' at {peer_threads} threads'}{' ' + str(peer_env) if peer_env else ''}"
+    else:
+        peer = Ort(d, name, threads, layers)
+        peer_label = "ort"
     # Warm-up (one-time work: weights packed, buffers allocated), and a block size of about
     # BLOCK_S for the slower engine, from each one's median of 20 runs.
-    ort_us = statistics.median(ort_block(sess, feeds, 20))
-    warm = mixprec_block(20)
-    mix_us = statistics.median(r[0] for r in warm) if layers else statistics.median(warm)
-    n = max(3, int(BLOCK_S * 1e6 / max(ort_us, mix_us, 1.0)))
-    mix_all: list[float] = []
-    ort_all: list[float] = []
+    peer_us = statistics.median(r[0] for r in peer.block(20))
+    mix_us = statistics.median(r[0] for r in mix.block(20))
+    n = max(3, int(BLOCK_S * 1e6 / max(peer_us, mix_us, 1.0)))
+    mix_rows: list[list[float]] = []
+    peer_rows: list[list[float]] = []
     ratios: list[float] = []
-    mix_layers: list[list[float]] = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds or len(ratios) < 5:
         time.sleep(PAUSE_S)
-        rows = mixprec_block(n)
-        m = [r[0] for r in rows] if layers else rows
-        if layers:
-            mix_layers.extend(r[1:] for r in rows)
+        m = mix.block(n)
         time.sleep(PAUSE_S)
-        o = ort_block(sess, feeds, n)
-        mix_all += m
-        ort_all += o
-        ratios.append(statistics.median(m) / statistics.median(o))
-    child.stdin.close()
-    child.wait()
-    mm, om = statistics.median(mix_all), statistics.median(ort_all)
+        o = peer.block(n)
+        mix_rows += m
+        peer_rows += o
+        ratios.append(statistics.median(r[0] for r in m) / statistics.median(r[0] for r in o))
+    mix.close()
+    mm = statistics.median(r[0] for r in mix_rows)
+    om = statistics.median(r[0] for r in peer_rows)
     out = json.dumps(
         {
             "model": name,
             "threads": threads,
+            "peer": peer_label,
             "mixprec_median_ms": round(mm / 1e3, 4),
-            "ort_median_ms": round(om / 1e3, 4),
+            "peer_median_ms": round(om / 1e3, 4),
             "ratio_of_medians": round(mm / om, 3),
             "paired_ratio": round(statistics.median(ratios), 3),
             "pairs": len(ratios),
             "runs_per_block": n,
         }
     )
-    if layers:
-        out += f"\n  mixprec layers (median µs, {len(mix_layers)} runs; its run total {mm:.1f}):\n"
-        for i, layer in enumerate(layer_names):
-            out += f"  {statistics.median(r[i] for r in mix_layers):9.1f}  {layer}\n"
-        nodes = node_medians(sess, 21)
-        out += f"  ONNX Runtime nodes (median µs, profiled; its run total {om:.1f}):\n"
-        for node, us in nodes:
-            out += f"  {us:9.1f}  {node}\n"
+    if not layers:
+        return out
+    if isinstance(peer, Mixprec):
+        peer.close()
+        out += f"\n  per layer (median µs): mixprec, {peer_label}, ratio; run totals {mm:.1f} / {om:.1f}\n"
+        for i, layer in enumerate(mix.layer_names):
+            a = statistics.median(r[i + 1] for r in mix_rows)
+            b = statistics.median(r[i + 1] for r in peer_rows)
+            out += f"  {a:9.1f} {b:9.1f} {a / b if b else float('nan'):6.2f}  {layer}\n"
+        return out
+    out += f"\n  mixprec layers (median µs, {len(mix_rows)} runs; its run total {mm:.1f}):\n"
+    for i, layer in enumerate(mix.layer_names):
+        out += f"  {statistics.median(r[i + 1] for r in mix_rows):9.1f}  {layer}\n"
+    nodes = node_medians(peer.sess, 21)
+    out += f"  ONNX Runtime nodes (median µs, profiled; its run total {om:.1f}):\n"
+    for node, us in nodes:
+        out += f"  {us:9.1f}  {node}\n"
     return out
 
 
@@ -163,23 +205,29 @@ def main() -> None:
     args = sys.argv[1:]
     layers = "--layers" in args
     args = [a for a in args if a != "--layers"]
-    threads, seconds = 2, 20.0
-    for flag in ("--threads", "--seconds"):
-        if flag in args:
+    threads, seconds, peer_threads = 2, 20.0, None
+    peer_env: dict[str, str] = {}
+    for flag in ("--threads", "--seconds", "--peer-threads", "--peer-env"):
+        while flag in args:
             i = args.index(flag)
             value = args[i + 1]
             del args[i : i + 2]
             if flag == "--threads":
                 threads = int(value)
-            else:
+            elif flag == "--seconds":
                 seconds = float(value)
+            elif flag == "--peer-threads":
+                peer_threads = int(value)
+            else:
+                key, _, v = value.partition("=")
+                peer_env[key] = v
     if len(args) < 3:
         raise SystemExit(__doc__)
     binary, d, names = args[0], args[1], args[2:]
     isa = subprocess.run([binary, "--cpu"], capture_output=True, text=True)
     print(f"cpu: {json.loads(isa.stdout)['kernels'] if isa.returncode == 0 else '?'}; onnxruntime {ort.__version__}")
     for name in names:
-        print(paired(binary, d, name, threads, seconds, layers), flush=True)
+        print(paired(binary, d, name, threads, seconds, layers, peer_threads, peer_env), flush=True)
 
 
 if __name__ == "__main__":
