@@ -620,6 +620,51 @@ impl TensorData {
         ))
     }
 
+    /// For each of `outer` blocks, each part's `o`-th block of `blocks[i]` values in part
+    /// order (Concat on an axis with `outer` indices before it), in one pass: `None` where the
+    /// dtypes differ or a part does not hold `outer` blocks.
+    pub fn concat_blocks(
+        parts: &[&TensorData],
+        blocks: &[usize],
+        outer: usize,
+    ) -> Option<TensorData> {
+        let first = parts.first()?;
+        if parts.len() != blocks.len()
+            || parts
+                .iter()
+                .zip(blocks)
+                .any(|(p, &b)| p.dtype() != first.dtype() || p.len() != outer * b)
+        {
+            return None;
+        }
+        macro_rules! join {
+            ($($v:ident),*) => {
+                match first {
+                    $(TensorData::$v(_) => {
+                        let views: Vec<_> = parts
+                            .iter()
+                            .map(|p| match p {
+                                TensorData::$v(x) => &x[..],
+                                _ => unreachable!("dtypes checked above"),
+                            })
+                            .collect();
+                        let mut out = Vec::with_capacity(outer * blocks.iter().sum::<usize>());
+                        for o in 0..outer {
+                            for (x, &b) in views.iter().zip(blocks) {
+                                out.extend_from_slice(&x[o * b..(o + 1) * b]);
+                            }
+                        }
+                        TensorData::$v(out.into())
+                    },)*
+                }
+            };
+        }
+        Some(join!(
+            F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str, F8E4M3FN,
+            F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, U4, I4, F4E2M1
+        ))
+    }
+
     /// Picks elements by index (indices must be in range: kernels check before calling).
     #[allow(clippy::clone_on_copy)] // one generic body serves Copy and String buffers
     pub fn gather(&self, indices: &[usize]) -> TensorData {
@@ -966,6 +1011,25 @@ mod tests {
         assert_eq!(c, TensorData::I64(vec![1, 2, 3].into()));
         assert_eq!(c.gather(&[2, 0]), TensorData::I64(vec![3, 1].into()));
         assert!(TensorData::concat(&[&a, &TensorData::F32(vec![].into())]).is_none());
+    }
+
+    #[test]
+    fn concat_blocks_interleaves_each_parts_block_per_outer_index() {
+        // Concat on axis 1 of [2, 3] and [2, 1]: rows of 3 then 1, per outer index.
+        let a = TensorData::F32(vec![1., 2., 3., 4., 5., 6.].into());
+        let b = TensorData::F32(vec![7., 8.].into());
+        let c = TensorData::concat_blocks(&[&a, &b], &[3, 1], 2).unwrap();
+        assert_eq!(
+            c,
+            TensorData::F32(vec![1., 2., 3., 7., 4., 5., 6., 8.].into())
+        );
+        // One outer index: the parts whole, as `concat`.
+        let whole = TensorData::concat_blocks(&[&a, &b], &[6, 2], 1).unwrap();
+        assert_eq!(whole, TensorData::concat(&[&a, &b]).unwrap());
+        // A part without `outer` blocks of its size, or another dtype: no answer.
+        assert!(TensorData::concat_blocks(&[&a, &b], &[3, 2], 2).is_none());
+        let i = TensorData::I64(vec![1, 2].into());
+        assert!(TensorData::concat_blocks(&[&a, &i], &[3, 1], 2).is_none());
     }
 
     #[test]

@@ -478,27 +478,16 @@ fn concat(ctx: &OpCtx, inputs: &[Option<&Tensor>]) -> OpResult {
     }
     let outer: usize = first.shape()[..axis].iter().product();
     let inner: usize = first.shape()[axis + 1..].iter().product();
-    let all = TensorData::concat(&parts.iter().map(|p| p.data()).collect::<Vec<_>>())
-        .expect("same dtype");
-    if outer == 1 {
-        // The parts follow each other whole.
-        return Ok(vec![Tensor::from_parts(out_shape, all)]);
-    }
-    // Each part's block of each outer index, in output order, copied whole.
-    let mut bases = Vec::with_capacity(parts.len());
-    let mut acc = 0;
-    for p in &parts {
-        bases.push(acc);
-        acc += p.len();
-    }
-    let mut runs = Vec::with_capacity(outer * parts.len());
-    for o in 0..outer {
-        for (p, &base) in parts.iter().zip(&bases) {
-            let block = p.shape()[axis] * inner;
-            runs.push((base + o * block, block));
-        }
-    }
-    Ok(vec![Tensor::from_parts(out_shape, all.gather_runs(&runs))])
+    // Each part's block of each outer index, in output order, copied once (with outer > 1 the
+    // parts were joined whole and then gathered block by block: two copies of the output).
+    let blocks: Vec<usize> = parts.iter().map(|p| p.shape()[axis] * inner).collect();
+    let all = TensorData::concat_blocks(
+        &parts.iter().map(|p| p.data()).collect::<Vec<_>>(),
+        &blocks,
+        outer,
+    )
+    .expect("same dtype, and shapes checked above");
+    Ok(vec![Tensor::from_parts(out_shape, all)])
 }
 
 /// Copies the sub-range `[start, start+len)` of `axis`.
