@@ -1204,10 +1204,22 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
 /// microseconds, each dispatched, that cut the columns into pairs of panels, out of the 6×64
 /// tile: a 3×3 convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads 26.5 → 22.5 µs
 /// alone, 96 → 96 on 6² −15 %, PP-OCRv4 det −5 %, nudenet −3 %.
+///
+/// Where every thread would take at least TALL_SPLIT_TILES row tiles, the rows split in
+/// threads' blocks whatever the grid's largest task: each thread then reads only its part of
+/// A (a convolution's input, which the layer before left in two cores' caches) where a split
+/// of the columns has both read all of it. The bench CNN's 32 → 64 convolutions on 28²
+/// outputs (131 row tiles, 2 pairs of panels: 131 × 1 by columns against 66 × 2 by rows), per
+/// layer on two threads: the 3×3/2 −7 % (Zen 5) and −4 % (Intel), the 1×1/2 shortcut −5 % and
+/// −22 %; on the 33- and 9-tile products of the deeper layers rows lost (up to +35 %), which
+/// keep the grid. The CNN −1 % on Intel, the other models within ±1 % (in one process).
 fn small_product_tasks(m_tiles: usize, n: usize, threads: usize, wide: bool) -> (usize, usize) {
+    const TALL_SPLIT_TILES: usize = 32;
     let pairs = n.div_ceil(NR).div_ceil(2).max(1);
+    let tall = m_tiles >= TALL_SPLIT_TILES * threads;
     let row_blocks = (1..=threads)
         .filter(|r| threads.is_multiple_of(*r))
+        .filter(|&r| !tall || r == threads)
         .min_by_key(|&r| {
             let column_blocks = threads / r;
             let largest = m_tiles.div_ceil(r) * pairs.div_ceil(column_blocks);
@@ -2445,6 +2457,12 @@ mod tests {
             ((1600, 32, 288, 2), (134, 2)),
             // 400 tiles × 32 columns exceed it: 4 row blocks.
             ((2400, 32, 200, 2), (100, 4)),
+            // 131 row tiles (at least 32 a thread): the rows in halves, though the columns'
+            // largest task is one tile smaller (131 × 1 against 66 × 2) — a 3×3/2 and a 1×1/2
+            // convolution 32 → 64 on 28² outputs; 33 tiles keep the columns.
+            ((784, 64, 288, 2), (66, 2)),
+            ((784, 64, 32, 2), (66, 2)),
+            ((196, 128, 576, 2), (33, 2)),
             // Ties (8 either way) split the larger operand: B's columns where it is wider
             // than A is tall, else A's rows.
             ((24, 128, 1152, 2), (4, 2)),
