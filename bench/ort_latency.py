@@ -13,6 +13,17 @@ import onnxruntime as ort
 from onnx import numpy_helper, TensorProto
 
 
+def input_set(sess, d, name):
+    """DIR/NAME/input_K.pb as the session's feeds, in its input order."""
+    feeds = {}
+    for k, i in enumerate(sess.get_inputs()):
+        t = TensorProto()
+        with open(os.path.join(d, name, f"input_{k}.pb"), "rb") as f:
+            t.ParseFromString(f.read())
+        feeds[i.name] = numpy_helper.to_array(t)
+    return feeds
+
+
 def main():
     d, threads, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
     for name in names:
@@ -20,12 +31,7 @@ def main():
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         sess = ort.InferenceSession(os.path.join(d, f"{name}.onnx"), opts, providers=["CPUExecutionProvider"])
-        feeds = {}
-        for k, i in enumerate(sess.get_inputs()):
-            t = TensorProto()
-            with open(os.path.join(d, name, f"input_{k}.pb"), "rb") as f:
-                t.ParseFromString(f.read())
-            feeds[i.name] = numpy_helper.to_array(t)
+        feeds = input_set(sess, d, name)
         for _ in range(3):
             sess.run(None, feeds)
         times, start = [], time.perf_counter()

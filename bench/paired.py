@@ -37,20 +37,12 @@ import time
 
 import numpy as np
 import onnxruntime as ort
-from onnx import TensorProto, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ort_latency import input_set  # noqa: E402  (beside this script, in bench/ and in a kit)
 
 BLOCK_S = 0.05
 PAUSE_S = 0.02
-
-
-def feeds_of(sess: ort.InferenceSession, d: str, name: str) -> dict[str, np.ndarray]:
-    feeds = {}
-    for k, i in enumerate(sess.get_inputs()):
-        t = TensorProto()
-        with open(os.path.join(d, name, f"input_{k}.pb"), "rb") as f:
-            t.ParseFromString(f.read())
-        feeds[i.name] = numpy_helper.to_array(t)
-    return feeds
 
 
 FLUSH = np.zeros(int(os.environ.get("FLUSH_MB", "0")) << 20, dtype=np.uint8)
@@ -130,7 +122,7 @@ class Ort:
             opts.enable_profiling = True
             opts.profile_file_prefix = f"/tmp/paired_ort_{os.getpid()}"
         self.sess = ort.InferenceSession(os.path.join(d, f"{name}.onnx"), opts, providers=["CPUExecutionProvider"])
-        self.feeds = feeds_of(self.sess, d, name)
+        self.feeds = input_set(self.sess, d, name)
 
     def block(self, n: int) -> list[list[float]]:
         return [[t] for t in ort_block(self.sess, self.feeds, n)]
