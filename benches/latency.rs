@@ -67,7 +67,7 @@ fn main() {
     };
     let dir = PathBuf::from(dir);
     if serve {
-        serve_blocks(&dir, &names[0], layers);
+        serve_blocks(&dir, names.first().expect("--serve DIR NAME"), layers);
         return;
     }
     for name in names {
@@ -238,8 +238,8 @@ fn time(runners: &mut [Box<dyn FnMut() + '_>]) -> Vec<(f64, f64, usize)> {
 }
 
 /// Each layer's median time over profiled runs of one input set (ten untimed, then at least
-/// 20 and until 2 s have passed), in the order the layers ran, as a table; its last line the
-/// median run's sum.
+/// 20 and until 2 s have passed), in the order the layers ran, as a table; then the median of
+/// the runs' sums and the median of unprofiled runs taken between them.
 fn layer_medians(name: &str, interp: &Interpreter, feeds: &mixprec::exec::Feeds) -> String {
     for _ in 0..10 {
         interp.run_profiled(feeds, None).expect("run");
