@@ -593,31 +593,9 @@ impl TensorData {
 
     /// Joins buffers of one dtype end to end (None if the dtypes differ or `parts` is empty).
     pub fn concat(parts: &[&TensorData]) -> Option<TensorData> {
-        let first = parts.first()?;
-        if parts.iter().any(|p| p.dtype() != first.dtype()) {
-            return None;
-        }
-        macro_rules! join {
-            ($($v:ident),*) => {
-                match first {
-                    $(TensorData::$v(_) => {
-                        // One allocation, each part appended whole.
-                        let mut out = Vec::with_capacity(parts.iter().map(|p| p.len()).sum());
-                        for p in parts {
-                            match p {
-                                TensorData::$v(x) => out.extend_from_slice(x),
-                                _ => unreachable!("dtypes checked above"),
-                            }
-                        }
-                        TensorData::$v(out.into())
-                    },)*
-                }
-            };
-        }
-        Some(join!(
-            F32, F64, F16, BF16, I8, U8, I16, U16, I32, U32, I64, U64, Bool, Str, F8E4M3FN,
-            F8E4M3FNUZ, F8E5M2, F8E5M2FNUZ, U4, I4, F4E2M1
-        ))
+        // The parts whole, one after another: one block each.
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        Self::concat_blocks(parts, &lens, 1)
     }
 
     /// For each of `outer` blocks, each part's `o`-th block of `blocks[i]` values in part

@@ -216,18 +216,16 @@ pub fn stack(parts: &[Tensor], axis: usize) -> Result<Tensor, OpError> {
     }
     let outer: usize = first.shape()[..axis].iter().product();
     let inner: usize = first.shape()[axis..].iter().product();
-    let all = TensorData::concat(&parts.iter().map(|p| p.data()).collect::<Vec<_>>())
-        .expect("same dtype");
-    let mut idx = Vec::with_capacity(all.len());
-    for o in 0..outer {
-        for p in 0..parts.len() {
-            let base = p * first.len() + o * inner;
-            idx.extend(base..base + inner);
-        }
-    }
+    // Each iteration's block of each outer index, in output order (Concat's copy).
+    let all = TensorData::concat_blocks(
+        &parts.iter().map(|p| p.data()).collect::<Vec<_>>(),
+        &vec![inner; parts.len()],
+        outer,
+    )
+    .expect("same dtype and shape, checked above");
     let mut shape = first.shape().to_vec();
     shape.insert(axis, parts.len());
-    Ok(Tensor::from_parts(shape, all.gather(&idx)))
+    Ok(Tensor::from_parts(shape, all))
 }
 
 /// A scan output of zero iterations: 0 on the scan axis, the body output's declared dims
