@@ -1202,8 +1202,8 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
 /// operand, so that each thread reads part of it), the row blocks doubled, tripled… where one
 /// would hold more than GATHERED_C_VALUES. Eight tasks a thread there are tasks of a few
 /// microseconds, each dispatched, that cut the columns into pairs of panels, out of the 6×64
-/// tile: a 3×3 convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads 26.5 → 22.5 µs
-/// alone, 96 → 96 on 6² −15 %, PP-OCRv4 det −5 %, nudenet −3 %.
+/// tile: a 3×3 convolution 128 → 128 on a 5² plane (25 × 128 × 1152) on two Zen 5 threads
+/// 26.5 → 22.5 µs alone, 96 → 96 on 6² −15 %, PP-OCRv4 det −5 %, nudenet −3 %.
 ///
 /// Where every thread would take at least TALL_SPLIT_TILES row tiles, the rows split in
 /// threads' blocks whatever the grid's largest task: each thread then reads only its part of
@@ -1216,16 +1216,18 @@ fn gathered_tasks(m: usize, n: usize, k: usize) -> (usize, usize) {
 fn small_product_tasks(m_tiles: usize, n: usize, threads: usize, wide: bool) -> (usize, usize) {
     const TALL_SPLIT_TILES: usize = 32;
     let pairs = n.div_ceil(NR).div_ceil(2).max(1);
-    let tall = m_tiles >= TALL_SPLIT_TILES * threads;
-    let row_blocks = (1..=threads)
-        .filter(|r| threads.is_multiple_of(*r))
-        .filter(|&r| !tall || r == threads)
-        .min_by_key(|&r| {
-            let column_blocks = threads / r;
-            let largest = m_tiles.div_ceil(r) * pairs.div_ceil(column_blocks);
-            (largest, if wide { r } else { column_blocks })
-        })
-        .unwrap_or(1);
+    let row_blocks = if m_tiles >= TALL_SPLIT_TILES * threads {
+        threads
+    } else {
+        (1..=threads)
+            .filter(|r| threads.is_multiple_of(*r))
+            .min_by_key(|&r| {
+                let column_blocks = threads / r;
+                let largest = m_tiles.div_ceil(r) * pairs.div_ceil(column_blocks);
+                (largest, if wide { r } else { column_blocks })
+            })
+            .unwrap_or(1)
+    };
     let column_blocks = threads / row_blocks;
     // A row block's C over one pair of panels in GATHERED_C_VALUES.
     let blocks = row_blocks * (m_tiles * MR * 2 * NR).div_ceil(row_blocks * GATHERED_C_VALUES);
