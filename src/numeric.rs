@@ -129,6 +129,28 @@ pub(crate) unsafe fn bf16_x16(x: std::arch::x86_64::__m512) -> std::arch::x86_64
     _mm512_mask_mov_ps(_mm512_castsi512_ps(r), nan, x)
 }
 
+/// 16 values rounded by each of `rounds` in turn ([`crate::ops::rounded_by`] in registers).
+///
+/// # Safety
+/// The CPU has AVX-512F (inlined into a function compiled for it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn rounded_by_x16(
+    x: std::arch::x86_64::__m512,
+    rounds: [Option<Rounding>; 2],
+) -> std::arch::x86_64::__m512 {
+    // Plain code, no closures: they would be compiled without AVX-512.
+    let mut x = x;
+    for r in [rounds[0], rounds[1]] {
+        x = match r {
+            Some(Rounding::F16) => f16_x16(x),
+            Some(Rounding::BF16) => bf16_x16(x),
+            None => x,
+        };
+    }
+    x
+}
+
 /// A rounding as a constant of a vector loop's type, so that each rounding (or none) is a
 /// loop of its own rather than a choice per vector: [`rounded_x16`]'s `R`.
 pub(crate) mod grid {

@@ -60,6 +60,26 @@ pub unsafe fn apply8(op: Lanewise, x: std::arch::x86_64::__m256) -> std::arch::x
     }
 }
 
+/// [`Lanewise::apply`] on 16 values in AVX-512 registers: the same results (the same IEEE
+/// operation; Clip and Relu as the same compares and selects).
+///
+/// # Safety
+/// The CPU has AVX-512F (inlined into a function compiled for it).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub unsafe fn apply16(op: Lanewise, x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use avx512::{lower_to, raise_to};
+    use std::arch::x86_64::*;
+    match op {
+        Lanewise::Add(c) => _mm512_add_ps(x, _mm512_set1_ps(c)),
+        Lanewise::Sub(c) => _mm512_sub_ps(x, _mm512_set1_ps(c)),
+        Lanewise::Mul(c) => _mm512_mul_ps(x, _mm512_set1_ps(c)),
+        Lanewise::Div(c) => _mm512_div_ps(x, _mm512_set1_ps(c)),
+        Lanewise::Clip(lo, hi) => lower_to(raise_to(x, _mm512_set1_ps(lo)), _mm512_set1_ps(hi)),
+        Lanewise::Relu => raise_to(x, _mm512_setzero_ps()),
+    }
+}
+
 /// A two-input stage on two chained values: `a[i] = a[i] op b[i]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Binary {
@@ -211,13 +231,13 @@ mod avx512 {
 
     /// `x < c ? c : x` (a NaN or a tie keeps `x`).
     #[inline(always)]
-    unsafe fn raise_to(x: __m512, c: __m512) -> __m512 {
+    pub(super) unsafe fn raise_to(x: __m512, c: __m512) -> __m512 {
         _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_LT_OQ>(x, c), c)
     }
 
     /// `x > c ? c : x`.
     #[inline(always)]
-    unsafe fn lower_to(x: __m512, c: __m512) -> __m512 {
+    pub(super) unsafe fn lower_to(x: __m512, c: __m512) -> __m512 {
         _mm512_mask_mov_ps(x, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, c), c)
     }
 
@@ -351,6 +371,51 @@ mod tests {
                         .map(|(&x, &y)| r(op.apply(x, y)))
                         .collect();
                     assert_eq!(bits(&got), bits(&want), "{op:?} {round:?} n={n}");
+                }
+            }
+        }
+    }
+
+    /// The register forms a kernel's store applies ([`apply8`], [`apply16`]) give the bits of
+    /// [`Lanewise::apply`] on every special value.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_register_forms_give_the_scalar_bits() {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx")]
+        unsafe fn on8(op: Lanewise, x: &[f32], got: &mut [f32]) {
+            _mm256_storeu_ps(got.as_mut_ptr(), apply8(op, _mm256_loadu_ps(x.as_ptr())));
+        }
+        #[target_feature(enable = "avx512f")]
+        unsafe fn on16(op: Lanewise, x: &[f32], got: &mut [f32]) {
+            _mm512_storeu_ps(got.as_mut_ptr(), apply16(op, _mm512_loadu_ps(x.as_ptr())));
+        }
+        let ops = [
+            Lanewise::Add(3.0),
+            Lanewise::Sub(-0.0),
+            Lanewise::Mul(1.0 / 6.0),
+            Lanewise::Div(0.0),
+            Lanewise::Clip(0.0, 6.0),
+            Lanewise::Clip(-0.0, 0.1),
+            Lanewise::Relu,
+        ];
+        let xs = specials();
+        for op in ops {
+            let want: Vec<f32> = xs.iter().map(|&x| op.apply(x)).collect();
+            if is_x86_feature_detected!("avx") {
+                for (x, w) in xs.chunks_exact(8).zip(want.chunks_exact(8)) {
+                    let mut got = [0f32; 8];
+                    // SAFETY: the CPU has AVX; the slices hold 8 values.
+                    unsafe { on8(op, x, &mut got) };
+                    assert_eq!(bits(&got), bits(w), "{op:?} apply8");
+                }
+            }
+            if is_x86_feature_detected!("avx512f") {
+                for (x, w) in xs.chunks_exact(16).zip(want.chunks_exact(16)) {
+                    let mut got = [0f32; 16];
+                    // SAFETY: the CPU has AVX-512F; the slices hold 16 values.
+                    unsafe { on16(op, x, &mut got) };
+                    assert_eq!(bits(&got), bits(w), "{op:?} apply16");
                 }
             }
         }

@@ -802,21 +802,8 @@ unsafe fn affine_rows_avx512(
     e: &super::StoreEpilogue,
     first: usize,
 ) {
-    use crate::numeric::{bf16_x16, f16_x16, Rounding};
+    use crate::numeric::rounded_by_x16 as rounded16;
     use std::arch::x86_64::*;
-    // Plain code, no closures: they would be compiled without AVX-512.
-    #[inline(always)]
-    unsafe fn rounded16(x: __m512, rounds: [Option<Rounding>; 2]) -> __m512 {
-        let mut x = x;
-        for r in [rounds[0], rounds[1]] {
-            x = match r {
-                Some(Rounding::F16) => f16_x16(x),
-                Some(Rounding::BF16) => bf16_x16(x),
-                None => x,
-            };
-        }
-        x
-    }
     let (c0, c1) = (block.columns.start, block.columns.end);
     let (rows, width, ld) = (block.rows.len(), c1 - c0, block.ld);
     if rows == 0 || width == 0 {
@@ -1335,8 +1322,12 @@ pub fn conv(
     let images = if gathered && group == 1 { n.max(1) } else { 1 };
     // Planes shorter than this take `finish` in the gathered product's blocks (below).
     const SHORT_PLANE: usize = 64;
-    // The epilogue in registers as the gathered product's blocks go into the planes, where
-    // it has that form: no pass over the output afterwards, no call per piece.
+    // The epilogue in registers as the planar product's tiles or the gathered product's
+    // blocks go into the planes, where it has that form: no pass over the output afterwards,
+    // no call per piece. (The planar tiles take the float32 form; an emulated plan's rounding
+    // epilogue takes the pass.)
+    let planar_store =
+        store.filter(|e| planar && finish.is_some() && e.rounds.is_empty() && !e.affine_done);
     let store = store.filter(|_| gathered && finish.is_some());
     // Where it rounds, on AVX-512 CPUs: what the store does after a pass over each block
     // (`affine_rows_avx512`).
@@ -1379,6 +1370,7 @@ pub fn conv(
                     finish,
                     first_channel: 0,
                     plane_start: b * m * o_sz,
+                    store: planar_store.as_ref(),
                 };
                 planar::planar_product(image, &runs, &offsets, tiles, dst, o_sz, &finish);
                 bias_added = true;

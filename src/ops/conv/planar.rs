@@ -7,9 +7,15 @@
 //! transposes were 6 % of the bench CNN on Intel).
 //!
 //! Every output is the chain the gathered product and [`crate::ops::sgemm::gemm`] give: fused
-//! multiply-adds over the taps in order from +0, then the bias.
+//! multiply-adds over the taps in order from +0, then the bias — added in registers before the
+//! store, as is a layer's epilogue where it has the store form ([`StoreEpilogue`]), so that
+//! nothing passes over the planes again (those passes were 5–6 % of a stem convolution).
 
 use super::ChannelFn;
+#[cfg(target_arch = "x86_64")]
+use crate::ops::lanewise::apply16;
+use crate::ops::lanewise::Lanewise;
+use crate::ops::StoreEpilogue;
 use rayon::prelude::*;
 
 /// Positions one vector of a tile holds.
@@ -72,12 +78,17 @@ pub(super) fn row_runs(rows: usize, width: usize, row_step: usize) -> Vec<Run> {
         .collect()
 }
 
-/// What the planar product does with each finished piece of a plane: the bias, then `finish`
-/// (a layer's rounding or epilogue) with the channel's index in the whole output and where
-/// the plane's first value lies in it.
+/// What the planar product does with its outputs: the bias as the tiles store them, then
+/// `store` in the tiles too where given, else `finish` (a layer's rounding or epilogue) on each
+/// finished piece of a plane, with the channel's index in the whole output and where the
+/// plane's first value lies in it.
 pub(super) struct Finish<'a> {
     pub bias: Option<&'a [f32]>,
     pub finish: Option<&'a ChannelFn<'a>>,
+    /// `finish` in the form the tiles compute in registers before each store, where it does not
+    /// round and starts at its affine stage (a float32 layer's BatchNormalization, residual
+    /// Add, Relu); its channel and flat index are the output's, as for `finish`.
+    pub store: Option<&'a StoreEpilogue<'a>>,
     /// Channel c of the product is channel `first_channel + c` of the output, its plane at
     /// `plane_start + c · o_sz` of the output's values.
     pub first_channel: usize,
@@ -114,6 +125,21 @@ pub(super) fn planar_product(
         next += run.len;
     }
     assert_eq!(next, o_sz, "the runs store {next} of {o_sz} outputs");
+    assert!(
+        finish.bias.is_none_or(|b| b.len() >= m),
+        "a bias per channel"
+    );
+    if let Some(e) = finish.store {
+        let channels = finish.first_channel + m;
+        assert!(
+            e.rounds.is_empty() && !e.affine_done,
+            "a store epilogue the tiles compute"
+        );
+        assert!(e.scale.len() >= channels && e.shift.len() >= channels);
+        assert!(e
+            .operand
+            .is_none_or(|o| o.len() >= finish.plane_start + m * o_sz));
+    }
     let threads = rayon::current_num_threads();
     let parallel = threads > 1 && m * o_sz * k >= PARALLEL_WORK;
     let target = if parallel { 8 * threads } else { 1 };
@@ -165,15 +191,26 @@ pub(super) fn planar_product(
             // SAFETY: the run's positions read inside `image` (asserted above, with a masked
             // last vector); the tile writes `channels` planes of this task's channels at
             // those positions, which no other task writes.
+            // The bias, the epilogue's constants and operand: the tile's channels', at the
+            // same positions (asserted above).
             unsafe {
+                let first = tile * TILE_CHANNELS;
                 let operands = Tile {
                     k,
                     w: weights.tile(tile).as_ptr(),
                     a: image.as_ptr().add(at),
                     offsets: offsets.as_ptr(),
-                    c: planes.get().add(tile * TILE_CHANNELS * o_sz + out),
+                    c: planes.get().add(first * o_sz + out),
                     ldc: o_sz,
                     channels,
+                    bias: finish
+                        .bias
+                        .map_or(std::ptr::null(), |b| b.as_ptr().add(first)),
+                    store: finish.store.map(|e| TileStore {
+                        epilogue: e,
+                        channel: finish.first_channel + first,
+                        start: finish.plane_start + first * o_sz + out,
+                    }),
                 };
                 tile_dispatch(avx512, operands, len);
             }
@@ -185,7 +222,8 @@ pub(super) fn planar_product(
         }
         let positions = band.positions.clone();
         let channels = tile_range.start * TILE_CHANNELS..(tile_range.end * TILE_CHANNELS).min(m);
-        for ch in channels {
+        let pass = finish.finish.filter(|_| finish.store.is_none());
+        for ch in channels.filter(|_| pass.is_some()) {
             // SAFETY: this task's positions of its channel's plane, written above: no other
             // task touches them.
             let piece = unsafe {
@@ -194,10 +232,7 @@ pub(super) fn planar_product(
                     positions.len(),
                 )
             };
-            if let Some(b) = finish.bias {
-                piece.iter_mut().for_each(|v| *v += b[ch]);
-            }
-            if let Some(f) = finish.finish {
+            if let Some(f) = pass {
                 let start = finish.plane_start + ch * o_sz + positions.start;
                 f(
                     super::super::Piece::plane(finish.first_channel + ch, start),
@@ -283,9 +318,10 @@ fn has_avx512() -> bool {
 }
 
 /// One tile's operands: tap p of position i read at `a[offsets[p] + i]` (p < k), the tile's
-/// weights `w` (k × TILE_CHANNELS), its first `channels` planes written from `c`, `ldc` apart.
+/// weights `w` (k × TILE_CHANNELS), its first `channels` planes written from `c`, `ldc` apart,
+/// each value plus its channel's `bias[r]` (null: none), then through `store`.
 #[derive(Clone, Copy)]
-struct Tile {
+struct Tile<'a> {
     k: usize,
     w: *const f32,
     a: *const f32,
@@ -293,6 +329,25 @@ struct Tile {
     c: *mut f32,
     ldc: usize,
     channels: usize,
+    bias: *const f32,
+    store: Option<TileStore<'a>>,
+}
+
+/// A store epilogue on a tile's values: the tile's channel r is the output's `channel + r`,
+/// its value at `at` from the tile's `c` the output's flat index `start + at`.
+#[derive(Clone, Copy)]
+struct TileStore<'a> {
+    epilogue: &'a StoreEpilogue<'a>,
+    channel: usize,
+    start: usize,
+}
+
+impl TileStore<'_> {
+    /// The finished value of `x`, the tile's channel `r`, at `at` from the tile's `c`.
+    #[inline(always)]
+    fn value(&self, x: f32, r: usize, at: usize) -> f32 {
+        self.epilogue.value(x, self.channel + r, self.start + at)
+    }
 }
 
 /// `tile`'s `len` ≤ TILE_VECTORS · LANES positions.
@@ -321,7 +376,7 @@ unsafe fn tile_dispatch(avx512: bool, tile: Tile, len: usize) {
     tile_scalar(tile, len);
 }
 
-/// The tile in scalar code: the same chains.
+/// The tile in scalar code: the same chains, the same bias and epilogue.
 ///
 /// # Safety
 /// `a[offsets[p] + i]` readable for p < k, i < len; `w` k · TILE_CHANNELS values; `c` writable
@@ -333,6 +388,12 @@ unsafe fn tile_scalar(t: Tile, len: usize) {
             for p in 0..t.k {
                 let x = *t.a.add(*t.offsets.add(p) + i);
                 acc = (*t.w.add(p * TILE_CHANNELS + r)).mul_add(x, acc);
+            }
+            if !t.bias.is_null() {
+                acc += *t.bias.add(r);
+            }
+            if let Some(s) = &t.store {
+                acc = s.value(acc, r, r * t.ldc + i);
             }
             *t.c.add(r * t.ldc + i) = acc;
         }
@@ -368,14 +429,129 @@ unsafe fn tile_avx512<const P: usize, const MASKED: bool>(t: Tile, last: u16) {
             }
         }
     }
-    for (r, row) in acc.iter().enumerate().take(t.channels) {
-        for (q, v) in row.iter().enumerate() {
-            let at = t.c.add(r * t.ldc + q * LANES);
-            if MASKED && q + 1 == P {
-                _mm512_mask_storeu_ps(at, last, *v);
-            } else {
-                _mm512_storeu_ps(at, *v);
+    store_tile::<P, MASKED>(&t, acc, last);
+}
+
+/// [`tile_avx512`]'s stores: each value plus its channel's bias, through the store epilogue.
+/// Not inlined, so that the epilogue's constants do not take the product loop's registers;
+/// the epilogue's stages decided once a tile, in [`affine_stores`]' constants (decided per
+/// vector, reading the epilogue again after each store, which could alias it, the stem
+/// convolution ran 2–5 % slower than with a pass over the planes afterwards).
+///
+/// # Safety
+/// As [`tile_avx512`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline(never)]
+unsafe fn store_tile<const P: usize, const MASKED: bool>(
+    t: &Tile,
+    acc: [[std::arch::x86_64::__m512; P]; TILE_CHANNELS],
+    last: u16,
+) {
+    use std::arch::x86_64::*;
+    let (c, ldc, bias) = (t.c, t.ldc, t.bias);
+    let Some(store) = t.store else {
+        for (r, row) in acc.iter().enumerate().take(t.channels) {
+            for (q, &v) in row.iter().enumerate() {
+                let mask = if MASKED && q + 1 == P { last } else { u16::MAX };
+                let v = match bias.is_null() {
+                    true => v,
+                    false => _mm512_add_ps(v, _mm512_set1_ps(*bias.add(r))),
+                };
+                _mm512_mask_storeu_ps(c.add(r * ldc + q * LANES), mask, v);
             }
+        }
+        return;
+    };
+    let e = store.epilogue;
+    let stages = Stages {
+        c,
+        ldc,
+        bias,
+        scale: e.scale.as_ptr().add(store.channel),
+        shift: e.shift.as_ptr().add(store.channel),
+        operand: e
+            .operand
+            .map_or(std::ptr::null(), |o| o.as_ptr().add(store.start)),
+        operand_first: e.operand_first,
+        channels: t.channels,
+    };
+    match e.last {
+        Some(Lanewise::Relu) => {
+            affine_stores::<P, MASKED, RELU>(stages, &acc, last, Lanewise::Relu)
+        }
+        Some(l) => affine_stores::<P, MASKED, OTHER>(stages, &acc, last, l),
+        None => affine_stores::<P, MASKED, NONE>(stages, &acc, last, Lanewise::Relu),
+    }
+}
+
+/// [`store_tile`]'s operands for [`affine_stores`].
+#[derive(Clone, Copy)]
+struct Stages {
+    c: *mut f32,
+    ldc: usize,
+    bias: *const f32,
+    /// The tile's first channel's.
+    scale: *const f32,
+    shift: *const f32,
+    /// At the tile's `c` (null: none).
+    operand: *const f32,
+    operand_first: bool,
+    channels: usize,
+}
+
+/// [`affine_stores`]' last stage: none, Relu, or another (`apply16` per vector).
+const NONE: u8 = 0;
+const RELU: u8 = 1;
+const OTHER: u8 = 2;
+
+/// [`store_tile`]'s stores through the epilogue, its last stage `stage` as LAST says:
+/// [`StoreEpilogue::value`]'s operations in its order, for an epilogue that does not round and
+/// starts at the affine stage.
+///
+/// # Safety
+/// As [`store_tile`].
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn affine_stores<const P: usize, const MASKED: bool, const LAST: u8>(
+    st: Stages,
+    acc: &[[std::arch::x86_64::__m512; P]; TILE_CHANNELS],
+    last: u16,
+    stage: Lanewise,
+) {
+    use std::arch::x86_64::*;
+    for (r, row) in acc.iter().enumerate().take(st.channels) {
+        let b = match st.bias.is_null() {
+            true => _mm512_setzero_ps(),
+            false => _mm512_set1_ps(*st.bias.add(r)),
+        };
+        let (a, s) = (
+            _mm512_set1_ps(*st.scale.add(r)),
+            _mm512_set1_ps(*st.shift.add(r)),
+        );
+        for (q, &x) in row.iter().enumerate() {
+            let mask = if MASKED && q + 1 == P { last } else { u16::MAX };
+            let at = r * st.ldc + q * LANES;
+            // No bias: the chain as it is (+0 would turn a −0 into +0).
+            let x = match st.bias.is_null() {
+                true => x,
+                false => _mm512_add_ps(x, b),
+            };
+            let mut v = _mm512_add_ps(_mm512_mul_ps(x, a), s);
+            if !st.operand.is_null() {
+                let o = _mm512_maskz_loadu_ps(mask, st.operand.add(at));
+                // In the Add's order (where both are NaN, the first's payload comes out).
+                v = match st.operand_first {
+                    true => _mm512_add_ps(o, v),
+                    false => _mm512_add_ps(v, o),
+                };
+            }
+            v = match LAST {
+                RELU => apply16(Lanewise::Relu, v),
+                OTHER => apply16(stage, v),
+                _ => v,
+            };
+            _mm512_mask_storeu_ps(st.c.add(at), mask, v);
         }
     }
 }
@@ -454,6 +630,7 @@ mod tests {
                         bias,
                         finish: None,
                         first_channel: 0,
+                        store: None,
                         plane_start: 0,
                     };
                     pool.install(|| {
@@ -481,6 +658,8 @@ mod tests {
                         c: got[t * TILE_CHANNELS * o_sz + run.out..].as_mut_ptr(),
                         ldc: o_sz,
                         channels: TILE_CHANNELS.min(m - t * TILE_CHANNELS),
+                        bias: std::ptr::null(),
+                        store: None,
                     };
                     unsafe { tile_scalar(operands, run.len) }
                 }
@@ -520,6 +699,7 @@ mod tests {
             finish: Some(&record),
             first_channel: 5,
             plane_start: m * o_sz,
+            store: None,
         };
         let mut out = vec![0f32; m * o_sz];
         let pool = rayon::ThreadPoolBuilder::new()
@@ -530,5 +710,108 @@ mod tests {
         let seen = seen.into_inner().unwrap();
         assert!(seen[..m * o_sz].iter().all(|&s| s == 0));
         assert!(seen[m * o_sz..].iter().all(|&s| s == 1));
+    }
+
+    /// A float32 epilogue in store form computed in the tiles gives the bits of the same
+    /// epilogue applied to the finished planes ([`StoreEpilogue::value`]): with and without
+    /// an operand (in either order) and a last stage; NaNs, signed zeros and infinities in the
+    /// operand; the vector tiles (one and three threads, masked last vectors) and the scalar
+    /// tile.
+    #[test]
+    fn an_epilogue_in_the_tiles_is_the_epilogue_on_the_planes() {
+        let (m, width, rows, k) = (13usize, 53usize, 5usize, 9usize);
+        let row_step = width + 2;
+        let runs = row_runs(rows, width, row_step);
+        let offsets: Vec<usize> = (0..k).map(|p| p % 3 + p / 3 * row_step).collect();
+        let image = values(rows * row_step + 3 * row_step, 3);
+        let w = values(m * k, 4);
+        let tiles = ChannelTiles::new(&w, m, k);
+        let o_sz = rows * width;
+        let (first, start) = (5usize, m * o_sz);
+        let bias: Vec<f32> = (0..m).map(|c| c as f32 * 0.25 - 1.5).collect();
+        let scale: Vec<f32> = (0..first + m).map(|c| 0.75 - c as f32 * 0.1).collect();
+        let shift: Vec<f32> = (0..first + m).map(|c| c as f32 * 0.3 - 2.0).collect();
+        let mut operand = values(start + m * o_sz, 9);
+        for (i, special) in [
+            f32::NAN,
+            -0.0,
+            0.0,
+            f32::INFINITY,
+            -f32::INFINITY,
+            -f32::NAN,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            operand[start + 101 * i + 7] = special;
+        }
+        let mut cases = Vec::new();
+        for operand in [None, Some(&operand[..])] {
+            for operand_first in [false, true] {
+                for last in [None, Some(Lanewise::Relu), Some(Lanewise::Clip(-0.5, 0.5))] {
+                    cases.push(StoreEpilogue {
+                        scale: &scale,
+                        shift: &shift,
+                        operand,
+                        operand_first,
+                        last,
+                        rounds: Default::default(),
+                        affine_done: false,
+                    });
+                }
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for e in &cases {
+            for bias in [None, Some(&bias[..])] {
+                let mut want = reference(&image, &runs, &offsets, &w, m, o_sz, bias);
+                for (i, v) in want.iter_mut().enumerate() {
+                    *v = e.value(*v, first + i / o_sz, start + i);
+                }
+                let finish = Finish {
+                    bias,
+                    finish: None,
+                    first_channel: first,
+                    plane_start: start,
+                    store: Some(e),
+                };
+                for threads in [1, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut got = vec![f32::NAN; m * o_sz];
+                    pool.install(|| {
+                        planar_product(&image, &runs, &offsets, &tiles, &mut got, o_sz, &finish)
+                    });
+                    assert_eq!(bits(&got), bits(&want), "{e:?} bias {bias:?}");
+                }
+                let mut got = vec![f32::NAN; m * o_sz];
+                for t in 0..m.div_ceil(TILE_CHANNELS) {
+                    for run in &runs {
+                        let out = t * TILE_CHANNELS * o_sz + run.out;
+                        let operands = Tile {
+                            k,
+                            w: tiles.tile(t).as_ptr(),
+                            a: image[run.image..].as_ptr(),
+                            offsets: offsets.as_ptr(),
+                            c: got[out..].as_mut_ptr(),
+                            ldc: o_sz,
+                            channels: TILE_CHANNELS.min(m - t * TILE_CHANNELS),
+                            bias: bias
+                                .map_or(std::ptr::null(), |b| b[t * TILE_CHANNELS..].as_ptr()),
+                            store: Some(TileStore {
+                                epilogue: e,
+                                channel: first + t * TILE_CHANNELS,
+                                start: start + out,
+                            }),
+                        };
+                        // SAFETY: the run lies inside the image and the planes.
+                        unsafe { tile_scalar(operands, run.len) }
+                    }
+                }
+                assert_eq!(bits(&got), bits(&want), "scalar {e:?} bias {bias:?}");
+            }
+        }
     }
 }
