@@ -151,6 +151,29 @@ pub(crate) unsafe fn rounded_by_x16(
     x
 }
 
+/// 8 values rounded by each of `rounds` in turn ([`rounded_by_x16`] in AVX registers).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C (inlined into a function compiled for them).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn rounded_by_x8(
+    x: std::arch::x86_64::__m256,
+    rounds: [Option<Rounding>; 2],
+) -> std::arch::x86_64::__m256 {
+    // No closures or iterator adapters: they would be functions of their own, compiled
+    // without the caller's F16C and AVX2, and the intrinsics in them calls.
+    let mut x = x;
+    for r in [rounds[0], rounds[1]] {
+        x = match r {
+            Some(Rounding::F16) => f16_x8(x),
+            Some(Rounding::BF16) => bf16_x8(x),
+            None => x,
+        };
+    }
+    x
+}
+
 /// A rounding as a constant of a vector loop's type, so that each rounding (or none) is a
 /// loop of its own rather than a choice per vector: [`rounded_x16`]'s `R`.
 pub(crate) mod grid {

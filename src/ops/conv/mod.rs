@@ -834,30 +834,6 @@ unsafe fn affine_rows_avx512(
     }
 }
 
-/// 8 values rounded by each of `rounds` in turn.
-///
-/// # Safety
-/// The CPU has AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn rounded8(
-    x: std::arch::x86_64::__m256,
-    rounds: [Option<crate::numeric::Rounding>; 2],
-) -> std::arch::x86_64::__m256 {
-    use crate::numeric::{bf16_x8, f16_x8, Rounding};
-    // No closures or iterator adapters: they would be functions of their own, compiled
-    // without the caller's F16C and AVX2, and the intrinsics in them calls.
-    let mut x = x;
-    for r in [rounds[0], rounds[1]] {
-        x = match r {
-            Some(Rounding::F16) => f16_x8(x),
-            Some(Rounding::BF16) => bf16_x8(x),
-            None => x,
-        };
-    }
-    x
-}
-
 /// `x` rounded by `rounds` where the store rounds (ROUNDS), else `x`.
 ///
 /// # Safety
@@ -869,7 +845,7 @@ unsafe fn round_if<const ROUNDS: bool>(
     rounds: [Option<crate::numeric::Rounding>; 2],
 ) -> std::arch::x86_64::__m256 {
     if ROUNDS {
-        rounded8(x, rounds)
+        crate::numeric::rounded_by_x8(x, rounds)
     } else {
         x
     }

@@ -587,6 +587,12 @@ mod tests {
         out
     }
 
+    /// `f` on a pool of `threads` threads.
+    fn on_threads<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+        pool.expect("a thread pool").install(f)
+    }
+
     fn values(len: usize, seed: usize) -> Vec<f32> {
         (0..len)
             .map(|i| (((i * 37 + seed * 11) % 101) as f32 - 50.0) / 17.0)
@@ -621,10 +627,6 @@ mod tests {
                 let bias = with_bias.then_some(&bias[..]);
                 let want = reference(&image, &runs, &offsets, &w, m, o_sz, bias);
                 for threads in [1, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
                     let mut got = vec![f32::NAN; m * o_sz];
                     let finish = Finish {
                         bias,
@@ -633,7 +635,7 @@ mod tests {
                         store: None,
                         plane_start: 0,
                     };
-                    pool.install(|| {
+                    on_threads(threads, || {
                         planar_product(&image, &runs, &offsets, &tiles, &mut got, o_sz, &finish)
                     });
                     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
@@ -702,11 +704,9 @@ mod tests {
             store: None,
         };
         let mut out = vec![0f32; m * o_sz];
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        pool.install(|| planar_product(&image, &runs, &offsets, &tiles, &mut out, o_sz, &finish));
+        on_threads(2, || {
+            planar_product(&image, &runs, &offsets, &tiles, &mut out, o_sz, &finish)
+        });
         let seen = seen.into_inner().unwrap();
         assert!(seen[..m * o_sz].iter().all(|&s| s == 0));
         assert!(seen[m * o_sz..].iter().all(|&s| s == 1));
@@ -776,12 +776,8 @@ mod tests {
                     store: Some(e),
                 };
                 for threads in [1, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
                     let mut got = vec![f32::NAN; m * o_sz];
-                    pool.install(|| {
+                    on_threads(threads, || {
                         planar_product(&image, &runs, &offsets, &tiles, &mut got, o_sz, &finish)
                     });
                     assert_eq!(bits(&got), bits(&want), "{e:?} bias {bias:?}");
