@@ -222,8 +222,11 @@ pub(super) fn planar_product(
         }
         let positions = band.positions.clone();
         let channels = tile_range.start * TILE_CHANNELS..(tile_range.end * TILE_CHANNELS).min(m);
-        let pass = finish.finish.filter(|_| finish.store.is_none());
-        for ch in channels.filter(|_| pass.is_some()) {
+        // `finish` on this task's pieces of its planes, where the tiles did not apply it.
+        let Some(f) = finish.finish.filter(|_| finish.store.is_none()) else {
+            return;
+        };
+        for ch in channels {
             // SAFETY: this task's positions of its channel's plane, written above: no other
             // task touches them.
             let piece = unsafe {
@@ -232,13 +235,11 @@ pub(super) fn planar_product(
                     positions.len(),
                 )
             };
-            if let Some(f) = pass {
-                let start = finish.plane_start + ch * o_sz + positions.start;
-                f(
-                    super::super::Piece::plane(finish.first_channel + ch, start),
-                    piece,
-                );
-            }
+            let start = finish.plane_start + ch * o_sz + positions.start;
+            f(
+                super::super::Piece::plane(finish.first_channel + ch, start),
+                piece,
+            );
         }
     };
     let tasks = bands.len() * groups;
@@ -429,6 +430,8 @@ unsafe fn tile_avx512<const P: usize, const MASKED: bool>(t: Tile, last: u16) {
             }
         }
     }
+    // The accumulators by value: handed over by reference, they were written to the stack on
+    // every tap (free on Zen 5, the stem 2.6× slower on Intel).
     store_tile::<P, MASKED>(&t, acc, last);
 }
 
