@@ -20,8 +20,9 @@ A shared virtual machine moves by 10-50 % over seconds to minutes (other guests,
 two engines timed one after the other, even in alternating rounds of seconds, compare two
 machine states. Here ONNX Runtime runs in this process and mixprec in a child process that
 serves blocks of runs on request (`latency --serve`): blocks of about 50 ms each, one engine
-then the other, each block's first run untimed, a 5 ms pause between blocks so that the other
-engine's spinning threads have gone to sleep. Each pair of blocks gives a ratio of their
+then the other, each block's first run untimed, and before each block a pause until both
+processes have used almost no CPU for 10 ms (ONNX Runtime's pool threads spin on after its runs
+return: on an Intel Xeon, still 20 ms later, and the block that followed ran 20-40 % slower). Each pair of blocks gives a ratio of their
 medians; the line reports the median of those ratios (the paired ratio), beside both engines'
 overall medians. The engines never run at the same time.
 """
@@ -43,6 +44,10 @@ from ort_latency import input_set  # noqa: E402  (beside this script, in bench/ 
 
 BLOCK_S = 0.05
 PAUSE_S = 0.02
+# How long both processes must have used (almost) no CPU before a block starts, and the most
+# time to wait for it.
+QUIET_S = 0.01
+QUIET_MAX_S = 2.0
 
 
 FLUSH = np.zeros(int(os.environ.get("FLUSH_MB", "0")) << 20, dtype=np.uint8)
@@ -57,6 +62,27 @@ def ort_block(sess: ort.InferenceSession, feeds: dict[str, np.ndarray], n: int) 
         sess.run(None, feeds)
         times.append((time.perf_counter() - t) * 1e6)
     return times
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time all threads of process `pid` have run: its process CPU-time clock (Linux's
+    clock id for a pid, MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED)), to the nanosecond."""
+    return time.clock_gettime(((~pid) << 3) | 2)
+
+
+def wait_quiet(pids: list[int]) -> float:
+    """Waits until the processes `pids` have used less than a fifth of a CPU over QUIET_S (at
+    most QUIET_MAX_S): an engine's pool threads may spin on after its runs return (ONNX
+    Runtime's keep spinning for tens of milliseconds after `run` on Intel Xeons, on the two
+    CPUs the other engine's block then runs on: that block ran 20-40 % slower there)."""
+    start = time.perf_counter()
+    while True:
+        before = sum(cpu_seconds(p) for p in pids)
+        time.sleep(QUIET_S)
+        used = sum(cpu_seconds(p) for p in pids) - before
+        waited = time.perf_counter() - start
+        if used < 0.2 * QUIET_S or waited > QUIET_MAX_S:
+            return waited
 
 
 def node_medians(sess: ort.InferenceSession, skip: int) -> list[tuple[str, float]]:
@@ -148,11 +174,16 @@ def paired(binary: str, d: str, name: str, threads: int, seconds: float, layers:
     mix_rows: list[list[float]] = []
     peer_rows: list[list[float]] = []
     ratios: list[float] = []
+    # This process (ONNX Runtime's threads, when it is the peer) and the mixprec children.
+    pids = [os.getpid(), mix.child.pid] + ([peer.child.pid] if isinstance(peer, Mixprec) else [])
+    waits: list[float] = []
     start = time.perf_counter()
     while time.perf_counter() - start < seconds or len(ratios) < 5:
         time.sleep(PAUSE_S)
+        waits.append(wait_quiet(pids))
         m = mix.block(n)
         time.sleep(PAUSE_S)
+        waits.append(wait_quiet(pids))
         o = peer.block(n)
         mix_rows += m
         peer_rows += o
@@ -171,6 +202,7 @@ def paired(binary: str, d: str, name: str, threads: int, seconds: float, layers:
             "paired_ratio": round(statistics.median(ratios), 3),
             "pairs": len(ratios),
             "runs_per_block": n,
+            "quiet_wait_ms": round(1e3 * max(waits), 1),
         }
     )
     if not layers:
