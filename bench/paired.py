@@ -21,7 +21,7 @@ two engines timed one after the other, even in alternating rounds of seconds, co
 machine states. Here ONNX Runtime runs in this process and mixprec in a child process that
 serves blocks of runs on request (`latency --serve`): blocks of about 50 ms each, one engine
 then the other, each block's first run untimed, and before each block a pause until both
-processes have used almost no CPU for 10 ms (ONNX Runtime's pool thread spins ~40 ms after its
+processes have used almost no CPU for 10 ms (ONNX Runtime's pool thread spins 30-50 ms after its
 runs return; a block started 20 ms after ORT's ran 20-40 % slower on an Intel Xeon). Each
 pair of blocks gives a ratio of their medians; the line reports the median of those ratios
 (the paired ratio), beside both engines' overall medians and the longest wait for quiet
