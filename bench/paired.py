@@ -73,9 +73,10 @@ def cpu_seconds(pid: int) -> float:
 
 def wait_quiet(pids: list[int]) -> float:
     """Waits until the processes `pids` have used less than a fifth of a CPU over QUIET_S (at
-    most QUIET_MAX_S): an engine's pool threads may spin on after its runs return (ONNX
-    Runtime's keep spinning for tens of milliseconds after `run` on Intel Xeons, on the two
-    CPUs the other engine's block then runs on: that block ran 20-40 % slower there)."""
+    most QUIET_MAX_S) and returns how long it waited: an engine's pool threads may spin on
+    after its runs return (ONNX Runtime's for 30-50 ms after `run`, on Zen 5 and Intel alike),
+    on the two CPUs the other engine's block then runs on (on an Intel Xeon that block ran
+    20-40 % slower)."""
     start = time.perf_counter()
     while True:
         before = sum(cpu_seconds(p) for p in pids)
