@@ -23,7 +23,8 @@ first CPU and its hyperthread sibling: a 2-vCPU cloud machine's shape), and prin
 ISA extensions, the two CPUs' cache-line round trip before and after (as bench/run.sh: how quiet
 the run was) and, as bench/run.sh and bench/llm.sh (c) do, ROUNDS (default 3) alternating
 rounds of the two engines, each engine's lowest median: FP32 mixprec/ORT, the emulated runs
-against mixprec's own FP32 run, and SmolLM2's prefill and per-token decode against ORT.
+against mixprec's own FP32 run, SmolLM2's prefill and per-token decode against ORT, and its
+emulated float16 and bfloat16 prefill and decode against its own FP32 ones.
 PROFILE=NAME[,NAME] then prints, for those models, `mixprec run --profile`'s time per op type
 and layer beside ONNX Runtime's time per op type (bench/ort_op_profile.py), on the same inputs
 (an LLM variant, e.g. PROFILE=genai-fp32: its prefill of the 16-token prompt):
@@ -283,16 +284,19 @@ def run(kit: str) -> None:
             model = f"{work}/llm/{variant}/model.onnx"
             prompt = f"{work}/llm/prompt.npz"
             np.savez(prompt, input_ids=np.array([[int(t) for t in PROMPT.split(",")]], dtype=np.int64))
-            for n in (1, 9):
-                p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", model, "--load-inputs", prompt, "--decode", str(n),
-                                    "--warm-up", "2", "--threads", threads], capture_output=True, text=True)
-                t = [l for l in (p.stdout + p.stderr).splitlines() if "Average inference time" in l]
-                if not t:
-                    print(f"{variant}: mixprec run --decode {n} failed: {(p.stdout + p.stderr).strip()[-300:]}")
-                    continue
-                ms = float(t[0].split("Average inference time:")[1].split("ms")[0])
-                key = (variant, "mixprec", n)
-                llm[key] = min(llm.get(key, 1e30), ms)
+            # FP32, then the emulated float16 and bfloat16 runs (all layers), each its lowest time.
+            for flag in ("", "--fp16", "--bf16"):
+                for n in (1, 9):
+                    p = subprocess.run([*pin, f"{kit}/bin/mixprec", "run", model, "--load-inputs", prompt, "--decode",
+                                        str(n), "--warm-up", "2", "--threads", threads, *([flag] if flag else [])],
+                                       capture_output=True, text=True)
+                    t = [l for l in (p.stdout + p.stderr).splitlines() if "Average inference time" in l]
+                    if not t:
+                        print(f"{variant}: mixprec run --decode {n} {flag} failed: {(p.stdout + p.stderr).strip()[-300:]}")
+                        continue
+                    ms = float(t[0].split("Average inference time:")[1].split("ms")[0])
+                    key = (variant, "mixprec" + flag, n)
+                    llm[key] = min(llm.get(key, 1e30), ms)
             p = subprocess.run([*pin, sys.executable, f"{kit}/llm_ort.py", model, PROMPT, threads],
                                capture_output=True, text=True)
             if p.returncode == 0:
@@ -330,6 +334,19 @@ def run(kit: str) -> None:
             continue
         md, od = (m9 - m1) / 8, (o9 - o1) / 8
         print(f"| {variant} | {m1:.1f} | {o1:.1f} | {m1 / o1:.2f} | {md:.2f} | {od:.2f} | {md / od:.2f} |")
+    # The emulated runs against mixprec's own FP32 run: prefill, and per generated token.
+    print("| SmolLM2-135M emulated ÷ FP32 | FP16 prefill | FP16 decode | BF16 prefill | BF16 decode |")
+    print("| --- | --- | --- | --- | --- |")
+    for variant in meta["llms"]:
+        try:
+            m1, m9 = llm[(variant, "mixprec", 1)], llm[(variant, "mixprec", 9)]
+            cells = []
+            for flag in ("--fp16", "--bf16"):
+                e1, e9 = llm[(variant, "mixprec" + flag, 1)], llm[(variant, "mixprec" + flag, 9)]
+                cells += [f"{e1 / m1:.2f}", f"{(e9 - e1) / (m9 - m1):.2f}"]
+        except KeyError:
+            continue
+        print(f"| {variant} | " + " | ".join(cells) + " |")
     if os.environ.get("PROFILE"):
         profile(kit, work, os.environ["PROFILE"].split(","), pin, threads)
 

@@ -284,7 +284,7 @@ pub fn gemm_threads(
         }
         _ => (None, kernel),
     };
-    // (Not for the rounding kernel: the AVX-512 tiles read B as stored.)
+    // The rounding kernels too: the AVX-512 tiles round B as they load it, as the AVX2 tile.
     let wide = kernel.has_avx512();
     // One row by panels (a decode step's weight), on every CPU: each thread streams one run of
     // adjacent panels, as ONNX Runtime splits a product statically, which the memory system
@@ -397,11 +397,11 @@ pub fn gemm_threads(
                         let load = accumulate || p0 > 0;
                         #[cfg(target_arch = "x86_64")]
                         let tile: Option<PanelTile> = if group == 8 {
-                            Some(avx512_panels_tile::<1, 8>(prefetch))
+                            Some(avx512_panels_tile::<1, 8>(prefetch, kernel.rounds()))
                         } else if double {
-                            Some(avx512_panels_tile::<12, 2>(prefetch))
+                            Some(avx512_panels_tile::<12, 2>(prefetch, kernel.rounds()))
                         } else if group == 2 {
-                            Some(avx512_pair_tile(rows, prefetch))
+                            Some(avx512_pair_tile(rows, prefetch, kernel.rounds()))
                         } else {
                             None
                         };
@@ -1333,7 +1333,7 @@ unsafe fn tile_12x32_run<const STEP: usize>(t: RunTile) {
         first: t.first,
         offsets: t.offsets,
     };
-    tile_avx512_panels::<{ 2 * MR }, 2, false, RunA<STEP>>(
+    tile_avx512_panels::<{ 2 * MR }, 2, false, AS_STORED, RunA<STEP>>(
         t.kc,
         a,
         t.b,
@@ -1369,9 +1369,9 @@ fn run_step(rows: &[*const f32]) -> Option<RunStep> {
 enum Kernel {
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
-    /// The AVX2 + FMA tile reading B rounded to float16 as it loads it (F16C's
-    /// round-to-nearest-even conversion and back, the values `round_slice_to_f16` gives): a
-    /// float16 layer's weight read in place.
+    /// The AVX2 + FMA tile (and, where the CPU has AVX-512, the AVX-512 tiles) reading B
+    /// rounded to float16 as it loads it (F16C's round-to-nearest-even conversion and back, the
+    /// values `round_slice_to_f16` gives): a float16 layer's weight read in place.
     #[cfg(target_arch = "x86_64")]
     Avx2FmaF16,
     /// The same, rounding to bfloat16 (`numeric::bf16_x8`: the integer steps of
@@ -1394,6 +1394,18 @@ unsafe fn round_b<const ROUND: u8>(v: std::arch::x86_64::__m256) -> std::arch::x
     match ROUND {
         TO_F16 => _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v)),
         TO_BF16 => crate::numeric::bf16_x8(v),
+        _ => v,
+    }
+}
+
+/// Sixteen of B's values as loaded by an AVX-512 tile that rounds them as `ROUND` says: the
+/// values [`round_b`] gives eight at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn round_b16<const ROUND: u8>(v: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    match ROUND {
+        TO_F16 => crate::numeric::f16_x16(v),
+        TO_BF16 => crate::numeric::bf16_x16(v),
         _ => v,
     }
 }
@@ -1453,7 +1465,10 @@ impl Kernel {
     /// Whether the 6×32 AVX-512 tiles may run (the same chains as this kernel's).
     fn has_avx512(self) -> bool {
         #[cfg(target_arch = "x86_64")]
-        if self == Kernel::Avx2Fma {
+        if matches!(
+            self,
+            Kernel::Avx2Fma | Kernel::Avx2FmaF16 | Kernel::Avx2FmaBf16
+        ) {
             return std::arch::is_x86_feature_detected!("avx512f");
         }
         false
@@ -1606,24 +1621,27 @@ type PanelTile = unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, 
 
 /// The AVX-512 tile of R rows by P panels, prefetching B's rows ahead or not.
 #[cfg(target_arch = "x86_64")]
-fn avx512_panels_tile<const R: usize, const P: usize>(prefetch: bool) -> PanelTile {
-    if prefetch {
-        tile_avx512_panels::<R, P, true, StridedA>
-    } else {
-        tile_avx512_panels::<R, P, false, StridedA>
+fn avx512_panels_tile<const R: usize, const P: usize>(prefetch: bool, rounds: u8) -> PanelTile {
+    match (prefetch, rounds) {
+        (true, TO_F16) => tile_avx512_panels::<R, P, true, TO_F16, StridedA>,
+        (false, TO_F16) => tile_avx512_panels::<R, P, false, TO_F16, StridedA>,
+        (true, TO_BF16) => tile_avx512_panels::<R, P, true, TO_BF16, StridedA>,
+        (false, TO_BF16) => tile_avx512_panels::<R, P, false, TO_BF16, StridedA>,
+        (true, _) => tile_avx512_panels::<R, P, true, AS_STORED, StridedA>,
+        (false, _) => tile_avx512_panels::<R, P, false, AS_STORED, StridedA>,
     }
 }
 
 /// The AVX-512 tile of `rows` rows by two panels, prefetching B's rows ahead or not.
 #[cfg(target_arch = "x86_64")]
-fn avx512_pair_tile(rows: usize, prefetch: bool) -> PanelTile {
+fn avx512_pair_tile(rows: usize, prefetch: bool, rounds: u8) -> PanelTile {
     match rows {
-        1 => avx512_panels_tile::<1, 2>(prefetch),
-        2 => avx512_panels_tile::<2, 2>(prefetch),
-        3 => avx512_panels_tile::<3, 2>(prefetch),
-        4 => avx512_panels_tile::<4, 2>(prefetch),
-        5 => avx512_panels_tile::<5, 2>(prefetch),
-        _ => avx512_panels_tile::<6, 2>(prefetch),
+        1 => avx512_panels_tile::<1, 2>(prefetch, rounds),
+        2 => avx512_panels_tile::<2, 2>(prefetch, rounds),
+        3 => avx512_panels_tile::<3, 2>(prefetch, rounds),
+        4 => avx512_panels_tile::<4, 2>(prefetch, rounds),
+        5 => avx512_panels_tile::<5, 2>(prefetch, rounds),
+        _ => avx512_panels_tile::<6, 2>(prefetch, rounds),
     }
 }
 
@@ -1693,7 +1711,13 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx512_panels<const R: usize, const P: usize, const PREFETCH: bool, A: TileA>(
+unsafe fn tile_avx512_panels<
+    const R: usize,
+    const P: usize,
+    const PREFETCH: bool,
+    const ROUND: u8,
+    A: TileA,
+>(
     kc: usize,
     a: A,
     b: *const f32,
@@ -1722,8 +1746,9 @@ unsafe fn tile_avx512_panels<const R: usize, const P: usize, const PREFETCH: boo
                 _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(NR - 1) as *const i8);
             }
         }
-        let bv: [__m512; P] =
-            std::array::from_fn(|q| _mm512_loadu_ps(b.add(q * panel_step + p * b_stride)));
+        let bv: [__m512; P] = std::array::from_fn(|q| {
+            round_b16::<ROUND>(_mm512_loadu_ps(b.add(q * panel_step + p * b_stride)))
+        });
         for (r, row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_ps(*a.at(r, p));
             for (v, w) in row.iter_mut().zip(&bv) {
