@@ -312,7 +312,7 @@ pub fn gemm_threads(
     // prefill's weight) is prefetched ahead of the tile; B packed here is in cache. Measured
     // with `examples/skinny_gemm.rs` (16 rows by packed cold weights, Zen 3): 10-30 % faster.
     let prefetch = direct.is_some() || (whole.is_some() && m_panels <= DIRECT_B_PANELS);
-    let run = |b_pack: &mut Vec<f32>, t: usize| {
+    let run = |(b_pack, kept): &mut (Vec<f32>, Vec<f32>), t: usize| {
         let (jb, ib) = (t % n_blocks, t / n_blocks);
         let (jp0, jp1) = (jb * nb, ((jb + 1) * nb).min(n_panels));
         let (ip0, ip1) = (ib * mb, ((ib + 1) * mb).min(m_panels));
@@ -367,6 +367,10 @@ pub fn gemm_threads(
                     (None, Some(_)) => NR,
                     (None, None) => kc * NR,
                 };
+                // A kernel that rounds B as it loads it, by two panels over more than one row
+                // tile: the first tile keeps the values it rounded, the others read them.
+                let keep = kernel.rounds() != AS_STORED && group == 2 && ip1 - ip0 > 1;
+                let mut from_kept = false;
                 let mut ip = ip0;
                 while ip < ip1 {
                     let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
@@ -378,7 +382,14 @@ pub fn gemm_threads(
                         && m_panels <= DIRECT_B_PANELS
                         && ip + 1 < ip1
                         && (ip + 2) * MR <= m;
+                    let first = ip == ip0;
                     ip += 1 + double as usize;
+                    // The first tile keeps where another follows (a full one: only the
+                    // last row tile may be short).
+                    let keeping = keep && first && ip < ip1;
+                    if keeping {
+                        kept.resize(2 * kc * NR, 0.0);
+                    }
                     let ap = StridedA {
                         data: a[i0 * a_rs + p0 * a_cs..].as_ptr(),
                         rs: a_rs,
@@ -391,10 +402,34 @@ pub fn gemm_threads(
                     // above), and so does each of the group's next panels, `panel_step` apart
                     // (a group of 2 or 8 only where (jp + group)·NR <= n and jp + group <= jp1);
                     // tasks write disjoint tiles of C (their own rows i0.. and columns j0..),
-                    // each inside C's bounds asserted above.
+                    // each inside C's bounds asserted above. `kept` (this task's own) holds
+                    // 2·kc·NR values (resized above), written by the keeping tile before the
+                    // tiles that read it.
                     unsafe {
                         let c_tile = c_ptr.get().add(i0 * ldc + j0);
                         let load = accumulate || p0 > 0;
+                        #[cfg(target_arch = "x86_64")]
+                        if keeping {
+                            let tile = match double {
+                                true => {
+                                    avx512_keeping_tile::<{ 2 * MR }>(prefetch, kernel.rounds())
+                                }
+                                false => avx512_keeping_tile::<MR>(prefetch, kernel.rounds()),
+                            };
+                            let out = kept.as_mut_ptr();
+                            tile(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load, out);
+                            from_kept = true;
+                            continue;
+                        }
+                        #[cfg(target_arch = "x86_64")]
+                        if from_kept {
+                            let tile = match double {
+                                true => avx512_panels_tile::<{ 2 * MR }, 2>(false, AS_STORED),
+                                false => avx512_pair_tile(rows, false, AS_STORED),
+                            };
+                            tile(kc, ap, kept.as_ptr(), NR, 2 * NR, c_tile, ldc, load);
+                            continue;
+                        }
                         #[cfg(target_arch = "x86_64")]
                         let tile: Option<PanelTile> = if group == 8 {
                             Some(avx512_panels_tile::<1, 8>(prefetch, kernel.rounds()))
@@ -420,10 +455,12 @@ pub fn gemm_threads(
         }
     };
     if parallel {
-        (0..tasks).into_par_iter().for_each_init(Vec::new, run);
+        (0..tasks)
+            .into_par_iter()
+            .for_each_init(|| (Vec::new(), Vec::new()), run);
     } else {
-        let mut b_pack = Vec::new();
-        (0..tasks).for_each(|t| run(&mut b_pack, t));
+        let mut scratch = (Vec::new(), Vec::new());
+        (0..tasks).for_each(|t| run(&mut scratch, t));
     }
 }
 
@@ -1681,6 +1718,23 @@ fn avx512_panels_tile<const R: usize, const P: usize>(prefetch: bool, rounds: u8
     }
 }
 
+/// A [`PanelTile`] that also keeps the B values it rounded ([`tile_avx512_panels_keeping`]).
+#[cfg(target_arch = "x86_64")]
+type KeepingTile =
+    unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool, *mut f32);
+
+/// The AVX-512 tile of R rows by two panels that rounds B as `rounds` says (not AS_STORED) and
+/// keeps what it rounded: the first row tile of a product that several row tiles share.
+#[cfg(target_arch = "x86_64")]
+fn avx512_keeping_tile<const R: usize>(prefetch: bool, rounds: u8) -> KeepingTile {
+    match (prefetch, rounds) {
+        (true, TO_F16) => tile_avx512_panels_keeping::<R, 2, true, TO_F16, true, StridedA>,
+        (false, TO_F16) => tile_avx512_panels_keeping::<R, 2, false, TO_F16, true, StridedA>,
+        (true, _) => tile_avx512_panels_keeping::<R, 2, true, TO_BF16, true, StridedA>,
+        (false, _) => tile_avx512_panels_keeping::<R, 2, false, TO_BF16, true, StridedA>,
+    }
+}
+
 /// The AVX-512 tile of `rows` rows by two panels, prefetching B's rows ahead or not.
 #[cfg(target_arch = "x86_64")]
 fn avx512_pair_tile(rows: usize, prefetch: bool, rounds: u8) -> PanelTile {
@@ -1776,6 +1830,49 @@ unsafe fn tile_avx512_panels<
     ldc: usize,
     load: bool,
 ) {
+    tile_avx512_panels_keeping::<R, P, PREFETCH, ROUND, false, A>(
+        kc,
+        a,
+        b,
+        panel_step,
+        b_stride,
+        c,
+        ldc,
+        load,
+        std::ptr::null_mut(),
+    )
+}
+
+/// [`tile_avx512_panels`], and with KEEP, each B value as the tile used it (rounded as ROUND
+/// says) also stored into `kept`: panel q's row p at `kept[(p·P + q)·NR..]`. The next row
+/// tiles of the same panels read `kept` as stored instead of rounding the same values again.
+/// (The panels' rows interleave: panels kc·NR values apart, a multiple of 4 KiB, made each
+/// store alias the next loads of B on Intel, and the prefill 10 % slower instead of faster.)
+///
+/// # Safety
+/// As [`tile_avx512_panels`]; with KEEP, `kept` writable for P·kc·NR values.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_avx512_panels_keeping<
+    const R: usize,
+    const P: usize,
+    const PREFETCH: bool,
+    const ROUND: u8,
+    const KEEP: bool,
+    A: TileA,
+>(
+    kc: usize,
+    a: A,
+    b: *const f32,
+    panel_step: usize,
+    b_stride: usize,
+    c: *mut f32,
+    ldc: usize,
+    load: bool,
+    kept: *mut f32,
+) {
     use std::arch::x86_64::*;
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     if load {
@@ -1798,6 +1895,11 @@ unsafe fn tile_avx512_panels<
         let bv: [__m512; P] = std::array::from_fn(|q| {
             round_b16::<ROUND>(_mm512_loadu_ps(b.add(q * panel_step + p * b_stride)))
         });
+        if KEEP {
+            for (q, v) in bv.iter().enumerate() {
+                _mm512_storeu_ps(kept.add((p * P + q) * NR), *v);
+            }
+        }
         for (r, row) in acc.iter_mut().enumerate() {
             let av = _mm512_set1_ps(*a.at(r, p));
             for (v, w) in row.iter_mut().zip(&bv) {
