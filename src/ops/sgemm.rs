@@ -427,7 +427,17 @@ pub fn gemm_threads(
                                 true => avx512_panels_tile::<{ 2 * MR }, 2>(false, AS_STORED),
                                 false => avx512_pair_tile(rows, false, AS_STORED),
                             };
-                            tile(kc, ap, kept.as_ptr(), NR, 2 * NR, c_tile, ldc, load);
+                            tile(
+                                kc,
+                                ap,
+                                kept.as_ptr(),
+                                NR,
+                                2 * NR,
+                                c_tile,
+                                ldc,
+                                load,
+                                std::ptr::null_mut(),
+                            );
                             continue;
                         }
                         #[cfg(target_arch = "x86_64")]
@@ -442,7 +452,17 @@ pub fn gemm_threads(
                         };
                         #[cfg(target_arch = "x86_64")]
                         if let Some(f) = tile {
-                            f(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load);
+                            f(
+                                kc,
+                                ap,
+                                bp,
+                                panel_step,
+                                b_stride,
+                                c_tile,
+                                ldc,
+                                load,
+                                std::ptr::null_mut(),
+                            );
                             continue;
                         }
                         kernel.run(
@@ -1430,7 +1450,7 @@ unsafe fn tile_12x32_run<const STEP: usize>(t: RunTile) {
         first: t.first,
         offsets: t.offsets,
     };
-    tile_avx512_panels::<{ 2 * MR }, 2, false, AS_STORED, RunA<STEP>>(
+    tile_avx512_panels::<{ 2 * MR }, 2, false, AS_STORED, false, RunA<STEP>>(
         t.kc,
         a,
         t.b,
@@ -1439,6 +1459,7 @@ unsafe fn tile_12x32_run<const STEP: usize>(t: RunTile) {
         t.c,
         t.ldc,
         t.load,
+        std::ptr::null_mut(),
     )
 }
 
@@ -1714,35 +1735,31 @@ fn avx2_tile<const PREFETCH: bool, const ROUND: u8, A: TileA>(
 /// An AVX-512 panel tile over a strided A ([`tile_avx512_panels`]'s arguments after its
 /// const parameters).
 #[cfg(target_arch = "x86_64")]
-type PanelTile = unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool);
+type PanelTile =
+    unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool, *mut f32);
 
 /// The AVX-512 tile of R rows by P panels, prefetching B's rows ahead or not.
 #[cfg(target_arch = "x86_64")]
 fn avx512_panels_tile<const R: usize, const P: usize>(prefetch: bool, rounds: u8) -> PanelTile {
     match (prefetch, rounds) {
-        (true, TO_F16) => tile_avx512_panels::<R, P, true, TO_F16, StridedA>,
-        (false, TO_F16) => tile_avx512_panels::<R, P, false, TO_F16, StridedA>,
-        (true, TO_BF16) => tile_avx512_panels::<R, P, true, TO_BF16, StridedA>,
-        (false, TO_BF16) => tile_avx512_panels::<R, P, false, TO_BF16, StridedA>,
-        (true, _) => tile_avx512_panels::<R, P, true, AS_STORED, StridedA>,
-        (false, _) => tile_avx512_panels::<R, P, false, AS_STORED, StridedA>,
+        (true, TO_F16) => tile_avx512_panels::<R, P, true, TO_F16, false, StridedA>,
+        (false, TO_F16) => tile_avx512_panels::<R, P, false, TO_F16, false, StridedA>,
+        (true, TO_BF16) => tile_avx512_panels::<R, P, true, TO_BF16, false, StridedA>,
+        (false, TO_BF16) => tile_avx512_panels::<R, P, false, TO_BF16, false, StridedA>,
+        (true, _) => tile_avx512_panels::<R, P, true, AS_STORED, false, StridedA>,
+        (false, _) => tile_avx512_panels::<R, P, false, AS_STORED, false, StridedA>,
     }
 }
-
-/// A [`PanelTile`] that also keeps the B values it rounded ([`tile_avx512_panels_keeping`]).
-#[cfg(target_arch = "x86_64")]
-type KeepingTile =
-    unsafe fn(usize, StridedA, *const f32, usize, usize, *mut f32, usize, bool, *mut f32);
 
 /// The AVX-512 tile of R rows by two panels that rounds B as `rounds` says (not AS_STORED) and
 /// keeps what it rounded: the first row tile of a product that several row tiles share.
 #[cfg(target_arch = "x86_64")]
-fn avx512_keeping_tile<const R: usize>(prefetch: bool, rounds: u8) -> KeepingTile {
+fn avx512_keeping_tile<const R: usize>(prefetch: bool, rounds: u8) -> PanelTile {
     match (prefetch, rounds) {
-        (true, TO_F16) => tile_avx512_panels_keeping::<R, 2, true, TO_F16, true, StridedA>,
-        (false, TO_F16) => tile_avx512_panels_keeping::<R, 2, false, TO_F16, true, StridedA>,
-        (true, _) => tile_avx512_panels_keeping::<R, 2, true, TO_BF16, true, StridedA>,
-        (false, _) => tile_avx512_panels_keeping::<R, 2, false, TO_BF16, true, StridedA>,
+        (true, TO_F16) => tile_avx512_panels::<R, 2, true, TO_F16, true, StridedA>,
+        (false, TO_F16) => tile_avx512_panels::<R, 2, false, TO_F16, true, StridedA>,
+        (true, _) => tile_avx512_panels::<R, 2, true, TO_BF16, true, StridedA>,
+        (false, _) => tile_avx512_panels::<R, 2, false, TO_BF16, true, StridedA>,
     }
 }
 
@@ -1817,56 +1834,19 @@ unsafe fn tile_avx2_fma<const R: usize, const PREFETCH: bool, const ROUND: u8, A
 /// Silero's LSTM step [1,128]·[128,512] was 1.5× slower on 1×32 than on the `gemm` crate's
 /// one-row path). With PREFETCH, each
 /// panel's row PREFETCH_ROWS steps ahead is prefetched, as the AVX2 tile does for a B streamed
-/// from memory.
+/// from memory. With KEEP, each B value as the tile used it (rounded as ROUND says) is also
+/// stored into `kept`: panel q's row p at `kept[(p·P + q)·NR..]`; the next row tiles of the
+/// same panels read `kept` as stored instead of rounding the same values again. (The panels'
+/// rows interleave: panels kc·NR values apart, a multiple of 4 KiB, made each store alias the
+/// next loads of B on Intel, and the prefill 10 % slower instead of faster.)
 ///
 /// # Safety
-/// As [`Kernel::tile`] for each of the P panels (16·P full columns of C); the CPU has
-/// AVX-512F.
+/// As [`Kernel::tile`] for each of the P panels (16·P full columns of C); with KEEP, `kept`
+/// writable for P·kc·NR values; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_avx512_panels<
-    const R: usize,
-    const P: usize,
-    const PREFETCH: bool,
-    const ROUND: u8,
-    A: TileA,
->(
-    kc: usize,
-    a: A,
-    b: *const f32,
-    panel_step: usize,
-    b_stride: usize,
-    c: *mut f32,
-    ldc: usize,
-    load: bool,
-) {
-    tile_avx512_panels_keeping::<R, P, PREFETCH, ROUND, false, A>(
-        kc,
-        a,
-        b,
-        panel_step,
-        b_stride,
-        c,
-        ldc,
-        load,
-        std::ptr::null_mut(),
-    )
-}
-
-/// [`tile_avx512_panels`], and with KEEP, each B value as the tile used it (rounded as ROUND
-/// says) also stored into `kept`: panel q's row p at `kept[(p·P + q)·NR..]`. The next row
-/// tiles of the same panels read `kept` as stored instead of rounding the same values again.
-/// (The panels' rows interleave: panels kc·NR values apart, a multiple of 4 KiB, made each
-/// store alias the next loads of B on Intel, and the prefill 10 % slower instead of faster.)
-///
-/// # Safety
-/// As [`tile_avx512_panels`]; with KEEP, `kept` writable for P·kc·NR values.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn tile_avx512_panels_keeping<
     const R: usize,
     const P: usize,
     const PREFETCH: bool,
