@@ -370,7 +370,6 @@ pub fn gemm_threads(
                 // A kernel that rounds B as it loads it, by two panels over more than one row
                 // tile: the first tile keeps the values it rounded, the others read them.
                 let keep = kernel.rounds() != AS_STORED && group == 2 && ip1 - ip0 > 1;
-                let mut from_kept = false;
                 let mut ip = ip0;
                 while ip < ip1 {
                     let (i0, rows) = (ip * MR, MR.min(m - ip * MR));
@@ -387,6 +386,7 @@ pub fn gemm_threads(
                     // The first tile keeps where another follows (a full one: only the
                     // last row tile may be short).
                     let keeping = keep && first && ip < ip1;
+                    let from_kept = keep && !first;
                     if keeping {
                         kept.resize(2 * kc * NR, 0.0);
                     }
@@ -418,7 +418,6 @@ pub fn gemm_threads(
                             };
                             let out = kept.as_mut_ptr();
                             tile(kc, ap, bp, panel_step, b_stride, c_tile, ldc, load, out);
-                            from_kept = true;
                             continue;
                         }
                         #[cfg(target_arch = "x86_64")]
@@ -776,14 +775,12 @@ fn gemv_panels(
                     // conversions, not the memory, bound the AVX2 pass (SmolLM2's bfloat16
                     // decode 1.28 → 1.10× its float32 step on Intel). The float32 pass reads at
                     // the memory's rate either way and keeps the AVX2 form.
-                    let wide = kernel.has_avx512() && kernel.rounds() != AS_STORED;
-                    let f = match (kernel.rounds(), wide) {
+                    let f = match (kernel.rounds(), kernel.has_avx512()) {
                         (TO_F16, true) => pick512::<TO_F16>(panels),
                         (TO_BF16, true) => pick512::<TO_BF16>(panels),
-                        (_, true) => pick512::<AS_STORED>(panels),
                         (TO_F16, false) => pick::<TO_F16>(panels),
                         (TO_BF16, false) => pick::<TO_BF16>(panels),
-                        (_, false) => pick::<AS_STORED>(panels),
+                        _ => pick::<AS_STORED>(panels),
                     };
                     f(&x, b.as_ptr(), k, sums.as_mut_ptr())
                 },
