@@ -278,6 +278,25 @@ fn models_and_prompts_without_genai_names_get_errors_naming_what_is_missing() {
 }
 
 #[test]
+fn the_last_positions_are_each_rows_last_logits_whatever_their_float_type() {
+    // [batch 2, length 3, vocab 4]: value = 100·b + 10·position + class.
+    let v: Vec<f32> = (0..2)
+        .flat_map(|b| (0..3).flat_map(move |p| (0..4).map(move |c| (100 * b + 10 * p + c) as f32)))
+        .collect();
+    let want = vec![20.0, 21.0, 22.0, 23.0, 120.0, 121.0, 122.0, 123.0];
+    let l = Tensor::from_f32(vec![2, 3, 4], v.clone());
+    assert_eq!(last_positions(&l, 2).unwrap(), (want.clone(), 4));
+    let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+    let l = Tensor::new(vec![2, 3, 4], crate::tensor::TensorData::F16(h.into())).unwrap();
+    assert_eq!(last_positions(&l, 2).unwrap(), (want, 4));
+    let l = Tensor::from_f32(vec![2, 3, 4], v);
+    assert!(
+        last_positions(&l, 1).is_err(),
+        "batch 2 against a prompt of 1"
+    );
+}
+
+#[test]
 fn argmax_is_numpys() {
     assert_eq!(argmax(&[1.0, 3.0, 3.0, 2.0]), 1);
     assert_eq!(argmax(&[1.0, f32::NAN, 5.0, f32::NAN]), 1);
