@@ -304,16 +304,15 @@ fn last_positions(logits: &Tensor, batch: usize) -> Result<(Vec<f32>, usize)> {
     let runs: Vec<(usize, usize)> = (0..batch)
         .map(|r| ((r * length + length - 1) * vocab, vocab))
         .collect();
-    let rows = logits
-        .data()
-        .gather_runs(&runs)
-        .to_f32_vec()
-        .ok_or_else(|| {
+    let rows = match logits.data().gather_runs(&runs) {
+        crate::tensor::TensorData::F32(v) => v.into_vec(),
+        other => other.to_f32_vec().ok_or_else(|| {
             Error::Invalid(format!(
                 "--decode: '{LOGITS}' has type {}, expected a float type",
                 logits.dtype()
             ))
-        })?;
+        })?,
+    };
     Ok((rows, vocab))
 }
 
