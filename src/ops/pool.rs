@@ -470,10 +470,11 @@ fn pool(ctx: &OpCtx, inputs: &[Option<&Tensor>], kind: Kind) -> OpResult {
         // Small planes (YOLOv8's SPPF pools 5×5 planes) go several to a task: a task per
         // plane cost more in scheduling than the pooling.
         let planes_per_task = (1usize << 15).div_ceil((o_sz * k_sz).max(1));
-        // The AVX-512 paths that pool a whole plane at once, where one applies.
-        // The 3×3 stride-2 pool split into bands of output rows instead, and how many.
+        // The 3×3 stride-2 pool split into bands of output rows instead, and how many (set
+        // with its whole-plane form below).
         #[cfg(target_arch = "x86_64")]
         let mut banded: Option<(stride2::Plane, usize)> = None;
+        // The AVX-512 paths that pool a whole plane at once, where one applies.
         #[cfg(target_arch = "x86_64")]
         let vector_plane: Option<PlanePool> =
             if kind != Kind::Max || !std::arch::is_x86_feature_detected!("avx512f") {
